@@ -1,0 +1,50 @@
+"""FLOPs of a training step, counted as MaxText counts them (maxtext_utils.
+calculate_tflops_training_per_device): matmuls with learnable weights (the input embedding is a
+gather and not counted), causal attention halved, the forward counted once and the backward
+twice (factor 3). Remat recomputation is extra executed work, never model FLOPs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOPs of one decoder layer for `tokens` tokens in sequences of `seq_len`."""
+
+    qkv: float
+    out_proj: float
+    mlp: float
+    attention: float  # causal: half of the 4·S²·H·d of full attention
+
+    @property
+    def matmul(self) -> float:
+        return self.qkv + self.out_proj + self.mlp
+
+    @property
+    def total(self) -> float:
+        return self.matmul + self.attention
+
+
+def layer_forward_flops(model: ModelSpec, seq_len, tokens) -> LayerFlops:
+    """Forward FLOPs of one layer; `seq_len` and `tokens` may be numpy arrays."""
+    d, h, k, hd = model.hidden, model.num_heads, model.num_kv_heads, model.head_dim
+    return LayerFlops(
+        qkv=2.0 * tokens * d * (h + 2 * k) * hd,
+        out_proj=2.0 * tokens * d * h * hd,
+        mlp=2.0 * tokens * 3 * d * model.intermediate,
+        attention=4.0 * tokens * seq_len * h * hd / 2,
+    )
+
+
+def head_forward_flops(model: ModelSpec, tokens) -> float:
+    """Forward FLOPs of the output projection to the vocabulary."""
+    return 2.0 * tokens * model.hidden * model.vocab
+
+
+def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int) -> float:
+    """Model FLOPs of one training step (forward + backward) over the whole batch."""
+    tokens = seq_len * global_batch
+    layer = layer_forward_flops(model, seq_len, tokens)
+    return 3.0 * (model.num_layers * layer.total + head_forward_flops(model, tokens))

@@ -1,0 +1,46 @@
+"""How logical mesh axes lie on physical torus dimensions.
+
+A placement is two orders: the physical dimensions from outermost to innermost, and the
+logical axes from outermost to innermost. The device grid, transposed to the physical order,
+flattened and reshaped to the logical sizes, is the mesh (what `numpy.reshape` and so the
+runtime realise). Walking both orders from the inside gives each logical axis its segments.
+"""
+from __future__ import annotations
+
+from cost_models.topology import Segment
+
+
+def axis_segments(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> tuple[tuple[Segment, ...], ...] | None:
+    """Segments of each logical axis, or None when the sizes do not tile the dimensions in order.
+
+    Args:
+        axis_sizes: logical axis sizes, outermost first.
+        dim_sizes: physical dimension sizes, outermost first (indices in this tuple are the
+            `Segment.dim` values returned).
+    Returns:
+        For each logical axis (same order), its segments, innermost first.
+    """
+    result: list[tuple[Segment, ...]] = []
+    dim = len(dim_sizes) - 1
+    used = 1  # positions of the current dimension already taken by inner axes
+    for size in reversed(axis_sizes):
+        need = size
+        segs = []
+        while need > 1:
+            while dim >= 0 and dim_sizes[dim] // used == 1:
+                dim, used = dim - 1, 1
+            if dim < 0:
+                return None
+            remaining = dim_sizes[dim] // used
+            if need % remaining == 0:
+                segs.append(Segment(dim, remaining, used))
+                need //= remaining
+                dim, used = dim - 1, 1
+            elif remaining % need == 0:
+                segs.append(Segment(dim, need, used))
+                used *= need
+                need = 1
+            else:
+                return None
+        result.append(tuple(segs))
+    return tuple(reversed(result))

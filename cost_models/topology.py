@@ -1,0 +1,243 @@
+"""Topologies: a slice of chips on a torus (or the virtual devices of one host), parsed from names.
+
+Names: `v5p-256` (slice names count TensorCores, see FACTS.md), `v5p:4x4x8`, `tpu7x-128`,
+`tpu7x:4x4x4`, `v5e:16x16`, and `cpu:8` (8 virtual devices on this host). A topology knows its
+physical dimensions, which of them wrap, and what a logical mesh axis laid on some of them gets:
+hop counts and bandwidth for collectives and for ring (ppermute) steps.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cost_models.chips import Chip, get_chip, known_chips
+from cost_models.errors import CpplanError, unknown_name
+
+# Shapes smaller than a 4x4x4 cube that exist as slices (sides sorted ascending).
+SMALL_3D_SHAPES = ((1, 2, 2), (2, 2, 2), (2, 2, 4), (2, 4, 4))
+SHAPES_2D = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
+DIM_NAMES = ("x", "y", "z")
+CORE = "core"
+
+
+@dataclass(frozen=True)
+class PhysicalDim:
+    """One physical dimension: chips along a torus axis, or devices inside one chip/host."""
+
+    name: str
+    size: int
+    wraps: bool
+    link_bw_bytes_per_s: float  # one-way, per link
+    hop_latency_s: float
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A logical axis's share of one physical dimension: `size` positions, `stride` apart."""
+
+    dim: int
+    size: int
+    stride: int
+
+
+@dataclass(frozen=True)
+class AxisLinks:
+    """What a logical axis (or a group of axes) gets from the physical dimensions under it."""
+
+    size: int
+    collective_bw_bytes_per_s: float  # for all-gather / reduce-scatter / all-to-all
+    collective_latency_s: float
+    ring_bw_bytes_per_s: float  # one ppermute step to the next position, one direction
+    ring_latency_s: float
+    wraps: bool
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A slice: the chip row, the chip grid, and the devices per chip."""
+
+    chip: Chip
+    chip_dims: tuple[int, ...]
+    devices_per_chip: int
+
+    @property
+    def name(self) -> str:
+        """Canonical name, e.g. `v5p:4x4x8` or `cpu:8`."""
+        if self.chip.kind == "cpu":
+            return f"cpu:{self.devices_per_chip}"
+        return f"{self.chip.name}:{'x'.join(map(str, self.chip_dims))}"
+
+    @property
+    def num_chips(self) -> int:
+        return math.prod(self.chip_dims)
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_chips * self.devices_per_chip
+
+    @property
+    def peak_flops_per_device(self) -> float:
+        return self.chip.peak_bf16_flops_per_s / self.devices_per_chip
+
+    @property
+    def hbm_bw_per_device(self) -> float:
+        return self.chip.hbm_bw_bytes_per_s / self.devices_per_chip
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        # rows give the figure for their own device count; a cpu:N host splits its memory N ways
+        return self.chip.hbm_bytes_per_device * self.chip.devices_per_chip // self.devices_per_chip
+
+    @property
+    def physical_dims(self) -> tuple[PhysicalDim, ...]:
+        return _physical_dims(self)
+
+    def links(self, segments: tuple[Segment, ...]) -> AxisLinks:
+        """Bandwidth and latency for a logical axis (or axes) laid on `segments`.
+
+        Collectives use every segment at once (the bandwidth terms add, as in the scaling
+        book's multi-axis all-gather); a segment that closes a ring gets both directions.
+        A strided segment shares each link among `stride` interleaved rings. A ring step goes
+        over one link per segment; where a segment does not close, its closing step crosses
+        the whole segment (about twice the time of a torus, FACTS.md).
+        """
+        dims = self.physical_dims
+        size = math.prod(s.size for s in segments)
+        if size == 1:
+            return AxisLinks(1, math.inf, 0.0, math.inf, 0.0, True)
+        coll_bw = 0.0
+        coll_lat = 0.0
+        ring_bw = math.inf
+        ring_hops = 0
+        wraps = len(segments) == 1
+        for seg in segments:
+            if seg.size == 1:
+                continue
+            dim = dims[seg.dim]
+            closes = dim.wraps and seg.size * seg.stride == dim.size
+            wraps = wraps and closes
+            directions = 2 if closes else 1
+            coll_bw += directions * dim.link_bw_bytes_per_s / seg.stride
+            coll_lat += (seg.size / 2 if closes else seg.size - 1) * seg.stride * dim.hop_latency_s
+            ring_bw = min(ring_bw, dim.link_bw_bytes_per_s / seg.stride)
+            ring_hops = max(ring_hops, seg.stride if closes else (seg.size - 1) * seg.stride)
+        latency = max(d.hop_latency_s for d in dims)
+        return AxisLinks(size, coll_bw, coll_lat, ring_bw, ring_hops * latency, wraps)
+
+
+@lru_cache(maxsize=256)
+def _physical_dims(topo: Topology) -> tuple[PhysicalDim, ...]:
+    chip = topo.chip
+    dims = []
+    if chip.kind != "cpu":
+        for name, size in zip(DIM_NAMES, topo.chip_dims):
+            dims.append(PhysicalDim(name, size, chip.wraparound.wraps(size),
+                                    chip.ici_link_bw_bytes_per_s, chip.ici_hop_latency_s))
+    if topo.devices_per_chip > 1 or not dims:
+        dims.append(PhysicalDim(CORE, topo.devices_per_chip,
+                                chip.kind == "cpu" and chip.wraparound.wraps(topo.devices_per_chip),
+                                chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s,
+                                chip.ici_hop_latency_s))
+    return tuple(dims)
+
+
+def _valid_shape(chip: Chip, dims: tuple[int, ...]) -> str | None:
+    """None if a slice of this shape exists, else the rule it breaks."""
+    if len(dims) != chip.torus_rank:
+        return f"{chip.name} is a {chip.torus_rank}D torus: give {chip.torus_rank} sides"
+    if any(d < 1 for d in dims):
+        return "every side must be at least 1"
+    ordered = tuple(sorted(dims))
+    if math.prod(dims) > chip.max_chips:
+        return f"{math.prod(dims)} chips exceed the largest {chip.name} pod ({chip.max_chips} chips)"
+    if chip.torus_rank == 2:
+        if ordered not in SHAPES_2D:
+            return f"2D slices are {', '.join('x'.join(map(str, s)) for s in SHAPES_2D)}"
+        return None
+    if ordered in SMALL_3D_SHAPES:
+        return None
+    if any(d % 4 for d in dims):
+        small = ", ".join("x".join(map(str, s[1:] + s[:1])) for s in SMALL_3D_SHAPES)
+        return f"beyond the small shapes ({small}) every side must be a multiple of 4"
+    return None
+
+
+def _shape_for_chips(chip: Chip, chips: int) -> tuple[int, ...] | None:
+    """The most cubic valid shape with `chips` chips (sides ascending), or None."""
+    best = None
+    if chip.torus_rank == 2:
+        candidates = [(a, chips // a) for a in range(1, chips + 1) if chips % a == 0]
+    else:
+        candidates = [(a, b, chips // (a * b)) for a in range(1, chips + 1) if chips % a == 0
+                      for b in range(a, chips // a + 1) if (chips // a) % b == 0]
+    for dims in candidates:
+        if list(dims) != sorted(dims) or _valid_shape(chip, dims):
+            continue
+        key = tuple(sorted(dims, reverse=True))
+        if best is None or key < tuple(sorted(best, reverse=True)):
+            best = dims
+    if best is None:
+        return None
+    # sides of 1 go last, as TPU names write them (v5p-8 is 2x2x1)
+    return tuple(d for d in best if d > 1) + tuple(d for d in best if d == 1)
+
+
+def _example_names(chip: Chip) -> str:
+    if chip.kind == "cpu":
+        return "cpu:8"
+    shape = "4x4x8" if chip.torus_rank == 3 else "8x8"
+    return f"{chip.name}-{chip.tensorcores_per_chip * 128}, {chip.name}:{shape}"
+
+
+@lru_cache(maxsize=256)
+def _parse(name: str, chip_dir_marker: tuple) -> Topology:
+    chips = known_chips()
+    text = name.strip().lower()
+    m = re.fullmatch(r"([a-z0-9]+?)(?:-(\d+)|:([\dx]+))", text)
+    if not m:
+        examples = "; ".join(_example_names(c) for c in chips.values())
+        raise CpplanError(f"cannot parse topology {name!r}: use CHIP-CORES or CHIP:AxBxC, e.g. {examples}.")
+    chip_name, cores, shape = m.groups()
+    if chip_name not in chips:
+        raise unknown_name("chip", chip_name, chips)
+    chip = chips[chip_name]
+    if chip.kind == "cpu":
+        count = int(cores or shape) if (cores or (shape and shape.isdigit())) else 0
+        if count < 1:
+            raise CpplanError(f"topology {name!r}: write cpu:N with N >= 1 virtual devices, e.g. cpu:8.")
+        return Topology(chip, (1,), count)
+    if shape is not None:
+        try:
+            dims = tuple(int(s) for s in shape.split("x"))
+        except ValueError:
+            raise CpplanError(f"cannot parse the shape in {name!r}: write sides like 4x4x8.") from None
+        problem = _valid_shape(chip, dims)
+        if problem:
+            raise CpplanError(f"topology {name!r} does not exist: {problem}. "
+                              f"Examples that do: {_example_names(chip)}.")
+        return Topology(chip, dims, chip.devices_per_chip)
+    count = int(cores)
+    if count % chip.tensorcores_per_chip:
+        raise CpplanError(f"topology {name!r}: {chip.name} slice names count TensorCores, "
+                          f"{chip.tensorcores_per_chip} per chip; {count} is not a multiple of it.")
+    dims = _shape_for_chips(chip, count // chip.tensorcores_per_chip)
+    if dims is None:
+        raise CpplanError(f"topology {name!r}: no {chip.name} slice has {count // chip.tensorcores_per_chip} chips. "
+                          f"Examples that do: {_example_names(chip)}.")
+    return Topology(chip, dims, chip.devices_per_chip)
+
+
+def get_topology(name: "str | Topology") -> Topology:
+    """Parses a topology name (or returns a Topology unchanged).
+
+    Raises:
+        CpplanError: the name does not parse, names an unknown chip, or a shape that does not exist.
+    """
+    if isinstance(name, Topology):
+        return name
+    if not isinstance(name, str):
+        raise CpplanError(f"topology must be a name like 'v5p-256' or 'cpu:8', got {name!r}.")
+    # the cache key includes the chip rows so a new $CPPLAN_CHIP_DIR is honoured
+    return _parse(name, tuple(sorted(known_chips())))

@@ -1,0 +1,167 @@
+"""The contract between planner and runtime: a frozen, JSON round-trippable `Plan`."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from cost_models.errors import CpplanError
+from cost_models.models import ModelSpec
+from cost_models.placement import axis_segments
+from cost_models.topology import Segment, Topology, get_topology
+from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
+
+DEFAULT_BLOCK = 512
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to lay a training step out on a slice.
+
+    Attributes:
+        model: the model's full shape.
+        topology: canonical topology name, e.g. ``v5p:4x4x8``.
+        seq_len: tokens per sequence.
+        global_batch: sequences per step.
+        mesh: ``(axis, size)`` for every axis in `AXES`, in that order.
+        axis_order: the logical axes from outermost to innermost as laid on the devices.
+        physical_order: the topology's physical dimension names from outermost to innermost.
+        cp_strategy: how attention spans the sequence shards.
+        load_balance: causal load balancing over the context axes.
+        remat: what the forward pass keeps for the backward pass.
+        block_q, block_kv: splash attention block sizes.
+        loss_chunk_tokens: tokens per cross-entropy chunk; 0 means full logits at once.
+        param_dtype: weights, gradients and Adam moments.
+        compute_dtype: activations and matmul inputs.
+    """
+
+    model: ModelSpec
+    topology: str
+    seq_len: int
+    global_batch: int
+    mesh: tuple[tuple[str, int], ...]
+    axis_order: tuple[str, ...] = AXES
+    physical_order: tuple[str, ...] = ()
+    cp_strategy: CPStrategy = CPStrategy.NONE
+    load_balance: LoadBalance = LoadBalance.NONE
+    remat: RematPolicy = RematPolicy.FULL
+    block_q: int = DEFAULT_BLOCK
+    block_kv: int = DEFAULT_BLOCK
+    loss_chunk_tokens: int = 0
+    param_dtype: str = "float32"
+    compute_dtype: str = "bfloat16"
+    _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self):
+        names = tuple(a for a, _ in self.mesh)
+        if names != AXES:
+            raise CpplanError(f"plan mesh axes {names} must be exactly {AXES}, in that order.")
+        if sorted(self.axis_order) != sorted(AXES):
+            raise CpplanError(f"axis_order {self.axis_order} must be a permutation of {AXES}.")
+        topo = get_topology(self.topology)
+        if math.prod(self.mesh_sizes) != topo.num_devices:
+            raise CpplanError(f"mesh {self.mesh_dict} has {math.prod(self.mesh_sizes)} devices but "
+                              f"{topo.name} has {topo.num_devices}.")
+        dims = tuple(d.name for d in topo.physical_dims)
+        if not self.physical_order:
+            object.__setattr__(self, "physical_order", dims)
+        if sorted(self.physical_order) != sorted(dims):
+            raise CpplanError(f"physical_order {self.physical_order} must be a permutation of {dims}.")
+        object.__setattr__(self, "topology", topo.name)
+        object.__setattr__(self, "cp_strategy", CPStrategy.parse(self.cp_strategy))
+        object.__setattr__(self, "load_balance", LoadBalance.parse(self.load_balance))
+        object.__setattr__(self, "remat", RematPolicy.parse(self.remat))
+
+    # -- mesh --------------------------------------------------------------------------
+    @property
+    def mesh_dict(self) -> dict[str, int]:
+        return dict(self.mesh)
+
+    @property
+    def mesh_sizes(self) -> tuple[int, ...]:
+        return tuple(s for _, s in self.mesh)
+
+    def axis_size(self, axis: str) -> int:
+        return self.mesh_dict[axis]
+
+    @property
+    def cp_degree(self) -> int:
+        """Devices one sequence is split over: ring degree × Ulysses degree."""
+        return self.axis_size("context") * self.axis_size("context_ulysses")
+
+    @property
+    def topology_spec(self) -> Topology:
+        return get_topology(self.topology)
+
+    def segments(self) -> dict[str, tuple[Segment, ...]]:
+        """Which physical dimensions each logical axis spans (indices into the topology's dims)."""
+        if self._segments is None:
+            topo = self.topology_spec
+            names = [d.name for d in topo.physical_dims]
+            order = [names.index(n) for n in self.physical_order]
+            sizes = self.mesh_dict
+            segs = axis_segments(tuple(sizes[a] for a in self.axis_order),
+                                 tuple(topo.physical_dims[i].size for i in order))
+            if segs is None:
+                raise CpplanError(f"axis sizes {[sizes[a] for a in self.axis_order]} (order {self.axis_order}) "
+                                  f"do not tile the dimensions {self.physical_order} of {topo.name}.")
+            # segment dims index the physical order; map them back to the topology's own indices
+            mapped = {axis: tuple(Segment(order[s.dim], s.size, s.stride) for s in axis_segs)
+                      for axis, axis_segs in zip(self.axis_order, segs)}
+            object.__setattr__(self, "_segments", mapped)
+        return self._segments
+
+    def axis_dims(self) -> dict[str, str]:
+        """Human form of the placement, e.g. ``{'context': 'z(8)·y(2)'}``, innermost first."""
+        dims = self.topology_spec.physical_dims
+        return {axis: "·".join(f"{dims[s.dim].name}({s.size}{'' if s.stride == 1 else f'/{s.stride}'})" for s in segs)
+                for axis, segs in self.segments().items() if segs}
+
+    # -- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model.to_dict(), "topology": self.topology, "seq_len": self.seq_len,
+            "global_batch": self.global_batch, "mesh": dict(self.mesh), "axis_order": list(self.axis_order),
+            "physical_order": list(self.physical_order), "cp_strategy": self.cp_strategy.value,
+            "load_balance": self.load_balance.value, "remat": self.remat.value,
+            "block_q": self.block_q, "block_kv": self.block_kv, "loss_chunk_tokens": self.loss_chunk_tokens,
+            "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, row: dict) -> "Plan":
+        row = dict(row)
+        row["model"] = ModelSpec.from_dict(row["model"])
+        row["mesh"] = tuple((a, int(row["mesh"].get(a, 1))) for a in AXES)
+        row["axis_order"] = tuple(row["axis_order"])
+        row["physical_order"] = tuple(row["physical_order"])
+        return cls(**row)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+    # -- MaxText -----------------------------------------------------------------------
+    def to_maxtext(self) -> dict[str, object]:
+        """The MaxText flags that run this plan (see `planner.maxtext`)."""
+        from planner.maxtext import plan_to_maxtext
+
+        return plan_to_maxtext(self)
+
+    @classmethod
+    def from_maxtext(cls, flags: "dict | str", **kwargs) -> "Plan":
+        """A plan from MaxText flags (a dict or `key=value` text); see `planner.maxtext`."""
+        from planner.maxtext import plan_from_maxtext
+
+        return plan_from_maxtext(flags, **kwargs)
+
+
+def make_mesh(**sizes: int) -> tuple[tuple[str, int], ...]:
+    """A plan mesh from axis sizes by name; missing axes are 1."""
+    unknown = set(sizes) - set(AXES)
+    if unknown:
+        raise CpplanError(f"unknown mesh axes {sorted(unknown)}; the axes are {AXES}.")
+    return tuple((a, int(sizes.get(a, 1))) for a in AXES)
