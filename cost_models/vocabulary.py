@@ -27,11 +27,16 @@ class _Named(str, Enum):
         for member in cls:
             if text in (member.value, member.name.lower(), *member.aliases):
                 return member
-        raise unknown_name(cls.kind, str(value), [m.value for m in cls])
+        raise unknown_name(cls.kind(), str(value), [m.value for m in cls])
 
     @property
     def aliases(self) -> tuple[str, ...]:
         return ()
+
+    @classmethod
+    def kind(cls) -> str:
+        """What a member is called in error messages."""
+        return cls.__name__
 
 
 class CPStrategy(_Named):
@@ -43,7 +48,9 @@ class CPStrategy(_Named):
     RING = "ring"
     USP = "usp"
 
-    kind = "strategy"
+    @classmethod
+    def kind(cls) -> str:
+        return "strategy"
 
     @property
     def aliases(self):
@@ -61,7 +68,9 @@ class RematPolicy(_Named):
     SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"  # keep q/k/v/out projections; recompute attention + MLP
     MINIMAL_WITH_CONTEXT = "minimal_with_context"  # keep all matmul outputs and attention output
 
-    kind = "remat policy"
+    @classmethod
+    def kind(cls) -> str:
+        return "remat policy"
 
 
 class LoadBalance(_Named):
@@ -70,7 +79,9 @@ class LoadBalance(_Named):
     NONE = "none"
     ZIGZAG = "zigzag"  # 2N chunks; rank i holds chunks i and 2N-1-i
 
-    kind = "load balancing"
+    @classmethod
+    def kind(cls) -> str:
+        return "load balancing"
 
     @property
     def aliases(self):

@@ -1,0 +1,43 @@
+"""Collective times on torus axes, in the scaling book's terms ("How to Scale Your Model").
+
+`bw` is the bandwidth an axis gets for collectives (`AxisLinks.collective_bw_bytes_per_s`:
+both directions where the axis closes a ring, the sum over the dimensions it spans); `lat` is
+its latency term. Every function takes numpy arrays or scalars and returns the same.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _safe(volume, n, bw):
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 1, volume * (n - 1) / np.maximum(n, 1) / bw, 0.0)
+
+
+def all_gather(gathered_bytes, n, bw, lat):
+    """All-gather whose result is `gathered_bytes` per device: V/W · (n-1)/n, plus latency."""
+    return _safe(gathered_bytes, n, bw) + np.where(np.asarray(n) > 1, lat, 0.0)
+
+
+def reduce_scatter(unreduced_bytes, n, bw, lat):
+    """Reduce-scatter of an array of `unreduced_bytes` per device: the same cost as an all-gather."""
+    return all_gather(unreduced_bytes, n, bw, lat)
+
+
+def all_reduce(bytes_per_device, n, bw, lat):
+    """All-reduce: a reduce-scatter then an all-gather."""
+    return 2 * all_gather(bytes_per_device, n, bw, lat)
+
+
+def all_to_all(bytes_per_device, n, bw, lat):
+    """All-to-all where each device holds `bytes_per_device` before and after.
+
+    A quarter of an all-gather of the same (whole) array on a bidirectional ring, so with
+    the whole array n·A the time is A·(n-1)/(4W): it does not grow with n for a fixed array.
+    """
+    return all_gather(np.asarray(bytes_per_device) * n, n, 4 * bw, lat)
+
+
+def ppermute(bytes_per_device, ring_bw, ring_lat):
+    """One ring step: every device sends its block to the next one."""
+    return bytes_per_device / ring_bw + ring_lat

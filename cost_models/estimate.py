@@ -1,0 +1,360 @@
+"""The price of one training step (forward, backward, AdamW) under a plan.
+
+One vectorised implementation serves both the search (thousands of candidates as numpy
+columns) and a single plan (`estimate(plan)`, one row). Terms follow the scaling book:
+T_math (MXU work, tile padding and splash block waste included), T_hbm (elementwise work and
+the optimizer, bandwidth bound), T_comms per collective; overlap is explicit: FSDP gathers hide
+behind the previous layer, ring hops behind the attention of the block in hand; the rest is
+exposed. `Estimate` carries the lower bound (max of the three) and upper bound (their sum) too.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cost_models import collectives
+from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent, splash_smem_bytes,
+                                 tile_efficiency)
+from cost_models.flops import head_forward_flops, layer_forward_flops, model_flops_per_step
+from cost_models.models import ModelSpec
+from cost_models.remat import remat_code, remat_table
+from cost_models.strategies import STRATEGIES
+from cost_models.topology import AxisLinks, Topology, get_topology
+from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
+
+ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
+ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
+CE_BYTES_PER_LOGIT = 4 * 4  # fp32 logits: written, read for the log-sum-exp, gradient written and read
+
+LINK_NAMES = ("data", "weights", "tensor", "context", "ulysses")
+
+
+@dataclass
+class Candidates:
+    """Candidates as columns: one strategy, any number of meshes × placements × remat × balancing."""
+
+    model: ModelSpec
+    topology: Topology
+    seq_len: int
+    global_batch: int
+    strategy: CPStrategy
+    d: np.ndarray
+    f: np.ndarray
+    r: np.ndarray
+    u: np.ndarray
+    t: np.ndarray
+    remat: np.ndarray  # codes into cost_models.remat.POLICIES
+    zigzag: np.ndarray
+    block: np.ndarray
+    links: dict[str, tuple[np.ndarray, np.ndarray]]  # name → (collective bw, latency)
+    ring_bw: np.ndarray
+    ring_lat: np.ndarray
+    loss_chunk_tokens: int = 0
+    act_bytes: int = 2
+    param_bytes: int = 4
+
+    def __post_init__(self):
+        for name in ("d", "f", "r", "u", "t", "block", "ring_bw", "ring_lat"):
+            setattr(self, name, np.asarray(getattr(self, name), dtype=float))
+        self.zigzag = np.asarray(self.zigzag, dtype=bool)
+        self.remat = np.asarray(self.remat, dtype=int)
+        self.b_loc = self.global_batch / (self.d * self.f)
+        self.tok = self.b_loc * self.seq_len / (self.r * self.u)
+        self.ctx_bw, self.ctx_lat = self.links["context"]
+        self.uly_bw, self.uly_lat = self.links["ulysses"]
+
+
+@dataclass
+class Priced:
+    """Per-candidate columns of times (s) and bytes; see `Estimate` for their meaning."""
+
+    step_time_s: np.ndarray
+    compute_s: dict[str, np.ndarray]
+    hbm_s: dict[str, np.ndarray]
+    comm_s: dict[str, np.ndarray]
+    exposed_s: dict[str, np.ndarray]
+    memory: dict[str, np.ndarray]
+    smem_bytes: np.ndarray
+    model_flops: float
+    executed_flops: np.ndarray  # per device, remat recomputation and splash's whole blocks included
+
+    @property
+    def hbm_total(self) -> np.ndarray:
+        return sum(self.memory.values())
+
+
+def price(x: Candidates) -> Priced:
+    """Prices every candidate in `x` (all of one strategy)."""
+    m, topo = x.model, x.topology
+    chip = topo.chip
+    peak = topo.peak_flops_per_device
+    hbm_bw = topo.hbm_bw_per_device
+    tile = chip.mxu_tile
+    a, pb = x.act_bytes, x.param_bytes
+    L = m.num_layers
+    remat = remat_table(m)
+    strategy = STRATEGIES[x.strategy]
+
+    # -- matmuls (per layer, per device) --------------------------------------------
+    layer = layer_forward_flops(m, x.seq_len, x.tok)
+    eff = chip.matmul_efficiency
+    qkv_eff = tile_efficiency(m.hidden, tile) * tile_efficiency((m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.t, tile)
+    out_eff = tile_efficiency(m.num_heads * m.head_dim / x.t, tile) * tile_efficiency(m.hidden, tile)
+    mlp_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.intermediate / x.t, tile)
+    qkv_out_s = (layer.qkv / qkv_eff + layer.out_proj / out_eff) / x.t / (peak * eff)
+    mlp_s = layer.mlp / mlp_eff / x.t / (peak * eff)
+    weights_bytes = m.params_per_layer * a / x.t
+    mm_fwd = np.maximum(qkv_out_s + mlp_s, weights_bytes / hbm_bw)
+    # backward: dX and dW matmuls (twice the forward), reading weights twice, writing fp32 grads
+    mm_bwd = np.maximum(2 * (qkv_out_s + mlp_s), (2 * weights_bytes + m.params_per_layer * pb / x.t) / hbm_bw)
+    mm_recompute = remat.recompute_qkv_out[x.remat] * qkv_out_s + remat.recompute_mlp[x.remat] * mlp_s
+
+    # -- attention ------------------------------------------------------------------
+    lay = strategy.layout(x)
+    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag, x.block)
+    attn_eff = chip.attention_efficiency * tile_efficiency(m.head_dim, tile)
+    attn_exec_fwd = 4.0 * x.b_loc * lay.q_heads * m.head_dim * extent
+    attn_fwd = attn_exec_fwd / (peak * attn_eff)
+    attn_bwd = SPLASH_BACKWARD_OVER_FORWARD * attn_fwd
+    attn_recompute = remat.recompute_attention[x.remat] * attn_fwd
+
+    # -- elementwise (HBM bound) ----------------------------------------------------
+    ew_values = 10 * m.hidden + 2 * (m.num_heads + m.num_kv_heads) * m.head_dim + 3 * m.intermediate
+    ew_fwd = x.tok * ew_values * a / x.t / hbm_bw
+    ew_bwd = ELEMENTWISE_PASSES_BACKWARD * ew_fwd
+    ew_recompute = np.where(remat.recompute_qkv_out[x.remat] > 0, ew_fwd,
+                            remat.recompute_mlp[x.remat] * x.tok * 3 * m.intermediate * a / x.t / hbm_bw)
+
+    fwd_layer = mm_fwd + attn_fwd + ew_fwd
+    bwd_layer = mm_bwd + attn_bwd + ew_bwd + mm_recompute + attn_recompute + ew_recompute
+
+    # -- output head and loss -------------------------------------------------------
+    head_passes = 3 + (1 if x.loss_chunk_tokens else 0)  # chunked loss recomputes each chunk's logits
+    head_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.vocab / x.t, tile)
+    head_s = head_passes * head_forward_flops(m, x.tok) / x.t / head_eff / (peak * eff)
+    ce_s = x.tok * m.vocab / x.t * CE_BYTES_PER_LOGIT / hbm_bw
+
+    # -- memory (bytes per device) --------------------------------------------------
+    g = x.f * x.r * x.u  # weight-sharding group
+    shard = g * x.t
+    saved = remat.saved_values_per_token[x.remat] * a / x.t
+    minimal = remat.saved_values_per_token[-1] * a / x.t
+    loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, x.tok)
+    memory = {
+        "params": m.num_params * pb / shard,
+        "grads": m.num_params * pb / shard,
+        "optimizer": 2 * m.num_params * 4 / shard,
+        "activations": L * x.tok * saved + 2 * x.tok * minimal,  # kept per layer + one layer's working set
+        "attention_buffers": None,
+        "collective_buffers": 2 * weights_bytes + m.params_per_layer * pb / x.t,  # next layer's gather, grad scatter
+        "logits": loss_tokens * m.vocab / x.t * 4 * 2,
+    }
+
+    # -- communication --------------------------------------------------------------
+    wbw, wlat = x.links["weights"]
+    gather = collectives.all_gather(weights_bytes, g, wbw, wlat)
+    scatter = collectives.reduce_scatter(m.params_per_layer * pb / x.t, g, wbw, wlat)
+    fsdp_exposed = L * (np.maximum(0.0, gather - fwd_layer) + np.maximum(0.0, gather + scatter - bwd_layer))
+    embed_bytes = m.embedding_params * a / x.t
+    embed_comm = 2 * collectives.all_gather(embed_bytes, g, wbw, wlat) + collectives.reduce_scatter(
+        m.embedding_params * pb / x.t, g, wbw, wlat)
+
+    tbw, tlat = x.links["tensor"]
+    tp_one = collectives.all_gather(x.tok * m.hidden * a, x.t, tbw, tlat)
+    tp = L * tp_one * (8 + remat.recompute_tensor_collectives[x.remat])
+
+    dbw, dlat = x.links["data"]
+    dp = collectives.all_reduce(m.num_params * pb / shard, x.d, dbw, dlat)
+
+    cp = strategy.cost(x, lay, attn_fwd)
+    recompute_attn = remat.recompute_attention[x.remat]
+    cp_total = L * (cp.forward_s + cp.backward_s + recompute_attn * cp.forward_s)
+    cp_exposed = L * (cp.exposed_forward_s + cp.exposed_backward_s + recompute_attn * cp.exposed_forward_s)
+    memory["attention_buffers"] = cp.buffer_bytes + x.b_loc * lay.q_len * lay.q_heads * 4
+
+    compute = {
+        "matmul": L * (qkv_out_s * (1 + 2 + remat.recompute_qkv_out[x.remat]) +
+                       mlp_s * (1 + 2 + remat.recompute_mlp[x.remat])) + head_s,
+        "attention": L * (attn_fwd + attn_bwd + attn_recompute),
+    }
+    matmul_hbm_extra = L * (mm_fwd + mm_bwd - 3 * (qkv_out_s + mlp_s))  # where weight reads outlast the math
+    hbm = {
+        "elementwise": L * (ew_fwd + ew_bwd + ew_recompute) + ce_s,
+        "matmul_weight_reads": matmul_hbm_extra,
+        "optimizer": m.num_params / shard * ADAMW_BYTES_PER_PARAM / hbm_bw,
+    }
+    comm = {
+        "fsdp_all_gather": L * 2 * gather + embed_comm * 2 / 3,
+        "fsdp_reduce_scatter": L * scatter + embed_comm / 3,
+        "tensor": tp,
+        "data_all_reduce": dp,
+        "context": cp_total,
+    }
+    exposed = {
+        "fsdp": fsdp_exposed + embed_comm,
+        "tensor": tp,
+        "data_all_reduce": dp,
+        "context": cp_exposed,
+    }
+    step = (L * (fwd_layer + bwd_layer) + head_s + ce_s + hbm["optimizer"] + sum(exposed.values()))
+    executed = (L * ((layer.qkv + layer.out_proj) / x.t * (3 + remat.recompute_qkv_out[x.remat])
+                     + layer.mlp / x.t * (3 + remat.recompute_mlp[x.remat])
+                     + attn_exec_fwd * (1 + SPLASH_BACKWARD_OVER_FORWARD + remat.recompute_attention[x.remat]))
+                + head_passes * head_forward_flops(m, x.tok) / x.t)
+    smem = splash_smem_bytes(lay.q_len, lay.kv_len, x.block)
+    return Priced(step, compute, hbm, comm, exposed, memory, smem,
+                  model_flops_per_step(m, x.seq_len, x.global_batch), executed)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The named price of one plan.
+
+    Times are seconds per step; bytes are per device. `exposed_s` is the communication the
+    step waits for (not hidden behind compute); `step_time_s` = compute + HBM-bound work +
+    exposed communication.
+    """
+
+    step_time_s: float
+    compute_s: dict[str, float]
+    hbm_s: dict[str, float]
+    comm_s: dict[str, float]
+    exposed_s: dict[str, float]
+    hbm_bytes: dict[str, float]
+    hbm_capacity_bytes: int
+    smem_bytes: float
+    smem_capacity_bytes: int
+    model_flops: float
+    executed_flops_per_device: float
+    tokens_per_step: int
+    num_devices: int
+    num_chips: int
+    peak_flops_per_device: float
+    cp_collective: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def hbm_bytes_per_device(self) -> float:
+        return float(sum(self.hbm_bytes.values()))
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.hbm_capacity_bytes - self.hbm_bytes_per_device
+
+    @property
+    def fits(self) -> bool:
+        smem_ok = self.smem_capacity_bytes == 0 or self.smem_bytes <= self.smem_capacity_bytes
+        return self.hbm_bytes_per_device <= self.hbm_capacity_bytes and smem_ok
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.step_time_s * self.num_devices * self.peak_flops_per_device)
+
+    @property
+    def tokens_per_s_per_chip(self) -> float:
+        return self.tokens_per_step / self.step_time_s / self.num_chips
+
+    @property
+    def t_math_s(self) -> float:
+        return float(sum(self.compute_s.values()))
+
+    @property
+    def t_hbm_s(self) -> float:
+        return float(sum(self.hbm_s.values()))
+
+    @property
+    def t_comms_s(self) -> float:
+        return float(sum(self.comm_s.values()))
+
+    @property
+    def lower_bound_s(self) -> float:
+        """Perfect overlap: the largest of T_math, T_hbm, T_comms."""
+        return max(self.t_math_s, self.t_hbm_s, self.t_comms_s)
+
+    @property
+    def upper_bound_s(self) -> float:
+        """No overlap at all."""
+        return self.t_math_s + self.t_hbm_s + self.t_comms_s
+
+    @property
+    def bottleneck(self) -> str:
+        """The largest single term of the step: a compute kind, HBM-bound work, or exposed traffic."""
+        terms = {f"compute ({k})": v for k, v in self.compute_s.items()}
+        terms["HBM-bound work"] = self.t_hbm_s
+        terms.update({f"exposed {k} communication": v for k, v in self.exposed_s.items()})
+        return max(terms, key=terms.get)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_time_s": self.step_time_s, "mfu": self.mfu, "tokens_per_s_per_chip": self.tokens_per_s_per_chip,
+            "fits": self.fits, "bottleneck": self.bottleneck,
+            "compute_s": self.compute_s, "hbm_s": self.hbm_s, "comm_s": self.comm_s, "exposed_s": self.exposed_s,
+            "lower_bound_s": self.lower_bound_s, "upper_bound_s": self.upper_bound_s,
+            "hbm_bytes": self.hbm_bytes, "hbm_bytes_per_device": self.hbm_bytes_per_device,
+            "hbm_capacity_bytes": self.hbm_capacity_bytes, "smem_bytes": self.smem_bytes,
+            "smem_capacity_bytes": self.smem_capacity_bytes, "model_flops": self.model_flops,
+            "executed_flops_per_device": self.executed_flops_per_device,
+            "tokens_per_step": self.tokens_per_step, "cp_collective": self.cp_collective, "notes": list(self.notes),
+        }
+
+
+def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
+    """The `Estimate` of row `i` of a priced batch."""
+    topo = x.topology
+
+    def pick(d):
+        return {k: float(np.broadcast_to(v, priced.step_time_s.shape)[i]) for k, v in d.items()}
+
+    return Estimate(
+        step_time_s=float(priced.step_time_s[i]), compute_s=pick(priced.compute_s), hbm_s=pick(priced.hbm_s),
+        comm_s=pick(priced.comm_s), exposed_s=pick(priced.exposed_s), hbm_bytes=pick(priced.memory),
+        hbm_capacity_bytes=topo.hbm_bytes_per_device, smem_bytes=float(priced.smem_bytes[i]),
+        smem_capacity_bytes=topo.chip.smem_bytes, model_flops=priced.model_flops,
+        executed_flops_per_device=float(priced.executed_flops[i]),
+        tokens_per_step=x.seq_len * x.global_batch, num_devices=topo.num_devices, num_chips=topo.num_chips,
+        peak_flops_per_device=topo.peak_flops_per_device, cp_collective=STRATEGIES[x.strategy].collective,
+    )
+
+
+def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """Columns of bandwidth and latency from per-candidate `AxisLinks` (ring links from `context`)."""
+    cols = {name: (np.array([l.collective_bw_bytes_per_s for l in ls]), np.array([l.collective_latency_s for l in ls]))
+            for name, ls in links.items()}
+    ctx = links["context"]
+    return cols, np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx])
+
+
+def plan_links(plan) -> dict[str, AxisLinks]:
+    """The links each collective group of a plan gets from its placement."""
+    topo = get_topology(plan.topology)
+    segs = plan.segments()
+    return {
+        "data": topo.links(segs["data"]),
+        "weights": topo.links(segs["fsdp"] + segs["context"] + segs["context_ulysses"]),
+        "tensor": topo.links(segs["tensor"]),
+        "context": topo.links(segs["context"]),
+        "ulysses": topo.links(segs["context_ulysses"]),
+    }
+
+
+def estimate(plan) -> Estimate:
+    """Prices one plan (a `planner.Plan` or anything with its attributes).
+
+    Raises:
+        CpplanError: the plan's mesh does not tile its topology.
+    """
+    topo = get_topology(plan.topology)
+    mesh = dict(plan.mesh)
+    links, ring_bw, ring_lat = link_columns({k: [v] for k, v in plan_links(plan).items()})
+    x = Candidates(
+        model=plan.model, topology=topo, seq_len=plan.seq_len, global_batch=plan.global_batch,
+        strategy=plan.cp_strategy, d=[mesh["data"]], f=[mesh["fsdp"]], r=[mesh["context"]],
+        u=[mesh["context_ulysses"]], t=[mesh["tensor"]], remat=[remat_code(plan.remat)],
+        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block=[plan.block_q], links=links,
+        ring_bw=ring_bw, ring_lat=ring_lat, loss_chunk_tokens=plan.loss_chunk_tokens,
+        act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
+    )
+    return estimate_row(price(x), 0, x)

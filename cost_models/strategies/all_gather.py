@@ -1,0 +1,35 @@
+"""All-gather K/V over `context`: every device gets the full-length keys and values.
+
+Forward: one all-gather of K and V per layer; backward: the gather again plus a reduce-scatter
+of dK and dV. Not overlapped with compute. Holds full-length K, V and their gradients.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cost_models import collectives
+from cost_models.strategies.base import (CPCost, Layout, Shape, Violation, degree_check, heads_check,
+                                         kv_heads_per_tensor_shard, sequence_check)
+from cost_models.vocabulary import CPStrategy
+
+
+class AllGather:
+    strategy = CPStrategy.ALL_GATHER
+    collective = "all-gather K/V"
+
+    def check(self, shape: Shape) -> Violation | None:
+        return (degree_check(shape, "all-gather", lambda r: r > 1, lambda u: u == 1, "context > 1 and context_ulysses = 1")
+                or heads_check(shape) or sequence_check(shape, shape.ring, "context ranks"))
+
+    def layout(self, x) -> Layout:
+        s = float(x.seq_len)
+        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, s / x.r,
+                      np.full_like(x.r, s, dtype=float))
+
+    def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
+        kv_full = 2 * x.b_loc * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
+        gather = collectives.all_gather(kv_full, x.r, x.ctx_bw, x.ctx_lat)
+        fwd = gather
+        bwd = 2 * gather  # gather again, reduce-scatter dK/dV (same cost)
+        buffers = kv_full + kv_full * 4 / x.act_bytes  # K, V and fp32 dK, dV at full length
+        return CPCost(fwd, bwd, fwd, bwd, buffers)

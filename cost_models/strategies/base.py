@@ -1,0 +1,98 @@
+"""The protocol every context-parallel strategy implements, and the shapes it is given."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cost_models.models import ModelSpec
+from cost_models.vocabulary import CPStrategy
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What decides whether a strategy can run a case: one candidate, scalars only."""
+
+    model: ModelSpec
+    seq_len: int
+    ring: int  # size of the `context` axis
+    ulysses: int  # size of the `context_ulysses` axis
+    tensor: int
+    zigzag: bool
+    tile_multiple: int  # local sequence blocks must be multiples of this (128 on TPU, 1 on CPU)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A rule a candidate breaks: a short category for grouping, and the sentence with numbers."""
+
+    category: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the attention kernel lies on one device (numpy arrays over candidates)."""
+
+    q_heads: Any  # query heads per device inside the kernel
+    kv_heads: Any  # key/value heads per device inside the kernel (after any replication)
+    ring: Any  # ways the sequence is split for attention (1 = the kernel sees the whole sequence)
+    q_len: Any  # query tokens of one kernel call
+    kv_len: Any  # key tokens of one kernel call
+
+
+@dataclass(frozen=True)
+class CPCost:
+    """A strategy's own traffic for one layer, forward and backward (arrays over candidates)."""
+
+    forward_s: Any
+    backward_s: Any
+    exposed_forward_s: Any
+    exposed_backward_s: Any
+    buffer_bytes: Any  # attention buffers held at the peak of one layer
+
+
+class Strategy(Protocol):
+    strategy: CPStrategy
+    collective: str  # what its traffic is called in a breakdown
+
+    def check(self, shape: Shape) -> "Violation | None":
+        """None when the strategy runs this case, else the failed rule with its numbers."""
+
+    def layout(self, x) -> Layout:
+        """Kernel layout for the candidates in `x` (an `estimate.Candidates`)."""
+
+    def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
+        """Per-layer traffic; `attention_fwd_s` is the forward kernel time per layer."""
+
+
+def kv_heads_per_tensor_shard(model: ModelSpec, tensor):
+    """KV heads on one tensor shard: K/t, or 1 (replicated) when t exceeds K."""
+    import numpy as np
+
+    return np.maximum(model.num_kv_heads / np.asarray(tensor, dtype=float), 1.0)
+
+
+def sequence_check(shape: Shape, splits: int, what: str) -> Violation | None:
+    """The sequence must split evenly (twice as finely under zigzag) into tile-aligned blocks."""
+    pieces = splits * (2 if shape.zigzag else 1)
+    if shape.seq_len % pieces:
+        zig = " (2 × ring degree chunks for zigzag)" if shape.zigzag else ""
+        return Violation("sequence split", f"seq_len={shape.seq_len} not divisible by {pieces} {what}{zig}")
+    if (shape.seq_len // pieces) % shape.tile_multiple:
+        return Violation("sequence split", f"local block of {shape.seq_len // pieces} tokens is not a multiple of "
+                                           f"{shape.tile_multiple} (splash on TPU)")
+    return None
+
+
+def heads_check(shape: Shape) -> Violation | None:
+    """Tensor parallelism splits query heads."""
+    if shape.model.num_heads % shape.tensor:
+        return Violation("heads", f"num_heads={shape.model.num_heads} not divisible by tensor={shape.tensor}")
+    return None
+
+
+def degree_check(shape: Shape, name: str, ring_ok, ulysses_ok, rule: str) -> Violation | None:
+    """The strategy's own mesh rule (which context axes must be > 1)."""
+    if ring_ok(shape.ring) and ulysses_ok(shape.ulysses):
+        return None
+    return Violation("mesh", f"{name} needs {rule} (got context={shape.ring}, context_ulysses={shape.ulysses})")

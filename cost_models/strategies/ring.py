@@ -1,0 +1,53 @@
+"""Ring attention over `context`: K/V blocks travel N−1 hops by ppermute, each hop's transfer
+hidden behind the attention of the block in hand when that takes longer.
+
+Backward sends K/V and the fp32 dK/dV accumulators around again (one extra hop brings the
+gradients home). Holds the block in hand and the one arriving, never the full length.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cost_models import collectives
+from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD
+from cost_models.strategies.base import (CPCost, Layout, Shape, Violation, degree_check, heads_check,
+                                         kv_heads_per_tensor_shard, sequence_check)
+from cost_models.vocabulary import CPStrategy
+
+GRAD_BYTES = 4  # dK/dV accumulate in fp32
+
+
+def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
+    """Ring traffic for blocks of S/ring tokens with `heads_in_kernel_kv` KV heads (USP reuses it)."""
+    r = layout.ring
+    block_tokens = x.b_loc * x.seq_len / r
+    kv_block = 2 * block_tokens * heads_in_kernel_kv * x.model.head_dim * x.act_bytes
+    hop_fwd = collectives.ppermute(kv_block, x.ring_bw, x.ring_lat)
+    hop_bwd = collectives.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), x.ring_bw, x.ring_lat)
+    hops = r - 1
+    compute_per_hop_fwd = attention_fwd_s / r
+    compute_per_hop_bwd = compute_per_hop_fwd * SPLASH_BACKWARD_OVER_FORWARD
+    grads_home = collectives.ppermute(kv_block * GRAD_BYTES / x.act_bytes, x.ring_bw, x.ring_lat)
+    fwd = hops * hop_fwd
+    bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
+    exposed_fwd = hops * np.maximum(0.0, hop_fwd - compute_per_hop_fwd)
+    exposed_bwd = hops * np.maximum(0.0, hop_bwd - compute_per_hop_bwd) + np.where(r > 1, grads_home, 0.0)
+    q_block = block_tokens * layout.q_heads * x.model.head_dim
+    buffers = 2 * kv_block * (1 + GRAD_BYTES / x.act_bytes) + q_block * 4 * 2  # + fp32 out/dq accumulators
+    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers)
+
+
+class Ring:
+    strategy = CPStrategy.RING
+    collective = "ring ppermute K/V"
+
+    def check(self, shape: Shape) -> Violation | None:
+        return (degree_check(shape, "ring", lambda r: r > 1, lambda u: u == 1, "context > 1 and context_ulysses = 1")
+                or heads_check(shape) or sequence_check(shape, shape.ring, "context ranks"))
+
+    def layout(self, x) -> Layout:
+        block = x.seq_len / x.r
+        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, block, block)
+
+    def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
+        return ring_cost(x, layout, attention_fwd_s, layout.kv_heads)

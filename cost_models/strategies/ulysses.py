@@ -1,0 +1,59 @@
+"""DeepSpeed-Ulysses over `context_ulysses`: all-to-all from sequence shards to head shards.
+
+Four all-to-alls forward (q, k, v in; the output back) and four backward; none overlapped.
+With fewer KV heads per tensor shard than the Ulysses degree, KV heads are replicated up to it.
+Each device then runs the kernel over the whole sequence (or ring block, for USP) for its heads.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cost_models import collectives
+from cost_models.strategies.base import (CPCost, Layout, Shape, Violation, degree_check, heads_check,
+                                         kv_heads_per_tensor_shard, sequence_check)
+from cost_models.vocabulary import CPStrategy
+
+
+def ulysses_check(shape: Shape) -> Violation | None:
+    """Query heads per tensor shard must split over the Ulysses degree; KV heads must replicate evenly."""
+    q_heads = shape.model.num_heads // shape.tensor
+    if q_heads % shape.ulysses:
+        return Violation("heads", f"num_heads/tensor={shape.model.num_heads}/{shape.tensor}={q_heads} not divisible by "
+                                  f"context_ulysses={shape.ulysses}")
+    kv = max(shape.model.num_kv_heads // shape.tensor, 1)
+    if kv % shape.ulysses and shape.ulysses % kv:
+        return Violation("heads", f"num_kv_heads per tensor shard={kv} and context_ulysses={shape.ulysses}: "
+                                  "neither divides the other")
+    return None
+
+
+def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
+    kv = np.maximum(kv_heads_per_tensor_shard(x.model, x.t), x.u) / x.u
+    return Layout(x.model.num_heads / (x.t * x.u), kv, ring, seq_len_in_kernel, seq_len_in_kernel)
+
+
+def all_to_all_cost(x, layout: Layout):
+    """Forward and backward time of the q, k, v and output all-to-alls for one layer."""
+    per_token = (2 * layout.q_heads + 2 * layout.kv_heads) * x.u * x.model.head_dim * x.act_bytes
+    local_tokens = x.b_loc * x.seq_len / (x.r * x.u)
+    one_pass = collectives.all_to_all(local_tokens * per_token / 4, x.u, x.uly_bw, x.uly_lat) * 4
+    return one_pass, one_pass  # backward moves dq, dk, dv, d_out: the same bytes
+
+
+class Ulysses:
+    strategy = CPStrategy.ULYSSES
+    collective = "all-to-all q/k/v/out"
+
+    def check(self, shape: Shape) -> Violation | None:
+        if shape.zigzag:
+            return Violation("load balance", "zigzag does nothing for ulysses: each device attends over the whole sequence")
+        return (degree_check(shape, "ulysses", lambda r: r == 1, lambda u: u > 1, "context_ulysses > 1 and context = 1")
+                or heads_check(shape) or ulysses_check(shape) or sequence_check(shape, shape.ulysses, "Ulysses ranks"))
+
+    def layout(self, x) -> Layout:
+        return ulysses_layout(x, np.ones_like(x.r), np.full_like(x.r, x.seq_len, dtype=float))
+
+    def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
+        fwd, bwd = all_to_all_cost(x, layout)
+        full = x.b_loc * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
+        return CPCost(fwd, bwd, fwd, bwd, 2 * full)  # q, k, v, out at full length, and their gradients

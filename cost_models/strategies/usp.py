@@ -1,0 +1,32 @@
+"""USP: Ulysses over `context_ulysses` inside, ring over `context` across.
+
+The all-to-all gathers one ring block (S/ring tokens) per Ulysses group onto head shards; the
+ring then passes those blocks around the `context` axis. Costs are the two strategies' sums.
+"""
+from __future__ import annotations
+
+from cost_models.strategies.base import CPCost, Layout, Shape, Violation, degree_check, heads_check, sequence_check
+from cost_models.strategies.ring import ring_cost
+from cost_models.strategies.ulysses import all_to_all_cost, ulysses_check, ulysses_layout
+from cost_models.vocabulary import CPStrategy
+
+
+class USP:
+    strategy = CPStrategy.USP
+    collective = "all-to-all + ring ppermute"
+
+    def check(self, shape: Shape) -> Violation | None:
+        return (degree_check(shape, "usp", lambda r: r > 1, lambda u: u > 1, "context > 1 and context_ulysses > 1")
+                or heads_check(shape) or ulysses_check(shape)
+                or sequence_check(shape, shape.ring * shape.ulysses, "context × context_ulysses ranks"))
+
+    def layout(self, x) -> Layout:
+        return ulysses_layout(x, x.r, x.seq_len / x.r)
+
+    def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
+        a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
+        ring = ring_cost(x, layout, attention_fwd_s, layout.kv_heads)
+        block = x.b_loc * x.seq_len / x.r * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
+        return CPCost(a2a_fwd + ring.forward_s, a2a_bwd + ring.backward_s,
+                      a2a_fwd + ring.exposed_forward_s, a2a_bwd + ring.exposed_backward_s,
+                      ring.buffer_bytes + 2 * block)

@@ -1,0 +1,150 @@
+"""User options for a search: parsed, validated, with errors that say what is accepted."""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cost_models.errors import CpplanError
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
+
+# Llama 3 pre-training started at a global batch of 4M tokens (Llama 3 paper, §3.4.1).
+DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 1024 * 1024
+DEFAULT_LOSS_CHUNK_TOKENS = 8192
+_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_seq_len(value: "int | str") -> int:
+    """Tokens from an int or a string like ``4M``, ``128k``, ``131072`` (k/M are powers of 1024).
+
+    Raises:
+        CpplanError: unparsable or not positive.
+    """
+    if isinstance(value, bool):
+        raise CpplanError(f"sequence length {value!r} is not a number of tokens.")
+    if isinstance(value, int):
+        tokens = value
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", str(value))
+        if not m:
+            raise CpplanError(f"cannot read sequence length {value!r}: write tokens as 131072, 128k, 1M or 4M "
+                              f"(k = 1024, M = 1024²).")
+        tokens = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+        if tokens != int(tokens):
+            raise CpplanError(f"sequence length {value!r} is {tokens} tokens, not a whole number.")
+        tokens = int(tokens)
+    if tokens < 1:
+        raise CpplanError(f"sequence length {value!r} must be at least 1 token.")
+    return tokens
+
+
+def format_tokens(tokens: int) -> str:
+    """131072 → '128K', 4194304 → '4M', 1000 → '1000'."""
+    for suffix, size in (("M", 1024**2), ("K", 1024)):
+        if tokens >= size and tokens % size == 0:
+            return f"{tokens // size}{suffix}"
+    return str(tokens)
+
+
+def _enum_set(kind, values) -> frozenset:
+    if values is None:
+        return frozenset(kind)
+    if isinstance(values, (str, kind)):
+        values = [values]
+    return frozenset(kind.parse(v) for v in values)
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """What the search may vary and what it holds fixed.
+
+    Attributes:
+        global_batch_tokens: tokens per step (a whole number of sequences); default
+            max(seq_len, 4M), Llama 3's initial batch.
+        strategies: context-parallel strategies allowed (enum members or MaxText names).
+        mesh: axis sizes held fixed, e.g. ``{"context": 16}``; the rest are searched.
+        remat: remat policies allowed.
+        load_balance: balancing choices allowed.
+        loss_chunk_tokens: cross-entropy chunk; 0 = full logits (MaxText's default).
+        param_dtype / compute_dtype: priced dtypes.
+    """
+
+    global_batch_tokens: int | None = None
+    strategies: frozenset = frozenset(CPStrategy)
+    mesh: tuple[tuple[str, int], ...] = ()
+    remat: frozenset = frozenset(RematPolicy)
+    load_balance: frozenset = frozenset(LoadBalance)
+    loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
+    param_dtype: str = "float32"
+    compute_dtype: str = "bfloat16"
+
+    @classmethod
+    def build(cls, *, global_batch_tokens=None, strategies=None, mesh=None, remat=None, load_balance=None,
+              loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS, param_dtype="float32", compute_dtype="bfloat16",
+              **unknown) -> "SearchOptions":
+        if unknown:
+            known = "global_batch_tokens, strategies, mesh, remat, load_balance, loss_chunk_tokens, param_dtype, compute_dtype"
+            raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
+        fixed = dict(mesh or {})
+        for axis, size in fixed.items():
+            if axis not in AXES:
+                raise CpplanError(f"mesh axis {axis!r} is not one of {AXES}.")
+            if not isinstance(size, int) or size < 1:
+                raise CpplanError(f"mesh[{axis!r}]={size!r} must be a positive integer.")
+        for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype)):
+            if dtype not in DTYPE_BYTES:
+                raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
+        if global_batch_tokens is not None:
+            global_batch_tokens = parse_seq_len(global_batch_tokens)
+        if not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
+            raise CpplanError(f"loss_chunk_tokens={loss_chunk_tokens!r} must be 0 (full logits) or a positive integer.")
+        return cls(global_batch_tokens, _enum_set(CPStrategy, strategies), tuple(sorted(fixed.items())),
+                   _enum_set(RematPolicy, remat), _enum_set(LoadBalance, load_balance), loss_chunk_tokens,
+                   param_dtype, compute_dtype)
+
+    def global_batch(self, seq_len: int) -> int:
+        """Sequences per step.
+
+        Raises:
+            CpplanError: an explicit batch that is not a whole number of sequences.
+        """
+        if self.global_batch_tokens is None:
+            return max(1, DEFAULT_GLOBAL_BATCH_TOKENS // seq_len)
+        if self.global_batch_tokens % seq_len:
+            raise CpplanError(f"global_batch_tokens={self.global_batch_tokens} is not a whole number of "
+                              f"{seq_len}-token sequences; use a multiple of {seq_len}.")
+        return self.global_batch_tokens // seq_len
+
+    def axes_fixed(self) -> dict[str, int]:
+        return dict(self.mesh)
+
+
+def ordered_factorizations(n: int, parts: int, fixed: dict[int, int] | None = None) -> list[tuple[int, ...]]:
+    """Every tuple of `parts` positive integers whose product is n (position i held to fixed[i])."""
+    fixed = fixed or {}
+    divisors = _divisors(n)
+    out: list[tuple[int, ...]] = []
+
+    def rec(i: int, remaining: int, prefix: tuple[int, ...]):
+        if i == parts - 1:
+            if fixed.get(i, remaining) == remaining:
+                out.append(prefix + (remaining,))
+            return
+        choices = [fixed[i]] if i in fixed else [d for d in divisors if d <= remaining and remaining % d == 0]
+        for d in choices:
+            if remaining % d == 0:
+                rec(i + 1, remaining // d, prefix + (d,))
+
+    rec(0, n, ())
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def as_list(values: Iterable) -> list:
+    """Enum members in a stable order."""
+    return sorted(values, key=lambda v: v.value)

@@ -1,0 +1,277 @@
+"""The search: every mesh factorisation × CP strategy × load balancing × remat × placement.
+
+Structural rules (batch, heads, sequence splits, splash SMEM) reject (mesh, strategy,
+balancing) candidates before any pricing; the rest are priced as numpy columns, one strategy
+at a time, over every realisable placement; HBM rejects per remat policy; each candidate keeps
+its best placement. Ranking: predicted step time per token, then memory headroom, then a
+deterministic key. A pure function of its inputs.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from cost_models.estimate import Candidates, Estimate, estimate_row, price
+from cost_models.models import ModelSpec
+from cost_models.placement import axis_segments
+from cost_models.remat import POLICIES
+from cost_models.strategies import STRATEGIES, Shape
+from cost_models.topology import AxisLinks, Topology
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance
+from planner.options import SearchOptions, as_list, ordered_factorizations
+from planner.plan import Plan
+
+GiB = 2**30
+BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks: 512 first, larger when SMEM needs it
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A candidate that cannot run, and why (the failed rule with its numbers)."""
+
+    mesh: dict
+    strategy: CPStrategy
+    load_balance: LoadBalance
+    remat: object  # a RematPolicy, or None when the rule does not depend on it
+    category: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A feasible candidate with its best placement and price."""
+
+    plan: Plan
+    estimate: Estimate
+
+
+@dataclass
+class SearchResult:
+    """Everything the search found: ranked feasible candidates and every rejection."""
+
+    model: ModelSpec
+    topology: Topology
+    seq_len: int
+    global_batch: int
+    options: SearchOptions
+    ranked: list[Ranked]
+    rejections: list[Rejection]
+    candidates_priced: int = 0
+    best_infeasible: list[Ranked] = field(default_factory=list)  # least memory per strategy, for "what would fit"
+
+    @property
+    def best(self) -> Ranked | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def _shape(model, seq_len, mesh, zigzag, topo) -> Shape:
+    return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag,
+                 128 if topo.chip.kind == "tpu" else 1)
+
+
+def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | None, str | None]:
+    """Splash block size for a kernel call of (q × kv) tokens, or the SMEM rule that fails."""
+    from cost_models.compute import splash_smem_bytes
+
+    q = layout_q / (2 if zigzag else 1)
+    options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
+    if topo.chip.smem_bytes == 0:  # a host: no SMEM, any block that divides
+        fallback = max((b for b in (512, 256, 128, 64, 32, 16, 8) if q % b == 0 and b <= q), default=int(q))
+        return (options[0] if options else fallback), None
+    for b in options:
+        if splash_smem_bytes(layout_q, layout_kv, b) <= topo.chip.smem_bytes:
+            return b, None
+    if not options:
+        return None, f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
+    b = max(options)
+    need = float(splash_smem_bytes(layout_q, layout_kv, b))
+    return None, (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
+                  f"{need / 2**20:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / 2**20:.0f} MiB")
+
+
+class _Placements:
+    """Distinct realisable placements of a mesh on a topology, with the links each gives."""
+
+    def __init__(self, topo: Topology):
+        self.topo = topo
+        dims = topo.physical_dims
+        seen, self.phys_orders = set(), []
+        for perm in itertools.permutations(range(len(dims))):
+            key = tuple((dims[i].size, dims[i].wraps, dims[i].link_bw_bytes_per_s) for i in perm)
+            if key not in seen:
+                seen.add(key)
+                self.phys_orders.append(perm)
+        self._links = lru_cache(maxsize=None)(topo.links)
+
+    @lru_cache(maxsize=None)
+    def of(self, sizes: tuple[int, ...]) -> list[tuple[tuple, tuple, dict[str, AxisLinks]]]:
+        """[(axis_order, physical_order, links)] for a mesh (sizes in AXES order), distinct links only."""
+        dims = self.topo.physical_dims
+        trivial = [a for a, s in zip(AXES, sizes) if s == 1]
+        active = [a for a, s in zip(AXES, sizes) if s > 1]
+        size_of = dict(zip(AXES, sizes))
+        out, seen = [], set()
+        for axis_perm in itertools.permutations(active):
+            order = tuple(trivial) + axis_perm
+            for perm in self.phys_orders:
+                segs = axis_segments(tuple(size_of[a] for a in order), tuple(dims[i].size for i in perm))
+                if segs is None:
+                    continue
+                by_axis = {a: tuple(type(s)(perm[s.dim], s.size, s.stride) for s in ss) for a, ss in zip(order, segs)}
+                links = {
+                    "data": self._links(by_axis["data"]),
+                    "weights": self._links(by_axis["fsdp"] + by_axis["context"] + by_axis["context_ulysses"]),
+                    "tensor": self._links(by_axis["tensor"]),
+                    "context": self._links(by_axis["context"]),
+                    "ulysses": self._links(by_axis["context_ulysses"]),
+                }
+                key = tuple((l.collective_bw_bytes_per_s, l.collective_latency_s, l.ring_bw_bytes_per_s,
+                             l.ring_latency_s) for l in links.values())
+                if key not in seen:
+                    seen.add(key)
+                    out.append((order, tuple(dims[i].name for i in perm), links))
+        return out
+
+
+def _strategies_for(r: int, u: int) -> tuple[CPStrategy, ...]:
+    if r == 1 and u == 1:
+        return (CPStrategy.NONE,)
+    if u == 1:
+        return (CPStrategy.ALL_GATHER, CPStrategy.RING)
+    if r == 1:
+        return (CPStrategy.ULYSSES,)
+    return (CPStrategy.USP,)
+
+
+def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
+    """Prices every candidate and ranks the feasible ones (see the module docstring)."""
+    batch = options.global_batch(seq_len)
+    fixed = options.axes_fixed()
+    meshes = ordered_factorizations(topo.num_devices, len(AXES),
+                                    {AXES.index(a): s for a, s in fixed.items()})
+    rejections: list[Rejection] = []
+    groups: dict[CPStrategy, list] = {}
+    placements = _Placements(topo)
+    act_bytes, param_bytes = DTYPE_BYTES[options.compute_dtype], DTYPE_BYTES[options.param_dtype]
+
+    for sizes in meshes:
+        mesh = dict(zip(AXES, sizes))
+        batch_shards = mesh["data"] * mesh["fsdp"]
+        for strategy in _strategies_for(mesh["context"], mesh["context_ulysses"]):
+            if strategy not in options.strategies:
+                continue
+            impl = STRATEGIES[strategy]
+            for lb in as_list(options.load_balance):
+                zig = lb is LoadBalance.ZIGZAG
+                if zig and strategy in (CPStrategy.NONE, CPStrategy.ULYSSES):
+                    continue  # balancing has nothing to balance: not a distinct candidate
+                if batch % batch_shards:
+                    rejections.append(Rejection(mesh, strategy, lb, None, "batch",
+                                                f"global_batch={batch} sequences not divisible by data×fsdp={batch_shards}"))
+                    continue
+                violation = impl.check(_shape(model, seq_len, mesh, zig, topo))
+                if violation:
+                    rejections.append(Rejection(mesh, strategy, lb, None, violation.category, violation.reason))
+                    continue
+                groups.setdefault(strategy, []).append((sizes, lb))
+
+    ranked: list[Ranked] = []
+    best_infeasible: list[Ranked] = []
+    priced_count = 0
+    for strategy, cands in groups.items():
+        rows = []  # (sizes, lb, remat, block, placement)
+        for sizes, lb in cands:
+            for remat in as_list(options.remat):
+                for placement in placements.of(sizes):
+                    rows.append((sizes, lb, remat, placement))
+        if not rows:
+            continue
+        x = _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes)
+        priced = price(x)
+        priced_count += len(rows)
+        # SMEM decides the block; a candidate whose kernel metadata cannot fit any block is rejected
+        blocks, block_reasons = _blocks_for(x, strategy, topo)
+        mem = priced.hbm_total
+        cap = topo.hbm_bytes_per_device
+        per_candidate: dict[tuple, int] = {}
+        for i, (sizes, lb, remat, _) in enumerate(rows):
+            key = (sizes, lb, remat)
+            j = per_candidate.get(key)
+            if j is None or priced.step_time_s[i] < priced.step_time_s[j]:  # first placement wins ties
+                per_candidate[key] = i
+        strategy_least = None
+        for (sizes, lb, remat), i in per_candidate.items():
+            mesh = dict(zip(AXES, sizes))
+            if block_reasons[i]:
+                rejections.append(Rejection(mesh, strategy, lb, remat, "smem", block_reasons[i]))
+                continue
+            if mem[i] > cap:
+                parts = {k: float(np.broadcast_to(v, mem.shape)[i]) for k, v in priced.memory.items()}
+                top = max(parts, key=parts.get)
+                rejections.append(Rejection(mesh, strategy, lb, remat, "hbm",
+                                            f"needs {mem[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                                            f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
+                if strategy_least is None or mem[i] < mem[strategy_least]:
+                    strategy_least = i
+                continue
+            ranked.append(_ranked(x, priced, i, rows[i], blocks[i], model, topo, seq_len, batch, options))
+        if strategy_least is not None:
+            best_infeasible.append(_ranked(x, priced, strategy_least, rows[strategy_least], blocks[strategy_least] or 512,
+                                           model, topo, seq_len, batch, options))
+    ranked.sort(key=_rank_key)
+    best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
+    return SearchResult(model, topo, seq_len, batch, options, ranked, rejections, priced_count, best_infeasible)
+
+
+def _rank_key(r: Ranked):
+    p = r.plan
+    return (round(r.estimate.step_time_s / r.estimate.tokens_per_step, 15), -r.estimate.headroom_bytes,
+            p.mesh_sizes, p.cp_strategy.value, p.load_balance.value, p.remat.value, p.axis_order, p.physical_order)
+
+
+def _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes) -> Candidates:
+    sizes = np.array([r[0] for r in rows], dtype=float)
+    links = {name: (np.array([r[3][2][name].collective_bw_bytes_per_s for r in rows]),
+                    np.array([r[3][2][name].collective_latency_s for r in rows]))
+             for name in ("data", "weights", "tensor", "context", "ulysses")}
+    x = Candidates(
+        model=model, topology=topo, seq_len=seq_len, global_batch=batch, strategy=strategy,
+        d=sizes[:, 0], f=sizes[:, 1], r=sizes[:, 2], u=sizes[:, 3], t=sizes[:, 4],
+        remat=[POLICIES.index(r[2]) for r in rows], zigzag=[r[1] is LoadBalance.ZIGZAG for r in rows],
+        block=np.full(len(rows), 512.0), links=links,
+        ring_bw=np.array([r[3][2]["context"].ring_bw_bytes_per_s for r in rows]),
+        ring_lat=np.array([r[3][2]["context"].ring_latency_s for r in rows]),
+        loss_chunk_tokens=options.loss_chunk_tokens, act_bytes=act_bytes, param_bytes=param_bytes,
+    )
+    blocks, _ = _blocks_for(x, strategy, topo)
+    x.block = np.array([b or 512 for b in blocks], dtype=float)
+    return x
+
+
+def _blocks_for(x: Candidates, strategy, topo) -> tuple[list, list]:
+    lay = STRATEGIES[strategy].layout(x)
+    q = np.broadcast_to(lay.q_len, x.r.shape)
+    kv = np.broadcast_to(lay.kv_len, x.r.shape)
+    cache: dict = {}
+    blocks, reasons = [], []
+    for qi, kvi, z in zip(q, kv, x.zigzag):
+        key = (float(qi), float(kvi), bool(z))
+        if key not in cache:
+            cache[key] = _block(*key[:2], topo, key[2])
+        b, why = cache[key]
+        blocks.append(b)
+        reasons.append(why)
+    return blocks, reasons
+
+
+def _ranked(x, priced, i, row, block, model, topo, seq_len, batch, options) -> Ranked:
+    sizes, lb, remat, (axis_order, phys_order, _) = row
+    plan = Plan(model=model, topology=topo.name, seq_len=seq_len, global_batch=batch,
+                mesh=tuple(zip(AXES, sizes)), axis_order=axis_order, physical_order=phys_order,
+                cp_strategy=x.strategy, load_balance=lb, remat=remat, block_q=int(block), block_kv=int(block),
+                loss_chunk_tokens=options.loss_chunk_tokens, param_dtype=options.param_dtype,
+                compute_dtype=options.compute_dtype)
+    return Ranked(plan, estimate_row(priced, i, x))

@@ -1,0 +1,254 @@
+"""The splash attention kernel (jax's Pallas TPU kernel) behind one small interface.
+
+Every strategy calls attention on local blocks through this module. It builds the kernel's
+block-sparsity metadata (`MaskInfo`) arithmetically from block coordinates — O(blocks), never
+O(S²) — for the two masks a plan needs: *causal* (query positions given per query block, keys in
+natural order, so the same code serves a rank's zigzag query chunks against gathered keys) and
+*full*. It checks the metadata against the chip's scalar memory (SMEM), and exposes three calls:
+
+- `attend`: output only, differentiable through splash's own custom VJP;
+- `attend_with_lse`: output and log-sum-exp (forward only, for ring hops merged by logsumexp);
+- `attend_bwd`: dq, dk, dv of one block given the *merged* output and log-sum-exp, which is
+  exactly the block's share of the gradient of the merged attention.
+
+Splash does not scale the logits: callers scale q by 1/sqrt(head_dim) once. Arrays here are
+`[heads, seq, head_dim]`; grouped-query attention needs heads to be a multiple of kv heads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
+
+from cost_models.errors import CpplanError
+
+LANES = 128  # splash needs key blocks that are a multiple of the TPU lane width
+
+
+def causal_mask_function(q_ids, kv_ids):
+    """The causal rule evaluated inside the kernel on partial blocks: a query sees keys at or before it."""
+    return q_ids >= kv_ids
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Static settings shared by every kernel call of a step.
+
+    Attributes:
+        block_q: query block size (upper bound; a shorter sequence uses its own length).
+        block_kv: key/value block size (upper bound, likewise).
+        interpret: run the Pallas kernel in interpret mode (CPU) instead of Mosaic (TPU).
+        smem_bytes: the chip's scalar memory; 0 skips the check (CPU).
+    """
+
+    block_q: int
+    block_kv: int
+    interpret: bool
+    smem_bytes: int = 0
+
+    def blocks(self, q_len: int, kv_len: int) -> tuple[int, int]:
+        """Block sizes for a `q_len` × `kv_len` call, checked against the kernel's rules.
+
+        Raises:
+            CpplanError: a length is not a multiple of its block, or a key block is not a multiple of 128.
+        """
+        bq, bkv = min(self.block_q, q_len), min(self.block_kv, kv_len)
+        if q_len % bq or kv_len % bkv:
+            raise CpplanError(f"splash blocks (block_q={bq}, block_kv={bkv}) must divide the local attention "
+                              f"lengths (q={q_len}, kv={kv_len}); choose block sizes that divide them.")
+        if bkv % LANES:
+            raise CpplanError(f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {LANES}; "
+                              f"use a longer sequence per device or block_kv a multiple of {LANES}.")
+        return bq, bkv
+
+    def block_sizes(self, q_len: int, kv_len: int) -> sk.BlockSizes:
+        """Splash `BlockSizes` for a call, the same blocks for the forward, dq and dkv kernels."""
+        bq, bkv = self.blocks(q_len, kv_len)
+        return sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
+                             block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+
+
+def _downcast(array: np.ndarray) -> np.ndarray:
+    """The smallest integer type that holds the table, as splash stores scalar-memory tables."""
+    top = int(array.max()) if array.size else 0
+    for dtype in (np.int8, np.int16):
+        if top <= np.iinfo(dtype).max:
+            return array.astype(dtype)
+    return array.astype(np.int32)
+
+
+def _next_data(any_blocks: np.ndarray, *, is_dkv: bool) -> np.ndarray:
+    """`data_next` as splash defines it: for each grid step, the block index (kv for the forward
+    and dq kernels, q for the dkv kernel) of the first non-empty block at or after that step in the
+    kernel's iteration order, wrapping to the first non-empty block."""
+    nq, nk = any_blocks.shape
+    flat = (any_blocks.T if is_dkv else any_blocks).ravel()
+    positions = np.where(flat, np.arange(flat.size), flat.size)
+    following = np.minimum.accumulate(positions[::-1])[::-1]
+    if flat.any():
+        following = np.where(following == flat.size, positions.min(), following)
+    else:
+        following = np.zeros_like(following)
+    index = following % (nq if is_dkv else nk)
+    index = index.reshape((nk, nq) if is_dkv else (nq, nk))
+    return (index.T if is_dkv else index).astype(np.int32)
+
+
+def causal_blocks(q_block_starts: np.ndarray, kv_len: int, bq: int, bkv: int) -> tuple[np.ndarray, np.ndarray,
+                                                                                        np.ndarray]:
+    """Block metadata of a causal mask from the global position of each query block's first token.
+
+    Query blocks hold consecutive positions; keys are positions 0..kv_len-1 in order.
+
+    Args:
+        q_block_starts: `[..., nq]` position of the first query of each block.
+        kv_len: number of keys.
+        bq: query block size.
+        bkv: key block size.
+    Returns:
+        `(block_mask, data_next_fwd, data_next_dkv)`, each `[..., nq, nk]` int32; block_mask is
+        0 (empty), 1 (partial) or 2 (full), as splash encodes it.
+    """
+    starts = np.asarray(q_block_starts, dtype=np.int64)[..., None]
+    kv_first = np.arange(kv_len // bkv, dtype=np.int64) * bkv
+    any_ = starts + bq - 1 >= kv_first
+    all_ = starts >= kv_first + bkv - 1
+    block_mask = np.where(all_, 2, np.where(any_, 1, 0)).astype(np.int32)
+    flat_any = any_.reshape(-1, *any_.shape[-2:])
+    fwd = np.stack([_next_data(a, is_dkv=False) for a in flat_any]).reshape(block_mask.shape)
+    dkv = np.stack([_next_data(a, is_dkv=True) for a in flat_any]).reshape(block_mask.shape)
+    return block_mask, fwd, dkv
+
+
+def smem_bytes_needed(q_len: int, kv_len: int, bq: int, bkv: int) -> int:
+    """Scalar memory splash prefetches for one causal kernel: `block_mask` (int8) and `data_next`."""
+    nq, nk = q_len // bq, kv_len // bkv
+    index_bytes = _downcast(np.array([max(nq, nk) - 1])).itemsize
+    return nq * nk * (1 + index_bytes)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A splash kernel for one local mask: its metadata and static settings.
+
+    `fwd`, `dq`, `dkv` are splash MaskInfos (arrays may be traced, e.g. selected per rank);
+    `mask_function` is None for a full mask.
+    """
+
+    fwd: MaskInfo
+    dq: MaskInfo
+    dkv: MaskInfo
+    mask_function: object
+    block_sizes: sk.BlockSizes
+    interpret: bool
+
+    def splash(self, *, save_residuals: bool) -> sk.SplashAttentionKernel:
+        """jax's kernel object for this mask."""
+        return sk.SplashAttentionKernel(
+            self.fwd, self.dq, self.dkv, block_sizes=self.block_sizes, is_mqa=False,
+            save_residuals=save_residuals, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
+            residual_checkpoint_name=None, mask_function=self.mask_function, interpret=self.interpret)
+
+
+def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
+    """A kernel where every query sees every key (no metadata: splash visits every block)."""
+    empty = MaskInfo(None, None, None, None, None)
+    return Kernel(empty, empty, empty, None, config.block_sizes(q_len, kv_len), config.interpret)
+
+
+def check_smem(q_len: int, kv_len: int, config: KernelConfig) -> None:
+    """Raises CpplanError when a causal kernel's metadata would not fit the chip's scalar memory."""
+    bq, bkv = config.blocks(q_len, kv_len)
+    need = smem_bytes_needed(q_len, kv_len, bq, bkv)
+    if config.smem_bytes and need > config.smem_bytes:
+        raise CpplanError(
+            f"splash mask metadata for a {q_len}x{kv_len} attention with blocks {bq}x{bkv} needs {need} bytes "
+            f"of scalar memory, more than the chip's {config.smem_bytes}; use larger block_q/block_kv or a "
+            f"strategy with shorter local attention (ring/USP).")
+
+
+@lru_cache(maxsize=64)
+def _static_causal(q_len: int, kv_len: int, bq: int, bkv: int):
+    block_mask, fwd, dkv = causal_blocks(np.arange(q_len // bq) * bq, kv_len, bq, bkv)
+    return _downcast(block_mask[None]), _downcast(fwd[None]), _downcast(dkv[None])
+
+
+def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
+    """A causal kernel over local indices: query i sees keys 0..i.
+
+    Raises:
+        CpplanError: bad block sizes, or metadata that overflows SMEM.
+    """
+    check_smem(q_len, kv_len, config)
+    bq, bkv = config.blocks(q_len, kv_len)
+    block_mask, fwd, dkv = (jnp.asarray(a) for a in _static_causal(q_len, kv_len, bq, bkv))
+    q_sequence = jnp.arange(q_len, dtype=jnp.int32)
+    fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
+    dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
+    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len),
+                  config.interpret)
+
+
+def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: KernelConfig) -> Kernel:
+    """A causal kernel whose queries sit at different global positions on each rank.
+
+    Args:
+        q_positions: `[ranks, q_len]` global position of every local query on each rank; each
+            query block must hold consecutive positions.
+        kv_len: keys are the positions 0..kv_len-1 in natural order.
+        rank: this device's rank (a traced scalar inside `shard_map`).
+        config: block sizes and mode.
+    Returns:
+        A kernel whose metadata is this rank's row of tables built for all ranks.
+    Raises:
+        CpplanError: a query block straddles two runs of positions, or the metadata overflows SMEM.
+    """
+    ranks, q_len = q_positions.shape
+    check_smem(q_len, kv_len, config)
+    bq, bkv = config.blocks(q_len, kv_len)
+    blocked = q_positions.reshape(ranks, q_len // bq, bq)
+    if not (np.diff(blocked, axis=-1) == 1).all():
+        raise CpplanError(f"query block {bq} straddles two load-balancing chunks; use block_q dividing the chunk "
+                          f"length {q_len // 2}.")
+    tables = causal_blocks(blocked[..., 0], kv_len, bq, bkv)
+    block_mask, fwd, dkv = (jax.lax.dynamic_index_in_dim(jnp.asarray(_downcast(t)), rank, axis=0, keepdims=True)
+                            for t in tables)
+    q_sequence = jnp.asarray(q_positions, dtype=jnp.int32)[rank]
+    fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
+    dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
+    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len),
+                  config.interpret)
+
+
+def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Attention output `[heads, q_len, d]`, differentiable (splash's own backward kernels)."""
+    return kernel.splash(save_residuals=False)(q, k, v)
+
+
+def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only."""
+    out, (lse,) = kernel.splash(save_residuals=True)(q, k, v)
+    return out, lse
+
+
+def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Gradients of one block, given the merged output and log-sum-exp of all blocks.
+
+    With the merged `out` and `lse`, splash's backward kernels compute P = exp(s − lse) and
+    dS = P ⊙ (dP − rowsum(out ⊙ d_out)): this block's exact share of the merged gradient.
+    (jax exposes no public entry for the backward kernels alone; this calls the one its custom
+    VJP uses.)
+
+    Returns:
+        `(dq, dk, dv)` shaped like q, k, v.
+    """
+    residuals = (q, k, v, None, None, out, lse, kernel.dq, kernel.dkv)
+    _, _, _, dq, dk, dv, _, _ = sk._splash_attention_bwd(
+        False, sk.DEFAULT_MASK_VALUE, False, kernel.block_sizes, None, kernel.mask_function, None,
+        kernel.interpret, residuals, d_out)
+    return dq, dk, dv
