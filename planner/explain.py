@@ -1,0 +1,258 @@
+"""`Explanation`: what the planner chose, why, what came close, and why the rest was rejected."""
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+from cost_models.estimate import Estimate
+from cost_models.vocabulary import CPStrategy, LoadBalance
+from planner.options import format_tokens
+from planner.plan import Plan
+from planner.search import Ranked, SearchResult
+
+GiB = 2**30
+DEFAULT_TOP = 5
+
+
+def _s(seconds: float) -> str:
+    if seconds >= 100:
+        return f"{seconds:.0f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GiB:.1f} GiB"
+
+
+def describe_strategy(plan: Plan) -> str:
+    """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64'."""
+    r, u = plan.axis_size("context"), plan.axis_size("context_ulysses")
+    zig = ", zigzag" if plan.load_balance is LoadBalance.ZIGZAG else ""
+    return {
+        CPStrategy.NONE: "no context parallelism",
+        CPStrategy.ALL_GATHER: f"all-gather K/V over context={r}{zig}",
+        CPStrategy.RING: f"ring over context={r}{zig}",
+        CPStrategy.ULYSSES: f"ulysses (all-to-all) over context_ulysses={u}",
+        CPStrategy.USP: f"usp: ulysses {u} inside × ring {r} across{zig}",
+    }[plan.cp_strategy]
+
+
+def short(plan: Plan) -> str:
+    """One line: strategy, the non-trivial mesh axes, remat."""
+    mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "single device"
+    return f"{describe_strategy(plan)}; {mesh}; remat {plan.remat.value}"
+
+
+def _terms(e: Estimate) -> dict[str, float]:
+    terms = {f"{k} compute": v for k, v in e.compute_s.items()}
+    terms["HBM-bound work"] = e.t_hbm_s
+    terms.update({f"exposed {k} traffic": v for k, v in e.exposed_s.items()})
+    return terms
+
+
+def why_slower(alt: Estimate, best: Estimate) -> str:
+    """The terms that make `alt` slower than `best`, largest first."""
+    a, b = _terms(alt), _terms(best)
+    if alt.step_time_s <= best.step_time_s * (1 + 1e-9):
+        return f"as fast; ranked after it for less memory headroom ({_gib(alt.headroom_bytes)} free)"
+    diffs = sorted(((a[k] - b[k], k) for k in a), reverse=True)
+    return ", ".join(f"{k} +{_s(d)}" for d, k in diffs[:2] if d > 0)
+
+
+class Explanation:
+    """The answer to `planner.explain`: `str()` for people, `to_dict()`/`to_json()` for machines."""
+
+    def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP):
+        self.result = result
+        self.top = top
+
+    @property
+    def best(self) -> Plan | None:
+        return self.result.best.plan if self.result.best else None
+
+    @property
+    def estimate(self) -> Estimate | None:
+        return self.result.best.estimate if self.result.best else None
+
+    @property
+    def alternatives(self) -> list[Ranked]:
+        return self.result.ranked[1:1 + self.top]
+
+    def best_per_strategy(self) -> dict[CPStrategy, Ranked]:
+        out: dict[CPStrategy, Ranked] = {}
+        for r in self.result.ranked:
+            out.setdefault(r.plan.cp_strategy, r)
+        return out
+
+    def rejection_groups(self) -> dict[str, tuple[int, str]]:
+        """Category → (count, one example sentence with its candidate)."""
+        counts = Counter(r.category for r in self.result.rejections)
+        examples: dict[str, str] = {}
+        for r in self.result.rejections:
+            if r.category not in examples:
+                mesh = " ".join(f"{a}={s}" for a, s in r.mesh.items() if s > 1) or "single device"
+                examples[r.category] = f"{r.strategy.value} [{mesh}]: {r.reason}"
+        return {c: (n, examples[c]) for c, n in counts.most_common()}
+
+    def rejections_by_strategy(self) -> dict[CPStrategy, Counter]:
+        out: dict[CPStrategy, Counter] = defaultdict(Counter)
+        for r in self.result.rejections:
+            out[r.strategy][r.category] += 1
+        return out
+
+    # -- text ------------------------------------------------------------------------
+    def header(self) -> str:
+        res, m, topo = self.result, self.result.model, self.result.topology
+        return (f"cpplan explain: {m.name} ({m.num_params / 1e9:.2f}B params, {m.num_layers} layers, "
+                f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(res.seq_len)} "
+                f"tokens × {res.global_batch} sequence{'s' if res.global_batch > 1 else ''} per step on {topo.name} "
+                f"({topo.num_chips} chips, {topo.num_devices} devices)")
+
+    def __str__(self) -> str:
+        lines = [self.header(), ""]
+        if self.best is None:
+            lines.append(self.nothing_fits_text())
+            return "\n".join(lines)
+        p, e = self.best, self.estimate
+        placement = ", ".join(f"{a} on {d}" for a, d in p.axis_dims().items()) or "one device"
+        lines += [
+            "Chosen plan",
+            f"  strategy       {describe_strategy(p)}",
+            f"  mesh           " + " ".join(f"{a}={s}" for a, s in p.mesh),
+            f"  placement      {placement}",
+            f"  remat          {p.remat.value}",
+            f"  splash blocks  {p.block_q}×{p.block_kv}; loss "
+            + (f"in chunks of {p.loss_chunk_tokens} tokens" if p.loss_chunk_tokens else "over full logits"),
+            "",
+            f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "
+            f"{_s(e.upper_bound_s)} with none)",
+            f"  compute        " + ", ".join(f"{k} {_s(v)}" for k, v in e.compute_s.items()),
+            f"  HBM-bound      " + ", ".join(f"{k} {_s(v)}" for k, v in e.hbm_s.items() if v > 0),
+            f"  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
+            f"  exposed        " + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
+            + " (the rest overlaps compute)",
+            f"  bottleneck     {e.bottleneck}",
+            f"  throughput     {e.tokens_per_s_per_chip:,.0f} tokens/s/chip, MFU {e.mfu:.1%} "
+            f"(model FLOPs as MaxText counts them; {e.executed_flops_per_device / 1e12:,.0f} TFLOP executed per device)",
+            "",
+            f"HBM per device   {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)} "
+            f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%})",
+            "  " + ", ".join(f"{k} {_gib(v)}" for k, v in e.hbm_bytes.items()),
+        ]
+        if e.smem_capacity_bytes:
+            lines.append(f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB")
+        lines += ["", f"Alternatives (next {len(self.alternatives)} of {len(self.result.ranked)} feasible)"]
+        for i, alt in enumerate(self.alternatives, start=2):
+            slower = alt.estimate.step_time_s / e.step_time_s - 1
+            lines.append(f"  #{i} {short(alt.plan)}: {_s(alt.estimate.step_time_s)} (+{slower:.1%}); "
+                         f"{why_slower(alt.estimate, e)}")
+        lines += ["", "Best of each strategy"]
+        per = self.best_per_strategy()
+        by_strategy = self.rejections_by_strategy()
+        for strategy in CPStrategy:
+            if strategy not in self.result.options.strategies:
+                lines.append(f"  {strategy.value:<11} not allowed by the options")
+            elif strategy in per:
+                r = per[strategy]
+                slower = r.estimate.step_time_s / e.step_time_s - 1
+                tag = "chosen" if r.plan == p else f"+{slower:.1%}, {why_slower(r.estimate, e)}"
+                lines.append(f"  {strategy.value:<11} {_s(r.estimate.step_time_s)} ({tag}) [{short(r.plan)}]")
+            else:
+                reasons = ", ".join(f"{c} ×{n}" for c, n in by_strategy.get(strategy, Counter()).most_common())
+                lines.append(f"  {strategy.value:<11} no feasible candidate (rejected: {reasons or 'none generated'})")
+        groups = self.rejection_groups()
+        lines += ["", f"Rejected {len(self.result.rejections)} candidates "
+                      f"({self.result.candidates_priced} priced placements kept {len(self.result.ranked)} feasible)"]
+        for category, (n, example) in groups.items():
+            lines.append(f"  {category:<15} {n:>6}  e.g. {example}")
+        lines += ["", "Why this plan", "  " + self.why_text()]
+        return "\n".join(lines)
+
+    def why_text(self) -> str:
+        p, e = self.best, self.estimate
+        math = e.t_math_s
+        attn_share = e.compute_s["attention"] / math if math else 0.0
+        parts = [f"At {format_tokens(p.seq_len)} tokens attention is {attn_share:.0%} of the math, "
+                 f"and the step is bound by {e.bottleneck}."]
+        ctx_total, ctx_exposed = e.comm_s["context"], e.exposed_s["context"]
+        if p.cp_strategy in (CPStrategy.RING, CPStrategy.USP) and ctx_total > 0:
+            parts.append(f"The ring's K/V traffic ({_s(ctx_total)}) hides behind attention except {_s(ctx_exposed)}.")
+        elif ctx_total > 0:
+            parts.append(f"Its context traffic ({_s(ctx_total)}) is not overlapped.")
+        if p.load_balance is LoadBalance.ZIGZAG:
+            parts.append("Zigzag balancing gives every context rank the same causal work; without it the last "
+                         "rank does nearly twice the average.")
+        per = self.best_per_strategy()
+        others = [f"{s.value} +{r.estimate.step_time_s / e.step_time_s - 1:.1%}" for s, r in per.items() if r.plan != p]
+        if others:
+            parts.append("Best of the other strategies: " + ", ".join(others) + ".")
+        parts.append(self._remat_text())
+        return " ".join(parts)
+
+    def _remat_text(self) -> str:
+        """How the chosen remat compares with the other policies on the same mesh and strategy."""
+        p, e = self.best, self.estimate
+        same = (p.mesh, p.cp_strategy, p.load_balance)
+        notes = []
+        for r in self.result.ranked:
+            if (r.plan.mesh, r.plan.cp_strategy, r.plan.load_balance) == same and r.plan.remat is not p.remat:
+                notes.append(f"{r.plan.remat.value} fits but is {r.estimate.step_time_s / e.step_time_s - 1:+.1%}")
+        for rej in self.result.rejections:
+            if (tuple(rej.mesh.items()), rej.strategy, rej.load_balance) == same and rej.remat is not None:
+                notes.append(f"{rej.remat.value} {rej.reason}")
+        tail = f" ({'; '.join(notes)})" if notes else ""
+        return (f"Remat {p.remat.value} uses {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)}"
+                f"{tail}.")
+
+    def nothing_fits_text(self) -> str:
+        """Per strategy why nothing fits, and what would."""
+        res = self.result
+        lines = [f"No plan fits {res.model.name} at {format_tokens(res.seq_len)} tokens × {res.global_batch} on "
+                 f"{res.topology.name}."]
+        by_strategy = self.rejections_by_strategy()
+        least = {r.plan.cp_strategy: r for r in res.best_infeasible}
+        for strategy in CPStrategy:
+            if strategy not in res.options.strategies:
+                continue
+            reasons = ", ".join(f"{c} ×{n}" for c, n in by_strategy.get(strategy, Counter()).most_common())
+            line = f"  {strategy.value:<11} rejected: {reasons or 'no candidate'}"
+            if strategy in least:
+                e = least[strategy].estimate
+                line += (f"; the least memory any of its candidates needs is {_gib(e.hbm_bytes_per_device)} "
+                         f"of {_gib(e.hbm_capacity_bytes)} [{short(least[strategy].plan)}]")
+            lines.append(line)
+        lines.append("What would fit:")
+        lines += [f"  - {s}" for s in self.suggestions()]
+        return "\n".join(lines)
+
+    def suggestions(self) -> list[str]:
+        from planner.suggest import suggestions
+
+        return suggestions(self.result)
+
+    # -- machines --------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        res = self.result
+
+        def ranked(r: Ranked) -> dict:
+            return {"plan": r.plan.to_dict(), "estimate": r.estimate.to_dict(), "summary": short(r.plan)}
+
+        return {
+            "model": res.model.to_dict(), "seq_len": res.seq_len, "global_batch": res.global_batch,
+            "topology": res.topology.name, "num_devices": res.topology.num_devices,
+            "best": ranked(res.best) if res.best else None,
+            "alternatives": [dict(ranked(r), slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
+                                  why=why_slower(r.estimate, self.estimate)) for r in self.alternatives],
+            "best_per_strategy": {s.value: ranked(r) for s, r in self.best_per_strategy().items()},
+            "feasible": len(res.ranked), "priced": res.candidates_priced,
+            "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
+            "why": self.why_text() if res.best else None,
+            "nothing_fits": None if res.best else self.nothing_fits_text(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)

@@ -1,0 +1,178 @@
+"""Plans as MaxText flags and back, so a user can run a plan or price the config they run today.
+
+Mapping (MaxText's base.yml names): `ici_{data,fsdp,tensor}_parallelism`; the ring (or
+all-gather) degree is `ici_context_parallelism`; plain Ulysses also uses
+`ici_context_parallelism` for its degree; USP puts the Ulysses degree in
+`ici_context_usp_ulysses_parallelism` and the ring degree in `ici_context_parallelism`.
+MaxText picks the device order itself, so a plan's placement does not travel: a plan read back
+gets the topology's natural order.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+
+from cost_models.errors import CpplanError
+from cost_models.models import MODELS, ModelSpec, get_model
+from cost_models.topology import get_topology
+from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
+from planner.plan import Plan, make_mesh
+
+SPLASH_BLOCK_FLAGS = ("sa_block_q", "sa_block_kv", "sa_block_kv_compute", "sa_block_q_dkv", "sa_block_kv_dkv",
+                      "sa_block_kv_dkv_compute", "sa_block_q_dq", "sa_block_kv_dq")
+MAXTEXT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+
+
+def _slice_name(topology: str) -> str | None:
+    """`v5p:2x2x2` → `v5p-16`, MaxText's compile_topology (names count TensorCores)."""
+    topo = get_topology(topology)
+    if topo.chip.kind != "tpu":
+        return None
+    name = f"{topo.chip.name}-{topo.num_chips * topo.chip.tensorcores_per_chip}"
+    return name if get_topology(name).chip_dims == topo.chip_dims else None
+
+
+def plan_to_maxtext(plan: Plan) -> dict[str, object]:
+    """MaxText flags for `plan`.
+
+    Raises:
+        CpplanError: the plan uses something MaxText cannot run (zigzag with USP).
+    """
+    mesh = plan.mesh_dict
+    r, u = mesh["context"], mesh["context_ulysses"]
+    strategy = plan.cp_strategy
+    if strategy is CPStrategy.USP and plan.load_balance is LoadBalance.ZIGZAG:
+        raise CpplanError("MaxText's USP requires context_parallel_load_balance=False; "
+                          "plan with load_balance='none' to export a USP plan.")
+    devices = math.prod(plan.mesh_sizes)
+    tokens_per_device = plan.seq_len * plan.global_batch / devices * mesh["tensor"]
+    flags: dict[str, object] = {
+        "ici_data_parallelism": mesh["data"],
+        "ici_fsdp_parallelism": mesh["fsdp"],
+        "ici_tensor_parallelism": mesh["tensor"],
+        "ici_context_parallelism": u if strategy is CPStrategy.ULYSSES else r,
+        "ici_context_usp_ulysses_parallelism": u if strategy is CPStrategy.USP else 1,
+        "context_parallel_strategy": (CPStrategy.ALL_GATHER if strategy is CPStrategy.NONE else strategy).value,
+        "context_parallel_load_balance": plan.load_balance is LoadBalance.ZIGZAG,
+        "remat_policy": plan.remat.value,
+        "max_target_length": plan.seq_len,
+        "per_device_batch_size": plan.global_batch / devices,
+        "attention": "flash",
+        "use_tokamax_splash": strategy in (CPStrategy.RING, CPStrategy.ULYSSES, CPStrategy.USP),
+        "weight_dtype": MAXTEXT_DTYPES[plan.param_dtype],
+        "dtype": MAXTEXT_DTYPES[plan.compute_dtype],
+        "num_vocab_tiling": max(1, math.ceil(tokens_per_device / plan.loss_chunk_tokens)) if plan.loss_chunk_tokens else 1,
+    }
+    flags.update({f: plan.block_q if "_q" in f.removeprefix("sa_block") else plan.block_kv for f in SPLASH_BLOCK_FLAGS})
+    if MODELS.get(plan.model.name) == plan.model:
+        flags["model_name"] = plan.model.name
+    else:
+        m = plan.model
+        flags.update({"base_num_decoder_layers": m.num_layers, "base_emb_dim": m.hidden, "base_num_query_heads": m.num_heads,
+                      "base_num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "base_mlp_dim": m.intermediate,
+                      "vocab_size": m.vocab})
+    slice_name = _slice_name(plan.topology)
+    if slice_name:
+        flags["compile_topology"] = slice_name
+        flags["compile_topology_num_slices"] = 1
+    return flags
+
+
+def format_flags(flags: dict[str, object]) -> str:
+    """`key=value` words for a MaxText command line."""
+    return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in flags.items())
+
+
+def _parse_text(text: str) -> dict[str, str]:
+    words = shlex.split(text)
+    return dict(w.split("=", 1) for w in words if "=" in w)
+
+
+def _int(flags: dict, key: str, default: int) -> int:
+    value = flags.get(key, default)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise CpplanError(f"MaxText flag {key}={value!r} is not a number.") from None
+    if number != int(number) or number < 0:
+        raise CpplanError(f"MaxText flag {key}={value!r} must be a whole number.")
+    return int(number)
+
+
+def _bool(value) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
+                      topology: str | None = None) -> Plan:
+    """Reads MaxText flags (a dict, or command-line text with ``key=value`` words) into a Plan.
+
+    Args:
+        flags: the flags; `model_name` (or base_* shape flags) and `compile_topology` are used
+            when `model` / `topology` are not given. Unset flags take MaxText's defaults.
+        model: overrides the model.
+        topology: overrides the topology (needed when the flags have no compile_topology).
+    Raises:
+        CpplanError: a missing model or topology, a flag that is not a number, a mesh that
+            does not cover the topology, or a strategy name MaxText does not have.
+    """
+    flags = _parse_text(flags) if isinstance(flags, str) else dict(flags)
+    if model is None:
+        if "model_name" in flags:
+            model = get_model(str(flags["model_name"]))
+        elif "base_emb_dim" in flags:
+            model = ModelSpec("maxtext-custom", _int(flags, "base_num_decoder_layers", 0), _int(flags, "base_emb_dim", 0),
+                              _int(flags, "base_num_query_heads", 0), _int(flags, "base_num_kv_heads", 0),
+                              _int(flags, "head_dim", 0), _int(flags, "base_mlp_dim", 0), _int(flags, "vocab_size", 0))
+        else:
+            raise CpplanError("the MaxText flags name no model: give model_name=... or pass model=.")
+    model = get_model(model)
+    topology = topology or flags.get("compile_topology")
+    if not topology:
+        raise CpplanError("the MaxText flags name no topology: give compile_topology=... or pass topology=.")
+    topo = get_topology(str(topology))
+    try:
+        strategy = CPStrategy.parse(flags.get("context_parallel_strategy", "all_gather"))
+    except CpplanError as err:
+        raise CpplanError(f"context_parallel_strategy: {err}") from None
+    cp = _int(flags, "ici_context_parallelism", 1)
+    usp_u = _int(flags, "ici_context_usp_ulysses_parallelism", 1)
+    if strategy is CPStrategy.ULYSSES:
+        ring, uly = 1, cp
+    elif strategy is CPStrategy.USP:
+        ring, uly = cp, usp_u
+    else:
+        ring, uly = cp, 1
+    if ring == 1 and uly == 1:
+        strategy = CPStrategy.NONE
+    # MaxText's -1 means "the rest of the devices"; its default for fsdp
+    defaults = {"data": 1, "fsdp": -1, "tensor": 1}
+    open_axes = [a for a in defaults if str(flags.get(f"ici_{a}_parallelism", defaults[a])).strip() == "-1"]
+    if len(open_axes) > 1:
+        raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {open_axes}.")
+    sizes = {"data": 1, "fsdp": 1, "context": ring, "context_ulysses": uly, "tensor": 1}
+    for axis in ("data", "fsdp", "tensor"):
+        if axis not in open_axes:
+            sizes[axis] = _int(flags, f"ici_{axis}_parallelism", 1)
+    if open_axes:
+        sizes[open_axes[0]] = topo.num_devices // math.prod(sizes.values())
+    if math.prod(sizes.values()) != topo.num_devices:
+        raise CpplanError(f"the MaxText mesh {sizes} covers {math.prod(sizes.values())} devices; "
+                          f"{topo.name} has {topo.num_devices}.")
+    balanced = _bool(flags.get("context_parallel_load_balance", True))
+    load_balance = LoadBalance.ZIGZAG if balanced and strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) else LoadBalance.NONE
+    seq_len = _int(flags, "max_target_length", 2048)
+    per_device = float(flags.get("per_device_batch_size", 12.0))
+    global_batch = per_device * topo.num_devices
+    if global_batch != int(global_batch) or global_batch < 1:
+        raise CpplanError(f"per_device_batch_size={per_device} × {topo.num_devices} devices is not a whole number of sequences.")
+    tiling = _int(flags, "num_vocab_tiling", 1)
+    tokens_per_device = seq_len * global_batch / topo.num_devices * sizes["tensor"]
+    return Plan(
+        model=model, topology=topo.name, seq_len=seq_len, global_batch=int(global_batch),
+        mesh=make_mesh(**sizes), cp_strategy=strategy, load_balance=load_balance,
+        remat=RematPolicy.parse(flags.get("remat_policy", "full")),
+        block_q=_int(flags, "sa_block_q", 512), block_kv=_int(flags, "sa_block_kv", 512),
+        loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
+        param_dtype=str(flags.get("weight_dtype", "float32")), compute_dtype=str(flags.get("dtype", "bfloat16")),
+    )

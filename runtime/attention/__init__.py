@@ -1,0 +1,132 @@
+"""Context-parallel causal attention: one module per strategy, one entry point.
+
+`context_attention(q, k, v, plan=..., mesh=...)` takes global `[batch, seq, heads, head_dim]`
+arrays in natural token order and returns the causal attention output in the same layout; the
+model calls `sharded_attention`, which expects tokens already in the plan's (load-balanced)
+order. Both scale q by 1/sqrt(head_dim) once and run the plan's strategy under `shard_map`.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from cost_models.errors import CpplanError
+from cost_models.vocabulary import CPStrategy, LoadBalance
+from planner.plan import Plan
+from runtime.attention import all_gather, ring, single, ulysses, usp
+from runtime.attention.base import AttentionLayout
+from runtime.layout import HEADS, token_order
+from runtime.splash import KernelConfig
+
+STRATEGIES = {
+    CPStrategy.NONE: single,
+    CPStrategy.ALL_GATHER: all_gather,
+    CPStrategy.ULYSSES: ulysses,
+    CPStrategy.RING: ring,
+    CPStrategy.USP: usp,
+}
+
+
+def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
+    """The static attention layout of a plan (splash in interpret mode on CPU)."""
+    smem = plan.topology_spec.chip.smem_bytes if not interpret else 0
+    return AttentionLayout(seq_len=plan.seq_len, ring=plan.axis_size("context"),
+                           ulysses=plan.axis_size("context_ulysses"),
+                           zigzag=plan.load_balance is LoadBalance.ZIGZAG,
+                           kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem))
+
+
+def check_attention(plan: Plan) -> None:
+    """Checks that the plan's attention can run as laid out, before anything compiles.
+
+    Raises:
+        CpplanError: naming the value, the rule it breaks and the fix.
+    """
+    m = plan.model
+    ring_n, uly, tensor = plan.axis_size("context"), plan.axis_size("context_ulysses"), plan.axis_size("tensor")
+    batch_shards = plan.axis_size("data") * plan.axis_size("fsdp")
+    if plan.global_batch % batch_shards:
+        raise CpplanError(f"global_batch={plan.global_batch} is not divisible by data×fsdp={batch_shards}; "
+                          f"use a batch that is a multiple of {batch_shards}.")
+    split = 2 * plan.cp_degree if plan.load_balance is LoadBalance.ZIGZAG else plan.cp_degree
+    if plan.seq_len % split:
+        raise CpplanError(f"seq_len={plan.seq_len} cannot be split into {split} equal parts "
+                          f"(context={ring_n} × context_ulysses={uly}"
+                          f"{' × 2 zigzag chunks' if split != plan.cp_degree else ''}); "
+                          f"use a multiple of {split}.")
+    for name, heads in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads)):
+        if heads % tensor:
+            raise CpplanError(f"model {m.name}: {name}={heads} is not divisible by tensor={tensor}; "
+                              f"choose a tensor degree that divides it.")
+    layout = attention_layout(plan, interpret=True)
+    module = STRATEGIES[plan.cp_strategy]
+    if module in (ulysses, usp):
+        reason = module.supports(layout, heads=m.num_heads // tensor, kv_heads=m.num_kv_heads // tensor)
+    else:
+        reason = module.supports(layout)
+    if reason:
+        raise CpplanError(reason)
+    if plan.cp_strategy is CPStrategy.NONE:
+        return
+    if plan.cp_strategy in (CPStrategy.RING, CPStrategy.USP) and layout.zigzag:
+        local = layout.ring_block // 2
+    else:
+        local = plan.seq_len // plan.cp_degree
+    if local % 128 and ring_n > 1:
+        raise CpplanError(f"seq_len={plan.seq_len} gives local attention blocks of {local} tokens under "
+                          f"{plan.cp_strategy.value}; splash needs multiples of 128: use a seq_len that is a "
+                          f"multiple of {128 * split}.")
+
+
+def is_interpret(mesh: Mesh) -> bool:
+    """Splash runs in interpret mode on anything but TPU devices."""
+    return mesh.devices.flat[0].platform != "tpu"
+
+
+def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
+    """Causal attention of global arrays whose tokens are already in the plan's order.
+
+    Args:
+        q: `[batch, seq, heads, head_dim]`.
+        k: `[batch, seq, kv_heads, head_dim]`.
+        v: like k.
+        plan: the plan (strategy, mesh sizes, load balancing, blocks).
+        mesh: the mesh built by `runtime.build_mesh(plan)`.
+    Returns:
+        `[batch, seq, heads, head_dim]`, sharded like q.
+    """
+    layout = attention_layout(plan, interpret=is_interpret(mesh))
+    module = STRATEGIES[plan.cp_strategy]
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    fn = jax.shard_map(lambda a, b, c: module.attention(a, b, c, layout), mesh=mesh,
+                       in_specs=(HEADS, HEADS, HEADS), out_specs=HEADS, check_vma=False)
+    return fn(q, k, v)
+
+
+def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
+    """Causal attention of global arrays in natural token order, run as the plan says.
+
+    Args:
+        q: `[batch, seq, heads, head_dim]`, natural token order.
+        k: `[batch, seq, kv_heads, head_dim]`.
+        v: like k.
+        plan: the plan; its seq_len must equal the arrays' sequence length.
+        mesh: the mesh built by `runtime.build_mesh(plan)`.
+    Returns:
+        `[batch, seq, heads, head_dim]` in natural token order.
+    Raises:
+        CpplanError: the arrays do not match the plan, or the plan cannot run.
+    """
+    if q.shape[1] != plan.seq_len or k.shape[1] != plan.seq_len:
+        raise CpplanError(f"arrays have {q.shape[1]} tokens but the plan has seq_len={plan.seq_len}; "
+                          f"make a plan for this length.")
+    check_attention(plan)
+    order = token_order(plan.seq_len, plan.axis_size("context"), plan.load_balance is LoadBalance.ZIGZAG)
+    inverse = jnp.asarray(order.argsort())
+    order = jnp.asarray(order)
+    q, k, v = (jnp.take(x, order, axis=1) for x in (q, k, v))
+    out = sharded_attention(q, k, v, plan=plan, mesh=mesh)
+    return jnp.take(out, inverse, axis=1)

@@ -1,0 +1,40 @@
+"""All-gather context parallelism: gather K/V over 'context', attend the local queries to all.
+
+The gathered keys are put back in natural order (a static permutation of 2N chunks under
+zigzag), and each rank's queries carry their global positions into the kernel, so one causal
+splash call per rank does the work; its block tables are built for every rank and the rank's
+row is selected at run time. Autodiff turns the all-gather into a reduce-scatter of dK/dV.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from runtime import splash
+from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
+from runtime.layout import natural_chunk_slots, token_order
+
+
+def supports(layout: AttentionLayout) -> str | None:
+    """None if this strategy can run the layout, else the reason."""
+    if layout.ulysses > 1:
+        return (f"all_gather splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
+                f"(use usp to combine all-to-all with a ring).")
+    return None
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
+    """Causal attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled)."""
+    n, seq = layout.ring, layout.seq_len
+    k_all = jax.lax.all_gather(k, "context", axis=1, tiled=True)
+    v_all = jax.lax.all_gather(v, "context", axis=1, tiled=True)
+    if layout.zigzag and n > 1:
+        slots = jnp.asarray(natural_chunk_slots(n))
+        k_all, v_all = (jnp.take(x.reshape(x.shape[0], 2 * n, seq // (2 * n), *x.shape[2:]), slots, axis=1)
+                        .reshape(x.shape) for x in (k_all, v_all))
+    positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
+    rank = jax.lax.axis_index("context")
+    kernel = splash.causal_kernel_per_rank(positions, seq, rank, layout.kernel)
+    out = splash.attend(kernel, fold_heads(q), fold_heads(k_all), fold_heads(v_all))
+    return unfold_heads(out, q.shape[0])

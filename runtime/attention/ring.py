@@ -1,0 +1,139 @@
+"""Ring (ppermute) context parallelism over 'context'.
+
+K/V travel around the ring in N−1 hops; the next hop's transfer is issued before the current
+hop's attention so the two can overlap. Each hop attends with a small local mask chosen from
+(my rank r, source rank s) — never an S×S mask:
+
+- s == r: causal over the local block (the local order is increasing, zigzag or not);
+- without zigzag: s < r full, s > r nothing;
+- with zigzag (rank i holds chunks i and 2N−1−i): s < r, every query sees the source's first
+  chunk only (full); s > r, only the second query chunk sees the source, and sees all of it.
+
+Hops are merged with log-sum-exp. The backward is a custom VJP that walks the ring again:
+splash's backward kernels get the merged output and log-sum-exp, and dK/dV accumulators travel
+with K/V, arriving home after the N-th step.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from runtime import splash
+from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
+
+AXIS = "context"
+
+
+def supports(layout: AttentionLayout) -> str | None:
+    """None if this strategy can run the layout, else the reason."""
+    if layout.ulysses > 1:
+        return (f"ring splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
+                f"(use usp for all-to-all inside a ring).")
+    return None
+
+
+def _shift(tree, n: int):
+    """Sends every array to the next rank of the ring."""
+    return jax.lax.ppermute(tree, AXIS, [(i, (i + 1) % n) for i in range(n)])
+
+
+def _merge(out, lse, out_h, lse_h):
+    new = jnp.logaddexp(lse, lse_h)
+    out = out * jnp.exp(lse - new)[..., None] + out_h.astype(jnp.float32) * jnp.exp(lse_h - new)[..., None]
+    return out, new
+
+
+def _hop_forward(q, k, v, layout: AttentionLayout, past):
+    """Output (fp32) and lse of a hop whose source is before (`past`) or after this rank."""
+    length, half = q.shape[1], q.shape[1] // 2
+    cfg = layout.kernel
+    if not layout.zigzag:
+        if not past:
+            return jnp.zeros(q.shape, jnp.float32), jnp.full(q.shape[:2], -jnp.inf, jnp.float32)
+        out, lse = splash.attend_with_lse(splash.full_kernel(length, length, cfg), q, k, v)
+        return out.astype(jnp.float32), lse
+    if past:
+        out, lse = splash.attend_with_lse(splash.full_kernel(length, half, cfg), q, k[:, :half], v[:, :half])
+        return out.astype(jnp.float32), lse
+    out, lse = splash.attend_with_lse(splash.full_kernel(half, length, cfg), q[:, half:], k, v)
+    out = jnp.concatenate([jnp.zeros_like(out, jnp.float32), out.astype(jnp.float32)], axis=1)
+    return out, jnp.concatenate([jnp.full_like(lse, -jnp.inf), lse], axis=1)
+
+
+def _hop_backward(q, k, v, out, lse, d_out, layout: AttentionLayout, past):
+    """dq, dk, dv (fp32) of a hop whose source is before (`past`) or after this rank."""
+    length, half = q.shape[1], q.shape[1] // 2
+    cfg = layout.kernel
+    f32 = lambda *xs: tuple(x.astype(jnp.float32) for x in xs)
+    if not layout.zigzag:
+        if not past:
+            return f32(jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
+        return f32(*splash.attend_bwd(splash.full_kernel(length, length, cfg), q, k, v, out, lse, d_out))
+    if past:
+        dq, dk, dv = f32(*splash.attend_bwd(splash.full_kernel(length, half, cfg), q, k[:, :half], v[:, :half],
+                                            out, lse, d_out))
+        pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
+        return dq, pad(dk), pad(dv)
+    dq, dk, dv = f32(*splash.attend_bwd(splash.full_kernel(half, length, cfg), q[:, half:], k, v,
+                                        out[:, half:], lse[:, half:], d_out[:, half:]))
+    return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dk, dv
+
+
+def _source_is_past(hop: int, n: int):
+    rank = jax.lax.axis_index(AXIS)
+    return (rank - hop) % n < rank
+
+
+def _forward(q, k, v, layout: AttentionLayout):
+    n, length = layout.ring, q.shape[1]
+    out, lse = splash.attend_with_lse(splash.causal_kernel(length, length, layout.kernel), q, k, v)
+    out = out.astype(jnp.float32)
+    kv = (k, v)
+    for hop in range(1, n):
+        kv = _shift(kv, n)
+        out_h, lse_h = jax.lax.cond(_source_is_past(hop, n),
+                                    partial(_hop_forward, layout=layout, past=True),
+                                    partial(_hop_forward, layout=layout, past=False), q, *kv)
+        out, lse = _merge(out, lse, out_h, lse_h)
+    return out.astype(q.dtype), lse
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
+    """Causal ring attention of folded local blocks `[heads, ring_block, d]` (q pre-scaled)."""
+    return _forward(q, k, v, layout)[0]
+
+
+def _ring_fwd(q, k, v, layout):
+    out, lse = _forward(q, k, v, layout)
+    return out, (q, k, v, out, lse)
+
+
+def _ring_bwd(layout, residuals, d_out):
+    q, k, v, out, lse = residuals
+    n, length = layout.ring, q.shape[1]
+    causal = splash.causal_kernel(length, length, layout.kernel)
+    dq, dk, dv = (x.astype(jnp.float32) for x in splash.attend_bwd(causal, q, k, v, out, lse, d_out))
+    kv = (k, v)
+    for hop in range(1, n):
+        kv = _shift(kv, n)
+        dk, dv = _shift((dk, dv), n)
+        dq_h, dk_h, dv_h = jax.lax.cond(_source_is_past(hop, n),
+                                        partial(_hop_backward, layout=layout, past=True),
+                                        partial(_hop_backward, layout=layout, past=False),
+                                        q, *kv, out, lse, d_out)
+        dq, dk, dv = dq + dq_h, dk + dk_h, dv + dv_h
+    if n > 1:
+        dk, dv = _shift((dk, dv), n)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+ring_attention.defvjp(_ring_fwd, _ring_bwd)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
+    """Causal attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled)."""
+    out = ring_attention(fold_heads(q), fold_heads(k), fold_heads(v), layout)
+    return unfold_heads(out, q.shape[0])

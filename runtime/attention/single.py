@@ -1,0 +1,22 @@
+"""No context parallelism: each device holds whole sequences and runs one causal splash call."""
+from __future__ import annotations
+
+import jax
+
+from runtime import splash
+from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
+
+
+def supports(layout: AttentionLayout) -> str | None:
+    """None if this strategy can run the layout, else the reason."""
+    if layout.ring > 1 or layout.ulysses > 1:
+        return (f"strategy none needs context=context_ulysses=1, got {layout.ring} and {layout.ulysses}; "
+                f"pick all_gather, ring, ulysses or usp.")
+    return None
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
+    """Causal attention of local `[batch, seq, heads, d]` blocks holding whole sequences (q pre-scaled)."""
+    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel)
+    out = splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v))
+    return unfold_heads(out, q.shape[0])

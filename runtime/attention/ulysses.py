@@ -1,0 +1,50 @@
+"""Ulysses (all-to-all) context parallelism over 'context_ulysses'.
+
+An all-to-all trades the sequence split for a head split: each device gets the whole (ring)
+block for heads/u heads, attends, and a second all-to-all brings the output back. Grouped-query
+models with fewer kv heads than the degree replicate kv heads first. `gather_sequence` and
+`scatter_sequence` are reused by USP.
+"""
+from __future__ import annotations
+
+import jax
+
+from runtime import splash
+from runtime.attention.base import AttentionLayout, fold_heads, repeat_kv_for, unfold_heads
+
+AXIS = "context_ulysses"
+
+
+def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
+    """None if this strategy can run the layout with these per-device head counts, else the reason."""
+    if layout.ring > 1:
+        return (f"ulysses splits the sequence over 'context_ulysses' only; context={layout.ring} must be 1 "
+                f"(use usp for all-to-all inside a ring).")
+    return heads_supported(layout, heads=heads, kv_heads=kv_heads)
+
+
+def heads_supported(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
+    """None if `heads` query heads per device split over the Ulysses degree, else the reason."""
+    if heads % layout.ulysses:
+        return (f"num_heads per device={heads} is not divisible by context_ulysses={layout.ulysses}; "
+                f"choose a Ulysses degree that divides the query heads.")
+    return None
+
+
+def gather_sequence(q, k, v, layout: AttentionLayout):
+    """All-to-all: `[b, s/u, h, d]` → `[b, s, h/u, d]` (kv heads replicated to a multiple of u)."""
+    k, v = repeat_kv_for(k, layout.ulysses), repeat_kv_for(v, layout.ulysses)
+    return tuple(jax.lax.all_to_all(x, AXIS, split_axis=2, concat_axis=1, tiled=True) for x in (q, k, v))
+
+
+def scatter_sequence(out: jax.Array) -> jax.Array:
+    """All-to-all back: `[b, s, h/u, d]` → `[b, s/u, h, d]`."""
+    return jax.lax.all_to_all(out, AXIS, split_axis=1, concat_axis=2, tiled=True)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
+    """Causal attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled)."""
+    q, k, v = gather_sequence(q, k, v, layout)
+    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel)
+    out = unfold_heads(splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v)), q.shape[0])
+    return scatter_sequence(out)
