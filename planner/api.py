@@ -33,7 +33,7 @@ def plan(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **op
     Raises:
         CpplanError: bad input, or no plan fits (the message says why, per strategy).
     """
-    from planner.explain import Explanation
+    from planner.explanation import Explanation
 
     explanation = Explanation(run_search(model, seq_len, topology, **options))
     if explanation.best is None:
@@ -48,7 +48,7 @@ def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *
         An `Explanation`: ``str()`` is the report, ``.to_dict()`` / ``.to_json()`` for machines,
         ``.best`` the `Plan` (None when nothing fits) and ``.estimate`` its `Estimate`.
     """
-    from planner.explain import Explanation
+    from planner.explanation import Explanation
 
     return Explanation(run_search(model, seq_len, topology, **options))
 

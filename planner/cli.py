@@ -7,7 +7,7 @@ import sys
 
 from cost_models.errors import CpplanError
 from planner import api
-from planner.explain import Explanation, describe_strategy
+from planner.explanation import Explanation, describe_strategy
 from planner.maxtext import format_flags
 from planner.options import format_tokens, parse_seq_len
 
@@ -126,19 +126,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_options(p)
     p.add_argument("--format", choices=["maxtext", "json"], default="maxtext")
     p.set_defaults(func=cmd_export)
+    for name, text in RUNTIME_COMMANDS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+# Commands that need the jax runtime; only they import it, so planning stays fast and jax-free.
+RUNTIME_COMMANDS = {
+    "run": "plan and run on this machine's devices; measured vs predicted (needs the runtime extra)",
+    "compile": "compile a plan for a TPU topology without a TPU; memory vs predicted (needs libtpu)",
+}
+
+
+def _runtime_parser() -> argparse.ArgumentParser:
     try:
-        from runtime.cli import add_subcommands  # imports jax only inside its handlers
-    except ImportError:
-        add_subcommands = None
-    if add_subcommands:
-        add_subcommands(sub)
+        from runtime.cli import add_subcommands
+    except ImportError as err:
+        raise CpplanError(f"this command needs the jax runtime ({err}); install it with "
+                          "pip install -e '.[runtime]'.") from None
+    parser = argparse.ArgumentParser(prog="cpplan")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        parser = _runtime_parser() if argv and argv[0] in RUNTIME_COMMANDS else build_parser()
+        args = parser.parse_args(argv)
         return args.func(args)
     except CpplanError as err:
         print(f"cpplan: error: {err}", file=sys.stderr)

@@ -60,7 +60,7 @@ class SearchResult:
     ranked: list[Ranked]
     rejections: list[Rejection]
     candidates_priced: int = 0
-    best_infeasible: list[Ranked] = field(default_factory=list)  # least memory per strategy, for "what would fit"
+    best_infeasible: list[Ranked] = field(default_factory=list)  # per strategy, the unfit one needing least HBM
 
     @property
     def best(self) -> Ranked | None:
@@ -205,15 +205,15 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
         strategy_least = None
         for (sizes, lb, remat), i in per_candidate.items():
             mesh = dict(zip(AXES, sizes))
-            if block_reasons[i]:
-                rejections.append(Rejection(mesh, strategy, lb, remat, "smem", block_reasons[i]))
-                continue
-            if mem[i] > cap:
-                parts = {k: float(np.broadcast_to(v, mem.shape)[i]) for k, v in priced.memory.items()}
-                top = max(parts, key=parts.get)
-                rejections.append(Rejection(mesh, strategy, lb, remat, "hbm",
-                                            f"needs {mem[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
-                                            f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
+            if block_reasons[i] or mem[i] > cap:
+                if block_reasons[i]:
+                    rejections.append(Rejection(mesh, strategy, lb, remat, "smem", block_reasons[i]))
+                else:
+                    parts = {k: float(np.broadcast_to(v, mem.shape)[i]) for k, v in priced.memory.items()}
+                    top = max(parts, key=parts.get)
+                    rejections.append(Rejection(mesh, strategy, lb, remat, "hbm",
+                                                f"needs {mem[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                                                f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
                 if strategy_least is None or mem[i] < mem[strategy_least]:
                     strategy_least = i
                 continue

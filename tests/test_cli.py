@@ -1,0 +1,69 @@
+"""The cpplan command line, run as a user runs it."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+pytestmark = pytest.mark.pure
+
+
+def test_explain_human_and_json(capsys):
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Chosen plan" in out and "#4" in out and "#5" not in out
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"]["plan"]["seq_len"] == 4 * 2**20 and data["best"]["estimate"]["fits"]
+
+
+def test_sweep_shows_each_length(capsys):
+    assert main(["sweep", "--model", "llama3.1-8b", "--topology", "tpu7x:2x2x4", "--seq-lens", "64k,256k,8M"]) == 0
+    out = capsys.readouterr().out
+    assert "64K" in out and "256K" in out and "8M  nothing fits" in out
+    assert main(["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", "1k,4k", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["seq_len"] for r in rows] == [1024, 4096] and all(r["fits"] for r in rows)
+
+
+def test_max_seq_len_and_export(capsys):
+    assert main(["max-seq-len", "--model", "llama3.1-8b", "--topology", "v5p-16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_seq_len"] >= 2**20
+    assert main(["export", "--format", "maxtext", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology",
+                 "v5p-16", "--global-batch-tokens", "128k"]) == 0
+    out = capsys.readouterr().out
+    assert "ici_context_parallelism=" in out and "max_target_length=131072" in out and "model_name=llama3.1-8b" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["explain", "--model", "lama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256"], "Did you mean 'llama3.1-8b'"),
+    (["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p:3x3x3"], "does not exist"),
+    (["explain", "--model", "llama3.1-8b", "--seq-len", "-4", "--topology", "v5p-16"], "cannot read sequence length"),
+    (["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p-16", "--mesh", "context"],
+     "AXIS=SIZE"),
+])
+def test_bad_input_is_one_line_not_a_traceback(capsys, argv, words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cpplan: error: ") and words in err and "Traceback" not in err
+
+
+def test_nothing_fits_exits_1_with_the_reasons(capsys):
+    assert main(["explain", "--model", "llama3.1-405b", "--seq-len", "8M", "--topology", "v5p-16"]) == 1
+    assert "No plan fits" in capsys.readouterr().out
+
+
+def test_planner_and_cost_models_never_import_jax():
+    code = ("import sys, planner, planner.cli, planner.maxtext, planner.suggest, cost_models.estimate; "
+            "planner.explain('tiny', 1024, 'cpu:8'); "
+            "bad = [m for m in sys.modules if m == 'jax' or m.startswith('jax.')]; "
+            "sys.exit(f'jax imported: {bad}' if bad else 0)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_console_script_help():
+    out = subprocess.run([sys.executable, "-m", "planner.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("explain", "sweep", "max-seq-len", "export", "run", "compile"):
+        assert command in out

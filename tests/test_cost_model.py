@@ -1,0 +1,128 @@
+"""The cost model's formulas against numbers worked out by hand."""
+import json
+
+import pytest
+
+from cost_models.compute import causal_attention_extent, causal_block_fraction, splash_smem_bytes, tile_efficiency
+from cost_models.errors import CpplanError
+from cost_models.estimate import estimate
+from cost_models.flops import model_flops_per_step
+from cost_models.models import MODELS, ModelSpec, get_model
+from planner import Plan, make_mesh
+
+pytestmark = pytest.mark.pure
+L8B = MODELS["llama3.1-8b"]
+
+
+def test_llama31_8b_parameters():
+    # embeddings 2 · 128256 · 4096 + final norm 4096; per layer q 4096², k+v 2·4096·1024,
+    # o 4096², MLP 3·4096·14336, two norms 2·4096 = 218,112,000; 32 layers
+    assert L8B.params_per_layer == 218_112_000
+    assert L8B.num_params == 32 * 218_112_000 + 2 * 128256 * 4096 + 4096 == 8_030_261_248
+    assert L8B.num_params * 4 == 32_121_044_992  # fp32 parameter bytes
+
+
+def test_llama31_8b_flops_per_step_as_maxtext_counts():
+    s = 8192
+    ffn = 2 * s * 14336 * 4096 * 2 + 2 * s * 14336 * 4096
+    qkv = 2 * s * 4096 * (32 + 2 * 8) * 128
+    proj = 2 * s * 4096 * 32 * 128
+    embedding = 2 * s * 4096 * 128256
+    causal_attention = 4 * s * s * 32 * 128 / 2
+    expected = ((ffn + qkv + proj) * 32 + embedding) * 3 + causal_attention * 32 * 3
+    assert model_flops_per_step(L8B, s, 1) == pytest.approx(expected, rel=1e-15)
+    assert model_flops_per_step(L8B, s, 4) == pytest.approx(4 * expected, rel=1e-15)
+
+
+def test_derived_efficiencies():
+    assert tile_efficiency(128, 256) == 0.5
+    assert tile_efficiency(14336, 256) == 1.0
+    assert tile_efficiency(100, 128) == pytest.approx(100 / 128)
+    assert causal_block_fraction(4096, 512) == pytest.approx(9 / 16)  # 8 blocks: 36 of 64
+    # zigzag, ring of 4, 8192 tokens, blocks of 512: chunks of 1024 → 2·4−1 full quarter blocks + 2 causal ones
+    assert causal_attention_extent(8192, 4, True, 512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
+    # no balancing: the last rank, 3 full blocks of 2048 and one causal (4 blocks: 10 of 16)
+    assert causal_attention_extent(8192, 4, False, 512) == pytest.approx(2048**2 * (3 + 10 / 16))
+    assert splash_smem_bytes(131072, 131072, 1024) == 3 * 4 * 128 * 128
+
+
+def _plan(**kw):
+    base = dict(model=L8B, topology="v5p:2x2x2", seq_len=131072, global_batch=1, mesh=make_mesh(context=8),
+                cp_strategy="ring", load_balance="zigzag", remat="full", loss_chunk_tokens=8192)
+    base.update(kw)
+    return Plan(**base)
+
+
+def test_memory_components_by_hand():
+    e = estimate(_plan())
+    p = 8_030_261_248
+    assert e.hbm_bytes["params"] == p * 4 / 8
+    assert e.hbm_bytes["grads"] == p * 4 / 8
+    assert e.hbm_bytes["optimizer"] == 2 * p * 4 / 8
+    tokens = 131072 / 8
+    # full remat keeps each layer's input (4096 bf16 values per token), plus one layer's working set
+    working_values = 4096 + 6144 + 4096 + 2 * 14336 + 4096 + 4096
+    assert e.hbm_bytes["activations"] == 32 * tokens * 4096 * 2 + 2 * tokens * working_values * 2
+    assert e.hbm_bytes["logits"] == 8192 * 128256 * 4 * 2  # one chunk of fp32 logits and their gradient
+    full_logits = estimate(_plan(loss_chunk_tokens=0))
+    assert full_logits.hbm_bytes["logits"] == tokens * 128256 * 4 * 2
+
+
+def test_ring_holds_blocks_all_gather_holds_full_length():
+    ring = estimate(_plan())
+    gather = estimate(_plan(cp_strategy="all_gather"))
+    block = 131072 / 8
+    kv_block = 2 * block * 8 * 128 * 2  # K and V of one ring block, bf16
+    full_kv = 2 * 131072 * 8 * 128 * 2
+    assert gather.hbm_bytes["attention_buffers"] > full_kv * 3  # K, V and fp32 dK, dV at full length
+    # ring: the block in hand and the one arriving, each with fp32 dK/dV, plus fp32 out and dq accumulators
+    q_block = block * 32 * 128
+    assert ring.hbm_bytes["attention_buffers"] == pytest.approx(2 * kv_block * 3 + q_block * 4 * 2 + block * 32 * 4)
+    # ring memory is O(S/N): doubling the sequence and the ring keeps it
+    ring16 = estimate(_plan(topology="v5p:2x2x4", seq_len=262144, mesh=make_mesh(context=16)))
+    assert ring16.hbm_bytes["attention_buffers"] == pytest.approx(ring.hbm_bytes["attention_buffers"])
+
+
+def test_remat_recompute_is_executed_not_model_flops():
+    full = estimate(_plan())
+    keep = estimate(_plan(remat="minimal_with_context"))
+    assert full.model_flops == keep.model_flops
+    assert full.executed_flops_per_device > keep.executed_flops_per_device
+    assert full.hbm_bytes["activations"] < keep.hbm_bytes["activations"]
+
+
+def test_mfu_and_throughput_definitions():
+    e = estimate(_plan())
+    assert e.mfu == pytest.approx(e.model_flops / (e.step_time_s * 8 * 459e12))
+    assert e.tokens_per_s_per_chip == pytest.approx(131072 / e.step_time_s / 8)
+    assert e.lower_bound_s <= e.step_time_s <= e.upper_bound_s
+
+
+def test_zigzag_balances_ring_work():
+    balanced = estimate(_plan())
+    unbalanced = estimate(_plan(load_balance="none"))
+    ratio = unbalanced.compute_s["attention"] / balanced.compute_s["attention"]
+    assert 1.7 < ratio < 2.0  # (2N−1)/N for N=8 is 1.875, less block effects
+
+
+def test_from_hf_config(tmp_path):
+    cfg = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = get_model(str(path))
+    assert (spec.num_layers, spec.hidden, spec.num_heads, spec.num_kv_heads, spec.head_dim) == (4, 256, 8, 2, 32)
+    assert spec.qkv_bias and spec.tie_embeddings
+    assert spec.embedding_params == 1000 * 256 + 256
+    assert get_model(str(tmp_path)) == spec  # a directory holding config.json
+    cfg["model_type"] = "gpt2"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(CpplanError, match="model_type='gpt2' is not supported"):
+        get_model(str(path))
+
+
+def test_unknown_model_names_the_closest():
+    with pytest.raises(CpplanError, match="Did you mean 'llama3.1-70b'"):
+        get_model("llama3.1-70")
+    with pytest.raises(CpplanError, match="multiple of num_kv_heads"):
+        ModelSpec("bad", 2, 64, 6, 4, 16, 128, 256)

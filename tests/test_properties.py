@@ -1,0 +1,86 @@
+"""Properties that hold for every plan: monotone costs, JSON and MaxText round trips."""
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cost_models.estimate import estimate
+from cost_models.models import MODELS
+from cost_models.topology import get_topology
+from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
+from planner import Plan, make_mesh
+from planner.options import ordered_factorizations
+
+pytestmark = pytest.mark.pure
+TOPOLOGIES = ["cpu:8", "v5p:2x2x2", "v5p:4x4x4", "tpu7x:2x2x1", "v5e:4x4"]
+MODEL_NAMES = ["tiny", "tiny-mha", "small", "llama3.1-8b", "llama2-7b"]
+
+
+def _strategy_for(mesh: dict) -> list[CPStrategy]:
+    r, u = mesh["context"], mesh["context_ulysses"]
+    if r == 1 and u == 1:
+        return [CPStrategy.NONE]
+    if u == 1:
+        return [CPStrategy.ALL_GATHER, CPStrategy.RING]
+    return [CPStrategy.ULYSSES] if r == 1 else [CPStrategy.USP]
+
+
+@st.composite
+def plans(draw, topologies=TOPOLOGIES):
+    topo = get_topology(draw(st.sampled_from(topologies)))
+    sizes = draw(st.sampled_from(ordered_factorizations(topo.num_devices, len(AXES))))
+    mesh = dict(zip(AXES, sizes))
+    strategy = draw(st.sampled_from(_strategy_for(mesh)))
+    balanced = strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER, CPStrategy.USP)
+    cp = mesh["context"] * mesh["context_ulysses"]
+    seq_len = 2 * cp * draw(st.sampled_from([128, 256, 1024, 4096]))
+    return Plan(model=MODELS[draw(st.sampled_from(MODEL_NAMES))], topology=topo.name, seq_len=seq_len,
+                global_batch=mesh["data"] * mesh["fsdp"] * draw(st.integers(1, 3)), mesh=make_mesh(**mesh),
+                axis_order=tuple(draw(st.permutations(AXES))), cp_strategy=strategy,
+                load_balance=draw(st.sampled_from(list(LoadBalance))) if balanced else LoadBalance.NONE,
+                remat=draw(st.sampled_from(list(RematPolicy))), block_q=128, block_kv=128,
+                loss_chunk_tokens=draw(st.sampled_from([0, 1024])))
+
+
+@settings(max_examples=200, deadline=None)
+@given(plans())
+def test_plan_json_round_trip(plan):
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+@settings(max_examples=100, deadline=None)
+@given(plans())
+def test_cost_and_memory_grow_with_sequence_length(plan):
+    try:
+        plan.segments()
+    except Exception:
+        return  # an axis order that does not tile this topology is not a plan the search makes
+    longer = dataclasses.replace(plan, seq_len=plan.seq_len * 2)
+    a, b = estimate(plan), estimate(longer)
+    assert b.step_time_s > a.step_time_s
+    assert b.hbm_bytes_per_device > a.hbm_bytes_per_device
+    assert b.model_flops > a.model_flops
+    assert a.lower_bound_s <= a.step_time_s <= a.upper_bound_s * (1 + 1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(plans(topologies=["v5p:2x2x2", "v5p:4x4x4", "tpu7x:2x2x1", "v5p:2x2x1"]))
+def test_maxtext_round_trip(plan):
+    if plan.cp_strategy is CPStrategy.USP and plan.load_balance is LoadBalance.ZIGZAG:
+        return  # MaxText's USP does not balance; to_maxtext refuses it (tested below)
+    devices = plan.topology_spec.num_devices
+    tokens_per_device = plan.seq_len * plan.global_batch // devices * plan.axis_size("tensor")
+    plan = dataclasses.replace(plan, axis_order=AXES, physical_order=(),
+                               loss_chunk_tokens=tokens_per_device // 2 if plan.loss_chunk_tokens else 0)
+    plan = Plan.from_dict(plan.to_dict())  # re-derive the default physical order
+    assert Plan.from_maxtext(plan.to_maxtext()) == plan
+
+
+def test_maxtext_refuses_balanced_usp():
+    from cost_models.errors import CpplanError
+
+    plan = Plan(MODELS["tiny"], "v5p:2x2x1", 1024, 1, make_mesh(context=2, context_ulysses=2), cp_strategy="usp",
+                load_balance="zigzag")
+    with pytest.raises(CpplanError, match="context_parallel_load_balance=False"):
+        plan.to_maxtext()

@@ -1,0 +1,128 @@
+"""The search and the explanation: ranking, rejections with numbers, options, determinism."""
+import pytest
+
+import planner
+from cost_models.errors import CpplanError
+from cost_models.vocabulary import CPStrategy, LoadBalance
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.fixture(scope="module")
+def v5p256_4m():
+    return planner.explain("llama3.1-8b", "4M", "v5p-256")
+
+
+def test_ranking_is_by_step_time_and_everything_ranked_fits(v5p256_4m):
+    ranked = v5p256_4m.result.ranked
+    assert ranked, "something must fit Llama 3.1 8B at 4M tokens on 128 v5p chips"
+    times = [r.estimate.step_time_s for r in ranked]
+    assert times == sorted(times)
+    assert all(r.estimate.fits for r in ranked)
+
+
+def test_a_rejected_candidate_never_ranks(v5p256_4m):
+    res = v5p256_4m.result
+    ranked = {(r.plan.mesh_sizes, r.plan.cp_strategy, r.plan.load_balance, r.plan.remat) for r in res.ranked}
+    for rej in res.rejections:
+        key = (tuple(rej.mesh.values()), rej.strategy, rej.load_balance)
+        assert not any(k[:3] == key and (rej.remat is None or k[3] is rej.remat) for k in ranked), rej
+
+
+def test_search_is_deterministic():
+    a = planner.explain("llama3.1-8b", "1M", "tpu7x-128")
+    b = planner.explain("llama3.1-8b", "1M", "tpu7x-128")
+    assert [r.plan for r in a.result.ranked] == [r.plan for r in b.result.ranked]
+    assert str(a) == str(b)
+
+
+def test_rejections_name_the_numbers():
+    res = planner.explain("llama3.1-8b", "4M", "v5p-256").result
+    reasons = {(r.category, r.reason.split("=")[0]) for r in res.rejections}
+    assert ("batch", "global_batch") in reasons
+    assert ("heads", "num_heads") in reasons and ("heads", "num_heads/tensor") in reasons
+    assert any(r.reason == "num_heads=32 not divisible by tensor=64" for r in res.rejections)
+    hbm = [r for r in res.rejections if r.category == "hbm"]
+    assert hbm and all("GiB > 95.7 GiB HBM" in r.reason for r in hbm)
+
+
+def test_ulysses_replicates_kv_heads_but_needs_query_heads_to_split():
+    # 8 KV heads, Ulysses 16: KV heads replicate, query heads 32/16 split — feasible
+    e = planner.evaluate("llama3.1-8b", "256k", "v5p:2x2x4", strategy="ulysses", mesh={"context_ulysses": 16},
+                         global_batch_tokens="256k")
+    assert e.step_time_s > 0
+    with pytest.raises(CpplanError, match="num_heads/tensor=32/1=32 not divisible by context_ulysses=64"):
+        planner.evaluate("llama3.1-8b", "256k", "v5p:4x4x4", strategy="ulysses", mesh={"context_ulysses": 64},
+                         global_batch_tokens="256k")
+
+
+def test_options_restrict_the_search():
+    e = planner.explain("llama3.1-8b", "1M", "v5p-256", strategies=["ulysses", "usp"], mesh={"tensor": 1},
+                        remat="full", load_balance="none")
+    assert e.result.ranked
+    for r in e.result.ranked:
+        assert r.plan.cp_strategy in (CPStrategy.ULYSSES, CPStrategy.USP)
+        assert r.plan.axis_size("tensor") == 1
+        assert r.plan.remat.value == "full" and r.plan.load_balance is LoadBalance.NONE
+
+
+def test_zigzag_needs_the_sequence_in_2n_chunks():
+    with pytest.raises(CpplanError, match=r"not divisible by 16 context ranks \(2 × ring degree chunks for zigzag\)"):
+        planner.evaluate("tiny", 24, "cpu:8", strategy="ring", mesh={"context": 8}, load_balance="zigzag")
+
+
+def test_nothing_fits_still_answers_with_what_would():
+    e = planner.explain("llama3.1-70b", "4M", "v5p-16")
+    assert e.best is None
+    text = str(e)
+    assert "No plan fits llama3.1-70b" in text
+    for strategy in ("all_gather", "ulysses", "ring", "usp"):
+        assert f"  {strategy}" in text
+    assert "What would fit:" in text and "more chips: v5p:" in text
+    assert e.to_dict()["best"] is None
+    with pytest.raises(CpplanError, match="No plan fits"):
+        planner.plan("llama3.1-70b", "4M", "v5p-16")
+
+
+def test_evaluate_returns_unfit_plans_with_the_numbers():
+    e = planner.evaluate("llama3.1-8b", "2M", "v5p-16", strategy="ring", mesh={"context": 8}, remat="full",
+                         global_batch_tokens="2M")
+    assert not e.fits and e.hbm_bytes_per_device > e.hbm_capacity_bytes
+    # the splash kernel's mask metadata must fit SMEM too: all-gather at 8M on 8 chips does not
+    e = planner.evaluate("llama3.1-8b", "8M", "v5p-16", strategy="all_gather", mesh={"context": 8}, remat="full",
+                         global_batch_tokens="8M")
+    assert not e.fits and e.smem_bytes > e.smem_capacity_bytes
+
+
+def test_max_seq_len_fits_and_double_does_not():
+    tokens, plan = planner.max_seq_len("llama3.1-8b", "v5p-16")
+    assert tokens >= 1 << 20  # the issue's target: 1M tokens on v5p-16 (MaxText: 512K)
+    assert plan.seq_len == tokens and planner.evaluate(
+        plan.model, tokens, plan.topology, strategy=plan.cp_strategy, mesh=plan.mesh_dict, remat=plan.remat,
+        load_balance=plan.load_balance, global_batch_tokens=tokens).fits
+    assert planner.explain("llama3.1-8b", 2 * tokens, "v5p-16", global_batch_tokens=2 * tokens).best is None
+
+
+def test_explanation_sections(v5p256_4m):
+    text = str(v5p256_4m)
+    for heading in ("Chosen plan", "Predicted step", "bottleneck", "MFU", "HBM per device", "Alternatives",
+                    "Best of each strategy", "Rejected", "Why this plan"):
+        assert heading in text
+    d = v5p256_4m.to_dict()
+    assert planner.Plan.from_dict(d["best"]["plan"]) == v5p256_4m.best
+    assert d["best"]["estimate"]["step_time_s"] == v5p256_4m.estimate.step_time_s
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(model="llama3.1-8b", seq_len="4X", topology="v5p-16"), ["128k, 1M or 4M"]),
+    (dict(model="llama3.1-8b", seq_len=0, topology="v5p-16"), ["at least 1 token"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", strategies=["rings"]), ["Did you mean 'ring'"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", mesh={"sequence": 2}), ["mesh axis 'sequence'"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", colour="red"), ["unknown option(s) colour"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch_tokens="5M"), ["whole number of"]),
+])
+def test_bad_input(kwargs, words):
+    with pytest.raises(CpplanError) as err:
+        planner.explain(**kwargs)
+    for w in words:
+        assert w in str(err.value)
