@@ -58,7 +58,9 @@ def why_slower(alt: Estimate, best: Estimate) -> str:
     """The terms that make `alt` slower than `best`, largest first."""
     a, b = _terms(alt), _terms(best)
     if alt.step_time_s <= best.step_time_s * (1 + 1e-9):
-        return f"as fast; ranked after it for less memory headroom ({_gib(alt.headroom_bytes)} free)"
+        if alt.headroom_bytes < best.headroom_bytes:
+            return f"as fast; ranked after it for less memory headroom ({_gib(alt.headroom_bytes)} free)"
+        return "as fast, with the same headroom; ranked after it by mesh order"
     diffs = sorted(((a[k] - b[k], k) for k in a), reverse=True)
     return ", ".join(f"{k} +{_s(d)}" for d, k in diffs[:2] if d > 0)
 

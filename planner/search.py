@@ -228,7 +228,8 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
 
 def _rank_key(r: Ranked):
     p = r.plan
-    return (round(r.estimate.step_time_s / r.estimate.tokens_per_step, 15), -r.estimate.headroom_bytes,
+    # 12 significant digits: equal plans computed along different paths still tie
+    return (float(f"{r.estimate.step_time_s / r.estimate.tokens_per_step:.12g}"), -r.estimate.headroom_bytes,
             p.mesh_sizes, p.cp_strategy.value, p.load_balance.value, p.remat.value, p.axis_order, p.physical_order)
 
 

@@ -84,3 +84,19 @@ def test_maxtext_refuses_balanced_usp():
                 load_balance="zigzag")
     with pytest.raises(CpplanError, match="context_parallel_load_balance=False"):
         plan.to_maxtext()
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(MODEL_NAMES), exponent=st.integers(10, 22),
+       topology=st.sampled_from(["cpu:8", "v5p:2x2x2", "tpu7x:2x2x1", "v5p:4x4x4"]))
+def test_a_rejected_candidate_never_ranks(model, exponent, topology):
+    from planner.api import run_search
+
+    res = run_search(model, 2**exponent, topology)
+    ranked = {(r.plan.mesh_sizes, r.plan.cp_strategy, r.plan.load_balance, r.plan.remat) for r in res.ranked}
+    for rej in res.rejections:
+        key = (tuple(rej.mesh.values()), rej.strategy, rej.load_balance)
+        assert not any(k[:3] == key and (rej.remat is None or k[3] is rej.remat) for k in ranked), rej
+    assert all(r.estimate.fits for r in res.ranked)
+    times = [r.estimate.step_time_s for r in res.ranked]
+    assert times == sorted(times)
