@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     except CpplanError as err:
         print(f"cpplan: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
