@@ -1,0 +1,144 @@
+"""A Llama-style decoder in flax: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Sized by a `ModelSpec`. Layers are stacked with `nn.scan` (one compiled layer, whatever the
+depth) and rematerialised per the plan's policy with MaxText's checkpoint names. Weights carry
+their mesh sharding (ZeRO-3 over ('fsdp', 'context', 'context_ulysses') on the embed dimension,
+'tensor' on heads and MLP columns); activations are pinned to batch × sequence shards so the
+weights are gathered layer by layer. Attention is the plan's context-parallel strategy. Token
+positions are inputs: under zigzag they are the permuted positions, so RoPE stays correct.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cost_models.vocabulary import RematPolicy
+from planner.plan import Plan
+from runtime.attention import sharded_attention
+from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
+
+ROPE_THETA = 500_000.0  # Llama 3
+NORM_EPS = 1e-5
+INIT_STD = 0.02
+
+# What each remat policy keeps (MaxText's names); everything else is recomputed.
+SAVED_NAMES = {
+    RematPolicy.FULL: (),
+    RematPolicy.SAVE_DOT_EXCEPT_MLP: ("query_proj", "key_proj", "value_proj", "out_proj"),
+    RematPolicy.MINIMAL_WITH_CONTEXT: ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1",
+                                       "mlpwo", "context"),
+}
+
+
+def remat_policy(policy: RematPolicy):
+    """The jax checkpoint policy of a plan's remat policy."""
+    names = SAVED_NAMES[policy]
+    return jax.checkpoint_policies.save_only_these_names(*names) if names else \
+        jax.checkpoint_policies.nothing_saveable
+
+
+def _param(module: nn.Module, name: str, shape, spec: tuple, *, init=None, dtype):
+    init = init or nn.initializers.normal(INIT_STD)
+    return module.param(name, nn.with_partitioning(init, spec), shape, dtype)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+    """RMSNorm in fp32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + NORM_EPS)
+    return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Rotary embedding (rotate-half form) of `[b, s, heads, d]` at integer `positions` `[b, s]`."""
+    half = x.shape[-1] // 2
+    freq = ROPE_THETA ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = positions.astype(jnp.float32)[..., None, None] * freq  # [b, s, 1, half]
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm decoder layer; returns `(x, None)` for `nn.scan`."""
+
+    plan: Plan
+    mesh: Mesh
+
+    def constrain(self, x, spec):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    @nn.compact
+    def __call__(self, x, positions):
+        m, plan = self.plan.model, self.plan
+        pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
+        w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
+        ones = nn.initializers.ones
+        d, h, kh, hd, f = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
+
+        y = rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt))
+        q = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wq", (d, h, hd), (WEIGHT_AXES, "tensor", None))),
+                            "query_proj")
+        k = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wk", (d, kh, hd), (WEIGHT_AXES, "tensor", None))),
+                            "key_proj")
+        v = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), (WEIGHT_AXES, "tensor", None))),
+                            "value_proj")
+        q, k, v = (self.constrain(t, HEADS) for t in (rope(q, positions), rope(k, positions), v))
+        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh), "context")
+        out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, w("wo", (h, hd, d), ("tensor", None, WEIGHT_AXES))),
+                              "out_proj")
+        x = self.constrain(x + out, ACTIVATIONS)
+
+        y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
+        gate = checkpoint_name(y @ w("w_gate", (d, f), (WEIGHT_AXES, "tensor")), "mlpwi_0")
+        up = checkpoint_name(y @ w("w_up", (d, f), (WEIGHT_AXES, "tensor")), "mlpwi_1")
+        down = checkpoint_name((nn.silu(gate) * up) @ w("w_down", (f, d), ("tensor", WEIGHT_AXES)), "mlpwo")
+        return self.constrain(x + down, ACTIVATIONS), None
+
+
+class Llama(nn.Module):
+    """The decoder; `__call__` returns the final normed hidden states and the output head weights."""
+
+    plan: Plan
+    mesh: Mesh
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Args:
+            tokens: `[batch, seq]` int32, in the plan's token order.
+            positions: `[batch, seq]` the tokens' positions in the sequence.
+        Returns:
+            `(hidden [batch, seq, hidden] in the compute dtype, head [hidden, vocab] in the compute dtype)`.
+        """
+        m, plan = self.plan.model, self.plan
+        pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
+        embed = _param(self, "embed", (m.vocab, m.hidden), ("tensor", WEIGHT_AXES), dtype=pdt)
+        # gather the table (ZeRO-3, like any weight) so the lookup is local to each token shard
+        table = jax.lax.with_sharding_constraint(embed.astype(cdt), NamedSharding(self.mesh, P()))
+        x = jnp.take(table, tokens, axis=0)
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, ACTIVATIONS))
+        layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat), prevent_cse=False)
+        stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                        in_axes=(nn.broadcast,), length=m.num_layers,
+                        metadata_params={nn.PARTITION_NAME: None})
+        x, _ = stack(plan, self.mesh, name="layers")(x, positions)
+        x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
+        if m.tie_embeddings:
+            head = embed.T
+        else:
+            head = _param(self, "head", (m.hidden, m.vocab), (WEIGHT_AXES, "tensor"), dtype=pdt)
+        return x, head.astype(cdt)
+
+
+def param_specs(abstract_variables) -> dict:
+    """PartitionSpecs of the (boxed) variables returned by `Llama.init` under `eval_shape`."""
+    return nn.get_partition_spec(abstract_variables)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A fully replicated sharding on the mesh."""
+    return NamedSharding(mesh, P())

@@ -1,0 +1,142 @@
+"""The training step of a plan: parameters, AdamW state and the jitted step, all sharded.
+
+`Trainer(plan, mesh)` holds the model, the optimizer and the shardings; `init` creates sharded
+parameters and optimizer state, `step` is jitted once (parameters and optimizer state donated),
+and `abstract_state` gives shape-only inputs for deviceless compilation. Batches arrive in
+natural token order and are permuted once to the plan's order (`prepare_batch`).
+"""
+from __future__ import annotations
+
+from functools import cached_property
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cost_models.vocabulary import LoadBalance
+from planner.plan import Plan
+from runtime.attention import check_attention
+from runtime.layout import TOKENS, token_order
+from runtime.loss import cross_entropy, loss_chunk
+from runtime.model import Llama, param_specs
+
+LEARNING_RATE = 3e-3
+WEIGHT_DECAY = 0.1
+
+
+def make_optimizer(learning_rate: float = LEARNING_RATE) -> optax.GradientTransformation:
+    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1)."""
+    return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=WEIGHT_DECAY)
+
+
+class Trainer:
+    """A plan's training step on a mesh.
+
+    Args:
+        plan: the plan; checked before anything compiles.
+        mesh: from `runtime.build_mesh(plan, ...)`.
+        learning_rate: AdamW learning rate.
+    Raises:
+        CpplanError: the plan cannot run as laid out.
+    """
+
+    def __init__(self, plan: Plan, mesh: Mesh, *, learning_rate: float = LEARNING_RATE):
+        check_attention(plan)
+        loss_chunk(plan)
+        self.plan, self.mesh = plan, mesh
+        self.model = Llama(plan, mesh)
+        self.optimizer = make_optimizer(learning_rate)
+        self.token_sharding = NamedSharding(mesh, TOKENS)
+
+    # -- shapes and shardings --------------------------------------------------------------
+    def _init_variables(self, rng):
+        shape = (self.plan.global_batch, self.plan.seq_len)
+        return self.model.init(rng, jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.int32))
+
+    @cached_property
+    def param_shardings(self):
+        boxed = jax.eval_shape(self._init_variables, jax.random.PRNGKey(0))
+        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), param_specs(boxed),
+                            is_leaf=lambda x: isinstance(x, P))
+
+    @cached_property
+    def abstract_params(self):
+        shapes = jax.eval_shape(lambda r: _unbox(self._init_variables(r)), jax.random.PRNGKey(0))
+        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                            shapes, self.param_shardings)
+
+    @cached_property
+    def opt_shardings(self):
+        state = jax.eval_shape(self.optimizer.init, self.abstract_params)
+        replicated = NamedSharding(self.mesh, P())
+        return optax.tree_map_params(self.optimizer, lambda _, sharding: sharding, state, self.param_shardings,
+                                     transform_non_params=lambda _: replicated,
+                                     is_leaf=lambda x: isinstance(x, NamedSharding))
+
+    def abstract_state(self):
+        """Shape-only `(params, opt_state, tokens, targets, positions)` for `step.lower`."""
+        opt = jax.eval_shape(self.optimizer.init, self.abstract_params)
+        opt = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt, self.opt_shardings)
+        batch = jax.ShapeDtypeStruct((self.plan.global_batch, self.plan.seq_len), jnp.int32,
+                                     sharding=self.token_sharding)
+        return self.abstract_params, opt, batch, batch, batch
+
+    # -- running ---------------------------------------------------------------------------
+    def init(self, seed: int = 0):
+        """Sharded parameters and optimizer state."""
+        params = jax.jit(lambda r: _unbox(self._init_variables(r)), out_shardings=self.param_shardings)(
+            jax.random.PRNGKey(seed))
+        opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
+        return params, opt_state
+
+    def loss(self, params, tokens, targets, positions):
+        """Mean next-token loss of a batch already in the plan's token order."""
+        hidden, head = self.model.apply(params, tokens, positions)
+        return cross_entropy(hidden, head, targets, plan=self.plan, mesh=self.mesh)
+
+    def _step(self, params, opt_state, tokens, targets, positions):
+        loss, grads = jax.value_and_grad(self.loss)(params, tokens, targets, positions)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, grads
+
+    @cached_property
+    def step(self):
+        """`step(params, opt_state, tokens, targets, positions) -> (params, opt_state, loss, grads)`, jitted."""
+        tokens = self.token_sharding
+        return jax.jit(self._step,
+                       in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens),
+                       out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P()),
+                                      self.param_shardings),
+                       donate_argnums=(0, 1))
+
+    @cached_property
+    def train_step(self):
+        """Like `step` but without returning gradients: the step that runs and compiles."""
+        tokens = self.token_sharding
+
+        def fn(params, opt_state, tokens_, targets, positions):
+            params, opt_state, loss, _ = self._step(params, opt_state, tokens_, targets, positions)
+            return params, opt_state, loss
+
+        return jax.jit(fn, in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens),
+                       out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P())),
+                       donate_argnums=(0, 1))
+
+    def prepare_batch(self, sequences: np.ndarray):
+        """`[batch, seq+1]` natural-order tokens → sharded (tokens, targets, positions) in the plan's order."""
+        order = token_order(self.plan.seq_len, self.plan.axis_size("context"),
+                            self.plan.load_balance is LoadBalance.ZIGZAG)
+        sequences = np.asarray(sequences, dtype=np.int32)
+        tokens, targets = sequences[:, :-1][:, order], sequences[:, 1:][:, order]
+        positions = np.broadcast_to(order.astype(np.int32), tokens.shape)
+        put = lambda x: jax.device_put(x, self.token_sharding)
+        return put(tokens), put(targets), put(positions)
+
+
+def _unbox(variables):
+    import flax.linen as nn
+
+    return nn.meta.unbox(variables)
