@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models import collectives
-from cost_models.strategies.base import (CPCost, Layout, Shape, Violation, degree_check, heads_check,
-                                         kv_heads_per_tensor_shard, sequence_check)
+from cost_models.strategies.base import CPCost, Layout, Shape, Violation, context_axis_check, kv_heads_per_tensor_shard
 from cost_models.vocabulary import CPStrategy
 
 
@@ -18,8 +17,7 @@ class AllGather:
     collective = "all-gather K/V"
 
     def check(self, shape: Shape) -> Violation | None:
-        return (degree_check(shape, "all-gather", lambda r: r > 1, lambda u: u == 1, "context > 1 and context_ulysses = 1")
-                or heads_check(shape) or sequence_check(shape, shape.ring, "context ranks"))
+        return context_axis_check(shape, "all-gather")
 
     def layout(self, x) -> Layout:
         s = float(x.seq_len)

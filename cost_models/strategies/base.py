@@ -96,3 +96,9 @@ def degree_check(shape: Shape, name: str, ring_ok, ulysses_ok, rule: str) -> Vio
     if ring_ok(shape.ring) and ulysses_ok(shape.ulysses):
         return None
     return Violation("mesh", f"{name} needs {rule} (got context={shape.ring}, context_ulysses={shape.ulysses})")
+
+
+def context_axis_check(shape: Shape, name: str) -> Violation | None:
+    """The rules of a strategy that splits the sequence over `context` alone (all-gather, ring)."""
+    return (degree_check(shape, name, lambda r: r > 1, lambda u: u == 1, "context > 1 and context_ulysses = 1")
+            or heads_check(shape) or sequence_check(shape, shape.ring, "context ranks"))

@@ -10,8 +10,7 @@ import numpy as np
 
 from cost_models import collectives
 from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD
-from cost_models.strategies.base import (CPCost, Layout, Shape, Violation, degree_check, heads_check,
-                                         kv_heads_per_tensor_shard, sequence_check)
+from cost_models.strategies.base import CPCost, Layout, Shape, Violation, context_axis_check, kv_heads_per_tensor_shard
 from cost_models.vocabulary import CPStrategy
 
 GRAD_BYTES = 4  # dK/dV accumulate in fp32
@@ -42,8 +41,7 @@ class Ring:
     collective = "ring ppermute K/V"
 
     def check(self, shape: Shape) -> Violation | None:
-        return (degree_check(shape, "ring", lambda r: r > 1, lambda u: u == 1, "context > 1 and context_ulysses = 1")
-                or heads_check(shape) or sequence_check(shape, shape.ring, "context ranks"))
+        return context_axis_check(shape, "ring")
 
     def layout(self, x) -> Layout:
         block = x.seq_len / x.r
