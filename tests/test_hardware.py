@@ -83,6 +83,13 @@ def test_all_to_all_is_a_quarter_of_all_gather():
     # 1e8 bytes per device before and after: 4e8 bytes in all · 3/4 / (4 · 1.8e11) + 2 µs
     t = collectives.all_to_all(1e8, 4, links.collective_bw_bytes_per_s, links.collective_latency_s)
     assert t == pytest.approx(1e8 * 3 / (4 * 1.8e11) + 2e-6, rel=1e-12)
+    # without wraparound (v5e 4x4): one direction at 4.5e10 B/s, 3 hops of latency
+    line = get_topology("v5e:4x4").links((Segment(1, 4, 1),))
+    t = collectives.all_to_all(1e8, 4, line.collective_bw_bytes_per_s, line.collective_latency_s)
+    assert t == pytest.approx(1e8 * 3 / (4 * 4.5e10) + 3e-6, rel=1e-12)
+    # the same array over twice the devices: each holds half, the time barely moves
+    t8 = collectives.all_to_all(0.5e8, 8, 1.8e11, 0.0)
+    assert t8 == pytest.approx(0.5e8 * 7 / (4 * 1.8e11)) and 0.5 < t8 / (1e8 * 3 / (4 * 1.8e11)) < 1.2
 
 
 def test_ring_step_on_a_line_pays_the_closing_hop():
