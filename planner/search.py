@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from cost_models.compute import splash_smem_bytes
 from cost_models.estimate import Candidates, Estimate, estimate_row, price
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
@@ -67,23 +68,17 @@ class SearchResult:
         return self.ranked[0] if self.ranked else None
 
 
-def _shape(model, seq_len, mesh, zigzag, topo) -> Shape:
-    return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag,
-                 128 if topo.chip.kind == "tpu" else 1)
+def _shape(model, seq_len, mesh, zigzag) -> Shape:
+    return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag)
 
 
 def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | None, str | None]:
     """Splash block size for a kernel call of (q × kv) tokens, or the SMEM rule that fails."""
-    from cost_models.compute import splash_smem_bytes
-
     q = layout_q / (2 if zigzag else 1)
     options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
-    if topo.chip.smem_bytes == 0:  # a host: no SMEM, any block that divides
-        fallback = max((b for b in (512, 256, 128, 64, 32, 16, 8) if q % b == 0 and b <= q), default=int(q))
-        return (options[0] if options else fallback), None
     for b in options:
-        if splash_smem_bytes(layout_q, layout_kv, b) <= topo.chip.smem_bytes:
-            return b, None
+        if topo.chip.smem_bytes == 0 or splash_smem_bytes(layout_q, layout_kv, b) <= topo.chip.smem_bytes:
+            return b, None  # a host has no SMEM limit
     if not options:
         return None, f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
     b = max(options)
@@ -172,7 +167,7 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
                     rejections.append(Rejection(mesh, strategy, lb, None, "batch",
                                                 f"global_batch={batch} sequences not divisible by data×fsdp={batch_shards}"))
                     continue
-                violation = impl.check(_shape(model, seq_len, mesh, zig, topo))
+                violation = impl.check(_shape(model, seq_len, mesh, zig))
                 if violation:
                     rejections.append(Rejection(mesh, strategy, lb, None, violation.category, violation.reason))
                     continue

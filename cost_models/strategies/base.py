@@ -8,6 +8,9 @@ from cost_models.models import ModelSpec
 from cost_models.vocabulary import CPStrategy
 
 
+SPLASH_LANES = 128  # splash's key blocks must be multiples of the TPU lane width, in interpret mode too
+
+
 @dataclass(frozen=True)
 class Shape:
     """What decides whether a strategy can run a case: one candidate, scalars only."""
@@ -18,7 +21,6 @@ class Shape:
     ulysses: int  # size of the `context_ulysses` axis
     tensor: int
     zigzag: bool
-    tile_multiple: int  # local sequence blocks must be multiples of this (128 on TPU, 1 on CPU)
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,9 @@ def sequence_check(shape: Shape, splits: int, what: str) -> Violation | None:
     if shape.seq_len % pieces:
         zig = " (2 × ring degree chunks for zigzag)" if shape.zigzag else ""
         return Violation("sequence split", f"seq_len={shape.seq_len} not divisible by {pieces} {what}{zig}")
-    if (shape.seq_len // pieces) % shape.tile_multiple:
+    if (shape.seq_len // pieces) % SPLASH_LANES:
         return Violation("sequence split", f"local block of {shape.seq_len // pieces} tokens is not a multiple of "
-                                           f"{shape.tile_multiple} (splash on TPU)")
+                                           f"{SPLASH_LANES} (splash's key blocks are multiples of the lane width)")
     return None
 
 
