@@ -3,9 +3,9 @@
 One vectorised implementation serves both the search (thousands of candidates as numpy
 columns) and a single plan (`estimate(plan)`, one row). Terms follow the scaling book:
 T_math (MXU work, tile padding and splash block waste included), T_hbm (elementwise work and
-the optimizer, bandwidth bound), T_comms per collective; overlap is explicit: FSDP gathers hide
-behind the previous layer, ring hops behind the attention of the block in hand; the rest is
-exposed. `Estimate` carries the lower bound (max of the three) and upper bound (their sum) too.
+the optimizer, bandwidth bound), T_comms per collective; overlap is explicit: ring hops hide
+behind the attention of the block in hand, FSDP gathers behind the previous layer, both within
+one budget (the layer's compute, counted once); the rest is exposed. `Estimate` carries the lower bound (max of the three) and upper bound (their sum) too.
 """
 from __future__ import annotations
 
@@ -157,7 +157,6 @@ def price(x: Candidates) -> Priced:
     wbw, wlat = x.links["weights"]
     gather = collectives.all_gather(weights_bytes, g, wbw, wlat)
     scatter = collectives.reduce_scatter(m.params_per_layer * pb / x.t, g, wbw, wlat)
-    fsdp_exposed = L * (np.maximum(0.0, gather - fwd_layer) + np.maximum(0.0, gather + scatter - bwd_layer))
     embed_bytes = m.embedding_params * a / x.t
     embed_comm = 2 * collectives.all_gather(embed_bytes, g, wbw, wlat) + collectives.reduce_scatter(
         m.embedding_params * pb / x.t, g, wbw, wlat)
@@ -171,8 +170,15 @@ def price(x: Candidates) -> Priced:
 
     cp = strategy.cost(x, lay, attn_fwd)
     recompute_attn = remat.recompute_attention[x.remat]
-    cp_total = L * (cp.forward_s + cp.backward_s + recompute_attn * cp.forward_s)
-    cp_exposed = L * (cp.exposed_forward_s + cp.exposed_backward_s + recompute_attn * cp.exposed_forward_s)
+    cp_fwd, cp_fwd_exposed = cp.forward_s, cp.exposed_forward_s
+    cp_bwd = cp.backward_s + recompute_attn * cp.forward_s
+    cp_bwd_exposed = cp.exposed_backward_s + recompute_attn * cp.exposed_forward_s
+    cp_total = L * (cp_fwd + cp_bwd)
+    cp_exposed = L * (cp_fwd_exposed + cp_bwd_exposed)
+    # FSDP traffic and the strategy's hidden traffic share one window: the layer's compute.
+    # What does not fit in it is exposed (charged to FSDP, which the strategy's hiding left no room for).
+    fsdp_exposed = L * (np.maximum(0.0, gather + (cp_fwd - cp_fwd_exposed) - fwd_layer)
+                        + np.maximum(0.0, gather + scatter + (cp_bwd - cp_bwd_exposed) - bwd_layer))
     memory["attention_buffers"] = cp.buffer_bytes + x.b_loc * lay.q_len * lay.q_heads * 4
 
     compute = {
