@@ -65,6 +65,7 @@ class Chip:
     smem_bytes: int
     matmul_efficiency: float
     attention_efficiency: float
+    comm_overlaps_compute: bool
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def to_dict(self) -> dict:

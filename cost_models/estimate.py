@@ -170,15 +170,18 @@ def price(x: Candidates) -> Priced:
 
     cp = strategy.cost(x, lay, attn_fwd)
     recompute_attn = remat.recompute_attention[x.remat]
-    cp_fwd, cp_fwd_exposed = cp.forward_s, cp.exposed_forward_s
+    overlaps = chip.comm_overlaps_compute
+    cp_fwd = cp.forward_s
+    cp_fwd_exposed = cp.exposed_forward_s if overlaps else cp_fwd
     cp_bwd = cp.backward_s + recompute_attn * cp.forward_s
-    cp_bwd_exposed = cp.exposed_backward_s + recompute_attn * cp.exposed_forward_s
+    cp_bwd_exposed = cp.exposed_backward_s + recompute_attn * cp.exposed_forward_s if overlaps else cp_bwd
     cp_total = L * (cp_fwd + cp_bwd)
     cp_exposed = L * (cp_fwd_exposed + cp_bwd_exposed)
     # FSDP traffic and the strategy's hidden traffic share one window: the layer's compute.
     # What does not fit in it is exposed (charged to FSDP, which the strategy's hiding left no room for).
-    fsdp_exposed = L * (np.maximum(0.0, gather + (cp_fwd - cp_fwd_exposed) - fwd_layer)
-                        + np.maximum(0.0, gather + scatter + (cp_bwd - cp_bwd_exposed) - bwd_layer))
+    window_fwd, window_bwd = (fwd_layer, bwd_layer) if overlaps else (0.0, 0.0)
+    fsdp_exposed = L * (np.maximum(0.0, gather + (cp_fwd - cp_fwd_exposed) - window_fwd)
+                        + np.maximum(0.0, gather + scatter + (cp_bwd - cp_bwd_exposed) - window_bwd))
     memory["attention_buffers"] = cp.buffer_bytes + x.b_loc * lay.q_len * lay.q_heads * 4
 
     compute = {
