@@ -5,15 +5,16 @@
 - Splash attention works on whole (block_q × block_kv) blocks: blocks that cross the causal
   diagonal are computed in full, so a causal kernel over n blocks per side does n(n+1)/2
   blocks' work, not n²/2.
-- Splash keeps three int32 mask-metadata arrays of (q blocks × kv blocks) in SMEM.
+- Splash prefetches its mask metadata into SMEM. cpplan's runtime evaluates the causal rule
+  inside the kernel (a mask function), so per (q block × kv block) it keeps one int8
+  `block_mask` entry and one `data_next` index, downcast to the smallest integer type that holds
+  the block count (jax's splash_attention_mask_info downcasts SMEM arrays), shared by all heads.
 """
 from __future__ import annotations
 
 import numpy as np
 
 SPLASH_BACKWARD_OVER_FORWARD = 2.5  # backward: 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward
-SPLASH_SMEM_ARRAYS = 3  # data_next, mask_next, block_mask
-SPLASH_SMEM_ITEM_BYTES = 4  # int32
 
 
 def tile_efficiency(dim, tile: int):
@@ -54,8 +55,14 @@ def causal_attention_extent(seq_len, ring, zigzag, block):
     return np.where(np.asarray(zigzag) & (ring > 1), balanced, plain)
 
 
+def splash_index_bytes(largest_index):
+    """Bytes of the smallest signed integer type holding `largest_index` (int8, int16, int32)."""
+    largest_index = np.asarray(largest_index, dtype=float)
+    return np.where(largest_index < 2**7, 1, np.where(largest_index < 2**15, 2, 4))
+
+
 def splash_smem_bytes(q_len, kv_len, block):
-    """SMEM the splash kernel's mask metadata needs for one (q_len × kv_len) call."""
+    """SMEM the splash kernel's mask metadata needs for one (q_len × kv_len) call, any shapes."""
     nq = np.ceil(np.asarray(q_len, dtype=float) / block)
     nk = np.ceil(np.asarray(kv_len, dtype=float) / block)
-    return SPLASH_SMEM_ARRAYS * SPLASH_SMEM_ITEM_BYTES * nq * nk
+    return nq * nk * (1 + splash_index_bytes(np.maximum(nq, nk) - 1))

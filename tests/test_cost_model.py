@@ -43,7 +43,10 @@ def test_derived_efficiencies():
     assert causal_attention_extent(8192, 4, True, 512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
     # no balancing: the last rank, 3 full blocks of 2048 and one causal (4 blocks: 10 of 16)
     assert causal_attention_extent(8192, 4, False, 512) == pytest.approx(2048**2 * (3 + 10 / 16))
-    assert splash_smem_bytes(131072, 131072, 1024) == 3 * 4 * 128 * 128
+    # 128 × 128 blocks: an int8 block_mask entry and an int8 data_next index (largest 127) each
+    assert splash_smem_bytes(131072, 131072, 1024) == 128 * 128 * 2
+    # 256 × 256 blocks: indices up to 255 need int16
+    assert splash_smem_bytes(131072, 131072, 512) == 256 * 256 * 3
 
 
 def _plan(**kw):
