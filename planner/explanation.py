@@ -62,7 +62,8 @@ def why_slower(alt: Estimate, best: Estimate) -> str:
             return f"as fast; ranked after it for less memory headroom ({_gib(alt.headroom_bytes)} free)"
         return "as fast, with the same headroom; ranked after it by mesh order"
     diffs = sorted(((a[k] - b[k], k) for k in a), reverse=True)
-    return ", ".join(f"{k} +{_s(d)}" for d, k in diffs[:2] if d > 0)
+    excess = alt.step_time_s - best.step_time_s
+    return ", ".join(f"{k} +{_s(d)}" for d, k in diffs[:2] if d > 0.05 * excess)
 
 
 class Explanation:
