@@ -135,17 +135,23 @@ def build_parser() -> argparse.ArgumentParser:
 RUNTIME_COMMANDS = {
     "run": "plan and run on this machine's devices; measured vs predicted (needs the runtime extra)",
     "compile": "compile a plan for a TPU topology without a TPU; memory vs predicted (needs libtpu)",
+    "calibrate": "measure this machine's devices and write a chip row",
+    "validate": "run plans (or read measured step times) and compare with predictions",
+    "validate-memory": "compile plans deviceless and compare predicted HBM with the compiler's",
 }
 
 
 def _runtime_parser() -> argparse.ArgumentParser:
     try:
-        from runtime.cli import add_subcommands
+        from runtime.cli import add_subcommands as add_run_commands
+        from runtime.validation.cli import add_subcommands as add_validation_commands
     except ImportError as err:
         raise CpplanError(f"this command needs the jax runtime ({err}); install it with "
                           "pip install -e '.[runtime]'.") from None
     parser = argparse.ArgumentParser(prog="cpplan")
-    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_commands(sub)
+    add_validation_commands(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Validation: cpplan's predictions against what it measures and against the XLA TPU compiler."""

@@ -1,0 +1,55 @@
+"""Memory validation: predicted HBM per device against the XLA TPU compiler's, deviceless.
+
+Real model shapes with fewer layers (compile time grows with layers; memory per layer is
+uniform, so a layer count that compiles in seconds checks the same formulas). Every plan is
+compared at the same reduced layer count in the prediction and in the compiler.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from cost_models.errors import CpplanError
+from cost_models.estimate import estimate
+from cost_models.models import get_model
+from planner.api import run_search
+from runtime.validation.report import MemoryReport, MemoryResult
+
+
+def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, layers: int = 2,
+                    per_strategy: int = 1, **options) -> MemoryReport:
+    """Compiles the best plan of each strategy per (topology, length) and compares memory.
+
+    Args:
+        model: a model; its layer count is reduced to `layers`.
+        seq_lens / topologies: the cases.
+        layers: decoder layers compiled (and predicted).
+        per_strategy: how many plans of each strategy, best first.
+    Returns:
+        A `MemoryReport`.
+    """
+    from runtime.compile import compile_for
+
+    spec = get_model(model)
+    reduced = dataclasses.replace(spec, name=f"{spec.name}-{layers}l", num_layers=layers)
+    report = MemoryReport(f"HBM per device: cpplan vs the XLA TPU compiler ({spec.name}, {layers} layers)")
+    for topology in topologies:
+        for seq_len in seq_lens:
+            result = run_search(reduced, seq_len, topology, **options)
+            picked = []
+            for strategy in {r.plan.cp_strategy for r in result.ranked}:
+                picked += [r for r in result.ranked if r.plan.cp_strategy is strategy][:per_strategy]
+            picked += result.best_infeasible[:1]  # the compiler should refuse it too
+            for ranked in sorted(picked, key=lambda r: (r.plan.cp_strategy.value, r.estimate.step_time_s)):
+                plan = ranked.plan
+                sys.stderr.write(f"compiling {plan.topology} {plan.cp_strategy.value} seq {plan.seq_len}\n")
+                try:
+                    compiled = compile_for(plan)
+                except CpplanError as err:
+                    report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=str(err)))
+                    continue
+                report.results.append(MemoryResult(
+                    plan, estimate(plan), compiled.required_bytes if compiled.fits else None, compiled.fits,
+                    required_bytes=compiled.required_bytes, layers_compiled=layers))
+    return report

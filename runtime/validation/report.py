@@ -1,0 +1,226 @@
+"""Validation reports: per-plan rows, summary figures, and the files a person reads (markdown,
+JSON, plots)."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cost_models.estimate import Estimate
+from planner.plan import Plan
+from runtime.validation.stats import mape, regret, spearman
+
+GiB = 2**30
+
+
+def _plan_label(plan: Plan) -> str:
+    mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "1 device"
+    zig = " zigzag" if plan.load_balance.value == "zigzag" else ""
+    return f"{plan.cp_strategy.value}{zig} [{mesh}] {plan.remat.value}"
+
+
+@dataclass
+class StepResult:
+    """One plan: predicted against measured step time."""
+
+    plan: Plan
+    predicted: Estimate
+    measured_step_s: float | None = None
+    measured_mfu: float | None = None
+    source: str = "run"
+    failure: str | None = None
+
+    @property
+    def error(self) -> float | None:
+        if self.measured_step_s is None:
+            return None
+        return self.predicted.step_time_s / self.measured_step_s - 1
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "label": _plan_label(self.plan), "seq_len": self.plan.seq_len,
+                "strategy": self.plan.cp_strategy.value, "predicted_step_s": self.predicted.step_time_s,
+                "measured_step_s": self.measured_step_s, "error": self.error, "predicted_mfu": self.predicted.mfu,
+                "measured_mfu": self.measured_mfu, "source": self.source, "failure": self.failure}
+
+
+@dataclass
+class StepTimeReport:
+    """Predicted vs measured step times of many plans."""
+
+    title: str
+    results: list[StepResult] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def measured(self) -> list[StepResult]:
+        return [r for r in self.results if r.measured_step_s is not None]
+
+    def by_seq_len(self) -> dict[int, list[StepResult]]:
+        groups: dict[int, list[StepResult]] = defaultdict(list)
+        for r in self.measured:
+            groups[r.plan.seq_len].append(r)
+        return dict(sorted(groups.items()))
+
+    def summary(self) -> dict:
+        done = self.measured
+        pred = [r.predicted.step_time_s for r in done]
+        meas = [r.measured_step_s for r in done]
+        regrets = {s: regret([r.predicted.step_time_s for r in g], [r.measured_step_s for r in g])
+                   for s, g in self.by_seq_len().items()}
+        winners = {}
+        for s, g in self.by_seq_len().items():
+            winners[s] = {"predicted": min(g, key=lambda r: r.predicted.step_time_s).plan.cp_strategy.value,
+                          "measured": min(g, key=lambda r: r.measured_step_s).plan.cp_strategy.value}
+        return {"mape": mape(pred, meas), "spearman": spearman(pred, meas),
+                "regret": max(regrets.values()) if regrets else float("nan"),
+                "regret_per_seq_len": regrets, "winners": winners, "plans_measured": len(done),
+                "plans_failed": sum(r.failure is not None for r in self.results),
+                "strategies": sorted({r.plan.cp_strategy.value for r in done}), "interrupted": self.interrupted}
+
+    def to_dict(self) -> dict:
+        s = self.summary()
+        return {"title": self.title, "mape": s["mape"], "spearman": s["spearman"], "regret": s["regret"],
+                "summary": s, "plans": [r.to_dict() for r in self.results]}
+
+    def markdown(self) -> str:
+        s = self.summary()
+        lines = [f"# {self.title}", "",
+                 f"- plans measured: {s['plans_measured']} ({', '.join(s['strategies'])}); failed: {s['plans_failed']}"
+                 + ("; **interrupted**, partial results" if s["interrupted"] else ""),
+                 f"- step time MAPE: **{s['mape']:.1%}**", f"- Spearman rank correlation: **{s['spearman']:.3f}**",
+                 f"- regret (measured time of the predicted-best plan ÷ best measured), worst over lengths: "
+                 f"**{s['regret']:.3f}**", "",
+                 "| seq_len | predicted winner | measured winner | regret |", "|---|---|---|---|"]
+        for seq, w in s["winners"].items():
+            lines.append(f"| {seq} | {w['predicted']} | {w['measured']} | {s['regret_per_seq_len'][seq]:.3f} |")
+        lines += ["", "| plan | seq_len | predicted s | measured s | error | predicted MFU | measured MFU |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(self.results, key=lambda r: (r.plan.seq_len, r.predicted.step_time_s)):
+            if r.measured_step_s is None:
+                lines.append(f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
+                             f"failed: {r.failure} | | | |")
+                continue
+            mfu = f"{r.measured_mfu:.2%}" if r.measured_mfu is not None else "–"
+            lines.append(f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
+                         f"{r.measured_step_s:.4f} | {r.error:+.1%} | {r.predicted.mfu:.2%} | {mfu} |")
+        lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "", "![winners](winners.png)", ""]
+        return "\n".join(lines)
+
+    def plot(self, outdir: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        done = self.measured
+        paths = []
+        fig, ax = plt.subplots(figsize=(6, 6))
+        for strategy in sorted({r.plan.cp_strategy.value for r in done}):
+            pts = [(r.measured_step_s, r.predicted.step_time_s) for r in done if r.plan.cp_strategy.value == strategy]
+            ax.scatter(*zip(*pts), label=strategy, alpha=0.8)
+        if done:
+            lo = min(min(r.measured_step_s, r.predicted.step_time_s) for r in done) * 0.8
+            hi = max(max(r.measured_step_s, r.predicted.step_time_s) for r in done) * 1.25
+            ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
+            ax.set_xscale("log"), ax.set_yscale("log"), ax.set_xlim(lo, hi), ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured step time (s)"), ax.set_ylabel("predicted step time (s)")
+        ax.set_title("cpplan: predicted vs measured, one point per plan"), ax.legend()
+        paths.append(outdir / "predicted_vs_measured.png")
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        groups = self.by_seq_len()
+        for offset, (kind, key) in ((-0.1, ("predicted", lambda r: r.predicted.step_time_s)),
+                                     (0.1, ("measured", lambda r: r.measured_step_s))):
+            xs, ys = [], []
+            for i, (seq, g) in enumerate(groups.items()):
+                xs.append(i + offset)
+                ys.append(min(g, key=key[1]).plan.cp_strategy.value)
+            ax.scatter(xs, ys, label=kind, s=80, marker="o" if kind[0] == "p" else "s")
+        ax.set_xticks(range(len(groups)), [str(s) for s in groups])
+        ax.set_xlabel("sequence length"), ax.set_ylabel("fastest strategy"), ax.legend()
+        ax.set_title("which strategy wins at each length: predicted vs measured")
+        paths.append(outdir / "winners.png")
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return paths
+
+    def write(self, outdir: "str | Path") -> list[Path]:
+        outdir = Path(outdir)
+        outdir.mkdir(parents=True, exist_ok=True)
+        (outdir / "report.json").write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        (outdir / "report.md").write_text(self.markdown())
+        return [outdir / "report.json", outdir / "report.md", *self.plot(outdir)]
+
+
+@dataclass
+class MemoryResult:
+    """One plan: predicted HBM per device against the XLA TPU compiler's."""
+
+    plan: Plan
+    predicted: Estimate
+    compiled_bytes: float | None
+    compiled_fits: bool
+    required_bytes: float | None = None  # from CompileTimeHbmOom when it does not fit
+    layers_compiled: int | None = None
+    failure: str | None = None
+
+    @property
+    def error(self) -> float | None:
+        actual = self.compiled_bytes if self.compiled_fits else self.required_bytes
+        return None if actual is None else self.predicted.hbm_bytes_per_device / actual - 1
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "label": _plan_label(self.plan), "topology": self.plan.topology,
+                "seq_len": self.plan.seq_len, "layers": self.plan.model.num_layers,
+                "predicted_bytes": self.predicted.hbm_bytes_per_device, "predicted_breakdown": self.predicted.hbm_bytes,
+                "predicted_fits": self.predicted.fits, "compiled_bytes": self.compiled_bytes,
+                "compiled_fits": self.compiled_fits, "required_bytes": self.required_bytes, "error": self.error,
+                "failure": self.failure}
+
+
+@dataclass
+class MemoryReport:
+    """Predicted vs compiled HBM of many plans."""
+
+    title: str
+    results: list[MemoryResult] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        done = [r for r in self.results if r.failure is None and r.error is not None]
+        agree = [r.predicted.fits == r.compiled_fits for r in self.results if r.failure is None]
+        return {"plans": len(self.results), "compared": len(done),
+                "within_10pct": sum(abs(r.error) <= 0.10 for r in done),
+                "mean_abs_error": sum(abs(r.error) for r in done) / len(done) if done else float("nan"),
+                "fit_agreement": sum(agree) / len(agree) if agree else float("nan"),
+                "topologies": sorted({r.plan.topology for r in self.results})}
+
+    def to_dict(self) -> dict:
+        return {"title": self.title, **self.summary(), "plans": [r.to_dict() for r in self.results]}
+
+    def markdown(self) -> str:
+        s = self.summary()
+        lines = [f"# {self.title}", "",
+                 f"- plans: {s['plans']} on {', '.join(s['topologies'])}; within 10% of the compiler: "
+                 f"**{s['within_10pct']} of {s['compared']}**; mean |error| {s['mean_abs_error']:.1%}",
+                 f"- fit / no-fit agreement with the compiler: **{s['fit_agreement']:.0%}**", "",
+                 "| plan | topology | seq_len | layers | predicted GiB | compiler GiB | error | fits (pred/compiler) |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in self.results:
+            actual = r.compiled_bytes if r.compiled_fits else r.required_bytes
+            actual_text = "–" if actual is None else f"{actual / GiB:.2f}"
+            err = "–" if r.error is None else f"{r.error:+.1%}"
+            note = f" ({r.failure})" if r.failure else ""
+            lines.append(f"| {_plan_label(r.plan)} | {r.plan.topology} | {r.plan.seq_len} | {r.plan.model.num_layers} | "
+                         f"{r.predicted.hbm_bytes_per_device / GiB:.2f} | {actual_text} | {err} | "
+                         f"{r.predicted.fits}/{r.compiled_fits}{note} |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, outdir: "str | Path") -> list[Path]:
+        outdir = Path(outdir)
+        outdir.mkdir(parents=True, exist_ok=True)
+        (outdir / "memory.json").write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        (outdir / "memory.md").write_text(self.markdown())
+        return [outdir / "memory.json", outdir / "memory.md"]
