@@ -132,13 +132,11 @@ class StepTimeReport:
 
         fig, ax = plt.subplots(figsize=(7, 4))
         groups = self.by_seq_len()
-        for offset, (kind, key) in ((-0.1, ("predicted", lambda r: r.predicted.step_time_s)),
-                                     (0.1, ("measured", lambda r: r.measured_step_s))):
-            xs, ys = [], []
-            for i, (seq, g) in enumerate(groups.items()):
-                xs.append(i + offset)
-                ys.append(min(g, key=key[1]).plan.cp_strategy.value)
-            ax.scatter(xs, ys, label=kind, s=80, marker="o" if kind[0] == "p" else "s")
+        for offset, kind, key, marker in ((-0.1, "predicted", lambda r: r.predicted.step_time_s, "o"),
+                                          (0.1, "measured", lambda r: r.measured_step_s, "s")):
+            xs = [i + offset for i in range(len(groups))]
+            ys = [min(g, key=key).plan.cp_strategy.value for g in groups.values()]
+            ax.scatter(xs, ys, label=kind, s=80, marker=marker)
         ax.set_xticks(range(len(groups)), [str(s) for s in groups])
         ax.set_xlabel("sequence length"), ax.set_ylabel("fastest strategy"), ax.legend()
         ax.set_title("which strategy wins at each length: predicted vs measured")
