@@ -30,12 +30,15 @@ def all_reduce(bytes_per_device, n, bw, lat):
 
 
 def all_to_all(bytes_per_device, n, bw, lat):
-    """All-to-all where each device holds `bytes_per_device` before and after.
+    """All-to-all where each device holds `bytes_per_device` (A) before and after: A·n/(4W).
 
-    A quarter of an all-gather of the same (whole) array on a bidirectional ring, so with
-    the whole array n·A the time is A·(n-1)/(4W): it does not grow with n for a fixed array.
+    Each device sends (n-1)/n of A over an average of n/4 hops each way of a bidirectional
+    ring (the scaling book); for a whole array n·A that is a quarter of its all-gather, so it
+    does not grow with n. (Written as A·(n-1)/(4W) it would beat the links themselves at n=2,
+    where each device must push A/2 through one link: A/(2W).)
     """
-    return all_gather(np.asarray(bytes_per_device) * n, n, 4 * bw, lat)
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 1, np.asarray(bytes_per_device) * n / (4 * bw) + lat, 0.0)
 
 
 def ppermute(bytes_per_device, ring_bw, ring_lat):

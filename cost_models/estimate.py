@@ -21,7 +21,8 @@ from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_
 from cost_models.flops import head_forward_flops, layer_forward_flops, model_flops_per_step
 from cost_models.models import ModelSpec
 from cost_models.remat import remat_code, remat_table
-from cost_models.strategies import STRATEGIES
+from cost_models.errors import CpplanError
+from cost_models.strategies import STRATEGIES, Shape
 from cost_models.topology import AxisLinks, Topology, get_topology
 from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
@@ -29,7 +30,16 @@ ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; 
 ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
 CE_BYTES_PER_LOGIT = 4 * 4  # fp32 logits: written, read for the log-sum-exp, gradient written and read
 
-LINK_NAMES = ("data", "weights", "tensor", "context", "ulysses")
+# HBM is held in phases: what lives all step, then the larger of a layer's backward and the loss.
+STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
+LAYER_MEMORY = ("layer_working_set", "attention_buffers", "collective_buffers")
+LOSS_MEMORY = ("logits", "head_buffers")
+
+
+def peak_bytes(memory: dict):
+    """Peak HBM per device: the static part plus the larger of the two phases (arrays or floats)."""
+    static = sum(memory[k] for k in STATIC_MEMORY)
+    return static + np.maximum(sum(memory[k] for k in LAYER_MEMORY), sum(memory[k] for k in LOSS_MEMORY))
 
 
 @dataclass
@@ -83,7 +93,7 @@ class Priced:
 
     @property
     def hbm_total(self) -> np.ndarray:
-        return sum(self.memory.values())
+        return peak_bytes(self.memory)
 
 
 def price(x: Candidates) -> Priced:
@@ -143,14 +153,17 @@ def price(x: Candidates) -> Priced:
     saved = remat.saved_values_per_token[x.remat] * a / x.t
     minimal = remat.saved_values_per_token[-1] * a / x.t
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, x.tok)
+    head_params = m.vocab * m.hidden
     memory = {
         "params": m.num_params * pb / shard,
         "grads": m.num_params * pb / shard,
         "optimizer": 2 * m.num_params * 4 / shard,
-        "activations": L * x.tok * saved + 2 * x.tok * minimal,  # kept per layer + one layer's working set
+        "activations": L * x.tok * saved,  # what each layer keeps for its backward
+        "layer_working_set": 2 * x.tok * minimal,  # one layer's activations and their gradients
         "attention_buffers": None,
         "collective_buffers": 2 * weights_bytes + m.params_per_layer * pb / x.t,  # next layer's gather, grad scatter
-        "logits": loss_tokens * m.vocab / x.t * 4 * 2,
+        "logits": loss_tokens * m.vocab / x.t * 4 * 2,  # fp32 logits of a chunk and their gradient
+        "head_buffers": head_params * (a + pb) / x.t,  # the gathered output head and its unreduced gradient
     }
 
     # -- communication --------------------------------------------------------------
@@ -173,8 +186,9 @@ def price(x: Candidates) -> Priced:
     overlaps = chip.comm_overlaps_compute
     cp_fwd = cp.forward_s
     cp_fwd_exposed = cp.exposed_forward_s if overlaps else cp_fwd
-    cp_bwd = cp.backward_s + recompute_attn * cp.forward_s
-    cp_bwd_exposed = cp.exposed_backward_s + recompute_attn * cp.exposed_forward_s if overlaps else cp_bwd
+    cp_bwd = cp.backward_s + recompute_attn * (cp.forward_s - cp.recompute_reuses_s)
+    cp_bwd_exposed = (cp.exposed_backward_s + recompute_attn * (cp.exposed_forward_s - cp.recompute_reuses_s)
+                      if overlaps else cp_bwd)
     cp_total = L * (cp_fwd + cp_bwd)
     cp_exposed = L * (cp_fwd_exposed + cp_bwd_exposed)
     # FSDP traffic and the strategy's hidden traffic share one window: the layer's compute.
@@ -247,7 +261,8 @@ class Estimate:
 
     @property
     def hbm_bytes_per_device(self) -> float:
-        return float(sum(self.hbm_bytes.values()))
+        """Peak: static state plus the larger of a layer's backward and the loss (`peak_bytes`)."""
+        return float(peak_bytes(self.hbm_bytes))
 
     @property
     def headroom_bytes(self) -> float:
@@ -354,10 +369,19 @@ def estimate(plan) -> Estimate:
     """Prices one plan (a `planner.Plan` or anything with its attributes).
 
     Raises:
-        CpplanError: the plan's mesh does not tile its topology.
+        CpplanError: the plan's mesh does not tile its topology, or its strategy cannot run it
+            (the rule and its numbers).
     """
     topo = get_topology(plan.topology)
     mesh = dict(plan.mesh)
+    shape = Shape(plan.model, plan.seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"],
+                  plan.load_balance is LoadBalance.ZIGZAG)
+    violation = STRATEGIES[plan.cp_strategy].check(shape)
+    if violation:
+        raise CpplanError(f"{plan.cp_strategy.value} cannot run this plan: {violation.reason}.")
+    if plan.global_batch % (mesh["data"] * mesh["fsdp"]):
+        raise CpplanError(f"global_batch={plan.global_batch} sequences not divisible by "
+                          f"data×fsdp={mesh['data'] * mesh['fsdp']}.")
     links, ring_bw, ring_lat = link_columns({k: [v] for k, v in plan_links(plan).items()})
     x = Candidates(
         model=plan.model, topology=topo, seq_len=plan.seq_len, global_batch=plan.global_batch,

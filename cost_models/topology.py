@@ -101,30 +101,45 @@ class Topology:
         book's multi-axis all-gather); a segment that closes a ring gets both directions.
         A strided segment shares each link among `stride` interleaved rings. A ring step goes
         over one link per segment; where a segment does not close, its closing step crosses
-        the whole segment (about twice the time of a torus, FACTS.md).
+        the whole segment (about twice the time of a torus, FACTS.md). The devices of one chip
+        share its ICI links: an axis that does not span all of them gets its share.
         """
         dims = self.physical_dims
+        segments = _merged(segments)
         size = math.prod(s.size for s in segments)
         if size == 1:
             return AxisLinks(1, math.inf, 0.0, math.inf, 0.0, True)
+        on_core = math.prod(s.size for s in segments if dims[s.dim].name == CORE)
+        ici_share = on_core / self.devices_per_chip if self.chip.kind != "cpu" else 1.0
         coll_bw = 0.0
         coll_lat = 0.0
         ring_bw = math.inf
         ring_hops = 0
         wraps = len(segments) == 1
         for seg in segments:
-            if seg.size == 1:
-                continue
             dim = dims[seg.dim]
+            link_bw = dim.link_bw_bytes_per_s * (1.0 if dim.name == CORE else ici_share)
             closes = dim.wraps and seg.size * seg.stride == dim.size
             wraps = wraps and closes
             directions = 2 if closes else 1
-            coll_bw += directions * dim.link_bw_bytes_per_s / seg.stride
+            coll_bw += directions * link_bw / seg.stride
             coll_lat += (seg.size / 2 if closes else seg.size - 1) * seg.stride * dim.hop_latency_s
-            ring_bw = min(ring_bw, dim.link_bw_bytes_per_s / seg.stride)
+            ring_bw = min(ring_bw, link_bw / seg.stride)
             ring_hops = max(ring_hops, seg.stride if closes else (seg.size - 1) * seg.stride)
         latency = max(d.hop_latency_s for d in dims)
         return AxisLinks(size, coll_bw, coll_lat, ring_bw, ring_hops * latency, wraps)
+
+
+def _merged(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
+    """Segments of one dimension that are contiguous (inner stride × size = outer stride) as one."""
+    out: list[Segment] = []
+    for seg in sorted((s for s in segments if s.size > 1), key=lambda s: (s.dim, s.stride)):
+        last = out[-1] if out else None
+        if last is not None and last.dim == seg.dim and last.stride * last.size == seg.stride:
+            out[-1] = Segment(seg.dim, last.size * seg.size, last.stride)
+        else:
+            out.append(seg)
+    return tuple(out)
 
 
 @lru_cache(maxsize=256)

@@ -58,7 +58,8 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
     """Prices a plan the user already has: its strategy and full mesh (missing axes are 1).
 
     The placement on the torus is the best realisable one for that mesh; remat and load
-    balancing default to MaxText's (full, zigzag where it applies) unless given.
+    balancing default to MaxText's (full; zigzag for ring and all-gather, none for Ulysses and
+    USP, which MaxText does not balance) unless given.
 
     Raises:
         CpplanError: the mesh does not multiply to the device count, or the strategy cannot
@@ -77,8 +78,7 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
         raise CpplanError(f"mesh {full_mesh} covers {total} devices; {topo.name} has {topo.num_devices}.")
     strategy = CPStrategy.parse(strategy)
     options.setdefault("remat", "full")
-    options.setdefault("load_balance", "zigzag" if strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER, CPStrategy.USP)
-                       else "none")
+    options.setdefault("load_balance", "zigzag" if strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) else "none")
     result = run_search(model, seq_len, topo, mesh=full_mesh, strategies=[strategy], **options)
     if result.ranked:
         return result.ranked[0].estimate

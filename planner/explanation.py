@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
-from cost_models.estimate import Estimate
+from cost_models.estimate import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, Estimate
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.options import format_tokens
 from planner.plan import Plan
@@ -143,8 +143,10 @@ class Explanation:
             f"(model FLOPs as MaxText counts them; {e.executed_flops_per_device / 1e12:,.0f} TFLOP executed per device)",
             "",
             f"HBM per device   {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)} "
-            f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%})",
-            "  " + ", ".join(f"{k} {_gib(v)}" for k, v in e.hbm_bytes.items()),
+            f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%}): held all step + the larger of a layer's "
+            f"backward and the loss",
+            *(f"  {phase:<10} " + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in keys)
+              for phase, keys in (("all step", STATIC_MEMORY), ("layer", LAYER_MEMORY), ("loss", LOSS_MEMORY))),
         ]
         if e.smem_capacity_bytes:
             lines.append(f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB")

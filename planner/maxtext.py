@@ -32,18 +32,63 @@ def _slice_name(topology: str) -> str | None:
     return name if get_topology(name).chip_dims == topo.chip_dims else None
 
 
+# MaxText builds splash's metadata from a dense mask, per head: data_next and mask_next (int32)
+# and block_mask (int8) for every (q block × kv block). This matches ANCHORS.md: Ulysses 8 at
+# 128K overflows the 1 MiB SMEM with blocks of 512 (4 heads: 2.4 MB) and fits with 1024.
+MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
+
+
+def maxtext_problems(plan: Plan) -> list[str]:
+    """MaxText's own rules (its types.py, ANCHORS.md) that `plan` breaks, each with the fix."""
+    m, mesh = plan.model, plan.mesh_dict
+    r, u = mesh["context"], mesh["context_ulysses"]
+    problems = []
+    if plan.cp_strategy in (CPStrategy.ULYSSES, CPStrategy.USP):
+        if plan.load_balance is LoadBalance.ZIGZAG:
+            problems.append(f"MaxText's {plan.cp_strategy.value} requires context_parallel_load_balance=False; "
+                            "plan with load_balance='none'")
+        if m.num_kv_heads % u:
+            problems.append(f"MaxText's Ulysses needs num_kv_heads={m.num_kv_heads} divisible by its degree {u} "
+                            "(it does not replicate KV heads); use a smaller context_ulysses")
+    if plan.cp_strategy is CPStrategy.RING and plan.seq_len % (r * r):
+        problems.append(f"MaxText's ring needs max_target_length={plan.seq_len} divisible by context²={r * r}")
+    if plan.cp_strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) and plan.load_balance is LoadBalance.ZIGZAG \
+            and r % 2:
+        problems.append(f"MaxText's load balancing needs an even context degree, not {r}")
+    return problems
+
+
+def maxtext_block(plan: Plan) -> int:
+    """The smallest splash block (from the plan's) whose per-head metadata fits SMEM in MaxText."""
+    m, mesh = plan.model, plan.mesh_dict
+    r, u, t = mesh["context"], mesh["context_ulysses"], mesh["tensor"]
+    s = plan.seq_len
+    q_len, kv_len, heads = {
+        CPStrategy.NONE: (s, s, m.num_heads // t), CPStrategy.ALL_GATHER: (s // r, s, m.num_heads // t),
+        CPStrategy.RING: (s // r, s // r, m.num_heads // t), CPStrategy.ULYSSES: (s, s, m.num_heads // (t * u)),
+        CPStrategy.USP: (s // r, s // r, m.num_heads // (t * u)),
+    }[plan.cp_strategy]
+    smem = get_topology(plan.topology).chip.smem_bytes
+    block = plan.block_q
+    while smem and block < min(q_len, kv_len) and \
+            heads * math.ceil(q_len / block) * math.ceil(kv_len / block) * MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR > smem:
+        block *= 2
+    return block
+
+
 def plan_to_maxtext(plan: Plan) -> dict[str, object]:
-    """MaxText flags for `plan`.
+    """MaxText flags for `plan`; splash blocks grow where MaxText's per-head metadata needs it.
 
     Raises:
-        CpplanError: the plan uses something MaxText cannot run (zigzag with USP).
+        CpplanError: the plan breaks a MaxText rule (`maxtext_problems`), each named with its fix.
     """
+    problems = maxtext_problems(plan)
+    if problems:
+        raise CpplanError("MaxText cannot run this plan: " + "; ".join(problems) + ".")
     mesh = plan.mesh_dict
     r, u = mesh["context"], mesh["context_ulysses"]
     strategy = plan.cp_strategy
-    if strategy is CPStrategy.USP and plan.load_balance is LoadBalance.ZIGZAG:
-        raise CpplanError("MaxText's USP requires context_parallel_load_balance=False; "
-                          "plan with load_balance='none' to export a USP plan.")
+    block = maxtext_block(plan)
     devices = math.prod(plan.mesh_sizes)
     tokens_per_device = plan.seq_len * plan.global_batch / devices * mesh["tensor"]
     flags: dict[str, object] = {
@@ -63,7 +108,7 @@ def plan_to_maxtext(plan: Plan) -> dict[str, object]:
         "dtype": MAXTEXT_DTYPES[plan.compute_dtype],
         "num_vocab_tiling": max(1, math.ceil(tokens_per_device / plan.loss_chunk_tokens)) if plan.loss_chunk_tokens else 1,
     }
-    flags.update({f: plan.block_q if "_q" in f.removeprefix("sa_block") else plan.block_kv for f in SPLASH_BLOCK_FLAGS})
+    flags.update({f: block for f in SPLASH_BLOCK_FLAGS})
     if MODELS.get(plan.model.name) == plan.model:
         flags["model_name"] = plan.model.name
     else:
@@ -135,34 +180,34 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
         strategy = CPStrategy.parse(flags.get("context_parallel_strategy", "all_gather"))
     except CpplanError as err:
         raise CpplanError(f"context_parallel_strategy: {err}") from None
-    cp = _int(flags, "ici_context_parallelism", 1)
-    usp_u = _int(flags, "ici_context_usp_ulysses_parallelism", 1)
-    if strategy is CPStrategy.ULYSSES:
-        ring, uly = 1, cp
-    elif strategy is CPStrategy.USP:
-        ring, uly = cp, usp_u
-    else:
-        ring, uly = cp, 1
-    if ring == 1 and uly == 1:
-        strategy = CPStrategy.NONE
-    # MaxText's -1 means "the rest of the devices"; its default for fsdp
-    defaults = {"data": 1, "fsdp": -1, "tensor": 1}
+    # MaxText's -1 means "the rest of the devices" (its default for fsdp); the ring (or plain
+    # Ulysses) degree is ici_context_parallelism, USP's Ulysses degree its own flag
+    defaults = {"data": 1, "fsdp": -1, "tensor": 1, "context": 1}
     open_axes = [a for a in defaults if str(flags.get(f"ici_{a}_parallelism", defaults[a])).strip() == "-1"]
     if len(open_axes) > 1:
-        raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {open_axes}.")
-    sizes = {"data": 1, "fsdp": 1, "context": ring, "context_ulysses": uly, "tensor": 1}
-    for axis in ("data", "fsdp", "tensor"):
-        if axis not in open_axes:
-            sizes[axis] = _int(flags, f"ici_{axis}_parallelism", 1)
+        raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {open_axes}; give the others sizes.")
+    given = {a: 1 if a in open_axes else _int(flags, f"ici_{a}_parallelism", 1) for a in defaults}
+    usp_u = _int(flags, "ici_context_usp_ulysses_parallelism", 1) if strategy is CPStrategy.USP else 1
     if open_axes:
-        sizes[open_axes[0]] = topo.num_devices // math.prod(sizes.values())
+        given[open_axes[0]] = topo.num_devices // (math.prod(given.values()) * usp_u)
+    cp = given.pop("context")
+    ring, uly = (1, cp) if strategy is CPStrategy.ULYSSES else (cp, usp_u)
+    if ring == 1 and uly == 1:
+        strategy = CPStrategy.NONE
+    sizes = {**given, "context": ring, "context_ulysses": uly}
     if math.prod(sizes.values()) != topo.num_devices:
         raise CpplanError(f"the MaxText mesh {sizes} covers {math.prod(sizes.values())} devices; "
                           f"{topo.name} has {topo.num_devices}.")
-    balanced = _bool(flags.get("context_parallel_load_balance", True))
+    balanced = _bool(flags.get("context_parallel_load_balance", True))  # MaxText's default: balanced
+    if balanced and strategy in (CPStrategy.ULYSSES, CPStrategy.USP):
+        raise CpplanError(f"MaxText refuses context_parallel_strategy={strategy.value} with "
+                          "context_parallel_load_balance=True (its default); set it to False.")
     load_balance = LoadBalance.ZIGZAG if balanced and strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) else LoadBalance.NONE
     seq_len = _int(flags, "max_target_length", 2048)
-    per_device = float(flags.get("per_device_batch_size", 12.0))
+    try:
+        per_device = float(flags.get("per_device_batch_size", 12.0))
+    except ValueError:
+        raise CpplanError(f"MaxText flag per_device_batch_size={flags['per_device_batch_size']!r} is not a number.") from None
     global_batch = per_device * topo.num_devices
     if global_batch != int(global_batch) or global_batch < 1:
         raise CpplanError(f"per_device_batch_size={per_device} × {topo.num_devices} devices is not a whole number of sequences.")

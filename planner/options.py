@@ -97,11 +97,15 @@ class SearchOptions:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
         if global_batch_tokens is not None:
             global_batch_tokens = parse_seq_len(global_batch_tokens)
-        if not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
+        if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
             raise CpplanError(f"loss_chunk_tokens={loss_chunk_tokens!r} must be 0 (full logits) or a positive integer.")
-        return cls(global_batch_tokens, _enum_set(CPStrategy, strategies), tuple(sorted(fixed.items())),
-                   _enum_set(RematPolicy, remat), _enum_set(LoadBalance, load_balance), loss_chunk_tokens,
-                   param_dtype, compute_dtype)
+        sets = {"strategies": _enum_set(CPStrategy, strategies), "remat": _enum_set(RematPolicy, remat),
+                "load_balance": _enum_set(LoadBalance, load_balance)}
+        for name, chosen in sets.items():
+            if not chosen:
+                raise CpplanError(f"{name}=[] allows nothing; leave it out to allow every choice.")
+        return cls(global_batch_tokens, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
+                   sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype)
 
     def global_batch(self, seq_len: int) -> int:
         """Sequences per step.

@@ -9,7 +9,7 @@ from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.topology import Segment, Topology, get_topology
-from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
 
@@ -53,6 +53,16 @@ class Plan:
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
+        for name in ("seq_len", "global_batch", "block_q", "block_kv"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CpplanError(f"plan {name}={value!r} must be a positive integer.")
+        if isinstance(self.loss_chunk_tokens, bool) or not isinstance(self.loss_chunk_tokens, int) \
+                or self.loss_chunk_tokens < 0:
+            raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
+        for name in ("param_dtype", "compute_dtype"):
+            if getattr(self, name) not in DTYPE_BYTES:
+                raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
         names = tuple(a for a, _ in self.mesh)
         if names != AXES:
             raise CpplanError(f"plan mesh axes {names} must be exactly {AXES}, in that order.")

@@ -162,7 +162,11 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
             for lb in as_list(options.load_balance):
                 zig = lb is LoadBalance.ZIGZAG
                 if zig and strategy in (CPStrategy.NONE, CPStrategy.ULYSSES):
-                    continue  # balancing has nothing to balance: not a distinct candidate
+                    if LoadBalance.NONE in options.load_balance:
+                        continue  # the unbalanced candidate is the same plan
+                    rejections.append(Rejection(mesh, strategy, lb, None, "load balance",
+                                                f"only zigzag was allowed; {strategy.value} has nothing to balance"))
+                    continue
                 if batch % batch_shards:
                     rejections.append(Rejection(mesh, strategy, lb, None, "batch",
                                                 f"global_batch={batch} sequences not divisible by data×fsdp={batch_shards}"))

@@ -14,6 +14,9 @@ def suggestions(result: SearchResult) -> list[str]:
     """Concrete changes that make some plan fit, each checked by searching again."""
     out: list[str] = []
     opts, model, topo = result.options, result.model, result.topology
+    if result.rejections and all(r.category in ("sequence split", "batch", "mesh") for r in result.rejections):
+        return [f"a sequence length that splits into blocks of 128 tokens over the context ranks "
+                f"(a multiple of 128 × the context degree, twice that for zigzag); {result.seq_len} does not"]
     if RematPolicy.FULL not in opts.remat:
         trial = search(model, result.seq_len, topo, _with(opts, remat=frozenset(RematPolicy)))
         if trial.ranked:

@@ -63,12 +63,21 @@ def test_memory_components_by_hand():
     assert e.hbm_bytes["grads"] == p * 4 / 8
     assert e.hbm_bytes["optimizer"] == 2 * p * 4 / 8
     tokens = 131072 / 8
-    # full remat keeps each layer's input (4096 bf16 values per token), plus one layer's working set
+    # full remat keeps each layer's input (4096 bf16 values per token)
+    assert e.hbm_bytes["activations"] == 32 * tokens * 4096 * 2
+    # one layer's working set: its activations with nothing recomputed away, and their gradients
     working_values = 4096 + 6144 + 4096 + 2 * 14336 + 4096 + 4096
-    assert e.hbm_bytes["activations"] == 32 * tokens * 4096 * 2 + 2 * tokens * working_values * 2
+    assert e.hbm_bytes["layer_working_set"] == 2 * tokens * working_values * 2
     assert e.hbm_bytes["logits"] == 8192 * 128256 * 4 * 2  # one chunk of fp32 logits and their gradient
+    assert e.hbm_bytes["head_buffers"] == 128256 * 4096 * (2 + 4)  # bf16 gathered head, fp32 gradient
     full_logits = estimate(_plan(loss_chunk_tokens=0))
     assert full_logits.hbm_bytes["logits"] == tokens * 128256 * 4 * 2
+    # the peak: static state plus the larger phase, never both phases at once
+    b = e.hbm_bytes
+    static = b["params"] + b["grads"] + b["optimizer"] + b["activations"]
+    layer = b["layer_working_set"] + b["attention_buffers"] + b["collective_buffers"]
+    loss = b["logits"] + b["head_buffers"]
+    assert e.hbm_bytes_per_device == static + max(layer, loss)
 
 
 def test_ring_holds_blocks_all_gather_holds_full_length():
@@ -77,7 +86,7 @@ def test_ring_holds_blocks_all_gather_holds_full_length():
     block = 131072 / 8
     kv_block = 2 * block * 8 * 128 * 2  # K and V of one ring block, bf16
     full_kv = 2 * 131072 * 8 * 128 * 2
-    assert gather.hbm_bytes["attention_buffers"] > full_kv * 3  # K, V and fp32 dK, dV at full length
+    assert gather.hbm_bytes["attention_buffers"] == 2 * full_kv + block * 32 * 4  # K, V, dK, dV; fp32 lse
     # ring: the block in hand and the one arriving, each with fp32 dK/dV, plus fp32 out and dq accumulators
     q_block = block * 32 * 128
     assert ring.hbm_bytes["attention_buffers"] == pytest.approx(2 * kv_block * 3 + q_block * 4 * 2 + block * 32 * 4)

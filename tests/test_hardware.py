@@ -80,16 +80,18 @@ def test_all_gather_with_and_without_wraparound():
 
 def test_all_to_all_is_a_quarter_of_all_gather():
     links = get_topology("v5p:4x4x4").links((Segment(0, 4, 1),))
-    # 1e8 bytes per device before and after: 4e8 bytes in all · 3/4 / (4 · 1.8e11) + 2 µs
+    # 1e8 bytes per device before and after: A·n/(4W) = 1e8 · 4 / (4 · 1.8e11) + 2 µs
     t = collectives.all_to_all(1e8, 4, links.collective_bw_bytes_per_s, links.collective_latency_s)
-    assert t == pytest.approx(1e8 * 3 / (4 * 1.8e11) + 2e-6, rel=1e-12)
+    assert t == pytest.approx(1e8 * 4 / (4 * 1.8e11) + 2e-6, rel=1e-12)
     # without wraparound (v5e 4x4): one direction at 4.5e10 B/s, 3 hops of latency
     line = get_topology("v5e:4x4").links((Segment(1, 4, 1),))
     t = collectives.all_to_all(1e8, 4, line.collective_bw_bytes_per_s, line.collective_latency_s)
-    assert t == pytest.approx(1e8 * 3 / (4 * 4.5e10) + 3e-6, rel=1e-12)
-    # the same array over twice the devices: each holds half, the time barely moves
-    t8 = collectives.all_to_all(0.5e8, 8, 1.8e11, 0.0)
-    assert t8 == pytest.approx(0.5e8 * 7 / (4 * 1.8e11)) and 0.5 < t8 / (1e8 * 3 / (4 * 1.8e11)) < 1.2
+    assert t == pytest.approx(1e8 * 4 / (4 * 4.5e10) + 3e-6, rel=1e-12)
+    # two devices: each pushes half its array through the one link between them
+    pair = get_topology("v5p:2x2x1").links((Segment(0, 2, 1),))
+    assert collectives.all_to_all(1e8, 2, pair.collective_bw_bytes_per_s, 0.0) == pytest.approx(0.5e8 / 9e10)
+    # the same whole array over twice the devices: each holds half, the time does not move
+    assert collectives.all_to_all(0.5e8, 8, 1.8e11, 0.0) == pytest.approx(1e8 * 4 / (4 * 1.8e11))
 
 
 def test_ring_step_on_a_line_pays_the_closing_hop():
@@ -100,6 +102,17 @@ def test_ring_step_on_a_line_pays_the_closing_hop():
     long_line = get_topology("v5e:8x8").links((Segment(1, 8, 1),))
     assert long_line.ring_latency_s == pytest.approx(7e-6)
     assert collectives.ppermute(9e8, wrapped.ring_bw_bytes_per_s, wrapped.ring_latency_s) == pytest.approx(0.01 + 1e-6)
+
+
+def test_devices_of_a_chip_share_its_links_and_contiguous_segments_merge():
+    tpu7x = get_topology("tpu7x:4x4x4")
+    alone = tpu7x.links((Segment(2, 4, 1),))  # an axis on z only: the two cores of a chip share z's links
+    spanning = tpu7x.links((Segment(3, 2, 1), Segment(2, 4, 1)))  # core and z together
+    assert alone.collective_bw_bytes_per_s == pytest.approx(2 * 1e11 / 2)
+    assert spanning.collective_bw_bytes_per_s == pytest.approx(2 * 1e11 + 6e11)
+    v5p = get_topology("v5p:4x4x8")
+    split = v5p.links((Segment(2, 2, 1), Segment(2, 4, 2)))  # z as 2 then 4: the whole wrapped z
+    assert split.collective_bw_bytes_per_s == v5p.links((Segment(2, 8, 1),)).collective_bw_bytes_per_s == 1.8e11
 
 
 def test_axis_segments_walk_from_the_inside():

@@ -44,3 +44,23 @@ def test_maxtext_defaults_and_errors():
         Plan.from_maxtext({"model_name": "tiny", "compile_topology": "v5p-8", "context_parallel_strategy": "rng"})
     with pytest.raises(CpplanError, match="covers 8 devices; v5p:2x2x1 has 4"):
         Plan.from_maxtext({"model_name": "tiny", "compile_topology": "v5p-8", "ici_fsdp_parallelism": 8})
+
+
+def test_export_grows_splash_blocks_where_maxtext_metadata_needs_it():
+    # ANCHORS.md: MaxText's Ulysses 8 at 128K overflows SMEM with blocks of 512 and fits with 1024
+    plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["ulysses"], global_batch_tokens="128k")
+    assert plan.block_q == 512  # cpplan's own runtime shares one small table across heads
+    assert plan.to_maxtext()["sa_block_q"] == 1024
+
+
+def test_maxtext_context_minus_one_and_unbalanced_ulysses():
+    flags = {"model_name": "tiny", "compile_topology": "v5p-8", "max_target_length": 1024, "per_device_batch_size": 1,
+             "ici_fsdp_parallelism": 1, "ici_context_parallelism": -1, "context_parallel_strategy": "ring"}
+    assert Plan.from_maxtext(flags).axis_size("context") == 4
+    flags.update(context_parallel_strategy="ulysses")
+    with pytest.raises(CpplanError, match="set it to False"):
+        Plan.from_maxtext(flags)
+    flags.update(context_parallel_load_balance=False)
+    assert Plan.from_maxtext(flags).axis_size("context_ulysses") == 4
+    with pytest.raises(CpplanError, match="per_device_batch_size='abc' is not a number"):
+        Plan.from_maxtext({**flags, "per_device_batch_size": "abc"})

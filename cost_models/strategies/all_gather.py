@@ -1,7 +1,8 @@
 """All-gather K/V over `context`: every device gets the full-length keys and values.
 
-Forward: one all-gather of K and V per layer; backward: the gather again plus a reduce-scatter
-of dK and dV. Not overlapped with compute. Holds full-length K, V and their gradients.
+Forward: one all-gather of K and V per layer; backward: the gather again (unless a recomputed
+forward just made it) plus a reduce-scatter of dK and dV. Not overlapped with compute. Holds
+full-length K, V and their gradients (in the compute dtype, as splash returns them).
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ class AllGather:
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         kv_full = 2 * x.b_loc * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
         gather = collectives.all_gather(kv_full, x.r, x.ctx_bw, x.ctx_lat)
-        fwd = gather
-        bwd = 2 * gather  # gather again, reduce-scatter dK/dV (same cost)
-        buffers = kv_full + kv_full * 4 / x.act_bytes  # K, V and fp32 dK, dV at full length
-        return CPCost(fwd, bwd, fwd, bwd, buffers)
+        scatter = collectives.reduce_scatter(kv_full, x.r, x.ctx_bw, x.ctx_lat)
+        bwd = gather + scatter
+        return CPCost(gather, bwd, gather, bwd, 2 * kv_full, recompute_reuses_s=gather)

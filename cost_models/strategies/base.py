@@ -51,6 +51,9 @@ class CPCost:
     exposed_forward_s: Any
     exposed_backward_s: Any
     buffer_bytes: Any  # attention buffers held at the peak of one layer
+    # backward traffic a recomputed forward pass makes unnecessary (it re-creates what the
+    # backward would fetch again, e.g. the gathered K/V); never hidden traffic
+    recompute_reuses_s: Any = 0.0
 
 
 class Strategy(Protocol):
@@ -87,9 +90,13 @@ def sequence_check(shape: Shape, splits: int, what: str) -> Violation | None:
 
 
 def heads_check(shape: Shape) -> Violation | None:
-    """Tensor parallelism splits query heads."""
-    if shape.model.num_heads % shape.tensor:
-        return Violation("heads", f"num_heads={shape.model.num_heads} not divisible by tensor={shape.tensor}")
+    """Tensor parallelism splits query heads, and KV heads evenly (or replicates whole ones)."""
+    m, t = shape.model, shape.tensor
+    if m.num_heads % t:
+        return Violation("heads", f"num_heads={m.num_heads} not divisible by tensor={t}")
+    if m.num_kv_heads % t and t % m.num_kv_heads:
+        return Violation("heads", f"num_kv_heads={m.num_kv_heads} and tensor={t}: neither divides the other, "
+                                  "so KV heads cannot be split or replicated evenly")
     return None
 
 

@@ -1,6 +1,7 @@
 """DeepSpeed-Ulysses over `context_ulysses`: all-to-all from sequence shards to head shards.
 
-Four all-to-alls forward (q, k, v in; the output back) and four backward; none overlapped.
+Four all-to-alls forward (q, k, v in; the output back); backward: q, k, v in again (unless a
+recomputed forward just did it), d_out in, dq, dk, dv back. None overlapped.
 With fewer KV heads per tensor shard than the Ulysses degree, KV heads are replicated up to it.
 Each device then runs the kernel over the whole sequence (or ring block, for USP) for its heads.
 """
@@ -33,11 +34,18 @@ def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
 
 
 def all_to_all_cost(x, layout: Layout):
-    """Forward and backward time of the q, k, v and output all-to-alls for one layer."""
-    per_token = (2 * layout.q_heads + 2 * layout.kv_heads) * x.u * x.model.head_dim * x.act_bytes
+    """(forward, backward, backward a recompute makes unnecessary) all-to-all time of one layer."""
     local_tokens = x.b_loc * x.seq_len / (x.r * x.u)
-    one_pass = collectives.all_to_all(local_tokens * per_token / 4, x.u, x.uly_bw, x.uly_lat) * 4
-    return one_pass, one_pass  # backward moves dq, dk, dv, d_out: the same bytes
+
+    def a2a(heads):  # one array of `heads` heads per device after the exchange
+        return collectives.all_to_all(local_tokens * heads * x.u * x.model.head_dim * x.act_bytes,
+                                      x.u, x.uly_bw, x.uly_lat)
+
+    q, kv = a2a(layout.q_heads), a2a(layout.kv_heads)
+    qkv_in = q + 2 * kv
+    forward = qkv_in + q  # q, k, v in; the output back
+    backward = qkv_in + q + q + 2 * kv  # q, k, v in again; d_out in; dq, dk, dv back
+    return forward, backward, qkv_in
 
 
 class Ulysses:
@@ -54,6 +62,7 @@ class Ulysses:
         return ulysses_layout(x, np.ones_like(x.r), np.full_like(x.r, x.seq_len, dtype=float))
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
-        fwd, bwd = all_to_all_cost(x, layout)
+        fwd, bwd, reuse = all_to_all_cost(x, layout)
         full = x.b_loc * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
-        return CPCost(fwd, bwd, fwd, bwd, 2 * full)  # q, k, v, out at full length, and their gradients
+        # q, k, v, out at full length, and their gradients
+        return CPCost(fwd, bwd, fwd, bwd, 2 * full, recompute_reuses_s=reuse)

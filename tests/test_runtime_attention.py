@@ -1,0 +1,130 @@
+"""cpu_mesh tier: every context-parallel strategy against a dense single-device causal reference."""
+import os
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib  # noqa: E402
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info  # noqa: E402
+
+from cost_models.errors import CpplanError  # noqa: E402
+from cost_models.models import ModelSpec  # noqa: E402
+from planner.plan import Plan, make_mesh  # noqa: E402
+from runtime import splash  # noqa: E402
+from runtime.attention import context_attention  # noqa: E402
+from runtime.layout import token_order, zigzag_order  # noqa: E402
+from runtime.mesh import build_mesh  # noqa: E402
+
+pytestmark = pytest.mark.cpu_mesh
+
+HEADS, HEAD_DIM = 8, 16
+CASES = [  # strategy, mesh, seq_len (the shortest each layout allows with 128-token splash blocks)
+    ("all_gather", dict(context=8), 2048),
+    ("ulysses", dict(context_ulysses=8), 1024),
+    ("ring", dict(context=8), 2048),
+    ("usp", dict(context=2, context_ulysses=4), 1024),
+    ("usp", dict(context=4, context_ulysses=2), 1024),
+]
+
+
+def model(kv_heads):
+    return ModelSpec("attn-test", 1, 64, HEADS, kv_heads, HEAD_DIM, 128, 256)
+
+
+def make_plan(strategy, mesh, seq_len, *, kv_heads=HEADS, zigzag=False, batch=1):
+    return Plan(model=model(kv_heads), topology="cpu:8", seq_len=seq_len, global_batch=batch, mesh=make_mesh(**mesh),
+                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none", block_q=128, block_kv=128,
+                param_dtype="float32", compute_dtype="float32")
+
+
+def inputs(seq_len, kv_heads, batch=1):
+    keys = jax.random.split(jax.random.PRNGKey(seq_len + kv_heads), 4)
+    q = jax.random.normal(keys[0], (batch, seq_len, HEADS, HEAD_DIM))
+    k = jax.random.normal(keys[1], (batch, seq_len, kv_heads, HEAD_DIM))
+    v = jax.random.normal(keys[2], (batch, seq_len, kv_heads, HEAD_DIM))
+    d_out = jax.random.normal(keys[3], (batch, seq_len, HEADS, HEAD_DIM))
+    return q, k, v, d_out
+
+
+def reference(q, k, v, d_out):
+    """Dense causal attention on one device: output and (dq, dk, dv)."""
+    out, vjp = jax.vjp(lambda a, b, c: jax.nn.dot_product_attention(a, b, c, is_causal=True), q, k, v)
+    return out, vjp(d_out)
+
+
+@pytest.mark.parametrize("shape", [(512, 512, 128, 128), (512, 512, 128, 256), (512, 512, 256, 128),
+                                   (1024, 1024, 64, 128)])
+def test_causal_metadata_equals_splash_own(shape):
+    """The O(blocks) metadata equals what splash derives by evaluating the mask element by element."""
+    q_len, kv_len, bq, bkv = shape
+    mask = mask_lib.MultiHeadMask([mask_lib.CausalMask((q_len, kv_len))])
+    fwd, _ = mask_info.process_mask(mask, (bq, bkv), shrink_grid=False)
+    dkv, _ = mask_info.process_mask_dkv(mask, (bq, bkv), shrink_grid=False)
+    block_mask, fwd_next, dkv_next = splash._static_causal(q_len, kv_len, bq, bkv)
+    np.testing.assert_array_equal(block_mask, fwd.block_mask)
+    np.testing.assert_array_equal(fwd_next, fwd.data_next)
+    np.testing.assert_array_equal(dkv_next, dkv.data_next)
+    assert fwd_next.dtype == fwd.data_next.dtype
+
+
+def test_zigzag_order_gives_each_rank_chunks_i_and_2n_minus_1_minus_i():
+    order = zigzag_order(16, 4)  # 8 chunks of 2
+    np.testing.assert_array_equal(order.reshape(4, 2, 2)[1], [[2, 3], [12, 13]])
+    np.testing.assert_array_equal(np.sort(order), np.arange(16))
+    np.testing.assert_array_equal(token_order(16, 4, False), np.arange(16))
+
+
+@pytest.mark.parametrize("kv_heads", [HEADS, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("zigzag", [False, True], ids=["plain", "zigzag"])
+@pytest.mark.parametrize("strategy,mesh,seq_len", CASES,
+                         ids=["all_gather8", "ulysses8", "ring8", "usp2x4", "usp4x2"])
+def test_context_attention_matches_dense(strategy, mesh, seq_len, zigzag, kv_heads):
+    plan = make_plan(strategy, mesh, seq_len, kv_heads=kv_heads, zigzag=zigzag)
+    device_mesh = build_mesh(plan)
+    q, k, v, d_out = inputs(seq_len, kv_heads)
+
+    @jax.jit
+    def run(q, k, v, d_out):
+        out, vjp = jax.vjp(lambda a, b, c: context_attention(a, b, c, plan=plan, mesh=device_mesh), q, k, v)
+        return out, vjp(d_out)
+
+    out, grads = run(q, k, v, d_out)
+    ref_out, ref_grads = reference(q, k, v, d_out)
+    assert float(jnp.abs(out - ref_out).max()) <= 1e-4
+    for name, got, want in zip("qkv", grads, ref_grads):
+        assert float(jnp.abs(got - want).max()) <= 1e-4, f"d{name}"
+
+
+def test_ring_with_batch_and_tensor_shards():
+    """Batch over data×fsdp and heads over tensor alongside a ring of 2."""
+    plan = make_plan("ring", dict(data=2, context=2, tensor=2), 512, kv_heads=2, zigzag=True, batch=2)
+    q, k, v, d_out = inputs(512, 2, batch=2)
+    out = jax.jit(lambda a, b, c: context_attention(a, b, c, plan=plan, mesh=build_mesh(plan)))(q, k, v)
+    assert float(jnp.abs(out - reference(q, k, v, d_out)[0]).max()) <= 1e-4
+
+
+@pytest.mark.parametrize("strategy,mesh,seq_len,heads,kv_heads,needle", [
+    ("ulysses", dict(context_ulysses=8), 1024, 4, 4, "num_heads per device=4 is not divisible by context_ulysses=8"),
+    ("ring", dict(context=8), 1000, 8, 8, "seq_len=1000 cannot be split into 16 equal parts"),
+    ("ring", dict(context=8), 1024, 8, 8, "splash needs multiples of 128"),
+    ("ring", dict(context=4, context_ulysses=2), 1024, 8, 8, "context_ulysses=2 must be 1"),
+    ("all_gather", dict(context=2, tensor=4), 1024, 8, 2, "num_kv_heads=2 is not divisible by tensor=4"),
+])
+def test_bad_plans_fail_before_compiling(strategy, mesh, seq_len, heads, kv_heads, needle):
+    spec = ModelSpec("bad", 1, 64, heads, kv_heads, HEAD_DIM, 128, 256)
+    plan = Plan(model=spec, topology="cpu:8", seq_len=seq_len, global_batch=1, mesh=make_mesh(**mesh),
+                cp_strategy=strategy, load_balance="zigzag")
+    q = jnp.zeros((1, seq_len, heads, HEAD_DIM))
+    kv = jnp.zeros((1, seq_len, kv_heads, HEAD_DIM))
+    with pytest.raises(CpplanError, match=needle):
+        context_attention(q, kv, kv, plan=plan, mesh=build_mesh(plan))
+
+
+def test_plan_for_other_topology_than_devices_present():
+    plan = Plan(model=model(HEADS), topology="cpu:4", seq_len=1024, global_batch=1, mesh=make_mesh(context=4),
+                cp_strategy="ring")
+    with pytest.raises(CpplanError, match="cpu:4 \\(4 devices\\) but 8 devices are present"):
+        build_mesh(plan)
+    assert len(jax.devices()) == 8 and os.environ["JAX_PLATFORMS"] == "cpu"
