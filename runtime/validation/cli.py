@@ -41,10 +41,9 @@ def cmd_validate(args) -> int:
         options = {"compute_dtype": args.compute_dtype, "param_dtype": "float32"}
         if args.strategies:
             options["strategies"] = args.strategies.split(",")
-        if args.global_batch_tokens:
-            options["global_batch_tokens"] = args.global_batch_tokens
-        report = validate_step_times(args.model, _seq_lens(args.seq_lens), args.topology, max_plans=args.max_plans,
-                                     top=args.top, steps=args.steps, seed=args.seed, data=args.data, **options)
+        report = validate_step_times(args.model, _seq_lens(args.seq_lens), args.topology, sequences=args.sequences,
+                                     max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
+                                     data=args.data, **options)
     files = report.write(args.out)
     print(json.dumps({k: v for k, v in report.to_dict().items() if k != "plans"}, indent=2, default=str))
     print("wrote " + ", ".join(str(f) for f in files))
@@ -55,7 +54,7 @@ def cmd_validate_memory(args) -> int:
     from runtime.validation.memory import validate_memory
 
     report = validate_memory(args.model, _seq_lens(args.seq_lens), args.topologies.split(","), layers=args.layers,
-                             per_strategy=args.per_strategy, global_batch_tokens=None)
+                             per_strategy=args.per_strategy, sequences=args.sequences)
     files = report.write(args.out)
     print(report.markdown())
     print("wrote " + ", ".join(str(f) for f in files))
@@ -76,7 +75,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-lens", help="comma-separated, e.g. 2k,4k,8k")
     p.add_argument("--topology")
     p.add_argument("--strategies")
-    p.add_argument("--global-batch-tokens")
+    p.add_argument("--sequences", type=int, default=1, help="sequences per step at every length")
     p.add_argument("--compute-dtype", default="float32", help="float32 on a CPU host")
     p.add_argument("--max-plans", type=int, default=16, help="plans per sequence length")
     p.add_argument("--top", type=int, default=3, help="of which the planner's top K")
@@ -94,5 +93,6 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topologies", required=True, help="comma-separated, e.g. v5p:2x2x2,tpu7x:2x2x1")
     p.add_argument("--layers", type=int, default=2, help="decoder layers compiled")
     p.add_argument("--per-strategy", type=int, default=1)
+    p.add_argument("--sequences", type=int, default=1, help="sequences per step")
     p.add_argument("--out", default="validation")
     p.set_defaults(func=cmd_validate_memory)

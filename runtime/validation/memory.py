@@ -14,16 +14,17 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import estimate
 from cost_models.models import get_model
 from planner.api import run_search
+from planner.options import parse_seq_len
 from runtime.validation.report import MemoryReport, MemoryResult
 
 
 def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, layers: int = 2,
-                    per_strategy: int = 1, **options) -> MemoryReport:
+                    per_strategy: int = 1, sequences: int = 1, **options) -> MemoryReport:
     """Compiles the best plan of each strategy per (topology, length) and compares memory.
 
     Args:
         model: a model; its layer count is reduced to `layers`.
-        seq_lens / topologies: the cases.
+        seq_lens / topologies: the cases, with `sequences` sequences per step.
         layers: decoder layers compiled (and predicted).
         per_strategy: how many plans of each strategy, best first.
     Returns:
@@ -36,7 +37,8 @@ def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, lay
     report = MemoryReport(f"HBM per device: cpplan vs the XLA TPU compiler ({spec.name}, {layers} layers)")
     for topology in topologies:
         for seq_len in seq_lens:
-            result = run_search(reduced, seq_len, topology, **options)
+            result = run_search(reduced, seq_len, topology, global_batch_tokens=parse_seq_len(seq_len) * sequences,
+                                **options)
             picked = []
             for strategy in {r.plan.cp_strategy for r in result.ranked}:
                 picked += [r for r in result.ranked if r.plan.cp_strategy is strategy][:per_strategy]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from cost_models.errors import CpplanError
 from planner.api import run_search
+from planner.options import parse_seq_len
 from planner.search import Ranked
 from runtime.validation.measured import MeasuredStep
 from runtime.validation.report import StepResult, StepTimeReport
@@ -38,13 +39,14 @@ def _progress(done: int, total: int, label: str, started: float) -> None:
     sys.stderr.flush()
 
 
-def validate_step_times(model, seq_lens: Sequence, topology: str, *, max_plans: int = 16, top: int = 3,
-                        steps: int = 3, seed: int = 0, data=None, **options) -> StepTimeReport:
+def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: int = 1, max_plans: int = 16,
+                        top: int = 3, steps: int = 3, seed: int = 0, data=None, **options) -> StepTimeReport:
     """Runs a selection of feasible plans per sequence length and compares with their prices.
 
     Args:
-        model, topology, **options: as for `planner.explain`.
+        model, topology, **options: as for `planner.explain` (but global_batch_tokens).
         seq_lens: lengths to validate.
+        sequences: sequences per step at every length.
         max_plans / top / seed: the selection (see `select_plans`).
         steps: steps per run; the measured step time is the median after the first.
         data: text file for the runs (synthetic tokens when None).
@@ -55,7 +57,8 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, max_plans: 
 
     plans = []
     for seq_len in seq_lens:
-        result = run_search(model, seq_len, topology, **options)
+        result = run_search(model, seq_len, topology, global_batch_tokens=parse_seq_len(seq_len) * sequences,
+                            **options)
         if not result.ranked:
             raise CpplanError(f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
                               "see `cpplan explain` for why.")

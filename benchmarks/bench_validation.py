@@ -1,0 +1,53 @@
+"""Issue 4's targets, measured: step time on cpu:8 and HBM against the XLA TPU compiler.
+
+Run: python benchmarks/bench_validation.py [steps|memory|all] [--out benchmarks/results]
+- steps: calibrate this host, then run ≥12 plans spanning all four strategies on cpu:8 and
+  print MAPE, Spearman and regret (targets: ≤10%, ≥0.9, ≤1.10).
+- memory: compile plans deviceless for v5p and tpu7x topologies and print how many are within
+  10% of the compiler and the fit / no-fit agreement (targets: ≥10 plans, 100%).
+Writes report.md / report.json / plots (steps) and memory.md / memory.json under --out.
+"""
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pathlib import Path  # noqa: E402
+
+OUT = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else Path("benchmarks/results")
+WHAT = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "all"
+
+
+def steps() -> None:
+    from runtime.calibrate import calibrate
+    from runtime.validation.steptime import validate_step_times
+
+    chip_dir = OUT / "chips"
+    row = calibrate("cpu:8").write(chip_dir)
+    os.environ["CPPLAN_CHIP_DIR"] = str(chip_dir)
+    print(f"calibrated: {row}")
+    report = validate_step_times("small", [2048, 8192], "cpu:8", sequences=2, max_plans=8, top=2, steps=3,
+                                 compute_dtype="float32")
+    report.write(OUT / "steps")
+    s = report.summary()
+    print(f"step time over {s['plans_measured']} plans ({', '.join(s['strategies'])}): MAPE {s['mape']:.1%} "
+          f"(target ≤ 10%), Spearman {s['spearman']:.3f} (≥ 0.9), regret {s['regret']:.3f} (≤ 1.10)")
+
+
+def memory() -> None:
+    from runtime.validation.memory import validate_memory
+
+    report = validate_memory("llama3.1-8b", [32768, 131072], ["v5p:2x2x2", "tpu7x:2x2x1"], layers=2)
+    report.write(OUT / "memory")
+    s = report.summary()
+    print(report.markdown())
+    print(f"memory: {s['within_10pct']} of {s['compared']} plans within 10% of the compiler (target ≥ 10), "
+          f"fit agreement {s['fit_agreement']:.0%} (target 100%)")
+
+
+if __name__ == "__main__":
+    if WHAT in ("steps", "all"):
+        steps()
+    if WHAT in ("memory", "all"):
+        memory()
