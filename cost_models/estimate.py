@@ -162,7 +162,9 @@ def price(x: Candidates) -> Priced:
         "layer_working_set": 2 * x.tok * minimal,  # one layer's activations and their gradients
         "attention_buffers": None,
         "collective_buffers": 2 * weights_bytes + m.params_per_layer * pb / x.t,  # next layer's gather, grad scatter
-        "logits": loss_tokens * m.vocab / x.t * 4 * 2,  # fp32 logits of a chunk and their gradient
+        # fp32 logits of a chunk (all tokens when unchunked); their gradient is computed in place,
+        # fused with the softmax (ANCHORS.md: MaxText's full logits are tokens × vocab × 4 bytes)
+        "logits": loss_tokens * m.vocab / x.t * 4,
         "head_buffers": head_params * (a + pb) / x.t,  # the gathered output head and its unreduced gradient
     }
 
