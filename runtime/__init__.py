@@ -1,1 +1,24 @@
-"""cpplan's runtime: runs a `planner.Plan` on a JAX mesh with the splash attention kernel."""
+"""cpplan's runtime: runs a `planner.Plan` on a JAX mesh with the splash attention kernel.
+
+The public names load lazily, so that importing `runtime.cli` (as `cpplan explain` does) does
+not import jax.
+"""
+from importlib import import_module
+
+_PUBLIC = {
+    "build_mesh": "runtime.mesh",
+    "context_attention": "runtime.attention",
+    "sharded_attention": "runtime.attention",
+    "run": "runtime.runner",
+    "RunReport": "runtime.runner",
+    "compile_for": "runtime.compile",
+    "CompileReport": "runtime.compile",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

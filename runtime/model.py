@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec as P
 from cost_models.vocabulary import RematPolicy
 from planner.plan import Plan
 from runtime.attention import sharded_attention
-from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
+from cost_models.vocabulary import SEQUENCE_AXES
+from runtime.layout import ACTIVATIONS, HEADS, TOKENS, WEIGHT_AXES
 
 ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
@@ -61,6 +62,26 @@ def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
+    """Embeddings of `[batch, seq]` tokens from a `[vocab, hidden]` table sharded on hidden.
+
+    Each device looks up the tokens of its whole weight-sharding group in its own hidden slice,
+    then one all-to-all hands every device its own tokens with the full hidden vector: the
+    table is never gathered, and its gradient stays a shard.
+    """
+    def local(tab, tok):
+        batch, length = tok.shape
+        tok = jax.lax.all_gather(tok, "fsdp", axis=0, tiled=True)
+        tok = jax.lax.all_gather(tok, SEQUENCE_AXES, axis=1, tiled=True)
+        x = jnp.take(tab, tok, axis=0)  # [batch·fsdp, seq·cp, hidden/group]
+        fsdp, cp = tok.shape[0] // batch, tok.shape[1] // length
+        x = x.reshape(fsdp, batch, cp, length, -1).transpose(0, 2, 1, 3, 4).reshape(fsdp * cp, batch, length, -1)
+        return jax.lax.all_to_all(x, WEIGHT_AXES, split_axis=0, concat_axis=3, tiled=True)[0]
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(None, WEIGHT_AXES), TOKENS), out_specs=ACTIVATIONS)(
+        table, tokens)
 
 
 class DecoderLayer(nn.Module):
@@ -116,11 +137,8 @@ class Llama(nn.Module):
         """
         m, plan = self.plan.model, self.plan
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
-        embed = _param(self, "embed", (m.vocab, m.hidden), ("tensor", WEIGHT_AXES), dtype=pdt)
-        # gather the table (ZeRO-3, like any weight) so the lookup is local to each token shard
-        table = jax.lax.with_sharding_constraint(embed.astype(cdt), NamedSharding(self.mesh, P()))
-        x = jnp.take(table, tokens, axis=0)
-        x = jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, ACTIVATIONS))
+        embed = _param(self, "embed", (m.vocab, m.hidden), (None, WEIGHT_AXES), dtype=pdt)
+        x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
         layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat), prevent_cse=False)
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast,), length=m.num_layers,

@@ -1,0 +1,142 @@
+"""Deviceless TPU compilation: compile a plan's training step for its TPU slice with libtpu.
+
+`get_topology_desc` gives abstract TPU devices; the mesh is built on them, the step is lowered
+on shape-only inputs (nothing is allocated) and compiled by the real XLA TPU compiler, splash as
+a Mosaic kernel. `memory_analysis()` gives per-device argument, output, alias, temp and code
+bytes. A plan that does not fit fails in the compiler with `CompileTimeHbmOom`; that becomes a
+report with `fits=False` and the compiler's own figures.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from cost_models.errors import CpplanError
+from planner.plan import Plan
+
+GIB = 1024 ** 3
+_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cpplan[runtime]'`)"
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What the XLA TPU compiler says about a plan's training step, per device.
+
+    Attributes:
+        plan: the plan compiled.
+        fits: False when the compiler reported that the step does not fit in HBM.
+        compile_s: wall time of lowering plus compiling.
+        argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: from `memory_analysis()`
+            (zero when the step does not fit).
+        required_bytes: HBM the step needs: arguments + outputs − aliased + temporaries + code;
+            when it does not fit, the figure the compiler reported.
+        available_bytes: HBM the compiler says the device has (from the error when it does not
+            fit, else the chip row's figure).
+        message: the compiler's error when it does not fit, else empty.
+    """
+
+    plan: Plan
+    fits: bool
+    compile_s: float
+    required_bytes: int
+    available_bytes: int
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    temp_bytes: int = 0
+    code_bytes: int = 0
+    message: str = ""
+
+    @property
+    def required_gib(self) -> float:
+        return self.required_bytes / GIB
+
+    def __str__(self) -> str:
+        head = f"{self.plan.topology} {self.plan.cp_strategy.value} seq {self.plan.seq_len}"
+        if not self.fits:
+            return (f"{head}: does not fit: needs {self.required_bytes / GIB:.1f} GiB > "
+                    f"{self.available_bytes / GIB:.1f} GiB per device (compiled in {self.compile_s:.0f} s)")
+        return (f"{head}: {self.required_gib:.2f} GiB per device (arguments {self.argument_bytes / GIB:.2f}, "
+                f"temporaries {self.temp_bytes / GIB:.2f}, outputs {self.output_bytes / GIB:.2f}, aliased "
+                f"{self.alias_bytes / GIB:.2f}) of {self.available_bytes / GIB:.1f} GiB; compiled in {self.compile_s:.1f} s")
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * _UNITS[unit.upper()])
+
+
+def parse_hbm_oom(message: str) -> tuple[int, int] | None:
+    """`(required, available)` bytes from a `CompileTimeHbmOom` message, or None if it is not one.
+
+    The compiler writes e.g. ``... requires 189.02G ... exceeds available HBM (95.73G) ...``;
+    this reads the first size after "requires"/"used" and the one in "available ... (X)".
+    """
+    if "CompileTimeHbmOom" not in message and "RESOURCE_EXHAUSTED" not in message:
+        return None
+    size = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?"
+    need = re.search(r"(?:requires|used)\s+" + size, message)
+    have = re.search(r"available[^(]*\(\s*" + size + r"\s*\)", message)
+    if not need or not have:
+        return None
+    return _bytes(*need.groups()), _bytes(*have.groups())
+
+
+def tpu_devices(plan: Plan):
+    """Abstract TPU devices of the plan's slice.
+
+    Raises:
+        CpplanError: the plan is not for a TPU, or libtpu is missing.
+    """
+    topo = plan.topology_spec
+    if topo.chip.kind != "tpu":
+        raise CpplanError(f"compile_for compiles for TPU slices; {plan.topology} is not one. "
+                          f"Use runtime.run for cpu:N plans.")
+    try:
+        import libtpu  # noqa: F401  (the TPU compiler; get_topology_desc needs it)
+    except ImportError:
+        raise CpplanError(f"deviceless TPU compilation needs libtpu, which is not installed; {LIBTPU_HINT}.") from None
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(topology_name=plan.topology, platform="tpu").devices
+    except Exception as err:  # libtpu present but unusable: say so with the cause
+        raise CpplanError(f"libtpu could not describe {plan.topology}: {err}. Check the libtpu install; "
+                          f"{LIBTPU_HINT}.") from None
+
+
+def compile_for(plan: Plan) -> CompileReport:
+    """Compiles the plan's full training step for its TPU topology, deviceless.
+
+    Args:
+        plan: a plan for a TPU topology (e.g. ``v5p:2x2x2``).
+    Returns:
+        A `CompileReport`; `fits=False` (not an exception) when the compiler reports HBM overflow.
+    Raises:
+        CpplanError: the plan cannot run as laid out, the topology is not a TPU, or libtpu is missing.
+    """
+    import jax
+
+    from runtime.mesh import build_mesh
+    from runtime.train import Trainer
+
+    devices = tpu_devices(plan)
+    mesh = build_mesh(plan, devices)
+    trainer = Trainer(plan, mesh)
+    available = plan.topology_spec.hbm_bytes_per_device
+    start = time.perf_counter()
+    try:
+        compiled = trainer.train_step.lower(*trainer.abstract_state()).compile()
+    except jax.errors.JaxRuntimeError as err:
+        parsed = parse_hbm_oom(str(err))
+        if parsed is None:
+            raise
+        need, have = parsed
+        return CompileReport(plan, False, time.perf_counter() - start, need, have, message=str(err).strip())
+    elapsed = time.perf_counter() - start
+    mem = compiled.memory_analysis()
+    arg, out, alias = mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes
+    temp, code = mem.temp_size_in_bytes, mem.generated_code_size_in_bytes
+    return CompileReport(plan, True, elapsed, arg + out - alias + temp + code, available,
+                         argument_bytes=arg, output_bytes=out, alias_bytes=alias, temp_bytes=temp, code_bytes=code)
