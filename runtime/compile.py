@@ -31,7 +31,7 @@ class CompileReport:
         argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: from `memory_analysis()`
             (zero when the step does not fit).
         required_bytes: HBM the step needs: arguments + outputs − aliased + temporaries + code;
-            when it does not fit, the figure the compiler reported.
+            when it does not fit, the figure the compiler reported (its temporaries, or its total).
         available_bytes: HBM the compiler says the device has (from the error when it does not
             fit, else the chip row's figure).
         message: the compiler's error when it does not fit, else empty.
@@ -68,16 +68,17 @@ def _bytes(number: str, unit: str) -> int:
 
 
 def parse_hbm_oom(message: str) -> tuple[int, int] | None:
-    """`(required, available)` bytes from a `CompileTimeHbmOom` message, or None if it is not one.
+    """`(required, available)` bytes from a `CompileTimeHbmOom` error, or None if it is not one.
 
-    The compiler writes e.g. ``... requires 189.02G ... exceeds available HBM (95.73G) ...``;
-    this reads the first size after "requires"/"used" and the one in "available ... (X)".
+    The compiler writes e.g. ``the total memory required for HLO temporaries (186.89G) exceeds
+    available HBM (95.73G)``, or ``requires 189.02G, which exceeds available HBM (95.73G)``.
     """
     if "CompileTimeHbmOom" not in message and "RESOURCE_EXHAUSTED" not in message:
         return None
     size = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?"
-    need = re.search(r"(?:requires|used)\s+" + size, message)
-    have = re.search(r"available[^(]*\(\s*" + size + r"\s*\)", message)
+    need = (re.search(r"required[^(]*\(\s*" + size + r"\s*\)", message)
+            or re.search(r"(?:requires|[Uu]sed)\s+" + size, message))
+    have = re.search(r"available HBM\s*\(\s*" + size + r"\s*\)", message)
     if not need or not have:
         return None
     return _bytes(*need.groups()), _bytes(*have.groups())

@@ -1,0 +1,88 @@
+"""tpu_compile tier: the training step compiled deviceless for TPU slices with libtpu."""
+import sys
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("libtpu")
+
+from cost_models.errors import CpplanError  # noqa: E402
+from cost_models.models import ModelSpec, get_model  # noqa: E402
+from planner.plan import Plan, make_mesh  # noqa: E402
+from runtime.compile import compile_for, parse_hbm_oom, tpu_devices  # noqa: E402
+from runtime.mesh import build_mesh  # noqa: E402
+
+pytestmark = pytest.mark.tpu_compile
+
+MESHES = {"all_gather": dict(context=8), "ulysses": dict(context_ulysses=4, fsdp=2), "ring": dict(context=8),
+          "usp": dict(context=4, context_ulysses=2)}
+
+
+def tiny_plan(topology, strategy, **kwargs):
+    mesh = dict(MESHES[strategy])
+    if topology.startswith("v5p"):  # 4 devices
+        mesh = {k: (v // 2 if k in ("context", "fsdp") else v) for k, v in mesh.items()}
+    options = dict(seq_len=4096, global_batch=2 if "fsdp" in mesh else 1, cp_strategy=strategy,
+                   load_balance="none" if strategy == "ulysses" else "zigzag", block_q=256, block_kv=256,
+                   loss_chunk_tokens=256)
+    options.update(kwargs)
+    return Plan(model=get_model("tiny"), topology=topology, mesh=make_mesh(**mesh), **options)
+
+
+@pytest.mark.parametrize("strategy", list(MESHES))
+@pytest.mark.parametrize("topology", ["v5p:2x2x1", "tpu7x:2x2x1"])
+def test_tiny_model_compiles_for_tpu(topology, strategy):
+    report = compile_for(tiny_plan(topology, strategy))
+    assert report.fits
+    assert report.argument_bytes > 0 and report.temp_bytes > 0
+    assert report.required_bytes == (report.argument_bytes + report.output_bytes - report.alias_bytes
+                                     + report.temp_bytes + report.code_bytes)
+    assert report.available_bytes > 90 * 2**30  # v5p 95.7 GiB, tpu7x 94.7 GiB per device
+    assert "GiB per device" in str(report)
+
+
+def test_far_over_hbm_returns_fits_false_with_the_compilers_figures():
+    wide = ModelSpec("wide", 1, 8192, 64, 8, 128, 28672, 128256)
+    plan = Plan(model=wide, topology="v5p:2x2x1", seq_len=1 << 20, global_batch=1, mesh=make_mesh(context=4),
+                cp_strategy="ring", load_balance="zigzag", block_q=1024, block_kv=1024, loss_chunk_tokens=0)
+    report = compile_for(plan)
+    assert not report.fits
+    assert report.required_bytes > report.available_bytes > 90 * 2**30
+    assert "does not fit" in str(report) and report.message
+
+
+def test_hbm_oom_message_parsing():
+    message = ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+               "Used 189.02G of 95.73G hbm. Exceeded hbm capacity by 93.29G. ... CompileTimeHbmOom: the program "
+               "requires 189.02G, which exceeds available HBM (95.73G)")
+    need, have = parse_hbm_oom(message)
+    assert need == int(189.02 * 2**30) and have == int(95.73 * 2**30)
+    message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required "
+               "for HLO temporaries (186.89G) exceeds available HBM (95.73G). HLO module: jit_fn.")
+    assert parse_hbm_oom(message) == (int(186.89 * 2**30), int(95.73 * 2**30))
+    assert parse_hbm_oom("INVALID_ARGUMENT: something else") is None
+
+
+def test_mesh_follows_the_plans_placement_on_the_torus():
+    """context on z then y (innermost first), tensor on x: devices along 'context' differ in y/z only."""
+    plan = Plan(model=get_model("tiny"), topology="v5p:2x2x2", seq_len=4096, global_batch=1,
+                mesh=make_mesh(context=4, tensor=2), axis_order=("data", "fsdp", "tensor", "context_ulysses",
+                                                                    "context"),
+                physical_order=("x", "y", "z"), cp_strategy="ring")
+    mesh = build_mesh(plan, tpu_devices(plan))
+    coords = np.array([[d.coords for d in row] for row in mesh.devices.reshape(4, 2).T])  # [tensor, context, xyz]
+    assert (coords[:, :, 0] == coords[:, :1, 0]).all()  # x constant along context
+    assert (coords[0, :, 0] != coords[1, :, 0]).all()  # tensor moves along x
+    np.testing.assert_array_equal(coords[0, :, 1:], [[0, 0], [0, 1], [1, 0], [1, 1]])  # z innermost
+    assert plan.axis_dims()["context"] == "z(2)·y(2)"
+
+
+def test_non_tpu_plan_and_missing_libtpu(monkeypatch):
+    cpu_plan = Plan(model=get_model("tiny"), topology="cpu:8", seq_len=4096, global_batch=1,
+                    mesh=make_mesh(context=8), cp_strategy="ring")
+    with pytest.raises(CpplanError, match="not one"):
+        compile_for(cpu_plan)
+    monkeypatch.setitem(sys.modules, "libtpu", None)
+    with pytest.raises(CpplanError, match="pip install libtpu"):
+        compile_for(tiny_plan("v5p:2x2x1", "ring"))
