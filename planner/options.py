@@ -61,7 +61,8 @@ class SearchOptions:
 
     Attributes:
         global_batch_tokens: tokens per step (a whole number of sequences); default
-            max(seq_len, 4M), Llama 3's initial batch.
+            max(seq_len, 4M), Llama 3's initial batch, on accelerators, and one sequence on a
+            CPU host (`cpu:N` is for trying plans, not for training at scale).
         strategies: context-parallel strategies allowed (enum members or MaxText names).
         mesh: axis sizes held fixed, e.g. ``{"context": 16}``; the rest are searched.
         remat: remat policies allowed.
@@ -107,14 +108,14 @@ class SearchOptions:
         return cls(global_batch_tokens, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
                    sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype)
 
-    def global_batch(self, seq_len: int) -> int:
-        """Sequences per step.
+    def global_batch(self, seq_len: int, *, host: bool = False) -> int:
+        """Sequences per step; by default 4M tokens on accelerators, one sequence on a host.
 
         Raises:
             CpplanError: an explicit batch that is not a whole number of sequences.
         """
         if self.global_batch_tokens is None:
-            return max(1, DEFAULT_GLOBAL_BATCH_TOKENS // seq_len)
+            return 1 if host else max(1, DEFAULT_GLOBAL_BATCH_TOKENS // seq_len)
         if self.global_batch_tokens % seq_len:
             raise CpplanError(f"global_batch_tokens={self.global_batch_tokens} is not a whole number of "
                               f"{seq_len}-token sequences; use a multiple of {seq_len}.")

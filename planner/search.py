@@ -143,7 +143,7 @@ def _strategies_for(r: int, u: int) -> tuple[CPStrategy, ...]:
 
 def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
     """Prices every candidate and ranks the feasible ones (see the module docstring)."""
-    batch = options.global_batch(seq_len)
+    batch = options.global_batch(seq_len, host=topo.chip.kind == "cpu")
     fixed = options.axes_fixed()
     meshes = ordered_factorizations(topo.num_devices, len(AXES),
                                     {AXES.index(a): s for a, s in fixed.items()})
