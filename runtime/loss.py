@@ -1,11 +1,18 @@
-"""Next-token cross-entropy, chunked so the full logits never exist at once.
+"""Next-token cross-entropy, fused and chunked so neither the logits nor the gathered output
+head ever exist whole.
 
-Runs under `shard_map`: each device gathers the output head over the weight-sharding axes,
-keeps its vocabulary slice ('tensor'), and walks its local tokens in chunks of
-`plan.loss_chunk_tokens` (0: one chunk). Each chunk's logits are recomputed in the backward
-pass (`jax.checkpoint`), so peak memory is one chunk's logits, not tokens × vocabulary × 4 bytes.
+Runs under `shard_map`. Each device owns a `[hidden/g, vocab/t]` shard of the head (ZeRO-3
+over the weight-sharding axes, vocabulary over 'tensor'). The head is gathered one vocabulary
+piece at a time (at most `VOCAB_PIECE` columns); for each piece the device's tokens are walked in
+chunks of `plan.loss_chunk_tokens` (0: one chunk), keeping a running max, sum of exponentials and
+target logit per token. Log-sum-exps are combined across 'tensor'. The backward (a custom VJP)
+walks the pieces again: softmax minus one-hot, dh accumulated, the piece's gradient
+reduce-scattered straight back to the shard. Peak memory: one piece of the head, its gradient,
+one chunk's logits — not tokens × vocabulary × 4 bytes, nor the whole head.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +24,8 @@ from cost_models.vocabulary import AXES
 from planner.plan import Plan
 from runtime.layout import ACTIVATIONS, TOKENS, WEIGHT_AXES
 
+VOCAB_PIECE = 16384  # head columns gathered at once (Llama 3's 128256 → 8 pieces of 16032)
+
 
 def loss_chunk(plan: Plan) -> int:
     """Tokens per cross-entropy chunk on one device.
@@ -25,25 +34,106 @@ def loss_chunk(plan: Plan) -> int:
         CpplanError: the chunk does not divide the device's tokens.
     """
     local = plan.global_batch * plan.seq_len // (plan.axis_size("data") * plan.axis_size("fsdp") * plan.cp_degree)
-    chunk = plan.loss_chunk_tokens or local
-    chunk = min(chunk, local)
+    chunk = min(plan.loss_chunk_tokens or local, local)
     if local % chunk:
         raise CpplanError(f"loss_chunk_tokens={plan.loss_chunk_tokens} does not divide the {local} tokens each device "
                           f"holds; use a divisor of {local}.")
     return chunk
 
 
-def _chunk_loss(hidden, targets, head):
-    """Summed cross-entropy of one chunk: hidden `[c, d]`, targets `[c]`, head slice `[d, V/t]`."""
-    logits = jnp.dot(hidden, head, preferred_element_type=jnp.float32)
-    top = jax.lax.pmax(jax.lax.stop_gradient(logits.max(axis=-1)), "tensor")
-    lse = jnp.log(jax.lax.psum(jnp.exp(logits - top[:, None]).sum(axis=-1), "tensor")) + top
-    vocab_slice = logits.shape[-1]
-    local = targets - jax.lax.axis_index("tensor") * vocab_slice
-    inside = (local >= 0) & (local < vocab_slice)
-    picked = jnp.take_along_axis(logits, jnp.clip(local, 0, vocab_slice - 1)[:, None], axis=-1)[:, 0]
-    target_logit = jax.lax.psum(jnp.where(inside, picked, 0.0), "tensor")
-    return jnp.sum(lse - target_logit)
+def vocab_pieces(vocab_slice: int) -> int:
+    """The fewest equal pieces of at most `VOCAB_PIECE` columns a device's vocabulary splits into."""
+    return next(n for n in range(1, vocab_slice + 1) if vocab_slice % n == 0 and vocab_slice // n <= VOCAB_PIECE)
+
+
+def _piece(w, j, size):
+    """Head columns `[j·size, (j+1)·size)` of the local vocabulary slice, gathered to full hidden."""
+    return jax.lax.all_gather(jax.lax.dynamic_slice_in_dim(w, j * size, size, axis=1), WEIGHT_AXES, axis=0,
+                              tiled=True)
+
+
+def _targets_in_piece(targets, j, size, vocab_slice):
+    """Target index inside piece j (clipped) and whether the target falls in it."""
+    local = targets - (jax.lax.axis_index("tensor") * vocab_slice + j * size)
+    return jnp.clip(local, 0, size - 1), (local >= 0) & (local < size)
+
+
+TOKEN_AXES = tuple(a for a in AXES if a != "tensor")
+
+
+def _vary(x, axes):
+    """Marks a fresh array as varying over `axes` too (scan carries must keep their type under shard_map)."""
+    return jax.lax.pcast(x, axes, to="varying")
+
+
+def _statistics(h, w, t, pieces):
+    """Per-token log-sum-exp over the whole vocabulary and target logit; h `[n, c, d]`, t `[n, c]`."""
+    vocab_slice = w.shape[1]
+    size = vocab_slice // pieces
+
+    def piece_step(carry, j):
+        wj = _piece(w, j, size)
+
+        def chunk_step(_, xs):
+            hi, ti, top, total, target = xs
+            logits = jnp.dot(hi, wj, preferred_element_type=jnp.float32)
+            new_top = jnp.maximum(top, logits.max(axis=-1))
+            total = total * jnp.exp(top - new_top) + jnp.exp(logits - new_top[:, None]).sum(axis=-1)
+            index, inside = _targets_in_piece(ti, j, size, vocab_slice)
+            picked = jnp.take_along_axis(logits, index[:, None], axis=-1)[:, 0]
+            return None, (new_top, total, target + jnp.where(inside, picked, 0.0))
+
+        _, carry = jax.lax.scan(chunk_step, None, (h, t, *carry))
+        return carry, None
+
+    # t varies over the token axes; the statistics also vary over 'tensor' (the vocabulary slice)
+    init = tuple(_vary(jnp.full_like(t, v, jnp.float32), ("tensor",)) for v in (-jnp.inf, 0.0, 0.0))
+    (top, total, target), _ = jax.lax.scan(piece_step, init, jnp.arange(pieces))
+    global_top = jax.lax.pmax(top, "tensor")
+    lse = jnp.log(jax.lax.psum(total * jnp.exp(top - global_top), "tensor")) + global_top
+    return lse, jax.lax.psum(target, "tensor")
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fused_loss(h, w, t, pieces):
+    lse, target = _statistics(h, w, t, pieces)
+    return jnp.sum(lse - target)
+
+
+def _fused_fwd(h, w, t, pieces):
+    lse, target = _statistics(h, w, t, pieces)
+    return jnp.sum(lse - target), (h, w, t, lse)
+
+
+def _fused_bwd(pieces, residuals, g):
+    h, w, t, lse = residuals
+    vocab_slice = w.shape[1]
+    size = vocab_slice // pieces
+
+    def piece_step(dh, j):
+        wj = _piece(w, j, size)
+
+        def chunk_step(dwj, xs):
+            hi, ti, lse_i = xs
+            p = jnp.exp(jnp.dot(hi, wj, preferred_element_type=jnp.float32) - lse_i[:, None])
+            index, inside = _targets_in_piece(ti, j, size, vocab_slice)
+            onehot = (jnp.arange(size)[None, :] == index[:, None]) & inside[:, None]
+            dz = (g * (p - onehot)).astype(hi.dtype)
+            dwj = dwj + jnp.dot(hi.T, dz, preferred_element_type=jnp.float32)
+            return dwj, jnp.dot(dz, wj.T, preferred_element_type=jnp.float32).astype(hi.dtype)
+
+        dwj, dh_piece = jax.lax.scan(chunk_step, _vary(jnp.zeros(wj.shape, jnp.float32), AXES), (h, t, lse))
+        # back to this device's shard, summed over the data-parallel replicas that share it
+        shard = jax.lax.psum(jax.lax.psum_scatter(dwj, WEIGHT_AXES, scatter_dimension=0, tiled=True), "data")
+        return dh + dh_piece, shard.astype(w.dtype)
+
+    dh, dw = jax.lax.scan(piece_step, _vary(jnp.zeros_like(h), ("tensor",)), jnp.arange(pieces))
+    dw = dw.transpose(1, 0, 2).reshape(w.shape)
+    # every vocabulary slice ('tensor') contributed to dh; h is the same on all of them
+    return jax.lax.psum(dh, "tensor"), dw, None
+
+
+_fused_loss.defvjp(_fused_fwd, _fused_bwd)
 
 
 def cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
@@ -51,7 +141,7 @@ def cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array, *, pla
 
     Args:
         hidden: `[batch, seq, hidden]` final hidden states.
-        head: `[hidden, vocab]` output projection.
+        head: `[hidden, vocab]` output projection (compute dtype).
         targets: `[batch, seq]` int32 next tokens (same token order as hidden).
         plan: gives the chunk size and shardings.
         mesh: the plan's mesh.
@@ -59,17 +149,12 @@ def cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array, *, pla
         A replicated fp32 scalar.
     """
     chunk = loss_chunk(plan)
+    pieces = vocab_pieces(plan.model.vocab // plan.axis_size("tensor"))
 
     def local_loss(h, w, t):
-        w = jax.lax.all_gather(w, WEIGHT_AXES, axis=0, tiled=True)
-        h = h.reshape(-1, h.shape[-1])
-        t = t.reshape(-1)
-        n = h.shape[0] // chunk
-        body = jax.checkpoint(_chunk_loss)
-        sums = jax.lax.map(lambda xs: body(xs[0], xs[1], w), (h.reshape(n, chunk, -1), t.reshape(n, chunk)))
-        total = sums.sum()
-        # the chunk sums are already identical across 'tensor'; add up the token shards
-        return jax.lax.psum(total, tuple(a for a in AXES if a != "tensor"))
+        h = h.reshape(-1, chunk, h.shape[-1])
+        total = _fused_loss(h, w, t.reshape(-1, chunk), pieces)
+        return jax.lax.psum(total, TOKEN_AXES)
 
     total = jax.shard_map(local_loss, mesh=mesh, in_specs=(ACTIVATIONS, P(WEIGHT_AXES, "tensor"), TOKENS),
                           out_specs=P())(hidden, head, targets)

@@ -25,6 +25,7 @@ from runtime.layout import ACTIVATIONS, HEADS, TOKENS, WEIGHT_AXES
 ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
+MLP_CHUNK_TOKENS = 4096  # tokens per device per MLP chunk (see `swiglu`)
 
 # What each remat policy keeps (MaxText's names); everything else is recomputed.
 SAVED_NAMES = {
@@ -84,6 +85,53 @@ def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
         table, tokens)
 
 
+def mlp_chunk(plan: Plan) -> int:
+    """Tokens per MLP chunk on one device: `MLP_CHUNK_TOKENS`, or the device's tokens if fewer."""
+    local = plan.global_batch * plan.seq_len // (plan.axis_size("data") * plan.axis_size("fsdp") * plan.cp_degree)
+    chunk = min(MLP_CHUNK_TOKENS, local)
+    while local % chunk:
+        chunk //= 2
+    return chunk
+
+
+def swiglu(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *, plan: Plan,
+           mesh: Mesh) -> jax.Array:
+    """The SwiGLU MLP, tensor-parallel over 'tensor', in chunks of the device's tokens.
+
+    Each chunk is its own checkpoint under the plan's remat policy, so when the policy keeps no
+    MLP output (full, save_dot_except_mlp) the backward holds one chunk's intermediates, not the
+    whole sequence's; under minimal_with_context the named outputs are kept as the policy says.
+
+    Args:
+        y: `[batch, seq, hidden]` normed input.
+        w_gate: `[hidden, intermediate]`.
+        w_up: `[hidden, intermediate]`.
+        w_down: `[intermediate, hidden]`.
+        plan: the plan (remat policy, shardings).
+        mesh: the plan's mesh.
+    Returns:
+        `[batch, seq, hidden]`.
+    """
+    chunk = mlp_chunk(plan)
+    policy = remat_policy(plan.remat)
+
+    def local(y, wg, wu, wd):
+        wg, wu = (jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in (wg, wu))
+        wd = jax.lax.all_gather(wd, WEIGHT_AXES, axis=1, tiled=True)
+
+        def body(x):
+            gate = checkpoint_name(x @ wg, "mlpwi_0")
+            up = checkpoint_name(x @ wu, "mlpwi_1")
+            return checkpoint_name((nn.silu(gate) * up) @ wd, "mlpwo")
+
+        out = jax.lax.map(jax.checkpoint(body, policy=policy), y.reshape(-1, chunk, y.shape[-1]))
+        return jax.lax.psum(out.reshape(y.shape), "tensor")  # partial sums over the intermediate slices
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(ACTIVATIONS, P(WEIGHT_AXES, "tensor"), P(WEIGHT_AXES, "tensor"),
+                                                     P("tensor", WEIGHT_AXES)), out_specs=ACTIVATIONS)(
+        y, w_gate, w_up, w_down)
+
+
 class DecoderLayer(nn.Module):
     """One pre-norm decoder layer; returns `(x, None)` for `nn.scan`."""
 
@@ -115,9 +163,8 @@ class DecoderLayer(nn.Module):
         x = self.constrain(x + out, ACTIVATIONS)
 
         y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
-        gate = checkpoint_name(y @ w("w_gate", (d, f), (WEIGHT_AXES, "tensor")), "mlpwi_0")
-        up = checkpoint_name(y @ w("w_up", (d, f), (WEIGHT_AXES, "tensor")), "mlpwi_1")
-        down = checkpoint_name((nn.silu(gate) * up) @ w("w_down", (f, d), ("tensor", WEIGHT_AXES)), "mlpwo")
+        down = swiglu(y, w("w_gate", (d, f), (WEIGHT_AXES, "tensor")), w("w_up", (d, f), (WEIGHT_AXES, "tensor")),
+                      w("w_down", (f, d), ("tensor", WEIGHT_AXES)), plan=plan, mesh=self.mesh)
         return self.constrain(x + down, ACTIVATIONS), None
 
 

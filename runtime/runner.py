@@ -89,7 +89,8 @@ def peak_flops(plan: Plan) -> float:
     return topo.peak_flops_per_device * topo.num_devices
 
 
-def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed: int = 0) -> RunReport:
+def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed: int = 0,
+        devices=None) -> RunReport:
     """Runs `steps` training steps of a plan on the devices present.
 
     Args:
@@ -97,6 +98,8 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
         steps: number of steps (at least 1; the median skips the first).
         data: a text file read as byte tokens, or None for synthetic tokens.
         seed: parameter and data seed.
+        devices: the devices to run on (default: all of jax's devices), e.g. one device for a
+            `cpu:1` reference run on a host with 8 virtual devices.
     Returns:
         A `RunReport`.
     Raises:
@@ -110,7 +113,7 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
 
     if steps < 1:
         raise CpplanError(f"steps={steps}: run at least 1 step.")
-    mesh = build_mesh(plan)
+    mesh = build_mesh(plan, devices)
     trainer = Trainer(plan, mesh)
     shape = dict(batch=plan.global_batch, seq_len=plan.seq_len, seed=seed)
     if data is None:
