@@ -40,14 +40,18 @@ def single_device_step():
     return one_step(make_plan("cpu:1", {}, "none", zigzag=False), jax.devices()[:1])
 
 
-@pytest.mark.parametrize("strategy,mesh,zigzag,remat,chunk", [
-    ("ring", dict(context=8), True, "full", 256),
-    ("all_gather", dict(context=4, fsdp=2), True, "save_dot_except_mlp", 0),
-    ("ulysses", dict(context_ulysses=4, tensor=2), False, "minimal_with_context", 128),
-    ("usp", dict(context=2, context_ulysses=2, data=2), True, "full", 0),
-    ("usp", dict(context=4, context_ulysses=2), False, "full", 512),
+@pytest.mark.parametrize("strategy,mesh,zigzag,remat,chunk,small_pieces", [
+    ("ring", dict(context=8), True, "full", 256, True),
+    ("all_gather", dict(context=4, fsdp=2), True, "save_dot_except_mlp", 0, False),
+    ("ulysses", dict(context_ulysses=4, tensor=2), False, "minimal_with_context", 128, True),
+    ("usp", dict(context=2, context_ulysses=2, data=2), True, "full", 0, False),
+    ("usp", dict(context=4, context_ulysses=2), False, "full", 512, False),
 ], ids=["ring8-zigzag", "allgather4-fsdp2", "ulysses4-tensor2", "usp2x2-data2", "usp4x2"])
-def test_step_equals_one_device_step(single_device_step, strategy, mesh, zigzag, remat, chunk):
+def test_step_equals_one_device_step(single_device_step, monkeypatch, strategy, mesh, zigzag, remat, chunk,
+                                     small_pieces):
+    if small_pieces:  # several MLP chunks and head pieces per device, not one of each
+        monkeypatch.setattr("runtime.model.MLP_CHUNK_TOKENS", 128)
+        monkeypatch.setattr("runtime.loss.VOCAB_PIECE", 64)
     want_loss, want_grads, want_params = single_device_step
     loss, grads, params = one_step(make_plan("cpu:8", mesh, strategy, zigzag=zigzag, remat=remat, chunk=chunk),
                                    jax.devices())
