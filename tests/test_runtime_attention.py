@@ -128,3 +128,12 @@ def test_plan_for_other_topology_than_devices_present():
     with pytest.raises(CpplanError, match="cpu:4 \\(4 devices\\) but 8 devices are present"):
         build_mesh(plan)
     assert len(jax.devices()) == 8 and os.environ["JAX_PLATFORMS"] == "cpu"
+
+
+def test_block_sizes_are_checked_against_scalar_memory():
+    """Splash keeps two tables per kernel in SMEM: a 1M-token causal call with 512 blocks needs 12 MiB."""
+    v5p = splash.KernelConfig(512, 512, interpret=False, smem_bytes=1 << 20)
+    assert splash.smem_bytes_needed(1 << 20, 1 << 20, 512, 512) == 2048 * 2048 * 3
+    with pytest.raises(CpplanError, match="needs 12582912 bytes of scalar memory, more than the chip's 1048576"):
+        splash.causal_kernel(1 << 20, 1 << 20, v5p)
+    splash.check_smem(1 << 17, 1 << 17, splash.KernelConfig(1024, 1024, interpret=False, smem_bytes=1 << 20))

@@ -19,7 +19,7 @@ from planner.plan import Plan
 from runtime.attention import all_gather, ring, single, ulysses, usp
 from runtime.attention.base import AttentionLayout
 from runtime.layout import HEADS, token_order
-from runtime.splash import KernelConfig
+from runtime.splash import LANES, KernelConfig
 
 STRATEGIES = {
     CPStrategy.NONE: single,
@@ -62,23 +62,24 @@ def check_attention(plan: Plan) -> None:
             raise CpplanError(f"model {m.name}: {name}={heads} is not divisible by tensor={tensor}; "
                               f"choose a tensor degree that divides it.")
     layout = attention_layout(plan, interpret=True)
-    module = STRATEGIES[plan.cp_strategy]
-    if module in (ulysses, usp):
-        reason = module.supports(layout, heads=m.num_heads // tensor, kv_heads=m.num_kv_heads // tensor)
-    else:
-        reason = module.supports(layout)
+    reason = STRATEGIES[plan.cp_strategy].supports(layout, heads=m.num_heads // tensor,
+                                                   kv_heads=m.num_kv_heads // tensor)
     if reason:
         raise CpplanError(reason)
-    if plan.cp_strategy is CPStrategy.NONE:
-        return
-    if plan.cp_strategy in (CPStrategy.RING, CPStrategy.USP) and layout.zigzag:
-        local = layout.ring_block // 2
-    else:
-        local = plan.seq_len // plan.cp_degree
-    if local % 128 and ring_n > 1:
-        raise CpplanError(f"seq_len={plan.seq_len} gives local attention blocks of {local} tokens under "
-                          f"{plan.cp_strategy.value}; splash needs multiples of 128: use a seq_len that is a "
-                          f"multiple of {128 * split}.")
+    shortest = shortest_key_block(plan)
+    if shortest % LANES:
+        raise CpplanError(f"seq_len={plan.seq_len} gives {plan.cp_strategy.value} key blocks of {shortest} tokens; "
+                          f"splash needs multiples of {LANES}: use a seq_len that is a multiple of "
+                          f"{LANES * plan.seq_len // math.gcd(plan.seq_len, shortest)}.")
+
+
+def shortest_key_block(plan: Plan) -> int:
+    """The shortest key sequence any splash call of the plan sees."""
+    ring_block = plan.seq_len // plan.axis_size("context")
+    if plan.cp_strategy in (CPStrategy.RING, CPStrategy.USP):
+        return ring_block // 2 if plan.load_balance is LoadBalance.ZIGZAG and plan.axis_size("context") > 1 \
+            else ring_block
+    return plan.seq_len
 
 
 def is_interpret(mesh: Mesh) -> bool:

@@ -7,6 +7,8 @@ row is selected at run time. Autodiff turns the all-gather into a reduce-scatter
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +18,11 @@ from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 from runtime.layout import natural_chunk_slots, token_order
 
 
-def supports(layout: AttentionLayout) -> str | None:
-    """None if this strategy can run the layout, else the reason."""
+def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
+    """None if this strategy can run the layout with these per-device head counts, else the reason.
+
+    (Every strategy takes the same arguments; this one needs only some of them.)
+    """
     if layout.ulysses > 1:
         return (f"all_gather splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
                 f"(use usp to combine all-to-all with a ring).")
@@ -33,8 +38,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout)
         slots = jnp.asarray(natural_chunk_slots(n))
         k_all, v_all = (jnp.take(x.reshape(x.shape[0], 2 * n, seq // (2 * n), *x.shape[2:]), slots, axis=1)
                         .reshape(x.shape) for x in (k_all, v_all))
+    config = layout.kernel
+    if layout.zigzag and n > 1:  # a query block must not straddle the rank's two chunks
+        config = dataclasses.replace(config, block_q=min(config.block_q, seq // (2 * n)))
     positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
     rank = jax.lax.axis_index("context")
-    kernel = splash.causal_kernel_per_rank(positions, seq, rank, layout.kernel)
+    kernel = splash.causal_kernel_per_rank(positions, seq, rank, config)
     out = splash.attend(kernel, fold_heads(q), fold_heads(k_all), fold_heads(v_all))
     return unfold_heads(out, q.shape[0])

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from cost_models.errors import CpplanError
 from runtime.splash import KernelConfig
 
 
@@ -57,9 +56,3 @@ def repeat_kv_for(k: jax.Array, degree: int) -> jax.Array:
     heads = k.shape[2]
     factor = math.lcm(heads, degree) // heads
     return jnp.repeat(k, factor, axis=2) if factor > 1 else k
-
-
-def require(condition: bool, message: str) -> None:
-    """Raises CpplanError(message) unless condition holds."""
-    if not condition:
-        raise CpplanError(message)

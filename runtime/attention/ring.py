@@ -26,8 +26,11 @@ from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 AXIS = "context"
 
 
-def supports(layout: AttentionLayout) -> str | None:
-    """None if this strategy can run the layout, else the reason."""
+def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
+    """None if this strategy can run the layout with these per-device head counts, else the reason.
+
+    (Every strategy takes the same arguments; this one needs only some of them.)
+    """
     if layout.ulysses > 1:
         return (f"ring splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
                 f"(use usp for all-to-all inside a ring).")

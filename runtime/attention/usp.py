@@ -13,7 +13,7 @@ from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
     """None if this strategy can run the layout with these per-device head counts, else the reason."""
-    return ulysses.heads_supported(layout, heads=heads, kv_heads=kv_heads)
+    return ulysses.heads_supported(layout, heads=heads)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
