@@ -54,14 +54,16 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, default=1024, help="splash block_q = block_kv")
     parser.add_argument("--loss-chunk", type=int, default=2048, help="cross-entropy chunk (tokens per device)")
     args = parser.parse_args(argv)
+    from cost_models.estimate import estimate
     from runtime import compile_for
 
-    print(f"{'topology':12} {'strategy':10} {'cp':>5} {'seq':>6} | {'cpplan GiB':>10} {'compile':>8} | "
+    print(f"{'topology':12} {'strategy':10} {'cp':>5} {'seq':>6} | {'predicted':>9} {'cpplan GiB':>10} {'compile':>8} | "
           f"{'MaxText GiB':>11} {'MaxText note':<24} | verdict", flush=True)
     for topology, strategy, context, ulysses, seq_len, maxtext, note in ROWS:
         if args.only and args.only not in strategy:
             continue
         plan = make_plan(topology, strategy, context, ulysses, seq_len, block=args.block, loss_chunk=args.loss_chunk)
+        predicted = estimate(plan).hbm_bytes_per_device / 2**30
         start = time.perf_counter()
         report = compile_for(plan)
         wall = time.perf_counter() - start
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
         else:
             verdict = f"{maxtext - report.required_gib:.1f} GiB less" if report.required_gib < maxtext else "MORE"
         cp = f"{context}x{ulysses}" if strategy == "usp" else str(context * ulysses)
-        print(f"{topology:12} {strategy:10} {cp:>5} {seq_len // K:>5}K | {ours} {wall:7.0f}s | {theirs} "
+        print(f"{topology:12} {strategy:10} {cp:>5} {seq_len // K:>5}K | {predicted:9.1f} {ours} {wall:7.0f}s | {theirs} "
               f"{note:<24} | {verdict}", flush=True)
     return 0
 
