@@ -202,8 +202,3 @@ class Llama(nn.Module):
 def param_specs(abstract_variables) -> dict:
     """PartitionSpecs of the (boxed) variables returned by `Llama.init` under `eval_shape`."""
     return nn.get_partition_spec(abstract_variables)
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    """A fully replicated sharding on the mesh."""
-    return NamedSharding(mesh, P())

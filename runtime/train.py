@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,14 +87,29 @@ class Trainer:
 
     # -- running ---------------------------------------------------------------------------
     def init(self, seed: int = 0):
-        """Sharded parameters and optimizer state."""
+        """Sharded parameters and AdamW state, created on the devices (nothing whole on one device).
+
+        Args:
+            seed: parameter initialisation seed.
+        Returns:
+            `(params, opt_state)`.
+        """
         params = jax.jit(lambda r: _unbox(self._init_variables(r)), out_shardings=self.param_shardings)(
             jax.random.PRNGKey(seed))
         opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
         return params, opt_state
 
     def loss(self, params, tokens, targets, positions):
-        """Mean next-token loss of a batch already in the plan's token order."""
+        """Mean next-token loss of a batch already in the plan's token order.
+
+        Args:
+            params: the model variables (`{"params": ...}`).
+            tokens: `[batch, seq]` int32 inputs, in the plan's token order.
+            targets: `[batch, seq]` int32 next tokens, same order.
+            positions: `[batch, seq]` int32 positions of the tokens in their sequence (RoPE).
+        Returns:
+            A replicated fp32 scalar.
+        """
         hidden, head = self.model.apply(params, tokens, positions)
         return cross_entropy(hidden, head, targets, plan=self.plan, mesh=self.mesh)
 
@@ -126,7 +142,13 @@ class Trainer:
                        donate_argnums=(0, 1))
 
     def prepare_batch(self, sequences: np.ndarray):
-        """`[batch, seq+1]` natural-order tokens → sharded (tokens, targets, positions) in the plan's order."""
+        """Inputs, targets and positions of natural-order sequences, permuted once to the plan's order.
+
+        Args:
+            sequences: `[batch, seq_len+1]` tokens in natural order.
+        Returns:
+            `(tokens, targets, positions)`, each `[batch, seq_len]` int32, sharded over batch and sequence.
+        """
         order = token_order(self.plan.seq_len, self.plan.axis_size("context"),
                             self.plan.load_balance is LoadBalance.ZIGZAG)
         sequences = np.asarray(sequences, dtype=np.int32)
@@ -137,6 +159,5 @@ class Trainer:
 
 
 def _unbox(variables):
-    import flax.linen as nn
-
+    """Plain arrays from flax's partitioned (boxed) variables."""
     return nn.meta.unbox(variables)

@@ -11,7 +11,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from runtime import splash
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
