@@ -25,6 +25,7 @@ from cost_models.errors import CpplanError
 from cost_models.strategies import STRATEGIES, Shape
 from cost_models.topology import AxisLinks, Topology, get_topology
 from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 
 ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
 ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
@@ -151,21 +152,29 @@ def price(x: Candidates) -> Priced:
     g = x.f * x.r * x.u  # weight-sharding group
     shard = g * x.t
     saved = remat.saved_values_per_token[x.remat] * a / x.t
-    minimal = remat.saved_values_per_token[-1] * a / x.t
+    # one layer's backward: its attention-side activations for every token, the MLP's for one
+    # chunk of tokens unless the policy keeps MLP outputs; each with its gradient
+    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim) * a / x.t
+    mlp_side = (2 * m.intermediate + m.hidden) * a / x.t
+    mlp_tokens = np.where(remat.recompute_mlp[x.remat] > 0, np.minimum(MLP_CHUNK_TOKENS, x.tok), x.tok)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, x.tok)
-    head_params = m.vocab * m.hidden
+    head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(x.t)
+    embed = m.vocab * m.hidden  # the input embedding: rows over the weight-sharding group only
+    largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / x.t
     memory = {
-        "params": m.num_params * pb / shard,
-        "grads": m.num_params * pb / shard,
-        "optimizer": 2 * m.num_params * 4 / shard,
+        "params": ((m.num_params - embed) / shard + embed / g) * pb,
+        "grads": ((m.num_params - embed) / shard + embed / g) * pb,
+        "optimizer": ((m.num_params - embed) / shard + embed / g) * 2 * 4,
         "activations": L * x.tok * saved,  # what each layer keeps for its backward
-        "layer_working_set": 2 * x.tok * minimal,  # one layer's activations and their gradients
+        "layer_working_set": 2 * (x.tok * attention_side + mlp_tokens * mlp_side),
         "attention_buffers": None,
-        "collective_buffers": 2 * weights_bytes + m.params_per_layer * pb / x.t,  # next layer's gather, grad scatter
-        # fp32 logits of a chunk (all tokens when unchunked); their gradient is computed in place,
-        # fused with the softmax (ANCHORS.md: MaxText's full logits are tokens × vocab × 4 bytes)
-        "logits": loss_tokens * m.vocab / x.t * 4,
-        "head_buffers": head_params * (a + pb) / x.t,  # the gathered output head and its unreduced gradient
+        # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
+        # unreduced fp32 gradient of one matrix on its way to the reduce-scatter
+        "collective_buffers": largest_matrix * (2 * a + pb),
+        # fp32 logits of one chunk of tokens against one piece of the vocabulary (the gradient
+        # formed in place, fused with the softmax)
+        "logits": loss_tokens * head_piece * 4,
+        "head_buffers": m.hidden * head_piece * (pb + 4),  # the gathered head piece and its fp32 gradient
     }
 
     # -- communication --------------------------------------------------------------

@@ -1,0 +1,13 @@
+"""How cpplan's runtime cuts work into pieces, read by the runtime and priced by the cost model.
+
+One definition serves both, so a change of piece size moves the prediction with the program.
+"""
+from __future__ import annotations
+
+MLP_CHUNK_TOKENS = 4096  # tokens per device per SwiGLU chunk (each chunk its own checkpoint)
+VOCAB_PIECE = 16384  # output-head columns gathered at once by the fused cross-entropy
+
+
+def vocab_pieces(vocab_slice: int) -> int:
+    """The fewest equal pieces of at most `VOCAB_PIECE` columns a device's vocabulary splits into."""
+    return next(n for n in range(1, vocab_slice + 1) if vocab_slice % n == 0 and vocab_slice // n <= VOCAB_PIECE)
