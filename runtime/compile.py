@@ -8,6 +8,7 @@ report with `fits=False` and the compiler's own figures.
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -94,6 +95,8 @@ def tpu_devices(plan: Plan):
     if topo.chip.kind != "tpu":
         raise CpplanError(f"compile_for compiles for TPU slices; {plan.topology} is not one. "
                           f"Use runtime.run for cpu:N plans.")
+    # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         import libtpu  # noqa: F401  (the TPU compiler; get_topology_desc needs it)
     except ImportError:

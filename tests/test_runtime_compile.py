@@ -43,13 +43,14 @@ def test_tiny_model_compiles_for_tpu(topology, strategy):
 
 
 def test_far_over_hbm_returns_fits_false_with_the_compilers_figures():
-    wide = ModelSpec("wide", 1, 8192, 64, 8, 128, 28672, 128256)
-    plan = Plan(model=wide, topology="v5p:2x2x1", seq_len=1 << 20, global_batch=1, mesh=make_mesh(context=4),
-                cp_strategy="ring", load_balance="zigzag", block_q=1024, block_kv=1024, loss_chunk_tokens=0)
+    huge = ModelSpec("huge", 1, 65536, 8, 8, 128, 262144, 256)  # 52G parameters: ~200 GiB per v5p chip
+    plan = Plan(model=huge, topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(context=4),
+                cp_strategy="ring", load_balance="zigzag", block_q=512, block_kv=512)
     report = compile_for(plan)
     assert not report.fits
-    assert report.required_bytes > report.available_bytes > 90 * 2**30
-    assert "does not fit" in str(report) and report.message
+    assert report.required_bytes > 2 * report.available_bytes > 180 * 2**30
+    assert report.available_bytes == int(95.73 * 2**30)  # the compiler's own figure for v5p
+    assert "does not fit" in str(report) and "CompileTimeHbmOom" in report.message
 
 
 def test_hbm_oom_message_parsing():
