@@ -17,7 +17,7 @@ from runtime.train import Trainer  # noqa: E402
 pytestmark = pytest.mark.cpu_mesh
 
 PROSE = Path(__file__).parent / "testdata" / "prose.txt"
-SEQ = 2048
+SEQ = 1024
 MODEL = ModelSpec("train-test", 2, 64, 8, 2, 16, 128, 256)  # 8 heads so Ulysses can take 4; GQA
 
 
@@ -41,12 +41,12 @@ def single_device_step():
 
 
 @pytest.mark.parametrize("strategy,mesh,zigzag,remat,chunk,small_pieces", [
-    ("ring", dict(context=8), True, "full", 256, True),
+    ("ring", dict(context=4, data=2), True, "full", 128, True),
     ("all_gather", dict(context=4, fsdp=2), True, "save_dot_except_mlp", 0, False),
     ("ulysses", dict(context_ulysses=4, tensor=2), False, "minimal_with_context", 128, True),
     ("usp", dict(context=2, context_ulysses=2, data=2), True, "full", 0, False),
     ("usp", dict(context=4, context_ulysses=2), False, "full", 512, False),
-], ids=["ring8-zigzag", "allgather4-fsdp2", "ulysses4-tensor2", "usp2x2-data2", "usp4x2"])
+], ids=["ring4-data2-zigzag", "allgather4-fsdp2", "ulysses4-tensor2", "usp2x2-data2", "usp4x2"])
 def test_step_equals_one_device_step(single_device_step, monkeypatch, strategy, mesh, zigzag, remat, chunk,
                                      small_pieces):
     if small_pieces:  # several MLP chunks and head pieces per device, not one of each
@@ -77,11 +77,11 @@ def test_loss_falls_on_real_text():
 
 
 def test_run_rejects_bad_input():
-    plan = make_plan("cpu:8", dict(context=8), "ring")
+    plan = make_plan("cpu:8", dict(context=4, data=2), "ring")
     with pytest.raises(CpplanError, match="steps=0"):
         run(plan, steps=0)
     with pytest.raises(CpplanError, match="cannot read training text"):
         run(plan, steps=1, data=PROSE.with_name("missing.txt"))
-    chunked = make_plan("cpu:8", dict(context=8), "ring", chunk=300)
-    with pytest.raises(CpplanError, match="loss_chunk_tokens=300 does not divide the 512 tokens"):
+    chunked = make_plan("cpu:8", dict(context=4, data=2), "ring", chunk=300)
+    with pytest.raises(CpplanError, match="loss_chunk_tokens=300 does not divide the 256 tokens"):
         run(chunked, steps=1)
