@@ -82,6 +82,6 @@ def test_run_rejects_bad_input():
         run(plan, steps=0)
     with pytest.raises(CpplanError, match="cannot read training text"):
         run(plan, steps=1, data=PROSE.with_name("missing.txt"))
-    chunked = make_plan("cpu:8", dict(context=4, data=2), "ring", chunk=300)
-    with pytest.raises(CpplanError, match="loss_chunk_tokens=300 does not divide the 256 tokens"):
+    chunked = make_plan("cpu:8", dict(context=4, data=2), "ring", chunk=100)
+    with pytest.raises(CpplanError, match="loss_chunk_tokens=100 does not divide the 256 tokens"):
         run(chunked, steps=1)
