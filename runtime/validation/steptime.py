@@ -53,7 +53,7 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
     """
-    from runtime.run import run
+    from runtime import run
 
     plans = []
     for seq_len in seq_lens:
