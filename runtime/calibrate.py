@@ -176,14 +176,16 @@ def _fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, fl
 
 
 def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul_size: int = 1024,
-              attention_seq: int = 1024, attention_block: int = 512) -> Calibration:
+              attention_seq: int = 1024, attention_block: int = 512, attention_heads: int = 4,
+              attention_head_dim: int = 64) -> Calibration:
     """Measures the devices present as `topology` and returns a chip row for them.
 
     Args:
         topology: the topology the devices form, e.g. ``cpu:8``.
         dtype: the compute dtype measured (float32 on a CPU host, bfloat16 on a TPU).
         repeats: timed repetitions per figure (the median is kept).
-        matmul_size / attention_seq / attention_block: the shapes measured.
+        matmul_size / attention_*: the shapes measured (choose attention shapes like the
+            per-device kernels of the plans to be priced: the efficiency is measured, not derived).
     Raises:
         CpplanError: the devices present do not form `topology`.
     """
@@ -192,7 +194,8 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     chip = topo.chip
     per_chip = 1.0 / topo.num_chips
     matmul = measure_matmul(mesh, dtype, matmul_size, repeats)
-    attention = measure_attention(mesh, topo, dtype, attention_seq, 4, 64, attention_block, repeats)
+    attention = measure_attention(mesh, topo, dtype, attention_seq, attention_heads, attention_head_dim,
+                                  attention_block, repeats)
     memory = measure_memory(mesh, dtype, 2**22, repeats)
     points = measure_collectives(mesh, repeats)
     link, hop, errors = _fit_links(topo, points)
@@ -203,8 +206,9 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     sources.update({
         "peak_bf16_flops_per_s": f"{how}: {matmul_size}³ {dtype} matmuls, median of {repeats}",
         "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
-        "attention_efficiency": (f"{how}: causal splash attention forward + backward, 4 heads × {attention_seq} tokens "
-                                 f"× 64, blocks {attention_block}, whole blocks counted, relative to the matmul peak"),
+        "attention_efficiency": (f"{how}: causal splash attention forward + backward, {attention_heads} heads × "
+                                 f"{attention_seq} tokens × {attention_head_dim}, blocks {attention_block}, whole "
+                                 f"blocks counted, relative to the matmul peak"),
         "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
         link_field: (f"{how}: fitted so the model's all-gather over all devices matches at "
                      f"{[b for b in COLLECTIVE_SIZES]} bytes per device; with it the model predicts "
