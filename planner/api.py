@@ -1,6 +1,7 @@
 """The planner's public functions: plan, explain, evaluate, max_seq_len."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from cost_models.errors import CpplanError
@@ -16,8 +17,25 @@ ModelArg = "str | ModelSpec | os.PathLike"
 
 
 def run_search(model, seq_len, topology, **options) -> SearchResult:
-    """Parses the three inputs and the options, then searches."""
-    return search(get_model(model), parse_seq_len(seq_len), get_topology(topology), SearchOptions.build(**options))
+    """Parses the three inputs and the options, then searches.
+
+    Without `global_batch_tokens`, a step holds the default batch (4M tokens on accelerators);
+    when no plan fits it, the batch halves until one does (down to one sequence), and the result
+    says so.
+    """
+    spec, tokens, topo = get_model(model), parse_seq_len(seq_len), get_topology(topology)
+    opts = SearchOptions.build(**options)
+    result = search(spec, tokens, topo, opts)
+    if opts.global_batch_tokens is not None:
+        return result
+    default = batch = result.global_batch
+    while not result.ranked and batch > 1:
+        batch //= 2
+        result = search(spec, tokens, topo, dataclasses.replace(opts, global_batch_tokens=batch * tokens))
+    if result.ranked and batch != default:
+        result.batch_note = (f"the default step of {default} sequences ({default * tokens:,} tokens) fits no plan; "
+                             f"{batch} sequence{'s' if batch > 1 else ''} per step do")
+    return result
 
 
 def plan(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **options) -> Plan:

@@ -28,7 +28,8 @@ def _mesh(text: str | None) -> dict[str, int] | None:
     return mesh
 
 
-def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> None:
+def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> None:
+    """The flags every planning command takes (the runtime's commands reuse them)."""
     p.add_argument("--model", required=True, help="model name (e.g. llama3.1-8b) or path to a config.json")
     if seq_len:
         p.add_argument("--seq-len", required=True, help="tokens per sequence: 131072, 128k, 4M")
@@ -42,7 +43,8 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _options(args) -> dict:
+def search_options(args) -> dict:
+    """Planner keyword options from parsed flags (only those given)."""
     opts = {"strategies": _csv(args.strategies), "mesh": _mesh(args.mesh), "remat": _csv(args.remat),
             "load_balance": _csv(args.load_balance)}
     if getattr(args, "global_batch_tokens", None):
@@ -53,7 +55,7 @@ def _options(args) -> dict:
 
 
 def cmd_explain(args) -> int:
-    explanation = Explanation(api.run_search(args.model, args.seq_len, args.topology, **_options(args)), top=args.top)
+    explanation = Explanation(api.run_search(args.model, args.seq_len, args.topology, **search_options(args)), top=args.top)
     print(explanation.to_json() if args.json else explanation)
     return 0 if explanation.best else 1
 
@@ -62,7 +64,7 @@ def cmd_sweep(args) -> int:
     rows = []
     for text in _csv(args.seq_lens):
         tokens = parse_seq_len(text)
-        e = Explanation(api.run_search(args.model, tokens, args.topology, **_options(args)))
+        e = Explanation(api.run_search(args.model, tokens, args.topology, **search_options(args)))
         row = {"seq_len": tokens, "fits": e.best is not None}
         if e.best:
             row.update(strategy=e.best.cp_strategy.value, plan=describe_strategy(e.best), mesh=e.best.mesh_dict,
@@ -89,7 +91,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_max_seq_len(args) -> int:
-    tokens, plan = api.max_seq_len(args.model, args.topology, **_options(args))
+    tokens, plan = api.max_seq_len(args.model, args.topology, **search_options(args))
     if args.json:
         print(json.dumps({"max_seq_len": tokens, "plan": plan.to_dict()}, indent=2))
     else:
@@ -99,7 +101,7 @@ def cmd_max_seq_len(args) -> int:
 
 
 def cmd_export(args) -> int:
-    plan = api.plan(args.model, args.seq_len, args.topology, **_options(args))
+    plan = api.plan(args.model, args.seq_len, args.topology, **search_options(args))
     if args.format == "json":
         print(plan.to_json())
         return 0
@@ -112,18 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cpplan", description="Plan context parallelism for long-context training.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("explain", help="the best plan, why, what came close, what was rejected")
-    _add_search_options(p)
+    add_search_options(p)
     p.add_argument("--top", type=int, default=5, help="alternatives to show")
     p.set_defaults(func=cmd_explain)
     p = sub.add_parser("sweep", help="best strategy and MFU per sequence length")
-    _add_search_options(p, seq_len=False)
+    add_search_options(p, seq_len=False)
     p.add_argument("--seq-lens", required=True, help="comma-separated lengths, e.g. 128k,512k,1M,4M")
     p.set_defaults(func=cmd_sweep)
     p = sub.add_parser("max-seq-len", help="the longest sequence any plan fits")
-    _add_search_options(p, seq_len=False)
+    add_search_options(p, seq_len=False)
     p.set_defaults(func=cmd_max_seq_len)
     p = sub.add_parser("export", help="the best plan as MaxText flags (or plan JSON)")
-    _add_search_options(p)
+    add_search_options(p)
     p.add_argument("--format", choices=["maxtext", "json"], default="maxtext")
     p.set_defaults(func=cmd_export)
     for name, text in RUNTIME_COMMANDS.items():

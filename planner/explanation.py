@@ -116,7 +116,8 @@ class Explanation:
                 f"({topo.num_chips} chips, {topo.num_devices} devices)")
 
     def __str__(self) -> str:
-        lines = [self.header(), ""]
+        note = [f"Note: {self.result.batch_note}."] if self.result.batch_note else []
+        lines = [self.header(), *note, ""]
         if self.best is None:
             lines.append(self.nothing_fits_text())
             return "\n".join(lines)
@@ -255,7 +256,7 @@ class Explanation:
             "best_per_strategy": {s.value: ranked(r) for s, r in self.best_per_strategy().items()},
             "feasible": len(res.ranked), "priced": res.candidates_priced,
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
-            "why": self.why_text() if res.best else None,
+            "why": self.why_text() if res.best else None, "batch_note": res.batch_note,
             "nothing_fits": None if res.best else self.nothing_fits_text(),
         }
 

@@ -62,6 +62,7 @@ class SearchResult:
     rejections: list[Rejection]
     candidates_priced: int = 0
     best_infeasible: list[Ranked] = field(default_factory=list)  # per strategy, the unfit one needing least HBM
+    batch_note: str | None = None  # set when the default batch was reduced to make a plan fit
 
     @property
     def best(self) -> Ranked | None:

@@ -17,23 +17,23 @@ GIB = 1024 ** 3
 
 def add_subcommands(subparsers) -> None:
     """Registers `run` and `compile` on an argparse subparsers object (the planner's CLI)."""
-    from planner.cli import _add_search_options
+    from planner.cli import add_search_options
 
     p = subparsers.add_parser("run", help="plan, then run a few training steps on this host (cpu:N)")
-    _add_search_options(p)
+    add_search_options(p)
     p.add_argument("--steps", type=int, default=5, help="training steps (the median skips the first)")
     p.add_argument("--data", help="a text file to train on (byte tokens); default synthetic tokens")
     p.set_defaults(func=cmd_run)
     p = subparsers.add_parser("compile", help="plan, then compile the step deviceless for a TPU slice")
-    _add_search_options(p)
+    add_search_options(p)
     p.set_defaults(func=cmd_compile)
 
 
 def _plan(args):
     from planner import api
-    from planner.cli import _options
+    from planner.cli import search_options
 
-    return api.plan(args.model, args.seq_len, args.topology, **_options(args))
+    return api.plan(args.model, args.seq_len, args.topology, **search_options(args))
 
 
 def _use_virtual_cpus(topology: str) -> None:

@@ -126,3 +126,11 @@ def test_bad_input(kwargs, words):
         planner.explain(**kwargs)
     for w in words:
         assert w in str(err.value)
+
+
+def test_default_batch_halves_until_a_plan_fits():
+    e = planner.explain("llama3.1-8b", "256k", "v5p:2x2x2")
+    assert e.best is not None and e.result.global_batch < 16  # 4M tokens would be 16 sequences
+    assert "the default step of 16 sequences" in str(e)
+    explicit = planner.explain("llama3.1-8b", "256k", "v5p:2x2x2", global_batch_tokens="4M")
+    assert explicit.best is None and explicit.result.batch_note is None  # an explicit batch is kept
