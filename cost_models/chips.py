@@ -65,6 +65,7 @@ class Chip:
     smem_bytes: int
     matmul_efficiency: float
     attention_efficiency: float
+    attention_block_overhead_s: float  # per splash grid step (q block × kv block × head), visited or skipped
     comm_overlaps_compute: bool
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 SPLASH_BACKWARD_OVER_FORWARD = 2.5  # backward: 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward
+SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
 
 
 def tile_efficiency(dim, tile: int):

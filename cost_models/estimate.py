@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from cost_models import collectives
-from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent, splash_smem_bytes,
-                                 tile_efficiency)
+from cost_models.compute import (SPLASH_BACKWARD_GRIDS, SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent,
+                                 splash_smem_bytes, tile_efficiency)
 from cost_models.flops import head_forward_flops, layer_forward_flops, model_flops_per_step
 from cost_models.models import ModelSpec
 from cost_models.remat import remat_code, remat_table
@@ -128,8 +128,13 @@ def price(x: Candidates) -> Priced:
     extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag, x.block)
     attn_eff = chip.attention_efficiency * tile_efficiency(m.head_dim, tile)
     attn_exec_fwd = 4.0 * x.b_loc * lay.q_heads * m.head_dim * extent
-    attn_fwd = attn_exec_fwd / (peak * attn_eff)
-    attn_bwd = SPLASH_BACKWARD_OVER_FORWARD * attn_fwd
+    # the kernel's grid visits every (q block × kv block) of every call, computed or skipped
+    grid_steps = x.b_loc * lay.q_heads * np.ceil(lay.q_len / x.block) * np.ceil(lay.kv_len / x.block) * \
+        np.where(x.strategy in (CPStrategy.RING, CPStrategy.USP), lay.ring, 1.0)
+    block_overhead = grid_steps * chip.attention_block_overhead_s
+    attn_math_fwd = attn_exec_fwd / (peak * attn_eff)
+    attn_fwd = attn_math_fwd + block_overhead
+    attn_bwd = SPLASH_BACKWARD_OVER_FORWARD * attn_math_fwd + SPLASH_BACKWARD_GRIDS * block_overhead
     attn_recompute = remat.recompute_attention[x.remat] * attn_fwd
 
     # -- elementwise (HBM bound) ----------------------------------------------------

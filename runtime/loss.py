@@ -20,11 +20,11 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from cost_models.errors import CpplanError
+from cost_models.work_layout import vocab_pieces  # shared with the cost model
 from cost_models.vocabulary import AXES
 from planner.plan import Plan
 from runtime.layout import ACTIVATIONS, TOKENS, WEIGHT_AXES
 
-VOCAB_PIECE = 16384  # head columns gathered at once (Llama 3's 128256 → 8 pieces of 16032)
 
 
 def loss_chunk(plan: Plan) -> int:
@@ -39,11 +39,6 @@ def loss_chunk(plan: Plan) -> int:
         raise CpplanError(f"loss_chunk_tokens={plan.loss_chunk_tokens} does not divide the {local} tokens each device "
                           f"holds; use a divisor of {local}.")
     return chunk
-
-
-def vocab_pieces(vocab_slice: int) -> int:
-    """The fewest equal pieces of at most `VOCAB_PIECE` columns a device's vocabulary splits into."""
-    return next(n for n in range(1, vocab_slice + 1) if vocab_slice % n == 0 and vocab_slice // n <= VOCAB_PIECE)
 
 
 def _piece(w, j, size):

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cost_models.vocabulary import RematPolicy
+from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
 from runtime.attention import sharded_attention
 from cost_models.vocabulary import SEQUENCE_AXES
@@ -25,7 +26,6 @@ from runtime.layout import ACTIVATIONS, HEADS, TOKENS, WEIGHT_AXES
 ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
-MLP_CHUNK_TOKENS = 4096  # tokens per device per MLP chunk (see `swiglu`)
 
 # What each remat policy keeps (MaxText's names); everything else is recomputed.
 SAVED_NAMES = {

@@ -51,7 +51,7 @@ def test_step_equals_one_device_step(single_device_step, monkeypatch, strategy, 
                                      small_pieces):
     if small_pieces:  # several MLP chunks and head pieces per device, not one of each
         monkeypatch.setattr("runtime.model.MLP_CHUNK_TOKENS", 128)
-        monkeypatch.setattr("runtime.loss.VOCAB_PIECE", 64)
+        monkeypatch.setattr("cost_models.work_layout.VOCAB_PIECE", 64)
     want_loss, want_grads, want_params = single_device_step
     loss, grads, params = one_step(make_plan("cpu:8", mesh, strategy, zigzag=zigzag, remat=remat, chunk=chunk),
                                    jax.devices())

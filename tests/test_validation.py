@@ -79,3 +79,35 @@ def test_link_fit_recovers_the_models_own_figures():
     fitted_link, fitted_hop, errors = _fit_links(topo, points)
     assert fitted_link == pytest.approx(link, rel=1e-6) and fitted_hop == pytest.approx(hop, rel=1e-6)
     assert max(errors.values()) < 1e-6
+
+
+def test_validate_measured_from_the_command_line(tmp_path, capsys):
+    from planner.cli import main
+
+    path = tmp_path / "steps.csv"
+    path.write_text(CSV)
+    assert main(["validate", "--measured", str(path), "--out", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    assert '"mape"' in out and (tmp_path / "report" / "report.md").exists()
+
+
+@pytest.mark.cpu_mesh
+def test_calibrate_and_validate_on_virtual_devices(tmp_path, monkeypatch):
+    """A measured row loads like a cited one, and a validation run measures real steps."""
+    from cost_models.chips import CHIP_DIR_ENV, load_chip
+    from runtime.calibrate import calibrate
+    from runtime.validation.steptime import validate_step_times
+
+    result = calibrate("cpu:8", repeats=1, matmul_size=256, attention_seq=256, attention_block=128,
+                       attention_heads=2, attention_head_dim=16)
+    path = result.write(tmp_path / "chips")
+    row = load_chip(path)
+    assert row.peak_bf16_flops_per_s > 1e8 and row.hbm_bw_bytes_per_s > 1e8
+    assert 0 < row.attention_efficiency < 1e3 and 0 <= row.attention_block_overhead_s < 1.0
+    assert "measured by `cpplan calibrate" in row.sources["peak_bf16_flops_per_s"]
+    monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path / "chips"))
+    report = validate_step_times("tiny", [1024], "cpu:8", max_plans=1, top=1, steps=2, strategies=["ring"],
+                                 compute_dtype="float32")
+    (only,) = report.measured
+    assert only.plan.cp_strategy.value == "ring" and only.measured_step_s > 0
+    assert report.summary()["regret"] == 1.0

@@ -90,13 +90,12 @@ def sequence_check(shape: Shape, splits: int, what: str) -> Violation | None:
 
 
 def heads_check(shape: Shape) -> Violation | None:
-    """Tensor parallelism splits query heads, and KV heads evenly (or replicates whole ones)."""
+    """Tensor parallelism splits query heads and KV heads (the runtime shards both over 'tensor')."""
     m, t = shape.model, shape.tensor
     if m.num_heads % t:
         return Violation("heads", f"num_heads={m.num_heads} not divisible by tensor={t}")
-    if m.num_kv_heads % t and t % m.num_kv_heads:
-        return Violation("heads", f"num_kv_heads={m.num_kv_heads} and tensor={t}: neither divides the other, "
-                                  "so KV heads cannot be split or replicated evenly")
+    if m.num_kv_heads % t:
+        return Violation("heads", f"num_kv_heads={m.num_kv_heads} not divisible by tensor={t}")
     return None
 
 
