@@ -138,8 +138,10 @@ def price(x: Candidates) -> Priced:
     attn_recompute = remat.recompute_attention[x.remat] * attn_fwd
 
     # -- elementwise (HBM bound) ----------------------------------------------------
-    ew_values = 10 * m.hidden + 2 * (m.num_heads + m.num_kv_heads) * m.head_dim + 3 * m.intermediate
-    ew_fwd = x.tok * ew_values * a / x.t / hbm_bw
+    # norms and residual adds on full-width activations (every tensor shard holds them whole, as
+    # the runtime keeps them); RoPE and SwiGLU on tensor-split heads and columns
+    ew_fwd = x.tok * (10 * m.hidden + (2 * (m.num_heads + m.num_kv_heads) * m.head_dim + 3 * m.intermediate) / x.t) \
+        * a / hbm_bw
     ew_bwd = ELEMENTWISE_PASSES_BACKWARD * ew_fwd
     ew_recompute = np.where(remat.recompute_qkv_out[x.remat] > 0, ew_fwd,
                             remat.recompute_mlp[x.remat] * x.tok * 3 * m.intermediate * a / x.t / hbm_bw)
@@ -156,11 +158,11 @@ def price(x: Candidates) -> Priced:
     # -- memory (bytes per device) --------------------------------------------------
     g = x.f * x.r * x.u  # weight-sharding group
     shard = g * x.t
-    saved = remat.saved_values_per_token[x.remat] * a / x.t
+    saved = (remat.saved_full_width[x.remat] + remat.saved_split[x.remat] / x.t) * a
     # one layer's backward: its attention-side activations for every token, the MLP's for one
     # chunk of tokens unless the policy keeps MLP outputs; each with its gradient
-    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim) * a / x.t
-    mlp_side = (2 * m.intermediate + m.hidden) * a / x.t
+    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.t) * a
+    mlp_side = (2 * m.intermediate / x.t + m.hidden) * a
     mlp_tokens = np.where(remat.recompute_mlp[x.remat] > 0, np.minimum(MLP_CHUNK_TOKENS, x.tok), x.tok)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, x.tok)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(x.t)

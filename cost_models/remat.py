@@ -21,7 +21,8 @@ POLICIES = tuple(RematPolicy)
 class RematCost:
     """Per-layer figures of one policy (numpy arrays indexed by policy code)."""
 
-    saved_values_per_token: np.ndarray  # activation values kept per token per layer (before /tensor)
+    saved_full_width: np.ndarray  # values kept per token per layer that every tensor shard holds whole
+    saved_split: np.ndarray  # values kept per token per layer that 'tensor' splits (heads, MLP columns)
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections recomputed
     recompute_mlp: np.ndarray  # fraction of the MLP matmuls recomputed
     recompute_attention: np.ndarray  # forward attention passes recomputed
@@ -32,10 +33,10 @@ def remat_table(model: ModelSpec) -> RematCost:
     d, f = model.hidden, model.intermediate
     qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
     context = model.num_heads * model.head_dim
-    saved = {
-        RematPolicy.FULL: d,
-        RematPolicy.SAVE_DOT_EXCEPT_MLP: d + qkv + d,
-        RematPolicy.MINIMAL_WITH_CONTEXT: d + qkv + d + 2 * f + d + context,
+    saved = {  # (full width: layer input, out_proj, mlpwo; split over tensor: q/k/v, MLP inputs, context)
+        RematPolicy.FULL: (d, 0),
+        RematPolicy.SAVE_DOT_EXCEPT_MLP: (d + d, qkv),
+        RematPolicy.MINIMAL_WITH_CONTEXT: (d + d + d, qkv + 2 * f + context),
     }
     recompute = {  # (qkv/out, mlp, attention, tensor collectives)
         RematPolicy.FULL: (1, 1, 1, 4),
@@ -43,7 +44,8 @@ def remat_table(model: ModelSpec) -> RematCost:
         RematPolicy.MINIMAL_WITH_CONTEXT: (0, 0, 0, 0),
     }
     rows = np.array([recompute[p] for p in POLICIES], dtype=float)
-    return RematCost(np.array([saved[p] for p in POLICIES], dtype=float), rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3])
+    kept = np.array([saved[p] for p in POLICIES], dtype=float)
+    return RematCost(kept[:, 0], kept[:, 1], rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3])
 
 
 def remat_code(policy: RematPolicy) -> int:
