@@ -27,7 +27,7 @@ def steps() -> None:
 
     chip_dir = OUT / "chips"
     # attention measured at the shapes of the validated plans' kernels: 'small' has 8 heads of 32
-    row = calibrate("cpu:8", attention_seq=1024, attention_block=256, attention_heads=8,
+    row = calibrate("cpu:8", attention_seq=1024, attention_blocks=(128, 512), attention_heads=8,
                     attention_head_dim=32).write(chip_dir)
     os.environ["CPPLAN_CHIP_DIR"] = str(chip_dir)
     print(f"calibrated: {row}", flush=True)

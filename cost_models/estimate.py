@@ -125,7 +125,10 @@ def price(x: Candidates) -> Priced:
 
     # -- attention ------------------------------------------------------------------
     lay = strategy.layout(x)
-    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag, x.block)
+    # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
+    # so the step costs the average rank's work (the balanced extent), not the busiest rank's
+    shared_cores = chip.kind == "cpu"
+    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag | shared_cores, x.block)
     attn_eff = chip.attention_efficiency * tile_efficiency(m.head_dim, tile)
     attn_exec_fwd = 4.0 * x.b_loc * lay.q_heads * m.head_dim * extent
     # the kernel's grid visits every (q block × kv block) of every call, computed or skipped

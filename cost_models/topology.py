@@ -254,5 +254,5 @@ def get_topology(name: "str | Topology") -> Topology:
         return name
     if not isinstance(name, str):
         raise CpplanError(f"topology must be a name like 'v5p-256' or 'cpu:8', got {name!r}.")
-    # the cache key includes the chip rows so a new $CPPLAN_CHIP_DIR is honoured
-    return _parse(name, tuple(sorted(known_chips())))
+    # the cache key includes the chip rows themselves, so a row from a new $CPPLAN_CHIP_DIR is honoured
+    return _parse(name, tuple(sorted(known_chips().items())))

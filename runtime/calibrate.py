@@ -4,7 +4,7 @@
 real TPU or GPU slice elsewhere — the same code) and measures, with every device busy at once:
 
 - matmul throughput (the row's peak; its matmul efficiency is then 1.0 by definition);
-- splash attention forward + backward with a full and a causal mask: the row's attention
+- causal splash attention forward + backward at two block sizes: the row's attention
   efficiency (FLOP/s relative to that peak) and its fixed cost per grid step visited;
 - memory-bound throughput (an elementwise pass over large arrays): the row's HBM bandwidth;
 - all-gather, reduce-scatter, all-to-all and ppermute over all devices at several sizes. The
@@ -95,37 +95,40 @@ def measure_matmul(mesh, dtype: str, size: int, repeats: int) -> float:
     return mesh.devices.size * 2 * size**3 / _median_time(mapped, *arrays, repeats=repeats)
 
 
-def measure_attention(mesh, topo: Topology, dtype: str, seq: int, heads: int, head_dim: int, block: int,
+def measure_attention(mesh, topo: Topology, dtype: str, seq: int, heads: int, head_dim: int, blocks: tuple[int, int],
                       repeats: int) -> tuple[float, float]:
-    """Splash forward + backward on every device: (seconds per executed FLOP, seconds per grid step).
+    """Causal splash forward + backward on every device: (seconds per executed FLOP, per grid step).
 
-    The same shape runs with a full and a causal mask: both visit every (q block × kv block)
-    of the grid (three grids: forward, dq, dk/dv), the causal one computes only the blocks on
-    or below the diagonal. Two times, two unknowns. Times are per device (all run at once).
+    The same shape runs with two block sizes: the smaller visits many more grid steps (forward,
+    dq and dk/dv grids) for about the same FLOPs. Two times, two unknowns. Times are per device
+    (all devices run at once).
     """
     import jax
     import jax.numpy as jnp
 
-    from runtime.splash import KernelConfig, attend, causal_kernel, full_kernel
+    from runtime.splash import KernelConfig, attend, causal_kernel
 
-    config = KernelConfig(block, block, interpret=topo.chip.kind != "tpu", smem_bytes=topo.chip.smem_bytes)
     shape = ((1, heads, seq, head_dim), dtype)
     full_forward = 4.0 * seq * seq * heads * head_dim
-    grid_steps = (1 + SPLASH_BACKWARD_GRIDS) * heads * (seq // block) ** 2
-    times, flops = [], []
-    for make, fraction in ((full_kernel, 1.0), (causal_kernel, float(causal_block_fraction(seq, block)))):
-        def fwd_bwd(q, k, v, make=make):
-            kernel = make(seq, seq, config)
+    times, flops, steps = [], [], []
+    for block in blocks:
+        config = KernelConfig(block, block, interpret=topo.chip.kind != "tpu", smem_bytes=topo.chip.smem_bytes)
+
+        def fwd_bwd(q, k, v, config=config):
+            kernel = causal_kernel(seq, seq, config)
             loss = lambda q, k, v: jnp.sum(attend(kernel, q[0], k[0], v[0]).astype(jnp.float32))
             return jnp.stack(jax.grad(loss, argnums=(0, 1, 2))(q, k, v))
 
         mapped, arrays = _per_device(mesh, fwd_bwd, shape, shape, shape)
         times.append(_median_time(mapped, *arrays, repeats=repeats))
-        flops.append(full_forward * fraction * (1 + SPLASH_BACKWARD_OVER_FORWARD))
-    if times[0] <= times[1]:  # too noisy to separate the two: charge everything to the FLOPs
-        return times[1] / flops[1], 0.0
-    per_flop = (times[0] - times[1]) / (flops[0] - flops[1])
-    per_step = max((times[1] - flops[1] * per_flop) / grid_steps, 0.0)
+        flops.append(full_forward * float(causal_block_fraction(seq, block)) * (1 + SPLASH_BACKWARD_OVER_FORWARD))
+        steps.append((1 + SPLASH_BACKWARD_GRIDS) * heads * (seq // block) ** 2)
+    # t = steps·per_step + flops·per_flop for both runs
+    det = steps[0] * flops[1] - steps[1] * flops[0]
+    per_step = (times[0] * flops[1] - times[1] * flops[0]) / det
+    per_flop = (steps[0] * times[1] - steps[1] * times[0]) / det
+    if per_step < 0 or per_flop <= 0:  # too noisy to separate: charge everything to the FLOPs
+        return times[-1] / flops[-1], 0.0
     return per_flop, per_step
 
 
@@ -188,7 +191,7 @@ def _fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, fl
 
 
 def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul_size: int = 1024,
-              attention_seq: int = 1024, attention_block: int = 512, attention_heads: int = 4,
+              attention_seq: int = 1024, attention_blocks: tuple[int, int] = (128, 512), attention_heads: int = 4,
               attention_head_dim: int = 64) -> Calibration:
     """Measures the devices present as `topology` and returns a chip row for them.
 
@@ -207,7 +210,7 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     per_chip = 1.0 / topo.num_chips
     matmul = measure_matmul(mesh, dtype, matmul_size, repeats)
     per_flop, per_step = measure_attention(mesh, topo, dtype, attention_seq, attention_heads, attention_head_dim,
-                                           attention_block, repeats)
+                                           attention_blocks, repeats)
     attention = mesh.devices.size / per_flop  # executed FLOP/s of all devices together
     memory = measure_memory(mesh, dtype, 2**22, repeats)
     points = measure_collectives(mesh, repeats)
@@ -219,12 +222,12 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     sources.update({
         "peak_bf16_flops_per_s": f"{how}: {matmul_size}³ {dtype} matmuls, median of {repeats}",
         "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
-        "attention_efficiency": (f"{how}: splash attention forward + backward, {attention_heads} heads × "
-                                 f"{attention_seq} tokens × {attention_head_dim}, blocks {attention_block}, with a "
-                                 f"full and a causal mask: the FLOPs the causal one skips, per second saved, "
-                                 f"relative to the matmul peak"),
-        "attention_block_overhead_s": (f"{how}: the same two runs; what the causal run costs beyond its FLOPs, "
-                                       f"per grid step visited (forward, dq and dk/dv grids)"),
+        "attention_efficiency": (f"{how}: causal splash attention forward + backward, {attention_heads} heads × "
+                                 f"{attention_seq} tokens × {attention_head_dim}, at blocks {attention_blocks[0]} and "
+                                 f"{attention_blocks[1]}: the FLOP rate that, with a fixed cost per grid step, "
+                                 f"explains both times; relative to the matmul peak"),
+        "attention_block_overhead_s": (f"{how}: the same two runs; the fixed cost per grid step visited "
+                                       f"(forward, dq and dk/dv grids)"),
         "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
         link_field: (f"{how}: fitted so the model's all-gather over all devices matches at "
                      f"{[b for b in COLLECTIVE_SIZES]} bytes per device; with it the model predicts "

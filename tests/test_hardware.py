@@ -127,6 +127,13 @@ def test_measured_chip_row_loads_from_a_directory(tmp_path, monkeypatch):
     (tmp_path / "mygpu.json").write_text(json.dumps(row))
     monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path))
     assert get_chip("mygpu").peak_bf16_flops_per_s == 9.89e14
+    # a measured row replaces a cited one of the same name, in topologies already parsed too
+    before = get_topology("cpu:8").chip.peak_bf16_flops_per_s
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    (measured / "cpu.json").write_text(json.dumps(dict(get_chip("cpu").to_dict(), peak_bf16_flops_per_s=before * 3)))
+    monkeypatch.setenv(CHIP_DIR_ENV, str(measured))
+    assert get_topology("cpu:8").chip.peak_bf16_flops_per_s == before * 3
     assert load_chip(tmp_path / "mygpu.json").name == "mygpu"
     del row["hbm_bw_bytes_per_s"]
     (tmp_path / "broken.json").write_text(json.dumps(row))

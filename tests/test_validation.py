@@ -98,7 +98,7 @@ def test_calibrate_and_validate_on_virtual_devices(tmp_path, monkeypatch):
     from runtime.calibrate import calibrate
     from runtime.validation.steptime import validate_step_times
 
-    result = calibrate("cpu:8", repeats=1, matmul_size=256, attention_seq=256, attention_block=128,
+    result = calibrate("cpu:8", repeats=1, matmul_size=256, attention_seq=256, attention_blocks=(128, 256),
                        attention_heads=2, attention_head_dim=16)
     path = result.write(tmp_path / "chips")
     row = load_chip(path)
