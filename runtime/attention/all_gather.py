@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from runtime import splash
-from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
+from runtime.attention.base import AttentionLayout, context_only, fold_heads, unfold_heads
 from runtime.layout import natural_chunk_slots, token_order
 
 
@@ -22,10 +22,7 @@ def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | Non
 
     (Every strategy takes the same arguments; this one needs only some of them.)
     """
-    if layout.ulysses > 1:
-        return (f"all_gather splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
-                f"(use usp to combine all-to-all with a ring).")
-    return None
+    return context_only(layout, "all_gather")
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:

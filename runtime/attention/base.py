@@ -56,3 +56,11 @@ def repeat_kv_for(k: jax.Array, degree: int) -> jax.Array:
     heads = k.shape[2]
     factor = math.lcm(heads, degree) // heads
     return jnp.repeat(k, factor, axis=2) if factor > 1 else k
+
+
+def context_only(layout: "AttentionLayout", name: str) -> str | None:
+    """The rule of the strategies that split the sequence over 'context' alone (all-gather, ring)."""
+    if layout.ulysses > 1:
+        return (f"{name} splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
+                f"(use usp to combine all-to-all with a ring).")
+    return None

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from runtime import splash
-from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
+from runtime.attention.base import AttentionLayout, context_only, fold_heads, unfold_heads
 
 AXIS = "context"
 
@@ -31,10 +31,7 @@ def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | Non
 
     (Every strategy takes the same arguments; this one needs only some of them.)
     """
-    if layout.ulysses > 1:
-        return (f"ring splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
-                f"(use usp for all-to-all inside a ring).")
-    return None
+    return context_only(layout, "ring")
 
 
 def _shift(tree, n: int):
