@@ -9,7 +9,6 @@ one budget (the layer's compute, counted once); the rest is exposed. `Estimate` 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from cost_models.remat import remat_code, remat_table
 from cost_models.errors import CpplanError
 from cost_models.strategies import STRATEGIES, Shape
 from cost_models.topology import AxisLinks, Topology, get_topology
-from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance
 from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 
 ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
@@ -373,17 +372,20 @@ def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, tuple[np.
     return cols, np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx])
 
 
+def group_links(links_of, segs: dict) -> dict[str, AxisLinks]:
+    """The links each collective group gets from the axes' segments (`links_of` prices segments)."""
+    return {
+        "data": links_of(segs["data"]),
+        "weights": links_of(segs["fsdp"] + segs["context"] + segs["context_ulysses"]),
+        "tensor": links_of(segs["tensor"]),
+        "context": links_of(segs["context"]),
+        "ulysses": links_of(segs["context_ulysses"]),
+    }
+
+
 def plan_links(plan) -> dict[str, AxisLinks]:
     """The links each collective group of a plan gets from its placement."""
-    topo = get_topology(plan.topology)
-    segs = plan.segments()
-    return {
-        "data": topo.links(segs["data"]),
-        "weights": topo.links(segs["fsdp"] + segs["context"] + segs["context_ulysses"]),
-        "tensor": topo.links(segs["tensor"]),
-        "context": topo.links(segs["context"]),
-        "ulysses": topo.links(segs["context_ulysses"]),
-    }
+    return group_links(get_topology(plan.topology).links, plan.segments())
 
 
 def estimate(plan) -> Estimate:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost_models.chips import Chip, get_chip, known_chips
+from cost_models.chips import Chip, known_chips
 from cost_models.errors import CpplanError, unknown_name
 
 # Shapes smaller than a 4x4x4 cube that exist as slices (sides sorted ascending).

@@ -13,7 +13,7 @@ from planner.options import SearchOptions, parse_seq_len
 from planner.plan import Plan
 from planner.search import SearchResult, search
 
-ModelArg = "str | ModelSpec | os.PathLike"
+ModelArg = str | ModelSpec | os.PathLike
 
 
 def run_search(model, seq_len, topology, **options) -> SearchResult:

@@ -126,7 +126,7 @@ class Explanation:
         lines += [
             "Chosen plan",
             f"  strategy       {describe_strategy(p)}",
-            f"  mesh           " + " ".join(f"{a}={s}" for a, s in p.mesh),
+            "  mesh           " + " ".join(f"{a}={s}" for a, s in p.mesh),
             f"  placement      {placement}",
             f"  remat          {p.remat.value}",
             f"  splash blocks  {p.block_q}×{p.block_kv}; loss "
@@ -134,10 +134,10 @@ class Explanation:
             "",
             f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "
             f"{_s(e.upper_bound_s)} with none)",
-            f"  compute        " + ", ".join(f"{k} {_s(v)}" for k, v in e.compute_s.items()),
-            f"  HBM-bound      " + ", ".join(f"{k} {_s(v)}" for k, v in e.hbm_s.items() if v > 0),
-            f"  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
-            f"  exposed        " + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
+            "  compute        " + ", ".join(f"{k} {_s(v)}" for k, v in e.compute_s.items()),
+            "  HBM-bound      " + ", ".join(f"{k} {_s(v)}" for k, v in e.hbm_s.items() if v > 0),
+            "  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
+            "  exposed        " + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
             + " (the rest overlaps compute)",
             f"  bottleneck     {e.bottleneck}",
             f"  throughput     {e.tokens_per_s_per_chip:,.0f} tokens/s/chip, MFU {e.mfu:.1%} "

@@ -15,7 +15,7 @@ import shlex
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS, ModelSpec, get_model
 from cost_models.topology import get_topology
-from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import CPStrategy, LoadBalance, RematPolicy
 from planner.plan import Plan, make_mesh
 
 SPLASH_BLOCK_FLAGS = ("sa_block_q", "sa_block_kv", "sa_block_kv_compute", "sa_block_q_dkv", "sa_block_kv_dkv",

@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from cost_models.compute import splash_smem_bytes
-from cost_models.estimate import Candidates, Estimate, estimate_row, price
+from cost_models.estimate import Candidates, Estimate, estimate_row, group_links, link_columns, price
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.remat import POLICIES
@@ -117,13 +117,7 @@ class _Placements:
                 if segs is None:
                     continue
                 by_axis = {a: tuple(type(s)(perm[s.dim], s.size, s.stride) for s in ss) for a, ss in zip(order, segs)}
-                links = {
-                    "data": self._links(by_axis["data"]),
-                    "weights": self._links(by_axis["fsdp"] + by_axis["context"] + by_axis["context_ulysses"]),
-                    "tensor": self._links(by_axis["tensor"]),
-                    "context": self._links(by_axis["context"]),
-                    "ulysses": self._links(by_axis["context_ulysses"]),
-                }
+                links = group_links(self._links, by_axis)
                 key = tuple((l.collective_bw_bytes_per_s, l.collective_latency_s, l.ring_bw_bytes_per_s,
                              l.ring_latency_s) for l in links.values())
                 if key not in seen:
@@ -235,16 +229,12 @@ def _rank_key(r: Ranked):
 
 def _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes) -> Candidates:
     sizes = np.array([r[0] for r in rows], dtype=float)
-    links = {name: (np.array([r[3][2][name].collective_bw_bytes_per_s for r in rows]),
-                    np.array([r[3][2][name].collective_latency_s for r in rows]))
-             for name in ("data", "weights", "tensor", "context", "ulysses")}
+    links, ring_bw, ring_lat = link_columns({name: [r[3][2][name] for r in rows] for name in rows[0][3][2]})
     x = Candidates(
         model=model, topology=topo, seq_len=seq_len, global_batch=batch, strategy=strategy,
         d=sizes[:, 0], f=sizes[:, 1], r=sizes[:, 2], u=sizes[:, 3], t=sizes[:, 4],
         remat=[POLICIES.index(r[2]) for r in rows], zigzag=[r[1] is LoadBalance.ZIGZAG for r in rows],
-        block=np.full(len(rows), 512.0), links=links,
-        ring_bw=np.array([r[3][2]["context"].ring_bw_bytes_per_s for r in rows]),
-        ring_lat=np.array([r[3][2]["context"].ring_latency_s for r in rows]),
+        block=np.full(len(rows), 512.0), links=links, ring_bw=ring_bw, ring_lat=ring_lat,
         loss_chunk_tokens=options.loss_chunk_tokens, act_bytes=act_bytes, param_bytes=param_bytes,
     )
     blocks, _ = _blocks_for(x, strategy, topo)

@@ -1,8 +1,6 @@
 """When nothing fits: what would (more remat, fewer tokens per step, a shorter sequence, more chips)."""
 from __future__ import annotations
 
-import math
-
 from cost_models.errors import CpplanError
 from cost_models.topology import Topology, _shape_for_chips
 from cost_models.vocabulary import RematPolicy

@@ -71,10 +71,10 @@ class Strategy(Protocol):
 
 
 def kv_heads_per_tensor_shard(model: ModelSpec, tensor):
-    """KV heads on one tensor shard: K/t, or 1 (replicated) when t exceeds K."""
+    """KV heads on one tensor shard: K/t (`heads_check` requires t to divide K)."""
     import numpy as np
 
-    return np.maximum(model.num_kv_heads / np.asarray(tensor, dtype=float), 1.0)
+    return model.num_kv_heads / np.asarray(tensor, dtype=float)
 
 
 def sequence_check(shape: Shape, splits: int, what: str) -> Violation | None:
