@@ -28,6 +28,10 @@ from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info
 from cost_models.errors import CpplanError
 
 LANES = 128  # splash needs key blocks that are a multiple of the TPU lane width
+# the kernel's output and log-sum-exp, kept for its backward, go by the attention output's
+# checkpoint name: a remat policy that keeps "context" then keeps them and does not run the
+# forward kernel again in the backward pass (one that does not keep it recomputes them)
+RESIDUALS_NAME = "context"
 
 
 def causal_mask_function(q_ids, kv_ids):
@@ -152,7 +156,7 @@ class Kernel:
         return sk.SplashAttentionKernel(
             self.fwd, self.dq, self.dkv, block_sizes=self.block_sizes, is_mqa=False,
             save_residuals=save_residuals, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
-            residual_checkpoint_name=None, mask_function=self.mask_function, interpret=self.interpret)
+            residual_checkpoint_name=RESIDUALS_NAME, mask_function=self.mask_function, interpret=self.interpret)
 
 
 def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:

@@ -44,9 +44,12 @@ def single_device_step():
     ("ring", dict(context=4, data=2), True, "full", 128, True),
     ("all_gather", dict(context=4, fsdp=2), True, "save_dot_except_mlp", 0, False),
     ("ulysses", dict(context_ulysses=4, tensor=2), False, "minimal_with_context", 128, True),
+    # the ring's residuals are kept under this policy (no second walk round the ring)
+    ("ring", dict(context=4, data=2), True, "minimal_with_context", 0, False),
     ("usp", dict(context=2, context_ulysses=2, data=2), True, "full", 0, False),
     ("usp", dict(context=4, context_ulysses=2), False, "full", 512, False),
-], ids=["ring4-data2-zigzag", "allgather4-fsdp2", "ulysses4-tensor2", "usp2x2-data2", "usp4x2"])
+], ids=["ring4-data2-zigzag", "allgather4-fsdp2", "ulysses4-tensor2", "ring4-data2-keep-context", "usp2x2-data2",
+         "usp4x2"])
 def test_step_equals_one_device_step(single_device_step, monkeypatch, strategy, mesh, zigzag, remat, chunk,
                                      small_pieces):
     if small_pieces:  # several MLP chunks and head pieces per device, not one of each
@@ -61,6 +64,16 @@ def test_step_equals_one_device_step(single_device_step, monkeypatch, strategy, 
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-9
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(want_params)):
         np.testing.assert_allclose(got, want, atol=1e-4)  # Adam divides by sqrt(v): tiny grads amplify
+
+
+def test_layer_weight_arrays_are_the_ones_the_cost_model_gathers():
+    from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER
+
+    plan = make_plan("cpu:1", {}, "none", zigzag=False)
+    params, _ = Trainer(plan, build_mesh(plan, jax.devices()[:1])).init(seed=0)
+    layer_arrays = [path for path, _ in jax.tree_util.tree_leaves_with_path(params)
+                    if "'layers'" in jax.tree_util.keystr(path)]
+    assert len(layer_arrays) == WEIGHT_ARRAYS_PER_LAYER
 
 
 def test_loss_falls_on_real_text():

@@ -19,6 +19,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from runtime import splash
 from runtime.attention.base import AttentionLayout, context_only, fold_heads, unfold_heads
@@ -108,6 +109,8 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLa
 
 def _ring_fwd(q, k, v, layout):
     out, lse = _forward(q, k, v, layout)
+    # named like splash's residuals, so that a policy keeping "context" does not walk the ring again
+    out, lse = (checkpoint_name(x, splash.RESIDUALS_NAME) for x in (out, lse))
     return out, (q, k, v, out, lse)
 
 
