@@ -26,12 +26,12 @@ def steps() -> None:
     from runtime.validation.steptime import validate_step_times
 
     chip_dir = OUT / "chips"
-    # attention measured at the shapes of the validated plans' kernels: 'small' has 8 heads of 32
-    row = calibrate("cpu:8", attention_seq=1024, attention_blocks=(128, 512), attention_heads=8,
+    # attention measured with the validated plans' heads: 'small' has 8 query and 4 kv heads of 32
+    row = calibrate("cpu:8", attention_seq=1024, attention_heads=8, attention_kv_heads=4,
                     attention_head_dim=32).write(chip_dir)
     os.environ["CPPLAN_CHIP_DIR"] = str(chip_dir)
     print(f"calibrated: {row}", flush=True)
-    report = validate_step_times("small", [2048, 4096], "cpu:8", sequences=1, max_plans=8, top=2, steps=3,
+    report = validate_step_times("small", [2048, 4096], "cpu:8", sequences=1, max_plans=8, top=2, steps=5,
                                  compute_dtype="float32")
     report.write(OUT / "steps")
     s = report.summary()

@@ -66,13 +66,25 @@ class Chip:
     matmul_efficiency: float
     attention_efficiency: float
     attention_block_overhead_s: float  # per splash grid step (q block × kv block × head), visited or skipped
+    attention_step_s_per_operand_byte: float  # per grid step, per byte of the kernel's operand arrays (interpreted kernels)
+    attention_masked_element_s: float  # per logit of a block the causal mask cuts through, per kernel
     comm_overlaps_compute: bool
+    # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
+    # virtual devices share memory, not links, so the torus formulas do not describe them.
+    # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
+    host_collectives: tuple = ()
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if isinstance(self.host_collectives, dict):
+            object.__setattr__(self, "host_collectives", tuple(
+                (kind, float(bw), float(lat)) for kind, (bw, lat) in sorted(self.host_collectives.items())))
 
     def to_dict(self) -> dict:
         """The JSON form of this row."""
         row = dataclasses.asdict(self)
         row["wraparound"] = self.wraparound.value
+        row["host_collectives"] = {kind: [bw, lat] for kind, bw, lat in self.host_collectives}
         return row
 
     @classmethod

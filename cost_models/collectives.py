@@ -3,8 +3,14 @@
 `bw` is the bandwidth an axis gets for collectives (`AxisLinks.collective_bw_bytes_per_s`:
 both directions where the axis closes a ring, the sum over the dimensions it spans); `lat` is
 its latency term. Every function takes numpy arrays or scalars and returns the same.
+
+`Collectives` prices them for one chip row: with these formulas over each axis's links, or, on
+a host whose virtual devices share memory instead of links, each kind at the rate calibration
+measured for it (`Chip.host_collectives`).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -44,3 +50,46 @@ def all_to_all(bytes_per_device, n, bw, lat):
 def ppermute(bytes_per_device, ring_bw, ring_lat):
     """One ring step: every device sends its block to the next one."""
     return bytes_per_device / ring_bw + ring_lat
+
+
+def host_all_to_all(bytes_per_device, n, bw, lat):
+    """All-to-all in shared memory: each device copies in the (n-1)/n of A it does not keep."""
+    return _safe(bytes_per_device, n, bw) + np.where(np.asarray(n) > 1, lat, 0.0)
+
+
+HOST_FORMULAS = {"all_gather": all_gather, "reduce_scatter": reduce_scatter, "all_to_all": host_all_to_all,
+                 "ppermute": lambda bytes_per_device, n, bw, lat: ppermute(bytes_per_device, bw, lat)}
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """Collective times for one chip row; arguments as the module functions take them.
+
+    `host`: ((kind, bytes/s, latency s), ...) measured on a host; a kind listed there ignores
+    the links given and uses its own rate.
+    """
+
+    host: tuple = ()
+
+    def _price(self, kind, volume, n, bw, lat, torus):
+        for name, host_bw, host_lat in self.host:
+            if name == kind:
+                return HOST_FORMULAS[kind](volume, n, host_bw, host_lat)
+        return torus(volume, n, bw, lat)
+
+    def all_gather(self, gathered_bytes, n, bw, lat):
+        return self._price("all_gather", gathered_bytes, n, bw, lat, all_gather)
+
+    def reduce_scatter(self, unreduced_bytes, n, bw, lat):
+        return self._price("reduce_scatter", unreduced_bytes, n, bw, lat, reduce_scatter)
+
+    def all_reduce(self, bytes_per_device, n, bw, lat):
+        """A reduce-scatter then an all-gather."""
+        return self.reduce_scatter(bytes_per_device, n, bw, lat) + self.all_gather(bytes_per_device, n, bw, lat)
+
+    def all_to_all(self, bytes_per_device, n, bw, lat):
+        return self._price("all_to_all", bytes_per_device, n, bw, lat, all_to_all)
+
+    def ppermute(self, bytes_per_device, ring_bw, ring_lat):
+        return self._price("ppermute", bytes_per_device, 2, ring_bw, ring_lat,
+                           lambda v, n, bw, lat: ppermute(v, bw, lat))

@@ -9,6 +9,13 @@
   inside the kernel (a mask function), so per (q block × kv block) it keeps one int8
   `block_mask` entry and one `data_next` index, downcast to the smallest integer type that holds
   the block count (jax's splash_attention_mask_info downcasts SMEM arrays), shared by all heads.
+- A kernel run as a grid pays per grid step, computed or skipped: a fixed cost, and where the
+  kernel is interpreted (Pallas interpret mode on a host) a copy of every operand array it
+  reads or writes — the discharged loop carries whole arrays, and XLA's CPU backend copies
+  them at each step (read in the step's HLO as full-array dynamic-update-slice fusions).
+  Mosaic kernels on a TPU move blocks only: their rows price these terms at 0. Blocks a causal
+  mask cuts through also evaluate the mask rule per logit (measured on a host: interpret mode
+  makes that as dear as the block's matmuls; a TPU row leaves it unmeasured, at 0).
 """
 from __future__ import annotations
 
@@ -16,6 +23,10 @@ import numpy as np
 
 SPLASH_BACKWARD_OVER_FORWARD = 2.5  # backward: 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward
 SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
+# arrays each kernel reads or writes, (shaped like q, shaped like k): forward q, o | k, v;
+# dq q, dO, dq | k, v; dk/dv q, dO | k, v, dk, dv
+SPLASH_FORWARD_OPERANDS = (2, 2)
+SPLASH_BACKWARD_OPERANDS = (3 + 2, 2 + 4)
 
 
 def tile_efficiency(dim, tile: int):
@@ -67,3 +78,45 @@ def splash_smem_bytes(q_len, kv_len, block):
     nq = np.ceil(np.asarray(q_len, dtype=float) / block)
     nk = np.ceil(np.asarray(kv_len, dtype=float) / block)
     return nq * nk * (1 + splash_index_bytes(np.maximum(nq, nk) - 1))
+
+
+def splash_grid_steps(heads, q_len, kv_len, block_q, block_kv):
+    """Grid steps of one splash kernel over `heads` (batch folded in) × q blocks × kv blocks."""
+    bq = np.minimum(block_q, q_len)
+    bk = np.minimum(block_kv, kv_len)
+    return np.asarray(heads, dtype=float) * np.ceil(np.asarray(q_len, dtype=float) / bq) * np.ceil(kv_len / bk)
+
+
+def splash_operand_bytes(q_heads, kv_heads, q_len, kv_len, head_dim, act_bytes, operands):
+    """Bytes of the arrays a kernel reads or writes, `operands` = (count shaped like q, like k)."""
+    q_array = np.asarray(q_heads, dtype=float) * q_len * head_dim * act_bytes
+    kv_array = np.asarray(kv_heads, dtype=float) * kv_len * head_dim * act_bytes
+    return operands[0] * q_array + operands[1] * kv_array
+
+
+def splash_partial_elements(heads, q_len, block_q, block_kv, causal):
+    """Logit elements of the blocks a causal mask cuts through, where the mask rule is evaluated.
+
+    Each query block crosses the diagonal over its own width, touching kv blocks worth
+    `max(block_q, block_kv)` keys: `q_len · max(bq, bk)` elements per head; none for a full mask.
+    """
+    return np.where(causal, np.asarray(heads, dtype=float) * q_len * np.maximum(block_q, block_kv), 0.0)
+
+
+def splash_step_costs(q_heads, kv_heads, q_len, kv_len, head_dim, act_bytes, block_q, block_kv,
+                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, causal=False):
+    """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
+
+    Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
+    `per_step_byte_s` per byte of its operand arrays per step, plus `per_masked_element_s` per
+    logit of the blocks a causal mask cuts through (the mask rule is evaluated there).
+    """
+    bq, bk = np.minimum(block_q, q_len), np.minimum(block_kv, kv_len)
+    steps = splash_grid_steps(q_heads, q_len, kv_len, bq, bk)
+    shape = (q_heads, kv_heads, q_len, kv_len, head_dim, act_bytes)
+    masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, bq, bk, causal)
+    fwd = steps * (per_step_s + per_step_byte_s * splash_operand_bytes(*shape, SPLASH_FORWARD_OPERANDS)) + masked
+    bwd = steps * (SPLASH_BACKWARD_GRIDS * per_step_s
+                   + per_step_byte_s * splash_operand_bytes(*shape, SPLASH_BACKWARD_OPERANDS)) \
+        + SPLASH_BACKWARD_GRIDS * masked
+    return fwd, bwd

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from cost_models import collectives
-from cost_models.compute import (SPLASH_BACKWARD_GRIDS, SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent,
-                                 splash_smem_bytes, tile_efficiency)
+from cost_models.collectives import Collectives
+from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent, splash_smem_bytes,
+                                 splash_step_costs, tile_efficiency)
 from cost_models.flops import head_forward_flops, layer_forward_flops, model_flops_per_step
 from cost_models.models import ModelSpec
 from cost_models.remat import remat_code, remat_table
@@ -24,7 +24,7 @@ from cost_models.errors import CpplanError
 from cost_models.strategies import STRATEGIES, Shape
 from cost_models.topology import AxisLinks, Topology, get_topology
 from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance
-from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
+from cost_models.work_layout import MLP_CHUNK_TOKENS, WEIGHT_ARRAYS_PER_LAYER, vocab_pieces
 
 ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
 ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
@@ -74,6 +74,9 @@ class Candidates:
         self.b_loc = self.global_batch / (self.d * self.f)
         self.tok = self.b_loc * self.seq_len / (self.r * self.u)
         self.ctx_bw, self.ctx_lat = self.links["context"]
+        # a host's virtual devices share its cores: work moves to whichever device is busy
+        self.shared_cores = self.topology.chip.kind == "cpu"
+        self.comm = Collectives(self.topology.chip.host_collectives)
         self.uly_bw, self.uly_lat = self.links["ulysses"]
 
 
@@ -126,17 +129,21 @@ def price(x: Candidates) -> Priced:
     lay = strategy.layout(x)
     # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
     # so the step costs the average rank's work (the balanced extent), not the busiest rank's
-    shared_cores = chip.kind == "cpu"
-    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag | shared_cores, x.block)
+    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag | x.shared_cores, x.block)
     attn_eff = chip.attention_efficiency * tile_efficiency(m.head_dim, tile)
     attn_exec_fwd = 4.0 * x.b_loc * lay.q_heads * m.head_dim * extent
-    # the kernel's grid visits every (q block × kv block) of every call, computed or skipped
-    grid_steps = x.b_loc * lay.q_heads * np.ceil(lay.q_len / x.block) * np.ceil(lay.kv_len / x.block) * \
-        np.where(x.strategy in (CPStrategy.RING, CPStrategy.USP), lay.ring, 1.0)
-    block_overhead = grid_steps * chip.attention_block_overhead_s
     attn_math_fwd = attn_exec_fwd / (peak * attn_eff)
-    attn_fwd = attn_math_fwd + block_overhead
-    attn_bwd = SPLASH_BACKWARD_OVER_FORWARD * attn_math_fwd + SPLASH_BACKWARD_GRIDS * block_overhead
+    # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
+    grid_fwd = grid_bwd = 0.0
+    for call in strategy.kernel_calls(x, lay):
+        fwd, bwd = splash_step_costs(x.b_loc * lay.q_heads, x.b_loc * lay.kv_heads, call.q_len, call.kv_len,
+                                     m.head_dim, a, np.minimum(x.block, call.q_block_cap), x.block,
+                                     chip.attention_block_overhead_s, chip.attention_step_s_per_operand_byte,
+                                     chip.attention_masked_element_s, call.causal)
+        grid_fwd = grid_fwd + call.count * fwd
+        grid_bwd = grid_bwd + call.count * bwd
+    attn_fwd = attn_math_fwd + grid_fwd
+    attn_bwd = SPLASH_BACKWARD_OVER_FORWARD * attn_math_fwd + grid_bwd
     attn_recompute = remat.recompute_attention[x.remat] * attn_fwd
 
     # -- elementwise (HBM bound) ----------------------------------------------------
@@ -188,18 +195,20 @@ def price(x: Candidates) -> Priced:
 
     # -- communication --------------------------------------------------------------
     wbw, wlat = x.links["weights"]
-    gather = collectives.all_gather(weights_bytes, g, wbw, wlat)
-    scatter = collectives.reduce_scatter(m.params_per_layer * pb / x.t, g, wbw, wlat)
+    # one collective per weight array: the bytes of the whole layer, the latency of each array
+    per_array = WEIGHT_ARRAYS_PER_LAYER
+    gather = per_array * x.comm.all_gather(weights_bytes / per_array, g, wbw, wlat)
+    scatter = per_array * x.comm.reduce_scatter(m.params_per_layer * pb / x.t / per_array, g, wbw, wlat)
     embed_bytes = m.embedding_params * a / x.t
-    embed_comm = 2 * collectives.all_gather(embed_bytes, g, wbw, wlat) + collectives.reduce_scatter(
+    embed_comm = 2 * x.comm.all_gather(embed_bytes, g, wbw, wlat) + x.comm.reduce_scatter(
         m.embedding_params * pb / x.t, g, wbw, wlat)
 
     tbw, tlat = x.links["tensor"]
-    tp_one = collectives.all_gather(x.tok * m.hidden * a, x.t, tbw, tlat)
+    tp_one = x.comm.all_gather(x.tok * m.hidden * a, x.t, tbw, tlat)
     tp = L * tp_one * (8 + remat.recompute_tensor_collectives[x.remat])
 
     dbw, dlat = x.links["data"]
-    dp = collectives.all_reduce(m.num_params * pb / shard, x.d, dbw, dlat)
+    dp = x.comm.all_reduce(m.num_params * pb / shard, x.d, dbw, dlat)
 
     cp = strategy.cost(x, lay, attn_fwd)
     recompute_attn = remat.recompute_attention[x.remat]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 MLP_CHUNK_TOKENS = 4096  # tokens per device per SwiGLU chunk (each chunk its own checkpoint)
 VOCAB_PIECE = 16384  # output-head columns gathered at once by the fused cross-entropy
+# weight arrays of one decoder layer (q, k, v, out, gate, up, down, two norm scales): sharded
+# arrays are gathered and their gradients reduce-scattered one array at a time
+WEIGHT_ARRAYS_PER_LAYER = 9
 
 
 def vocab_pieces(vocab_slice: int) -> int:

@@ -48,6 +48,12 @@ class RunReport:
         return statistics.median(times)
 
     @property
+    def best_step_s(self) -> float:
+        """The fastest step after the first: the host's own speed, as calibration measures it
+        (work sharing the machine only ever adds time)."""
+        return min(self.step_times_s[1:] or self.step_times_s)
+
+    @property
     def tokens_per_s(self) -> float:
         return self.plan.global_batch * self.plan.seq_len / self.step_time_s
 

@@ -152,3 +152,52 @@ def test_unknown_model_names_the_closest():
         get_model("llama3.1-70")
     with pytest.raises(CpplanError, match="multiple of num_kv_heads"):
         ModelSpec("bad", 2, 64, 6, 4, 16, 128, 256)
+
+
+def test_interpreted_splash_pays_per_grid_step_and_operand_byte():
+    from cost_models.compute import splash_step_costs
+
+    # 8 query heads × 256 tokens, 4 kv heads × 1024 tokens, blocks of 256: 8 × 1 × 4 = 32 steps.
+    # q-shaped array 8·256·32·2 = 131072 B, k-shaped 4·1024·32·2 = 262144 B; the forward
+    # touches q, o, k, v (786432 B), the backward q, dO, dq, q, dO | k, v, k, v, dk, dv (2228224 B)
+    fwd, bwd = splash_step_costs(8, 4, 256, 1024, 32, 2, 256, 256, 1e-4, 1e-9)
+    assert fwd == pytest.approx(32 * (1e-4 + 786432e-9))
+    assert bwd == pytest.approx(32 * (2e-4 + 2228224e-9))
+
+
+def test_ring_kernel_calls_as_the_runtime_makes_them():
+    import numpy as np
+
+    from cost_models.estimate import Candidates
+    from cost_models.strategies import STRATEGIES
+    from cost_models.topology import get_topology
+    from cost_models.vocabulary import CPStrategy
+
+    def calls(topology, zigzag):
+        links = {k: (np.array([1e9]), np.array([0.0])) for k in ("data", "weights", "tensor", "context", "ulysses")}
+        x = Candidates(MODELS["small"], get_topology(topology), 2048, 1, CPStrategy.RING, [1], [1], [4], [1], [1],
+                       [0], [zigzag], [128], links, [1e9], [0.0])
+        ring = STRATEGIES[CPStrategy.RING]
+        return [(float(c.count[0] if np.ndim(c.count) else c.count), float(np.ravel(c.q_len)[0]),
+                 float(np.ravel(c.kv_len)[0])) for c in ring.kernel_calls(x, ring.layout(x))]
+
+    # a 512-token block, causal; three hops: under zigzag half attend all queries to the source's
+    # first chunk, half the second query chunk to all of it
+    assert calls("v5p:2x2x1", True) == [(1, 512, 512), (1.5, 512, 256), (1.5, 256, 512)]
+    # without zigzag only earlier sources compute: all three on the last rank of a TPU slice,
+    # half of them on the average rank of a host whose devices share cores
+    assert calls("v5p:2x2x1", False)[:2] == [(1, 512, 512), (3, 512, 512)]
+    assert calls("cpu:4", False)[:2] == [(1, 512, 512), (1.5, 512, 512)]
+
+
+def test_host_collectives_use_their_measured_rates():
+    from cost_models.collectives import Collectives
+
+    host = Collectives((("all_gather", 1e9, 1e-4), ("all_to_all", 1e9, 0.0)))
+    # an 8 MB gather over 8 devices copies 7/8 of it in: 7 ms, plus 0.1 ms
+    assert host.all_gather(8e6, 8, 1e12, 0.0) == pytest.approx(7.1e-3)
+    # a kind not measured falls back to the links given
+    assert host.reduce_scatter(8e6, 8, 1e12, 0.0) == pytest.approx(7e-6)
+    # shared memory: an all-to-all copies in the 3/4 of A it does not keep (the torus's A·n/4W does not apply)
+    assert host.all_to_all(1e6, 4, 5e9, 1.0) == pytest.approx(7.5e-4)
+    assert Collectives().all_to_all(1e6, 4, 1e9, 0.0) == pytest.approx(1e-3)

@@ -98,12 +98,13 @@ def test_calibrate_and_validate_on_virtual_devices(tmp_path, monkeypatch):
     from runtime.calibrate import calibrate
     from runtime.validation.steptime import validate_step_times
 
-    result = calibrate("cpu:8", repeats=1, matmul_size=256, attention_seq=256, attention_blocks=(128, 256),
-                       attention_heads=2, attention_head_dim=16)
+    result = calibrate("cpu:8", repeats=1, matmul_size=256, attention_seq=1024, attention_heads=2,
+                       attention_kv_heads=1, attention_head_dim=16)
     path = result.write(tmp_path / "chips")
     row = load_chip(path)
     assert row.peak_bf16_flops_per_s > 1e8 and row.hbm_bw_bytes_per_s > 1e8
     assert 0 < row.attention_efficiency < 1e3 and 0 <= row.attention_block_overhead_s < 1.0
+    assert 0 <= row.attention_step_s_per_operand_byte < 1e-6
     assert "measured by `cpplan calibrate" in row.sources["peak_bf16_flops_per_s"]
     monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path / "chips"))
     report = validate_step_times("tiny", [1024], "cpu:8", max_plans=1, top=1, steps=2, strategies=["ring"],

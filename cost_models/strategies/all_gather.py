@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models import collectives
-from cost_models.strategies.base import CPCost, Layout, Shape, Violation, context_axis_check, kv_heads_per_tensor_shard
+from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, context_axis_check,
+                                         kv_heads_per_tensor_shard)
 from cost_models.vocabulary import CPStrategy
 
 
@@ -25,9 +25,14 @@ class AllGather:
         return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, s / x.r,
                       np.full_like(x.r, s, dtype=float))
 
+    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        """One causal call of the local queries against the gathered keys; under zigzag a query
+        block must stay inside one of the rank's two chunks."""
+        return (KernelCall(1.0, layout.q_len, layout.kv_len, q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf)),)
+
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         kv_full = 2 * x.b_loc * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
-        gather = collectives.all_gather(kv_full, x.r, x.ctx_bw, x.ctx_lat)
-        scatter = collectives.reduce_scatter(kv_full, x.r, x.ctx_bw, x.ctx_lat)
+        gather = x.comm.all_gather(kv_full, x.r, x.ctx_bw, x.ctx_lat)
+        scatter = x.comm.reduce_scatter(kv_full, x.r, x.ctx_bw, x.ctx_lat)
         bwd = gather + scatter
         return CPCost(gather, bwd, gather, bwd, 2 * kv_full, recompute_reuses_s=gather)

@@ -43,6 +43,20 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class KernelCall:
+    """`count` splash calls a device makes per layer forward, of `q_len` × `kv_len` tokens
+    (arrays over candidates); the backward runs its dq and dk/dv kernels over each. Query
+    blocks are at most `q_block_cap` tokens (a block must not straddle two zigzag chunks);
+    `causal` calls evaluate the mask rule on the blocks the diagonal cuts through."""
+
+    count: Any
+    q_len: Any
+    kv_len: Any
+    causal: bool = True
+    q_block_cap: Any = float("inf")
+
+
+@dataclass(frozen=True)
 class CPCost:
     """A strategy's own traffic for one layer, forward and backward (arrays over candidates)."""
 
@@ -66,8 +80,16 @@ class Strategy(Protocol):
     def layout(self, x) -> Layout:
         """Kernel layout for the candidates in `x` (an `estimate.Candidates`)."""
 
+    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        """The splash calls one device makes per layer forward, as the runtime makes them."""
+
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         """Per-layer traffic; `attention_fwd_s` is the forward kernel time per layer."""
+
+
+def one_call(x, layout: Layout) -> tuple[KernelCall, ...]:
+    """The kernel calls of a strategy whose device attends its whole layout in one call."""
+    return (KernelCall(1.0, layout.q_len, layout.kv_len),)
 
 
 def kv_heads_per_tensor_shard(model: ModelSpec, tensor):

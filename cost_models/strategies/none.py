@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.strategies.base import (CPCost, Layout, Shape, Violation, degree_check, heads_check,
-                                         kv_heads_per_tensor_shard, sequence_check)
+from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, degree_check, heads_check,
+                                         kv_heads_per_tensor_shard, one_call, sequence_check)
 from cost_models.vocabulary import CPStrategy
 
 
@@ -22,6 +22,9 @@ class NoContext:
     def layout(self, x) -> Layout:
         s = np.full_like(x.r, x.seq_len, dtype=float)
         return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), np.ones_like(s), s, s)
+
+    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        return one_call(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         zero = np.zeros_like(attention_fwd_s)

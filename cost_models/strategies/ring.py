@@ -8,13 +8,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models import collectives
 from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD
-from cost_models.strategies.base import CPCost, Layout, Shape, Violation, context_axis_check, kv_heads_per_tensor_shard
+from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, context_axis_check,
+                                         kv_heads_per_tensor_shard)
 from cost_models.vocabulary import CPStrategy
 
 GRAD_BYTES = 4  # dK/dV accumulate in fp32
 SPLASH_LSE_LANES = 128  # splash's log-sum-exp output is [heads, q_len, 128] fp32
+
+
+def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
+    """A causal call over the local block, then one call per hop (USP reuses it).
+
+    Zigzag: a hop from an earlier rank attends all local queries to the source's first chunk,
+    one from a later rank the second query chunk to the whole source — across ranks, half of
+    the hops each. Without zigzag only hops from earlier ranks compute: all of them on the last
+    rank, half on the average one, which is what a host's shared cores pay.
+    """
+    length, hops = layout.q_len, layout.ring - 1
+    plain_hops = np.where(x.shared_cores, hops / 2, hops)
+    return (KernelCall(1.0, length, length),
+            KernelCall(np.where(x.zigzag, hops / 2, plain_hops), length, np.where(x.zigzag, length / 2, length),
+                       causal=False),
+            KernelCall(np.where(x.zigzag, hops / 2, 0.0), length / 2, length, causal=False))
 
 
 def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
@@ -22,12 +38,12 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     r = layout.ring
     block_tokens = x.b_loc * x.seq_len / r
     kv_block = 2 * block_tokens * heads_in_kernel_kv * x.model.head_dim * x.act_bytes
-    hop_fwd = collectives.ppermute(kv_block, x.ring_bw, x.ring_lat)
-    hop_bwd = collectives.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), x.ring_bw, x.ring_lat)
+    hop_fwd = x.comm.ppermute(kv_block, x.ring_bw, x.ring_lat)
+    hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), x.ring_bw, x.ring_lat)
     hops = r - 1
     compute_per_hop_fwd = attention_fwd_s / r
     compute_per_hop_bwd = compute_per_hop_fwd * SPLASH_BACKWARD_OVER_FORWARD
-    grads_home = collectives.ppermute(kv_block * GRAD_BYTES / x.act_bytes, x.ring_bw, x.ring_lat)
+    grads_home = x.comm.ppermute(kv_block * GRAD_BYTES / x.act_bytes, x.ring_bw, x.ring_lat)
     fwd = hops * hop_fwd
     bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
     exposed_fwd = hops * np.maximum(0.0, hop_fwd - compute_per_hop_fwd)
@@ -51,6 +67,9 @@ class Ring:
     def layout(self, x) -> Layout:
         block = x.seq_len / x.r
         return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, block, block)
+
+    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        return ring_calls(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         return ring_cost(x, layout, attention_fwd_s, layout.kv_heads)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models import collectives
-from cost_models.strategies.base import (CPCost, Layout, Shape, Violation, degree_check, heads_check,
-                                         kv_heads_per_tensor_shard, sequence_check)
+from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, degree_check, heads_check,
+                                         kv_heads_per_tensor_shard, one_call, sequence_check)
 from cost_models.vocabulary import CPStrategy
 
 
@@ -38,7 +37,7 @@ def all_to_all_cost(x, layout: Layout):
     local_tokens = x.b_loc * x.seq_len / (x.r * x.u)
 
     def a2a(heads):  # one array of `heads` heads per device after the exchange
-        return collectives.all_to_all(local_tokens * heads * x.u * x.model.head_dim * x.act_bytes,
+        return x.comm.all_to_all(local_tokens * heads * x.u * x.model.head_dim * x.act_bytes,
                                       x.u, x.uly_bw, x.uly_lat)
 
     q, kv = a2a(layout.q_heads), a2a(layout.kv_heads)
@@ -60,6 +59,9 @@ class Ulysses:
 
     def layout(self, x) -> Layout:
         return ulysses_layout(x, np.ones_like(x.r), np.full_like(x.r, x.seq_len, dtype=float))
+
+    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        return one_call(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         fwd, bwd, reuse = all_to_all_cost(x, layout)

@@ -5,8 +5,9 @@ ring then passes those blocks around the `context` axis. Costs are the two strat
 """
 from __future__ import annotations
 
-from cost_models.strategies.base import CPCost, Layout, Shape, Violation, degree_check, heads_check, sequence_check
-from cost_models.strategies.ring import ring_cost
+from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, degree_check, heads_check,
+                                         sequence_check)
+from cost_models.strategies.ring import ring_calls, ring_cost
 from cost_models.strategies.ulysses import all_to_all_cost, ulysses_check, ulysses_layout
 from cost_models.vocabulary import CPStrategy
 
@@ -22,6 +23,9 @@ class USP:
 
     def layout(self, x) -> Layout:
         return ulysses_layout(x, x.r, x.seq_len / x.r)
+
+    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        return ring_calls(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         a2a_fwd, a2a_bwd, reuse = all_to_all_cost(x, layout)

@@ -15,7 +15,13 @@ def _seq_lens(text: str) -> list[int]:
 def cmd_calibrate(args) -> int:
     from runtime.calibrate import calibrate
 
-    result = calibrate(args.topology, dtype=args.dtype, repeats=args.repeats)
+    shape = {}
+    if args.model:
+        from cost_models.models import get_model
+
+        m = get_model(args.model)
+        shape = dict(attention_heads=m.num_heads, attention_kv_heads=m.num_kv_heads, attention_head_dim=m.head_dim)
+    result = calibrate(args.topology, dtype=args.dtype, repeats=args.repeats, **shape)
     path = result.write(args.out)
     chip = result.chip
     print(f"wrote {path}: peak {chip.peak_bf16_flops_per_s / 1e9:.1f} GFLOP/s per chip, attention efficiency "
@@ -67,6 +73,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", required=True, help="the devices present, e.g. cpu:8")
     p.add_argument("--dtype", default="float32", help="compute dtype measured (float32 on a CPU host)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--model", help="measure attention with this model's heads (default: 8 query, 4 kv heads of 32)")
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
     p.set_defaults(func=cmd_calibrate)
 

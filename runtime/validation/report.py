@@ -30,6 +30,7 @@ class StepResult:
     measured_mfu: float | None = None
     source: str = "run"
     failure: str | None = None
+    measured_median_s: float | None = None  # of a run's steps after the first, beside its fastest
 
     @property
     def error(self) -> float | None:
@@ -41,7 +42,8 @@ class StepResult:
         return {"plan": self.plan.to_dict(), "label": _plan_label(self.plan), "seq_len": self.plan.seq_len,
                 "strategy": self.plan.cp_strategy.value, "predicted_step_s": self.predicted.step_time_s,
                 "measured_step_s": self.measured_step_s, "error": self.error, "predicted_mfu": self.predicted.mfu,
-                "measured_mfu": self.measured_mfu, "source": self.source, "failure": self.failure}
+                "measured_mfu": self.measured_mfu, "measured_median_s": self.measured_median_s,
+                "source": self.source, "failure": self.failure}
 
 
 @dataclass
@@ -94,7 +96,9 @@ class StepTimeReport:
                  "| seq_len | predicted winner | measured winner | regret |", "|---|---|---|---|"]
         for seq, w in s["winners"].items():
             lines.append(f"| {seq} | {w['predicted']} | {w['measured']} | {s['regret_per_seq_len'][seq]:.3f} |")
-        lines += ["", "| plan | seq_len | predicted s | measured s | error | predicted MFU | measured MFU |",
+        lines += ["", "Measured: a run's fastest step after the first (calibration keeps its fastest run too: work "
+                  "sharing the host only ever adds time); the median is in the JSON.", "",
+                  "| plan | seq_len | predicted s | measured s | error | predicted MFU | measured MFU |",
                   "|---|---|---|---|---|---|---|"]
         for r in sorted(self.results, key=lambda r: (r.plan.seq_len, r.predicted.step_time_s)):
             if r.measured_step_s is None:
