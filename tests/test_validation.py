@@ -81,6 +81,25 @@ def test_link_fit_recovers_the_models_own_figures():
     assert max(errors.values()) < 1e-6
 
 
+def test_host_collective_fit_recovers_each_kinds_rate():
+    from runtime.calibrate import COLLECTIVE_SIZES, fit_host_collectives
+
+    # four kinds at four different (bytes/s, latency), timed as the host formulas say; 8 devices
+    truth = {"all_gather": (1.5e9, 2.5e-4), "reduce_scatter": (2e9, 2e-4), "all_to_all": (5e8, 3e-4),
+             "ppermute": (2.1e9, 2e-4)}
+    times = {
+        "all_gather": lambda b, bw, lat: 8 * b * 7 / 8 / bw + lat,  # gathers 8·b, copies in 7/8 of it
+        "reduce_scatter": lambda b, bw, lat: b * 7 / 8 / bw + lat,
+        "all_to_all": lambda b, bw, lat: b * 7 / 8 / bw + lat,  # keeps 1/8 of its array, copies in the rest
+        "ppermute": lambda b, bw, lat: b / bw + lat,
+    }
+    points = {k: [(b, times[k](b, *truth[k])) for b in COLLECTIVE_SIZES] for k in truth}
+    fitted, errors = fit_host_collectives(points, 8)
+    for kind, (bw, lat) in truth.items():
+        assert fitted[kind] == pytest.approx([bw, lat], rel=1e-6)
+    assert max(errors.values()) < 1e-6
+
+
 def test_validate_measured_from_the_command_line(tmp_path, capsys):
     from planner.cli import main
 

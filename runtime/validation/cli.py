@@ -25,9 +25,14 @@ def cmd_calibrate(args) -> int:
     path = result.write(args.out)
     chip = result.chip
     print(f"wrote {path}: peak {chip.peak_bf16_flops_per_s / 1e9:.1f} GFLOP/s per chip, attention efficiency "
-          f"{chip.attention_efficiency:.2f}, memory {chip.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, link "
+          f"{chip.attention_efficiency:.2f} (+ {chip.attention_block_overhead_s * 1e6:.1f} µs per grid step, "
+          f"{chip.attention_step_s_per_operand_byte * 1e12:.1f} ps per operand byte per step, "
+          f"{chip.attention_masked_element_s * 1e9:.2f} ns per masked logit), memory "
+          f"{chip.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, link "
           f"{(chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s) / 1e9:.2f} GB/s, "
           f"hop latency {chip.ici_hop_latency_s * 1e6:.1f} µs")
+    for kind, bw, lat in chip.host_collectives:
+        print(f"  {kind}: {bw / 1e9:.2f} GB/s + {lat * 1e6:.0f} µs")
     print(f"use it: export CPPLAN_CHIP_DIR={path.parent}")
     return 0
 
