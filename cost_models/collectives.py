@@ -59,6 +59,8 @@ def host_all_to_all(bytes_per_device, n, bw, lat):
 
 HOST_FORMULAS = {"all_gather": all_gather, "reduce_scatter": reduce_scatter, "all_to_all": host_all_to_all,
                  "ppermute": lambda bytes_per_device, n, bw, lat: ppermute(bytes_per_device, bw, lat)}
+# over links every kind has the same formula as on a host but the all-to-all (A·n/4W on a torus)
+TORUS_FORMULAS = {**HOST_FORMULAS, "all_to_all": all_to_all}
 
 
 @dataclass(frozen=True)
@@ -71,25 +73,24 @@ class Collectives:
 
     host: tuple = ()
 
-    def _price(self, kind, volume, n, bw, lat, torus):
+    def _price(self, kind, volume, n, bw, lat):
         for name, host_bw, host_lat in self.host:
             if name == kind:
                 return HOST_FORMULAS[kind](volume, n, host_bw, host_lat)
-        return torus(volume, n, bw, lat)
+        return TORUS_FORMULAS[kind](volume, n, bw, lat)
 
     def all_gather(self, gathered_bytes, n, bw, lat):
-        return self._price("all_gather", gathered_bytes, n, bw, lat, all_gather)
+        return self._price("all_gather", gathered_bytes, n, bw, lat)
 
     def reduce_scatter(self, unreduced_bytes, n, bw, lat):
-        return self._price("reduce_scatter", unreduced_bytes, n, bw, lat, reduce_scatter)
+        return self._price("reduce_scatter", unreduced_bytes, n, bw, lat)
 
     def all_reduce(self, bytes_per_device, n, bw, lat):
         """A reduce-scatter then an all-gather."""
         return self.reduce_scatter(bytes_per_device, n, bw, lat) + self.all_gather(bytes_per_device, n, bw, lat)
 
     def all_to_all(self, bytes_per_device, n, bw, lat):
-        return self._price("all_to_all", bytes_per_device, n, bw, lat, all_to_all)
+        return self._price("all_to_all", bytes_per_device, n, bw, lat)
 
     def ppermute(self, bytes_per_device, ring_bw, ring_lat):
-        return self._price("ppermute", bytes_per_device, 2, ring_bw, ring_lat,
-                           lambda v, n, bw, lat: ppermute(v, bw, lat))
+        return self._price("ppermute", bytes_per_device, 2, ring_bw, ring_lat)  # a ring step: n plays no part

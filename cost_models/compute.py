@@ -81,10 +81,10 @@ def splash_smem_bytes(q_len, kv_len, block):
 
 
 def splash_grid_steps(heads, q_len, kv_len, block_q, block_kv):
-    """Grid steps of one splash kernel over `heads` (batch folded in) × q blocks × kv blocks."""
-    bq = np.minimum(block_q, q_len)
-    bk = np.minimum(block_kv, kv_len)
-    return np.asarray(heads, dtype=float) * np.ceil(np.asarray(q_len, dtype=float) / bq) * np.ceil(kv_len / bk)
+    """Grid steps of one splash kernel over `heads` (batch folded in) × q blocks × kv blocks;
+    the blocks are those in effect (no longer than their lengths)."""
+    return np.asarray(heads, dtype=float) * np.ceil(np.asarray(q_len, dtype=float) / block_q) * \
+        np.ceil(kv_len / block_kv)
 
 
 def splash_operand_bytes(q_heads, kv_heads, q_len, kv_len, head_dim, act_bytes, operands):
