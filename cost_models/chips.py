@@ -42,12 +42,41 @@ class Wraparound(str, Enum):
         return False
 
 
+class ChipKind(str, Enum):
+    """What a row describes; code asks its properties, never compares names, so a new kind is
+    a new member and a new row."""
+
+    TPU = "tpu"
+    CPU = "cpu"  # a host's virtual devices (`cpu:N`), measured by `cpplan calibrate`
+    GPU = "gpu"  # a measured GPU: splash is a TPU kernel, so it runs interpreted there
+
+    @property
+    def shares_cores(self) -> bool:
+        """The devices share one host's cores and memory: work moves to whichever device is busy."""
+        return self is ChipKind.CPU
+
+    @property
+    def has_torus(self) -> bool:
+        """Devices are joined by ICI links on a torus (placement matters; MaxText can run here)."""
+        return self is ChipKind.TPU
+
+    @property
+    def interprets_kernels(self) -> bool:
+        """Pallas kernels (splash) run in interpret mode: no SMEM limit, a cost per grid step."""
+        return self is not ChipKind.TPU
+
+    @property
+    def jax_platform(self) -> str:
+        """The jax platform name of these devices."""
+        return self.value
+
+
 @dataclass(frozen=True)
 class Chip:
     """One accelerator (or host) with its figures per chip; units are in the field names."""
 
     name: str
-    kind: str
+    kind: ChipKind
     peak_bf16_flops_per_s: float
     hbm_bytes_per_device: int
     hbm_bw_bytes_per_s: float
@@ -84,6 +113,7 @@ class Chip:
         """The JSON form of this row."""
         row = dataclasses.asdict(self)
         row["wraparound"] = self.wraparound.value
+        row["kind"] = self.kind.value
         row["host_collectives"] = {kind: [bw, lat] for kind, bw, lat in self.host_collectives}
         return row
 
@@ -105,7 +135,11 @@ class Chip:
                 f"{origin}: wraparound {row['wraparound']!r} is not one of "
                 f"{[w.value for w in Wraparound]}."
             ) from None
-        chip = cls(**{**row, "wraparound": wrap})
+        try:
+            kind = ChipKind(row["kind"])
+        except ValueError:
+            raise CpplanError(f"{origin}: kind {row['kind']!r} is not one of {[k.value for k in ChipKind]}.") from None
+        chip = cls(**{**row, "wraparound": wrap, "kind": kind})
         for name in ("peak_bf16_flops_per_s", "hbm_bytes_per_device", "hbm_bw_bytes_per_s", "devices_per_chip"):
             if not getattr(chip, name) > 0:
                 raise CpplanError(f"{origin}: {name}={getattr(chip, name)} must be positive.")

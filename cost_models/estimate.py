@@ -22,6 +22,7 @@ from cost_models.models import ModelSpec
 from cost_models.remat import remat_code, remat_table
 from cost_models.errors import CpplanError
 from cost_models.strategies import STRATEGIES, Shape
+from cost_models.units import mfu
 from cost_models.topology import AxisLinks, Topology, get_topology
 from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance
 from cost_models.work_layout import MLP_CHUNK_TOKENS, WEIGHT_ARRAYS_PER_LAYER, vocab_pieces
@@ -304,7 +305,7 @@ class Estimate:
 
     @property
     def mfu(self) -> float:
-        return self.model_flops / (self.step_time_s * self.num_devices * self.peak_flops_per_device)
+        return mfu(self.model_flops, self.step_time_s, self.num_devices, self.peak_flops_per_device)
 
     @property
     def tokens_per_s_per_chip(self) -> float:
