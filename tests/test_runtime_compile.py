@@ -9,6 +9,7 @@ pytest.importorskip("libtpu")
 
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import ModelSpec, get_model  # noqa: E402
+from cost_models.units import GiB  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.compile import compile_for, parse_hbm_oom, tpu_devices  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
@@ -38,7 +39,7 @@ def test_tiny_model_compiles_for_tpu(topology, strategy):
     assert report.argument_bytes > 0 and report.temp_bytes > 0
     assert report.required_bytes == (report.argument_bytes + report.output_bytes - report.alias_bytes
                                      + report.temp_bytes + report.code_bytes)
-    assert report.available_bytes > 90 * 2**30  # v5p 95.7 GiB, tpu7x 94.7 GiB per device
+    assert report.available_bytes > 90 * GiB  # v5p 95.7 GiB, tpu7x 94.7 GiB per device
     assert "GiB per device" in str(report)
 
 
@@ -48,8 +49,8 @@ def test_far_over_hbm_returns_fits_false_with_the_compilers_figures():
                 cp_strategy="ring", load_balance="zigzag", block_q=512, block_kv=512)
     report = compile_for(plan)
     assert not report.fits
-    assert report.required_bytes > 2 * report.available_bytes > 180 * 2**30
-    assert report.available_bytes == int(95.73 * 2**30)  # the compiler's own figure for v5p
+    assert report.required_bytes > 2 * report.available_bytes > 180 * GiB
+    assert report.available_bytes == int(95.73 * GiB)  # the compiler's own figure for v5p
     assert "does not fit" in str(report) and "CompileTimeHbmOom" in report.message
 
 
@@ -58,10 +59,10 @@ def test_hbm_oom_message_parsing():
                "Used 189.02G of 95.73G hbm. Exceeded hbm capacity by 93.29G. ... CompileTimeHbmOom: the program "
                "requires 189.02G, which exceeds available HBM (95.73G)")
     need, have = parse_hbm_oom(message)
-    assert need == int(189.02 * 2**30) and have == int(95.73 * 2**30)
+    assert need == int(189.02 * GiB) and have == int(95.73 * GiB)
     message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required "
                "for HLO temporaries (186.89G) exceeds available HBM (95.73G). HLO module: jit_fn.")
-    assert parse_hbm_oom(message) == (int(186.89 * 2**30), int(95.73 * 2**30))
+    assert parse_hbm_oom(message) == (int(186.89 * GiB), int(95.73 * GiB))
     assert parse_hbm_oom("INVALID_ARGUMENT: something else") is None
 
 

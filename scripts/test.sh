@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The tests, exactly as CI runs them (.ci/run calls this script and nothing else), in three stages:
+#   1. Python 3.11 with `pip install -e '.[test]'` only: the pure tier passes without jax.
+#   2. Python 3.11 with the runtime extra: the whole suite (pure, cpu_mesh, tpu_compile).
+#   3. Python 3.12 with MaxText 0.2.5's stack (constraints/maxtext-0.2.5.txt): pure and cpu_mesh.
+# Each stage installs into its own virtual environment under .venvs/ (kept for the next run) and
+# prints how long it took. Run from anywhere: `bash scripts/test.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# A Python of the given minor version: pyenv's when pyenv has one (it need not be the active
+# version), otherwise python3.X on the PATH.
+python_for() {
+    local version
+    if command -v pyenv >/dev/null; then
+        version=$(pyenv versions --bare | grep -E "^$1\.[0-9]+$" | sort -V | tail -1)
+        if [ -n "$version" ]; then echo "$(pyenv root)/versions/$version/bin/python$1"; return; fi
+    fi
+    command -v "python$1" || { echo "Python $1 not found: install it (e.g. 'pyenv install $1')" >&2; exit 1; }
+}
+
+# venv NAME PYTHON PIP-ARGS...: (re)uses .venvs/NAME and installs this checkout into it.
+venv() {
+    local dir=".venvs/$1"
+    [ -x "$dir/bin/python" ] || "$2" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q -e "${@:3}"
+}
+
+# tier NAME PYTEST-ARGS...: runs pytest in .venvs/NAME; collecting no test is a failure, not a pass.
+tier() {
+    local status=0
+    ".venvs/$1/bin/python" -m pytest -q -p no:cacheprovider "${@:2}" || status=$?
+    if [ "$status" -eq 5 ]; then echo "FAILED: pytest ${*:2} collected no tests in .venvs/$1" >&2; fi
+    return "$status"
+}
+
+declare -a times=()
+trap 'printf "%s\n" "${times[@]}"' EXIT  # the stages' times, also when one fails
+stage() {  # stage TITLE COMMAND...: runs one stage and records its wall time
+    local start=$SECONDS
+    echo "=== $1"
+    "${@:2}"
+    times+=("$(printf '%4ds  %s' $((SECONDS - start)) "$1")")
+}
+
+pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test]' && tier py311-pure -m pure; }
+whole_suite() { venv py311 "$(python_for 3.11)" '.[runtime,test]' && tier py311; }
+beside_maxtext() {
+    venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt
+    tier py312-maxtext -m "pure or cpu_mesh"
+}
+
+stage "1/3 Python 3.11, .[test] only: pure tier" pure_without_jax
+stage "2/3 Python 3.11, .[runtime,test]: whole suite" whole_suite
+stage "3/3 Python 3.12, MaxText 0.2.5 stack: pure and cpu_mesh tiers" beside_maxtext
