@@ -3,8 +3,9 @@
 #   1. Python 3.11 with `pip install -e '.[test]'` only: the pure tier passes without jax.
 #   2. Python 3.11 with the runtime extra: the whole suite (pure, cpu_mesh, tpu_compile).
 #   3. Python 3.12 with MaxText 0.2.5's stack (constraints/maxtext-0.2.5.txt): pure and cpu_mesh.
-# Each stage installs into its own virtual environment under .venvs/ (kept for the next run) and
-# prints how long it took. Run from anywhere: `bash scripts/test.sh`.
+# Each stage installs into its own virtual environment under .venvs/ (kept for the next run); all
+# three run, and a summary at the end gives each one's outcome and time.
+# Run from anywhere: `bash scripts/test.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,8 +23,7 @@ python_for() {
 # venv NAME PYTHON PIP-ARGS...: (re)uses .venvs/NAME and installs this checkout into it.
 venv() {
     local dir=".venvs/$1"
-    [ -x "$dir/bin/python" ] || "$2" -m venv "$dir"
-    "$dir/bin/python" -m pip install -q -e "${@:3}"
+    { [ -x "$dir/bin/python" ] || "$2" -m venv "$dir"; } && "$dir/bin/python" -m pip install -q -e "${@:3}"
 }
 
 # tier NAME PYTEST-ARGS...: runs pytest in .venvs/NAME; collecting no test is a failure, not a pass.
@@ -34,22 +34,29 @@ tier() {
     return "$status"
 }
 
-declare -a times=()
-trap 'printf "%s\n" "${times[@]}"' EXIT  # the stages' times, also when one fails
-stage() {  # stage TITLE COMMAND...: runs one stage and records its wall time
-    local start=$SECONDS
+# stage TITLE FUNCTION: runs one stage and records its wall time and outcome; every stage runs,
+# and the script fails at the end if any stage failed.
+declare -a summary=()
+failed=0
+stage() {
+    local start=$SECONDS status=0
     echo "=== $1"
-    "${@:2}"
-    times+=("$(printf '%4ds  %s' $((SECONDS - start)) "$1")")
+    "$2" || status=$?
+    summary+=("$(printf '%-6s %5ds  %s' "$([ "$status" -eq 0 ] && echo ok || echo FAILED)" $((SECONDS - start)) "$1")")
+    [ "$status" -eq 0 ] || failed=1
 }
 
+# The stages (set -e does not apply inside a function called from `||`, hence the && chains).
 pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test]' && tier py311-pure -m pure; }
 whole_suite() { venv py311 "$(python_for 3.11)" '.[runtime,test]' && tier py311; }
 beside_maxtext() {
-    venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt
-    tier py312-maxtext -m "pure or cpu_mesh"
+    venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt &&
+        tier py312-maxtext -m "pure or cpu_mesh"
 }
 
 stage "1/3 Python 3.11, .[test] only: pure tier" pure_without_jax
 stage "2/3 Python 3.11, .[runtime,test]: whole suite" whole_suite
 stage "3/3 Python 3.12, MaxText 0.2.5 stack: pure and cpu_mesh tiers" beside_maxtext
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+exit "$failed"
