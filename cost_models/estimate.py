@@ -10,7 +10,7 @@ one budget (the layer's compute, counted once); the rest is exposed. `Estimate` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,42 +43,80 @@ def peak_bytes(memory: dict):
     return static + np.maximum(sum(memory[k] for k in LAYER_MEMORY), sum(memory[k] for k in LOSS_MEMORY))
 
 
-@dataclass
+class LinkColumns(NamedTuple):
+    """The links a collective group gets, one entry per candidate."""
+
+    bw: np.ndarray  # bytes/s
+    latency: np.ndarray  # s
+
+
+@dataclass(frozen=True)
 class Candidates:
-    """Candidates as columns: one strategy, any number of meshes × placements × remat × balancing."""
+    """Candidates as columns: one strategy, any number of meshes × placements × remat × balancing.
+
+    Mesh sizes, blocks and link figures are float arrays (one entry per candidate); lists are
+    accepted and converted.
+    """
 
     model: ModelSpec
     topology: Topology
     seq_len: int
     global_batch: int
     strategy: CPStrategy
-    d: np.ndarray
-    f: np.ndarray
-    r: np.ndarray
-    u: np.ndarray
-    t: np.ndarray
+    data: np.ndarray
+    fsdp: np.ndarray
+    ring: np.ndarray  # size of the `context` axis
+    ulysses: np.ndarray  # size of the `context_ulysses` axis
+    tensor: np.ndarray
     remat: np.ndarray  # codes into cost_models.remat.POLICIES
     zigzag: np.ndarray
-    block: np.ndarray
-    links: dict[str, tuple[np.ndarray, np.ndarray]]  # name → (collective bw, latency)
-    ring_bw: np.ndarray
-    ring_lat: np.ndarray
+    block_q: np.ndarray  # splash query block
+    block_kv: np.ndarray  # splash key/value block
+    links: dict[str, LinkColumns]  # collective group (data, weights, tensor, context, ulysses) → links
+    ring_link: LinkColumns  # one ppermute step along `context`
     loss_chunk_tokens: int = 0
     act_bytes: int = 2
     param_bytes: int = 4
 
     def __post_init__(self):
-        for name in ("d", "f", "r", "u", "t", "block", "ring_bw", "ring_lat"):
-            setattr(self, name, np.asarray(getattr(self, name), dtype=float))
-        self.zigzag = np.asarray(self.zigzag, dtype=bool)
-        self.remat = np.asarray(self.remat, dtype=int)
-        self.b_loc = self.global_batch / (self.d * self.f)
-        self.tok = self.b_loc * self.seq_len / (self.r * self.u)
-        self.ctx_bw, self.ctx_lat = self.links["context"]
-        # a host's virtual devices share its cores: work moves to whichever device is busy
-        self.shared_cores = self.topology.chip.kind == "cpu"
-        self.comm = Collectives(self.topology.chip.host_collectives)
-        self.uly_bw, self.uly_lat = self.links["ulysses"]
+        # a frozen dataclass converts its own declared fields through object.__setattr__
+        for name in ("data", "fsdp", "ring", "ulysses", "tensor", "block_q", "block_kv"):
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=float))
+        object.__setattr__(self, "zigzag", np.asarray(self.zigzag, dtype=bool))
+        object.__setattr__(self, "remat", np.asarray(self.remat, dtype=int))
+        object.__setattr__(self, "links", {name: LinkColumns(*(np.asarray(c, dtype=float) for c in link))
+                                           for name, link in self.links.items()})
+        object.__setattr__(self, "ring_link", LinkColumns(*(np.asarray(c, dtype=float) for c in self.ring_link)))
+
+    @property
+    def sequences_per_device(self) -> np.ndarray:
+        """Sequences each batch shard (data × fsdp) holds."""
+        return self.global_batch / (self.data * self.fsdp)
+
+    @property
+    def tokens_per_device(self) -> np.ndarray:
+        """Tokens each device holds outside attention: its sequences split over both context axes."""
+        return self.sequences_per_device * self.seq_len / (self.ring * self.ulysses)
+
+    @property
+    def shared_cores(self) -> bool:
+        """Whether the devices share a host's cores (work then moves to whichever device is busy)."""
+        return self.topology.chip.kind.shares_cores
+
+    @property
+    def comm(self) -> Collectives:
+        """The collective formulas of this chip row."""
+        return Collectives(self.topology.chip.host_collectives)
+
+    @property
+    def context_link(self) -> LinkColumns:
+        """Links of a collective over the `context` axis."""
+        return self.links["context"]
+
+    @property
+    def ulysses_link(self) -> LinkColumns:
+        """Links of a collective over the `context_ulysses` axis."""
+        return self.links["ulysses"]
 
 
 @dataclass
@@ -113,32 +151,32 @@ def price(x: Candidates) -> Priced:
     strategy = STRATEGIES[x.strategy]
 
     # -- matmuls (per layer, per device) --------------------------------------------
-    layer = layer_forward_flops(m, x.seq_len, x.tok)
+    layer = layer_forward_flops(m, x.seq_len, x.tokens_per_device)
     eff = chip.matmul_efficiency
-    qkv_eff = tile_efficiency(m.hidden, tile) * tile_efficiency((m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.t, tile)
-    out_eff = tile_efficiency(m.num_heads * m.head_dim / x.t, tile) * tile_efficiency(m.hidden, tile)
-    mlp_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.intermediate / x.t, tile)
-    qkv_out_s = (layer.qkv / qkv_eff + layer.out_proj / out_eff) / x.t / (peak * eff)
-    mlp_s = layer.mlp / mlp_eff / x.t / (peak * eff)
-    weights_bytes = m.params_per_layer * a / x.t
+    qkv_eff = tile_efficiency(m.hidden, tile) * tile_efficiency((m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.tensor, tile)
+    out_eff = tile_efficiency(m.num_heads * m.head_dim / x.tensor, tile) * tile_efficiency(m.hidden, tile)
+    mlp_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.intermediate / x.tensor, tile)
+    qkv_out_s = (layer.qkv / qkv_eff + layer.out_proj / out_eff) / x.tensor / (peak * eff)
+    mlp_s = layer.mlp / mlp_eff / x.tensor / (peak * eff)
+    weights_bytes = m.params_per_layer * a / x.tensor
     mm_fwd = np.maximum(qkv_out_s + mlp_s, weights_bytes / hbm_bw)
     # backward: dX and dW matmuls (twice the forward), reading weights twice, writing fp32 grads
-    mm_bwd = np.maximum(2 * (qkv_out_s + mlp_s), (2 * weights_bytes + m.params_per_layer * pb / x.t) / hbm_bw)
+    mm_bwd = np.maximum(2 * (qkv_out_s + mlp_s), (2 * weights_bytes + m.params_per_layer * pb / x.tensor) / hbm_bw)
     mm_recompute = remat.recompute_qkv_out[x.remat] * qkv_out_s + remat.recompute_mlp[x.remat] * mlp_s
 
     # -- attention ------------------------------------------------------------------
     lay = strategy.layout(x)
     # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
     # so the step costs the average rank's work (the balanced extent), not the busiest rank's
-    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag | x.shared_cores, x.block)
+    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag | x.shared_cores, x.block_q)
     attn_eff = chip.attention_efficiency * tile_efficiency(m.head_dim, tile)
-    attn_exec_fwd = 4.0 * x.b_loc * lay.q_heads * m.head_dim * extent
+    attn_exec_fwd = 4.0 * x.sequences_per_device * lay.q_heads * m.head_dim * extent
     attn_math_fwd = attn_exec_fwd / (peak * attn_eff)
     # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
     grid_fwd = grid_bwd = 0.0
     for call in strategy.kernel_calls(x, lay):
-        fwd, bwd = splash_step_costs(x.b_loc * lay.q_heads, x.b_loc * lay.kv_heads, call.q_len, call.kv_len,
-                                     m.head_dim, a, np.minimum(x.block, call.q_block_cap), x.block,
+        fwd, bwd = splash_step_costs(x.sequences_per_device * lay.q_heads, x.sequences_per_device * lay.kv_heads, call.q_len, call.kv_len,
+                                     m.head_dim, a, np.minimum(x.block_q, call.q_block_cap), x.block_q,
                                      chip.attention_block_overhead_s, chip.attention_step_s_per_operand_byte,
                                      chip.attention_masked_element_s, call.causal)
         grid_fwd = grid_fwd + call.count * fwd
@@ -150,40 +188,40 @@ def price(x: Candidates) -> Priced:
     # -- elementwise (HBM bound) ----------------------------------------------------
     # norms and residual adds on full-width activations (every tensor shard holds them whole, as
     # the runtime keeps them); RoPE and SwiGLU on tensor-split heads and columns
-    ew_fwd = x.tok * (10 * m.hidden + (2 * (m.num_heads + m.num_kv_heads) * m.head_dim + 3 * m.intermediate) / x.t) \
+    ew_fwd = x.tokens_per_device * (10 * m.hidden + (2 * (m.num_heads + m.num_kv_heads) * m.head_dim + 3 * m.intermediate) / x.tensor) \
         * a / hbm_bw
     ew_bwd = ELEMENTWISE_PASSES_BACKWARD * ew_fwd
     ew_recompute = np.where(remat.recompute_qkv_out[x.remat] > 0, ew_fwd,
-                            remat.recompute_mlp[x.remat] * x.tok * 3 * m.intermediate * a / x.t / hbm_bw)
+                            remat.recompute_mlp[x.remat] * x.tokens_per_device * 3 * m.intermediate * a / x.tensor / hbm_bw)
 
     fwd_layer = mm_fwd + attn_fwd + ew_fwd
     bwd_layer = mm_bwd + attn_bwd + ew_bwd + mm_recompute + attn_recompute + ew_recompute
 
     # -- output head and loss -------------------------------------------------------
     head_passes = 3 + (1 if x.loss_chunk_tokens else 0)  # chunked loss recomputes each chunk's logits
-    head_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.vocab / x.t, tile)
-    head_s = head_passes * head_forward_flops(m, x.tok) / x.t / head_eff / (peak * eff)
-    ce_s = x.tok * m.vocab / x.t * CE_BYTES_PER_LOGIT / hbm_bw
+    head_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.vocab / x.tensor, tile)
+    head_s = head_passes * head_forward_flops(m, x.tokens_per_device) / x.tensor / head_eff / (peak * eff)
+    ce_s = x.tokens_per_device * m.vocab / x.tensor * CE_BYTES_PER_LOGIT / hbm_bw
 
     # -- memory (bytes per device) --------------------------------------------------
-    g = x.f * x.r * x.u  # weight-sharding group
-    shard = g * x.t
-    saved = (remat.saved_full_width[x.remat] + remat.saved_split[x.remat] / x.t) * a
+    g = x.fsdp * x.ring * x.ulysses  # weight-sharding group
+    shard = g * x.tensor
+    saved = (remat.saved_full_width[x.remat] + remat.saved_split[x.remat] / x.tensor) * a
     # one layer's backward: its attention-side activations for every token, the MLP's for one
     # chunk of tokens unless the policy keeps MLP outputs; each with its gradient
-    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.t) * a
-    mlp_side = (2 * m.intermediate / x.t + m.hidden) * a
-    mlp_tokens = np.where(remat.recompute_mlp[x.remat] > 0, np.minimum(MLP_CHUNK_TOKENS, x.tok), x.tok)
-    loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, x.tok)
-    head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(x.t)
+    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.tensor) * a
+    mlp_side = (2 * m.intermediate / x.tensor + m.hidden) * a
+    mlp_tokens = np.where(remat.recompute_mlp[x.remat] > 0, np.minimum(MLP_CHUNK_TOKENS, x.tokens_per_device), x.tokens_per_device)
+    loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, x.tokens_per_device)
+    head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(x.tensor)
     embed = m.vocab * m.hidden  # the input embedding: rows over the weight-sharding group only
-    largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / x.t
+    largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / x.tensor
     memory = {
         "params": ((m.num_params - embed) / shard + embed / g) * pb,
         "grads": ((m.num_params - embed) / shard + embed / g) * pb,
         "optimizer": ((m.num_params - embed) / shard + embed / g) * 2 * 4,
-        "activations": L * x.tok * saved,  # what each layer keeps for its backward
-        "layer_working_set": 2 * (x.tok * attention_side + mlp_tokens * mlp_side),
+        "activations": L * x.tokens_per_device * saved,  # what each layer keeps for its backward
+        "layer_working_set": 2 * (x.tokens_per_device * attention_side + mlp_tokens * mlp_side),
         "attention_buffers": None,
         # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
         # unreduced fp32 gradient of one matrix on its way to the reduce-scatter
@@ -199,17 +237,17 @@ def price(x: Candidates) -> Priced:
     # one collective per weight array: the bytes of the whole layer, the latency of each array
     per_array = WEIGHT_ARRAYS_PER_LAYER
     gather = per_array * x.comm.all_gather(weights_bytes / per_array, g, wbw, wlat)
-    scatter = per_array * x.comm.reduce_scatter(m.params_per_layer * pb / x.t / per_array, g, wbw, wlat)
-    embed_bytes = m.embedding_params * a / x.t
+    scatter = per_array * x.comm.reduce_scatter(m.params_per_layer * pb / x.tensor / per_array, g, wbw, wlat)
+    embed_bytes = m.embedding_params * a / x.tensor
     embed_comm = 2 * x.comm.all_gather(embed_bytes, g, wbw, wlat) + x.comm.reduce_scatter(
-        m.embedding_params * pb / x.t, g, wbw, wlat)
+        m.embedding_params * pb / x.tensor, g, wbw, wlat)
 
     tbw, tlat = x.links["tensor"]
-    tp_one = x.comm.all_gather(x.tok * m.hidden * a, x.t, tbw, tlat)
+    tp_one = x.comm.all_gather(x.tokens_per_device * m.hidden * a, x.tensor, tbw, tlat)
     tp = L * tp_one * (8 + remat.recompute_tensor_collectives[x.remat])
 
     dbw, dlat = x.links["data"]
-    dp = x.comm.all_reduce(m.num_params * pb / shard, x.d, dbw, dlat)
+    dp = x.comm.all_reduce(m.num_params * pb / shard, x.data, dbw, dlat)
 
     cp = strategy.cost(x, lay, attn_fwd)
     recompute_attn = remat.recompute_attention[x.remat]
@@ -226,7 +264,7 @@ def price(x: Candidates) -> Priced:
     window_fwd, window_bwd = (fwd_layer, bwd_layer) if overlaps else (0.0, 0.0)
     fsdp_exposed = L * (np.maximum(0.0, gather + (cp_fwd - cp_fwd_exposed) - window_fwd)
                         + np.maximum(0.0, gather + scatter + (cp_bwd - cp_bwd_exposed) - window_bwd))
-    memory["attention_buffers"] = cp.buffer_bytes + x.b_loc * lay.q_len * lay.q_heads * 4
+    memory["attention_buffers"] = cp.buffer_bytes + x.sequences_per_device * lay.q_len * lay.q_heads * 4
 
     compute = {
         "matmul": L * (qkv_out_s * (1 + 2 + remat.recompute_qkv_out[x.remat]) +
@@ -253,11 +291,11 @@ def price(x: Candidates) -> Priced:
         "context": cp_exposed,
     }
     step = (L * (fwd_layer + bwd_layer) + head_s + ce_s + hbm["optimizer"] + sum(exposed.values()))
-    executed = (L * ((layer.qkv + layer.out_proj) / x.t * (3 + remat.recompute_qkv_out[x.remat])
-                     + layer.mlp / x.t * (3 + remat.recompute_mlp[x.remat])
+    executed = (L * ((layer.qkv + layer.out_proj) / x.tensor * (3 + remat.recompute_qkv_out[x.remat])
+                     + layer.mlp / x.tensor * (3 + remat.recompute_mlp[x.remat])
                      + attn_exec_fwd * (1 + SPLASH_BACKWARD_OVER_FORWARD + remat.recompute_attention[x.remat]))
-                + head_passes * head_forward_flops(m, x.tok) / x.t)
-    smem = splash_smem_bytes(lay.q_len, lay.kv_len, x.block)
+                + head_passes * head_forward_flops(m, x.tokens_per_device) / x.tensor)
+    smem = splash_smem_bytes(lay.q_len, lay.kv_len, x.block_q)
     return Priced(step, compute, hbm, comm, exposed, memory, smem,
                   model_flops_per_step(m, x.seq_len, x.global_batch), executed)
 
@@ -374,12 +412,13 @@ def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
     )
 
 
-def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
-    """Columns of bandwidth and latency from per-candidate `AxisLinks` (ring links from `context`)."""
-    cols = {name: (np.array([l.collective_bw_bytes_per_s for l in ls]), np.array([l.collective_latency_s for l in ls]))
+def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, LinkColumns], LinkColumns]:
+    """Columns of bandwidth and latency from per-candidate `AxisLinks`, and the ring links of `context`."""
+    cols = {name: LinkColumns(np.array([l.collective_bw_bytes_per_s for l in ls]),
+                              np.array([l.collective_latency_s for l in ls]))
             for name, ls in links.items()}
     ctx = links["context"]
-    return cols, np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx])
+    return cols, LinkColumns(np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx]))
 
 
 def group_links(links_of, segs: dict) -> dict[str, AxisLinks]:
@@ -415,13 +454,13 @@ def estimate(plan) -> Estimate:
     if plan.global_batch % (mesh["data"] * mesh["fsdp"]):
         raise CpplanError(f"global_batch={plan.global_batch} sequences not divisible by "
                           f"data×fsdp={mesh['data'] * mesh['fsdp']}.")
-    links, ring_bw, ring_lat = link_columns({k: [v] for k, v in plan_links(plan).items()})
+    links, ring_link = link_columns({k: [v] for k, v in plan_links(plan).items()})
     x = Candidates(
         model=plan.model, topology=topo, seq_len=plan.seq_len, global_batch=plan.global_batch,
-        strategy=plan.cp_strategy, d=[mesh["data"]], f=[mesh["fsdp"]], r=[mesh["context"]],
-        u=[mesh["context_ulysses"]], t=[mesh["tensor"]], remat=[remat_code(plan.remat)],
-        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block=[plan.block_q], links=links,
-        ring_bw=ring_bw, ring_lat=ring_lat, loss_chunk_tokens=plan.loss_chunk_tokens,
+        strategy=plan.cp_strategy, data=[mesh["data"]], fsdp=[mesh["fsdp"]], ring=[mesh["context"]],
+        ulysses=[mesh["context_ulysses"]], tensor=[mesh["tensor"]], remat=[remat_code(plan.remat)],
+        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block_q=[plan.block_q], block_kv=[plan.block_q],
+        links=links, ring_link=ring_link, loss_chunk_tokens=plan.loss_chunk_tokens,
         act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
     )
     return estimate_row(price(x), 0, x)

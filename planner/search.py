@@ -8,6 +8,7 @@ deterministic key. A pure function of its inputs.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -229,23 +230,23 @@ def _rank_key(r: Ranked):
 
 def _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes) -> Candidates:
     sizes = np.array([r[0] for r in rows], dtype=float)
-    links, ring_bw, ring_lat = link_columns({name: [r[3][2][name] for r in rows] for name in rows[0][3][2]})
+    links, ring_link = link_columns({name: [r[3][2][name] for r in rows] for name in rows[0][3][2]})
     x = Candidates(
         model=model, topology=topo, seq_len=seq_len, global_batch=batch, strategy=strategy,
-        d=sizes[:, 0], f=sizes[:, 1], r=sizes[:, 2], u=sizes[:, 3], t=sizes[:, 4],
+        data=sizes[:, 0], fsdp=sizes[:, 1], ring=sizes[:, 2], ulysses=sizes[:, 3], tensor=sizes[:, 4],
         remat=[POLICIES.index(r[2]) for r in rows], zigzag=[r[1] is LoadBalance.ZIGZAG for r in rows],
-        block=np.full(len(rows), 512.0), links=links, ring_bw=ring_bw, ring_lat=ring_lat,
+        block_q=np.full(len(rows), 512.0), block_kv=np.full(len(rows), 512.0), links=links, ring_link=ring_link,
         loss_chunk_tokens=options.loss_chunk_tokens, act_bytes=act_bytes, param_bytes=param_bytes,
     )
     blocks, _ = _blocks_for(x, strategy, topo)
-    x.block = np.array([b or 512 for b in blocks], dtype=float)
-    return x
+    chosen = np.array([b or 512 for b in blocks], dtype=float)
+    return dataclasses.replace(x, block_q=chosen, block_kv=chosen)
 
 
 def _blocks_for(x: Candidates, strategy, topo) -> tuple[list, list]:
     lay = STRATEGIES[strategy].layout(x)
-    q = np.broadcast_to(lay.q_len, x.r.shape)
-    kv = np.broadcast_to(lay.kv_len, x.r.shape)
+    q = np.broadcast_to(lay.q_len, x.ring.shape)
+    kv = np.broadcast_to(lay.kv_len, x.ring.shape)
     cache: dict = {}
     blocks, reasons = [], []
     for qi, kvi, z in zip(q, kv, x.zigzag):

@@ -22,8 +22,8 @@ class AllGather:
 
     def layout(self, x) -> Layout:
         s = float(x.seq_len)
-        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, s / x.r,
-                      np.full_like(x.r, s, dtype=float))
+        return Layout(x.model.num_heads / x.tensor, kv_heads_per_tensor_shard(x.model, x.tensor), x.ring, s / x.ring,
+                      np.full_like(x.ring, s, dtype=float))
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """One causal call of the local queries against the gathered keys; under zigzag a query
@@ -31,8 +31,8 @@ class AllGather:
         return (KernelCall(1.0, layout.q_len, layout.kv_len, q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf)),)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
-        kv_full = 2 * x.b_loc * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
-        gather = x.comm.all_gather(kv_full, x.r, x.ctx_bw, x.ctx_lat)
-        scatter = x.comm.reduce_scatter(kv_full, x.r, x.ctx_bw, x.ctx_lat)
+        kv_full = 2 * x.sequences_per_device * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
+        gather = x.comm.all_gather(kv_full, x.ring, *x.context_link)
+        scatter = x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)
         bwd = gather + scatter
         return CPCost(gather, bwd, gather, bwd, 2 * kv_full, recompute_reuses_s=gather)

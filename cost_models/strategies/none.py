@@ -20,8 +20,8 @@ class NoContext:
                 or heads_check(shape) or sequence_check(shape, 1, ""))
 
     def layout(self, x) -> Layout:
-        s = np.full_like(x.r, x.seq_len, dtype=float)
-        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), np.ones_like(s), s, s)
+        s = np.full_like(x.ring, x.seq_len, dtype=float)
+        return Layout(x.model.num_heads / x.tensor, kv_heads_per_tensor_shard(x.model, x.tensor), np.ones_like(s), s, s)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return one_call(x, layout)

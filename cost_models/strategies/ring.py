@@ -36,14 +36,14 @@ def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
 def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     """Ring traffic for blocks of S/ring tokens with `heads_in_kernel_kv` KV heads (USP reuses it)."""
     r = layout.ring
-    block_tokens = x.b_loc * x.seq_len / r
+    block_tokens = x.sequences_per_device * x.seq_len / r
     kv_block = 2 * block_tokens * heads_in_kernel_kv * x.model.head_dim * x.act_bytes
-    hop_fwd = x.comm.ppermute(kv_block, x.ring_bw, x.ring_lat)
-    hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), x.ring_bw, x.ring_lat)
+    hop_fwd = x.comm.ppermute(kv_block, *x.ring_link)
+    hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), *x.ring_link)
     hops = r - 1
     compute_per_hop_fwd = attention_fwd_s / r
     compute_per_hop_bwd = compute_per_hop_fwd * SPLASH_BACKWARD_OVER_FORWARD
-    grads_home = x.comm.ppermute(kv_block * GRAD_BYTES / x.act_bytes, x.ring_bw, x.ring_lat)
+    grads_home = x.comm.ppermute(kv_block * GRAD_BYTES / x.act_bytes, *x.ring_link)
     fwd = hops * hop_fwd
     bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
     exposed_fwd = hops * np.maximum(0.0, hop_fwd - compute_per_hop_fwd)
@@ -65,8 +65,8 @@ class Ring:
         return context_axis_check(shape, "ring")
 
     def layout(self, x) -> Layout:
-        block = x.seq_len / x.r
-        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, block, block)
+        block = x.seq_len / x.ring
+        return Layout(x.model.num_heads / x.tensor, kv_heads_per_tensor_shard(x.model, x.tensor), x.ring, block, block)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)

@@ -28,17 +28,17 @@ def ulysses_check(shape: Shape) -> Violation | None:
 
 
 def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
-    kv = np.maximum(kv_heads_per_tensor_shard(x.model, x.t), x.u) / x.u
-    return Layout(x.model.num_heads / (x.t * x.u), kv, ring, seq_len_in_kernel, seq_len_in_kernel)
+    kv = np.maximum(kv_heads_per_tensor_shard(x.model, x.tensor), x.ulysses) / x.ulysses
+    return Layout(x.model.num_heads / (x.tensor * x.ulysses), kv, ring, seq_len_in_kernel, seq_len_in_kernel)
 
 
 def all_to_all_cost(x, layout: Layout):
     """(forward, backward, backward a recompute makes unnecessary) all-to-all time of one layer."""
-    local_tokens = x.b_loc * x.seq_len / (x.r * x.u)
+    local_tokens = x.sequences_per_device * x.seq_len / (x.ring * x.ulysses)
 
     def a2a(heads):  # one array of `heads` heads per device after the exchange
-        return x.comm.all_to_all(local_tokens * heads * x.u * x.model.head_dim * x.act_bytes,
-                                      x.u, x.uly_bw, x.uly_lat)
+        return x.comm.all_to_all(local_tokens * heads * x.ulysses * x.model.head_dim * x.act_bytes,
+                                      x.ulysses, *x.ulysses_link)
 
     q, kv = a2a(layout.q_heads), a2a(layout.kv_heads)
     qkv_in = q + 2 * kv
@@ -58,13 +58,13 @@ class Ulysses:
                 or heads_check(shape) or ulysses_check(shape) or sequence_check(shape, shape.ulysses, "Ulysses ranks"))
 
     def layout(self, x) -> Layout:
-        return ulysses_layout(x, np.ones_like(x.r), np.full_like(x.r, x.seq_len, dtype=float))
+        return ulysses_layout(x, np.ones_like(x.ring), np.full_like(x.ring, x.seq_len, dtype=float))
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return one_call(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         fwd, bwd, reuse = all_to_all_cost(x, layout)
-        full = x.b_loc * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
+        full = x.sequences_per_device * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
         # q, k, v, out at full length, and their gradients
         return CPCost(fwd, bwd, fwd, bwd, 2 * full, recompute_reuses_s=reuse)

@@ -22,7 +22,7 @@ class USP:
                 or sequence_check(shape, shape.ring * shape.ulysses, "context × context_ulysses ranks"))
 
     def layout(self, x) -> Layout:
-        return ulysses_layout(x, x.r, x.seq_len / x.r)
+        return ulysses_layout(x, x.ring, x.seq_len / x.ring)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)
@@ -30,7 +30,7 @@ class USP:
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         a2a_fwd, a2a_bwd, reuse = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, layout.kv_heads)
-        block = x.b_loc * x.seq_len / x.r * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
+        block = x.sequences_per_device * x.seq_len / x.ring * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
         return CPCost(a2a_fwd + ring.forward_s, a2a_bwd + ring.backward_s,
                       a2a_fwd + ring.exposed_forward_s, a2a_bwd + ring.exposed_backward_s,
                       ring.buffer_bytes + 2 * block, recompute_reuses_s=reuse)
