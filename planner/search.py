@@ -20,7 +20,7 @@ from cost_models.estimate import Candidates, Estimate, estimate_row, group_links
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.remat import POLICIES
-from cost_models.strategies import STRATEGIES, Shape
+from cost_models.strategies import STRATEGIES, Shape, strategies_for
 from cost_models.topology import AxisLinks, Topology
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance
 from planner.options import SearchOptions, as_list, ordered_factorizations
@@ -127,16 +127,6 @@ class _Placements:
         return out
 
 
-def _strategies_for(r: int, u: int) -> tuple[CPStrategy, ...]:
-    if r == 1 and u == 1:
-        return (CPStrategy.NONE,)
-    if u == 1:
-        return (CPStrategy.ALL_GATHER, CPStrategy.RING)
-    if r == 1:
-        return (CPStrategy.ULYSSES,)
-    return (CPStrategy.USP,)
-
-
 def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
     """Prices every candidate and ranks the feasible ones (see the module docstring)."""
     batch = options.global_batch(seq_len, host=topo.chip.kind == "cpu")
@@ -151,13 +141,13 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
     for sizes in meshes:
         mesh = dict(zip(AXES, sizes))
         batch_shards = mesh["data"] * mesh["fsdp"]
-        for strategy in _strategies_for(mesh["context"], mesh["context_ulysses"]):
+        for strategy in strategies_for(mesh["context"], mesh["context_ulysses"]):
             if strategy not in options.strategies:
                 continue
             impl = STRATEGIES[strategy]
             for lb in as_list(options.load_balance):
                 zig = lb is LoadBalance.ZIGZAG
-                if zig and strategy in (CPStrategy.NONE, CPStrategy.ULYSSES):
+                if zig and not impl.balances_load:
                     if LoadBalance.NONE in options.load_balance:
                         continue  # the unbalanced candidate is the same plan
                     rejections.append(Rejection(mesh, strategy, lb, None, "load balance",

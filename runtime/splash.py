@@ -26,12 +26,13 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
 from cost_models.errors import CpplanError
+from cost_models.remat import ATTENTION_OUTPUT
 
 LANES = 128  # splash needs key blocks that are a multiple of the TPU lane width
 # the kernel's output and log-sum-exp, kept for its backward, go by the attention output's
 # checkpoint name: a remat policy that keeps "context" then keeps them and does not run the
 # forward kernel again in the backward pass (one that does not keep it recomputes them)
-RESIDUALS_NAME = "context"
+RESIDUALS_NAME = ATTENTION_OUTPUT
 
 
 def causal_mask_function(q_ids, kv_ids):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD
-from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, context_axis_check,
+from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
                                          kv_heads_per_tensor_shard)
 from cost_models.vocabulary import CPStrategy
 
@@ -57,19 +57,33 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers)
 
 
-class Ring:
+class Ring(StrategySpec):
     strategy = CPStrategy.RING
+    axes = AxisRule(context=True, context_ulysses=False)
     collective = "ring ppermute K/V"
-
-    def check(self, shape: Shape) -> Violation | None:
-        return context_axis_check(shape, "ring")
+    maxtext_name = CPStrategy.RING.value
+    maxtext_tokamax_splash = True
 
     def layout(self, x) -> Layout:
-        block = x.seq_len / x.ring
-        return Layout(x.model.num_heads / x.tensor, kv_heads_per_tensor_shard(x.model, x.tensor), x.ring, block, block)
+        ring = np.asarray(x.ring, dtype=float)
+        block = x.seq_len / ring
+        return Layout(x.model.num_heads / np.asarray(x.tensor, dtype=float), kv_heads_per_tensor_shard(x.model, x.tensor),
+                      ring, block, block)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         return ring_cost(x, layout, attention_fwd_s, layout.kv_heads)
+
+    def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
+        return f"ring over context={ring}{', zigzag' if zigzag else ''}"
+
+    def maxtext_problems(self, shape: Shape) -> list[str]:
+        problems = []
+        if shape.seq_len % (shape.ring * shape.ring):
+            problems.append(f"MaxText's ring needs max_target_length={shape.seq_len} divisible by "
+                            f"context²={shape.ring * shape.ring}")
+        if shape.zigzag and shape.ring % 2:
+            problems.append(f"MaxText's load balancing needs an even context degree, not {shape.ring}")
+        return problems
