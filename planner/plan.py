@@ -9,6 +9,7 @@ from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.topology import Segment, Topology, get_topology
+from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
@@ -98,6 +99,18 @@ class Plan:
     def cp_degree(self) -> int:
         """Devices one sequence is split over: ring degree × Ulysses degree."""
         return self.axis_size("context") * self.axis_size("context_ulysses")
+
+    @property
+    def shape(self) -> Shape:
+        """What the strategy specs judge and lay out: the plan's attention case, scalars only."""
+        return Shape(self.model, self.seq_len, self.axis_size("context"), self.axis_size("context_ulysses"),
+                     self.axis_size("tensor"), self.load_balance is LoadBalance.ZIGZAG,
+                     self.topology_spec.chip.kind.shares_cores)
+
+    @property
+    def strategy_spec(self) -> StrategySpec:
+        """The spec of the plan's context-parallel strategy."""
+        return STRATEGIES[self.cp_strategy]
 
     @property
     def topology_spec(self) -> Topology:

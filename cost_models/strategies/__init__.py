@@ -7,7 +7,6 @@ layer and how much of it hides behind attention, how to describe it, and what it
 """
 from __future__ import annotations
 
-from cost_models.errors import CpplanError
 from cost_models.strategies.all_gather import AllGather
 from cost_models.strategies.base import CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
 from cost_models.strategies.none import NoContext
@@ -24,18 +23,4 @@ def strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:
     return tuple(s for s, spec in STRATEGIES.items() if spec.axes.accepts(ring, ulysses))
 
 
-def strategy_named_in_maxtext(name: str) -> StrategySpec:
-    """The spec MaxText's `context_parallel_strategy=name` selects (none is never named).
-
-    Raises:
-        CpplanError: MaxText has no strategy of that name.
-    """
-    for spec in STRATEGIES.values():
-        if spec.strategy is not CPStrategy.NONE and spec.maxtext_name == name:
-            return spec
-    known = sorted({s.maxtext_name for s in STRATEGIES.values()})
-    raise CpplanError(f"context_parallel_strategy={name!r} is not one of MaxText's strategies {known}.")
-
-
-__all__ = ["CPCost", "KernelCall", "Layout", "STRATEGIES", "Shape", "StrategySpec", "Violation", "strategies_for",
-           "strategy_named_in_maxtext"]
+__all__ = ["CPCost", "KernelCall", "Layout", "STRATEGIES", "Shape", "StrategySpec", "Violation", "strategies_for"]

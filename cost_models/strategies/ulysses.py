@@ -59,7 +59,7 @@ def all_to_all_cost(x, layout: Layout):
 
 
 def maxtext_ulysses_problems(shape: Shape) -> list[str]:
-    """MaxText's rules for its all-to-all (Ulysses and USP)."""
+    """MaxText's rules for its all-to-all (Ulysses and USP, which refuse load balancing)."""
     problems = []
     if shape.zigzag:
         problems.append(f"MaxText's {'usp' if shape.ring > 1 else 'ulysses'} requires "
@@ -77,6 +77,7 @@ class Ulysses(StrategySpec):
     balances_load = False
     maxtext_name = CPStrategy.ULYSSES.value
     maxtext_tokamax_splash = True
+    maxtext_refuses_load_balance = True
 
     def heads_rule(self, shape: Shape) -> Violation | None:
         return ulysses_heads_rule(shape)

@@ -17,6 +17,7 @@ class USP(StrategySpec):
     collective = "all-to-all + ring ppermute"
     maxtext_name = CPStrategy.USP.value
     maxtext_tokamax_splash = True
+    maxtext_refuses_load_balance = True
 
     def heads_rule(self, shape: Shape) -> Violation | None:
         return ulysses_heads_rule(shape)
