@@ -27,8 +27,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info
 
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
+from cost_models.strategies.base import SPLASH_LANES
 
-LANES = 128  # splash needs key blocks that are a multiple of the TPU lane width
 # the kernel's output and log-sum-exp, kept for its backward, go by the attention output's
 # checkpoint name: a remat policy that keeps "context" then keeps them and does not run the
 # forward kernel again in the backward pass (one that does not keep it recomputes them)
@@ -66,9 +66,9 @@ class KernelConfig:
         if q_len % bq or kv_len % bkv:
             raise CpplanError(f"splash blocks (block_q={bq}, block_kv={bkv}) must divide the local attention "
                               f"lengths (q={q_len}, kv={kv_len}); choose block sizes that divide them.")
-        if bkv % LANES:
-            raise CpplanError(f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {LANES}; "
-                              f"use a longer sequence per device or block_kv a multiple of {LANES}.")
+        if bkv % SPLASH_LANES:
+            raise CpplanError(f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {SPLASH_LANES}; "
+                              f"use a longer sequence per device or block_kv a multiple of {SPLASH_LANES}.")
         return bq, bkv
 
     def block_sizes(self, q_len: int, kv_len: int) -> sk.BlockSizes:

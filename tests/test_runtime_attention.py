@@ -113,17 +113,19 @@ def test_ring_with_batch_and_tensor_shards():
     assert float(jnp.abs(out - reference(q, k, v, d_out)[0]).max()) <= 1e-4
 
 
-@pytest.mark.parametrize("strategy,mesh,seq_len,heads,kv_heads,needle", [
-    ("ulysses", dict(context_ulysses=8), 1024, 4, 4, "num_heads per device=4 is not divisible by context_ulysses=8"),
-    ("ring", dict(context=8), 1000, 8, 8, "seq_len=1000 cannot be split into 16 equal parts"),
-    ("ring", dict(context=8), 1024, 8, 8, "splash needs multiples of 128"),
-    ("ring", dict(context=4, context_ulysses=2), 1024, 8, 8, "context_ulysses=2 must be 1"),
-    ("all_gather", dict(context=2, tensor=4), 1024, 8, 2, "num_kv_heads=2 is not divisible by tensor=4"),
+@pytest.mark.parametrize("strategy,mesh,seq_len,heads,kv_heads,zigzag,needle", [
+    ("ulysses", dict(context_ulysses=8), 1024, 4, 4, False, "num_heads/tensor=4/1=4 not divisible by context_ulysses=8"),
+    ("ulysses", dict(context_ulysses=8), 1024, 8, 8, True, "zigzag does nothing for ulysses"),
+    ("ring", dict(context=8), 1000, 8, 8, True, "seq_len=1000 not divisible by 16 context ranks"),
+    ("ring", dict(context=8), 1024, 8, 8, True, "64 key tokens, not a multiple of 128"),
+    ("ring", dict(context=4, context_ulysses=2), 1024, 8, 8, True, "ring needs context > 1 and context_ulysses = 1"),
+    ("all_gather", dict(context=2, tensor=4), 1024, 8, 2, True, "num_kv_heads=2 not divisible by tensor=4"),
 ])
-def test_bad_plans_fail_before_compiling(strategy, mesh, seq_len, heads, kv_heads, needle):
+def test_bad_plans_fail_before_compiling(strategy, mesh, seq_len, heads, kv_heads, zigzag, needle):
+    """The runtime refuses with its strategy spec's rule (the one the planner prices by)."""
     spec = ModelSpec("bad", 1, 64, heads, kv_heads, HEAD_DIM, 128, 256)
     plan = Plan(model=spec, topology="cpu:8", seq_len=seq_len, global_batch=1, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="zigzag")
+                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none")
     q = jnp.zeros((1, seq_len, heads, HEAD_DIM))
     kv = jnp.zeros((1, seq_len, kv_heads, HEAD_DIM))
     with pytest.raises(CpplanError, match=needle):

@@ -19,7 +19,7 @@ from planner.plan import Plan
 from runtime.attention import all_gather, ring, single, ulysses, usp
 from runtime.attention.base import AttentionLayout
 from runtime.layout import HEADS, token_order
-from runtime.splash import LANES, KernelConfig
+from runtime.splash import KernelConfig
 
 STRATEGIES = {
     CPStrategy.NONE: single,
@@ -40,46 +40,20 @@ def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
 
 
 def check_attention(plan: Plan) -> None:
-    """Checks that the plan's attention can run as laid out, before anything compiles.
+    """Checks that the plan's attention can run as laid out, before anything compiles: the
+    batch splits over its shards, and the strategy's spec (`cost_models.strategies`) accepts
+    the case — the same rules the planner prices by.
 
     Raises:
         CpplanError: naming the value, the rule it breaks and the fix.
     """
-    m = plan.model
-    ring_n, uly, tensor = plan.axis_size("context"), plan.axis_size("context_ulysses"), plan.axis_size("tensor")
     batch_shards = plan.axis_size("data") * plan.axis_size("fsdp")
     if plan.global_batch % batch_shards:
         raise CpplanError(f"global_batch={plan.global_batch} is not divisible by data×fsdp={batch_shards}; "
                           f"use a batch that is a multiple of {batch_shards}.")
-    split = 2 * plan.cp_degree if plan.load_balance is LoadBalance.ZIGZAG else plan.cp_degree
-    if plan.seq_len % split:
-        raise CpplanError(f"seq_len={plan.seq_len} cannot be split into {split} equal parts "
-                          f"(context={ring_n} × context_ulysses={uly}"
-                          f"{' × 2 zigzag chunks' if split != plan.cp_degree else ''}); "
-                          f"use a multiple of {split}.")
-    for name, heads in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads)):
-        if heads % tensor:
-            raise CpplanError(f"model {m.name}: {name}={heads} is not divisible by tensor={tensor}; "
-                              f"choose a tensor degree that divides it.")
-    layout = attention_layout(plan, interpret=True)
-    reason = STRATEGIES[plan.cp_strategy].supports(layout, heads=m.num_heads // tensor,
-                                                   kv_heads=m.num_kv_heads // tensor)
-    if reason:
-        raise CpplanError(reason)
-    shortest = shortest_key_block(plan)
-    if shortest % LANES:
-        raise CpplanError(f"seq_len={plan.seq_len} gives {plan.cp_strategy.value} key blocks of {shortest} tokens; "
-                          f"splash needs multiples of {LANES}: use a seq_len that is a multiple of "
-                          f"{LANES * plan.seq_len // math.gcd(plan.seq_len, shortest)}.")
-
-
-def shortest_key_block(plan: Plan) -> int:
-    """The shortest key sequence any splash call of the plan sees."""
-    ring_block = plan.seq_len // plan.axis_size("context")
-    if plan.cp_strategy in (CPStrategy.RING, CPStrategy.USP):
-        return ring_block // 2 if plan.load_balance is LoadBalance.ZIGZAG and plan.axis_size("context") > 1 \
-            else ring_block
-    return plan.seq_len
+    violation = plan.strategy_spec.check(plan.shape)
+    if violation:
+        raise CpplanError(f"{plan.cp_strategy.value} cannot run this plan: {violation.reason}.")
 
 
 def is_interpret(mesh: Mesh) -> bool:
