@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
-from cost_models.estimate import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, Estimate
+from cost_models.estimate import Estimate
+from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY
+from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.options import format_tokens
 from planner.plan import Plan
 from planner.search import Ranked, SearchResult
 
-GiB = 2**30
 DEFAULT_TOP = 5
 
 

@@ -5,10 +5,9 @@ import pytest
 
 from cost_models.compute import causal_attention_extent, causal_block_fraction, splash_smem_bytes, tile_efficiency
 from cost_models.errors import CpplanError
-from cost_models.estimate import estimate
 from cost_models.flops import model_flops_per_step
 from cost_models.models import MODELS, ModelSpec, get_model
-from planner import Plan, make_mesh
+from planner import Plan, estimate, make_mesh
 
 pytestmark = pytest.mark.pure
 L8B = MODELS["llama3.1-8b"]
@@ -168,14 +167,15 @@ def test_interpreted_splash_pays_per_grid_step_and_operand_byte():
 def test_ring_kernel_calls_as_the_runtime_makes_them():
     import numpy as np
 
-    from cost_models.estimate import Candidates, LinkColumns
+    from cost_models.candidates import Candidates, LinkColumns
+    from cost_models.case import Case
     from cost_models.strategies import STRATEGIES
     from cost_models.topology import get_topology
     from cost_models.vocabulary import CPStrategy
 
     def calls(topology, zigzag):
         links = {k: LinkColumns([1e9], [0.0]) for k in ("data", "weights", "tensor", "context", "ulysses")}
-        x = Candidates(model=MODELS["small"], topology=get_topology(topology), seq_len=2048, global_batch=1,
+        x = Candidates(case=Case(MODELS["small"], get_topology(topology), seq_len=2048, global_batch=1),
                        strategy=CPStrategy.RING, data=[1], fsdp=[1], ring=[4], ulysses=[1], tensor=[1], remat=[0],
                        zigzag=[zigzag], block_q=[128], block_kv=[128], links=links, ring_link=LinkColumns([1e9], [0.0]))
         ring = STRATEGIES[CPStrategy.RING]
