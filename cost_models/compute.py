@@ -4,7 +4,8 @@
   of the systolic array's side wastes the padded part of the array.
 - Splash attention works on whole (block_q × block_kv) blocks: blocks that cross the causal
   diagonal are computed in full, so a causal kernel over n blocks per side does n(n+1)/2
-  blocks' work, not n²/2.
+  blocks' work, not n²/2. With unequal blocks, one a multiple of the other, the larger one
+  sets that waste: L²/2 + L·max(block_q, block_kv)/2 token pairs over L tokens.
 - Splash prefetches its mask metadata into SMEM. cpplan's runtime evaluates the causal rule
   inside the kernel (a mask function), so per (q block × kv block) it keeps one int8
   `block_mask` entry and one `data_next` index, downcast to the smallest integer type that holds
@@ -46,20 +47,27 @@ def causal_block_fraction(length, block):
     return (n + 1) / (2 * n)
 
 
-def causal_attention_extent(seq_len, ring, zigzag, block):
+def causal_attention_extent(seq_len, ring, zigzag, block_q, block_kv):
     """Query×key token pairs the busiest device computes per sequence and head, whole blocks.
 
     Args:
         seq_len: tokens per sequence.
         ring: devices the sequence is split over for attention (1 = whole sequence local).
         zigzag: whether rank i holds chunks i and 2·ring−1−i.
-        block: splash block size.
+        block_q: splash query block.
+        block_kv: splash key/value block.
+    Returns:
+        Token pairs (arrays broadcast over the arguments).
+
+    Each query block computes the key blocks up to its last row; when one block size divides
+    the other that is the square case with the larger block (see the module docstring).
     With no balancing the last rank sees all earlier blocks in full plus its own diagonal:
     (ring−1) full blocks + one causal one; with zigzag every rank does 2·ring−1 full quarter
     blocks and two causal ones.
     """
     s = np.asarray(seq_len, dtype=float)
     ring = np.asarray(ring, dtype=float)
+    block = np.maximum(block_q, block_kv)
     chunk = s / ring
     plain = chunk**2 * ((ring - 1) + causal_block_fraction(chunk, block))
     half = chunk / 2
@@ -73,10 +81,19 @@ def splash_index_bytes(largest_index):
     return np.where(largest_index < 2**7, 1, np.where(largest_index < 2**15, 2, 4))
 
 
-def splash_smem_bytes(q_len, kv_len, block):
-    """SMEM the splash kernel's mask metadata needs for one (q_len × kv_len) call, any shapes."""
-    nq = np.ceil(np.asarray(q_len, dtype=float) / block)
-    nk = np.ceil(np.asarray(kv_len, dtype=float) / block)
+def splash_smem_bytes(q_len, kv_len, block_q, block_kv):
+    """SMEM the splash kernel's mask metadata needs for one (q_len × kv_len) call, any shapes.
+
+    Args:
+        q_len: query tokens of the call.
+        kv_len: key tokens of the call.
+        block_q: splash query block.
+        block_kv: splash key/value block.
+    Returns:
+        Bytes: one int8 mask entry and one index per (q block × kv block).
+    """
+    nq = np.ceil(np.asarray(q_len, dtype=float) / block_q)
+    nk = np.ceil(np.asarray(kv_len, dtype=float) / block_kv)
     return nq * nk * (1 + splash_index_bytes(np.maximum(nq, nk) - 1))
 
 

@@ -28,7 +28,7 @@ def candidates_of(plan: Plan) -> Candidates:
     return Candidates(
         case=plan.case, strategy=plan.cp_strategy, data=[mesh["data"]], fsdp=[mesh["fsdp"]], ring=[mesh["context"]],
         ulysses=[mesh["context_ulysses"]], tensor=[mesh["tensor"]], remat=[remat_code(plan.remat)],
-        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block_q=[plan.block_q], block_kv=[plan.block_q],
+        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block_q=[plan.block_q], block_kv=[plan.block_kv],
         links=links, ring_link=ring_link, loss_chunk_tokens=plan.loss_chunk_tokens,
         act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
     )
