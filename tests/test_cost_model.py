@@ -39,20 +39,20 @@ def test_derived_efficiencies():
     assert tile_efficiency(100, 128) == pytest.approx(100 / 128)
     assert causal_block_fraction(4096, 512) == pytest.approx(9 / 16)  # 8 blocks: 36 of 64
     # zigzag, ring of 4, 8192 tokens, blocks of 512: chunks of 1024 → 2·4−1 full quarter blocks + 2 causal ones
-    assert causal_attention_extent(8192, 4, True, 512, 512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
+    assert causal_attention_extent(8192, 4, True, block_q=512, block_kv=512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
     # no balancing: the last rank, 3 full blocks of 2048 and one causal (4 blocks: 10 of 16)
-    assert causal_attention_extent(8192, 4, False, 512, 512) == pytest.approx(2048**2 * (3 + 10 / 16))
+    assert causal_attention_extent(8192, 4, False, block_q=512, block_kv=512) == pytest.approx(2048**2 * (3 + 10 / 16))
     # 128 × 128 blocks: an int8 block_mask entry and an int8 data_next index (largest 127) each
-    assert splash_smem_bytes(131072, 131072, 1024, 1024) == 128 * 128 * 2
+    assert splash_smem_bytes(131072, 131072, block_q=1024, block_kv=1024) == 128 * 128 * 2
     # 256 × 256 blocks: indices up to 255 need int16
-    assert splash_smem_bytes(131072, 131072, 512, 512) == 256 * 256 * 3
+    assert splash_smem_bytes(131072, 131072, block_q=512, block_kv=512) == 256 * 256 * 3
     # 256 query × 64 key blocks: a quarter of the entries, still int16 indices (largest 255)
-    assert splash_smem_bytes(131072, 131072, 512, 2048) == 256 * 64 * 3
+    assert splash_smem_bytes(131072, 131072, block_q=512, block_kv=2048) == 256 * 64 * 3
     # 512-token query blocks against 2048-token key blocks over 4096 tokens: query block i
     # computes ceil((i+1)/4) key blocks, 1+1+1+1+2+2+2+2 = 12 of 512 × 2048 tokens — as square
     # blocks of 2048 (3 of 4), either way round
-    assert causal_attention_extent(4096, 1, False, 512, 2048) == 12 * 512 * 2048 == 4096**2 * 3 / 4
-    assert causal_attention_extent(4096, 1, False, 2048, 512) == 12 * 512 * 2048
+    assert causal_attention_extent(4096, 1, False, block_q=512, block_kv=2048) == 12 * 512 * 2048 == 4096**2 * 3 / 4
+    assert causal_attention_extent(4096, 1, False, block_q=2048, block_kv=512) == 12 * 512 * 2048
 
 
 def _plan(**kw):
@@ -166,7 +166,8 @@ def test_interpreted_splash_pays_per_grid_step_and_operand_byte():
     # 8 query heads × 256 tokens, 4 kv heads × 1024 tokens, blocks of 256: 8 × 1 × 4 = 32 steps.
     # q-shaped array 8·256·32·2 = 131072 B, k-shaped 4·1024·32·2 = 262144 B; the forward
     # touches q, o, k, v (786432 B), the backward q, dO, dq, q, dO | k, v, k, v, dk, dv (2228224 B)
-    fwd, bwd = splash_step_costs(8, 4, 256, 1024, 32, 2, 256, 256, 1e-4, 1e-9)
+    fwd, bwd = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
+                                 per_step_s=1e-4, per_step_byte_s=1e-9)
     assert fwd == pytest.approx(32 * (1e-4 + 786432e-9))
     assert bwd == pytest.approx(32 * (2e-4 + 2228224e-9))
 

@@ -45,18 +45,20 @@ def price_attention(x: Candidates, strategy: Strategy) -> AttentionTimes:
     layout = strategy.layout(x)
     # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
     # so the step costs the average rank's work (the balanced extent), not the busiest rank's
-    extent = causal_attention_extent(x.seq_len, layout.ring, x.zigzag | x.shared_cores, x.block_q, x.block_kv)
+    extent = causal_attention_extent(x.seq_len, layout.ring, x.zigzag | x.shared_cores,
+                                     block_q=x.block_q, block_kv=x.block_kv)
     efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
     forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
     # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
     grid_forward_s = grid_backward_s = 0.0
     for call in strategy.kernel_calls(x, layout):
-        fwd, bwd = splash_step_costs(x.sequences_per_device * layout.q_heads, x.sequences_per_device * layout.kv_heads,
-                                     call.q_len, call.kv_len, model.head_dim, x.act_bytes,
-                                     np.minimum(x.block_q, call.q_block_cap), x.block_kv,
-                                     chip.attention_block_overhead_s, chip.attention_step_s_per_operand_byte,
-                                     chip.attention_masked_element_s, call.causal)
+        fwd, bwd = splash_step_costs(
+            x.sequences_per_device * layout.q_heads, x.sequences_per_device * layout.kv_heads, call.q_len, call.kv_len,
+            head_dim=model.head_dim, act_bytes=x.act_bytes,
+            block_q=np.minimum(x.block_q, call.q_block_cap), block_kv=x.block_kv,
+            per_step_s=chip.attention_block_overhead_s, per_step_byte_s=chip.attention_step_s_per_operand_byte,
+            per_masked_element_s=chip.attention_masked_element_s, causal=call.causal)
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     forward_s = math_forward_s + grid_forward_s
@@ -67,5 +69,5 @@ def price_attention(x: Candidates, strategy: Strategy) -> AttentionTimes:
         backward_s=SPLASH_BACKWARD_OVER_FORWARD * math_forward_s + grid_backward_s,
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
-        smem_bytes=splash_smem_bytes(layout.q_len, layout.kv_len, x.block_q, x.block_kv),
+        smem_bytes=splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv),
     )
