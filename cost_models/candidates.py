@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -35,7 +36,7 @@ class Candidates:
     """Candidates as columns: one strategy, any number of meshes × placements × remat × balancing.
 
     Mesh sizes, blocks and link figures are float arrays (one entry per candidate); lists are
-    accepted and converted.
+    accepted and converted. Derived columns are computed once per instance (the fields never change).
     """
 
     case: Case
@@ -84,17 +85,17 @@ class Candidates:
     def global_batch(self) -> int:
         return self.case.global_batch
 
-    @property
+    @cached_property
     def sequences_per_device(self) -> np.ndarray:
         """Sequences each batch shard (data × fsdp) holds."""
         return self.global_batch / (self.data * self.fsdp)
 
-    @property
+    @cached_property
     def tokens_per_device(self) -> np.ndarray:
         """Tokens each device holds outside attention: its sequences split over both context axes."""
         return self.sequences_per_device * self.seq_len / (self.ring * self.ulysses)
 
-    @property
+    @cached_property
     def weight_group(self) -> np.ndarray:
         """Devices a weight is sharded over outside tensor parallelism: fsdp × both context axes."""
         return self.fsdp * self.ring * self.ulysses
@@ -104,7 +105,7 @@ class Candidates:
         """Whether the devices share a host's cores (work then moves to whichever device is busy)."""
         return self.topology.chip.kind.shares_cores
 
-    @property
+    @cached_property
     def comm(self) -> Collectives:
         """The collective formulas of this chip row."""
         return Collectives(self.topology.chip.host_collectives)
@@ -119,7 +120,7 @@ class Candidates:
         """Links of a collective over the `context_ulysses` axis."""
         return self.links["ulysses"]
 
-    @property
+    @cached_property
     def remat_columns(self) -> RematCost:
         """What each candidate's remat policy keeps and recomputes, one entry per candidate."""
         table = remat_table(self.model)
