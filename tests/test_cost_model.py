@@ -245,7 +245,8 @@ def test_larger_key_blocks_take_fewer_grid_steps():
     def attention(block_kv):
         x = candidates_of(_one_sequence_per_device(model=MODELS["small"], topology="cpu:4", block_kv=block_kv))
         topology = x.topology
-        stepping = dataclasses.replace(topology, chip=dataclasses.replace(topology.chip, attention_block_overhead_s=1e-5))
+        stepping_chip = dataclasses.replace(topology.chip, attention_block_overhead_s=1e-5)
+        stepping = dataclasses.replace(topology, chip=stepping_chip)
         x = dataclasses.replace(x, case=dataclasses.replace(x.case, topology=stepping))
         return price_attention(x, STRATEGIES[CPStrategy.NONE])
 
