@@ -113,10 +113,10 @@ def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | Non
     """Splash block size for a kernel call of (q × kv) tokens, or the SMEM rule that fails."""
     q = layout_q / (2 if zigzag else 1)
     options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
+    no_limit = topo.chip.smem_bytes == 0  # a host has no SMEM limit
     for b in options:
-        smem = splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b)
-        if topo.chip.smem_bytes == 0 or smem <= topo.chip.smem_bytes:
-            return b, None  # a host has no SMEM limit
+        if no_limit or splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes:
+            return b, None
     if not options:
         return None, f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
     b = max(options)
