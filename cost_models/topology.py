@@ -64,9 +64,9 @@ class Topology:
 
     @property
     def name(self) -> str:
-        """Canonical name, e.g. `v5p:4x4x8` or `cpu:8`."""
-        if self.chip.kind == "cpu":
-            return f"cpu:{self.devices_per_chip}"
+        """Canonical name, e.g. `v5p:4x4x8`, or `cpu:8` for devices without a torus."""
+        if not self.chip.kind.has_torus:
+            return f"{self.chip.name}:{self.devices_per_chip}"
         return f"{self.chip.name}:{'x'.join(map(str, self.chip_dims))}"
 
     @property
@@ -110,7 +110,7 @@ class Topology:
         if size == 1:
             return AxisLinks(1, math.inf, 0.0, math.inf, 0.0, True)
         on_core = math.prod(s.size for s in segments if dims[s.dim].name == CORE)
-        ici_share = on_core / self.devices_per_chip if self.chip.kind != "cpu" else 1.0
+        ici_share = on_core / self.devices_per_chip if self.chip.kind.has_torus else 1.0
         coll_bw = 0.0
         coll_lat = 0.0
         ring_bw = math.inf
@@ -146,13 +146,13 @@ def _merged(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
 def _physical_dims(topo: Topology) -> tuple[PhysicalDim, ...]:
     chip = topo.chip
     dims = []
-    if chip.kind != "cpu":
+    if chip.kind.has_torus:
         for name, size in zip(DIM_NAMES, topo.chip_dims):
             dims.append(PhysicalDim(name, size, chip.wraparound.wraps(size),
                                     chip.ici_link_bw_bytes_per_s, chip.ici_hop_latency_s))
     if topo.devices_per_chip > 1 or not dims:
         dims.append(PhysicalDim(CORE, topo.devices_per_chip,
-                                chip.kind == "cpu" and chip.wraparound.wraps(topo.devices_per_chip),
+                                not chip.kind.has_torus and chip.wraparound.wraps(topo.devices_per_chip),
                                 chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s,
                                 chip.ici_hop_latency_s))
     return tuple(dims)
@@ -200,8 +200,8 @@ def _shape_for_chips(chip: Chip, chips: int) -> tuple[int, ...] | None:
 
 
 def _example_names(chip: Chip) -> str:
-    if chip.kind == "cpu":
-        return "cpu:8"
+    if not chip.kind.has_torus:
+        return f"{chip.name}:8"
     shape = "4x4x8" if chip.torus_rank == 3 else "8x8"
     return f"{chip.name}-{chip.tensorcores_per_chip * 128}, {chip.name}:{shape}"
 
@@ -218,10 +218,10 @@ def _parse(name: str, chip_dir_marker: tuple) -> Topology:
     if chip_name not in chips:
         raise unknown_name("chip", chip_name, chips)
     chip = chips[chip_name]
-    if chip.kind == "cpu":
+    if not chip.kind.has_torus:
         count = int(cores or shape) if (cores or (shape and shape.isdigit())) else 0
         if count < 1:
-            raise CpplanError(f"topology {name!r}: write cpu:N with N >= 1 virtual devices, e.g. cpu:8.")
+            raise CpplanError(f"topology {name!r}: write {chip.name}:N with N >= 1 devices, e.g. {chip.name}:8.")
         return Topology(chip, (1,), count)
     if shape is not None:
         try:

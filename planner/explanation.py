@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
-from cost_models.estimate import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, Estimate
+from cost_models.estimate import Estimate
+from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY
+from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.options import format_tokens
 from planner.plan import Plan
 from planner.search import Ranked, SearchResult
 
-GiB = 2**30
 DEFAULT_TOP = 5
 
 
@@ -109,10 +110,11 @@ class Explanation:
 
     # -- text ------------------------------------------------------------------------
     def header(self) -> str:
-        res, m, topo = self.result, self.result.model, self.result.topology
+        case = self.result.case
+        m, topo = case.model, case.topology
         return (f"cpplan explain: {m.name} ({m.num_params / 1e9:.2f}B params, {m.num_layers} layers, "
-                f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(res.seq_len)} "
-                f"tokens × {res.global_batch} sequence{'s' if res.global_batch > 1 else ''} per step on {topo.name} "
+                f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(case.seq_len)} "
+                f"tokens × {case.global_batch} sequence{'s' if case.global_batch > 1 else ''} per step on {topo.name} "
                 f"({topo.num_chips} chips, {topo.num_devices} devices)")
 
     def __str__(self) -> str:
@@ -217,8 +219,9 @@ class Explanation:
     def nothing_fits_text(self) -> str:
         """Per strategy why nothing fits, and what would."""
         res = self.result
-        lines = [f"No plan fits {res.model.name} at {format_tokens(res.seq_len)} tokens × {res.global_batch} on "
-                 f"{res.topology.name}."]
+        case = res.case
+        lines = [f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × {case.global_batch} on "
+                 f"{case.topology.name}."]
         by_strategy = self.rejections_by_strategy()
         least = {r.plan.cp_strategy: r for r in res.best_infeasible}
         for strategy in CPStrategy:
@@ -248,8 +251,8 @@ class Explanation:
             return {"plan": r.plan.to_dict(), "estimate": r.estimate.to_dict(), "summary": short(r.plan)}
 
         return {
-            "model": res.model.to_dict(), "seq_len": res.seq_len, "global_batch": res.global_batch,
-            "topology": res.topology.name, "num_devices": res.topology.num_devices,
+            "model": res.case.model.to_dict(), "seq_len": res.case.seq_len, "global_batch": res.case.global_batch,
+            "topology": res.case.topology.name, "num_devices": res.case.topology.num_devices,
             "best": ranked(res.best) if res.best else None,
             "alternatives": [dict(ranked(r), slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
                                   why=why_slower(r.estimate, self.estimate)) for r in self.alternatives],

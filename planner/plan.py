@@ -5,6 +5,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from cost_models.case import Case
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
@@ -115,6 +116,11 @@ class Plan:
     @property
     def topology_spec(self) -> Topology:
         return get_topology(self.topology)
+
+    @property
+    def case(self) -> Case:
+        """The model, topology, sequence length and batch the plan trains."""
+        return Case(self.model, self.topology_spec, self.seq_len, self.global_batch)
 
     def segments(self) -> dict[str, tuple[Segment, ...]]:
         """Which physical dimensions each logical axis spans (indices into the topology's dims)."""

@@ -8,25 +8,28 @@ deterministic key. A pure function of its inputs.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
+from cost_models.candidates import Candidates, group_links, link_columns
+from cost_models.case import Case
 from cost_models.compute import splash_smem_bytes
-from cost_models.estimate import Candidates, Estimate, estimate_row, group_links, link_columns, price
+from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
+from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
 from cost_models.strategies import STRATEGIES, Shape, strategies_for
 from cost_models.topology import AxisLinks, Topology
-from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance
+from cost_models.units import GiB, MiB
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 from planner.options import SearchOptions, as_list, ordered_factorizations
-from planner.plan import Plan
+from planner.plan import DEFAULT_BLOCK, Plan
 
-GiB = 2**30
 BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks: 512 first, larger when SMEM needs it
 
 
@@ -50,14 +53,30 @@ class Ranked:
     estimate: Estimate
 
 
+class Placement(NamedTuple):
+    """A mesh laid on a topology: the logical axes and the physical dimensions, outermost
+    first, and the links each collective group gets."""
+
+    axis_order: tuple[str, ...]
+    physical_order: tuple[str, ...]
+    links: dict[str, AxisLinks]
+
+
+class CandidateRow(NamedTuple):
+    """One candidate the search prices: a mesh (sizes in `AXES` order), its balancing, remat
+    policy and placement."""
+
+    sizes: tuple[int, ...]
+    load_balance: LoadBalance
+    remat: RematPolicy
+    placement: Placement
+
+
 @dataclass
 class SearchResult:
     """Everything the search found: ranked feasible candidates and every rejection."""
 
-    model: ModelSpec
-    topology: Topology
-    seq_len: int
-    global_batch: int
+    case: Case
     options: SearchOptions
     ranked: list[Ranked]
     rejections: list[Rejection]
@@ -69,6 +88,22 @@ class SearchResult:
     def best(self) -> Ranked | None:
         return self.ranked[0] if self.ranked else None
 
+    @property
+    def model(self) -> ModelSpec:
+        return self.case.model
+
+    @property
+    def topology(self) -> Topology:
+        return self.case.topology
+
+    @property
+    def seq_len(self) -> int:
+        return self.case.seq_len
+
+    @property
+    def global_batch(self) -> int:
+        return self.case.global_batch
+
 
 def _shape(model, seq_len, mesh, zigzag) -> Shape:
     return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag)
@@ -78,15 +113,16 @@ def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | Non
     """Splash block size for a kernel call of (q × kv) tokens, or the SMEM rule that fails."""
     q = layout_q / (2 if zigzag else 1)
     options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
+    no_limit = topo.chip.smem_bytes == 0  # a host has no SMEM limit
     for b in options:
-        if topo.chip.smem_bytes == 0 or splash_smem_bytes(layout_q, layout_kv, b) <= topo.chip.smem_bytes:
-            return b, None  # a host has no SMEM limit
+        if no_limit or splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes:
+            return b, None
     if not options:
         return None, f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
     b = max(options)
-    need = float(splash_smem_bytes(layout_q, layout_kv, b))
+    need = float(splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b))
     return None, (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
-                  f"{need / 2**20:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / 2**20:.0f} MiB")
+                  f"{need / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
 
 
 class _Placements:
@@ -104,8 +140,8 @@ class _Placements:
         self._links = lru_cache(maxsize=None)(topo.links)
 
     @lru_cache(maxsize=None)
-    def of(self, sizes: tuple[int, ...]) -> list[tuple[tuple, tuple, dict[str, AxisLinks]]]:
-        """[(axis_order, physical_order, links)] for a mesh (sizes in AXES order), distinct links only."""
+    def of(self, sizes: tuple[int, ...]) -> list[Placement]:
+        """The placements of a mesh (sizes in AXES order) that give distinct links."""
         dims = self.topo.physical_dims
         trivial = [a for a, s in zip(AXES, sizes) if s == 1]
         active = [a for a, s in zip(AXES, sizes) if s > 1]
@@ -123,20 +159,20 @@ class _Placements:
                              l.ring_latency_s) for l in links.values())
                 if key not in seen:
                     seen.add(key)
-                    out.append((order, tuple(dims[i].name for i in perm), links))
+                    out.append(Placement(order, tuple(dims[i].name for i in perm), links))
         return out
 
 
 def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
     """Prices every candidate and ranks the feasible ones (see the module docstring)."""
-    batch = options.global_batch(seq_len, host=topo.chip.kind == "cpu")
+    batch = options.global_batch(seq_len, host=topo.chip.kind.shares_cores)
+    case = Case(model, topo, seq_len, batch)
     fixed = options.axes_fixed()
     meshes = ordered_factorizations(topo.num_devices, len(AXES),
                                     {AXES.index(a): s for a, s in fixed.items()})
     rejections: list[Rejection] = []
     groups: dict[CPStrategy, list] = {}
     placements = _Placements(topo)
-    act_bytes, param_bytes = DTYPE_BYTES[options.compute_dtype], DTYPE_BYTES[options.param_dtype]
 
     for sizes in meshes:
         mesh = dict(zip(AXES, sizes))
@@ -167,23 +203,20 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
     best_infeasible: list[Ranked] = []
     priced_count = 0
     for strategy, cands in groups.items():
-        rows = []  # (sizes, lb, remat, block, placement)
-        for sizes, lb in cands:
-            for remat in as_list(options.remat):
-                for placement in placements.of(sizes):
-                    rows.append((sizes, lb, remat, placement))
+        rows = [CandidateRow(sizes, lb, remat, placement) for sizes, lb in cands for remat in as_list(options.remat)
+                for placement in placements.of(sizes)]
         if not rows:
             continue
-        x = _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes)
+        x = _columns(case, strategy, rows, options)
         priced = price(x)
         priced_count += len(rows)
         # SMEM decides the block; a candidate whose kernel metadata cannot fit any block is rejected
-        blocks, block_reasons = _blocks_for(x, strategy, topo)
+        blocks, block_reasons = _blocks_for(x)
         mem = priced.hbm_total
         cap = topo.hbm_bytes_per_device
         per_candidate: dict[tuple, int] = {}
-        for i, (sizes, lb, remat, _) in enumerate(rows):
-            key = (sizes, lb, remat)
+        for i, row in enumerate(rows):
+            key = (row.sizes, row.load_balance, row.remat)
             j = per_candidate.get(key)
             if j is None or priced.step_time_s[i] < priced.step_time_s[j]:  # first placement wins ties
                 per_candidate[key] = i
@@ -202,13 +235,13 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
                 if strategy_least is None or mem[i] < mem[strategy_least]:
                     strategy_least = i
                 continue
-            ranked.append(_ranked(x, priced, i, rows[i], blocks[i], model, topo, seq_len, batch, options))
+            ranked.append(_ranked(x=x, priced=priced, index=i, row=rows[i], block=blocks[i], options=options))
         if strategy_least is not None:
-            best_infeasible.append(_ranked(x, priced, strategy_least, rows[strategy_least], blocks[strategy_least] or 512,
-                                           model, topo, seq_len, batch, options))
+            best_infeasible.append(_ranked(x=x, priced=priced, index=strategy_least, row=rows[strategy_least],
+                                           block=blocks[strategy_least] or DEFAULT_BLOCK, options=options))
     ranked.sort(key=_rank_key)
     best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
-    return SearchResult(model, topo, seq_len, batch, options, ranked, rejections, priced_count, best_infeasible)
+    return SearchResult(case, options, ranked, rejections, priced_count, best_infeasible)
 
 
 def _rank_key(r: Ranked):
@@ -218,23 +251,29 @@ def _rank_key(r: Ranked):
             p.mesh_sizes, p.cp_strategy.value, p.load_balance.value, p.remat.value, p.axis_order, p.physical_order)
 
 
-def _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes) -> Candidates:
-    sizes = np.array([r[0] for r in rows], dtype=float)
-    links, ring_link = link_columns({name: [r[3][2][name] for r in rows] for name in rows[0][3][2]})
+def _columns(case: Case, strategy: CPStrategy, rows: list[CandidateRow], options: SearchOptions) -> Candidates:
+    """The rows as columns, each with the splash block SMEM allows (`DEFAULT_BLOCK` where none does)."""
+    sizes = np.array([row.sizes for row in rows], dtype=float)
+    links, ring_link = link_columns({group: [row.placement.links[group] for row in rows]
+                                     for group in rows[0].placement.links})
+    default_blocks = np.full(len(rows), float(DEFAULT_BLOCK))
     x = Candidates(
-        model=model, topology=topo, seq_len=seq_len, global_batch=batch, strategy=strategy,
+        case=case, strategy=strategy,
         data=sizes[:, 0], fsdp=sizes[:, 1], ring=sizes[:, 2], ulysses=sizes[:, 3], tensor=sizes[:, 4],
-        remat=[POLICIES.index(r[2]) for r in rows], zigzag=[r[1] is LoadBalance.ZIGZAG for r in rows],
-        block_q=np.full(len(rows), 512.0), block_kv=np.full(len(rows), 512.0), links=links, ring_link=ring_link,
-        loss_chunk_tokens=options.loss_chunk_tokens, act_bytes=act_bytes, param_bytes=param_bytes,
+        remat=[POLICIES.index(row.remat) for row in rows],
+        zigzag=[row.load_balance is LoadBalance.ZIGZAG for row in rows],
+        block_q=default_blocks, block_kv=default_blocks, links=links, ring_link=ring_link,
+        loss_chunk_tokens=options.loss_chunk_tokens, act_bytes=DTYPE_BYTES[options.compute_dtype],
+        param_bytes=DTYPE_BYTES[options.param_dtype],
     )
-    blocks, _ = _blocks_for(x, strategy, topo)
-    chosen = np.array([b or 512 for b in blocks], dtype=float)
-    return dataclasses.replace(x, block_q=chosen, block_kv=chosen)
+    blocks, _ = _blocks_for(x)
+    chosen = np.array([b or DEFAULT_BLOCK for b in blocks], dtype=float)
+    return x.with_blocks(chosen, chosen)
 
 
-def _blocks_for(x: Candidates, strategy, topo) -> tuple[list, list]:
-    lay = STRATEGIES[strategy].layout(x)
+def _blocks_for(x: Candidates) -> tuple[list, list]:
+    """Per candidate: the splash block its kernel calls take (None where none fits), and why not."""
+    lay = STRATEGIES[x.strategy].layout(x)
     q = np.broadcast_to(lay.q_len, x.ring.shape)
     kv = np.broadcast_to(lay.kv_len, x.ring.shape)
     cache: dict = {}
@@ -242,18 +281,20 @@ def _blocks_for(x: Candidates, strategy, topo) -> tuple[list, list]:
     for qi, kvi, z in zip(q, kv, x.zigzag):
         key = (float(qi), float(kvi), bool(z))
         if key not in cache:
-            cache[key] = _block(*key[:2], topo, key[2])
+            cache[key] = _block(*key[:2], x.topology, key[2])
         b, why = cache[key]
         blocks.append(b)
         reasons.append(why)
     return blocks, reasons
 
 
-def _ranked(x, priced, i, row, block, model, topo, seq_len, batch, options) -> Ranked:
-    sizes, lb, remat, (axis_order, phys_order, _) = row
-    plan = Plan(model=model, topology=topo.name, seq_len=seq_len, global_batch=batch,
-                mesh=tuple(zip(AXES, sizes)), axis_order=axis_order, physical_order=phys_order,
-                cp_strategy=x.strategy, load_balance=lb, remat=remat, block_q=int(block), block_kv=int(block),
-                loss_chunk_tokens=options.loss_chunk_tokens, param_dtype=options.param_dtype,
-                compute_dtype=options.compute_dtype)
-    return Ranked(plan, estimate_row(priced, i, x))
+def _ranked(*, x: Candidates, priced: Priced, index: int, row: CandidateRow, block: int,
+            options: SearchOptions) -> Ranked:
+    """Candidate `index` of a priced batch as a `Plan` with its `Estimate`."""
+    case = x.case
+    plan = Plan(model=case.model, topology=case.topology.name, seq_len=case.seq_len, global_batch=case.global_batch,
+                mesh=tuple(zip(AXES, row.sizes)), axis_order=row.placement.axis_order,
+                physical_order=row.placement.physical_order, cp_strategy=x.strategy, load_balance=row.load_balance,
+                remat=row.remat, block_q=int(block), block_kv=int(block), loss_chunk_tokens=options.loss_chunk_tokens,
+                param_dtype=options.param_dtype, compute_dtype=options.compute_dtype)
+    return Ranked(plan, estimate_row(priced, index, x))

@@ -49,7 +49,7 @@ def _as_kwargs(opts: SearchOptions) -> dict:
 
 def _bigger_slice_that_fits(result: SearchResult) -> str | None:
     topo = result.topology
-    if topo.chip.kind != "tpu":
+    if not topo.chip.kind.has_torus:
         return None
     chips = topo.num_chips * 2
     while chips <= topo.chip.max_chips:

@@ -134,3 +134,12 @@ def test_default_batch_halves_until_a_plan_fits():
     assert "the default step of 16 sequences" in str(e)
     explicit = planner.explain("llama3.1-8b", "256k", "v5p:2x2x2", global_batch_tokens="4M")
     assert explicit.best is None and explicit.result.batch_note is None  # an explicit batch is kept
+
+
+def test_a_plan_alone_is_priced_as_the_search_priced_it(v5p256_4m):
+    # estimate(plan) rebuilds the search's row from the plan (candidates_of): same links from its
+    # placement, same blocks, so the same figures to the last bit
+    for ranked in v5p256_4m.result.ranked[:20] + v5p256_4m.result.best_infeasible:
+        assert planner.estimate(ranked.plan) == ranked.estimate
+    row = planner.candidates_of(v5p256_4m.best)
+    assert (row.ring.tolist(), row.block_q.tolist(), row.block_kv.tolist()) == ([128.0], [512.0], [512.0])

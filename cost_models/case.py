@@ -1,0 +1,22 @@
+"""`Case`: what one training step is asked to do — a model, on a topology, at a sequence
+length and a batch. The four travel together through the search, the price and the explanation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.models import ModelSpec
+from cost_models.topology import Topology
+
+
+@dataclass(frozen=True)
+class Case:
+    """A model trained on a topology at `seq_len` tokens per sequence, `global_batch` sequences per step."""
+
+    model: ModelSpec
+    topology: Topology
+    seq_len: int
+    global_batch: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
