@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.models import ModelSpec
+from cost_models.strategies.base import Violation
 from cost_models.topology import Topology
 
 
@@ -20,3 +21,10 @@ class Case:
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
+
+
+def batch_split_violation(global_batch: int, batch_shards: int) -> "Violation | None":
+    """The batch must split evenly over the data × fsdp shards (every shard holds whole sequences)."""
+    if global_batch % batch_shards:
+        return Violation("batch", f"global_batch={global_batch} sequences not divisible by data×fsdp={batch_shards}")
+    return None

@@ -8,6 +8,7 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec, get_model
 from cost_models.topology import Topology, get_topology
+from cost_models.strategies import STRATEGIES
 from cost_models.vocabulary import AXES, CPStrategy
 from planner.options import SearchOptions, parse_seq_len
 from planner.plan import Plan
@@ -96,7 +97,10 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
         raise CpplanError(f"mesh {full_mesh} covers {total} devices; {topo.name} has {topo.num_devices}.")
     strategy = CPStrategy.parse(strategy)
     options.setdefault("remat", "full")
-    options.setdefault("load_balance", "zigzag" if strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) else "none")
+    spec = STRATEGIES[strategy]
+    # balance by default where the strategy balances and MaxText accepts it, so the plan exports
+    options.setdefault("load_balance", "zigzag" if spec.balances_load and not spec.maxtext_refuses_load_balance
+                       else "none")
     result = run_search(model, seq_len, topo, mesh=full_mesh, strategies=[strategy], **options)
     if result.ranked:
         return result.ranked[0].estimate

@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 from cost_models.candidates import Candidates, group_links, link_columns
-from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.pricing import price
 from cost_models.remat import remat_code
-from cost_models.strategies import STRATEGIES, Shape
 from cost_models.vocabulary import DTYPE_BYTES, LoadBalance
 from planner.plan import Plan
 
@@ -45,14 +43,6 @@ def estimate(plan: Plan) -> Estimate:
         CpplanError: the plan's mesh does not tile its topology, its strategy cannot run it (the
             rule and its numbers), or its batch does not split over data × fsdp.
     """
-    mesh = plan.mesh_dict
-    shape = Shape(plan.model, plan.seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"],
-                  plan.load_balance is LoadBalance.ZIGZAG)
-    violation = STRATEGIES[plan.cp_strategy].check(shape)
-    if violation:
-        raise CpplanError(f"{plan.cp_strategy.value} cannot run this plan: {violation.reason}.")
-    if plan.global_batch % (mesh["data"] * mesh["fsdp"]):
-        raise CpplanError(f"global_batch={plan.global_batch} sequences not divisible by "
-                          f"data×fsdp={mesh['data'] * mesh['fsdp']}.")
+    plan.check()
     x = candidates_of(plan)
     return estimate_row(price(x), 0, x)

@@ -30,16 +30,9 @@ def _gib(nbytes: float) -> str:
 
 
 def describe_strategy(plan: Plan) -> str:
-    """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64'."""
-    r, u = plan.axis_size("context"), plan.axis_size("context_ulysses")
-    zig = ", zigzag" if plan.load_balance is LoadBalance.ZIGZAG else ""
-    return {
-        CPStrategy.NONE: "no context parallelism",
-        CPStrategy.ALL_GATHER: f"all-gather K/V over context={r}{zig}",
-        CPStrategy.RING: f"ring over context={r}{zig}",
-        CPStrategy.ULYSSES: f"ulysses (all-to-all) over context_ulysses={u}",
-        CPStrategy.USP: f"usp: ulysses {u} inside × ring {r} across{zig}",
-    }[plan.cp_strategy]
+    """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64' (the strategy spec's words)."""
+    return plan.strategy_spec.describe(plan.axis_size("context"), plan.axis_size("context_ulysses"),
+                                       plan.load_balance is LoadBalance.ZIGZAG)
 
 
 def short(plan: Plan) -> str:
@@ -187,7 +180,7 @@ class Explanation:
         parts = [f"At {format_tokens(p.seq_len)} tokens attention is {attn_share:.0%} of the math, "
                  f"and the step is bound by {e.bottleneck}."]
         ctx_total, ctx_exposed = e.comm_s["context"], e.exposed_s["context"]
-        if p.cp_strategy in (CPStrategy.RING, CPStrategy.USP) and ctx_total > 0:
+        if p.strategy_spec.hides_traffic_behind_attention and ctx_total > 0:
             parts.append(f"The ring's K/V traffic ({_s(ctx_total)}) hides behind attention except {_s(ctx_exposed)}.")
         elif ctx_total > 0:
             parts.append(f"Its context traffic ({_s(ctx_total)}) is not overlapped.")

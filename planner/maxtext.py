@@ -27,7 +27,7 @@ MAXTEXT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 def _slice_name(topology: str) -> str | None:
     """`v5p:2x2x2` → `v5p-16`, MaxText's compile_topology (names count TensorCores)."""
     topo = get_topology(topology)
-    if topo.chip.kind != "tpu":
+    if not topo.chip.kind.has_torus:
         return None
     name = f"{topo.chip.name}-{topo.num_chips * topo.chip.tensorcores_per_chip}"
     return name if get_topology(name).chip_dims == topo.chip_dims else None

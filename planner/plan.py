@@ -5,7 +5,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from cost_models.case import Case
+from cost_models.case import Case, batch_split_violation
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
@@ -112,6 +112,18 @@ class Plan:
     def strategy_spec(self) -> StrategySpec:
         """The spec of the plan's context-parallel strategy."""
         return STRATEGIES[self.cp_strategy]
+
+    def check(self) -> None:
+        """Raises `CpplanError` when the plan cannot run: its strategy's spec refuses the case (the
+        rule and its numbers), or its batch does not split over data × fsdp. The price and the
+        runtime both ask this before anything else."""
+        violation = self.strategy_spec.check(self.shape)
+        if violation:
+            raise CpplanError(f"{self.cp_strategy.value} cannot run this plan: {violation.reason}.")
+        shards = self.axis_size("data") * self.axis_size("fsdp")
+        violation = batch_split_violation(self.global_batch, shards)
+        if violation:
+            raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
 
     @property
     def topology_spec(self) -> Topology:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cost_models.candidates import Candidates, group_links, link_columns
-from cost_models.case import Case
+from cost_models.case import Case, batch_split_violation
 from cost_models.compute import splash_smem_bytes
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
@@ -105,8 +105,8 @@ class SearchResult:
         return self.case.global_batch
 
 
-def _shape(model, seq_len, mesh, zigzag) -> Shape:
-    return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag)
+def _shape(model, seq_len, mesh, zigzag, *, shared_cores) -> Shape:
+    return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag, shared_cores)
 
 
 def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | None, str | None]:
@@ -189,11 +189,8 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
                     rejections.append(Rejection(mesh, strategy, lb, None, "load balance",
                                                 f"only zigzag was allowed; {strategy.value} has nothing to balance"))
                     continue
-                if batch % batch_shards:
-                    rejections.append(Rejection(mesh, strategy, lb, None, "batch",
-                                                f"global_batch={batch} sequences not divisible by data×fsdp={batch_shards}"))
-                    continue
-                violation = impl.check(_shape(model, seq_len, mesh, zig))
+                violation = batch_split_violation(batch, batch_shards) or impl.check(
+                    _shape(model, seq_len, mesh, zig, shared_cores=topo.chip.kind.shares_cores))
                 if violation:
                     rejections.append(Rejection(mesh, strategy, lb, None, violation.category, violation.reason))
                     continue

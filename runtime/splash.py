@@ -25,6 +25,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
+from cost_models.compute import splash_smem_bytes
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
 from cost_models.strategies.base import SPLASH_LANES
@@ -130,13 +131,6 @@ def causal_blocks(q_block_starts: np.ndarray, kv_len: int, bq: int, bkv: int) ->
     return block_mask, fwd, dkv
 
 
-def smem_bytes_needed(q_len: int, kv_len: int, bq: int, bkv: int) -> int:
-    """Scalar memory splash prefetches for one causal kernel: `block_mask` (int8) and `data_next`."""
-    nq, nk = q_len // bq, kv_len // bkv
-    index_bytes = _downcast(np.array([max(nq, nk) - 1])).itemsize
-    return nq * nk * (1 + index_bytes)
-
-
 @dataclass(frozen=True)
 class Kernel:
     """A splash kernel for one local mask: its metadata and static settings.
@@ -169,7 +163,7 @@ def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
 def check_smem(q_len: int, kv_len: int, config: KernelConfig) -> None:
     """Raises CpplanError when a causal kernel's metadata would not fit the chip's scalar memory."""
     bq, bkv = config.blocks(q_len, kv_len)
-    need = smem_bytes_needed(q_len, kv_len, bq, bkv)
+    need = int(splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv))
     if config.smem_bytes and need > config.smem_bytes:
         raise CpplanError(
             f"splash mask metadata for a {q_len}x{kv_len} attention with blocks {bq}x{bkv} needs {need} bytes "

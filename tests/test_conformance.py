@@ -112,7 +112,8 @@ def test_runtime_makes_the_spec_kernel_calls(recorded, strategy, mesh, seq_len, 
     plan = make_plan(strategy, mesh, seq_len, **options)
     assert plan.strategy_spec.check(plan.shape) is None
     device_mesh = build_mesh(plan)
-    jax.block_until_ready(jax.jit(lambda q, k, v: context_attention(q, k, v, plan=plan, mesh=device_mesh))(*arrays(plan)))
+    run = jax.jit(lambda q, k, v: context_attention(q, k, v, plan=plan, mesh=device_mesh))
+    jax.block_until_ready(run(*arrays(plan)))
 
     devices = device_mesh.devices.size
     per_device = collections.defaultdict(collections.Counter)

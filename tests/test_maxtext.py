@@ -24,7 +24,7 @@ def test_reads_a_maxtext_command_line():
 
 
 def test_prices_the_maxtext_config_and_the_chosen_plan_beats_it():
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
 
     theirs = estimate(Plan.from_maxtext(ANCHOR_USP))
     ours = planner.explain("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k").estimate

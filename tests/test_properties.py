@@ -6,7 +6,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cost_models.errors import CpplanError
-from cost_models.estimate import estimate
+from planner.estimate import estimate
 from cost_models.models import MODELS
 from cost_models.strategies import STRATEGIES, strategies_for
 from cost_models.topology import get_topology

@@ -9,6 +9,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib  # noqa: E402
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info  # noqa: E402
 
+from cost_models.compute import splash_smem_bytes  # noqa: E402
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import ModelSpec  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
@@ -140,10 +141,20 @@ def test_plan_for_other_topology_than_devices_present():
     assert len(jax.devices()) == 8 and os.environ["JAX_PLATFORMS"] == "cpu"
 
 
+@pytest.mark.parametrize("q_len,kv_len,bq,bkv", [(1024, 1024, 128, 128), (65536, 1024, 128, 128),
+                                                 (1024, 65536, 128, 256), (4096, 40960, 128, 128)])
+def test_the_cost_model_smem_formula_is_the_size_of_the_runtime_tables(q_len, kv_len, bq, bkv):
+    """The SMEM the planner prices is what the runtime's tables take: the block mask and the
+    data_next table of the larger of the forward and dK/dV kernels, each in its downcast dtype."""
+    block_mask, fwd, dkv = splash._static_causal(q_len, kv_len, bq, bkv)
+    tables = block_mask.nbytes + max(fwd.nbytes, dkv.nbytes)
+    assert tables == splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv)
+
+
 def test_block_sizes_are_checked_against_scalar_memory():
     """Splash keeps two tables per kernel in SMEM: a 1M-token causal call with 512 blocks needs 12 MiB."""
     v5p = splash.KernelConfig(512, 512, interpret=False, smem_bytes=1 << 20)
-    assert splash.smem_bytes_needed(1 << 20, 1 << 20, 512, 512) == 2048 * 2048 * 3
+    assert splash_smem_bytes(1 << 20, 1 << 20, block_q=512, block_kv=512) == 2048 * 2048 * 3
     with pytest.raises(CpplanError, match="needs 12582912 bytes of scalar memory, more than the chip's 1048576"):
         splash.causal_kernel(1 << 20, 1 << 20, v5p)
     splash.check_smem(1 << 17, 1 << 17, splash.KernelConfig(1024, 1024, interpret=False, smem_bytes=1 << 20))

@@ -9,7 +9,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent, splash_smem_bytes,
                                  splash_step_costs, tile_efficiency)
-from cost_models.strategies import Layout, Strategy
+from cost_models.strategies import Layout, StrategySpec
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class AttentionTimes:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-def price_attention(x: Candidates, strategy: Strategy) -> AttentionTimes:
+def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
     """Prices one decoder layer's attention for every candidate.
 
     Args:

@@ -3,7 +3,7 @@
 Each says which mesh axes it needs and whether it runs a case (and why not), how the attention
 kernel lies on a device and which splash calls it makes, what its own communication costs per
 layer and how much of it hides behind attention, how to describe it, and what it is in MaxText.
-`cost_models.estimate` prices the rest, the same for all; the runtime makes the calls listed.
+`cost_models.pricing` prices the rest, the same for all; the runtime makes the calls listed.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from cost_models.strategies.ulysses import Ulysses
 from cost_models.strategies.usp import USP
 from cost_models.vocabulary import CPStrategy
 
-STRATEGIES: dict[CPStrategy, StrategySpec] = {s.strategy: s for s in (NoContext(), AllGather(), Ulysses(), Ring(), USP())}
+STRATEGIES: dict[CPStrategy, StrategySpec] = {s.strategy: s for s in (NoContext(), AllGather(), Ulysses(), Ring(),
+                                                                          USP())}
 
 
 def strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:

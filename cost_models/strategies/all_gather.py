@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
-                                         kv_heads_per_tensor_shard)
+                                         tensor_shard_heads)
 from cost_models.vocabulary import CPStrategy
 
 
@@ -22,8 +22,7 @@ class AllGather(StrategySpec):
 
     def layout(self, x) -> Layout:
         ring = np.asarray(x.ring, dtype=float)
-        return Layout(x.model.num_heads / np.asarray(x.tensor, dtype=float), kv_heads_per_tensor_shard(x.model, x.tensor),
-                      ring, x.seq_len / ring, np.full_like(ring, x.seq_len))
+        return Layout(*tensor_shard_heads(x), ring, x.seq_len / ring, np.full_like(ring, x.seq_len))
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """One causal call of the local queries against the gathered keys; under zigzag a query

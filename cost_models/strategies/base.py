@@ -9,7 +9,7 @@ price, the explanation, the MaxText export and the runtime's checks all consult 
 traces it and compares).
 
 Layouts and kernel calls take anything with the attributes of `Shape` — one `Shape` of scalars,
-or the price's `Candidates`, whose attributes are numpy columns — so one formula serves both.
+or the price's `cost_models.candidates.Candidates`, whose attributes are numpy columns — so one formula serves both.
 """
 from __future__ import annotations
 
@@ -125,6 +125,7 @@ class StrategySpec:
     axes: AxisRule
     collective: str
     balances_load: bool = True
+    hides_traffic_behind_attention = False  # its transfers overlap the attention of the block in hand
 
     @property
     def name(self) -> str:
@@ -199,6 +200,11 @@ class StrategySpec:
 def kv_heads_per_tensor_shard(model: ModelSpec, tensor):
     """KV heads on one tensor shard: K/t (`heads_check` requires t to divide K)."""
     return model.num_kv_heads / np.asarray(tensor, dtype=float)
+
+
+def tensor_shard_heads(x) -> tuple:
+    """(query heads, KV heads) on one tensor shard of a `Shape` or `Candidates`."""
+    return x.model.num_heads / np.asarray(x.tensor, dtype=float), kv_heads_per_tensor_shard(x.model, x.tensor)
 
 
 def heads_check(shape: Shape) -> Violation | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.strategies.base import (AxisRule, CPCost, Layout, Shape, StrategySpec, Violation,
-                                         kv_heads_per_tensor_shard)
+                                         tensor_shard_heads)
 from cost_models.vocabulary import CPStrategy
 
 
@@ -23,8 +23,7 @@ class NoContext(StrategySpec):
 
     def layout(self, x) -> Layout:
         s = np.full_like(np.asarray(x.ring, dtype=float), x.seq_len)
-        return Layout(x.model.num_heads / np.asarray(x.tensor, dtype=float), kv_heads_per_tensor_shard(x.model, x.tensor),
-                      np.ones_like(s), s, s)
+        return Layout(*tensor_shard_heads(x), np.ones_like(s), s, s)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         zero = np.zeros_like(attention_fwd_s)

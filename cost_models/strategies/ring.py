@@ -10,7 +10,7 @@ import numpy as np
 
 from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD
 from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
-                                         kv_heads_per_tensor_shard)
+                                         tensor_shard_heads)
 from cost_models.vocabulary import CPStrategy
 
 GRAD_BYTES = 4  # dK/dV accumulate in fp32
@@ -63,12 +63,12 @@ class Ring(StrategySpec):
     collective = "ring ppermute K/V"
     maxtext_name = CPStrategy.RING.value
     maxtext_tokamax_splash = True
+    hides_traffic_behind_attention = True
 
     def layout(self, x) -> Layout:
         ring = np.asarray(x.ring, dtype=float)
         block = x.seq_len / ring
-        return Layout(x.model.num_heads / np.asarray(x.tensor, dtype=float), kv_heads_per_tensor_shard(x.model, x.tensor),
-                      ring, block, block)
+        return Layout(*tensor_shard_heads(x), ring, block, block)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)

@@ -17,6 +17,7 @@ class USP(StrategySpec):
     collective = "all-to-all + ring ppermute"
     maxtext_name = CPStrategy.USP.value
     maxtext_tokamax_splash = True
+    hides_traffic_behind_attention = True
     maxtext_refuses_load_balance = True
 
     def heads_rule(self, shape: Shape) -> Violation | None:

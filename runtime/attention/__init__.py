@@ -39,23 +39,6 @@ def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
                            kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem))
 
 
-def check_attention(plan: Plan) -> None:
-    """Checks that the plan's attention can run as laid out, before anything compiles: the
-    batch splits over its shards, and the strategy's spec (`cost_models.strategies`) accepts
-    the case — the same rules the planner prices by.
-
-    Raises:
-        CpplanError: naming the value, the rule it breaks and the fix.
-    """
-    batch_shards = plan.axis_size("data") * plan.axis_size("fsdp")
-    if plan.global_batch % batch_shards:
-        raise CpplanError(f"global_batch={plan.global_batch} is not divisible by data×fsdp={batch_shards}; "
-                          f"use a batch that is a multiple of {batch_shards}.")
-    violation = plan.strategy_spec.check(plan.shape)
-    if violation:
-        raise CpplanError(f"{plan.cp_strategy.value} cannot run this plan: {violation.reason}.")
-
-
 def is_interpret(mesh: Mesh) -> bool:
     """Splash runs in interpret mode on anything but TPU devices."""
     return mesh.devices.flat[0].platform != "tpu"
@@ -98,7 +81,7 @@ def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
     if q.shape[1] != plan.seq_len or k.shape[1] != plan.seq_len:
         raise CpplanError(f"arrays have {q.shape[1]} tokens but the plan has seq_len={plan.seq_len}; "
                           f"make a plan for this length.")
-    check_attention(plan)
+    plan.check()
     order = token_order(plan.seq_len, plan.axis_size("context"), plan.load_balance is LoadBalance.ZIGZAG)
     inverse = jnp.asarray(order.argsort())
     order = jnp.asarray(order)
