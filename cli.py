@@ -161,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _use_host_devices(args.topology)
     plan = _plan(args)
     _import_runtime()
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
     from runtime.runner import run
 
     report = run(plan, steps=args.steps, data=args.data)
@@ -181,7 +181,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
     plan = _plan(args)
     _import_runtime()
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
     from runtime.compile import compile_for
 
     report = compile_for(plan)

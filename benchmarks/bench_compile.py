@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, default=1024, help="splash block_q = block_kv")
     parser.add_argument("--loss-chunk", type=int, default=2048, help="cross-entropy chunk (tokens per device)")
     args = parser.parse_args(argv)
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
     from cost_models.units import GiB
     from runtime import compile_for
 

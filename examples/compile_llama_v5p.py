@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
 
     import planner
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
     from cost_models.units import GiB
     from runtime import compile_for
 

@@ -2,7 +2,7 @@
 
 Run: python examples/maxtext_config.py
 """
-from cost_models.estimate import estimate
+from planner.estimate import estimate
 from cost_models.units import GiB
 from planner import Plan, explain
 from planner.maxtext import format_flags

@@ -99,8 +99,10 @@ def splash_terms(q_len: int, kv_len: int, block: int, causal: bool, *, heads: in
     flops = 4.0 * q_len * kv_len * heads * head_dim * (1 + SPLASH_BACKWARD_OVER_FORWARD)
     if causal:
         flops *= float(causal_block_fraction(q_len, block))
-    shape = (heads, kv_heads, q_len, kv_len, head_dim, act_bytes, block, block)
-    units = [float(sum(splash_step_costs(*shape, *unit, causal=causal))) for unit in np.eye(3)]
+    units = [float(sum(splash_step_costs(heads, kv_heads, q_len, kv_len, head_dim=head_dim, act_bytes=act_bytes,
+                                         block_q=block, block_kv=block, per_step_s=step, per_step_byte_s=byte,
+                                         per_masked_element_s=masked, causal=causal)))
+             for step, byte, masked in np.eye(3)]
     return (flops, *units)
 
 

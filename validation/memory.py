@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from cost_models.errors import CpplanError
-from cost_models.estimate import estimate
+from planner.estimate import estimate
 from cost_models.models import get_model
 from planner.api import run_search
 from planner.options import parse_seq_len
