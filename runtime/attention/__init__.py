@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.plan import Plan
@@ -41,7 +42,7 @@ def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
 
 def is_interpret(mesh: Mesh) -> bool:
     """Splash runs in interpret mode on anything but TPU devices."""
-    return mesh.devices.flat[0].platform != "tpu"
+    return mesh.devices.flat[0].platform != ChipKind.TPU.jax_platform
 
 
 def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
