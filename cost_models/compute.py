@@ -125,13 +125,14 @@ def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
 
 
 def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,
-                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=0.0, causal=False):
+                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=(0.0, 0.0),
+                      causal=False):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
     Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
     `per_step_byte_s` per byte of its operand arrays per step, plus `per_masked_element_s` per
     logit of the blocks a causal mask cuts through (the mask rule is evaluated there); forward
-    and backward each pay `per_call_byte_s` once per byte of their operand arrays.
+    and backward each pay their `per_call_byte_s` once per byte of their operand arrays.
 
     Args:
         q_heads: query heads of the call, batch folded in.
@@ -145,7 +146,8 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
         per_step_s: seconds per grid step.
         per_step_byte_s: seconds per grid step per byte of operand arrays.
         per_masked_element_s: seconds per logit where the causal rule is evaluated.
-        per_call_byte_s: seconds per byte of operand arrays, once per call (HBM passes / bandwidth).
+        per_call_byte_s: (forward, backward) seconds per byte of their operand arrays, once per
+            call (passes over them / HBM bandwidth).
         causal: whether the call's mask is causal.
     Returns:
         (forward seconds, backward seconds).
@@ -157,7 +159,7 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
     masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, block_q=bq, block_kv=bk, causal=causal)
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
-    fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s * forward_bytes
+    fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
     bwd = steps * (SPLASH_BACKWARD_GRIDS * per_step_s + per_step_byte_s * backward_bytes) \
-        + SPLASH_BACKWARD_GRIDS * masked + per_call_byte_s * backward_bytes
+        + SPLASH_BACKWARD_GRIDS * masked + per_call_byte_s[1] * backward_bytes
     return fwd, bwd

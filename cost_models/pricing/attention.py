@@ -60,7 +60,9 @@ def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
             block_q=np.minimum(x.block_q, call.q_block_cap), block_kv=x.block_kv,
             per_step_s=chip.attention_block_overhead_s, per_step_byte_s=chip.attention_step_s_per_operand_byte,
             per_masked_element_s=chip.attention_masked_element_s,
-            per_call_byte_s=chip.attention_operand_passes / x.topology.hbm_bw_per_device, causal=call.causal)
+            per_call_byte_s=(chip.attention_operand_passes / x.topology.hbm_bw_per_device,
+                             chip.attention_backward_operand_passes / x.topology.hbm_bw_per_device),
+            causal=call.causal)
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     forward_s = math_forward_s + grid_forward_s
