@@ -344,7 +344,7 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
                            fitted["attention_masked_element_s"], fitted["attention_operand_passes"],
                            fitted["attention_backward_operand_passes"])
         ratio = fitted.get("attention_backward_over_forward", chips[name].attention_backward_over_forward)
-        before = AttentionFit(chips[name].attention_efficiency, 0.0, 0.0, 0.0)
+        before = AttentionFit(1.0, 0.0, 0.0, 0.0)  # every TPU row before these fits
         for t in timings:
             derived[name]["comparison"].append(("forward", t, model_attention(chips[name], t, fit, ratio)[0],
                                                 model_attention(chips[name], t, before, 2.5)[0]))
