@@ -381,6 +381,14 @@ def report(derived: dict[str, dict]) -> str:
                     signed = statistics.median(m / t - 1 for m, t, _ in rows)
                     summary.append(f"{name:6} {direction:8} {band:7} {len(rows):5d} {mape([(m, t) for m, t, _ in rows]):6.1f}%"
                                    f" {mape([(b, t) for _, t, b in rows]):6.1f}% {signed:+12.1%}")
+        full = {(dr, t.batch, t.seq, t.q_heads, t.head_dim): (t.seconds, m) for dr, t, m, _ in d["comparison"]
+                if not t.causal}
+        ratios = [(t.seconds / full[key][0], m / full[key][1]) for dr, t, m, _ in d["comparison"]
+                  if t.causal and (key := (dr, t.batch, t.seq, t.q_heads, t.head_dim)) in full]
+        if ratios:
+            measured, modelled = zip(*ratios)
+            lines.append(f"causal/full time ratio over {len(ratios)} pairs: measured {min(measured):.2f}-"
+                         f"{max(measured):.2f}, model {min(modelled):.2f}-{max(modelled):.2f}")
         if "per_core_note" in d:
             lines.append(d["per_core_note"].lstrip("; ") + ".")
         lines.append("")
