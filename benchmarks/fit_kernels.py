@@ -31,8 +31,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from cost_models.chips import CHIP_DIR, Chip, load_chip
-from cost_models.compute import (SPLASH_BACKWARD_OPERANDS, SPLASH_FORWARD_OPERANDS, causal_attention_extent,
-                                 splash_operand_bytes, splash_step_costs, tile_efficiency)
+from cost_models.compute import causal_attention_extent, splash_step_costs, tile_efficiency
 
 RESULTS_DIR = Path(__file__).parent / "results" / "kernels"
 AUTOTUNING = Path("tokamax") / "data" / "autotuning"
@@ -98,7 +97,8 @@ def installed_dir() -> Path:
 
 
 def _git(checkout: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, check=True).stdout.strip()
+    done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
 
 
 def find_file(device: str, name: str, checkouts: list[Path], base: Path) -> Source | None:
@@ -107,7 +107,8 @@ def find_file(device: str, name: str, checkouts: list[Path], base: Path) -> Sour
 
     candidate = base / device / name
     if _readable(candidate):
-        cite = f"tokamax {importlib.metadata.version('tokamax')} (installed package): tokamax/data/autotuning/{device}/{name}"
+        version = importlib.metadata.version("tokamax")
+        cite = f"tokamax {version} (installed package): {AUTOTUNING / device / name}"
         for checkout in checkouts:  # the commit that holds these very bytes, where a checkout says
             blob = _git(checkout, "hash-object", str(candidate))
             for commit in _git(checkout, "log", "--format=%H", "--", str(AUTOTUNING / device / name)).split():
@@ -118,7 +119,8 @@ def find_file(device: str, name: str, checkouts: list[Path], base: Path) -> Sour
     for checkout in checkouts:
         candidate = checkout / AUTOTUNING / device / name
         if _readable(candidate):
-            return Source(candidate, f"openxla/tokamax@{_git(checkout, 'rev-parse', 'HEAD')}: {AUTOTUNING / device / name}")
+            commit = _git(checkout, "rev-parse", "HEAD")
+            return Source(candidate, f"openxla/tokamax@{commit}: {AUTOTUNING / device / name}")
     return None
 
 
@@ -147,8 +149,9 @@ def read_attention(path: Path, *, backward: bool) -> list[AttentionTiming]:
     for key, configs in json.loads(path.read_text()).items():
         call, fastest = json.loads(key), _fastest(configs)
         mask = call.get("mask") or {}
+        bounded = any(mask.get(k) is not None for k in ("q_start", "q_end", "k_start", "k_end"))
         if fastest is None or call.get("bias") or mask.get("bool_mask") or call.get("dropout_rate") \
-                or call.get("logits_soft_cap") or any(mask.get(k) is not None for k in ("q_start", "q_end", "k_start", "k_end")):
+                or call.get("logits_soft_cap") or bounded:
             continue
         if ("dout" in call) != backward or (not backward and not call.get("return_residuals")):
             continue
@@ -313,7 +316,8 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
         matmul_efficiency[name] = rate / peak
         derived[name]["figures"]["matmul_efficiency"] = _round(rate / peak)
         derived[name]["sources"]["matmul_efficiency"] = (
-            f"the fastest of {len(rows)} bf16 ragged dots at dense sizes (groups of ≥{DENSE_GROUP_ROWS} rows, or that many on average) "
+            f"the fastest of {len(rows)} bf16 ragged dots at dense sizes (groups of ≥{DENSE_GROUP_ROWS} rows, or "
+            f"that many on average) "
             f"in {'; '.join(s.cite for s in matmuls)}: {label} at {rate / 1e12:.0f} TFLOP/s of "
             f"{peak / 1e12:.0f} per device; the best a tuned matmul showed on this chip")
 
@@ -336,7 +340,8 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
         if name not in matmul_efficiency and stand_in and stand_in[0] in matmul_efficiency:
             other, why = stand_in
             d["figures"]["matmul_efficiency"] = derived[other]["figures"]["matmul_efficiency"]
-            d["sources"]["matmul_efficiency"] = f"no dense matmul timings for {name} in tokamax: assumed {other}'s ({why})"
+            d["sources"]["matmul_efficiency"] = (f"no dense matmul timings for {name} in tokamax: "
+                                                 f"assumed {other}'s ({why})")
 
     for name, timings in forward_timings.items():
         fitted = derived[name]["figures"]
@@ -365,21 +370,24 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
 def report(derived: dict[str, dict]) -> str:
     """The kernel-level comparison: per call, then MAPE per chip, direction and length band."""
     lines = ["# cpplan kernel time vs tokamax's measured TPU flash attention (fastest config per call)",
-             "# model: the fitted chip row; before: attention efficiency 1, no step/call/mask costs, backward 2.5×", ""]
+             "# model: the fitted chip row; before: attention efficiency 1, no step/call/mask costs, "
+             "backward 2.5×", ""]
     summary = [f"{'chip':6} {'pass':8} {'band':7} {'calls':>5} {'MAPE':>7} {'before':>7} {'median signed':>13}"]
     for name, d in derived.items():
         if not d["comparison"]:
             continue
         lines.append(f"## {name}")
         for direction, t, model, before in d["comparison"]:
-            lines.append(f"{direction:8} {t.label:32} blocks {t.block_q}/{t.block_kv}  measured {t.seconds * 1e3:8.3f} ms"
-                         f"  model {model * 1e3:8.3f} ms ({model / t.seconds - 1:+6.1%})  before {before / t.seconds - 1:+6.1%}")
+            lines.append(f"{direction:8} {t.label:32} blocks {t.block_q}/{t.block_kv}  "
+                         f"measured {t.seconds * 1e3:8.3f} ms  model {model * 1e3:8.3f} ms "
+                         f"({model / t.seconds - 1:+6.1%})  before {before / t.seconds - 1:+6.1%}")
         for direction in ("forward", "backward"):
             for band, keep in ((f"≥{LONG}", lambda t: t.seq >= LONG), (f"<{LONG}", lambda t: t.seq < LONG)):
                 rows = [(m, t.seconds, b) for dr, t, m, b in d["comparison"] if dr == direction and keep(t)]
                 if rows:
                     signed = statistics.median(m / t - 1 for m, t, _ in rows)
-                    summary.append(f"{name:6} {direction:8} {band:7} {len(rows):5d} {mape([(m, t) for m, t, _ in rows]):6.1f}%"
+                    error = mape([(m, t) for m, t, _ in rows])
+                    summary.append(f"{name:6} {direction:8} {band:7} {len(rows):5d} {error:6.1f}%"
                                    f" {mape([(b, t) for _, t, b in rows]):6.1f}% {signed:+12.1%}")
         full = {(dr, t.batch, t.seq, t.q_heads, t.head_dim): (t.seconds, m) for dr, t, m, _ in d["comparison"]
                 if not t.causal}

@@ -10,7 +10,8 @@ from cost_models.chips import CHIP_DIR, load_chip
 
 pytestmark = pytest.mark.pure
 
-_SPEC = importlib.util.spec_from_file_location("fit_kernels", Path(__file__).parents[1] / "benchmarks" / "fit_kernels.py")
+_SCRIPT = Path(__file__).parents[1] / "benchmarks" / "fit_kernels.py"
+_SPEC = importlib.util.spec_from_file_location("fit_kernels", _SCRIPT)
 fit_kernels = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = fit_kernels  # its dataclasses look their module up by name
 _SPEC.loader.exec_module(fit_kernels)
@@ -35,7 +36,8 @@ def _hand_times(batch, seq, heads, dim, causal):
     array = batch * seq * heads * dim * 2  # bf16, as many kv heads as q heads
     forward = math + STEP_S * steps + MASKED_S * masked + PASSES * 4 * array / HBM_BW
     # backward: two grids; the dq kernel's q, dO, dq | k, v and the dk/dv kernel's q, dO | k, v, dk, dv
-    backward = BACKWARD_RATIO * math + 2 * STEP_S * steps + 2 * MASKED_S * masked + BACKWARD_PASSES * 11 * array / HBM_BW
+    backward = (BACKWARD_RATIO * math + 2 * STEP_S * steps + 2 * MASKED_S * masked
+                + BACKWARD_PASSES * 11 * array / HBM_BW)
     return forward, backward
 
 
