@@ -14,15 +14,19 @@
   kernel is interpreted (Pallas interpret mode on a host) a copy of every operand array it
   reads or writes — the discharged loop carries whole arrays, and XLA's CPU backend copies
   them at each step (read in the step's HLO as full-array dynamic-update-slice fusions).
-  Mosaic kernels on a TPU move blocks only: their rows price these terms at 0. Blocks a causal
-  mask cuts through also evaluate the mask rule per logit (measured on a host: interpret mode
-  makes that as dear as the block's matmuls; a TPU row leaves it unmeasured, at 0).
+  Mosaic kernels on a TPU move blocks only: their rows price the copies at 0. Blocks a causal
+  mask cuts through also evaluate the mask rule per logit (measured on a host, where interpret
+  mode makes that as dear as the block's matmuls, and fitted to tokamax's TPU timings).
+- A call also pays, once, a number of passes over its operand arrays at HBM bandwidth (the
+  layout copies and residuals around the kernel; fitted to tokamax's TPU timings, 0 on a host).
 """
 from __future__ import annotations
 
 import numpy as np
 
-SPLASH_BACKWARD_OVER_FORWARD = 2.5  # backward: 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward
+# FLOPs, not time: backward runs 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward; the time
+# ratio is a chip row's `attention_backward_over_forward`, measured where there is data
+SPLASH_BACKWARD_OVER_FORWARD = 2.5
 SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
 # arrays each kernel reads or writes, (shaped like q, shaped like k): forward q, o | k, v;
 # dq q, dO, dq | k, v; dk/dv q, dO | k, v, dk, dv
@@ -121,12 +125,14 @@ def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
 
 
 def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,
-                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, causal=False):
+                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=(0.0, 0.0),
+                      causal=False):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
     Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
     `per_step_byte_s` per byte of its operand arrays per step, plus `per_masked_element_s` per
-    logit of the blocks a causal mask cuts through (the mask rule is evaluated there).
+    logit of the blocks a causal mask cuts through (the mask rule is evaluated there); forward
+    and backward each pay their `per_call_byte_s` once per byte of their operand arrays.
 
     Args:
         q_heads: query heads of the call, batch folded in.
@@ -140,6 +146,8 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
         per_step_s: seconds per grid step.
         per_step_byte_s: seconds per grid step per byte of operand arrays.
         per_masked_element_s: seconds per logit where the causal rule is evaluated.
+        per_call_byte_s: (forward, backward) seconds per byte of their operand arrays, once per
+            call (passes over them / HBM bandwidth).
         causal: whether the call's mask is causal.
     Returns:
         (forward seconds, backward seconds).
@@ -151,7 +159,7 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
     masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, block_q=bq, block_kv=bk, causal=causal)
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
-    fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked
+    fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
     bwd = steps * (SPLASH_BACKWARD_GRIDS * per_step_s + per_step_byte_s * backward_bytes) \
-        + SPLASH_BACKWARD_GRIDS * masked
+        + SPLASH_BACKWARD_GRIDS * masked + per_call_byte_s[1] * backward_bytes
     return fwd, bwd

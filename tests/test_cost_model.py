@@ -7,7 +7,7 @@ from cost_models.compute import causal_attention_extent, causal_block_fraction, 
 from cost_models.errors import CpplanError
 from cost_models.flops import model_flops_per_step
 from cost_models.models import MODELS, ModelSpec, get_model
-from planner import Plan, estimate, make_mesh
+from planner import Plan, candidates_of, estimate, make_mesh
 
 pytestmark = pytest.mark.pure
 L8B = MODELS["llama3.1-8b"]
@@ -226,12 +226,20 @@ def test_block_kv_is_priced():
     assert narrow.smem_bytes == 16 * 16 * 2
     assert wide.smem_bytes == 16 * 4 * 2
     # the diagonal wastes 8192 · (2048 − 512) / 2 more token pairs per head; 4 FLOPs per pair and
-    # head dimension, 32 query heads, 128 dims; forward, backward (2.5×) and the full remat's
-    # recomputed forward, 32 layers, at v5p's 459 TFLOP/s per chip (attention efficiency 1)
+    # head dimension, 32 query heads, 128 dims; forward, backward (the row's ratio) and the full
+    # remat's recomputed forward, 32 layers, at v5p's 459 TFLOP/s per chip and its attention
+    # efficiency. The grids: 16 × 4 steps per head instead of 16 × 16, and the diagonal's blocks
+    # 2048 keys wide instead of 512, each paid by forward, recomputed forward and two backward grids
+    chip = candidates_of(_one_sequence_per_device()).topology.chip
     extra_pairs = 8192 * (2048 - 512) / 2
-    extra_s = 32 * (1 + 2.5 + 1) * 4 * 32 * 128 * extra_pairs / 459e12
+    extra_math_s = (2 + chip.attention_backward_over_forward) * 4 * 32 * 128 * extra_pairs / (
+        459e12 * chip.attention_efficiency)
+    extra_steps_s = 4 * chip.attention_block_overhead_s * 32 * (16 * 4 - 16 * 16)
+    extra_masked_s = 4 * chip.attention_masked_element_s * 32 * 8192 * (2048 - 512)
+    extra_s = 32 * (extra_math_s + extra_steps_s + extra_masked_s)
+    assert extra_steps_s < 0 < extra_math_s  # the v5p row measures both costs
     assert wide.compute_s["attention"] - narrow.compute_s["attention"] == pytest.approx(extra_s, rel=1e-9)
-    assert wide.step_time_s > narrow.step_time_s  # TPU rows price no per-step grid cost to win back
+    assert (wide.step_time_s > narrow.step_time_s) == (extra_s > 0)
 
 
 def test_larger_key_blocks_take_fewer_grid_steps():
@@ -240,7 +248,6 @@ def test_larger_key_blocks_take_fewer_grid_steps():
     from cost_models.pricing.attention import price_attention
     from cost_models.strategies import STRATEGIES
     from cost_models.vocabulary import CPStrategy
-    from planner import candidates_of
 
     def attention(block_kv):
         x = candidates_of(_one_sequence_per_device(model=MODELS["small"], topology="cpu:4", block_kv=block_kv))
@@ -262,10 +269,10 @@ def test_layer_and_head_builders_by_hand():
     from cost_models.pricing.elementwise import price_elementwise
     from cost_models.pricing.head import price_head
     from cost_models.pricing.matmul import price_matmuls
-    from planner import candidates_of
 
     x = candidates_of(_one_sequence_per_device())
-    peak, hbm_bw = 459e12, 2.76e12  # v5p per chip; matmul efficiency 1, every dimension a multiple of 128
+    # v5p per chip at the row's measured matmul efficiency; every dimension a multiple of 128
+    peak, hbm_bw = 459e12 * x.topology.chip.matmul_efficiency, 2.76e12
     tokens = 8192
     matmuls = price_matmuls(x)
     projections = 2 * tokens * 4096 * (32 + 2 * 8) * 128 + 2 * tokens * 4096 * 32 * 128

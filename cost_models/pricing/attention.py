@@ -1,5 +1,6 @@
 """The attention of one decoder layer on one device: the splash kernel's MXU work over the
-blocks it computes (whole blocks across the causal diagonal), plus what its grids pay per step."""
+blocks it computes (whole blocks across the causal diagonal), plus what its grids pay per step
+and each call pays once; the backward's MXU time is the chip's measured ratio to the forward's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,7 +59,10 @@ def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
             head_dim=model.head_dim, act_bytes=x.act_bytes,
             block_q=np.minimum(x.block_q, call.q_block_cap), block_kv=x.block_kv,
             per_step_s=chip.attention_block_overhead_s, per_step_byte_s=chip.attention_step_s_per_operand_byte,
-            per_masked_element_s=chip.attention_masked_element_s, causal=call.causal)
+            per_masked_element_s=chip.attention_masked_element_s,
+            per_call_byte_s=(chip.attention_operand_passes / x.topology.hbm_bw_per_device,
+                             chip.attention_backward_operand_passes / x.topology.hbm_bw_per_device),
+            causal=call.causal)
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     forward_s = math_forward_s + grid_forward_s
@@ -66,7 +70,7 @@ def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
     return AttentionTimes(
         layout=layout, forward_flops=forward_flops, math_forward_s=math_forward_s, grid_forward_s=grid_forward_s,
         grid_backward_s=grid_backward_s, forward_s=forward_s,
-        backward_s=SPLASH_BACKWARD_OVER_FORWARD * math_forward_s + grid_backward_s,
+        backward_s=chip.attention_backward_over_forward * math_forward_s + grid_backward_s,
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
         smem_bytes=splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD
 from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
                                          tensor_shard_heads)
 from cost_models.vocabulary import CPStrategy
@@ -42,7 +41,7 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), *x.ring_link)
     hops = r - 1
     compute_per_hop_fwd = attention_fwd_s / r
-    compute_per_hop_bwd = compute_per_hop_fwd * SPLASH_BACKWARD_OVER_FORWARD
+    compute_per_hop_bwd = compute_per_hop_fwd * x.topology.chip.attention_backward_over_forward
     grads_home = x.comm.ppermute(kv_block * GRAD_BYTES / x.act_bytes, *x.ring_link)
     fwd = hops * hop_fwd
     bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
