@@ -245,6 +245,10 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
                                               f"per grid step (interpret mode copies them at every step)"),
         "attention_masked_element_s": (f"{how}: the same fit; the cost per logit of the blocks a causal mask cuts "
                                        f"through, per kernel (the mask rule is evaluated there)"),
+        "attention_backward_over_forward": (f"{how}: the fit prices the backward kernels at their FLOP ratio to the "
+                                            f"forward ({SPLASH_BACKWARD_OVER_FORWARD}), its other costs per grid step"),
+        "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
+        "attention_backward_operand_passes": f"{how}: 0, as for the forward",
         "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
         link_field: (f"{how}: fitted so the model's all-gather over all devices matches at "
                      f"{list(COLLECTIVE_SIZES)} bytes per device; with it the model predicts "
@@ -260,7 +264,8 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
         chip, peak_bf16_flops_per_s=matmul * per_chip, matmul_efficiency=1.0,
         attention_efficiency=attention / matmul, attention_block_overhead_s=fit.per_step_s,
         attention_step_s_per_operand_byte=fit.per_step_byte_s, attention_masked_element_s=fit.per_masked_element_s,
-        hbm_bw_bytes_per_s=memory * per_chip,
+        attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD, attention_operand_passes=0.0,
+        attention_backward_operand_passes=0.0, hbm_bw_bytes_per_s=memory * per_chip,
         ici_hop_latency_s=hop, host_collectives=host, sources=sources, **{link_field: link})
     raw = {"matmul_flops_per_s": matmul, "attention_flops_per_s": attention, "attention_fit": dataclasses.asdict(fit),
            "attention_fit_mean_error": fit.mean_error, "memory_bytes_per_s": memory,
