@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cost_models.errors import CpplanError
-from cost_models.topology import Topology, _shape_for_chips
+from cost_models.topology import Topology, shape_for_chips
 from cost_models.vocabulary import RematPolicy
 from planner.options import SearchOptions, format_tokens
 from planner.search import SearchResult, search
@@ -53,7 +53,7 @@ def _bigger_slice_that_fits(result: SearchResult) -> str | None:
         return None
     chips = topo.num_chips * 2
     while chips <= topo.chip.max_chips:
-        dims = _shape_for_chips(topo.chip, chips)
+        dims = shape_for_chips(topo.chip, chips)
         if dims:
             bigger = Topology(topo.chip, dims, topo.devices_per_chip)
             if search(result.model, result.seq_len, bigger, _with(result.options, mesh=())).ranked:
