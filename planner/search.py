@@ -8,26 +8,29 @@ deterministic key. A pure function of its inputs.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import NamedTuple
+from functools import cached_property, lru_cache
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from cost_models.candidates import Candidates, group_links, link_columns
+from cost_models.candidates import Candidates, LinkColumns, group_links, link_columns
 from cost_models.case import Case, batch_split_violation
 from cost_models.compute import splash_smem_bytes
+from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
-from cost_models.strategies import STRATEGIES, Shape, strategies_for
+from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
 from cost_models.topology import AxisLinks, Topology
 from cost_models.units import GiB, MiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
-from planner.options import SearchOptions, as_list, ordered_factorizations
+from planner.options import SearchOptions, as_list, divisors, ordered_factorizations
 from planner.plan import DEFAULT_BLOCK, Plan
 
 BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks: 512 first, larger when SMEM needs it
@@ -74,15 +77,24 @@ class CandidateRow(NamedTuple):
 
 @dataclass
 class SearchResult:
-    """Everything the search found: ranked feasible candidates and every rejection."""
+    """Everything the search found: ranked feasible candidates and every rejection.
+
+    `rejections` are listed when first asked for (a plan alone does not need the tens of
+    thousands a pod has): those decided before pricing, in the meshes' order, then the priced ones.
+    """
 
     case: Case
     options: SearchOptions
     ranked: list[Ranked]
-    rejections: list[Rejection]
+    unpriced_rejections: Callable[[], list[Rejection]]
+    priced_rejections: list[Rejection]
     candidates_priced: int = 0
     best_infeasible: list[Ranked] = field(default_factory=list)  # per strategy, the unfit one needing least HBM
-    batch_note: str | None = None  # set when the default batch was reduced to make a plan fit
+    batch_note: str | None = None  # set when the sequences per step differ from the target
+
+    @cached_property
+    def rejections(self) -> list[Rejection]:
+        return self.unpriced_rejections() + self.priced_rejections
 
     @property
     def best(self) -> Ranked | None:
@@ -103,10 +115,6 @@ class SearchResult:
     @property
     def global_batch(self) -> int:
         return self.case.global_batch
-
-
-def _shape(model, seq_len, mesh, zigzag, *, shared_cores) -> Shape:
-    return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag, shared_cores)
 
 
 def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | None, str | None]:
@@ -163,82 +171,352 @@ class _Placements:
         return out
 
 
-def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
-    """Prices every candidate and ranks the feasible ones (see the module docstring)."""
-    batch = options.global_batch(seq_len, host=topo.chip.kind.shares_cores)
-    case = Case(model, topo, seq_len, batch)
-    fixed = options.axes_fixed()
-    meshes = ordered_factorizations(topo.num_devices, len(AXES),
-                                    {AXES.index(a): s for a, s in fixed.items()})
-    rejections: list[Rejection] = []
-    groups: dict[CPStrategy, list] = {}
-    placements = _Placements(topo)
+@lru_cache(maxsize=8)
+def _placements(topo: Topology) -> _Placements:
+    """One placement cache per topology, shared by every search on it (a sweep, a max_seq_len probe)."""
+    return _Placements(topo)
 
-    for sizes in meshes:
-        mesh = dict(zip(AXES, sizes))
-        batch_shards = mesh["data"] * mesh["fsdp"]
-        for strategy in strategies_for(mesh["context"], mesh["context_ulysses"]):
-            if strategy not in options.strategies:
+
+@lru_cache(maxsize=None)
+def _strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:
+    return tuple(strategies_for(ring, ulysses))
+
+
+class _Verdict(NamedTuple):
+    """A (mesh, strategy, balancing) candidate before the batch: its batch shards, and the rule it
+    breaks whatever the batch (`always`) or unless the batch splits (`structural`)."""
+
+    sizes: tuple[int, ...]
+    strategy: CPStrategy
+    load_balance: LoadBalance
+    shards: int
+    always: Violation | None
+    structural: Violation | None
+
+
+class _Group(NamedTuple):
+    """The priceable rows of one strategy and one batch-shard count, as columns, with their splash blocks."""
+
+    rows: list[CandidateRow]
+    positions: np.ndarray  # each row's verdict, to keep the meshes' order when groups are stacked
+    x: Candidates
+    blocks: list
+    block_reasons: list
+
+
+class _Priced(NamedTuple):
+    """One strategy's candidates priced at one batch: the rows, their columns and prices, blocks."""
+
+    strategy: CPStrategy
+    rows: list[CandidateRow]
+    x: Candidates
+    priced: Priced
+    blocks: list
+    block_reasons: list
+
+
+class SearchSpace:
+    """The part of a search that does not depend on the batch, done once and priced at any batch.
+
+    The structural rules (heads, sequence splits, balancing) and the placements depend on the
+    mesh, not on the sequences per step; the batch enters only through the data × fsdp split and
+    through memory and time that scale with sequences per shard. A batch prices the structurally
+    sound rows whose shards divide it.
+    """
+
+    def __init__(self, model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions, *,
+                 shard_counts: "frozenset[int] | None" = None):
+        """Args:
+            model, seq_len, topo, options: the search's inputs.
+            shard_counts: only meshes whose data × fsdp is one of these (None: every mesh); a
+                caller that prices a known batch needs only its divisors.
+        Raises:
+            CpplanError: the fixed mesh axes do not cover the topology's devices.
+        """
+        problem = options.mesh_problem(topo.num_devices, topo.name)
+        if problem:
+            raise CpplanError(problem)
+        self.model, self.seq_len, self.topology, self.options = model, seq_len, topo, options
+        fixed = options.axes_fixed()
+        meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
+        if shard_counts is not None:
+            meshes = [sizes for sizes in meshes if sizes[0] * sizes[1] in shard_counts]
+        self.verdicts = self._verdicts(meshes)
+        self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
+        for position, v in enumerate(self.verdicts):
+            if v.always is None and v.structural is None:
+                self._sound.setdefault(v.shards, []).append((position, v))
+        self._groups: dict[int, dict[CPStrategy, _Group]] = {}
+        self._fits: dict[tuple[int, int], bool] = {}
+
+    @property
+    def shard_counts(self) -> list[int]:
+        """The data × fsdp sizes of the structurally sound candidates, ascending."""
+        return sorted(self._sound)
+
+    def _group(self, shards: int) -> "dict[CPStrategy, _Group]":
+        """Per strategy, the priceable rows of the sound meshes with `shards` batch shards (built once)."""
+        if shards not in self._groups:
+            placements = _placements(self.topology)
+            by_strategy: dict[CPStrategy, tuple[list, list]] = {}
+            for position, v in self._sound.get(shards, []):
+                rows, positions = by_strategy.setdefault(v.strategy, ([], []))
+                for remat in as_list(self.options.remat):
+                    for placement in placements.of(v.sizes):
+                        rows.append(CandidateRow(v.sizes, v.load_balance, remat, placement))
+                        positions.append(position)
+            case = Case(self.model, self.topology, self.seq_len, shards)
+            groups = {}
+            for strategy, (rows, positions) in by_strategy.items():
+                if rows:
+                    x = _columns(case, strategy, rows, self.options)
+                    groups[strategy] = _Group(rows, np.array(positions), x, *_blocks_for(x))
+            self._groups[shards] = groups
+        return self._groups[shards]
+
+    def _verdicts(self, meshes) -> list[_Verdict]:
+        """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order.
+
+        The rules look at the context and tensor axes only, so each (context, context_ulysses,
+        tensor) is judged once and its verdicts are shared by every data × fsdp split.
+        """
+        opts, topo = self.options, self.topology
+        load_balances = as_list(opts.load_balance)
+        judged: dict[tuple[int, int, int], list[tuple]] = {}
+        out = []
+        for sizes in meshes:
+            inner = sizes[2:]
+            if inner not in judged:
+                judged[inner] = self._judge(*inner, load_balances)
+            shards = sizes[0] * sizes[1]
+            out += [_Verdict(sizes, strategy, lb, shards, always, structural)
+                    for strategy, lb, always, structural in judged[inner]]
+        return out
+
+    def _judge(self, ring: int, ulysses: int, tensor: int, load_balances: list) -> list[tuple]:
+        """(strategy, balancing, rule broken whatever the batch, structural rule broken) for one
+        (context, context_ulysses, tensor)."""
+        opts = self.options
+        out = []
+        for strategy in _strategies_for(ring, ulysses):
+            if strategy not in opts.strategies:
                 continue
             impl = STRATEGIES[strategy]
-            for lb in as_list(options.load_balance):
+            for lb in load_balances:
                 zig = lb is LoadBalance.ZIGZAG
                 if zig and not impl.balances_load:
-                    if LoadBalance.NONE in options.load_balance:
+                    if LoadBalance.NONE in opts.load_balance:
                         continue  # the unbalanced candidate is the same plan
-                    rejections.append(Rejection(mesh, strategy, lb, None, "load balance",
-                                                f"only zigzag was allowed; {strategy.value} has nothing to balance"))
+                    out.append((strategy, lb, Violation(
+                        "load balance", f"only zigzag was allowed; {strategy.value} has nothing to balance"), None))
                     continue
-                violation = batch_split_violation(batch, batch_shards) or impl.check(
-                    _shape(model, seq_len, mesh, zig, shared_cores=topo.chip.kind.shares_cores))
-                if violation:
-                    rejections.append(Rejection(mesh, strategy, lb, None, violation.category, violation.reason))
-                    continue
-                groups.setdefault(strategy, []).append((sizes, lb))
+                shape = Shape(self.model, self.seq_len, ring, ulysses, tensor, zig,
+                              self.topology.chip.kind.shares_cores)
+                out.append((strategy, lb, None, impl.check(shape)))
+        return out
 
-    ranked: list[Ranked] = []
-    best_infeasible: list[Ranked] = []
-    priced_count = 0
-    for strategy, cands in groups.items():
-        rows = [CandidateRow(sizes, lb, remat, placement) for sizes, lb in cands for remat in as_list(options.remat)
-                for placement in placements.of(sizes)]
-        if not rows:
-            continue
-        x = _columns(case, strategy, rows, options)
-        priced = price(x)
-        priced_count += len(rows)
-        # SMEM decides the block; a candidate whose kernel metadata cannot fit any block is rejected
-        blocks, block_reasons = _blocks_for(x)
-        mem = priced.hbm_total
-        cap = topo.hbm_bytes_per_device
-        per_candidate: dict[tuple, int] = {}
-        for i, row in enumerate(rows):
-            key = (row.sizes, row.load_balance, row.remat)
-            j = per_candidate.get(key)
-            if j is None or priced.step_time_s[i] < priced.step_time_s[j]:  # first placement wins ties
-                per_candidate[key] = i
-        strategy_least = None
-        for (sizes, lb, remat), i in per_candidate.items():
-            mesh = dict(zip(AXES, sizes))
-            if block_reasons[i] or mem[i] > cap:
-                if block_reasons[i]:
-                    rejections.append(Rejection(mesh, strategy, lb, remat, "smem", block_reasons[i]))
-                else:
-                    parts = {k: float(np.broadcast_to(v, mem.shape)[i]) for k, v in priced.memory.items()}
-                    top = max(parts, key=parts.get)
-                    rejections.append(Rejection(mesh, strategy, lb, remat, "hbm",
-                                                f"needs {mem[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
-                                                f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
-                if strategy_least is None or mem[i] < mem[strategy_least]:
-                    strategy_least = i
-                continue
-            ranked.append(_ranked(x=x, priced=priced, index=i, row=rows[i], block=blocks[i], options=options))
-        if strategy_least is not None:
-            best_infeasible.append(_ranked(x=x, priced=priced, index=strategy_least, row=rows[strategy_least],
-                                           block=blocks[strategy_least] or DEFAULT_BLOCK, options=options))
-    ranked.sort(key=_rank_key)
-    best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
-    return SearchResult(case, options, ranked, rejections, priced_count, best_infeasible)
+    def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
+        """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
+        the meshes, priced."""
+        case = Case(self.model, self.topology, self.seq_len, batch)
+        wanted = [shards] if shards is not None else [s for s in self._sound if batch % s == 0]
+        per_strategy: dict[CPStrategy, list[_Group]] = {}
+        for s in wanted:
+            for strategy, group in self._group(s).items():
+                per_strategy.setdefault(strategy, []).append(group)
+        out = []
+        # strategies in the order their first candidate appears, as the rejections list them
+        first = {strategy: min(int(g.positions[0]) for g in groups) for strategy, groups in per_strategy.items()}
+        for strategy in sorted(per_strategy, key=first.get):
+            groups = per_strategy[strategy]
+            order = np.argsort(np.concatenate([g.positions for g in groups]), kind="stable")
+            rows = [row for g in groups for row in g.rows]
+            blocks = [b for g in groups for b in g.blocks]
+            reasons = [r for g in groups for r in g.block_reasons]
+            x = _stacked([g.x for g in groups], order, case)
+            out.append(_Priced(strategy, [rows[i] for i in order], x, price(x), [blocks[i] for i in order],
+                               [reasons[i] for i in order]))
+        return out
+
+    def fits(self, shards: int, per_shard: int) -> bool:
+        """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each."""
+        key = (shards, per_shard)
+        if key not in self._fits:
+            cap = self.topology.hbm_bytes_per_device
+            self._fits[key] = any(
+                any(reason is None and mem <= cap for reason, mem in zip(p.block_reasons, p.priced.hbm_total))
+                for p in self._priced(shards * per_shard, shards))
+        return self._fits[key]
+
+    def largest_fitting(self, shards: int, most: int) -> int:
+        """The most sequences per shard, at most `most`, that fit (0 when not even one does).
+
+        Memory grows with the sequences a shard holds, so a bisection finds the edge.
+        """
+        if self.fits(shards, most):
+            return most
+        low, high = 0, most  # fits(low) (or low = 0), not fits(high)
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.fits(shards, mid):
+                low = mid
+            else:
+                high = mid
+        return low
+
+    def result(self, batch: int) -> SearchResult:
+        """The full search at `batch` sequences per step: ranked plans and every rejection."""
+        case = Case(self.model, self.topology, self.seq_len, batch)
+        rejections: list[Rejection] = []
+        ranked: list[Ranked] = []
+        best_infeasible: list[Ranked] = []
+        priced_count = 0
+        cap = self.topology.hbm_bytes_per_device
+        for p in self._priced(batch):
+            rows, x, priced, blocks, block_reasons = p.rows, p.x, p.priced, p.blocks, p.block_reasons
+            priced_count += len(rows)
+            mem = priced.hbm_total
+            per_candidate: dict[tuple, int] = {}
+            for i, row in enumerate(rows):
+                key = (row.sizes, row.load_balance, row.remat)
+                j = per_candidate.get(key)
+                if j is None or priced.step_time_s[i] < priced.step_time_s[j]:  # first placement wins ties
+                    per_candidate[key] = i
+            strategy_least = None
+            for (sizes, lb, remat), i in per_candidate.items():
+                mesh = dict(zip(AXES, sizes))
+                if block_reasons[i] or mem[i] > cap:
+                    if block_reasons[i]:
+                        rejections.append(Rejection(mesh, p.strategy, lb, remat, "smem", block_reasons[i]))
+                    else:
+                        parts = {k: float(np.broadcast_to(v, mem.shape)[i]) for k, v in priced.memory.items()}
+                        top = max(parts, key=parts.get)
+                        rejections.append(Rejection(mesh, p.strategy, lb, remat, "hbm",
+                                                    f"needs {mem[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                                                    f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
+                    if strategy_least is None or mem[i] < mem[strategy_least]:
+                        strategy_least = i
+                    continue
+                ranked.append(_ranked(x=x, priced=priced, index=i, row=rows[i], block=blocks[i],
+                                      options=self.options))
+            if strategy_least is not None:
+                best_infeasible.append(_ranked(x=x, priced=priced, index=strategy_least, row=rows[strategy_least],
+                                               block=blocks[strategy_least] or DEFAULT_BLOCK, options=self.options))
+        ranked.sort(key=_rank_key)
+        best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
+        return SearchResult(case, self.options, ranked, lambda: self._unpriced_rejections(batch), rejections,
+                            priced_count, best_infeasible)
+
+    def _unpriced_rejections(self, batch: int) -> list[Rejection]:
+        """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,
+        then the structural rules."""
+        batch_rule = {s: batch_split_violation(batch, s) for s in {v.shards for v in self.verdicts}}
+        meshes: dict[tuple, dict] = {}
+        out = []
+        for v in self.verdicts:
+            violation = v.always or batch_rule[v.shards] or v.structural
+            if violation:
+                mesh = meshes.get(v.sizes) or meshes.setdefault(v.sizes, dict(zip(AXES, v.sizes)))
+                out.append(Rejection(mesh, v.strategy, v.load_balance, None, violation.category, violation.reason))
+        return out
+
+    def nearest_batches(self, target: float) -> list[int]:
+        """The sequence counts nearest `target` (by ratio) that some plan fits: one, or two as near.
+
+        Per batch-shard count s the nearest multiples of s are s·⌊target/s⌋ and s·⌈target/s⌉; where
+        neither fits, the largest that does (memory decides). Shard counts are taken in order of the
+        best ratio they could give, and the walk stops once none can come nearer.
+        """
+        def distance(count: int) -> float:
+            return abs(math.log(count / target))
+
+        def reachable(s: int) -> tuple[int, int]:
+            return max(1, math.floor(target / s)), max(1, math.ceil(target / s))
+
+        order = sorted(self.shard_counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
+        best: dict[int, float] = {}
+        best_distance = math.inf
+        for s in order:
+            low, high = reachable(s)
+            if min(distance(s * low), distance(s * high)) > best_distance + _TIE:
+                break
+            found = []
+            if self.fits(s, high):
+                found.append(high)
+                if low < high and distance(s * low) <= distance(s * high) + _TIE and self.fits(s, low):
+                    found.append(low)
+            else:
+                most = self.largest_fitting(s, high - 1) if high > 1 else 0
+                if most:
+                    found.append(most)
+            for per_shard in found:
+                count = s * per_shard
+                d = distance(count)
+                if d < best_distance - _TIE:
+                    best, best_distance = {count: d}, d
+                elif d <= best_distance + _TIE:
+                    best[count] = d
+        return sorted(best)
+
+
+_TIE = 1e-12  # ratios this close are the same distance from the target
+
+
+def _stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidates:
+    """The rows of several candidate columns of one strategy, stacked and reordered, at `case`."""
+    def column(name):
+        return np.concatenate([getattr(x, name) for x in parts])[order]
+
+    def links(get) -> LinkColumns:
+        return LinkColumns(np.concatenate([get(x).bw for x in parts])[order],
+                           np.concatenate([get(x).latency for x in parts])[order])
+
+    names = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
+    return dataclasses.replace(parts[0], case=case, **{name: column(name) for name in names},
+                               links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
+                               ring_link=links(lambda x: x.ring_link))
+
+
+def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
+    """Prices every candidate at the chosen batch and ranks the feasible ones (see the module docstring).
+
+    With `options.global_batch` the batch is that many sequences. Otherwise the batch is the
+    feasible count nearest the target (`options.target_sequences`); of two as near, the one
+    whose best plan is faster per token. Where no count fits, the result is the nearest whole
+    count to the target, with nothing ranked.
+
+    Raises:
+        CpplanError: the fixed mesh does not cover the devices.
+    """
+    if options.global_batch is not None:
+        space = SearchSpace(model, seq_len, topo, options, shard_counts=frozenset(divisors(options.global_batch)))
+        return space.result(options.global_batch)
+    space = SearchSpace(model, seq_len, topo, options)
+    target = options.target_sequences(seq_len, host=topo.chip.kind.shares_cores)
+    counts = space.nearest_batches(target)
+    if not counts:
+        return space.result(max(1, round(target)))
+    result = min((space.result(count) for count in counts),
+                 key=lambda r: r.best.estimate.step_time_s / r.best.estimate.tokens_per_step)
+    result.batch_note = batch_note(target, result.global_batch, seq_len, tied=[c for c in counts
+                                                                               if c != result.global_batch])
+    return result
+
+
+def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int]) -> str | None:
+    """Why the search took `chosen` sequences per step for a target of `target` (None when it is the target)."""
+    if chosen == target:
+        return None
+    target_tokens = round(target * seq_len)
+    note = (f"{chosen} sequence{'s' if chosen > 1 else ''} per step ({chosen * seq_len:,} tokens): the number "
+            f"nearest the target of {target_tokens:,} tokens that a plan fits")
+    if target == int(target):
+        note += f" ({int(target)} sequence{'s' if target > 1 else ''} fit no plan)"
+    if not target / 2 <= chosen <= 2 * target:
+        note += "; no count between half and twice the target fits"
+    if tied:
+        note += f"; {', '.join(map(str, tied))} as near, but slower per token"
+    return note
 
 
 def _rank_key(r: Ranked):

@@ -60,3 +60,17 @@ def _bigger_slice_that_fits(result: SearchResult) -> str | None:
                 return f"{bigger.name} ({chips} chips)"
         chips *= 2
     return None
+
+
+def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
+    """What to change when no sequence length fits a slice: each option re-searched at the
+    shortest length that splits over it."""
+    from planner.api import shortest_split
+
+    out = []
+    if opts.remat != frozenset(RematPolicy):
+        wider = _with(opts, remat=frozenset(RematPolicy))
+        tokens = shortest_split(model, topo, wider)
+        if tokens and search(model, tokens, topo, _with(wider, global_batch=1)).ranked:
+            out.append(f"allowing every remat policy, {format_tokens(tokens)} tokens fit")
+    return "; ".join(out) or "use a larger slice or a smaller model"
