@@ -114,12 +114,14 @@ class LongestSequence:
     Attributes:
         seq_len: the longest sequence length found to fit.
         plan: the best plan at that length.
+        estimate: its predicted step.
         sequences: sequences per step (1 unless one sequence cannot be split over the slice).
         note: why more than one sequence, else None.
     """
 
     seq_len: int
     plan: Plan
+    estimate: Estimate
     sequences: int
     note: str | None
 
@@ -128,17 +130,17 @@ class LongestSequence:
         return iter((self.seq_len, self.plan))
 
     def __str__(self) -> str:
-        from planner.explanation import describe_strategy
+        from planner.explanation import describe_strategy, format_seconds
 
         per_step = "" if self.sequences == 1 else f" × {self.sequences} sequences per step"
         line = (f"{self.plan.model.name} on {self.plan.topology}: up to {format_tokens(self.seq_len)} tokens "
                 f"({self.seq_len}) per sequence{per_step}, with {describe_strategy(self.plan)}, "
-                f"remat {self.plan.remat.value}")
+                f"remat {self.plan.remat.value}; a step takes {format_seconds(self.estimate.step_time_s)}")
         return line + (f"\nNote: {self.note}." if self.note else "")
 
     def to_dict(self) -> dict:
         return {"max_seq_len": self.seq_len, "sequences": self.sequences, "note": self.note,
-                "plan": self.plan.to_dict()}
+                "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
 
 
 MAX_PROBE_TOKENS = 2**40  # a bound on the doubling that no memory reaches
@@ -165,17 +167,17 @@ def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> Longe
     for sequences in divisors(topo.num_devices):
         found = _longest_with(model_spec, topo, opts, sequences)
         if found is not None:
-            length, plan = found
+            length, best = found
             note = None if sequences == 1 else (
                 f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name} at a length that "
                 f"fits; {sequences} sequences per step is the fewest that fit")
-            return LongestSequence(length, plan, sequences, note)
+            return LongestSequence(length, best.plan, best.estimate, sequences, note)
     raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number of "
                       f"sequences per step; {longest_advice(model_spec, topo, opts)}.")
 
 
 def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int):
-    """(longest length, its plan) with `sequences` sequences per step, or None when none fits."""
+    """(longest length, its best `Ranked` plan) with `sequences` sequences per step, or None when none fits."""
     exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
 
     def space(tokens: int) -> SearchSpace:
@@ -193,18 +195,21 @@ def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequenc
         low *= 2
     step = max(grain, low // 16 // grain * grain)
     longest = next((tokens for tokens in range(2 * low - step, low, -step) if fits(tokens)), low)
-    return longest, space(longest).result(sequences).best.plan
+    return longest, space(longest).result(sequences).best
 
 
-def shortest_split(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int = 1) -> int | None:
-    """The shortest sequence length that some mesh splits over the slice with `sequences` sequences
-    per step (memory aside), or None.
+def shortest_split(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int | None = None) -> int | None:
+    """The shortest sequence length that some mesh splits over the slice (memory aside), or None.
 
     Every strategy splits a sequence into 128-token lanes over its context ranks (twice as many
     pieces under zigzag), so a length that splits is 128 × a divisor of twice the device count;
     these are tried shortest first against the strategies' own rules.
+
+    Args:
+        model, topo, opts: the search's inputs.
+        sequences: sequences per step (their divisors bound data × fsdp); None for any number.
     """
-    shards = frozenset(divisors(sequences))
+    shards = None if sequences is None else frozenset(divisors(sequences))
     for unit in divisors(2 * topo.num_devices):
         tokens = SPLASH_LANES * unit
         if SearchSpace(model, tokens, topo, opts, shard_counts=shards).shard_counts:

@@ -425,7 +425,8 @@ class SearchSpace:
 
         Per batch-shard count s the nearest multiples of s are s·⌊target/s⌋ and s·⌈target/s⌉; where
         neither fits, the largest that does (memory decides). Shard counts are taken in order of the
-        best ratio they could give, and the walk stops once none can come nearer.
+        best ratio they could give, and the walk stops once none can come nearer. Counts above twice
+        the target are considered only where no shard count up to it is sound.
         """
         def distance(count: int) -> float:
             return abs(math.log(count / target))
@@ -433,7 +434,10 @@ class SearchSpace:
         def reachable(s: int) -> tuple[int, int]:
             return max(1, math.floor(target / s)), max(1, math.ceil(target / s))
 
-        order = sorted(self.shard_counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
+        # counts above twice the target only where no mesh within it splits the slice: more
+        # sequences need more memory per device, so they help only the split
+        within = [s for s in self.shard_counts if s <= 2 * target]
+        order = sorted(within or self.shard_counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
         best: dict[int, float] = {}
         best_distance = math.inf
         for s in order:
@@ -549,18 +553,13 @@ def _columns(case: Case, strategy: CPStrategy, rows: list[CandidateRow], options
 def _blocks_for(x: Candidates) -> tuple[list, list]:
     """Per candidate: the splash block its kernel calls take (None where none fits), and why not."""
     lay = STRATEGIES[x.strategy].layout(x)
-    q = np.broadcast_to(lay.q_len, x.ring.shape)
-    kv = np.broadcast_to(lay.kv_len, x.ring.shape)
-    cache: dict = {}
-    blocks, reasons = [], []
-    for qi, kvi, z in zip(q, kv, x.zigzag):
-        key = (float(qi), float(kvi), bool(z))
-        if key not in cache:
-            cache[key] = _block(*key[:2], x.topology, key[2])
-        b, why = cache[key]
-        blocks.append(b)
-        reasons.append(why)
-    return blocks, reasons
+    q = np.broadcast_to(lay.q_len, x.ring.shape).astype(float)
+    kv = np.broadcast_to(lay.kv_len, x.ring.shape).astype(float)
+    # few distinct kernel shapes among many rows: judge each once
+    keys, inverse = np.unique(np.stack([q, kv, x.zigzag.astype(float)], axis=1), axis=0, return_inverse=True)
+    judged = [_block(qi, kvi, x.topology, bool(z)) for qi, kvi, z in keys]
+    inverse = inverse.reshape(-1)
+    return [judged[i][0] for i in inverse], [judged[i][1] for i in inverse]
 
 
 def _ranked(*, x: Candidates, priced: Priced, index: int, row: CandidateRow, block: int,
