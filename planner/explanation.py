@@ -67,6 +67,7 @@ class Explanation:
     def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP):
         self.result = result
         self.top = top
+        self._advice = None  # searched on first use: only a search in which nothing fits needs it
 
     @property
     def best(self) -> Plan | None:
@@ -232,10 +233,20 @@ class Explanation:
         lines += [f"  - {s}" for s in self.suggestions()]
         return "\n".join(lines)
 
-    def suggestions(self) -> list[str]:
-        from planner.suggest import suggestions
+    def advice(self) -> list:
+        """The changes that would make a plan fit, each searched again (`planner.suggest.Advice`);
+        empty when a plan fits."""
+        if self._advice is None:
+            from planner.suggest import advice
 
-        return suggestions(self.result)
+            self._advice = [] if self.best else advice(self.result)
+        return self._advice
+
+    def suggestions(self) -> list[str]:
+        """The advice as lines of text."""
+        from planner.suggest import lines
+
+        return lines(self.result, self.advice())
 
     # -- machines --------------------------------------------------------------------
     def to_dict(self) -> dict:

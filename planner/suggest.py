@@ -1,12 +1,13 @@
 """When nothing fits: changes that would, each searched again and shown with its predicted step.
 
-A line names one change (a batch, a length that splits, a remat policy, dropping a fixed mesh,
-a shorter sequence, a larger slice that exists) and the plan and step time the search found
-with it; a change that was not checked, or did not fit, is never offered.
+An `Advice` names one change (a batch, a length that splits, a remat policy, dropping a fixed
+mesh, a shorter sequence, a larger slice that exists), the request with that change made, and
+what the search found for it; a change that was not checked, or did not fit, is never offered.
 """
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
 from cost_models.topology import Topology, shape_for_chips
@@ -18,41 +19,75 @@ from planner.search import Ranked, SearchResult, SearchSpace, search
 STRUCTURAL = ("sequence split", "batch", "mesh", "heads", "load balance")
 
 
-def suggestions(result: SearchResult) -> list[str]:
-    """Concrete changes that make some plan fit, each checked by searching again.
+@dataclass(frozen=True)
+class Advice:
+    """One change that makes a plan fit: the changed request, and what the search found with it.
+
+    Attributes:
+        change: the change in words.
+        seq_len, topology, options: the request with the change made (`options` as keyword
+            arguments of `planner.plan`), so that following the advice is one call.
+        found: the search of that request (its best plan fits).
+    """
+
+    change: str
+    seq_len: int
+    topology: str
+    options: dict
+    found: SearchResult
+
+    def __str__(self) -> str:
+        best: Ranked = self.found.best
+        per_step = f"{self.found.global_batch} × {format_tokens(self.found.seq_len)} tokens per step"
+        return f"{self.change}: {short(best.plan)}; {per_step} in {format_seconds(best.estimate.step_time_s)}"
+
+
+def lines(result: SearchResult, found: list[Advice]) -> list[str]:
+    """The advice for a search in which nothing fits, one line each; one line saying what was
+    tried when there is none."""
+    if found:
+        return [str(a) for a in found]
+    return [f"nothing found: every remat policy, every batch, shorter sequences and every larger "
+            f"{result.topology.chip.name} slice up to the full pod were searched; use a smaller model"]
+
+
+def advice(result: SearchResult) -> list[Advice]:
+    """The changes that make some plan fit a search in which nothing does, each searched again.
 
     Args:
         result: a search in which nothing fits.
     Returns:
-        One line per change that fits, with the plan found and its predicted step; one line
-        saying what was tried when nothing does.
+        The changes that fit (possibly none): allowing every remat policy, dropping a fixed mesh,
+        an exact batch's nearest counts, the lengths around the asked one that split, the longest
+        sequence that fits, and the first larger slice that exists and fits.
     """
     opts, model, topo, seq_len = result.options, result.model, result.topology, result.seq_len
-    out: list[str] = []
+    out: list[Advice] = []
     if opts.remat != frozenset(RematPolicy):
-        trial = search(model, seq_len, topo, _with(opts, remat=frozenset(RematPolicy)))
-        if trial.ranked:
-            out.append(_line("allow every remat policy", trial))
+        out += _tried("allow every remat policy", model, seq_len, topo, opts, remat=frozenset(RematPolicy))
     if opts.mesh:
-        trial = search(model, seq_len, topo, _with(opts, mesh=()))
-        if trial.ranked:
-            out.append(_line(f"drop the fixed mesh axes {dict(opts.mesh)}", trial))
+        out += _tried(f"drop the fixed mesh axes {dict(opts.mesh)}", model, seq_len, topo, opts, mesh=())
     out += _batches(result)
     out += _lengths_that_split(result)
     out += _shorter(result)
-    bigger = _bigger_slice_that_fits(model, seq_len, topo, opts)
-    if bigger:
-        out.append(bigger)
-    if out:
-        return out
-    return [f"nothing found: every remat policy, every batch, shorter sequences and every larger "
-            f"{topo.chip.name} slice up to the full pod were searched; use a smaller model"]
+    out += _bigger_slice_that_fits(model, seq_len, topo, opts)
+    return out
 
 
-def _line(change: str, trial: SearchResult) -> str:
-    best: Ranked = trial.best
-    return (f"{change}: {short(best.plan)}; {trial.global_batch} × {format_tokens(trial.seq_len)} tokens per step "
-            f"in {format_seconds(best.estimate.step_time_s)}")
+def as_kwargs(opts: SearchOptions) -> dict:
+    """Search options as the keyword arguments of `planner.plan` that build them."""
+    return {"global_batch_tokens": opts.global_batch_tokens, "global_batch": opts.global_batch,
+            "strategies": sorted(s.value for s in opts.strategies), "mesh": dict(opts.mesh),
+            "remat": sorted(r.value for r in opts.remat), "load_balance": sorted(b.value for b in opts.load_balance),
+            "loss_chunk_tokens": opts.loss_chunk_tokens, "param_dtype": opts.param_dtype,
+            "compute_dtype": opts.compute_dtype}
+
+
+def _tried(change: str, model, seq_len: int, topo: Topology, opts: SearchOptions, **changes) -> list[Advice]:
+    """[the advice] when the request with `changes` made fits, else []."""
+    options = dataclasses.replace(opts, **changes)
+    found = search(model, seq_len, topo, options)
+    return [Advice(change, seq_len, topo.name, as_kwargs(options), found)] if found.ranked else []
 
 
 def _tokens(tokens: int) -> str:
@@ -61,26 +96,24 @@ def _tokens(tokens: int) -> str:
     return short_form if short_form == str(tokens) else f"{short_form} ({tokens})"
 
 
-def _with(opts: SearchOptions, **changes) -> SearchOptions:
-    return dataclasses.replace(opts, **changes)
-
-
-def _batches(result: SearchResult) -> list[str]:
+def _batches(result: SearchResult) -> list[Advice]:
     """For an exact batch, the sequence counts nearest it that a plan fits (a target batch has
     already been searched over every count)."""
-    if result.options.global_batch is None:
+    opts = result.options
+    if opts.global_batch is None:
         return []
-    space = SearchSpace(result.model, result.seq_len, result.topology, result.options)
-    counts = [c for c in space.nearest_batches(result.global_batch) if c != result.global_batch]
+    space = SearchSpace(result.model, result.seq_len, result.topology, opts)
     out = []
-    for count in counts:
-        trial = space.result(count)
-        if trial.ranked:
-            out.append(_line(f"global_batch={count} sequences ({count * result.seq_len:,} tokens per step)", trial))
+    for count in space.nearest_batches(result.global_batch):
+        found = space.result(count)
+        if count != result.global_batch and found.ranked:
+            options = as_kwargs(dataclasses.replace(opts, global_batch=count))
+            out.append(Advice(f"global_batch={count} sequences ({count * result.seq_len:,} tokens per step)",
+                              result.seq_len, result.topology.name, options, found))
     return out
 
 
-def _lengths_that_split(result: SearchResult) -> list[str]:
+def _lengths_that_split(result: SearchResult) -> list[Advice]:
     """Where the sequence length is what no mesh can split: the nearest lengths that split and fit."""
     if not result.rejections or any(r.category not in STRUCTURAL for r in result.rejections):
         return []
@@ -92,31 +125,27 @@ def _lengths_that_split(result: SearchResult) -> list[str]:
     below, above = result.seq_len // grain * grain, -(-result.seq_len // grain) * grain
     out = []
     for tokens in sorted({t for t in (below, above) if t > 0 and t != result.seq_len}):
-        trial = search(result.model, tokens, result.topology, result.options)
-        if trial.ranked:
-            out.append(_line(f"a length that splits over the slice, {_tokens(tokens)} tokens (a multiple of {grain})",
-                             trial))
+        out += _tried(f"a length that splits over the slice, {_tokens(tokens)} tokens (a multiple of {grain})",
+                      result.model, tokens, result.topology, result.options)
     return out
 
 
-def _shorter(result: SearchResult) -> list[str]:
+def _shorter(result: SearchResult) -> list[Advice]:
+    """The longest sequence that fits, when it is shorter than the one asked for."""
     from planner.api import max_seq_len
 
+    opts = result.options
+    unbatched = as_kwargs(dataclasses.replace(opts, global_batch=None, global_batch_tokens=None))
     try:
-        longest = max_seq_len(result.model, result.topology, **_as_kwargs(result.options))
+        longest = max_seq_len(result.model, result.topology, **unbatched)
     except CpplanError:
         return []
     if longest.seq_len >= result.seq_len:
         return []
     per_step = "" if longest.sequences == 1 else f" × {longest.sequences} sequences"
-    return [f"a shorter sequence: up to {_tokens(longest.seq_len)} tokens{per_step}: "
-            f"{short(longest.plan)}; a step in {format_seconds(longest.estimate.step_time_s)}"]
-
-
-def _as_kwargs(opts: SearchOptions) -> dict:
-    return {"strategies": opts.strategies, "mesh": dict(opts.mesh), "remat": opts.remat,
-            "load_balance": opts.load_balance, "loss_chunk_tokens": opts.loss_chunk_tokens,
-            "param_dtype": opts.param_dtype, "compute_dtype": opts.compute_dtype}
+    return _tried(f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
+                  result.model, longest.seq_len, result.topology, opts, global_batch=longest.sequences,
+                  global_batch_tokens=None)
 
 
 def _larger_slices(topo: Topology) -> list[Topology]:
@@ -134,14 +163,14 @@ def _larger_slices(topo: Topology) -> list[Topology]:
     return [Topology(topo.chip, dims, topo.devices_per_chip) for dims in shapes if dims is not None]
 
 
-def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions) -> str | None:
-    """The first larger slice (see `_larger_slices`) on which the same request fits, or None."""
-    options = _with(opts, mesh=())
+def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions) -> list[Advice]:
+    """The first larger slice (see `_larger_slices`) on which the same request fits, or []."""
     for bigger in _larger_slices(topo):
-        trial = search(model, seq_len, bigger, options)
-        if trial.ranked:
-            return _line(f"a larger slice, {bigger.name} ({bigger.num_chips} chips)", trial)
-    return None
+        found = _tried(f"a larger slice, {bigger.name} ({bigger.num_chips} chips)", model, seq_len, bigger, opts,
+                       mesh=())
+        if found:
+            return found
+    return []
 
 
 def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
@@ -154,12 +183,12 @@ def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
     """
     from planner.api import max_seq_len
 
-    kwargs = _as_kwargs(opts)
+    kwargs = as_kwargs(opts)
     out = []
     if opts.remat != frozenset(RematPolicy):
         try:
             longest = max_seq_len(model, topo, **{**kwargs, "remat": None})
-            out.append(f"allow every remat policy: up to {format_tokens(longest.seq_len)} tokens fit")
+            out.append(f"allow every remat policy: up to {_tokens(longest.seq_len)} tokens fit")
         except CpplanError:
             pass  # no line for a change that does not fit
     for bigger in _larger_slices(topo):
@@ -167,8 +196,8 @@ def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
             longest = max_seq_len(model, bigger, **{**kwargs, "mesh": None})
         except CpplanError:
             continue
-        out.append(f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to "
-                   f"{format_tokens(longest.seq_len)} tokens fit")
+        out.append(f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to {_tokens(longest.seq_len)} "
+                   f"tokens fit")
         break
     if out:
         return "what would fit: " + "; ".join(out)
