@@ -164,20 +164,37 @@ def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> Longe
         if options.get(name) is not None:
             raise CpplanError(f"max_seq_len chooses the sequences per step itself (one where it can); drop {name}.")
     model_spec, topo, opts = get_model(model), get_topology(topology), SearchOptions.build(**options)
+    found = longest_sequence(model_spec, topo, opts)
+    if found is None:
+        raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number "
+                          f"of sequences per step; {longest_advice(model_spec, topo, opts)}.")
+    return found
+
+
+def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions) -> LongestSequence | None:
+    """`max_seq_len` on parsed inputs: the answer, or None where no length fits.
+
+    The fewest sequences per step whose shards let some length split over the slice decide; more
+    sequences would only help the split, not the memory a device needs at the shortest length.
+    """
     for sequences in divisors(topo.num_devices):
-        found = _longest_with(model_spec, topo, opts, sequences)
-        if found is not None:
-            length, best = found
-            note = None if sequences == 1 else (
-                f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name} at a length that "
-                f"fits; {sequences} sequences per step is the fewest that fit")
-            return LongestSequence(length, best.plan, best.estimate, sequences, note)
-    raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number of "
-                      f"sequences per step; {longest_advice(model_spec, topo, opts)}.")
+        grain = shortest_split(model, topo, opts, sequences)
+        if grain is None:
+            continue
+        found = _longest_with(model, topo, opts, sequences, grain)
+        if found is None:
+            return None
+        length, best = found
+        note = None if sequences == 1 else (
+            f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
+            f"sequences per step is the fewest that split")
+        return LongestSequence(length, best.plan, best.estimate, sequences, note)
+    return None
 
 
-def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int):
-    """(longest length, its best `Ranked` plan) with `sequences` sequences per step, or None when none fits."""
+def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int, grain: int):
+    """(longest length, its best `Ranked` plan) with `sequences` sequences per step, probing from
+    `grain` (the shortest length that splits), or None when not even that fits."""
     exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
 
     def space(tokens: int) -> SearchSpace:
@@ -187,8 +204,7 @@ def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequenc
         probe = space(tokens)
         return any(probe.fits(s, sequences // s) for s in probe.shard_counts)
 
-    grain = shortest_split(model, topo, exact, sequences)
-    if grain is None or not fits(grain):
+    if not fits(grain):
         return None
     low = grain
     while 2 * low <= MAX_PROBE_TOKENS and fits(2 * low):

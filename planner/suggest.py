@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cost_models.errors import CpplanError
 from cost_models.topology import Topology, shape_for_chips
 from cost_models.vocabulary import RematPolicy
 from planner.explanation import format_seconds, short
@@ -132,15 +131,11 @@ def _lengths_that_split(result: SearchResult) -> list[Advice]:
 
 def _shorter(result: SearchResult) -> list[Advice]:
     """The longest sequence that fits, when it is shorter than the one asked for."""
-    from planner.api import max_seq_len
+    from planner.api import longest_sequence
 
     opts = result.options
-    unbatched = as_kwargs(dataclasses.replace(opts, global_batch=None, global_batch_tokens=None))
-    try:
-        longest = max_seq_len(result.model, result.topology, **unbatched)
-    except CpplanError:
-        return []
-    if longest.seq_len >= result.seq_len:
+    longest = longest_sequence(result.model, result.topology, opts)
+    if longest is None or longest.seq_len >= result.seq_len:
         return []
     per_step = "" if longest.sequences == 1 else f" × {longest.sequences} sequences"
     return _tried(f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
@@ -181,24 +176,19 @@ def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
     Returns:
         A clause for the error message.
     """
-    from planner.api import max_seq_len
+    from planner.api import longest_sequence
 
-    kwargs = as_kwargs(opts)
     out = []
     if opts.remat != frozenset(RematPolicy):
-        try:
-            longest = max_seq_len(model, topo, **{**kwargs, "remat": None})
+        longest = longest_sequence(model, topo, dataclasses.replace(opts, remat=frozenset(RematPolicy)))
+        if longest is not None:
             out.append(f"allow every remat policy: up to {_tokens(longest.seq_len)} tokens fit")
-        except CpplanError:
-            pass  # no line for a change that does not fit
     for bigger in _larger_slices(topo):
-        try:
-            longest = max_seq_len(model, bigger, **{**kwargs, "mesh": None})
-        except CpplanError:
-            continue
-        out.append(f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to {_tokens(longest.seq_len)} "
-                   f"tokens fit")
-        break
+        longest = longest_sequence(model, bigger, dataclasses.replace(opts, mesh=()))
+        if longest is not None:
+            out.append(f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to "
+                       f"{_tokens(longest.seq_len)} tokens fit")
+            break
     if out:
         return "what would fit: " + "; ".join(out)
     return "nothing fits with every remat policy or on any larger slice up to the full pod; use a smaller model"
