@@ -30,7 +30,7 @@ from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
 from cost_models.topology import AxisLinks, Topology
 from cost_models.units import GiB, MiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
-from planner.options import SearchOptions, as_list, divisors, ordered_factorizations
+from planner.options import SearchOptions, as_list, ordered_factorizations
 from planner.plan import DEFAULT_BLOCK, Plan
 
 BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks: 512 first, larger when SMEM needs it
@@ -492,10 +492,9 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
     Raises:
         CpplanError: the fixed mesh does not cover the devices.
     """
-    if options.global_batch is not None:
-        space = SearchSpace(model, seq_len, topo, options, shard_counts=frozenset(divisors(options.global_batch)))
-        return space.result(options.global_batch)
     space = SearchSpace(model, seq_len, topo, options)
+    if options.global_batch is not None:
+        return space.result(options.global_batch)
     target = options.target_sequences(seq_len, host=topo.chip.kind.shares_cores)
     counts = space.nearest_batches(target)
     if not counts:

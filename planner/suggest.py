@@ -130,17 +130,27 @@ def _lengths_that_split(result: SearchResult) -> list[Advice]:
 
 
 def _shorter(result: SearchResult) -> list[Advice]:
-    """The longest sequence that fits, when it is shorter than the one asked for."""
-    from planner.api import longest_sequence
+    """The longest sequence that fits, when it is shorter than the one asked for; else, where the
+    slice needs fewer sequences per step to fit, the lengths around the asked one that split with them."""
+    from planner.api import longest_sequence, shortest_split
 
-    opts = result.options
+    opts, seq_len = result.options, result.seq_len
     longest = longest_sequence(result.model, result.topology, opts)
-    if longest is None or longest.seq_len >= result.seq_len:
+    if longest is None:
         return []
-    per_step = "" if longest.sequences == 1 else f" × {longest.sequences} sequences"
-    return _tried(f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
-                  result.model, longest.seq_len, result.topology, opts, global_batch=longest.sequences,
-                  global_batch_tokens=None)
+    n = longest.sequences
+    per_step = "" if n == 1 else f" × {n} sequences"
+    if longest.seq_len < seq_len:
+        return _tried(f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
+                      result.model, longest.seq_len, result.topology, opts, global_batch=n, global_batch_tokens=None)
+    grain = shortest_split(result.model, result.topology, opts, n)
+    lengths = {seq_len // grain * grain, -(-seq_len // grain) * grain}
+    out = []
+    for tokens in sorted(t for t in lengths if 0 < t <= longest.seq_len and (t, n) != (seq_len, result.global_batch)):
+        out += _tried(f"{n} sequence{'s' if n > 1 else ''} per step of {_tokens(tokens)} tokens (a length that "
+                      f"splits over the slice)", result.model, tokens, result.topology, opts, global_batch=n,
+                      global_batch_tokens=None)
+    return out
 
 
 def _larger_slices(topo: Topology) -> list[Topology]:
