@@ -82,10 +82,7 @@ class Explanation:
         return self.result.ranked[1:1 + self.top]
 
     def best_per_strategy(self) -> dict[CPStrategy, Ranked]:
-        out: dict[CPStrategy, Ranked] = {}
-        for r in self.result.ranked:
-            out.setdefault(r.plan.cp_strategy, r)
-        return out
+        return self.result.ranked.best_of_each_strategy()
 
     def rejection_groups(self) -> dict[str, tuple[int, str]]:
         """Category → (count, one example sentence with its candidate)."""

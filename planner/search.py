@@ -8,12 +8,13 @@ deterministic key. A pure function of its inputs.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,6 +76,36 @@ class CandidateRow(NamedTuple):
     placement: Placement
 
 
+class RankedList(Sequence):
+    """Feasible candidates in rank order; each becomes a `Ranked` (a `Plan` and its `Estimate`)
+    when first read, so a caller that wants the best plan does not build ten thousand."""
+
+    def __init__(self, entries: list[tuple], build: Callable[[tuple], Ranked]):
+        self._entries = entries  # (rank key, strategy, …), sorted
+        self._build = build
+        self._built: dict[int, Ranked] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(index)
+        if position not in self._built:
+            self._built[position] = self._build(self._entries[position])
+        return self._built[position]
+
+    def best_of_each_strategy(self) -> dict[CPStrategy, Ranked]:
+        """The first-ranked candidate of each strategy that has one, in rank order."""
+        first: dict[CPStrategy, int] = {}
+        for position, entry in enumerate(self._entries):
+            first.setdefault(entry[1], position)
+        return {strategy: self[position] for strategy, position in first.items()}
+
+
 @dataclass
 class SearchResult:
     """Everything the search found: ranked feasible candidates and every rejection.
@@ -85,7 +116,7 @@ class SearchResult:
 
     case: Case
     options: SearchOptions
-    ranked: list[Ranked]
+    ranked: RankedList
     unpriced_rejections: Callable[[], list[Rejection]]
     priced_rejections: list[Rejection]
     candidates_priced: int = 0
@@ -368,44 +399,53 @@ class SearchSpace:
         """The full search at `batch` sequences per step: ranked plans and every rejection."""
         case = Case(self.model, self.topology, self.seq_len, batch)
         rejections: list[Rejection] = []
-        ranked: list[Ranked] = []
+        feasible: list[tuple] = []  # (rank key, strategy, which priced batch, row)
         best_infeasible: list[Ranked] = []
         priced_count = 0
         cap = self.topology.hbm_bytes_per_device
-        for p in self._priced(batch):
+        batches = self._priced(batch)
+        for k, p in enumerate(batches):
             rows, x, priced, blocks, block_reasons = p.rows, p.x, p.priced, p.blocks, p.block_reasons
             priced_count += len(rows)
             mem = priced.hbm_total
+            steps, mems = priced.step_time_s.tolist(), np.broadcast_to(mem, priced.step_time_s.shape).tolist()
             per_candidate: dict[tuple, int] = {}
             for i, row in enumerate(rows):
                 key = (row.sizes, row.load_balance, row.remat)
                 j = per_candidate.get(key)
-                if j is None or priced.step_time_s[i] < priced.step_time_s[j]:  # first placement wins ties
+                if j is None or steps[i] < steps[j]:  # first placement wins ties
                     per_candidate[key] = i
             strategy_least = None
             for (sizes, lb, remat), i in per_candidate.items():
-                mesh = dict(zip(AXES, sizes))
-                if block_reasons[i] or mem[i] > cap:
+                if block_reasons[i] or mems[i] > cap:
+                    mesh = dict(zip(AXES, sizes))
                     if block_reasons[i]:
                         rejections.append(Rejection(mesh, p.strategy, lb, remat, "smem", block_reasons[i]))
                     else:
-                        parts = {k: float(np.broadcast_to(v, mem.shape)[i]) for k, v in priced.memory.items()}
+                        parts = {name: float(np.broadcast_to(v, mem.shape)[i]) for name, v in priced.memory.items()}
                         top = max(parts, key=parts.get)
                         rejections.append(Rejection(mesh, p.strategy, lb, remat, "hbm",
-                                                    f"needs {mem[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                                                    f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
                                                     f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
-                    if strategy_least is None or mem[i] < mem[strategy_least]:
+                    if strategy_least is None or mems[i] < mems[strategy_least]:
                         strategy_least = i
                     continue
-                ranked.append(_ranked(x=x, priced=priced, index=i, row=rows[i], block=blocks[i],
-                                      options=self.options))
+                placement = rows[i].placement
+                feasible.append((_rank_key(steps[i] / case.tokens_per_step, cap - mems[i], sizes, p.strategy, lb,
+                                           remat, placement.axis_order, placement.physical_order), p.strategy, k, i))
             if strategy_least is not None:
                 best_infeasible.append(_ranked(x=x, priced=priced, index=strategy_least, row=rows[strategy_least],
                                                block=blocks[strategy_least] or DEFAULT_BLOCK, options=self.options))
-        ranked.sort(key=_rank_key)
+        feasible.sort(key=lambda entry: entry[0])
         best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
-        return SearchResult(case, self.options, ranked, lambda: self._unpriced_rejections(batch), rejections,
-                            priced_count, best_infeasible)
+
+        def build(entry) -> Ranked:
+            _, _, k, i = entry
+            p = batches[k]
+            return _ranked(x=p.x, priced=p.priced, index=i, row=p.rows[i], block=p.blocks[i], options=self.options)
+
+        return SearchResult(case, self.options, RankedList(feasible, build), lambda: self._unpriced_rejections(batch),
+                            rejections, priced_count, best_infeasible)
 
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:
         """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,
@@ -444,6 +484,8 @@ class SearchSpace:
             low, high = reachable(s)
             if min(distance(s * low), distance(s * high)) > best_distance + _TIE:
                 break
+            if {s * b for b in (low, high) if distance(s * b) <= best_distance + _TIE} <= best.keys():
+                continue  # its nearest counts are found already, and their search prices every shard count
             found = []
             if self.fits(s, high):
                 found.append(high)
@@ -522,11 +564,12 @@ def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int]) -> 
     return note
 
 
-def _rank_key(r: Ranked):
-    p = r.plan
+def _rank_key(time_per_token: float, headroom_bytes: float, sizes, strategy: CPStrategy, load_balance: LoadBalance,
+              remat: RematPolicy, axis_order, physical_order) -> tuple:
+    """Ranking: step time per token, then memory headroom, then a deterministic order."""
     # 12 significant digits: equal plans computed along different paths still tie
-    return (float(f"{r.estimate.step_time_s / r.estimate.tokens_per_step:.12g}"), -r.estimate.headroom_bytes,
-            p.mesh_sizes, p.cp_strategy.value, p.load_balance.value, p.remat.value, p.axis_order, p.physical_order)
+    return (float(f"{time_per_token:.12g}"), -headroom_bytes, sizes, strategy.value, load_balance.value, remat.value,
+            axis_order, physical_order)
 
 
 def _columns(case: Case, strategy: CPStrategy, rows: list[CandidateRow], options: SearchOptions) -> Candidates:
