@@ -202,6 +202,13 @@ class _Placements:
         return out
 
 
+    @lru_cache(maxsize=None)
+    def link_table(self, sizes: tuple[int, ...]) -> tuple[dict[str, LinkColumns], LinkColumns]:
+        """The links of each placement of a mesh as columns (one entry per placement, in `of` order)."""
+        placements = self.of(sizes)
+        return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+
+
 @lru_cache(maxsize=8)
 def _placements(topo: Topology) -> _Placements:
     """One placement cache per topology, shared by every search on it (a sweep, a max_seq_len probe)."""
@@ -226,24 +233,25 @@ class _Verdict(NamedTuple):
 
 
 class _Group(NamedTuple):
-    """The priceable rows of one strategy and one batch-shard count, as columns, with their splash blocks."""
+    """The priceable rows of one strategy: each row is a sound verdict × remat policy × placement,
+    kept as indices (a `CandidateRow` is built only for the rows a result reports), with columns."""
 
-    rows: list[CandidateRow]
-    positions: np.ndarray  # each row's verdict, to keep the meshes' order when groups are stacked
+    positions: np.ndarray  # the row's verdict (its index in `SearchSpace.verdicts`)
+    remat: np.ndarray  # index into the allowed remat policies (`as_list` order)
+    placement: np.ndarray  # index into the placements of the verdict's mesh
     x: Candidates
-    blocks: list
-    block_reasons: list
 
 
 class _Priced(NamedTuple):
-    """One strategy's candidates priced at one batch: the rows, their columns and prices, blocks."""
+    """One strategy's rows priced at one batch."""
 
     strategy: CPStrategy
-    rows: list[CandidateRow]
-    x: Candidates
+    rows: _Group
     priced: Priced
-    blocks: list
-    block_reasons: list
+
+    @property
+    def x(self) -> Candidates:
+        return self.rows.x
 
 
 class SearchSpace:
@@ -279,6 +287,9 @@ class SearchSpace:
                 self._sound.setdefault(v.shards, []).append((position, v))
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._fits: dict[tuple[int, int], bool] = {}
+        self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
+        self._block_fits = np.zeros(len(self.verdicts), dtype=bool)  # by verdict position, once judged
+        self._remats = as_list(options.remat)
 
     @property
     def shard_counts(self) -> list[int]:
@@ -289,21 +300,75 @@ class SearchSpace:
         """Per strategy, the priceable rows of the sound meshes with `shards` batch shards (built once)."""
         if shards not in self._groups:
             placements = _placements(self.topology)
-            by_strategy: dict[CPStrategy, tuple[list, list]] = {}
+            remats = len(self._remats)
+            by_strategy: dict[CPStrategy, list[tuple[int, _Verdict]]] = {}
             for position, v in self._sound.get(shards, []):
-                rows, positions = by_strategy.setdefault(v.strategy, ([], []))
-                for remat in as_list(self.options.remat):
-                    for placement in placements.of(v.sizes):
-                        rows.append(CandidateRow(v.sizes, v.load_balance, remat, placement))
-                        positions.append(position)
+                by_strategy.setdefault(v.strategy, []).append((position, v))
             case = Case(self.model, self.topology, self.seq_len, shards)
             groups = {}
-            for strategy, (rows, positions) in by_strategy.items():
-                if rows:
-                    x = _columns(case, strategy, rows, self.options)
-                    groups[strategy] = _Group(rows, np.array(positions), x, *_blocks_for(x))
+            for strategy, verdicts in by_strategy.items():
+                verdicts = [(position, v) for position, v in verdicts if placements.of(v.sizes)]
+                if not verdicts:
+                    continue
+                # rows run verdict by verdict, remat policies outside placements, as the ranking's ties expect
+                per_verdict = np.array([remats * len(placements.of(v.sizes)) for _, v in verdicts])
+                positions = np.repeat([position for position, _ in verdicts], per_verdict)
+                remat = np.concatenate([np.repeat(np.arange(remats), len(placements.of(v.sizes))) for _, v in verdicts])
+                placement = np.concatenate([np.tile(np.arange(len(placements.of(v.sizes))), remats)
+                                            for _, v in verdicts])
+                x = self._group_columns(case, strategy, verdicts, per_verdict, remat, placements)
+                groups[strategy] = _Group(positions, remat, placement, x)
             self._groups[shards] = groups
         return self._groups[shards]
+
+    def _group_columns(self, case: Case, strategy: CPStrategy, verdicts: list, per_verdict: np.ndarray,
+                       remat: np.ndarray, placements: _Placements) -> Candidates:
+        """The columns of a group's rows, each with the splash block SMEM allows (`DEFAULT_BLOCK`
+        where none does; the verdict's block rule then rejects it)."""
+        opts = self.options
+        sizes = np.repeat(np.array([v.sizes for _, v in verdicts], dtype=float), per_verdict, axis=0)
+        tables = [placements.link_table(v.sizes) for _, v in verdicts]
+        repeats = len(self._remats)
+
+        def stacked(get) -> LinkColumns:
+            return LinkColumns(np.concatenate([np.tile(get(t).bw, repeats) for t in tables]),
+                               np.concatenate([np.tile(get(t).latency, repeats) for t in tables]))
+
+        blocks = [self._block_of(position, strategy) for position, _ in verdicts]
+        block = np.repeat([float(b or DEFAULT_BLOCK) for b, _ in blocks], per_verdict)
+        return Candidates(
+            case=case, strategy=strategy,
+            data=sizes[:, 0], fsdp=sizes[:, 1], ring=sizes[:, 2], ulysses=sizes[:, 3], tensor=sizes[:, 4],
+            remat=np.array([POLICIES.index(r) for r in self._remats])[remat],
+            zigzag=np.repeat([v.load_balance is LoadBalance.ZIGZAG for _, v in verdicts], per_verdict),
+            block_q=block, block_kv=block,
+            links={group: stacked(lambda t, g=group: t[0][g]) for group in tables[0][0]},
+            ring_link=stacked(lambda t: t[1]),
+            loss_chunk_tokens=opts.loss_chunk_tokens, act_bytes=DTYPE_BYTES[opts.compute_dtype],
+            param_bytes=DTYPE_BYTES[opts.param_dtype],
+        )
+
+    def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
+        """The splash block of a verdict's kernel calls (its layout does not depend on placement,
+        remat or batch), or the SMEM rule that fails."""
+        if position not in self._blocks:
+            v = self.verdicts[position]
+            ring, ulysses, tensor = (float(a) for a in v.sizes[2:])
+            one = Candidates(case=Case(self.model, self.topology, self.seq_len, 1), strategy=strategy,
+                             data=[1.0], fsdp=[1.0], ring=[ring], ulysses=[ulysses], tensor=[tensor], remat=[0],
+                             zigzag=[v.load_balance is LoadBalance.ZIGZAG], block_q=[float(DEFAULT_BLOCK)],
+                             block_kv=[float(DEFAULT_BLOCK)], links={}, ring_link=LinkColumns([0.0], [0.0]))
+            lay = STRATEGIES[strategy].layout(one)
+            q, kv = float(np.ravel(lay.q_len)[0]), float(np.ravel(lay.kv_len)[0])
+            self._blocks[position] = _block(q, kv, self.topology, v.load_balance is LoadBalance.ZIGZAG)
+            self._block_fits[position] = self._blocks[position][1] is None
+        return self._blocks[position]
+
+    def row(self, rows: _Group, i: int) -> CandidateRow:
+        """Row `i` of a group as a `CandidateRow`."""
+        v = self.verdicts[int(rows.positions[i])]
+        placement = _placements(self.topology).of(v.sizes)[int(rows.placement[i])]
+        return CandidateRow(v.sizes, v.load_balance, self._remats[int(rows.remat[i])], placement)
 
     def _verdicts(self, meshes) -> list[_Verdict]:
         """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order.
@@ -360,23 +425,27 @@ class SearchSpace:
         first = {strategy: min(int(g.positions[0]) for g in groups) for strategy, groups in per_strategy.items()}
         for strategy in sorted(per_strategy, key=first.get):
             groups = per_strategy[strategy]
-            order = np.argsort(np.concatenate([g.positions for g in groups]), kind="stable")
-            rows = [row for g in groups for row in g.rows]
-            blocks = [b for g in groups for b in g.blocks]
-            reasons = [r for g in groups for r in g.block_reasons]
-            x = _stacked([g.x for g in groups], order, case)
-            out.append(_Priced(strategy, [rows[i] for i in order], x, price(x), [blocks[i] for i in order],
-                               [reasons[i] for i in order]))
+            if len(groups) == 1:
+                rows = groups[0]._replace(x=dataclasses.replace(groups[0].x, case=case))
+            else:
+                order = np.argsort(np.concatenate([g.positions for g in groups]), kind="stable")
+                rows = _Group(*(np.concatenate([getattr(g, name) for g in groups])[order]
+                                for name in ("positions", "remat", "placement")),
+                              _stacked([g.x for g in groups], order, case))
+            out.append(_Priced(strategy, rows, price(rows.x)))
         return out
+
+    def _block_ok(self, p: _Priced) -> np.ndarray:
+        """Per row of a priced batch: whether its splash block fits SMEM."""
+        return self._block_fits[p.rows.positions]
 
     def fits(self, shards: int, per_shard: int) -> bool:
         """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each."""
         key = (shards, per_shard)
         if key not in self._fits:
             cap = self.topology.hbm_bytes_per_device
-            self._fits[key] = any(
-                any(reason is None and mem <= cap for reason, mem in zip(p.block_reasons, p.priced.hbm_total))
-                for p in self._priced(shards * per_shard, shards))
+            self._fits[key] = any(bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap)))
+                                  for p in self._priced(shards * per_shard, shards))
         return self._fits[key]
 
     def largest_fitting(self, shards: int, most: int) -> int:
@@ -405,47 +474,60 @@ class SearchSpace:
         cap = self.topology.hbm_bytes_per_device
         batches = self._priced(batch)
         for k, p in enumerate(batches):
-            rows, x, priced, blocks, block_reasons = p.rows, p.x, p.priced, p.blocks, p.block_reasons
-            priced_count += len(rows)
-            mem = priced.hbm_total
-            steps, mems = priced.step_time_s.tolist(), np.broadcast_to(mem, priced.step_time_s.shape).tolist()
-            per_candidate: dict[tuple, int] = {}
-            for i, row in enumerate(rows):
-                key = (row.sizes, row.load_balance, row.remat)
-                j = per_candidate.get(key)
-                if j is None or steps[i] < steps[j]:  # first placement wins ties
-                    per_candidate[key] = i
+            priced = p.priced
+            priced_count += len(p.rows.positions)
+            mem = np.broadcast_to(priced.hbm_total, priced.step_time_s.shape)
+            # a candidate is a verdict × remat policy; its rows (placements) are consecutive: keep the
+            # fastest placement of each, the first of equals
+            candidate = p.rows.positions * len(self._remats) + p.rows.remat
+            order = np.lexsort((np.arange(len(candidate)), priced.step_time_s, candidate))
+            starts = np.flatnonzero(np.r_[True, candidate[order][1:] != candidate[order][:-1]])
+            chosen = np.sort(order[starts])  # in row order, as the candidates first appear
+            fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap)
+            steps, mems = priced.step_time_s.tolist(), mem.tolist()
             strategy_least = None
-            for (sizes, lb, remat), i in per_candidate.items():
-                if block_reasons[i] or mems[i] > cap:
-                    mesh = dict(zip(AXES, sizes))
-                    if block_reasons[i]:
-                        rejections.append(Rejection(mesh, p.strategy, lb, remat, "smem", block_reasons[i]))
+            for i, ok in zip(chosen.tolist(), fits.tolist()):
+                row = self.row(p.rows, i)
+                if not ok:
+                    mesh = dict(zip(AXES, row.sizes))
+                    reason = self._blocks[int(p.rows.positions[i])][1]
+                    if reason:
+                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason))
                     else:
                         parts = {name: float(np.broadcast_to(v, mem.shape)[i]) for name, v in priced.memory.items()}
                         top = max(parts, key=parts.get)
-                        rejections.append(Rejection(mesh, p.strategy, lb, remat, "hbm",
+                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "hbm",
                                                     f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
                                                     f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
                     if strategy_least is None or mems[i] < mems[strategy_least]:
                         strategy_least = i
                     continue
-                placement = rows[i].placement
-                feasible.append((_rank_key(steps[i] / case.tokens_per_step, cap - mems[i], sizes, p.strategy, lb,
-                                           remat, placement.axis_order, placement.physical_order), p.strategy, k, i))
+                feasible.append((_rank_key(steps[i] / case.tokens_per_step, cap - mems[i], row.sizes, p.strategy,
+                                           row.load_balance, row.remat, row.placement.axis_order,
+                                           row.placement.physical_order), p.strategy, k, i))
             if strategy_least is not None:
-                best_infeasible.append(_ranked(x=x, priced=priced, index=strategy_least, row=rows[strategy_least],
-                                               block=blocks[strategy_least] or DEFAULT_BLOCK, options=self.options))
+                best_infeasible.append(self._ranked(p, strategy_least))
         feasible.sort(key=lambda entry: entry[0])
         best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
 
         def build(entry) -> Ranked:
             _, _, k, i = entry
-            p = batches[k]
-            return _ranked(x=p.x, priced=p.priced, index=i, row=p.rows[i], block=p.blocks[i], options=self.options)
+            return self._ranked(batches[k], i)
 
         return SearchResult(case, self.options, RankedList(feasible, build), lambda: self._unpriced_rejections(batch),
                             rejections, priced_count, best_infeasible)
+
+    def _ranked(self, p: _Priced, i: int) -> Ranked:
+        """Row `i` of a priced batch as a `Plan` with its `Estimate`."""
+        row, case, opts = self.row(p.rows, i), p.x.case, self.options
+        block = self._blocks[int(p.rows.positions[i])][0] or DEFAULT_BLOCK
+        plan = Plan(model=case.model, topology=case.topology.name, seq_len=case.seq_len,
+                    global_batch=case.global_batch, mesh=tuple(zip(AXES, row.sizes)),
+                    axis_order=row.placement.axis_order, physical_order=row.placement.physical_order,
+                    cp_strategy=p.strategy, load_balance=row.load_balance, remat=row.remat, block_q=int(block),
+                    block_kv=int(block), loss_chunk_tokens=opts.loss_chunk_tokens, param_dtype=opts.param_dtype,
+                    compute_dtype=opts.compute_dtype)
+        return Ranked(plan, estimate_row(p.priced, i, p.x))
 
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:
         """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,
@@ -570,47 +652,3 @@ def _rank_key(time_per_token: float, headroom_bytes: float, sizes, strategy: CPS
     # 12 significant digits: equal plans computed along different paths still tie
     return (float(f"{time_per_token:.12g}"), -headroom_bytes, sizes, strategy.value, load_balance.value, remat.value,
             axis_order, physical_order)
-
-
-def _columns(case: Case, strategy: CPStrategy, rows: list[CandidateRow], options: SearchOptions) -> Candidates:
-    """The rows as columns, each with the splash block SMEM allows (`DEFAULT_BLOCK` where none does)."""
-    sizes = np.array([row.sizes for row in rows], dtype=float)
-    links, ring_link = link_columns({group: [row.placement.links[group] for row in rows]
-                                     for group in rows[0].placement.links})
-    default_blocks = np.full(len(rows), float(DEFAULT_BLOCK))
-    x = Candidates(
-        case=case, strategy=strategy,
-        data=sizes[:, 0], fsdp=sizes[:, 1], ring=sizes[:, 2], ulysses=sizes[:, 3], tensor=sizes[:, 4],
-        remat=[POLICIES.index(row.remat) for row in rows],
-        zigzag=[row.load_balance is LoadBalance.ZIGZAG for row in rows],
-        block_q=default_blocks, block_kv=default_blocks, links=links, ring_link=ring_link,
-        loss_chunk_tokens=options.loss_chunk_tokens, act_bytes=DTYPE_BYTES[options.compute_dtype],
-        param_bytes=DTYPE_BYTES[options.param_dtype],
-    )
-    blocks, _ = _blocks_for(x)
-    chosen = np.array([b or DEFAULT_BLOCK for b in blocks], dtype=float)
-    return x.with_blocks(chosen, chosen)
-
-
-def _blocks_for(x: Candidates) -> tuple[list, list]:
-    """Per candidate: the splash block its kernel calls take (None where none fits), and why not."""
-    lay = STRATEGIES[x.strategy].layout(x)
-    q = np.broadcast_to(lay.q_len, x.ring.shape).astype(float)
-    kv = np.broadcast_to(lay.kv_len, x.ring.shape).astype(float)
-    # few distinct kernel shapes among many rows: judge each once
-    keys, inverse = np.unique(np.stack([q, kv, x.zigzag.astype(float)], axis=1), axis=0, return_inverse=True)
-    judged = [_block(qi, kvi, x.topology, bool(z)) for qi, kvi, z in keys]
-    inverse = inverse.reshape(-1)
-    return [judged[i][0] for i in inverse], [judged[i][1] for i in inverse]
-
-
-def _ranked(*, x: Candidates, priced: Priced, index: int, row: CandidateRow, block: int,
-            options: SearchOptions) -> Ranked:
-    """Candidate `index` of a priced batch as a `Plan` with its `Estimate`."""
-    case = x.case
-    plan = Plan(model=case.model, topology=case.topology.name, seq_len=case.seq_len, global_batch=case.global_batch,
-                mesh=tuple(zip(AXES, row.sizes)), axis_order=row.placement.axis_order,
-                physical_order=row.placement.physical_order, cp_strategy=x.strategy, load_balance=row.load_balance,
-                remat=row.remat, block_q=int(block), block_kv=int(block), loss_chunk_tokens=options.loss_chunk_tokens,
-                param_dtype=options.param_dtype, compute_dtype=options.compute_dtype)
-    return Ranked(plan, estimate_row(priced, index, x))
