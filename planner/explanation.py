@@ -26,6 +26,9 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} µs"
 
 
+_s = format_seconds  # the short name the report's many f-strings use
+
+
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
 
@@ -58,7 +61,7 @@ def why_slower(alt: Estimate, best: Estimate) -> str:
         return "as fast, with the same headroom; ranked after it by mesh order"
     diffs = sorted(((a[k] - b[k], k) for k in a), reverse=True)
     excess = alt.step_time_s - best.step_time_s
-    return ", ".join(f"{k} +{format_seconds(d)}" for d, k in diffs[:2] if d > 0.05 * excess)
+    return ", ".join(f"{k} +{_s(d)}" for d, k in diffs[:2] if d > 0.05 * excess)
 
 
 class Explanation:
@@ -126,12 +129,12 @@ class Explanation:
             f"  splash blocks  {p.block_q}×{p.block_kv}; loss "
             + (f"in chunks of {p.loss_chunk_tokens} tokens" if p.loss_chunk_tokens else "over full logits"),
             "",
-            f"Predicted step   {format_seconds(e.step_time_s)}  (bounds: {format_seconds(e.lower_bound_s)} with perfect overlap, "
-            f"{format_seconds(e.upper_bound_s)} with none)",
-            "  compute        " + ", ".join(f"{k} {format_seconds(v)}" for k, v in e.compute_s.items()),
-            "  HBM-bound      " + ", ".join(f"{k} {format_seconds(v)}" for k, v in e.hbm_s.items() if v > 0),
-            "  communication  " + ", ".join(f"{k} {format_seconds(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
-            "  exposed        " + ", ".join(f"{k} {format_seconds(v)}" for k, v in e.exposed_s.items() if v > 0)
+            f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "
+            f"{_s(e.upper_bound_s)} with none)",
+            "  compute        " + ", ".join(f"{k} {_s(v)}" for k, v in e.compute_s.items()),
+            "  HBM-bound      " + ", ".join(f"{k} {_s(v)}" for k, v in e.hbm_s.items() if v > 0),
+            "  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
+            "  exposed        " + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
             + " (the rest overlaps compute)",
             f"  bottleneck     {e.bottleneck}",
             f"  throughput     {e.tokens_per_s_per_chip:,.0f} tokens/s/chip, MFU {e.mfu:.1%} "
@@ -148,7 +151,7 @@ class Explanation:
         lines += ["", f"Alternatives (next {len(self.alternatives)} of {len(self.result.ranked)} feasible)"]
         for i, alt in enumerate(self.alternatives, start=2):
             slower = alt.estimate.step_time_s / e.step_time_s - 1
-            lines.append(f"  #{i} {short(alt.plan)}: {format_seconds(alt.estimate.step_time_s)} (+{slower:.1%}); "
+            lines.append(f"  #{i} {short(alt.plan)}: {_s(alt.estimate.step_time_s)} (+{slower:.1%}); "
                          f"{why_slower(alt.estimate, e)}")
         lines += ["", "Best of each strategy"]
         per = self.best_per_strategy()
@@ -160,7 +163,7 @@ class Explanation:
                 r = per[strategy]
                 slower = r.estimate.step_time_s / e.step_time_s - 1
                 tag = "chosen" if r.plan == p else f"+{slower:.1%}, {why_slower(r.estimate, e)}"
-                lines.append(f"  {strategy.value:<11} {format_seconds(r.estimate.step_time_s)} ({tag}) [{short(r.plan)}]")
+                lines.append(f"  {strategy.value:<11} {_s(r.estimate.step_time_s)} ({tag}) [{short(r.plan)}]")
             else:
                 reasons = ", ".join(f"{c} ×{n}" for c, n in by_strategy.get(strategy, Counter()).most_common())
                 lines.append(f"  {strategy.value:<11} no feasible candidate (rejected: {reasons or 'none generated'})")
@@ -180,9 +183,9 @@ class Explanation:
                  f"and the step is bound by {e.bottleneck}."]
         ctx_total, ctx_exposed = e.comm_s["context"], e.exposed_s["context"]
         if p.strategy_spec.hides_traffic_behind_attention and ctx_total > 0:
-            parts.append(f"The ring's K/V traffic ({format_seconds(ctx_total)}) hides behind attention except {format_seconds(ctx_exposed)}.")
+            parts.append(f"The ring's K/V traffic ({_s(ctx_total)}) hides behind attention except {_s(ctx_exposed)}.")
         elif ctx_total > 0:
-            parts.append(f"Its context traffic ({format_seconds(ctx_total)}) is not overlapped.")
+            parts.append(f"Its context traffic ({_s(ctx_total)}) is not overlapped.")
         if p.load_balance is LoadBalance.ZIGZAG:
             parts.append("Zigzag balancing gives every context rank the same causal work; without it the last "
                          "rank does nearly twice the average.")

@@ -1,10 +1,13 @@
-"""The search: every mesh factorisation × CP strategy × load balancing × remat × placement.
+"""The search: every mesh factorisation × CP strategy × load balancing × remat × placement,
+at the number of sequences per step nearest the target that some plan fits.
 
-Structural rules (batch, heads, sequence splits, splash SMEM) reject (mesh, strategy,
-balancing) candidates before any pricing; the rest are priced as numpy columns, one strategy
-at a time, over every realisable placement; HBM rejects per remat policy; each candidate keeps
-its best placement. Ranking: predicted step time per token, then memory headroom, then a
-deterministic key. A pure function of its inputs.
+Structural rules (heads, sequence splits, balancing) are judged once per (context,
+context_ulysses, tensor) and do not depend on the batch (`SearchSpace`); the batch rule (whole
+sequences per data × fsdp shard) picks the meshes a batch may use. Those are priced as numpy
+columns, one strategy at a time, over every realisable placement; splash SMEM and HBM reject;
+each candidate keeps its best placement. Ranking: predicted step time per token, then memory
+headroom, then a deterministic key. A pure function of its inputs (caches hold only what the
+inputs determine: placements per topology).
 """
 from __future__ import annotations
 
