@@ -266,6 +266,8 @@ class Explanation:
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
             "why": self.why_text() if res.best else None, "batch_note": res.batch_note,
             "nothing_fits": None if res.best else self.nothing_fits_text(),
+            "advice": [{"change": a.change, "seq_len": a.seq_len, "topology": a.topology, "options": a.options,
+                        "step_time_s": a.found.best.estimate.step_time_s} for a in self.advice()],
         }
 
     def to_json(self) -> str:

@@ -147,9 +147,9 @@ def _shorter(result: SearchResult) -> list[Advice]:
     lengths = {seq_len // grain * grain, -(-seq_len // grain) * grain}
     out = []
     for tokens in sorted(t for t in lengths if 0 < t <= longest.seq_len and (t, n) != (seq_len, result.global_batch)):
-        out += _tried(f"{n} sequence{'s' if n > 1 else ''} per step of {_tokens(tokens)} tokens (a length that "
-                      f"splits over the slice)", result.model, tokens, result.topology, opts, global_batch=n,
-                      global_batch_tokens=None)
+        length = "" if tokens == seq_len else f" of {_tokens(tokens)} tokens (a length that splits over the slice)"
+        out += _tried(f"{n} sequence{'s' if n > 1 else ''} per step{length}", result.model, tokens, result.topology,
+                      opts, global_batch=n, global_batch_tokens=None)
     return out
 
 
