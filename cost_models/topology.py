@@ -179,7 +179,8 @@ def _valid_shape(chip: Chip, dims: tuple[int, ...]) -> str | None:
     return None
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
+    """The divisors of a positive integer (a count of chips, devices or sequences), ascending."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
@@ -196,12 +197,11 @@ def shape_for_chips(chip: Chip, chips: int) -> tuple[int, ...] | None:
     if chips < 1 or chips > chip.max_chips:
         return None  # checked first: a count beyond the pod never reaches the divisor walk
     best = None
-    divisors = _divisors(chips)
+    sides = divisors(chips)
     if chip.torus_rank == 2:
-        candidates = [(a, chips // a) for a in divisors]
+        candidates = [(a, chips // a) for a in sides]
     else:
-        candidates = [(a, b, chips // (a * b)) for a in divisors for b in divisors
-                      if b >= a and (chips // a) % b == 0]
+        candidates = [(a, b, chips // (a * b)) for a in sides for b in sides if b >= a and (chips // a) % b == 0]
     for dims in candidates:
         if list(dims) != sorted(dims) or _valid_shape(chip, dims):
             continue

@@ -11,9 +11,9 @@ from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec, get_model
 from cost_models.strategies import STRATEGIES
 from cost_models.strategies.base import SPLASH_LANES
-from cost_models.topology import Topology, get_topology
+from cost_models.topology import Topology, divisors, get_topology
 from cost_models.vocabulary import AXES, CPStrategy
-from planner.options import SearchOptions, divisors, format_tokens, parse_seq_len
+from planner.options import SearchOptions, format_tokens, parse_seq_len
 from planner.plan import Plan
 from planner.search import SearchResult, SearchSpace, search
 

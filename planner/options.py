@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.errors import CpplanError
+from cost_models.topology import divisors
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 # Llama 3 pre-training started at a global batch of 4M tokens (Llama 3 paper, §3.4.1).
@@ -182,12 +183,6 @@ def _factorizations(n: int, parts: int, fixed_items: tuple) -> tuple[tuple[int, 
 
     rec(0, n, ())
     return tuple(out)
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of a positive integer, ascending."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def as_list(values: Iterable) -> list:
