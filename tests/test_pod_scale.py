@@ -84,6 +84,23 @@ def test_topology_names_answer_at_once(name, words):
     assert time.perf_counter() - start < 0.1
 
 
+def test_every_slice_of_the_catalogue_is_a_name_that_parses_to_itself():
+    for name in SLICES:
+        topo = get_topology(name)
+        assert topo.name == name and topo.num_chips <= topo.chip.max_chips
+    assert {"v5p:16x20x28", "tpu7x:16x24x24", "v5e:16x16", "v5p:4x4x12"} <= set(SLICES)
+    assert "v5p:4x4x6" not in SLICES  # beyond the small shapes every side is a multiple of 4
+
+
+def test_evaluate_prices_the_batch_it_is_given():
+    e = planner.evaluate("llama3.1-8b", "256k", "v5p:2x2x2", strategy="ring", mesh={"context": 8},
+                         global_batch_tokens="1M")
+    assert e.tokens_per_step == 2**20  # four sequences, not the count nearest some target
+    with pytest.raises(CpplanError, match="not a whole number of 262144-token sequences"):
+        planner.evaluate("llama3.1-8b", "256k", "v5p:2x2x2", strategy="ring", mesh={"context": 8},
+                         global_batch_tokens="300k")
+
+
 def _chains():
     """A few chains of slices per chip, fewest chips first: the smallest, one with a side of 12
     where the chip has one, a middle one, and the full pod."""
