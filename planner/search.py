@@ -628,21 +628,34 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
         return space.result(max(1, round(target)))
     result = min((space.result(count) for count in counts),
                  key=lambda r: r.best.estimate.step_time_s / r.best.estimate.tokens_per_step)
+    # above twice the target only where no mesh within it splits the slice (see `nearest_batches`)
+    split_within = any(shards <= 2 * target for shards in space.shard_counts)
     result.batch_note = batch_note(target, result.global_batch, seq_len, tied=[c for c in counts
-                                                                               if c != result.global_batch])
+                                                                               if c != result.global_batch],
+                                   devices=None if split_within else topo.num_devices)
     return result
 
 
-def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int]) -> str | None:
-    """Why the search took `chosen` sequences per step for a target of `target` (None when it is the target)."""
+def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int], devices: int | None = None) -> str | None:
+    """Why the search took `chosen` sequences per step for a target of `target` (None when it is the target).
+
+    Args:
+        target: the sequences aimed for; chosen: the count taken; seq_len: tokens per sequence.
+        tied: other counts as near the target, slower per token.
+        devices: the slice's device count where no mesh could split a count up to twice the
+            target over them (so the count had to grow), else None.
+    """
     if chosen == target:
         return None
     target_tokens = round(target * seq_len)
     note = (f"{chosen} sequence{'s' if chosen > 1 else ''} per step ({chosen * seq_len:,} tokens): the number "
             f"nearest the target of {target_tokens:,} tokens that a plan fits")
     if target == int(target):
-        note += f" ({int(target)} sequence{'s' if target > 1 else ''} fit no plan)"
-    if not target / 2 <= chosen <= 2 * target:
+        note += f" ({int(target)} sequence{'s fit' if target > 1 else ' fits'} no plan)"
+    if devices is not None:
+        note += (f"; at this length no mesh splits up to twice the target's sequences over {devices} devices "
+                 f"(the sequences must carry the factors of {devices} that the length cannot)")
+    elif not target / 2 <= chosen <= 2 * target:
         note += "; no count between half and twice the target fits"
     if tied:
         note += f"; {', '.join(map(str, tied))} as near, but slower per token"
