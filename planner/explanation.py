@@ -15,7 +15,8 @@ from planner.search import Ranked, SearchResult
 DEFAULT_TOP = 5
 
 
-def _s(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    """A duration in the unit that reads best: '162 s', '1.81 s', '3.2 ms', '40 µs'."""
     if seconds >= 100:
         return f"{seconds:.0f} s"
     if seconds >= 1:
@@ -23,6 +24,9 @@ def _s(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e6:.0f} µs"
+
+
+_s = format_seconds  # the short name the report's many f-strings use
 
 
 def _gib(nbytes: float) -> str:
@@ -66,6 +70,7 @@ class Explanation:
     def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP):
         self.result = result
         self.top = top
+        self._advice = None  # searched on first use: only a search in which nothing fits needs it
 
     @property
     def best(self) -> Plan | None:
@@ -80,10 +85,7 @@ class Explanation:
         return self.result.ranked[1:1 + self.top]
 
     def best_per_strategy(self) -> dict[CPStrategy, Ranked]:
-        out: dict[CPStrategy, Ranked] = {}
-        for r in self.result.ranked:
-            out.setdefault(r.plan.cp_strategy, r)
-        return out
+        return self.result.ranked.best_of_each_strategy()
 
     def rejection_groups(self) -> dict[str, tuple[int, str]]:
         """Category → (count, one example sentence with its candidate)."""
@@ -213,8 +215,8 @@ class Explanation:
         """Per strategy why nothing fits, and what would."""
         res = self.result
         case = res.case
-        lines = [f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × {case.global_batch} on "
-                 f"{case.topology.name}."]
+        lines = [f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × {case.global_batch} "
+                 f"sequence{'s' if case.global_batch > 1 else ''} per step on {case.topology.name}."]
         by_strategy = self.rejections_by_strategy()
         least = {r.plan.cp_strategy: r for r in res.best_infeasible}
         for strategy in CPStrategy:
@@ -231,10 +233,20 @@ class Explanation:
         lines += [f"  - {s}" for s in self.suggestions()]
         return "\n".join(lines)
 
-    def suggestions(self) -> list[str]:
-        from planner.suggest import suggestions
+    def advice(self) -> list:
+        """The changes that would make a plan fit, each searched again (`planner.suggest.Advice`);
+        empty when a plan fits."""
+        if self._advice is None:
+            from planner.suggest import advice
 
-        return suggestions(self.result)
+            self._advice = [] if self.best else advice(self.result)
+        return self._advice
+
+    def suggestions(self) -> list[str]:
+        """The advice as lines of text."""
+        from planner.suggest import lines
+
+        return lines(self.result, self.advice())
 
     # -- machines --------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -254,6 +266,8 @@ class Explanation:
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
             "why": self.why_text() if res.best else None, "batch_note": res.batch_note,
             "nothing_fits": None if res.best else self.nothing_fits_text(),
+            "advice": [{"change": a.change, "seq_len": a.seq_len, "topology": a.topology, "options": a.options,
+                        "step_time_s": a.found.best.estimate.step_time_s} for a in self.advice()],
         }
 
     def to_json(self) -> str:
