@@ -28,6 +28,7 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
+from cost_models.pricing.attention import price_attention
 from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
@@ -151,20 +152,23 @@ class SearchResult:
         return self.case.global_batch
 
 
-def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | None, str | None]:
-    """Splash block size for a kernel call of (q × kv) tokens, or the SMEM rule that fails."""
+def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[list[int], str | None]:
+    """The splash blocks (in `BLOCK_PREFERENCE` order) a kernel call of (q × kv) tokens can use
+    within the chip's SMEM, or none and the rule that fails."""
     q = layout_q / (2 if zigzag else 1)
     options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
-    no_limit = topo.chip.smem_bytes == 0  # a host has no SMEM limit
-    for b in options:
-        if no_limit or splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes:
-            return b, None
     if not options:
-        return None, f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
+        return [], f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
+    if topo.chip.smem_bytes == 0:  # a host has no SMEM limit
+        return options, None
+    fitting = [b for b in options
+               if splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes]
+    if fitting:
+        return fitting, None
     b = max(options)
     need = float(splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b))
-    return None, (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
-                  f"{need / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
+    return [], (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
+                f"{need / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
 
 
 class _Placements:
@@ -219,10 +223,6 @@ def _placements(topo: Topology) -> _Placements:
 
 
 @lru_cache(maxsize=None)
-def _strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:
-    return tuple(strategies_for(ring, ulysses))
-
-
 class _Verdict(NamedTuple):
     """A (mesh, strategy, balancing) candidate before the batch: its batch shards, and the rule it
     breaks whatever the batch (`always`) or unless the batch splits (`structural`)."""
@@ -357,14 +357,25 @@ class SearchSpace:
         if position not in self._blocks:
             v = self.verdicts[position]
             ring, ulysses, tensor = (float(a) for a in v.sizes[2:])
-            one = Candidates(case=Case(self.model, self.topology, self.seq_len, 1), strategy=strategy,
-                             data=[1.0], fsdp=[1.0], ring=[ring], ulysses=[ulysses], tensor=[tensor], remat=[0],
-                             zigzag=[v.load_balance is LoadBalance.ZIGZAG], block_q=[float(DEFAULT_BLOCK)],
-                             block_kv=[float(DEFAULT_BLOCK)], links={}, ring_link=LinkColumns([0.0], [0.0]))
-            lay = STRATEGIES[strategy].layout(one)
-            q, kv = float(np.ravel(lay.q_len)[0]), float(np.ravel(lay.kv_len)[0])
-            self._blocks[position] = _block(q, kv, self.topology, v.load_balance is LoadBalance.ZIGZAG)
-            self._block_fits[position] = self._blocks[position][1] is None
+            zigzag = v.load_balance is LoadBalance.ZIGZAG
+            spec = STRATEGIES[strategy]
+            lay = spec.layout(Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag,
+                                    self.topology.chip.kind.shares_cores))
+            options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag)
+            block = options[0] if options else None
+            if len(options) > 1:
+                # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
+                # which scales with the batch: the fastest for one sequence is the fastest for any
+                n = len(options)
+                trial = Candidates(case=Case(self.model, self.topology, self.seq_len, 1), strategy=strategy,
+                                   data=[1.0] * n, fsdp=[1.0] * n, ring=[ring] * n, ulysses=[ulysses] * n,
+                                   tensor=[tensor] * n, remat=[0] * n, zigzag=[zigzag] * n,
+                                   block_q=[float(b) for b in options], block_kv=[float(b) for b in options],
+                                   links={}, ring_link=LinkColumns([0.0] * n, [0.0] * n))
+                times = price_attention(trial, spec).total_s
+                block = options[int(np.argmin(times))]  # the first of equals, in preference order
+            self._blocks[position] = (block, reason)
+            self._block_fits[position] = reason is None
         return self._blocks[position]
 
     def row(self, rows: _Group, i: int) -> CandidateRow:
@@ -397,7 +408,7 @@ class SearchSpace:
         (context, context_ulysses, tensor)."""
         opts = self.options
         out = []
-        for strategy in _strategies_for(ring, ulysses):
+        for strategy in strategies_for(ring, ulysses):
             if strategy not in opts.strategies:
                 continue
             impl = STRATEGIES[strategy]

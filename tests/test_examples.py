@@ -14,7 +14,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.e
 
 @pytest.mark.parametrize("script, words", [
     ("explain_long_context.py", ["v5p-256", "tpu7x-128", "8M", "MFU"]),
-    ("strategy_crossover.py", ["changes", "ring"]),
+    ("strategy_crossover.py", ["seq_len", "ring", "nothing fits"]),
     ("maxtext_config.py", ["your config", "cpplan's plan", "ici_context_parallelism="]),
 ])
 def test_example_runs(script, words):

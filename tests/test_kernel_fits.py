@@ -107,14 +107,22 @@ def test_fitted_rows_meet_the_kernel_target():
 
 
 def test_host_predictions_are_unchanged():
-    """cpu:8 estimates as they were before the kernel fields (previous model's 2.5 and 0 passes)."""
-    from planner import evaluate
+    """cpu:8 estimates as they were before the kernel fields (previous model's 2.5 and 0 passes),
+    each plan priced at the 512-token splash blocks the search used then."""
+    import dataclasses
+
+    from planner.api import run_search
+    from planner.estimate import estimate
 
     before = {"ring": ({"context": 4, "fsdp": 2}, 10.29561537536), "ulysses": ({"context_ulysses": 4, "fsdp": 2},
                                                                               10.29273993216),
               "all_gather": ({"context": 4, "fsdp": 2}, 10.29057993216),
               "usp": ({"context": 2, "context_ulysses": 4}, 10.29695594496)}
     for strategy, (mesh, step_s) in before.items():
-        estimate = evaluate("small", 4096, "cpu:8", strategy=strategy, mesh=mesh, global_batch_tokens=8192)
-        assert estimate.step_time_s == pytest.approx(step_s, rel=1e-12), strategy
-        assert estimate.compute_s["attention"] == pytest.approx(6.95784701952, rel=1e-12), strategy
+        full = {axis: mesh.get(axis, 1) for axis in ("data", "fsdp", "context", "context_ulysses", "tensor")}
+        balance = "zigzag" if strategy in ("ring", "all_gather") else "none"
+        plan = run_search("small", 4096, "cpu:8", mesh=full, strategies=[strategy], global_batch=2, remat="full",
+                          load_balance=balance).ranked[0].plan
+        priced = estimate(dataclasses.replace(plan, block_q=512, block_kv=512))
+        assert priced.step_time_s == pytest.approx(step_s, rel=1e-12), strategy
+        assert priced.compute_s["attention"] == pytest.approx(6.95784701952, rel=1e-12), strategy
