@@ -53,7 +53,10 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
     p.add_argument("--mesh", help="fixed axis sizes, e.g. context=16,tensor=2")
     p.add_argument("--remat", help="allowed remat policies: full,save_dot_except_mlp,minimal_with_context")
     p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
-    p.add_argument("--global-batch-tokens", help="tokens per step (default max(seq_len, 4M); one sequence on cpu:N)")
+    p.add_argument("--global-batch-tokens", help="tokens per step to aim for: the search picks the number of sequences "
+                                                 "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
+                                                 "cpu:N)")
+    p.add_argument("--exact-batch", type=int, help="exactly this many sequences per step (instead of a target)")
     p.add_argument("--loss-chunk-tokens", type=int, help="cross-entropy chunk; 0 = full logits")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -62,6 +65,7 @@ def _search_options(args: argparse.Namespace) -> dict:
     """Planner keyword options from parsed flags (only those given)."""
     opts = {"strategies": _csv(args.strategies), "mesh": _mesh(args.mesh), "remat": _csv(args.remat),
             "load_balance": _csv(args.load_balance), "global_batch_tokens": args.global_batch_tokens,
+            "global_batch": args.exact_batch,
             "loss_chunk_tokens": args.loss_chunk_tokens}
     return {k: v for k, v in opts.items() if v is not None}
 
@@ -132,12 +136,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_max_seq_len(args: argparse.Namespace) -> int:
     """The longest sequence any plan fits."""
-    tokens, plan = api.max_seq_len(args.model, args.topology, **_search_options(args))
-    if args.json:
-        print(json.dumps({"max_seq_len": tokens, "plan": plan.to_dict()}, indent=2))
-    else:
-        print(f"{plan.model.name} on {plan.topology}: up to {format_tokens(tokens)} tokens ({tokens}) per sequence, "
-              f"with {describe_strategy(plan)}, remat {plan.remat.value}")
+    longest = api.max_seq_len(args.model, args.topology, **_search_options(args))
+    print(json.dumps(longest.to_dict(), indent=2) if args.json else longest)
     return 0
 
 

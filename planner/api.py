@@ -125,10 +125,6 @@ class LongestSequence:
     sequences: int
     note: str | None
 
-    def __iter__(self):
-        """Unpacks as ``(seq_len, plan)``, the pair `max_seq_len` returned before it had a note."""
-        return iter((self.seq_len, self.plan))
-
     def __str__(self) -> str:
         from planner.explanation import describe_strategy, format_seconds
 

@@ -39,6 +39,19 @@ def test_max_seq_len_and_export(capsys):
     assert "ici_context_parallelism=" in out and "max_target_length=131072" in out and "model_name=llama3.1-8b" in out
 
 
+def test_a_batch_target_or_an_exact_batch(capsys):
+    """--global-batch-tokens is a target the search moves to a count that fits; --exact-batch is kept."""
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
+                 "--exact-batch", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch"] == 3
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
+                 "--global-batch-tokens", "384k", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch"] in (2, 3, 4, 6)
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
+                 "--exact-batch", "3", "--global-batch-tokens", "384k"]) == 2
+    assert "global_batch" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, words", [
     (["explain", "--model", "lama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256"], "Did you mean 'llama3.1-8b'"),
     (["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p:3x3x3"], "does not exist"),

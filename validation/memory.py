@@ -15,7 +15,6 @@ from cost_models.errors import CpplanError
 from planner.estimate import estimate
 from cost_models.models import get_model
 from planner.api import run_search
-from planner.options import parse_seq_len
 from validation.report import MemoryReport, MemoryResult
 
 
@@ -39,7 +38,7 @@ def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, lay
     plans = []
     for topology in topologies:
         for seq_len in seq_lens:
-            result = run_search(reduced, seq_len, topology, global_batch_tokens=parse_seq_len(seq_len) * sequences,
+            result = run_search(reduced, seq_len, topology, global_batch=sequences,
                                 **options)
             picked = []
             for strategy in {r.plan.cp_strategy for r in result.ranked}:

@@ -15,7 +15,6 @@ from cost_models.errors import CpplanError
 from planner.estimate import estimate
 from cost_models.units import mfu
 from planner.api import run_search
-from planner.options import parse_seq_len
 from planner.search import Ranked
 from validation.measured import MeasuredStep
 from validation.report import StepResult, StepTimeReport
@@ -62,7 +61,7 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
 
     plans = []
     for seq_len in seq_lens:
-        result = run_search(model, seq_len, topology, global_batch_tokens=parse_seq_len(seq_len) * sequences,
+        result = run_search(model, seq_len, topology, global_batch=sequences,
                             **options)
         if not result.ranked:
             raise CpplanError(f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
