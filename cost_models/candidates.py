@@ -12,11 +12,10 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from cost_models.case import Case
+from cost_models.case import Case, ReadsCase
 from cost_models.collectives import Collectives
-from cost_models.models import ModelSpec
 from cost_models.remat import RematCost, remat_table
-from cost_models.topology import AxisLinks, Segment, Topology
+from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
 
 
@@ -32,7 +31,7 @@ def _float_link(link) -> LinkColumns:
 
 
 @dataclass(frozen=True)
-class Candidates:
+class Candidates(ReadsCase):
     """Candidates as columns: one strategy, any number of meshes × placements × remat × balancing.
 
     Mesh sizes, blocks and link figures are float arrays (one entry per candidate); lists are
@@ -68,22 +67,6 @@ class Candidates:
     def with_blocks(self, block_q, block_kv) -> "Candidates":
         """The same candidates with other splash blocks."""
         return dataclasses.replace(self, block_q=block_q, block_kv=block_kv)
-
-    @property
-    def model(self) -> ModelSpec:
-        return self.case.model
-
-    @property
-    def topology(self) -> Topology:
-        return self.case.topology
-
-    @property
-    def seq_len(self) -> int:
-        return self.case.seq_len
-
-    @property
-    def global_batch(self) -> int:
-        return self.case.global_batch
 
     @cached_property
     def sequences_per_device(self) -> np.ndarray:

@@ -23,6 +23,26 @@ class Case:
         return self.seq_len * self.global_batch
 
 
+class ReadsCase:
+    """The four fields of a `Case`, read through the object's own `case` attribute."""
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.case.model
+
+    @property
+    def topology(self) -> Topology:
+        return self.case.topology
+
+    @property
+    def seq_len(self) -> int:
+        return self.case.seq_len
+
+    @property
+    def global_batch(self) -> int:
+        return self.case.global_batch
+
+
 def batch_split_violation(global_batch: int, batch_shards: int) -> "Violation | None":
     """The batch must split evenly over the data × fsdp shards (every shard holds whole sequences)."""
     if global_batch % batch_shards:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from cost_models.candidates import Candidates, LinkColumns, group_links, link_columns
-from cost_models.case import Case, batch_split_violation
+from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import splash_smem_bytes
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
@@ -111,7 +111,7 @@ class RankedList(Sequence):
 
 
 @dataclass
-class SearchResult:
+class SearchResult(ReadsCase):
     """Everything the search found: ranked feasible candidates and every rejection.
 
     `rejections` are listed when first asked for (a plan alone does not need the tens of
@@ -134,22 +134,6 @@ class SearchResult:
     @property
     def best(self) -> Ranked | None:
         return self.ranked[0] if self.ranked else None
-
-    @property
-    def model(self) -> ModelSpec:
-        return self.case.model
-
-    @property
-    def topology(self) -> Topology:
-        return self.case.topology
-
-    @property
-    def seq_len(self) -> int:
-        return self.case.seq_len
-
-    @property
-    def global_batch(self) -> int:
-        return self.case.global_batch
 
 
 def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[list[int], str | None]:
@@ -390,7 +374,7 @@ class SearchSpace:
         The rules look at the context and tensor axes only, so each (context, context_ulysses,
         tensor) is judged once and its verdicts are shared by every data × fsdp split.
         """
-        opts, topo = self.options, self.topology
+        opts = self.options
         load_balances = as_list(opts.load_balance)
         judged: dict[tuple[int, int, int], list[tuple]] = {}
         out = []
