@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, default=1024, help="splash block_q = block_kv")
     parser.add_argument("--loss-chunk", type=int, default=2048, help="cross-entropy chunk (tokens per device)")
     args = parser.parse_args(argv)
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
+    from cost_models.units import GiB
     from runtime import compile_for
 
     print(f"{'topology':12} {'strategy':10} {'cp':>5} {'seq':>6} | {'predicted':>9} {'cpplan GiB':>10} {'compile':>8} | "
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
         if args.only and args.only not in strategy:
             continue
         plan = make_plan(topology, strategy, context, ulysses, seq_len, block=args.block, loss_chunk=args.loss_chunk)
-        predicted = estimate(plan).hbm_bytes_per_device / 2**30
+        predicted = estimate(plan).hbm_bytes_per_device / GiB
         start = time.perf_counter()
         report = compile_for(plan)
         wall = time.perf_counter() - start

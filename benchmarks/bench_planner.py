@@ -1,42 +1,61 @@
-"""Search speed: candidates priced per second, and the full search on the largest pods.
+"""Planner speed at pod scale, each figure beside its target (issue 9, item 7).
 
 Run: python benchmarks/bench_planner.py
-Target (issue 2): the full search for v5p:16x20x28 (8960 chips) and tpu7x:16x24x24 (9216
-chips) finishes in under 1 second.
+
+`plan` at 4M tokens on the two full pods runs the batch search (the count nearest the 4M-token
+target that the pod can split); `max_seq_len` on a full pod probes from the shortest length that
+splits; `sweep` prices 8 lengths on tpu7x-1024 as `cpplan sweep` does. Each is timed cold (the
+first query on that topology in this process: placements are built) and warm (the same query
+again, placements cached).
 """
 import time
 
-from cost_models.models import get_model
-from cost_models.topology import get_topology
-from planner.options import SearchOptions
-from planner.search import search
+import planner
+from planner.api import run_search
+from planner.explanation import Explanation
+
+MODEL = "llama3.1-8b"
+SWEEP_LENGTHS = ["32k", "64k", "128k", "256k", "512k", "1M", "2M", "4M"]
+
+
+def _plan(topology: str) -> str:
+    plan = planner.plan(MODEL, "4M", topology)
+    return f"{plan.global_batch} × 4M, {plan.cp_strategy.value} {plan.mesh_dict}"
+
+
+def _max_seq_len(topology: str) -> str:
+    longest = planner.max_seq_len(MODEL, topology)
+    return f"{longest.seq_len:,} tokens × {longest.sequences}"
+
+
+def _sweep(topology: str) -> str:
+    fits = sum(Explanation(run_search(MODEL, length, topology)).best is not None for length in SWEEP_LENGTHS)
+    return f"{fits} of {len(SWEEP_LENGTHS)} lengths fit"
+
 
 CASES = [
-    # (topology, seq_len, global batch in sequences): batches that the pods' device counts divide
-    ("v5p:4x4x8", 4 << 20, 1),
-    ("v5p:16x20x28", 1 << 20, 35),
-    ("v5p:16x20x28", 4 << 20, 1),
-    ("tpu7x:16x24x24", 1 << 20, 9),
-    ("tpu7x:16x24x24", 4 << 20, 1),
+    # (what, topology, function, target seconds)
+    ("plan 4M", "v5p:16x20x28", _plan, 0.5),
+    ("plan 4M", "tpu7x:16x24x24", _plan, 0.5),
+    ("max_seq_len", "v5p:16x20x28", _max_seq_len, 10.0),
+    ("max_seq_len", "tpu7x:16x24x24", _max_seq_len, 10.0),
+    ("sweep 8 lengths", "tpu7x-1024", _sweep, 5.0),
 ]
 
 
+def _timed(function, topology: str) -> tuple[float, str]:
+    start = time.perf_counter()
+    answer = function(topology)
+    return time.perf_counter() - start, answer
+
+
 def main() -> None:
-    model = get_model("llama3.1-8b")
-    print(f"{'topology':<16} {'seq_len':>8} {'batch':>5} {'seconds':>8} {'priced':>7} {'per s':>9} "
-          f"{'rejected':>8} {'feasible':>8}  best")
-    for name, seq_len, batch in CASES:
-        topo = get_topology(name)
-        options = SearchOptions.build(global_batch_tokens=seq_len * batch)
-        search(model, seq_len, topo, options)  # warm the placement caches' code paths once
-        start = time.perf_counter()
-        result = search(model, seq_len, topo, options)
-        seconds = time.perf_counter() - start
-        best = result.best
-        summary = (f"{best.plan.cp_strategy.value} {dict((a, s) for a, s in best.plan.mesh if s > 1)} "
-                   f"MFU {best.estimate.mfu:.1%}") if best else "nothing fits"
-        print(f"{name:<16} {seq_len:>8} {batch:>5} {seconds:>8.3f} {result.candidates_priced:>7} "
-              f"{result.candidates_priced / seconds:>9.0f} {len(result.rejections):>8} {len(result.ranked):>8}  {summary}")
+    print(f"{'query':<16} {'topology':<16} {'cold s':>7} {'warm s':>7} {'target':>7}  answer")
+    for what, topology, function, target in CASES:
+        cold, answer = _timed(function, topology)
+        warm, _ = _timed(function, topology)
+        verdict = "ok" if max(cold, warm) < target else "SLOW"
+        print(f"{what:<16} {topology:<16} {cold:>7.3f} {warm:>7.3f} {target:>6.1f}s  {verdict}: {answer}")
 
 
 if __name__ == "__main__":

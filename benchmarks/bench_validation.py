@@ -22,8 +22,8 @@ WHAT = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") els
 
 
 def steps() -> None:
-    from runtime.calibrate import calibrate
-    from runtime.validation.steptime import validate_step_times
+    from validation.calibration import calibrate
+    from validation.steptime import validate_step_times
 
     chip_dir = OUT / "chips"
     # attention measured with the validated plans' heads: 'small' has 8 query and 4 kv heads of 32
@@ -40,7 +40,7 @@ def steps() -> None:
 
 
 def memory() -> None:
-    from runtime.validation.memory import validate_memory
+    from validation.memory import validate_memory
 
     # the full 32 layers (a scanned layer compiles once, so depth costs little compile time);
     # 2M tokens on 8 v5p chips fits no plan: the compiler must refuse the least-memory one too

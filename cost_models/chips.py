@@ -97,6 +97,9 @@ class Chip:
     attention_block_overhead_s: float  # per splash grid step (q block × kv block × head), visited or skipped
     attention_step_s_per_operand_byte: float  # per grid step, per byte of the kernel's operand arrays (interpreted kernels)
     attention_masked_element_s: float  # per logit of a block the causal mask cuts through, per kernel
+    attention_backward_over_forward: float  # backward kernels' MXU time over the forward's
+    attention_operand_passes: float  # passes over a forward call's operand arrays at HBM bandwidth, per call
+    attention_backward_operand_passes: float  # the same for the backward's operand arrays
     comm_overlaps_compute: bool
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.

@@ -4,7 +4,8 @@
   of the systolic array's side wastes the padded part of the array.
 - Splash attention works on whole (block_q × block_kv) blocks: blocks that cross the causal
   diagonal are computed in full, so a causal kernel over n blocks per side does n(n+1)/2
-  blocks' work, not n²/2.
+  blocks' work, not n²/2. With unequal blocks, one a multiple of the other, the larger one
+  sets that waste: L²/2 + L·max(block_q, block_kv)/2 token pairs over L tokens.
 - Splash prefetches its mask metadata into SMEM. cpplan's runtime evaluates the causal rule
   inside the kernel (a mask function), so per (q block × kv block) it keeps one int8
   `block_mask` entry and one `data_next` index, downcast to the smallest integer type that holds
@@ -13,15 +14,19 @@
   kernel is interpreted (Pallas interpret mode on a host) a copy of every operand array it
   reads or writes — the discharged loop carries whole arrays, and XLA's CPU backend copies
   them at each step (read in the step's HLO as full-array dynamic-update-slice fusions).
-  Mosaic kernels on a TPU move blocks only: their rows price these terms at 0. Blocks a causal
-  mask cuts through also evaluate the mask rule per logit (measured on a host: interpret mode
-  makes that as dear as the block's matmuls; a TPU row leaves it unmeasured, at 0).
+  Mosaic kernels on a TPU move blocks only: their rows price the copies at 0. Blocks a causal
+  mask cuts through also evaluate the mask rule per logit (measured on a host, where interpret
+  mode makes that as dear as the block's matmuls, and fitted to tokamax's TPU timings).
+- A call also pays, once, a number of passes over its operand arrays at HBM bandwidth (the
+  layout copies and residuals around the kernel; fitted to tokamax's TPU timings, 0 on a host).
 """
 from __future__ import annotations
 
 import numpy as np
 
-SPLASH_BACKWARD_OVER_FORWARD = 2.5  # backward: 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward
+# FLOPs, not time: backward runs 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward; the time
+# ratio is a chip row's `attention_backward_over_forward`, measured where there is data
+SPLASH_BACKWARD_OVER_FORWARD = 2.5
 SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
 # arrays each kernel reads or writes, (shaped like q, shaped like k): forward q, o | k, v;
 # dq q, dO, dq | k, v; dk/dv q, dO | k, v, dk, dv
@@ -46,20 +51,27 @@ def causal_block_fraction(length, block):
     return (n + 1) / (2 * n)
 
 
-def causal_attention_extent(seq_len, ring, zigzag, block):
+def causal_attention_extent(seq_len, ring, zigzag, *, block_q, block_kv):
     """Query×key token pairs the busiest device computes per sequence and head, whole blocks.
 
     Args:
         seq_len: tokens per sequence.
         ring: devices the sequence is split over for attention (1 = whole sequence local).
         zigzag: whether rank i holds chunks i and 2·ring−1−i.
-        block: splash block size.
+        block_q: splash query block.
+        block_kv: splash key/value block.
+    Returns:
+        Token pairs (arrays broadcast over the arguments).
+
+    Each query block computes the key blocks up to its last row; when one block size divides
+    the other that is the square case with the larger block (see the module docstring).
     With no balancing the last rank sees all earlier blocks in full plus its own diagonal:
     (ring−1) full blocks + one causal one; with zigzag every rank does 2·ring−1 full quarter
     blocks and two causal ones.
     """
     s = np.asarray(seq_len, dtype=float)
     ring = np.asarray(ring, dtype=float)
+    block = np.maximum(block_q, block_kv)
     chunk = s / ring
     plain = chunk**2 * ((ring - 1) + causal_block_fraction(chunk, block))
     half = chunk / 2
@@ -73,28 +85,37 @@ def splash_index_bytes(largest_index):
     return np.where(largest_index < 2**7, 1, np.where(largest_index < 2**15, 2, 4))
 
 
-def splash_smem_bytes(q_len, kv_len, block):
-    """SMEM the splash kernel's mask metadata needs for one (q_len × kv_len) call, any shapes."""
-    nq = np.ceil(np.asarray(q_len, dtype=float) / block)
-    nk = np.ceil(np.asarray(kv_len, dtype=float) / block)
+def splash_smem_bytes(q_len, kv_len, *, block_q, block_kv):
+    """SMEM the splash kernel's mask metadata needs for one (q_len × kv_len) call, any shapes.
+
+    Args:
+        q_len: query tokens of the call.
+        kv_len: key tokens of the call.
+        block_q: splash query block.
+        block_kv: splash key/value block.
+    Returns:
+        Bytes: one int8 mask entry and one index per (q block × kv block).
+    """
+    nq = np.ceil(np.asarray(q_len, dtype=float) / block_q)
+    nk = np.ceil(np.asarray(kv_len, dtype=float) / block_kv)
     return nq * nk * (1 + splash_index_bytes(np.maximum(nq, nk) - 1))
 
 
-def splash_grid_steps(heads, q_len, kv_len, block_q, block_kv):
+def splash_grid_steps(heads, q_len, kv_len, *, block_q, block_kv):
     """Grid steps of one splash kernel over `heads` (batch folded in) × q blocks × kv blocks;
     the blocks are those in effect (no longer than their lengths)."""
     return np.asarray(heads, dtype=float) * np.ceil(np.asarray(q_len, dtype=float) / block_q) * \
         np.ceil(kv_len / block_kv)
 
 
-def splash_operand_bytes(q_heads, kv_heads, q_len, kv_len, head_dim, act_bytes, operands):
+def splash_operand_bytes(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, operands):
     """Bytes of the arrays a kernel reads or writes, `operands` = (count shaped like q, like k)."""
     q_array = np.asarray(q_heads, dtype=float) * q_len * head_dim * act_bytes
     kv_array = np.asarray(kv_heads, dtype=float) * kv_len * head_dim * act_bytes
     return operands[0] * q_array + operands[1] * kv_array
 
 
-def splash_partial_elements(heads, q_len, block_q, block_kv, causal):
+def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
     """Logit elements of the blocks a causal mask cuts through, where the mask rule is evaluated.
 
     Each query block crosses the diagonal over its own width, touching kv blocks worth
@@ -103,20 +124,42 @@ def splash_partial_elements(heads, q_len, block_q, block_kv, causal):
     return np.where(causal, np.asarray(heads, dtype=float) * q_len * np.maximum(block_q, block_kv), 0.0)
 
 
-def splash_step_costs(q_heads, kv_heads, q_len, kv_len, head_dim, act_bytes, block_q, block_kv,
-                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, causal=False):
+def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,
+                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=(0.0, 0.0),
+                      causal=False):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
     Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
     `per_step_byte_s` per byte of its operand arrays per step, plus `per_masked_element_s` per
-    logit of the blocks a causal mask cuts through (the mask rule is evaluated there).
+    logit of the blocks a causal mask cuts through (the mask rule is evaluated there); forward
+    and backward each pay their `per_call_byte_s` once per byte of their operand arrays.
+
+    Args:
+        q_heads: query heads of the call, batch folded in.
+        kv_heads: key/value heads of the call, batch folded in.
+        q_len: query tokens.
+        kv_len: key tokens.
+        head_dim: dimensions per head.
+        act_bytes: bytes per value of q, k, v and their gradients.
+        block_q: splash query block (clamped to `q_len`).
+        block_kv: splash key/value block (clamped to `kv_len`).
+        per_step_s: seconds per grid step.
+        per_step_byte_s: seconds per grid step per byte of operand arrays.
+        per_masked_element_s: seconds per logit where the causal rule is evaluated.
+        per_call_byte_s: (forward, backward) seconds per byte of their operand arrays, once per
+            call (passes over them / HBM bandwidth).
+        causal: whether the call's mask is causal.
+    Returns:
+        (forward seconds, backward seconds).
     """
     bq, bk = np.minimum(block_q, q_len), np.minimum(block_kv, kv_len)
-    steps = splash_grid_steps(q_heads, q_len, kv_len, bq, bk)
-    shape = (q_heads, kv_heads, q_len, kv_len, head_dim, act_bytes)
-    masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, bq, bk, causal)
-    fwd = steps * (per_step_s + per_step_byte_s * splash_operand_bytes(*shape, SPLASH_FORWARD_OPERANDS)) + masked
-    bwd = steps * (SPLASH_BACKWARD_GRIDS * per_step_s
-                   + per_step_byte_s * splash_operand_bytes(*shape, SPLASH_BACKWARD_OPERANDS)) \
-        + SPLASH_BACKWARD_GRIDS * masked
+    steps = splash_grid_steps(q_heads, q_len, kv_len, block_q=bq, block_kv=bk)
+    shape = dict(q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
+                 act_bytes=act_bytes)
+    masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, block_q=bq, block_kv=bk, causal=causal)
+    forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
+    backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
+    fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
+    bwd = steps * (SPLASH_BACKWARD_GRIDS * per_step_s + per_step_byte_s * backward_bytes) \
+        + SPLASH_BACKWARD_GRIDS * masked + per_call_byte_s[1] * backward_bytes
     return fwd, bwd

@@ -1,11 +1,6 @@
-"""The price of one training step (forward, backward, AdamW) under a plan.
+"""`Estimate`: the named price of one plan, and how to read it off a row of priced candidates.
 
-One vectorised implementation serves both the search (thousands of candidates as numpy
-columns) and a single plan (`estimate(plan)`, one row). Terms follow the scaling book:
-T_math (MXU work, tile padding and splash block waste included), T_hbm (elementwise work and
-the optimizer, bandwidth bound), T_comms per collective; overlap is explicit: ring hops hide
-behind the attention of the block in hand, FSDP gathers behind the previous layer, both within
-one budget (the layer's compute, counted once); the rest is exposed. `Estimate` carries the lower bound (max of the three) and upper bound (their sum) too.
+Times are seconds per step, bytes per device; `cost_models.pricing` computes the figures.
 """
 from __future__ import annotations
 
@@ -14,252 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.collectives import Collectives
-from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent, splash_smem_bytes,
-                                 splash_step_costs, tile_efficiency)
-from cost_models.flops import head_forward_flops, layer_forward_flops, model_flops_per_step
-from cost_models.models import ModelSpec
-from cost_models.remat import remat_code, remat_table
-from cost_models.errors import CpplanError
-from cost_models.strategies import STRATEGIES, Shape
+from cost_models.candidates import Candidates
+from cost_models.pricing import Priced, peak_bytes
+from cost_models.strategies import STRATEGIES
 from cost_models.units import mfu
-from cost_models.topology import AxisLinks, Topology, get_topology
-from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance
-from cost_models.work_layout import MLP_CHUNK_TOKENS, WEIGHT_ARRAYS_PER_LAYER, vocab_pieces
-
-ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
-ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
-CE_BYTES_PER_LOGIT = 4 * 4  # fp32 logits: written, read for the log-sum-exp, gradient written and read
-
-# HBM is held in phases: what lives all step, then the larger of a layer's backward and the loss.
-STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
-LAYER_MEMORY = ("layer_working_set", "attention_buffers", "collective_buffers")
-LOSS_MEMORY = ("logits", "head_buffers")
-
-
-def peak_bytes(memory: dict):
-    """Peak HBM per device: the static part plus the larger of the two phases (arrays or floats)."""
-    static = sum(memory[k] for k in STATIC_MEMORY)
-    return static + np.maximum(sum(memory[k] for k in LAYER_MEMORY), sum(memory[k] for k in LOSS_MEMORY))
-
-
-@dataclass
-class Candidates:
-    """Candidates as columns: one strategy, any number of meshes × placements × remat × balancing."""
-
-    model: ModelSpec
-    topology: Topology
-    seq_len: int
-    global_batch: int
-    strategy: CPStrategy
-    d: np.ndarray
-    f: np.ndarray
-    r: np.ndarray
-    u: np.ndarray
-    t: np.ndarray
-    remat: np.ndarray  # codes into cost_models.remat.POLICIES
-    zigzag: np.ndarray
-    block: np.ndarray
-    links: dict[str, tuple[np.ndarray, np.ndarray]]  # name → (collective bw, latency)
-    ring_bw: np.ndarray
-    ring_lat: np.ndarray
-    loss_chunk_tokens: int = 0
-    act_bytes: int = 2
-    param_bytes: int = 4
-
-    def __post_init__(self):
-        for name in ("d", "f", "r", "u", "t", "block", "ring_bw", "ring_lat"):
-            setattr(self, name, np.asarray(getattr(self, name), dtype=float))
-        self.zigzag = np.asarray(self.zigzag, dtype=bool)
-        self.remat = np.asarray(self.remat, dtype=int)
-        self.b_loc = self.global_batch / (self.d * self.f)
-        self.tok = self.b_loc * self.seq_len / (self.r * self.u)
-        self.ctx_bw, self.ctx_lat = self.links["context"]
-        # a host's virtual devices share its cores: work moves to whichever device is busy
-        self.shared_cores = self.topology.chip.kind == "cpu"
-        self.comm = Collectives(self.topology.chip.host_collectives)
-        self.uly_bw, self.uly_lat = self.links["ulysses"]
-
-
-@dataclass
-class Priced:
-    """Per-candidate columns of times (s) and bytes; see `Estimate` for their meaning."""
-
-    step_time_s: np.ndarray
-    compute_s: dict[str, np.ndarray]
-    hbm_s: dict[str, np.ndarray]
-    comm_s: dict[str, np.ndarray]
-    exposed_s: dict[str, np.ndarray]
-    memory: dict[str, np.ndarray]
-    smem_bytes: np.ndarray
-    model_flops: float
-    executed_flops: np.ndarray  # per device, remat recomputation and splash's whole blocks included
-
-    @property
-    def hbm_total(self) -> np.ndarray:
-        return peak_bytes(self.memory)
-
-
-def price(x: Candidates) -> Priced:
-    """Prices every candidate in `x` (all of one strategy)."""
-    m, topo = x.model, x.topology
-    chip = topo.chip
-    peak = topo.peak_flops_per_device
-    hbm_bw = topo.hbm_bw_per_device
-    tile = chip.mxu_tile
-    a, pb = x.act_bytes, x.param_bytes
-    L = m.num_layers
-    remat = remat_table(m)
-    strategy = STRATEGIES[x.strategy]
-
-    # -- matmuls (per layer, per device) --------------------------------------------
-    layer = layer_forward_flops(m, x.seq_len, x.tok)
-    eff = chip.matmul_efficiency
-    qkv_eff = tile_efficiency(m.hidden, tile) * tile_efficiency((m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.t, tile)
-    out_eff = tile_efficiency(m.num_heads * m.head_dim / x.t, tile) * tile_efficiency(m.hidden, tile)
-    mlp_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.intermediate / x.t, tile)
-    qkv_out_s = (layer.qkv / qkv_eff + layer.out_proj / out_eff) / x.t / (peak * eff)
-    mlp_s = layer.mlp / mlp_eff / x.t / (peak * eff)
-    weights_bytes = m.params_per_layer * a / x.t
-    mm_fwd = np.maximum(qkv_out_s + mlp_s, weights_bytes / hbm_bw)
-    # backward: dX and dW matmuls (twice the forward), reading weights twice, writing fp32 grads
-    mm_bwd = np.maximum(2 * (qkv_out_s + mlp_s), (2 * weights_bytes + m.params_per_layer * pb / x.t) / hbm_bw)
-    mm_recompute = remat.recompute_qkv_out[x.remat] * qkv_out_s + remat.recompute_mlp[x.remat] * mlp_s
-
-    # -- attention ------------------------------------------------------------------
-    lay = strategy.layout(x)
-    # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
-    # so the step costs the average rank's work (the balanced extent), not the busiest rank's
-    extent = causal_attention_extent(x.seq_len, lay.ring, x.zigzag | x.shared_cores, x.block)
-    attn_eff = chip.attention_efficiency * tile_efficiency(m.head_dim, tile)
-    attn_exec_fwd = 4.0 * x.b_loc * lay.q_heads * m.head_dim * extent
-    attn_math_fwd = attn_exec_fwd / (peak * attn_eff)
-    # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
-    grid_fwd = grid_bwd = 0.0
-    for call in strategy.kernel_calls(x, lay):
-        fwd, bwd = splash_step_costs(x.b_loc * lay.q_heads, x.b_loc * lay.kv_heads, call.q_len, call.kv_len,
-                                     m.head_dim, a, np.minimum(x.block, call.q_block_cap), x.block,
-                                     chip.attention_block_overhead_s, chip.attention_step_s_per_operand_byte,
-                                     chip.attention_masked_element_s, call.causal)
-        grid_fwd = grid_fwd + call.count * fwd
-        grid_bwd = grid_bwd + call.count * bwd
-    attn_fwd = attn_math_fwd + grid_fwd
-    attn_bwd = SPLASH_BACKWARD_OVER_FORWARD * attn_math_fwd + grid_bwd
-    attn_recompute = remat.recompute_attention[x.remat] * attn_fwd
-
-    # -- elementwise (HBM bound) ----------------------------------------------------
-    # norms and residual adds on full-width activations (every tensor shard holds them whole, as
-    # the runtime keeps them); RoPE and SwiGLU on tensor-split heads and columns
-    ew_fwd = x.tok * (10 * m.hidden + (2 * (m.num_heads + m.num_kv_heads) * m.head_dim + 3 * m.intermediate) / x.t) \
-        * a / hbm_bw
-    ew_bwd = ELEMENTWISE_PASSES_BACKWARD * ew_fwd
-    ew_recompute = np.where(remat.recompute_qkv_out[x.remat] > 0, ew_fwd,
-                            remat.recompute_mlp[x.remat] * x.tok * 3 * m.intermediate * a / x.t / hbm_bw)
-
-    fwd_layer = mm_fwd + attn_fwd + ew_fwd
-    bwd_layer = mm_bwd + attn_bwd + ew_bwd + mm_recompute + attn_recompute + ew_recompute
-
-    # -- output head and loss -------------------------------------------------------
-    head_passes = 3 + (1 if x.loss_chunk_tokens else 0)  # chunked loss recomputes each chunk's logits
-    head_eff = tile_efficiency(m.hidden, tile) * tile_efficiency(m.vocab / x.t, tile)
-    head_s = head_passes * head_forward_flops(m, x.tok) / x.t / head_eff / (peak * eff)
-    ce_s = x.tok * m.vocab / x.t * CE_BYTES_PER_LOGIT / hbm_bw
-
-    # -- memory (bytes per device) --------------------------------------------------
-    g = x.f * x.r * x.u  # weight-sharding group
-    shard = g * x.t
-    saved = (remat.saved_full_width[x.remat] + remat.saved_split[x.remat] / x.t) * a
-    # one layer's backward: its attention-side activations for every token, the MLP's for one
-    # chunk of tokens unless the policy keeps MLP outputs; each with its gradient
-    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / x.t) * a
-    mlp_side = (2 * m.intermediate / x.t + m.hidden) * a
-    mlp_tokens = np.where(remat.recompute_mlp[x.remat] > 0, np.minimum(MLP_CHUNK_TOKENS, x.tok), x.tok)
-    loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, x.tok)
-    head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(x.t)
-    embed = m.vocab * m.hidden  # the input embedding: rows over the weight-sharding group only
-    largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / x.t
-    memory = {
-        "params": ((m.num_params - embed) / shard + embed / g) * pb,
-        "grads": ((m.num_params - embed) / shard + embed / g) * pb,
-        "optimizer": ((m.num_params - embed) / shard + embed / g) * 2 * 4,
-        "activations": L * x.tok * saved,  # what each layer keeps for its backward
-        "layer_working_set": 2 * (x.tok * attention_side + mlp_tokens * mlp_side),
-        "attention_buffers": None,
-        # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
-        # unreduced fp32 gradient of one matrix on its way to the reduce-scatter
-        "collective_buffers": largest_matrix * (2 * a + pb),
-        # fp32 logits of one chunk of tokens against one piece of the vocabulary (the gradient
-        # formed in place, fused with the softmax)
-        "logits": loss_tokens * head_piece * 4,
-        "head_buffers": m.hidden * head_piece * (pb + 4),  # the gathered head piece and its fp32 gradient
-    }
-
-    # -- communication --------------------------------------------------------------
-    wbw, wlat = x.links["weights"]
-    # one collective per weight array: the bytes of the whole layer, the latency of each array
-    per_array = WEIGHT_ARRAYS_PER_LAYER
-    gather = per_array * x.comm.all_gather(weights_bytes / per_array, g, wbw, wlat)
-    scatter = per_array * x.comm.reduce_scatter(m.params_per_layer * pb / x.t / per_array, g, wbw, wlat)
-    embed_bytes = m.embedding_params * a / x.t
-    embed_comm = 2 * x.comm.all_gather(embed_bytes, g, wbw, wlat) + x.comm.reduce_scatter(
-        m.embedding_params * pb / x.t, g, wbw, wlat)
-
-    tbw, tlat = x.links["tensor"]
-    tp_one = x.comm.all_gather(x.tok * m.hidden * a, x.t, tbw, tlat)
-    tp = L * tp_one * (8 + remat.recompute_tensor_collectives[x.remat])
-
-    dbw, dlat = x.links["data"]
-    dp = x.comm.all_reduce(m.num_params * pb / shard, x.d, dbw, dlat)
-
-    cp = strategy.cost(x, lay, attn_fwd)
-    recompute_attn = remat.recompute_attention[x.remat]
-    overlaps = chip.comm_overlaps_compute
-    cp_fwd = cp.forward_s
-    cp_fwd_exposed = cp.exposed_forward_s if overlaps else cp_fwd
-    cp_bwd = cp.backward_s + recompute_attn * (cp.forward_s - cp.recompute_reuses_s)
-    cp_bwd_exposed = (cp.exposed_backward_s + recompute_attn * (cp.exposed_forward_s - cp.recompute_reuses_s)
-                      if overlaps else cp_bwd)
-    cp_total = L * (cp_fwd + cp_bwd)
-    cp_exposed = L * (cp_fwd_exposed + cp_bwd_exposed)
-    # FSDP traffic and the strategy's hidden traffic share one window: the layer's compute.
-    # What does not fit in it is exposed (charged to FSDP, which the strategy's hiding left no room for).
-    window_fwd, window_bwd = (fwd_layer, bwd_layer) if overlaps else (0.0, 0.0)
-    fsdp_exposed = L * (np.maximum(0.0, gather + (cp_fwd - cp_fwd_exposed) - window_fwd)
-                        + np.maximum(0.0, gather + scatter + (cp_bwd - cp_bwd_exposed) - window_bwd))
-    memory["attention_buffers"] = cp.buffer_bytes + x.b_loc * lay.q_len * lay.q_heads * 4
-
-    compute = {
-        "matmul": L * (qkv_out_s * (1 + 2 + remat.recompute_qkv_out[x.remat]) +
-                       mlp_s * (1 + 2 + remat.recompute_mlp[x.remat])) + head_s,
-        "attention": L * (attn_fwd + attn_bwd + attn_recompute),
-    }
-    matmul_hbm_extra = L * (mm_fwd + mm_bwd - 3 * (qkv_out_s + mlp_s))  # where weight reads outlast the math
-    hbm = {
-        "elementwise": L * (ew_fwd + ew_bwd + ew_recompute) + ce_s,
-        "matmul_weight_reads": matmul_hbm_extra,
-        "optimizer": m.num_params / shard * ADAMW_BYTES_PER_PARAM / hbm_bw,
-    }
-    comm = {
-        "fsdp_all_gather": L * 2 * gather + embed_comm * 2 / 3,
-        "fsdp_reduce_scatter": L * scatter + embed_comm / 3,
-        "tensor": tp,
-        "data_all_reduce": dp,
-        "context": cp_total,
-    }
-    exposed = {
-        "fsdp": fsdp_exposed + embed_comm,
-        "tensor": tp,
-        "data_all_reduce": dp,
-        "context": cp_exposed,
-    }
-    step = (L * (fwd_layer + bwd_layer) + head_s + ce_s + hbm["optimizer"] + sum(exposed.values()))
-    executed = (L * ((layer.qkv + layer.out_proj) / x.t * (3 + remat.recompute_qkv_out[x.remat])
-                     + layer.mlp / x.t * (3 + remat.recompute_mlp[x.remat])
-                     + attn_exec_fwd * (1 + SPLASH_BACKWARD_OVER_FORWARD + remat.recompute_attention[x.remat]))
-                + head_passes * head_forward_flops(m, x.tok) / x.t)
-    smem = splash_smem_bytes(lay.q_len, lay.kv_len, x.block)
-    return Priced(step, compute, hbm, comm, exposed, memory, smem,
-                  model_flops_per_step(m, x.seq_len, x.global_batch), executed)
 
 
 @dataclass(frozen=True)
@@ -357,7 +110,15 @@ class Estimate:
 
 
 def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
-    """The `Estimate` of row `i` of a priced batch."""
+    """The `Estimate` of one candidate of a priced batch.
+
+    Args:
+        priced: `cost_models.pricing.price(x)`.
+        i: the candidate's row.
+        x: the candidates priced.
+    Returns:
+        Row `i` as an `Estimate`.
+    """
     topo = x.topology
 
     def pick(d):
@@ -369,59 +130,6 @@ def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
         hbm_capacity_bytes=topo.hbm_bytes_per_device, smem_bytes=float(priced.smem_bytes[i]),
         smem_capacity_bytes=topo.chip.smem_bytes, model_flops=priced.model_flops,
         executed_flops_per_device=float(priced.executed_flops[i]),
-        tokens_per_step=x.seq_len * x.global_batch, num_devices=topo.num_devices, num_chips=topo.num_chips,
+        tokens_per_step=x.case.tokens_per_step, num_devices=topo.num_devices, num_chips=topo.num_chips,
         peak_flops_per_device=topo.peak_flops_per_device, cp_collective=STRATEGIES[x.strategy].collective,
     )
-
-
-def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
-    """Columns of bandwidth and latency from per-candidate `AxisLinks` (ring links from `context`)."""
-    cols = {name: (np.array([l.collective_bw_bytes_per_s for l in ls]), np.array([l.collective_latency_s for l in ls]))
-            for name, ls in links.items()}
-    ctx = links["context"]
-    return cols, np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx])
-
-
-def group_links(links_of, segs: dict) -> dict[str, AxisLinks]:
-    """The links each collective group gets from the axes' segments (`links_of` prices segments)."""
-    return {
-        "data": links_of(segs["data"]),
-        "weights": links_of(segs["fsdp"] + segs["context"] + segs["context_ulysses"]),
-        "tensor": links_of(segs["tensor"]),
-        "context": links_of(segs["context"]),
-        "ulysses": links_of(segs["context_ulysses"]),
-    }
-
-
-def plan_links(plan) -> dict[str, AxisLinks]:
-    """The links each collective group of a plan gets from its placement."""
-    return group_links(get_topology(plan.topology).links, plan.segments())
-
-
-def estimate(plan) -> Estimate:
-    """Prices one plan (a `planner.Plan` or anything with its attributes).
-
-    Raises:
-        CpplanError: the plan's mesh does not tile its topology, or its strategy cannot run it
-            (the rule and its numbers).
-    """
-    topo = get_topology(plan.topology)
-    mesh = dict(plan.mesh)
-    shape = Shape(plan.model, plan.seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"],
-                  plan.load_balance is LoadBalance.ZIGZAG)
-    violation = STRATEGIES[plan.cp_strategy].check(shape)
-    if violation:
-        raise CpplanError(f"{plan.cp_strategy.value} cannot run this plan: {violation.reason}.")
-    if plan.global_batch % (mesh["data"] * mesh["fsdp"]):
-        raise CpplanError(f"global_batch={plan.global_batch} sequences not divisible by "
-                          f"data×fsdp={mesh['data'] * mesh['fsdp']}.")
-    links, ring_bw, ring_lat = link_columns({k: [v] for k, v in plan_links(plan).items()})
-    x = Candidates(
-        model=plan.model, topology=topo, seq_len=plan.seq_len, global_batch=plan.global_batch,
-        strategy=plan.cp_strategy, d=[mesh["data"]], f=[mesh["fsdp"]], r=[mesh["context"]],
-        u=[mesh["context_ulysses"]], t=[mesh["tensor"]], remat=[remat_code(plan.remat)],
-        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block=[plan.block_q], links=links,
-        ring_bw=ring_bw, ring_lat=ring_lat, loss_chunk_tokens=plan.loss_chunk_tokens,
-        act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
-    )
-    return estimate_row(price(x), 0, x)

@@ -64,9 +64,9 @@ class Topology:
 
     @property
     def name(self) -> str:
-        """Canonical name, e.g. `v5p:4x4x8` or `cpu:8`."""
-        if self.chip.kind == "cpu":
-            return f"cpu:{self.devices_per_chip}"
+        """Canonical name, e.g. `v5p:4x4x8`, or `cpu:8` for devices without a torus."""
+        if not self.chip.kind.has_torus:
+            return f"{self.chip.name}:{self.devices_per_chip}"
         return f"{self.chip.name}:{'x'.join(map(str, self.chip_dims))}"
 
     @property
@@ -110,7 +110,7 @@ class Topology:
         if size == 1:
             return AxisLinks(1, math.inf, 0.0, math.inf, 0.0, True)
         on_core = math.prod(s.size for s in segments if dims[s.dim].name == CORE)
-        ici_share = on_core / self.devices_per_chip if self.chip.kind != "cpu" else 1.0
+        ici_share = on_core / self.devices_per_chip if self.chip.kind.has_torus else 1.0
         coll_bw = 0.0
         coll_lat = 0.0
         ring_bw = math.inf
@@ -146,13 +146,13 @@ def _merged(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
 def _physical_dims(topo: Topology) -> tuple[PhysicalDim, ...]:
     chip = topo.chip
     dims = []
-    if chip.kind != "cpu":
+    if chip.kind.has_torus:
         for name, size in zip(DIM_NAMES, topo.chip_dims):
             dims.append(PhysicalDim(name, size, chip.wraparound.wraps(size),
                                     chip.ici_link_bw_bytes_per_s, chip.ici_hop_latency_s))
     if topo.devices_per_chip > 1 or not dims:
         dims.append(PhysicalDim(CORE, topo.devices_per_chip,
-                                chip.kind == "cpu" and chip.wraparound.wraps(topo.devices_per_chip),
+                                not chip.kind.has_torus and chip.wraparound.wraps(topo.devices_per_chip),
                                 chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s,
                                 chip.ici_hop_latency_s))
     return tuple(dims)
@@ -179,14 +179,29 @@ def _valid_shape(chip: Chip, dims: tuple[int, ...]) -> str | None:
     return None
 
 
-def _shape_for_chips(chip: Chip, chips: int) -> tuple[int, ...] | None:
-    """The most cubic valid shape with `chips` chips (sides ascending), or None."""
+def divisors(n: int) -> list[int]:
+    """The divisors of a positive integer (a count of chips, devices or sequences), ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def shape_for_chips(chip: Chip, chips: int) -> tuple[int, ...] | None:
+    """The most cubic valid shape with `chips` chips (as TPU names write it), or None.
+
+    Args:
+        chip: a chip row with a torus.
+        chips: the number of chips.
+    Returns:
+        The sides, sides of 1 last (v5p-8 is 2x2x1), or None when no slice has that many chips.
+    """
+    if chips < 1 or chips > chip.max_chips:
+        return None  # checked first: a count beyond the pod never reaches the divisor walk
     best = None
+    sides = divisors(chips)
     if chip.torus_rank == 2:
-        candidates = [(a, chips // a) for a in range(1, chips + 1) if chips % a == 0]
+        candidates = [(a, chips // a) for a in sides]
     else:
-        candidates = [(a, b, chips // (a * b)) for a in range(1, chips + 1) if chips % a == 0
-                      for b in range(a, chips // a + 1) if (chips // a) % b == 0]
+        candidates = [(a, b, chips // (a * b)) for a in sides for b in sides if b >= a and (chips // a) % b == 0]
     for dims in candidates:
         if list(dims) != sorted(dims) or _valid_shape(chip, dims):
             continue
@@ -195,13 +210,46 @@ def _shape_for_chips(chip: Chip, chips: int) -> tuple[int, ...] | None:
             best = dims
     if best is None:
         return None
-    # sides of 1 go last, as TPU names write them (v5p-8 is 2x2x1)
     return tuple(d for d in best if d > 1) + tuple(d for d in best if d == 1)
 
 
+def slices_of(chip: Chip) -> list[Topology]:
+    """Every slice shape of a chip up to its full pod, fewest chips first.
+
+    Raises:
+        CpplanError: the chip has no torus (a host's `cpu:N` is not a slice).
+    """
+    if not chip.kind.has_torus:
+        raise CpplanError(f"{chip.name} has no torus, so it has no slices; write {chip.name}:N for N devices.")
+    return [Topology(chip, dims, chip.devices_per_chip) for dims in _slice_shapes(chip)]
+
+
+@lru_cache(maxsize=16)
+def _slice_shapes(chip: Chip) -> tuple[tuple[int, ...], ...]:
+    if chip.torus_rank == 2:
+        shapes = [dims for dims in SHAPES_2D if not _valid_shape(chip, dims)]
+    else:
+        sides = sorted({d for shape in SMALL_3D_SHAPES for d in shape} | set(range(4, chip.max_chips + 1, 4)))
+        shapes = [(a, b, c) for a in sides if a ** 3 <= chip.max_chips
+                  for b in sides if a <= b and a * b * b <= chip.max_chips
+                  for c in sides if b <= c <= chip.max_chips // (a * b) and not _valid_shape(chip, (a, b, c))]
+    # sides of 1 last, as TPU names write them (v5p-8 is 2x2x1)
+    named = [tuple(d for d in dims if d > 1) + tuple(d for d in dims if d == 1) for dims in shapes]
+    return tuple(sorted(named, key=lambda dims: (math.prod(dims), sorted(dims))))
+
+
+def max_host_devices() -> int:
+    """The most virtual devices `cpu:N` may have: the device count of the largest catalogued pod.
+
+    A host's virtual devices stand in for a slice's, so no plan needs more than the largest slice
+    has; the cap also keeps the mesh search over N's divisors quick.
+    """
+    return max(c.max_chips * c.devices_per_chip for c in known_chips().values() if c.kind.has_torus)
+
+
 def _example_names(chip: Chip) -> str:
-    if chip.kind == "cpu":
-        return "cpu:8"
+    if not chip.kind.has_torus:
+        return f"{chip.name}:8"
     shape = "4x4x8" if chip.torus_rank == 3 else "8x8"
     return f"{chip.name}-{chip.tensorcores_per_chip * 128}, {chip.name}:{shape}"
 
@@ -218,10 +266,15 @@ def _parse(name: str, chip_dir_marker: tuple) -> Topology:
     if chip_name not in chips:
         raise unknown_name("chip", chip_name, chips)
     chip = chips[chip_name]
-    if chip.kind == "cpu":
+    if not chip.kind.has_torus:
         count = int(cores or shape) if (cores or (shape and shape.isdigit())) else 0
         if count < 1:
-            raise CpplanError(f"topology {name!r}: write cpu:N with N >= 1 virtual devices, e.g. cpu:8.")
+            raise CpplanError(f"topology {name!r}: write {chip.name}:N with N >= 1 devices, e.g. {chip.name}:8.")
+        ceiling = max_host_devices()
+        if count > ceiling:
+            raise CpplanError(f"topology {name!r}: {count} virtual devices is more than any catalogued pod has "
+                              f"({ceiling}); {chip.name}:N stands in for a slice to try plans on, so N is at most "
+                              f"{ceiling}.")
         return Topology(chip, (1,), count)
     if shape is not None:
         try:
@@ -234,10 +287,14 @@ def _parse(name: str, chip_dir_marker: tuple) -> Topology:
                               f"Examples that do: {_example_names(chip)}.")
         return Topology(chip, dims, chip.devices_per_chip)
     count = int(cores)
+    most = chip.max_chips * chip.tensorcores_per_chip
+    if count > most:
+        raise CpplanError(f"topology {name!r}: the largest {chip.name} pod has {chip.max_chips} chips "
+                          f"({chip.name}-{most}); ask for at most that many TensorCores.")
     if count % chip.tensorcores_per_chip:
         raise CpplanError(f"topology {name!r}: {chip.name} slice names count TensorCores, "
                           f"{chip.tensorcores_per_chip} per chip; {count} is not a multiple of it.")
-    dims = _shape_for_chips(chip, count // chip.tensorcores_per_chip)
+    dims = shape_for_chips(chip, count // chip.tensorcores_per_chip)
     if dims is None:
         raise CpplanError(f"topology {name!r}: no {chip.name} slice has {count // chip.tensorcores_per_chip} chips. "
                           f"Examples that do: {_example_names(chip)}.")

@@ -24,7 +24,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
 
     import planner
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
+    from cost_models.units import GiB
     from runtime import compile_for
 
     plan = planner.plan(args.model, args.seq_len, args.topology,
@@ -35,8 +36,8 @@ def main(argv=None) -> int:
     print(plan.to_json())
     report = compile_for(plan)
     print(report)
-    print(f"predicted {predicted.hbm_bytes_per_device / 2**30:.2f} GiB per device, "
-          f"compiler {report.required_bytes / 2**30:.2f} GiB")
+    print(f"predicted {predicted.hbm_bytes_per_device / GiB:.2f} GiB per device, "
+          f"compiler {report.required_gib:.2f} GiB")
     return 0 if report.fits else 1
 
 

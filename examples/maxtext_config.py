@@ -2,7 +2,8 @@
 
 Run: python examples/maxtext_config.py
 """
-from cost_models.estimate import estimate
+from planner.estimate import estimate
+from cost_models.units import GiB
 from planner import Plan, explain
 from planner.maxtext import format_flags
 
@@ -13,11 +14,11 @@ today = ("compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=26214
 current = Plan.from_maxtext(today)
 priced = estimate(current)
 print(f"your config:  step {priced.step_time_s:.2f} s, MFU {priced.mfu:.1%}, "
-      f"HBM {priced.hbm_bytes_per_device / 2**30:.1f} GiB per device (fits: {priced.fits})")
+      f"HBM {priced.hbm_bytes_per_device / GiB:.1f} GiB per device (fits: {priced.fits})")
 
 choice = explain(current.model, current.seq_len, current.topology, global_batch_tokens=current.seq_len)
 best = choice.estimate
 print(f"cpplan's plan: step {best.step_time_s:.2f} s, MFU {best.mfu:.1%}, "
-      f"HBM {best.hbm_bytes_per_device / 2**30:.1f} GiB per device "
+      f"HBM {best.hbm_bytes_per_device / GiB:.1f} GiB per device "
       f"({priced.step_time_s / best.step_time_s:.2f}x faster)")
 print("MaxText flags:", format_flags(choice.best.to_maxtext()))

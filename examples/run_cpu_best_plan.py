@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
     import planner
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
     from runtime import run
 
     topology = f"cpu:{args.devices}"

@@ -1,8 +1,9 @@
-"""Sweep sequence lengths and show where the best context-parallel strategy changes.
+"""Sweep sequence lengths on sixteen TPU7x chips (32 devices, a 4M-token step) and show each
+strategy's best step time, marking the lengths where the best strategy changes.
 
-Sixteen TPU7x chips (32 devices) with a 4M-token step: at short lengths Ulysses' all-to-alls
-are cheap next to attention, at long lengths only the ring hides its traffic and keeps memory
-O(S/N). Run: python examples/strategy_crossover.py
+Ulysses' all-to-alls and the all-gather's K/V are not overlapped; the ring hides its hops behind
+attention and keeps memory O(S/N), so it wins as sequences grow; where others win at short
+lengths depends on the chip's measured kernel figures. Run: python examples/strategy_crossover.py
 """
 import planner
 from planner.options import format_tokens

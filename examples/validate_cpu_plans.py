@@ -1,7 +1,7 @@
 """Calibrate this host's 8 virtual CPU devices, then run a handful of plans and write a report
 of predicted against measured step time (markdown, JSON and two plots).
 
-    python examples/validate_cpu_plans.py --model small --seq-lens 2048,4096 --max-plans 4 --out validation
+    python examples/validate_cpu_plans.py --model small --seq-lens 2048,4096 --max-plans 4 --out validation-report
 
 The chip row written under OUT/chips is what the predictions use; the report is OUT/steps.
 """
@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seq-lens", default="2048,4096")
     parser.add_argument("--max-plans", type=int, default=4, help="plans per sequence length")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--out", default="validation")
+    parser.add_argument("--out", default="validation-report")
     args = parser.parse_args(argv)
     # virtual CPU devices must be requested before jax is imported
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -28,8 +28,8 @@ def main(argv=None) -> int:
 
     from cost_models.chips import CHIP_DIR_ENV
     from cost_models.models import get_model
-    from runtime.calibrate import calibrate
-    from runtime.validation.steptime import validate_step_times
+    from validation.calibration import calibrate
+    from validation.steptime import validate_step_times
 
     out = Path(args.out)
     model = get_model(args.model)

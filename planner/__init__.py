@@ -4,10 +4,12 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
-from planner.api import evaluate, explain, max_seq_len, plan
+from planner.api import LongestSequence, evaluate, explain, max_seq_len, plan
+from planner.estimate import candidates_of, estimate
 from planner.explanation import Explanation
 from planner.plan import Plan, make_mesh
 from planner.search import Rejection
 
-__all__ = ["AXES", "CPStrategy", "CpplanError", "Estimate", "Explanation", "LoadBalance", "ModelSpec", "Plan",
-           "Rejection", "RematPolicy", "evaluate", "explain", "make_mesh", "max_seq_len", "plan"]
+__all__ = ["AXES", "CPStrategy", "CpplanError", "Estimate", "Explanation", "LoadBalance", "LongestSequence",
+           "ModelSpec", "Plan", "Rejection", "RematPolicy", "candidates_of", "estimate", "evaluate", "explain",
+           "make_mesh", "max_seq_len", "plan"]

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec, get_model
-from cost_models.topology import Topology, get_topology
+from cost_models.strategies import STRATEGIES
+from cost_models.strategies.base import SPLASH_LANES
+from cost_models.topology import Topology, divisors, get_topology
 from cost_models.vocabulary import AXES, CPStrategy
-from planner.options import SearchOptions, parse_seq_len
+from planner.options import SearchOptions, format_tokens, parse_seq_len
 from planner.plan import Plan
-from planner.search import SearchResult, search
+from planner.search import SearchResult, SearchSpace, search
 
 ModelArg = str | ModelSpec | os.PathLike
 
@@ -19,23 +23,12 @@ ModelArg = str | ModelSpec | os.PathLike
 def run_search(model, seq_len, topology, **options) -> SearchResult:
     """Parses the three inputs and the options, then searches.
 
-    Without `global_batch_tokens`, a step holds the default batch (4M tokens on accelerators);
-    when no plan fits it, the batch halves until one does (down to one sequence), and the result
-    says so.
+    The batch is the number of sequences nearest `global_batch_tokens` (by default 4M tokens on
+    accelerators) that a plan fits, or exactly `global_batch` sequences; the result's `batch_note`
+    says why when the count differs from the target.
     """
     spec, tokens, topo = get_model(model), parse_seq_len(seq_len), get_topology(topology)
-    opts = SearchOptions.build(**options)
-    result = search(spec, tokens, topo, opts)
-    if opts.global_batch_tokens is not None:
-        return result
-    default = batch = result.global_batch
-    while not result.ranked and batch > 1:
-        batch //= 2
-        result = search(spec, tokens, topo, dataclasses.replace(opts, global_batch_tokens=batch * tokens))
-    if result.ranked and batch != default:
-        result.batch_note = (f"the default step of {default} sequences ({default * tokens:,} tokens) fits no plan; "
-                             f"{batch} sequence{'s' if batch > 1 else ''} per step do")
-    return result
+    return search(spec, tokens, topo, SearchOptions.build(**options))
 
 
 def plan(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **options) -> Plan:
@@ -77,26 +70,34 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
 
     The placement on the torus is the best realisable one for that mesh; remat and load
     balancing default to MaxText's (full; zigzag for ring and all-gather, none for Ulysses and
-    USP, which MaxText does not balance) unless given.
+    USP, which MaxText does not balance) unless given. A `global_batch_tokens` given here is the
+    plan's batch exactly (a whole number of sequences), not a target.
 
     Raises:
-        CpplanError: the mesh does not multiply to the device count, or the strategy cannot
-            run this case (the message names the rule); a plan over HBM is returned with
-            ``fits=False``.
+        CpplanError: the mesh does not multiply to the device count, the batch is not whole
+            sequences, or the strategy cannot run this case (the message names the rule); a plan
+            over HBM is returned with ``fits=False``.
     """
     topo = get_topology(topology)
     full_mesh = {a: int(mesh.get(a, 1)) for a in AXES}
     unknown = set(mesh) - set(AXES)
     if unknown:
         raise CpplanError(f"unknown mesh axes {sorted(unknown)}; the axes are {AXES}.")
-    total = 1
-    for s in full_mesh.values():
-        total *= s
+    total = math.prod(full_mesh.values())
     if total != topo.num_devices:
         raise CpplanError(f"mesh {full_mesh} covers {total} devices; {topo.name} has {topo.num_devices}.")
     strategy = CPStrategy.parse(strategy)
     options.setdefault("remat", "full")
-    options.setdefault("load_balance", "zigzag" if strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) else "none")
+    spec = STRATEGIES[strategy]
+    # balance by default where the strategy balances and MaxText accepts it, so the plan exports
+    options.setdefault("load_balance", "zigzag" if spec.balances_load and not spec.maxtext_refuses_load_balance
+                       else "none")
+    if options.get("global_batch_tokens") is not None:
+        tokens, batch_tokens = parse_seq_len(seq_len), parse_seq_len(options.pop("global_batch_tokens"))
+        if batch_tokens % tokens:
+            raise CpplanError(f"global_batch_tokens={batch_tokens} is not a whole number of {tokens}-token "
+                              f"sequences; use a multiple of {tokens}.")
+        options["global_batch"] = batch_tokens // tokens
     result = run_search(model, seq_len, topo, mesh=full_mesh, strategies=[strategy], **options)
     if result.ranked:
         return result.ranked[0].estimate
@@ -106,35 +107,123 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
     raise CpplanError(f"{strategy.value} cannot run mesh {full_mesh}: {reasons}.")
 
 
-def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> tuple[int, Plan]:
-    """The longest sequence (one sequence per step) that some plan fits, and that plan.
+@dataclass(frozen=True)
+class LongestSequence:
+    """The answer of `max_seq_len`; ``str()`` is what the CLI prints.
 
-    Probes powers of two, then refines between the last that fits and the first that does not
-    in sixteenths (lengths that split evenly over many devices).
+    Attributes:
+        seq_len: the longest sequence length found to fit.
+        plan: the best plan at that length.
+        estimate: its predicted step.
+        sequences: sequences per step (1 unless one sequence cannot be split over the slice).
+        note: why more than one sequence, else None.
+    """
+
+    seq_len: int
+    plan: Plan
+    estimate: Estimate
+    sequences: int
+    note: str | None
+
+    def __str__(self) -> str:
+        from planner.explanation import describe_strategy, format_seconds
+
+        per_step = "" if self.sequences == 1 else f" × {self.sequences} sequences per step"
+        line = (f"{self.plan.model.name} on {self.plan.topology}: up to {format_tokens(self.seq_len)} tokens "
+                f"({self.seq_len}) per sequence{per_step}, with {describe_strategy(self.plan)}, "
+                f"remat {self.plan.remat.value}; a step takes {format_seconds(self.estimate.step_time_s)}")
+        return line + (f"\nNote: {self.note}." if self.note else "")
+
+    def to_dict(self) -> dict:
+        return {"max_seq_len": self.seq_len, "sequences": self.sequences, "note": self.note,
+                "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
+
+
+MAX_PROBE_TOKENS = 2**40  # a bound on the doubling that no memory reaches
+
+
+def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> LongestSequence:
+    """The longest sequence that some plan fits, with one sequence per step where the slice can
+    split one sequence over all its devices, else with the fewest sequences that can.
+
+    Probes from the shortest length that splits over the slice, doubling while a plan fits, then
+    refines between the last that fits and the first that does not in sixteenths (multiples of
+    that shortest length, so each probe splits).
 
     Raises:
-        CpplanError: not even 1024 tokens fit, or `global_batch_tokens` was given.
+        CpplanError: a batch option was given (this prices the fewest sequences), or no length fits
+            with any number of sequences (the message says what would).
     """
-    if "global_batch_tokens" in options:
-        raise CpplanError("max_seq_len prices one sequence per step; drop global_batch_tokens.")
+    from planner.suggest import longest_advice
+
+    for name in ("global_batch_tokens", "global_batch"):
+        if options.get(name) is not None:
+            raise CpplanError(f"max_seq_len chooses the sequences per step itself (one where it can); drop {name}.")
     model_spec, topo, opts = get_model(model), get_topology(topology), SearchOptions.build(**options)
-
-    def best(tokens: int):
-        result = search(model_spec, tokens, topo, SearchOptions(**{**opts.__dict__, "global_batch_tokens": tokens}))
-        return result.best.plan if result.ranked else None
-
-    length, found = 1024, None
-    while length <= 2**31:
-        candidate = best(length)
-        if candidate is None:
-            break
-        found, length = candidate, length * 2
+    found = longest_sequence(model_spec, topo, opts)
     if found is None:
-        raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} even at 1024 tokens; "
-                          "use a larger slice or more remat.")
-    low, step = found.seq_len, found.seq_len // 16
-    for k in range(15, 0, -1):
-        candidate = best(low + k * step)
-        if candidate is not None:
-            return candidate.seq_len, candidate
-    return found.seq_len, found
+        raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number "
+                          f"of sequences per step; {longest_advice(model_spec, topo, opts)}.")
+    return found
+
+
+def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions) -> LongestSequence | None:
+    """`max_seq_len` on parsed inputs: the answer, or None where no length fits.
+
+    The fewest sequences per step whose shards let some length split over the slice decide; more
+    sequences would only help the split, not the memory a device needs at the shortest length.
+    """
+    for sequences in divisors(topo.num_devices):
+        grain = shortest_split(model, topo, opts, sequences)
+        if grain is None:
+            continue
+        found = _longest_with(model, topo, opts, sequences, grain)
+        if found is None:
+            return None
+        length, best = found
+        note = None if sequences == 1 else (
+            f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
+            f"sequences per step is the fewest that split")
+        return LongestSequence(length, best.plan, best.estimate, sequences, note)
+    return None
+
+
+def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int, grain: int):
+    """(longest length, its best `Ranked` plan) with `sequences` sequences per step, probing from
+    `grain` (the shortest length that splits), or None when not even that fits."""
+    exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
+
+    def space(tokens: int) -> SearchSpace:
+        return SearchSpace(model, tokens, topo, exact, shard_counts=frozenset(divisors(sequences)))
+
+    def fits(tokens: int) -> bool:
+        probe = space(tokens)
+        return any(probe.fits(s, sequences // s) for s in probe.shard_counts)
+
+    if not fits(grain):
+        return None
+    low = grain
+    while 2 * low <= MAX_PROBE_TOKENS and fits(2 * low):
+        low *= 2
+    step = max(grain, low // 16 // grain * grain)
+    longest = next((tokens for tokens in range(2 * low - step, low, -step) if fits(tokens)), low)
+    return longest, space(longest).result(sequences).best
+
+
+def shortest_split(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int | None = None) -> int | None:
+    """The shortest sequence length that some mesh splits over the slice (memory aside), or None.
+
+    Every strategy splits a sequence into 128-token lanes over its context ranks (twice as many
+    pieces under zigzag), so a length that splits is 128 × a divisor of twice the device count;
+    these are tried shortest first against the strategies' own rules.
+
+    Args:
+        model, topo, opts: the search's inputs.
+        sequences: sequences per step (their divisors bound data × fsdp); None for any number.
+    """
+    shards = None if sequences is None else frozenset(divisors(sequences))
+    for unit in divisors(2 * topo.num_devices):
+        tokens = SPLASH_LANES * unit
+        if SearchSpace(model, tokens, topo, opts, shard_counts=shards).shard_counts:
+            return tokens
+    return None

@@ -4,17 +4,19 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
-from cost_models.estimate import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, Estimate
+from cost_models.estimate import Estimate
+from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY
+from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.options import format_tokens
 from planner.plan import Plan
 from planner.search import Ranked, SearchResult
 
-GiB = 2**30
 DEFAULT_TOP = 5
 
 
-def _s(seconds: float) -> str:
+def format_seconds(seconds: float) -> str:
+    """A duration in the unit that reads best: '162 s', '1.81 s', '3.2 ms', '40 µs'."""
     if seconds >= 100:
         return f"{seconds:.0f} s"
     if seconds >= 1:
@@ -24,21 +26,17 @@ def _s(seconds: float) -> str:
     return f"{seconds * 1e6:.0f} µs"
 
 
+_s = format_seconds  # the short name the report's many f-strings use
+
+
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
 
 
 def describe_strategy(plan: Plan) -> str:
-    """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64'."""
-    r, u = plan.axis_size("context"), plan.axis_size("context_ulysses")
-    zig = ", zigzag" if plan.load_balance is LoadBalance.ZIGZAG else ""
-    return {
-        CPStrategy.NONE: "no context parallelism",
-        CPStrategy.ALL_GATHER: f"all-gather K/V over context={r}{zig}",
-        CPStrategy.RING: f"ring over context={r}{zig}",
-        CPStrategy.ULYSSES: f"ulysses (all-to-all) over context_ulysses={u}",
-        CPStrategy.USP: f"usp: ulysses {u} inside × ring {r} across{zig}",
-    }[plan.cp_strategy]
+    """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64' (the strategy spec's words)."""
+    return plan.strategy_spec.describe(plan.axis_size("context"), plan.axis_size("context_ulysses"),
+                                       plan.load_balance is LoadBalance.ZIGZAG)
 
 
 def short(plan: Plan) -> str:
@@ -72,6 +70,7 @@ class Explanation:
     def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP):
         self.result = result
         self.top = top
+        self._advice = None  # searched on first use: only a search in which nothing fits needs it
 
     @property
     def best(self) -> Plan | None:
@@ -86,10 +85,7 @@ class Explanation:
         return self.result.ranked[1:1 + self.top]
 
     def best_per_strategy(self) -> dict[CPStrategy, Ranked]:
-        out: dict[CPStrategy, Ranked] = {}
-        for r in self.result.ranked:
-            out.setdefault(r.plan.cp_strategy, r)
-        return out
+        return self.result.ranked.best_of_each_strategy()
 
     def rejection_groups(self) -> dict[str, tuple[int, str]]:
         """Category → (count, one example sentence with its candidate)."""
@@ -109,10 +105,11 @@ class Explanation:
 
     # -- text ------------------------------------------------------------------------
     def header(self) -> str:
-        res, m, topo = self.result, self.result.model, self.result.topology
+        case = self.result.case
+        m, topo = case.model, case.topology
         return (f"cpplan explain: {m.name} ({m.num_params / 1e9:.2f}B params, {m.num_layers} layers, "
-                f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(res.seq_len)} "
-                f"tokens × {res.global_batch} sequence{'s' if res.global_batch > 1 else ''} per step on {topo.name} "
+                f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(case.seq_len)} "
+                f"tokens × {case.global_batch} sequence{'s' if case.global_batch > 1 else ''} per step on {topo.name} "
                 f"({topo.num_chips} chips, {topo.num_devices} devices)")
 
     def __str__(self) -> str:
@@ -185,7 +182,7 @@ class Explanation:
         parts = [f"At {format_tokens(p.seq_len)} tokens attention is {attn_share:.0%} of the math, "
                  f"and the step is bound by {e.bottleneck}."]
         ctx_total, ctx_exposed = e.comm_s["context"], e.exposed_s["context"]
-        if p.cp_strategy in (CPStrategy.RING, CPStrategy.USP) and ctx_total > 0:
+        if p.strategy_spec.hides_traffic_behind_attention and ctx_total > 0:
             parts.append(f"The ring's K/V traffic ({_s(ctx_total)}) hides behind attention except {_s(ctx_exposed)}.")
         elif ctx_total > 0:
             parts.append(f"Its context traffic ({_s(ctx_total)}) is not overlapped.")
@@ -217,8 +214,9 @@ class Explanation:
     def nothing_fits_text(self) -> str:
         """Per strategy why nothing fits, and what would."""
         res = self.result
-        lines = [f"No plan fits {res.model.name} at {format_tokens(res.seq_len)} tokens × {res.global_batch} on "
-                 f"{res.topology.name}."]
+        case = res.case
+        lines = [f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × {case.global_batch} "
+                 f"sequence{'s' if case.global_batch > 1 else ''} per step on {case.topology.name}."]
         by_strategy = self.rejections_by_strategy()
         least = {r.plan.cp_strategy: r for r in res.best_infeasible}
         for strategy in CPStrategy:
@@ -235,10 +233,20 @@ class Explanation:
         lines += [f"  - {s}" for s in self.suggestions()]
         return "\n".join(lines)
 
-    def suggestions(self) -> list[str]:
-        from planner.suggest import suggestions
+    def advice(self) -> list:
+        """The changes that would make a plan fit, each searched again (`planner.suggest.Advice`);
+        empty when a plan fits."""
+        if self._advice is None:
+            from planner.suggest import advice
 
-        return suggestions(self.result)
+            self._advice = [] if self.best else advice(self.result)
+        return self._advice
+
+    def suggestions(self) -> list[str]:
+        """The advice as lines of text."""
+        from planner.suggest import lines
+
+        return lines(self.result, self.advice())
 
     # -- machines --------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -248,8 +256,8 @@ class Explanation:
             return {"plan": r.plan.to_dict(), "estimate": r.estimate.to_dict(), "summary": short(r.plan)}
 
         return {
-            "model": res.model.to_dict(), "seq_len": res.seq_len, "global_batch": res.global_batch,
-            "topology": res.topology.name, "num_devices": res.topology.num_devices,
+            "model": res.case.model.to_dict(), "seq_len": res.case.seq_len, "global_batch": res.case.global_batch,
+            "topology": res.case.topology.name, "num_devices": res.case.topology.num_devices,
             "best": ranked(res.best) if res.best else None,
             "alternatives": [dict(ranked(r), slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
                                   why=why_slower(r.estimate, self.estimate)) for r in self.alternatives],
@@ -258,6 +266,8 @@ class Explanation:
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
             "why": self.why_text() if res.best else None, "batch_note": res.batch_note,
             "nothing_fits": None if res.best else self.nothing_fits_text(),
+            "advice": [{"change": a.change, "seq_len": a.seq_len, "topology": a.topology, "options": a.options,
+                        "step_time_s": a.found.best.estimate.step_time_s} for a in self.advice()],
         }
 
     def to_json(self) -> str:

@@ -14,6 +14,7 @@ import shlex
 
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS, ModelSpec, get_model
+from cost_models.strategies import STRATEGIES
 from cost_models.topology import get_topology
 from cost_models.vocabulary import CPStrategy, LoadBalance, RematPolicy
 from planner.plan import Plan, make_mesh
@@ -26,7 +27,7 @@ MAXTEXT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 def _slice_name(topology: str) -> str | None:
     """`v5p:2x2x2` → `v5p-16`, MaxText's compile_topology (names count TensorCores)."""
     topo = get_topology(topology)
-    if topo.chip.kind != "tpu":
+    if not topo.chip.kind.has_torus:
         return None
     name = f"{topo.chip.name}-{topo.num_chips * topo.chip.tensorcores_per_chip}"
     return name if get_topology(name).chip_dims == topo.chip_dims else None
@@ -39,35 +40,16 @@ MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
 
 
 def maxtext_problems(plan: Plan) -> list[str]:
-    """MaxText's own rules (its types.py, ANCHORS.md) that `plan` breaks, each with the fix."""
-    m, mesh = plan.model, plan.mesh_dict
-    r, u = mesh["context"], mesh["context_ulysses"]
-    problems = []
-    if plan.cp_strategy in (CPStrategy.ULYSSES, CPStrategy.USP):
-        if plan.load_balance is LoadBalance.ZIGZAG:
-            problems.append(f"MaxText's {plan.cp_strategy.value} requires context_parallel_load_balance=False; "
-                            "plan with load_balance='none'")
-        if m.num_kv_heads % u:
-            problems.append(f"MaxText's Ulysses needs num_kv_heads={m.num_kv_heads} divisible by its degree {u} "
-                            "(it does not replicate KV heads); use a smaller context_ulysses")
-    if plan.cp_strategy is CPStrategy.RING and plan.seq_len % (r * r):
-        problems.append(f"MaxText's ring needs max_target_length={plan.seq_len} divisible by context²={r * r}")
-    if plan.cp_strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) and plan.load_balance is LoadBalance.ZIGZAG \
-            and r % 2:
-        problems.append(f"MaxText's load balancing needs an even context degree, not {r}")
-    return problems
+    """MaxText's own rules for the plan's strategy (its spec's `maxtext_problems`, from MaxText's
+    types.py), each with the fix."""
+    return plan.strategy_spec.maxtext_problems(plan.shape)
 
 
 def maxtext_block(plan: Plan) -> int:
-    """The smallest splash block (from the plan's) whose per-head metadata fits SMEM in MaxText."""
-    m, mesh = plan.model, plan.mesh_dict
-    r, u, t = mesh["context"], mesh["context_ulysses"], mesh["tensor"]
-    s = plan.seq_len
-    q_len, kv_len, heads = {
-        CPStrategy.NONE: (s, s, m.num_heads // t), CPStrategy.ALL_GATHER: (s // r, s, m.num_heads // t),
-        CPStrategy.RING: (s // r, s // r, m.num_heads // t), CPStrategy.ULYSSES: (s, s, m.num_heads // (t * u)),
-        CPStrategy.USP: (s // r, s // r, m.num_heads // (t * u)),
-    }[plan.cp_strategy]
+    """The smallest splash block (from the plan's) whose per-head metadata fits SMEM in MaxText,
+    for the kernel shape the plan's strategy spec lays out (MaxText lays its kernels out alike)."""
+    layout = plan.strategy_spec.layout(plan.shape)
+    q_len, kv_len, heads = float(layout.q_len), float(layout.kv_len), float(layout.q_heads)
     smem = get_topology(plan.topology).chip.smem_bytes
     block = plan.block_q
     while smem and block < min(q_len, kv_len) and \
@@ -86,8 +68,8 @@ def plan_to_maxtext(plan: Plan) -> dict[str, object]:
     if problems:
         raise CpplanError("MaxText cannot run this plan: " + "; ".join(problems) + ".")
     mesh = plan.mesh_dict
-    r, u = mesh["context"], mesh["context_ulysses"]
-    strategy = plan.cp_strategy
+    spec = plan.strategy_spec
+    context, usp_ulysses = spec.maxtext_degrees(mesh["context"], mesh["context_ulysses"])
     block = maxtext_block(plan)
     devices = math.prod(plan.mesh_sizes)
     tokens_per_device = plan.seq_len * plan.global_batch / devices * mesh["tensor"]
@@ -95,15 +77,15 @@ def plan_to_maxtext(plan: Plan) -> dict[str, object]:
         "ici_data_parallelism": mesh["data"],
         "ici_fsdp_parallelism": mesh["fsdp"],
         "ici_tensor_parallelism": mesh["tensor"],
-        "ici_context_parallelism": u if strategy is CPStrategy.ULYSSES else r,
-        "ici_context_usp_ulysses_parallelism": u if strategy is CPStrategy.USP else 1,
-        "context_parallel_strategy": (CPStrategy.ALL_GATHER if strategy is CPStrategy.NONE else strategy).value,
+        "ici_context_parallelism": context,
+        "ici_context_usp_ulysses_parallelism": usp_ulysses,
+        "context_parallel_strategy": spec.maxtext_name,
         "context_parallel_load_balance": plan.load_balance is LoadBalance.ZIGZAG,
         "remat_policy": plan.remat.value,
         "max_target_length": plan.seq_len,
         "per_device_batch_size": plan.global_batch / devices,
         "attention": "flash",
-        "use_tokamax_splash": strategy in (CPStrategy.RING, CPStrategy.ULYSSES, CPStrategy.USP),
+        "use_tokamax_splash": spec.maxtext_tokamax_splash,
         "weight_dtype": MAXTEXT_DTYPES[plan.param_dtype],
         "dtype": MAXTEXT_DTYPES[plan.compute_dtype],
         "num_vocab_tiling": max(1, math.ceil(tokens_per_device / plan.loss_chunk_tokens)) if plan.loss_chunk_tokens else 1,
@@ -180,6 +162,7 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
         strategy = CPStrategy.parse(flags.get("context_parallel_strategy", "all_gather"))
     except CpplanError as err:
         raise CpplanError(f"context_parallel_strategy: {err}") from None
+    spec = STRATEGIES[strategy]
     # MaxText's -1 means "the rest of the devices" (its default for fsdp); the ring (or plain
     # Ulysses) degree is ici_context_parallelism, USP's Ulysses degree its own flag
     defaults = {"data": 1, "fsdp": -1, "tensor": 1, "context": 1}
@@ -190,19 +173,18 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
     usp_u = _int(flags, "ici_context_usp_ulysses_parallelism", 1) if strategy is CPStrategy.USP else 1
     if open_axes:
         given[open_axes[0]] = topo.num_devices // (math.prod(given.values()) * usp_u)
-    cp = given.pop("context")
-    ring, uly = (1, cp) if strategy is CPStrategy.ULYSSES else (cp, usp_u)
+    ring, uly = spec.from_maxtext_degrees(given.pop("context"), usp_u)
     if ring == 1 and uly == 1:
-        strategy = CPStrategy.NONE
+        strategy, spec = CPStrategy.NONE, STRATEGIES[CPStrategy.NONE]
     sizes = {**given, "context": ring, "context_ulysses": uly}
     if math.prod(sizes.values()) != topo.num_devices:
         raise CpplanError(f"the MaxText mesh {sizes} covers {math.prod(sizes.values())} devices; "
                           f"{topo.name} has {topo.num_devices}.")
     balanced = _bool(flags.get("context_parallel_load_balance", True))  # MaxText's default: balanced
-    if balanced and strategy in (CPStrategy.ULYSSES, CPStrategy.USP):
+    if balanced and spec.maxtext_refuses_load_balance:
         raise CpplanError(f"MaxText refuses context_parallel_strategy={strategy.value} with "
                           "context_parallel_load_balance=True (its default); set it to False.")
-    load_balance = LoadBalance.ZIGZAG if balanced and strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER) else LoadBalance.NONE
+    load_balance = LoadBalance.ZIGZAG if balanced and spec.balances_load else LoadBalance.NONE
     seq_len = _int(flags, "max_target_length", 2048)
     try:
         per_device = float(flags.get("per_device_batch_size", 12.0))

@@ -5,8 +5,10 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from cost_models.errors import CpplanError
+from cost_models.topology import divisors
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 # Llama 3 pre-training started at a global batch of 4M tokens (Llama 3 paper, §3.4.1).
@@ -60,9 +62,11 @@ class SearchOptions:
     """What the search may vary and what it holds fixed.
 
     Attributes:
-        global_batch_tokens: tokens per step (a whole number of sequences); default
-            max(seq_len, 4M), Llama 3's initial batch, on accelerators, and one sequence on a
-            CPU host (`cpu:N` is for trying plans, not for training at scale).
+        global_batch_tokens: the tokens per step aimed for; the search takes the number of
+            sequences nearest it that some plan fits. Default max(seq_len, 4M), Llama 3's initial
+            batch, on accelerators, and one sequence on a CPU host (`cpu:N` is for trying plans,
+            not for training at scale).
+        global_batch: an exact number of sequences per step instead of a target.
         strategies: context-parallel strategies allowed (enum members or MaxText names).
         mesh: axis sizes held fixed, e.g. ``{"context": 16}``; the rest are searched.
         remat: remat policies allowed.
@@ -72,6 +76,7 @@ class SearchOptions:
     """
 
     global_batch_tokens: int | None = None
+    global_batch: int | None = None
     strategies: frozenset = frozenset(CPStrategy)
     mesh: tuple[tuple[str, int], ...] = ()
     remat: frozenset = frozenset(RematPolicy)
@@ -81,11 +86,17 @@ class SearchOptions:
     compute_dtype: str = "bfloat16"
 
     @classmethod
-    def build(cls, *, global_batch_tokens=None, strategies=None, mesh=None, remat=None, load_balance=None,
-              loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS, param_dtype="float32", compute_dtype="bfloat16",
-              **unknown) -> "SearchOptions":
+    def build(cls, *, global_batch_tokens=None, global_batch=None, strategies=None, mesh=None, remat=None,
+              load_balance=None, loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS, param_dtype="float32",
+              compute_dtype="bfloat16", **unknown) -> "SearchOptions":
+        """Validated options from keyword arguments (names as the attributes).
+
+        Raises:
+            CpplanError: an unknown option, or a value outside what the option accepts.
+        """
         if unknown:
-            known = "global_batch_tokens, strategies, mesh, remat, load_balance, loss_chunk_tokens, param_dtype, compute_dtype"
+            known = ("global_batch_tokens, global_batch, strategies, mesh, remat, load_balance, loss_chunk_tokens, "
+                     "param_dtype, compute_dtype")
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
         fixed = dict(mesh or {})
         for axis, size in fixed.items():
@@ -98,6 +109,12 @@ class SearchOptions:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
         if global_batch_tokens is not None:
             global_batch_tokens = parse_seq_len(global_batch_tokens)
+        if global_batch is not None:
+            if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+                raise CpplanError(f"global_batch={global_batch!r} must be a positive number of sequences.")
+            if global_batch_tokens is not None:
+                raise CpplanError(f"global_batch={global_batch} (exact sequences) and global_batch_tokens="
+                                  f"{global_batch_tokens} (a target) both set the batch; give one of them.")
         if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
             raise CpplanError(f"loss_chunk_tokens={loss_chunk_tokens!r} must be 0 (full logits) or a positive integer.")
         sets = {"strategies": _enum_set(CPStrategy, strategies), "remat": _enum_set(RematPolicy, remat),
@@ -105,30 +122,53 @@ class SearchOptions:
         for name, chosen in sets.items():
             if not chosen:
                 raise CpplanError(f"{name}=[] allows nothing; leave it out to allow every choice.")
-        return cls(global_batch_tokens, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
+        return cls(global_batch_tokens, global_batch, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
                    sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype)
 
-    def global_batch(self, seq_len: int, *, host: bool = False) -> int:
-        """Sequences per step; by default 4M tokens on accelerators, one sequence on a host.
+    def target_sequences(self, seq_len: int, *, host: bool = False) -> float:
+        """The sequences per step aimed for (a fraction where the target is not a whole number of them).
 
-        Raises:
-            CpplanError: an explicit batch that is not a whole number of sequences.
+        Args:
+            seq_len: tokens per sequence.
+            host: the devices share one host (`cpu:N`), where the default is one sequence.
+        Returns:
+            `global_batch_tokens` / seq_len; by default max(seq_len, 4M) tokens on accelerators, one
+            sequence on a host.
         """
-        if self.global_batch_tokens is None:
-            return 1 if host else max(1, DEFAULT_GLOBAL_BATCH_TOKENS // seq_len)
-        if self.global_batch_tokens % seq_len:
-            raise CpplanError(f"global_batch_tokens={self.global_batch_tokens} is not a whole number of "
-                              f"{seq_len}-token sequences; use a multiple of {seq_len}.")
-        return self.global_batch_tokens // seq_len
+        if self.global_batch_tokens is not None:
+            return self.global_batch_tokens / seq_len
+        if host:
+            return 1.0
+        return max(seq_len, DEFAULT_GLOBAL_BATCH_TOKENS) / seq_len
 
     def axes_fixed(self) -> dict[str, int]:
         return dict(self.mesh)
 
+    def mesh_problem(self, num_devices: int, topology_name: str) -> str | None:
+        """Why the fixed mesh axes cannot cover a topology's devices, or None when they can."""
+        fixed = self.axes_fixed()
+        product = math.prod(fixed.values())
+        given = " × ".join(f"{a}={s}" for a, s in fixed.items())
+        if num_devices % product:
+            return (f"mesh {given} spans {product} devices; {topology_name} has {num_devices}, which {product} does "
+                    f"not divide: fix axes whose product divides {num_devices}, or pick a topology with a multiple "
+                    f"of {product} devices.")
+        if len(fixed) == len(AXES) and product != num_devices:
+            return (f"mesh {given} covers {product} of {topology_name}'s {num_devices} devices; every axis is fixed, "
+                    f"so their product must be {num_devices}.")
+        return None
+
 
 def ordered_factorizations(n: int, parts: int, fixed: dict[int, int] | None = None) -> list[tuple[int, ...]]:
     """Every tuple of `parts` positive integers whose product is n (position i held to fixed[i])."""
-    fixed = fixed or {}
-    divisors = _divisors(n)
+    return list(_factorizations(n, parts, tuple(sorted((fixed or {}).items()))))
+
+
+@lru_cache(maxsize=64)
+def _factorizations(n: int, parts: int, fixed_items: tuple) -> tuple[tuple[int, ...], ...]:
+    # a sweep or a max_seq_len probe asks for the same device count many times
+    fixed = dict(fixed_items)
+    all_divisors = divisors(n)
     out: list[tuple[int, ...]] = []
 
     def rec(i: int, remaining: int, prefix: tuple[int, ...]):
@@ -136,18 +176,13 @@ def ordered_factorizations(n: int, parts: int, fixed: dict[int, int] | None = No
             if fixed.get(i, remaining) == remaining:
                 out.append(prefix + (remaining,))
             return
-        choices = [fixed[i]] if i in fixed else [d for d in divisors if d <= remaining and remaining % d == 0]
+        choices = [fixed[i]] if i in fixed else [d for d in all_divisors if d <= remaining and remaining % d == 0]
         for d in choices:
             if remaining % d == 0:
                 rec(i + 1, remaining // d, prefix + (d,))
 
     rec(0, n, ())
-    return out
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return tuple(out)
 
 
 def as_list(values: Iterable) -> list:

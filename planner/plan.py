@@ -5,10 +5,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
+from cost_models.case import Case, batch_split_violation
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.topology import Segment, Topology, get_topology
+from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
@@ -100,8 +102,37 @@ class Plan:
         return self.axis_size("context") * self.axis_size("context_ulysses")
 
     @property
+    def shape(self) -> Shape:
+        """What the strategy specs judge and lay out: the plan's attention case, scalars only."""
+        return Shape(self.model, self.seq_len, self.axis_size("context"), self.axis_size("context_ulysses"),
+                     self.axis_size("tensor"), self.load_balance is LoadBalance.ZIGZAG,
+                     self.topology_spec.chip.kind.shares_cores)
+
+    @property
+    def strategy_spec(self) -> StrategySpec:
+        """The spec of the plan's context-parallel strategy."""
+        return STRATEGIES[self.cp_strategy]
+
+    def check(self) -> None:
+        """Raises `CpplanError` when the plan cannot run: its strategy's spec refuses the case (the
+        rule and its numbers), or its batch does not split over data × fsdp. The price and the
+        runtime both ask this before anything else."""
+        violation = self.strategy_spec.check(self.shape)
+        if violation:
+            raise CpplanError(f"{self.cp_strategy.value} cannot run this plan: {violation.reason}.")
+        shards = self.axis_size("data") * self.axis_size("fsdp")
+        violation = batch_split_violation(self.global_batch, shards)
+        if violation:
+            raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
+
+    @property
     def topology_spec(self) -> Topology:
         return get_topology(self.topology)
+
+    @property
+    def case(self) -> Case:
+        """The model, topology, sequence length and batch the plan trains."""
+        return Case(self.model, self.topology_spec, self.seq_len, self.global_batch)
 
     def segments(self) -> dict[str, tuple[Segment, ...]]:
         """Which physical dimensions each logical axis spans (indices into the topology's dims)."""

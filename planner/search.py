@@ -1,31 +1,43 @@
-"""The search: every mesh factorisation × CP strategy × load balancing × remat × placement.
+"""The search: every mesh factorisation × CP strategy × load balancing × remat × placement,
+at the number of sequences per step nearest the target that some plan fits.
 
-Structural rules (batch, heads, sequence splits, splash SMEM) reject (mesh, strategy,
-balancing) candidates before any pricing; the rest are priced as numpy columns, one strategy
-at a time, over every realisable placement; HBM rejects per remat policy; each candidate keeps
-its best placement. Ranking: predicted step time per token, then memory headroom, then a
-deterministic key. A pure function of its inputs.
+Structural rules (heads, sequence splits, balancing) are judged once per (context,
+context_ulysses, tensor) and do not depend on the batch (`SearchSpace`); the batch rule (whole
+sequences per data × fsdp shard) picks the meshes a batch may use. Those are priced as numpy
+columns, one strategy at a time, over every realisable placement; splash SMEM and HBM reject;
+each candidate keeps its best placement. Ranking: predicted step time per token, then memory
+headroom, then a deterministic key. A pure function of its inputs (caches hold only what the
+inputs determine: placements per topology).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
+from cost_models.candidates import Candidates, LinkColumns, group_links, link_columns
+from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import splash_smem_bytes
-from cost_models.estimate import Candidates, Estimate, estimate_row, group_links, link_columns, price
+from cost_models.errors import CpplanError
+from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
+from cost_models.pricing.attention import price_attention
+from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
-from cost_models.strategies import STRATEGIES, Shape
+from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
 from cost_models.topology import AxisLinks, Topology
-from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance
+from cost_models.units import GiB, MiB
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 from planner.options import SearchOptions, as_list, ordered_factorizations
-from planner.plan import Plan
+from planner.plan import DEFAULT_BLOCK, Plan
 
-GiB = 2**30
 BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks: 512 first, larger when SMEM needs it
 
 
@@ -49,43 +61,98 @@ class Ranked:
     estimate: Estimate
 
 
-@dataclass
-class SearchResult:
-    """Everything the search found: ranked feasible candidates and every rejection."""
+class Placement(NamedTuple):
+    """A mesh laid on a topology: the logical axes and the physical dimensions, outermost
+    first, and the links each collective group gets."""
 
-    model: ModelSpec
-    topology: Topology
-    seq_len: int
-    global_batch: int
+    axis_order: tuple[str, ...]
+    physical_order: tuple[str, ...]
+    links: dict[str, AxisLinks]
+
+
+class CandidateRow(NamedTuple):
+    """One candidate the search prices: a mesh (sizes in `AXES` order), its balancing, remat
+    policy and placement."""
+
+    sizes: tuple[int, ...]
+    load_balance: LoadBalance
+    remat: RematPolicy
+    placement: Placement
+
+
+class RankedList(Sequence):
+    """Feasible candidates in rank order; each becomes a `Ranked` (a `Plan` and its `Estimate`)
+    when first read, so a caller that wants the best plan does not build ten thousand."""
+
+    def __init__(self, entries: list[tuple], build: Callable[[tuple], Ranked]):
+        self._entries = entries  # (rank key, strategy, …), sorted
+        self._build = build
+        self._built: dict[int, Ranked] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(index)
+        if position not in self._built:
+            self._built[position] = self._build(self._entries[position])
+        return self._built[position]
+
+    def best_of_each_strategy(self) -> dict[CPStrategy, Ranked]:
+        """The first-ranked candidate of each strategy that has one, in rank order."""
+        first: dict[CPStrategy, int] = {}
+        for position, entry in enumerate(self._entries):
+            first.setdefault(entry[1], position)
+        return {strategy: self[position] for strategy, position in first.items()}
+
+
+@dataclass
+class SearchResult(ReadsCase):
+    """Everything the search found: ranked feasible candidates and every rejection.
+
+    `rejections` are listed when first asked for (a plan alone does not need the tens of
+    thousands a pod has): those decided before pricing, in the meshes' order, then the priced ones.
+    """
+
+    case: Case
     options: SearchOptions
-    ranked: list[Ranked]
-    rejections: list[Rejection]
+    ranked: RankedList
+    unpriced_rejections: Callable[[], list[Rejection]]
+    priced_rejections: list[Rejection]
     candidates_priced: int = 0
     best_infeasible: list[Ranked] = field(default_factory=list)  # per strategy, the unfit one needing least HBM
-    batch_note: str | None = None  # set when the default batch was reduced to make a plan fit
+    batch_note: str | None = None  # set when the sequences per step differ from the target
+
+    @cached_property
+    def rejections(self) -> list[Rejection]:
+        return self.unpriced_rejections() + self.priced_rejections
 
     @property
     def best(self) -> Ranked | None:
         return self.ranked[0] if self.ranked else None
 
 
-def _shape(model, seq_len, mesh, zigzag) -> Shape:
-    return Shape(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag)
-
-
-def _block(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[int | None, str | None]:
-    """Splash block size for a kernel call of (q × kv) tokens, or the SMEM rule that fails."""
+def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[list[int], str | None]:
+    """The splash blocks (in `BLOCK_PREFERENCE` order) a kernel call of (q × kv) tokens can use
+    within the chip's SMEM, or none and the rule that fails."""
     q = layout_q / (2 if zigzag else 1)
     options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
-    for b in options:
-        if topo.chip.smem_bytes == 0 or splash_smem_bytes(layout_q, layout_kv, b) <= topo.chip.smem_bytes:
-            return b, None  # a host has no SMEM limit
     if not options:
-        return None, f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
+        return [], f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
+    if topo.chip.smem_bytes == 0:  # a host has no SMEM limit
+        return options, None
+    fitting = [b for b in options
+               if splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes]
+    if fitting:
+        return fitting, None
     b = max(options)
-    need = float(splash_smem_bytes(layout_q, layout_kv, b))
-    return None, (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
-                  f"{need / 2**20:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / 2**20:.0f} MiB")
+    need = float(splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b))
+    return [], (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
+                f"{need / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
 
 
 class _Placements:
@@ -103,8 +170,8 @@ class _Placements:
         self._links = lru_cache(maxsize=None)(topo.links)
 
     @lru_cache(maxsize=None)
-    def of(self, sizes: tuple[int, ...]) -> list[tuple[tuple, tuple, dict[str, AxisLinks]]]:
-        """[(axis_order, physical_order, links)] for a mesh (sizes in AXES order), distinct links only."""
+    def of(self, sizes: tuple[int, ...]) -> list[Placement]:
+        """The placements of a mesh (sizes in AXES order) that give distinct links."""
         dims = self.topo.physical_dims
         trivial = [a for a, s in zip(AXES, sizes) if s == 1]
         active = [a for a, s in zip(AXES, sizes) if s > 1]
@@ -122,147 +189,477 @@ class _Placements:
                              l.ring_latency_s) for l in links.values())
                 if key not in seen:
                     seen.add(key)
-                    out.append((order, tuple(dims[i].name for i in perm), links))
+                    out.append(Placement(order, tuple(dims[i].name for i in perm), links))
         return out
 
 
-def _strategies_for(r: int, u: int) -> tuple[CPStrategy, ...]:
-    if r == 1 and u == 1:
-        return (CPStrategy.NONE,)
-    if u == 1:
-        return (CPStrategy.ALL_GATHER, CPStrategy.RING)
-    if r == 1:
-        return (CPStrategy.ULYSSES,)
-    return (CPStrategy.USP,)
+    @lru_cache(maxsize=None)
+    def link_table(self, sizes: tuple[int, ...]) -> tuple[dict[str, LinkColumns], LinkColumns]:
+        """The links of each placement of a mesh as columns (one entry per placement, in `of` order)."""
+        placements = self.of(sizes)
+        return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+
+
+@lru_cache(maxsize=8)
+def _placements(topo: Topology) -> _Placements:
+    """One placement cache per topology, shared by every search on it (a sweep, a max_seq_len probe)."""
+    return _Placements(topo)
+
+
+@lru_cache(maxsize=None)
+class _Verdict(NamedTuple):
+    """A (mesh, strategy, balancing) candidate before the batch: its batch shards, and the rule it
+    breaks whatever the batch (`always`) or unless the batch splits (`structural`)."""
+
+    sizes: tuple[int, ...]
+    strategy: CPStrategy
+    load_balance: LoadBalance
+    shards: int
+    always: Violation | None
+    structural: Violation | None
+
+
+class _Group(NamedTuple):
+    """The priceable rows of one strategy: each row is a sound verdict × remat policy × placement,
+    kept as indices (a `CandidateRow` is built only for the rows a result reports), with columns."""
+
+    positions: np.ndarray  # the row's verdict (its index in `SearchSpace.verdicts`)
+    remat: np.ndarray  # index into the allowed remat policies (`as_list` order)
+    placement: np.ndarray  # index into the placements of the verdict's mesh
+    x: Candidates
+
+
+class _Priced(NamedTuple):
+    """One strategy's rows priced at one batch."""
+
+    strategy: CPStrategy
+    rows: _Group
+    priced: Priced
+
+    @property
+    def x(self) -> Candidates:
+        return self.rows.x
+
+
+class SearchSpace:
+    """The part of a search that does not depend on the batch, done once and priced at any batch.
+
+    The structural rules (heads, sequence splits, balancing) and the placements depend on the
+    mesh, not on the sequences per step; the batch enters only through the data × fsdp split and
+    through memory and time that scale with sequences per shard. A batch prices the structurally
+    sound rows whose shards divide it.
+    """
+
+    def __init__(self, model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions, *,
+                 shard_counts: "frozenset[int] | None" = None):
+        """Args:
+            model, seq_len, topo, options: the search's inputs.
+            shard_counts: only meshes whose data × fsdp is one of these (None: every mesh); a
+                caller that prices a known batch needs only its divisors.
+        Raises:
+            CpplanError: the fixed mesh axes do not cover the topology's devices.
+        """
+        problem = options.mesh_problem(topo.num_devices, topo.name)
+        if problem:
+            raise CpplanError(problem)
+        self.model, self.seq_len, self.topology, self.options = model, seq_len, topo, options
+        fixed = options.axes_fixed()
+        meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
+        if shard_counts is not None:
+            meshes = [sizes for sizes in meshes if sizes[0] * sizes[1] in shard_counts]
+        self.verdicts = self._verdicts(meshes)
+        self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
+        for position, v in enumerate(self.verdicts):
+            if v.always is None and v.structural is None:
+                self._sound.setdefault(v.shards, []).append((position, v))
+        self._groups: dict[int, dict[CPStrategy, _Group]] = {}
+        self._fits: dict[tuple[int, int], bool] = {}
+        self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
+        self._block_fits = np.zeros(len(self.verdicts), dtype=bool)  # by verdict position, once judged
+        self._remats = as_list(options.remat)
+
+    @property
+    def shard_counts(self) -> list[int]:
+        """The data × fsdp sizes of the structurally sound candidates, ascending."""
+        return sorted(self._sound)
+
+    def _group(self, shards: int) -> "dict[CPStrategy, _Group]":
+        """Per strategy, the priceable rows of the sound meshes with `shards` batch shards (built once)."""
+        if shards not in self._groups:
+            placements = _placements(self.topology)
+            remats = len(self._remats)
+            by_strategy: dict[CPStrategy, list[tuple[int, _Verdict]]] = {}
+            for position, v in self._sound.get(shards, []):
+                by_strategy.setdefault(v.strategy, []).append((position, v))
+            case = Case(self.model, self.topology, self.seq_len, shards)
+            groups = {}
+            for strategy, verdicts in by_strategy.items():
+                verdicts = [(position, v) for position, v in verdicts if placements.of(v.sizes)]
+                if not verdicts:
+                    continue
+                # rows run verdict by verdict, remat policies outside placements, as the ranking's ties expect
+                per_verdict = np.array([remats * len(placements.of(v.sizes)) for _, v in verdicts])
+                positions = np.repeat([position for position, _ in verdicts], per_verdict)
+                remat = np.concatenate([np.repeat(np.arange(remats), len(placements.of(v.sizes))) for _, v in verdicts])
+                placement = np.concatenate([np.tile(np.arange(len(placements.of(v.sizes))), remats)
+                                            for _, v in verdicts])
+                x = self._group_columns(case, strategy, verdicts, per_verdict, remat, placements)
+                groups[strategy] = _Group(positions, remat, placement, x)
+            self._groups[shards] = groups
+        return self._groups[shards]
+
+    def _group_columns(self, case: Case, strategy: CPStrategy, verdicts: list, per_verdict: np.ndarray,
+                       remat: np.ndarray, placements: _Placements) -> Candidates:
+        """The columns of a group's rows, each with the splash block SMEM allows (`DEFAULT_BLOCK`
+        where none does; the verdict's block rule then rejects it)."""
+        opts = self.options
+        sizes = np.repeat(np.array([v.sizes for _, v in verdicts], dtype=float), per_verdict, axis=0)
+        tables = [placements.link_table(v.sizes) for _, v in verdicts]
+        repeats = len(self._remats)
+
+        def stacked(get) -> LinkColumns:
+            return LinkColumns(np.concatenate([np.tile(get(t).bw, repeats) for t in tables]),
+                               np.concatenate([np.tile(get(t).latency, repeats) for t in tables]))
+
+        blocks = [self._block_of(position, strategy) for position, _ in verdicts]
+        block = np.repeat([float(b or DEFAULT_BLOCK) for b, _ in blocks], per_verdict)
+        return Candidates(
+            case=case, strategy=strategy,
+            data=sizes[:, 0], fsdp=sizes[:, 1], ring=sizes[:, 2], ulysses=sizes[:, 3], tensor=sizes[:, 4],
+            remat=np.array([POLICIES.index(r) for r in self._remats])[remat],
+            zigzag=np.repeat([v.load_balance is LoadBalance.ZIGZAG for _, v in verdicts], per_verdict),
+            block_q=block, block_kv=block,
+            links={group: stacked(lambda t, g=group: t[0][g]) for group in tables[0][0]},
+            ring_link=stacked(lambda t: t[1]),
+            loss_chunk_tokens=opts.loss_chunk_tokens, act_bytes=DTYPE_BYTES[opts.compute_dtype],
+            param_bytes=DTYPE_BYTES[opts.param_dtype],
+        )
+
+    def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
+        """The splash block of a verdict's kernel calls (its layout does not depend on placement,
+        remat or batch), or the SMEM rule that fails."""
+        if position not in self._blocks:
+            v = self.verdicts[position]
+            ring, ulysses, tensor = (float(a) for a in v.sizes[2:])
+            zigzag = v.load_balance is LoadBalance.ZIGZAG
+            spec = STRATEGIES[strategy]
+            lay = spec.layout(Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag,
+                                    self.topology.chip.kind.shares_cores))
+            options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag)
+            block = options[0] if options else None
+            if len(options) > 1:
+                # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
+                # which scales with the batch: the fastest for one sequence is the fastest for any
+                n = len(options)
+                trial = Candidates(case=Case(self.model, self.topology, self.seq_len, 1), strategy=strategy,
+                                   data=[1.0] * n, fsdp=[1.0] * n, ring=[ring] * n, ulysses=[ulysses] * n,
+                                   tensor=[tensor] * n, remat=[0] * n, zigzag=[zigzag] * n,
+                                   block_q=[float(b) for b in options], block_kv=[float(b) for b in options],
+                                   links={}, ring_link=LinkColumns([0.0] * n, [0.0] * n))
+                times = price_attention(trial, spec).total_s
+                block = options[int(np.argmin(times))]  # the first of equals, in preference order
+            self._blocks[position] = (block, reason)
+            self._block_fits[position] = reason is None
+        return self._blocks[position]
+
+    def row(self, rows: _Group, i: int) -> CandidateRow:
+        """Row `i` of a group as a `CandidateRow`."""
+        v = self.verdicts[int(rows.positions[i])]
+        placement = _placements(self.topology).of(v.sizes)[int(rows.placement[i])]
+        return CandidateRow(v.sizes, v.load_balance, self._remats[int(rows.remat[i])], placement)
+
+    def _verdicts(self, meshes) -> list[_Verdict]:
+        """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order.
+
+        The rules look at the context and tensor axes only, so each (context, context_ulysses,
+        tensor) is judged once and its verdicts are shared by every data × fsdp split.
+        """
+        opts = self.options
+        load_balances = as_list(opts.load_balance)
+        judged: dict[tuple[int, int, int], list[tuple]] = {}
+        out = []
+        for sizes in meshes:
+            inner = sizes[2:]
+            if inner not in judged:
+                judged[inner] = self._judge(*inner, load_balances)
+            shards = sizes[0] * sizes[1]
+            out += [_Verdict(sizes, strategy, lb, shards, always, structural)
+                    for strategy, lb, always, structural in judged[inner]]
+        return out
+
+    def _judge(self, ring: int, ulysses: int, tensor: int, load_balances: list) -> list[tuple]:
+        """(strategy, balancing, rule broken whatever the batch, structural rule broken) for one
+        (context, context_ulysses, tensor)."""
+        opts = self.options
+        out = []
+        for strategy in strategies_for(ring, ulysses):
+            if strategy not in opts.strategies:
+                continue
+            impl = STRATEGIES[strategy]
+            for lb in load_balances:
+                zig = lb is LoadBalance.ZIGZAG
+                if zig and not impl.balances_load:
+                    if LoadBalance.NONE in opts.load_balance:
+                        continue  # the unbalanced candidate is the same plan
+                    out.append((strategy, lb, Violation(
+                        "load balance", f"only zigzag was allowed; {strategy.value} has nothing to balance"), None))
+                    continue
+                shape = Shape(self.model, self.seq_len, ring, ulysses, tensor, zig,
+                              self.topology.chip.kind.shares_cores)
+                out.append((strategy, lb, None, impl.check(shape)))
+        return out
+
+    def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
+        """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
+        the meshes, priced."""
+        case = Case(self.model, self.topology, self.seq_len, batch)
+        wanted = [shards] if shards is not None else [s for s in self._sound if batch % s == 0]
+        per_strategy: dict[CPStrategy, list[_Group]] = {}
+        for s in wanted:
+            for strategy, group in self._group(s).items():
+                per_strategy.setdefault(strategy, []).append(group)
+        out = []
+        # strategies in the order their first candidate appears, as the rejections list them
+        first = {strategy: min(int(g.positions[0]) for g in groups) for strategy, groups in per_strategy.items()}
+        for strategy in sorted(per_strategy, key=first.get):
+            groups = per_strategy[strategy]
+            if len(groups) == 1:
+                rows = groups[0]._replace(x=dataclasses.replace(groups[0].x, case=case))
+            else:
+                order = np.argsort(np.concatenate([g.positions for g in groups]), kind="stable")
+                rows = _Group(*(np.concatenate([getattr(g, name) for g in groups])[order]
+                                for name in ("positions", "remat", "placement")),
+                              _stacked([g.x for g in groups], order, case))
+            out.append(_Priced(strategy, rows, price(rows.x)))
+        return out
+
+    def _block_ok(self, p: _Priced) -> np.ndarray:
+        """Per row of a priced batch: whether its splash block fits SMEM."""
+        return self._block_fits[p.rows.positions]
+
+    def fits(self, shards: int, per_shard: int) -> bool:
+        """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each."""
+        key = (shards, per_shard)
+        if key not in self._fits:
+            cap = self.topology.hbm_bytes_per_device
+            self._fits[key] = any(bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap)))
+                                  for p in self._priced(shards * per_shard, shards))
+        return self._fits[key]
+
+    def largest_fitting(self, shards: int, most: int) -> int:
+        """The most sequences per shard, at most `most`, that fit (0 when not even one does).
+
+        Memory grows with the sequences a shard holds, so a bisection finds the edge.
+        """
+        if self.fits(shards, most):
+            return most
+        low, high = 0, most  # fits(low) (or low = 0), not fits(high)
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.fits(shards, mid):
+                low = mid
+            else:
+                high = mid
+        return low
+
+    def result(self, batch: int) -> SearchResult:
+        """The full search at `batch` sequences per step: ranked plans and every rejection."""
+        case = Case(self.model, self.topology, self.seq_len, batch)
+        rejections: list[Rejection] = []
+        feasible: list[tuple] = []  # (rank key, strategy, which priced batch, row)
+        best_infeasible: list[Ranked] = []
+        priced_count = 0
+        cap = self.topology.hbm_bytes_per_device
+        batches = self._priced(batch)
+        for k, p in enumerate(batches):
+            priced = p.priced
+            priced_count += len(p.rows.positions)
+            mem = np.broadcast_to(priced.hbm_total, priced.step_time_s.shape)
+            # a candidate is a verdict × remat policy; its rows (placements) are consecutive: keep the
+            # fastest placement of each, the first of equals
+            candidate = p.rows.positions * len(self._remats) + p.rows.remat
+            order = np.lexsort((np.arange(len(candidate)), priced.step_time_s, candidate))
+            starts = np.flatnonzero(np.r_[True, candidate[order][1:] != candidate[order][:-1]])
+            chosen = np.sort(order[starts])  # in row order, as the candidates first appear
+            fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap)
+            steps, mems = priced.step_time_s.tolist(), mem.tolist()
+            strategy_least = None
+            for i, ok in zip(chosen.tolist(), fits.tolist()):
+                row = self.row(p.rows, i)
+                if not ok:
+                    mesh = dict(zip(AXES, row.sizes))
+                    reason = self._blocks[int(p.rows.positions[i])][1]
+                    if reason:
+                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason))
+                    else:
+                        parts = {name: float(np.broadcast_to(v, mem.shape)[i]) for name, v in priced.memory.items()}
+                        top = max(parts, key=parts.get)
+                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "hbm",
+                                                    f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                                                    f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
+                    if strategy_least is None or mems[i] < mems[strategy_least]:
+                        strategy_least = i
+                    continue
+                feasible.append((_rank_key(steps[i] / case.tokens_per_step, cap - mems[i], row.sizes, p.strategy,
+                                           row.load_balance, row.remat, row.placement.axis_order,
+                                           row.placement.physical_order), p.strategy, k, i))
+            if strategy_least is not None:
+                best_infeasible.append(self._ranked(p, strategy_least))
+        feasible.sort(key=lambda entry: entry[0])
+        best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
+
+        def build(entry) -> Ranked:
+            _, _, k, i = entry
+            return self._ranked(batches[k], i)
+
+        return SearchResult(case, self.options, RankedList(feasible, build), lambda: self._unpriced_rejections(batch),
+                            rejections, priced_count, best_infeasible)
+
+    def _ranked(self, p: _Priced, i: int) -> Ranked:
+        """Row `i` of a priced batch as a `Plan` with its `Estimate`."""
+        row, case, opts = self.row(p.rows, i), p.x.case, self.options
+        block = self._blocks[int(p.rows.positions[i])][0] or DEFAULT_BLOCK
+        plan = Plan(model=case.model, topology=case.topology.name, seq_len=case.seq_len,
+                    global_batch=case.global_batch, mesh=tuple(zip(AXES, row.sizes)),
+                    axis_order=row.placement.axis_order, physical_order=row.placement.physical_order,
+                    cp_strategy=p.strategy, load_balance=row.load_balance, remat=row.remat, block_q=int(block),
+                    block_kv=int(block), loss_chunk_tokens=opts.loss_chunk_tokens, param_dtype=opts.param_dtype,
+                    compute_dtype=opts.compute_dtype)
+        return Ranked(plan, estimate_row(p.priced, i, p.x))
+
+    def _unpriced_rejections(self, batch: int) -> list[Rejection]:
+        """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,
+        then the structural rules."""
+        batch_rule = {s: batch_split_violation(batch, s) for s in {v.shards for v in self.verdicts}}
+        meshes: dict[tuple, dict] = {}
+        out = []
+        for v in self.verdicts:
+            violation = v.always or batch_rule[v.shards] or v.structural
+            if violation:
+                mesh = meshes.get(v.sizes) or meshes.setdefault(v.sizes, dict(zip(AXES, v.sizes)))
+                out.append(Rejection(mesh, v.strategy, v.load_balance, None, violation.category, violation.reason))
+        return out
+
+    def nearest_batches(self, target: float) -> list[int]:
+        """The sequence counts nearest `target` (by ratio) that some plan fits: one, or two as near.
+
+        Per batch-shard count s the nearest multiples of s are s·⌊target/s⌋ and s·⌈target/s⌉; where
+        neither fits, the largest that does (memory decides). Shard counts are taken in order of the
+        best ratio they could give, and the walk stops once none can come nearer. Counts above twice
+        the target are considered only where no shard count up to it is sound.
+        """
+        def distance(count: int) -> float:
+            return abs(math.log(count / target))
+
+        def reachable(s: int) -> tuple[int, int]:
+            return max(1, math.floor(target / s)), max(1, math.ceil(target / s))
+
+        # counts above twice the target only where no mesh within it splits the slice: more
+        # sequences need more memory per device, so they help only the split
+        within = [s for s in self.shard_counts if s <= 2 * target]
+        order = sorted(within or self.shard_counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
+        best: dict[int, float] = {}
+        best_distance = math.inf
+        for s in order:
+            low, high = reachable(s)
+            if min(distance(s * low), distance(s * high)) > best_distance + _TIE:
+                break
+            if {s * b for b in (low, high) if distance(s * b) <= best_distance + _TIE} <= best.keys():
+                continue  # its nearest counts are found already, and their search prices every shard count
+            found = []
+            if self.fits(s, high):
+                found.append(high)
+                if low < high and distance(s * low) <= distance(s * high) + _TIE and self.fits(s, low):
+                    found.append(low)
+            else:
+                most = self.largest_fitting(s, high - 1) if high > 1 else 0
+                if most:
+                    found.append(most)
+            for per_shard in found:
+                count = s * per_shard
+                d = distance(count)
+                if d < best_distance - _TIE:
+                    best, best_distance = {count: d}, d
+                elif d <= best_distance + _TIE:
+                    best[count] = d
+        return sorted(best)
+
+
+_TIE = 1e-12  # ratios this close are the same distance from the target
+
+
+def _stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidates:
+    """The rows of several candidate columns of one strategy, stacked and reordered, at `case`."""
+    def column(name):
+        return np.concatenate([getattr(x, name) for x in parts])[order]
+
+    def links(get) -> LinkColumns:
+        return LinkColumns(np.concatenate([get(x).bw for x in parts])[order],
+                           np.concatenate([get(x).latency for x in parts])[order])
+
+    names = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
+    return dataclasses.replace(parts[0], case=case, **{name: column(name) for name in names},
+                               links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
+                               ring_link=links(lambda x: x.ring_link))
 
 
 def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
-    """Prices every candidate and ranks the feasible ones (see the module docstring)."""
-    batch = options.global_batch(seq_len, host=topo.chip.kind == "cpu")
-    fixed = options.axes_fixed()
-    meshes = ordered_factorizations(topo.num_devices, len(AXES),
-                                    {AXES.index(a): s for a, s in fixed.items()})
-    rejections: list[Rejection] = []
-    groups: dict[CPStrategy, list] = {}
-    placements = _Placements(topo)
-    act_bytes, param_bytes = DTYPE_BYTES[options.compute_dtype], DTYPE_BYTES[options.param_dtype]
+    """Prices every candidate at the chosen batch and ranks the feasible ones (see the module docstring).
 
-    for sizes in meshes:
-        mesh = dict(zip(AXES, sizes))
-        batch_shards = mesh["data"] * mesh["fsdp"]
-        for strategy in _strategies_for(mesh["context"], mesh["context_ulysses"]):
-            if strategy not in options.strategies:
-                continue
-            impl = STRATEGIES[strategy]
-            for lb in as_list(options.load_balance):
-                zig = lb is LoadBalance.ZIGZAG
-                if zig and strategy in (CPStrategy.NONE, CPStrategy.ULYSSES):
-                    if LoadBalance.NONE in options.load_balance:
-                        continue  # the unbalanced candidate is the same plan
-                    rejections.append(Rejection(mesh, strategy, lb, None, "load balance",
-                                                f"only zigzag was allowed; {strategy.value} has nothing to balance"))
-                    continue
-                if batch % batch_shards:
-                    rejections.append(Rejection(mesh, strategy, lb, None, "batch",
-                                                f"global_batch={batch} sequences not divisible by data×fsdp={batch_shards}"))
-                    continue
-                violation = impl.check(_shape(model, seq_len, mesh, zig))
-                if violation:
-                    rejections.append(Rejection(mesh, strategy, lb, None, violation.category, violation.reason))
-                    continue
-                groups.setdefault(strategy, []).append((sizes, lb))
+    With `options.global_batch` the batch is that many sequences. Otherwise the batch is the
+    feasible count nearest the target (`options.target_sequences`); of two as near, the one
+    whose best plan is faster per token. Where no count fits, the result is the nearest whole
+    count to the target, with nothing ranked.
 
-    ranked: list[Ranked] = []
-    best_infeasible: list[Ranked] = []
-    priced_count = 0
-    for strategy, cands in groups.items():
-        rows = []  # (sizes, lb, remat, block, placement)
-        for sizes, lb in cands:
-            for remat in as_list(options.remat):
-                for placement in placements.of(sizes):
-                    rows.append((sizes, lb, remat, placement))
-        if not rows:
-            continue
-        x = _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes)
-        priced = price(x)
-        priced_count += len(rows)
-        # SMEM decides the block; a candidate whose kernel metadata cannot fit any block is rejected
-        blocks, block_reasons = _blocks_for(x, strategy, topo)
-        mem = priced.hbm_total
-        cap = topo.hbm_bytes_per_device
-        per_candidate: dict[tuple, int] = {}
-        for i, (sizes, lb, remat, _) in enumerate(rows):
-            key = (sizes, lb, remat)
-            j = per_candidate.get(key)
-            if j is None or priced.step_time_s[i] < priced.step_time_s[j]:  # first placement wins ties
-                per_candidate[key] = i
-        strategy_least = None
-        for (sizes, lb, remat), i in per_candidate.items():
-            mesh = dict(zip(AXES, sizes))
-            if block_reasons[i] or mem[i] > cap:
-                if block_reasons[i]:
-                    rejections.append(Rejection(mesh, strategy, lb, remat, "smem", block_reasons[i]))
-                else:
-                    parts = {k: float(np.broadcast_to(v, mem.shape)[i]) for k, v in priced.memory.items()}
-                    top = max(parts, key=parts.get)
-                    rejections.append(Rejection(mesh, strategy, lb, remat, "hbm",
-                                                f"needs {mem[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
-                                                f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
-                if strategy_least is None or mem[i] < mem[strategy_least]:
-                    strategy_least = i
-                continue
-            ranked.append(_ranked(x, priced, i, rows[i], blocks[i], model, topo, seq_len, batch, options))
-        if strategy_least is not None:
-            best_infeasible.append(_ranked(x, priced, strategy_least, rows[strategy_least], blocks[strategy_least] or 512,
-                                           model, topo, seq_len, batch, options))
-    ranked.sort(key=_rank_key)
-    best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
-    return SearchResult(model, topo, seq_len, batch, options, ranked, rejections, priced_count, best_infeasible)
+    Raises:
+        CpplanError: the fixed mesh does not cover the devices.
+    """
+    space = SearchSpace(model, seq_len, topo, options)
+    if options.global_batch is not None:
+        return space.result(options.global_batch)
+    target = options.target_sequences(seq_len, host=topo.chip.kind.shares_cores)
+    counts = space.nearest_batches(target)
+    if not counts:
+        return space.result(max(1, round(target)))
+    result = min((space.result(count) for count in counts),
+                 key=lambda r: r.best.estimate.step_time_s / r.best.estimate.tokens_per_step)
+    # above twice the target only where no mesh within it splits the slice (see `nearest_batches`)
+    split_within = any(shards <= 2 * target for shards in space.shard_counts)
+    result.batch_note = batch_note(target, result.global_batch, seq_len, tied=[c for c in counts
+                                                                               if c != result.global_batch],
+                                   devices=None if split_within else topo.num_devices)
+    return result
 
 
-def _rank_key(r: Ranked):
-    p = r.plan
+def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int], devices: int | None = None) -> str | None:
+    """Why the search took `chosen` sequences per step for a target of `target` (None when it is the target).
+
+    Args:
+        target: the sequences aimed for; chosen: the count taken; seq_len: tokens per sequence.
+        tied: other counts as near the target, slower per token.
+        devices: the slice's device count where no mesh could split a count up to twice the
+            target over them (so the count had to grow), else None.
+    """
+    if chosen == target:
+        return None
+    target_tokens = round(target * seq_len)
+    note = (f"{chosen} sequence{'s' if chosen > 1 else ''} per step ({chosen * seq_len:,} tokens): the number "
+            f"nearest the target of {target_tokens:,} tokens that a plan fits")
+    if target == int(target):
+        note += f" ({int(target)} sequence{'s fit' if target > 1 else ' fits'} no plan)"
+    if devices is not None:
+        note += (f"; at this length no mesh splits up to twice the target's sequences over {devices} devices "
+                 f"(the sequences must carry the factors of {devices} that the length cannot)")
+    elif not target / 2 <= chosen <= 2 * target:
+        note += "; no count between half and twice the target fits"
+    if tied:
+        note += f"; {', '.join(map(str, tied))} as near, but slower per token"
+    return note
+
+
+def _rank_key(time_per_token: float, headroom_bytes: float, sizes, strategy: CPStrategy, load_balance: LoadBalance,
+              remat: RematPolicy, axis_order, physical_order) -> tuple:
+    """Ranking: step time per token, then memory headroom, then a deterministic order."""
     # 12 significant digits: equal plans computed along different paths still tie
-    return (float(f"{r.estimate.step_time_s / r.estimate.tokens_per_step:.12g}"), -r.estimate.headroom_bytes,
-            p.mesh_sizes, p.cp_strategy.value, p.load_balance.value, p.remat.value, p.axis_order, p.physical_order)
-
-
-def _columns(model, topo, seq_len, batch, strategy, rows, options, act_bytes, param_bytes) -> Candidates:
-    sizes = np.array([r[0] for r in rows], dtype=float)
-    links, ring_bw, ring_lat = link_columns({name: [r[3][2][name] for r in rows] for name in rows[0][3][2]})
-    x = Candidates(
-        model=model, topology=topo, seq_len=seq_len, global_batch=batch, strategy=strategy,
-        d=sizes[:, 0], f=sizes[:, 1], r=sizes[:, 2], u=sizes[:, 3], t=sizes[:, 4],
-        remat=[POLICIES.index(r[2]) for r in rows], zigzag=[r[1] is LoadBalance.ZIGZAG for r in rows],
-        block=np.full(len(rows), 512.0), links=links, ring_bw=ring_bw, ring_lat=ring_lat,
-        loss_chunk_tokens=options.loss_chunk_tokens, act_bytes=act_bytes, param_bytes=param_bytes,
-    )
-    blocks, _ = _blocks_for(x, strategy, topo)
-    x.block = np.array([b or 512 for b in blocks], dtype=float)
-    return x
-
-
-def _blocks_for(x: Candidates, strategy, topo) -> tuple[list, list]:
-    lay = STRATEGIES[strategy].layout(x)
-    q = np.broadcast_to(lay.q_len, x.r.shape)
-    kv = np.broadcast_to(lay.kv_len, x.r.shape)
-    cache: dict = {}
-    blocks, reasons = [], []
-    for qi, kvi, z in zip(q, kv, x.zigzag):
-        key = (float(qi), float(kvi), bool(z))
-        if key not in cache:
-            cache[key] = _block(*key[:2], topo, key[2])
-        b, why = cache[key]
-        blocks.append(b)
-        reasons.append(why)
-    return blocks, reasons
-
-
-def _ranked(x, priced, i, row, block, model, topo, seq_len, batch, options) -> Ranked:
-    sizes, lb, remat, (axis_order, phys_order, _) = row
-    plan = Plan(model=model, topology=topo.name, seq_len=seq_len, global_batch=batch,
-                mesh=tuple(zip(AXES, sizes)), axis_order=axis_order, physical_order=phys_order,
-                cp_strategy=x.strategy, load_balance=lb, remat=remat, block_q=int(block), block_kv=int(block),
-                loss_chunk_tokens=options.loss_chunk_tokens, param_dtype=options.param_dtype,
-                compute_dtype=options.compute_dtype)
-    return Ranked(plan, estimate_row(priced, i, x))
+    return (float(f"{time_per_token:.12g}"), -headroom_bytes, sizes, strategy.value, load_balance.value, remat.value,
+            axis_order, physical_order)

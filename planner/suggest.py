@@ -1,62 +1,204 @@
-"""When nothing fits: what would (more remat, fewer tokens per step, a shorter sequence, more chips)."""
+"""When nothing fits: changes that would, each searched again and shown with its predicted step.
+
+An `Advice` names one change (a batch, a length that splits, a remat policy, dropping a fixed
+mesh, a shorter sequence, a larger slice that exists), the request with that change made, and
+what the search found for it; a change that was not checked, or did not fit, is never offered.
+"""
 from __future__ import annotations
 
-from cost_models.errors import CpplanError
-from cost_models.topology import Topology, _shape_for_chips
+import dataclasses
+from dataclasses import dataclass
+
+from cost_models.topology import Topology, shape_for_chips
 from cost_models.vocabulary import RematPolicy
+from planner.explanation import format_seconds, short
 from planner.options import SearchOptions, format_tokens
-from planner.search import SearchResult, search
+from planner.search import Ranked, SearchResult, SearchSpace, search
+
+STRUCTURAL = ("sequence split", "batch", "mesh", "heads", "load balance")
 
 
-def suggestions(result: SearchResult) -> list[str]:
-    """Concrete changes that make some plan fit, each checked by searching again."""
-    out: list[str] = []
-    opts, model, topo = result.options, result.model, result.topology
-    if result.rejections and all(r.category in ("sequence split", "batch", "mesh") for r in result.rejections):
-        return [f"a sequence length that splits into blocks of 128 tokens over the context ranks "
-                f"(a multiple of 128 × the context degree, twice that for zigzag); {result.seq_len} does not"]
-    if RematPolicy.FULL not in opts.remat:
-        trial = search(model, result.seq_len, topo, _with(opts, remat=frozenset(RematPolicy)))
-        if trial.ranked:
-            out.append(f"allow remat=full: then {trial.best.plan.cp_strategy.value} fits")
-    if result.global_batch > 1:
-        trial = search(model, result.seq_len, topo, _with(opts, global_batch_tokens=result.seq_len))
-        if trial.ranked:
-            out.append(f"one sequence per step (global_batch_tokens={result.seq_len}) fits")
-    from planner.api import max_seq_len
+@dataclass(frozen=True)
+class Advice:
+    """One change that makes a plan fit: the changed request, and what the search found with it.
 
-    try:
-        longest, _ = max_seq_len(model, topo, **_as_kwargs(opts))
-        if longest < result.seq_len:
-            out.append(f"a shorter sequence: up to {format_tokens(longest)} tokens ({longest}) fits on {topo.name}")
-    except CpplanError as err:
-        out.append(f"no sequence length fits on {topo.name}: {err}")
-    bigger = _bigger_slice_that_fits(result)
-    if bigger:
-        out.append(f"more chips: {bigger} fits")
-    return out or ["nothing within this chip's largest pod fits; use a smaller model"]
+    Attributes:
+        change: the change in words.
+        seq_len, topology, options: the request with the change made (`options` as keyword
+            arguments of `planner.plan`), so that following the advice is one call.
+        found: the search of that request (its best plan fits).
+    """
+
+    change: str
+    seq_len: int
+    topology: str
+    options: dict
+    found: SearchResult
+
+    def __str__(self) -> str:
+        best: Ranked = self.found.best
+        per_step = f"{self.found.global_batch} × {format_tokens(self.found.seq_len)} tokens per step"
+        return f"{self.change}: {short(best.plan)}; {per_step} in {format_seconds(best.estimate.step_time_s)}"
 
 
-def _with(opts: SearchOptions, **changes) -> SearchOptions:
-    return SearchOptions(**{**opts.__dict__, **changes})
+def lines(result: SearchResult, found: list[Advice]) -> list[str]:
+    """The advice for a search in which nothing fits, one line each; one line saying what was
+    tried when there is none."""
+    if found:
+        return [str(a) for a in found]
+    return [f"nothing found: every remat policy, every batch, shorter sequences and every larger "
+            f"{result.topology.chip.name} slice up to the full pod were searched; use a smaller model"]
 
 
-def _as_kwargs(opts: SearchOptions) -> dict:
-    return {"strategies": opts.strategies, "mesh": dict(opts.mesh), "remat": opts.remat,
-            "load_balance": opts.load_balance, "loss_chunk_tokens": opts.loss_chunk_tokens,
-            "param_dtype": opts.param_dtype, "compute_dtype": opts.compute_dtype}
+def advice(result: SearchResult) -> list[Advice]:
+    """The changes that make some plan fit a search in which nothing does, each searched again.
+
+    Args:
+        result: a search in which nothing fits.
+    Returns:
+        The changes that fit (possibly none): allowing every remat policy, dropping a fixed mesh,
+        an exact batch's nearest counts, the lengths around the asked one that split, the longest
+        sequence that fits, and the first larger slice that exists and fits.
+    """
+    opts, model, topo, seq_len = result.options, result.model, result.topology, result.seq_len
+    out: list[Advice] = []
+    if opts.remat != frozenset(RematPolicy):
+        out += _tried("allow every remat policy", model, seq_len, topo, opts, remat=frozenset(RematPolicy))
+    if opts.mesh:
+        out += _tried(f"drop the fixed mesh axes {dict(opts.mesh)}", model, seq_len, topo, opts, mesh=())
+    out += _batches(result)
+    out += _lengths_that_split(result)
+    out += _shorter(result)
+    out += _bigger_slice_that_fits(model, seq_len, topo, opts)
+    return out
 
 
-def _bigger_slice_that_fits(result: SearchResult) -> str | None:
-    topo = result.topology
-    if topo.chip.kind != "tpu":
-        return None
+def as_kwargs(opts: SearchOptions) -> dict:
+    """Search options as the keyword arguments of `planner.plan` that build them."""
+    return {"global_batch_tokens": opts.global_batch_tokens, "global_batch": opts.global_batch,
+            "strategies": sorted(s.value for s in opts.strategies), "mesh": dict(opts.mesh),
+            "remat": sorted(r.value for r in opts.remat), "load_balance": sorted(b.value for b in opts.load_balance),
+            "loss_chunk_tokens": opts.loss_chunk_tokens, "param_dtype": opts.param_dtype,
+            "compute_dtype": opts.compute_dtype}
+
+
+def _tried(change: str, model, seq_len: int, topo: Topology, opts: SearchOptions, **changes) -> list[Advice]:
+    """[the advice] when the request with `changes` made fits, else []."""
+    options = dataclasses.replace(opts, **changes)
+    found = search(model, seq_len, topo, options)
+    return [Advice(change, seq_len, topo.name, as_kwargs(options), found)] if found.ranked else []
+
+
+def _tokens(tokens: int) -> str:
+    """'4M (4194304)', or '896' where the short form is the number."""
+    short_form = format_tokens(tokens)
+    return short_form if short_form == str(tokens) else f"{short_form} ({tokens})"
+
+
+def _batches(result: SearchResult) -> list[Advice]:
+    """For an exact batch, the sequence counts nearest it that a plan fits (a target batch has
+    already been searched over every count)."""
+    opts = result.options
+    if opts.global_batch is None:
+        return []
+    space = SearchSpace(result.model, result.seq_len, result.topology, opts)
+    out = []
+    for count in space.nearest_batches(result.global_batch):
+        found = space.result(count)
+        if count != result.global_batch and found.ranked:
+            options = as_kwargs(dataclasses.replace(opts, global_batch=count))
+            out.append(Advice(f"global_batch={count} sequences ({count * result.seq_len:,} tokens per step)",
+                              result.seq_len, result.topology.name, options, found))
+    return out
+
+
+def _lengths_that_split(result: SearchResult) -> list[Advice]:
+    """Where the sequence length is what no mesh can split: the nearest lengths that split and fit."""
+    if not result.rejections or any(r.category not in STRUCTURAL for r in result.rejections):
+        return []
+    from planner.api import shortest_split
+
+    grain = shortest_split(result.model, result.topology, result.options, result.options.global_batch)
+    if grain is None:
+        return []
+    below, above = result.seq_len // grain * grain, -(-result.seq_len // grain) * grain
+    out = []
+    for tokens in sorted({t for t in (below, above) if t > 0 and t != result.seq_len}):
+        out += _tried(f"a length that splits over the slice, {_tokens(tokens)} tokens (a multiple of {grain})",
+                      result.model, tokens, result.topology, result.options)
+    return out
+
+
+def _shorter(result: SearchResult) -> list[Advice]:
+    """The longest sequence that fits, when it is shorter than the one asked for; else, where the
+    slice needs fewer sequences per step to fit, the lengths around the asked one that split with them."""
+    from planner.api import longest_sequence, shortest_split
+
+    opts, seq_len = result.options, result.seq_len
+    longest = longest_sequence(result.model, result.topology, opts)
+    if longest is None:
+        return []
+    n = longest.sequences
+    per_step = "" if n == 1 else f" × {n} sequences"
+    if longest.seq_len < seq_len:
+        return _tried(f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
+                      result.model, longest.seq_len, result.topology, opts, global_batch=n, global_batch_tokens=None)
+    grain = shortest_split(result.model, result.topology, opts, n)
+    lengths = {seq_len // grain * grain, -(-seq_len // grain) * grain}
+    out = []
+    for tokens in sorted(t for t in lengths if 0 < t <= longest.seq_len and (t, n) != (seq_len, result.global_batch)):
+        length = "" if tokens == seq_len else f" of {_tokens(tokens)} tokens (a length that splits over the slice)"
+        out += _tried(f"{n} sequence{'s' if n > 1 else ''} per step{length}", result.model, tokens, result.topology,
+                      opts, global_batch=n, global_batch_tokens=None)
+    return out
+
+
+def _larger_slices(topo: Topology) -> list[Topology]:
+    """The most cubic slice at twice, four times … the chips, then the full pod."""
+    if not topo.chip.kind.has_torus:
+        return []
+    counts = []
     chips = topo.num_chips * 2
-    while chips <= topo.chip.max_chips:
-        dims = _shape_for_chips(topo.chip, chips)
-        if dims:
-            bigger = Topology(topo.chip, dims, topo.devices_per_chip)
-            if search(result.model, result.seq_len, bigger, _with(result.options, mesh=())).ranked:
-                return f"{bigger.name} ({chips} chips)"
+    while chips < topo.chip.max_chips:
+        counts.append(chips)
         chips *= 2
-    return None
+    if topo.num_chips < topo.chip.max_chips:
+        counts.append(topo.chip.max_chips)
+    shapes = (shape_for_chips(topo.chip, chips) for chips in counts)
+    return [Topology(topo.chip, dims, topo.devices_per_chip) for dims in shapes if dims is not None]
+
+
+def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions) -> list[Advice]:
+    """The first larger slice (see `_larger_slices`) on which the same request fits, or []."""
+    for bigger in _larger_slices(topo):
+        found = _tried(f"a larger slice, {bigger.name} ({bigger.num_chips} chips)", model, seq_len, bigger, opts,
+                       mesh=())
+        if found:
+            return found
+    return []
+
+
+def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
+    """What to change when no sequence length fits a slice, each change searched again.
+
+    Args:
+        model: the model spec; topo: the slice; opts: the search options (no batch).
+    Returns:
+        A clause for the error message.
+    """
+    from planner.api import longest_sequence
+
+    out = []
+    if opts.remat != frozenset(RematPolicy):
+        longest = longest_sequence(model, topo, dataclasses.replace(opts, remat=frozenset(RematPolicy)))
+        if longest is not None:
+            out.append(f"allow every remat policy: up to {_tokens(longest.seq_len)} tokens fit")
+    for bigger in _larger_slices(topo):
+        longest = longest_sequence(model, bigger, dataclasses.replace(opts, mesh=()))
+        if longest is not None:
+            out.append(f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to "
+                       f"{_tokens(longest.seq_len)} tokens fit")
+            break
+    if out:
+        return "what would fit: " + "; ".join(out)
+    return "nothing fits with every remat policy or on any larger slice up to the full pod; use a smaller model"

@@ -1,7 +1,8 @@
-"""cpplan's runtime: runs a `planner.Plan` on a JAX mesh with the splash attention kernel.
+"""cpplan's runtime: runs a `planner.Plan` on a JAX mesh with the splash attention kernel,
+compiles it deviceless for TPU slices, and times kernels and collectives (`runtime.measure`).
 
-The public names load lazily, so that importing `runtime.cli` (as `cpplan explain` does) does
-not import jax.
+It reads only `Plan` from the planner. The public names load lazily, so that `import runtime`
+alone does not import jax.
 """
 from importlib import import_module
 
@@ -13,6 +14,7 @@ _PUBLIC = {
     "RunReport": "runtime.runner",
     "compile_for": "runtime.compile",
     "CompileReport": "runtime.compile",
+    "CompiledMemory": "runtime.compile",
 }
 
 __all__ = sorted(_PUBLIC)

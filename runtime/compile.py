@@ -8,60 +8,96 @@ report with `fits=False` and the compiler's own figures.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
 from dataclasses import dataclass
 
+from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
+from cost_models.units import GiB
 from planner.plan import Plan
 
-GIB = 1024 ** 3
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
 LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cpplan[runtime]'`)"
 
 
-@dataclass(frozen=True)
-class CompileReport:
+@dataclass(frozen=True, kw_only=True)
+class CompiledMemory:
+    """Per-device bytes of a compiled program, as XLA's `memory_analysis()` reports them.
+
+    Attributes:
+        argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: XLA's figures
+            (`generated_code_size_in_bytes` for the code).
+    """
+
+    argument_bytes: int = 0
+    output_bytes: int = 0
+    alias_bytes: int = 0
+    temp_bytes: int = 0
+    code_bytes: int = 0
+
+    @classmethod
+    def of(cls, compiled) -> "CompiledMemory | None":
+        """The figures of a `jax.stages.Compiled`, or None where the backend reports none."""
+        mem = compiled.memory_analysis()
+        if mem is None:
+            return None
+        return cls(argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
+                   alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
+                   code_bytes=mem.generated_code_size_in_bytes)
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        """HBM the compiled step holds on each device: arguments + outputs − aliased +
+        temporaries + code. The code counts because the executable lives in HBM too; this is
+        the one definition of "HBM from the compiler" that runs and deviceless compiles share."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileReport(CompiledMemory):
     """What the XLA TPU compiler says about a plan's training step, per device.
 
     Attributes:
         plan: the plan compiled.
-        fits: False when the compiler reported that the step does not fit in HBM.
+        fits: False when the compiler reported that the step does not fit in HBM (the memory
+            figures are then zero).
         compile_s: wall time of lowering plus compiling.
-        argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: from `memory_analysis()`
-            (zero when the step does not fit).
-        required_bytes: HBM the step needs: arguments + outputs − aliased + temporaries + code;
-            when it does not fit, the figure the compiler reported (its temporaries, or its total).
         available_bytes: HBM the compiler says the device has (from the error when it does not
             fit, else the chip row's figure).
+        oom_required_bytes: when it does not fit, the figure the compiler's error reported (its
+            temporaries, or its total).
         message: the compiler's error when it does not fit, else empty.
     """
 
     plan: Plan
     fits: bool
     compile_s: float
-    required_bytes: int
     available_bytes: int
-    argument_bytes: int = 0
-    output_bytes: int = 0
-    alias_bytes: int = 0
-    temp_bytes: int = 0
-    code_bytes: int = 0
+    oom_required_bytes: int | None = None
     message: str = ""
 
     @property
+    def required_bytes(self) -> int:
+        """HBM the step needs per device: `hbm_bytes_per_device` when it fits, else the
+        compiler's figure from its out-of-memory error."""
+        return self.hbm_bytes_per_device if self.fits else self.oom_required_bytes
+
+    @property
     def required_gib(self) -> float:
-        return self.required_bytes / GIB
+        return self.required_bytes / GiB
 
     def __str__(self) -> str:
         head = f"{self.plan.topology} {self.plan.cp_strategy.value} seq {self.plan.seq_len}"
         if not self.fits:
-            return (f"{head}: does not fit: needs {self.required_bytes / GIB:.1f} GiB > "
-                    f"{self.available_bytes / GIB:.1f} GiB per device (compiled in {self.compile_s:.0f} s)")
-        return (f"{head}: {self.required_gib:.2f} GiB per device (arguments {self.argument_bytes / GIB:.2f}, "
-                f"temporaries {self.temp_bytes / GIB:.2f}, outputs {self.output_bytes / GIB:.2f}, aliased "
-                f"{self.alias_bytes / GIB:.2f}) of {self.available_bytes / GIB:.1f} GiB; compiled in {self.compile_s:.1f} s")
+            return (f"{head}: does not fit: needs {self.required_bytes / GiB:.1f} GiB > "
+                    f"{self.available_bytes / GiB:.1f} GiB per device (compiled in {self.compile_s:.0f} s)")
+        return (f"{head}: {self.required_gib:.2f} GiB per device (arguments {self.argument_bytes / GiB:.2f}, "
+                f"temporaries {self.temp_bytes / GiB:.2f}, outputs {self.output_bytes / GiB:.2f}, aliased "
+                f"{self.alias_bytes / GiB:.2f}, code {self.code_bytes / GiB:.2f}) of {self.available_bytes / GiB:.1f} "
+                f"GiB; compiled in {self.compile_s:.1f} s")
 
 
 def _bytes(number: str, unit: str) -> int:
@@ -92,7 +128,7 @@ def tpu_devices(plan: Plan):
         CpplanError: the plan is not for a TPU, or libtpu is missing.
     """
     topo = plan.topology_spec
-    if topo.chip.kind != "tpu":
+    if topo.chip.kind is not ChipKind.TPU:
         raise CpplanError(f"compile_for compiles for TPU slices; {plan.topology} is not one. "
                           f"Use runtime.run for cpu:N plans.")
     # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
@@ -137,10 +173,8 @@ def compile_for(plan: Plan) -> CompileReport:
         if parsed is None:
             raise
         need, have = parsed
-        return CompileReport(plan, False, time.perf_counter() - start, need, have, message=str(err).strip())
+        return CompileReport(plan=plan, fits=False, compile_s=time.perf_counter() - start, available_bytes=have,
+                             oom_required_bytes=need, message=str(err).strip())
     elapsed = time.perf_counter() - start
-    mem = compiled.memory_analysis()
-    arg, out, alias = mem.argument_size_in_bytes, mem.output_size_in_bytes, mem.alias_size_in_bytes
-    temp, code = mem.temp_size_in_bytes, mem.generated_code_size_in_bytes
-    return CompileReport(plan, True, elapsed, arg + out - alias + temp + code, available,
-                         argument_bytes=arg, output_bytes=out, alias_bytes=alias, temp_bytes=temp, code_bytes=code)
+    return CompileReport(plan=plan, fits=True, compile_s=elapsed, available_bytes=available,
+                         **dataclasses.asdict(CompiledMemory.of(compiled)))

@@ -32,10 +32,11 @@ def device_grid(plan: Plan, devices: Sequence) -> np.ndarray:
                           f"XLA_FLAGS=--xla_force_host_platform_device_count={topo.num_devices} before importing jax.")
     kind = topo.chip.kind
     platform = devices[0].platform
-    if (kind == "cpu") != (platform == "cpu"):
-        raise CpplanError(f"plan is for {topo.name} but the devices are {platform} devices; "
-                          f"plan for {'cpu:' + str(len(devices)) if platform == 'cpu' else 'the TPU slice'} instead.")
-    if kind == "cpu":
+    if platform != kind.jax_platform:
+        raise CpplanError(f"plan is for {topo.name} ({kind.jax_platform} devices) but the devices are {platform} "
+                          f"devices; plan for {'cpu:' + str(len(devices)) if platform == 'cpu' else 'the slice'} "
+                          f"instead.")
+    if not kind.has_torus:  # no coordinates to place by: the devices in list order
         return np.array(list(devices), dtype=object).reshape([d.size for d in dims])
     grid = np.empty([d.size for d in dims], dtype=object)
     chip_rank = len(topo.chip_dims)

@@ -16,6 +16,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from cost_models.remat import ATTENTION_OUTPUT, kept_names
 from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
@@ -27,18 +28,10 @@ ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
 
-# What each remat policy keeps (MaxText's names); everything else is recomputed.
-SAVED_NAMES = {
-    RematPolicy.FULL: (),
-    RematPolicy.SAVE_DOT_EXCEPT_MLP: ("query_proj", "key_proj", "value_proj", "out_proj"),
-    RematPolicy.MINIMAL_WITH_CONTEXT: ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1",
-                                       "mlpwo", "context"),
-}
-
-
 def remat_policy(policy: RematPolicy):
-    """The jax checkpoint policy of a plan's remat policy."""
-    names = SAVED_NAMES[policy]
+    """The jax checkpoint policy of a plan's remat policy: save exactly what the cost model's
+    table says it keeps (`cost_models.remat.KEPT`), recompute the rest."""
+    names = kept_names(policy)
     return jax.checkpoint_policies.save_only_these_names(*names) if names else \
         jax.checkpoint_policies.nothing_saveable
 
@@ -157,7 +150,7 @@ class DecoderLayer(nn.Module):
         v = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), (WEIGHT_AXES, "tensor", None))),
                             "value_proj")
         q, k, v = (self.constrain(t, HEADS) for t in (rope(q, positions), rope(k, positions), v))
-        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh), "context")
+        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh), ATTENTION_OUTPUT)
         out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, w("wo", (h, hd, d), ("tensor", None, WEIGHT_AXES))),
                               "out_proj")
         x = self.constrain(x + out, ACTIVATIONS)

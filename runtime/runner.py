@@ -1,9 +1,9 @@
 """Running a plan: compile its step, time a few steps, and report what was measured.
 
-Step time is the median over the steps after the first; MFU counts model FLOPs exactly as the
-cost model does (`cost_models.flops.model_flops_per_step`) against the chip's peak — on the CPU
-host, against a peak measured here with a large matmul in the plan's compute dtype, since all
-virtual devices share the host's cores.
+Step time is the median over the steps after the first. MFU is `cost_models.units.mfu`: model
+FLOPs exactly as the cost model counts them, against the chip row's peak per device — the same
+peak the prediction uses, so predicted and measured MFU differ only by their step times. (On a
+`cpu:N` host that row is the one `cpplan calibrate` measured, via `CPPLAN_CHIP_DIR`.)
 """
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 
 from cost_models.errors import CpplanError
 from cost_models.flops import model_flops_per_step
+from cost_models.units import MiB, mfu
 from planner.plan import Plan
+from runtime.compile import CompiledMemory
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,7 @@ class RunReport:
         step_times_s: wall time of every step (the first includes nothing of compilation).
         losses: loss of every step.
         model_flops: model FLOPs of one step (the cost model's count).
-        peak_flops: the peak the MFU is measured against (all devices together).
-        hbm_bytes_per_device: arguments + outputs − aliased + temporaries from `memory_analysis()`
-            (None where the backend does not report it).
+        memory: the compiled step's memory figures (None where the backend reports none).
     """
 
     plan: Plan
@@ -38,8 +37,7 @@ class RunReport:
     step_times_s: tuple[float, ...]
     losses: tuple[float, ...]
     model_flops: float
-    peak_flops: float
-    hbm_bytes_per_device: int | None = None
+    memory: CompiledMemory | None = None
 
     @property
     def step_time_s(self) -> float:
@@ -58,41 +56,24 @@ class RunReport:
         return self.plan.global_batch * self.plan.seq_len / self.step_time_s
 
     @property
+    def hbm_bytes_per_device(self) -> int | None:
+        """HBM per device from the compiler (`CompiledMemory.hbm_bytes_per_device`), or None."""
+        return None if self.memory is None else self.memory.hbm_bytes_per_device
+
+    @property
     def mfu(self) -> float:
-        return self.model_flops / (self.step_time_s * self.peak_flops)
+        """MFU of the median step against the chip row's peak per device."""
+        topo = self.plan.topology_spec
+        return mfu(self.model_flops, self.step_time_s, topo.num_devices, topo.peak_flops_per_device)
 
     def __str__(self) -> str:
         losses = " ".join(f"{x:.3f}" for x in self.losses)
-        mem = "" if self.hbm_bytes_per_device is None else f", {self.hbm_bytes_per_device / 2**20:.1f} MiB per device"
+        hbm = self.hbm_bytes_per_device
+        mem = "" if hbm is None else f", {hbm / MiB:.1f} MiB per device"
+        peak = self.plan.topology_spec.peak_flops_per_device
         return (f"compiled in {self.compile_s:.1f} s; step {self.step_time_s * 1e3:.1f} ms (median of "
                 f"{max(len(self.step_times_s) - 1, 1)}), {self.tokens_per_s:,.0f} tokens/s, MFU {self.mfu:.1%} of "
-                f"{self.peak_flops / 1e9:.1f} GFLOP/s{mem}; loss {losses}")
-
-
-@lru_cache(maxsize=4)
-def host_peak_flops(dtype: str = "float32", *, size: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of a `size`³ matmul on one CPU device: the host's measured peak."""
-    import jax
-    import jax.numpy as jnp
-
-    device = jax.devices("cpu")[0]
-    a = jax.device_put(jnp.ones((size, size), dtype), device)
-    mm = jax.jit(lambda x: x @ x)
-    mm(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mm(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
-
-
-def peak_flops(plan: Plan) -> float:
-    """The peak a plan's MFU is measured against: chips' peak on TPU, the measured host on CPU."""
-    topo = plan.topology_spec
-    if topo.chip.kind == "cpu":
-        return host_peak_flops(plan.compute_dtype)
-    return topo.peak_flops_per_device * topo.num_devices
+                f"{peak / 1e9:.1f} GFLOP/s per device{mem}; loss {losses}")
 
 
 def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed: int = 0,
@@ -130,11 +111,6 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
     start = time.perf_counter()
     compiled = trainer.train_step.lower(*trainer.abstract_state()).compile()
     compile_s = time.perf_counter() - start
-    hbm = None
-    mem = compiled.memory_analysis()
-    if mem is not None:
-        hbm = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-               + mem.temp_size_in_bytes)
     times, losses = [], []
     for _ in range(steps):
         batch = trainer.prepare_batch(next(batches))
@@ -145,4 +121,4 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
         times.append(time.perf_counter() - begin)
         losses.append(loss)
     return RunReport(plan, compile_s, tuple(times), tuple(losses),
-                     model_flops_per_step(plan.model, plan.seq_len, plan.global_batch), peak_flops(plan), hbm)
+                     model_flops_per_step(plan.model, plan.seq_len, plan.global_batch), CompiledMemory.of(compiled))

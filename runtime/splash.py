@@ -25,13 +25,15 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
+from cost_models.compute import splash_smem_bytes
 from cost_models.errors import CpplanError
+from cost_models.remat import ATTENTION_OUTPUT
+from cost_models.strategies.base import SPLASH_LANES
 
-LANES = 128  # splash needs key blocks that are a multiple of the TPU lane width
 # the kernel's output and log-sum-exp, kept for its backward, go by the attention output's
 # checkpoint name: a remat policy that keeps "context" then keeps them and does not run the
 # forward kernel again in the backward pass (one that does not keep it recomputes them)
-RESIDUALS_NAME = "context"
+RESIDUALS_NAME = ATTENTION_OUTPUT
 
 
 def causal_mask_function(q_ids, kv_ids):
@@ -65,9 +67,9 @@ class KernelConfig:
         if q_len % bq or kv_len % bkv:
             raise CpplanError(f"splash blocks (block_q={bq}, block_kv={bkv}) must divide the local attention "
                               f"lengths (q={q_len}, kv={kv_len}); choose block sizes that divide them.")
-        if bkv % LANES:
-            raise CpplanError(f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {LANES}; "
-                              f"use a longer sequence per device or block_kv a multiple of {LANES}.")
+        if bkv % SPLASH_LANES:
+            raise CpplanError(f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {SPLASH_LANES}; "
+                              f"use a longer sequence per device or block_kv a multiple of {SPLASH_LANES}.")
         return bq, bkv
 
     def block_sizes(self, q_len: int, kv_len: int) -> sk.BlockSizes:
@@ -129,13 +131,6 @@ def causal_blocks(q_block_starts: np.ndarray, kv_len: int, bq: int, bkv: int) ->
     return block_mask, fwd, dkv
 
 
-def smem_bytes_needed(q_len: int, kv_len: int, bq: int, bkv: int) -> int:
-    """Scalar memory splash prefetches for one causal kernel: `block_mask` (int8) and `data_next`."""
-    nq, nk = q_len // bq, kv_len // bkv
-    index_bytes = _downcast(np.array([max(nq, nk) - 1])).itemsize
-    return nq * nk * (1 + index_bytes)
-
-
 @dataclass(frozen=True)
 class Kernel:
     """A splash kernel for one local mask: its metadata and static settings.
@@ -168,7 +163,7 @@ def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
 def check_smem(q_len: int, kv_len: int, config: KernelConfig) -> None:
     """Raises CpplanError when a causal kernel's metadata would not fit the chip's scalar memory."""
     bq, bkv = config.blocks(q_len, kv_len)
-    need = smem_bytes_needed(q_len, kv_len, bq, bkv)
+    need = int(splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv))
     if config.smem_bytes and need > config.smem_bytes:
         raise CpplanError(
             f"splash mask metadata for a {q_len}x{kv_len} attention with blocks {bq}x{bkv} needs {need} bytes "

@@ -19,7 +19,6 @@ from jax.sharding import PartitionSpec as P
 
 from cost_models.vocabulary import LoadBalance
 from planner.plan import Plan
-from runtime.attention import check_attention
 from runtime.layout import TOKENS, token_order
 from runtime.loss import cross_entropy, loss_chunk
 from runtime.model import Llama, param_specs
@@ -45,7 +44,7 @@ class Trainer:
     """
 
     def __init__(self, plan: Plan, mesh: Mesh, *, learning_rate: float = LEARNING_RATE):
-        check_attention(plan)
+        plan.check()
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
         self.model = Llama(plan, mesh)

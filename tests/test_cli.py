@@ -1,11 +1,13 @@
 """The cpplan command line, run as a user runs it."""
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from planner.cli import main
+from cli import main
 
 pytestmark = pytest.mark.pure
 
@@ -37,6 +39,19 @@ def test_max_seq_len_and_export(capsys):
     assert "ici_context_parallelism=" in out and "max_target_length=131072" in out and "model_name=llama3.1-8b" in out
 
 
+def test_a_batch_target_or_an_exact_batch(capsys):
+    """--global-batch-tokens is a target the search moves to a count that fits; --exact-batch is kept."""
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
+                 "--exact-batch", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch"] == 3
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
+                 "--global-batch-tokens", "384k", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["global_batch"] in (2, 3, 4, 6)
+    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
+                 "--exact-batch", "3", "--global-batch-tokens", "384k"]) == 2
+    assert "global_batch" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, words", [
     (["explain", "--model", "lama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256"], "Did you mean 'llama3.1-8b'"),
     (["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p:3x3x3"], "does not exist"),
@@ -55,15 +70,36 @@ def test_nothing_fits_exits_1_with_the_reasons(capsys):
     assert "No plan fits" in capsys.readouterr().out
 
 
-def test_planner_and_cost_models_never_import_jax():
-    code = ("import sys, planner, planner.cli, planner.maxtext, planner.suggest, cost_models.estimate; "
-            "planner.explain('tiny', 1024, 'cpu:8'); "
-            "bad = [m for m in sys.modules if m == 'jax' or m.startswith('jax.')]; "
-            "sys.exit(f'jax imported: {bad}' if bad else 0)")
-    subprocess.run([sys.executable, "-c", code], check=True)
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ("explain", "sweep", "max-seq-len", "export", "run", "compile", "calibrate", "validate", "validate-memory")
 
 
-def test_console_script_help():
-    out = subprocess.run([sys.executable, "-m", "planner.cli", "--help"], capture_output=True, text=True, check=True).stdout
-    for command in ("explain", "sweep", "max-seq-len", "export", "run", "compile"):
-        assert command in out
+def test_help_lists_every_command_with_its_line():
+    out = subprocess.run([sys.executable, "-m", "cli", "--help"], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("    ") and line.split()}
+    assert listed >= set(COMMANDS), out
+    assert "the longest sequence any plan fits" in out and "write a chip row" in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_its_own_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: cpplan {command}") and "--" in out
+
+
+def test_validate_without_a_case_says_what_it_needs(capsys):
+    assert main(["validate", "--model", "tiny"]) == 2
+    assert "needs --model, --seq-lens and --topology" in capsys.readouterr().err
+
+
+@pytest.mark.cpu_mesh
+def test_host_commands_ask_for_the_topologys_virtual_devices():
+    """`cpplan validate/calibrate --topology cpu:4` without XLA_FLAGS get 4 devices, not 1."""
+    code = ("import cli; cli._use_host_devices('cpu:4'); import jax; "
+            "import sys; sys.exit(0 if jax.device_count() == 4 else f'{jax.device_count()} devices')")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)

@@ -5,10 +5,9 @@ import pytest
 
 from cost_models.compute import causal_attention_extent, causal_block_fraction, splash_smem_bytes, tile_efficiency
 from cost_models.errors import CpplanError
-from cost_models.estimate import estimate
 from cost_models.flops import model_flops_per_step
 from cost_models.models import MODELS, ModelSpec, get_model
-from planner import Plan, make_mesh
+from planner import Plan, candidates_of, estimate, make_mesh
 
 pytestmark = pytest.mark.pure
 L8B = MODELS["llama3.1-8b"]
@@ -40,13 +39,20 @@ def test_derived_efficiencies():
     assert tile_efficiency(100, 128) == pytest.approx(100 / 128)
     assert causal_block_fraction(4096, 512) == pytest.approx(9 / 16)  # 8 blocks: 36 of 64
     # zigzag, ring of 4, 8192 tokens, blocks of 512: chunks of 1024 → 2·4−1 full quarter blocks + 2 causal ones
-    assert causal_attention_extent(8192, 4, True, 512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
+    assert causal_attention_extent(8192, 4, True, block_q=512, block_kv=512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
     # no balancing: the last rank, 3 full blocks of 2048 and one causal (4 blocks: 10 of 16)
-    assert causal_attention_extent(8192, 4, False, 512) == pytest.approx(2048**2 * (3 + 10 / 16))
+    assert causal_attention_extent(8192, 4, False, block_q=512, block_kv=512) == pytest.approx(2048**2 * (3 + 10 / 16))
     # 128 × 128 blocks: an int8 block_mask entry and an int8 data_next index (largest 127) each
-    assert splash_smem_bytes(131072, 131072, 1024) == 128 * 128 * 2
+    assert splash_smem_bytes(131072, 131072, block_q=1024, block_kv=1024) == 128 * 128 * 2
     # 256 × 256 blocks: indices up to 255 need int16
-    assert splash_smem_bytes(131072, 131072, 512) == 256 * 256 * 3
+    assert splash_smem_bytes(131072, 131072, block_q=512, block_kv=512) == 256 * 256 * 3
+    # 256 query × 64 key blocks: a quarter of the entries, still int16 indices (largest 255)
+    assert splash_smem_bytes(131072, 131072, block_q=512, block_kv=2048) == 256 * 64 * 3
+    # 512-token query blocks against 2048-token key blocks over 4096 tokens: query block i
+    # computes ceil((i+1)/4) key blocks, 1+1+1+1+2+2+2+2 = 12 of 512 × 2048 tokens — as square
+    # blocks of 2048 (3 of 4), either way round
+    assert causal_attention_extent(4096, 1, False, block_q=512, block_kv=2048) == 12 * 512 * 2048 == 4096**2 * 3 / 4
+    assert causal_attention_extent(4096, 1, False, block_q=2048, block_kv=512) == 12 * 512 * 2048
 
 
 def _plan(**kw):
@@ -160,7 +166,8 @@ def test_interpreted_splash_pays_per_grid_step_and_operand_byte():
     # 8 query heads × 256 tokens, 4 kv heads × 1024 tokens, blocks of 256: 8 × 1 × 4 = 32 steps.
     # q-shaped array 8·256·32·2 = 131072 B, k-shaped 4·1024·32·2 = 262144 B; the forward
     # touches q, o, k, v (786432 B), the backward q, dO, dq, q, dO | k, v, k, v, dk, dv (2228224 B)
-    fwd, bwd = splash_step_costs(8, 4, 256, 1024, 32, 2, 256, 256, 1e-4, 1e-9)
+    fwd, bwd = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
+                                 per_step_s=1e-4, per_step_byte_s=1e-9)
     assert fwd == pytest.approx(32 * (1e-4 + 786432e-9))
     assert bwd == pytest.approx(32 * (2e-4 + 2228224e-9))
 
@@ -168,15 +175,17 @@ def test_interpreted_splash_pays_per_grid_step_and_operand_byte():
 def test_ring_kernel_calls_as_the_runtime_makes_them():
     import numpy as np
 
-    from cost_models.estimate import Candidates
+    from cost_models.candidates import Candidates, LinkColumns
+    from cost_models.case import Case
     from cost_models.strategies import STRATEGIES
     from cost_models.topology import get_topology
     from cost_models.vocabulary import CPStrategy
 
     def calls(topology, zigzag):
-        links = {k: (np.array([1e9]), np.array([0.0])) for k in ("data", "weights", "tensor", "context", "ulysses")}
-        x = Candidates(MODELS["small"], get_topology(topology), 2048, 1, CPStrategy.RING, [1], [1], [4], [1], [1],
-                       [0], [zigzag], [128], links, [1e9], [0.0])
+        links = {k: LinkColumns([1e9], [0.0]) for k in ("data", "weights", "tensor", "context", "ulysses")}
+        x = Candidates(case=Case(MODELS["small"], get_topology(topology), seq_len=2048, global_batch=1),
+                       strategy=CPStrategy.RING, data=[1], fsdp=[1], ring=[4], ulysses=[1], tensor=[1], remat=[0],
+                       zigzag=[zigzag], block_q=[128], block_kv=[128], links=links, ring_link=LinkColumns([1e9], [0.0]))
         ring = STRATEGIES[CPStrategy.RING]
         return [(float(c.count[0] if np.ndim(c.count) else c.count), float(np.ravel(c.q_len)[0]),
                  float(np.ravel(c.kv_len)[0])) for c in ring.kernel_calls(x, ring.layout(x))]
@@ -201,3 +210,107 @@ def test_host_collectives_use_their_measured_rates():
     # shared memory: an all-to-all copies in the 3/4 of A it does not keep (the torus's A·n/4W does not apply)
     assert host.all_to_all(1e6, 4, 5e9, 1.0) == pytest.approx(7.5e-4)
     assert Collectives().all_to_all(1e6, 4, 1e9, 0.0) == pytest.approx(1e-3)
+
+
+def _one_sequence_per_device(**kw):
+    """Llama 3.1 8B, 8192 tokens, one sequence on each of 4 v5p chips, no context parallelism."""
+    base = dict(model=L8B, topology="v5p:2x2x1", seq_len=8192, global_batch=4, mesh=make_mesh(fsdp=4),
+                remat="full", block_q=512, block_kv=512)
+    base.update(kw)
+    return Plan(**base)
+
+
+def test_block_kv_is_priced():
+    narrow, wide = estimate(_one_sequence_per_device()), estimate(_one_sequence_per_device(block_kv=2048))
+    # SMEM: 16 × 16 blocks of 8192 tokens, then 16 × 4; int8 mask entry and int8 index each
+    assert narrow.smem_bytes == 16 * 16 * 2
+    assert wide.smem_bytes == 16 * 4 * 2
+    # the diagonal wastes 8192 · (2048 − 512) / 2 more token pairs per head; 4 FLOPs per pair and
+    # head dimension, 32 query heads, 128 dims; forward, backward (the row's ratio) and the full
+    # remat's recomputed forward, 32 layers, at v5p's 459 TFLOP/s per chip and its attention
+    # efficiency. The grids: 16 × 4 steps per head instead of 16 × 16, and the diagonal's blocks
+    # 2048 keys wide instead of 512, each paid by forward, recomputed forward and two backward grids
+    chip = candidates_of(_one_sequence_per_device()).topology.chip
+    extra_pairs = 8192 * (2048 - 512) / 2
+    extra_math_s = (2 + chip.attention_backward_over_forward) * 4 * 32 * 128 * extra_pairs / (
+        459e12 * chip.attention_efficiency)
+    extra_steps_s = 4 * chip.attention_block_overhead_s * 32 * (16 * 4 - 16 * 16)
+    extra_masked_s = 4 * chip.attention_masked_element_s * 32 * 8192 * (2048 - 512)
+    extra_s = 32 * (extra_math_s + extra_steps_s + extra_masked_s)
+    assert extra_steps_s < 0 < extra_math_s  # the v5p row measures both costs
+    assert wide.compute_s["attention"] - narrow.compute_s["attention"] == pytest.approx(extra_s, rel=1e-9)
+    assert (wide.step_time_s > narrow.step_time_s) == (extra_s > 0)
+
+
+def test_larger_key_blocks_take_fewer_grid_steps():
+    import dataclasses
+
+    from cost_models.pricing.attention import price_attention
+    from cost_models.strategies import STRATEGIES
+    from cost_models.vocabulary import CPStrategy
+
+    def attention(block_kv):
+        x = candidates_of(_one_sequence_per_device(model=MODELS["small"], topology="cpu:4", block_kv=block_kv))
+        topology = x.topology
+        stepping_chip = dataclasses.replace(topology.chip, attention_block_overhead_s=1e-5)
+        stepping = dataclasses.replace(topology, chip=stepping_chip)
+        x = dataclasses.replace(x, case=dataclasses.replace(x.case, topology=stepping))
+        return price_attention(x, STRATEGIES[CPStrategy.NONE])
+
+    # one sequence × 8 query heads, 16 query blocks × (16 or 4) key blocks, 10 µs a step;
+    # the backward runs two grids
+    for block_kv, kv_blocks in ((512, 16), (2048, 4)):
+        times = attention(block_kv)
+        assert times.grid_forward_s == pytest.approx(8 * 16 * kv_blocks * 1e-5)
+        assert times.grid_backward_s == pytest.approx(2 * 8 * 16 * kv_blocks * 1e-5)
+
+
+def test_layer_and_head_builders_by_hand():
+    from cost_models.pricing.elementwise import price_elementwise
+    from cost_models.pricing.head import price_head
+    from cost_models.pricing.matmul import price_matmuls
+
+    x = candidates_of(_one_sequence_per_device())
+    # v5p per chip at the row's measured matmul efficiency; every dimension a multiple of 128
+    peak, hbm_bw = 459e12 * x.topology.chip.matmul_efficiency, 2.76e12
+    tokens = 8192
+    matmuls = price_matmuls(x)
+    projections = 2 * tokens * 4096 * (32 + 2 * 8) * 128 + 2 * tokens * 4096 * 32 * 128
+    mlp = 2 * tokens * 3 * 4096 * 14336
+    assert matmuls.projections_s == pytest.approx(projections / peak)
+    assert matmuls.mlp_s == pytest.approx(mlp / peak)
+    assert matmuls.forward_s == pytest.approx((projections + mlp) / peak)  # the math outlasts reading 436 MB
+    assert matmuls.recompute_s == pytest.approx((projections + mlp) / peak)  # full remat: all of it again
+    assert matmuls.executed_flops == pytest.approx(4 * (projections + mlp))
+    # norms and residual adds on 10 full-width values per token; RoPE on q and k (2 · 40 heads · 128);
+    # SwiGLU's 3 · 14336; bf16 read or written once each
+    elementwise = price_elementwise(x)
+    assert elementwise.forward_s == pytest.approx(tokens * (10 * 4096 + 2 * 40 * 128 + 3 * 14336) * 2 / hbm_bw)
+    assert elementwise.backward_s == pytest.approx(2 * elementwise.forward_s)
+    head = price_head(x)
+    # forward and two backward matmuls against the 128256-token vocabulary; 16 bytes per fp32 logit
+    assert head.matmul_s == pytest.approx(3 * 2 * tokens * 4096 * 128256 / peak)
+    assert head.cross_entropy_s == pytest.approx(tokens * 128256 * 16 / hbm_bw)
+
+
+def test_communication_hides_in_one_window_per_layer():
+    from cost_models.pricing.communication import ContextTraffic, Traffic, context_traffic, price_exposure
+    from cost_models.strategies import CPCost
+
+    context = ContextTraffic(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0)
+    traffic = Traffic(weight_gather_s=3.0, gradient_scatter_s=2.0, embedding_s=0.5, tensor_s=0.25,
+                      data_all_reduce_s=0.125, context=context)
+    exposed = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlaps=True)
+    # forward: gather 3 + hidden ring 1.5 in a 4 s window → 0.5 out; backward: gather 3 + scatter 2
+    # + hidden ring 3 in 6 s → 2 out; ten layers, and the embeddings' traffic never hidden
+    assert exposed.fsdp == pytest.approx(10 * (0.5 + 2.0) + 0.5)
+    assert exposed.context == pytest.approx(10 * (0.5 + 1.0))
+    assert (exposed.tensor, exposed.data_all_reduce) == (0.25, 0.125)
+    no_window = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlaps=False)
+    assert no_window.fsdp == pytest.approx(10 * (4.5 + 8.0) + 0.5)
+    # a chip that cannot overlap exposes all of the strategy's traffic; a recomputed forward sends
+    # its traffic again, less what it makes unnecessary
+    cost = CPCost(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0, buffer_bytes=0.0,
+                  recompute_reuses_s=0.5)
+    assert context_traffic(cost, 1.0, overlaps=False) == ContextTraffic(2.0, 5.5, 2.0, 5.5)
+    assert context_traffic(cost, 1.0, overlaps=True) == ContextTraffic(2.0, 5.5, 0.5, 1.0)

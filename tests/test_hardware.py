@@ -16,7 +16,7 @@ pytestmark = pytest.mark.pure
 def test_every_cited_figure_has_a_source():
     for chip in known_chips().values():
         row = chip.to_dict()
-        if chip.kind != "tpu":
+        if not chip.kind.has_torus:
             continue
         for name in ("peak_bf16_flops_per_s", "hbm_bytes_per_device", "hbm_bw_bytes_per_s", "ici_link_bw_bytes_per_s",
                      "wraparound", "devices_per_chip", "dcn_bw_bytes_per_s", "matmul_efficiency"):

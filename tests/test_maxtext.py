@@ -1,4 +1,6 @@
 """MaxText flags: the configurations in ANCHORS.md read back and priced."""
+import dataclasses
+
 import pytest
 
 import planner
@@ -24,7 +26,7 @@ def test_reads_a_maxtext_command_line():
 
 
 def test_prices_the_maxtext_config_and_the_chosen_plan_beats_it():
-    from cost_models.estimate import estimate
+    from planner.estimate import estimate
 
     theirs = estimate(Plan.from_maxtext(ANCHOR_USP))
     ours = planner.explain("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k").estimate
@@ -49,7 +51,8 @@ def test_maxtext_defaults_and_errors():
 def test_export_grows_splash_blocks_where_maxtext_metadata_needs_it():
     # ANCHORS.md: MaxText's Ulysses 8 at 128K overflows SMEM with blocks of 512 and fits with 1024
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["ulysses"], global_batch_tokens="128k")
-    assert plan.block_q == 512  # cpplan's own runtime shares one small table across heads
+    plan = dataclasses.replace(plan, block_q=512, block_kv=512)
+    assert planner.estimate(plan).fits  # cpplan's own runtime shares one small table across heads
     assert plan.to_maxtext()["sa_block_q"] == 1024
 
 

@@ -6,10 +6,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cost_models.errors import CpplanError
-from cost_models.estimate import estimate
+from planner.estimate import estimate
 from cost_models.models import MODELS
+from cost_models.strategies import STRATEGIES, strategies_for
 from cost_models.topology import get_topology
-from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import AXES, LoadBalance, RematPolicy
 from planner import Plan, make_mesh
 from planner.maxtext import maxtext_block, maxtext_problems
 from planner.options import ordered_factorizations
@@ -19,22 +20,13 @@ TOPOLOGIES = ["cpu:8", "v5p:2x2x2", "v5p:4x4x4", "tpu7x:2x2x1", "v5e:4x4"]
 MODEL_NAMES = ["tiny", "tiny-mha", "small", "llama3.1-8b", "llama2-7b"]
 
 
-def _strategy_for(mesh: dict) -> list[CPStrategy]:
-    r, u = mesh["context"], mesh["context_ulysses"]
-    if r == 1 and u == 1:
-        return [CPStrategy.NONE]
-    if u == 1:
-        return [CPStrategy.ALL_GATHER, CPStrategy.RING]
-    return [CPStrategy.ULYSSES] if r == 1 else [CPStrategy.USP]
-
-
 @st.composite
 def plans(draw, topologies=TOPOLOGIES):
     topo = get_topology(draw(st.sampled_from(topologies)))
     sizes = draw(st.sampled_from(ordered_factorizations(topo.num_devices, len(AXES))))
     mesh = dict(zip(AXES, sizes))
-    strategy = draw(st.sampled_from(_strategy_for(mesh)))
-    balanced = strategy in (CPStrategy.RING, CPStrategy.ALL_GATHER, CPStrategy.USP)
+    strategy = draw(st.sampled_from(strategies_for(mesh["context"], mesh["context_ulysses"])))
+    balanced = STRATEGIES[strategy].balances_load
     cp = mesh["context"] * mesh["context_ulysses"]
     seq_len = 2 * cp * draw(st.sampled_from([128, 256, 1024, 4096]))
     return Plan(model=MODELS[draw(st.sampled_from(MODEL_NAMES))], topology=topo.name, seq_len=seq_len,

@@ -9,6 +9,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib  # noqa: E402
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info  # noqa: E402
 
+from cost_models.compute import splash_smem_bytes  # noqa: E402
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import ModelSpec  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
@@ -113,17 +114,19 @@ def test_ring_with_batch_and_tensor_shards():
     assert float(jnp.abs(out - reference(q, k, v, d_out)[0]).max()) <= 1e-4
 
 
-@pytest.mark.parametrize("strategy,mesh,seq_len,heads,kv_heads,needle", [
-    ("ulysses", dict(context_ulysses=8), 1024, 4, 4, "num_heads per device=4 is not divisible by context_ulysses=8"),
-    ("ring", dict(context=8), 1000, 8, 8, "seq_len=1000 cannot be split into 16 equal parts"),
-    ("ring", dict(context=8), 1024, 8, 8, "splash needs multiples of 128"),
-    ("ring", dict(context=4, context_ulysses=2), 1024, 8, 8, "context_ulysses=2 must be 1"),
-    ("all_gather", dict(context=2, tensor=4), 1024, 8, 2, "num_kv_heads=2 is not divisible by tensor=4"),
+@pytest.mark.parametrize("strategy,mesh,seq_len,heads,kv_heads,zigzag,needle", [
+    ("ulysses", dict(context_ulysses=8), 1024, 4, 4, False, "num_heads/tensor=4/1=4 not divisible by context_ulysses=8"),
+    ("ulysses", dict(context_ulysses=8), 1024, 8, 8, True, "zigzag does nothing for ulysses"),
+    ("ring", dict(context=8), 1000, 8, 8, True, "seq_len=1000 not divisible by 16 context ranks"),
+    ("ring", dict(context=8), 1024, 8, 8, True, "64 key tokens, not a multiple of 128"),
+    ("ring", dict(context=4, context_ulysses=2), 1024, 8, 8, True, "ring needs context > 1 and context_ulysses = 1"),
+    ("all_gather", dict(context=2, tensor=4), 1024, 8, 2, True, "num_kv_heads=2 not divisible by tensor=4"),
 ])
-def test_bad_plans_fail_before_compiling(strategy, mesh, seq_len, heads, kv_heads, needle):
+def test_bad_plans_fail_before_compiling(strategy, mesh, seq_len, heads, kv_heads, zigzag, needle):
+    """The runtime refuses with its strategy spec's rule (the one the planner prices by)."""
     spec = ModelSpec("bad", 1, 64, heads, kv_heads, HEAD_DIM, 128, 256)
     plan = Plan(model=spec, topology="cpu:8", seq_len=seq_len, global_batch=1, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="zigzag")
+                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none")
     q = jnp.zeros((1, seq_len, heads, HEAD_DIM))
     kv = jnp.zeros((1, seq_len, kv_heads, HEAD_DIM))
     with pytest.raises(CpplanError, match=needle):
@@ -138,10 +141,20 @@ def test_plan_for_other_topology_than_devices_present():
     assert len(jax.devices()) == 8 and os.environ["JAX_PLATFORMS"] == "cpu"
 
 
+@pytest.mark.parametrize("q_len,kv_len,bq,bkv", [(1024, 1024, 128, 128), (65536, 1024, 128, 128),
+                                                 (1024, 65536, 128, 256), (4096, 40960, 128, 128)])
+def test_the_cost_model_smem_formula_is_the_size_of_the_runtime_tables(q_len, kv_len, bq, bkv):
+    """The SMEM the planner prices is what the runtime's tables take: the block mask and the
+    data_next table of the larger of the forward and dK/dV kernels, each in its downcast dtype."""
+    block_mask, fwd, dkv = splash._static_causal(q_len, kv_len, bq, bkv)
+    tables = block_mask.nbytes + max(fwd.nbytes, dkv.nbytes)
+    assert tables == splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv)
+
+
 def test_block_sizes_are_checked_against_scalar_memory():
     """Splash keeps two tables per kernel in SMEM: a 1M-token causal call with 512 blocks needs 12 MiB."""
     v5p = splash.KernelConfig(512, 512, interpret=False, smem_bytes=1 << 20)
-    assert splash.smem_bytes_needed(1 << 20, 1 << 20, 512, 512) == 2048 * 2048 * 3
+    assert splash_smem_bytes(1 << 20, 1 << 20, block_q=512, block_kv=512) == 2048 * 2048 * 3
     with pytest.raises(CpplanError, match="needs 12582912 bytes of scalar memory, more than the chip's 1048576"):
         splash.causal_kernel(1 << 20, 1 << 20, v5p)
     splash.check_smem(1 << 17, 1 << 17, splash.KernelConfig(1024, 1024, interpret=False, smem_bytes=1 << 20))

@@ -1,4 +1,5 @@
 """The examples and the `cpplan run` / `cpplan compile` commands, run end to end at small sizes."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -6,10 +7,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the scripts import this checkout's packages, not whichever copy is installed
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def run_script(*args, timeout=300):
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
 
@@ -31,7 +34,7 @@ def test_compile_llama_v5p_example():
 
 @pytest.mark.cpu_mesh
 def test_cli_run_prints_measured_next_to_predicted():
-    out = run_script("-m", "planner.cli", "run", "--model", "tiny", "--seq-len", "2048", "--topology", "cpu:8",
+    out = run_script("-m", "cli", "run", "--model", "tiny", "--seq-len", "2048", "--topology", "cpu:8",
                      "--steps", "2", "--data", "tests/testdata/prose.txt")
     assert "predicted" in out and "measured" in out
     assert "MFU" in out and "HBM/dev" in out
@@ -40,15 +43,28 @@ def test_cli_run_prints_measured_next_to_predicted():
 @pytest.mark.tpu_compile
 def test_cli_compile_tiny_on_v5p():
     pytest.importorskip("libtpu")
-    out = run_script("-m", "planner.cli", "compile", "--model", "tiny", "--seq-len", "4096", "--topology",
+    out = run_script("-m", "cli", "compile", "--model", "tiny", "--seq-len", "4096", "--topology",
                      "v5p:2x2x1", "--global-batch-tokens", "4096")
     assert "compiled:" in out and "predicted:" in out and "fits" in out
 
 
 @pytest.mark.pure
 def test_cli_run_refuses_a_tpu_topology():
-    proc = subprocess.run([sys.executable, "-m", "planner.cli", "run", "--model", "tiny", "--seq-len", "4096",
+    proc = subprocess.run([sys.executable, "-m", "cli", "run", "--model", "tiny", "--seq-len", "4096",
                            "--topology", "v5p:2x2x1", "--global-batch-tokens", "4096"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Use `cpplan compile`" in proc.stderr
+
+
+@pytest.mark.cpu_mesh
+def test_cli_validate_sets_up_the_virtual_devices_itself(tmp_path):
+    """No XLA_FLAGS from the caller: `cpplan validate --topology cpu:8` must still find 8 devices."""
+    env = {k: v for k, v in ENV.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    proc = subprocess.run([sys.executable, "-m", "cli", "validate", "--model", "tiny", "--seq-lens", "1k",
+                           "--topology", "cpu:8", "--strategies", "ring", "--max-plans", "1", "--top", "1", "--steps",
+                           "2", "--no-plots", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = (tmp_path / "report.md").read_text()
+    assert "plans measured: 1 (ring); failed: 0" in report

@@ -78,7 +78,7 @@ def test_nothing_fits_still_answers_with_what_would():
     assert "No plan fits llama3.1-70b" in text
     for strategy in ("all_gather", "ulysses", "ring", "usp"):
         assert f"  {strategy}" in text
-    assert "What would fit:" in text and "more chips: v5p:" in text
+    assert "What would fit:" in text and "a larger slice, v5p:" in text
     assert e.to_dict()["best"] is None
     with pytest.raises(CpplanError, match="No plan fits"):
         planner.plan("llama3.1-70b", "4M", "v5p-16")
@@ -95,7 +95,9 @@ def test_evaluate_returns_unfit_plans_with_the_numbers():
 
 
 def test_max_seq_len_fits_and_double_does_not():
-    tokens, plan = planner.max_seq_len("llama3.1-8b", "v5p-16")
+    longest = planner.max_seq_len("llama3.1-8b", "v5p-16")
+    tokens, plan = longest.seq_len, longest.plan
+    assert (longest.sequences, longest.note) == (1, None)
     assert tokens >= 1 << 20  # the target: 1M tokens on v5p-16 (MaxText: 512K)
     assert plan.seq_len == tokens and planner.evaluate(
         plan.model, tokens, plan.topology, strategy=plan.cp_strategy, mesh=plan.mesh_dict, remat=plan.remat,
@@ -119,7 +121,11 @@ def test_explanation_sections(v5p256_4m):
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", strategies=["rings"]), ["Did you mean 'ring'"]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", mesh={"sequence": 2}), ["mesh axis 'sequence'"]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", colour="red"), ["unknown option(s) colour"]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch_tokens="5M"), ["whole number of"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=0), ["positive number of sequences"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=2, global_batch_tokens="8M"),
+     ["give one of them"]),
+    (dict(model="tiny", seq_len=1024, topology="cpu:8", mesh={"context": 16}),
+     ["spans 16 devices; cpu:8 has 8"]),
 ])
 def test_bad_input(kwargs, words):
     with pytest.raises(CpplanError) as err:
@@ -128,9 +134,22 @@ def test_bad_input(kwargs, words):
         assert w in str(err.value)
 
 
-def test_default_batch_halves_until_a_plan_fits():
-    e = planner.explain("llama3.1-8b", "256k", "v5p:2x2x2")
-    assert e.best is not None and e.result.global_batch < 16  # 4M tokens would be 16 sequences
-    assert "the default step of 16 sequences" in str(e)
-    explicit = planner.explain("llama3.1-8b", "256k", "v5p:2x2x2", global_batch_tokens="4M")
-    assert explicit.best is None and explicit.result.batch_note is None  # an explicit batch is kept
+def test_the_batch_is_the_nearest_count_that_fits():
+    e = planner.explain("llama3.1-8b", "256k", "v5p:2x2x2")  # the 4M-token target is 16 sequences
+    assert e.best is not None and 1 <= e.result.global_batch < 16
+    assert "the number nearest the target of 4,194,304 tokens that a plan fits (16 sequences fit no plan)" in str(e)
+    # one more sequence fits no plan: the count is the largest that memory allows
+    exact = planner.explain("llama3.1-8b", "256k", "v5p:2x2x2", global_batch=e.result.global_batch + 1)
+    assert exact.best is None and exact.result.batch_note is None  # an exact batch is kept
+    assert any(line.startswith(f"global_batch={e.result.global_batch} sequences") for line in exact.suggestions())
+    # a target that is not whole sequences is fine: 5M at 4M tokens is 1.25 sequences, so one
+    assert planner.explain("llama3.1-8b", "4M", "v5p-256", global_batch_tokens="5M").result.global_batch == 1
+
+
+def test_a_plan_alone_is_priced_as_the_search_priced_it(v5p256_4m):
+    # estimate(plan) rebuilds the search's row from the plan (candidates_of): same links from its
+    # placement, same blocks, so the same figures to the last bit
+    for ranked in v5p256_4m.result.ranked[:20] + v5p256_4m.result.best_infeasible:
+        assert planner.estimate(ranked.plan) == ranked.estimate
+    row = planner.candidates_of(v5p256_4m.best)
+    assert (row.ring.tolist(), row.block_q.tolist(), row.block_kv.tolist()) == ([16.0], [2048.0], [2048.0])

@@ -1,20 +1,27 @@
-"""One module per context-parallel strategy, one protocol.
+"""One spec per context-parallel strategy (see `base.StrategySpec`).
 
-Each strategy says whether it supports a case (and why not), how the attention kernel is laid
-out on a device (heads, how many ways the sequence is split for attention, kernel extents),
-and what its own communication costs per layer, with how much of it is hidden behind the
-attention compute. `cost_models.estimate` does the rest, the same for all.
+Each says which mesh axes it needs and whether it runs a case (and why not), how the attention
+kernel lies on a device and which splash calls it makes, what its own communication costs per
+layer and how much of it hides behind attention, how to describe it, and what it is in MaxText.
+`cost_models.pricing` prices the rest, the same for all; the runtime makes the calls listed.
 """
 from __future__ import annotations
 
-from cost_models.strategies.base import CPCost, Layout, Shape, Strategy, Violation
 from cost_models.strategies.all_gather import AllGather
+from cost_models.strategies.base import CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
 from cost_models.strategies.none import NoContext
 from cost_models.strategies.ring import Ring
 from cost_models.strategies.ulysses import Ulysses
 from cost_models.strategies.usp import USP
 from cost_models.vocabulary import CPStrategy
 
-STRATEGIES: dict[CPStrategy, Strategy] = {s.strategy: s for s in (NoContext(), AllGather(), Ulysses(), Ring(), USP())}
+STRATEGIES: dict[CPStrategy, StrategySpec] = {s.strategy: s for s in (NoContext(), AllGather(), Ulysses(), Ring(),
+                                                                          USP())}
 
-__all__ = ["CPCost", "Layout", "STRATEGIES", "Shape", "Strategy", "Violation"]
+
+def strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:
+    """The strategies whose mesh rule accepts these context degrees."""
+    return tuple(s for s, spec in STRATEGIES.items() if spec.axes.accepts(ring, ulysses))
+
+
+__all__ = ["CPCost", "KernelCall", "Layout", "STRATEGIES", "Shape", "StrategySpec", "Violation", "strategies_for"]

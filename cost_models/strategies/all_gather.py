@@ -2,28 +2,27 @@
 
 Forward: one all-gather of K and V per layer; backward: the gather again (unless a recomputed
 forward just made it) plus a reduce-scatter of dK and dV. Not overlapped with compute. Holds
-full-length K, V and their gradients (in the compute dtype, as splash returns them).
+full-length K, V and their gradients (in the compute dtype, as splash returns them). One causal
+splash call per device: its local queries (at their global positions) against all keys.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, context_axis_check,
-                                         kv_heads_per_tensor_shard)
+from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
+                                         tensor_shard_heads)
 from cost_models.vocabulary import CPStrategy
 
 
-class AllGather:
+class AllGather(StrategySpec):
     strategy = CPStrategy.ALL_GATHER
+    axes = AxisRule(context=True, context_ulysses=False)
     collective = "all-gather K/V"
-
-    def check(self, shape: Shape) -> Violation | None:
-        return context_axis_check(shape, "all-gather")
+    maxtext_name = CPStrategy.ALL_GATHER.value
 
     def layout(self, x) -> Layout:
-        s = float(x.seq_len)
-        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, s / x.r,
-                      np.full_like(x.r, s, dtype=float))
+        ring = np.asarray(x.ring, dtype=float)
+        return Layout(*tensor_shard_heads(x), ring, x.seq_len / ring, np.full_like(ring, x.seq_len))
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """One causal call of the local queries against the gathered keys; under zigzag a query
@@ -31,8 +30,16 @@ class AllGather:
         return (KernelCall(1.0, layout.q_len, layout.kv_len, q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf)),)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
-        kv_full = 2 * x.b_loc * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
-        gather = x.comm.all_gather(kv_full, x.r, x.ctx_bw, x.ctx_lat)
-        scatter = x.comm.reduce_scatter(kv_full, x.r, x.ctx_bw, x.ctx_lat)
+        kv_full = 2 * x.sequences_per_device * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
+        gather = x.comm.all_gather(kv_full, x.ring, *x.context_link)
+        scatter = x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)
         bwd = gather + scatter
         return CPCost(gather, bwd, gather, bwd, 2 * kv_full, recompute_reuses_s=gather)
+
+    def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
+        return f"all-gather K/V over context={ring}{', zigzag' if zigzag else ''}"
+
+    def maxtext_problems(self, shape: Shape) -> list[str]:
+        if shape.zigzag and shape.ring % 2:
+            return [f"MaxText's load balancing needs an even context degree, not {shape.ring}"]
+        return []

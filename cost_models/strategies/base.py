@@ -1,26 +1,55 @@
-"""The protocol every context-parallel strategy implements, and the shapes it is given."""
+"""What every context-parallel strategy spec provides, the shapes it is given, and the rules
+strategies share.
+
+A spec is the one jax-free statement of a strategy: the mesh axes it needs, `check(shape)`
+(every rule that decides whether it runs a case), the splash calls a device makes, its own
+communication cost, how it describes itself, and what it is called in MaxText. The search, the
+price, the explanation, the MaxText export and the runtime's checks all consult it; the runtime's
+`runtime/attention/<name>.py` only makes the kernel calls the spec lists (a conformance test
+traces it and compares).
+
+Layouts and kernel calls take anything with the attributes of `Shape` — one `Shape` of scalars,
+or the price's `cost_models.candidates.Candidates`, whose attributes are numpy columns — so one formula serves both.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+
+import numpy as np
 
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import CPStrategy
 
-
-SPLASH_LANES = 128  # splash's key blocks must be multiples of the TPU lane width, in interpret mode too
+# Splash's query and key blocks are multiples of the TPU lane width: the kernel lays key blocks
+# along lanes, and on a TPU its dK/dV kernel lays query positions along lanes too. A smaller
+# block runs in interpret mode on a host but not on the chip, so plans keep the rule everywhere.
+SPLASH_LANES = 128
 
 
 @dataclass(frozen=True)
 class Shape:
-    """What decides whether a strategy can run a case: one candidate, scalars only."""
+    """What decides whether a strategy can run a case, and how its kernels lie: one candidate.
+
+    Attributes:
+        model: the model.
+        seq_len: tokens per sequence.
+        ring: size of the `context` axis.
+        ulysses: size of the `context_ulysses` axis.
+        tensor: size of the `tensor` axis.
+        zigzag: tokens are load-balanced over the ring in 2·ring chunks.
+        shared_cores: the devices share a host's cores, so a step costs the average device's
+            work rather than the busiest one's.
+    """
 
     model: ModelSpec
     seq_len: int
-    ring: int  # size of the `context` axis
-    ulysses: int  # size of the `context_ulysses` axis
+    ring: int
+    ulysses: int
     tensor: int
     zigzag: bool
+    shared_cores: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,21 +62,21 @@ class Violation:
 
 @dataclass(frozen=True)
 class Layout:
-    """How the attention kernel lies on one device (numpy arrays over candidates)."""
+    """How the attention kernel lies on one device, per sequence (scalars or numpy columns)."""
 
     q_heads: Any  # query heads per device inside the kernel
     kv_heads: Any  # key/value heads per device inside the kernel (after any replication)
     ring: Any  # ways the sequence is split for attention (1 = the kernel sees the whole sequence)
-    q_len: Any  # query tokens of one kernel call
-    kv_len: Any  # key tokens of one kernel call
+    q_len: Any  # query tokens the device attends
+    kv_len: Any  # key tokens the device attends them to
 
 
 @dataclass(frozen=True)
 class KernelCall:
     """`count` splash calls a device makes per layer forward, of `q_len` × `kv_len` tokens
-    (arrays over candidates); the backward runs its dq and dk/dv kernels over each. Query
-    blocks are at most `q_block_cap` tokens (a block must not straddle two zigzag chunks);
-    `causal` calls evaluate the mask rule on the blocks the diagonal cuts through."""
+    (scalars or columns); the backward runs its dq and dk/dv kernels over each. Query blocks
+    are at most `q_block_cap` tokens (a block must not straddle two zigzag chunks); `causal`
+    calls evaluate the mask rule on the blocks the diagonal cuts through, the others see every key."""
 
     count: Any
     q_len: Any
@@ -70,45 +99,112 @@ class CPCost:
     recompute_reuses_s: Any = 0.0
 
 
-class Strategy(Protocol):
-    strategy: CPStrategy
-    collective: str  # what its traffic is called in a breakdown
+@dataclass(frozen=True)
+class AxisRule:
+    """Which context axes a strategy splits the sequence over: each must be > 1 when used, = 1 when not."""
 
-    def check(self, shape: Shape) -> "Violation | None":
-        """None when the strategy runs this case, else the failed rule with its numbers."""
+    context: bool
+    context_ulysses: bool
+
+    def accepts(self, ring: int, ulysses: int) -> bool:
+        return (ring > 1) == self.context and (ulysses > 1) == self.context_ulysses
+
+    def describe(self) -> str:
+        return " and ".join(f"{axis} {'> 1' if used else '= 1'}" for axis, used in
+                            (("context", self.context), ("context_ulysses", self.context_ulysses)))
+
+
+class StrategySpec:
+    """The base of every spec: the rules all strategies share; subclasses add their own.
+
+    Class attributes each spec sets: `strategy`, `axes` (an `AxisRule`), `collective` (what
+    its traffic is called in a breakdown), `balances_load` (whether zigzag does anything).
+    """
+
+    strategy: CPStrategy
+    axes: AxisRule
+    collective: str
+    balances_load: bool = True
+    hides_traffic_behind_attention = False  # its transfers overlap the attention of the block in hand
+
+    @property
+    def name(self) -> str:
+        return self.strategy.value
+
+    def check(self, shape: Shape) -> Violation | None:
+        """None when the strategy runs this case, else the first rule it breaks, with its numbers."""
+        return (self.axes_check(shape) or self.load_balance_check(shape) or heads_check(shape)
+                or self.heads_rule(shape) or self.sequence_rule(shape) or lane_check(self, shape))
+
+    def axes_check(self, shape: Shape) -> Violation | None:
+        if self.axes.accepts(shape.ring, shape.ulysses):
+            return None
+        return Violation("mesh", f"{self.name} needs {self.axes.describe()} "
+                                 f"(got context={shape.ring}, context_ulysses={shape.ulysses})")
+
+    def load_balance_check(self, shape: Shape) -> Violation | None:
+        if shape.zigzag and not self.balances_load:
+            return Violation("load balance", f"zigzag does nothing for {self.name}: "
+                                             f"each device attends over the whole sequence")
+        return None
+
+    def heads_rule(self, shape: Shape) -> Violation | None:
+        """The strategy's own rule on heads (beyond the tensor split every strategy has)."""
+        return None
+
+    def sequence_rule(self, shape: Shape) -> Violation | None:
+        """The sequence splits evenly over the context ranks (twice as finely under zigzag)."""
+        pieces = shape.ring * shape.ulysses * (2 if shape.zigzag else 1)
+        if shape.seq_len % pieces:
+            ranks = {(False, False): "", (True, False): " context ranks", (False, True): " Ulysses ranks",
+                     (True, True): " context × context_ulysses ranks"}[(shape.ring > 1, shape.ulysses > 1)]
+            zig = " (2 × ring degree chunks for zigzag)" if shape.zigzag else ""
+            return Violation("sequence split", f"seq_len={shape.seq_len} not divisible by {pieces}{ranks}{zig}")
+        return None
 
     def layout(self, x) -> Layout:
-        """Kernel layout for the candidates in `x` (an `estimate.Candidates`)."""
+        """The kernel layout of a `Shape` or of every `Candidates` column."""
+        raise NotImplementedError(f"{type(self).__name__} must define layout")
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        """The splash calls one device makes per layer forward, as the runtime makes them."""
+        """The splash calls one device makes per layer forward, as the runtime makes them:
+        the busiest device's on chips, the average device's where devices share cores."""
+        return (KernelCall(1.0, layout.q_len, layout.kv_len),)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
-        """Per-layer traffic; `attention_fwd_s` is the forward kernel time per layer."""
+        """Per-layer traffic of `Candidates` x; `attention_fwd_s` is the forward kernel time per layer."""
+        raise NotImplementedError(f"{type(self).__name__} must define cost")
 
+    def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
+        """A short phrase for people, e.g. 'ring over context=128, zigzag'."""
+        raise NotImplementedError(f"{type(self).__name__} must define describe")
 
-def one_call(x, layout: Layout) -> tuple[KernelCall, ...]:
-    """The kernel calls of a strategy whose device attends its whole layout in one call."""
-    return (KernelCall(1.0, layout.q_len, layout.kv_len),)
+    # -- MaxText ----------------------------------------------------------------------------
+    maxtext_name: str  # context_parallel_strategy
+    maxtext_tokamax_splash = False  # MaxText runs it with use_tokamax_splash=True
+    maxtext_refuses_load_balance = False  # MaxText refuses context_parallel_load_balance=True for it
+
+    def maxtext_degrees(self, ring: int, ulysses: int) -> tuple[int, int]:
+        """(ici_context_parallelism, ici_context_usp_ulysses_parallelism) for these degrees."""
+        return ring, 1
+
+    def from_maxtext_degrees(self, context: int, usp_ulysses: int) -> tuple[int, int]:
+        """(ring, ulysses) degrees of MaxText's flags; the inverse of `maxtext_degrees`."""
+        return context, 1
+
+    def maxtext_problems(self, shape: Shape) -> list[str]:
+        """MaxText's own rules for this strategy that `shape` breaks, each with the fix."""
+        return []
 
 
 def kv_heads_per_tensor_shard(model: ModelSpec, tensor):
     """KV heads on one tensor shard: K/t (`heads_check` requires t to divide K)."""
-    import numpy as np
-
     return model.num_kv_heads / np.asarray(tensor, dtype=float)
 
 
-def sequence_check(shape: Shape, splits: int, what: str) -> Violation | None:
-    """The sequence must split evenly (twice as finely under zigzag) into tile-aligned blocks."""
-    pieces = splits * (2 if shape.zigzag else 1)
-    if shape.seq_len % pieces:
-        zig = " (2 × ring degree chunks for zigzag)" if shape.zigzag else ""
-        return Violation("sequence split", f"seq_len={shape.seq_len} not divisible by {pieces} {what}{zig}")
-    if (shape.seq_len // pieces) % SPLASH_LANES:
-        return Violation("sequence split", f"local block of {shape.seq_len // pieces} tokens is not a multiple of "
-                                           f"{SPLASH_LANES} (splash's key blocks are multiples of the lane width)")
-    return None
+def tensor_shard_heads(x) -> tuple:
+    """(query heads, KV heads) on one tensor shard of a `Shape` or `Candidates`."""
+    return x.model.num_heads / np.asarray(x.tensor, dtype=float), kv_heads_per_tensor_shard(x.model, x.tensor)
 
 
 def heads_check(shape: Shape) -> Violation | None:
@@ -121,14 +217,18 @@ def heads_check(shape: Shape) -> Violation | None:
     return None
 
 
-def degree_check(shape: Shape, name: str, ring_ok, ulysses_ok, rule: str) -> Violation | None:
-    """The strategy's own mesh rule (which context axes must be > 1)."""
-    if ring_ok(shape.ring) and ulysses_ok(shape.ulysses):
-        return None
-    return Violation("mesh", f"{name} needs {rule} (got context={shape.ring}, context_ulysses={shape.ulysses})")
-
-
-def context_axis_check(shape: Shape, name: str) -> Violation | None:
-    """The rules of a strategy that splits the sequence over `context` alone (all-gather, ring)."""
-    return (degree_check(shape, name, lambda r: r > 1, lambda u: u == 1, "context > 1 and context_ulysses = 1")
-            or heads_check(shape) or sequence_check(shape, shape.ring, "context ranks"))
+def lane_check(spec: StrategySpec, shape: Shape) -> Violation | None:
+    """Every splash call's query and key lengths split into blocks that are multiples of the lane
+    width: the shortest query run (a zigzag chunk where a block must not straddle two) and the
+    shortest key length a call sees must each be a multiple of `SPLASH_LANES`."""
+    layout = spec.layout(shape)
+    for call in spec.kernel_calls(shape, layout):
+        if not np.all(np.asarray(call.count) > 0):
+            continue
+        for what, length in (("query", min(call.q_len, call.q_block_cap)), ("key", call.kv_len)):
+            if length % SPLASH_LANES:
+                need = SPLASH_LANES * shape.seq_len // math.gcd(shape.seq_len, int(length) or 1)
+                return Violation("sequence split", f"{spec.name} gives splash calls of {int(length)} {what} tokens, "
+                                                   f"not a multiple of {SPLASH_LANES} (the TPU lane width splash "
+                                                   f"blocks need); use a seq_len that is a multiple of {need}")
+    return None

@@ -3,29 +3,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, degree_check, heads_check,
-                                         kv_heads_per_tensor_shard, one_call, sequence_check)
+from cost_models.strategies.base import (AxisRule, CPCost, Layout, Shape, StrategySpec, Violation,
+                                         tensor_shard_heads)
 from cost_models.vocabulary import CPStrategy
 
 
-class NoContext:
+class NoContext(StrategySpec):
     strategy = CPStrategy.NONE
+    axes = AxisRule(context=False, context_ulysses=False)
     collective = "none"
+    balances_load = False
+    # MaxText has no "none": all-gather over a context axis of 1 gathers nothing
+    maxtext_name = CPStrategy.ALL_GATHER.value
 
-    def check(self, shape: Shape) -> Violation | None:
+    def load_balance_check(self, shape: Shape) -> Violation | None:
         if shape.zigzag:
             return Violation("load balance", "zigzag balances work across context ranks; with context=1 there are none")
-        return (degree_check(shape, "no context parallelism", lambda r: r == 1, lambda u: u == 1,
-                             "context = context_ulysses = 1")
-                or heads_check(shape) or sequence_check(shape, 1, ""))
+        return None
 
     def layout(self, x) -> Layout:
-        s = np.full_like(x.r, x.seq_len, dtype=float)
-        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), np.ones_like(s), s, s)
-
-    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        return one_call(x, layout)
+        s = np.full_like(np.asarray(x.ring, dtype=float), x.seq_len)
+        return Layout(*tensor_shard_heads(x), np.ones_like(s), s, s)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         zero = np.zeros_like(attention_fwd_s)
         return CPCost(zero, zero, zero, zero, zero)
+
+    def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
+        return "no context parallelism"

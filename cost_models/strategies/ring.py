@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD
-from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, context_axis_check,
-                                         kv_heads_per_tensor_shard)
+from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
+                                         tensor_shard_heads)
 from cost_models.vocabulary import CPStrategy
 
 GRAD_BYTES = 4  # dK/dV accumulate in fp32
@@ -36,14 +35,14 @@ def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
 def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     """Ring traffic for blocks of S/ring tokens with `heads_in_kernel_kv` KV heads (USP reuses it)."""
     r = layout.ring
-    block_tokens = x.b_loc * x.seq_len / r
+    block_tokens = x.sequences_per_device * x.seq_len / r
     kv_block = 2 * block_tokens * heads_in_kernel_kv * x.model.head_dim * x.act_bytes
-    hop_fwd = x.comm.ppermute(kv_block, x.ring_bw, x.ring_lat)
-    hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), x.ring_bw, x.ring_lat)
+    hop_fwd = x.comm.ppermute(kv_block, *x.ring_link)
+    hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), *x.ring_link)
     hops = r - 1
     compute_per_hop_fwd = attention_fwd_s / r
-    compute_per_hop_bwd = compute_per_hop_fwd * SPLASH_BACKWARD_OVER_FORWARD
-    grads_home = x.comm.ppermute(kv_block * GRAD_BYTES / x.act_bytes, x.ring_bw, x.ring_lat)
+    compute_per_hop_bwd = compute_per_hop_fwd * x.topology.chip.attention_backward_over_forward
+    grads_home = x.comm.ppermute(kv_block * GRAD_BYTES / x.act_bytes, *x.ring_link)
     fwd = hops * hop_fwd
     bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
     exposed_fwd = hops * np.maximum(0.0, hop_fwd - compute_per_hop_fwd)
@@ -57,19 +56,33 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers)
 
 
-class Ring:
+class Ring(StrategySpec):
     strategy = CPStrategy.RING
+    axes = AxisRule(context=True, context_ulysses=False)
     collective = "ring ppermute K/V"
-
-    def check(self, shape: Shape) -> Violation | None:
-        return context_axis_check(shape, "ring")
+    maxtext_name = CPStrategy.RING.value
+    maxtext_tokamax_splash = True
+    hides_traffic_behind_attention = True
 
     def layout(self, x) -> Layout:
-        block = x.seq_len / x.r
-        return Layout(x.model.num_heads / x.t, kv_heads_per_tensor_shard(x.model, x.t), x.r, block, block)
+        ring = np.asarray(x.ring, dtype=float)
+        block = x.seq_len / ring
+        return Layout(*tensor_shard_heads(x), ring, block, block)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         return ring_cost(x, layout, attention_fwd_s, layout.kv_heads)
+
+    def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
+        return f"ring over context={ring}{', zigzag' if zigzag else ''}"
+
+    def maxtext_problems(self, shape: Shape) -> list[str]:
+        problems = []
+        if shape.seq_len % (shape.ring * shape.ring):
+            problems.append(f"MaxText's ring needs max_target_length={shape.seq_len} divisible by "
+                            f"context²={shape.ring * shape.ring}")
+        if shape.zigzag and shape.ring % 2:
+            problems.append(f"MaxText's load balancing needs an even context degree, not {shape.ring}")
+        return problems

@@ -2,43 +2,54 @@
 
 Four all-to-alls forward (q, k, v in; the output back); backward: q, k, v in again (unless a
 recomputed forward just did it), d_out in, dq, dk, dv back. None overlapped.
-With fewer KV heads per tensor shard than the Ulysses degree, KV heads are replicated up to it.
-Each device then runs the kernel over the whole sequence (or ring block, for USP) for its heads.
+Query heads per tensor shard must split over the Ulysses degree. KV heads are replicated up to
+the least common multiple of their count and the degree (a grouped-query model with fewer KV
+heads than the degree, or counts where neither divides the other), and that replication is
+priced: more heads travel and more are attended.
+Each device then runs one causal kernel over the whole sequence (or ring block, for USP).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, degree_check, heads_check,
-                                         kv_heads_per_tensor_shard, one_call, sequence_check)
+from cost_models.strategies.base import (AxisRule, CPCost, Layout, Shape, StrategySpec, Violation,
+                                         kv_heads_per_tensor_shard)
 from cost_models.vocabulary import CPStrategy
 
 
-def ulysses_check(shape: Shape) -> Violation | None:
-    """Query heads per tensor shard must split over the Ulysses degree; KV heads must replicate evenly."""
+def replicated_kv_heads(kv_heads: int, ulysses: int) -> int:
+    """KV heads of one tensor shard after replication for the all-to-all: the least multiple of
+    the degree that is a multiple of `kv_heads` (then every device gets whole, equal groups)."""
+    return math.lcm(int(kv_heads), int(ulysses))
+
+
+def ulysses_heads_rule(shape: Shape) -> Violation | None:
+    """Query heads per tensor shard must split over the Ulysses degree."""
     q_heads = shape.model.num_heads // shape.tensor
     if q_heads % shape.ulysses:
         return Violation("heads", f"num_heads/tensor={shape.model.num_heads}/{shape.tensor}={q_heads} not divisible by "
                                   f"context_ulysses={shape.ulysses}")
-    kv = max(shape.model.num_kv_heads // shape.tensor, 1)
-    if kv % shape.ulysses and shape.ulysses % kv:
-        return Violation("heads", f"num_kv_heads per tensor shard={kv} and context_ulysses={shape.ulysses}: "
-                                  "neither divides the other")
     return None
 
 
 def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
-    kv = np.maximum(kv_heads_per_tensor_shard(x.model, x.t), x.u) / x.u
-    return Layout(x.model.num_heads / (x.t * x.u), kv, ring, seq_len_in_kernel, seq_len_in_kernel)
+    """Heads per device after the all-to-all, over `seq_len_in_kernel` tokens (USP reuses it)."""
+    ulysses = np.asarray(x.ulysses, dtype=float)
+    per_shard = kv_heads_per_tensor_shard(x.model, x.tensor)
+    kv = np.vectorize(replicated_kv_heads, otypes=[float])(per_shard, ulysses) / ulysses
+    return Layout(x.model.num_heads / (np.asarray(x.tensor, dtype=float) * ulysses), kv, ring, seq_len_in_kernel,
+                  seq_len_in_kernel)
 
 
 def all_to_all_cost(x, layout: Layout):
     """(forward, backward, backward a recompute makes unnecessary) all-to-all time of one layer."""
-    local_tokens = x.b_loc * x.seq_len / (x.r * x.u)
+    local_tokens = x.sequences_per_device * x.seq_len / (x.ring * x.ulysses)
 
     def a2a(heads):  # one array of `heads` heads per device after the exchange
-        return x.comm.all_to_all(local_tokens * heads * x.u * x.model.head_dim * x.act_bytes,
-                                      x.u, x.uly_bw, x.uly_lat)
+        return x.comm.all_to_all(local_tokens * heads * x.ulysses * x.model.head_dim * x.act_bytes,
+                                 x.ulysses, *x.ulysses_link)
 
     q, kv = a2a(layout.q_heads), a2a(layout.kv_heads)
     qkv_in = q + 2 * kv
@@ -47,24 +58,49 @@ def all_to_all_cost(x, layout: Layout):
     return forward, backward, qkv_in
 
 
-class Ulysses:
-    strategy = CPStrategy.ULYSSES
-    collective = "all-to-all q/k/v/out"
+def maxtext_ulysses_problems(shape: Shape) -> list[str]:
+    """MaxText's rules for its all-to-all (Ulysses and USP, which refuse load balancing)."""
+    problems = []
+    if shape.zigzag:
+        problems.append(f"MaxText's {'usp' if shape.ring > 1 else 'ulysses'} requires "
+                        "context_parallel_load_balance=False; plan with load_balance='none'")
+    if shape.model.num_kv_heads % shape.ulysses:
+        problems.append(f"MaxText's Ulysses needs num_kv_heads={shape.model.num_kv_heads} divisible by its degree "
+                        f"{shape.ulysses} (it does not replicate KV heads); use a smaller context_ulysses")
+    return problems
 
-    def check(self, shape: Shape) -> Violation | None:
-        if shape.zigzag:
-            return Violation("load balance", "zigzag does nothing for ulysses: each device attends over the whole sequence")
-        return (degree_check(shape, "ulysses", lambda r: r == 1, lambda u: u > 1, "context_ulysses > 1 and context = 1")
-                or heads_check(shape) or ulysses_check(shape) or sequence_check(shape, shape.ulysses, "Ulysses ranks"))
+
+class Ulysses(StrategySpec):
+    strategy = CPStrategy.ULYSSES
+    axes = AxisRule(context=False, context_ulysses=True)
+    collective = "all-to-all q/k/v/out"
+    balances_load = False
+    maxtext_name = CPStrategy.ULYSSES.value
+    maxtext_tokamax_splash = True
+    maxtext_refuses_load_balance = True
+
+    def heads_rule(self, shape: Shape) -> Violation | None:
+        return ulysses_heads_rule(shape)
 
     def layout(self, x) -> Layout:
-        return ulysses_layout(x, np.ones_like(x.r), np.full_like(x.r, x.seq_len, dtype=float))
-
-    def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        return one_call(x, layout)
+        ones = np.ones_like(np.asarray(x.ring, dtype=float))
+        return ulysses_layout(x, ones, ones * x.seq_len)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         fwd, bwd, reuse = all_to_all_cost(x, layout)
-        full = x.b_loc * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
+        full = x.sequences_per_device * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim \
+            * x.act_bytes
         # q, k, v, out at full length, and their gradients
         return CPCost(fwd, bwd, fwd, bwd, 2 * full, recompute_reuses_s=reuse)
+
+    def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
+        return f"ulysses (all-to-all) over context_ulysses={ulysses}"
+
+    def maxtext_degrees(self, ring: int, ulysses: int) -> tuple[int, int]:
+        return ulysses, 1  # MaxText's Ulysses degree is its ici_context_parallelism
+
+    def from_maxtext_degrees(self, context: int, usp_ulysses: int) -> tuple[int, int]:
+        return 1, context
+
+    def maxtext_problems(self, shape: Shape) -> list[str]:
+        return maxtext_ulysses_problems(shape)

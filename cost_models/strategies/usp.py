@@ -5,24 +5,26 @@ ring then passes those blocks around the `context` axis. Costs are the two strat
 """
 from __future__ import annotations
 
-from cost_models.strategies.base import (CPCost, KernelCall, Layout, Shape, Violation, degree_check, heads_check,
-                                         sequence_check)
+from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
 from cost_models.strategies.ring import ring_calls, ring_cost
-from cost_models.strategies.ulysses import all_to_all_cost, ulysses_check, ulysses_layout
+from cost_models.strategies.ulysses import all_to_all_cost, maxtext_ulysses_problems, ulysses_heads_rule, ulysses_layout
 from cost_models.vocabulary import CPStrategy
 
 
-class USP:
+class USP(StrategySpec):
     strategy = CPStrategy.USP
+    axes = AxisRule(context=True, context_ulysses=True)
     collective = "all-to-all + ring ppermute"
+    maxtext_name = CPStrategy.USP.value
+    maxtext_tokamax_splash = True
+    hides_traffic_behind_attention = True
+    maxtext_refuses_load_balance = True
 
-    def check(self, shape: Shape) -> Violation | None:
-        return (degree_check(shape, "usp", lambda r: r > 1, lambda u: u > 1, "context > 1 and context_ulysses > 1")
-                or heads_check(shape) or ulysses_check(shape)
-                or sequence_check(shape, shape.ring * shape.ulysses, "context × context_ulysses ranks"))
+    def heads_rule(self, shape: Shape) -> Violation | None:
+        return ulysses_heads_rule(shape)
 
     def layout(self, x) -> Layout:
-        return ulysses_layout(x, x.r, x.seq_len / x.r)
+        return ulysses_layout(x, x.ring, x.seq_len / x.ring)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)
@@ -30,7 +32,20 @@ class USP:
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         a2a_fwd, a2a_bwd, reuse = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, layout.kv_heads)
-        block = x.b_loc * x.seq_len / x.r * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim * x.act_bytes
+        block = x.sequences_per_device * x.seq_len / x.ring * (2 * layout.q_heads + 2 * layout.kv_heads) \
+            * x.model.head_dim * x.act_bytes
         return CPCost(a2a_fwd + ring.forward_s, a2a_bwd + ring.backward_s,
                       a2a_fwd + ring.exposed_forward_s, a2a_bwd + ring.exposed_backward_s,
                       ring.buffer_bytes + 2 * block, recompute_reuses_s=reuse)
+
+    def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
+        return f"usp: ulysses {ulysses} inside × ring {ring} across{', zigzag' if zigzag else ''}"
+
+    def maxtext_degrees(self, ring: int, ulysses: int) -> tuple[int, int]:
+        return ring, ulysses
+
+    def from_maxtext_degrees(self, context: int, usp_ulysses: int) -> tuple[int, int]:
+        return context, usp_ulysses
+
+    def maxtext_problems(self, shape: Shape) -> list[str]:
+        return maxtext_ulysses_problems(shape)

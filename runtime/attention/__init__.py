@@ -13,13 +13,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.plan import Plan
 from runtime.attention import all_gather, ring, single, ulysses, usp
 from runtime.attention.base import AttentionLayout
 from runtime.layout import HEADS, token_order
-from runtime.splash import LANES, KernelConfig
+from runtime.splash import KernelConfig
 
 STRATEGIES = {
     CPStrategy.NONE: single,
@@ -39,52 +40,9 @@ def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
                            kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem))
 
 
-def check_attention(plan: Plan) -> None:
-    """Checks that the plan's attention can run as laid out, before anything compiles.
-
-    Raises:
-        CpplanError: naming the value, the rule it breaks and the fix.
-    """
-    m = plan.model
-    ring_n, uly, tensor = plan.axis_size("context"), plan.axis_size("context_ulysses"), plan.axis_size("tensor")
-    batch_shards = plan.axis_size("data") * plan.axis_size("fsdp")
-    if plan.global_batch % batch_shards:
-        raise CpplanError(f"global_batch={plan.global_batch} is not divisible by data×fsdp={batch_shards}; "
-                          f"use a batch that is a multiple of {batch_shards}.")
-    split = 2 * plan.cp_degree if plan.load_balance is LoadBalance.ZIGZAG else plan.cp_degree
-    if plan.seq_len % split:
-        raise CpplanError(f"seq_len={plan.seq_len} cannot be split into {split} equal parts "
-                          f"(context={ring_n} × context_ulysses={uly}"
-                          f"{' × 2 zigzag chunks' if split != plan.cp_degree else ''}); "
-                          f"use a multiple of {split}.")
-    for name, heads in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads)):
-        if heads % tensor:
-            raise CpplanError(f"model {m.name}: {name}={heads} is not divisible by tensor={tensor}; "
-                              f"choose a tensor degree that divides it.")
-    layout = attention_layout(plan, interpret=True)
-    reason = STRATEGIES[plan.cp_strategy].supports(layout, heads=m.num_heads // tensor,
-                                                   kv_heads=m.num_kv_heads // tensor)
-    if reason:
-        raise CpplanError(reason)
-    shortest = shortest_key_block(plan)
-    if shortest % LANES:
-        raise CpplanError(f"seq_len={plan.seq_len} gives {plan.cp_strategy.value} key blocks of {shortest} tokens; "
-                          f"splash needs multiples of {LANES}: use a seq_len that is a multiple of "
-                          f"{LANES * plan.seq_len // math.gcd(plan.seq_len, shortest)}.")
-
-
-def shortest_key_block(plan: Plan) -> int:
-    """The shortest key sequence any splash call of the plan sees."""
-    ring_block = plan.seq_len // plan.axis_size("context")
-    if plan.cp_strategy in (CPStrategy.RING, CPStrategy.USP):
-        return ring_block // 2 if plan.load_balance is LoadBalance.ZIGZAG and plan.axis_size("context") > 1 \
-            else ring_block
-    return plan.seq_len
-
-
 def is_interpret(mesh: Mesh) -> bool:
     """Splash runs in interpret mode on anything but TPU devices."""
-    return mesh.devices.flat[0].platform != "tpu"
+    return mesh.devices.flat[0].platform != ChipKind.TPU.jax_platform
 
 
 def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
@@ -124,7 +82,7 @@ def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
     if q.shape[1] != plan.seq_len or k.shape[1] != plan.seq_len:
         raise CpplanError(f"arrays have {q.shape[1]} tokens but the plan has seq_len={plan.seq_len}; "
                           f"make a plan for this length.")
-    check_attention(plan)
+    plan.check()
     order = token_order(plan.seq_len, plan.axis_size("context"), plan.load_balance is LoadBalance.ZIGZAG)
     inverse = jnp.asarray(order.argsort())
     order = jnp.asarray(order)

@@ -13,16 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from runtime import splash
-from runtime.attention.base import AttentionLayout, context_only, fold_heads, unfold_heads
+from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 from runtime.layout import natural_chunk_slots, token_order
-
-
-def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
-    """None if this strategy can run the layout with these per-device head counts, else the reason.
-
-    (Every strategy takes the same arguments; this one needs only some of them.)
-    """
-    return context_only(layout, "all_gather")
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:

@@ -1,13 +1,13 @@
 """What every context-parallel strategy shares: the static layout of a step's attention, the
-head-folding that feeds splash, and the checks that turn a bad plan into a clear error."""
+head-folding that feeds splash, and the KV-head replication Ulysses needs."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
+from cost_models.strategies.ulysses import replicated_kv_heads
 from runtime.splash import KernelConfig
 
 
@@ -52,15 +52,8 @@ def unfold_heads(x: jax.Array, batch: int) -> jax.Array:
 
 
 def repeat_kv_for(k: jax.Array, degree: int) -> jax.Array:
-    """Replicates kv heads (axis 2) so that their count is a multiple of `degree` (GQA under Ulysses)."""
+    """Replicates kv heads (axis 2) as the Ulysses spec prices it (`replicated_kv_heads`): to the
+    least common multiple of their count and the degree."""
     heads = k.shape[2]
-    factor = math.lcm(heads, degree) // heads
+    factor = replicated_kv_heads(heads, degree) // heads
     return jnp.repeat(k, factor, axis=2) if factor > 1 else k
-
-
-def context_only(layout: "AttentionLayout", name: str) -> str | None:
-    """The rule of the strategies that split the sequence over 'context' alone (all-gather, ring)."""
-    if layout.ulysses > 1:
-        return (f"{name} splits the sequence over 'context' only; context_ulysses={layout.ulysses} must be 1 "
-                f"(use usp to combine all-to-all with a ring).")
-    return None

@@ -22,17 +22,9 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from runtime import splash
-from runtime.attention.base import AttentionLayout, context_only, fold_heads, unfold_heads
+from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 AXIS = "context"
-
-
-def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
-    """None if this strategy can run the layout with these per-device head counts, else the reason.
-
-    (Every strategy takes the same arguments; this one needs only some of them.)
-    """
-    return context_only(layout, "ring")
 
 
 def _shift(tree, n: int):

@@ -7,17 +7,6 @@ from runtime import splash
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 
-def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
-    """None if this strategy can run the layout with these per-device head counts, else the reason.
-
-    (Every strategy takes the same arguments; this one needs only some of them.)
-    """
-    if layout.ring > 1 or layout.ulysses > 1:
-        return (f"strategy none needs context=context_ulysses=1, got {layout.ring} and {layout.ulysses}; "
-                f"pick all_gather, ring, ulysses or usp.")
-    return None
-
-
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
     """Causal attention of local `[batch, seq, heads, d]` blocks holding whole sequences (q pre-scaled)."""
     kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel)

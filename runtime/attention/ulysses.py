@@ -15,26 +15,6 @@ from runtime.attention.base import AttentionLayout, fold_heads, repeat_kv_for, u
 AXIS = "context_ulysses"
 
 
-def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
-    """None if this strategy can run the layout with these per-device head counts, else the reason."""
-    if layout.ring > 1:
-        return (f"ulysses splits the sequence over 'context_ulysses' only; context={layout.ring} must be 1 "
-                f"(use usp for all-to-all inside a ring).")
-    return heads_supported(layout, heads=heads)
-
-
-def heads_supported(layout: AttentionLayout, *, heads: int) -> str | None:
-    """None if `heads` query heads per device split over the Ulysses degree, else the reason.
-
-    Any kv head count works: kv heads are replicated up to a multiple of the degree, and that
-    multiple divides the query heads whenever the degree does.
-    """
-    if heads % layout.ulysses:
-        return (f"num_heads per device={heads} is not divisible by context_ulysses={layout.ulysses}; "
-                f"choose a Ulysses degree that divides the query heads.")
-    return None
-
-
 def gather_sequence(q, k, v, layout: AttentionLayout):
     """All-to-all: `[b, s/u, h, d]` → `[b, s, h/u, d]` (kv heads replicated to a multiple of u)."""
     k, v = repeat_kv_for(k, layout.ulysses), repeat_kv_for(v, layout.ulysses)

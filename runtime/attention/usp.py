@@ -11,11 +11,6 @@ from runtime.attention import ring, ulysses
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 
-def supports(layout: AttentionLayout, *, heads: int, kv_heads: int) -> str | None:
-    """None if this strategy can run the layout with these per-device head counts, else the reason."""
-    return ulysses.heads_supported(layout, heads=heads)
-
-
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
     """Causal attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled)."""
     q, k, v = ulysses.gather_sequence(q, k, v, layout)

@@ -7,11 +7,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
+from cost_models.units import GiB
 from planner.plan import Plan
-from runtime.validation.stats import mape, regret, spearman
-
-GiB = 2**30
+from validation.stats import mape, regret, spearman
 
 
 def _plan_label(plan: Plan) -> str:
@@ -85,7 +85,8 @@ class StepTimeReport:
         return {"title": self.title, "mape": s["mape"], "spearman": s["spearman"], "regret": s["regret"],
                 "summary": s, "plans": [r.to_dict() for r in self.results]}
 
-    def markdown(self) -> str:
+    def markdown(self, *, plots: bool = True) -> str:
+        """The report for people; `plots` links the figures `write` draws beside it."""
         s = self.summary()
         lines = [f"# {self.title}", "",
                  f"- plans measured: {s['plans_measured']} ({', '.join(s['strategies'])}); failed: {s['plans_failed']}"
@@ -108,11 +109,25 @@ class StepTimeReport:
             mfu = f"{r.measured_mfu:.2%}" if r.measured_mfu is not None else "–"
             lines.append(f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
                          f"{r.measured_step_s:.4f} | {r.error:+.1%} | {r.predicted.mfu:.2%} | {mfu} |")
-        lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "", "![winners](winners.png)", ""]
-        return "\n".join(lines)
+        if plots:
+            lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "", "![winners](winners.png)"]
+        return "\n".join(lines + [""])
 
     def plot(self, outdir: Path) -> list[Path]:
-        import matplotlib
+        """Draws predicted against measured per plan, and each length's winners, as PNGs.
+
+        Args:
+            outdir: an existing directory for the two files.
+        Returns:
+            The paths written.
+        Raises:
+            CpplanError: matplotlib is not installed.
+        """
+        try:
+            import matplotlib
+        except ImportError:
+            raise CpplanError("plots need matplotlib, which is not installed; pip install matplotlib "
+                              "(or write the report without plots: --no-plots).") from None
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -149,12 +164,22 @@ class StepTimeReport:
         plt.close(fig)
         return paths
 
-    def write(self, outdir: "str | Path") -> list[Path]:
+    def write(self, outdir: "str | Path", *, plots: bool = True) -> list[Path]:
+        """Writes report.json, report.md and (with `plots`) the two figures under `outdir`.
+
+        Args:
+            outdir: directory, created if missing.
+            plots: draw the figures too (needs matplotlib).
+        Returns:
+            The paths written.
+        Raises:
+            CpplanError: `plots` without matplotlib installed.
+        """
         outdir = Path(outdir)
         outdir.mkdir(parents=True, exist_ok=True)
         (outdir / "report.json").write_text(json.dumps(self.to_dict(), indent=2, default=str))
-        (outdir / "report.md").write_text(self.markdown())
-        return [outdir / "report.json", outdir / "report.md", *self.plot(outdir)]
+        (outdir / "report.md").write_text(self.markdown(plots=plots))
+        return [outdir / "report.json", outdir / "report.md", *(self.plot(outdir) if plots else [])]
 
 
 @dataclass

@@ -7,15 +7,15 @@ compared at the same reduced layer count in the prediction and in the compiler.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Sequence
 
+from tqdm import tqdm
+
 from cost_models.errors import CpplanError
-from cost_models.estimate import estimate
+from planner.estimate import estimate
 from cost_models.models import get_model
 from planner.api import run_search
-from planner.options import parse_seq_len
-from runtime.validation.report import MemoryReport, MemoryResult
+from validation.report import MemoryReport, MemoryResult
 
 
 def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, layers: int = 2,
@@ -35,23 +35,25 @@ def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, lay
     spec = get_model(model)
     reduced = dataclasses.replace(spec, name=f"{spec.name}-{layers}l", num_layers=layers)
     report = MemoryReport(f"HBM per device: cpplan vs the XLA TPU compiler ({spec.name}, {layers} layers)")
+    plans = []
     for topology in topologies:
         for seq_len in seq_lens:
-            result = run_search(reduced, seq_len, topology, global_batch_tokens=parse_seq_len(seq_len) * sequences,
+            result = run_search(reduced, seq_len, topology, global_batch=sequences,
                                 **options)
             picked = []
             for strategy in {r.plan.cp_strategy for r in result.ranked}:
                 picked += [r for r in result.ranked if r.plan.cp_strategy is strategy][:per_strategy]
             picked += result.best_infeasible[:1]  # the compiler should refuse it too
-            for ranked in sorted(picked, key=lambda r: (r.plan.cp_strategy.value, r.estimate.step_time_s)):
-                plan = ranked.plan
-                sys.stderr.write(f"compiling {plan.topology} {plan.cp_strategy.value} seq {plan.seq_len}\n")
-                try:
-                    compiled = compile_for(plan)
-                except CpplanError as err:
-                    report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=str(err)))
-                    continue
-                report.results.append(MemoryResult(
-                    plan, estimate(plan), compiled.required_bytes if compiled.fits else None, compiled.fits,
-                    required_bytes=compiled.required_bytes, layers_compiled=layers))
+            plans += [r.plan for r in sorted(picked, key=lambda r: (r.plan.cp_strategy.value, r.estimate.step_time_s))]
+    progress = tqdm(plans, desc="compile", unit="plan")
+    for plan in progress:
+        progress.set_postfix_str(f"{plan.topology} {plan.cp_strategy.value} seq {plan.seq_len}")
+        try:
+            compiled = compile_for(plan)
+        except CpplanError as err:
+            report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=str(err)))
+            continue
+        report.results.append(MemoryResult(
+            plan, estimate(plan), compiled.required_bytes if compiled.fits else None, compiled.fits,
+            required_bytes=compiled.required_bytes, layers_compiled=layers))
     return report

@@ -1,26 +1,36 @@
 """Step-time validation: price the feasible plans, run a selection of them, compare.
 
 The selection: the planner's top K, the best plan of every strategy, then a seeded sample of
-the rest, up to `max_plans` per sequence length. Runs go one after another; a progress line
-shows where it is, and Ctrl-C stops it keeping what was measured.
+the rest, up to `max_plans` per sequence length. Runs go one after another under a progress
+bar; Ctrl-C stops them keeping what was measured.
 """
 from __future__ import annotations
 
 import random
-import sys
-import time
 from collections.abc import Sequence
 
+from tqdm import tqdm
+
 from cost_models.errors import CpplanError
+from planner.estimate import estimate
+from cost_models.units import mfu
 from planner.api import run_search
-from planner.options import parse_seq_len
 from planner.search import Ranked
-from runtime.validation.measured import MeasuredStep
-from runtime.validation.report import StepResult, StepTimeReport
+from validation.measured import MeasuredStep
+from validation.report import StepResult, StepTimeReport
 
 
 def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: int) -> list[Ranked]:
-    """Top `top`, the best of each strategy, then a seeded random sample, at most `max_plans`."""
+    """The plans to run at one length.
+
+    Args:
+        ranked: feasible plans, best predicted first.
+        max_plans: at most this many.
+        top: the planner's top K first.
+        seed: seeds the sample of the rest.
+    Returns:
+        Top `top`, then the best of each strategy not yet in, then a seeded random sample.
+    """
     chosen: list[Ranked] = list(ranked[:top])
     for r in ranked:
         if r.plan.cp_strategy not in {c.plan.cp_strategy for c in chosen}:
@@ -28,15 +38,7 @@ def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: in
     rest = [r for r in ranked if r not in chosen]
     random.Random(seed).shuffle(rest)
     chosen += rest[: max(0, max_plans - len(chosen))]
-    return chosen[:max_plans] if len(chosen) > max_plans else chosen
-
-
-def _progress(done: int, total: int, label: str, started: float) -> None:
-    width = 24
-    filled = width * done // max(total, 1)
-    elapsed = time.perf_counter() - started
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:5.0f}s {label[:60]:<60}")
-    sys.stderr.flush()
+    return chosen[:max_plans]
 
 
 def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: int = 1, max_plans: int = 16,
@@ -52,47 +54,56 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
         data: text file for the runs (synthetic tokens when None).
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
+    Raises:
+        CpplanError: no plan fits at one of the lengths.
     """
     from runtime import run
 
     plans = []
     for seq_len in seq_lens:
-        result = run_search(model, seq_len, topology, global_batch_tokens=parse_seq_len(seq_len) * sequences,
+        result = run_search(model, seq_len, topology, global_batch=sequences,
                             **options)
         if not result.ranked:
             raise CpplanError(f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
                               "see `cpplan explain` for why.")
         plans += select_plans(result.ranked, max_plans=max_plans, top=top, seed=seed)
     report = StepTimeReport(f"Step-time validation: {plans[0].plan.model.name} on {plans[0].plan.topology}")
-    started = time.perf_counter()
+    progress = tqdm(plans, desc="validate", unit="plan")
     try:
-        for i, ranked in enumerate(plans):
-            _progress(i, len(plans), f"{ranked.plan.cp_strategy.value} seq {ranked.plan.seq_len}", started)
+        for ranked in progress:
+            progress.set_postfix_str(f"{ranked.plan.cp_strategy.value} seq {ranked.plan.seq_len}")
             result = StepResult(ranked.plan, ranked.estimate)
             try:
                 measured = run(ranked.plan, steps=steps, data=data, seed=seed)
                 result.measured_step_s = measured.best_step_s
                 result.measured_median_s = measured.step_time_s
-                result.measured_mfu = ranked.estimate.model_flops / (measured.best_step_s *
-                                                                     ranked.estimate.num_devices *
-                                                                     ranked.estimate.peak_flops_per_device)
+                result.measured_mfu = _measured_mfu(ranked.estimate, measured.best_step_s)
             except CpplanError as err:
                 result.failure = str(err)
             report.results.append(result)
-        _progress(len(plans), len(plans), "done", started)
     except KeyboardInterrupt:
         report.interrupted = True
-    sys.stderr.write("\n")
+    finally:
+        progress.close()
     return report
 
 
-def compare_measured(steps: Sequence[MeasuredStep]) -> StepTimeReport:
-    """Predictions for step times measured elsewhere (a CSV, or a MaxText run)."""
-    from cost_models.estimate import estimate
+def _measured_mfu(predicted, step_s: float) -> float:
+    """MFU of a measured step against the same chip row's peak the prediction used."""
+    return mfu(predicted.model_flops, step_s, predicted.num_devices, predicted.peak_flops_per_device)
 
+
+def compare_measured(steps: Sequence[MeasuredStep]) -> StepTimeReport:
+    """Predictions for step times measured elsewhere (a CSV, or a MaxText run).
+
+    Args:
+        steps: the imported measurements.
+    Returns:
+        A `StepTimeReport` with one row per measurement.
+    """
     report = StepTimeReport("Predicted vs imported measurements")
     for s in steps:
         e = estimate(s.plan)
-        mfu = e.model_flops / (s.step_seconds * e.num_devices * e.peak_flops_per_device)
-        report.results.append(StepResult(s.plan, e, s.step_seconds, mfu, source=s.source))
+        report.results.append(StepResult(s.plan, e, s.step_seconds, _measured_mfu(e, s.step_seconds),
+                                          source=s.source))
     return report

@@ -1,0 +1,435 @@
+"""Fits TPU chip rows' kernel figures to tokamax's measured kernel timings and checks them.
+
+tokamax ships the TPU timings it measured while autotuning, one JSON file per kernel and device
+(`tokamax/data/autotuning/<device>/`): each entry is a call's shapes and, per kernel config, its
+evaluation times. From the Mosaic flash attention (forward, with residuals as a training step
+runs it, and its VJP) this script fits, per chip, the figures `cost_models/pricing/attention.py`
+prices with: the efficiency against the MXU-padded peak, the cost per grid step, the cost per
+logit of the blocks the causal diagonal cuts, the passes over the call's operands at HBM
+bandwidth, the backward's MXU time over the forward's and its own operand passes; from ragged dots at dense sizes (few,
+large, equal groups) the matmul efficiency. It writes them into the chip rows with their
+sources, prints model vs measured and saves the comparison under `benchmarks/results/kernels/`.
+
+Files are looked up in the installed tokamax package first, then in each `--data` checkout of
+the tokamax repository, in order: the first readable, non-empty copy of a file is used.
+
+    python benchmarks/fit_kernels.py --data /path/to/tokamax-checkout [--write]
+
+TPU7x: the entries are per TensorCore (one JAX device), shown by the data: see `per_core_note`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from cost_models.chips import CHIP_DIR, Chip, load_chip
+from cost_models.compute import causal_attention_extent, splash_step_costs, tile_efficiency
+
+RESULTS_DIR = Path(__file__).parent / "results" / "kernels"
+AUTOTUNING = Path("tokamax") / "data" / "autotuning"
+DEVICE_DIRS = {"v5p": "tpu_v5", "v5e": "tpu_v5_lite", "v6e": "tpu_v6_lite", "tpu7x": "tpu7x"}
+FORWARD_FILE, BACKWARD_FILE = "pallas_mosaic_tpu_flash_attention.json", "pallas_mosaic_tpu_flash_attention_vjp.json"
+MATMUL_FILES = ("ragged_dot.json", "pallas_mosaic_tpu_ragged_dot.json")
+LONG = 4096  # the target is set on kernels of at least this many tokens
+DENSE_GROUP_ROWS = 1024  # a ragged dot whose equal groups have this many rows is a dense matmul
+# where a chip has no timings of a kind, the chip whose figures it takes, and why
+ATTENTION_STAND_IN = {"v5e": ("v5p", "the same 128×128 MXU and splash kernel")}
+BACKWARD_STAND_IN = {chip: ("tpu7x", "the same splash backward kernels") for chip in ("v5p", "v5e", "v6e")}
+MATMUL_STAND_IN = {"v6e": ("tpu7x", "the same 256×256 MXU generation")}
+PRECISION = 4  # significant digits written into the rows: a refit that moves less is no change
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a timing file came from."""
+
+    path: Path
+    cite: str  # repository or package, commit or version, path
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    """One measured flash-attention call (its fastest config)."""
+
+    batch: int
+    seq: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    block_q: int
+    block_kv: int
+    seconds: float
+
+    @property
+    def label(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"{self.batch}x{self.seq}x{self.q_heads}/{self.kv_heads}x{self.head_dim} {mask}"
+
+
+@dataclass(frozen=True)
+class AttentionFit:
+    """A chip's attention figures and how well they reproduce its timings."""
+
+    efficiency: float
+    step_s: float
+    masked_element_s: float
+    operand_passes: float
+    backward_operand_passes: float = 0.0
+
+
+def installed_dir() -> Path:
+    """The installed tokamax package's autotuning data."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tokamax")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("tokamax is not installed: give --data with a checkout of github.com/openxla/tokamax")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / "autotuning"
+
+
+def _git(checkout: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def find_file(device: str, name: str, checkouts: list[Path], base: Path) -> Source | None:
+    """The first readable, non-empty copy of `device/name`: installed package, then checkouts."""
+    import importlib.metadata
+
+    candidate = base / device / name
+    if _readable(candidate):
+        version = importlib.metadata.version("tokamax")
+        cite = f"tokamax {version} (installed package): {AUTOTUNING / device / name}"
+        for checkout in checkouts:  # the commit that holds these very bytes, where a checkout says
+            blob = _git(checkout, "hash-object", str(candidate))
+            for commit in _git(checkout, "log", "--format=%H", "--", str(AUTOTUNING / device / name)).split():
+                if _git(checkout, "rev-parse", f"{commit}:{AUTOTUNING / device / name}") == blob:
+                    cite += f", the bytes of openxla/tokamax@{commit}"
+                    break
+        return Source(candidate, cite)
+    for checkout in checkouts:
+        candidate = checkout / AUTOTUNING / device / name
+        if _readable(candidate):
+            commit = _git(checkout, "rev-parse", "HEAD")
+            return Source(candidate, f"openxla/tokamax@{commit}: {AUTOTUNING / device / name}")
+    return None
+
+
+def _readable(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return False  # missing, empty, or (as some shipped copies are) not valid JSON
+
+
+def _shape(text: str) -> tuple[str, list[int]]:
+    dtype, dims = re.fullmatch(r"(\w+)\[([\d,]*)\]", text).groups()
+    return dtype, [int(d) for d in dims.split(",") if d]
+
+
+def _fastest(configs: dict) -> tuple[float, dict] | None:
+    timed = [(statistics.median(c["evaluation_times_ms"]) * 1e-3, json.loads(cfg))
+             for cfg, c in configs.items() if c.get("evaluation_times_ms")]
+    return min(timed, key=lambda t: t[0]) if timed else None
+
+
+def read_attention(path: Path, *, backward: bool) -> list[AttentionTiming]:
+    """The bf16 calls a cpplan model makes (no bias, bool mask, soft cap or dropout; equal q/k/v
+    head dims); forward entries are those that return residuals, as training runs them."""
+    timings = []
+    for key, configs in json.loads(path.read_text()).items():
+        call, fastest = json.loads(key), _fastest(configs)
+        mask = call.get("mask") or {}
+        bounded = any(mask.get(k) is not None for k in ("q_start", "q_end", "k_start", "k_end"))
+        if fastest is None or call.get("bias") or mask.get("bool_mask") or call.get("dropout_rate") \
+                or call.get("logits_soft_cap") or bounded:
+            continue
+        if ("dout" in call) != backward or (not backward and not call.get("return_residuals")):
+            continue
+        (dtype, q), (_, k), (_, v) = _shape(call["q"]), _shape(call["k"]), _shape(call["v"])
+        if dtype != "bf16" or len(q) != 4 or not q[3] == k[3] == v[3] or q[1] != k[1]:
+            continue
+        seconds, config = fastest
+        # the VJP's configs name the dk/dv kernel's blocks
+        block_q, block_kv = (config["block_q_dkv"], config["block_kv_dkv"]) if backward else \
+            (config["block_q"], config["block_kv"])
+        timings.append(AttentionTiming(batch=q[0], seq=q[1], q_heads=q[2], kv_heads=k[2], head_dim=q[3],
+                                       causal=bool(mask.get("is_causal")), block_q=min(block_q, q[1]),
+                                       block_kv=min(block_kv, q[1]), seconds=seconds))
+    return timings
+
+
+def model_attention(chip: Chip, t: AttentionTiming, fit: AttentionFit, backward_over_forward: float):
+    """cpplan's (forward, backward) seconds for one measured call, by the pricing's own formulas."""
+    peak = chip.peak_bf16_flops_per_s / chip.devices_per_chip
+    hbm_bw = chip.hbm_bw_bytes_per_s / chip.devices_per_chip
+    extent = causal_attention_extent(t.seq, 1, False, block_q=t.block_q, block_kv=t.block_kv) if t.causal \
+        else float(t.seq) ** 2
+    math = 4.0 * t.batch * t.q_heads * t.head_dim * extent / (
+        peak * fit.efficiency * tile_efficiency(t.head_dim, chip.mxu_tile))
+    fwd, bwd = splash_step_costs(
+        t.batch * t.q_heads, t.batch * t.kv_heads, t.seq, t.seq, head_dim=t.head_dim, act_bytes=2,
+        block_q=t.block_q, block_kv=t.block_kv, per_step_s=fit.step_s, per_step_byte_s=0.0,
+        per_masked_element_s=fit.masked_element_s,
+        per_call_byte_s=(fit.operand_passes / hbm_bw, fit.backward_operand_passes / hbm_bw), causal=t.causal)
+    return float(math + fwd), float(backward_over_forward * math + bwd)
+
+
+def fit_forward(chip: Chip, timings: list[AttentionTiming]) -> tuple[AttentionFit, float]:
+    """Least squares on relative error over all forward timings; returns the fit and its RMS."""
+    scale = np.array([1.0, 1e-7, 1e-12, 1.0])  # parameters near 1 for the solver
+
+    def residuals(p):
+        fit = AttentionFit(*(p * scale))
+        return [model_attention(chip, t, fit, 0.0)[0] / t.seconds - 1 for t in timings]
+
+    solution = least_squares(residuals, [0.7, 1.0, 1.0, 1.0], bounds=(0, np.inf))
+    return AttentionFit(*(float(v) for v in solution.x * scale)), float(np.sqrt(np.mean(solution.fun**2)))
+
+
+def fit_backward(chip: Chip, fit: AttentionFit, timings: list[AttentionTiming]) -> tuple[float, float, float]:
+    """The backward/forward MXU-time ratio and the backward's operand passes, per-step and masked
+    costs held at the forward's; returns them and the RMS relative error."""
+    def residuals(p):
+        backward = AttentionFit(fit.efficiency, fit.step_s, fit.masked_element_s, fit.operand_passes, p[1])
+        return [model_attention(chip, t, backward, p[0])[1] / t.seconds - 1 for t in timings]
+
+    solution = least_squares(residuals, [2.5, 1.0], bounds=(0, np.inf))
+    return float(solution.x[0]), float(solution.x[1]), float(np.sqrt(np.mean(solution.fun**2)))
+
+
+def read_dense_matmuls(path: Path) -> list[tuple[str, float]]:
+    """(label, FLOP/s) of bf16 ragged dots whose groups each hold a dense matmul's rows (every listed
+    group, or the mean of tokamax's generated groups)."""
+    out = []
+    for key, configs in json.loads(path.read_text()).items():
+        call, fastest = json.loads(key), _fastest(configs)
+        groups = call.get("group_sizes")
+        # a list of sizes, or tokamax's generated groups {num_groups, total_size}
+        mean_rows = groups["total_size"] / groups["num_groups"] if isinstance(groups, dict) else min(groups, default=0)
+        if fastest is None or mean_rows < DENSE_GROUP_ROWS:
+            continue
+        if call.get("return_residuals") or any(call.get(k) for k in ("rhs_scale", "lhs_quantization_dtype",
+                                                                      "rhs_quantization_dtype", "activation")):
+            continue
+        (ldt, lhs), (rdt, rhs) = _shape(call["lhs"]), _shape(call["rhs"])
+        numbers = call["ragged_dot_dimension_numbers"]
+        (lhs_contract, rhs_contract), _ = numbers["dot_dimension_numbers"]
+        if ldt != "bf16" or rdt != "bf16" or len(lhs) != 2 or len(rhs) != 3:
+            continue
+        out_dim = [d for i, d in enumerate(rhs) if i not in (rhs_contract[0], *numbers["rhs_group_dimensions"])]
+        flops = 2.0 * lhs[0] * lhs[lhs_contract[0]] * out_dim[0]
+        out.append((f"{call['lhs']}·{call['rhs']}", flops / fastest[0]))
+    return out
+
+
+def mape(pairs) -> float:
+    """Mean absolute percentage error of (model, measured) pairs; nan when there are none."""
+    return float(np.mean([abs(m / t - 1) for m, t in pairs]) * 100) if pairs else float("nan")
+
+
+def per_core_note(chip: Chip, timings: list[AttentionTiming], matmul_flops: list[float]) -> str:
+    """Whether a TPU7x entry is one TensorCore's or the whole chip's, from the achieved FLOP/s."""
+    chip_peak = chip.peak_bf16_flops_per_s
+    core_peak = chip_peak / chip.tensorcores_per_chip
+    best_matmul = max(matmul_flops) if matmul_flops else float("nan")
+    best_attention = max(4.0 * t.batch * t.q_heads * t.head_dim * t.seq**2 / t.seconds
+                         for t in timings if not t.causal and t.head_dim % chip.mxu_tile == 0)
+    return (f"per TensorCore: the fastest dense matmul reaches {best_matmul / core_peak:.0%} of one TensorCore's "
+            f"{core_peak / 1e12:.0f} TFLOP/s ({best_matmul / chip_peak:.0%} of the chip's), and full attention at "
+            f"head_dim {chip.mxu_tile} {best_attention / core_peak:.0%} ({best_attention / chip_peak:.0%}); the other "
+            f"chips' kernels reach 65-93% of their whole peak, so a chip-level reading would put TPU7x at half "
+            f"of every other generation. JAX shows each TensorCore as a device (the row's devices_per_chip="
+            f"{chip.devices_per_chip}), and tokamax times one device")
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{PRECISION}g}")
+
+
+def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
+    """Every chip's figures, sources and comparison rows from the timing files found."""
+    chips = {name: load_chip(CHIP_DIR / f"{name}.json") for name in DEVICE_DIRS}
+    found = {}
+    for name, device in DEVICE_DIRS.items():
+        forward = find_file(device, FORWARD_FILE, checkouts, base)
+        backward = find_file(device, BACKWARD_FILE, checkouts, base)
+        matmuls = [s for s in (find_file(device, f, checkouts, base) for f in MATMUL_FILES) if s]
+        found[name] = (forward, backward, matmuls)
+
+    derived: dict[str, dict] = {name: {"figures": {}, "sources": {}, "comparison": []} for name in DEVICE_DIRS}
+    attention_fits: dict[str, AttentionFit] = {}
+    forward_timings: dict[str, list[AttentionTiming]] = {}
+    for name, (forward, _, _) in found.items():
+        if forward is None:
+            continue
+        timings = read_attention(forward.path, backward=False)
+        fit, rms = fit_forward(chips[name], timings)
+        attention_fits[name], forward_timings[name] = fit, timings
+        shapes = ", ".join(sorted({t.label for t in timings}))
+        how = (f"fitted to {forward.cite} ({len(timings)} bf16 forward calls with residuals, fastest config each: "
+               f"{shapes}) by least squares on relative error (scipy least_squares), with the other attention "
+               f"figures of this row; RMS error {rms:.1%}")
+        d = derived[name]
+        d["figures"].update(attention_efficiency=_round(fit.efficiency), attention_block_overhead_s=_round(fit.step_s),
+                            attention_masked_element_s=_round(fit.masked_element_s),
+                            attention_operand_passes=_round(fit.operand_passes))
+        d["sources"].update(
+            attention_efficiency=f"{how}. Against the MXU-padded peak per device (head_dim padded to mxu_tile)",
+            attention_block_overhead_s=f"{how}. Seconds per (q block × kv block × head) grid step",
+            attention_masked_element_s=f"{how}. Seconds per logit of the blocks the causal diagonal cuts",
+            attention_operand_passes=(f"{how}. Passes over the call's q, k, v, o at the device's HBM bandwidth, "
+                                      f"once per call (the copies and residuals around the kernel)"))
+
+    backward_ratios: dict[str, float] = {}
+    for name, (_, backward, _) in found.items():
+        if backward is None or name not in attention_fits:
+            continue
+        timings = read_attention(backward.path, backward=True)
+        ratio, passes, rms = fit_backward(chips[name], attention_fits[name], timings)
+        backward_ratios[name] = ratio
+        derived[name]["figures"].update(attention_backward_over_forward=_round(ratio),
+                                        attention_backward_operand_passes=_round(passes))
+        how = (f"fitted to {backward.cite} ({len(timings)} bf16 VJP calls, fastest config each, dk/dv blocks) by "
+               f"least squares on relative error with the backward operand passes, the per-step and masked-logit "
+               f"figures held at the forward's (paid by each of the backward's two grids); RMS error {rms:.1%}")
+        derived[name]["sources"].update(
+            attention_backward_over_forward=f"{how}. The backward kernels' MXU time over the forward's",
+            attention_backward_operand_passes=f"{how}. Passes over the backward's operand arrays, once per call")
+
+    matmul_efficiency: dict[str, float] = {}
+    for name, (_, _, matmuls) in found.items():
+        rows = [(label, rate, src) for src in matmuls for label, rate in read_dense_matmuls(src.path)]
+        if not rows:
+            continue
+        peak = chips[name].peak_bf16_flops_per_s / chips[name].devices_per_chip
+        label, rate, src = max(rows, key=lambda r: r[1])
+        matmul_efficiency[name] = rate / peak
+        derived[name]["figures"]["matmul_efficiency"] = _round(rate / peak)
+        derived[name]["sources"]["matmul_efficiency"] = (
+            f"the fastest of {len(rows)} bf16 ragged dots at dense sizes (groups of ≥{DENSE_GROUP_ROWS} rows, or "
+            f"that many on average) "
+            f"in {'; '.join(s.cite for s in matmuls)}: {label} at {rate / 1e12:.0f} TFLOP/s of "
+            f"{peak / 1e12:.0f} per device; the best a tuned matmul showed on this chip")
+
+    for name in DEVICE_DIRS:
+        d = derived[name]
+        stand_in = ATTENTION_STAND_IN.get(name)
+        if name not in attention_fits and stand_in and stand_in[0] in attention_fits:
+            other, why = stand_in
+            for field in ("attention_efficiency", "attention_block_overhead_s", "attention_masked_element_s",
+                          "attention_operand_passes"):
+                d["figures"][field] = derived[other]["figures"][field]
+                d["sources"][field] = f"no attention timings for {name} in tokamax: assumed {other}'s ({why})"
+        stand_in = BACKWARD_STAND_IN.get(name)
+        if name not in backward_ratios and stand_in and stand_in[0] in backward_ratios:
+            other, why = stand_in
+            for field in ("attention_backward_over_forward", "attention_backward_operand_passes"):
+                d["figures"][field] = derived[other]["figures"][field]
+                d["sources"][field] = f"no VJP timings for {name} in tokamax: assumed {other}'s ({why})"
+        stand_in = MATMUL_STAND_IN.get(name)
+        if name not in matmul_efficiency and stand_in and stand_in[0] in matmul_efficiency:
+            other, why = stand_in
+            d["figures"]["matmul_efficiency"] = derived[other]["figures"]["matmul_efficiency"]
+            d["sources"]["matmul_efficiency"] = (f"no dense matmul timings for {name} in tokamax: "
+                                                 f"assumed {other}'s ({why})")
+
+    for name, timings in forward_timings.items():
+        fitted = derived[name]["figures"]
+        fit = AttentionFit(fitted["attention_efficiency"], fitted["attention_block_overhead_s"],
+                           fitted["attention_masked_element_s"], fitted["attention_operand_passes"],
+                           fitted["attention_backward_operand_passes"])
+        ratio = fitted.get("attention_backward_over_forward", chips[name].attention_backward_over_forward)
+        before = AttentionFit(1.0, 0.0, 0.0, 0.0)  # every TPU row before these fits
+        for t in timings:
+            derived[name]["comparison"].append(("forward", t, model_attention(chips[name], t, fit, ratio)[0],
+                                                model_attention(chips[name], t, before, 2.5)[0]))
+        _, backward, _ = found[name]
+        if backward is not None:
+            for t in read_attention(backward.path, backward=True):
+                derived[name]["comparison"].append(("backward", t, model_attention(chips[name], t, fit, ratio)[1],
+                                                    model_attention(chips[name], t, before, 2.5)[1]))
+        if chips[name].devices_per_chip > 1:
+            flops = [rate for src in found[name][2] for _, rate in read_dense_matmuls(src.path)]
+            note = f"; tokamax's {name} timings are {per_core_note(chips[name], timings, flops)}"
+            derived[name]["per_core_note"] = note
+            for field in ("attention_efficiency", "matmul_efficiency"):
+                derived[name]["sources"][field] += note
+    return derived
+
+
+def report(derived: dict[str, dict]) -> str:
+    """The kernel-level comparison: per call, then MAPE per chip, direction and length band."""
+    lines = ["# cpplan kernel time vs tokamax's measured TPU flash attention (fastest config per call)",
+             "# model: the fitted chip row; before: attention efficiency 1, no step/call/mask costs, "
+             "backward 2.5×", ""]
+    summary = [f"{'chip':6} {'pass':8} {'band':7} {'calls':>5} {'MAPE':>7} {'before':>7} {'median signed':>13}"]
+    for name, d in derived.items():
+        if not d["comparison"]:
+            continue
+        lines.append(f"## {name}")
+        for direction, t, model, before in d["comparison"]:
+            lines.append(f"{direction:8} {t.label:32} blocks {t.block_q}/{t.block_kv}  "
+                         f"measured {t.seconds * 1e3:8.3f} ms  model {model * 1e3:8.3f} ms "
+                         f"({model / t.seconds - 1:+6.1%})  before {before / t.seconds - 1:+6.1%}")
+        for direction in ("forward", "backward"):
+            for band, keep in ((f"≥{LONG}", lambda t: t.seq >= LONG), (f"<{LONG}", lambda t: t.seq < LONG)):
+                rows = [(m, t.seconds, b) for dr, t, m, b in d["comparison"] if dr == direction and keep(t)]
+                if rows:
+                    signed = statistics.median(m / t - 1 for m, t, _ in rows)
+                    error = mape([(m, t) for m, t, _ in rows])
+                    summary.append(f"{name:6} {direction:8} {band:7} {len(rows):5d} {error:6.1f}%"
+                                   f" {mape([(b, t) for _, t, b in rows]):6.1f}% {signed:+12.1%}")
+        full = {(dr, t.batch, t.seq, t.q_heads, t.head_dim): (t.seconds, m) for dr, t, m, _ in d["comparison"]
+                if not t.causal}
+        ratios = [(t.seconds / full[key][0], m / full[key][1]) for dr, t, m, _ in d["comparison"]
+                  if t.causal and (key := (dr, t.batch, t.seq, t.q_heads, t.head_dim)) in full]
+        if ratios:
+            measured, modelled = zip(*ratios)
+            lines.append(f"causal/full time ratio over {len(ratios)} pairs: measured {min(measured):.2f}-"
+                         f"{max(measured):.2f}, model {min(modelled):.2f}-{max(modelled):.2f}")
+        if "per_core_note" in d:
+            lines.append(d["per_core_note"].lstrip("; ") + ".")
+        lines.append("")
+    return "\n".join(lines + ["## MAPE (model vs measured; 'before' is the previous row)", *summary, ""])
+
+
+def write_rows(derived: dict[str, dict]) -> None:
+    """Writes the figures and their sources into the chip rows, leaving every other field alone."""
+    for name, d in derived.items():
+        path = CHIP_DIR / f"{name}.json"
+        row = json.loads(path.read_text())
+        row.update(d["figures"])
+        row["sources"].update(d["sources"])
+        Chip.from_dict(row, origin=str(path))  # a row that would not load is never written
+        path.write_text(json.dumps(row, indent=2) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, action="append", default=[],
+                        help="a checkout of github.com/openxla/tokamax (repeatable; read after the installed package)")
+    parser.add_argument("--write", action="store_true", help="write the figures into cost_models/data/chips/*.json")
+    args = parser.parse_args()
+    derived = derive(args.data, installed_dir())
+    text = report(derived)
+    print(text)
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / "comparison.txt").write_text(text)
+    (RESULTS_DIR / "figures.json").write_text(json.dumps(
+        {name: {"figures": d["figures"], "sources": d["sources"]} for name, d in derived.items()}, indent=2) + "\n")
+    if args.write:
+        write_rows(derived)
+
+
+if __name__ == "__main__":
+    main()

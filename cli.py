@@ -1,0 +1,356 @@
+"""The `cpplan` command line: every subcommand, built from the layers below.
+
+Planning (explain, sweep, max-seq-len, export) uses `planner/` alone. The commands that touch
+devices (run, compile, calibrate, validate, validate-memory) import `runtime/` and
+`validation/` inside their handlers, so `cpplan explain` never imports jax; those that run on a
+`cpu:N` host ask XLA for the N virtual devices before jax is imported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from cost_models.errors import CpplanError
+from cost_models.topology import get_topology
+from cost_models.units import GiB, MiB
+from planner import api
+from planner.explanation import Explanation, describe_strategy
+from planner.maxtext import format_flags
+from planner.options import format_tokens, parse_seq_len
+
+RUNTIME_HINT = "install the runtime with pip install -e '.[runtime]'"
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return [w.strip() for w in text.split(",") if w.strip()] if text else None
+
+
+def _seq_lens(text: str) -> list[int]:
+    return [parse_seq_len(w) for w in _csv(text) or []]
+
+
+def _mesh(text: str | None) -> dict[str, int] | None:
+    if not text:
+        return None
+    mesh = {}
+    for word in _csv(text):
+        axis, _, size = word.partition("=")
+        if not size.strip().isdigit():
+            raise CpplanError(f"--mesh {word!r}: write AXIS=SIZE pairs separated by commas, e.g. context=16,tensor=2.")
+        mesh[axis.strip()] = int(size)
+    return mesh
+
+
+def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> None:
+    """The flags every command that plans takes."""
+    p.add_argument("--model", required=True, help="model name (e.g. llama3.1-8b) or path to a config.json")
+    if seq_len:
+        p.add_argument("--seq-len", required=True, help="tokens per sequence: 131072, 128k, 4M")
+    p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
+    p.add_argument("--strategies", help="allowed strategies: all_gather,ulysses,ring,usp,none")
+    p.add_argument("--mesh", help="fixed axis sizes, e.g. context=16,tensor=2")
+    p.add_argument("--remat", help="allowed remat policies: full,save_dot_except_mlp,minimal_with_context")
+    p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
+    p.add_argument("--global-batch-tokens", help="tokens per step to aim for: the search picks the number of sequences "
+                                                 "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
+                                                 "cpu:N)")
+    p.add_argument("--exact-batch", type=int, help="exactly this many sequences per step (instead of a target)")
+    p.add_argument("--loss-chunk-tokens", type=int, help="cross-entropy chunk; 0 = full logits")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _search_options(args: argparse.Namespace) -> dict:
+    """Planner keyword options from parsed flags (only those given)."""
+    opts = {"strategies": _csv(args.strategies), "mesh": _mesh(args.mesh), "remat": _csv(args.remat),
+            "load_balance": _csv(args.load_balance), "global_batch_tokens": args.global_batch_tokens,
+            "global_batch": args.exact_batch,
+            "loss_chunk_tokens": args.loss_chunk_tokens}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def _plan(args: argparse.Namespace):
+    return api.plan(args.model, args.seq_len, args.topology, **_search_options(args))
+
+
+def _use_host_devices(topology: str) -> None:
+    """For a topology of a host's virtual devices (`cpu:N`), asks XLA for N of them.
+
+    Must run before jax is imported; a topology of real devices (a TPU slice) is left alone.
+    """
+    topo = get_topology(topology)
+    if not topo.chip.kind.shares_cores:
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={topo.num_devices}".strip()
+    os.environ.setdefault("JAX_PLATFORMS", topo.chip.kind.jax_platform)
+
+
+def _import_runtime() -> None:
+    """Imports jax, or says how to install it."""
+    try:
+        import jax  # noqa: F401
+    except ImportError as err:
+        raise CpplanError(f"this command needs the jax runtime ({err}); {RUNTIME_HINT}.") from None
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """The best plan, why, what came close, what was rejected."""
+    explanation = Explanation(api.run_search(args.model, args.seq_len, args.topology, **_search_options(args)),
+                              top=args.top)
+    print(explanation.to_json() if args.json else explanation)
+    return 0 if explanation.best else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Best strategy and MFU per sequence length."""
+    rows = []
+    for tokens in _seq_lens(args.seq_lens):
+        e = Explanation(api.run_search(args.model, tokens, args.topology, **_search_options(args)))
+        row = {"seq_len": tokens, "fits": e.best is not None}
+        if e.best:
+            row.update(strategy=e.best.cp_strategy.value, plan=describe_strategy(e.best), mesh=e.best.mesh_dict,
+                       remat=e.best.remat.value, step_time_s=e.estimate.step_time_s, mfu=e.estimate.mfu,
+                       hbm_gib=e.estimate.hbm_bytes_per_device / GiB,
+                       per_strategy={s.value: {"step_time_s": r.estimate.step_time_s, "mfu": r.estimate.mfu}
+                                     for s, r in e.best_per_strategy().items()})
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    names = ["all_gather", "ulysses", "ring", "usp"]
+    print(f"{'seq_len':>8}  {'best':<42} {'step':>9} {'MFU':>6} {'HBM':>8}  " + "  ".join(f"{n:>10}" for n in names))
+    for row in rows:
+        if not row["fits"]:
+            print(f"{format_tokens(row['seq_len']):>8}  nothing fits")
+            continue
+        per = row["per_strategy"]
+        cells = "  ".join(f"{per[n]['mfu']:>10.1%}" if n in per else f"{'—':>10}" for n in names)
+        print(f"{format_tokens(row['seq_len']):>8}  {row['plan']:<42} {row['step_time_s']:>8.2f}s {row['mfu']:>6.1%} "
+              f"{row['hbm_gib']:>6.1f}Gi  {cells}")
+    print("(per-strategy columns: MFU of that strategy's best plan)")
+    return 0
+
+
+def cmd_max_seq_len(args: argparse.Namespace) -> int:
+    """The longest sequence any plan fits."""
+    longest = api.max_seq_len(args.model, args.topology, **_search_options(args))
+    print(json.dumps(longest.to_dict(), indent=2) if args.json else longest)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """The best plan as MaxText flags (or plan JSON)."""
+    plan = _plan(args)
+    if args.format == "json":
+        print(plan.to_json())
+        return 0
+    flags = plan.to_maxtext()
+    print(json.dumps(flags, indent=2) if args.json else format_flags(flags))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Plans, runs on this host's virtual devices, and prints measured figures next to predicted ones."""
+    topo = get_topology(args.topology)
+    if not topo.chip.kind.shares_cores:
+        raise CpplanError(f"`cpplan run` runs on this host's CPU devices; {topo.name} is a TPU slice. "
+                          f"Use `cpplan compile` to compile for it deviceless, or plan for cpu:8.")
+    _use_host_devices(args.topology)
+    plan = _plan(args)
+    _import_runtime()
+    from planner.estimate import estimate
+    from runtime.runner import run
+
+    report = run(plan, steps=args.steps, data=args.data)
+    predicted = estimate(plan)
+    print(plan.to_json())
+    print(f"measured:  {report}")
+    hbm = "n/a" if report.hbm_bytes_per_device is None else f"{report.hbm_bytes_per_device / MiB:.1f} MiB"
+    print(f"{'':10}{'predicted':>14}{'measured':>14}")
+    print(f"{'step':10}{predicted.step_time_s * 1e3:>12.1f}ms{report.step_time_s * 1e3:>12.1f}ms")
+    print(f"{'MFU':10}{predicted.mfu:>14.1%}{report.mfu:>14.1%}")
+    print(f"{'HBM/dev':10}{predicted.hbm_bytes_per_device / MiB:>11.1f}MiB{hbm:>14}")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Plans, compiles deviceless for the TPU slice, and prints memory against the prediction."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
+    plan = _plan(args)
+    _import_runtime()
+    from planner.estimate import estimate
+    from runtime.compile import compile_for
+
+    report = compile_for(plan)
+    predicted = estimate(plan)
+    print(plan.to_json())
+    print(f"compiled:  {report}")
+    print(f"predicted: {predicted.hbm_bytes_per_device / GiB:.2f} GiB per device "
+          f"({'fits' if predicted.fits else 'does not fit'}); compiler: {report.required_gib:.2f} GiB "
+          f"({'fits' if report.fits else 'does not fit'})")
+    return 0 if report.fits else 1
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measures this machine's devices and writes a chip row."""
+    _use_host_devices(args.topology)
+    _import_runtime()
+    from validation.calibration import calibrate
+
+    shape = {}
+    if args.model:
+        from cost_models.models import get_model
+
+        m = get_model(args.model)
+        shape = dict(attention_heads=m.num_heads, attention_kv_heads=m.num_kv_heads, attention_head_dim=m.head_dim)
+    result = calibrate(args.topology, dtype=args.dtype, repeats=args.repeats, **shape)
+    path = result.write(args.out)
+    chip = result.chip
+    print(f"wrote {path}: peak {chip.peak_bf16_flops_per_s / 1e9:.1f} GFLOP/s per chip, attention efficiency "
+          f"{chip.attention_efficiency:.2f} (+ {chip.attention_block_overhead_s * 1e6:.1f} µs per grid step, "
+          f"{chip.attention_step_s_per_operand_byte * 1e12:.1f} ps per operand byte per step, "
+          f"{chip.attention_masked_element_s * 1e9:.2f} ns per masked logit), memory "
+          f"{chip.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, link "
+          f"{(chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s) / 1e9:.2f} GB/s, "
+          f"hop latency {chip.ici_hop_latency_s * 1e6:.1f} µs")
+    for kind, bw, lat in chip.host_collectives:
+        print(f"  {kind}: {bw / 1e9:.2f} GB/s + {lat * 1e6:.0f} µs")
+    print(f"use it: export CPPLAN_CHIP_DIR={path.parent}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Runs plans (or reads measured step times) and compares them with predictions."""
+    if args.measured:
+        from validation.measured import read_csv, read_maxtext_log
+        from validation.steptime import compare_measured
+
+        steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
+        report = compare_measured(steps)
+    else:
+        if not (args.model and args.seq_lens and args.topology):
+            raise CpplanError("cpplan validate needs --model, --seq-lens and --topology (or --measured FILE).")
+        _use_host_devices(args.topology)
+        _import_runtime()
+        from validation.steptime import validate_step_times
+
+        options = {"compute_dtype": args.compute_dtype, "param_dtype": "float32"}
+        if args.strategies:
+            options["strategies"] = _csv(args.strategies)
+        report = validate_step_times(args.model, _seq_lens(args.seq_lens), args.topology, sequences=args.sequences,
+                                     max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
+                                     data=args.data, **options)
+    files = report.write(args.out, plots=not args.no_plots)
+    print(json.dumps({k: v for k, v in report.to_dict().items() if k != "plans"}, indent=2, default=str))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def cmd_validate_memory(args: argparse.Namespace) -> int:
+    """Compiles plans deviceless and compares predicted HBM with the compiler's."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
+    _import_runtime()
+    from validation.memory import validate_memory
+
+    report = validate_memory(args.model, _seq_lens(args.seq_lens), _csv(args.topologies), layers=args.layers,
+                             per_strategy=args.per_strategy, sequences=args.sequences)
+    files = report.write(args.out)
+    print(report.markdown())
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def _add(sub, name: str, handler, help_text: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.set_defaults(func=handler)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `cpplan` parser with every subcommand.
+
+    Returns:
+        An `ArgumentParser` whose parsed namespace carries the handler as `func`.
+    """
+    parser = argparse.ArgumentParser(prog="cpplan", description="Plan context parallelism for long-context "
+                                     "training: price, choose, explain, run and validate.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = _add(sub, "explain", cmd_explain, "the best plan, why, what came close, what was rejected")
+    _add_search_options(p)
+    p.add_argument("--top", type=int, default=5, help="alternatives to show")
+    p = _add(sub, "sweep", cmd_sweep, "best strategy and MFU per sequence length")
+    _add_search_options(p, seq_len=False)
+    p.add_argument("--seq-lens", required=True, help="comma-separated lengths, e.g. 128k,512k,1M,4M")
+    p = _add(sub, "max-seq-len", cmd_max_seq_len, "the longest sequence any plan fits")
+    _add_search_options(p, seq_len=False)
+    p = _add(sub, "export", cmd_export, "the best plan as MaxText flags (or plan JSON)")
+    _add_search_options(p)
+    p.add_argument("--format", choices=["maxtext", "json"], default="maxtext")
+
+    p = _add(sub, "run", cmd_run, "plan, then run a few training steps on this host (cpu:N)")
+    _add_search_options(p)
+    p.add_argument("--steps", type=int, default=5, help="training steps (the median skips the first)")
+    p.add_argument("--data", help="a text file to train on (byte tokens); default synthetic tokens")
+    p = _add(sub, "compile", cmd_compile, "plan, then compile deviceless for a TPU slice")
+    _add_search_options(p)
+
+    p = _add(sub, "calibrate", cmd_calibrate, "measure this machine's devices and write a chip row")
+    p.add_argument("--topology", required=True, help="the devices present, e.g. cpu:8")
+    p.add_argument("--dtype", default="float32", help="compute dtype measured (float32 on a CPU host)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per figure (the fastest is kept)")
+    p.add_argument("--model", help="measure attention with this model's heads (default: 8 query, 4 kv heads of 32)")
+    p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
+
+    p = _add(sub, "validate", cmd_validate, "predicted vs measured step times (runs or imports)")
+    p.add_argument("--model")
+    p.add_argument("--seq-lens", help="comma-separated, e.g. 2k,4k,8k")
+    p.add_argument("--topology", help="the devices present, e.g. cpu:8")
+    p.add_argument("--strategies", help="allowed strategies, e.g. ring,usp")
+    p.add_argument("--sequences", type=int, default=1, help="sequences per step at every length")
+    p.add_argument("--compute-dtype", default="float32", help="float32 on a CPU host")
+    p.add_argument("--max-plans", type=int, default=16, help="plans per sequence length")
+    p.add_argument("--top", type=int, default=3, help="of which the planner's top K")
+    p.add_argument("--steps", type=int, default=3, help="steps per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", help="text file for the runs (synthetic tokens by default)")
+    p.add_argument("--measured", help="a CSV of plans and step_seconds, or a MaxText log (with --maxtext-flags)")
+    p.add_argument("--maxtext-flags", help="the MaxText flags of the logged run (text or a file)")
+    p.add_argument("--out", default="validation-report", help="directory for report.md, report.json and plots")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
+
+    p = _add(sub, "validate-memory", cmd_validate_memory, "predicted vs compiled HBM per device")
+    p.add_argument("--model", required=True)
+    p.add_argument("--seq-lens", required=True, help="comma-separated, e.g. 32k,128k")
+    p.add_argument("--topologies", required=True, help="comma-separated, e.g. v5p:2x2x2,tpu7x:2x2x1")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers compiled")
+    p.add_argument("--per-strategy", type=int, default=1, help="plans of each strategy, best first")
+    p.add_argument("--sequences", type=int, default=1, help="sequences per step")
+    p.add_argument("--out", default="validation-report", help="directory for memory.md and memory.json")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one `cpplan` command.
+
+    Args:
+        argv: the arguments (default: the process's).
+    Returns:
+        The exit status: 0 done, 1 nothing fits / does not fit, 2 bad input.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CpplanError as err:
+        print(f"cpplan: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""`Candidates`: the plans of one strategy as numpy columns, the form the price works on.
+
+One row per candidate (a mesh, a placement's links, a remat policy, load balancing, splash
+blocks), so that thousands of candidates are priced at once and a single plan is one row.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from cost_models.case import Case, ReadsCase
+from cost_models.collectives import Collectives
+from cost_models.remat import RematCost, remat_table
+from cost_models.topology import AxisLinks, Segment
+from cost_models.vocabulary import CPStrategy
+
+
+class LinkColumns(NamedTuple):
+    """The links a collective group gets, one entry per candidate."""
+
+    bw: np.ndarray  # bytes/s
+    latency: np.ndarray  # s
+
+
+def _float_link(link) -> LinkColumns:
+    return LinkColumns(*(np.asarray(column, dtype=float) for column in link))
+
+
+@dataclass(frozen=True)
+class Candidates(ReadsCase):
+    """Candidates as columns: one strategy, any number of meshes × placements × remat × balancing.
+
+    Mesh sizes, blocks and link figures are float arrays (one entry per candidate); lists are
+    accepted and converted. Derived columns are computed once per instance (the fields never change).
+    """
+
+    case: Case
+    strategy: CPStrategy
+    data: np.ndarray
+    fsdp: np.ndarray
+    ring: np.ndarray  # size of the `context` axis
+    ulysses: np.ndarray  # size of the `context_ulysses` axis
+    tensor: np.ndarray
+    remat: np.ndarray  # codes into cost_models.remat.POLICIES
+    zigzag: np.ndarray
+    block_q: np.ndarray  # splash query block
+    block_kv: np.ndarray  # splash key/value block
+    links: dict[str, LinkColumns]  # collective group (data, weights, tensor, context, ulysses) → its links
+    ring_link: LinkColumns  # one ppermute step along `context`
+    loss_chunk_tokens: int = 0
+    act_bytes: int = 2
+    param_bytes: int = 4
+
+    def __post_init__(self):
+        # a frozen dataclass converts its own declared fields through object.__setattr__
+        for name in ("data", "fsdp", "ring", "ulysses", "tensor", "block_q", "block_kv"):
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=float))
+        object.__setattr__(self, "zigzag", np.asarray(self.zigzag, dtype=bool))
+        object.__setattr__(self, "remat", np.asarray(self.remat, dtype=int))
+        object.__setattr__(self, "links", {name: _float_link(link) for name, link in self.links.items()})
+        object.__setattr__(self, "ring_link", _float_link(self.ring_link))
+
+    def with_blocks(self, block_q, block_kv) -> "Candidates":
+        """The same candidates with other splash blocks."""
+        return dataclasses.replace(self, block_q=block_q, block_kv=block_kv)
+
+    @cached_property
+    def sequences_per_device(self) -> np.ndarray:
+        """Sequences each batch shard (data × fsdp) holds."""
+        return self.global_batch / (self.data * self.fsdp)
+
+    @cached_property
+    def tokens_per_device(self) -> np.ndarray:
+        """Tokens each device holds outside attention: its sequences split over both context axes."""
+        return self.sequences_per_device * self.seq_len / (self.ring * self.ulysses)
+
+    @cached_property
+    def weight_group(self) -> np.ndarray:
+        """Devices a weight is sharded over outside tensor parallelism: fsdp × both context axes."""
+        return self.fsdp * self.ring * self.ulysses
+
+    @property
+    def shared_cores(self) -> bool:
+        """Whether the devices share a host's cores (work then moves to whichever device is busy)."""
+        return self.topology.chip.kind.shares_cores
+
+    @cached_property
+    def comm(self) -> Collectives:
+        """The collective formulas of this chip row."""
+        return Collectives(self.topology.chip.host_collectives)
+
+    @property
+    def context_link(self) -> LinkColumns:
+        """Links of a collective over the `context` axis."""
+        return self.links["context"]
+
+    @property
+    def ulysses_link(self) -> LinkColumns:
+        """Links of a collective over the `context_ulysses` axis."""
+        return self.links["ulysses"]
+
+    @cached_property
+    def remat_columns(self) -> RematCost:
+        """What each candidate's remat policy keeps and recomputes, one entry per candidate."""
+        table = remat_table(self.model)
+        return RematCost(**{f.name: getattr(table, f.name)[self.remat] for f in dataclasses.fields(table)})
+
+
+def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, LinkColumns], LinkColumns]:
+    """Columns of bandwidth and latency from per-candidate `AxisLinks`.
+
+    Args:
+        links: collective group → the `AxisLinks` of each candidate, in candidate order.
+    Returns:
+        (group → its collective links, the ring (ppermute) links of `context`).
+    """
+    cols = {name: LinkColumns(np.array([l.collective_bw_bytes_per_s for l in ls]),
+                              np.array([l.collective_latency_s for l in ls]))
+            for name, ls in links.items()}
+    ctx = links["context"]
+    return cols, LinkColumns(np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx]))
+
+
+def group_links(links_of: Callable[[tuple[Segment, ...]], AxisLinks],
+                segments: dict[str, tuple[Segment, ...]]) -> dict[str, AxisLinks]:
+    """The links each collective group gets from the mesh axes' physical segments.
+
+    Args:
+        links_of: prices a tuple of segments (`Topology.links`).
+        segments: mesh axis name → its segments.
+    Returns:
+        Collective group (data, weights, tensor, context, ulysses) → its `AxisLinks`.
+    """
+    return {
+        "data": links_of(segments["data"]),
+        "weights": links_of(segments["fsdp"] + segments["context"] + segments["context_ulysses"]),
+        "tensor": links_of(segments["tensor"]),
+        "context": links_of(segments["context"]),
+        "ulysses": links_of(segments["context_ulysses"]),
+    }

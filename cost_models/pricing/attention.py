@@ -1,0 +1,77 @@
+"""The attention of one decoder layer on one device: the splash kernel's MXU work over the
+blocks it computes (whole blocks across the causal diagonal), plus what its grids pay per step
+and each call pays once; the backward's MXU time is the chip's measured ratio to the forward's."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent, splash_smem_bytes,
+                                 splash_step_costs, tile_efficiency)
+from cost_models.strategies import Layout, StrategySpec
+
+
+@dataclass(frozen=True)
+class AttentionTimes:
+    """One decoder layer's attention on one device (arrays over candidates)."""
+
+    layout: Layout  # how the kernel lies on a device under the strategy
+    forward_flops: np.ndarray  # executed by the forward kernel, whole blocks included
+    math_forward_s: np.ndarray  # MXU time of the forward kernel's computed blocks
+    grid_forward_s: np.ndarray  # per-step costs of the forward grids (steps computed or skipped)
+    grid_backward_s: np.ndarray  # per-step costs of the backward grids (dq, dk/dv)
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    recompute_s: np.ndarray  # forward passes the remat policy runs again in the backward
+    executed_flops: np.ndarray  # forward, backward and recomputation
+    smem_bytes: np.ndarray  # the kernel's mask metadata in SMEM
+
+    @property
+    def total_s(self) -> np.ndarray:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
+    """Prices one decoder layer's attention for every candidate.
+
+    Args:
+        x: the candidates, all of `strategy`.
+        strategy: the spec that lays out the kernel and lists its calls.
+    Returns:
+        Their per-layer `AttentionTimes`.
+    """
+    model, chip = x.model, x.topology.chip
+    layout = strategy.layout(x)
+    # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
+    # so the step costs the average rank's work (the balanced extent), not the busiest rank's
+    extent = causal_attention_extent(x.seq_len, layout.ring, x.zigzag | x.shared_cores,
+                                     block_q=x.block_q, block_kv=x.block_kv)
+    efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
+    forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
+    math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
+    # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
+    grid_forward_s = grid_backward_s = 0.0
+    for call in strategy.kernel_calls(x, layout):
+        fwd, bwd = splash_step_costs(
+            x.sequences_per_device * layout.q_heads, x.sequences_per_device * layout.kv_heads, call.q_len, call.kv_len,
+            head_dim=model.head_dim, act_bytes=x.act_bytes,
+            block_q=np.minimum(x.block_q, call.q_block_cap), block_kv=x.block_kv,
+            per_step_s=chip.attention_block_overhead_s, per_step_byte_s=chip.attention_step_s_per_operand_byte,
+            per_masked_element_s=chip.attention_masked_element_s,
+            per_call_byte_s=(chip.attention_operand_passes / x.topology.hbm_bw_per_device,
+                             chip.attention_backward_operand_passes / x.topology.hbm_bw_per_device),
+            causal=call.causal)
+        grid_forward_s = grid_forward_s + call.count * fwd
+        grid_backward_s = grid_backward_s + call.count * bwd
+    forward_s = math_forward_s + grid_forward_s
+    recomputed = x.remat_columns.recompute_attention
+    return AttentionTimes(
+        layout=layout, forward_flops=forward_flops, math_forward_s=math_forward_s, grid_forward_s=grid_forward_s,
+        grid_backward_s=grid_backward_s, forward_s=forward_s,
+        backward_s=chip.attention_backward_over_forward * math_forward_s + grid_backward_s,
+        recompute_s=recomputed * forward_s,
+        executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
+        smem_bytes=splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv),
+    )

@@ -1,0 +1,53 @@
+"""HBM-bound work: a decoder layer's elementwise ops (norms, residual adds, RoPE, SwiGLU) and
+the AdamW update."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+
+ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
+ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
+
+
+@dataclass(frozen=True)
+class ElementwiseTimes:
+    """One decoder layer's elementwise work on one device (arrays over candidates)."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    recompute_s: np.ndarray  # what the remat policy runs again in the backward
+
+    @property
+    def total_s(self) -> np.ndarray:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def price_elementwise(x: Candidates) -> ElementwiseTimes:
+    """Prices one decoder layer's elementwise work for every candidate.
+
+    Norms and residual adds run on full-width activations (every tensor shard holds them whole,
+    as the runtime keeps them); RoPE and SwiGLU on tensor-split heads and columns.
+
+    Args:
+        x: the candidates.
+    Returns:
+        Their per-layer `ElementwiseTimes`.
+    """
+    model, tokens, hbm_bw = x.model, x.tokens_per_device, x.topology.hbm_bw_per_device
+    split_width = (2 * (model.num_heads + model.num_kv_heads) * model.head_dim + 3 * model.intermediate) / x.tensor
+    forward_s = tokens * (10 * model.hidden + split_width) * x.act_bytes / hbm_bw
+    remat = x.remat_columns
+    # a policy that recomputes the projections runs the whole layer's forward again; one that
+    # recomputes only the MLP, its SwiGLU
+    swiglu_recompute_s = remat.recompute_mlp * tokens * 3 * model.intermediate * x.act_bytes / x.tensor / hbm_bw
+    recompute_s = np.where(remat.recompute_qkv_out > 0, forward_s, swiglu_recompute_s)
+    return ElementwiseTimes(forward_s, ELEMENTWISE_PASSES_BACKWARD * forward_s, recompute_s)
+
+
+def optimizer_seconds(x: Candidates) -> np.ndarray:
+    """Seconds of one AdamW update of a device's shard of the parameters (HBM bound)."""
+    shards = x.weight_group * x.tensor
+    return x.model.num_params / shards * ADAMW_BYTES_PER_PARAM / x.topology.hbm_bw_per_device

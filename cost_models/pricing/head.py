@@ -1,0 +1,45 @@
+"""The output head and the loss on one device: the projection to the vocabulary on the MXU and
+the fp32 cross-entropy over its logits (HBM bound)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+from cost_models.compute import tile_efficiency
+from cost_models.flops import head_forward_flops
+
+CE_BYTES_PER_LOGIT = 4 * 4  # fp32 logits: written, read for the log-sum-exp, gradient written and read
+
+
+@dataclass(frozen=True)
+class HeadTimes:
+    """The output head and loss of one step on one device (arrays over candidates)."""
+
+    passes: int  # forward, two backward matmuls, and the chunked loss's recomputed logits
+    matmul_s: np.ndarray
+    cross_entropy_s: np.ndarray
+    executed_flops: np.ndarray
+
+
+def price_head(x: Candidates) -> HeadTimes:
+    """Prices the output head and the loss for every candidate.
+
+    Args:
+        x: the candidates.
+    Returns:
+        Their per-step `HeadTimes`.
+    """
+    model, chip = x.model, x.topology.chip
+    passes = 3 + (1 if x.loss_chunk_tokens else 0)  # chunked loss recomputes each chunk's logits
+    padding = tile_efficiency(model.hidden, chip.mxu_tile) * tile_efficiency(model.vocab / x.tensor, chip.mxu_tile)
+    achievable_flops = x.topology.peak_flops_per_device * chip.matmul_efficiency
+    hbm_bw = x.topology.hbm_bw_per_device
+    flops = head_forward_flops(model, x.tokens_per_device)
+    return HeadTimes(
+        passes=passes,
+        matmul_s=passes * flops / x.tensor / padding / achievable_flops,
+        cross_entropy_s=x.tokens_per_device * model.vocab / x.tensor * CE_BYTES_PER_LOGIT / hbm_bw,
+        executed_flops=passes * flops / x.tensor,
+    )

@@ -1,0 +1,65 @@
+"""The matmuls of one decoder layer on one device: the projections (q/k/v and out) and the MLP
+on the MXU with its tile padding, bounded below by reading the layer's weights from HBM."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+from cost_models.compute import tile_efficiency
+from cost_models.flops import layer_forward_flops
+
+
+@dataclass(frozen=True)
+class MatmulTimes:
+    """One decoder layer's matmuls on one device (arrays over candidates)."""
+
+    projections_s: np.ndarray  # forward MXU time of the q/k/v and output projections
+    mlp_s: np.ndarray  # forward MXU time of the MLP
+    weight_bytes: np.ndarray  # the layer's weights on one device, in the compute dtype
+    forward_s: np.ndarray  # the forward math, or reading the weights when that takes longer
+    backward_s: np.ndarray  # dX and dW (twice the forward math), or reading weights twice and writing fp32 grads
+    recompute_s: np.ndarray  # what the remat policy runs again in the backward
+    math_s: np.ndarray  # MXU time of forward, backward and recomputation together
+    executed_flops: np.ndarray  # FLOPs of forward, backward and recomputation
+
+    @property
+    def weight_read_excess_s(self) -> np.ndarray:
+        """Where reading the weights outlasts the math, forward and backward."""
+        return self.forward_s + self.backward_s - 3 * (self.projections_s + self.mlp_s)
+
+
+def price_matmuls(x: Candidates) -> MatmulTimes:
+    """Prices one decoder layer's matmuls for every candidate.
+
+    Args:
+        x: the candidates.
+    Returns:
+        Their per-layer `MatmulTimes`.
+    """
+    model, chip = x.model, x.topology.chip
+    tile, tensor = chip.mxu_tile, x.tensor
+    achievable_flops = x.topology.peak_flops_per_device * chip.matmul_efficiency
+    flops = layer_forward_flops(model, x.seq_len, x.tokens_per_device)
+    qkv_columns = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim / tensor
+    qkv_padding = tile_efficiency(model.hidden, tile) * tile_efficiency(qkv_columns, tile)
+    out_padding = tile_efficiency(model.num_heads * model.head_dim / tensor, tile) * tile_efficiency(model.hidden, tile)
+    mlp_padding = tile_efficiency(model.hidden, tile) * tile_efficiency(model.intermediate / tensor, tile)
+    projections_s = (flops.qkv / qkv_padding + flops.out_proj / out_padding) / tensor / achievable_flops
+    mlp_s = flops.mlp / mlp_padding / tensor / achievable_flops
+
+    hbm_bw = x.topology.hbm_bw_per_device
+    weight_bytes = model.params_per_layer * x.act_bytes / tensor
+    forward_s = np.maximum(projections_s + mlp_s, weight_bytes / hbm_bw)
+    backward_s = np.maximum(2 * (projections_s + mlp_s),
+                            (2 * weight_bytes + model.params_per_layer * x.param_bytes / tensor) / hbm_bw)
+    remat = x.remat_columns
+    return MatmulTimes(
+        projections_s=projections_s, mlp_s=mlp_s, weight_bytes=weight_bytes, forward_s=forward_s,
+        backward_s=backward_s,
+        recompute_s=remat.recompute_qkv_out * projections_s + remat.recompute_mlp * mlp_s,
+        math_s=projections_s * (1 + 2 + remat.recompute_qkv_out) + mlp_s * (1 + 2 + remat.recompute_mlp),
+        executed_flops=((flops.qkv + flops.out_proj) / tensor * (3 + remat.recompute_qkv_out)
+                        + flops.mlp / tensor * (3 + remat.recompute_mlp)),
+    )

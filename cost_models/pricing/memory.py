@@ -1,0 +1,87 @@
+"""HBM held per device over a step, by component, and its peak.
+
+HBM is held in phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's
+backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+from cost_models.strategies import Layout
+from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
+
+STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
+LAYER_MEMORY = ("layer_working_set", "attention_buffers", "collective_buffers")
+LOSS_MEMORY = ("logits", "head_buffers")
+OPTIMIZER_BYTES_PER_PARAM = 2 * 4  # AdamW's two fp32 moments
+
+
+def peak_bytes(memory: dict):
+    """Peak HBM per device: the static part plus the larger of the two phases (arrays or floats)."""
+    static = sum(memory[k] for k in STATIC_MEMORY)
+    return static + np.maximum(sum(memory[k] for k in LAYER_MEMORY), sum(memory[k] for k in LOSS_MEMORY))
+
+
+@dataclass(frozen=True)
+class MemoryBytes:
+    """Bytes per device by component (arrays over candidates); names as `Estimate.hbm_bytes` has them."""
+
+    params: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray  # what each layer keeps for its backward, all layers
+    layer_working_set: np.ndarray  # one layer's backward
+    attention_buffers: np.ndarray
+    collective_buffers: np.ndarray
+    logits: np.ndarray
+    head_buffers: np.ndarray
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryBytes:
+    """HBM each candidate holds per device, by component.
+
+    Args:
+        x: the candidates.
+        layout: how the attention kernel lies on a device.
+        context_buffer_bytes: what the strategy's own traffic holds at the peak of one layer.
+    Returns:
+        Their `MemoryBytes`.
+    """
+    m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
+    a, pb = x.act_bytes, x.param_bytes
+    remat = x.remat_columns
+    group = x.weight_group
+    shards = group * tensor
+    saved = (remat.saved_full_width + remat.saved_split / tensor) * a
+    # one layer's backward: its attention-side activations for every token, the MLP's for one
+    # chunk of tokens unless the policy keeps MLP outputs; each with its gradient
+    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor) * a
+    mlp_side = (2 * m.intermediate / tensor + m.hidden) * a
+    mlp_tokens = np.where(remat.recompute_mlp > 0, np.minimum(MLP_CHUNK_TOKENS, tokens), tokens)
+    loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
+    head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
+    embed = m.vocab * m.hidden  # the input embedding: rows over the weight-sharding group only
+    largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
+    return MemoryBytes(
+        params=((m.num_params - embed) / shards + embed / group) * pb,
+        grads=((m.num_params - embed) / shards + embed / group) * pb,
+        optimizer=((m.num_params - embed) / shards + embed / group) * OPTIMIZER_BYTES_PER_PARAM,
+        activations=m.num_layers * tokens * saved,
+        layer_working_set=2 * (tokens * attention_side + mlp_tokens * mlp_side),
+        # the strategy's buffers, and one fp32 value per local query and head
+        attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
+        # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
+        # unreduced fp32 gradient of one matrix on its way to the reduce-scatter
+        collective_buffers=largest_matrix * (2 * a + pb),
+        # fp32 logits of one chunk of tokens against one piece of the vocabulary (the gradient
+        # formed in place, fused with the softmax)
+        logits=loss_tokens * head_piece * 4,
+        head_buffers=m.hidden * head_piece * (pb + 4),  # the gathered head piece and its fp32 gradient
+    )

@@ -1,0 +1,77 @@
+"""`price`: one training step's time, traffic and memory for columns of candidates, composed
+from the builders of this package."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+from cost_models.flops import model_flops_per_step
+from cost_models.pricing.attention import price_attention
+from cost_models.pricing.communication import context_traffic, price_exposure, price_traffic
+from cost_models.pricing.elementwise import optimizer_seconds, price_elementwise
+from cost_models.pricing.head import price_head
+from cost_models.pricing.matmul import price_matmuls
+from cost_models.pricing.memory import peak_bytes, price_memory
+from cost_models.strategies import STRATEGIES
+
+
+@dataclass(frozen=True)
+class Priced:
+    """Per-candidate columns of times (s) and bytes; see `cost_models.estimate.Estimate` for their meaning."""
+
+    step_time_s: np.ndarray
+    compute_s: dict[str, np.ndarray]
+    hbm_s: dict[str, np.ndarray]
+    comm_s: dict[str, np.ndarray]
+    exposed_s: dict[str, np.ndarray]
+    memory: dict[str, np.ndarray]
+    smem_bytes: np.ndarray
+    model_flops: float
+    executed_flops: np.ndarray  # per device, remat recomputation and splash's whole blocks included
+
+    @property
+    def hbm_total(self) -> np.ndarray:
+        return peak_bytes(self.memory)
+
+
+def price(x: Candidates) -> Priced:
+    """Prices every candidate in `x`.
+
+    Args:
+        x: candidates, all of one strategy.
+    Returns:
+        Their `Priced` columns.
+    """
+    layers = x.model.num_layers
+    strategy = STRATEGIES[x.strategy]
+    overlaps = x.topology.chip.comm_overlaps_compute
+    matmuls = price_matmuls(x)
+    attention = price_attention(x, strategy)
+    elementwise = price_elementwise(x)
+    head = price_head(x)
+    layer_forward_s = matmuls.forward_s + attention.forward_s + elementwise.forward_s
+    layer_backward_s = (matmuls.backward_s + attention.backward_s + elementwise.backward_s
+                        + matmuls.recompute_s + attention.recompute_s + elementwise.recompute_s)
+
+    cost = strategy.cost(x, attention.layout, attention.forward_s)
+    traffic = price_traffic(x, matmuls.weight_bytes,
+                            context_traffic(cost, x.remat_columns.recompute_attention, overlaps))
+    exposed = price_exposure(traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s,
+                             num_layers=layers, overlaps=overlaps).as_dict()
+    optimizer_s = optimizer_seconds(x)
+    compute = {"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s}
+    hbm = {
+        "elementwise": layers * elementwise.total_s + head.cross_entropy_s,
+        "matmul_weight_reads": layers * matmuls.weight_read_excess_s,
+        "optimizer": optimizer_s,
+    }
+    step = (layers * (layer_forward_s + layer_backward_s) + head.matmul_s + head.cross_entropy_s + optimizer_s
+            + sum(exposed.values()))
+    return Priced(
+        step_time_s=step, compute_s=compute, hbm_s=hbm, comm_s=traffic.per_step(layers), exposed_s=exposed,
+        memory=price_memory(x, attention.layout, cost.buffer_bytes).as_dict(), smem_bytes=attention.smem_bytes,
+        model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
+        executed_flops=layers * (matmuls.executed_flops + attention.executed_flops) + head.executed_flops,
+    )

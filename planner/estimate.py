@@ -1,0 +1,48 @@
+"""The price of one `Plan`: the plan as one row of candidates, priced as the search prices them."""
+from __future__ import annotations
+
+from cost_models.candidates import Candidates, group_links, link_columns
+from cost_models.estimate import Estimate, estimate_row
+from cost_models.pricing import price
+from cost_models.remat import remat_code
+from cost_models.vocabulary import DTYPE_BYTES, LoadBalance
+from planner.plan import Plan
+
+
+def candidates_of(plan: Plan) -> Candidates:
+    """The plan as one row of `Candidates`, its links those of its placement.
+
+    Args:
+        plan: the plan.
+    Returns:
+        A one-row `Candidates`.
+    Raises:
+        CpplanError: the plan's axes do not tile its topology in its axis and physical order.
+    """
+    mesh = plan.mesh_dict
+    topology = plan.topology_spec
+    links, ring_link = link_columns({group: [links] for group, links in
+                                     group_links(topology.links, plan.segments()).items()})
+    return Candidates(
+        case=plan.case, strategy=plan.cp_strategy, data=[mesh["data"]], fsdp=[mesh["fsdp"]], ring=[mesh["context"]],
+        ulysses=[mesh["context_ulysses"]], tensor=[mesh["tensor"]], remat=[remat_code(plan.remat)],
+        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block_q=[plan.block_q], block_kv=[plan.block_kv],
+        links=links, ring_link=ring_link, loss_chunk_tokens=plan.loss_chunk_tokens,
+        act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
+    )
+
+
+def estimate(plan: Plan) -> Estimate:
+    """Prices one plan.
+
+    Args:
+        plan: the plan.
+    Returns:
+        Its `Estimate`.
+    Raises:
+        CpplanError: the plan's mesh does not tile its topology, its strategy cannot run it (the
+            rule and its numbers), or its batch does not split over data × fsdp.
+    """
+    plan.check()
+    x = candidates_of(plan)
+    return estimate_row(price(x), 0, x)

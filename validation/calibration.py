@@ -1,0 +1,273 @@
+"""Calibration: measure the devices of a topology, fit the cost model's figures to the times,
+and write a chip row in the cited rows' JSON format, saying how each figure was measured.
+
+`cpplan calibrate --topology cpu:8` runs on the devices present (8 virtual CPU devices here, a
+real TPU or GPU slice elsewhere — the same code); `runtime.measure` times, this module fits:
+
+- matmul throughput is the row's peak (its matmul efficiency is then 1.0 by definition);
+- splash attention forward + backward on `ATTENTION_SHAPES`: a non-negative least-squares fit
+  (scipy's `nnls`) of a cost per FLOP, per grid step, per operand byte per step and per masked
+  logit — the four terms the cost model prices;
+- an elementwise pass over large arrays gives the row's HBM bandwidth;
+- all-gather, reduce-scatter, all-to-all and ppermute at `COLLECTIVE_SIZES`: the link bandwidth
+  and per-hop latency are fitted so the cost model's own all-gather formula on this topology
+  reproduces the all-gather times; the other three are predicted with those two figures and
+  their errors recorded. On a host whose devices share cores each kind also gets its own rate.
+
+Calibration never touches an efficiency to make an end-to-end step time come out right.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+from cost_models import collectives
+from cost_models.chips import Chip
+from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD, causal_block_fraction, splash_step_costs
+from cost_models.placement import axis_segments
+from cost_models.topology import Topology, get_topology
+
+COLLECTIVE_SIZES = (2**16, 2**18, 2**20, 2**22)  # bytes per device
+# seq ÷ (q_len, kv_len, block), and whether the mask is causal: they vary the FLOPs, the grid
+# steps, the operand sizes and the masked blocks independently, so the four costs separate
+ATTENTION_SHAPES = ((4, 4, 4, False), (4, 4, 8, False), (4, 1, 4, False), (2, 2, 4, False), (8, 1, 8, False),
+                    (1, 1, 4, True), (2, 2, 4, True))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A measured chip row and the raw figures behind it."""
+
+    chip: Chip
+    raw: dict
+
+    def write(self, path: "str | Path") -> Path:
+        """Writes the row as JSON.
+
+        Args:
+            path: a `.json` file, or a directory (the file is then named after the chip).
+        Returns:
+            The file written.
+        """
+        path = Path(path)
+        if path.suffix != ".json":
+            path = path / f"{self.chip.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.chip.to_dict(), indent=2) + "\n")
+        return path
+
+
+@dataclass(frozen=True)
+class AttentionFit:
+    """Splash forward + backward as the cost model prices it, fitted on several shapes.
+
+    Attributes:
+        per_flop_s: seconds per executed FLOP.
+        per_step_s: fixed seconds per grid step of each kernel.
+        per_step_byte_s: seconds per operand byte per grid step (interpreted kernels copy
+            their operand arrays at every step; 0 where they do not).
+        per_masked_element_s: seconds per logit of a block the causal mask cuts through.
+        shapes: (q_len, kv_len, block, causal, measured s, fitted s) of every run.
+    """
+
+    per_flop_s: float
+    per_step_s: float
+    per_step_byte_s: float
+    per_masked_element_s: float
+    shapes: tuple
+
+    @property
+    def mean_error(self) -> float:
+        """Mean |fitted ÷ measured − 1| over the shapes."""
+        return float(np.mean([abs(fit / t - 1) for *_, t, fit in self.shapes]))
+
+
+def splash_terms(q_len: int, kv_len: int, block: int, causal: bool, *, heads: int, kv_heads: int, head_dim: int,
+                 act_bytes: int) -> tuple[float, float, float, float]:
+    """The factors of the four attention costs of one call's forward + backward, exactly as the
+    cost model prices them.
+
+    Returns:
+        (executed FLOPs, grid steps, operand bytes × steps, masked logits).
+    """
+    flops = 4.0 * q_len * kv_len * heads * head_dim * (1 + SPLASH_BACKWARD_OVER_FORWARD)
+    if causal:
+        flops *= float(causal_block_fraction(q_len, block))
+    units = [float(sum(splash_step_costs(heads, kv_heads, q_len, kv_len, head_dim=head_dim, act_bytes=act_bytes,
+                                         block_q=block, block_kv=block, per_step_s=step, per_step_byte_s=byte,
+                                         per_masked_element_s=masked, causal=causal)))
+             for step, byte, masked in np.eye(3)]
+    return (flops, *units)
+
+
+def fit_attention(shapes, terms, times) -> AttentionFit:
+    """The four attention costs that best explain the times, each ≥ 0.
+
+    Least squares in relative error (every shape weighs the same), non-negative (scipy's `nnls`).
+
+    Args:
+        shapes: (q_len, kv_len, block, causal) of each call.
+        terms: `splash_terms` of each call.
+        times: measured seconds of each call.
+    Returns:
+        An `AttentionFit`.
+    """
+    rows, seconds = np.asarray(terms, float), np.asarray(times, float)
+    coef, _ = nnls(rows / seconds[:, None], np.ones(len(seconds)))
+    fitted = rows @ coef
+    return AttentionFit(*(float(c) for c in coef),
+                        tuple((*s, float(t), float(f)) for s, t, f in zip(shapes, seconds, fitted)))
+
+
+def fit_host_collectives(points: dict, n: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Each kind's (bytes/s, latency) on a host, fitted to its own times, and the fits' mean errors.
+
+    The volume is what the model's formula for that kind charges (`collectives.HOST_FORMULAS`):
+    gathered bytes for an all-gather, the array before the collective for the others.
+
+    Args:
+        points: per kind, (bytes per device, seconds) at several sizes.
+        n: devices taking part.
+    Returns:
+        (kind → [bytes/s, latency s], kind → mean |fitted ÷ measured − 1|).
+    """
+    fitted, errors = {}, {}
+    for kind, formula in collectives.HOST_FORMULAS.items():
+        sizes = np.array([b for b, _ in points[kind]], dtype=float)
+        seconds = np.array([t for _, t in points[kind]])
+        volume = sizes * n if kind == "all_gather" else sizes
+        unit = np.array([formula(v, n, 1.0, 0.0) for v in volume])  # seconds at 1 byte/s, no latency
+        # t = latency + unit / bw, in relative error so that small sizes (the plans' own) count as much
+        (lat, per_byte), _ = nnls(np.stack([np.ones_like(unit), unit], axis=1) / seconds[:, None],
+                                  np.ones_like(seconds))
+        if per_byte <= 0:  # too noisy to see the bandwidth: charge the largest size's time to it
+            lat, per_byte = 0.0, seconds[-1] / unit[-1]
+        bw = 1.0 / per_byte
+        fitted[kind] = [float(bw), float(lat)]
+        errors[kind] = float(np.mean([abs(formula(v, n, bw, lat) / t - 1) for v, t in zip(volume, seconds)]))
+    return fitted, errors
+
+
+def fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, float]]:
+    """Link bandwidth and hop latency that make the model's all-gather over all devices match.
+
+    Args:
+        topo: the topology measured.
+        points: per collective kind, (bytes per device, seconds) at several sizes.
+    Returns:
+        (link bytes/s, hop latency s, the other kinds' mean |predicted ÷ measured − 1| with them).
+    """
+    dims = topo.physical_dims
+    segs = axis_segments((topo.num_devices,), tuple(d.size for d in dims))[0]
+    unit = topo.links(segs)  # the model's figures with the row's current link values
+    link = dims[segs[0].dim].link_bw_bytes_per_s
+    latency = dims[0].hop_latency_s
+    bw_per_link = unit.collective_bw_bytes_per_s / link
+    lat_per_hop = unit.collective_latency_s / latency if latency else 0.0
+    n = topo.num_devices
+    gathered = np.array([b * n for b, _ in points["all_gather"]], dtype=float)
+    seconds = np.array([t for _, t in points["all_gather"]])
+    slope, intercept = np.polyfit(gathered * (n - 1) / n, seconds, 1)
+    fitted_link = 1.0 / (slope * bw_per_link)
+    fitted_hop = max(intercept, 0.0) / lat_per_hop if lat_per_hop else 0.0
+    coll_bw, coll_lat = fitted_link * bw_per_link, fitted_hop * lat_per_hop
+    ring_bw = unit.ring_bw_bytes_per_s / link * fitted_link
+    ring_lat = unit.ring_latency_s / latency * fitted_hop if latency else 0.0
+    predict = {
+        "reduce_scatter": lambda b: collectives.reduce_scatter(b, n, coll_bw, coll_lat),
+        "all_to_all": lambda b: collectives.all_to_all(b, n, coll_bw, coll_lat),
+        "ppermute": lambda b: collectives.ppermute(b, ring_bw, ring_lat),
+    }
+    errors = {name: float(np.mean([abs(predict[name](b) / t - 1) for b, t in points[name]])) for name in predict}
+    return fitted_link, fitted_hop, errors
+
+
+def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul_size: int = 1024,
+              attention_seq: int = 1024, attention_heads: int = 8, attention_kv_heads: int = 4,
+              attention_head_dim: int = 32) -> Calibration:
+    """Measures the devices present as `topology` and returns a chip row for them.
+
+    Args:
+        topology: the topology the devices form, e.g. ``cpu:8`` (for a host's virtual devices,
+            jax must have been started with that many: the `cpplan calibrate` command does it).
+        dtype: the compute dtype measured (float32 on a CPU host, bfloat16 on a TPU).
+        repeats: timed repetitions per figure (the fastest is kept).
+        matmul_size: the side of the square matmuls timed.
+        attention_seq: sets the lengths of `ATTENTION_SHAPES`.
+        attention_heads / attention_kv_heads / attention_head_dim: the kernels' heads (choose
+            them like the per-device kernels of the plans to be priced).
+    Returns:
+        A `Calibration`: the row, and the raw figures behind it.
+    Raises:
+        CpplanError: the devices present do not form `topology`.
+    """
+    import jax.numpy as jnp
+
+    from runtime import measure
+
+    topo = get_topology(topology)
+    mesh = measure.device_mesh(topo)
+    chip = topo.chip
+    per_chip = 1.0 / topo.num_chips
+    matmul = measure.measure_matmul(mesh, dtype, matmul_size, repeats)
+    heads = dict(heads=attention_heads, kv_heads=attention_kv_heads, head_dim=attention_head_dim)
+    shapes = [(attention_seq // q, attention_seq // kv, attention_seq // b, causal)
+              for q, kv, b, causal in ATTENTION_SHAPES]
+    times = measure.time_attention(mesh, topo, dtype, shapes, repeats=repeats, **heads)
+    terms = [splash_terms(*s, act_bytes=jnp.dtype(dtype).itemsize, **heads) for s in shapes]
+    fit = fit_attention(shapes, terms, times)
+    attention = mesh.devices.size / fit.per_flop_s  # executed FLOP/s of all devices together
+    memory = measure.measure_memory(mesh, dtype, 2**22, repeats)
+    points = measure.measure_collectives(mesh, COLLECTIVE_SIZES, repeats)
+    link, hop, errors = fit_links(topo, points)
+    shares_cores = chip.kind.shares_cores
+    host, host_errors = fit_host_collectives(points, topo.num_devices) if shares_cores else ({}, {})
+    when = time.strftime("%Y-%m-%d")
+    how = f"measured by `cpplan calibrate --topology {topo.name}` on {when}, all {topo.num_devices} devices busy"
+    link_field = "core_link_bw_bytes_per_s" if shares_cores else "ici_link_bw_bytes_per_s"
+    sources = dict(chip.sources)
+    sources.update({
+        "peak_bf16_flops_per_s": f"{how}: {matmul_size}³ {dtype} matmuls, fastest of {repeats}",
+        "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
+        "attention_efficiency": (f"{how}: splash forward + backward, {attention_heads} query and "
+                                 f"{attention_kv_heads} kv heads × {attention_head_dim}, (q, kv, block, causal) = "
+                                 f"{[s[:4] for s in fit.shapes]}: the FLOP rate of the fit that, with a cost per grid "
+                                 f"step, per operand byte per step and per masked logit, explains every time (mean "
+                                 f"error {fit.mean_error:.1%}); relative to the matmul peak"),
+        "attention_block_overhead_s": f"{how}: the same fit; the fixed cost per grid step of each kernel",
+        "attention_step_s_per_operand_byte": (f"{how}: the same fit; the cost per byte of a kernel's operand arrays "
+                                              f"per grid step (interpret mode copies them at every step)"),
+        "attention_masked_element_s": (f"{how}: the same fit; the cost per logit of the blocks a causal mask cuts "
+                                       f"through, per kernel (the mask rule is evaluated there)"),
+        "attention_backward_over_forward": (f"{how}: the fit prices the backward kernels at their FLOP ratio to the "
+                                            f"forward ({SPLASH_BACKWARD_OVER_FORWARD}), its other costs per grid step"),
+        "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
+        "attention_backward_operand_passes": f"{how}: 0, as for the forward",
+        "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
+        link_field: (f"{how}: fitted so the model's all-gather over all devices matches at "
+                     f"{list(COLLECTIVE_SIZES)} bytes per device; with it the model predicts "
+                     + ", ".join(f"{k} within {v:.0%}" for k, v in errors.items()) + " on average"),
+        "ici_hop_latency_s": f"{how}: the intercept of the same all-gather fit",
+    })
+    if host:
+        sources["host_collectives"] = (
+            f"{how}: each kind over all {topo.num_devices} devices at {list(COLLECTIVE_SIZES)} bytes per device, its "
+            f"bandwidth and latency fitted to its own times (the virtual devices copy through shared memory, and XLA's "
+            f"CPU collectives differ by kind); fit errors " + ", ".join(f"{k} {v:.0%}" for k, v in host_errors.items()))
+    row = dataclasses.replace(
+        chip, peak_bf16_flops_per_s=matmul * per_chip, matmul_efficiency=1.0,
+        attention_efficiency=attention / matmul, attention_block_overhead_s=fit.per_step_s,
+        attention_step_s_per_operand_byte=fit.per_step_byte_s, attention_masked_element_s=fit.per_masked_element_s,
+        attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD, attention_operand_passes=0.0,
+        attention_backward_operand_passes=0.0, hbm_bw_bytes_per_s=memory * per_chip,
+        ici_hop_latency_s=hop, host_collectives=host, sources=sources, **{link_field: link})
+    raw = {"matmul_flops_per_s": matmul, "attention_flops_per_s": attention, "attention_fit": dataclasses.asdict(fit),
+           "attention_fit_mean_error": fit.mean_error, "memory_bytes_per_s": memory,
+           "collectives": points, "collective_model_errors": errors, "host_collective_errors": host_errors}
+    return Calibration(row, raw)
