@@ -1,4 +1,4 @@
-"""Compile Llama 3.1 8B deviceless at the configurations of shared/ANCHORS.md and print
+"""Compile Llama 3.1 8B deviceless at the configurations of docs/measurements.md and print
 cpplan's HBM per device and compile time next to MaxText 0.2.5's.
 
     python benchmarks/bench_compile.py                 # all rows (about 20 minutes here)

@@ -131,8 +131,12 @@ def _readable(path: Path) -> bool:
         return False  # missing, empty, or (as some shipped copies are) not valid JSON
 
 
-def _shape(text: str) -> tuple[str, list[int]]:
-    dtype, dims = re.fullmatch(r"(\w+)\[([\d,]*)\]", text).groups()
+def _shape(operand) -> tuple[str, list[int]]:
+    """(dtype, dims) of an operand written `bf16[8,4096,128]`; a quantized operand (written as a
+    dict of value and scales, as newer tokamax releases do) is none of the bf16 calls fitted here."""
+    if not isinstance(operand, str):
+        return "quantized", []
+    dtype, dims = re.fullmatch(r"(\w+)\[([\d,]*)\]", operand).groups()
     return dtype, [int(d) for d in dims.split(",") if d]
 
 

@@ -1,6 +1,6 @@
 """Topologies: a slice of chips on a torus (or the virtual devices of one host), parsed from names.
 
-Names: `v5p-256` (slice names count TensorCores, see FACTS.md), `v5p:4x4x8`, `tpu7x-128`,
+Names: `v5p-256` (slice names count TensorCores: the Cloud TPU v5p docs list 2x2x2 as 8 chips, 16 cores), `v5p:4x4x8`, `tpu7x-128`,
 `tpu7x:4x4x4`, `v5e:16x16`, and `cpu:8` (8 virtual devices on this host). A topology knows its
 physical dimensions, which of them wrap, and what a logical mesh axis laid on some of them gets:
 hop counts and bandwidth for collectives and for ring (ppermute) steps.
@@ -101,7 +101,7 @@ class Topology:
         book's multi-axis all-gather); a segment that closes a ring gets both directions.
         A strided segment shares each link among `stride` interleaved rings. A ring step goes
         over one link per segment; where a segment does not close, its closing step crosses
-        the whole segment (about twice the time of a torus, FACTS.md). The devices of one chip
+        the whole segment (about twice the time of a torus, How to Scale Your Model, ch. TPUs). The devices of one chip
         share its ICI links: an axis that does not span all of them gets its share.
         """
         dims = self.physical_dims

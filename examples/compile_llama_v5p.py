@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="llama3.1-8b")
     parser.add_argument("--seq-len", default="128k")
     parser.add_argument("--topology", default="v5p:2x2x2")
-    parser.add_argument("--global-batch-tokens", help="tokens per step (default: one sequence, as in ANCHORS.md)")
+    parser.add_argument("--global-batch-tokens", help="tokens per step (default: one sequence, as in MaxText's runs in docs/measurements.md)")
     parser.add_argument("--layers", type=int, help="compile only this many layers (quicker; memory per layer scales)")
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime

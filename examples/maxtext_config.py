@@ -7,7 +7,7 @@ from cost_models.units import GiB
 from planner import Plan, explain
 from planner.maxtext import format_flags
 
-# A MaxText run as ANCHORS.md compiled it: Llama 3.1 8B, 256K tokens, ring over 8 v5p chips.
+# A MaxText 0.2.5 run as docs/measurements.md compiled it: Llama 3.1 8B, 256K tokens, ring over 8 v5p chips.
 today = ("compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=262144 per_device_batch_size=0.125 "
          "remat_policy=full ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring "
          "use_tokamax_splash=True")

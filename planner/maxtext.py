@@ -34,7 +34,7 @@ def _slice_name(topology: str) -> str | None:
 
 
 # MaxText builds splash's metadata from a dense mask, per head: data_next and mask_next (int32)
-# and block_mask (int8) for every (q block × kv block). This matches ANCHORS.md: Ulysses 8 at
+# and block_mask (int8) for every (q block × kv block). This matches docs/measurements.md: Ulysses 8 at
 # 128K overflows the 1 MiB SMEM with blocks of 512 (4 heads: 2.4 MB) and fits with 1024.
 MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
 

@@ -1,4 +1,4 @@
-"""MaxText flags: the configurations in ANCHORS.md read back and priced."""
+"""MaxText flags: the configurations of docs/measurements.md read back and priced."""
 import dataclasses
 
 import pytest
@@ -49,7 +49,7 @@ def test_maxtext_defaults_and_errors():
 
 
 def test_export_grows_splash_blocks_where_maxtext_metadata_needs_it():
-    # ANCHORS.md: MaxText's Ulysses 8 at 128K overflows SMEM with blocks of 512 and fits with 1024
+    # docs/measurements.md: MaxText's Ulysses 8 at 128K overflows SMEM with blocks of 512 and fits with 1024
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["ulysses"], global_batch_tokens="128k")
     plan = dataclasses.replace(plan, block_q=512, block_kv=512)
     assert planner.estimate(plan).fits  # cpplan's own runtime shares one small table across heads

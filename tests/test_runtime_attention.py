@@ -144,11 +144,16 @@ def test_plan_for_other_topology_than_devices_present():
 @pytest.mark.parametrize("q_len,kv_len,bq,bkv", [(1024, 1024, 128, 128), (65536, 1024, 128, 128),
                                                  (1024, 65536, 128, 256), (4096, 40960, 128, 128)])
 def test_the_cost_model_smem_formula_is_the_size_of_the_runtime_tables(q_len, kv_len, bq, bkv):
-    """The SMEM the planner prices is what the runtime's tables take: the block mask and the
-    data_next table of the larger of the forward and dK/dV kernels, each in its downcast dtype."""
+    """The SMEM the planner prices bounds what the runtime's tables take (the block mask and the
+    data_next table of the larger of the forward and dK/dV kernels, each in its downcast dtype),
+    and is exact when the largest block index occurs: the formula sizes indices by the larger
+    block count, while a causal table whose keys outrun its queries never reaches it."""
     block_mask, fwd, dkv = splash._static_causal(q_len, kv_len, bq, bkv)
     tables = block_mask.nbytes + max(fwd.nbytes, dkv.nbytes)
-    assert tables == splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv)
+    priced = splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv)
+    assert tables <= priced
+    if max(fwd.max(), dkv.max()) == max(q_len // bq, kv_len // bkv) - 1:
+        assert tables == priced
 
 
 def test_block_sizes_are_checked_against_scalar_memory():

@@ -68,3 +68,12 @@ def test_cli_validate_sets_up_the_virtual_devices_itself(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = (tmp_path / "report.md").read_text()
     assert "plans measured: 1 (ring); failed: 0" in report
+
+
+@pytest.mark.cpu_mesh
+def test_host_commands_ask_for_the_topologys_virtual_devices():
+    """`cpplan validate/calibrate --topology cpu:4` without XLA_FLAGS get 4 devices, not 1."""
+    code = ("import cli; cli._use_host_devices('cpu:4'); import jax; "
+            "import sys; sys.exit(0 if jax.device_count() == 4 else f'{jax.device_count()} devices')")
+    env = {k: v for k, v in ENV.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
