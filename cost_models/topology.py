@@ -4,9 +4,15 @@ Names: `v5p-256` (slice names count TensorCores: the Cloud TPU v5p docs list 2x2
 `tpu7x:4x4x4`, `v5e:16x16`, and `cpu:8` (8 virtual devices on this host). A topology knows its
 physical dimensions, which of them wrap, and what a logical mesh axis laid on some of them gets:
 hop counts and bandwidth for collectives and for ring (ppermute) steps.
+
+Several slices joined over the data-center network (DCN) are written `NxNAME`: `2xv5p-16`
+(printed `2xv5p:2x2x2`) is two v5p:2x2x2 slices. As in MaxText's multi-slice model, only the data
+and fsdp axes may span slices; a collective whose group spans them is priced hierarchically,
+within each slice over ICI and across slices over DCN at the chip row's per-chip DCN bandwidth.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -20,6 +26,8 @@ SMALL_3D_SHAPES = ((1, 2, 2), (2, 2, 2), (2, 2, 4), (2, 4, 4))
 SHAPES_2D = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
 DIM_NAMES = ("x", "y", "z")
 CORE = "core"
+DCN_DIM = -1  # `Segment.dim` of an axis's span across slices (over DCN), beside a slice's physical dimensions
+DCN = "dcn"
 
 
 @dataclass(frozen=True)
@@ -56,26 +64,73 @@ class AxisLinks:
 
 @dataclass(frozen=True)
 class Topology:
-    """A slice: the chip row, the chip grid, and the devices per chip."""
+    """A slice (or `num_slices` equal slices over DCN): the chip row, one slice's chip grid, and
+    the devices per chip. Chip and device counts are of all slices together."""
 
     chip: Chip
     chip_dims: tuple[int, ...]
     devices_per_chip: int
+    num_slices: int = 1
 
     @property
     def name(self) -> str:
-        """Canonical name, e.g. `v5p:4x4x8`, or `cpu:8` for devices without a torus."""
+        """Canonical name, e.g. `v5p:4x4x8`, `2xv5p:4x4x8` for two slices, or `cpu:8` for devices without a torus."""
         if not self.chip.kind.has_torus:
             return f"{self.chip.name}:{self.devices_per_chip}"
-        return f"{self.chip.name}:{'x'.join(map(str, self.chip_dims))}"
+        one = f"{self.chip.name}:{'x'.join(map(str, self.chip_dims))}"
+        return one if self.num_slices == 1 else f"{self.num_slices}x{one}"
+
+    @property
+    def chips_per_slice(self) -> int:
+        return math.prod(self.chip_dims)
+
+    @property
+    def devices_per_slice(self) -> int:
+        return self.chips_per_slice * self.devices_per_chip
 
     @property
     def num_chips(self) -> int:
-        return math.prod(self.chip_dims)
+        return self.chips_per_slice * self.num_slices
 
     @property
     def num_devices(self) -> int:
         return self.num_chips * self.devices_per_chip
+
+    @property
+    def dcn_bw_per_device(self) -> float:
+        """DCN bytes/s each device sends across slices: the chip row's per-chip figure, shared by its devices."""
+        return self.chip.dcn_bw_bytes_per_s / self.devices_per_chip
+
+    def across_slices(self, ici: AxisLinks, slices: int) -> AxisLinks:
+        """The links of a collective group of `ici.size` devices in each of `slices` slices.
+
+        Priced hierarchically, as XLA lowers a collective over a hybrid mesh: the ICI part over the
+        whole array, then the DCN part over the 1/`ici.size` shard each device holds (the bytes a
+        device sends across slices). For n = nᵢ·n_d devices an all-gather of V takes
+        V(nᵢ-1)/nᵢ/Wᵢ + V/nᵢ·(n_d-1)/n_d/W_d; the returned bandwidth is the one that gives that
+        time in the one-level formula V(n-1)/n/W, so every collective formula prices it unchanged.
+        The chip rows cite no DCN latency, so only ICI latency is counted.
+
+        Args:
+            ici: the group's links within one slice.
+            slices: slices the group spans (1: the group stays inside a slice).
+        Returns:
+            The group's links across slices (`ici` itself when `slices` is 1).
+        """
+        if slices == 1:
+            return ici
+        n = ici.size * slices
+        seconds_per_byte = (received_share(ici) / ici.collective_bw_bytes_per_s
+                            + (slices - 1) / slices / ici.size / self.dcn_bw_per_device)
+        return AxisLinks(n, (n - 1) / n / seconds_per_byte, ici.collective_latency_s,
+                         ici.ring_bw_bytes_per_s, ici.ring_latency_s, False)
+
+    def dcn_share(self, ici: AxisLinks, slices: int) -> float:
+        """The fraction of a collective's bandwidth time (see `across_slices`) spent on DCN."""
+        if slices == 1:
+            return 0.0
+        dcn = (slices - 1) / slices / ici.size / self.dcn_bw_per_device
+        return dcn / (received_share(ici) / ici.collective_bw_bytes_per_s + dcn)
 
     @property
     def peak_flops_per_device(self) -> float:
@@ -102,8 +157,14 @@ class Topology:
         A strided segment shares each link among `stride` interleaved rings. A ring step goes
         over one link per segment; where a segment does not close, its closing step crosses
         the whole segment (about twice the time of a torus, How to Scale Your Model, ch. TPUs). The devices of one chip
-        share its ICI links: an axis that does not span all of them gets its share.
+        share its ICI links: an axis that does not span all of them gets its share. Segments on
+        `DCN_DIM` span slices: the group is priced by `across_slices`.
         """
+        dcn_slices = math.prod(s.size for s in segments if s.dim == DCN_DIM)
+        return self.across_slices(self._ici_links(tuple(s for s in segments if s.dim != DCN_DIM)), dcn_slices)
+
+    def _ici_links(self, segments: tuple[Segment, ...]) -> AxisLinks:
+        """`links` within one slice."""
         dims = self.physical_dims
         segments = _merged(segments)
         size = math.prod(s.size for s in segments)
@@ -128,6 +189,11 @@ class Topology:
             ring_hops = max(ring_hops, seg.stride if closes else (seg.size - 1) * seg.stride)
         latency = max(d.hop_latency_s for d in dims)
         return AxisLinks(size, coll_bw, coll_lat, ring_bw, ring_hops * latency, wraps)
+
+
+def received_share(links: AxisLinks) -> float:
+    """(n-1)/n of a group of n devices: the share of a gathered array a device receives."""
+    return (links.size - 1) / links.size
 
 
 def _merged(segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
@@ -256,12 +322,28 @@ def _example_names(chip: Chip) -> str:
 
 @lru_cache(maxsize=256)
 def _parse(name: str, chip_dir_marker: tuple) -> Topology:
-    chips = known_chips()
     text = name.strip().lower()
+    slices = re.fullmatch(r"(\d+)x([a-z].*)", text)
+    if slices is None:
+        return _parse_slice(name, text)
+    count, one = int(slices.group(1)), _parse_slice(name, slices.group(2))
+    if not one.chip.kind.has_torus:
+        raise CpplanError(f"topology {name!r}: {one.chip.name} devices are one host with no DCN between slices; "
+                          f"write {one.name} without the '{slices.group(1)}x' prefix.")
+    if count < 1:
+        raise CpplanError(f"topology {name!r}: the number of slices before 'x' must be at least 1, "
+                          f"e.g. 2x{one.name}.")
+    return dataclasses.replace(one, num_slices=count)
+
+
+def _parse_slice(name: str, text: str) -> Topology:
+    """One slice (or a host) from its name, lower-cased; `name` as the user wrote it, for errors."""
+    chips = known_chips()
     m = re.fullmatch(r"([a-z0-9]+?)(?:-(\d+)|:([\dx]+))", text)
     if not m:
         examples = "; ".join(_example_names(c) for c in chips.values())
-        raise CpplanError(f"cannot parse topology {name!r}: use CHIP-CORES or CHIP:AxBxC, e.g. {examples}.")
+        raise CpplanError(f"cannot parse topology {name!r}: use CHIP-CORES or CHIP:AxBxC, e.g. {examples}; "
+                          f"NxNAME for N slices over DCN, e.g. 2xv5p-16.")
     chip_name, cores, shape = m.groups()
     if chip_name not in chips:
         raise unknown_name("chip", chip_name, chips)

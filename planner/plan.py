@@ -9,7 +9,7 @@ from cost_models.case import Case, batch_split_violation
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
-from cost_models.topology import Segment, Topology, get_topology
+from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
@@ -35,6 +35,9 @@ class Plan:
         loss_chunk_tokens: tokens per cross-entropy chunk; 0 means full logits at once.
         param_dtype: weights, gradients and Adam moments.
         compute_dtype: activations and matmul inputs.
+        dcn_data, dcn_fsdp: over several slices, how many slices the data and the fsdp axis span
+            (MaxText's `dcn_*_parallelism`; their product is the number of slices). The mesh sizes
+            are totals: each slice holds data/dcn_data × fsdp/dcn_fsdp × the other axes.
     """
 
     model: ModelSpec
@@ -52,10 +55,12 @@ class Plan:
     loss_chunk_tokens: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
-        for name in ("seq_len", "global_batch", "block_q", "block_kv"):
+        for name in ("seq_len", "global_batch", "block_q", "block_kv", "dcn_data", "dcn_fsdp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CpplanError(f"plan {name}={value!r} must be a positive integer.")
@@ -74,6 +79,7 @@ class Plan:
         if math.prod(self.mesh_sizes) != topo.num_devices:
             raise CpplanError(f"mesh {self.mesh_dict} has {math.prod(self.mesh_sizes)} devices but "
                               f"{topo.name} has {topo.num_devices}.")
+        self._check_slices(topo)
         dims = tuple(d.name for d in topo.physical_dims)
         if not self.physical_order:
             object.__setattr__(self, "physical_order", dims)
@@ -83,6 +89,28 @@ class Plan:
         object.__setattr__(self, "cp_strategy", CPStrategy.parse(self.cp_strategy))
         object.__setattr__(self, "load_balance", LoadBalance.parse(self.load_balance))
         object.__setattr__(self, "remat", RematPolicy.parse(self.remat))
+
+    def _check_slices(self, topo: Topology) -> None:
+        """Only data and fsdp span slices, and together they span every slice."""
+        if self.dcn_data * self.dcn_fsdp != topo.num_slices:
+            raise CpplanError(f"plan dcn_data={self.dcn_data} × dcn_fsdp={self.dcn_fsdp} must equal the "
+                              f"{topo.num_slices} slice{'s' if topo.num_slices > 1 else ''} of {topo.name}: only the "
+                              f"data and fsdp axes span slices.")
+        for axis, slices in (("data", self.dcn_data), ("fsdp", self.dcn_fsdp)):
+            if self.mesh_dict[axis] % slices:
+                raise CpplanError(f"plan {axis}={self.mesh_dict[axis]} cannot span dcn_{axis}={slices} slices: "
+                                  f"make {axis} a multiple of {slices}.")
+
+    @property
+    def num_slices(self) -> int:
+        """Slices the plan runs on (joined over DCN)."""
+        return self.dcn_data * self.dcn_fsdp
+
+    @property
+    def ici_mesh_dict(self) -> dict[str, int]:
+        """The mesh within one slice: data and fsdp divided by the slices they span."""
+        return {**self.mesh_dict, "data": self.mesh_dict["data"] // self.dcn_data,
+                "fsdp": self.mesh_dict["fsdp"] // self.dcn_fsdp}
 
     # -- mesh --------------------------------------------------------------------------
     @property
@@ -140,7 +168,7 @@ class Plan:
             topo = self.topology_spec
             names = [d.name for d in topo.physical_dims]
             order = [names.index(n) for n in self.physical_order]
-            sizes = self.mesh_dict
+            sizes = self.ici_mesh_dict
             segs = axis_segments(tuple(sizes[a] for a in self.axis_order),
                                  tuple(topo.physical_dims[i].size for i in order))
             if segs is None:
@@ -149,13 +177,17 @@ class Plan:
             # segment dims index the physical order; map them back to the topology's own indices
             mapped = {axis: tuple(Segment(order[s.dim], s.size, s.stride) for s in axis_segs)
                       for axis, axis_segs in zip(self.axis_order, segs)}
+            # data and fsdp span slices outermost, across DCN
+            for axis, slices in (("data", self.dcn_data), ("fsdp", self.dcn_fsdp)):
+                if slices > 1:
+                    mapped[axis] += (Segment(DCN_DIM, slices, 1),)
             object.__setattr__(self, "_segments", mapped)
         return self._segments
 
     def axis_dims(self) -> dict[str, str]:
         """Human form of the placement, e.g. ``{'context': 'z(8)·y(2)'}``, innermost first."""
-        dims = self.topology_spec.physical_dims
-        return {axis: "·".join(f"{dims[s.dim].name}({s.size}{'' if s.stride == 1 else f'/{s.stride}'})" for s in segs)
+        names = {DCN_DIM: DCN, **{i: d.name for i, d in enumerate(self.topology_spec.physical_dims)}}
+        return {axis: "·".join(f"{names[s.dim]}({s.size}{'' if s.stride == 1 else f'/{s.stride}'})" for s in segs)
                 for axis, segs in self.segments().items() if segs}
 
     # -- JSON --------------------------------------------------------------------------
@@ -167,7 +199,7 @@ class Plan:
             "load_balance": self.load_balance.value, "remat": self.remat.value,
             "block_q": self.block_q, "block_kv": self.block_kv, "loss_chunk_tokens": self.loss_chunk_tokens,
             "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
-        }
+        } | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

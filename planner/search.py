@@ -32,7 +32,7 @@ from cost_models.pricing.attention import price_attention
 from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
-from cost_models.topology import AxisLinks, Topology
+from cost_models.topology import AxisLinks, Topology, divisors
 from cost_models.units import GiB, MiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 from planner.options import SearchOptions, as_list, ordered_factorizations
@@ -62,12 +62,15 @@ class Ranked:
 
 
 class Placement(NamedTuple):
-    """A mesh laid on a topology: the logical axes and the physical dimensions, outermost
-    first, and the links each collective group gets."""
+    """A mesh laid on a topology: the logical axes and the physical dimensions of a slice,
+    outermost first, the links each collective group gets, and (over several slices) how many
+    slices the data and fsdp axes span."""
 
     axis_order: tuple[str, ...]
     physical_order: tuple[str, ...]
     links: dict[str, AxisLinks]
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
 
 
 class CandidateRow(NamedTuple):
@@ -171,7 +174,29 @@ class _Placements:
 
     @lru_cache(maxsize=None)
     def of(self, sizes: tuple[int, ...]) -> list[Placement]:
-        """The placements of a mesh (sizes in AXES order) that give distinct links."""
+        """The placements of a mesh (sizes in AXES order) that give distinct links.
+
+        Over several slices each split of the slices between data and fsdp (MaxText's
+        `dcn_data_parallelism` × `dcn_fsdp_parallelism`) that divides them is a placement of its
+        own: the rest of the mesh lies on one slice, and the data and weight groups cross DCN.
+        """
+        slices = self.topo.num_slices
+        if slices == 1:
+            return self._within_slice(sizes)
+        out = []
+        for dcn_data in divisors(slices):
+            dcn_fsdp = slices // dcn_data
+            if sizes[0] % dcn_data or sizes[1] % dcn_fsdp:
+                continue
+            for p in self._within_slice((sizes[0] // dcn_data, sizes[1] // dcn_fsdp) + sizes[2:]):
+                links = {**p.links, "data": self.topo.across_slices(p.links["data"], dcn_data),
+                         "weights": self.topo.across_slices(p.links["weights"], dcn_fsdp)}
+                out.append(p._replace(links=links, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp))
+        return out
+
+    @lru_cache(maxsize=None)
+    def _within_slice(self, sizes: tuple[int, ...]) -> list[Placement]:
+        """The placements of a mesh of one slice's devices that give distinct links."""
         dims = self.topo.physical_dims
         trivial = [a for a, s in zip(AXES, sizes) if s == 1]
         active = [a for a, s in zip(AXES, sizes) if s > 1]
@@ -522,7 +547,7 @@ class SearchSpace:
         plan = Plan(model=case.model, topology=case.topology.name, seq_len=case.seq_len,
                     global_batch=case.global_batch, mesh=tuple(zip(AXES, row.sizes)),
                     axis_order=row.placement.axis_order, physical_order=row.placement.physical_order,
-                    cp_strategy=p.strategy, load_balance=row.load_balance, remat=row.remat, block_q=int(block),
+                    dcn_data=row.placement.dcn_data, dcn_fsdp=row.placement.dcn_fsdp, cp_strategy=p.strategy, load_balance=row.load_balance, remat=row.remat, block_q=int(block),
                     block_kv=int(block), loss_chunk_tokens=opts.loss_chunk_tokens, param_dtype=opts.param_dtype,
                     compute_dtype=opts.compute_dtype)
         return Ranked(plan, estimate_row(p.priced, i, p.x))
