@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
+from cost_models.candidates import group_links
 from cost_models.estimate import Estimate
 from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY
+from cost_models.topology import DCN_DIM
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.options import format_tokens
@@ -33,6 +35,44 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
 
 
+def dcn_traffic(plan: Plan, estimate: Estimate) -> list[dict]:
+    """The collectives of a multi-slice plan whose groups cross slices, with how much of each is
+    on DCN and how much the step waits for.
+
+    The DCN part is the share of the collective's bandwidth time spent across slices
+    (`Topology.dcn_share`); FSDP traffic shares the layers' compute window, so the part of it
+    not exposed is hidden; the data all-reduce runs once at the end of the step, exposed.
+
+    Args:
+        plan: the plan; estimate: its price.
+    Returns:
+        One dict per crossing family (collective, slices, seconds, dcn_seconds, exposed_seconds),
+        empty on one slice.
+    """
+    topo = plan.topology_spec
+    within = {axis: tuple(s for s in segs if s.dim != DCN_DIM) for axis, segs in plan.segments().items()}
+    links = group_links(topo.links, within)
+    comm, exposed = estimate.comm_s, estimate.exposed_s
+    families = (
+        ("fsdp all-gathers and reduce-scatters", plan.dcn_fsdp, links["weights"],
+         comm["fsdp_all_gather"] + comm["fsdp_reduce_scatter"], exposed["fsdp"]),
+        ("data all-reduce", plan.dcn_data, links["data"], comm["data_all_reduce"], exposed["data_all_reduce"]),
+    )
+    return [{"collective": name, "slices": slices, "seconds": seconds,
+             "dcn_seconds": seconds * topo.dcn_share(ici, slices), "exposed_seconds": exposed_seconds}
+            for name, slices, ici, seconds, exposed_seconds in families if slices > 1]
+
+
+def dcn_text(plan: Plan, estimate: Estimate) -> str:
+    """One line of the report: which collectives cross DCN and how much of them is hidden."""
+    chip = plan.topology_spec.chip
+    parts = [f"{f['collective']} span {f['slices']} slices: {_s(f['seconds'])}, about {_s(f['dcn_seconds'])} "
+             f"of it on DCN; {_s(f['seconds'] - f['exposed_seconds'])} hidden under compute, "
+             f"{_s(f['exposed_seconds'])} exposed" for f in dcn_traffic(plan, estimate)]
+    return (f"{plan.num_slices} slices, {chip.dcn_bw_bytes_per_s / 1e9:g} GB/s of DCN per chip; context and "
+            f"tensor stay in a slice; " + ("; ".join(parts) or "no collective crosses slices"))
+
+
 def describe_strategy(plan: Plan) -> str:
     """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64' (the strategy spec's words)."""
     return plan.strategy_spec.describe(plan.axis_size("context"), plan.axis_size("context_ulysses"),
@@ -40,8 +80,10 @@ def describe_strategy(plan: Plan) -> str:
 
 
 def short(plan: Plan) -> str:
-    """One line: strategy, the non-trivial mesh axes, remat."""
+    """One line: strategy, the non-trivial mesh axes (and the slices data and fsdp span), remat."""
     mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "single device"
+    if plan.num_slices > 1:
+        mesh += f" (over DCN: dcn_data={plan.dcn_data} dcn_fsdp={plan.dcn_fsdp})"
     return f"{describe_strategy(plan)}; {mesh}; remat {plan.remat.value}"
 
 
@@ -136,6 +178,7 @@ class Explanation:
             "  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
             "  exposed        " + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
             + " (the rest overlaps compute)",
+            *([f"  across DCN     {dcn_text(p, e)}"] if p.num_slices > 1 else []),
             f"  bottleneck     {e.bottleneck}",
             f"  throughput     {e.tokens_per_s_per_chip:,.0f} tokens/s/chip, MFU {e.mfu:.1%} "
             f"(model FLOPs as MaxText counts them; {e.executed_flops_per_device / 1e12:,.0f} TFLOP executed per device)",
@@ -268,7 +311,7 @@ class Explanation:
             "nothing_fits": None if res.best else self.nothing_fits_text(),
             "advice": [{"change": a.change, "seq_len": a.seq_len, "topology": a.topology, "options": a.options,
                         "step_time_s": a.found.best.estimate.step_time_s} for a in self.advice()],
-        }
+        } | ({"dcn": dcn_traffic(self.best, self.estimate)} if self.best and self.best.num_slices > 1 else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
