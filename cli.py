@@ -58,6 +58,8 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
                                                  "cpu:N)")
     p.add_argument("--exact-batch", type=int, help="exactly this many sequences per step (instead of a target)")
     p.add_argument("--loss-chunk-tokens", type=int, help="cross-entropy chunk; 0 = full logits")
+    p.add_argument("--num-slices", type=int, help="slices of --topology joined over DCN (data and fsdp span them); "
+                                                  "default 1")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -66,7 +68,7 @@ def _search_options(args: argparse.Namespace) -> dict:
     opts = {"strategies": _csv(args.strategies), "mesh": _mesh(args.mesh), "remat": _csv(args.remat),
             "load_balance": _csv(args.load_balance), "global_batch_tokens": args.global_batch_tokens,
             "global_batch": args.exact_batch,
-            "loss_chunk_tokens": args.loss_chunk_tokens}
+            "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices}
     return {k: v for k, v in opts.items() if v is not None}
 
 

@@ -383,15 +383,31 @@ def _parse_slice(name: str, text: str) -> Topology:
     return Topology(chip, dims, chip.devices_per_chip)
 
 
-def get_topology(name: "str | Topology") -> Topology:
-    """Parses a topology name (or returns a Topology unchanged).
+def get_topology(name: "str | Topology", num_slices: "int | None" = None) -> Topology:
+    """Parses a topology name (or returns a Topology unchanged), optionally over several slices.
 
+    Args:
+        name: e.g. `v5p-256`, `2xv5p-256`, `cpu:8`, or a `Topology`.
+        num_slices: slices joined over DCN (None: as the name says, one unless it has an `Nx` prefix).
     Raises:
-        CpplanError: the name does not parse, names an unknown chip, or a shape that does not exist.
+        CpplanError: the name does not parse, names an unknown chip, or a shape that does not exist;
+            `num_slices` is not a positive integer, contradicts the name's prefix, or is given for a host.
     """
     if isinstance(name, Topology):
-        return name
-    if not isinstance(name, str):
+        topo = name
+    elif isinstance(name, str):
+        # the cache key includes the chip rows themselves, so a row from a new $CPPLAN_CHIP_DIR is honoured
+        topo = _parse(name, tuple(sorted(known_chips().items())))
+    else:
         raise CpplanError(f"topology must be a name like 'v5p-256' or 'cpu:8', got {name!r}.")
-    # the cache key includes the chip rows themselves, so a row from a new $CPPLAN_CHIP_DIR is honoured
-    return _parse(name, tuple(sorted(known_chips().items())))
+    if num_slices is None or num_slices == topo.num_slices:
+        return topo
+    if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
+        raise CpplanError(f"num_slices={num_slices!r} must be a positive number of slices.")
+    if topo.num_slices > 1:
+        raise CpplanError(f"topology {topo.name} already has {topo.num_slices} slices but num_slices={num_slices}; "
+                          f"give the count once.")
+    if not topo.chip.kind.has_torus and num_slices > 1:
+        raise CpplanError(f"num_slices={num_slices} on {topo.name}: a host's devices have no DCN between slices; "
+                          f"use a TPU slice, or num_slices=1.")
+    return dataclasses.replace(topo, num_slices=num_slices)

@@ -27,7 +27,8 @@ def run_search(model, seq_len, topology, **options) -> SearchResult:
     accelerators) that a plan fits, or exactly `global_batch` sequences; the result's `batch_note`
     says why when the count differs from the target.
     """
-    spec, tokens, topo = get_model(model), parse_seq_len(seq_len), get_topology(topology)
+    topo = get_topology(topology, options.pop("num_slices", None))
+    spec, tokens = get_model(model), parse_seq_len(seq_len)
     return search(spec, tokens, topo, SearchOptions.build(**options))
 
 
@@ -38,7 +39,8 @@ def plan(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **op
         model: a model name, a `ModelSpec`, or a path to a Hugging Face config.json.
         seq_len: tokens per sequence, an int or a string such as ``4M`` or ``128k``.
         topology: a name such as ``v5p-256``, ``tpu7x:4x4x4`` or ``cpu:8``.
-        **options: see `planner.options.SearchOptions`.
+        **options: see `planner.options.SearchOptions`; and `num_slices`, the slices joined over
+            DCN (default 1, or the name's `Nx` prefix).
     Returns:
         The top-ranked `Plan`.
     Raises:
@@ -78,7 +80,7 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
             sequences, or the strategy cannot run this case (the message names the rule); a plan
             over HBM is returned with ``fits=False``.
     """
-    topo = get_topology(topology)
+    topo = get_topology(topology, options.pop("num_slices", None))
     full_mesh = {a: int(mesh.get(a, 1)) for a in AXES}
     unknown = set(mesh) - set(AXES)
     if unknown:
@@ -159,7 +161,8 @@ def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> Longe
     for name in ("global_batch_tokens", "global_batch"):
         if options.get(name) is not None:
             raise CpplanError(f"max_seq_len chooses the sequences per step itself (one where it can); drop {name}.")
-    model_spec, topo, opts = get_model(model), get_topology(topology), SearchOptions.build(**options)
+    topo = get_topology(topology, options.pop("num_slices", None))
+    model_spec, opts = get_model(model), SearchOptions.build(**options)
     found = longest_sequence(model_spec, topo, opts)
     if found is None:
         raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number "

@@ -154,18 +154,18 @@ def _shorter(result: SearchResult) -> list[Advice]:
 
 
 def _larger_slices(topo: Topology) -> list[Topology]:
-    """The most cubic slice at twice, four times … the chips, then the full pod."""
+    """The most cubic slice at twice, four times … the chips, then the full pod (as many slices as `topo` has)."""
     if not topo.chip.kind.has_torus:
         return []
     counts = []
-    chips = topo.num_chips * 2
+    chips = topo.chips_per_slice * 2
     while chips < topo.chip.max_chips:
         counts.append(chips)
         chips *= 2
-    if topo.num_chips < topo.chip.max_chips:
+    if topo.chips_per_slice < topo.chip.max_chips:
         counts.append(topo.chip.max_chips)
     shapes = (shape_for_chips(topo.chip, chips) for chips in counts)
-    return [Topology(topo.chip, dims, topo.devices_per_chip) for dims in shapes if dims is not None]
+    return [Topology(topo.chip, dims, topo.devices_per_chip, topo.num_slices) for dims in shapes if dims is not None]
 
 
 def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions) -> list[Advice]:
