@@ -5,7 +5,11 @@ all-gather) degree is `ici_context_parallelism`; plain Ulysses also uses
 `ici_context_parallelism` for its degree; USP puts the Ulysses degree in
 `ici_context_usp_ulysses_parallelism` and the ring degree in `ici_context_parallelism`.
 MaxText picks the device order itself, so a plan's placement does not travel: a plan read back
-gets the topology's natural order.
+gets the topology's natural order. Over several slices the `ici_*` degrees are one slice's;
+`dcn_data_parallelism` and `dcn_fsdp_parallelism` say how many slices data and fsdp span (the
+plan's mesh sizes are their products), and `compile_topology_num_slices` (or `num_slices`) how
+many slices there are; MaxText's other `dcn_*` axes must be 1, as the planner keeps context and
+tensor inside a slice.
 """
 from __future__ import annotations
 
@@ -25,11 +29,11 @@ MAXTEXT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 
 
 def _slice_name(topology: str) -> str | None:
-    """`v5p:2x2x2` → `v5p-16`, MaxText's compile_topology (names count TensorCores)."""
+    """`v5p:2x2x2` (or one slice of `2xv5p:2x2x2`) → `v5p-16`, MaxText's compile_topology (names count TensorCores)."""
     topo = get_topology(topology)
     if not topo.chip.kind.has_torus:
         return None
-    name = f"{topo.chip.name}-{topo.num_chips * topo.chip.tensorcores_per_chip}"
+    name = f"{topo.chip.name}-{topo.chips_per_slice * topo.chip.tensorcores_per_chip}"
     return name if get_topology(name).chip_dims == topo.chip_dims else None
 
 
@@ -67,12 +71,12 @@ def plan_to_maxtext(plan: Plan) -> dict[str, object]:
     problems = maxtext_problems(plan)
     if problems:
         raise CpplanError("MaxText cannot run this plan: " + "; ".join(problems) + ".")
-    mesh = plan.mesh_dict
+    mesh = plan.ici_mesh_dict
     spec = plan.strategy_spec
     context, usp_ulysses = spec.maxtext_degrees(mesh["context"], mesh["context_ulysses"])
     block = maxtext_block(plan)
     devices = math.prod(plan.mesh_sizes)
-    tokens_per_device = plan.seq_len * plan.global_batch / devices * mesh["tensor"]
+    tokens_per_device = plan.seq_len * plan.global_batch / devices * plan.axis_size("tensor")
     flags: dict[str, object] = {
         "ici_data_parallelism": mesh["data"],
         "ici_fsdp_parallelism": mesh["fsdp"],
@@ -98,10 +102,13 @@ def plan_to_maxtext(plan: Plan) -> dict[str, object]:
         flags.update({"base_num_decoder_layers": m.num_layers, "base_emb_dim": m.hidden, "base_num_query_heads": m.num_heads,
                       "base_num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "base_mlp_dim": m.intermediate,
                       "vocab_size": m.vocab})
+    if plan.num_slices > 1:
+        flags.update({"dcn_data_parallelism": plan.dcn_data, "dcn_fsdp_parallelism": plan.dcn_fsdp,
+                      "num_slices": plan.num_slices})
     slice_name = _slice_name(plan.topology)
     if slice_name:
         flags["compile_topology"] = slice_name
-        flags["compile_topology_num_slices"] = 1
+        flags["compile_topology_num_slices"] = plan.num_slices
     return flags
 
 
@@ -157,7 +164,7 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
     topology = topology or flags.get("compile_topology")
     if not topology:
         raise CpplanError("the MaxText flags name no topology: give compile_topology=... or pass topology=.")
-    topo = get_topology(str(topology))
+    topo = get_topology(str(topology), _slices(flags))
     try:
         strategy = CPStrategy.parse(flags.get("context_parallel_strategy", "all_gather"))
     except CpplanError as err:
@@ -172,14 +179,17 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
     given = {a: 1 if a in open_axes else _int(flags, f"ici_{a}_parallelism", 1) for a in defaults}
     usp_u = _int(flags, "ici_context_usp_ulysses_parallelism", 1) if strategy is CPStrategy.USP else 1
     if open_axes:
-        given[open_axes[0]] = topo.num_devices // (math.prod(given.values()) * usp_u)
+        given[open_axes[0]] = topo.devices_per_slice // (math.prod(given.values()) * usp_u)
     ring, uly = spec.from_maxtext_degrees(given.pop("context"), usp_u)
     if ring == 1 and uly == 1:
         strategy, spec = CPStrategy.NONE, STRATEGIES[CPStrategy.NONE]
     sizes = {**given, "context": ring, "context_ulysses": uly}
-    if math.prod(sizes.values()) != topo.num_devices:
+    if math.prod(sizes.values()) != topo.devices_per_slice:
         raise CpplanError(f"the MaxText mesh {sizes} covers {math.prod(sizes.values())} devices; "
-                          f"{topo.name} has {topo.num_devices}.")
+                          f"{'one slice of ' if topo.num_slices > 1 else ''}{topo.name} has {topo.devices_per_slice}.")
+    dcn_data, dcn_fsdp = _dcn_degrees(flags, topo.num_slices)
+    sizes["data"] *= dcn_data
+    sizes["fsdp"] *= dcn_fsdp
     balanced = _bool(flags.get("context_parallel_load_balance", True))  # MaxText's default: balanced
     if balanced and spec.maxtext_refuses_load_balance:
         raise CpplanError(f"MaxText refuses context_parallel_strategy={strategy.value} with "
@@ -202,4 +212,45 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
         block_q=_int(flags, "sa_block_q", 512), block_kv=_int(flags, "sa_block_kv", 512),
         loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
         param_dtype=str(flags.get("weight_dtype", "float32")), compute_dtype=str(flags.get("dtype", "bfloat16")),
+        dcn_data=dcn_data, dcn_fsdp=dcn_fsdp,
     )
+
+
+def _slices(flags: dict) -> int:
+    """The slices the flags run on: `compile_topology_num_slices`, else `num_slices` (MaxText's -1,
+    or neither given, is one slice)."""
+    for key in ("compile_topology_num_slices", "num_slices"):
+        if str(flags.get(key, "-1")).strip() != "-1":
+            count = _int(flags, key, 1)
+            if count < 1:
+                raise CpplanError(f"MaxText flag {key}={flags[key]!r} must be at least 1 slice.")
+            return count
+    return 1
+
+
+def _dcn_degrees(flags: dict, slices: int) -> tuple[int, int]:
+    """(dcn_data, dcn_fsdp) from MaxText's `dcn_*_parallelism` flags over `slices` slices.
+
+    MaxText's defaults are dcn_data_parallelism=-1 (the slices the other dcn axes leave) and every
+    other dcn axis 1.
+
+    Raises:
+        CpplanError: a dcn axis other than data and fsdp spans slices, or the degrees do not
+            multiply to the slice count.
+    """
+    crossing = sorted(key for key in flags if key.startswith("dcn_") and key.endswith("_parallelism")
+                      and key not in ("dcn_data_parallelism", "dcn_fsdp_parallelism")
+                      and str(flags[key]).strip() != "1")
+    if crossing:
+        raise CpplanError(f"the planner keeps every axis but data and fsdp inside a slice; set "
+                          f"{', '.join(f'{k}=1' for k in crossing)} (got {', '.join(str(flags[k]) for k in crossing)}).")
+    dcn_fsdp = slices if str(flags.get("dcn_fsdp_parallelism", "1")).strip() == "-1" else \
+        _int(flags, "dcn_fsdp_parallelism", 1)
+    open_data = str(flags.get("dcn_data_parallelism", "-1")).strip() == "-1"
+    if open_data and dcn_fsdp and slices % dcn_fsdp == 0:
+        return slices // dcn_fsdp, dcn_fsdp
+    dcn_data = slices if open_data else _int(flags, "dcn_data_parallelism", 1)
+    if dcn_data * dcn_fsdp != slices:
+        raise CpplanError(f"dcn_data_parallelism={dcn_data} × dcn_fsdp_parallelism={dcn_fsdp} must equal the "
+                          f"{slices} slice{'s' if slices > 1 else ''} (compile_topology_num_slices).")
+    return dcn_data, dcn_fsdp
