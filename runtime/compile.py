@@ -122,7 +122,7 @@ def parse_hbm_oom(message: str) -> tuple[int, int] | None:
 
 
 def tpu_devices(plan: Plan):
-    """Abstract TPU devices of the plan's slice.
+    """Abstract TPU devices of the plan's slice (of each of its slices).
 
     Raises:
         CpplanError: the plan is not for a TPU, or libtpu is missing.
@@ -140,7 +140,10 @@ def tpu_devices(plan: Plan):
     from jax.experimental import topologies
 
     try:
-        return topologies.get_topology_desc(topology_name=plan.topology, platform="tpu").devices
+        topo = plan.topology_spec
+        one_slice = dataclasses.replace(topo, num_slices=1).name
+        return topologies.get_topology_desc(topology_name=one_slice, platform="tpu",
+                                            num_slices=topo.num_slices).devices
     except Exception as err:  # libtpu present but unusable: say so with the cause
         raise CpplanError(f"libtpu could not describe {plan.topology}: {err}. Check the libtpu install; "
                           f"{LIBTPU_HINT}.") from None

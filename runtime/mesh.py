@@ -5,6 +5,11 @@ The topology's devices form a grid shaped by its physical dimensions in natural 
 in list order. The grid is transposed to `plan.physical_order`, flattened, reshaped to the axis
 sizes in `plan.axis_order`, and transposed to the canonical `AXES` order: the layout the planner
 priced (`Plan.segments()`).
+
+Over several slices, jax's `create_hybrid_device_mesh` groups the devices by slice (its checks
+and its slice order); each slice is laid out as above on its share of the mesh, and the slices
+are the outer part of the data and fsdp axes (`plan.dcn_data` × `plan.dcn_fsdp`), as in the
+hybrid meshes MaxText builds.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from planner.plan import Plan
 
 
 def device_grid(plan: Plan, devices: Sequence) -> np.ndarray:
-    """The devices as an array shaped by the topology's physical dimensions (natural order).
+    """The devices as an array shaped by the topology's physical dimensions (natural order);
+    over several slices, one such grid per slice, stacked first in jax's slice order.
 
     Raises:
         CpplanError: the devices are not those of the plan's topology.
@@ -38,6 +44,23 @@ def device_grid(plan: Plan, devices: Sequence) -> np.ndarray:
                           f"instead.")
     if not kind.has_torus:  # no coordinates to place by: the devices in list order
         return np.array(list(devices), dtype=object).reshape([d.size for d in dims])
+    if topo.num_slices == 1:
+        return _slice_grid(plan, devices)
+    from jax.experimental import mesh_utils
+
+    try:
+        by_slice = mesh_utils.create_hybrid_device_mesh([topo.devices_per_slice], [topo.num_slices], devices,
+                                                        allow_split_physical_axes=True)
+    except ValueError as err:
+        raise CpplanError(f"the {len(devices)} devices do not form {topo.name}: {err}") from None
+    return np.stack([_slice_grid(plan, list(one))
+                     for one in by_slice.reshape(topo.num_slices, topo.devices_per_slice)])
+
+
+def _slice_grid(plan: Plan, devices: Sequence) -> np.ndarray:
+    """One slice's TPU devices placed by their torus coordinates and core index."""
+    topo = plan.topology_spec
+    dims = topo.physical_dims
     grid = np.empty([d.size for d in dims], dtype=object)
     chip_rank = len(topo.chip_dims)
     for dev in devices:
@@ -67,9 +90,21 @@ def build_mesh(plan: Plan, devices: Sequence | None = None) -> Mesh:
 
         devices = jax.devices()
     grid = device_grid(plan, list(devices))
+    if plan.num_slices == 1:
+        return Mesh(_slice_mesh(plan, grid), AXES)
+    # slice s is (s // dcn_fsdp, s % dcn_fsdp) on the DCN part of (data, fsdp); per axis the DCN
+    # index is the outer digit of the mesh index
+    dcn_shape = [plan.dcn_data, plan.dcn_fsdp] + [1] * (len(AXES) - 2)
+    meshes = [_slice_mesh(plan, one) for one in grid]
+    slices = np.stack(meshes).reshape(dcn_shape + list(meshes[0].shape))
+    interleaved = slices.transpose([i for k in range(len(AXES)) for i in (k, len(AXES) + k)])
+    return Mesh(interleaved.reshape([plan.axis_size(a) for a in AXES]), AXES)
+
+
+def _slice_mesh(plan: Plan, grid: np.ndarray) -> np.ndarray:
+    """One slice's device grid as the plan's mesh within it, axes in `AXES` order."""
     names = [d.name for d in plan.topology_spec.physical_dims]
     grid = grid.transpose([names.index(n) for n in plan.physical_order])
-    sizes = plan.mesh_dict
+    sizes = plan.ici_mesh_dict
     logical = grid.reshape(-1).reshape([sizes[a] for a in plan.axis_order])
-    logical = logical.transpose([plan.axis_order.index(a) for a in AXES])
-    return Mesh(logical, AXES)
+    return logical.transpose([plan.axis_order.index(a) for a in AXES])

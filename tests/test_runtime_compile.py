@@ -93,3 +93,19 @@ def test_non_tpu_plan_and_missing_libtpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "libtpu", None)
     with pytest.raises(CpplanError, match="pip install libtpu"):
         compile_for(tiny_plan("v5p:2x2x1", "ring"))
+
+
+def test_a_two_slice_plan_builds_the_hybrid_mesh_and_compiles():
+    """2 × v5p:2x2x2: ring over the 8 devices of a slice, the two slices on data (over DCN)."""
+    plan = Plan(model=get_model("tiny"), topology="2xv5p:2x2x2", seq_len=4096, global_batch=2,
+                mesh=make_mesh(data=2, context=8), dcn_data=2, cp_strategy="ring", load_balance="zigzag",
+                block_q=256, block_kv=256, loss_chunk_tokens=256)
+    devices = tpu_devices(plan)
+    assert len(devices) == 16 and {d.slice_index for d in devices} == {0, 1}
+    mesh = build_mesh(plan, devices)
+    grid = mesh.devices.reshape(2, 8)  # [data, context]
+    assert [{d.slice_index for d in row} for row in grid] == [{0}, {1}]  # data crosses the slices
+    assert len({tuple(d.coords) for d in grid[0]}) == 8  # context covers one slice's chips
+    report = compile_for(plan)
+    assert report.fits and report.argument_bytes > 0 and report.temp_bytes > 0
+    assert report.plan.topology == "2xv5p:2x2x2"
