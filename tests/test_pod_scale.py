@@ -134,7 +134,9 @@ def requests(draw):
     seq_len = min(2**exponent * draw(st.sampled_from([1, 3, 5])), 32 * 2**20)
     batch = draw(st.sampled_from([{}, {"global_batch_tokens": seq_len * draw(st.sampled_from([1, 2, 3, 35, 64]))},
                                   {"global_batch": draw(st.sampled_from([1, 2, 9, 35]))}]))
-    return model, seq_len, topology, batch
+    # 1–4 slices over DCN (a host has one)
+    slices = 1 if topology.startswith("cpu") else draw(st.integers(1, 4))
+    return model, seq_len, topology, dict(batch, num_slices=slices)
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -154,3 +156,10 @@ def test_every_request_gets_a_plan_or_advice_that_yields_one(request):
         # no advice is true only where not even the full pod fits the request
         assert "nothing found" in str(e)
         assert planner.explain(model, seq_len, slices_of(chip)[-1], **batch).best is None
+
+
+def test_every_slice_count_is_a_name_that_parses_to_itself():
+    for slices in range(1, 5):
+        for name in ("v5p:2x2x1", "tpu7x:16x24x24", "v5e:16x16"):
+            topo = get_topology(name, num_slices=slices)
+            assert get_topology(topo.name) == topo and topo.num_devices == slices * get_topology(name).num_devices
