@@ -184,9 +184,15 @@ def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions) -> L
         if found is None:
             return None
         length, best = found
-        note = None if sequences == 1 else (
-            f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
-            f"sequences per step is the fewest that split")
+        if sequences == 1:
+            note = None
+        elif topo.num_slices > 1:
+            note = (f"a sequence stays inside one slice (only data and fsdp span the {topo.num_slices} slices of "
+                    f"{topo.name}, and each of their shards holds whole sequences); {sequences} sequences per step "
+                    f"is the fewest that split")
+        else:
+            note = (f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
+                    f"sequences per step is the fewest that split")
         return LongestSequence(length, best.plan, best.estimate, sequences, note)
     return None
 

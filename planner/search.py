@@ -180,14 +180,10 @@ class _Placements:
         `dcn_data_parallelism` × `dcn_fsdp_parallelism`) that divides them is a placement of its
         own: the rest of the mesh lies on one slice, and the data and weight groups cross DCN.
         """
-        slices = self.topo.num_slices
-        if slices == 1:
+        if self.topo.num_slices == 1:
             return self._within_slice(sizes)
         out = []
-        for dcn_data in divisors(slices):
-            dcn_fsdp = slices // dcn_data
-            if sizes[0] % dcn_data or sizes[1] % dcn_fsdp:
-                continue
+        for dcn_data, dcn_fsdp in dcn_splits(sizes, self.topo.num_slices):
             for p in self._within_slice((sizes[0] // dcn_data, sizes[1] // dcn_fsdp) + sizes[2:]):
                 links = {**p.links, "data": self.topo.across_slices(p.links["data"], dcn_data),
                          "weights": self.topo.across_slices(p.links["weights"], dcn_fsdp)}
@@ -223,6 +219,12 @@ class _Placements:
         """The links of each placement of a mesh as columns (one entry per placement, in `of` order)."""
         placements = self.of(sizes)
         return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+
+
+def dcn_splits(sizes: tuple[int, ...], slices: int) -> list[tuple[int, int]]:
+    """The (dcn_data, dcn_fsdp) splits of `slices` slices that a mesh (sizes in AXES order) allows:
+    data and fsdp each span a divisor of their size, together every slice."""
+    return [(d, slices // d) for d in divisors(slices) if sizes[0] % d == 0 and sizes[1] % (slices // d) == 0]
 
 
 @lru_cache(maxsize=8)
@@ -292,6 +294,8 @@ class SearchSpace:
         meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
         if shard_counts is not None:
             meshes = [sizes for sizes in meshes if sizes[0] * sizes[1] in shard_counts]
+        if topo.num_slices > 1:  # only data and fsdp span slices: the rest of a mesh must fit in one
+            meshes = [sizes for sizes in meshes if dcn_splits(sizes, topo.num_slices)]
         self.verdicts = self._verdicts(meshes)
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
         for position, v in enumerate(self.verdicts):

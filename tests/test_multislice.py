@@ -153,3 +153,12 @@ def test_maxtext_dcn_axes_that_the_planner_does_not_span_are_refused(extra, mess
     flags = f"compile_topology=v5e-256 compile_topology_num_slices=2 model_name=llama3.1-8b {extra}"
     with pytest.raises(CpplanError, match=message):
         Plan.from_maxtext(flags)
+
+
+def test_max_seq_len_over_two_slices_takes_a_sequence_per_slice():
+    one = planner.max_seq_len("llama3.1-8b", "v5p-16")
+    two = planner.max_seq_len("llama3.1-8b", "v5p-16", num_slices=2)
+    assert two.plan.topology == "2xv5p:2x2x2" and two.sequences == 2
+    assert "a sequence stays inside one slice" in two.note
+    # each slice holds what one slice holds, with the weights sharded over both: never shorter
+    assert two.seq_len >= one.seq_len
