@@ -28,6 +28,10 @@ DIM_NAMES = ("x", "y", "z")
 CORE = "core"
 DCN_DIM = -1  # `Segment.dim` of an axis's span across slices (over DCN), beside a slice's physical dimensions
 DCN = "dcn"
+# A ceiling on slices, checked before anything else so that a name answers at once: the largest
+# published multi-slice run used 199 slices (50,944 v5e chips; Google Cloud blog, "How to scale AI
+# training to up to tens of thousands of Cloud TPU chips with Multislice", Nov 2023).
+MAX_SLICES = 256
 
 
 @dataclass(frozen=True)
@@ -330,10 +334,20 @@ def _parse(name: str, chip_dir_marker: tuple) -> Topology:
     if not one.chip.kind.has_torus:
         raise CpplanError(f"topology {name!r}: {one.chip.name} devices are one host with no DCN between slices; "
                           f"write {one.name} without the '{slices.group(1)}x' prefix.")
-    if count < 1:
-        raise CpplanError(f"topology {name!r}: the number of slices before 'x' must be at least 1, "
-                          f"e.g. 2x{one.name}.")
+    problem = _slice_count_problem(count)
+    if problem:
+        raise CpplanError(f"topology {name!r}: {problem}, e.g. 2x{one.name}.")
     return dataclasses.replace(one, num_slices=count)
+
+
+def _slice_count_problem(count: int) -> str | None:
+    """None if `count` slices can be planned, else the rule it breaks."""
+    if count < 1:
+        return "the number of slices must be at least 1"
+    if count > MAX_SLICES:
+        return (f"{count} slices is more than the {MAX_SLICES} the planner searches (the largest published "
+                f"multi-slice run used 199)")
+    return None
 
 
 def _parse_slice(name: str, text: str) -> Topology:
@@ -402,8 +416,11 @@ def get_topology(name: "str | Topology", num_slices: "int | None" = None) -> Top
         raise CpplanError(f"topology must be a name like 'v5p-256' or 'cpu:8', got {name!r}.")
     if num_slices is None or num_slices == topo.num_slices:
         return topo
-    if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
-        raise CpplanError(f"num_slices={num_slices!r} must be a positive number of slices.")
+    if isinstance(num_slices, bool) or not isinstance(num_slices, int):
+        raise CpplanError(f"num_slices={num_slices!r} must be a whole number of slices, e.g. 2.")
+    problem = _slice_count_problem(num_slices)
+    if problem:
+        raise CpplanError(f"num_slices={num_slices}: {problem}.")
     if topo.num_slices > 1:
         raise CpplanError(f"topology {topo.name} already has {topo.num_slices} slices but num_slices={num_slices}; "
                           f"give the count once.")
