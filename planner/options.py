@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.errors import CpplanError
-from cost_models.topology import divisors
+from cost_models.topology import Topology, divisors
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 # Llama 3 pre-training started at a global batch of 4M tokens (Llama 3 paper, §3.4.1).
@@ -144,8 +144,10 @@ class SearchOptions:
     def axes_fixed(self) -> dict[str, int]:
         return dict(self.mesh)
 
-    def mesh_problem(self, num_devices: int, topology_name: str) -> str | None:
-        """Why the fixed mesh axes cannot cover a topology's devices, or None when they can."""
+    def mesh_problem(self, topo: Topology) -> str | None:
+        """Why the fixed mesh axes cannot cover a topology's devices (over several slices: the axes
+        other than data and fsdp within one slice), or None when they can."""
+        num_devices, topology_name = topo.num_devices, topo.name
         fixed = self.axes_fixed()
         product = math.prod(fixed.values())
         given = " × ".join(f"{a}={s}" for a, s in fixed.items())
@@ -156,6 +158,11 @@ class SearchOptions:
         if len(fixed) == len(AXES) and product != num_devices:
             return (f"mesh {given} covers {product} of {topology_name}'s {num_devices} devices; every axis is fixed, "
                     f"so their product must be {num_devices}.")
+        inside = math.prod(s for a, s in fixed.items() if a not in ("data", "fsdp"))
+        if topo.num_slices > 1 and topo.devices_per_slice % inside:
+            return (f"mesh {given} puts {inside} devices on context, context_ulysses and tensor, which stay inside "
+                    f"one slice; a slice of {topology_name} has {topo.devices_per_slice}, which {inside} does not "
+                    f"divide: only data and fsdp span slices.")
         return None
 
 

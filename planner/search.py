@@ -286,7 +286,7 @@ class SearchSpace:
         Raises:
             CpplanError: the fixed mesh axes do not cover the topology's devices.
         """
-        problem = options.mesh_problem(topo.num_devices, topo.name)
+        problem = options.mesh_problem(topo)
         if problem:
             raise CpplanError(problem)
         self.model, self.seq_len, self.topology, self.options = model, seq_len, topo, options

@@ -179,3 +179,10 @@ def test_the_cli_flag_plans_over_several_slices(capsys):
     assert flags["dcn_data_parallelism"] * flags["dcn_fsdp_parallelism"] == 2
     assert cli.main(["explain", "--model", "tiny", "--seq-len", "8k", "--topology", "cpu:8", "--num-slices", "2"]) == 2
     assert "no DCN between slices" in capsys.readouterr().err
+
+
+def test_a_fixed_mesh_that_cannot_stay_inside_a_slice_is_refused_first():
+    with pytest.raises(CpplanError, match=r"puts 16 devices on context, context_ulysses and tensor.*has 8"):
+        planner.explain("tiny", "64k", "2xv5p-16", mesh={"context": 16})
+    best = planner.explain("tiny", "64k", "2xv5p-16", mesh={"context": 8}).best
+    assert best.axis_size("context") == 8 and best.num_slices == 2
