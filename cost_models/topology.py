@@ -29,8 +29,9 @@ CORE = "core"
 DCN_DIM = -1  # `Segment.dim` of an axis's span across slices (over DCN), beside a slice's physical dimensions
 DCN = "dcn"
 # A ceiling on slices, checked before anything else so that a name answers at once: the largest
-# published multi-slice run used 199 slices (50,944 v5e chips; Google Cloud blog, "How to scale AI
-# training to up to tens of thousands of Cloud TPU chips with Multislice", Nov 2023).
+# published multi-slice run used 50,944 v5e chips, i.e. 199 pods of 256 (Google Cloud blog, "The
+# world's largest distributed LLM training job on TPU v5e", Nov 2023,
+# https://cloud.google.com/blog/products/compute/the-worlds-largest-distributed-llm-training-job-on-tpu-v5e).
 MAX_SLICES = 256
 
 
