@@ -292,8 +292,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from validation.measured import read_csv, read_maxtext_log
         from validation.steptime import compare_measured
 
-        outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
         steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
+        outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
         report = compare_measured(steps)
     else:
         if not (args.model and args.seq_lens and args.topology):
@@ -314,6 +314,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                      max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
                                      data=args.data, journal=journal, **options)
     files = report.write(outdir, plots=not args.no_plots)
+    if not args.measured:
+        files.append(outdir / MEASUREMENTS_FILE)
     summary = report.to_dict()
     print(_json({k: v for k, v in summary.items() if k != "plans"}))
     print("wrote " + ", ".join(str(f) for f in files))

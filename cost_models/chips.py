@@ -155,6 +155,12 @@ class Chip:
         sources = row.get("sources", {})
         if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
             raise CpplanError(f"{origin}: sources={sources!r} must map field names to citation strings.")
+        if row["devices_per_chip"] > 1 and row["core_link_bw_bytes_per_s"] is None:
+            raise CpplanError(f"{origin}: a chip of {row['devices_per_chip']} devices needs core_link_bw_bytes_per_s, "
+                              f"the bandwidth between them; measure it (cpplan calibrate) or cite it.")
+        if row["max_chips"] > 1 and not row["ici_link_bw_bytes_per_s"] > 0:
+            raise CpplanError(f"{origin}: a slice of up to {row['max_chips']} chips needs ici_link_bw_bytes_per_s > 0, "
+                              f"the bandwidth between chips; cite it, or set max_chips to 1.")
         return cls(**{**row, "wraparound": wrap, "kind": kind,
                       "host_collectives": _host_collectives(origin, row["host_collectives"])})
 

@@ -163,6 +163,12 @@ def get_model(model: "str | ModelSpec | os.PathLike") -> ModelSpec:
     if text in MODELS:
         return MODELS[text]
     path = Path(text)
-    if path.suffix == ".json" or path.is_file() or path.is_dir():
-        return ModelSpec.from_hf_config(path / "config.json" if path.is_dir() else path)
+    try:
+        is_dir = path.is_dir()
+        is_path = path.suffix == ".json" or is_dir or path.is_file()
+    except OSError as err:  # e.g. a name longer than the file system allows
+        raise CpplanError(f"model {text[:80]!r}: not a known model, and not a usable path ({err.strerror}); "
+                          f"known models: {', '.join(MODELS)}.") from None
+    if is_path:
+        return ModelSpec.from_hf_config(path / "config.json" if is_dir else path)
     raise unknown_name("model", text, MODELS)

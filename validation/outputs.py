@@ -54,6 +54,7 @@ def write_atomic(path: "str | Path", data: "str | bytes") -> Path:
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; a report is as readable as any file written
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, path)
