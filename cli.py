@@ -441,13 +441,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the signals that interrupted this process (SIGTERM is handled as Ctrl-C is: keep, write, exit)
+_INTERRUPTED_BY: list[int] = []
+
+
+def _interrupt(signum: int, frame) -> None:
+    _INTERRUPTED_BY.append(signum)
+    raise KeyboardInterrupt
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one `cpplan` command.
 
     Args:
         argv: the arguments (default: the process's).
     Returns:
-        The exit status: 0 done, 1 nothing fits / does not fit, 2 bad input.
+        The exit status: 0 done, 1 nothing fits / does not fit / nothing measured, 2 bad input,
+        128 + the signal's number when interrupted (Ctrl-C or SIGTERM).
     """
     args = build_parser().parse_args(argv)
     _INTERRUPTED_BY.clear()
@@ -466,19 +480,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-# the signals that interrupted this process (SIGTERM is handled as Ctrl-C is: keep, write, exit)
-_INTERRUPTED_BY: list[int] = []
-
-
-def _interrupt(signum: int, frame) -> None:
-    _INTERRUPTED_BY.append(signum)
-    raise KeyboardInterrupt
-
-
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

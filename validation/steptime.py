@@ -2,7 +2,8 @@
 
 The selection: the planner's top K, the best plan of every strategy, then a seeded sample of
 the rest, up to `max_plans` per sequence length. Runs go one after another under a progress
-bar; Ctrl-C stops them keeping what was measured.
+bar, each result appended to a journal file as it finishes; Ctrl-C (and SIGTERM, which the CLI
+turns into it) stops them keeping what was measured.
 """
 from __future__ import annotations
 
