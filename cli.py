@@ -204,6 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not topo.chip.kind.shares_cores:
         raise CpplanError(f"`cpplan run` runs on this host's CPU devices; {topo.name} is a TPU slice. "
                           f"Use `cpplan compile` to compile for it deviceless, or plan for cpu:8.")
+    _check_data(args.data)
     _use_host_devices(args.topology)
     plan = _plan(args)
     _import_runtime()
@@ -300,6 +301,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise CpplanError("cpplan validate needs --model, --seq-lens and --topology (or --measured FILE).")
         seq_lens = _seq_lens(args.seq_lens)
         topo = get_topology(args.topology)
+        _check_data(args.data)
         outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
         _use_host_devices(args.topology)
         _import_runtime()
@@ -350,6 +352,13 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
     print(report.markdown())
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _check_data(path: str | None) -> None:
+    """Refuses, before any work, a --data file that cannot be read."""
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        raise CpplanError(f"--data {path!r} is not a readable file; give a text file, or leave --data out for "
+                          f"synthetic tokens.")
 
 
 def _check_devices(topo, command: str) -> None:

@@ -89,6 +89,9 @@ FLAG_CASES = [
     ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2", "--per-strategy", "0"],
     ["run", *PLAN[:-1], "v5p-8"],
     ["run", *PLAN, "--steps", "0"],
+    ["run", *PLAN, "--data", "/nonexistent.txt"],
+    ["run", *PLAN, "--data", "/"],
+    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--data", "/nonexistent.txt"],
 ] + [["explain", "--model", "tiny", "--seq-len", text, "--topology", "cpu:8"]
      for text in ("0", "-4k", "4x", "1.5", "nan", "inf", "1e400", "", "4 k k", "0.3k", "²", "4M4")] \
   + [["explain", "--model", "tiny", "--seq-len", "4k", "--topology", text]

@@ -137,3 +137,14 @@ def test_a_json_report_never_holds_nan(tmp_path, capsys):
     text = (out / "report.json").read_text()
     report = json.loads(text, parse_constant=lambda name: pytest.fail(f"report.json holds {name}"))
     assert report["spearman"] is None and "n/a" in (out / "report.md").read_text()
+
+
+@pytest.mark.cpu_mesh
+@pytest.mark.parametrize("command", [["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "v5p-8"],
+                                     ["calibrate", "--topology", "v5p-8"], ["calibrate", "--topology", "cpu:16"]])
+def test_commands_refuse_devices_that_are_absent(command, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*command, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "devices" in err
+    assert list(out.iterdir()) == []  # refused before anything was measured or written
