@@ -351,7 +351,7 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
     files = report.write(outdir)
     print(report.markdown())
     print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    return 0 if report.summary()["compared"] else 1
 
 
 def _check_data(path: str | None) -> None:
