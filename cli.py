@@ -134,6 +134,16 @@ def _use_host_devices(topology: str) -> None:
     os.environ.setdefault("JAX_PLATFORMS", topo.chip.kind.jax_platform)
 
 
+def _use_deviceless_tpu() -> None:
+    """Sets up compiling for abstract TPU devices: no TPU runtime, and libtpu told that this
+    process is its only worker, so that on a host it does not print errors looking for others.
+
+    Must run before jax is imported; values already set (on a TPU VM) are kept.
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+
 def _import_runtime() -> None:
     """Imports jax, or says how to install it."""
     try:
@@ -233,7 +243,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Plans, compiles deviceless for the TPU slice, and prints memory against the prediction."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
+    _use_deviceless_tpu()
     plan = _plan(args)
     _import_runtime()
     from planner.estimate import estimate
@@ -342,7 +352,7 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
             raise CpplanError(f"validate-memory compiles for TPU slices with the TPU compiler; {name!r} is not one. "
                               f"Give TPU slices, e.g. v5p:2x2x2,tpu7x:2x2x1.")
     outdir = prepare_out_dir(args.out, MEMORY_REPORT_FILES)
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
+    _use_deviceless_tpu()
     _import_runtime()
     from validation.memory import validate_memory
 
