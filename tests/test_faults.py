@@ -148,3 +148,12 @@ def test_commands_refuse_devices_that_are_absent(command, tmp_path, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "devices" in err
     assert list(out.iterdir()) == []  # refused before anything was measured or written
+
+
+@pytest.mark.cpu_mesh
+def test_run_json_prints_json_alone(capsys):
+    """No text around the JSON, so that a killed or piped run is still read by machines."""
+    assert main(["run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plan"]["seq_len"] == 1024 and data["measured"]["step_time_s"] > 0
+    assert data["predicted"]["step_time_s"] > 0
