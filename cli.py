@@ -21,7 +21,7 @@ from cost_models.units import GiB, MiB
 from planner import api
 from planner.explanation import Explanation, describe_strategy
 from planner.maxtext import format_flags
-from planner.options import format_tokens, parse_seq_len
+from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, format_tokens, parse_seq_len
 
 RUNTIME_HINT = "install the runtime with pip install -e '.[runtime]'"
 
@@ -102,8 +102,8 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
                                                  "cpu:N)")
     p.add_argument("--exact-batch", type=_at_least(1),
                    help="exactly this many sequences per step (instead of a target)")
-    p.add_argument("--loss-chunk-tokens", type=_at_least(0), help="cross-entropy chunk; 0 = full logits "
-                                                                  "(default 8192)")
+    p.add_argument("--loss-chunk-tokens", type=_at_least(0), help=f"cross-entropy chunk; 0 = full logits "
+                                                                  f"(default {DEFAULT_LOSS_CHUNK_TOKENS})")
     p.add_argument("--json", action="store_true", help="machine-readable output: strict JSON alone")
 
 
