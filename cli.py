@@ -247,9 +247,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     plan = _plan(args)
     _import_runtime()
     from planner.estimate import estimate
+    from jax.errors import JaxRuntimeError
+
     from runtime.compile import compile_for
 
-    report = compile_for(plan)
+    try:
+        report = compile_for(plan)
+    except JaxRuntimeError as err:  # refused for another reason than HBM (e.g. a kernel over its VMEM)
+        print(f"cpplan: the XLA TPU compiler refused the plan: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
     predicted = estimate(plan)
     print(plan.to_json())
     print(f"compiled:  {report}")
