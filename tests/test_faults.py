@@ -37,18 +37,19 @@ def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: f
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
     out = tmp_path / "out"
-    proc = _cpplan("validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--max-plans", "4",
+    # more plans than can run before the signal lands, even on a loaded host
+    proc = _cpplan("validate", "--model", "tiny", "--seq-lens", "1k,2k,4k", "--topology", "cpu:8", "--max-plans", "4",
                    "--steps", "2", "--no-plots", "--out", str(out), cwd=tmp_path)
     journal = out / "measurements.jsonl"
     _wait_for_lines(journal, 1, proc, timeout_s=120)
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signum, stderr
+    assert proc.returncode == 128 + signum, (proc.returncode, stderr[-3000:])
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1].startswith("cpplan: interrupted after")
     kept = [json.loads(line) for line in journal.read_text().splitlines()]
     report = json.loads((out / "report.json").read_text())
-    assert 1 <= len(kept) < 4 and report["summary"]["interrupted"]
+    assert 1 <= len(kept) < 3 * 4 and report["summary"]["interrupted"]  # 3 lengths × 4 plans, not all run
     assert report["summary"]["plans_measured"] == len(kept)
     assert [p["measured_step_s"] for p in report["plans"]] == [p["measured_step_s"] for p in kept]
     assert "interrupted" in (out / "report.md").read_text()
