@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import sys
+import threading
 
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
@@ -18,29 +21,70 @@ from cost_models.units import GiB, MiB
 from planner import api
 from planner.explanation import Explanation, describe_strategy
 from planner.maxtext import format_flags
-from planner.options import format_tokens, parse_seq_len
+from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, format_tokens, parse_seq_len
 
 RUNTIME_HINT = "install the runtime with pip install -e '.[runtime]'"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other cpplan error."""
+
+    def error(self, message: str):
+        self.exit(2, f"cpplan: error: {message} (see `{self.prog} --help`)\n")
+
+
+class _HelpWithDefaults(argparse.HelpFormatter):
+    """Help that states each flag's default, where it has one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _at_least(low: int):
+    """An argparse type: an integer of at least `low`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        return value
+    parse.__name__ = f"integer ≥ {low}"
+    return parse
+
+
 def _csv(text: str | None) -> list[str] | None:
-    return [w.strip() for w in text.split(",") if w.strip()] if text else None
+    return [w.strip() for w in text.split(",") if w.strip()] if text is not None else None
 
 
 def _seq_lens(text: str) -> list[int]:
-    return [parse_seq_len(w) for w in _csv(text) or []]
+    lengths = [parse_seq_len(w) for w in _csv(text) or []]
+    if not lengths:
+        raise CpplanError(f"--seq-lens {text!r} names no length; give comma-separated lengths, e.g. 2k,8k.")
+    return lengths
 
 
 def _mesh(text: str | None) -> dict[str, int] | None:
-    if not text:
+    if text is None:
         return None
     mesh = {}
-    for word in _csv(text):
-        axis, _, size = word.partition("=")
-        if not size.strip().isdigit():
+    for word in _csv(text) or [""]:
+        axis, _, size = (part.strip() for part in word.partition("="))
+        if not re.fullmatch(r"[0-9]+", size):
             raise CpplanError(f"--mesh {word!r}: write AXIS=SIZE pairs separated by commas, e.g. context=16,tensor=2.")
-        mesh[axis.strip()] = int(size)
+        if axis in mesh:
+            raise CpplanError(f"--mesh gives axis {axis!r} twice ({mesh[axis]} and {size}); give each axis once.")
+        mesh[axis] = int(size)
     return mesh
+
+
+def _json(data) -> str:
+    """Strict JSON (no NaN or infinity) for --json output."""
+    return json.dumps(data, indent=2, allow_nan=False, default=str)
 
 
 def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> None:
@@ -56,11 +100,13 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
     p.add_argument("--global-batch-tokens", help="tokens per step to aim for: the search picks the number of sequences "
                                                  "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
                                                  "cpu:N)")
-    p.add_argument("--exact-batch", type=int, help="exactly this many sequences per step (instead of a target)")
-    p.add_argument("--loss-chunk-tokens", type=int, help="cross-entropy chunk; 0 = full logits")
-    p.add_argument("--num-slices", type=int, help="slices of --topology joined over DCN (data and fsdp span them); "
-                                                  "default 1")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--exact-batch", type=_at_least(1),
+                   help="exactly this many sequences per step (instead of a target)")
+    p.add_argument("--loss-chunk-tokens", type=_at_least(0), help=f"cross-entropy chunk; 0 = full logits "
+                                                                  f"(default {DEFAULT_LOSS_CHUNK_TOKENS})")
+    p.add_argument("--num-slices", type=_at_least(1), help="slices of --topology joined over DCN (data and fsdp "
+                                                           "span them; default 1)")
+    p.add_argument("--json", action="store_true", help="machine-readable output: strict JSON alone")
 
 
 def _search_options(args: argparse.Namespace) -> dict:
@@ -88,6 +134,16 @@ def _use_host_devices(topology: str) -> None:
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={topo.num_devices}".strip()
     os.environ.setdefault("JAX_PLATFORMS", topo.chip.kind.jax_platform)
+
+
+def _use_deviceless_tpu() -> None:
+    """Sets up compiling for abstract TPU devices: no TPU runtime, and libtpu told that this
+    process is its only worker, so that on a host it does not print errors looking for others.
+
+    Must run before jax is imported; values already set (on a TPU VM) are kept.
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
 def _import_runtime() -> None:
@@ -120,7 +176,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                      for s, r in e.best_per_strategy().items()})
         rows.append(row)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(_json(rows))
         return 0
     names = ["all_gather", "ulysses", "ring", "usp"]
     print(f"{'seq_len':>8}  {'best':<42} {'step':>9} {'MFU':>6} {'HBM':>8}  " + "  ".join(f"{n:>10}" for n in names))
@@ -139,7 +195,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_max_seq_len(args: argparse.Namespace) -> int:
     """The longest sequence any plan fits."""
     longest = api.max_seq_len(args.model, args.topology, **_search_options(args))
-    print(json.dumps(longest.to_dict(), indent=2) if args.json else longest)
+    print(_json(longest.to_dict()) if args.json else longest)
     return 0
 
 
@@ -150,7 +206,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(plan.to_json())
         return 0
     flags = plan.to_maxtext()
-    print(json.dumps(flags, indent=2) if args.json else format_flags(flags))
+    print(_json(flags) if args.json else format_flags(flags))
     return 0
 
 
@@ -160,6 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not topo.chip.kind.shares_cores:
         raise CpplanError(f"`cpplan run` runs on this host's CPU devices; {topo.name} is a TPU slice. "
                           f"Use `cpplan compile` to compile for it deviceless, or plan for cpu:8.")
+    _check_data(args.data)
     _use_host_devices(args.topology)
     plan = _plan(args)
     _import_runtime()
@@ -168,6 +225,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     report = run(plan, steps=args.steps, data=args.data)
     predicted = estimate(plan)
+    if args.json:
+        print(_json({"plan": plan.to_dict(),
+                     "predicted": {"step_time_s": predicted.step_time_s, "mfu": predicted.mfu,
+                                   "hbm_bytes_per_device": predicted.hbm_bytes_per_device},
+                     "measured": {"step_time_s": report.step_time_s, "best_step_s": report.best_step_s,
+                                  "mfu": report.mfu, "compile_s": report.compile_s,
+                                  "hbm_bytes_per_device": report.hbm_bytes_per_device}}))
+        return 0
     print(plan.to_json())
     print(f"measured:  {report}")
     hbm = "n/a" if report.hbm_bytes_per_device is None else f"{report.hbm_bytes_per_device / MiB:.1f} MiB"
@@ -180,13 +245,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Plans, compiles deviceless for the TPU slice, and prints memory against the prediction."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
+    _use_deviceless_tpu()
     plan = _plan(args)
     _import_runtime()
     from planner.estimate import estimate
+    from jax.errors import JaxRuntimeError
+
     from runtime.compile import compile_for
 
-    report = compile_for(plan)
+    try:
+        report = compile_for(plan)
+    except JaxRuntimeError as err:  # refused for another reason than HBM (e.g. a kernel over its VMEM)
+        print(f"cpplan: the XLA TPU compiler refused the plan: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
     predicted = estimate(plan)
     print(plan.to_json())
     print(f"compiled:  {report}")
@@ -198,8 +269,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Measures this machine's devices and writes a chip row."""
+    from validation.calibration import row_path
+    from validation.outputs import prepare_out_dir
+
+    topo = get_topology(args.topology)
+    out = row_path(args.out, topo.chip.name)
+    prepare_out_dir(out.parent, (out.name,))
     _use_host_devices(args.topology)
     _import_runtime()
+    _check_devices(topo, "calibrate")
     from validation.calibration import calibrate
 
     shape = {}
@@ -226,47 +304,96 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Runs plans (or reads measured step times) and compares them with predictions."""
+    from validation.outputs import prepare_out_dir, write_atomic
+    from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES
+
     if args.measured:
         from validation.measured import read_csv, read_maxtext_log
         from validation.steptime import compare_measured
 
         steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
+        outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
         report = compare_measured(steps)
     else:
         if not (args.model and args.seq_lens and args.topology):
             raise CpplanError("cpplan validate needs --model, --seq-lens and --topology (or --measured FILE).")
+        seq_lens = _seq_lens(args.seq_lens)
+        topo = get_topology(args.topology)
+        _check_data(args.data)
+        outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
         _use_host_devices(args.topology)
         _import_runtime()
+        _check_devices(topo, "validate")
         from validation.steptime import validate_step_times
 
         options = {"compute_dtype": args.compute_dtype, "param_dtype": "float32"}
-        if args.strategies:
+        if args.strategies is not None:
             options["strategies"] = _csv(args.strategies)
-        report = validate_step_times(args.model, _seq_lens(args.seq_lens), args.topology, sequences=args.sequences,
+        journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
+        report = validate_step_times(args.model, seq_lens, args.topology, sequences=args.sequences,
                                      max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
-                                     data=args.data, **options)
-    files = report.write(args.out, plots=not args.no_plots)
-    print(json.dumps({k: v for k, v in report.to_dict().items() if k != "plans"}, indent=2, default=str))
+                                     data=args.data, journal=journal, **options)
+    files = report.write(outdir, plots=not args.no_plots)
+    if not args.measured:
+        files.append(outdir / MEASUREMENTS_FILE)
+    summary = report.to_dict()
+    print(_json({k: v for k, v in summary.items() if k != "plans"}))
     print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    if report.interrupted:
+        print(f"cpplan: interrupted after {summary['summary']['plans_measured']} measured plans; "
+              f"their results are in {outdir}", file=sys.stderr)
+        return 128 + (_INTERRUPTED_BY[-1] if _INTERRUPTED_BY else signal.SIGINT)
+    return 0 if summary["summary"]["plans_measured"] else 1
 
 
 def cmd_validate_memory(args: argparse.Namespace) -> int:
     """Compiles plans deviceless and compares predicted HBM with the compiler's."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
+    from validation.outputs import prepare_out_dir
+    from validation.report import MEMORY_REPORT_FILES
+
+    seq_lens = _seq_lens(args.seq_lens)
+    topologies = _csv(args.topologies) or []
+    if not topologies:
+        raise CpplanError(f"--topologies {args.topologies!r} names no topology; give TPU slices, e.g. v5p:2x2x2.")
+    for name in topologies:
+        if not get_topology(name).chip.kind.has_torus:
+            raise CpplanError(f"validate-memory compiles for TPU slices with the TPU compiler; {name!r} is not one. "
+                              f"Give TPU slices, e.g. v5p:2x2x2,tpu7x:2x2x1.")
+    outdir = prepare_out_dir(args.out, MEMORY_REPORT_FILES)
+    _use_deviceless_tpu()
     _import_runtime()
     from validation.memory import validate_memory
 
-    report = validate_memory(args.model, _seq_lens(args.seq_lens), _csv(args.topologies), layers=args.layers,
+    report = validate_memory(args.model, seq_lens, topologies, layers=args.layers,
                              per_strategy=args.per_strategy, sequences=args.sequences)
-    files = report.write(args.out)
+    files = report.write(outdir)
     print(report.markdown())
     print("wrote " + ", ".join(str(f) for f in files))
-    return 0
+    return 0 if report.summary()["compared"] else 1
+
+
+def _check_data(path: str | None) -> None:
+    """Refuses, before any work, a --data file that cannot be read."""
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        raise CpplanError(f"--data {path!r} is not a readable file; give a text file, or leave --data out for "
+                          f"synthetic tokens.")
+
+
+def _check_devices(topo, command: str) -> None:
+    """Refuses, before any work, a topology whose devices this process does not have."""
+    import jax
+
+    devices = jax.devices()
+    platform = topo.chip.kind.jax_platform
+    if devices[0].platform != platform or len(devices) < topo.num_devices:
+        raise CpplanError(f"`cpplan {command}` measures the devices present; {topo.name} needs {topo.num_devices} "
+                          f"{platform} devices, this process has {len(devices)} {devices[0].platform} device(s). "
+                          f"Run it on that slice, or measure this host's devices with --topology cpu:8.")
 
 
 def _add(sub, name: str, handler, help_text: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help_text, description=help_text)
+    p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
+                       formatter_class=_HelpWithDefaults)
     p.set_defaults(func=handler)
     return p
 
@@ -277,13 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         An `ArgumentParser` whose parsed namespace carries the handler as `func`.
     """
-    parser = argparse.ArgumentParser(prog="cpplan", description="Plan context parallelism for long-context "
-                                     "training: price, choose, explain, run and validate.")
+    parser = _Parser(prog="cpplan", allow_abbrev=False, description="Plan context parallelism for long-context "
+                     "training: price, choose, explain, run and validate.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = _add(sub, "explain", cmd_explain, "the best plan, why, what came close, what was rejected")
     _add_search_options(p)
-    p.add_argument("--top", type=int, default=5, help="alternatives to show")
+    p.add_argument("--top", type=_at_least(0), default=5, help="alternatives to show")
     p = _add(sub, "sweep", cmd_sweep, "best strategy and MFU per sequence length")
     _add_search_options(p, seq_len=False)
     p.add_argument("--seq-lens", required=True, help="comma-separated lengths, e.g. 128k,512k,1M,4M")
@@ -291,11 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_options(p, seq_len=False)
     p = _add(sub, "export", cmd_export, "the best plan as MaxText flags (or plan JSON)")
     _add_search_options(p)
-    p.add_argument("--format", choices=["maxtext", "json"], default="maxtext")
+    p.add_argument("--format", choices=["maxtext", "json"], default="maxtext",
+                   help="MaxText flags, or the plan as JSON")
 
     p = _add(sub, "run", cmd_run, "plan, then run a few training steps on this host (cpu:N)")
     _add_search_options(p)
-    p.add_argument("--steps", type=int, default=5, help="training steps (the median skips the first)")
+    p.add_argument("--steps", type=_at_least(2), default=5, help="training steps (the median skips the first)")
     p.add_argument("--data", help="a text file to train on (byte tokens); default synthetic tokens")
     p = _add(sub, "compile", cmd_compile, "plan, then compile deviceless for a TPU slice")
     _add_search_options(p)
@@ -303,36 +431,54 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "calibrate", cmd_calibrate, "measure this machine's devices and write a chip row")
     p.add_argument("--topology", required=True, help="the devices present, e.g. cpu:8")
     p.add_argument("--dtype", default="float32", help="compute dtype measured (float32 on a CPU host)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per figure (the fastest is kept)")
+    p.add_argument("--repeats", type=_at_least(1), default=5, help="timed repetitions per figure (the fastest is kept)")
     p.add_argument("--model", help="measure attention with this model's heads (default: 8 query, 4 kv heads of 32)")
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
 
     p = _add(sub, "validate", cmd_validate, "predicted vs measured step times (runs or imports)")
-    p.add_argument("--model")
+    p.add_argument("--model", help="model name or config.json path (with --seq-lens and --topology)")
     p.add_argument("--seq-lens", help="comma-separated, e.g. 2k,4k,8k")
     p.add_argument("--topology", help="the devices present, e.g. cpu:8")
-    p.add_argument("--strategies", help="allowed strategies, e.g. ring,usp")
-    p.add_argument("--sequences", type=int, default=1, help="sequences per step at every length")
+    p.add_argument("--strategies", help="allowed strategies, e.g. ring,usp (default all)")
+    p.add_argument("--sequences", type=_at_least(1), default=1, help="sequences per step at every length")
     p.add_argument("--compute-dtype", default="float32", help="float32 on a CPU host")
-    p.add_argument("--max-plans", type=int, default=16, help="plans per sequence length")
-    p.add_argument("--top", type=int, default=3, help="of which the planner's top K")
-    p.add_argument("--steps", type=int, default=3, help="steps per run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-plans", type=_at_least(1), default=16, help="plans per sequence length")
+    p.add_argument("--top", type=_at_least(0), default=3, help="of which the planner's top K")
+    p.add_argument("--steps", type=_at_least(2), default=3, help="steps per run (the first is not timed)")
+    p.add_argument("--seed", type=_at_least(0), default=0, help="seeds the sample of plans beyond the top K")
     p.add_argument("--data", help="text file for the runs (synthetic tokens by default)")
-    p.add_argument("--measured", help="a CSV of plans and step_seconds, or a MaxText log (with --maxtext-flags)")
-    p.add_argument("--maxtext-flags", help="the MaxText flags of the logged run (text or a file)")
-    p.add_argument("--out", default="validation-report", help="directory for report.md, report.json and plots")
+    p.add_argument("--measured", help="a CSV with columns model, topology, seq_len, global_batch, strategy, data, "
+                                      "fsdp, context, context_ulysses, tensor, remat, load_balance, step_seconds "
+                                      "(the first five and the last required), or a MaxText log (with "
+                                      "--maxtext-flags)")
+    p.add_argument("--maxtext-flags", help="the MaxText flags of the logged run: key=value text, or a file holding "
+                                           "them")
+    p.add_argument("--out", default="validation-report", help="directory for report.md, report.json, plots and "
+                                                              "measurements.jsonl (each plan as it is measured)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
 
     p = _add(sub, "validate-memory", cmd_validate_memory, "predicted vs compiled HBM per device")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="model name or config.json path")
     p.add_argument("--seq-lens", required=True, help="comma-separated, e.g. 32k,128k")
-    p.add_argument("--topologies", required=True, help="comma-separated, e.g. v5p:2x2x2,tpu7x:2x2x1")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers compiled")
-    p.add_argument("--per-strategy", type=int, default=1, help="plans of each strategy, best first")
-    p.add_argument("--sequences", type=int, default=1, help="sequences per step")
+    p.add_argument("--topologies", required=True, help="comma-separated TPU slices, e.g. v5p:2x2x2,tpu7x:2x2x1")
+    p.add_argument("--layers", type=_at_least(1), default=2, help="decoder layers compiled")
+    p.add_argument("--per-strategy", type=_at_least(1), default=1, help="plans of each strategy, best first")
+    p.add_argument("--sequences", type=_at_least(1), default=1, help="sequences per step")
     p.add_argument("--out", default="validation-report", help="directory for memory.md and memory.json")
     return parser
+
+
+# the signals that interrupted this process (SIGTERM is handled as Ctrl-C is: keep, write, exit)
+_INTERRUPTED_BY: list[int] = []
+
+
+def _interrupt(signum: int, frame) -> None:
+    _INTERRUPTED_BY.append(signum)
+    raise KeyboardInterrupt
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,17 +487,26 @@ def main(argv: list[str] | None = None) -> int:
     Args:
         argv: the arguments (default: the process's).
     Returns:
-        The exit status: 0 done, 1 nothing fits / does not fit, 2 bad input.
+        The exit status: 0 done, 1 nothing fits / does not fit / nothing measured, 2 bad input,
+        128 + the signal's number when interrupted (Ctrl-C or SIGTERM).
     """
     args = build_parser().parse_args(argv)
+    _INTERRUPTED_BY.clear()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if _in_main_thread() else None
     try:
         return args.func(args)
     except CpplanError as err:
         print(f"cpplan: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("cpplan: interrupted", file=sys.stderr)
+        return 128 + (_INTERRUPTED_BY[-1] if _INTERRUPTED_BY else signal.SIGINT)
     except BrokenPipeError:  # output piped into `head` and the like
         sys.stderr.close()
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

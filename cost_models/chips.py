@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
 from pathlib import Path
 
+from cost_models.collectives import HOST_FORMULAS
 from cost_models.errors import CpplanError, unknown_name
 
 CHIP_DIR = Path(__file__).parent / "data" / "chips"
@@ -109,8 +111,7 @@ class Chip:
 
     def __post_init__(self):
         if isinstance(self.host_collectives, dict):
-            object.__setattr__(self, "host_collectives", tuple(
-                (kind, float(bw), float(lat)) for kind, (bw, lat) in sorted(self.host_collectives.items())))
+            object.__setattr__(self, "host_collectives", _host_collectives(self.name, self.host_collectives))
 
     def to_dict(self) -> dict:
         """The JSON form of this row."""
@@ -123,6 +124,8 @@ class Chip:
     @classmethod
     def from_dict(cls, row: dict, *, origin: str = "chip row") -> "Chip":
         """Builds a row from its JSON form, naming missing or unknown fields."""
+        if not isinstance(row, dict):
+            raise CpplanError(f"{origin}: a chip row is a JSON object of fields, not {type(row).__name__}.")
         names = {f.name for f in dataclasses.fields(cls)}
         missing = sorted(names - set(row) - {"sources"})
         extra = sorted(set(row) - names)
@@ -133,20 +136,95 @@ class Chip:
             )
         try:
             wrap = Wraparound(row["wraparound"])
-        except ValueError:
+        except (ValueError, TypeError):
             raise CpplanError(
                 f"{origin}: wraparound {row['wraparound']!r} is not one of "
                 f"{[w.value for w in Wraparound]}."
             ) from None
         try:
             kind = ChipKind(row["kind"])
-        except ValueError:
+        except (ValueError, TypeError):
             raise CpplanError(f"{origin}: kind {row['kind']!r} is not one of {[k.value for k in ChipKind]}.") from None
-        chip = cls(**{**row, "wraparound": wrap, "kind": kind})
-        for name in ("peak_bf16_flops_per_s", "hbm_bytes_per_device", "hbm_bw_bytes_per_s", "devices_per_chip"):
-            if not getattr(chip, name) > 0:
-                raise CpplanError(f"{origin}: {name}={getattr(chip, name)} must be positive.")
-        return chip
+        for name, value in row.items():
+            if name in _NUMBER_RULES:
+                _check_number(origin, name, value, *_NUMBER_RULES[name])
+        if not isinstance(row["name"], str) or not row["name"].strip():
+            raise CpplanError(f"{origin}: name={row['name']!r} must be a non-empty string (the chip's name).")
+        if not isinstance(row["comm_overlaps_compute"], bool):
+            raise CpplanError(f"{origin}: comm_overlaps_compute={row['comm_overlaps_compute']!r} must be true or false.")
+        sources = row.get("sources", {})
+        if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+            raise CpplanError(f"{origin}: sources={sources!r} must map field names to citation strings.")
+        if row["devices_per_chip"] > 1 and row["core_link_bw_bytes_per_s"] is None:
+            raise CpplanError(f"{origin}: a chip of {row['devices_per_chip']} devices needs core_link_bw_bytes_per_s, "
+                              f"the bandwidth between them; measure it (cpplan calibrate) or cite it.")
+        if row["max_chips"] > 1 and not row["ici_link_bw_bytes_per_s"] > 0:
+            raise CpplanError(f"{origin}: a slice of up to {row['max_chips']} chips needs ici_link_bw_bytes_per_s > 0, "
+                              f"the bandwidth between chips; cite it, or set max_chips to 1.")
+        return cls(**{**row, "wraparound": wrap, "kind": kind,
+                      "host_collectives": _host_collectives(origin, row["host_collectives"])})
+
+
+# (integer?, lowest, lowest allowed itself?, highest or None, what the field measures); every value finite
+_NUMBER_RULES = {
+    "peak_bf16_flops_per_s": (False, 0, False, None, "a chip's peak FLOP/s"),
+    "hbm_bytes_per_device": (True, 0, False, None, "bytes of memory per device"),
+    "hbm_bw_bytes_per_s": (False, 0, False, None, "memory bandwidth"),
+    "ici_links_per_chip": (True, 0, True, None, "a count of links"),
+    "ici_link_bw_bytes_per_s": (False, 0, True, None, "a link bandwidth (0 where there are no links)"),
+    "core_link_bw_bytes_per_s": (False, 0, False, None, "a bandwidth between a chip's cores (or null)"),
+    "torus_rank": (True, 0, True, 3, "the torus's dimensions"),
+    "devices_per_chip": (True, 1, True, None, "a count of devices"),
+    "tensorcores_per_chip": (True, 1, True, None, "a count of TensorCores"),
+    "max_chips": (True, 1, True, None, "a count of chips"),
+    "dcn_bw_bytes_per_s": (False, 0, True, None, "a bandwidth (0 where there is no DCN)"),
+    "ici_hop_latency_s": (False, 0, True, None, "a latency"),
+    "mxu_tile": (True, 1, True, None, "a tile edge in elements"),
+    "smem_bytes": (True, 0, True, None, "bytes of SMEM (0 where kernels are interpreted)"),
+    "matmul_efficiency": (False, 0, False, 1, "a fraction of the peak"),
+    # measured against the row's matmul peak, not a physical limit: a host's attention may beat it
+    "attention_efficiency": (False, 0, False, 2, "a fraction of the matmul peak"),
+    "attention_block_overhead_s": (False, 0, True, None, "a time per grid step"),
+    "attention_step_s_per_operand_byte": (False, 0, True, None, "a time per byte"),
+    "attention_masked_element_s": (False, 0, True, None, "a time per logit"),
+    "attention_backward_over_forward": (False, 0, False, None, "a ratio of times"),
+    "attention_operand_passes": (False, 0, True, None, "a count of passes"),
+    "attention_backward_operand_passes": (False, 0, True, None, "a count of passes"),
+}
+
+
+def _check_number(origin: str, name: str, value, integer: bool, low: float, low_ok: bool, high, what: str) -> None:
+    """Refuses a chip-row number of the wrong type, not finite, or outside its physical range."""
+    if value is None and name == "core_link_bw_bytes_per_s":
+        return
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise CpplanError(f"{origin}: {name}={value!r} must be {kind} ({what}); write it as a JSON number.")
+    if not math.isfinite(value):
+        raise CpplanError(f"{origin}: {name}={value!r} must be finite ({what}); write the measured figure.")
+    too_low = value < low or (value == low and not low_ok)
+    if too_low or (high is not None and value > high):
+        bound = f"{'≥' if low_ok else '>'} {low}" + (f" and ≤ {high}" if high is not None else "")
+        raise CpplanError(f"{origin}: {name}={value!r} must be {bound} ({what}); fix the row.")
+
+
+def _host_collectives(origin: str, value) -> tuple:
+    """`{kind: [bytes/s, latency s]}` from JSON as the row's sorted tuple, each figure checked."""
+    if isinstance(value, (tuple, list)) and not value:
+        return ()
+    if not isinstance(value, dict):
+        raise CpplanError(f"{origin}: host_collectives={value!r} must be an object {{kind: [bytes/s, latency s]}} "
+                          f"with kinds among {sorted(HOST_FORMULAS)}.")
+    out = []
+    for kind, pair in sorted(value.items()):
+        if kind not in HOST_FORMULAS:
+            raise CpplanError(f"{origin}: host_collectives kind {kind!r} is not one of {sorted(HOST_FORMULAS)}.")
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise CpplanError(f"{origin}: host_collectives[{kind!r}]={pair!r} must be [bytes/s, latency s].")
+        _check_number(origin, f"host_collectives[{kind!r}] bandwidth", pair[0], False, 0, False, None, "a bandwidth")
+        _check_number(origin, f"host_collectives[{kind!r}] latency", pair[1], False, 0, True, None, "a latency")
+        out.append((kind, float(pair[0]), float(pair[1])))
+    return tuple(out)
 
 
 def load_chip(path: str | os.PathLike) -> Chip:
@@ -154,7 +232,7 @@ def load_chip(path: str | os.PathLike) -> Chip:
     path = Path(path)
     try:
         row = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as err:
         raise CpplanError(f"cannot read chip row {str(path)!r}: {err}") from None
     return Chip.from_dict(row, origin=str(path))
 
@@ -174,6 +252,9 @@ def known_chips() -> dict[str, Chip]:
     dirs = [str(CHIP_DIR)]
     extra = os.environ.get(CHIP_DIR_ENV)
     if extra:
+        if not Path(extra).is_dir():
+            raise CpplanError(f"{CHIP_DIR_ENV}={extra!r} is not a directory; point it at the directory "
+                              f"`cpplan calibrate` wrote its row into, or unset it.")
         dirs.append(extra)
     return _chips_in(tuple(dirs))
 

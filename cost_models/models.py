@@ -28,13 +28,21 @@ class ModelSpec:
     qkv_bias: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise CpplanError(f"model name {self.name!r} must be a non-empty string.")
+        if not self.name.isprintable():
+            # a name read from a file reaches terminals: control characters are shown escaped
+            object.__setattr__(self, "name", self.name.encode("unicode_escape").decode("ascii"))
         for f in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "intermediate", "vocab"):
             value = getattr(self, f)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CpplanError(f"model {self.name!r}: {f}={value!r} must be a positive integer.")
         if self.num_heads % self.num_kv_heads:
             raise CpplanError(f"model {self.name!r}: num_heads={self.num_heads} must be a multiple of "
                               f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
+        for f in ("tie_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, f), bool):
+                raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
 
     @property
     def params_per_layer(self) -> int:
@@ -61,6 +69,18 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, row: dict) -> "ModelSpec":
+        """A model from its JSON form (`to_dict`), naming missing or unknown fields.
+
+        Raises:
+            CpplanError: not an object, a missing or unknown field, or a value out of range.
+        """
+        if not isinstance(row, dict):
+            raise CpplanError(f"a model is a JSON object of fields, not {type(row).__name__}: {row!r:.80}.")
+        fields = [f.name for f in dataclasses.fields(cls)]
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        missing, extra = [f for f in required if f not in row], sorted(set(row) - set(fields))
+        if missing or extra:
+            raise CpplanError(f"model fields: missing {missing}, unknown {extra}; a model has {', '.join(fields)}.")
         return cls(**row)
 
     @classmethod
@@ -73,8 +93,11 @@ class ModelSpec:
         path = Path(path)
         try:
             cfg = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as err:
             raise CpplanError(f"cannot read model config {str(path)!r}: {err}") from None
+        if not isinstance(cfg, dict):
+            raise CpplanError(f"{str(path)!r} holds a JSON {type(cfg).__name__}; a model config.json is an object "
+                              f"with model_type, hidden_size, num_attention_heads and the like.")
         model_type = cfg.get("model_type")
         if model_type not in HF_MODEL_TYPES:
             raise CpplanError(f"{str(path)!r}: model_type={model_type!r} is not supported; "
@@ -83,18 +106,31 @@ class ModelSpec:
         missing = [k for k in required if k not in cfg]
         if missing:
             raise CpplanError(f"{str(path)!r}: missing {', '.join(missing)}; a {model_type} config needs {', '.join(required)}.")
-        heads = cfg["num_attention_heads"]
+        for key in (*required, "num_key_value_heads", "head_dim"):
+            value = cfg.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CpplanError(f"{str(path)!r}: {key}={value!r} must be a positive integer; fix the config.")
+        for key in ("tie_word_embeddings", "attention_bias"):
+            if not isinstance(cfg.get(key, False), bool):
+                raise CpplanError(f"{str(path)!r}: {key}={cfg[key]!r} must be true or false; fix the config.")
+        heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
+        if "head_dim" not in cfg and hidden % heads:
+            raise CpplanError(f"{str(path)!r}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}, "
+                              f"so the head size is not whole; give head_dim explicitly.")
+        name = name or cfg.get("_name_or_path") or path.parent.name or model_type
+        if not isinstance(name, str):
+            raise CpplanError(f"{str(path)!r}: _name_or_path={name!r} must be a string.")
         return cls(
-            name=name or cfg.get("_name_or_path") or path.parent.name or model_type,
+            name=name,
             num_layers=cfg["num_hidden_layers"],
-            hidden=cfg["hidden_size"],
+            hidden=hidden,
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim", hidden // heads),
             intermediate=cfg["intermediate_size"],
             vocab=cfg["vocab_size"],
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+            tie_embeddings=cfg.get("tie_word_embeddings", False),
+            qkv_bias=cfg.get("attention_bias", model_type == "qwen2"),
         )
 
 
@@ -120,10 +156,19 @@ def get_model(model: "str | ModelSpec | os.PathLike") -> ModelSpec:
     """
     if isinstance(model, ModelSpec):
         return model
+    if not isinstance(model, (str, os.PathLike)) or not os.fspath(model):
+        raise CpplanError(f"model={model!r}: give a model name (one of {', '.join(MODELS)}), a ModelSpec, "
+                          f"or the path of a config.json.")
     text = os.fspath(model)
     if text in MODELS:
         return MODELS[text]
     path = Path(text)
-    if path.suffix == ".json" or path.is_file() or path.is_dir():
-        return ModelSpec.from_hf_config(path / "config.json" if path.is_dir() else path)
+    try:
+        is_dir = path.is_dir()
+        is_path = path.suffix == ".json" or is_dir or path.is_file()
+    except OSError as err:  # e.g. a name longer than the file system allows
+        raise CpplanError(f"model {text[:80]!r}: not a known model, and not a usable path ({err.strerror}); "
+                          f"known models: {', '.join(MODELS)}.") from None
+    if is_path:
+        return ModelSpec.from_hf_config(path / "config.json" if is_dir else path)
     raise unknown_name("model", text, MODELS)

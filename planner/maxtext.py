@@ -118,8 +118,17 @@ def format_flags(flags: dict[str, object]) -> str:
 
 
 def _parse_text(text: str) -> dict[str, str]:
-    words = shlex.split(text)
-    return dict(w.split("=", 1) for w in words if "=" in w)
+    """`key=value` words of a MaxText command line; a key given twice is refused (which would win?)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as err:
+        raise CpplanError(f"cannot split the MaxText flags into words ({err}); close every quote.") from None
+    flags: dict[str, str] = {}
+    for key, _, value in (w.partition("=") for w in words if "=" in w):
+        if key in flags:
+            raise CpplanError(f"MaxText flag {key} is given twice ({flags[key]!r} and {value!r}); give it once.")
+        flags[key] = value
+    return flags
 
 
 def _int(flags: dict, key: str, default: int) -> int:
@@ -128,7 +137,7 @@ def _int(flags: dict, key: str, default: int) -> int:
         number = float(value)
     except (TypeError, ValueError):
         raise CpplanError(f"MaxText flag {key}={value!r} is not a number.") from None
-    if number != int(number) or number < 0:
+    if not math.isfinite(number) or number != int(number) or number < 0:
         raise CpplanError(f"MaxText flag {key}={value!r} must be a whole number.")
     return int(number)
 
@@ -198,8 +207,10 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
     seq_len = _int(flags, "max_target_length", 2048)
     try:
         per_device = float(flags.get("per_device_batch_size", 12.0))
-    except ValueError:
+    except (TypeError, ValueError):
         raise CpplanError(f"MaxText flag per_device_batch_size={flags['per_device_batch_size']!r} is not a number.") from None
+    if not math.isfinite(per_device) or per_device <= 0:
+        raise CpplanError(f"MaxText flag per_device_batch_size={per_device!r} must be a positive, finite number.")
     global_batch = per_device * topo.num_devices
     if global_batch != int(global_batch) or global_batch < 1:
         raise CpplanError(f"per_device_batch_size={per_device} × {topo.num_devices} devices is not a whole number of sequences.")

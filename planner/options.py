@@ -98,11 +98,13 @@ class SearchOptions:
             known = ("global_batch_tokens, global_batch, strategies, mesh, remat, load_balance, loss_chunk_tokens, "
                      "param_dtype, compute_dtype")
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
+        if mesh is not None and not isinstance(mesh, dict):
+            raise CpplanError(f"mesh={mesh!r} must be a dict of axis sizes, e.g. {{'context': 16}}.")
         fixed = dict(mesh or {})
         for axis, size in fixed.items():
             if axis not in AXES:
                 raise CpplanError(f"mesh axis {axis!r} is not one of {AXES}.")
-            if not isinstance(size, int) or size < 1:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise CpplanError(f"mesh[{axis!r}]={size!r} must be a positive integer.")
         for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype)):
             if dtype not in DTYPE_BYTES:

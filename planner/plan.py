@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 from cost_models.case import Case, batch_split_violation
 from cost_models.errors import CpplanError
@@ -14,6 +14,9 @@ from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
+# splash attention tiles its blocks over the 128 vector lanes: a block must be a multiple of them
+# (jax.experimental.pallas.ops.tpu.splash_attention, NUM_LANES = 128)
+SPLASH_BLOCK_MULTIPLE = 128
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,18 @@ class Plan:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CpplanError(f"plan {name}={value!r} must be a positive integer.")
+        for name in ("block_q", "block_kv"):
+            if getattr(self, name) % SPLASH_BLOCK_MULTIPLE:
+                raise CpplanError(f"plan {name}={getattr(self, name)} is not a multiple of {SPLASH_BLOCK_MULTIPLE}, "
+                                  f"as splash attention's blocks must be; use 512 (or 128, 256, 1024, 2048).")
+        if not isinstance(self.model, ModelSpec):
+            raise CpplanError(f"plan model={self.model!r:.80} must be a ModelSpec (see cost_models.models.get_model).")
+        if not isinstance(self.topology, str):
+            raise CpplanError(f"plan topology={self.topology!r} must be a topology name, e.g. v5p:4x4x8 or cpu:8.")
+        if not isinstance(self.mesh, tuple) or not all(
+                isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], int) and not isinstance(pair[1], bool)
+                and pair[1] >= 1 for pair in self.mesh):
+            raise CpplanError(f"plan mesh={self.mesh!r} must be (axis, positive size) pairs for {AXES}.")
         if isinstance(self.loss_chunk_tokens, bool) or not isinstance(self.loss_chunk_tokens, int) \
                 or self.loss_chunk_tokens < 0:
             raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
@@ -206,16 +221,44 @@ class Plan:
 
     @classmethod
     def from_dict(cls, row: dict) -> "Plan":
+        """A plan from its JSON form (`to_dict`).
+
+        Raises:
+            CpplanError: not an object, a missing or unknown key, or a value of the wrong type or range.
+        """
+        if not isinstance(row, dict):
+            raise CpplanError(f"a plan is a JSON object (as `cpplan export --format json` writes), "
+                              f"not {type(row).__name__}.")
+        keys = [f.name for f in fields(cls) if f.init]
+        required = [f.name for f in fields(cls) if f.init and f.default is MISSING]
+        missing, extra = [k for k in required if k not in row], sorted(set(row) - set(keys))
+        if missing or extra:
+            raise CpplanError(f"plan keys: missing {missing}, unknown {extra}; a plan has {', '.join(keys)}.")
         row = dict(row)
         row["model"] = ModelSpec.from_dict(row["model"])
-        row["mesh"] = tuple((a, int(row["mesh"].get(a, 1))) for a in AXES)
-        row["axis_order"] = tuple(row["axis_order"])
-        row["physical_order"] = tuple(row["physical_order"])
+        mesh = row["mesh"]
+        if not isinstance(mesh, dict) or set(mesh) - set(AXES):
+            raise CpplanError(f"plan mesh={mesh!r} must be an object of axis sizes with axes among {AXES}.")
+        row["mesh"] = tuple((a, mesh.get(a, 1)) for a in AXES)
+        for name in ("axis_order", "physical_order"):
+            if name in row:
+                if not isinstance(row[name], list) or not all(isinstance(a, str) for a in row[name]):
+                    raise CpplanError(f"plan {name}={row[name]!r} must be a list of axis names.")
+                row[name] = tuple(row[name])
         return cls(**row)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        return cls.from_dict(json.loads(text))
+        """A plan from JSON text (`to_json`).
+
+        Raises:
+            CpplanError: text that is not JSON, or not a plan (see `from_dict`).
+        """
+        try:
+            row = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise CpplanError(f"a plan must be JSON as `cpplan export --format json` writes it: {err}.") from None
+        return cls.from_dict(row)
 
     # -- MaxText -----------------------------------------------------------------------
     def to_maxtext(self) -> dict[str, object]:

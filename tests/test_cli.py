@@ -1,4 +1,5 @@
 """The cpplan command line, run as a user runs it."""
+import argparse
 import json
 import subprocess
 import sys
@@ -93,3 +94,20 @@ def test_every_command_has_its_own_help(command, capsys):
 def test_validate_without_a_case_says_what_it_needs(capsys):
     assert main(["validate", "--model", "tiny"]) == 2
     assert "needs --model, --seq-lens and --topology" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_flag_has_help_stating_its_default(command):
+    from cli import build_parser
+
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub = subparsers.choices[command]
+    formatter = sub._get_formatter()
+    for action in sub._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+            continue
+        assert action.help, f"{command} {action.option_strings[0]} has no help"
+        if action.default not in (None, False, argparse.SUPPRESS):
+            assert f"(default: {action.default})" in formatter._expand_help(action), (command, action.option_strings)
+

@@ -32,12 +32,20 @@ from cost_models.chips import Chip
 from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD, causal_block_fraction, splash_step_costs
 from cost_models.placement import axis_segments
 from cost_models.topology import Topology, get_topology
+from validation.outputs import prepare_out_dir, write_atomic
 
 COLLECTIVE_SIZES = (2**16, 2**18, 2**20, 2**22)  # bytes per device
 # seq ÷ (q_len, kv_len, block), and whether the mask is causal: they vary the FLOPs, the grid
 # steps, the operand sizes and the masked blocks independently, so the four costs separate
 ATTENTION_SHAPES = ((4, 4, 4, False), (4, 4, 8, False), (4, 1, 4, False), (2, 2, 4, False), (8, 1, 8, False),
                     (1, 1, 4, True), (2, 2, 4, True))
+
+
+def row_path(out: "str | Path", chip_name: str) -> Path:
+    """Where `cpplan calibrate --out OUT` writes a chip's row: OUT itself when it names a `.json`
+    file, else `OUT/<chip>.json`."""
+    out = Path(out)
+    return out if out.suffix == ".json" else out / f"{chip_name}.json"
 
 
 @dataclass(frozen=True)
@@ -55,12 +63,9 @@ class Calibration:
         Returns:
             The file written.
         """
-        path = Path(path)
-        if path.suffix != ".json":
-            path = path / f"{self.chip.name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.chip.to_dict(), indent=2) + "\n")
-        return path
+        path = row_path(path, self.chip.name)
+        prepare_out_dir(path.parent, (path.name,))
+        return write_atomic(path, json.dumps(self.chip.to_dict(), indent=2, allow_nan=False) + "\n")
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,11 @@ def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, lay
         layers: decoder layers compiled (and predicted).
         per_strategy: how many plans of each strategy, best first.
     Returns:
-        A `MemoryReport`.
+        A `MemoryReport`; a plan the compiler refuses for a reason other than HBM (e.g. a kernel
+        over its VMEM) is kept as a failure with the compiler's first line.
     """
+    from jax.errors import JaxRuntimeError
+
     from runtime.compile import compile_for
 
     spec = get_model(model)
@@ -52,6 +55,10 @@ def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, lay
             compiled = compile_for(plan)
         except CpplanError as err:
             report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=str(err)))
+            continue
+        except JaxRuntimeError as err:  # the compiler refused it for another reason than HBM: keep going
+            reason = str(err).strip().splitlines()[0][:300]
+            report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=f"compiler: {reason}"))
             continue
         report.results.append(MemoryResult(
             plan, estimate(plan), compiled.required_bytes if compiled.fits else None, compiled.fits,

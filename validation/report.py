@@ -2,7 +2,9 @@
 JSON, plots)."""
 from __future__ import annotations
 
+import io
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +13,31 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.units import GiB
 from planner.plan import Plan
+from validation.outputs import prepare_out_dir, write_atomic
 from validation.stats import mape, regret, spearman
+
+
+# the files each report writes under --out; the runs' measurements go to MEASUREMENTS_FILE as they finish
+MEASUREMENTS_FILE = "measurements.jsonl"
+STEP_REPORT_FILES = ("report.json", "report.md", "predicted_vs_measured.png", "winners.png", MEASUREMENTS_FILE)
+MEMORY_REPORT_FILES = ("memory.json", "memory.md")
+
+
+def _save_figure(fig, path: Path) -> None:
+    """A figure as PNG, written atomically like every report file."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    write_atomic(path, buffer.getvalue())
+
+
+def _finite(value: float) -> float | None:
+    """A statistic, or None where it is undefined (too few plans measured): reports hold no NaN."""
+    return value if math.isfinite(value) else None
+
+
+def _shown(value: float | None, spec: str) -> str:
+    """A statistic for people: formatted, or n/a where it is undefined."""
+    return "n/a" if value is None else format(value, spec)
 
 
 def _plan_label(plan: Plan) -> str:
@@ -74,9 +100,9 @@ class StepTimeReport:
         for s, g in self.by_seq_len().items():
             winners[s] = {"predicted": min(g, key=lambda r: r.predicted.step_time_s).plan.cp_strategy.value,
                           "measured": min(g, key=lambda r: r.measured_step_s).plan.cp_strategy.value}
-        return {"mape": mape(pred, meas), "spearman": spearman(pred, meas),
-                "regret": max(regrets.values()) if regrets else float("nan"),
-                "regret_per_seq_len": regrets, "winners": winners, "plans_measured": len(done),
+        return {"mape": _finite(mape(pred, meas)), "spearman": _finite(spearman(pred, meas)),
+                "regret": _finite(max(regrets.values())) if regrets else None,
+                "regret_per_seq_len": {s: _finite(r) for s, r in regrets.items()}, "winners": winners, "plans_measured": len(done),
                 "plans_failed": sum(r.failure is not None for r in self.results),
                 "strategies": sorted({r.plan.cp_strategy.value for r in done}), "interrupted": self.interrupted}
 
@@ -91,12 +117,13 @@ class StepTimeReport:
         lines = [f"# {self.title}", "",
                  f"- plans measured: {s['plans_measured']} ({', '.join(s['strategies'])}); failed: {s['plans_failed']}"
                  + ("; **interrupted**, partial results" if s["interrupted"] else ""),
-                 f"- step time MAPE: **{s['mape']:.1%}**", f"- Spearman rank correlation: **{s['spearman']:.3f}**",
+                 f"- step time MAPE: **{_shown(s['mape'], '.1%')}**",
+                 f"- Spearman rank correlation: **{_shown(s['spearman'], '.3f')}**",
                  f"- regret (measured time of the predicted-best plan ÷ best measured), worst over lengths: "
-                 f"**{s['regret']:.3f}**", "",
+                 f"**{_shown(s['regret'], '.3f')}**", "",
                  "| seq_len | predicted winner | measured winner | regret |", "|---|---|---|---|"]
         for seq, w in s["winners"].items():
-            lines.append(f"| {seq} | {w['predicted']} | {w['measured']} | {s['regret_per_seq_len'][seq]:.3f} |")
+            lines.append(f"| {seq} | {w['predicted']} | {w['measured']} | {_shown(s['regret_per_seq_len'][seq], '.3f')} |")
         lines += ["", "Measured: a run's fastest step after the first (calibration keeps its fastest run too: work "
                   "sharing the host only ever adds time); the median is in the JSON.", "",
                   "| plan | seq_len | predicted s | measured s | error | predicted MFU | measured MFU |",
@@ -146,7 +173,7 @@ class StepTimeReport:
         ax.set_xlabel("measured step time (s)"), ax.set_ylabel("predicted step time (s)")
         ax.set_title("cpplan: predicted vs measured, one point per plan"), ax.legend()
         paths.append(outdir / "predicted_vs_measured.png")
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        _save_figure(fig, paths[-1])
         plt.close(fig)
 
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -160,7 +187,7 @@ class StepTimeReport:
         ax.set_xlabel("sequence length"), ax.set_ylabel("fastest strategy"), ax.legend()
         ax.set_title("which strategy wins at each length: predicted vs measured")
         paths.append(outdir / "winners.png")
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        _save_figure(fig, paths[-1])
         plt.close(fig)
         return paths
 
@@ -175,10 +202,9 @@ class StepTimeReport:
         Raises:
             CpplanError: `plots` without matplotlib installed.
         """
-        outdir = Path(outdir)
-        outdir.mkdir(parents=True, exist_ok=True)
-        (outdir / "report.json").write_text(json.dumps(self.to_dict(), indent=2, default=str))
-        (outdir / "report.md").write_text(self.markdown(plots=plots))
+        outdir = prepare_out_dir(outdir, STEP_REPORT_FILES)
+        write_atomic(outdir / "report.json", json.dumps(self.to_dict(), indent=2, default=str, allow_nan=False))
+        write_atomic(outdir / "report.md", self.markdown(plots=plots))
         return [outdir / "report.json", outdir / "report.md", *(self.plot(outdir) if plots else [])]
 
 
@@ -220,8 +246,8 @@ class MemoryReport:
         agree = [r.predicted.fits == r.compiled_fits for r in self.results if r.failure is None]
         return {"plans": len(self.results), "compared": len(done),
                 "within_10pct": sum(abs(r.error) <= 0.10 for r in done),
-                "mean_abs_error": sum(abs(r.error) for r in done) / len(done) if done else float("nan"),
-                "fit_agreement": sum(agree) / len(agree) if agree else float("nan"),
+                "mean_abs_error": sum(abs(r.error) for r in done) / len(done) if done else None,
+                "fit_agreement": sum(agree) / len(agree) if agree else None,
                 "topologies": sorted({r.plan.topology for r in self.results})}
 
     def to_dict(self) -> dict:
@@ -231,8 +257,8 @@ class MemoryReport:
         s = self.summary()
         lines = [f"# {self.title}", "",
                  f"- plans: {s['plans']} on {', '.join(s['topologies'])}; within 10% of the compiler: "
-                 f"**{s['within_10pct']} of {s['compared']}**; mean |error| {s['mean_abs_error']:.1%}",
-                 f"- fit / no-fit agreement with the compiler: **{s['fit_agreement']:.0%}**", "",
+                 f"**{s['within_10pct']} of {s['compared']}**; mean |error| {_shown(s['mean_abs_error'], '.1%')}",
+                 f"- fit / no-fit agreement with the compiler: **{_shown(s['fit_agreement'], '.0%')}**", "",
                  "| plan | topology | seq_len | layers | predicted GiB | compiler GiB | error | fits (pred/compiler) |",
                  "|---|---|---|---|---|---|---|---|"]
         for r in self.results:
@@ -246,8 +272,7 @@ class MemoryReport:
         return "\n".join(lines) + "\n"
 
     def write(self, outdir: "str | Path") -> list[Path]:
-        outdir = Path(outdir)
-        outdir.mkdir(parents=True, exist_ok=True)
-        (outdir / "memory.json").write_text(json.dumps(self.to_dict(), indent=2, default=str))
-        (outdir / "memory.md").write_text(self.markdown())
+        outdir = prepare_out_dir(outdir, MEMORY_REPORT_FILES)
+        write_atomic(outdir / "memory.json", json.dumps(self.to_dict(), indent=2, default=str, allow_nan=False))
+        write_atomic(outdir / "memory.md", self.markdown())
         return [outdir / "memory.json", outdir / "memory.md"]

@@ -2,7 +2,8 @@
 
 The selection: the planner's top K, the best plan of every strategy, then a seeded sample of
 the rest, up to `max_plans` per sequence length. Runs go one after another under a progress
-bar; Ctrl-C stops them keeping what was measured.
+bar, each result appended to a journal file as it finishes; Ctrl-C (and SIGTERM, which the CLI
+turns into it) stops them keeping what was measured.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from cost_models.units import mfu
 from planner.api import run_search
 from planner.search import Ranked
 from validation.measured import MeasuredStep
+from validation.outputs import append_record
 from validation.report import StepResult, StepTimeReport
 
 
@@ -42,7 +44,8 @@ def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: in
 
 
 def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: int = 1, max_plans: int = 16,
-                        top: int = 3, steps: int = 3, seed: int = 0, data=None, **options) -> StepTimeReport:
+                        top: int = 3, steps: int = 3, seed: int = 0, data=None, journal=None,
+                        **options) -> StepTimeReport:
     """Runs a selection of feasible plans per sequence length and compares with their prices.
 
     Args:
@@ -52,6 +55,8 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
         max_plans / top / seed: the selection (see `select_plans`).
         steps: steps per run; the measured step time is the fastest after the first (the median is kept too).
         data: text file for the runs (synthetic tokens when None).
+        journal: a file each plan's result is appended to (one JSON line) as soon as it is
+            measured, so that a killed run keeps them; None keeps them in memory only.
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
     Raises:
@@ -81,6 +86,8 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
             except CpplanError as err:
                 result.failure = str(err)
             report.results.append(result)
+            if journal is not None:
+                append_record(journal, result.to_dict())
     except KeyboardInterrupt:
         report.interrupted = True
     finally:
