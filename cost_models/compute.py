@@ -26,6 +26,12 @@ import numpy as np
 
 # FLOPs, not time: backward runs 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward; the time
 # ratio is a chip row's `attention_backward_over_forward`, measured where there is data
+# The scoped VMEM XLA's TPU compiler grants a Mosaic kernel by default. Measured here: deviceless
+# compiles of llama3.1-8b on v5p with 2048×2048 splash blocks are refused with
+# CompileTimeScopedVmemOom, 25.9M needed of a 16M limit (libtpu 0.0.52; docs/measurements.md).
+# Assumed the same on every TPU generation until a compile says otherwise.
+SPLASH_SCOPED_VMEM_BYTES = 16 * 2**20
+LANE_WIDTH = 128  # splash keeps its running max and sum 128 lanes wide
 SPLASH_BACKWARD_OVER_FORWARD = 2.5
 SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
 # arrays each kernel reads or writes, (shaped like q, shaped like k): forward q, o | k, v;
@@ -163,3 +169,23 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
     bwd = steps * (SPLASH_BACKWARD_GRIDS * per_step_s + per_step_byte_s * backward_bytes) \
         + SPLASH_BACKWARD_GRIDS * masked + per_call_byte_s[1] * backward_bytes
     return fwd, bwd
+
+
+def splash_vmem_bytes(block_q, block_kv, *, head_dim, act_bytes):
+    """Scoped VMEM of one splash grid step: the fp32 logits of a block pair and their
+    probabilities in the compute dtype, the fp32 output accumulator and running max and sum, and
+    the q, k, v and output blocks double-buffered. For the measured refusal (2048×2048, head_dim
+    128, bf16) it gives 31 MiB against the compiler's 25.9M: it errs towards refusing."""
+    logits = block_q * block_kv * (4 + act_bytes)
+    accumulators = block_q * (head_dim + 2 * LANE_WIDTH) * 4
+    blocks = 2 * (2 * block_q + 2 * block_kv) * head_dim * act_bytes
+    return logits + accumulators + blocks
+
+
+def splash_vmem_problem(block_q, block_kv, *, head_dim, act_bytes) -> "str | None":
+    """None when a splash grid step fits the scoped VMEM, else the rule with its numbers."""
+    need = splash_vmem_bytes(block_q, block_kv, head_dim=head_dim, act_bytes=act_bytes)
+    if need <= SPLASH_SCOPED_VMEM_BYTES:
+        return None
+    return (f"splash blocks {int(block_q)}×{int(block_kv)} need about {need / 2**20:.1f} MiB of scoped VMEM per grid "
+            f"step > the compiler's {SPLASH_SCOPED_VMEM_BYTES / 2**20:.0f} MiB")

@@ -5,6 +5,7 @@ import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
+from cost_models.compute import splash_vmem_problem
 from cost_models.case import Case, batch_split_violation
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
@@ -167,6 +168,11 @@ class Plan:
         violation = batch_split_violation(self.global_batch, shards)
         if violation:
             raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
+        if not self.topology_spec.chip.kind.interprets_kernels:
+            problem = splash_vmem_problem(self.block_q, self.block_kv, head_dim=self.model.head_dim,
+                                          act_bytes=DTYPE_BYTES[self.compute_dtype])
+            if problem:
+                raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
 
     @property
     def topology_spec(self) -> Topology:

@@ -23,7 +23,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates, LinkColumns, group_links, link_columns
 from cost_models.case import Case, ReadsCase, batch_split_violation
-from cost_models.compute import splash_smem_bytes
+from cost_models.compute import splash_smem_bytes, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
@@ -38,7 +38,7 @@ from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, R
 from planner.options import SearchOptions, as_list, ordered_factorizations
 from planner.plan import DEFAULT_BLOCK, Plan
 
-BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks: 512 first, larger when SMEM needs it
+BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks; of equally fast ones, the first
 
 
 @dataclass(frozen=True)
@@ -139,15 +139,20 @@ class SearchResult(ReadsCase):
         return self.ranked[0] if self.ranked else None
 
 
-def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool) -> tuple[list[int], str | None]:
+def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_dim: int,
+                   act_bytes: int) -> tuple[list[int], str | None]:
     """The splash blocks (in `BLOCK_PREFERENCE` order) a kernel call of (q × kv) tokens can use
-    within the chip's SMEM, or none and the rule that fails."""
+    within the chip's SMEM and scoped VMEM, or none and the rule that fails."""
     q = layout_q / (2 if zigzag else 1)
     options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
     if not options:
         return [], f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
-    if topo.chip.smem_bytes == 0:  # a host has no SMEM limit
+    if topo.chip.kind.interprets_kernels:  # an interpreted kernel has no SMEM or VMEM limit
         return options, None
+    vmem = {b: splash_vmem_problem(b, b, head_dim=head_dim, act_bytes=act_bytes) for b in options}
+    if all(vmem.values()):
+        return [], vmem[min(options)]
+    options = [b for b in options if not vmem[b]]
     fitting = [b for b in options
                if splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes]
     if fitting:
@@ -374,7 +379,9 @@ class SearchSpace:
             spec = STRATEGIES[strategy]
             lay = spec.layout(Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag,
                                     self.topology.chip.kind.shares_cores))
-            options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag)
+            options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag,
+                                             head_dim=self.model.head_dim,
+                                             act_bytes=DTYPE_BYTES[self.options.compute_dtype])
             block = options[0] if options else None
             if len(options) > 1:
                 # the block changes only the attention's price (grid steps, diagonal waste, SMEM),

@@ -314,3 +314,21 @@ def test_communication_hides_in_one_window_per_layer():
                   recompute_reuses_s=0.5)
     assert context_traffic(cost, 1.0, overlaps=False) == ContextTraffic(2.0, 5.5, 2.0, 5.5)
     assert context_traffic(cost, 1.0, overlaps=True) == ContextTraffic(2.0, 5.5, 0.5, 1.0)
+
+
+def test_splash_vmem_rule_refuses_what_the_compiler_refused():
+    """Deviceless compiles of llama3.1-8b on v5p refused 2048×2048 splash blocks (25.9M of scoped
+    VMEM > 16M); the rule refuses them, keeps 1024, and the plan check names it."""
+    import dataclasses
+
+    import planner
+    from cost_models.compute import splash_vmem_bytes, splash_vmem_problem
+
+    assert splash_vmem_bytes(2048, 2048, head_dim=128, act_bytes=2) == 2048 * 2048 * 6 + 2048 * 384 * 4 \
+        + 2 * 8192 * 128 * 2
+    assert "2048×2048 need about 31.0 MiB" in splash_vmem_problem(2048, 2048, head_dim=128, act_bytes=2)
+    assert splash_vmem_problem(1024, 1024, head_dim=128, act_bytes=2) is None
+    plan = planner.plan("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k")
+    assert plan.block_q <= 1024
+    with pytest.raises(CpplanError, match="scoped VMEM"):
+        planner.estimate(dataclasses.replace(plan, block_q=2048, block_kv=2048))
