@@ -330,9 +330,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if args.strategies is not None:
             options["strategies"] = _csv(args.strategies)
         journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
-        report = validate_step_times(args.model, seq_lens, args.topology, sequences=args.sequences,
-                                     max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
-                                     data=args.data, journal=journal, **options)
+        _RAISE_ON_INTERRUPT[0] = False
+        try:
+            report = validate_step_times(args.model, seq_lens, args.topology, sequences=args.sequences,
+                                         max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
+                                         data=args.data, journal=journal, stop=lambda: bool(_INTERRUPTED_BY),
+                                         **options)
+        finally:
+            _RAISE_ON_INTERRUPT[0] = True
     files = report.write(outdir, plots=not args.no_plots)
     if not args.measured:
         files.append(outdir / MEASUREMENTS_FILE)
@@ -470,11 +475,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 # the signals that interrupted this process (SIGTERM is handled as Ctrl-C is: keep, write, exit)
 _INTERRUPTED_BY: list[int] = []
+# whether an interrupt raises KeyboardInterrupt at once; `validate` turns it off while it measures
+# and stops after the plan in hand instead, because a KeyboardInterrupt raised inside jax (its
+# garbage-collection callback, say) is swallowed with a traceback on stderr
+_RAISE_ON_INTERRUPT = [True]
 
 
 def _interrupt(signum: int, frame) -> None:
     _INTERRUPTED_BY.append(signum)
-    raise KeyboardInterrupt
+    if _RAISE_ON_INTERRUPT[0]:
+        raise KeyboardInterrupt
 
 
 def _in_main_thread() -> bool:
@@ -492,7 +502,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     _INTERRUPTED_BY.clear()
-    previous = signal.signal(signal.SIGTERM, _interrupt) if _in_main_thread() else None
+    # Ctrl-C gets the same handler as SIGTERM, so that every interrupt is recorded even where a
+    # library swallows the KeyboardInterrupt it raises; a SIGINT the parent ignores stays ignored
+    handled = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN else [])
+    previous = {s: signal.signal(s, _interrupt) for s in handled} if _in_main_thread() else {}
     try:
         return args.func(args)
     except CpplanError as err:
@@ -505,8 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,10 @@ HEADER = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
 
 def _cpplan(*argv: str, cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a user runs it
+    # Ctrl-C as in a terminal, even where the test runner's parent ignores SIGINT (a background job)
     return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *argv], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> None:

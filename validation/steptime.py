@@ -8,7 +8,7 @@ turns into it) stops them keeping what was measured.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
@@ -45,7 +45,7 @@ def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: in
 
 def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: int = 1, max_plans: int = 16,
                         top: int = 3, steps: int = 3, seed: int = 0, data=None, journal=None,
-                        **options) -> StepTimeReport:
+                        stop: "Callable[[], bool] | None" = None, **options) -> StepTimeReport:
     """Runs a selection of feasible plans per sequence length and compares with their prices.
 
     Args:
@@ -57,6 +57,8 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
         data: text file for the runs (synthetic tokens when None).
         journal: a file each plan's result is appended to (one JSON line) as soon as it is
             measured, so that a killed run keeps them; None keeps them in memory only.
+        stop: asked after each plan; True ends the run as an interrupt does (the CLI's signal
+            handler sets it rather than raising inside jax).
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
     Raises:
@@ -88,6 +90,9 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
             report.results.append(result)
             if journal is not None:
                 append_record(journal, result.to_dict())
+            if stop is not None and stop():
+                report.interrupted = True
+                break
     except KeyboardInterrupt:
         report.interrupted = True
     finally:
