@@ -78,6 +78,11 @@ class Candidates(ReadsCase):
         """Tokens each device holds outside attention: its sequences split over both context axes."""
         return self.sequences_per_device * self.seq_len / (self.ring * self.ulysses)
 
+    @property
+    def achievable_matmul_flops(self) -> float:
+        """FLOP/s a device's matmuls reach: its peak times the chip's measured matmul efficiency."""
+        return self.topology.peak_flops_per_device * self.topology.chip.matmul_efficiency
+
     @cached_property
     def weight_group(self) -> np.ndarray:
         """Devices a weight is sharded over outside tensor parallelism: fsdp × both context axes."""

@@ -34,12 +34,11 @@ def price_head(x: Candidates) -> HeadTimes:
     model, chip = x.model, x.topology.chip
     passes = 3 + (1 if x.loss_chunk_tokens else 0)  # chunked loss recomputes each chunk's logits
     padding = tile_efficiency(model.hidden, chip.mxu_tile) * tile_efficiency(model.vocab / x.tensor, chip.mxu_tile)
-    achievable_flops = x.topology.peak_flops_per_device * chip.matmul_efficiency
     hbm_bw = x.topology.hbm_bw_per_device
     flops = head_forward_flops(model, x.tokens_per_device)
     return HeadTimes(
         passes=passes,
-        matmul_s=passes * flops / x.tensor / padding / achievable_flops,
+        matmul_s=passes * flops / x.tensor / padding / x.achievable_matmul_flops,
         cross_entropy_s=x.tokens_per_device * model.vocab / x.tensor * CE_BYTES_PER_LOGIT / hbm_bw,
         executed_flops=passes * flops / x.tensor,
     )

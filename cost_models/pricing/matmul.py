@@ -40,14 +40,13 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     """
     model, chip = x.model, x.topology.chip
     tile, tensor = chip.mxu_tile, x.tensor
-    achievable_flops = x.topology.peak_flops_per_device * chip.matmul_efficiency
     flops = layer_forward_flops(model, x.seq_len, x.tokens_per_device)
     qkv_columns = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim / tensor
     qkv_padding = tile_efficiency(model.hidden, tile) * tile_efficiency(qkv_columns, tile)
     out_padding = tile_efficiency(model.num_heads * model.head_dim / tensor, tile) * tile_efficiency(model.hidden, tile)
     mlp_padding = tile_efficiency(model.hidden, tile) * tile_efficiency(model.intermediate / tensor, tile)
-    projections_s = (flops.qkv / qkv_padding + flops.out_proj / out_padding) / tensor / achievable_flops
-    mlp_s = flops.mlp / mlp_padding / tensor / achievable_flops
+    projections_s = (flops.qkv / qkv_padding + flops.out_proj / out_padding) / tensor / x.achievable_matmul_flops
+    mlp_s = flops.mlp / mlp_padding / tensor / x.achievable_matmul_flops
 
     hbm_bw = x.topology.hbm_bw_per_device
     weight_bytes = model.params_per_layer * x.act_bytes / tensor
