@@ -64,10 +64,6 @@ class Candidates(ReadsCase):
         object.__setattr__(self, "links", {name: _float_link(link) for name, link in self.links.items()})
         object.__setattr__(self, "ring_link", _float_link(self.ring_link))
 
-    def with_blocks(self, block_q, block_kv) -> "Candidates":
-        """The same candidates with other splash blocks."""
-        return dataclasses.replace(self, block_q=block_q, block_kv=block_kv)
-
     @cached_property
     def sequences_per_device(self) -> np.ndarray:
         """Sequences each batch shard (data × fsdp) holds."""
