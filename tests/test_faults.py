@@ -17,12 +17,17 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADER = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
 
 
+_AS_FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                       "sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rsplit('/', 1)[0]); "
+                       "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def _cpplan(*argv: str, cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a user runs it
-    # Ctrl-C as in a terminal, even where the test runner's parent ignores SIGINT (a background job)
-    return subprocess.Popen([sys.executable, str(ROOT / "cli.py"), *argv], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # Ctrl-C as in a terminal, even where the test runner's parent ignores SIGINT (a background job);
+    # the child restores it itself, so the runner (with jax's threads) spawns rather than forks
+    return subprocess.Popen([sys.executable, "-c", _AS_FROM_A_TERMINAL, str(ROOT / "cli.py"), *argv], cwd=cwd,
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> None:
