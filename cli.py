@@ -308,12 +308,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES
 
     if args.measured:
+        from validation.corpus import compare_corpus, is_corpus, read_corpus
         from validation.measured import read_csv, read_maxtext_log
+        from validation.report import CORPUS_REPORT_FILES
         from validation.steptime import compare_measured
 
-        steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
-        outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
-        report = compare_measured(steps)
+        if not args.maxtext_flags and is_corpus(args.measured):  # published runs, each with its MaxText flags
+            runs = read_corpus(args.measured)
+            outdir = prepare_out_dir(args.out, CORPUS_REPORT_FILES)
+            report = compare_corpus(runs, title=f"cpplan vs the published TPU runs of {os.path.basename(args.measured)}")
+        else:
+            steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
+            outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
+            report = compare_measured(steps)
     else:
         if not (args.model and args.seq_lens and args.topology):
             raise CpplanError("cpplan validate needs --model, --seq-lens and --topology (or --measured FILE).")
@@ -454,8 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="text file for the runs (synthetic tokens by default)")
     p.add_argument("--measured", help="a CSV with columns model, topology, seq_len, global_batch, strategy, data, "
                                       "fsdp, context, context_ulysses, tensor, remat, load_balance, step_seconds "
-                                      "(the first five and the last required), or a MaxText log (with "
-                                      "--maxtext-flags)")
+                                      "(the first five and the last required), a corpus of published runs "
+                                      "(benchmarks/public_runs.csv: MaxText flags and citations per run), or a "
+                                      "MaxText log (with --maxtext-flags)")
     p.add_argument("--maxtext-flags", help="the MaxText flags of the logged run: key=value text, or a file holding "
                                            "them")
     p.add_argument("--out", default="validation-report", help="directory for report.md, report.json, plots and "

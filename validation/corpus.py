@@ -35,9 +35,12 @@ from cost_models.compute import splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.remat import CHECKPOINTS, kept_names
+from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES, RematPolicy
 from planner.maxtext import _parse_text, plan_from_maxtext
+from planner.estimate import estimate
 from planner.plan import Plan
+from validation.report import CorpusReport, StepResult
 
 CORPUS_COLUMNS = ("id", "maxtext_flags", "maxtext_defaults", "metric", "value", "peak_tflops", "flop_rule", "figure",
                   "repository", "path", "commit", "date", "derivation", "notes")
@@ -350,3 +353,27 @@ def read_corpus(path: "str | Path") -> list[CorpusRun]:
         citation = f"{row['repository']}@{row['commit'][:12]}:{row['path']} ({row['date']})"
         runs.append(CorpusRun(row["id"], plan, step_seconds(row, plan, shape, where), tuple(notes), citation, row))
     return runs
+
+
+def compare_corpus(runs: "list[CorpusRun]", *, title: str = "cpplan vs published TPU runs") -> CorpusReport:
+    """Prices every run with its own plan and sets it against the published step time.
+
+    Args:
+        runs: the corpus (`read_corpus`).
+        title: the report's title.
+    Returns:
+        A `CorpusReport`; its MFU figures are both cpplan's count of model FLOPs over the predicted
+        and the published step time, so they compare across MaxText versions.
+    Raises:
+        CpplanError: a run's plan cannot be priced (naming the run).
+    """
+    report = CorpusReport(title)
+    for run in runs:
+        try:
+            e = estimate(run.plan)
+        except CpplanError as err:
+            raise CpplanError(f"corpus run {run.run_id}: {err}") from None
+        report.results.append(StepResult(run.plan, e, run.step_seconds,
+                                         mfu(e.model_flops, run.step_seconds, e.num_devices, e.peak_flops_per_device),
+                                         source=run.citation, run_id=run.run_id, notes=run.notes))
+    return report
