@@ -59,7 +59,7 @@ def main() -> None:
           f"(target ≥ 0.9), mean signed error {s['mean_signed_error']:+.1%}")
     for chip, c in s["per_chip"].items():
         print(f"  {chip}: {c['runs']} runs, MAPE {c['mape']:.1%}, largest |error| {c['max_abs_error']:.1%}, "
-              f"mean signed {c['mean_signed_error']:+.1%}")
+              f"mean signed {c['mean_signed_error']:+.1%}, Spearman of MFU {c['spearman_mfu']:.3f}")
     for r in report.measured:
         print(f"  {r.run_id:30} predicted {r.predicted.step_time_s:9.3f} s  published {r.measured_step_s:9.3f} s  "
               f"{r.error:+7.1%}{'' if r.predicted.fits else '  (cpplan: does not fit)'}")

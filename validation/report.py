@@ -239,7 +239,9 @@ class CorpusReport(StepTimeReport):
                 "per_chip": {chip: {"runs": len(g), "mape": _finite(mape([r.predicted.step_time_s for r in g],
                                                                           [r.measured_step_s for r in g])),
                                     "max_abs_error": max(abs(r.error) for r in g),
-                                    "mean_signed_error": sum(r.error for r in g) / len(g)}
+                                    "mean_signed_error": sum(r.error for r in g) / len(g),
+                                    "spearman_mfu": _finite(spearman([r.predicted.mfu for r in g],
+                                                                     [r.measured_mfu for r in g]))}
                              for chip, g in sorted(by_chip.items())},
                 "worst": [{"run": r.run_id, "error": r.error} for r in worst],
                 "do_not_fit": [r.run_id for r in done if not r.predicted.fits],
@@ -261,10 +263,11 @@ class CorpusReport(StepTimeReport):
                  f"- Spearman rank correlation of MFU (predicted vs measured): **{_shown(s['spearman_mfu'], '.3f')}**",
                  f"- priced at a nearest setting (see notes): {s['approximated']}; cpplan says do not fit: "
                  f"{len(s['do_not_fit'])}" + (f" ({', '.join(s['do_not_fit'])})" if s["do_not_fit"] else ""),
-                 "", "| chip | runs | MAPE | largest abs. error | mean signed |", "|---|---|---|---|---|"]
+                 "", "| chip | runs | MAPE | largest abs. error | mean signed | Spearman of MFU |",
+                 "|---|---|---|---|---|---|"]
         for chip, c in s["per_chip"].items():
             lines.append(f"| {chip} | {c['runs']} | {_shown(c['mape'], '.1%')} | {c['max_abs_error']:.1%} | "
-                         f"{c['mean_signed_error']:+.1%} |")
+                         f"{c['mean_signed_error']:+.1%} | {_shown(c['spearman_mfu'], '.3f')} |")
         lines += ["", "Worst runs: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]), "",
                   "| run | plan | predicted s | measured s | error | predicted MFU | measured MFU | fits | notes |",
                   "|---|---|---|---|---|---|---|---|---|"]
