@@ -7,7 +7,7 @@ runs it, and its VJP) this script fits, per chip, the figures `cost_models/prici
 prices with: the efficiency against the MXU-padded peak, the cost per grid step, the cost per
 logit of the blocks the causal diagonal cuts, the passes over the call's operands at HBM
 bandwidth, the backward's MXU time over the forward's and its own operand passes. The matmul
-efficiency is the best rate tokamax's grouped-matmul kernels reached on matmul-bound dense
+efficiency is the best rate tokamax's grouped-matmul kernels reached on calls of dense-layer
 shapes (see `dense_matmul_efficiency` for why the best and not the median, and why not the gated
 linear unit). It writes them into the chip rows with their sources, prints model vs measured and
 saves the comparison under `benchmarks/results/kernels/`.
@@ -299,8 +299,8 @@ def read_dense_matmuls(path: Path) -> list[MatmulTiming]:
     return out
 
 
-def read_glu(path: Path) -> list[tuple[str, float]]:
-    """(label, FLOP/s) of every timed gated linear unit: x·W with W [in, 2, out], two matmuls."""
+def read_glu(path: Path) -> list[tuple[str, float, int, int]]:
+    """(label, FLOP/s, in width, out width) of every timed gated linear unit: x·W with W [in, 2, out]."""
     out = []
     for key, configs in json.loads(path.read_text()).items():
         call, fastest = json.loads(key), _fastest(configs)
@@ -308,11 +308,12 @@ def read_glu(path: Path) -> list[tuple[str, float]]:
         if fastest is None or not x or len(w) != 3:
             continue
         flops = 2.0 * float(np.prod(x[:-1])) * x[-1] * w[1] * w[2]
-        out.append((f"{call['x']}·{call['weights']}", flops / fastest[0]))
+        out.append((f"{call['x']}·{call['weights']}", flops / fastest[0], w[0], w[2]))
     return out
 
 
-def dense_matmul_efficiency(chip: Chip, timings: list[MatmulTiming]) -> tuple[float, MatmulTiming, list[float]]:
+def dense_matmul_efficiency(chip: Chip, timings: list[MatmulTiming]
+                            ) -> tuple[float, MatmulTiming | None, list[float]]:
     """The efficiency of a dense XLA matmul on `chip`: the best rate of the dense-size timings over the
     device's peak. A rate a kernel reached is one the MXU sustains, so the best needs no filter; the
     spread is that of the matmul-bound timings (arithmetic intensity at least MATMUL_BOUND times the
@@ -450,9 +451,9 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
                                            f"matmul-bound spread {spread_text}")
         glu = glu_found[name] and read_glu(glu_found[name].path)
         glu_note = (f" tokamax's gated_linear_unit (an XLA dense GLU, {len(glu)} calls in {glu_found[name].cite}) "
-                    f"reaches at most {max(r for _, r in glu) / peak:.2f} ({max(glu, key=lambda g: g[1])[0]}): "
-                    f"widths of at most 768 in and 1536 out leave it bound by its epilogue and weight loads, "
-                    f"not the MXU, so it is not used") if glu else ""
+                    f"reaches at most {max(g[1] for g in glu) / peak:.2f} ({max(glu, key=lambda g: g[1])[0]}): "
+                    f"widths of at most {max(g[2] for g in glu)} in and {max(g[3] for g in glu)} out leave it "
+                    f"bound by its epilogue and weight loads, not the MXU, so it is not used") if glu else ""
         matmul_efficiency[name] = efficiency
         derived[name]["figures"]["matmul_efficiency"] = _round(efficiency)
         derived[name]["sources"]["matmul_efficiency"] = (
