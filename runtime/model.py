@@ -16,7 +16,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cost_models.remat import ATTENTION_OUTPUT, kept_names
+from cost_models.remat import ATTENTION_OUTPUT, kept_names, offloaded_names
 from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
@@ -28,12 +28,23 @@ ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
 
-def remat_policy(policy: RematPolicy):
-    """The jax checkpoint policy of a plan's remat policy: save exactly what the cost model's
-    table says it keeps (`cost_models.remat.KEPT`), recompute the rest."""
-    names = kept_names(policy)
-    return jax.checkpoint_policies.save_only_these_names(*names) if names else \
-        jax.checkpoint_policies.nothing_saveable
+def remat_policy(policy: RematPolicy, custom: tuple = ()):
+    """The jax checkpoint policy of a plan's remat policy: save on device and offload to pinned
+    host memory exactly what the cost model's table says (`cost_models.remat.placements`),
+    recompute the rest.
+
+    Args:
+        policy: the plan's policy.
+        custom: the plan's `remat_custom` (under `custom`).
+    Returns:
+        A policy for `jax.checkpoint`.
+    """
+    kept, offloaded = kept_names(policy, custom), offloaded_names(policy, custom)
+    if offloaded:
+        return jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(kept), names_which_can_be_offloaded=list(offloaded),
+            offload_src="device", offload_dst="pinned_host")
+    return jax.checkpoint_policies.save_only_these_names(*kept) if kept else jax.checkpoint_policies.nothing_saveable
 
 
 def _param(module: nn.Module, name: str, shape, spec: tuple, *, init=None, dtype):
@@ -106,7 +117,7 @@ def swiglu(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, 
         `[batch, seq, hidden]`.
     """
     chunk = mlp_chunk(plan)
-    policy = remat_policy(plan.remat)
+    policy = remat_policy(plan.remat, plan.remat_custom)
 
     def local(y, wg, wu, wd):
         wg, wu = (jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in (wg, wu))
@@ -179,7 +190,7 @@ class Llama(nn.Module):
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         embed = _param(self, "embed", (m.vocab, m.hidden), (None, WEIGHT_AXES), dtype=pdt)
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
-        layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat), prevent_cse=False)
+        layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast,), length=m.num_layers,
                         metadata_params={nn.PARTITION_NAME: None})
