@@ -101,7 +101,8 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
                                    "save_dot_except_mlpwi, save_qkv_proj, save_out_proj, qkv_proj_offloaded, "
                                    "minimal_offloaded")
     p.add_argument("--param-dtype", choices=sorted(DTYPE_BYTES), help="weights and gradients (default float32)")
-    p.add_argument("--moment-dtype", choices=sorted(DTYPE_BYTES), help="AdamW's moments (default float32)")
+    p.add_argument("--mu-dtype", choices=sorted(DTYPE_BYTES),
+                   help="AdamW's first moment (MaxText's mu_dtype; default float32); the second is in --param-dtype")
     p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
     p.add_argument("--global-batch-tokens", help="tokens per step to aim for: the search picks the number of sequences "
                                                  "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
@@ -121,7 +122,7 @@ def _search_options(args: argparse.Namespace) -> dict:
             "load_balance": _csv(args.load_balance), "global_batch_tokens": args.global_batch_tokens,
             "global_batch": args.exact_batch,
             "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices,
-            "param_dtype": args.param_dtype, "moment_dtype": args.moment_dtype}
+            "param_dtype": args.param_dtype, "mu_dtype": args.mu_dtype}
     return {k: v for k, v in opts.items() if v is not None}
 
 

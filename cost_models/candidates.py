@@ -54,7 +54,7 @@ class Candidates(ReadsCase):
     loss_chunk_tokens: int = 0
     act_bytes: int = 2
     param_bytes: int = 4
-    moment_bytes: int = 4  # each of AdamW's two moments, per parameter
+    mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
 
     def __post_init__(self):

@@ -74,8 +74,8 @@ class SearchOptions:
             is not searched (it needs a placement per checkpoint name: give a plan instead).
         load_balance: balancing choices allowed.
         loss_chunk_tokens: cross-entropy chunk; 0 = full logits (MaxText's default).
-        param_dtype / compute_dtype / moment_dtype: priced dtypes of the weights (and gradients),
-            the activations, and AdamW's two moments.
+        param_dtype / compute_dtype / mu_dtype: priced dtypes of the weights (their gradients and
+            AdamW's second moment), the activations, and AdamW's first moment.
     """
 
     global_batch_tokens: int | None = None
@@ -87,12 +87,12 @@ class SearchOptions:
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
-    moment_dtype: str = "float32"
+    mu_dtype: str = "float32"
 
     @classmethod
     def build(cls, *, global_batch_tokens=None, global_batch=None, strategies=None, mesh=None, remat=None,
               load_balance=None, loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS, param_dtype="float32",
-              compute_dtype="bfloat16", moment_dtype="float32", **unknown) -> "SearchOptions":
+              compute_dtype="bfloat16", mu_dtype="float32", **unknown) -> "SearchOptions":
         """Validated options from keyword arguments (names as the attributes).
 
         Raises:
@@ -100,7 +100,7 @@ class SearchOptions:
         """
         if unknown:
             known = ("global_batch_tokens, global_batch, strategies, mesh, remat, load_balance, loss_chunk_tokens, "
-                     "param_dtype, compute_dtype, moment_dtype")
+                     "param_dtype, compute_dtype, mu_dtype")
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
         if mesh is not None and not isinstance(mesh, dict):
             raise CpplanError(f"mesh={mesh!r} must be a dict of axis sizes, e.g. {{'context': 16}}.")
@@ -111,7 +111,7 @@ class SearchOptions:
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise CpplanError(f"mesh[{axis!r}]={size!r} must be a positive integer.")
         for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype),
-                            ("moment_dtype", moment_dtype)):
+                            ("mu_dtype", mu_dtype)):
             if dtype not in DTYPE_BYTES:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
         if global_batch_tokens is not None:
@@ -135,7 +135,7 @@ class SearchOptions:
                               "plan with remat_custom (cpplan export --format json, then edit it), or allow the "
                               f"named policies: {', '.join(p.value for p in RematPolicy if p is not RematPolicy.CUSTOM)}.")
         return cls(global_batch_tokens, global_batch, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
-                   sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype, moment_dtype)
+                   sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype, mu_dtype)
 
     def target_sequences(self, seq_len: int, *, host: bool = False) -> float:
         """The sequences per step aimed for (a fraction where the target is not a whole number of them).

@@ -43,7 +43,8 @@ class Plan:
         block_q, block_kv: splash attention block sizes.
         loss_chunk_tokens: tokens per cross-entropy chunk; 0 means full logits at once.
         param_dtype: weights and gradients.
-        moment_dtype: AdamW's two moments (bfloat16 as some recipes run them; optax's `mu_dtype`).
+        mu_dtype: AdamW's first moment (MaxText's `mu_dtype`, optax's; bfloat16 as some recipes run
+            it); the second moment is kept in `param_dtype`, as in both.
         compute_dtype: activations and matmul inputs.
         dcn_data, dcn_fsdp: over several slices, how many slices the data and the fsdp axis span
             (MaxText's `dcn_*_parallelism`; their product is the number of slices). The mesh sizes
@@ -66,7 +67,7 @@ class Plan:
     loss_chunk_tokens: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
-    moment_dtype: str = "float32"
+    mu_dtype: str = "float32"
     dcn_data: int = 1
     dcn_fsdp: int = 1
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -91,7 +92,7 @@ class Plan:
         if isinstance(self.loss_chunk_tokens, bool) or not isinstance(self.loss_chunk_tokens, int) \
                 or self.loss_chunk_tokens < 0:
             raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
-        for name in ("param_dtype", "compute_dtype", "moment_dtype"):
+        for name in ("param_dtype", "compute_dtype", "mu_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
         names = tuple(a for a, _ in self.mesh)
@@ -239,7 +240,7 @@ class Plan:
             "physical_order": list(self.physical_order), "cp_strategy": self.cp_strategy.value,
             "load_balance": self.load_balance.value, "remat": self.remat.value,
             "block_q": self.block_q, "block_kv": self.block_kv, "loss_chunk_tokens": self.loss_chunk_tokens,
-            "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype, "moment_dtype": self.moment_dtype,
+            "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype, "mu_dtype": self.mu_dtype,
         } | ({"remat_custom": {n: p.value for n, p in self.remat_custom}} if self.remat is RematPolicy.CUSTOM else {}) \
           | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
 

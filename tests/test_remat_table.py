@@ -60,15 +60,15 @@ def plan(**fields):
                 **fields)
 
 
-def test_plan_carries_custom_placements_and_moment_dtype_through_json():
-    p = plan(remat="custom", remat_custom={"context": "device", "mlpwi_0": "offload"}, moment_dtype="bfloat16")
+def test_plan_carries_custom_placements_and_mu_dtype_through_json():
+    p = plan(remat="custom", remat_custom={"context": "device", "mlpwi_0": "offload"}, mu_dtype="bfloat16")
     assert p.offloaded == ("mlpwi_0",)
     assert Plan.from_json(p.to_json()) == p
     assert Plan.from_json(plan().to_json()) == plan()
     with pytest.raises(CpplanError, match="per-name placements need remat=custom"):
         plan(remat="full", remat_custom={"context": "device"})
-    with pytest.raises(CpplanError, match="moment_dtype='float16'"):
-        plan(moment_dtype="float16")
+    with pytest.raises(CpplanError, match="mu_dtype='float16'"):
+        plan(mu_dtype="float16")
 
 
 def test_custom_policy_prices_as_the_named_policy_it_spells():
@@ -78,9 +78,11 @@ def test_custom_policy_prices_as_the_named_policy_it_spells():
     assert spelled.hbm_bytes == named.hbm_bytes and spelled.step_time_s == named.step_time_s
 
 
-def test_bf16_moments_halve_the_optimizer_state():
-    fp32, bf16 = estimate(plan()), estimate(plan(moment_dtype="bfloat16"))
-    assert bf16.hbm_bytes["optimizer"] == pytest.approx(fp32.hbm_bytes["optimizer"] / 2)
+def test_bf16_moments_shrink_the_optimizer_state():
+    fp32, bf16 = estimate(plan()), estimate(plan(mu_dtype="bfloat16"))
+    assert bf16.hbm_bytes["optimizer"] == pytest.approx(fp32.hbm_bytes["optimizer"] * 3 / 4)  # mu 2 + nu 4 bytes
+    both = estimate(plan(mu_dtype="bfloat16", param_dtype="bfloat16"))
+    assert both.hbm_bytes["optimizer"] == pytest.approx(fp32.hbm_bytes["optimizer"] / 2)
 
 
 def test_recompute_fractions_follow_the_table():
@@ -98,7 +100,7 @@ def test_recompute_fractions_follow_the_table():
 def test_search_tries_the_named_set_and_refuses_custom():
     assert SearchOptions.build().remat == frozenset(SEARCHED_POLICIES)
     assert SearchOptions.build(remat="minimal_offloaded").remat == {RematPolicy.MINIMAL_OFFLOADED}
-    assert SearchOptions.build(moment_dtype="bfloat16").moment_dtype == "bfloat16"
+    assert SearchOptions.build(mu_dtype="bfloat16").mu_dtype == "bfloat16"
     with pytest.raises(CpplanError, match="custom cannot be searched"):
         SearchOptions.build(remat=["full", "custom"])
     assert dataclasses.replace(plan(), remat="full").remat is RematPolicy.FULL

@@ -17,7 +17,6 @@ from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
 LAYER_MEMORY = ("layer_working_set", "attention_buffers", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
-ADAM_MOMENTS = 2  # AdamW keeps a first and a second moment per parameter
 
 
 def peak_bytes(memory: dict):
@@ -74,7 +73,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     return MemoryBytes(
         params=((m.num_params - embed) / shards + embed / group) * pb,
         grads=((m.num_params - embed) / shards + embed / group) * pb,
-        optimizer=((m.num_params - embed) / shards + embed / group) * ADAM_MOMENTS * x.moment_bytes,
+        # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
+        optimizer=((m.num_params - embed) / shards + embed / group) * (x.mu_bytes + pb),
         activations=m.num_layers * tokens * saved,
         layer_working_set=2 * (tokens * attention_side + mlp_tokens * mlp_side),
         # the strategy's buffers, and one fp32 value per local query and head
