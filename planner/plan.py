@@ -12,7 +12,9 @@ from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
+from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
+from cost_models.units import GiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
@@ -184,11 +186,26 @@ class Plan:
         violation = batch_split_violation(self.global_batch, shards)
         if violation:
             raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
+        self._check_host_memory()
         if not self.topology_spec.chip.kind.interprets_kernels:
             problem = splash_vmem_problem(self.block_q, self.block_kv, head_dim=self.model.head_dim,
                                           act_bytes=DTYPE_BYTES[self.compute_dtype])
             if problem:
                 raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
+
+    def _check_host_memory(self) -> None:
+        """The activations the remat policy offloads fit in the host memory of a device."""
+        if not self.offloaded:
+            return
+        topo = self.topology_spec
+        tokens = self.global_batch * self.seq_len / (self.axis_size("data") * self.axis_size("fsdp") * self.cp_degree)
+        need = host_bytes_needed(self.model, self.remat, self.remat_custom, tokens_per_device=tokens,
+                                 tensor=self.axis_size("tensor"), act_bytes=DTYPE_BYTES[self.compute_dtype])
+        have = host_capacity_bytes(topo)
+        if need > have:
+            raise CpplanError(f"remat {self.remat.value} offloads {', '.join(self.offloaded)}: {need / GiB:.1f} GiB of "
+                              f"host memory per device > the {have / GiB:.1f} GiB a {topo.chip.name} host has per "
+                              f"device; offload fewer checkpoints, or split the tokens over more devices.")
 
     @property
     def offloaded(self) -> tuple[str, ...]:

@@ -68,13 +68,14 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     mlp_tokens = np.where(remat.recompute_mlp > 0, np.minimum(MLP_CHUNK_TOKENS, tokens), tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
-    embed = m.vocab * m.hidden  # the input embedding: rows over the weight-sharding group only
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
     return MemoryBytes(
-        params=((m.num_params - embed) / shards + embed / group) * pb,
-        grads=((m.num_params - embed) / shards + embed / group) * pb,
+        # every weight is split over the weight-sharding group and tensor, the input embedding
+        # included (its embed dimension over both)
+        params=m.num_params / shards * pb,
+        grads=m.num_params / shards * pb,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
-        optimizer=((m.num_params - embed) / shards + embed / group) * (x.mu_bytes + pb),
+        optimizer=m.num_params / shards * (x.mu_bytes + pb),
         activations=m.num_layers * tokens * saved,
         layer_working_set=2 * (tokens * attention_side + mlp_tokens * mlp_side),
         # the strategy's buffers, and one fp32 value per local query and head
