@@ -1,7 +1,7 @@
 """Compile our own plans deviceless on v5p and tpu7x and print cpplan's predicted HBM per device
 next to the XLA TPU compiler's, with the fit verdict of each.
 
-    python benchmarks/bench_memory.py                 # every row (about 15 minutes on 2 free cores)
+    python benchmarks/bench_memory.py                 # every row (3 minutes a row on this 2-core machine shared six ways)
     python benchmarks/bench_memory.py --only offload  # rows whose label contains the text
 
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
@@ -103,13 +103,13 @@ def main():
                     "predicted_breakdown": predicted.hbm_bytes, "predicted_fits": predicted.fits,
                     "compiled_bytes": compiled.required_bytes, "compiled_fits": compiled.fits,
                     "compiled": str(compiled), "error": error, "compile_s": seconds})
+        if not args.only:  # row by row, so a long run interrupted keeps what it measured
+            RESULTS.parent.mkdir(exist_ok=True)
+            RESULTS.write_text(json.dumps(out, indent=1, default=float))
     within = sum(abs(r["error"]) <= TARGET_ERROR for r in out)
     agree = sum(r["predicted_fits"] == r["compiled_fits"] for r in out)
     print(f"\n{within} of {len(out)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(out)}; "
           f"largest error {max((abs(r['error']) for r in out), default=0):.1%}")
-    if not args.only:
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(json.dumps(out, indent=1, default=float))
 
 
 if __name__ == "__main__":
