@@ -13,6 +13,11 @@ natural order, so the same code serves a rank's zigzag query chunks against gath
 
 Splash does not scale the logits: callers scale q by 1/sqrt(head_dim) once. Arrays here are
 `[heads, seq, head_dim]`; grouped-query attention needs heads to be a multiple of kv heads.
+
+Packed documents: each call takes optional `SegmentIds(q, kv)` with a leading batch axis
+(`[batch, q_len]`, `[batch, kv_len]`); the heads axis then holds batch-major folded heads and
+the kernel is mapped over the batch, since splash takes one row of ids per call. A query sees
+a key only when their ids are equal, on top of the call's mask.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ from cost_models.strategies.base import SPLASH_LANES
 # checkpoint name: a remat policy that keeps "context" then keeps them and does not run the
 # forward kernel again in the backward pass (one that does not keep it recomputes them)
 RESIDUALS_NAME = ATTENTION_OUTPUT
+SegmentIds = sk.SegmentIds
 
 
 def causal_mask_function(q_ids, kv_ids):
@@ -224,18 +230,42 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
                   config.interpret)
 
 
-def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def _per_row(call, segments, *arrays):
+    """`call(*arrays, segment_ids)` with folded `[batch·heads, …]` arrays, mapped over the batch
+    when there are segment ids (one row of ids per kernel call)."""
+    if segments is None:
+        return call(*arrays, None)
+    batch = segments.q.shape[0]
+    split = lambda x: x.reshape(batch, x.shape[0] // batch, *x.shape[1:])
+    merge = lambda x: x.reshape(-1, *x.shape[2:])
+    out = jax.vmap(lambda ids_q, ids_kv, *xs: call(*xs, SegmentIds(ids_q, ids_kv)))(
+        segments.q, segments.kv, *(split(x) for x in arrays))
+    return jax.tree.map(merge, out)
+
+
+def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array,
+           segments: SegmentIds | None = None) -> jax.Array:
     """Attention output `[heads, q_len, d]`, differentiable (splash's own backward kernels)."""
-    return kernel.splash(save_residuals=False)(q, k, v)
+    return _per_row(lambda q, k, v, ids: kernel.splash(save_residuals=False)(q, k, v, segment_ids=ids),
+                    segments, q, k, v)
 
 
-def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only."""
-    out, (lse,) = kernel.splash(save_residuals=True)(q, k, v)
-    return out, lse
+def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array,
+                    segments: SegmentIds | None = None) -> tuple[jax.Array, jax.Array]:
+    """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only.
+
+    A query that sees no key of the call gets a log-sum-exp near splash's mask value (about
+    −2.4e38), so merging it with other calls by log-sum-exp gives it no weight.
+    """
+    def call(q, k, v, ids):
+        out, (lse,) = kernel.splash(save_residuals=True)(q, k, v, segment_ids=ids)
+        return out, lse
+
+    return _per_row(call, segments, q, k, v)
 
 
-def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax.Array, jax.Array]:
+def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out,
+               segments: SegmentIds | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Gradients of one block, given the merged output and log-sum-exp of all blocks.
 
     With the merged `out` and `lse`, splash's backward kernels compute P = exp(s − lse) and
@@ -246,8 +276,11 @@ def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax
     Returns:
         `(dq, dk, dv)` shaped like q, k, v.
     """
-    residuals = (q, k, v, None, None, out, lse, kernel.dq, kernel.dkv)
-    _, _, _, dq, dk, dv, _, _ = sk._splash_attention_bwd(
-        False, sk.DEFAULT_MASK_VALUE, False, kernel.block_sizes, None, kernel.mask_function, None,
-        kernel.interpret, residuals, d_out)
-    return dq, dk, dv
+    def call(q, k, v, out, lse, d_out, ids):
+        residuals = (q, k, v, ids, None, out, lse, kernel.dq, kernel.dkv)
+        _, _, _, dq, dk, dv, _, _ = sk._splash_attention_bwd(
+            False, sk.DEFAULT_MASK_VALUE, False, kernel.block_sizes, None, kernel.mask_function, None,
+            kernel.interpret, residuals, d_out)
+        return dq, dk, dv
+
+    return _per_row(call, segments, q, k, v, out, lse, d_out)
