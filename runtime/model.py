@@ -6,6 +6,7 @@ their mesh sharding (ZeRO-3 over ('fsdp', 'context', 'context_ulysses') on the e
 'tensor' on heads and MLP columns); activations are pinned to batch × sequence shards so the
 weights are gathered layer by layer. Attention is the plan's context-parallel strategy. Token
 positions are inputs: under zigzag they are the permuted positions, so RoPE stays correct.
+Packed rows add segment ids, which keep each document's attention to itself.
 """
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ class DecoderLayer(nn.Module):
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     @nn.compact
-    def __call__(self, x, positions):
+    def __call__(self, x, positions, segment_ids):
         m, plan = self.plan.model, self.plan
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
@@ -150,7 +151,8 @@ class DecoderLayer(nn.Module):
         v = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), (WEIGHT_AXES, "tensor", None))),
                             "value_proj")
         q, k, v = (self.constrain(t, HEADS) for t in (rope(q, positions), rope(k, positions), v))
-        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh), ATTENTION_OUTPUT)
+        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
+                              ATTENTION_OUTPUT)
         out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, w("wo", (h, hd, d), ("tensor", None, WEIGHT_AXES))),
                               "out_proj")
         x = self.constrain(x + out, ACTIVATIONS)
@@ -168,10 +170,12 @@ class Llama(nn.Module):
     mesh: Mesh
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Args:
             tokens: `[batch, seq]` int32, in the plan's token order.
-            positions: `[batch, seq]` the tokens' positions in the sequence.
+            positions: `[batch, seq]` the tokens' positions in the sequence (in their document, when packed).
+            segment_ids: `[batch, seq]` int32 document ids of packed rows, same order, or None.
         Returns:
             `(hidden [batch, seq, hidden] in the compute dtype, head [hidden, vocab] in the compute dtype)`.
         """
@@ -181,9 +185,9 @@ class Llama(nn.Module):
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
         layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat), prevent_cse=False)
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast,), length=m.num_layers,
+                        in_axes=(nn.broadcast, nn.broadcast), length=m.num_layers,
                         metadata_params={nn.PARTITION_NAME: None})
-        x, _ = stack(plan, self.mesh, name="layers")(x, positions)
+        x, _ = stack(plan, self.mesh, name="layers")(x, positions, segment_ids)
         x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
         if m.tie_embeddings:
             head = embed.T
