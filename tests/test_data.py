@@ -198,7 +198,7 @@ def test_bad_files(tmp_path):
              (dict(source=tmp_path / "matrix.npy"), "2-D int32"),
              (dict(source=tmp_path / "odd.bin", dtype="uint16"), "not a multiple of 2"),
              (dict(source=tmp_path / "tokens.npy", offsets=tmp_path / "bad_starts.npy", pack=True), "increase strictly"),
-             (dict(source=tmp_path), "does not exist")]
+             (dict(source=tmp_path), "cannot read training text")]
     for kwargs, needle in cases:
         with pytest.raises(CpplanError, match=needle):
             open_dataset(**kwargs, seq_len=2, vocab=VOCAB)

@@ -131,6 +131,13 @@ def _raw(path: str, dtype: str | None) -> np.ndarray:
     return np.memmap(file, dtype=width, mode="r")
 
 
+def _text(path: str) -> np.ndarray:
+    try:
+        return np.frombuffer(Path(path).read_bytes(), dtype=np.uint8)
+    except OSError as err:
+        raise CpplanError(f"cannot read training text {path!r}: {err}") from None
+
+
 def _array_record_paths(path: str) -> list[str]:
     paths = sorted(glob.glob(path)) if glob.has_magic(path) else [str(_existing(path))]
     if not paths:
@@ -177,5 +184,5 @@ def open_stream(path: "str | os.PathLike", *, dtype: str | None = None,
     elif dtype is not None:
         tokens = _raw(path, dtype)
     else:
-        tokens = np.frombuffer(_existing(path).read_bytes(), dtype=np.uint8)
+        tokens = _text(path)
     return TokenStream(path, tokens, None if offsets is None else _offsets(offsets, length=len(tokens)))
