@@ -165,6 +165,7 @@ BAD = [
     (lambda f, t: open_dataset(t / "missing.npy", seq_len=4, vocab=VOCAB), "does not exist"),
     (lambda f, t: open_dataset(t / "missing.bin", seq_len=4, vocab=VOCAB, dtype="uint16"), "does not exist"),
     (lambda f, t: open_dataset(f["uint16"], seq_len=4, vocab=VOCAB, dtype="int8"), "dtype 'int8'"),
+    (lambda f, t: open_dataset(t / "tokens.bin", seq_len=4, vocab=VOCAB), "pass its dtype"),
     (lambda f, t: open_dataset(f["uint16"], seq_len=4, vocab=VOCAB, dtype="float32"), "is not supported"),
     (lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=VOCAB, dtype="uint16"), "holds int32 tokens"),
     (lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=10).batch(0, global_batch=5), "outside the model's"),

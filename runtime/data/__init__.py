@@ -20,13 +20,13 @@ import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 
 from cost_models.errors import CpplanError
 from runtime.data.packing import segments_from_eos, segments_from_starts
-from runtime.data.sources import BYTE_VOCAB, TokenStream, is_array_record, open_stream
+from runtime.data.sources import TokenStream, check_byte_vocab, is_text, open_stream
 
 SYNTHETIC = "synthetic"
 
@@ -73,6 +73,11 @@ class SyntheticDataset:
         return Batch(tokens, None)
 
 
+def _epoch_order(epoch: int, *, seed: int, num_rows: int) -> np.ndarray:
+    """The order in which an epoch visits the rows."""
+    return np.random.default_rng([seed, epoch]).permutation(num_rows)
+
+
 class TokenDataset:
     """Rows of a token stream, shuffled per epoch, optionally with segment ids.
 
@@ -103,11 +108,8 @@ class TokenDataset:
                               f"tokenizer's end-of-document id.")
         self.stream, self.seq_len, self.vocab, self.seed = stream, seq_len, vocab, seed
         self.pack, self.eos_id = pack, eos_id
-
-    @lru_cache(maxsize=2)
-    def _order(self, epoch: int) -> np.ndarray:
-        """The row order of an epoch."""
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_rows)
+        # a step's rows span at most two epochs unless the batch outnumbers the rows
+        self._order = lru_cache(maxsize=2)(partial(_epoch_order, seed=seed, num_rows=self.num_rows))
 
     def batch(self, step: int, *, global_batch: int, process_index: int = 0, process_count: int = 1) -> Batch:
         """This process's rows of a step (see `Batch`).
@@ -159,10 +161,9 @@ def open_dataset(source: "str | os.PathLike | None" = None, *, seq_len: int, voc
             raise CpplanError("synthetic data has no documents or files: drop pack, dtype, eos_id and offsets, "
                               "or give a data file.")
         return SyntheticDataset(seq_len=seq_len, vocab=vocab, seed=seed)
+    if is_text(source, dtype=dtype):
+        check_byte_vocab(vocab)
     stream = open_stream(source, dtype=dtype, offsets=offsets)
-    is_text = dtype is None and not str(source).endswith(".npy") and not is_array_record(str(source))
-    if is_text and vocab < BYTE_VOCAB:
-        raise CpplanError(f"byte-level text needs a vocabulary of at least {BYTE_VOCAB}; the model has {vocab}.")
     return TokenDataset(stream, seq_len=seq_len, vocab=vocab, seed=seed, pack=pack, eos_id=eos_id)
 
 
@@ -172,8 +173,7 @@ def text_tokens(path: "str | os.PathLike", *, vocab: int) -> np.ndarray:
     Raises:
         CpplanError: unreadable file, or a model vocabulary smaller than 256 bytes.
     """
-    if vocab < BYTE_VOCAB:
-        raise CpplanError(f"byte-level text needs a vocabulary of at least {BYTE_VOCAB}; the model has {vocab}.")
+    check_byte_vocab(vocab)
     return np.asarray(open_stream(path).tokens, dtype=np.int32)
 
 

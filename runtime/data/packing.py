@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models.errors import CpplanError
+
 IGNORED_TARGET = -1  # a target the loss skips: it would cross a document boundary
 
 
@@ -70,6 +72,8 @@ def inputs_and_targets(rows: np.ndarray, segment_ids: np.ndarray | None):
     Returns:
         `(tokens, targets, positions, segment_ids)`, each `[batch, seq_len]` int32; segment_ids is
         None for unpacked rows; targets crossing a document boundary are `IGNORED_TARGET`.
+    Raises:
+        CpplanError: segment ids not shaped like the rows.
     """
     rows = np.asarray(rows, dtype=np.int32)
     tokens, targets = rows[:, :-1], rows[:, 1:]
@@ -78,7 +82,8 @@ def inputs_and_targets(rows: np.ndarray, segment_ids: np.ndarray | None):
         return tokens, targets, positions, None
     segment_ids = np.asarray(segment_ids, dtype=np.int32)
     if segment_ids.shape != rows.shape:
-        raise ValueError(f"segment ids {segment_ids.shape} must be shaped like the rows {rows.shape}")
+        raise CpplanError(f"segment ids shaped {segment_ids.shape} do not match the rows {rows.shape}; give one id "
+                          f"per token of each row (`runtime.data.Batch.segment_ids`).")
     inputs_ids = segment_ids[:, :-1]
     targets = np.where(inputs_ids == segment_ids[:, 1:], targets, IGNORED_TARGET).astype(np.int32)
     return tokens, targets, positions_in_segments(inputs_ids), inputs_ids

@@ -8,7 +8,7 @@ Forms read (chosen by the path and the `dtype` flag):
 - ArrayRecord (`.array_record` / `.arrayrecord`, or a glob of shards): one document per record,
   each record the document's ids as little-endian `dtype` bytes, read with grain's
   `ArrayRecordDataSource` (random access; the record lengths are read once when opened);
-- any other file without `dtype`: text, its bytes as tokens (a byte-level tokenizer).
+- any other file without `dtype` (but not `.bin`): text, its bytes as tokens (a byte-level tokenizer).
 
 Document boundaries: for ArrayRecord, the records; for the others, either an end-of-document
 token (`eos_id`, which ends each document and belongs to it) or an offsets file (a 1-D integer
@@ -29,6 +29,7 @@ from cost_models.errors import CpplanError
 BYTE_VOCAB = 256
 RAW_DTYPES = ("uint16", "uint32")
 ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
+RAW_SUFFIXES = (".bin",)  # never read as text: their width must be given
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,18 @@ def is_array_record(path: str) -> bool:
     return path.endswith(ARRAY_RECORD_SUFFIXES)
 
 
+def is_text(path: "str | os.PathLike", *, dtype: str | None) -> bool:
+    """Whether `open_stream` reads a path as text (bytes as tokens)."""
+    path = str(path)
+    return dtype is None and not path.endswith(".npy") and not is_array_record(path)
+
+
+def check_byte_vocab(vocab: int) -> None:
+    """Raises CpplanError when a model's vocabulary cannot hold byte tokens."""
+    if vocab < BYTE_VOCAB:
+        raise CpplanError(f"byte-level text needs a vocabulary of at least {BYTE_VOCAB}; the model has {vocab}.")
+
+
 def open_stream(path: "str | os.PathLike", *, dtype: str | None = None,
                 offsets: "str | os.PathLike | None" = None) -> TokenStream:
     """A token corpus on disk as a `TokenStream`.
@@ -174,15 +187,18 @@ def open_stream(path: "str | os.PathLike", *, dtype: str | None = None,
             whole tokens of that dtype, or bad offsets.
     """
     path = str(path)
+    if dtype is None and path.endswith(RAW_SUFFIXES):
+        raise CpplanError(f"{path!r} looks like a raw token file; pass its dtype ({' or '.join(RAW_DTYPES)}), the "
+                          f"width its token ids were written with.")
     if is_array_record(path):
         if offsets is not None:
             raise CpplanError(f"ArrayRecord data {path!r} has one document per record; drop the offsets file.")
         tokens = RecordStream(_array_record_paths(path), _raw_dtype(dtype, path=path))
         return TokenStream(path, tokens, tokens.doc_starts)
-    if path.endswith(".npy"):
-        tokens = _npy(path, dtype)
-    elif dtype is not None:
-        tokens = _raw(path, dtype)
-    else:
+    if is_text(path, dtype=dtype):
         tokens = _text(path)
+    elif path.endswith(".npy"):
+        tokens = _npy(path, dtype)
+    else:
+        tokens = _raw(path, dtype)
     return TokenStream(path, tokens, None if offsets is None else _offsets(offsets, length=len(tokens)))
