@@ -198,7 +198,8 @@ def test_bad_files(tmp_path):
     cases = [(dict(source=tmp_path / "floats.npy"), "1-D float32"),
              (dict(source=tmp_path / "matrix.npy"), "2-D int32"),
              (dict(source=tmp_path / "odd.bin", dtype="uint16"), "not a multiple of 2"),
-             (dict(source=tmp_path / "tokens.npy", offsets=tmp_path / "bad_starts.npy", pack=True), "increase strictly"),
+             (dict(source=tmp_path / "tokens.npy", offsets=tmp_path / "bad_starts.npy", pack=True),
+              "increase strictly"),
              (dict(source=tmp_path), "cannot read training text")]
     for kwargs, needle in cases:
         with pytest.raises(CpplanError, match=needle):

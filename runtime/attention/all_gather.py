@@ -32,13 +32,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
     gathered = [jax.lax.all_gather(x, "context", axis=1, tiled=True) for x in (k, v, segment_ids) if x is not None]
     if layout.zigzag and n > 1:
         gathered = [_natural_order(x, n, seq) for x in gathered]
-    k_all, v_all = gathered[:2]
-    segments = None if segment_ids is None else splash.SegmentIds(segment_ids, gathered[2])
+    k_all, v_all, kv_ids = (gathered + [None])[:3]
     config = layout.kernel
     if layout.zigzag and n > 1:  # a query block must not straddle the rank's two chunks
         config = dataclasses.replace(config, block_q=min(config.block_q, seq // (2 * n)))
     positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
     rank = jax.lax.axis_index("context")
     kernel = splash.causal_kernel_per_rank(positions, seq, rank, config)
-    out = splash.attend(kernel, fold_heads(q), fold_heads(k_all), fold_heads(v_all), segments)
+    out = splash.attend(kernel.with_segments(segment_ids, kv_ids), fold_heads(q), fold_heads(k_all),
+                        fold_heads(v_all))
     return unfold_heads(out, q.shape[0])

@@ -40,11 +40,6 @@ def _merge(out, lse, out_h, lse_h):
     return out, new
 
 
-def _segments(q_ids, kv_ids):
-    """Splash segment ids of a hop, or None for unpacked sequences."""
-    return None if q_ids is None else splash.SegmentIds(q_ids, kv_ids)
-
-
 def _slice(ids, part: slice):
     return None if ids is None else ids[:, part]
 
@@ -57,14 +52,15 @@ def _hop_forward(q, k, v, q_ids, kv_ids, layout: AttentionLayout, past):
     if not layout.zigzag:
         if not past:
             return jnp.zeros(q.shape, jnp.float32), jnp.full(q.shape[:2], -jnp.inf, jnp.float32)
-        out, lse = splash.attend_with_lse(splash.full_kernel(length, length, cfg), q, k, v, _segments(q_ids, kv_ids))
+        kernel = splash.full_kernel(length, length, cfg).with_segments(q_ids, kv_ids)
+        out, lse = splash.attend_with_lse(kernel, q, k, v)
         return out.astype(jnp.float32), lse
     if past:
-        out, lse = splash.attend_with_lse(splash.full_kernel(length, half, cfg), q, k[:, first], v[:, first],
-                                          _segments(q_ids, _slice(kv_ids, first)))
+        kernel = splash.full_kernel(length, half, cfg).with_segments(q_ids, _slice(kv_ids, first))
+        out, lse = splash.attend_with_lse(kernel, q, k[:, first], v[:, first])
         return out.astype(jnp.float32), lse
-    out, lse = splash.attend_with_lse(splash.full_kernel(half, length, cfg), q[:, second], k, v,
-                                      _segments(_slice(q_ids, second), kv_ids))
+    kernel = splash.full_kernel(half, length, cfg).with_segments(_slice(q_ids, second), kv_ids)
+    out, lse = splash.attend_with_lse(kernel, q[:, second], k, v)
     out = jnp.concatenate([jnp.zeros_like(out, jnp.float32), out.astype(jnp.float32)], axis=1)
     return out, jnp.concatenate([jnp.full_like(lse, -jnp.inf), lse], axis=1)
 
@@ -78,16 +74,16 @@ def _hop_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, layout: AttentionLayo
     if not layout.zigzag:
         if not past:
             return f32(jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
-        return f32(*splash.attend_bwd(splash.full_kernel(length, length, cfg), q, k, v, out, lse, d_out,
-                                      _segments(q_ids, kv_ids)))
+        kernel = splash.full_kernel(length, length, cfg).with_segments(q_ids, kv_ids)
+        return f32(*splash.attend_bwd(kernel, q, k, v, out, lse, d_out))
     if past:
-        dq, dk, dv = f32(*splash.attend_bwd(splash.full_kernel(length, half, cfg), q, k[:, first], v[:, first],
-                                            out, lse, d_out, _segments(q_ids, _slice(kv_ids, first))))
+        kernel = splash.full_kernel(length, half, cfg).with_segments(q_ids, _slice(kv_ids, first))
+        dq, dk, dv = f32(*splash.attend_bwd(kernel, q, k[:, first], v[:, first], out, lse, d_out))
         pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
         return dq, pad(dk), pad(dv)
-    dq, dk, dv = f32(*splash.attend_bwd(splash.full_kernel(half, length, cfg), q[:, second], k, v,
-                                        out[:, second], lse[:, second], d_out[:, second],
-                                        _segments(_slice(q_ids, second), kv_ids)))
+    kernel = splash.full_kernel(half, length, cfg).with_segments(_slice(q_ids, second), kv_ids)
+    dq, dk, dv = f32(*splash.attend_bwd(kernel, q[:, second], k, v, out[:, second], lse[:, second],
+                                        d_out[:, second]))
     return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dk, dv
 
 
@@ -98,8 +94,8 @@ def _source_is_past(hop: int, n: int):
 
 def _forward(q, k, v, ids, layout: AttentionLayout):
     n, length = layout.ring, q.shape[1]
-    out, lse = splash.attend_with_lse(splash.causal_kernel(length, length, layout.kernel), q, k, v,
-                                      _segments(ids, ids))
+    causal = splash.causal_kernel(length, length, layout.kernel).with_segments(ids, ids)
+    out, lse = splash.attend_with_lse(causal, q, k, v)
     out = out.astype(jnp.float32)
     kv = (k, v, ids)
     for hop in range(1, n):
@@ -129,9 +125,8 @@ def _ring_fwd(q, k, v, ids, layout):
 def _ring_bwd(layout, residuals, d_out):
     q, k, v, ids, out, lse = residuals
     n, length = layout.ring, q.shape[1]
-    causal = splash.causal_kernel(length, length, layout.kernel)
-    dq, dk, dv = (x.astype(jnp.float32)
-                  for x in splash.attend_bwd(causal, q, k, v, out, lse, d_out, _segments(ids, ids)))
+    causal = splash.causal_kernel(length, length, layout.kernel).with_segments(ids, ids)
+    dq, dk, dv = (x.astype(jnp.float32) for x in splash.attend_bwd(causal, q, k, v, out, lse, d_out))
     kv_ids = ids
     kv = (k, v)
     for hop in range(1, n):

@@ -38,7 +38,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
     `[batch, seq/u]` (packed documents) or None."""
     q, k, v = gather_sequence(q, k, v, layout)
     ids = gather_segment_ids(segment_ids)
-    segments = None if ids is None else splash.SegmentIds(ids, ids)
-    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel)
-    out = unfold_heads(splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v), segments), q.shape[0])
+    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel).with_segments(ids, ids)
+    out = unfold_heads(splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v)), q.shape[0])
     return scatter_sequence(out)
