@@ -136,7 +136,7 @@ class DecoderLayer(nn.Module):
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     @nn.compact
-    def __call__(self, x, positions, segment_ids):
+    def __call__(self, x, positions, segment_ids=None):
         m, plan = self.plan.model, self.plan
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
