@@ -2,7 +2,8 @@
 
 Attention with segment ids must equal a dense single-device attention under a block-diagonal
 causal mask (output and gradients); the model's loss on packed rows must not depend on the
-order of the documents in a row (it would, if attention, positions or targets crossed them).
+order of the documents in a row (it would, if attention, positions or targets crossed them);
+and the packed step must compile for a TPU (tpu_compile tier).
 """
 import numpy as np
 import pytest
@@ -150,3 +151,21 @@ def test_packed_loss_does_not_depend_on_document_order(rows, strategy, mesh, zig
     assert (step.segment_ids.max(axis=1) > 1).all(), "every row should hold several documents"
     from_data = float(loss(params, *trainer.prepare_batch(step.tokens, step.segment_ids)))
     assert np.isfinite(from_data) and abs(from_data - float(loss(params, *trainer.prepare_batch(step.tokens)))) > 1e-5
+
+
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("strategy,mesh", [("all_gather", dict(context=4)), ("ring", dict(context=4)),
+                                           ("ulysses", dict(context_ulysses=4)),
+                                           ("usp", dict(context=2, context_ulysses=2))])
+def test_packed_step_compiles_for_tpu(strategy, mesh):
+    """Splash with segment ids (mapped over the batch) lowers through Mosaic for a TPU, deviceless."""
+    pytest.importorskip("libtpu")
+    from cost_models.models import get_model
+    from runtime.compile import tpu_devices
+
+    plan = Plan(model=get_model("tiny"), topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(**mesh),
+                cp_strategy=strategy, load_balance="none" if strategy == "ulysses" else "zigzag", block_q=256,
+                block_kv=256, loss_chunk_tokens=256)
+    trainer = Trainer(plan, build_mesh(plan, tpu_devices(plan)))
+    compiled = trainer.train_step.lower(*trainer.abstract_state(packed=True)).compile()
+    assert "tpu_custom_call" in compiled.as_text()  # the splash kernels, not a fallback
