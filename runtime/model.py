@@ -10,6 +10,7 @@ tensor-th of the tokens, gathered before the column-parallel matmuls and reduce-
 the row-parallel ones), so the weights are gathered layer by layer. Attention is the plan's
 context-parallel strategy. Token positions are inputs: under zigzag they are the permuted
 positions, so RoPE stays correct.
+Packed rows add segment ids, which keep each document's attention to itself.
 """
 from __future__ import annotations
 
@@ -163,7 +164,7 @@ class DecoderLayer(nn.Module):
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     @nn.compact
-    def __call__(self, x, positions):
+    def __call__(self, x, positions, segment_ids=None):
         m, plan = self.plan.model, self.plan
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
@@ -178,7 +179,8 @@ class DecoderLayer(nn.Module):
         # named after RoPE, as MaxText names them: a kept q or k needs no RoPE again
         q, k, v = (checkpoint_name(self.constrain(t, HEADS), name) for t, name in
                    ((rope(q, positions), "query_proj"), (rope(k, positions), "key_proj"), (v, "value_proj")))
-        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh), ATTENTION_OUTPUT)
+        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
+                              ATTENTION_OUTPUT)
         # the row-parallel projection's partial sums, reduce-scattered onto the residual's tokens
         out = self.constrain(jnp.einsum("bshk,hkd->bsd", ctx, w("wo", (h, hd, d), ("tensor", None, WEIGHT_AXES))),
                              RESIDUAL)
@@ -197,10 +199,12 @@ class Llama(nn.Module):
     mesh: Mesh
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Args:
             tokens: `[batch, seq]` int32, in the plan's token order.
-            positions: `[batch, seq]` the tokens' positions in the sequence.
+            positions: `[batch, seq]` the tokens' positions in the sequence (in their document, when packed).
+            segment_ids: `[batch, seq]` int32 document ids of packed rows, same order, or None.
         Returns:
             `(hidden [batch, seq, hidden] in the compute dtype, head [hidden, vocab] in the compute dtype)`.
         """
@@ -210,9 +214,9 @@ class Llama(nn.Module):
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
         layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast,), length=m.num_layers,
+                        in_axes=(nn.broadcast, nn.broadcast), length=m.num_layers,
                         metadata_params={nn.PARTITION_NAME: None})
-        x, _ = stack(plan, self.mesh, name="layers")(x, positions)
+        x, _ = stack(plan, self.mesh, name="layers")(x, positions, segment_ids)
         x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
         if m.tie_embeddings:
             head = embed.T
