@@ -183,6 +183,7 @@ class StrategySpec:
     maxtext_name: str  # context_parallel_strategy
     maxtext_tokamax_splash = False  # MaxText runs it with use_tokamax_splash=True
     maxtext_refuses_load_balance = False  # MaxText refuses context_parallel_load_balance=True for it
+    maxtext_ring_kernel = False  # MaxText runs it with tokamax's ring kernel over `context` (ring, USP)
 
     def maxtext_degrees(self, ring: int, ulysses: int) -> tuple[int, int]:
         """(ici_context_parallelism, ici_context_usp_ulysses_parallelism) for these degrees."""

@@ -1,0 +1,95 @@
+"""The runtime a plan is priced for, and the implementation traits in which runtimes differ.
+
+cpplan's own runtime (`Target.CPPLAN`, the default) and MaxText 0.2.5 (`Target.MAXTEXT`) run the
+same plan with different code. Where that changes the memory, the time or what can run at all,
+the difference is a trait here, each saying where it was read in MaxText's installed source or
+seen in its deviceless compiles; the price and the search read traits, never a target's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.vocabulary import _Named
+
+# MaxText's splash metadata (tokamax's splash_attention_mask_info, as MaxText builds it): per head,
+# `data_next` and `mask_next` (int32) and `block_mask` (int8) for every (q block × kv block). Ulysses
+# 8 at 128K overflows the 1 MiB SMEM at blocks of 512 (4 heads: 2.4 MB) and fits at 1024, as its
+# compiles showed (shared/ANCHORS.md).
+MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
+
+
+class Target(_Named):
+    """The runtime that runs a plan: cpplan's own, or MaxText 0.2.5 (its exported flags)."""
+
+    CPPLAN = "cpplan"
+    MAXTEXT = "maxtext"
+
+    @property
+    def aliases(self):
+        return {"CPPLAN": ("ours", "default")}.get(self.name, ())
+
+    @classmethod
+    def kind(cls) -> str:
+        return "target"
+
+    @property
+    def traits(self) -> "TargetTraits":
+        return TRAITS[self]
+
+
+@dataclass(frozen=True)
+class TargetTraits:
+    """How one runtime implements what the price depends on.
+
+    Attributes:
+        target: the runtime.
+        loss_splits_vocabulary: the loss forms each token chunk's logits one piece of the
+            vocabulary at a time (cpplan's fused cross-entropy); otherwise each token tile holds
+            its logits over the whole vocabulary at once (MaxText: `num_vocab_tiling` splits
+            tokens, not the vocabulary — maxtext/utils/vocabulary_tiling.py reshapes the hidden
+            states to (num_vocab_tiling, tokens / num_vocab_tiling, emb)).
+        logit_bytes: bytes of one logit as the loss holds it (fp32 in both).
+        ring_mask_bytes_per_element: bytes a ring step holds per (query head × local query ×
+            local key) of the ring block, beyond the blocks and accumulators both runtimes keep;
+            0 where the ring evaluates its mask inside the kernel.
+        smem_bytes_per_block_pair: SMEM of splash's mask metadata per (q block × kv block);
+            `per_head_metadata` says whether every head has its own (MaxText) or all share one.
+        per_head_metadata: see `smem_bytes_per_block_pair`.
+        maxtext_rules: the search offers only plans that pass the strategies' `maxtext_problems`
+            (MaxText's own configs/types.py checks), so an exported plan is never refused.
+    """
+
+    target: Target
+    loss_splits_vocabulary: bool
+    logit_bytes: int
+    ring_mask_bytes_per_element: float
+    smem_bytes_per_block_pair: float | None
+    per_head_metadata: bool
+    maxtext_rules: bool
+
+
+TRAITS: dict[Target, TargetTraits] = {
+    # cpplan's runtime: a fused, chunked cross-entropy over vocabulary pieces; masks evaluated in
+    # the kernel; one downcast metadata table shared by heads (cost_models.compute prices its SMEM)
+    Target.CPPLAN: TargetTraits(Target.CPPLAN, loss_splits_vocabulary=True, logit_bytes=4,
+                                ring_mask_bytes_per_element=0.0, smem_bytes_per_block_pair=None,
+                                per_head_metadata=False, maxtext_rules=False),
+    # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring (tokamax's ring kernel,
+    # maxtext/kernels/attention/tokamax_ring_attention.py) holds one int8 per query head × local
+    # query × local key of the ring block (MaxText's compiles: ring 8 at 128K and 256K on v5p-16,
+    # ring 16 at 128K–512K on tpu7x-16 and USP 4×2 at 128K, shared/ANCHORS.md, each within a few
+    # percent of heads × (S/ring)² bytes above its all-gather twin); per-head int32 metadata
+    Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
+                                 ring_mask_bytes_per_element=1.0,
+                                 smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
+                                 per_head_metadata=True, maxtext_rules=True),
+}
+
+
+def get_target(target: "str | Target | None") -> Target:
+    """A target by name (None: cpplan's own runtime).
+
+    Raises:
+        CpplanError: an unknown name (listing the known ones).
+    """
+    return Target.CPPLAN if target is None else Target.parse(target)
