@@ -53,7 +53,10 @@ class TargetTraits:
             local key) of the ring block, beyond the blocks and accumulators both runtimes keep;
             0 where the ring evaluates its mask inside the kernel.
         smem_bytes_per_block_pair: SMEM of splash's mask metadata per (q block × kv block);
-            `per_head_metadata` says whether every head has its own (MaxText) or all share one.
+            `per_head_metadata` says whether every head has its own (MaxText's splash for
+            all-gather and Ulysses) or all share one (cpplan; MaxText's ring kernel, which takes a
+            single-head mask with downcast metadata, tokamax_ring_attention.py and
+            ring_attention_kernel.make_ring_attention).
         per_head_metadata: see `smem_bytes_per_block_pair`.
         maxtext_rules: the search offers only plans that pass the strategies' `maxtext_problems`
             (MaxText's own configs/types.py checks), so an exported plan is never refused.

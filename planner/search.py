@@ -406,7 +406,8 @@ class SearchSpace:
             options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag,
                                              head_dim=self.model.head_dim,
                                              act_bytes=DTYPE_BYTES[self.options.compute_dtype])
-            if options and self.target.traits.per_head_metadata and not self.topology.chip.kind.interprets_kernels:
+            if options and self.target.traits.per_head_metadata and not spec.maxtext_ring_kernel \
+                    and not self.topology.chip.kind.interprets_kernels:
                 options, reason = _per_head_blocks(options, lay, self.topology, self.target)
             block = options[0] if options else None
             if len(options) > 1:
