@@ -49,6 +49,11 @@ class TargetTraits:
             tokens, not the vocabulary — maxtext/utils/vocabulary_tiling.py reshapes the hidden
             states to (num_vocab_tiling, tokens / num_vocab_tiling, emb)).
         logit_bytes: bytes of one logit as the loss holds it (fp32 in both).
+        layer_gradients_all_step: the decoder layers' gradients are held all step (cpplan's
+            runtime); otherwise only while the layers run backward, after the loss has freed its
+            logits (MaxText: the scanned layers' gradients are the backward loop's results). The
+            loss then holds the output head gathered whole and its fp32 gradient before the
+            reduce-scatter.
         ring_mask_bytes_per_element: bytes a ring step holds per (query head × local query ×
             local key) of the ring block, beyond the blocks and accumulators both runtimes keep;
             0 where the ring evaluates its mask inside the kernel.
@@ -65,6 +70,7 @@ class TargetTraits:
     target: Target
     loss_splits_vocabulary: bool
     logit_bytes: int
+    layer_gradients_all_step: bool
     ring_mask_bytes_per_element: float
     smem_bytes_per_block_pair: float | None
     per_head_metadata: bool
@@ -75,6 +81,7 @@ TRAITS: dict[Target, TargetTraits] = {
     # cpplan's runtime: a fused, chunked cross-entropy over vocabulary pieces; masks evaluated in
     # the kernel; one downcast metadata table shared by heads (cost_models.compute prices its SMEM)
     Target.CPPLAN: TargetTraits(Target.CPPLAN, loss_splits_vocabulary=True, logit_bytes=4,
+                                layer_gradients_all_step=True,
                                 ring_mask_bytes_per_element=0.0, smem_bytes_per_block_pair=None,
                                 per_head_metadata=False, maxtext_rules=False),
     # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring (tokamax's ring kernel,
@@ -83,6 +90,7 @@ TRAITS: dict[Target, TargetTraits] = {
     # ring 16 at 128K–512K on tpu7x-16 and USP 4×2 at 128K, shared/ANCHORS.md, each within a few
     # percent of heads × (S/ring)² bytes above its all-gather twin); per-head int32 metadata
     Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
+                                 layer_gradients_all_step=False,
                                  ring_mask_bytes_per_element=1.0,
                                  smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
                                  per_head_metadata=True, maxtext_rules=True),

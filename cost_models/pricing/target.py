@@ -34,17 +34,21 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
     Returns:
         The components, changed where the target differs.
     """
-    if traits.loss_splits_vocabulary and not traits.ring_mask_bytes_per_element:
+    if traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_mask_bytes_per_element:
         return memory
     out = dict(memory)
     m = x.model
+    tokens = np.asarray(x.tokens_per_device, dtype=float)
     if not traits.loss_splits_vocabulary:
-        tokens = np.asarray(x.tokens_per_device, dtype=float)
         tiles = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens)
         # each tile's logits over the whole vocabulary (split over tensor with the output head)
         out["logits"] = tokens / tiles * m.vocab / x.tensor * traits.logit_bytes
-        # the output head gathered whole for the tile's matmul, in the compute dtype
-        out["head_buffers"] = np.full_like(tokens, m.vocab * m.hidden * x.act_bytes) / x.tensor
+    if not traits.layer_gradients_all_step:
+        layer_grads = m.num_layers * m.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
+        out["grads"] = out["grads"] - layer_grads
+        out["layer_working_set"] = out["layer_working_set"] + layer_grads
+        # the output head gathered whole for the loss's matmul, and its fp32 gradient before the reduce-scatter
+        out["head_buffers"] = np.full_like(tokens, m.vocab * m.hidden * (x.act_bytes + 4)) / x.tensor
     if traits.ring_mask_bytes_per_element and STRATEGIES[x.strategy].maxtext_ring_kernel:
         ring = np.asarray(layout.ring, dtype=float)
         block = x.seq_len / ring
