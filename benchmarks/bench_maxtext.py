@@ -73,22 +73,35 @@ def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict
     return export_maxtext(ranked[0].plan)
 
 
-def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str):
-    """(compiled memory or None, out-of-memory (required, available) or None, seconds, log path)."""
+def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str, *,
+                         reuse: bool = False):
+    """(compiled memory or None, out-of-memory (required, available) or None, seconds, log path).
+
+    With `reuse`, a log of the same flags from an earlier run is read instead of compiling again.
+    """
+    tag = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    words = [f"{k}={v}" for k, v in {**flags, **compile_flags}.items()]
+    log = out_dir / f"{tag}.log"
+    if reuse and log.exists() and log.read_text().startswith(" ".join(words) + "\n"):
+        text = log.read_text()
+        seconds = float(re.search(r"^compile_s=([0-9.]+)$", text, re.M).group(1))
+        return (*_memory_of(text), seconds, log)
     base_yml = subprocess.run([str(python), "-c", "import maxtext, os; print(os.path.join("
                                "os.path.dirname(maxtext.__file__), 'configs', 'base.yml'))"],
                               check=True, capture_output=True, text=True).stdout.strip()
-    tag = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    words = [f"{k}={v}" for k, v in {**flags, **compile_flags}.items()]
-    words += ["dataset_type=synthetic", f"run_name={tag}", f"base_output_directory={out_dir / 'maxtext'}"]
+    extra = ["dataset_type=synthetic", f"run_name={tag}", f"base_output_directory={out_dir / 'maxtext'}"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TPU_WORKER_HOSTNAMES": "localhost"}
     start = time.time()
-    run = subprocess.run([str(python), "-m", "maxtext.trainers.pre_train.train_compile", base_yml, *words],
+    run = subprocess.run([str(python), "-m", "maxtext.trainers.pre_train.train_compile", base_yml, *words, *extra],
                          capture_output=True, text=True, env=env)
     seconds = time.time() - start
-    log = out_dir / f"{tag}.log"
-    log.write_text(run.stdout + run.stderr)
     text = run.stdout + run.stderr
+    log.write_text(f"{' '.join(words)}\ncompile_s={seconds:.1f}\n{text}")
+    return (*_memory_of(text), seconds, log)
+
+
+def _memory_of(text: str):
+    """(compiled memory, None) from MaxText's output, or (None, the out-of-memory figures or None)."""
     stats = re.search(r"CompiledMemoryStats\(([^)]*)\)", text)
     if stats:
         fields = dict(re.findall(r"(\w+)=(\d+)", stats.group(1)))
@@ -97,8 +110,8 @@ def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir
                                 alias_bytes=int(fields["alias_size_in_bytes"]),
                                 temp_bytes=int(fields["temp_size_in_bytes"]),
                                 code_bytes=int(fields["generated_code_size_in_bytes"]))
-        return memory, None, seconds, log
-    return None, parse_hbm_oom(text), seconds, log
+        return memory, None
+    return None, parse_hbm_oom(text)
 
 
 def main() -> int:
@@ -106,6 +119,8 @@ def main() -> int:
     parser.add_argument("--venv", default="/work/venvs/maxtext", help="the MaxText 0.2.5 venv (created when absent)")
     parser.add_argument("--out", default="benchmarks/results/maxtext", help="logs and results.json")
     parser.add_argument("--only", help="comma-separated substrings of plan names to run")
+    parser.add_argument("--reuse", action="store_true", help="read the logs of earlier runs of the same flags "
+                                                             "instead of compiling again (re-prices them)")
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +133,8 @@ def main() -> int:
         print(f"== {name}\n   {format_flags(export.flags)} {format_flags(export.compile_flags)}", flush=True)
         for note in export.notes:
             print(f"   note: {note}")
-        memory, oom, seconds, log = compile_with_maxtext(python, export.flags, export.compile_flags, out_dir, name)
+        memory, oom, seconds, log = compile_with_maxtext(python, export.flags, export.compile_flags, out_dir, name,
+                                                         reuse=args.reuse)
         capacity = predicted.hbm_capacity_bytes
         if memory is not None:
             compiled, fits = memory.hbm_bytes_per_device, True
