@@ -18,6 +18,7 @@ import threading
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
+from cost_models.vocabulary import DTYPE_BYTES
 from planner import api
 from planner.explanation import Explanation, describe_strategy
 from planner.maxtext import export_maxtext, format_flags, read_maxtext
@@ -95,7 +96,13 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
     p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
     p.add_argument("--strategies", help="allowed strategies: all_gather,ulysses,ring,usp,none")
     p.add_argument("--mesh", help="fixed axis sizes, e.g. context=16,tensor=2")
-    p.add_argument("--remat", help="allowed remat policies: full,save_dot_except_mlp,minimal_with_context")
+    p.add_argument("--remat", help="allowed remat policies, MaxText's names (default full,save_dot_except_mlp,"
+                                   "minimal_with_context): also minimal, save_dot_with_context_except_mlp, "
+                                   "save_dot_except_mlpwi, save_qkv_proj, save_out_proj, qkv_proj_offloaded, "
+                                   "minimal_offloaded")
+    p.add_argument("--param-dtype", choices=sorted(DTYPE_BYTES), help="weights and gradients (default float32)")
+    p.add_argument("--mu-dtype", choices=sorted(DTYPE_BYTES),
+                   help="AdamW's first moment (MaxText's mu_dtype; default float32); the second is in --param-dtype")
     p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
     p.add_argument("--global-batch-tokens", help="tokens per step to aim for: the search picks the number of sequences "
                                                  "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
@@ -114,7 +121,8 @@ def _search_options(args: argparse.Namespace) -> dict:
     opts = {"strategies": _csv(args.strategies), "mesh": _mesh(args.mesh), "remat": _csv(args.remat),
             "load_balance": _csv(args.load_balance), "global_batch_tokens": args.global_batch_tokens,
             "global_batch": args.exact_batch,
-            "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices}
+            "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices,
+            "param_dtype": args.param_dtype, "mu_dtype": args.mu_dtype}
     if getattr(args, "target", None):
         opts["target"] = args.target
     return {k: v for k, v in opts.items() if v is not None}

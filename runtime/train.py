@@ -27,9 +27,17 @@ LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.1
 
 
-def make_optimizer(learning_rate: float = LEARNING_RATE) -> optax.GradientTransformation:
-    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1)."""
-    return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=WEIGHT_DECAY)
+def make_optimizer(learning_rate: float = LEARNING_RATE, *, mu_dtype: str = "float32") -> optax.GradientTransformation:
+    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1).
+
+    Args:
+        learning_rate: the step size.
+        mu_dtype: the first moment's dtype (MaxText's `mu_dtype`); the second moment takes the
+            parameters' dtype.
+    Returns:
+        The optax transformation.
+    """
+    return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=WEIGHT_DECAY, mu_dtype=jnp.dtype(mu_dtype))
 
 
 class Trainer:
@@ -48,7 +56,7 @@ class Trainer:
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
         self.model = Llama(plan, mesh)
-        self.optimizer = make_optimizer(learning_rate)
+        self.optimizer = make_optimizer(learning_rate, mu_dtype=plan.mu_dtype)
         self.token_sharding = NamedSharding(mesh, TOKENS)
 
     # -- shapes and shardings --------------------------------------------------------------

@@ -19,7 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import MODELS, ModelSpec  # noqa: E402
-from cost_models.remat import CHECKPOINTS, Block, kept_names  # noqa: E402
+from cost_models.remat import CHECKPOINTS, Block, kept_names, offloaded_names  # noqa: E402
 from cost_models.strategies import STRATEGIES, strategies_for  # noqa: E402
 from cost_models.vocabulary import AXES, RematPolicy  # noqa: E402
 from planner import Plan, make_mesh  # noqa: E402
@@ -216,3 +216,7 @@ def test_runtime_keeps_what_the_remat_table_says(policy):
     saved = {n for n in names if f"named '{n}'" in out.getvalue()}
     mlp = {c.name for c in CHECKPOINTS if c.block is Block.MLP}
     assert saved == set(kept_names(policy)) - mlp
+    # jax reports an offloaded residual as a host array, without its name (the MLP's leave its
+    # chunk loop as host arrays); the MLP's output, which no backward reads, is not one
+    read = {c.name for c in CHECKPOINTS if c.read_by_backward}
+    assert out.getvalue().count("<host>") == len(set(offloaded_names(policy)) & read)

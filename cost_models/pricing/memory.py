@@ -17,7 +17,6 @@ from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
 LAYER_MEMORY = ("layer_working_set", "attention_buffers", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
-OPTIMIZER_BYTES_PER_PARAM = 2 * 4  # AdamW's two fp32 moments
 
 
 def peak_bytes(memory: dict):
@@ -59,7 +58,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     remat = x.remat_columns
     group = x.weight_group
     shards = group * tensor
-    saved = (remat.saved_full_width + remat.saved_split / tensor) * a
+    # every kept value is split over tensor: heads and MLP columns, or the sequence between the
+    # tensor-parallel matmuls (sequence parallelism)
+    saved = remat.saved_on_device / tensor * a
     # one layer's backward: its attention-side activations for every token, the MLP's for one
     # chunk of tokens unless the policy keeps MLP outputs; each with its gradient
     attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor) * a
@@ -72,7 +73,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     return MemoryBytes(
         params=((m.num_params - embed) / shards + embed / group) * pb,
         grads=((m.num_params - embed) / shards + embed / group) * pb,
-        optimizer=((m.num_params - embed) / shards + embed / group) * OPTIMIZER_BYTES_PER_PARAM,
+        # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
+        optimizer=((m.num_params - embed) / shards + embed / group) * (x.mu_bytes + pb),
         activations=m.num_layers * tokens * saved,
         layer_working_set=2 * (tokens * attention_side + mlp_tokens * mlp_side),
         # the strategy's buffers, and one fp32 value per local query and head
