@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS, ModelSpec, get_model
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
+from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements
 from cost_models.strategies import STRATEGIES
 from cost_models.targets import Target
 from cost_models.topology import get_topology
-from cost_models.vocabulary import CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner.plan import Plan, make_mesh
 
 SPLASH_BLOCK_FLAGS = ("sa_block_q", "sa_block_kv", "sa_block_kv_compute", "sa_block_q_dkv", "sa_block_kv_dkv",
@@ -52,6 +53,8 @@ UNCARRIED_MODEL_FLAGS = {"rope_max_timescale": 10_000, "normalization_layer_epsi
 # MaxText's attention kernels: cpplan prices splash ("flash"; "autoselected" is flash on a TPU)
 SPLASH_KERNELS = ("flash", "autoselected")
 TOKAMAX_ONLY = (CPStrategy.RING, CPStrategy.ULYSSES, CPStrategy.USP)  # MaxText runs these on tokamax's splash only
+# MaxText's whole-state host offload (base.yml, default false): cpplan keeps weights and optimizer in HBM
+STATE_OFFLOAD_FLAGS = {"optimizer_memory_host_offload": "optimizer", "parameter_memory_host_offload": "params"}
 
 
 def _slice_name(topology: str) -> str | None:
@@ -137,9 +140,13 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         "attention": "flash",
         "use_tokamax_splash": spec.maxtext_tokamax_splash,
         "weight_dtype": MAXTEXT_DTYPES[plan.param_dtype],
+        "mu_dtype": MAXTEXT_DTYPES[plan.mu_dtype],
         "dtype": MAXTEXT_DTYPES[plan.compute_dtype],
         "num_vocab_tiling": vocab_tiles(tokens_per_device, plan.loss_chunk_tokens),
     }
+    if plan.remat is RematPolicy.CUSTOM:
+        # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names
+        flags.update({name: where.value for name, where in plan.remat_custom})
     flags.update({f: block for f in SPLASH_BLOCK_FLAGS})
     model_flags, model_notes = _model_flags(plan.model)
     flags.update(model_flags)
@@ -336,12 +343,19 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
     tiling = f.int("num_vocab_tiling", 1)
     tokens_per_device = seq_len * global_batch / topo.num_devices * sizes["tensor"]
     block_q, block_kv = _blocks(f, notes)
+    remat = _remat(f)
+    param_dtype = f.text("weight_dtype", "float32")
+    for flag, part in STATE_OFFLOAD_FLAGS.items():
+        if f.bool(flag, False):
+            notes.append(f"{flag}=True: cpplan prices the {part} in HBM, not in host memory, so its HBM figure "
+                         f"includes what MaxText moves to the host")
     plan = Plan(
         model=model, topology=topo.name, seq_len=seq_len, global_batch=int(global_batch),
         mesh=make_mesh(**sizes), cp_strategy=strategy, load_balance=load_balance,
-        remat=_remat(f), block_q=block_q, block_kv=block_kv,
-        loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
-        param_dtype=f.text("weight_dtype", "float32"), compute_dtype=f.text("dtype", "bfloat16"),
+        remat=remat, remat_custom=_custom(f) if remat is RematPolicy.CUSTOM else (), block_q=block_q,
+        block_kv=block_kv, loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
+        param_dtype=param_dtype, compute_dtype=f.text("dtype", "bfloat16"),
+        mu_dtype=f.text("mu_dtype", "") or param_dtype,  # MaxText's "" inherits weight_dtype
         dcn_data=dcn_data, dcn_fsdp=dcn_fsdp,
     )
     problems = maxtext_problems(plan)
@@ -374,6 +388,15 @@ def _remat(f: _Flags) -> RematPolicy:
         return RematPolicy.parse(f.text("remat_policy", "full"))
     except CpplanError as err:
         raise CpplanError(f"remat_policy: {err}") from None
+
+
+def _custom(f: _Flags):
+    """The placements of MaxText's `remat_policy=custom`: its per-name flags (`decoder_layer_input`,
+    `query_proj`, `qkv_proj`, `mlpwi`, …), each device, offload or remat; unset names are remat
+    (base.yml), and a name given as remat leaves the names it shares with another to that one."""
+    given = {name: Placement.parse(f.text(name, "remat")) for name in (LAYER_INPUT, *MAXTEXT_NAMES) if name in f}
+    return custom_placements({name: where for name, where in given.items() if where is not Placement.REMAT
+                              or name == LAYER_INPUT}, maxtext_names=True)
 
 
 def _blocks(f: _Flags, notes: list[str]) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from cost_models.models import MODELS
 from cost_models.pricing.target import vocab_tiles
 from cost_models.targets import Target
 from cost_models.units import GiB
-from cost_models.vocabulary import CPStrategy, LoadBalance
+from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner import Plan
 from planner.api import run_search
 from planner.estimate import estimate
@@ -235,3 +235,51 @@ def test_search_under_maxtext_never_yields_a_plan_export_refuses(model, exponent
         assert dataclasses.replace(back, axis_order=ranked.plan.axis_order, physical_order=ranked.plan.physical_order,
                                    loss_chunk_tokens=ranked.plan.loss_chunk_tokens) == ranked.plan
         assert estimate(back, target="maxtext").hbm_bytes["logits"] == ranked.estimate.hbm_bytes["logits"]
+
+
+RING_V5P_16 = ("compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.125 "
+               "ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring use_tokamax_splash=True ")
+
+
+def test_import_reads_custom_remat_per_checkpoint_name_and_offload():
+    # a tpu-recipes style custom policy: MaxText's fused names spread over ours
+    found = read_maxtext(RING_V5P_16 + "remat_policy=custom decoder_layer_input=device qkv_proj=offload "
+                                      "context=device mlpwi=remat out_proj=device")
+    plan = found.plan
+    assert plan.remat is RematPolicy.CUSTOM and found.unread == ()
+    assert dict(plan.remat_custom) == {"query_proj": Placement.OFFLOAD, "key_proj": Placement.OFFLOAD,
+                                       "value_proj": Placement.OFFLOAD, "context": Placement.DEVICE,
+                                       "out_proj": Placement.DEVICE}
+    assert plan.offloaded == ("query_proj", "key_proj", "value_proj")
+    exported = export_maxtext(plan)
+    assert exported.flags["remat_policy"] == "custom" and exported.flags["query_proj"] == "offload"
+    assert read_maxtext({**exported.flags, **exported.compile_flags}).plan.remat_custom == plan.remat_custom
+    with pytest.raises(CpplanError, match="decoder_layer_input=offload"):
+        read_maxtext(RING_V5P_16 + "remat_policy=custom decoder_layer_input=offload")
+    # per-name flags mean nothing to MaxText under a named policy: unread, and said so
+    assert read_maxtext(RING_V5P_16 + "remat_policy=full query_proj=device").unread == ("query_proj",)
+
+
+@pytest.mark.parametrize("policy", ["minimal", "save_qkv_proj", "qkv_proj_offloaded", "full"])
+def test_import_reads_maxtexts_named_remat_policies(policy):
+    plan = read_maxtext(RING_V5P_16 + f"remat_policy={policy}").plan
+    assert plan.remat is RematPolicy.parse(policy)
+    assert Plan.from_maxtext(plan.to_maxtext()) == plan
+
+
+def test_kept_projections_cost_hbm_and_offloaded_ones_do_not():
+    full, minimal, saved, offloaded = (estimate(read_maxtext(RING_V5P_16 + f"remat_policy={p}").plan, target="maxtext")
+                                       for p in ("full", "minimal", "save_qkv_proj", "qkv_proj_offloaded"))
+    # q, k, v per token and layer: (32 + 8 + 8) heads × 128 × 2 bytes, 16384 tokens per device, 32 layers
+    qkv = 48 * 128 * 2 * 16384 * 32
+    assert saved.hbm_bytes["activations"] - full.hbm_bytes["activations"] == pytest.approx(qkv)
+    assert offloaded.hbm_bytes["activations"] == full.hbm_bytes["activations"]
+    assert minimal.hbm_bytes_per_device > saved.hbm_bytes_per_device
+
+
+def test_import_reads_mu_dtype_and_state_offload_flags():
+    found = read_maxtext(RING_V5P_16 + "mu_dtype=bfloat16 optimizer_memory_host_offload=true")
+    assert found.plan.mu_dtype == "bfloat16" and found.unread == ()
+    assert any("optimizer_memory_host_offload=True" in note for note in found.notes)
+    assert read_maxtext(RING_V5P_16 + "weight_dtype=bfloat16").plan.mu_dtype == "bfloat16"  # "" inherits it
+    assert export_maxtext(found.plan).flags["mu_dtype"] == "bfloat16"
