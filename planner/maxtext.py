@@ -140,10 +140,11 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         "attention": "flash",
         "use_tokamax_splash": spec.maxtext_tokamax_splash,
         "weight_dtype": MAXTEXT_DTYPES[plan.param_dtype],
-        "mu_dtype": MAXTEXT_DTYPES[plan.mu_dtype],
         "dtype": MAXTEXT_DTYPES[plan.compute_dtype],
         "num_vocab_tiling": vocab_tiles(tokens_per_device, plan.loss_chunk_tokens),
     }
+    if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
+        flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if plan.remat is RematPolicy.CUSTOM:
         # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names
         flags.update({name: where.value for name, where in plan.remat_custom})
