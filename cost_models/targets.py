@@ -84,11 +84,14 @@ TRAITS: dict[Target, TargetTraits] = {
                                 layer_gradients_all_step=True,
                                 ring_mask_bytes_per_element=0.0, smem_bytes_per_block_pair=None,
                                 per_head_metadata=False, maxtext_rules=False),
-    # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring (tokamax's ring kernel,
-    # maxtext/kernels/attention/tokamax_ring_attention.py) holds one int8 per query head × local
-    # query × local key of the ring block (MaxText's compiles: ring 8 at 128K and 256K on v5p-16,
-    # ring 16 at 128K–512K on tpu7x-16 and USP 4×2 at 128K, shared/ANCHORS.md, each within a few
-    # percent of heads × (S/ring)² bytes above its all-gather twin); per-head int32 metadata
+    # MaxText 0.2.5: full-vocabulary fp32 logits per token tile. Its ring (tokamax's ring kernel,
+    # maxtext/kernels/attention/tokamax_ring_attention.py) holds, all step, one byte per query head
+    # × local query × local key of the ring block: seen in its compiles, not yet traced to the
+    # buffer in its code (the kernel's own MaskInfo is per block, not per element). Above the
+    # all-gather twin, MaxText's compiles of ring 8 at 128K and 256K (v5p-16), ring 16 at 128K to
+    # 512K (tpu7x-16) and USP 4×2 at 128K (16 heads of 32K) each hold heads × (S/ring)² bytes to
+    # within a few percent, at ring degrees 4, 8 and 16 (shared/ANCHORS.md; bench_maxtext). Splash
+    # metadata per head, int32.
     Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
                                  layer_gradients_all_step=False,
                                  ring_mask_bytes_per_element=1.0,
