@@ -18,6 +18,13 @@ from cost_models.vocabulary import _Named
 MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
 
 
+# MaxText's ring (tokamax's ring kernel) runs its dK/dV kernel with fp32 accumulators in scoped
+# VMEM: at blocks of 1024 it needs 16.85 MiB > the compiler's 16 MiB (llama3.1-8b, ring 4 at 64K on
+# v5p-8, its train_compile: CompileTimeScopedVmemOom in splash_mha_dkv_segmented_no_residuals), at
+# 512 it compiles (the same plan, 47.3 GiB per device)
+MAXTEXT_RING_MAX_BLOCK = 512
+
+
 class Target(_Named):
     """The runtime that runs a plan: cpplan's own, or MaxText 0.2.5 (its exported flags)."""
 
@@ -63,6 +70,8 @@ class TargetTraits:
             single-head mask with downcast metadata, tokamax_ring_attention.py and
             ring_attention_kernel.make_ring_attention).
         per_head_metadata: see `smem_bytes_per_block_pair`.
+        ring_kernel_max_block: the largest splash block the target's ring kernel compiles with
+            (None: no limit beyond the shared VMEM rule).
         maxtext_rules: the search offers only plans that pass the strategies' `maxtext_problems`
             (MaxText's own configs/types.py checks), so an exported plan is never refused.
     """
@@ -75,6 +84,7 @@ class TargetTraits:
     smem_bytes_per_block_pair: float | None
     per_head_metadata: bool
     maxtext_rules: bool
+    ring_kernel_max_block: int | None = None
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -96,7 +106,8 @@ TRAITS: dict[Target, TargetTraits] = {
                                  layer_gradients_all_step=False,
                                  ring_mask_bytes_per_element=1.0,
                                  smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
-                                 per_head_metadata=True, maxtext_rules=True),
+                                 per_head_metadata=True, maxtext_rules=True,
+                                 ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK),
 }
 
 

@@ -75,9 +75,10 @@ def maxtext_problems(plan: Plan) -> list[str]:
 def maxtext_block(plan: Plan) -> int:
     """The smallest splash block, from the plan's up, whose per-head metadata (MaxText's,
     `cost_models.targets`) fits SMEM for the kernel shape the plan's strategy lays out; the plan's
-    own under MaxText's ring kernel, whose metadata heads share as cpplan's do."""
+    own under MaxText's ring kernel (whose metadata heads share as cpplan's do), at most the
+    largest block that kernel compiles with."""
     if plan.strategy_spec.maxtext_ring_kernel:
-        return plan.block_q
+        return min(plan.block_q, Target.MAXTEXT.traits.ring_kernel_max_block)
     layout = plan.strategy_spec.layout(plan.shape)
     q_len, kv_len = float(layout.q_len), float(layout.kv_len)
     smem = get_topology(plan.topology).chip.smem_bytes
@@ -118,8 +119,10 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
     notes = []
     block = maxtext_block(plan)
     if (block, block) != (plan.block_q, plan.block_kv):
-        notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} → {block}×{block}: MaxText keeps splash "
-                     f"metadata per head and needs the larger block to fit SMEM (priced as changed)")
+        why = ("its ring kernel's dK/dV accumulators fit scoped VMEM only up to this block"
+               if plan.strategy_spec.maxtext_ring_kernel else
+               "MaxText keeps splash metadata per head and needs the larger block to fit SMEM")
+        notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} → {block}×{block}: {why} (priced as changed)")
         plan = dataclasses.replace(plan, block_q=block, block_kv=block)
     mesh = plan.ici_mesh_dict
     spec = plan.strategy_spec

@@ -409,6 +409,11 @@ class SearchSpace:
             if options and self.target.traits.per_head_metadata and not spec.maxtext_ring_kernel \
                     and not self.topology.chip.kind.interprets_kernels:
                 options, reason = _per_head_blocks(options, lay, self.topology, self.target)
+            most = self.target.traits.ring_kernel_max_block
+            if options and most and spec.maxtext_ring_kernel and not self.topology.chip.kind.interprets_kernels:
+                options = [b for b in options if b <= most]
+                if not options:
+                    reason = f"{self.target.value}'s ring kernel compiles with splash blocks up to {most} only"
             block = options[0] if options else None
             if len(options) > 1:
                 # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
