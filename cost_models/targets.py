@@ -65,10 +65,11 @@ class TargetTraits:
             local key) of the ring block, beyond the blocks and accumulators both runtimes keep;
             0 where the ring evaluates its mask inside the kernel.
         smem_bytes_per_block_pair: SMEM of splash's mask metadata per (q block × kv block);
-            `per_head_metadata` says whether every head has its own (MaxText's splash for
-            all-gather and Ulysses) or all share one (cpplan; MaxText's ring kernel, which takes a
-            single-head mask with downcast metadata, tokamax_ring_attention.py and
-            ring_attention_kernel.make_ring_attention).
+            `per_head_metadata` says whether every head has its own (MaxText's tokamax splash
+            over a multi-head mask, for Ulysses: the strategies' `maxtext_per_head_metadata`) or
+            all share one (cpplan; MaxText's jax splash for all-gather, which compiled at 512K
+            with blocks of 512 on v5p-16, and its ring kernel, which takes a single-head mask with
+            downcast metadata, tokamax_ring_attention.py).
         per_head_metadata: see `smem_bytes_per_block_pair`.
         ring_kernel_max_block: the largest splash block the target's ring kernel compiles with
             (None: no limit beyond the shared VMEM rule).

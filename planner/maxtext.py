@@ -73,12 +73,13 @@ def maxtext_problems(plan: Plan) -> list[str]:
 
 
 def maxtext_block(plan: Plan) -> int:
-    """The smallest splash block, from the plan's up, whose per-head metadata (MaxText's,
-    `cost_models.targets`) fits SMEM for the kernel shape the plan's strategy lays out; the plan's
-    own under MaxText's ring kernel (whose metadata heads share as cpplan's do), at most the
-    largest block that kernel compiles with."""
+    """The splash block MaxText runs the plan with: under its per-head metadata (Ulysses), the
+    smallest from the plan's up that fits SMEM for the kernel shape the plan's strategy lays out;
+    under its ring kernel, the plan's, at most the largest that kernel compiles with; else the plan's."""
     if plan.strategy_spec.maxtext_ring_kernel:
         return min(plan.block_q, Target.MAXTEXT.traits.ring_kernel_max_block)
+    if not plan.strategy_spec.maxtext_per_head_metadata:
+        return plan.block_q
     layout = plan.strategy_spec.layout(plan.shape)
     q_len, kv_len = float(layout.q_len), float(layout.kv_len)
     smem = get_topology(plan.topology).chip.smem_bytes

@@ -406,7 +406,7 @@ class SearchSpace:
             options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag,
                                              head_dim=self.model.head_dim,
                                              act_bytes=DTYPE_BYTES[self.options.compute_dtype])
-            if options and self.target.traits.per_head_metadata and not spec.maxtext_ring_kernel \
+            if options and self.target.traits.per_head_metadata and spec.maxtext_per_head_metadata \
                     and not self.topology.chip.kind.interprets_kernels:
                 options, reason = _per_head_blocks(options, lay, self.topology, self.target)
             most = self.target.traits.ring_kernel_max_block

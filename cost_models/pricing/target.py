@@ -71,7 +71,7 @@ def target_smem_bytes(x: Candidates, layout: Layout, shared_bytes: np.ndarray, t
         Bytes per kernel call: with per-head metadata, heads × q blocks × kv blocks × the
         target's bytes per block pair.
     """
-    if not traits.per_head_metadata or STRATEGIES[x.strategy].maxtext_ring_kernel:
+    if not traits.per_head_metadata or not STRATEGIES[x.strategy].maxtext_per_head_metadata:
         return shared_bytes
     return per_head_smem_bytes(layout.q_heads, layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv,
                                traits=traits)

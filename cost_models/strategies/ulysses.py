@@ -82,6 +82,7 @@ class Ulysses(StrategySpec):
     maxtext_name = CPStrategy.ULYSSES.value
     maxtext_tokamax_splash = True
     maxtext_refuses_load_balance = True
+    maxtext_per_head_metadata = True
 
     def heads_rule(self, shape: Shape) -> Violation | None:
         return ulysses_heads_rule(shape)
