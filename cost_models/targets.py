@@ -61,9 +61,11 @@ class TargetTraits:
             logits (MaxText: the scanned layers' gradients are the backward loop's results). The
             loss then holds the output head gathered whole and its fp32 gradient before the
             reduce-scatter.
-        ring_mask_bytes_per_element: bytes a ring step holds per (query head × local query ×
-            local key) of the ring block, beyond the blocks and accumulators both runtimes keep;
-            0 where the ring evaluates its mask inside the kernel.
+        ring_dq_partials: the ring's dK/dV kernel writes one fp32 partial dq per key block, all
+            of them before they are summed: f32[kv_len / block_kv, heads, q_len, head_dim] per
+            sequence (MaxText: tokamax's `splash_mha_dkv_segmented_no_residuals` in its ring
+            kernel, read in the compiled HLO of its train_compile, e.g. f32[16,32,8192,128] for
+            32 heads of 8192 tokens at blocks of 512); cpplan's ring accumulates dq in place.
         smem_bytes_per_block_pair: SMEM of splash's mask metadata per (q block × kv block);
             `per_head_metadata` says whether every head has its own (MaxText's tokamax splash
             over a multi-head mask, for Ulysses: the strategies' `maxtext_per_head_metadata`) or
@@ -81,7 +83,7 @@ class TargetTraits:
     loss_splits_vocabulary: bool
     logit_bytes: int
     layer_gradients_all_step: bool
-    ring_mask_bytes_per_element: float
+    ring_dq_partials: bool
     smem_bytes_per_block_pair: float | None
     per_head_metadata: bool
     maxtext_rules: bool
@@ -93,19 +95,15 @@ TRAITS: dict[Target, TargetTraits] = {
     # the kernel; one downcast metadata table shared by heads (cost_models.compute prices its SMEM)
     Target.CPPLAN: TargetTraits(Target.CPPLAN, loss_splits_vocabulary=True, logit_bytes=4,
                                 layer_gradients_all_step=True,
-                                ring_mask_bytes_per_element=0.0, smem_bytes_per_block_pair=None,
+                                ring_dq_partials=False, smem_bytes_per_block_pair=None,
                                 per_head_metadata=False, maxtext_rules=False),
-    # MaxText 0.2.5: full-vocabulary fp32 logits per token tile. Its ring (tokamax's ring kernel,
-    # maxtext/kernels/attention/tokamax_ring_attention.py) holds, all step, one byte per query head
-    # × local query × local key of the ring block: seen in its compiles, not yet traced to the
-    # buffer in its code (the kernel's own MaskInfo is per block, not per element). Above the
-    # all-gather twin, MaxText's compiles of ring 8 at 128K and 256K (v5p-16), ring 16 at 128K to
-    # 512K (tpu7x-16) and USP 4×2 at 128K (16 heads of 32K) each hold heads × (S/ring)² bytes to
-    # within a few percent, at ring degrees 4, 8 and 16 (shared/ANCHORS.md; bench_maxtext). Splash
-    # metadata per head, int32.
+    # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring kernel's per-key-block dq
+    # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key: its
+    # compiles of ring 4 to 16 and USP 4×2 hold that above their all-gather twins, with the logits,
+    # shared/ANCHORS.md and bench_maxtext); splash metadata per head, int32, for Ulysses
     Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
                                  layer_gradients_all_step=False,
-                                 ring_mask_bytes_per_element=1.0,
+                                 ring_dq_partials=True,
                                  smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
                                  per_head_metadata=True, maxtext_rules=True,
                                  ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK),

@@ -1,5 +1,6 @@
 """What a runtime target changes in the memory of a step (`cost_models.targets`): the loss's
-logits, and the ring's per-step mask buffers, priced from the target's traits."""
+logits, where the layer gradients live, and the ring kernel's dq partials, priced from the
+target's traits."""
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
     Returns:
         The components, changed where the target differs.
     """
-    if traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_mask_bytes_per_element:
+    if traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_dq_partials:
         return memory
     out = dict(memory)
     m = x.model
@@ -49,13 +50,12 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
         out["layer_working_set"] = out["layer_working_set"] + layer_grads
         # the output head gathered whole for the loss's matmul, and its fp32 gradient before the reduce-scatter
         out["head_buffers"] = np.full_like(tokens, m.vocab * m.hidden * (x.act_bytes + 4)) / x.tensor
-    if traits.ring_mask_bytes_per_element and STRATEGIES[x.strategy].maxtext_ring_kernel:
-        ring = np.asarray(layout.ring, dtype=float)
-        block = x.seq_len / ring
-        mask = np.where(ring > 1, layout.q_heads * block * block * traits.ring_mask_bytes_per_element, 0.0)
-        # built once per step and read by every layer's forward and backward: held all step with
-        # what the forward keeps for the backward
-        out["activations"] = out["activations"] + mask
+    if traits.ring_dq_partials and STRATEGIES[x.strategy].maxtext_ring_kernel:
+        # one fp32 dq per key block of the ring block, all written before they are summed; its
+        # compiles hold them alongside the logits, so they count with what is held all step
+        key_blocks = np.ceil(np.asarray(layout.kv_len, dtype=float) / x.block_kv)
+        partials = x.sequences_per_device * key_blocks * layout.q_heads * layout.q_len * m.head_dim * 4
+        out["activations"] = out["activations"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
     return out
 
 
