@@ -21,7 +21,7 @@ from cost_models.units import GiB, MiB
 from cost_models.vocabulary import DTYPE_BYTES
 from planner import api
 from planner.explanation import Explanation, describe_strategy
-from planner.maxtext import format_flags
+from planner.maxtext import export_maxtext, format_flags, read_maxtext
 from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, format_tokens, parse_seq_len
 
 RUNTIME_HINT = "install the runtime with pip install -e '.[runtime]'"
@@ -123,7 +123,16 @@ def _search_options(args: argparse.Namespace) -> dict:
             "global_batch": args.exact_batch,
             "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices,
             "param_dtype": args.param_dtype, "mu_dtype": args.mu_dtype}
+    if getattr(args, "target", None):
+        opts["target"] = args.target
     return {k: v for k, v in opts.items() if v is not None}
+
+
+def _add_target(p: argparse.ArgumentParser, default_text: str = "cpplan") -> None:
+    """The --target flag of the commands that price for a runtime."""
+    p.add_argument("--target", choices=["cpplan", "maxtext"],
+                   help=f"the runtime priced: cpplan's own, or MaxText 0.2.5 (its memory; only plans it accepts) "
+                        f"(default: {default_text})")
 
 
 def _plan(args: argparse.Namespace):
@@ -166,6 +175,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """The best plan, why, what came close, what was rejected."""
     explanation = Explanation(api.run_search(args.model, args.seq_len, args.topology, **_search_options(args)),
                               top=args.top)
+    if args.target == "maxtext" and not args.json:
+        print("Priced for MaxText 0.2.5 (--target maxtext): its memory, and only plans it accepts.\n")
     print(explanation.to_json() if args.json else explanation)
     return 0 if explanation.best else 1
 
@@ -208,13 +219,50 @@ def cmd_max_seq_len(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """The best plan as MaxText flags (or plan JSON)."""
+    """The best plan as MaxText flags (priced for MaxText), or plan JSON."""
+    if args.format == "maxtext":
+        if args.target == "cpplan":
+            raise CpplanError("--format maxtext exports a plan for MaxText, so it is chosen and priced for MaxText; "
+                              "drop --target cpplan (or use --format json).")
+        args.target = "maxtext"
     plan = _plan(args)
     if args.format == "json":
         print(plan.to_json())
         return 0
-    flags = plan.to_maxtext()
-    print(_json(flags) if args.json else format_flags(flags))
+    exported = export_maxtext(plan)
+    if args.json:
+        print(_json({"flags": exported.flags, "compile_flags": exported.compile_flags, "notes": list(exported.notes)}))
+        return 0
+    print(format_flags(exported.flags))
+    if exported.compile_flags:  # train_compile's ahead-of-time flags, on their own line
+        print(format_flags(exported.compile_flags))
+    for note in exported.notes:
+        print(f"cpplan: note: {note}", file=sys.stderr)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """MaxText flags read into a plan, priced as MaxText runs it; every flag not read named."""
+    from planner.estimate import estimate
+
+    text = args.flags
+    if os.path.isfile(text):
+        with open(text, encoding="utf-8") as handle:
+            text = handle.read()
+    found = read_maxtext(text, topology=args.topology)
+    predicted = estimate(found.plan, target="maxtext")
+    if args.json:
+        print(_json({"plan": found.plan.to_dict(), "estimate": predicted.to_dict(), "unread": list(found.unread),
+                     "notes": list(found.notes)}))
+        return 0
+    print(f"{describe_strategy(found.plan)}; mesh {found.plan.mesh_dict}; remat {found.plan.remat.value}; "
+          f"{found.plan.global_batch} × {found.plan.seq_len} tokens on {found.plan.topology}")
+    print(f"MaxText needs {predicted.hbm_bytes_per_device / GiB:.1f} GiB of {predicted.hbm_capacity_bytes / GiB:.1f} "
+          f"GiB HBM per device ({'fits' if predicted.fits else 'does not fit'}); a step takes "
+          f"{predicted.step_time_s:.2f} s, MFU {predicted.mfu:.1%}")
+    for note in found.notes:
+        print(f"note: {note}")
+    print(f"not read ({len(found.unread)}): {', '.join(found.unread) if found.unread else 'none'}")
     return 0
 
 
@@ -430,16 +478,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "explain", cmd_explain, "the best plan, why, what came close, what was rejected")
     _add_search_options(p)
+    _add_target(p)
     p.add_argument("--top", type=_at_least(0), default=5, help="alternatives to show")
     p = _add(sub, "sweep", cmd_sweep, "best strategy and MFU per sequence length")
     _add_search_options(p, seq_len=False)
     p.add_argument("--seq-lens", required=True, help="comma-separated lengths, e.g. 128k,512k,1M,4M")
     p = _add(sub, "max-seq-len", cmd_max_seq_len, "the longest sequence any plan fits")
     _add_search_options(p, seq_len=False)
+    _add_target(p)
     p = _add(sub, "export", cmd_export, "the best plan as MaxText flags (or plan JSON)")
     _add_search_options(p)
     p.add_argument("--format", choices=["maxtext", "json"], default="maxtext",
-                   help="MaxText flags, or the plan as JSON")
+                   help="MaxText flags (training flags, then train_compile's compile_topology flags on their own "
+                        "line; the plan chosen and priced for MaxText), or the plan as JSON")
+    _add_target(p, "maxtext with --format maxtext, else cpplan")
+    p = _add(sub, "import", cmd_import, "MaxText flags read into a plan, priced as MaxText runs it")
+    p.add_argument("--flags", required=True, help="MaxText flags: key=value text, or a file holding them")
+    p.add_argument("--topology", help="the slice, where the flags have no compile_topology")
+    p.add_argument("--json", action="store_true", help="machine-readable output: strict JSON alone")
 
     p = _add(sub, "run", cmd_run, "plan, then run a few training steps on this host (cpu:N)")
     _add_search_options(p)

@@ -11,6 +11,7 @@ from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec, get_model
 from cost_models.strategies import STRATEGIES
 from cost_models.strategies.base import SPLASH_LANES
+from cost_models.targets import Target, get_target
 from cost_models.topology import Topology, divisors, get_topology
 from cost_models.vocabulary import AXES, CPStrategy
 from planner.options import SearchOptions, format_tokens, parse_seq_len
@@ -25,11 +26,13 @@ def run_search(model, seq_len, topology, **options) -> SearchResult:
 
     The batch is the number of sequences nearest `global_batch_tokens` (by default 4M tokens on
     accelerators) that a plan fits, or exactly `global_batch` sequences; the result's `batch_note`
-    says why when the count differs from the target.
+    says why when the count differs from the target. `target` (``cpplan`` by default, or
+    ``maxtext``) is the runtime the plans are priced for.
     """
+    target = get_target(options.pop("target", None))
     topo = get_topology(topology, options.pop("num_slices", None))
     spec, tokens = get_model(model), parse_seq_len(seq_len)
-    return search(spec, tokens, topo, SearchOptions.build(**options))
+    return search(spec, tokens, topo, SearchOptions.build(**options), target=target)
 
 
 def plan(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **options) -> Plan:
@@ -39,8 +42,9 @@ def plan(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **op
         model: a model name, a `ModelSpec`, or a path to a Hugging Face config.json.
         seq_len: tokens per sequence, an int or a string such as ``4M`` or ``128k``.
         topology: a name such as ``v5p-256``, ``tpu7x:4x4x4`` or ``cpu:8``.
-        **options: see `planner.options.SearchOptions`; and `num_slices`, the slices joined over
-            DCN (default 1, or the name's `Nx` prefix).
+        **options: see `planner.options.SearchOptions`; `num_slices`, the slices joined over
+            DCN (default 1, or the name's `Nx` prefix); and `target`, the runtime priced:
+            ``cpplan`` (default) or ``maxtext`` (MaxText 0.2.5's memory, only plans it accepts).
     Returns:
         The top-ranked `Plan`.
     Raises:
@@ -80,6 +84,7 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
             sequences, or the strategy cannot run this case (the message names the rule); a plan
             over HBM is returned with ``fits=False``.
     """
+    target = get_target(options.get("target"))
     topo = get_topology(topology, options.pop("num_slices", None))
     full_mesh = {a: int(mesh.get(a, 1)) for a in AXES}
     unknown = set(mesh) - set(AXES)
@@ -92,8 +97,11 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
     options.setdefault("remat", "full")
     spec = STRATEGIES[strategy]
     # balance by default where the strategy balances and MaxText accepts it, so the plan exports
-    options.setdefault("load_balance", "zigzag" if spec.balances_load and not spec.maxtext_refuses_load_balance
-                       else "none")
+    if "load_balance" not in options:
+        balanced = spec.balances_load and not spec.maxtext_refuses_load_balance
+        if balanced and target.traits.maxtext_rules:  # MaxText balances only over an even ring degree
+            balanced = full_mesh["context"] % 2 == 0
+        options["load_balance"] = "zigzag" if balanced else "none"
     if options.get("global_batch_tokens") is not None:
         tokens, batch_tokens = parse_seq_len(seq_len), parse_seq_len(options.pop("global_batch_tokens"))
         if batch_tokens % tokens:
@@ -161,26 +169,28 @@ def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> Longe
     for name in ("global_batch_tokens", "global_batch"):
         if options.get(name) is not None:
             raise CpplanError(f"max_seq_len chooses the sequences per step itself (one where it can); drop {name}.")
+    target = get_target(options.pop("target", None))
     topo = get_topology(topology, options.pop("num_slices", None))
     model_spec, opts = get_model(model), SearchOptions.build(**options)
-    found = longest_sequence(model_spec, topo, opts)
+    found = longest_sequence(model_spec, topo, opts, target=target)
     if found is None:
         raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number "
-                          f"of sequences per step; {longest_advice(model_spec, topo, opts)}.")
+                          f"of sequences per step; {longest_advice(model_spec, topo, opts, target=target)}.")
     return found
 
 
-def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions) -> LongestSequence | None:
-    """`max_seq_len` on parsed inputs: the answer, or None where no length fits.
+def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions, *,
+                     target: Target = Target.CPPLAN) -> LongestSequence | None:
+    """`max_seq_len` on parsed inputs (priced for `target`): the answer, or None where no length fits.
 
     The fewest sequences per step whose shards let some length split over the slice decide; more
     sequences would only help the split, not the memory a device needs at the shortest length.
     """
     for sequences in divisors(topo.num_devices):
-        grain = shortest_split(model, topo, opts, sequences)
+        grain = shortest_split(model, topo, opts, sequences, target=target)
         if grain is None:
             continue
-        found = _longest_with(model, topo, opts, sequences, grain)
+        found = _longest_with(model, topo, opts, sequences, grain, target)
         if found is None:
             return None
         length, best = found
@@ -197,13 +207,14 @@ def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions) -> L
     return None
 
 
-def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int, grain: int):
+def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int, grain: int,
+                  target: Target):
     """(longest length, its best `Ranked` plan) with `sequences` sequences per step, probing from
     `grain` (the shortest length that splits), or None when not even that fits."""
     exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
 
     def space(tokens: int) -> SearchSpace:
-        return SearchSpace(model, tokens, topo, exact, shard_counts=frozenset(divisors(sequences)))
+        return SearchSpace(model, tokens, topo, exact, shard_counts=frozenset(divisors(sequences)), target=target)
 
     def fits(tokens: int) -> bool:
         probe = space(tokens)
@@ -219,7 +230,8 @@ def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequenc
     return longest, space(longest).result(sequences).best
 
 
-def shortest_split(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int | None = None) -> int | None:
+def shortest_split(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int | None = None, *,
+                   target: Target = Target.CPPLAN) -> int | None:
     """The shortest sequence length that some mesh splits over the slice (memory aside), or None.
 
     Every strategy splits a sequence into 128-token lanes over its context ranks (twice as many
@@ -229,10 +241,11 @@ def shortest_split(model: ModelSpec, topo: Topology, opts: SearchOptions, sequen
     Args:
         model, topo, opts: the search's inputs.
         sequences: sequences per step (their divisors bound data × fsdp); None for any number.
+        target: the runtime, whose rules may refuse some splits.
     """
     shards = None if sequences is None else frozenset(divisors(sequences))
     for unit in divisors(2 * topo.num_devices):
         tokens = SPLASH_LANES * unit
-        if SearchSpace(model, tokens, topo, opts, shard_counts=shards).shard_counts:
+        if SearchSpace(model, tokens, topo, opts, shard_counts=shards, target=target).shard_counts:
             return tokens
     return None

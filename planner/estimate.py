@@ -5,6 +5,7 @@ from cost_models.candidates import Candidates, group_links, link_columns
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.pricing import price
 from cost_models.remat import remat_code
+from cost_models.targets import Target, get_target
 from cost_models.vocabulary import DTYPE_BYTES, LoadBalance
 from planner.plan import Plan
 
@@ -33,17 +34,19 @@ def candidates_of(plan: Plan) -> Candidates:
     )
 
 
-def estimate(plan: Plan) -> Estimate:
+def estimate(plan: Plan, *, target: "str | Target | None" = None) -> Estimate:
     """Prices one plan.
 
     Args:
         plan: the plan.
+        target: the runtime that runs it: ``cpplan`` (default) or ``maxtext`` (its exported flags).
     Returns:
         Its `Estimate`.
     Raises:
         CpplanError: the plan's mesh does not tile its topology, its strategy cannot run it (the
-            rule and its numbers), or its batch does not split over data × fsdp.
+            rule and its numbers), its batch does not split over data × fsdp, or the target is unknown.
     """
+    target = get_target(target)
     plan.check()
     x = candidates_of(plan)
-    return estimate_row(price(x), 0, x)
+    return estimate_row(price(x, target=target), 0, x)

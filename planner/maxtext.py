@@ -1,4 +1,4 @@
-"""Plans as MaxText flags and back, so a user can run a plan or price the config they run today.
+"""Plans as MaxText 0.2.5 flags and back, so a user can run a plan or price the config they run today.
 
 Mapping (MaxText's base.yml names): `ici_{data,fsdp,tensor}_parallelism`; the ring (or
 all-gather) degree is `ici_context_parallelism`; plain Ulysses also uses
@@ -7,25 +7,54 @@ all-gather) degree is `ici_context_parallelism`; plain Ulysses also uses
 MaxText picks the device order itself, so a plan's placement does not travel: a plan read back
 gets the topology's natural order. Over several slices the `ici_*` degrees are one slice's;
 `dcn_data_parallelism` and `dcn_fsdp_parallelism` say how many slices data and fsdp span (the
-plan's mesh sizes are their products), and `compile_topology_num_slices` (or `num_slices`) how
-many slices there are; MaxText's other `dcn_*` axes must be 1, as the planner keeps context and
-tensor inside a slice.
+plan's mesh sizes are their products), and `num_slices` how many slices there are; MaxText's
+other `dcn_*` axes must be 1, as the planner keeps context and tensor inside a slice.
+
+Export (`export_maxtext`) describes the plan that was explained, priced for MaxText
+(`cost_models.targets`): where MaxText needs other splash blocks the plan exported has them and
+says so. The training flags and the ahead-of-time `compile_topology*` flags (train_compile only)
+are kept apart. Import (`read_maxtext`) reads what changes the price, with MaxText's own defaults
+for what is unset, applies MaxText's rules, and names every flag it did not read.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
+from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS, ModelSpec, get_model
+from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
+from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements
 from cost_models.strategies import STRATEGIES
+from cost_models.targets import Target
 from cost_models.topology import get_topology
-from cost_models.vocabulary import CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner.plan import Plan, make_mesh
 
 SPLASH_BLOCK_FLAGS = ("sa_block_q", "sa_block_kv", "sa_block_kv_compute", "sa_block_q_dkv", "sa_block_kv_dkv",
                       "sa_block_kv_dkv_compute", "sa_block_q_dq", "sa_block_kv_dq")
 MAXTEXT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+# the models MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that cpplan knows by the same
+# name and shape; any other model travels as shape flags
+MAXTEXT_MODEL_NAMES = ("llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama2-7b", "llama2-70b")
+# MaxText's base.yml model defaults, for the shape flags a config leaves unset
+BASE_MODEL_DEFAULTS = {"base_num_decoder_layers": 16, "base_emb_dim": 2048, "base_num_query_heads": 16,
+                       "base_num_kv_heads": 16, "head_dim": 128, "base_mlp_dim": 7168, "vocab_size": 32000}
+SHAPE_FLAGS = {"base_num_decoder_layers": "num_layers", "base_emb_dim": "hidden", "base_num_query_heads": "num_heads",
+               "base_num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "base_mlp_dim": "intermediate",
+               "vocab_size": "vocab"}
+# ModelSpec's switches and the MaxText flags that carry them (base.yml default False)
+SWITCH_FLAGS = {"attention_bias": "qkv_bias", "logits_via_embedding": "tie_embeddings"}
+# model-defining flags whose value cpplan's ModelSpec does not hold (they do not change the price);
+# an export of a model MaxText does not ship leaves them at MaxText's defaults and says so
+UNCARRIED_MODEL_FLAGS = {"rope_max_timescale": 10_000, "normalization_layer_epsilon": 1e-5}
+# MaxText's attention kernels: cpplan prices splash ("flash"; "autoselected" is flash on a TPU)
+SPLASH_KERNELS = ("flash", "autoselected")
+TOKAMAX_ONLY = (CPStrategy.RING, CPStrategy.ULYSSES, CPStrategy.USP)  # MaxText runs these on tokamax's splash only
+# MaxText's whole-state host offload (base.yml, default false): cpplan keeps weights and optimizer in HBM
+STATE_OFFLOAD_FLAGS = {"optimizer_memory_host_offload": "optimizer", "parameter_memory_host_offload": "params"}
 
 
 def _slice_name(topology: str) -> str | None:
@@ -37,32 +66,49 @@ def _slice_name(topology: str) -> str | None:
     return name if get_topology(name).chip_dims == topo.chip_dims else None
 
 
-# MaxText builds splash's metadata from a dense mask, per head: data_next and mask_next (int32)
-# and block_mask (int8) for every (q block × kv block). This matches docs/measurements.md: Ulysses 8 at
-# 128K overflows the 1 MiB SMEM with blocks of 512 (4 heads: 2.4 MB) and fits with 1024.
-MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
-
-
 def maxtext_problems(plan: Plan) -> list[str]:
     """MaxText's own rules for the plan's strategy (its spec's `maxtext_problems`, from MaxText's
-    types.py), each with the fix."""
+    configs/types.py), each with the fix."""
     return plan.strategy_spec.maxtext_problems(plan.shape)
 
 
 def maxtext_block(plan: Plan) -> int:
-    """The smallest splash block (from the plan's) whose per-head metadata fits SMEM in MaxText,
-    for the kernel shape the plan's strategy spec lays out (MaxText lays its kernels out alike)."""
+    """The splash block MaxText runs the plan with: under its per-head metadata (Ulysses), the
+    smallest from the plan's up that fits SMEM for the kernel shape the plan's strategy lays out;
+    under its ring kernel, the plan's, at most the largest that kernel compiles with; else the plan's."""
+    if plan.strategy_spec.maxtext_ring_kernel:
+        return min(plan.block_q, Target.MAXTEXT.traits.ring_kernel_max_block)
+    if not plan.strategy_spec.maxtext_per_head_metadata:
+        return plan.block_q
     layout = plan.strategy_spec.layout(plan.shape)
-    q_len, kv_len, heads = float(layout.q_len), float(layout.kv_len), float(layout.q_heads)
+    q_len, kv_len = float(layout.q_len), float(layout.kv_len)
     smem = get_topology(plan.topology).chip.smem_bytes
+    traits = Target.MAXTEXT.traits
     block = plan.block_q
-    while smem and block < min(q_len, kv_len) and \
-            heads * math.ceil(q_len / block) * math.ceil(kv_len / block) * MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR > smem:
+    while smem and block < min(q_len, kv_len) and float(per_head_smem_bytes(
+            layout.q_heads, q_len, kv_len, block_q=block, block_kv=block, traits=traits)) > smem:
         block *= 2
     return block
 
 
-def plan_to_maxtext(plan: Plan) -> dict[str, object]:
+@dataclass(frozen=True)
+class MaxTextExport:
+    """A plan as MaxText runs it.
+
+    Attributes:
+        plan: the plan MaxText runs (the one asked for, with the splash blocks MaxText needs).
+        flags: the training flags.
+        compile_flags: the ahead-of-time flags of `train_compile` (`compile_topology*`), apart.
+        notes: what changed from the plan asked for, and what the flags leave at MaxText's defaults.
+    """
+
+    plan: Plan
+    flags: dict[str, object]
+    compile_flags: dict[str, object]
+    notes: tuple[str, ...]
+
+
+def export_maxtext(plan: Plan) -> MaxTextExport:
     """MaxText flags for `plan`; splash blocks grow where MaxText's per-head metadata needs it.
 
     Raises:
@@ -71,10 +117,17 @@ def plan_to_maxtext(plan: Plan) -> dict[str, object]:
     problems = maxtext_problems(plan)
     if problems:
         raise CpplanError("MaxText cannot run this plan: " + "; ".join(problems) + ".")
+    notes = []
+    block = maxtext_block(plan)
+    if (block, block) != (plan.block_q, plan.block_kv):
+        why = ("its ring kernel's dK/dV accumulators fit scoped VMEM only up to this block"
+               if plan.strategy_spec.maxtext_ring_kernel else
+               "MaxText keeps splash metadata per head and needs the larger block to fit SMEM")
+        notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} → {block}×{block}: {why} (priced as changed)")
+        plan = dataclasses.replace(plan, block_q=block, block_kv=block)
     mesh = plan.ici_mesh_dict
     spec = plan.strategy_spec
     context, usp_ulysses = spec.maxtext_degrees(mesh["context"], mesh["context_ulysses"])
-    block = maxtext_block(plan)
     devices = math.prod(plan.mesh_sizes)
     tokens_per_device = plan.seq_len * plan.global_batch / devices * plan.axis_size("tensor")
     flags: dict[str, object] = {
@@ -92,24 +145,49 @@ def plan_to_maxtext(plan: Plan) -> dict[str, object]:
         "use_tokamax_splash": spec.maxtext_tokamax_splash,
         "weight_dtype": MAXTEXT_DTYPES[plan.param_dtype],
         "dtype": MAXTEXT_DTYPES[plan.compute_dtype],
-        "num_vocab_tiling": max(1, math.ceil(tokens_per_device / plan.loss_chunk_tokens)) if plan.loss_chunk_tokens else 1,
+        "num_vocab_tiling": vocab_tiles(tokens_per_device, plan.loss_chunk_tokens),
     }
+    if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
+        flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
+    if plan.remat is RematPolicy.CUSTOM:
+        # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names
+        flags.update({name: where.value for name, where in plan.remat_custom})
     flags.update({f: block for f in SPLASH_BLOCK_FLAGS})
-    if MODELS.get(plan.model.name) == plan.model:
-        flags["model_name"] = plan.model.name
-    else:
-        m = plan.model
-        flags.update({"base_num_decoder_layers": m.num_layers, "base_emb_dim": m.hidden, "base_num_query_heads": m.num_heads,
-                      "base_num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "base_mlp_dim": m.intermediate,
-                      "vocab_size": m.vocab})
+    model_flags, model_notes = _model_flags(plan.model)
+    flags.update(model_flags)
+    notes += model_notes
     if plan.num_slices > 1:
         flags.update({"dcn_data_parallelism": plan.dcn_data, "dcn_fsdp_parallelism": plan.dcn_fsdp,
                       "num_slices": plan.num_slices})
+    compile_flags: dict[str, object] = {}
     slice_name = _slice_name(plan.topology)
     if slice_name:
-        flags["compile_topology"] = slice_name
-        flags["compile_topology_num_slices"] = plan.num_slices
-    return flags
+        compile_flags = {"compile_topology": slice_name, "compile_topology_num_slices": plan.num_slices}
+    return MaxTextExport(plan, flags, compile_flags, tuple(notes))
+
+
+def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
+    """The flags that define `model` in MaxText, and what they leave at MaxText's defaults."""
+    if model.name in MAXTEXT_MODEL_NAMES and MODELS[model.name] == model:
+        return {"model_name": model.name}, []
+    flags: dict[str, object] = {flag: getattr(model, field) for flag, field in SHAPE_FLAGS.items()}
+    flags.update({flag: getattr(model, field) for flag, field in SWITCH_FLAGS.items()})
+    note = (f"model {model.name} is not one MaxText ships: its shape travels as flags; "
+            + ", ".join(f"{k}={v:g}" for k, v in UNCARRIED_MODEL_FLAGS.items())
+            + " are MaxText's defaults (cpplan's model holds no RoPE base or norm epsilon, which do not change "
+              "the price): set them to the model's")
+    return flags, [note]
+
+
+def plan_to_maxtext(plan: Plan) -> dict[str, object]:
+    """The flags of `export_maxtext(plan)` as one `train_compile` command line: the training
+    flags, then the `compile_topology*` flags.
+
+    Raises:
+        CpplanError: the plan breaks a MaxText rule.
+    """
+    exported = export_maxtext(plan)
+    return {**exported.flags, **exported.compile_flags}
 
 
 def format_flags(flags: dict[str, object]) -> str:
@@ -131,62 +209,114 @@ def _parse_text(text: str) -> dict[str, str]:
     return flags
 
 
-def _int(flags: dict, key: str, default: int) -> int:
-    value = flags.get(key, default)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise CpplanError(f"MaxText flag {key}={value!r} is not a number.") from None
-    if not math.isfinite(number) or number != int(number) or number < 0:
-        raise CpplanError(f"MaxText flag {key}={value!r} must be a whole number.")
-    return int(number)
+class _Flags:
+    """MaxText flags that remember which were read, so the rest can be named."""
+
+    def __init__(self, flags: dict):
+        self._flags = dict(flags)
+        self.read: set[str] = set()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._flags
+
+    def get(self, key: str, default=None):
+        self.read.add(key)
+        return self._flags.get(key, default)
+
+    def text(self, key: str, default: str) -> str:
+        return str(self.get(key, default)).strip()
+
+    def int(self, key: str, default: int) -> int:
+        value = self.get(key, default)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise CpplanError(f"MaxText flag {key}={value!r} is not a number.") from None
+        if not math.isfinite(number) or number != int(number) or number < 0:
+            raise CpplanError(f"MaxText flag {key}={value!r} must be a whole number.")
+        return int(number)
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no"):
+            return False
+        raise CpplanError(f"MaxText flag {key}={value!r} must be true or false.")
+
+    def unread(self) -> tuple[str, ...]:
+        return tuple(k for k in self._flags if k not in self.read)
 
 
-def _bool(value) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes")
+@dataclass(frozen=True)
+class MaxTextImport:
+    """MaxText flags read into a plan.
+
+    Attributes:
+        plan: the plan the flags describe.
+        unread: every flag not read, by name (in the order given): cpplan does not price it.
+        notes: flags read that cpplan prices differently from how they were given.
+    """
+
+    plan: Plan
+    unread: tuple[str, ...]
+    notes: tuple[str, ...]
 
 
 def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
                       topology: str | None = None) -> Plan:
-    """Reads MaxText flags (a dict, or command-line text with ``key=value`` words) into a Plan.
+    """The plan of MaxText flags (`read_maxtext(...).plan`)."""
+    return read_maxtext(flags, model=model, topology=topology).plan
+
+
+def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
+                 topology: str | None = None) -> MaxTextImport:
+    """Reads MaxText flags (a dict, or command-line text with ``key=value`` words).
 
     Args:
-        flags: the flags; `model_name` (or base_* shape flags) and `compile_topology` are used
-            when `model` / `topology` are not given. Unset flags take MaxText's defaults.
+        flags: the flags; `model_name` (with any shape flags overriding it) and
+            `compile_topology` are used when `model` / `topology` are not given. Unset flags
+            take MaxText 0.2.5's defaults (base.yml).
         model: overrides the model.
         topology: overrides the topology (needed when the flags have no compile_topology).
+    Returns:
+        A `MaxTextImport`: the plan, the flags not read, notes.
     Raises:
         CpplanError: a missing model or topology, a flag that is not a number, a mesh that
-            does not cover the topology, or a strategy name MaxText does not have.
+            does not cover the topology, a strategy or remat policy MaxText does not have, an
+            attention kernel cpplan does not price, or a rule MaxText 0.2.5 enforces (named).
     """
-    flags = _parse_text(flags) if isinstance(flags, str) else dict(flags)
-    if model is None:
-        if "model_name" in flags:
-            model = get_model(str(flags["model_name"]))
-        elif "base_emb_dim" in flags:
-            model = ModelSpec("maxtext-custom", _int(flags, "base_num_decoder_layers", 0), _int(flags, "base_emb_dim", 0),
-                              _int(flags, "base_num_query_heads", 0), _int(flags, "base_num_kv_heads", 0),
-                              _int(flags, "head_dim", 0), _int(flags, "base_mlp_dim", 0), _int(flags, "vocab_size", 0))
-        else:
-            raise CpplanError("the MaxText flags name no model: give model_name=... or pass model=.")
-    model = get_model(model)
-    topology = topology or flags.get("compile_topology")
+    f = _Flags(_parse_text(flags) if isinstance(flags, str) else flags)
+    notes: list[str] = []
+    model = get_model(model) if model is not None else _read_model(f)
+    topology = topology or f.get("compile_topology")
     if not topology:
         raise CpplanError("the MaxText flags name no topology: give compile_topology=... or pass topology=.")
-    topo = get_topology(str(topology), _slices(flags))
+    topo = get_topology(str(topology), _slices(f))
     try:
-        strategy = CPStrategy.parse(flags.get("context_parallel_strategy", "all_gather"))
+        strategy = CPStrategy.parse(f.text("context_parallel_strategy", "all_gather"))
     except CpplanError as err:
         raise CpplanError(f"context_parallel_strategy: {err}") from None
+    kernel = f.text("attention", "autoselected")
+    if kernel not in SPLASH_KERNELS:
+        raise CpplanError(f"attention={kernel}: cpplan prices the splash kernel only (attention=flash); "
+                          f"{kernel} materialises other buffers. Use attention=flash.")
+    if strategy in TOKAMAX_ONLY and not f.bool("use_tokamax_splash", False):
+        notes.append(f"MaxText 0.2.5 runs context_parallel_strategy={strategy.value} on a TPU only with "
+                     f"use_tokamax_splash=True (configs/types.py): priced as it runs with it; set it")
     spec = STRATEGIES[strategy]
     # MaxText's -1 means "the rest of the devices" (its default for fsdp); the ring (or plain
     # Ulysses) degree is ici_context_parallelism, USP's Ulysses degree its own flag
     defaults = {"data": 1, "fsdp": -1, "tensor": 1, "context": 1}
-    open_axes = [a for a in defaults if str(flags.get(f"ici_{a}_parallelism", defaults[a])).strip() == "-1"]
+    open_axes = [a for a in defaults if f.text(f"ici_{a}_parallelism", str(defaults[a])) == "-1"]
     if len(open_axes) > 1:
         raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {open_axes}; give the others sizes.")
-    given = {a: 1 if a in open_axes else _int(flags, f"ici_{a}_parallelism", 1) for a in defaults}
-    usp_u = _int(flags, "ici_context_usp_ulysses_parallelism", 1) if strategy is CPStrategy.USP else 1
+    given = {a: 1 if a in open_axes else f.int(f"ici_{a}_parallelism", 1) for a in defaults}
+    usp_u = f.int("ici_context_usp_ulysses_parallelism", 1)
+    if strategy is not CPStrategy.USP and usp_u != 1:
+        raise CpplanError(f"ici_context_usp_ulysses_parallelism={usp_u} is for context_parallel_strategy=usp only "
+                          f"(MaxText refuses it with {strategy.value}); set it to 1.")
     if open_axes:
         given[open_axes[0]] = topo.devices_per_slice // (math.prod(given.values()) * usp_u)
     ring, uly = spec.from_maxtext_degrees(given.pop("context"), usp_u)
@@ -196,50 +326,111 @@ def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = 
     if math.prod(sizes.values()) != topo.devices_per_slice:
         raise CpplanError(f"the MaxText mesh {sizes} covers {math.prod(sizes.values())} devices; "
                           f"{'one slice of ' if topo.num_slices > 1 else ''}{topo.name} has {topo.devices_per_slice}.")
-    dcn_data, dcn_fsdp = _dcn_degrees(flags, topo.num_slices)
+    dcn_data, dcn_fsdp = _dcn_degrees(f, topo.num_slices)
     sizes["data"] *= dcn_data
     sizes["fsdp"] *= dcn_fsdp
-    balanced = _bool(flags.get("context_parallel_load_balance", True))  # MaxText's default: balanced
+    balanced = f.bool("context_parallel_load_balance", True)  # MaxText's default: balanced
     if balanced and spec.maxtext_refuses_load_balance:
         raise CpplanError(f"MaxText refuses context_parallel_strategy={strategy.value} with "
                           "context_parallel_load_balance=True (its default); set it to False.")
     load_balance = LoadBalance.ZIGZAG if balanced and spec.balances_load else LoadBalance.NONE
-    seq_len = _int(flags, "max_target_length", 2048)
+    seq_len = f.int("max_target_length", 2048)
+    per_device_text = f.get("per_device_batch_size", 12.0)
     try:
-        per_device = float(flags.get("per_device_batch_size", 12.0))
+        per_device = float(per_device_text)
     except (TypeError, ValueError):
-        raise CpplanError(f"MaxText flag per_device_batch_size={flags['per_device_batch_size']!r} is not a number.") from None
+        raise CpplanError(f"MaxText flag per_device_batch_size={per_device_text!r} is not a number.") from None
     if not math.isfinite(per_device) or per_device <= 0:
         raise CpplanError(f"MaxText flag per_device_batch_size={per_device!r} must be a positive, finite number.")
     global_batch = per_device * topo.num_devices
     if global_batch != int(global_batch) or global_batch < 1:
         raise CpplanError(f"per_device_batch_size={per_device} × {topo.num_devices} devices is not a whole number of sequences.")
-    tiling = _int(flags, "num_vocab_tiling", 1)
+    tiling = f.int("num_vocab_tiling", 1)
     tokens_per_device = seq_len * global_batch / topo.num_devices * sizes["tensor"]
-    return Plan(
+    block_q, block_kv = _blocks(f, notes)
+    remat = _remat(f)
+    param_dtype = f.text("weight_dtype", "float32")
+    for flag, part in STATE_OFFLOAD_FLAGS.items():
+        if f.bool(flag, False):
+            notes.append(f"{flag}=True: cpplan prices the {part} in HBM, not in host memory, so its HBM figure "
+                         f"includes what MaxText moves to the host")
+    plan = Plan(
         model=model, topology=topo.name, seq_len=seq_len, global_batch=int(global_batch),
         mesh=make_mesh(**sizes), cp_strategy=strategy, load_balance=load_balance,
-        remat=RematPolicy.parse(flags.get("remat_policy", "full")),
-        block_q=_int(flags, "sa_block_q", 512), block_kv=_int(flags, "sa_block_kv", 512),
-        loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
-        param_dtype=str(flags.get("weight_dtype", "float32")), compute_dtype=str(flags.get("dtype", "bfloat16")),
+        remat=remat, remat_custom=_custom(f) if remat is RematPolicy.CUSTOM else (), block_q=block_q,
+        block_kv=block_kv, loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
+        param_dtype=param_dtype, compute_dtype=f.text("dtype", "bfloat16"),
+        mu_dtype=f.text("mu_dtype", "") or param_dtype,  # MaxText's "" inherits weight_dtype
         dcn_data=dcn_data, dcn_fsdp=dcn_fsdp,
     )
+    problems = maxtext_problems(plan)
+    if problems:
+        raise CpplanError("MaxText 0.2.5 refuses these flags: " + "; ".join(problems) + ".")
+    return MaxTextImport(plan, f.unread(), tuple(notes))
 
 
-def _slices(flags: dict) -> int:
+def _read_model(f: _Flags) -> ModelSpec:
+    """The model of the flags: `model_name` (a model cpplan knows), with any shape flags given
+    overriding it, or the shape flags over MaxText's base.yml defaults."""
+    name = f.text("model_name", "default")
+    overrides = {field: f.int(flag, 0) for flag, field in SHAPE_FLAGS.items() if flag in f}
+    overrides.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items() if flag in f})
+    if name != "default":
+        base = get_model(name)
+        return dataclasses.replace(base, **overrides) if overrides else base
+    if not overrides:
+        raise CpplanError("the MaxText flags name no model: give model_name=..., the base_* shape flags, or pass model=.")
+    shape = {field: f.int(flag, BASE_MODEL_DEFAULTS[flag]) for flag, field in SHAPE_FLAGS.items()}
+    shape.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items()})
+    known = next((m for m in MODELS.values() if dataclasses.replace(m, name="maxtext-custom") ==
+                  ModelSpec("maxtext-custom", **shape)), None)
+    return known or ModelSpec("maxtext-custom", **shape)
+
+
+def _remat(f: _Flags) -> RematPolicy:
+    """MaxText's `remat_policy` (default full)."""
+    try:
+        return RematPolicy.parse(f.text("remat_policy", "full"))
+    except CpplanError as err:
+        raise CpplanError(f"remat_policy: {err}") from None
+
+
+def _custom(f: _Flags):
+    """The placements of MaxText's `remat_policy=custom`: its per-name flags (`decoder_layer_input`,
+    `query_proj`, `qkv_proj`, `mlpwi`, …), each device, offload or remat; unset names are remat
+    (base.yml), and a name given as remat leaves the names it shares with another to that one."""
+    given = {name: Placement.parse(f.text(name, "remat")) for name in (LAYER_INPUT, *MAXTEXT_NAMES) if name in f}
+    return custom_placements({name: where for name, where in given.items() if where is not Placement.REMAT
+                              or name == LAYER_INPUT}, maxtext_names=True)
+
+
+def _blocks(f: _Flags, notes: list[str]) -> tuple[int, int]:
+    """(block_q, block_kv) from MaxText's eight `sa_block_*` flags (base.yml: 512 each). cpplan
+    prices one query and one key block for every kernel; where the backward's blocks differ, the
+    note says which were priced at the forward's."""
+    sizes = {flag: f.int(flag, 512) for flag in SPLASH_BLOCK_FLAGS}
+    block_q, block_kv = sizes["sa_block_q"], sizes["sa_block_kv"]
+    differing = [f"{flag}={size}" for flag, size in sizes.items()
+                 if size != (block_q if "_q" in flag.removeprefix("sa_block") else block_kv)]
+    if differing:
+        notes.append(f"{', '.join(differing)} differ from sa_block_q={block_q}/sa_block_kv={block_kv}: cpplan prices "
+                     f"every splash kernel at the forward's blocks")
+    return block_q, block_kv
+
+
+def _slices(f: _Flags) -> int:
     """The slices the flags run on: `compile_topology_num_slices`, else `num_slices` (MaxText's -1,
     or neither given, is one slice)."""
     for key in ("compile_topology_num_slices", "num_slices"):
-        if str(flags.get(key, "-1")).strip() != "-1":
-            count = _int(flags, key, 1)
+        if f.text(key, "-1") != "-1":
+            count = f.int(key, 1)
             if count < 1:
-                raise CpplanError(f"MaxText flag {key}={flags[key]!r} must be at least 1 slice.")
+                raise CpplanError(f"MaxText flag {key}={f.get(key)!r} must be at least 1 slice.")
             return count
     return 1
 
 
-def _dcn_degrees(flags: dict, slices: int) -> tuple[int, int]:
+def _dcn_degrees(f: _Flags, slices: int) -> tuple[int, int]:
     """(dcn_data, dcn_fsdp) from MaxText's `dcn_*_parallelism` flags over `slices` slices.
 
     MaxText's defaults are dcn_data_parallelism=-1 (the slices the other dcn axes leave) and every
@@ -249,18 +440,17 @@ def _dcn_degrees(flags: dict, slices: int) -> tuple[int, int]:
         CpplanError: a dcn axis other than data and fsdp spans slices, or the degrees do not
             multiply to the slice count.
     """
-    crossing = sorted(key for key in flags if key.startswith("dcn_") and key.endswith("_parallelism")
-                      and key not in ("dcn_data_parallelism", "dcn_fsdp_parallelism")
-                      and str(flags[key]).strip() != "1")
+    others = [key for key in f._flags if key.startswith("dcn_") and key.endswith("_parallelism")
+              and key not in ("dcn_data_parallelism", "dcn_fsdp_parallelism")]
+    crossing = sorted(key for key in others if f.text(key, "1") != "1")
     if crossing:
         raise CpplanError(f"the planner keeps every axis but data and fsdp inside a slice; set "
-                          f"{', '.join(f'{k}=1' for k in crossing)} (got {', '.join(str(flags[k]) for k in crossing)}).")
-    dcn_fsdp = slices if str(flags.get("dcn_fsdp_parallelism", "1")).strip() == "-1" else \
-        _int(flags, "dcn_fsdp_parallelism", 1)
-    open_data = str(flags.get("dcn_data_parallelism", "-1")).strip() == "-1"
+                          f"{', '.join(f'{k}=1' for k in crossing)} (got {', '.join(f.text(k, '1') for k in crossing)}).")
+    dcn_fsdp = slices if f.text("dcn_fsdp_parallelism", "1") == "-1" else f.int("dcn_fsdp_parallelism", 1)
+    open_data = f.text("dcn_data_parallelism", "-1") == "-1"
     if open_data and dcn_fsdp and slices % dcn_fsdp == 0:
         return slices // dcn_fsdp, dcn_fsdp
-    dcn_data = slices if open_data else _int(flags, "dcn_data_parallelism", 1)
+    dcn_data = slices if open_data else f.int("dcn_data_parallelism", 1)
     if dcn_data * dcn_fsdp != slices:
         raise CpplanError(f"dcn_data_parallelism={dcn_data} × dcn_fsdp_parallelism={dcn_fsdp} must equal the "
                           f"{slices} slice{'s' if slices > 1 else ''} (compile_topology_num_slices).")

@@ -31,7 +31,9 @@ from cost_models.placement import axis_segments
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
+from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
+from cost_models.targets import Target
 from cost_models.topology import AxisLinks, Topology, divisors
 from cost_models.units import GiB, MiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
@@ -129,6 +131,7 @@ class SearchResult(ReadsCase):
     candidates_priced: int = 0
     best_infeasible: list[Ranked] = field(default_factory=list)  # per strategy, the unfit one needing least HBM
     batch_note: str | None = None  # set when the sequences per step differ from the target
+    target: Target = Target.CPPLAN  # the runtime the plans are priced for
 
     @cached_property
     def rejections(self) -> list[Rejection]:
@@ -161,6 +164,24 @@ def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_di
     need = float(splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b))
     return [], (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
                 f"{need / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
+
+
+def _per_head_blocks(options: list[int], layout, topo: Topology, target: Target) -> tuple[list[int], str | None]:
+    """Of the splash blocks `_block_options` allows, those whose per-head metadata (the target's
+    rule) fits the chip's SMEM, or none and the rule that fails."""
+    traits = target.traits
+
+    def need(block: int) -> float:
+        return float(per_head_smem_bytes(layout.q_heads, layout.q_len, layout.kv_len, block_q=block, block_kv=block,
+                                         traits=traits))
+
+    fitting = [b for b in options if need(b) <= topo.chip.smem_bytes]
+    if fitting:
+        return fitting, None
+    b = max(options)
+    return [], (f"{target.value}'s splash metadata (per head, {int(traits.smem_bytes_per_block_pair)} bytes per block "
+                f"pair) for {float(layout.q_heads):g} heads of {int(layout.q_len)}×{int(layout.kv_len)} needs "
+                f"{need(b) / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
 
 
 class _Placements:
@@ -283,11 +304,13 @@ class SearchSpace:
     """
 
     def __init__(self, model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions, *,
-                 shard_counts: "frozenset[int] | None" = None):
+                 shard_counts: "frozenset[int] | None" = None, target: Target = Target.CPPLAN):
         """Args:
             model, seq_len, topo, options: the search's inputs.
             shard_counts: only meshes whose data × fsdp is one of these (None: every mesh); a
                 caller that prices a known batch needs only its divisors.
+            target: the runtime the plans are for: its price, and under MaxText only the plans
+                MaxText accepts, with splash blocks its per-head metadata fits.
         Raises:
             CpplanError: the fixed mesh axes do not cover the topology's devices.
         """
@@ -295,6 +318,7 @@ class SearchSpace:
         if problem:
             raise CpplanError(problem)
         self.model, self.seq_len, self.topology, self.options = model, seq_len, topo, options
+        self.target = target
         fixed = options.axes_fixed()
         meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
         if shard_counts is not None:
@@ -382,6 +406,14 @@ class SearchSpace:
             options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag,
                                              head_dim=self.model.head_dim,
                                              act_bytes=DTYPE_BYTES[self.options.compute_dtype])
+            if options and self.target.traits.per_head_metadata and spec.maxtext_per_head_metadata \
+                    and not self.topology.chip.kind.interprets_kernels:
+                options, reason = _per_head_blocks(options, lay, self.topology, self.target)
+            most = self.target.traits.ring_kernel_max_block
+            if options and most and spec.maxtext_ring_kernel and not self.topology.chip.kind.interprets_kernels:
+                options = [b for b in options if b <= most]
+                if not options:
+                    reason = f"{self.target.value}'s ring kernel compiles with splash blocks up to {most} only"
             block = options[0] if options else None
             if len(options) > 1:
                 # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
@@ -442,8 +474,15 @@ class SearchSpace:
                     continue
                 shape = Shape(self.model, self.seq_len, ring, ulysses, tensor, zig,
                               self.topology.chip.kind.shares_cores)
-                out.append((strategy, lb, None, impl.check(shape)))
+                out.append((strategy, lb, None, impl.check(shape) or self._target_rule(impl, shape)))
         return out
+
+    def _target_rule(self, spec, shape: Shape) -> Violation | None:
+        """Under a target with MaxText's rules, the first of them the candidate breaks."""
+        if not self.target.traits.maxtext_rules:
+            return None
+        problems = spec.maxtext_problems(shape)
+        return Violation("maxtext", problems[0]) if problems else None
 
     def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
@@ -466,7 +505,7 @@ class SearchSpace:
                 rows = _Group(*(np.concatenate([getattr(g, name) for g in groups])[order]
                                 for name in ("positions", "remat", "placement")),
                               _stacked([g.x for g in groups], order, case))
-            out.append(_Priced(strategy, rows, price(rows.x)))
+            out.append(_Priced(strategy, rows, price(rows.x, target=self.target)))
         return out
 
     def _block_ok(self, p: _Priced) -> np.ndarray:
@@ -549,7 +588,7 @@ class SearchSpace:
             return self._ranked(batches[k], i)
 
         return SearchResult(case, self.options, RankedList(feasible, build), lambda: self._unpriced_rejections(batch),
-                            rejections, priced_count, best_infeasible)
+                            rejections, priced_count, best_infeasible, target=self.target)
 
     def _ranked(self, p: _Priced, i: int) -> Ranked:
         """Row `i` of a priced batch as a `Plan` with its `Estimate`."""
@@ -640,7 +679,8 @@ def _stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidat
                                ring_link=links(lambda x: x.ring_link))
 
 
-def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions) -> SearchResult:
+def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions, *,
+           target: Target = Target.CPPLAN) -> SearchResult:
     """Prices every candidate at the chosen batch and ranks the feasible ones (see the module docstring).
 
     With `options.global_batch` the batch is that many sequences. Otherwise the batch is the
@@ -648,10 +688,12 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
     whose best plan is faster per token. Where no count fits, the result is the nearest whole
     count to the target, with nothing ranked.
 
+    `target` is the runtime the plans are priced for (see `SearchSpace`).
+
     Raises:
         CpplanError: the fixed mesh does not cover the devices.
     """
-    space = SearchSpace(model, seq_len, topo, options)
+    space = SearchSpace(model, seq_len, topo, options, target=target)
     if options.global_batch is not None:
         return space.result(options.global_batch)
     target = options.target_sequences(seq_len, host=topo.chip.kind.shares_cores)

@@ -14,6 +14,7 @@ from cost_models.vocabulary import RematPolicy
 from planner.explanation import format_seconds, short
 from planner.options import SearchOptions, format_tokens
 from planner.search import Ranked, SearchResult, SearchSpace, search
+from cost_models.targets import Target
 
 STRUCTURAL = ("sequence split", "batch", "mesh", "heads", "load balance")
 
@@ -61,15 +62,16 @@ def advice(result: SearchResult) -> list[Advice]:
         sequence that fits, and the first larger slice that exists and fits.
     """
     opts, model, topo, seq_len = result.options, result.model, result.topology, result.seq_len
+    target = result.target
     out: list[Advice] = []
     if opts.remat != frozenset(RematPolicy):
-        out += _tried("allow every remat policy", model, seq_len, topo, opts, remat=frozenset(RematPolicy))
+        out += _tried("allow every remat policy", model, seq_len, topo, opts, target, remat=frozenset(RematPolicy))
     if opts.mesh:
-        out += _tried(f"drop the fixed mesh axes {dict(opts.mesh)}", model, seq_len, topo, opts, mesh=())
+        out += _tried(f"drop the fixed mesh axes {dict(opts.mesh)}", model, seq_len, topo, opts, target, mesh=())
     out += _batches(result)
     out += _lengths_that_split(result)
     out += _shorter(result)
-    out += _bigger_slice_that_fits(model, seq_len, topo, opts)
+    out += _bigger_slice_that_fits(model, seq_len, topo, opts, target)
     return out
 
 
@@ -82,11 +84,17 @@ def as_kwargs(opts: SearchOptions) -> dict:
             "compute_dtype": opts.compute_dtype}
 
 
-def _tried(change: str, model, seq_len: int, topo: Topology, opts: SearchOptions, **changes) -> list[Advice]:
-    """[the advice] when the request with `changes` made fits, else []."""
+def _with_target(kwargs: dict, target: Target) -> dict:
+    """`planner.plan` keyword arguments with the target added where it is not the default."""
+    return kwargs if target is Target.CPPLAN else {**kwargs, "target": target.value}
+
+
+def _tried(change: str, model, seq_len: int, topo: Topology, opts: SearchOptions, target: Target,
+           **changes) -> list[Advice]:
+    """[the advice] when the request with `changes` made fits (priced for `target`), else []."""
     options = dataclasses.replace(opts, **changes)
-    found = search(model, seq_len, topo, options)
-    return [Advice(change, seq_len, topo.name, as_kwargs(options), found)] if found.ranked else []
+    found = search(model, seq_len, topo, options, target=target)
+    return [Advice(change, seq_len, topo.name, _with_target(as_kwargs(options), target), found)] if found.ranked else []
 
 
 def _tokens(tokens: int) -> str:
@@ -101,12 +109,12 @@ def _batches(result: SearchResult) -> list[Advice]:
     opts = result.options
     if opts.global_batch is None:
         return []
-    space = SearchSpace(result.model, result.seq_len, result.topology, opts)
+    space = SearchSpace(result.model, result.seq_len, result.topology, opts, target=result.target)
     out = []
     for count in space.nearest_batches(result.global_batch):
         found = space.result(count)
         if count != result.global_batch and found.ranked:
-            options = as_kwargs(dataclasses.replace(opts, global_batch=count))
+            options = _with_target(as_kwargs(dataclasses.replace(opts, global_batch=count)), result.target)
             out.append(Advice(f"global_batch={count} sequences ({count * result.seq_len:,} tokens per step)",
                               result.seq_len, result.topology.name, options, found))
     return out
@@ -118,14 +126,15 @@ def _lengths_that_split(result: SearchResult) -> list[Advice]:
         return []
     from planner.api import shortest_split
 
-    grain = shortest_split(result.model, result.topology, result.options, result.options.global_batch)
+    grain = shortest_split(result.model, result.topology, result.options, result.options.global_batch,
+                           target=result.target)
     if grain is None:
         return []
     below, above = result.seq_len // grain * grain, -(-result.seq_len // grain) * grain
     out = []
     for tokens in sorted({t for t in (below, above) if t > 0 and t != result.seq_len}):
         out += _tried(f"a length that splits over the slice, {_tokens(tokens)} tokens (a multiple of {grain})",
-                      result.model, tokens, result.topology, result.options)
+                      result.model, tokens, result.topology, result.options, result.target)
     return out
 
 
@@ -134,22 +143,23 @@ def _shorter(result: SearchResult) -> list[Advice]:
     slice needs fewer sequences per step to fit, the lengths around the asked one that split with them."""
     from planner.api import longest_sequence, shortest_split
 
-    opts, seq_len = result.options, result.seq_len
-    longest = longest_sequence(result.model, result.topology, opts)
+    opts, seq_len, target = result.options, result.seq_len, result.target
+    longest = longest_sequence(result.model, result.topology, opts, target=target)
     if longest is None:
         return []
     n = longest.sequences
     per_step = "" if n == 1 else f" × {n} sequences"
     if longest.seq_len < seq_len:
         return _tried(f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
-                      result.model, longest.seq_len, result.topology, opts, global_batch=n, global_batch_tokens=None)
-    grain = shortest_split(result.model, result.topology, opts, n)
+                      result.model, longest.seq_len, result.topology, opts, target, global_batch=n,
+                      global_batch_tokens=None)
+    grain = shortest_split(result.model, result.topology, opts, n, target=target)
     lengths = {seq_len // grain * grain, -(-seq_len // grain) * grain}
     out = []
     for tokens in sorted(t for t in lengths if 0 < t <= longest.seq_len and (t, n) != (seq_len, result.global_batch)):
         length = "" if tokens == seq_len else f" of {_tokens(tokens)} tokens (a length that splits over the slice)"
         out += _tried(f"{n} sequence{'s' if n > 1 else ''} per step{length}", result.model, tokens, result.topology,
-                      opts, global_batch=n, global_batch_tokens=None)
+                      opts, target, global_batch=n, global_batch_tokens=None)
     return out
 
 
@@ -168,21 +178,23 @@ def _larger_slices(topo: Topology) -> list[Topology]:
     return [Topology(topo.chip, dims, topo.devices_per_chip, topo.num_slices) for dims in shapes if dims is not None]
 
 
-def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions) -> list[Advice]:
+def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions,
+                            target: Target) -> list[Advice]:
     """The first larger slice (see `_larger_slices`) on which the same request fits, or []."""
     for bigger in _larger_slices(topo):
         found = _tried(f"a larger slice, {bigger.name} ({bigger.num_chips} chips)", model, seq_len, bigger, opts,
-                       mesh=())
+                       target, mesh=())
         if found:
             return found
     return []
 
 
-def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
+def longest_advice(model, topo: Topology, opts: SearchOptions, *, target: Target = Target.CPPLAN) -> str:
     """What to change when no sequence length fits a slice, each change searched again.
 
     Args:
         model: the model spec; topo: the slice; opts: the search options (no batch).
+        target: the runtime the plans are priced for.
     Returns:
         A clause for the error message.
     """
@@ -190,11 +202,12 @@ def longest_advice(model, topo: Topology, opts: SearchOptions) -> str:
 
     out = []
     if opts.remat != frozenset(RematPolicy):
-        longest = longest_sequence(model, topo, dataclasses.replace(opts, remat=frozenset(RematPolicy)))
+        longest = longest_sequence(model, topo, dataclasses.replace(opts, remat=frozenset(RematPolicy)),
+                                   target=target)
         if longest is not None:
             out.append(f"allow every remat policy: up to {_tokens(longest.seq_len)} tokens fit")
     for bigger in _larger_slices(topo):
-        longest = longest_sequence(model, bigger, dataclasses.replace(opts, mesh=()))
+        longest = longest_sequence(model, bigger, dataclasses.replace(opts, mesh=()), target=target)
         if longest is not None:
             out.append(f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to "
                        f"{_tokens(longest.seq_len)} tokens fit")

@@ -296,7 +296,7 @@ def test_bad_api_arguments_are_refused(kwargs):
 @pytest.mark.parametrize("flags", [{"model_name": "tiny", "compile_topology": "cpu:8", "max_target_length": math.nan},
                                    {"model_name": "tiny", "compile_topology": "cpu:8", "max_target_length": 1e400},
                                    {"model_name": "tiny", "compile_topology": "cpu:8", "per_device_batch_size": 1e400},
-                                   {"base_emb_dim": 64, "compile_topology": "cpu:8"}])
+                                   {"base_emb_dim": 0, "compile_topology": "cpu:8"}])
 def test_bad_maxtext_dicts_are_refused(flags):
     with pytest.raises(CpplanError):
         plan_from_maxtext(flags)

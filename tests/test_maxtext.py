@@ -1,12 +1,24 @@
-"""MaxText flags: the configurations of docs/measurements.md read back and priced."""
+"""MaxText as a target: its price, its rules in the search, and its flags out and in."""
 import dataclasses
+import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import planner
 from cost_models.errors import CpplanError
-from cost_models.vocabulary import CPStrategy, LoadBalance
+from cost_models.models import MODELS
+from cost_models.pricing.target import vocab_tiles
+from cost_models.targets import Target
+from cost_models.units import GiB
+from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner import Plan
+from planner.api import run_search
+from planner.estimate import estimate
+from planner.maxtext import export_maxtext, maxtext_problems, read_maxtext
+from planner.plan import make_mesh
 
 pytestmark = pytest.mark.pure
 
@@ -63,7 +75,215 @@ def test_maxtext_context_minus_one_and_unbalanced_ulysses():
     flags.update(context_parallel_strategy="ulysses")
     with pytest.raises(CpplanError, match="set it to False"):
         Plan.from_maxtext(flags)
-    flags.update(context_parallel_load_balance=False)
+    flags.update(context_parallel_load_balance=False, model_name="tiny-mha")
     assert Plan.from_maxtext(flags).axis_size("context_ulysses") == 4
     with pytest.raises(CpplanError, match="per_device_batch_size='abc' is not a number"):
         Plan.from_maxtext({**flags, "per_device_batch_size": "abc"})
+
+
+def _ring_plan(**changes) -> Plan:
+    """llama3.1-8b, ring 4 over v5p-8 at 64K, one sequence, remat full, full logits."""
+    base = dict(model=MODELS["llama3.1-8b"], topology="v5p-8", seq_len=65536, global_batch=1,
+                mesh=make_mesh(context=4), cp_strategy="ring", load_balance="zigzag", remat="full", block_q=1024,
+                block_kv=1024)
+    return Plan(**{**base, **changes})
+
+
+def test_maxtext_keeps_full_vocabulary_fp32_logits_per_token_tile():
+    plan = _ring_plan()
+    theirs, ours = estimate(plan, target="maxtext"), estimate(plan)
+    tokens = 65536 // 4  # per device
+    # 16384 tokens × 128256 vocabulary × 4 bytes = 7.83 GiB, whatever cpplan's runtime does
+    assert theirs.hbm_bytes["logits"] == tokens * 128256 * 4
+    assert theirs.hbm_bytes["logits"] / GiB == pytest.approx(7.83, abs=0.005)
+    assert ours.hbm_bytes["logits"] < theirs.hbm_bytes["logits"] / 4  # cpplan's loss splits the vocabulary too
+    # num_vocab_tiling splits the tokens, never the vocabulary: 4096-token chunks are 4 tiles
+    tiled = estimate(dataclasses.replace(plan, loss_chunk_tokens=4096), target="maxtext")
+    assert tiled.hbm_bytes["logits"] == tokens / 4 * 128256 * 4
+    # the loss holds the output head gathered (bf16) and its fp32 gradient: 128256 × 4096 × 6 bytes
+    assert theirs.hbm_bytes["head_buffers"] == 128256 * 4096 * 6
+
+
+def test_maxtext_ring_holds_a_dq_partial_per_key_block():
+    plan = _ring_plan(block_q=512, block_kv=512)
+    ring = estimate(plan, target="maxtext").hbm_bytes["activations"]
+    gathered = estimate(dataclasses.replace(plan, cp_strategy="all_gather"), target="maxtext").hbm_bytes["activations"]
+    # f32[16384 / 512 key blocks, 32 heads, 16384 local queries, 128] = 8 GiB more than its all-gather twin
+    assert ring - gathered == 32 * 32 * 16384 * 128 * 4 == 8 * GiB
+    assert estimate(plan).hbm_bytes["activations"] == gathered  # cpplan's ring accumulates dq in place
+    # larger key blocks, fewer partials
+    wider = estimate(_ring_plan(block_q=1024, block_kv=1024), target="maxtext").hbm_bytes["activations"]
+    assert ring - wider == 4 * GiB
+
+
+def test_maxtext_layer_gradients_are_held_in_the_backward_only():
+    plan = _ring_plan()
+    theirs, ours = estimate(plan, target="maxtext"), estimate(plan)
+    model = plan.model
+    layer_grads = model.num_layers * model.params_per_layer / 4 * 4  # fp32, sharded over the 4 context ranks
+    assert ours.hbm_bytes["grads"] - theirs.hbm_bytes["grads"] == pytest.approx(layer_grads)
+    assert theirs.hbm_bytes["layer_working_set"] - ours.hbm_bytes["layer_working_set"] == pytest.approx(layer_grads)
+    # MaxText compiled this plan (blocks of 512) to 47.3 GiB per device (train_compile; bench_maxtext)
+    assert estimate(_ring_plan(block_q=512, block_kv=512), target="maxtext").hbm_bytes_per_device / GiB == \
+        pytest.approx(47.3, rel=0.10)
+
+
+def test_vocab_tiles_divide_the_tokens():
+    assert vocab_tiles(16384, 0) == 1 and vocab_tiles(16384, 16384) == 1
+    assert vocab_tiles(16384, 4096) == 4 and vocab_tiles(16384, 5000) == 4
+    assert vocab_tiles(24576, 5000) == 6  # 5 does not divide 24576; 6 does
+    assert 24576 % vocab_tiles(24576, 5000) == 0
+
+
+def test_maxtext_target_offers_only_what_maxtext_runs():
+    """Ulysses 16 over 8 KV heads: cpplan's runtime replicates KV heads, MaxText refuses it."""
+    options = dict(strategies=["ulysses"], mesh={"context_ulysses": 16, "fsdp": 2}, global_batch=2, remat="full")
+    ours = run_search("llama3.1-8b", "256k", "v5p:2x4x4", **options)
+    theirs = run_search("llama3.1-8b", "256k", "v5p:2x4x4", target="maxtext", **options)
+    assert ours.ranked and not theirs.ranked
+    assert any(r.category == "maxtext" and "num_kv_heads=8 divisible by its degree 16" in r.reason
+               for r in theirs.rejections)
+
+
+def test_usp_with_load_balance_over_an_even_ring_is_accepted():
+    """MaxText 0.2.5 accepts USP with context_parallel_load_balance=True when the ring degree is even."""
+    flags = ANCHOR_USP.replace("context_parallel_load_balance=False", "context_parallel_load_balance=True")
+    plan = Plan.from_maxtext(flags)
+    assert plan.cp_strategy is CPStrategy.USP and plan.load_balance is LoadBalance.ZIGZAG
+    assert Plan.from_maxtext(plan.to_maxtext()) == plan
+    odd = Plan(MODELS["tiny-mha"], "cpu:12", 9216, 1, make_mesh(context=3, context_ulysses=4), cp_strategy="usp",
+               load_balance="zigzag")
+    assert any("even ring degree" in p for p in maxtext_problems(odd))
+    with pytest.raises(CpplanError, match="even ring degree"):
+        odd.to_maxtext()
+
+
+def test_ulysses_16_over_8_kv_heads_is_refused_on_import():
+    flags = ("compile_topology=v5p-32 model_name=llama3.1-8b max_target_length=262144 per_device_batch_size=0.0625 "
+             "ici_fsdp_parallelism=1 ici_context_parallelism=16 context_parallel_strategy=ulysses "
+             "context_parallel_load_balance=False use_tokamax_splash=True")
+    with pytest.raises(CpplanError, match="num_kv_heads=8 divisible by its degree 16"):
+        Plan.from_maxtext(flags)
+
+
+def test_import_names_every_flag_it_did_not_read():
+    found = read_maxtext(ANCHOR_USP + " steps=20 enable_checkpointing=false base_output_directory=/tmp/x")
+    assert found.unread == ("dataset_type", "steps", "enable_checkpointing", "base_output_directory")
+    assert found.notes == ()
+    assert "use_tokamax_splash" not in found.unread and "attention" not in found.unread
+
+
+def test_import_reads_model_overrides_over_maxtext_defaults():
+    base = "compile_topology=v5p-8 max_target_length=8192 per_device_batch_size=1 "
+    shaped = read_maxtext(base + "base_emb_dim=1024 base_num_decoder_layers=4 attention_bias=true").plan.model
+    # the rest are MaxText's base.yml defaults: 16 heads of 128, 16 KV heads, MLP 7168, vocabulary 32000
+    assert (shaped.hidden, shaped.num_layers, shaped.num_heads, shaped.num_kv_heads, shaped.head_dim,
+            shaped.intermediate, shaped.vocab, shaped.qkv_bias) == (1024, 4, 16, 16, 128, 7168, 32000, True)
+    overridden = read_maxtext(base + "model_name=llama3.1-8b base_num_decoder_layers=2").plan.model
+    assert overridden == dataclasses.replace(MODELS["llama3.1-8b"], num_layers=2)
+    with pytest.raises(CpplanError, match="attention=dot_product"):
+        read_maxtext(base + "model_name=llama3.1-8b attention=dot_product")
+
+
+def test_import_reads_every_splash_block_and_dcn_flags():
+    flags = ("compile_topology=v5p-8 compile_topology_num_slices=2 model_name=llama3.1-8b max_target_length=8192 "
+             "per_device_batch_size=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 sa_block_q=1024 "
+             "sa_block_kv=1024 sa_block_q_dkv=512")
+    found = read_maxtext(flags)
+    assert (found.plan.dcn_data, found.plan.dcn_fsdp, found.plan.num_slices) == (1, 2, 2)
+    assert (found.plan.block_q, found.plan.block_kv) == (1024, 1024)
+    assert found.notes and "sa_block_q_dkv=512" in found.notes[0]
+    assert found.unread == ()
+    with pytest.raises(CpplanError, match="dcn_context_parallelism=1"):
+        read_maxtext(flags + " dcn_context_parallelism=2")
+
+
+def test_export_keeps_compile_flags_apart_and_says_what_changed():
+    plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["ulysses"], global_batch_tokens="128k")
+    plan = dataclasses.replace(plan, block_q=512, block_kv=512)
+    exported = export_maxtext(plan)
+    assert exported.compile_flags == {"compile_topology": "v5p-16", "compile_topology_num_slices": 1}
+    assert not set(exported.compile_flags) & set(exported.flags)
+    assert exported.plan.block_q == exported.flags["sa_block_q"] == 1024
+    assert any("512×512 → 1024×1024" in note for note in exported.notes)
+    # the exported plan is priced with the blocks MaxText runs
+    assert estimate(exported.plan, target="maxtext").smem_bytes <= estimate(exported.plan).smem_capacity_bytes
+
+
+def test_export_carries_model_switches_or_names_what_it_cannot():
+    model = dataclasses.replace(MODELS["small"], name="qwen-like", qkv_bias=True, tie_embeddings=True)
+    plan = Plan(model, "v5p-8", 8192, 4, make_mesh(fsdp=4))
+    exported = export_maxtext(plan)
+    assert exported.flags["attention_bias"] is True and exported.flags["logits_via_embedding"] is True
+    assert "model_name" not in exported.flags and exported.flags["base_emb_dim"] == 256
+    assert any("rope_max_timescale" in note for note in exported.notes)
+    back = read_maxtext({**exported.flags, **exported.compile_flags}).plan
+    assert dataclasses.replace(back.model, name=model.name) == model
+
+
+@settings(max_examples=25, deadline=None)
+@given(model=st.sampled_from(["llama3.1-8b", "tiny", "small", "llama2-7b"]), exponent=st.integers(12, 20),
+       topology=st.sampled_from(["v5p:2x2x2", "tpu7x:2x2x1", "v5p:2x2x1", "v5p:4x4x4"]))
+def test_search_under_maxtext_never_yields_a_plan_export_refuses(model, exponent, topology):
+    result = run_search(model, 2**exponent, topology, target="maxtext")
+    best = list(result.ranked[:8])
+    for ranked in best + list(result.best_infeasible):
+        assert not maxtext_problems(ranked.plan)
+        exported = export_maxtext(ranked.plan)  # never refuses
+        if ranked not in best:
+            continue
+        assert exported.plan == ranked.plan  # the blocks the search chose already fit MaxText's SMEM
+        back = read_maxtext({**exported.flags, **exported.compile_flags}).plan
+        # the round trip keeps the plan but its placement (MaxText picks the device order) and the loss
+        # chunk, which MaxText knows only as a number of token tiles: both price the same
+        assert dataclasses.replace(back, axis_order=ranked.plan.axis_order, physical_order=ranked.plan.physical_order,
+                                   loss_chunk_tokens=ranked.plan.loss_chunk_tokens) == ranked.plan
+        assert estimate(back, target="maxtext").hbm_bytes["logits"] == ranked.estimate.hbm_bytes["logits"]
+
+
+RING_V5P_16 = ("compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.125 "
+               "ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring use_tokamax_splash=True ")
+
+
+def test_import_reads_custom_remat_per_checkpoint_name_and_offload():
+    # a tpu-recipes style custom policy: MaxText's fused names spread over ours
+    found = read_maxtext(RING_V5P_16 + "remat_policy=custom decoder_layer_input=device qkv_proj=offload "
+                                      "context=device mlpwi=remat out_proj=device")
+    plan = found.plan
+    assert plan.remat is RematPolicy.CUSTOM and found.unread == ()
+    assert dict(plan.remat_custom) == {"query_proj": Placement.OFFLOAD, "key_proj": Placement.OFFLOAD,
+                                       "value_proj": Placement.OFFLOAD, "context": Placement.DEVICE,
+                                       "out_proj": Placement.DEVICE}
+    assert plan.offloaded == ("query_proj", "key_proj", "value_proj")
+    exported = export_maxtext(plan)
+    assert exported.flags["remat_policy"] == "custom" and exported.flags["query_proj"] == "offload"
+    assert read_maxtext({**exported.flags, **exported.compile_flags}).plan.remat_custom == plan.remat_custom
+    with pytest.raises(CpplanError, match="decoder_layer_input=offload"):
+        read_maxtext(RING_V5P_16 + "remat_policy=custom decoder_layer_input=offload")
+    # per-name flags mean nothing to MaxText under a named policy: unread, and said so
+    assert read_maxtext(RING_V5P_16 + "remat_policy=full query_proj=device").unread == ("query_proj",)
+
+
+@pytest.mark.parametrize("policy", ["minimal", "save_qkv_proj", "qkv_proj_offloaded", "full"])
+def test_import_reads_maxtexts_named_remat_policies(policy):
+    plan = read_maxtext(RING_V5P_16 + f"remat_policy={policy}").plan
+    assert plan.remat is RematPolicy.parse(policy)
+    assert Plan.from_maxtext(plan.to_maxtext()) == plan
+
+
+def test_kept_projections_cost_hbm_and_offloaded_ones_do_not():
+    full, minimal, saved, offloaded = (estimate(read_maxtext(RING_V5P_16 + f"remat_policy={p}").plan, target="maxtext")
+                                       for p in ("full", "minimal", "save_qkv_proj", "qkv_proj_offloaded"))
+    # q, k, v per token and layer: (32 + 8 + 8) heads × 128 × 2 bytes, 16384 tokens per device, 32 layers
+    qkv = 48 * 128 * 2 * 16384 * 32
+    assert saved.hbm_bytes["activations"] - full.hbm_bytes["activations"] == pytest.approx(qkv)
+    assert offloaded.hbm_bytes["activations"] == full.hbm_bytes["activations"]
+    assert minimal.hbm_bytes_per_device > saved.hbm_bytes_per_device
+
+
+def test_import_reads_mu_dtype_and_state_offload_flags():
+    found = read_maxtext(RING_V5P_16 + "mu_dtype=bfloat16 optimizer_memory_host_offload=true")
+    assert found.plan.mu_dtype == "bfloat16" and found.unread == ()
+    assert any("optimizer_memory_host_offload=True" in note for note in found.notes)
+    assert read_maxtext(RING_V5P_16 + "weight_dtype=bfloat16").plan.mu_dtype == "bfloat16"  # "" inherits it
+    assert export_maxtext(found.plan).flags["mu_dtype"] == "bfloat16"

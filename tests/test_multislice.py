@@ -174,8 +174,9 @@ def test_the_cli_flag_plans_over_several_slices(capsys):
 
     assert cli.main(["export", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-128",
                      "--num-slices", "2", "--json"]) == 0
-    flags = json.loads(capsys.readouterr().out)
-    assert flags["compile_topology"] == "v5p-128" and flags["compile_topology_num_slices"] == 2
+    out = json.loads(capsys.readouterr().out)
+    flags, compile_flags = out["flags"], out["compile_flags"]
+    assert compile_flags["compile_topology"] == "v5p-128" and compile_flags["compile_topology_num_slices"] == 2
     assert flags["dcn_data_parallelism"] * flags["dcn_fsdp_parallelism"] == 2
     assert cli.main(["explain", "--model", "tiny", "--seq-len", "8k", "--topology", "cpu:8", "--num-slices", "2"]) == 2
     assert "no DCN between slices" in capsys.readouterr().err

@@ -15,7 +15,9 @@ from cost_models.pricing.head import price_head
 from cost_models.pricing.matmul import price_matmuls
 from cost_models.pricing.memory import peak_bytes, price_memory
 from cost_models.pricing.offload import price_offload
+from cost_models.pricing.target import target_memory, target_smem_bytes
 from cost_models.strategies import STRATEGIES
+from cost_models.targets import Target
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,12 @@ class Priced:
         return peak_bytes(self.memory)
 
 
-def price(x: Candidates) -> Priced:
+def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     """Prices every candidate in `x`.
 
     Args:
         x: candidates, all of one strategy.
+        target: the runtime that runs them (its memory differs where `cost_models.targets` says).
     Returns:
         Their `Priced` columns.
     """
@@ -75,7 +78,9 @@ def price(x: Candidates) -> Priced:
     return Priced(
         step_time_s=step, compute_s=compute, hbm_s=hbm,
         comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s}, exposed_s=exposed,
-        memory=price_memory(x, attention.layout, cost.buffer_bytes).as_dict(), smem_bytes=attention.smem_bytes,
+        memory=target_memory(x, price_memory(x, attention.layout, cost.buffer_bytes).as_dict(), attention.layout,
+                             target.traits),
+        smem_bytes=target_smem_bytes(x, attention.layout, attention.smem_bytes, target.traits),
         model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
         executed_flops=layers * (matmuls.executed_flops + attention.executed_flops) + head.executed_flops,
     )

@@ -183,6 +183,10 @@ class StrategySpec:
     maxtext_name: str  # context_parallel_strategy
     maxtext_tokamax_splash = False  # MaxText runs it with use_tokamax_splash=True
     maxtext_refuses_load_balance = False  # MaxText refuses context_parallel_load_balance=True for it
+    maxtext_ring_kernel = False  # MaxText runs it with tokamax's ring kernel over `context` (ring, USP)
+    # MaxText's kernel for it keeps splash metadata per head (tokamax's splash over a multi-head mask,
+    # Ulysses); jax's splash (all-gather) and tokamax's ring kernel share one table, as cpplan's does
+    maxtext_per_head_metadata = False
 
     def maxtext_degrees(self, ring: int, ulysses: int) -> tuple[int, int]:
         """(ici_context_parallelism, ici_context_usp_ulysses_parallelism) for these degrees."""

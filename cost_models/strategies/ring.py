@@ -62,6 +62,7 @@ class Ring(StrategySpec):
     collective = "ring ppermute K/V"
     maxtext_name = CPStrategy.RING.value
     maxtext_tokamax_splash = True
+    maxtext_ring_kernel = True
     hides_traffic_behind_attention = True
 
     def layout(self, x) -> Layout:

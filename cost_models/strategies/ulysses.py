@@ -59,13 +59,17 @@ def all_to_all_cost(x, layout: Layout):
 
 
 def maxtext_ulysses_problems(shape: Shape) -> list[str]:
-    """MaxText's rules for its all-to-all (Ulysses and USP, which refuse load balancing)."""
+    """MaxText 0.2.5's head rules for its all-to-all (configs/types.py, the Ulysses and USP checks):
+    query and KV heads divisible by the Ulysses degree, no MQA; it never replicates KV heads."""
     problems = []
-    if shape.zigzag:
-        problems.append(f"MaxText's {'usp' if shape.ring > 1 else 'ulysses'} requires "
-                        "context_parallel_load_balance=False; plan with load_balance='none'")
-    if shape.model.num_kv_heads % shape.ulysses:
-        problems.append(f"MaxText's Ulysses needs num_kv_heads={shape.model.num_kv_heads} divisible by its degree "
+    model = shape.model
+    if model.num_heads % shape.ulysses:
+        problems.append(f"MaxText's Ulysses needs num_heads={model.num_heads} divisible by its degree {shape.ulysses}; "
+                        f"use a smaller context_ulysses")
+    if model.num_kv_heads == 1:
+        problems.append("MaxText's Ulysses refuses MQA (num_kv_heads=1); use ring or all_gather")
+    elif model.num_kv_heads % shape.ulysses:
+        problems.append(f"MaxText's Ulysses needs num_kv_heads={model.num_kv_heads} divisible by its degree "
                         f"{shape.ulysses} (it does not replicate KV heads); use a smaller context_ulysses")
     return problems
 
@@ -78,6 +82,7 @@ class Ulysses(StrategySpec):
     maxtext_name = CPStrategy.ULYSSES.value
     maxtext_tokamax_splash = True
     maxtext_refuses_load_balance = True
+    maxtext_per_head_metadata = True
 
     def heads_rule(self, shape: Shape) -> Violation | None:
         return ulysses_heads_rule(shape)
@@ -103,4 +108,8 @@ class Ulysses(StrategySpec):
         return 1, context
 
     def maxtext_problems(self, shape: Shape) -> list[str]:
-        return maxtext_ulysses_problems(shape)
+        problems = maxtext_ulysses_problems(shape)
+        if shape.zigzag:
+            problems.append("MaxText's ulysses requires context_parallel_load_balance=False (after the all-to-all "
+                            "each device attends over the whole sequence); plan with load_balance='none'")
+        return problems

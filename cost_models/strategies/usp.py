@@ -17,8 +17,8 @@ class USP(StrategySpec):
     collective = "all-to-all + ring ppermute"
     maxtext_name = CPStrategy.USP.value
     maxtext_tokamax_splash = True
+    maxtext_ring_kernel = True
     hides_traffic_behind_attention = True
-    maxtext_refuses_load_balance = True
 
     def heads_rule(self, shape: Shape) -> Violation | None:
         return ulysses_heads_rule(shape)
@@ -48,4 +48,13 @@ class USP(StrategySpec):
         return context, usp_ulysses
 
     def maxtext_problems(self, shape: Shape) -> list[str]:
-        return maxtext_ulysses_problems(shape)
+        """MaxText 0.2.5's USP rules (configs/types.py): the Ulysses head rules, the sequence divisible
+        by ring², and load balancing only over an even ring degree (which it accepts)."""
+        problems = maxtext_ulysses_problems(shape)
+        if shape.seq_len % (shape.ring * shape.ring):
+            problems.append(f"MaxText's usp needs max_target_length={shape.seq_len} divisible by "
+                            f"context²={shape.ring * shape.ring}")
+        if shape.zigzag and shape.ring % 2:
+            problems.append(f"MaxText's usp balances load only over an even ring degree, not context={shape.ring}; "
+                            f"plan with load_balance='none' or an even context")
+        return problems

@@ -1,0 +1,172 @@
+"""cpplan's `--target maxtext` HBM prediction against MaxText 0.2.5's own compiler, per exported plan.
+
+Each plan is chosen by cpplan under the MaxText target (a fixed strategy and mesh), exported with
+`planner.maxtext.export_maxtext`, and compiled deviceless by MaxText's `train_compile` in its own
+Python 3.12 venv (created here when absent: `pip install 'maxtext[tpu]==0.2.5'`). The compiled
+HBM per device is arguments + outputs − aliased + temporaries + code (`runtime.compile.
+CompiledMemory`); where MaxText runs out of memory its error gives the temporaries, and the
+arguments are the plan's fp32 weights and AdamW moments (exact counts). Targets: within 10% and
+the same fit verdict on each plan.
+
+Too slow for CI (MaxText's compiles take minutes on a small host; its all-gather and Ulysses
+masks grow as S², so those lengths stay short). Run from the repository root:
+
+    python benchmarks/bench_maxtext.py [--only NAME,...] [--venv /work/venvs/maxtext] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cost_models.units import GiB  # noqa: E402
+from planner import api  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
+from planner.maxtext import export_maxtext, format_flags  # noqa: E402
+from runtime.compile import CompiledMemory, parse_hbm_oom  # noqa: E402
+
+PYTHON_312 = ["env", "PYENV_VERSION=3.12.1", "python3.12"]
+MAXTEXT_REQUIREMENT = "maxtext[tpu]==0.2.5"
+TOLERANCE = 0.10
+MODEL = "llama3.1-8b"
+
+# (name, topology, seq_len, strategy, fixed mesh, extra options): all four strategies, v5p and
+# tpu7x, lengths that compile in minutes, and plans that do not fit
+PLANS = [
+    ("v5p-8 all_gather 4 × 32K", "v5p-8", "32k", "all_gather", {"context": 4}, {}),
+    ("v5p-8 ulysses 4 × 32K", "v5p-8", "32k", "ulysses", {"context_ulysses": 4}, {}),
+    ("v5p-8 ring 4 × 64K", "v5p-8", "64k", "ring", {"context": 4}, {}),
+    ("tpu7x-8 usp 4×2 × 64K zigzag", "tpu7x-8", "64k", "usp", {"context": 2, "context_ulysses": 4}, {}),
+    ("tpu7x-8 ring 8 × 64K, 2 vocab tiles", "tpu7x-8", "64k", "ring", {"context": 8}, {"loss_chunk_tokens": 4096}),
+    ("v5p-8 ring 4 × 256K (does not fit)", "v5p-8", "256k", "ring", {"context": 4}, {}),
+    ("tpu7x-8 usp 4×2 × 256K (does not fit)", "tpu7x-8", "256k", "usp", {"context": 2, "context_ulysses": 4}, {}),
+]
+
+
+def maxtext_python(venv: Path) -> Path:
+    """The MaxText venv's python, creating the venv and installing MaxText 0.2.5 when absent."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"creating {venv} with {MAXTEXT_REQUIREMENT} (minutes) ...", flush=True)
+        subprocess.run([*PYTHON_312, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", MAXTEXT_REQUIREMENT], check=True)
+    return python
+
+
+def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict):
+    """The best MaxText-target plan of one strategy on a fixed mesh (one sequence, remat full), exported."""
+    full = {"data": 1, "fsdp": 1, "context": 1, "context_ulysses": 1, "tensor": 1, **mesh}
+    options = {"remat": "full", "loss_chunk_tokens": 0, **extra}
+    result = api.run_search(MODEL, seq_len, topology, target="maxtext", global_batch=1, mesh=full,
+                            strategies=[strategy], **options)
+    ranked = list(result.ranked[:1]) or result.best_infeasible[:1]
+    if not ranked:
+        reasons = "; ".join(sorted({r.reason for r in result.rejections}))
+        raise SystemExit(f"{strategy} on {topology} at {seq_len}: no candidate ({reasons})")
+    return export_maxtext(ranked[0].plan)
+
+
+def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str, *,
+                         reuse: bool = False):
+    """(compiled memory or None, out-of-memory (required, available) or None, seconds, log path).
+
+    With `reuse`, a log of the same flags from an earlier run is read instead of compiling again.
+    """
+    tag = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    words = [f"{k}={v}" for k, v in {**flags, **compile_flags}.items()]
+    log = out_dir / f"{tag}.log"
+    if reuse and log.exists() and log.read_text().startswith(" ".join(words) + "\n"):
+        text = log.read_text()
+        seconds = float(re.search(r"^compile_s=([0-9.]+)$", text, re.M).group(1))
+        return (*_memory_of(text), seconds, log)
+    base_yml = subprocess.run([str(python), "-c", "import maxtext, os; print(os.path.join("
+                               "os.path.dirname(maxtext.__file__), 'configs', 'base.yml'))"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    extra = ["dataset_type=synthetic", f"run_name={tag}", f"base_output_directory={out_dir / 'maxtext'}"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TPU_WORKER_HOSTNAMES": "localhost"}
+    start = time.time()
+    run = subprocess.run([str(python), "-m", "maxtext.trainers.pre_train.train_compile", base_yml, *words, *extra],
+                         capture_output=True, text=True, env=env)
+    seconds = time.time() - start
+    text = run.stdout + run.stderr
+    log.write_text(f"{' '.join(words)}\ncompile_s={seconds:.1f}\n{text}")
+    return (*_memory_of(text), seconds, log)
+
+
+def _memory_of(text: str):
+    """(compiled memory, None) from MaxText's output, or (None, the out-of-memory figures or None)."""
+    stats = re.search(r"CompiledMemoryStats\(([^)]*)\)", text)
+    if stats:
+        fields = dict(re.findall(r"(\w+)=(\d+)", stats.group(1)))
+        memory = CompiledMemory(argument_bytes=int(fields["argument_size_in_bytes"]),
+                                output_bytes=int(fields["output_size_in_bytes"]),
+                                alias_bytes=int(fields["alias_size_in_bytes"]),
+                                temp_bytes=int(fields["temp_size_in_bytes"]),
+                                code_bytes=int(fields["generated_code_size_in_bytes"]))
+        return memory, None
+    return None, parse_hbm_oom(text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--venv", default="/work/venvs/maxtext", help="the MaxText 0.2.5 venv (created when absent)")
+    parser.add_argument("--out", default="benchmarks/results/maxtext", help="logs and results.json")
+    parser.add_argument("--only", help="comma-separated substrings of plan names to run")
+    parser.add_argument("--reuse", action="store_true", help="read the logs of earlier runs of the same flags "
+                                                             "instead of compiling again (re-prices them)")
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    python = maxtext_python(Path(args.venv))
+    chosen = [p for p in PLANS if not args.only or any(s in p[0] for s in args.only.split(","))]
+    rows = []
+    for name, topology, seq_len, strategy, mesh, extra in chosen:
+        export = exported(topology, seq_len, strategy, mesh, extra)
+        predicted = estimate(export.plan, target="maxtext")
+        print(f"== {name}\n   {format_flags(export.flags)} {format_flags(export.compile_flags)}", flush=True)
+        for note in export.notes:
+            print(f"   note: {note}")
+        memory, oom, seconds, log = compile_with_maxtext(python, export.flags, export.compile_flags, out_dir, name,
+                                                         reuse=args.reuse)
+        capacity = predicted.hbm_capacity_bytes
+        if memory is not None:
+            compiled, fits = memory.hbm_bytes_per_device, True
+        elif oom is not None:
+            # the error gives the temporaries; the arguments are the fp32 weights and AdamW moments
+            compiled, fits = oom[0] + predicted.hbm_bytes["params"] + predicted.hbm_bytes["optimizer"], False
+        else:
+            print(f"   MaxText failed without a memory figure; see {log}")
+            rows.append({"name": name, "error": str(log)})
+            continue
+        ratio = predicted.hbm_bytes_per_device / compiled
+        row = {"name": name, "predicted_gib": predicted.hbm_bytes_per_device / GiB, "compiled_gib": compiled / GiB,
+               "ratio": ratio, "predicted_fits": predicted.fits, "compiled_fits": fits,
+               "within_tolerance": abs(ratio - 1) <= TOLERANCE, "same_verdict": predicted.fits == fits,
+               "compile_s": seconds, "capacity_gib": capacity / GiB,
+               "predicted_parts_gib": {k: v / GiB for k, v in predicted.hbm_bytes.items()}}
+        rows.append(row)
+        print(f"   cpplan {row['predicted_gib']:.1f} GiB ({'fits' if predicted.fits else 'does not fit'}) vs "
+              f"MaxText {row['compiled_gib']:.1f} GiB ({'fits' if fits else 'does not fit'}) of "
+              f"{row['capacity_gib']:.1f}: ratio {ratio:.3f}; compiled in {seconds:.0f} s", flush=True)
+    (out_dir / "results.json").write_text(json.dumps(rows, indent=2))
+    good = [r for r in rows if r.get("within_tolerance") and r.get("same_verdict")]
+    print(f"\n{'plan':<42} {'cpplan':>8} {'MaxText':>8} {'ratio':>6}  verdicts")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:<42} MaxText failed: {r['error']}")
+            continue
+        verdicts = f"{'fits' if r['predicted_fits'] else 'no'}/{'fits' if r['compiled_fits'] else 'no'}"
+        print(f"{r['name']:<42} {r['predicted_gib']:>7.1f}G {r['compiled_gib']:>7.1f}G {r['ratio']:>6.3f}  {verdicts}")
+    print(f"{len(good)} of {len(rows)} within {TOLERANCE:.0%} with the same verdict")
+    return 0 if len(good) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""What a runtime target changes in the memory of a step (`cost_models.targets`): the loss's
+logits, where the layer gradients live, and the ring kernel's dq partials, priced from the
+target's traits."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+from cost_models.strategies import STRATEGIES, Layout
+from cost_models.targets import TargetTraits
+
+
+def vocab_tiles(tokens_per_device: float, loss_chunk_tokens: int) -> int:
+    """MaxText's `num_vocab_tiling` for a loss chunk of `loss_chunk_tokens` tokens (0: one tile):
+    the fewest tiles of at most that many tokens that split a device's tokens evenly (MaxText
+    requires per_device_batch_size × max_target_length to divide by it, configs/pyconfig)."""
+    if not loss_chunk_tokens or tokens_per_device <= loss_chunk_tokens:
+        return 1
+    tokens = int(tokens_per_device)
+    least = math.ceil(tokens / loss_chunk_tokens)
+    return next((n for n in range(least, tokens + 1) if tokens % n == 0), 1)
+
+
+def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
+                  traits: TargetTraits) -> dict[str, np.ndarray]:
+    """The memory components of `price_memory` as the target's runtime holds them.
+
+    Args:
+        x: the candidates.
+        memory: cpplan's runtime's components (`MemoryBytes.as_dict()`).
+        layout: how the attention kernel lies on a device.
+        traits: the target's traits.
+    Returns:
+        The components, changed where the target differs.
+    """
+    if traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_dq_partials:
+        return memory
+    out = dict(memory)
+    m = x.model
+    tokens = np.asarray(x.tokens_per_device, dtype=float)
+    if not traits.loss_splits_vocabulary:
+        tiles = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens)
+        # each tile's logits over the whole vocabulary (split over tensor with the output head)
+        out["logits"] = tokens / tiles * m.vocab / x.tensor * traits.logit_bytes
+    if not traits.layer_gradients_all_step:
+        layer_grads = m.num_layers * m.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
+        out["grads"] = out["grads"] - layer_grads
+        # held through a layer's backward whichever of its sides (attention or MLP) is live
+        out["attention_working_set"] = out["attention_working_set"] + layer_grads
+        out["mlp_working_set"] = out["mlp_working_set"] + layer_grads
+        # the output head gathered whole for the loss's matmul, and its fp32 gradient before the reduce-scatter
+        out["head_buffers"] = np.full_like(tokens, m.vocab * m.hidden * (x.act_bytes + 4)) / x.tensor
+    if traits.ring_dq_partials and STRATEGIES[x.strategy].maxtext_ring_kernel:
+        # one fp32 dq per key block of the ring block, all written before they are summed; its
+        # compiles hold them alongside the logits, so they count with what is held all step
+        key_blocks = np.ceil(np.asarray(layout.kv_len, dtype=float) / x.block_kv)
+        partials = x.sequences_per_device * key_blocks * layout.q_heads * layout.q_len * m.head_dim * 4
+        out["activations"] = out["activations"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
+    return out
+
+
+def target_smem_bytes(x: Candidates, layout: Layout, shared_bytes: np.ndarray, traits: TargetTraits) -> np.ndarray:
+    """SMEM of the splash mask metadata as the target builds it.
+
+    Args:
+        x: the candidates.
+        layout: how the attention kernel lies on a device.
+        shared_bytes: cpplan's runtime's figure (one table shared by heads).
+        traits: the target's traits.
+    Returns:
+        Bytes per kernel call: with per-head metadata, heads × q blocks × kv blocks × the
+        target's bytes per block pair.
+    """
+    if not traits.per_head_metadata or not STRATEGIES[x.strategy].maxtext_per_head_metadata:
+        return shared_bytes
+    return per_head_smem_bytes(layout.q_heads, layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv,
+                               traits=traits)
+
+
+def per_head_smem_bytes(heads, q_len, kv_len, *, block_q, block_kv, traits: TargetTraits):
+    """SMEM of per-head splash metadata for `heads` heads of (q_len × kv_len) at these blocks."""
+    blocks = np.ceil(np.asarray(q_len, dtype=float) / block_q) * np.ceil(np.asarray(kv_len, dtype=float) / block_kv)
+    return np.asarray(heads, dtype=float) * blocks * traits.smem_bytes_per_block_pair

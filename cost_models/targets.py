@@ -1,0 +1,119 @@
+"""The runtime a plan is priced for, and the implementation traits in which runtimes differ.
+
+cpplan's own runtime (`Target.CPPLAN`, the default) and MaxText 0.2.5 (`Target.MAXTEXT`) run the
+same plan with different code. Where that changes the memory, the time or what can run at all,
+the difference is a trait here, each saying where it was read in MaxText's installed source or
+seen in its deviceless compiles; the price and the search read traits, never a target's name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.vocabulary import _Named
+
+# MaxText's splash metadata (tokamax's splash_attention_mask_info, as MaxText builds it): per head,
+# `data_next` and `mask_next` (int32) and `block_mask` (int8) for every (q block × kv block). Ulysses
+# 8 at 128K overflows the 1 MiB SMEM at blocks of 512 (4 heads: 2.4 MB) and fits at 1024, as its
+# compiles showed (shared/ANCHORS.md).
+MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
+
+
+# MaxText's ring (tokamax's ring kernel) runs its dK/dV kernel with fp32 accumulators in scoped
+# VMEM: at blocks of 1024 it needs 16.85 MiB > the compiler's 16 MiB (llama3.1-8b, ring 4 at 64K on
+# v5p-8, its train_compile: CompileTimeScopedVmemOom in splash_mha_dkv_segmented_no_residuals), at
+# 512 it compiles (the same plan, 47.3 GiB per device)
+MAXTEXT_RING_MAX_BLOCK = 512
+
+
+class Target(_Named):
+    """The runtime that runs a plan: cpplan's own, or MaxText 0.2.5 (its exported flags)."""
+
+    CPPLAN = "cpplan"
+    MAXTEXT = "maxtext"
+
+    @property
+    def aliases(self):
+        return {"CPPLAN": ("ours", "default")}.get(self.name, ())
+
+    @classmethod
+    def kind(cls) -> str:
+        return "target"
+
+    @property
+    def traits(self) -> "TargetTraits":
+        return TRAITS[self]
+
+
+@dataclass(frozen=True)
+class TargetTraits:
+    """How one runtime implements what the price depends on.
+
+    Attributes:
+        target: the runtime.
+        loss_splits_vocabulary: the loss forms each token chunk's logits one piece of the
+            vocabulary at a time (cpplan's fused cross-entropy); otherwise each token tile holds
+            its logits over the whole vocabulary at once (MaxText: `num_vocab_tiling` splits
+            tokens, not the vocabulary — maxtext/utils/vocabulary_tiling.py reshapes the hidden
+            states to (num_vocab_tiling, tokens / num_vocab_tiling, emb)).
+        logit_bytes: bytes of one logit as the loss holds it (fp32 in both).
+        layer_gradients_all_step: the decoder layers' gradients are held all step (cpplan's
+            runtime); otherwise only while the layers run backward, after the loss has freed its
+            logits (MaxText: the scanned layers' gradients are the backward loop's results). The
+            loss then holds the output head gathered whole and its fp32 gradient before the
+            reduce-scatter.
+        ring_dq_partials: the ring's dK/dV kernel writes one fp32 partial dq per key block, all
+            of them before they are summed: f32[kv_len / block_kv, heads, q_len, head_dim] per
+            sequence (MaxText: tokamax's `splash_mha_dkv_segmented_no_residuals` in its ring
+            kernel, read in the compiled HLO of its train_compile, e.g. f32[16,32,8192,128] for
+            32 heads of 8192 tokens at blocks of 512); cpplan's ring accumulates dq in place.
+        smem_bytes_per_block_pair: SMEM of splash's mask metadata per (q block × kv block);
+            `per_head_metadata` says whether every head has its own (MaxText's tokamax splash
+            over a multi-head mask, for Ulysses: the strategies' `maxtext_per_head_metadata`) or
+            all share one (cpplan; MaxText's jax splash for all-gather, which compiled at 512K
+            with blocks of 512 on v5p-16, and its ring kernel, which takes a single-head mask with
+            downcast metadata, tokamax_ring_attention.py).
+        per_head_metadata: see `smem_bytes_per_block_pair`.
+        ring_kernel_max_block: the largest splash block the target's ring kernel compiles with
+            (None: no limit beyond the shared VMEM rule).
+        maxtext_rules: the search offers only plans that pass the strategies' `maxtext_problems`
+            (MaxText's own configs/types.py checks), so an exported plan is never refused.
+    """
+
+    target: Target
+    loss_splits_vocabulary: bool
+    logit_bytes: int
+    layer_gradients_all_step: bool
+    ring_dq_partials: bool
+    smem_bytes_per_block_pair: float | None
+    per_head_metadata: bool
+    maxtext_rules: bool
+    ring_kernel_max_block: int | None = None
+
+
+TRAITS: dict[Target, TargetTraits] = {
+    # cpplan's runtime: a fused, chunked cross-entropy over vocabulary pieces; masks evaluated in
+    # the kernel; one downcast metadata table shared by heads (cost_models.compute prices its SMEM)
+    Target.CPPLAN: TargetTraits(Target.CPPLAN, loss_splits_vocabulary=True, logit_bytes=4,
+                                layer_gradients_all_step=True,
+                                ring_dq_partials=False, smem_bytes_per_block_pair=None,
+                                per_head_metadata=False, maxtext_rules=False),
+    # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring kernel's per-key-block dq
+    # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key: its
+    # compiles of ring 4 to 16 and USP 4×2 hold that above their all-gather twins, with the logits,
+    # shared/ANCHORS.md and bench_maxtext); splash metadata per head, int32, for Ulysses
+    Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
+                                 layer_gradients_all_step=False,
+                                 ring_dq_partials=True,
+                                 smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
+                                 per_head_metadata=True, maxtext_rules=True,
+                                 ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK),
+}
+
+
+def get_target(target: "str | Target | None") -> Target:
+    """A target by name (None: cpplan's own runtime).
+
+    Raises:
+        CpplanError: an unknown name (listing the known ones).
+    """
+    return Target.CPPLAN if target is None else Target.parse(target)
