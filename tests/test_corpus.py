@@ -10,9 +10,10 @@ import pytest
 
 from cost_models.accuracy import ErrorBand, error_band
 from cost_models.errors import CpplanError
+from cost_models.remat import offloaded_names
 from cost_models.vocabulary import RematPolicy
 from planner.estimate import estimate
-from validation.corpus import (CITATION_COLUMNS, CORPUS_COLUMNS, compare_corpus, nearest_remat, read_corpus,
+from validation.corpus import (CITATION_COLUMNS, CORPUS_COLUMNS, compare_corpus, read_corpus,
                                synthetic_shape)
 
 pytestmark = pytest.mark.pure
@@ -74,16 +75,15 @@ def test_step_time_from_tokens_per_second_and_logged_seconds(runs):
     assert llama2.step_seconds == 9.052 and llama2.plan.global_batch == 2 * 256
 
 
-def test_settings_cpplan_lacks_are_priced_at_the_nearest_and_said(runs):
-    policy, notes = nearest_remat({"remat_policy": "custom", "decoder_layer_input": "offload", "query_proj": "offload",
-                                   "key_proj": "offload", "value_proj": "offload", "out_proj": "offload"})
-    assert policy is RematPolicy.SAVE_DOT_EXCEPT_MLP and "host" in notes[0]
-    policy, notes = nearest_remat({"remat_policy": "minimal"})
-    assert policy is RematPolicy.MINIMAL_WITH_CONTEXT and "minimal" in notes[0]
-    assert nearest_remat({"remat_policy": "full"}) == (RematPolicy.FULL, [])
+def test_runs_are_read_with_their_own_remat_and_what_cpplan_lacks_is_said(runs):
+    # tpu-recipes' Llama 3.1 70B on v6e: remat_policy=custom, the layer input and q/k/v offloaded to the host
+    offloading = runs["v6e-llama3.1-70b-v6e-32"].plan
+    assert offloading.remat is RematPolicy.CUSTOM
+    assert set(offloaded_names(offloading.remat, offloading.remat_custom)) >= {"query_proj", "key_proj", "value_proj"}
+    assert runs["v5p-llama3.1-405b-v5p-1024"].plan.remat is not RematPolicy.FULL
     assert any("fsdp_transpose" in n for n in runs["v6e-llama2-70b-v6e-256"].notes)
     assert any("2048×2048" in n and "1024×1024" in n for n in runs["v6e-llama3.1-8b-v6e-256"].notes)
-    assert runs["v6e-llama3.1-70b-v6e-32"].plan.param_dtype == "bfloat16"
+    assert offloading.param_dtype == "bfloat16"
 
 
 def _write(tmp_path, rows):

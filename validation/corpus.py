@@ -18,9 +18,11 @@ flags, as the runs were launched with MaxText, so the columns are:
   `derivation`: how the step time follows from it; `notes`: the config's own source.
 
 Synthetic models (`global_parameter_scale`) get MaxText's shape rule of that time
-(`synthetic_shape`). A setting cpplan cannot represent (a MaxText remat policy cpplan lacks,
-host offload, a non-gated MLP, `fsdp_transpose`) is priced at the nearest one cpplan has, and the
-run's notes say so: nothing is approximated silently. The corpus is a test set: no chip-row figure
+(`synthetic_shape`). Everything else is read by the MaxText import (`planner.maxtext.read_maxtext`:
+remat policies by name, `custom` placements and host offload included). A setting cpplan cannot
+represent (a non-gated MLP, `fsdp_transpose`, splash blocks beyond the scoped-VMEM limit, a flag
+the import does not read) is priced at the nearest one cpplan has, and the run's notes say so:
+nothing is approximated silently. The corpus is a test set: no chip-row figure
 is fitted to it.
 """
 from __future__ import annotations
@@ -34,10 +36,10 @@ from pathlib import Path
 from cost_models.compute import splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
-from cost_models.remat import CHECKPOINTS, kept_names
+from cost_models.remat import LAYER_INPUT
 from cost_models.units import mfu
-from cost_models.vocabulary import DTYPE_BYTES, RematPolicy
-from planner.maxtext import _parse_text, plan_from_maxtext
+from cost_models.vocabulary import DTYPE_BYTES
+from planner.maxtext import _parse_text, read_maxtext
 from planner.estimate import estimate
 from planner.plan import Plan
 from validation.report import CorpusReport, StepResult
@@ -55,21 +57,10 @@ FLOP_RULES = {
     "maxtext-2023-12": 6,  # maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0 MaxText/train.py
 }
 
-# The checkpoint names each MaxText remat policy keeps (on device or offloaded to the host), from
-# maxtext@e591f30cbbf217ed67ef71263ec0538239f9c3b8 src/maxtext/layers/decoders.py and
-# maxtext_utils.get_save_and_offload_names; `custom` keeps the names set to `device` or `offload`.
-_ALL = tuple(c.name for c in CHECKPOINTS)
-MAXTEXT_KEPT = {
-    "full": (),
-    "minimal": tuple(n for n in _ALL if n != "context"),
-    "minimal_with_context": _ALL,
-    "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
-    "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
-    "save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
-    "qkv_proj_offloaded": ("query_proj", "key_proj", "value_proj"),
-    "minimal_offloaded": tuple(n for n in _ALL if n != "context"),
-}
-OFFLOADING_POLICIES = ("qkv_proj_offloaded", "minimal_offloaded")
+# The flags the synthetic shape is built from here (`synthetic_shape`), not by the MaxText import.
+SHAPE_FLAGS = ("global_parameter_scale", "base_emb_dim", "base_num_heads", "base_num_query_heads", "base_num_kv_heads",
+               "base_mlp_dim", "base_num_decoder_layers", "head_dim", "vocab_size", "mlp_activations",
+               "logits_via_embedding")
 
 
 @dataclass(frozen=True)
@@ -175,54 +166,6 @@ def synthetic_shape(flags: dict) -> SyntheticShape:
                           tied=str(flags.get("logits_via_embedding", "false")).lower() == "true")
 
 
-def maxtext_kept(flags: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(names kept, names of those offloaded to the host) under the run's MaxText remat policy.
-
-    Raises:
-        CpplanError: a policy name neither MaxText's table here nor cpplan knows.
-    """
-    name = str(flags.get("remat_policy", "full"))
-    if name == "custom":
-        kept = tuple(n for n in _ALL if str(flags.get(n, "remat")) in ("device", "offload"))
-        offloaded = tuple(n for n in ("decoder_layer_input",) + kept if flags.get(n) == "offload")
-        return kept, offloaded
-    if name in MAXTEXT_KEPT:
-        return MAXTEXT_KEPT[name], MAXTEXT_KEPT[name] if name in OFFLOADING_POLICIES else ()
-    try:
-        return kept_names(RematPolicy.parse(name)), ()
-    except CpplanError:
-        raise CpplanError(f"remat_policy={name!r} is not in the corpus reader's table of MaxText policies "
-                          f"({', '.join(sorted(MAXTEXT_KEPT))}, custom); add what it keeps.") from None
-
-
-def nearest_remat(flags: dict) -> tuple[RematPolicy, list[str]]:
-    """The cpplan remat policy for the run: its own when cpplan has it, else the one whose kept
-    names differ least from the run's (ties: the one keeping less); notes say what differs.
-
-    Returns:
-        (policy, notes), notes empty when the run's policy is priced as it is.
-    """
-    name = str(flags.get("remat_policy", "full"))
-    kept, offloaded = maxtext_kept(flags)
-    notes = []
-    if offloaded:
-        notes.append(f"{', '.join(offloaded)} offloaded to host memory by MaxText; cpplan prices them kept on device "
-                     f"(no host transfer time, more HBM)")
-    if name != "custom":
-        try:
-            return RematPolicy.parse(name), notes
-        except CpplanError:
-            pass
-    candidates = sorted(RematPolicy, key=lambda p: (len(set(kept) ^ set(kept_names(p))), len(kept_names(p))))
-    policy = candidates[0]
-    if set(kept_names(policy)) != set(kept):
-        notes.append(f"remat_policy={name} keeps {{{', '.join(kept) or 'layer input only'}}}; cpplan has no such policy, "
-                     f"priced as its nearest, {policy.value}, which keeps {{{', '.join(kept_names(policy)) or 'layer input only'}}}")
-    elif name not in [p.value for p in RematPolicy]:
-        notes.append(f"remat_policy={name} keeps what cpplan's {policy.value} keeps")
-    return policy, notes
-
-
 def _words(text: str, where: str) -> dict[str, str]:
     try:
         return _parse_text(text or "")
@@ -243,11 +186,6 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
     """
     flags = run_flags(row, where)
     notes: list[str] = []
-    policy, remat_notes = nearest_remat(flags)
-    notes += remat_notes
-    flags["remat_policy"] = policy.value
-    for name in _ALL + ("decoder_layer_input",):
-        flags.pop(name, None)  # custom-policy settings, read above
     transpose = flags.pop("ici_fsdp_transpose_parallelism", "1")
     if transpose != "1":
         if str(flags.get("ici_fsdp_parallelism", "1")) not in ("1",):
@@ -255,6 +193,10 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
                               "one fsdp axis.")
         flags["ici_fsdp_parallelism"] = transpose
         notes.append("ici_fsdp_transpose_parallelism (FSDP with the weights' other dimension sharded) priced as fsdp")
+    if str(flags.get(LAYER_INPUT, "device")) == "offload":
+        flags[LAYER_INPUT] = "device"
+        notes.append(f"{LAYER_INPUT}=offload (each layer's input in host memory) priced on device: cpplan's remat "
+                     "table keeps the layer input on device")
     attention = flags.pop("attention", "flash")
     if flags.pop("enable_flash_attention", "true").lower() != "true" or attention not in ("flash", "autoselected"):
         notes.append(f"attention={attention} priced as splash (cpplan prices splash attention only)")
@@ -265,10 +207,14 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
         model, shape_notes = shape.model_spec(f"maxtext-synthetic-{flags['global_parameter_scale']}x")
         notes += shape_notes
     try:
-        plan = plan_from_maxtext(flags, model=model)
+        read = read_maxtext(flags, model=model)
     except CpplanError as err:
         raise CpplanError(f"{where}: {err}") from None
-    plan, block_notes = _blocks_within_vmem(plan)
+    notes += read.notes
+    unpriced = [name for name in read.unread if shape is None or name not in SHAPE_FLAGS]
+    if unpriced:
+        notes.append(f"flags cpplan does not price: {', '.join(unpriced)}")
+    plan, block_notes = _blocks_within_vmem(read.plan)
     return plan, notes + block_notes, shape
 
 
