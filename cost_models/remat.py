@@ -29,7 +29,7 @@ ATTENTION_OUTPUT = "context"
 
 class Block(str, Enum):
     """The sub-block of a decoder layer a checkpoint belongs to; recomputing any value of a
-    block's matmuls recomputes that block's matmuls (and its two tensor-parallel collectives)."""
+    block's matmuls recomputes that block's matmuls (the MLP's but its output projection)."""
 
     ATTENTION_PROJECTIONS = "attention projections"
     ATTENTION = "attention"
@@ -76,6 +76,12 @@ KEPT: dict[RematPolicy, tuple[str, ...]] = {
     RematPolicy.MINIMAL_WITH_CONTEXT: _ATTENTION_PROJECTIONS + _MLP + (ATTENTION_OUTPUT,),
 }
 TENSOR_COLLECTIVES_PER_MATMUL_BLOCK = 2  # a gather before its first matmul, a scatter after its last
+# Recomputing the MLP re-runs its two input projections, not its output projection: that output
+# feeds only the residual sum, whose backward does not need it, so XLA drops its recomputation
+# (read from the compiled step's matmuls; docs/measurements.md). Its three matrices are equal.
+# Nor is its tensor-parallel sum (after the output projection) repeated: only a recomputed
+# attention block repeats one, its output projection's, which the MLP's input needs.
+MLP_RECOMPUTED_FRACTION = 2 / 3
 
 
 def kept_names(policy: RematPolicy) -> tuple[str, ...]:
@@ -95,7 +101,8 @@ class RematCost:
     saved_full_width: np.ndarray  # values kept per token per layer that every tensor shard holds whole
     saved_split: np.ndarray  # values kept per token per layer that 'tensor' splits (heads, MLP columns)
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections recomputed
-    recompute_mlp: np.ndarray  # fraction of the MLP matmuls recomputed
+    recompute_mlp: np.ndarray  # whether the MLP is recomputed (its elementwise work in full)
+    recompute_mlp_matmuls: np.ndarray  # fraction of the MLP's matmul FLOPs recomputed
     recompute_attention: np.ndarray  # forward attention passes recomputed
     recompute_tensor_collectives: np.ndarray  # tensor-parallel gathers/scatters repeated
 
@@ -109,8 +116,9 @@ def remat_table(model: ModelSpec) -> RematCost:
     for p in POLICIES:
         projections, mlp = recomputes(p, Block.ATTENTION_PROJECTIONS), recomputes(p, Block.MLP)
         rows.append((model.hidden + kept_width(p, False), kept_width(p, True), projections, mlp,
+                     mlp * MLP_RECOMPUTED_FRACTION,
                      recomputes(p, Block.ATTENTION),
-                     TENSOR_COLLECTIVES_PER_MATMUL_BLOCK * (projections + mlp)))
+                     TENSOR_COLLECTIVES_PER_MATMUL_BLOCK * projections))
     cols = np.array(rows, dtype=float).T
     return RematCost(*cols)
 

@@ -30,13 +30,14 @@ records (`stack_frame_id` → file and function) and the `op_name` path jax writ
   device its tokens' embeddings), forward or transposed.
 - `fsdp_all_gather` / `fsdp_reduce_scatter`: every other all-gather (weights: the layers' and the
   output head's, by `shard_map` or by the SPMD partitioner) and reduce-scatter (their gradients);
-  an all-reduce made by transposing a matmul (`dot_general`) is a weight gradient reduced whole
-  and counts as `fsdp_reduce_scatter` too.
-- `tensor`: an all-reduce from an explicit `psum` (the tensor-parallel partial sums).
+  an all-reduce over the weight-sharding axes is a weight gradient reduced whole (the SPMD
+  partitioner's way with the attention projections) and counts as `fsdp_reduce_scatter` too.
+- `tensor`: an all-reduce over the `tensor` axis (the tensor-parallel partial sums, and the loss's).
 - `other`: the rest (scalar losses, gradients of replicated norm scales): small, priced nowhere.
-The data-parallel all-reduce of gradients is made by `psum(…, "data")` in the loss and by the
-partitioner; it is `data_all_reduce` when its op_name says `data`, which jax writes for named
-psums over that axis only where it is the sole axis; plans compiled here keep data = 1.
+- `data_all_reduce`: an all-reduce over the `data` axis.
+All-reduces are told apart by the device groups they run over, given the plan's mesh
+(`mesh_axes`); without it, by op_name (`psum` tensor-parallel, a transposed `dot_general` a
+weight gradient).
 
 `CompiledProgram.matmul_flops` counts the FLOPs of every convolution and dot (inside fusions
 too) times its executions per step: XLA's `cost_analysis()` counts a while body once, and leaves
@@ -462,8 +463,8 @@ def attribute(kind: str, *, op_name: str, stack: list[tuple[str, str]], dtypes: 
             return "tensor"
         if groups is not None and groups == mesh_groups.get("data"):
             return "data_all_reduce"
-        if groups is not None and groups == mesh_groups.get("weights") and last == "dot_general":
-            return "fsdp_reduce_scatter"
+        if groups is not None and groups == mesh_groups.get("weights"):
+            return "fsdp_reduce_scatter"  # activations never sum over the weight-sharding axes
         if not mesh_groups and last in ("psum", "psum_invariant"):
             return "tensor"
         if not mesh_groups and "transpose(" in op_name and last == "dot_general":

@@ -57,8 +57,8 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     return MatmulTimes(
         projections_s=projections_s, mlp_s=mlp_s, weight_bytes=weight_bytes, forward_s=forward_s,
         backward_s=backward_s,
-        recompute_s=remat.recompute_qkv_out * projections_s + remat.recompute_mlp * mlp_s,
-        math_s=projections_s * (1 + 2 + remat.recompute_qkv_out) + mlp_s * (1 + 2 + remat.recompute_mlp),
+        recompute_s=remat.recompute_qkv_out * projections_s + remat.recompute_mlp_matmuls * mlp_s,
+        math_s=projections_s * (1 + 2 + remat.recompute_qkv_out) + mlp_s * (1 + 2 + remat.recompute_mlp_matmuls),
         executed_flops=((flops.qkv + flops.out_proj) / tensor * (3 + remat.recompute_qkv_out)
-                        + flops.mlp / tensor * (3 + remat.recompute_mlp)),
+                        + flops.mlp / tensor * (3 + remat.recompute_mlp_matmuls)),
     )
