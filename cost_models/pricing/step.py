@@ -8,6 +8,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.flops import model_flops_per_step
+from cost_models.overlap import overlap_for
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.communication import context_traffic, price_exposure, price_traffic
 from cost_models.pricing.elementwise import optimizer_seconds, price_elementwise
@@ -46,7 +47,8 @@ def price(x: Candidates) -> Priced:
     """
     layers = x.model.num_layers
     strategy = STRATEGIES[x.strategy]
-    overlaps = x.topology.chip.comm_overlaps_compute
+    chip = x.topology.chip
+    overlap = overlap_for(chip.name, assumed_overlap=chip.comm_overlaps_compute)
     matmuls = price_matmuls(x)
     attention = price_attention(x, strategy)
     elementwise = price_elementwise(x)
@@ -57,9 +59,11 @@ def price(x: Candidates) -> Priced:
 
     cost = strategy.cost(x, attention.layout, attention.forward_s)
     traffic = price_traffic(x, matmuls.weight_bytes,
-                            context_traffic(cost, x.remat_columns.recompute_attention, overlaps))
+                            context_traffic(cost, x.remat_columns.recompute_attention,
+                                            overlap.of_context(strategy.name),
+                                            hides_behind_attention=strategy.hides_traffic_behind_attention))
     exposed = price_exposure(traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s,
-                             num_layers=layers, overlaps=overlaps).as_dict()
+                             num_layers=layers, overlap=overlap).as_dict()
     optimizer_s = optimizer_seconds(x)
     compute = {"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s}
     hbm = {
