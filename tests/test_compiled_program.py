@@ -122,6 +122,8 @@ def test_async_permute_sees_the_matmul_scheduled_before_its_done():
     assert permute.array_bytes == 4 * 2048 * 32 * 2 and permute.group_size == 2
     assert permute.flops_between == 2 * 2048 * 512 * 256  # the fusion's convolution, once per trip
     assert program.matmul_flops == 4 * 2 * 2048 * 512 * 256
+    assert program.step_bytes(by="kind") == {"all-gather": 4 * 256 * 512 * 2, "collective-permute": 4 * 4 * 2048 * 32 * 2}
+    assert program.step_bytes() == {"fsdp_all_gather": 4 * 256 * 512 * 2, "context": 4 * 4 * 2048 * 32 * 2}
 
 
 def test_sparsecore_collective_is_async_with_the_kernel_after_its_update():
