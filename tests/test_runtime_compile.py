@@ -113,18 +113,20 @@ def test_a_two_slice_plan_builds_the_hybrid_mesh_and_compiles():
 
 
 # -- tpu_compile: the price's counts against compiled steps (v5p, whose module prints) --------
-COMPILED_PLANS = {  # one tiny plan per strategy family: all-gather, ring, all-to-all (USP adds the ring)
-    "all_gather": dict(context=2, tensor=2),
-    "ring": dict(context=4),
-    "usp": dict(context=2, context_ulysses=2),
+COMPILED_PLANS = {  # one tiny plan per strategy family (all-gather, ring, all-to-all with USP's ring), as in
+    # benchmarks/bench_compiler_counts.py: (mesh, load balance, remat)
+    "all_gather": (dict(context=4), "zigzag", "full"),
+    "ring": (dict(context=4), "zigzag", "minimal_with_context"),
+    "usp": (dict(context=2, context_ulysses=2), "none", "save_dot_except_mlp"),
 }
 
 
 @pytest.mark.parametrize("strategy", list(COMPILED_PLANS))
 def test_priced_flops_and_collective_bytes_match_the_compiled_step(strategy):
-    plan = Plan(model=get_model("small"), topology="v5p:2x2x1", seq_len=4096, global_batch=1,
-                mesh=make_mesh(**COMPILED_PLANS[strategy]), cp_strategy=strategy, load_balance="zigzag",
-                block_q=256, block_kv=256, loss_chunk_tokens=256)
+    mesh, balance, remat = COMPILED_PLANS[strategy]
+    plan = Plan(model=get_model("small"), topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(**mesh),
+                cp_strategy=strategy, load_balance=balance, remat=remat, block_q=256, block_kv=256,
+                loss_chunk_tokens=256)
     step = compile_step(plan)
     check = count_check(plan, read_compiled_program(step.hlo_text, mesh_axes=plan_mesh_axes(plan)))
     assert abs(check.flops_error) <= 0.03, check
