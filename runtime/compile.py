@@ -4,7 +4,9 @@
 on shape-only inputs (nothing is allocated) and compiled by the real XLA TPU compiler, splash as
 a Mosaic kernel. `memory_analysis()` gives per-device argument, output, alias, temp and code
 bytes. A plan that does not fit fails in the compiler with `CompileTimeHbmOom`; that becomes a
-report with `fits=False` and the compiler's own figures.
+report with `fits=False` and the compiler's own figures. `compile_step` keeps what else the
+compiler says: the scheduled HLO text (read by `validation.compiled_program`) and its cost
+analysis.
 """
 from __future__ import annotations
 
@@ -149,6 +151,95 @@ def tpu_devices(plan: Plan):
                           f"{LIBTPU_HINT}.") from None
 
 
+@dataclass(frozen=True, kw_only=True)
+class CompiledStep:
+    """A plan's training step as the XLA TPU compiler scheduled it (one device's program).
+
+    Attributes:
+        plan: the plan compiled.
+        hlo_text: the scheduled module, `compiled.as_text()`.
+        cost_flops: `cost_analysis()["flops"]`: a while body counted once, Mosaic kernels left out.
+        compile_s: wall time of lowering plus compiling.
+        memory: the compiled program's `CompiledMemory`.
+    """
+
+    plan: Plan
+    hlo_text: str
+    cost_flops: float
+    compile_s: float
+    memory: CompiledMemory
+
+
+HLO_DUMP_ARGS = "--xla_jf_dump_to={dir} --xla_jf_dump_hlo_text=true --xla_jf_dump_llo_text=false"
+
+
+def with_hlo_dump(env: dict, directory: str) -> dict:
+    """A copy of a process environment whose TPU compiler writes its scheduled modules to
+    `directory` (for a child process: libtpu reads its flags once, when it loads)."""
+    args = f"{env.get('LIBTPU_INIT_ARGS', '')} {HLO_DUMP_ARGS.format(dir=directory)}".strip()
+    return {**env, "LIBTPU_INIT_ARGS": args}
+
+
+def _dumped_module(*, since: float) -> str | None:
+    """The scheduled module the TPU compiler wrote under `--xla_jf_dump_to` (its `*-TLP-hlo.txt`)
+    after `since` (a `time.perf_counter()` reading), or None when it dumps nowhere."""
+    match = re.search(r"--xla_jf_dump_to=(\S+)", os.environ.get("LIBTPU_INIT_ARGS", ""))
+    if not match or not os.path.isdir(match.group(1)):
+        return None
+    started = time.time() - (time.perf_counter() - since)
+    paths = [os.path.join(match.group(1), name) for name in os.listdir(match.group(1)) if name.endswith("-TLP-hlo.txt")]
+    paths = [p for p in paths if os.path.getmtime(p) >= started - 1]
+    if not paths:
+        return None
+    with open(max(paths, key=os.path.getmtime)) as f:
+        return f.read()
+
+
+def _lowered(plan: Plan):
+    from runtime.mesh import build_mesh
+    from runtime.train import Trainer
+
+    trainer = Trainer(plan, build_mesh(plan, tpu_devices(plan)))
+    return trainer.train_step.lower(*trainer.abstract_state())
+
+
+def compile_step(plan: Plan) -> CompiledStep:
+    """Compiles the plan's training step deviceless and keeps its scheduled HLO and cost analysis.
+
+    Args:
+        plan: a plan for a TPU topology that fits its HBM.
+    Returns:
+        Its `CompiledStep`.
+    Raises:
+        CpplanError: the plan cannot run as laid out, the topology is not a TPU, libtpu is
+            missing, the step does not fit in HBM, or the compiler cannot print the module.
+    """
+    import jax
+
+    start = time.perf_counter()
+    try:
+        compiled = _lowered(plan).compile()
+    except jax.errors.JaxRuntimeError as err:
+        if parse_hbm_oom(str(err)) is None:
+            raise
+        raise CpplanError(f"{plan.topology} {plan.cp_strategy.value} seq {plan.seq_len} does not fit in HBM, so it "
+                          f"has no compiled program to read: {str(err).splitlines()[0]}. Use a smaller plan.") from None
+    elapsed = time.perf_counter() - start
+    try:
+        text = compiled.as_text()
+    except Exception as err:  # libtpu 0.0.52 cannot print modules with async updates (tpu7x steps)
+        text = _dumped_module(since=start)
+        if text is None:
+            raise CpplanError(f"the TPU compiler could not print the scheduled module of {plan.topology} "
+                              f"{plan.cp_strategy.value} ({str(err).splitlines()[0]}); start the process with "
+                              f"{HLO_DUMP_ARGS.format(dir='DIR')} in LIBTPU_INIT_ARGS (before jax loads libtpu) "
+                              f"and compile_step reads the module the compiler writes there.") from None
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return CompiledStep(plan=plan, hlo_text=text, cost_flops=float(analysis.get("flops", 0.0)), compile_s=elapsed,
+                        memory=CompiledMemory.of(compiled))
+
+
 def compile_for(plan: Plan) -> CompileReport:
     """Compiles the plan's full training step for its TPU topology, deviceless.
 
@@ -161,16 +252,10 @@ def compile_for(plan: Plan) -> CompileReport:
     """
     import jax
 
-    from runtime.mesh import build_mesh
-    from runtime.train import Trainer
-
-    devices = tpu_devices(plan)
-    mesh = build_mesh(plan, devices)
-    trainer = Trainer(plan, mesh)
     available = plan.topology_spec.hbm_bytes_per_device
     start = time.perf_counter()
     try:
-        compiled = trainer.train_step.lower(*trainer.abstract_state()).compile()
+        compiled = _lowered(plan).compile()
     except jax.errors.JaxRuntimeError as err:
         parsed = parse_hbm_oom(str(err))
         if parsed is None:

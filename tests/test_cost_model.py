@@ -299,26 +299,38 @@ def test_layer_and_head_builders_by_hand():
 
 
 def test_communication_hides_in_one_window_per_layer():
+    from cost_models.overlap import FAMILIES, Overlap
     from cost_models.pricing.communication import ContextTraffic, Traffic, context_traffic, price_exposure
     from cost_models.strategies import CPCost
 
+    def overlap(fraction):
+        return Overlap({f: fraction for f in FAMILIES}, {}, "test")
+
     context = ContextTraffic(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0)
-    traffic = Traffic(weight_gather_s=3.0, gradient_scatter_s=2.0, embedding_s=0.5, tensor_s=0.25,
+    traffic = Traffic(weight_gather_s=3.0, gradient_scatter_s=2.0, head_s=0.5, embedding_s=0.25, tensor_s=0.25,
                       data_all_reduce_s=0.125, context=context)
-    exposed = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlaps=True)
+    exposed = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlap=overlap(1.0))
     # forward: gather 3 + hidden ring 1.5 in a 4 s window → 0.5 out; backward: gather 3 + scatter 2
-    # + hidden ring 3 in 6 s → 2 out; ten layers, and the embeddings' traffic never hidden
-    assert exposed.fsdp == pytest.approx(10 * (0.5 + 2.0) + 0.5)
+    # + hidden ring 3 in 6 s → 2 out, the tensor traffic (2.5 ms a layer) hiding beside them; ten
+    # layers, and the head's and embedding's traffic never hidden
+    assert exposed.fsdp == pytest.approx(10 * (0.5 + 0.0125 + 2.0 + 0.0125) + 0.5)
     assert exposed.context == pytest.approx(10 * (0.5 + 1.0))
-    assert (exposed.tensor, exposed.data_all_reduce) == (0.25, 0.125)
-    no_window = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlaps=False)
-    assert no_window.fsdp == pytest.approx(10 * (4.5 + 8.0) + 0.5)
-    # a chip that cannot overlap exposes all of the strategy's traffic; a recomputed forward sends
-    # its traffic again, less what it makes unnecessary
+    assert (exposed.embedding, exposed.tensor, exposed.data_all_reduce) == (0.25, pytest.approx(0.0), 0.125)
+    no_window = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10,
+                               overlap=overlap(0.0))
+    assert no_window.fsdp == pytest.approx(10 * (3.0 + 5.0) + 0.5) and no_window.tensor == 0.25
+    # what the compiler does not overlap hides nowhere: half of each gather (twice a layer) and of
+    # the scatter is exposed; the other half fits the windows beside the strategy's hidden traffic
+    half = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlap=overlap(0.5))
+    assert half.fsdp == pytest.approx(10 * (2 * 1.5 + 1.0) + 0.5)
+    # a recomputed forward sends its traffic again, less what it makes unnecessary; only the
+    # overlapped fraction of what the spec hides is hidden
     cost = CPCost(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0, buffer_bytes=0.0,
                   recompute_reuses_s=0.5)
-    assert context_traffic(cost, 1.0, overlaps=False) == ContextTraffic(2.0, 5.5, 2.0, 5.5)
-    assert context_traffic(cost, 1.0, overlaps=True) == ContextTraffic(2.0, 5.5, 0.5, 1.0)
+    assert context_traffic(cost, 1.0, 0.0, hides_behind_attention=True) == ContextTraffic(2.0, 5.5, 2.0, 5.5)
+    assert context_traffic(cost, 1.0, 1.0, hides_behind_attention=True) == ContextTraffic(2.0, 5.5, 0.5, 1.0)
+    # a strategy whose spec hides nothing offers the overlapped fraction of all its traffic to the window
+    assert context_traffic(cost, 1.0, 0.5, hides_behind_attention=False) == ContextTraffic(2.0, 5.5, 1.0, 2.75)
 
 
 def test_splash_vmem_rule_refuses_what_the_compiler_refused():

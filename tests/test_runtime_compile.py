@@ -12,8 +12,9 @@ from cost_models.models import ModelSpec, get_model  # noqa: E402
 from cost_models.topology import get_topology  # noqa: E402
 from cost_models.units import GiB  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
-from runtime.compile import compile_for, parse_hbm_oom, tpu_devices  # noqa: E402
+from runtime.compile import compile_for, compile_step, parse_hbm_oom, tpu_devices  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
+from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program  # noqa: E402
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -109,3 +110,27 @@ def test_a_two_slice_plan_builds_the_hybrid_mesh_and_compiles():
     report = compile_for(plan)
     assert report.fits and report.argument_bytes > 0 and report.temp_bytes > 0
     assert report.plan.topology == "2xv5p:2x2x2"
+
+
+# -- tpu_compile: the price's counts against compiled steps (v5p, whose module prints) --------
+COMPILED_PLANS = {  # one tiny plan per strategy family (all-gather, ring, all-to-all with USP's ring), as in
+    # benchmarks/bench_compiler_counts.py: (mesh, load balance, remat)
+    "all_gather": (dict(context=4), "zigzag", "full"),
+    "ring": (dict(context=4), "zigzag", "minimal_with_context"),
+    "usp": (dict(context=2, context_ulysses=2), "none", "save_dot_except_mlp"),
+}
+
+
+@pytest.mark.parametrize("strategy", list(COMPILED_PLANS))
+def test_priced_flops_and_collective_bytes_match_the_compiled_step(strategy):
+    mesh, balance, remat = COMPILED_PLANS[strategy]
+    plan = Plan(model=get_model("small"), topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(**mesh),
+                cp_strategy=strategy, load_balance=balance, remat=remat, block_q=256, block_kv=256,
+                loss_chunk_tokens=256)
+    step = compile_step(plan)
+    check = count_check(plan, read_compiled_program(step.hlo_text, mesh_axes=plan_mesh_axes(plan)))
+    assert abs(check.flops_error) <= 0.03, check
+    assert check.compiled_bytes.get("context", 0.0) > 0  # the strategy's own traffic was found
+    for category in COMPARED:
+        error = check.bytes_error(category)
+        assert error is None or abs(error) <= 0.05, (category, check)

@@ -1,9 +1,16 @@
 """Collective traffic per device, and how much of it the step waits for.
 
-FSDP gathers a layer's weights (one collective per weight array) and reduce-scatters its fp32
-gradients; tensor parallelism gathers activations; data parallelism all-reduces gradients once
-a step; the strategy's own context traffic comes from its spec. Where the chip overlaps
-communication with compute, FSDP traffic and the strategy's hidden traffic share one window, the
+FSDP gathers a layer's weights in the compute dtype (one collective per weight array) and
+reduce-scatters their gradients, which arrive in the compute dtype too; the output head's table
+is gathered for the loss and again for its backward, its fp32 gradient reduce-scattered; the
+input embedding is looked up in each device's hidden slice and handed out by one all-to-all
+(forward, and its transpose backward); tensor parallelism gathers activations in the layers and
+sums the loss's input gradient over the vocabulary slices; data parallelism
+all-reduces gradients once a step; the strategy's own context traffic comes from its spec.
+
+How much of each family hides behind compute is what XLA's TPU compiler schedules for our step
+(`cost_models.overlap`, read from compiled programs): only the overlapped fraction of a family
+can hide. FSDP's overlappable traffic and the strategy's hidden traffic share one window, the
 layer's compute; what does not fit in it is exposed.
 """
 from __future__ import annotations
@@ -13,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.overlap import Overlap
 from cost_models.strategies import CPCost
 from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER
 
@@ -42,8 +50,9 @@ class Traffic:
     """Collective seconds on one device (arrays over candidates)."""
 
     weight_gather_s: np.ndarray  # per layer: all-gather of its weights
-    gradient_scatter_s: np.ndarray  # per layer: reduce-scatter of its fp32 gradients
-    embedding_s: np.ndarray  # per step: embeddings gathered twice, their gradient scattered once
+    gradient_scatter_s: np.ndarray  # per layer: reduce-scatter of its gradients
+    head_s: np.ndarray  # per step: the output head gathered twice, its fp32 gradient scattered once
+    embedding_s: np.ndarray  # per step: the input embedding's all-to-all, forward and backward
     tensor_s: np.ndarray  # per step
     data_all_reduce_s: np.ndarray  # per step
     context: ContextTraffic  # per layer
@@ -51,8 +60,9 @@ class Traffic:
     def per_step(self, num_layers: int) -> dict[str, np.ndarray]:
         """Seconds per step of each collective family; names as `Estimate.comm_s` has them."""
         return {
-            "fsdp_all_gather": num_layers * 2 * self.weight_gather_s + self.embedding_s * 2 / 3,
-            "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.embedding_s / 3,
+            "fsdp_all_gather": num_layers * 2 * self.weight_gather_s + self.head_s * 2 / 3,
+            "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.head_s / 3,
+            "embedding": self.embedding_s,
             "tensor": self.tensor_s,
             "data_all_reduce": self.data_all_reduce_s,
             "context": num_layers * (self.context.forward_s + self.context.backward_s),
@@ -64,31 +74,43 @@ class Exposure:
     """Communication seconds per step the step waits for; names as `Estimate.exposed_s` has them."""
 
     fsdp: np.ndarray
+    embedding: np.ndarray
     tensor: np.ndarray
     data_all_reduce: np.ndarray
     context: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        return {"fsdp": self.fsdp, "tensor": self.tensor, "data_all_reduce": self.data_all_reduce,
-                "context": self.context}
+        return {"fsdp": self.fsdp, "embedding": self.embedding, "tensor": self.tensor,
+                "data_all_reduce": self.data_all_reduce, "context": self.context}
 
 
-def context_traffic(cost: CPCost, recompute_attention, overlaps: bool) -> ContextTraffic:
+def context_traffic(cost: CPCost, recompute_attention, overlapped: float, *, hides_behind_attention: bool
+                    ) -> ContextTraffic:
     """The strategy's per-layer traffic with the recomputed forward's added to the backward.
 
     Args:
         cost: the strategy's `CPCost`.
         recompute_attention: forward attention passes the remat policy recomputes (per candidate).
-        overlaps: whether the chip overlaps communication with compute.
+        overlapped: fraction of the strategy's hideable traffic the compiler overlaps with compute
+            (`Overlap.of_context`).
+        hides_behind_attention: the spec hides its transfers behind the attention of the block in
+            hand (the ring's hops): then only that fraction of what the spec hides is hidden.
+            Otherwise the overlapped fraction of all its traffic may hide in the layer's compute
+            window, which it shares with FSDP (`price_exposure`).
     Returns:
         Its `ContextTraffic`.
     """
     backward_s = cost.backward_s + recompute_attention * (cost.forward_s - cost.recompute_reuses_s)
-    if not overlaps:
-        return ContextTraffic(cost.forward_s, backward_s, cost.forward_s, backward_s)
-    exposed_backward_s = cost.exposed_backward_s + recompute_attention * (cost.exposed_forward_s
-                                                                          - cost.recompute_reuses_s)
-    return ContextTraffic(cost.forward_s, backward_s, cost.exposed_forward_s, exposed_backward_s)
+    if hides_behind_attention:
+        # the traffic a recompute makes unnecessary leaves the exposed part first
+        spec_exposed_backward_s = np.clip(cost.exposed_backward_s + recompute_attention * (
+            cost.exposed_forward_s - cost.recompute_reuses_s), 0.0, backward_s)
+        hidden_forward_s = overlapped * (cost.forward_s - cost.exposed_forward_s)
+        hidden_backward_s = overlapped * (backward_s - spec_exposed_backward_s)
+    else:
+        hidden_forward_s, hidden_backward_s = overlapped * cost.forward_s, overlapped * backward_s
+    return ContextTraffic(cost.forward_s, backward_s, cost.forward_s - hidden_forward_s,
+                          backward_s - hidden_backward_s)
 
 
 def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traffic:
@@ -107,41 +129,56 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     # one collective per weight array: the bytes of the whole layer, the latency of each array
     arrays = WEIGHT_ARRAYS_PER_LAYER
     gather_s = arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
-    scatter_s = arrays * comm.reduce_scatter(m.params_per_layer * x.param_bytes / tensor / arrays, group, *weights)
-    embedding_bytes = m.embedding_params * x.act_bytes / tensor
-    embedding_s = 2 * comm.all_gather(embedding_bytes, group, *weights) + comm.reduce_scatter(
-        m.embedding_params * x.param_bytes / tensor, group, *weights)
+    # the gradients of the gathered compute-dtype weights are in the compute dtype
+    scatter_s = arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
+    head_params = m.vocab * m.hidden
+    head_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights) + comm.reduce_scatter(
+        head_params * x.param_bytes / tensor, group, *weights)
+    # the lookup hands each device its tokens' full hidden vectors: an all-to-all over the weight
+    # group of the device's activations, and its transpose in the backward
+    embedding_s = 2 * comm.all_to_all(x.tokens_per_device * m.hidden * x.act_bytes, group, *weights)
     one_tensor_gather_s = comm.all_gather(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     repeated = x.remat_columns.recompute_tensor_collectives
-    tensor_s = m.num_layers * one_tensor_gather_s * (TENSOR_COLLECTIVES_PER_LAYER + repeated)
+    # the loss sums its input's gradient over the vocabulary slices: one all-reduce of the activations
+    loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
+    tensor_s = m.num_layers * one_tensor_gather_s * (TENSOR_COLLECTIVES_PER_LAYER + repeated) + loss_sum_s
     data_s = comm.all_reduce(m.num_params * x.param_bytes / (group * tensor), x.data, *x.links["data"])
-    return Traffic(gather_s, scatter_s, embedding_s, tensor_s, data_s, context)
+    return Traffic(gather_s, scatter_s, head_s, embedding_s, tensor_s, data_s, context)
 
 
 def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_layers: int,
-                   overlaps: bool) -> Exposure:
+                   overlap: Overlap) -> Exposure:
     """The communication each step waits for.
 
-    FSDP traffic and the strategy's hidden traffic share one window, the layer's compute; what
-    does not fit in it is exposed (charged to FSDP, which the strategy's hiding left no room for).
+    Of each family only the fraction the compiler overlaps (`overlap`) can hide. FSDP's
+    overlappable traffic and the strategy's hidden traffic share one window, the layer's
+    compute; what does not fit in it is exposed (charged to FSDP, which the strategy's hiding
+    left no room for). Tensor-parallel traffic the compiler overlaps hides in the same window,
+    half of it forward and half backward. The output head's and the embedding's collectives run
+    outside the layers, the data all-reduce at the end of the step: all exposed.
 
     Args:
         traffic: the step's collectives.
         layer_forward_s: one layer's forward compute, the window of its forward traffic.
         layer_backward_s: one layer's backward compute (recomputation included).
         num_layers: decoder layers.
-        overlaps: whether the chip overlaps communication with compute (no window when not).
+        overlap: the chip's `Overlap`.
     Returns:
         The `Exposure` per step.
     """
-    window_forward, window_backward = (layer_forward_s, layer_backward_s) if overlaps else (0.0, 0.0)
     context = traffic.context
-    fsdp_layer_s = (np.maximum(0.0, traffic.weight_gather_s + context.hidden_forward_s - window_forward)
-                    + np.maximum(0.0, traffic.weight_gather_s + traffic.gradient_scatter_s + context.hidden_backward_s
-                                 - window_backward))
+    gather, scatter = traffic.weight_gather_s, traffic.gradient_scatter_s
+    hidden_gather, hidden_scatter = overlap.of("fsdp_all_gather") * gather, overlap.of("fsdp_reduce_scatter") * scatter
+    hidden_tensor_layer = overlap.of("tensor") * traffic.tensor_s / num_layers
+    fsdp_layer_s = (2 * (gather - hidden_gather) + (scatter - hidden_scatter)
+                    + np.maximum(0.0, hidden_gather + context.hidden_forward_s + hidden_tensor_layer / 2
+                                 - layer_forward_s)
+                    + np.maximum(0.0, hidden_gather + hidden_scatter + context.hidden_backward_s
+                                 + hidden_tensor_layer / 2 - layer_backward_s))
     return Exposure(
-        fsdp=num_layers * fsdp_layer_s + traffic.embedding_s,
-        tensor=traffic.tensor_s,
+        fsdp=num_layers * fsdp_layer_s + traffic.head_s,
+        embedding=traffic.embedding_s,
+        tensor=traffic.tensor_s - num_layers * hidden_tensor_layer,
         data_all_reduce=traffic.data_all_reduce_s,
         context=num_layers * (context.exposed_forward_s + context.exposed_backward_s),
     )

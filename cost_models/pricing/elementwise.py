@@ -42,7 +42,7 @@ def price_elementwise(x: Candidates) -> ElementwiseTimes:
     remat = x.remat_columns
     # a policy that recomputes the projections runs the whole layer's forward again; one that
     # recomputes only the MLP, its SwiGLU
-    swiglu_recompute_s = remat.recompute_mlp * tokens * 3 * model.intermediate * x.act_bytes / x.tensor / hbm_bw
+    swiglu_recompute_s = (remat.recompute_mlp > 0) * tokens * 3 * model.intermediate * x.act_bytes / x.tensor / hbm_bw
     recompute_s = np.where(remat.recompute_qkv_out > 0, forward_s, swiglu_recompute_s)
     return ElementwiseTimes(forward_s, ELEMENTWISE_PASSES_BACKWARD * forward_s, recompute_s)
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.flops import model_flops_per_step
+from cost_models.overlap import overlap_for
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.communication import context_traffic, price_exposure, price_traffic
 from cost_models.pricing.elementwise import optimizer_seconds, price_elementwise
@@ -50,7 +51,8 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     """
     layers = x.model.num_layers
     strategy = STRATEGIES[x.strategy]
-    overlaps = x.topology.chip.comm_overlaps_compute
+    chip = x.topology.chip
+    overlap = overlap_for(chip.name, assumed_overlap=chip.comm_overlaps_compute)
     matmuls = price_matmuls(x)
     attention = price_attention(x, strategy)
     elementwise = price_elementwise(x)
@@ -61,9 +63,11 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
 
     cost = strategy.cost(x, attention.layout, attention.forward_s)
     traffic = price_traffic(x, matmuls.weight_bytes,
-                            context_traffic(cost, x.remat_columns.recompute_attention, overlaps))
+                            context_traffic(cost, x.remat_columns.recompute_attention,
+                                            overlap.of_context(strategy.name),
+                                            hides_behind_attention=strategy.hides_traffic_behind_attention))
     exposed = price_exposure(traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s,
-                             num_layers=layers, overlaps=overlaps).as_dict()
+                             num_layers=layers, overlap=overlap).as_dict()
     offload = price_offload(x, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s)
     exposed["host_offload"] = offload.exposed_s
     optimizer_s = optimizer_seconds(x)

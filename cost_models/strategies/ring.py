@@ -1,8 +1,10 @@
 """Ring attention over `context`: K/V blocks travel N−1 hops by ppermute, each hop's transfer
 hidden behind the attention of the block in hand when that takes longer.
 
-Backward sends K/V and the fp32 dK/dV accumulators around again (one extra hop brings the
-gradients home). Holds the block in hand and the one arriving, never the full length.
+Backward sends K/V and the fp32 dK/dV accumulators around again, and one extra hop brings the
+gradients home in the compute dtype (XLA moves the runtime's final cast before that transfer).
+Where the remat policy recomputes the forward, the backward's K/V hops are those the recomputed
+forward just made: XLA shares them (read from compiled steps, docs/measurements.md). Holds the block in hand and the one arriving, never the full length.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     hops = r - 1
     compute_per_hop_fwd = attention_fwd_s / r
     compute_per_hop_bwd = compute_per_hop_fwd * x.topology.chip.attention_backward_over_forward
-    grads_home = x.comm.ppermute(kv_block * GRAD_BYTES / x.act_bytes, *x.ring_link)
+    grads_home = x.comm.ppermute(kv_block, *x.ring_link)
     fwd = hops * hop_fwd
     bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
     exposed_fwd = hops * np.maximum(0.0, hop_fwd - compute_per_hop_fwd)
@@ -53,7 +55,7 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     # splash writes 128 lanes wide in fp32
     lse = block_tokens * layout.q_heads * SPLASH_LSE_LANES * 4
     buffers = 2 * kv_block * (1 + GRAD_BYTES / x.act_bytes) + q_block * (4 + x.act_bytes + 4) + 2 * lse
-    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers)
+    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_reuses_s=fwd)
 
 
 class Ring(StrategySpec):

@@ -36,7 +36,8 @@ class USP(StrategySpec):
             * x.model.head_dim * x.act_bytes
         return CPCost(a2a_fwd + ring.forward_s, a2a_bwd + ring.backward_s,
                       a2a_fwd + ring.exposed_forward_s, a2a_bwd + ring.exposed_backward_s,
-                      ring.buffer_bytes + 2 * block, recompute_reuses_s=reuse)
+                      ring.buffer_bytes + 2 * block,
+                      recompute_reuses_s=reuse + ring.recompute_reuses_s)
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return f"usp: ulysses {ulysses} inside × ring {ring} across{', zigzag' if zigzag else ''}"

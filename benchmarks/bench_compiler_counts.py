@@ -1,0 +1,143 @@
+"""Counts against the compiler: compiles 22 small plans deviceless (every strategy, zigzag and
+none, the three remat policies, tensor > 1, fsdp > 1, v5p and tpu7x) and prints per plan the
+compiled step's matmul FLOPs and the link bytes of each collective family next to the price's.
+
+    python benchmarks/bench_compiler_counts.py              # all plans (about 12 minutes here)
+    python benchmarks/bench_compiler_counts.py --only ring  # plans whose strategy matches
+
+FLOPs: `validation.compiled_program` counts every convolution and dot of the scheduled module
+times its loop trip counts (splash runs as a Mosaic kernel and is left out, as attention is on
+the price's side); XLA's `cost_analysis()` flops are printed beside it, but count a while body
+once. Bytes: both sides through the `cost_models.collectives` formulas at 1 byte/s (see
+`cost_models.counts`). Targets: FLOPs within 3%, each family's bytes within 5%.
+"""
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+FLOPS_TARGET, BYTES_TARGET = 0.03, 0.05
+V5P, TPU7X = "v5p:2x2x1", "tpu7x:2x2x1"
+FULL, DOTS, MINIMAL = "full", "save_dot_except_mlp", "minimal_with_context"
+# topology, strategy, mesh, zigzag, remat, sequences per step
+PLANS = [
+    (V5P, "none", dict(fsdp=4), False, FULL, 4),
+    (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2),
+    (V5P, "all_gather", dict(context=4), True, FULL, 1),
+    (V5P, "all_gather", dict(context=2, tensor=2), False, MINIMAL, 1),
+    (V5P, "all_gather", dict(context=2, fsdp=2), True, DOTS, 2),
+    (V5P, "ring", dict(context=4), True, FULL, 1),
+    (V5P, "ring", dict(context=4), False, MINIMAL, 1),
+    (V5P, "ring", dict(context=2, tensor=2), True, DOTS, 1),
+    (V5P, "ulysses", dict(context_ulysses=4), False, FULL, 1),
+    (V5P, "ulysses", dict(context_ulysses=2, fsdp=2), False, MINIMAL, 2),
+    (V5P, "usp", dict(context=2, context_ulysses=2), True, FULL, 1),
+    (V5P, "usp", dict(context=2, context_ulysses=2), False, DOTS, 1),
+    (TPU7X, "none", dict(fsdp=4, tensor=2), False, FULL, 4),
+    (TPU7X, "all_gather", dict(context=8), True, FULL, 1),
+    (TPU7X, "all_gather", dict(context=4, tensor=2), True, MINIMAL, 1),
+    (TPU7X, "ring", dict(context=8), True, DOTS, 1),
+    (TPU7X, "ring", dict(context=4, fsdp=2), True, FULL, 2),
+    (TPU7X, "ring", dict(context=4, tensor=2), False, FULL, 1),
+    (TPU7X, "ulysses", dict(context_ulysses=4, tensor=2), False, FULL, 1),
+    (TPU7X, "ulysses", dict(context_ulysses=4, fsdp=2), False, DOTS, 2),
+    (TPU7X, "usp", dict(context=4, context_ulysses=2), True, FULL, 1),
+    (TPU7X, "usp", dict(context=2, context_ulysses=2, tensor=2), False, MINIMAL, 1),
+]
+MODEL, SEQ_LEN, BLOCK = "small", 4096, 256
+
+
+def make_plan(topology, strategy, mesh, zigzag, remat, batch):
+    from cost_models.models import get_model
+    from planner.plan import Plan, make_mesh
+
+    return Plan(model=get_model(MODEL), topology=topology, seq_len=SEQ_LEN, global_batch=batch,
+                mesh=make_mesh(**mesh), cp_strategy=strategy, load_balance="zigzag" if zigzag else "none",
+                remat=remat, block_q=BLOCK, block_kv=BLOCK, loss_chunk_tokens=256)
+
+
+def _pct(error) -> str:
+    if error is None:
+        return "    –"
+    return "  only priced" if math.isinf(error) else f"{100 * error:+6.1f}%"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="run plans whose strategy contains this text")
+    parser.add_argument("--topology", help="run this topology's plans in this process (the script runs each "
+                                           "topology in a child whose TPU compiler dumps its modules)")
+    args = parser.parse_args(argv)
+    if args.topology is None:
+        return run_children(args)
+    from runtime.compile import compile_step
+    from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program
+
+    worst_flops, worst_bytes, misses = 0.0, {}, []
+    rows = [row for row in PLANS if (not args.only or args.only in row[1]) and row[0] == args.topology]
+    for row in rows:
+        plan = make_plan(*row)
+        step = compile_step(plan)
+        clear_dump()
+        check = count_check(plan, read_compiled_program(step.hlo_text, mesh_axes=plan_mesh_axes(plan)))
+        mesh = ",".join(f"{k}={v}" for k, v in row[2].items())
+        print(f"\n{row[0]} {row[1]} {mesh} {'zigzag' if row[3] else 'none'} {row[4]} batch {row[5]} "
+              f"(compiled in {step.compile_s:.0f} s)")
+        print(f"  matmul FLOPs  compiled {check.compiled_flops:.4g}  priced {check.priced_flops:.4g}  "
+              f"{_pct(check.flops_error)}   (cost_analysis, loop bodies once: {step.cost_flops:.4g})")
+        worst_flops = max(worst_flops, abs(check.flops_error), key=abs)
+        if abs(check.flops_error) > FLOPS_TARGET:
+            misses.append(f"{row[0]} {row[1]} {mesh} {row[4]}: FLOPs {_pct(check.flops_error)}")
+        for category in COMPARED:
+            error = check.bytes_error(category)
+            if error is None:
+                continue
+            print(f"  {category:20s} compiled {check.compiled_bytes.get(category, 0.0):12.0f}  priced "
+                  f"{check.priced_bytes.get(category, 0.0):12.0f}  {_pct(error)}")
+            if not math.isinf(error):
+                worst_bytes[category] = max(worst_bytes.get(category, 0.0), abs(error))
+            if math.isinf(error) or abs(error) > BYTES_TARGET:
+                misses.append(f"{row[0]} {row[1]} {mesh} {row[4]}: {category} {_pct(error)}")
+        if check.wasted_bytes or check.other_bytes:
+            print(f"  beyond the price: {check.wasted_bytes:.0f} B of weight gradients all-reduced whole (a "
+                  f"reduce-scatter moves half), {check.other_bytes:.0f} B uncategorised")
+    print(f"\n{len(rows)} plans; worst FLOPs error {100 * worst_flops:.2f}% (target {100 * FLOPS_TARGET:.0f}%)")
+    print("worst bytes error per family: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst_bytes.items())
+          + f" (target {100 * BYTES_TARGET:.0f}%)")
+    print(f"{len(misses)} misses" + "".join(f"\n  {m}" for m in misses))
+    return 0
+
+
+def clear_dump() -> None:
+    """Empties the compiler's dump directory (thousands of files per compile) once it is read."""
+    import re
+
+    match = re.search(r"--xla_jf_dump_to=(\S+)", os.environ.get("LIBTPU_INIT_ARGS", ""))
+    if match and os.path.isdir(match.group(1)):
+        shutil.rmtree(match.group(1))
+        os.makedirs(match.group(1))
+
+
+def run_children(args) -> int:
+    """Runs each topology's plans in a child process: libtpu 0.0.52 cannot print tpu7x steps
+    (`as_text` fails), so a tpu7x child's compiler dumps its scheduled modules to a temporary folder."""
+    from runtime.compile import with_hlo_dump
+
+    status = 0
+    for topology in dict.fromkeys(row[0] for row in PLANS):
+        with tempfile.TemporaryDirectory(prefix="cpplan-hlo-") as dump:
+            command = [sys.executable, __file__, "--topology", topology] + (["--only", args.only] if args.only else [])
+            env = with_hlo_dump(dict(os.environ), dump) if topology.startswith("tpu7x") else dict(os.environ)
+            status |= subprocess.run(command, env=env).returncode
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,695 @@
+"""What the XLA TPU compiler scheduled for a training step, read from its HLO text.
+
+`read_compiled_program(text)` reads the scheduled module (`compiled.as_text()` of a deviceless
+TPU compile, see `runtime.compile`; `is_scheduled=true`, so each computation's instructions are
+listed in the order they run). It is jax-free: the text is all it needs.
+
+For every collective (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute;
+synchronous, or an asynchronous `-start`/`-done` pair, or an `async-start`/`async-done` pair
+wrapping one; inside while-loop bodies, conditionals, calls and fusions) it finds:
+
+- its kind and the array it moves per device, in the terms `cost_models.collectives` prices:
+  the gathered result of an all-gather, the unreduced operand of a reduce-scatter, the operand of
+  an all-reduce, an all-to-all or a collective-permute (shapes from the instruction and its
+  operands' definitions; tuples summed; layouts and memory spaces ignored);
+- its group size (from `replica_groups`, explicit `{{0,1},{2,3}}`, the iota form `[2,2]<=[4]`,
+  or the mesh form `mesh['axis_0'=2,'axis_1'=2] {'axis_0'}`);
+- how many times a step runs it: the product of the trip counts of the while loops it sits in
+  (a loop's trip count read from its condition, `compare(induction variable, constant(N)),
+  direction=LT`; a branch of a conditional counts once);
+- whether it is asynchronous, and which compute is scheduled between its start and its done:
+  fusions, convolutions and dots (with their FLOPs), custom-calls such as the Mosaic splash
+  kernels (by name), and loops or conditionals (with the FLOPs inside them).
+
+Each collective is attributed to one of cpplan's price categories (`CATEGORIES`), by where the
+runtime made it, read from the instruction's metadata: the Python stack frames the module
+records (`stack_frame_id` → file and function) and the `op_name` path jax writes.
+- `context`: made inside `runtime/attention/` (the K/V all-gather and its reduce-scatter, the
+  Ulysses all-to-alls, the ring's collective-permutes), or any `ppermute`.
+- `embedding`: made inside `embed_lookup` (the token gathers and the all-to-all that hands each
+  device its tokens' embeddings), forward or transposed.
+- `fsdp_all_gather` / `fsdp_reduce_scatter`: every other all-gather (weights: the layers' and the
+  output head's, by `shard_map` or by the SPMD partitioner) and reduce-scatter (their gradients);
+  an all-reduce over the weight-sharding axes is a weight gradient reduced whole (the SPMD
+  partitioner's way with the attention projections) and counts as `fsdp_reduce_scatter` too.
+- `tensor`: an all-reduce over the `tensor` axis (the tensor-parallel partial sums, and the loss's).
+- `other`: the rest (scalar losses, gradients of replicated norm scales): small, priced nowhere.
+- `data_all_reduce`: an all-reduce over the `data` axis.
+All-reduces are told apart by the device groups they run over, given the plan's mesh
+(`mesh_axes`); without it, by op_name (`psum` tensor-parallel, a transposed `dot_general` a
+weight gradient).
+
+`CompiledProgram.matmul_flops` counts the FLOPs of every convolution and dot (inside fusions
+too) times its executions per step: XLA's `cost_analysis()` counts a while body once, and leaves
+out Mosaic kernels, so neither gives a step's executed matmul work.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+CATEGORIES = ("fsdp_all_gather", "fsdp_reduce_scatter", "tensor", "data_all_reduce", "context", "embedding",
+              "other")
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
+               "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1,
+               "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "token": 0}
+_ARRAY = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) + r")\[([0-9,]*)\]")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+# ops whose time is compute: what can hide a collective scheduled around it
+_COMPUTE_OPS = {"fusion", "convolution", "dot", "custom-call", "while", "conditional", "call", "reduce",
+                "reduce-window", "scatter", "gather", "sort", "select-and-scatter"}
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One HLO instruction: its name, result shape text, opcode, operand names and attributes."""
+
+    name: str
+    shape: str
+    opcode: str
+    operands: tuple[str, ...]
+    attributes: str
+
+    def attribute(self, key: str) -> str | None:
+        """The text of `key=...` up to the next top-level comma, or None."""
+        return _attribute(self.attributes, key)
+
+    @property
+    def called(self) -> tuple[str, ...]:
+        """Computations this instruction calls (fusion/call/async bodies, loop, branches)."""
+        names = []
+        for key in ("calls", "body", "to_apply", "branch_computations", "called_computations"):
+            value = self.attribute(key)
+            if value and key != "to_apply":
+                names += re.findall(r"%?([\w.\-]+)", value.strip("{}"))
+        return tuple(names)
+
+
+@dataclass(frozen=True)
+class Computation:
+    """A computation's instructions in scheduled order and the shape of every value it names."""
+
+    name: str
+    instructions: tuple[Instruction, ...]
+    shapes: dict[str, str]
+
+    def by_name(self, name: str) -> Instruction | None:
+        return next((i for i in self.instructions if i.name == name), None)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the step, per device.
+
+    Attributes:
+        kind: one of `KINDS`.
+        name: the instruction (the `-start` of an asynchronous pair).
+        computation: the computation it is scheduled in.
+        array_bytes: the array the cost model prices it by (see the module docstring).
+        group_size: devices in each of its groups (2 for a collective-permute).
+        executions: times a step runs it (product of enclosing loops' trip counts).
+        is_async: scheduled as a start/done pair.
+        category: its price category (`CATEGORIES`).
+        op_name: jax's op_name path.
+        compute_between: compute instructions scheduled between start and done (empty when sync).
+        flops_between: FLOPs of the convolutions and dots among them (per execution).
+        kernels_between: custom-call targets among them (e.g. splash's Mosaic kernels).
+    """
+
+    kind: str
+    name: str
+    computation: str
+    array_bytes: float
+    group_size: int
+    executions: int
+    is_async: bool
+    category: str
+    op_name: str = ""
+    compute_between: tuple[str, ...] = ()
+    flops_between: float = 0.0
+    kernels_between: tuple[str, ...] = ()
+
+    @property
+    def overlapped(self) -> bool:
+        """Asynchronous with matmul or kernel work scheduled between its start and done."""
+        return self.is_async and (self.flops_between > 0 or bool(self.kernels_between))
+
+    @property
+    def step_bytes(self) -> float:
+        """`array_bytes` times its executions per step."""
+        return self.array_bytes * self.executions
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """The collectives and the matmul FLOPs of one compiled step, per device."""
+
+    collectives: tuple[Collective, ...]
+    matmul_flops: float
+    custom_calls: dict[str, int] = field(default_factory=dict)  # target → executions per step
+
+    def step_bytes(self, *, by: str = "category") -> dict[str, float]:
+        """Array bytes per step summed by `category` or by `kind`."""
+        out: dict[str, float] = defaultdict(float)
+        for c in self.collectives:
+            out[getattr(c, by)] += c.step_bytes
+        return dict(out)
+
+    def of(self, *, kind: str | None = None, category: str | None = None) -> list[Collective]:
+        """The collectives of one kind and/or category."""
+        return [c for c in self.collectives if (kind is None or c.kind == kind)
+                and (category is None or c.category == category)]
+
+
+# -- text → computations ---------------------------------------------------------------------
+def _balanced(text: str, start: int, open_char: str = "(", close_char: str = ")") -> int:
+    """Index just past the bracket that closes the one at `start`."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == open_char:
+            depth += 1
+        elif text[i] == close_char:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    raise ValueError(f"unbalanced {open_char}{close_char} in HLO: {text[start:start + 80]!r}")
+
+
+def _attribute(attributes: str, key: str) -> str | None:
+    match = re.search(r"(?:^|[\s,])" + re.escape(key) + r"=", attributes)
+    if not match:
+        return None
+    i, depth, start = match.end(), 0, match.end()
+    while i < len(attributes):
+        ch = attributes[i]
+        if ch in "{([":
+            depth += 1
+        elif ch in "})]":
+            depth -= 1
+        elif ch == '"':
+            i = attributes.index('"', i + 1)
+        elif ch == "," and depth == 0:
+            break
+        i += 1
+    return attributes[start:i].strip()
+
+
+def _parse_instruction(line: str) -> Instruction | None:
+    head = _INSTRUCTION.match(line)
+    if not head:
+        return None
+    rest = line[head.end():]
+    if rest.startswith("("):  # a tuple shape
+        end = _balanced(rest, 0)
+    else:
+        end = rest.index(" ")
+    shape, rest = rest[:end], rest[end:].lstrip()
+    paren = rest.find("(")
+    if paren < 0:
+        return None
+    opcode = rest[:paren].strip()
+    close = _balanced(rest, paren)
+    operands = tuple(re.findall(r"%([\w.\-]+)", rest[paren:close]))
+    if not operands:  # unprefixed operand names (older printers)
+        operands = tuple(o.strip().split(" ")[-1] for o in rest[paren + 1:close - 1].split(",") if o.strip())
+    return Instruction(head.group(2), shape, opcode, operands, rest[close:].lstrip(", "))
+
+
+def parse_computations(text: str) -> tuple[dict[str, Computation], str]:
+    """Every computation of a module's text, and the entry computation's name.
+
+    Raises:
+        ValueError: the text has no ENTRY computation.
+    """
+    computations, entry = {}, None
+    name, lines = None, []
+    for line in text.splitlines():
+        if name is None:
+            header = _HEADER.match(line)
+            if header:
+                name, lines = header.group(2), []
+                if header.group(1):
+                    entry = name
+            continue
+        if re.match(r"^\}(,|\s*$)", line):  # "}" or "}, execution_thread=..." (not a metadata "}}")
+            body = [i for i in map(_parse_instruction, lines) if i is not None]
+            computations[name] = Computation(name, tuple(body), {i.name: i.shape for i in body})
+            name = None
+        elif _INSTRUCTION.match(line) or not lines:
+            lines.append(line)
+        else:  # an attribute printed over several lines (e.g. a kernel's metadata)
+            lines[-1] += " " + line.strip()
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text: give the scheduled module of compiled.as_text()")
+    return computations, entry
+
+
+# -- shapes, groups, FLOPs -------------------------------------------------------------------
+def shape_bytes(shape: str) -> float:
+    """Bytes of every array in a shape text (a tuple's elements summed; layouts ignored)."""
+    shape = re.sub(r"\{[^{}]*\}", "", shape)  # layouts and memory spaces
+    return float(sum(DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+                     for dtype, dims in _ARRAY.findall(shape)))
+
+
+def _arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    shape = re.sub(r"\{[^{}]*\}", "", shape)
+    return [(dtype, tuple(int(d) for d in dims.split(",") if d)) for dtype, dims in _ARRAY.findall(shape)]
+
+
+def group_size(instruction: Instruction) -> int:
+    """Devices per group of a collective, from `replica_groups` (any of XLA's three forms)."""
+    if instruction.opcode.startswith("collective-permute"):
+        return 2
+    groups = instruction.attribute("replica_groups")
+    if groups is None:
+        return 1
+    if groups.startswith("mesh["):
+        sizes = dict((k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", groups[:groups.index("]")]))
+        chosen = re.findall(r"'([^']+)'", groups[groups.index("]"):])
+        return math.prod(sizes[a] for a in chosen) if chosen else math.prod(sizes.values())
+    iota = re.match(r"\[([0-9,]+)\]<=", groups)
+    if iota:
+        return int(iota.group(1).split(",")[-1])
+    first = re.search(r"\{([0-9,\s]*)\}", groups[1:])
+    if not first or not first.group(1).strip():
+        return 1
+    return len(first.group(1).split(","))
+
+
+def replica_groups(instruction: Instruction) -> frozenset[frozenset[int]] | None:
+    """The device groups of a collective (logical device ids: positions in the mesh's device
+    order), from any of XLA's forms; None where it has none (a collective-permute)."""
+    text = instruction.attribute("replica_groups")
+    if text is None:
+        return None
+    if text.startswith("mesh["):
+        head, tail = text[:text.index("]")], text[text.index("]"):]
+        axes = re.findall(r"'([^']+)'=(\d+)", head)
+        chosen = re.findall(r"'([^']+)'", tail) or [a for a, _ in axes]
+        ids = np.arange(math.prod(int(n) for _, n in axes)).reshape([int(n) for _, n in axes])
+        order = [i for i, (a, _) in enumerate(axes) if a not in chosen] + [
+            [a for a, _ in axes].index(a) for a in chosen]
+        size = math.prod(int(dict(axes)[a]) for a in chosen)
+        rows = ids.transpose(order).reshape(-1, size)
+    elif re.match(r"\[[0-9,]+\]<=", text):
+        shape = [int(v) for v in re.match(r"\[([0-9,]+)\]", text).group(1).split(",")]
+        dims = [int(v) for v in re.search(r"<=\[([0-9,]+)\]", text).group(1).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        perm = re.search(r"T\(([0-9,]+)\)", text)
+        if perm:
+            ids = ids.transpose([int(v) for v in perm.group(1).split(",")])
+        rows = ids.reshape(shape[0], -1) if len(shape) > 1 else ids.reshape(1, -1)
+    else:
+        rows = [[int(v) for v in g.split(",") if v.strip()] for g in re.findall(r"\{([0-9,\s]*)\}", text[1:-1])]
+    return frozenset(frozenset(int(v) for v in row) for row in rows)
+
+
+def axis_groups(axis_sizes: dict[str, int], axes: tuple[str, ...]) -> frozenset[frozenset[int]]:
+    """The device groups of a collective over `axes` of a mesh with these axis sizes (in mesh
+    order): logical ids are positions in the flattened device array, as XLA numbers them."""
+    names = list(axis_sizes)
+    ids = np.arange(math.prod(axis_sizes.values())).reshape(list(axis_sizes.values()))
+    order = [i for i, a in enumerate(names) if a not in axes] + [names.index(a) for a in names if a in axes]
+    size = math.prod(axis_sizes[a] for a in names if a in axes)
+    return frozenset(frozenset(int(v) for v in row) for row in ids.transpose(order).reshape(-1, size))
+
+
+def _dims_of(labels: str, dims: tuple[int, ...], wanted: str) -> int:
+    return math.prod(d for label, d in zip(labels, dims) if label in wanted)
+
+
+def instruction_flops(instruction: Instruction, shapes: dict[str, str]) -> float:
+    """FLOPs of a convolution or dot (2 per multiply-add), else 0."""
+    if instruction.opcode not in ("convolution", "dot"):
+        return 0.0
+    out = _arrays(instruction.shape)
+    if not out or len(instruction.operands) < 2:
+        return 0.0
+    out_elements = math.prod(out[0][1])
+    rhs = _arrays(shapes.get(instruction.operands[1], ""))
+    if instruction.opcode == "dot":
+        lhs = _arrays(shapes.get(instruction.operands[0], ""))
+        contracting = instruction.attribute("lhs_contracting_dims") or "{}"
+        dims = [int(d) for d in re.findall(r"\d+", contracting)]
+        return 2.0 * out_elements * math.prod(lhs[0][1][d] for d in dims) if lhs else 0.0
+    labels = instruction.attribute("dim_labels")
+    lhs = _arrays(shapes.get(instruction.operands[0], ""))
+    if not labels or not rhs or not lhs:
+        return 0.0
+    inputs, out_labels = labels.split("->")
+    lhs_labels, rhs_labels = inputs.split("_")
+    out_dims = out[0][1]
+    # a matmul written as a convolution may pad a window over a spatial dimension: count only the
+    # taps that land on the input, per output position
+    window = _window(instruction.attribute("window") or "")
+    taps = 1
+    for n, digit in enumerate(sorted(d for d in lhs_labels if d.isdigit())):
+        size, stride, (low, _), lhs_dilate, rhs_dilate = (w[n] if n < len(w) else d for w, d in
+                                                          zip(window, (1, 1, (0, 0), 1, 1)))
+        length = lhs[0][1][lhs_labels.index(digit)]
+        positions = out_dims[out_labels.index(digit)]
+        taps *= sum(1 for o in range(positions) for k in range(size)
+                    if (p := o * stride + k * rhs_dilate - low) >= 0 and p % lhs_dilate == 0
+                    and p // lhs_dilate < length)
+    batch = _dims_of(out_labels, out_dims, "b")
+    features = _dims_of(out_labels, out_dims, "f")
+    return 2.0 * batch * features * _dims_of(rhs_labels, rhs[0][1], "i") * taps
+
+
+def _window(text: str) -> list[list]:
+    """[sizes, strides, pads (low, high), lhs dilations, rhs dilations] of a convolution window."""
+    fields = dict(re.findall(r"(\w+)=([0-9_x\-]+)", text))
+
+    def numbers(key):
+        return [int(v) for v in fields[key].split("x")] if key in fields else []
+
+    pads = [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")] if "pad" in fields else []
+    return [numbers("size"), numbers("stride"), pads, numbers("lhs_dilate"), numbers("rhs_dilate")]
+
+
+def trip_count(condition: Computation) -> int:
+    """Iterations of a while loop from its condition: `compare(counter, constant(N)), direction=LT`
+    counted from 0. Raises ValueError for a condition of another form."""
+    root = condition.instructions[-1] if condition.instructions else None
+    constants = {i.name: i.operands[0] for i in condition.instructions if i.opcode == "constant" and i.operands}
+    if root is not None and root.opcode == "compare" and root.attribute("direction") == "LT":
+        bound = [constants[o] for o in root.operands[1:] if o in constants]
+        if bound and re.fullmatch(r"-?\d+", bound[0]):
+            return int(bound[0])
+    raise ValueError(f"while condition {condition.name}: not a `counter < N` loop; cannot count its trips")
+
+
+# -- attribution -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Stacks:
+    files: dict[int, str]
+    functions: dict[int, str]
+    locations: dict[int, tuple[int, int]]  # location → (file id, function id)
+    frames: dict[int, tuple[int, int]]  # frame → (location, parent)
+
+    @classmethod
+    def read(cls, text: str) -> "_Stacks":
+        tables = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {}, "StackFrames": {}}
+        current = None
+        for line in text.splitlines():
+            if line in tables:
+                current = tables[line]
+                continue
+            if current is None:
+                continue
+            row = re.match(r"^(\d+)\s+(.*)$", line)
+            if not row:
+                if line.startswith("%") or line.startswith("ENTRY"):
+                    break
+                current = None
+                continue
+            current[int(row.group(1))] = row.group(2)
+        loc = {k: (int(re.search(r"file_name_id=(\d+)", v).group(1)),
+                   int(re.search(r"function_name_id=(\d+)", v).group(1))) for k, v in tables["FileLocations"].items()}
+        frames = {k: (int(re.search(r"file_location_id=(\d+)", v).group(1)),
+                      int(re.search(r"parent_frame_id=(\d+)", v).group(1))) for k, v in tables["StackFrames"].items()}
+        return cls({k: v.strip('"') for k, v in tables["FileNames"].items()},
+                   {k: v.strip('"') for k, v in tables["FunctionNames"].items()}, loc, frames)
+
+    def stack(self, frame_id: int | None) -> list[tuple[str, str]]:
+        """(file, function) of every frame from `frame_id` up to the root."""
+        out, seen = [], set()
+        while frame_id in self.frames and frame_id not in seen:
+            seen.add(frame_id)
+            location, parent = self.frames[frame_id]
+            file_id, function_id = self.locations.get(location, (0, 0))
+            out.append((self.files.get(file_id, ""), self.functions.get(function_id, "")))
+            frame_id = parent
+        return out
+
+
+def attribute(kind: str, *, op_name: str, stack: list[tuple[str, str]], dtypes: set[str],
+              groups: frozenset | None = None, mesh_groups: dict[str, frozenset] | None = None) -> str:
+    """The price category of a collective (rules in the module docstring).
+
+    Args:
+        kind: one of `KINDS`.
+        op_name: jax's op_name path of the instruction.
+        stack: (file, function) frames where the runtime made it, innermost first.
+        dtypes: element types of its operands.
+        groups: its device groups (`replica_groups`).
+        mesh_groups: the groups of the plan's collective families (`tensor`, `weights`, `data`;
+            `axis_groups`), where known: an all-reduce over the tensor axis is tensor-parallel,
+            one over the weight-sharding axes a weight gradient, one over data the data all-reduce.
+    Returns:
+        One of `CATEGORIES`.
+    """
+    files = [f.replace("\\", "/") for f, _ in stack]
+    functions = [fn for _, fn in stack]
+    last = op_name.rsplit("/", 1)[-1]
+    if any("runtime/attention/" in f for f in files) or last == "ppermute" or kind == "collective-permute":
+        return "context"
+    if any(fn.startswith("embed_lookup") for fn in functions) or (dtypes and dtypes <= {"s32", "u32", "s64"}):
+        return "embedding"
+    if kind == "all-gather":
+        return "fsdp_all_gather"
+    if kind == "reduce-scatter":
+        return "fsdp_reduce_scatter"
+    if kind == "all-reduce":
+        mesh_groups = mesh_groups or {}
+        if groups is not None and groups == mesh_groups.get("tensor"):
+            return "tensor"
+        if groups is not None and groups == mesh_groups.get("data"):
+            return "data_all_reduce"
+        if groups is not None and groups == mesh_groups.get("weights"):
+            return "fsdp_reduce_scatter"  # activations never sum over the weight-sharding axes
+        if not mesh_groups and last in ("psum", "psum_invariant"):
+            return "tensor"
+        if not mesh_groups and "transpose(" in op_name and last == "dot_general":
+            return "fsdp_reduce_scatter"
+    return "other"
+
+
+# -- the reader ------------------------------------------------------------------------------
+_SYNC = {k: k for k in KINDS}
+_STARTS = {f"{k}-start": k for k in ("all-gather", "all-reduce", "collective-permute")}
+
+
+# an asynchronous start whose called computation does the work (tpu7x runs collectives on its
+# SparseCores this way: custom-call-start, custom-call-update with the operands, custom-call-done)
+_WRAPPERS = ("async-start", "call-start", "custom-call-start")
+
+
+def _wrapped(instruction: Instruction, computations: dict[str, Computation]):
+    """(collective, its computation) that an `async-start`/`call-start` runs, or None."""
+    if instruction.opcode not in _WRAPPERS:
+        return None
+    for name in instruction.called:
+        wrapped = computations.get(name)
+        for inner in (wrapped.instructions if wrapped else ()):
+            if inner.opcode in _SYNC:
+                return inner, wrapped
+    return None
+
+
+def _collective_kind(instruction: Instruction, computations: dict[str, Computation]) -> str | None:
+    """The collective kind of a sync op, a `-start`, or an async start wrapping one; else None."""
+    if instruction.opcode in _SYNC:
+        return instruction.opcode
+    if instruction.opcode in _STARTS:
+        return _STARTS[instruction.opcode]
+    wrapped = _wrapped(instruction, computations)
+    return wrapped[0].opcode if wrapped else None
+
+
+def _done_of(start: Instruction, following: tuple[Instruction, ...]) -> tuple[Instruction, Instruction] | None:
+    """(the last of the start and its `-update`s, the `-done`) of an asynchronous start. Data
+    moves once the last update has handed over the operands: compute after it can overlap."""
+    last, current = start, start.name
+    for instruction in following:
+        if current in instruction.operands and instruction.opcode.endswith(("-update", "-done")):
+            if instruction.opcode.endswith("-done"):
+                return last, instruction
+            last, current = instruction, instruction.name
+    return None
+
+
+def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None) -> CompiledProgram:
+    """Reads the collectives and the matmul FLOPs of a scheduled HLO module.
+
+    Args:
+        text: `compiled.as_text()` of a compiled step (or an HLO dump of the scheduled module).
+        mesh_axes: the plan's mesh, axis name → size in mesh order (`cost_models.vocabulary.AXES`),
+            so that all-reduces are attributed by the axes they run over; without it, by op_name.
+    Returns:
+        Its `CompiledProgram`.
+    Raises:
+        ValueError: the text is not an HLO module with an ENTRY computation, or a loop's trip
+            count cannot be read.
+    """
+    computations, entry = parse_computations(text)
+    stacks = _Stacks.read(text)
+    mesh_groups = None
+    if mesh_axes:
+        from cost_models.vocabulary import WEIGHT_SHARDING_AXES
+        mesh_groups = {"tensor": axis_groups(mesh_axes, ("tensor",)), "data": axis_groups(mesh_axes, ("data",)),
+                       "weights": axis_groups(mesh_axes, WEIGHT_SHARDING_AXES)}
+    collectives: list[Collective] = []
+    custom_calls: dict[str, int] = defaultdict(int)
+    flops_cache: dict[str, float] = {}
+
+    def computation_flops(name: str) -> float:
+        """FLOPs of one run of a computation, loops inside it times their trip counts."""
+        if name not in flops_cache:
+            flops_cache[name] = 0.0  # guards against recursion
+            comp = computations.get(name)
+            flops_cache[name] = sum(_instruction_work(i, comp) for i in comp.instructions) if comp else 0.0
+        return flops_cache[name]
+
+    def _instruction_work(instruction: Instruction, comp: Computation) -> float:
+        if instruction.opcode == "while":
+            body, condition = instruction.attribute("body"), instruction.attribute("condition")
+            trips = trip_count(computations[condition.lstrip("%")])
+            return trips * computation_flops(body.lstrip("%"))
+        if instruction.opcode == "conditional":
+            branches = instruction.called
+            return max((computation_flops(b) for b in branches), default=0.0)
+        if instruction.opcode in ("fusion", "call", "async-start"):
+            return sum(computation_flops(c) for c in instruction.called)
+        return instruction_flops(instruction, comp.shapes)
+
+    def visit(name: str, executions: int, seen: tuple[str, ...] = ()) -> None:
+        comp = computations.get(name)
+        if comp is None or name in seen:
+            return
+        seen = seen + (name,)
+        order = {i.name: n for n, i in enumerate(comp.instructions)}
+        for n, instruction in enumerate(comp.instructions):
+            if instruction.opcode == "custom-call":
+                target = (instruction.attribute("custom_call_target") or "").strip('"')
+                custom_calls[target] += executions
+            if instruction.opcode == "while":
+                body, condition = instruction.attribute("body"), instruction.attribute("condition")
+                visit(body.lstrip("%"), executions * trip_count(computations[condition.lstrip("%")]), seen)
+                continue
+            if instruction.opcode in ("conditional", "call", "fusion"):
+                for called in instruction.called:
+                    visit(called, executions, seen)
+            kind = _collective_kind(instruction, computations)
+            if kind is None:
+                continue
+            collectives.append(_collective(instruction, kind, comp, order, n, executions))
+
+    def _collective(instruction, kind, comp, order, n, executions) -> Collective:
+        inner, inner_comp = _wrapped(instruction, computations) or (instruction, comp)
+        is_async = instruction.opcode != kind
+        pair = _done_of(instruction, comp.instructions[n + 1:]) if is_async else None
+        launched, done = pair if pair else (instruction, None)
+        operand_shapes = [inner_comp.shapes.get(o, "") for o in inner.operands]
+        operand_bytes = sum(shape_bytes(s) for s in operand_shapes)
+        if kind != "all-gather":
+            array_bytes = operand_bytes
+        elif inner is not instruction or done is None:
+            array_bytes = shape_bytes(inner.shape)
+        else:  # all-gather-start: its done holds the gathered array
+            array_bytes = shape_bytes(done.shape)
+        between = comp.instructions[order[launched.name] + 1:order[done.name]] if done is not None else ()
+        compute = [i for i in between if i.opcode in _COMPUTE_OPS]
+        kernels = tuple((i.attribute("custom_call_target") or "").strip('"') for i in compute
+                        if i.opcode == "custom-call")
+        flops = sum(_instruction_work(i, comp) for i in compute)
+        metadata = inner.attribute("metadata") or instruction.attribute("metadata") or ""
+        op_name = (re.search(r'op_name="([^"]*)"', metadata) or [None, ""])[1]
+        frame = re.search(r"stack_frame_id=(\d+)", metadata)
+        stack = stacks.stack(int(frame.group(1))) if frame else []
+        dtypes = {d for s in operand_shapes for d, _ in _arrays(s)}
+        return Collective(kind=kind, name=instruction.name, computation=comp.name, array_bytes=array_bytes,
+                          group_size=group_size(inner), executions=executions, is_async=is_async,
+                          category=attribute(kind, op_name=op_name, stack=stack, dtypes=dtypes,
+                                            groups=replica_groups(inner), mesh_groups=mesh_groups),
+                          op_name=op_name,
+                          compute_between=tuple(i.name for i in compute), flops_between=flops,
+                          kernels_between=kernels)
+
+    visit(entry, 1)
+    return CompiledProgram(collectives=tuple(collectives), matmul_flops=computation_flops(entry),
+                           custom_calls=dict(custom_calls))
+
+
+# -- counts against the price ----------------------------------------------------------------
+COMPARED = ("fsdp_all_gather", "fsdp_reduce_scatter", "embedding", "tensor", "data_all_reduce", "context")
+
+
+@dataclass(frozen=True)
+class CountCheck:
+    """A compiled step's matmul FLOPs and collective bytes next to what the price says, per device.
+
+    Attributes:
+        compiled_flops: matmul FLOPs of the compiled step (`CompiledProgram.matmul_flops`).
+        priced_flops: what the price says a device executes (`cost_models.counts`).
+        compiled_bytes: category → link bytes of the compiled collectives (`cost_models.counts.link_bytes`;
+            a weight gradient all-reduced whole counts as the reduce-scatter it stands for).
+        priced_bytes: category → the bytes the price charges.
+        wasted_bytes: link bytes the compiled step moves beyond that: whole all-reduces of
+            weight gradients, where a reduce-scatter would do.
+        other_bytes: link bytes of collectives no price category covers.
+    """
+
+    compiled_flops: float
+    priced_flops: float
+    compiled_bytes: dict[str, float]
+    priced_bytes: dict[str, float]
+    wasted_bytes: float
+    other_bytes: float
+
+    @property
+    def flops_error(self) -> float:
+        """(priced − compiled) / compiled."""
+        return (self.priced_flops - self.compiled_flops) / self.compiled_flops
+
+    def bytes_error(self, category: str) -> float | None:
+        """(priced − compiled) / compiled for one category; None where neither moves a byte,
+        inf where only the price does."""
+        compiled, priced = self.compiled_bytes.get(category, 0.0), self.priced_bytes.get(category, 0.0)
+        if compiled == 0.0:
+            return None if priced == 0.0 else math.inf
+        return (priced - compiled) / compiled
+
+
+def plan_mesh_axes(plan) -> dict[str, int]:
+    """A plan's mesh as `read_compiled_program` takes it: axis → size in the runtime's mesh order."""
+    from cost_models.vocabulary import AXES
+
+    return {axis: plan.axis_size(axis) for axis in AXES}
+
+
+def count_check(plan, program: CompiledProgram) -> CountCheck:
+    """Compares a plan's compiled program with its price.
+
+    Args:
+        plan: the `planner.plan.Plan` compiled.
+        program: `read_compiled_program(text, mesh_axes=plan_mesh_axes(plan))` of its scheduled step.
+    Returns:
+        The `CountCheck`.
+    """
+    from cost_models.counts import executed_matmul_flops, link_bytes, priced_link_bytes
+    from planner.estimate import candidates_of
+
+    x = candidates_of(plan)
+    compiled: dict[str, float] = defaultdict(float)
+    wasted = other = 0.0
+    for c in program.collectives:
+        charged = link_bytes(c.kind, c.array_bytes, c.group_size) * c.executions
+        if c.category == "fsdp_reduce_scatter" and c.kind == "all-reduce":
+            needed = link_bytes("reduce-scatter", c.array_bytes, c.group_size) * c.executions
+            wasted += charged - needed
+            charged = needed
+        if c.category == "other":
+            other += charged
+        else:
+            compiled[c.category] += charged
+    priced = {k: float(v[0]) for k, v in priced_link_bytes(x).items()}
+    return CountCheck(compiled_flops=program.matmul_flops, priced_flops=float(executed_matmul_flops(x)[0]),
+                      compiled_bytes=dict(compiled), priced_bytes=priced, wasted_bytes=wasted, other_bytes=other)
