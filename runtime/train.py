@@ -140,20 +140,31 @@ class Trainer:
                        out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P())),
                        donate_argnums=(0, 1))
 
-    def prepare_batch(self, sequences: np.ndarray):
+    def prepare_batch(self, sequences: np.ndarray, *, first_row: int = 0):
         """Inputs, targets and positions of natural-order sequences, permuted once to the plan's order.
 
+        Each process gives the rows its devices hold (all of them in a single process); every
+        device's shard is cut from those rows, so the batch never travels between processes.
+
         Args:
-            sequences: `[batch, seq_len+1]` tokens in natural order.
+            sequences: `[rows, seq_len+1]` tokens in natural order: rows `first_row ..` of the batch.
+            first_row: index in the global batch of the first row given.
         Returns:
-            `(tokens, targets, positions)`, each `[batch, seq_len]` int32, sharded over batch and sequence.
+            `(tokens, targets, positions)`, each `[global_batch, seq_len]` int32, sharded over batch and sequence.
         """
         order = token_order(self.plan.seq_len, self.plan.axis_size("context"),
                             self.plan.load_balance is LoadBalance.ZIGZAG)
         sequences = np.asarray(sequences, dtype=np.int32)
         tokens, targets = sequences[:, :-1][:, order], sequences[:, 1:][:, order]
         positions = np.broadcast_to(order.astype(np.int32), tokens.shape)
-        put = lambda x: jax.device_put(x, self.token_sharding)
+        shape = (self.plan.global_batch, self.plan.seq_len)
+
+        def put(local):
+            def shard(index):
+                rows, columns = index
+                rows = slice((rows.start or 0) - first_row, (shape[0] if rows.stop is None else rows.stop) - first_row)
+                return local[rows, columns]
+            return jax.make_array_from_callback(shape, self.token_sharding, shard)
         return put(tokens), put(targets), put(positions)
 
 
