@@ -258,7 +258,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
         if leader:
             print(_json({"plan": plan.to_dict(), "preflight": [_attempt_dict(a) for a in checked.attempts]})
-                  if args.json else f"{checked.report()}\n{plan.to_json()}")
+                  if args.json else f"{plan.to_json()}\ndry run: plan #{checked.attempts[-1].rank} compiles and fits; "
+                                    f"stopping before the first step")
         return 0
     dataset = open_dataset(args.data, seq_len=plan.seq_len, vocab=plan.model.vocab, seed=args.seed)
     checkpointing = Checkpointing(every=args.checkpoint_every, keep=args.keep_checkpoints, resume=args.resume)
@@ -272,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _RAISE_ON_INTERRUPT[0] = True
     if report.stopped:
         if leader:
-            name = signal.Signals(_INTERRUPTED_BY[-1]).name if _INTERRUPTED_BY else "a signal in another process"
+            name = signal.Signals(_INTERRUPTED_BY[-1]).name if _INTERRUPTED_BY else "a preemption notice (SIGTERM)"
             print(f"cpplan: stopped by {name} after step {report.first_step + len(report.losses)}; checkpoint saved "
                   f"in {Path(args.run_dir) / 'checkpoints'}; run the same command to resume", file=sys.stderr)
         return 128 + (_INTERRUPTED_BY[-1] if _INTERRUPTED_BY else signal.SIGTERM)

@@ -90,12 +90,20 @@ def is_leader() -> bool:
     return jax.process_index() == 0
 
 
-def any_process(flag: bool) -> bool:
-    """Whether `flag` is true in any process (every process must call this at the same point)."""
+def stop_agreed(step: int, requested: bool) -> bool:
+    """Whether every process stops after `step`: this process was asked to (`requested`), or
+    any other was; all processes must call this after every step.
+
+    With several processes jax's preemption notifier owns SIGTERM (a TPU VM's notice before a
+    preemption) and picks the step all processes stop at; a Ctrl-C, seen by this process's own
+    handler, is shared by a gather of the flags.
+    """
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
 
     if jax.process_count() == 1:
-        return flag
-    return bool(np.any(multihost_utils.process_allgather(np.array(flag))))
+        return requested
+    if multihost_utils.reached_preemption_sync_point(step):
+        return True
+    return bool(np.any(multihost_utils.process_allgather(np.array(requested))))

@@ -86,7 +86,7 @@ def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Pat
     import jax
 
     from runtime.checkpoint import Checkpoints
-    from runtime.distributed import any_process
+    from runtime.distributed import stop_agreed
     from runtime.metrics import StepLog, peak_memory_bytes
 
     plan = trainer.plan
@@ -135,7 +135,7 @@ def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Pat
                 jax.profiler.stop_trace()
             if log is not None:
                 log.step(step, loss=loss, seconds=times[-1])
-            stopped = any_process(should_stop())
+            stopped = stop_agreed(step, should_stop())
             if checkpoints is not None and (checkpoints.due(step) or step == steps or stopped):
                 checkpoints.save(step, params, opt_state)
             if stopped:

@@ -68,13 +68,6 @@ class Preflight:
     def plan(self) -> Plan:
         return self.trainer.plan
 
-    def report(self) -> str:
-        """The compile report: one line per plan tried, then the one chosen."""
-        lines = ["pre-flight compile:"] + [f"  {a}" for a in self.attempts]
-        if self.attempts[-1].rank > 1:
-            lines.append(f"  running plan #{self.attempts[-1].rank} instead of the planner's first choice")
-        return "\n".join(lines)
-
 
 def preflight(plans: Sequence[Plan], *, devices, max_attempts: int = 4, available_bytes: int | None = None,
               on_attempt=None) -> Preflight:
