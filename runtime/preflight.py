@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from cost_models.errors import CpplanError
 from cost_models.units import GiB
-from planner.explanation import short
 from planner.plan import Plan
 from runtime.compile import CompiledMemory, parse_hbm_oom
 
@@ -44,7 +43,9 @@ class Attempt:
     def __str__(self) -> str:
         need = "n/a" if self.required_bytes is None else f"{self.required_bytes / GiB:.3f} GiB"
         verdict = "fits" if self.fits else f"does not fit: {self.reason}"
-        return (f"#{self.rank} {short(self.plan)}: {need} of {self.available_bytes / GiB:.1f} GiB per device, "
+        mesh = " ".join(f"{axis}={size}" for axis, size in self.plan.mesh if size > 1) or "one device"
+        plan = f"{self.plan.cp_strategy.value} {mesh}, remat {self.plan.remat.value}"
+        return (f"#{self.rank} {plan}: {need} of {self.available_bytes / GiB:.1f} GiB per device, "
                 f"compiled in {self.compile_s:.1f} s; {verdict}")
 
 

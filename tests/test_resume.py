@@ -23,7 +23,8 @@ from runtime import run  # noqa: E402
 pytestmark = pytest.mark.cpu_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ("--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8")
+PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls and depends on every update
+RUN = ("--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--data", str(PROSE))
 STEPS = 12
 # a terminal's Ctrl-C, even where the test runner's parent ignores SIGINT (see test_faults.py)
 _AS_FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -77,7 +78,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert [r["step"] for r in logged] == [r["step"] for r in before] + list(range(resumed_from + 1, STEPS + 1))
     curve = {r["step"]: r["loss"] for r in logged}  # a step run twice: the resumed run's line
     plan = api.plan("tiny", "1k", "cpu:8")
-    uninterrupted = run(plan, steps=STEPS, seed=0).losses
+    uninterrupted = run(plan, steps=STEPS, data=PROSE, seed=0).losses
     print(json.dumps({"uninterrupted": uninterrupted, "killed_then_resumed": [curve[s] for s in sorted(curve)],
                       "killed_after_step": len(before), "resumed_from": resumed_from}))
     assert [curve[s] for s in range(1, STEPS + 1)] == list(uninterrupted)  # exactly, step for step
