@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--checkpoint-every", type=int, default=2)
+    parser.add_argument("--data", default=str(ROOT / "tests" / "testdata" / "prose.txt"),
+                        help="text to train on (byte tokens), so that the loss moves")
     args = parser.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     work = Path(tempfile.mkdtemp(prefix="cpplan-resume-"))
@@ -41,7 +43,7 @@ def main(argv=None) -> int:
     def command(run_dir: Path) -> list[str]:
         return [sys.executable, str(ROOT / "cli.py"), "run", "--model", args.model, "--seq-len", args.seq_len,
                 "--topology", f"cpu:{args.devices}", "--steps", str(args.steps),
-                "--checkpoint-every", str(args.checkpoint_every), "--run-dir", str(run_dir)]
+                "--checkpoint-every", str(args.checkpoint_every), "--data", args.data, "--run-dir", str(run_dir)]
 
     killed = work / "killed"
     proc = subprocess.Popen(command(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -51,9 +53,10 @@ def main(argv=None) -> int:
     proc.wait()
     done = len(losses(killed))
     print(f"killed (SIGKILL) after step {done}; checkpoints at steps {checkpoints(killed)}")
-    subprocess.run(command(killed), env=env, check=True, stdout=subprocess.DEVNULL)
+    quiet = dict(env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(command(killed), **quiet)
     whole = work / "uninterrupted"
-    subprocess.run(command(whole), env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(command(whole), **quiet)
     resumed, reference = losses(killed), losses(whole)
     print(f"{'step':>4}  {'uninterrupted':>14}  {'killed+resumed':>14}")
     for step in sorted(reference):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cost_models.errors import CpplanError
-from cost_models.units import GiB
+from cost_models.units import GiB, MiB
 from planner.plan import Plan
 from runtime.compile import CompiledMemory, parse_hbm_oom
 
@@ -41,11 +41,11 @@ class Attempt:
     reason: str = ""
 
     def __str__(self) -> str:
-        need = "n/a" if self.required_bytes is None else f"{self.required_bytes / GiB:.3f} GiB"
+        need = "n/a" if self.required_bytes is None else _size(self.required_bytes)
         verdict = "fits" if self.fits else f"does not fit: {self.reason}"
         mesh = " ".join(f"{axis}={size}" for axis, size in self.plan.mesh if size > 1) or "one device"
         plan = f"{self.plan.cp_strategy.value} {mesh}, remat {self.plan.remat.value}"
-        return (f"#{self.rank} {plan}: {need} of {self.available_bytes / GiB:.1f} GiB per device, "
+        return (f"#{self.rank} {plan}: {need} of {_size(self.available_bytes)} per device, "
                 f"compiled in {self.compile_s:.1f} s; {verdict}")
 
 
@@ -103,13 +103,13 @@ def preflight(plans: Sequence[Plan], *, devices, max_attempts: int = 4, availabl
                 raise
             need, have = parsed
             attempt = Attempt(plan, rank, False, time.perf_counter() - start, need, have,
-                              f"the compiler needs {need / GiB:.2f} GiB, the device has {have / GiB:.2f} GiB")
+                              f"the compiler needs {_size(need)}, the device has {_size(have)}")
             compiled = None
         else:
             memory = CompiledMemory.of(compiled)
             need = None if memory is None else memory.hbm_bytes_per_device
             fits = need is None or need <= have
-            reason = "" if fits else f"the compiled step holds {need / GiB:.3f} GiB, over {have / GiB:.3f} GiB"
+            reason = "" if fits else f"the compiled step holds {_size(need)}, over {_size(have)}"
             attempt = Attempt(plan, rank, fits, time.perf_counter() - start, need, have, reason)
         result.attempts.append(attempt)
         if on_attempt is not None:
@@ -120,3 +120,8 @@ def preflight(plans: Sequence[Plan], *, devices, max_attempts: int = 4, availabl
     raise CpplanError(f"none of the planner's first {len(result.attempts)} plans fits once compiled:\n"
                       + "\n".join(f"  {a}" for a in result.attempts)
                       + "\nPlan a shorter sequence or a smaller batch, or allow more plans (--max-fallbacks).")
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in GiB, or in MiB below one GiB (a host's tiny plans)."""
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.2f} MiB"

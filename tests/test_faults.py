@@ -65,10 +65,11 @@ def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
 
 @pytest.mark.cpu_mesh
 def test_ctrl_c_before_the_first_step_prints_one_line(tmp_path):
-    """Interrupted while it starts (importing jax, planning, compiling): one line, no files.
+    """Interrupted while it compiles, before the first step: one line, no files.
     (Interrupted during the steps, a run saves a checkpoint: tests/test_resume.py.)"""
-    proc = _cpplan("run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "50", cwd=tmp_path)
-    time.sleep(2)  # within jax's import
+    proc = _cpplan("run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "50",
+                   "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert "pre-flight compile" in proc.stdout.readline()  # the run's first line: jax is up, compiling starts
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and stderr.strip().splitlines() == ["cpplan: interrupted"], stderr

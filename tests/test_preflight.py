@@ -19,7 +19,7 @@ def test_a_plan_over_the_memory_moves_to_the_next_and_says_why():
     assert [a.rank for a in seen] == [1, 2] and [a.plan for a in seen] == plans  # the second was tried
     for attempt in seen:
         assert not attempt.fits and attempt.required_bytes > 1024 and attempt.compile_s > 0
-        assert "the compiled step holds" in attempt.reason and "over 0.000 GiB" in attempt.reason
+        assert "the compiled step holds" in attempt.reason and "MiB, over 0.00 MiB" in attempt.reason
     assert str(err.value).count("does not fit") == 2
     # with the chip row's memory the best plan passes, and its compiled step is the one kept
     passed = preflight(plans, devices=jax.devices())
