@@ -83,6 +83,8 @@ def test_killed_run_resumes_exactly(tmp_path):
                       "killed_after_step": len(before), "resumed_from": resumed_from}))
     assert [curve[s] for s in range(1, STEPS + 1)] == list(uninterrupted)  # exactly, step for step
     assert all(curve[r["step"]] == r["loss"] for r in before)  # steps run twice gave the same loss
+    assert all(r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and r["tokens_per_s_per_device"] > 0 for r in logged)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
