@@ -230,7 +230,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _use_host_devices(args.topology, processes=group.count)
     elif not _on_a_tpu_vm():
         raise CpplanError(f"`cpplan run` runs on the devices present; {topo.name} is a TPU slice and this host has "
-                          f"no TPU. Launch it on every TPU VM of the slice (see the README), use `cpplan compile` to "
+                          f"no TPU: launch it on every TPU VM of the slice (see the README). Use `cpplan compile` to "
                           f"compile for it deviceless, or plan for cpu:8.")
     search = api.run_search(args.model, args.seq_len, args.topology, **_search_options(args))
     explanation = Explanation(search)
