@@ -19,6 +19,7 @@ from pathlib import Path
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
+from cost_models.vocabulary import DTYPE_BYTES
 from planner import api
 from planner.explanation import Explanation, describe_strategy
 from planner.maxtext import format_flags
@@ -96,7 +97,13 @@ def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> 
     p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
     p.add_argument("--strategies", help="allowed strategies: all_gather,ulysses,ring,usp,none")
     p.add_argument("--mesh", help="fixed axis sizes, e.g. context=16,tensor=2")
-    p.add_argument("--remat", help="allowed remat policies: full,save_dot_except_mlp,minimal_with_context")
+    p.add_argument("--remat", help="allowed remat policies, MaxText's names (default full,save_dot_except_mlp,"
+                                   "minimal_with_context): also minimal, save_dot_with_context_except_mlp, "
+                                   "save_dot_except_mlpwi, save_qkv_proj, save_out_proj, qkv_proj_offloaded, "
+                                   "minimal_offloaded")
+    p.add_argument("--param-dtype", choices=sorted(DTYPE_BYTES), help="weights and gradients (default float32)")
+    p.add_argument("--mu-dtype", choices=sorted(DTYPE_BYTES),
+                   help="AdamW's first moment (MaxText's mu_dtype; default float32); the second is in --param-dtype")
     p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
     p.add_argument("--global-batch-tokens", help="tokens per step to aim for: the search picks the number of sequences "
                                                  "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
@@ -115,7 +122,8 @@ def _search_options(args: argparse.Namespace) -> dict:
     opts = {"strategies": _csv(args.strategies), "mesh": _mesh(args.mesh), "remat": _csv(args.remat),
             "load_balance": _csv(args.load_balance), "global_batch_tokens": args.global_batch_tokens,
             "global_batch": args.exact_batch,
-            "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices}
+            "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices,
+            "param_dtype": args.param_dtype, "mu_dtype": args.mu_dtype}
     return {k: v for k, v in opts.items() if v is not None}
 
 
@@ -243,16 +251,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     import jax
 
     from planner.estimate import estimate
-    from runtime.dataset import open_dataset
+    from runtime.data import open_dataset
     from runtime.loop import Checkpointing, train
     from runtime.preflight import preflight
 
+    best = explanation.best  # every ranked plan has its model and sequence length
+    dataset = open_dataset(args.data, seq_len=best.seq_len, vocab=best.model.vocab, seed=args.seed, pack=args.pack,
+                           dtype=args.data_dtype, eos_id=args.eos_id)
     leader = is_leader()
     notes = sys.stderr if args.json else sys.stdout
     say = (lambda text: print(text, file=notes, flush=True)) if leader else (lambda text: None)
     say(f"{jax.process_count()} process(es), {jax.device_count()} {jax.devices()[0].platform} devices; "
         f"pre-flight compile of the planner's plans, best first:")
-    checked = preflight([r.plan for r in search.ranked[:args.max_fallbacks]], devices=jax.devices(),
+    checked = preflight([r.plan for r in search.ranked[:args.max_fallbacks]], devices=jax.devices(), packed=args.pack,
                         max_attempts=args.max_fallbacks, on_attempt=lambda attempt: say(f"  {attempt}"))
     plan = checked.plan
     if args.dry_run:
@@ -261,7 +272,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                   if args.json else f"{plan.to_json()}\ndry run: plan #{checked.attempts[-1].rank} compiles and fits; "
                                     f"stopping before the first step")
         return 0
-    dataset = open_dataset(args.data, seq_len=plan.seq_len, vocab=plan.model.vocab, seed=args.seed)
     checkpointing = Checkpointing(every=args.checkpoint_every, keep=args.keep_checkpoints, resume=args.resume)
     _RAISE_ON_INTERRUPT[0] = False  # stop after the step in hand and save, rather than raise inside jax
     try:
@@ -395,12 +405,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES
 
     if args.measured:
+        from validation.corpus import compare_corpus, is_corpus, read_corpus
         from validation.measured import read_csv, read_maxtext_log
+        from validation.report import CORPUS_REPORT_FILES
         from validation.steptime import compare_measured
 
-        steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
-        outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
-        report = compare_measured(steps)
+        if not args.maxtext_flags and is_corpus(args.measured):  # published runs, each with its MaxText flags
+            runs = read_corpus(args.measured)
+            outdir = prepare_out_dir(args.out, CORPUS_REPORT_FILES)
+            report = compare_corpus(runs, title=f"cpplan vs the published TPU runs of {os.path.basename(args.measured)}")
+        else:
+            steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
+            outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
+            report = compare_measured(steps)
     else:
         if not (args.model and args.seq_lens and args.topology):
             raise CpplanError("cpplan validate needs --model, --seq-lens and --topology (or --measured FILE).")
@@ -518,8 +535,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_search_options(p)
     p.add_argument("--steps", type=_at_least(2), default=5, help="train until this many steps are done (a resumed "
                                                                  "run does the rest; the median skips the first)")
-    p.add_argument("--data", help="a text file to train on (byte tokens); default synthetic tokens")
+    p.add_argument("--data", help="tokens to train on: a text file (bytes), a .npy or raw token file, ArrayRecord; "
+                                  "default synthetic tokens")
     p.add_argument("--seed", type=_at_least(0), default=0, help="parameter and data seed")
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], help="token type of raw and ArrayRecord --data")
+    p.add_argument("--eos-id", type=_at_least(0), help="the token that ends each document of --data")
+    p.add_argument("--pack", action="store_true", help="keep the documents of a row apart (segment ids through "
+                                                       "splash); needs --eos-id or ArrayRecord --data")
     p.add_argument("--run-dir", default="cpplan-run", help="directory for metrics.jsonl, TensorBoard events, "
                                                            "checkpoints/ and profile/")
     p.add_argument("--checkpoint-every", type=_at_least(0), default=100,
@@ -561,8 +583,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="text file for the runs (synthetic tokens by default)")
     p.add_argument("--measured", help="a CSV with columns model, topology, seq_len, global_batch, strategy, data, "
                                       "fsdp, context, context_ulysses, tensor, remat, load_balance, step_seconds "
-                                      "(the first five and the last required), or a MaxText log (with "
-                                      "--maxtext-flags)")
+                                      "(the first five and the last required), a corpus of published runs "
+                                      "(benchmarks/public_runs.csv: MaxText flags and citations per run), or a "
+                                      "MaxText log (with --maxtext-flags)")
     p.add_argument("--maxtext-flags", help="the MaxText flags of the logged run: key=value text, or a file holding "
                                            "them")
     p.add_argument("--out", default="validation-report", help="directory for report.md, report.json, plots and "

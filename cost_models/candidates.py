@@ -54,6 +54,8 @@ class Candidates(ReadsCase):
     loss_chunk_tokens: int = 0
     act_bytes: int = 2
     param_bytes: int = 4
+    mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
+    remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__
@@ -107,7 +109,7 @@ class Candidates(ReadsCase):
     @cached_property
     def remat_columns(self) -> RematCost:
         """What each candidate's remat policy keeps and recomputes, one entry per candidate."""
-        table = remat_table(self.model)
+        table = remat_table(self.model, self.remat_custom)
         return RematCost(**{f.name: getattr(table, f.name)[self.remat] for f in dataclasses.fields(table)})
 
 

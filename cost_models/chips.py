@@ -103,6 +103,10 @@ class Chip:
     attention_operand_passes: float  # passes over a forward call's operand arrays at HBM bandwidth, per call
     attention_backward_operand_passes: float  # the same for the backward's operand arrays
     comm_overlaps_compute: bool
+    # the host's DRAM shared out per chip, and the chip's link to it (one direction): where remat
+    # offload puts activations (pinned host memory) and how fast they go there and back
+    host_memory_bytes_per_chip: int
+    host_link_bw_bytes_per_s: float
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -190,6 +194,8 @@ _NUMBER_RULES = {
     "attention_backward_over_forward": (False, 0, False, None, "a ratio of times"),
     "attention_operand_passes": (False, 0, True, None, "a count of passes"),
     "attention_backward_operand_passes": (False, 0, True, None, "a count of passes"),
+    "host_memory_bytes_per_chip": (True, 0, False, None, "bytes of host memory per chip"),
+    "host_link_bw_bytes_per_s": (False, 0, False, None, "the bandwidth between a chip and its host"),
 }
 
 

@@ -1,24 +1,41 @@
 """What each remat policy keeps for the backward pass, by MaxText's checkpoint names: the one
-table from which both the price (bytes kept, work recomputed) and the runtime's jax checkpoint
-policy are derived.
+table from which both the price (bytes kept on device or in host memory, work recomputed) and
+the runtime's jax checkpoint policy are derived.
 
-A decoder layer names eight intermediate values (`CHECKPOINTS`); a policy keeps some of them
-(`KEPT`) and recomputes the rest from the layer input, which every policy keeps:
+The policies are MaxText's, read from its decoder (`Decoder.minimal_policy` and
+`Decoder.get_remat_policy` in src/maxtext/layers/decoders.py, and
+`maxtext_utils.get_save_and_offload_names` in src/maxtext/utils/maxtext_utils.py, repository
+AI-Hypercomputer/maxtext at tag maxtext-v0.2.4, commit 538fe7a3f3376d94cf3f04e77741aa6d7e8efa45;
+the per-name `custom` choices from src/maxtext/configs/base.yml there). A policy saves some
+names on device (`save_only_these_names`), offloads some to pinned host memory
+(`save_and_offload_only_these_names(offload_src="device", offload_dst="pinned_host")`) and
+recomputes the rest from the layer input, which every policy keeps (MaxText's
+`decoder_layer_input`, which cannot be rematerialised; here the scanned layer's carry).
 
-- full: keeps the layer input only; recomputes every forward matmul and the attention.
-- save_dot_except_mlp: keeps the q/k/v and out projections; recomputes attention and the MLP.
-- minimal_with_context: keeps every matmul output and the attention output ("context");
-  recomputes only elementwise work.
+Where our decoder's names differ from MaxText's:
+- MaxText also names fused projections (`qkv_proj`, `kv_proj`, and `mlpwi` for a fused
+  gate/up); a Llama decoder in either runs them unfused, so they map onto q/k/v and the two MLP
+  inputs (`MAXTEXT_NAMES`).
+- MaxText names the attention output twice, `context` (inside the attention op, with the
+  log-sum-exp) and `attention_out` (after it); ours is `context`, output and log-sum-exp alike.
+- As in MaxText, `query_proj` and `key_proj` are named after RoPE.
+- `out_proj` and `mlpwo` are named after the reduce-scatter that ends their tensor-parallel
+  matmul, so, like every other checkpoint and the layer input, they are split over `tensor`
+  (sequence parallelism between the tensor-parallel matmuls).
+- MaxText names MoE, MLA and other blocks' values too (`moe_mlpwi_0`, `mla_q`, ...); a dense
+  Llama decoder has none, so a placement for them changes nothing.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
+from cost_models.errors import CpplanError, unknown_name
 from cost_models.models import ModelSpec
-from cost_models.vocabulary import RematPolicy
+from cost_models.vocabulary import Placement, RematPolicy
 
 POLICIES = tuple(RematPolicy)
 
@@ -28,8 +45,7 @@ ATTENTION_OUTPUT = "context"
 
 
 class Block(str, Enum):
-    """The sub-block of a decoder layer a checkpoint belongs to; recomputing any value of a
-    block's matmuls recomputes that block's matmuls (and its two tensor-parallel collectives)."""
+    """The sub-block of a decoder layer a checkpoint belongs to."""
 
     ATTENTION_PROJECTIONS = "attention projections"
     ATTENTION = "attention"
@@ -38,82 +54,221 @@ class Block(str, Enum):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """One named value of a decoder layer: its block and how wide it is per token.
+    """One named value of a decoder layer.
 
-    `split_over_tensor`: the `tensor` axis splits it (heads, MLP columns); otherwise every tensor
-    shard holds it whole.
+    `read_by_backward`: whether the layer's backward reads the value. The MLP's output only
+    enters the residual sum, whose result is the next layer's input (kept there), so nothing
+    reads it: keeping it costs nothing and recomputing it never happens (jax drops unread
+    recomputation).
+    `gathered_input`: the value is a matmul whose input is all-gathered over `tensor` first
+    (sequence parallelism): recomputing it repeats that gather.
+    `scattered_output`: the value is reduce-scattered over `tensor` after its matmul:
+    recomputing it repeats that reduce-scatter.
     """
 
     name: str
     block: Block
-    split_over_tensor: bool
+    read_by_backward: bool = True
+    gathered_input: bool = False
+    scattered_output: bool = False
 
     def width(self, model: ModelSpec) -> int:
-        """Values per token of this checkpoint, before any tensor split."""
+        """Values per token of this checkpoint, before the tensor split."""
         kv = model.num_kv_heads * model.head_dim
         return {"query_proj": model.num_heads * model.head_dim, "key_proj": kv, "value_proj": kv,
                 "out_proj": model.hidden, "mlpwi_0": model.intermediate, "mlpwi_1": model.intermediate,
                 "mlpwo": model.hidden, ATTENTION_OUTPUT: model.num_heads * model.head_dim}[self.name]
 
+    def is_matmul(self) -> bool:
+        return self.block is not Block.ATTENTION
+
+    def weight_size(self, model: ModelSpec) -> int:
+        """Weights of the matmul that computes this checkpoint (its FLOPs per token, halved)."""
+        if not self.is_matmul():
+            raise CpplanError(f"checkpoint {self.name!r} is the attention's output, not a matmul's.")
+        inner = model.intermediate if self.block is Block.MLP else model.num_heads * model.head_dim
+        return self.width(model) * (inner if self.name in ("out_proj", "mlpwo") else model.hidden)
+
 
 CHECKPOINTS = (
-    Checkpoint("query_proj", Block.ATTENTION_PROJECTIONS, True),
-    Checkpoint("key_proj", Block.ATTENTION_PROJECTIONS, True),
-    Checkpoint("value_proj", Block.ATTENTION_PROJECTIONS, True),
-    Checkpoint("out_proj", Block.ATTENTION_PROJECTIONS, False),
-    Checkpoint(ATTENTION_OUTPUT, Block.ATTENTION, True),
-    Checkpoint("mlpwi_0", Block.MLP, True),
-    Checkpoint("mlpwi_1", Block.MLP, True),
-    Checkpoint("mlpwo", Block.MLP, False),
+    Checkpoint("query_proj", Block.ATTENTION_PROJECTIONS, gathered_input=True),
+    Checkpoint("key_proj", Block.ATTENTION_PROJECTIONS, gathered_input=True),
+    Checkpoint("value_proj", Block.ATTENTION_PROJECTIONS, gathered_input=True),
+    Checkpoint(ATTENTION_OUTPUT, Block.ATTENTION),
+    Checkpoint("out_proj", Block.ATTENTION_PROJECTIONS, scattered_output=True),
+    Checkpoint("mlpwi_0", Block.MLP, gathered_input=True),
+    Checkpoint("mlpwi_1", Block.MLP, gathered_input=True),
+    Checkpoint("mlpwo", Block.MLP, read_by_backward=False, scattered_output=True),
 )
+CHECKPOINT_NAMES = tuple(c.name for c in CHECKPOINTS)
 _BY_NAME = {c.name: c for c in CHECKPOINTS}
-_ATTENTION_PROJECTIONS = tuple(c.name for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS)
-_MLP = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP)
+_QKV = ("query_proj", "key_proj", "value_proj")
+_MATMULS = tuple(c.name for c in CHECKPOINTS if c.is_matmul())  # MaxText's minimal_policy names
 
-KEPT: dict[RematPolicy, tuple[str, ...]] = {
-    RematPolicy.FULL: (),
-    RematPolicy.SAVE_DOT_EXCEPT_MLP: _ATTENTION_PROJECTIONS,
-    RematPolicy.MINIMAL_WITH_CONTEXT: _ATTENTION_PROJECTIONS + _MLP + (ATTENTION_OUTPUT,),
+# MaxText's checkpoint names → ours (see the module docstring); a name of a block a dense Llama
+# decoder does not have maps to nothing.
+MAXTEXT_NAMES: dict[str, tuple[str, ...]] = {
+    **{name: (name,) for name in CHECKPOINT_NAMES},
+    "qkv_proj": _QKV, "kv_proj": ("key_proj", "value_proj"), "mlpwi": ("mlpwi_0", "mlpwi_1"),
+    "attention_out": (ATTENTION_OUTPUT,),
+    **{name: () for name in ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo", "query_wa_proj", "kv_wa_proj", "mla_q",
+                             "mla_kv", "engram", "indexer_cutoff_threshold")},
 }
-TENSOR_COLLECTIVES_PER_MATMUL_BLOCK = 2  # a gather before its first matmul, a scatter after its last
+# MaxText's layer input: always on device, the point every recomputation starts from
+LAYER_INPUT = "decoder_layer_input"
 
 
-def kept_names(policy: RematPolicy) -> tuple[str, ...]:
-    """The checkpoint names `policy` keeps (what the runtime's jax policy saves)."""
-    return KEPT[policy]
+def _device(*names: str) -> dict[str, Placement]:
+    return {n: Placement.DEVICE for n in names}
 
 
-def recomputes(policy: RematPolicy, block: Block) -> bool:
-    """Whether the backward under `policy` recomputes `block`: some value of it is not kept."""
-    return any(c.name not in KEPT[policy] for c in CHECKPOINTS if c.block is block)
+def _offload(*names: str) -> dict[str, Placement]:
+    return {n: Placement.OFFLOAD for n in names}
+
+
+# Where each named policy puts each checkpoint it does not recompute (absent names: REMAT).
+POLICY_PLACEMENTS: dict[RematPolicy, dict[str, Placement]] = {
+    RematPolicy.MINIMAL_WITH_CONTEXT: _device(*_MATMULS, ATTENTION_OUTPUT),
+    RematPolicy.MINIMAL: _device(*_MATMULS),
+    RematPolicy.SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP: _device(*_QKV, ATTENTION_OUTPUT, "out_proj"),
+    RematPolicy.SAVE_DOT_EXCEPT_MLPWI: _device(*_QKV, "out_proj", "mlpwo"),
+    RematPolicy.SAVE_DOT_EXCEPT_MLP: _device(*_QKV, "out_proj"),
+    RematPolicy.SAVE_QKV_PROJ: _device(*_QKV),
+    RematPolicy.QKV_PROJ_OFFLOADED: _offload(*_QKV),
+    RematPolicy.SAVE_OUT_PROJ: _device("out_proj"),
+    RematPolicy.MINIMAL_OFFLOADED: _offload(*_MATMULS),
+    RematPolicy.FULL: {},
+    RematPolicy.CUSTOM: {},  # the plan's own placements (`Plan.remat_custom`)
+}
+
+# The policies the search tries unless told otherwise. Each policy multiplies the candidates the
+# search prices, so it tries three that span the trade: keep nothing (least memory), keep the
+# attention projections (recompute attention and MLP: the usual long-context choice), keep
+# everything (no recomputation). The others lie between these in both memory and time; the
+# offloaded ones also use host memory, which the host shares with the input pipeline, so they are
+# tried only when asked for (`--remat`), as is `custom`, which needs a placement per name.
+SEARCHED_POLICIES = (RematPolicy.FULL, RematPolicy.SAVE_DOT_EXCEPT_MLP, RematPolicy.MINIMAL_WITH_CONTEXT)
+
+CustomPlacements = tuple  # ((checkpoint name, Placement), ...) in `CHECKPOINT_NAMES` order, REMAT left out
+
+
+def custom_placements(choices: "Mapping[str, object] | Iterable[tuple[str, object]]", *,
+                      maxtext_names: bool = False) -> CustomPlacements:
+    """A custom policy's placements in canonical form (the form `Plan.remat_custom` holds).
+
+    Args:
+        choices: checkpoint name → placement (a `Placement` or its name: device, offload, remat).
+        maxtext_names: also accept MaxText's names (`MAXTEXT_NAMES`: qkv_proj, mlpwi, ...), spread
+            over ours; its `decoder_layer_input` must then be `device`.
+    Returns:
+        `((name, Placement), ...)` for every name not recomputed, in `CHECKPOINT_NAMES` order.
+    Raises:
+        CpplanError: an unknown name or placement, or one name given two placements.
+    """
+    pairs = list(choices.items()) if isinstance(choices, Mapping) else list(choices)
+    known = MAXTEXT_NAMES if maxtext_names else {n: (n,) for n in CHECKPOINT_NAMES}
+    out: dict[str, Placement] = {}
+    for pair in pairs:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise CpplanError(f"custom remat placement {pair!r} must be (checkpoint name, placement).")
+        name, where = pair[0], Placement.parse(pair[1])
+        if maxtext_names and name == LAYER_INPUT:
+            if where is not Placement.DEVICE:
+                raise CpplanError(f"{LAYER_INPUT}={where.value}: MaxText keeps each layer's input on device, the "
+                                  f"point every recomputation starts from; set it to device.")
+            continue
+        if name not in known:
+            raise unknown_name("checkpoint name", name, known)
+        for ours in known[name]:
+            if out.get(ours, where) is not where:
+                raise CpplanError(f"checkpoint {ours!r} is given two placements, {out[ours].value} and "
+                                  f"{where.value} (via {name!r}); give it one.")
+            out[ours] = where
+    return tuple((n, out[n]) for n in CHECKPOINT_NAMES if out.get(n, Placement.REMAT) is not Placement.REMAT)
+
+
+def placements(policy: RematPolicy, custom: CustomPlacements = ()) -> dict[str, Placement]:
+    """Where `policy` puts every checkpoint of a layer.
+
+    Args:
+        policy: the policy.
+        custom: the placements of a `custom` policy (`custom_placements`); ignored otherwise.
+    Returns:
+        checkpoint name → `Placement`, for every name in `CHECKPOINT_NAMES`.
+    """
+    chosen = dict(custom) if policy is RematPolicy.CUSTOM else POLICY_PLACEMENTS[policy]
+    return {n: chosen.get(n, Placement.REMAT) for n in CHECKPOINT_NAMES}
+
+
+def names_at(policy: RematPolicy, where: Placement, custom: CustomPlacements = ()) -> tuple[str, ...]:
+    """The checkpoint names `policy` puts at `where`, in `CHECKPOINT_NAMES` order."""
+    return tuple(n for n, p in placements(policy, custom).items() if p is where)
+
+
+def kept_names(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple[str, ...]:
+    """The checkpoint names `policy` keeps on device (what the runtime's jax policy saves)."""
+    return names_at(policy, Placement.DEVICE, custom)
+
+
+def offloaded_names(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple[str, ...]:
+    """The checkpoint names `policy` offloads to host memory."""
+    return names_at(policy, Placement.OFFLOAD, custom)
+
+
+def recomputed(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple[str, ...]:
+    """The checkpoints the backward under `policy` computes again: those it reads and neither
+    keeps nor offloads."""
+    return tuple(n for n in names_at(policy, Placement.REMAT, custom) if _BY_NAME[n].read_by_backward)
 
 
 @dataclass(frozen=True)
 class RematCost:
-    """Per-layer figures of every policy (numpy arrays indexed by policy code)."""
+    """Per-layer figures of remat choices (numpy arrays, one entry per choice).
 
-    saved_full_width: np.ndarray  # values kept per token per layer that every tensor shard holds whole
-    saved_split: np.ndarray  # values kept per token per layer that 'tensor' splits (heads, MLP columns)
-    recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections recomputed
-    recompute_mlp: np.ndarray  # fraction of the MLP matmuls recomputed
+    Every value is per token and before the `tensor` split; every checkpoint and the layer input
+    are split over `tensor` (heads, MLP columns, or the sequence between the tensor-parallel
+    matmuls), so a device holds these divided by `tensor`.
+    """
+
+    saved_on_device: np.ndarray  # values kept in HBM per token per layer, the layer input included
+    saved_on_host: np.ndarray  # values offloaded to host memory per token per layer
+    recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections' FLOPs recomputed
+    recompute_mlp: np.ndarray  # fraction of the MLP matmuls' FLOPs recomputed
     recompute_attention: np.ndarray  # forward attention passes recomputed
     recompute_tensor_collectives: np.ndarray  # tensor-parallel gathers/scatters repeated
 
 
-def remat_table(model: ModelSpec) -> RematCost:
-    """What each policy keeps and recomputes for `model`, derived from `KEPT`."""
-    def kept_width(policy, split):
-        return sum(_BY_NAME[n].width(model) for n in KEPT[policy] if _BY_NAME[n].split_over_tensor == split)
+def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tuple:
+    where = placements(policy, custom)
+    again = set(recomputed(policy, custom))
 
-    rows = []
-    for p in POLICIES:
-        projections, mlp = recomputes(p, Block.ATTENTION_PROJECTIONS), recomputes(p, Block.MLP)
-        rows.append((model.hidden + kept_width(p, False), kept_width(p, True), projections, mlp,
-                     recomputes(p, Block.ATTENTION),
-                     TENSOR_COLLECTIVES_PER_MATMUL_BLOCK * (projections + mlp)))
-    cols = np.array(rows, dtype=float).T
-    return RematCost(*cols)
+    def width(names, placement=None):
+        return sum(_BY_NAME[n].width(model) for n in names
+                   if _BY_NAME[n].read_by_backward and (placement is None or where[n] is placement))
+
+    def fraction(block):  # of the block's matmul FLOPs
+        sizes = {c.name: c.weight_size(model) for c in CHECKPOINTS if c.block is block}
+        return sum(size for n, size in sizes.items() if n in again) / sum(sizes.values())
+
+    gathers = {c.block for c in CHECKPOINTS if c.gathered_input and c.name in again}
+    scatters = sum(c.scattered_output and c.name in again for c in CHECKPOINTS)
+    return (model.hidden + width(CHECKPOINT_NAMES, Placement.DEVICE), width(CHECKPOINT_NAMES, Placement.OFFLOAD),
+            fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),
+            len(gathers) + scatters)
+
+
+def remat_table(model: ModelSpec, custom: CustomPlacements = ()) -> RematCost:
+    """What each policy (indexed by `remat_code`) keeps and recomputes for `model`.
+
+    Args:
+        model: the model.
+        custom: the placements the `custom` row stands for.
+    Returns:
+        The `RematCost` columns, one entry per policy of `POLICIES`.
+    """
+    return RematCost(*np.array([_row(model, p, custom) for p in POLICIES], dtype=float).T)
 
 
 def remat_code(policy: RematPolicy) -> int:
+    """The policy's index in `POLICIES` (the rows of `remat_table`)."""
     return POLICIES.index(policy)

@@ -61,16 +61,42 @@ class CPStrategy(_Named):
 class RematPolicy(_Named):
     """What the forward pass keeps for the backward pass; the rest is recomputed.
 
-    Values are MaxText's `remat_policy` names.
+    Values are MaxText's `remat_policy` names; `cost_models.remat.POLICY_PLACEMENTS` says where
+    each keeps every checkpoint. Listed from the most kept (fastest) to the least.
     """
 
-    FULL = "full"  # keep each layer's input only; recompute the whole layer
-    SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"  # keep q/k/v/out projections; recompute attention + MLP
-    MINIMAL_WITH_CONTEXT = "minimal_with_context"  # keep all matmul outputs and attention output
+    MINIMAL_WITH_CONTEXT = "minimal_with_context"  # every matmul output and the attention output
+    MINIMAL = "minimal"  # every matmul output; the attention runs again
+    SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP = "save_dot_with_context_except_mlp"  # q/k/v, attention output, out
+    SAVE_DOT_EXCEPT_MLPWI = "save_dot_except_mlpwi"  # q/k/v, out and the MLP output
+    SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"  # q/k/v and out projections
+    SAVE_QKV_PROJ = "save_qkv_proj"  # q/k/v projections
+    QKV_PROJ_OFFLOADED = "qkv_proj_offloaded"  # q/k/v projections, in host memory
+    SAVE_OUT_PROJ = "save_out_proj"  # the out projection
+    MINIMAL_OFFLOADED = "minimal_offloaded"  # every matmul output, in host memory
+    FULL = "full"  # each layer's input only
+    CUSTOM = "custom"  # a placement per checkpoint name (`Plan.remat_custom`)
 
     @classmethod
     def kind(cls) -> str:
         return "remat policy"
+
+    @property
+    def aliases(self):
+        # MaxText still accepts its old name for minimal_with_context (with a deprecation warning)
+        return {"MINIMAL_WITH_CONTEXT": ("minimal_flash",)}.get(self.name, ())
+
+
+class Placement(_Named):
+    """Where a custom remat policy puts one checkpoint (MaxText's `RematLocation`)."""
+
+    DEVICE = "device"  # kept in HBM
+    OFFLOAD = "offload"  # copied to pinned host memory in the forward, back in the backward
+    REMAT = "remat"  # recomputed in the backward
+
+    @classmethod
+    def kind(cls) -> str:
+        return "checkpoint placement"
 
 
 class LoadBalance(_Named):

@@ -29,6 +29,7 @@ def candidates_of(plan: Plan) -> Candidates:
         zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block_q=[plan.block_q], block_kv=[plan.block_kv],
         links=links, ring_link=ring_link, loss_chunk_tokens=plan.loss_chunk_tokens,
         act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
+        mu_bytes=DTYPE_BYTES[plan.mu_dtype], remat_custom=plan.remat_custom,
     )
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 
+from cost_models.accuracy import ErrorBand, error_band
 from cost_models.candidates import group_links
 from cost_models.estimate import Estimate
 from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
+from planner.maxtext import maxtext_problems
 from planner.options import format_tokens
 from planner.plan import Plan
 from planner.search import Ranked, SearchResult
@@ -106,6 +108,40 @@ def why_slower(alt: Estimate, best: Estimate) -> str:
     return ", ".join(f"{k} +{_s(d)}" for d, k in diffs[:2] if d > 0.05 * excess)
 
 
+def is_tie(alt: Estimate, best: Estimate, band: ErrorBand | None) -> bool:
+    """Whether `alt`'s step time lies within the model's measured error of the chosen plan's: the
+    model cannot tell them apart (no band measured for the chip: no ties)."""
+    return band is not None and alt.step_time_s <= best.step_time_s * (1 + band.relative)
+
+
+def tie_breakers(alt: Ranked, best: Ranked) -> dict:
+    """What tells a tied alternative from the chosen plan, beside a step time the model cannot
+    separate: memory headroom, communication left exposed, and whether MaxText can run each."""
+    alt_problems, best_problems = maxtext_problems(alt.plan), maxtext_problems(best.plan)
+    return {"headroom_bytes": alt.estimate.headroom_bytes, "chosen_headroom_bytes": best.estimate.headroom_bytes,
+            "exposed_s": sum(alt.estimate.exposed_s.values()), "chosen_exposed_s": sum(best.estimate.exposed_s.values()),
+            "maxtext_runs": not alt_problems, "chosen_maxtext_runs": not best_problems,
+            "maxtext_problems": alt_problems}
+
+
+def tie_text(breakers: dict) -> str:
+    """The tie-breakers as a clause: where the alternative is better or worse than the chosen plan."""
+    parts = []
+    free, chosen_free = breakers["headroom_bytes"], breakers["chosen_headroom_bytes"]
+    if abs(free - chosen_free) >= 0.05 * GiB:
+        parts.append(f"{'more' if free > chosen_free else 'less'} memory headroom ({_gib(free)} vs {_gib(chosen_free)} free)")
+    exposed, chosen_exposed = breakers["exposed_s"], breakers["chosen_exposed_s"]
+    if abs(exposed - chosen_exposed) > 0.01 * max(exposed, chosen_exposed, 1e-12):
+        parts.append(f"{'less' if exposed < chosen_exposed else 'more'} exposed communication "
+                     f"({_s(exposed)} vs {_s(chosen_exposed)})")
+    if breakers["maxtext_runs"] != breakers["chosen_maxtext_runs"]:
+        parts.append("MaxText can run it, not the chosen plan" if breakers["maxtext_runs"] else
+                     f"MaxText cannot run it ({breakers['maxtext_problems'][0]})")
+    elif breakers["maxtext_runs"]:
+        parts.append("MaxText runs both")
+    return ", ".join(parts) or "the same headroom and exposed communication, and MaxText runs neither"
+
+
 class Explanation:
     """The answer to `planner.explain`: `str()` for people, `to_dict()`/`to_json()` for machines."""
 
@@ -125,6 +161,27 @@ class Explanation:
     @property
     def alternatives(self) -> list[Ranked]:
         return self.result.ranked[1:1 + self.top]
+
+    @property
+    def error_band(self) -> ErrorBand | None:
+        """The model's measured step-time error on this chip (`cost_models.accuracy`)."""
+        return error_band(self.result.case.topology.chip.name)
+
+    def ties(self) -> list[Ranked]:
+        """The feasible plans after the choice whose step time lies within the error band of it."""
+        if self.result.best is None:
+            return []
+        band, best = self.error_band, self.result.best.estimate
+        return [r for r in self.result.ranked[1:] if is_tie(r.estimate, best, band)]
+
+    def band_text(self) -> str:
+        """One line: the band, and how many plans it cannot tell from the choice."""
+        band = self.error_band
+        if band is None:
+            return f"none measured for {self.result.case.topology.chip.name}: no plan is called a tie"
+        ties = len(self.ties())
+        return (f"{band.describe()}; {ties} of the other {len(self.result.ranked) - 1} feasible plans lie within it "
+                f"(ties: the model cannot tell them from the choice, which stays as the search ranks it)")
 
     def best_per_strategy(self) -> dict[CPStrategy, Ranked]:
         return self.result.ranked.best_of_each_strategy()
@@ -173,6 +230,7 @@ class Explanation:
             "",
             f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "
             f"{_s(e.upper_bound_s)} with none)",
+            f"  error band     {self.band_text()}",
             "  compute        " + ", ".join(f"{k} {_s(v)}" for k, v in e.compute_s.items()),
             "  HBM-bound      " + ", ".join(f"{k} {_s(v)}" for k, v in e.hbm_s.items() if v > 0),
             "  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
@@ -192,10 +250,12 @@ class Explanation:
         if e.smem_capacity_bytes:
             lines.append(f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB")
         lines += ["", f"Alternatives (next {len(self.alternatives)} of {len(self.result.ranked)} feasible)"]
+        band = self.error_band
         for i, alt in enumerate(self.alternatives, start=2):
             slower = alt.estimate.step_time_s / e.step_time_s - 1
-            lines.append(f"  #{i} {short(alt.plan)}: {_s(alt.estimate.step_time_s)} (+{slower:.1%}); "
-                         f"{why_slower(alt.estimate, e)}")
+            detail = (f"tie within ±{band.relative:.1%}: {tie_text(tie_breakers(alt, self.result.best))}"
+                      if is_tie(alt.estimate, e, band) else why_slower(alt.estimate, e))
+            lines.append(f"  #{i} {short(alt.plan)}: {_s(alt.estimate.step_time_s)} (+{slower:.1%}); {detail}")
         lines += ["", "Best of each strategy"]
         per = self.best_per_strategy()
         by_strategy = self.rejections_by_strategy()
@@ -303,7 +363,11 @@ class Explanation:
             "topology": res.case.topology.name, "num_devices": res.case.topology.num_devices,
             "best": ranked(res.best) if res.best else None,
             "alternatives": [dict(ranked(r), slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
-                                  why=why_slower(r.estimate, self.estimate)) for r in self.alternatives],
+                                  why=why_slower(r.estimate, self.estimate),
+                                  tie=is_tie(r.estimate, self.estimate, self.error_band),
+                                  tie_breakers=tie_breakers(r, res.best)) for r in self.alternatives],
+            "error_band": self.error_band.to_dict() if self.error_band else None,
+            "ties": len(self.ties()),
             "best_per_strategy": {s.value: ranked(r) for s, r in self.best_per_strategy().items()},
             "feasible": len(res.ranked), "priced": res.candidates_priced,
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},

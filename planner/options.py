@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.errors import CpplanError
+from cost_models.remat import SEARCHED_POLICIES
 from cost_models.topology import Topology, divisors
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
@@ -49,9 +50,9 @@ def format_tokens(tokens: int) -> str:
     return str(tokens)
 
 
-def _enum_set(kind, values) -> frozenset:
+def _enum_set(kind, values, default=None) -> frozenset:
     if values is None:
-        return frozenset(kind)
+        return frozenset(kind if default is None else default)
     if isinstance(values, (str, kind)):
         values = [values]
     return frozenset(kind.parse(v) for v in values)
@@ -69,26 +70,29 @@ class SearchOptions:
         global_batch: an exact number of sequences per step instead of a target.
         strategies: context-parallel strategies allowed (enum members or MaxText names).
         mesh: axis sizes held fixed, e.g. ``{"context": 16}``; the rest are searched.
-        remat: remat policies allowed.
+        remat: remat policies allowed; by default `cost_models.remat.SEARCHED_POLICIES`. `custom`
+            is not searched (it needs a placement per checkpoint name: give a plan instead).
         load_balance: balancing choices allowed.
         loss_chunk_tokens: cross-entropy chunk; 0 = full logits (MaxText's default).
-        param_dtype / compute_dtype: priced dtypes.
+        param_dtype / compute_dtype / mu_dtype: priced dtypes of the weights (their gradients and
+            AdamW's second moment), the activations, and AdamW's first moment.
     """
 
     global_batch_tokens: int | None = None
     global_batch: int | None = None
     strategies: frozenset = frozenset(CPStrategy)
     mesh: tuple[tuple[str, int], ...] = ()
-    remat: frozenset = frozenset(RematPolicy)
+    remat: frozenset = frozenset(SEARCHED_POLICIES)
     load_balance: frozenset = frozenset(LoadBalance)
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
+    mu_dtype: str = "float32"
 
     @classmethod
     def build(cls, *, global_batch_tokens=None, global_batch=None, strategies=None, mesh=None, remat=None,
               load_balance=None, loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS, param_dtype="float32",
-              compute_dtype="bfloat16", **unknown) -> "SearchOptions":
+              compute_dtype="bfloat16", mu_dtype="float32", **unknown) -> "SearchOptions":
         """Validated options from keyword arguments (names as the attributes).
 
         Raises:
@@ -96,7 +100,7 @@ class SearchOptions:
         """
         if unknown:
             known = ("global_batch_tokens, global_batch, strategies, mesh, remat, load_balance, loss_chunk_tokens, "
-                     "param_dtype, compute_dtype")
+                     "param_dtype, compute_dtype, mu_dtype")
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
         if mesh is not None and not isinstance(mesh, dict):
             raise CpplanError(f"mesh={mesh!r} must be a dict of axis sizes, e.g. {{'context': 16}}.")
@@ -106,7 +110,8 @@ class SearchOptions:
                 raise CpplanError(f"mesh axis {axis!r} is not one of {AXES}.")
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise CpplanError(f"mesh[{axis!r}]={size!r} must be a positive integer.")
-        for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype)):
+        for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype),
+                            ("mu_dtype", mu_dtype)):
             if dtype not in DTYPE_BYTES:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
         if global_batch_tokens is not None:
@@ -119,13 +124,18 @@ class SearchOptions:
                                   f"{global_batch_tokens} (a target) both set the batch; give one of them.")
         if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
             raise CpplanError(f"loss_chunk_tokens={loss_chunk_tokens!r} must be 0 (full logits) or a positive integer.")
-        sets = {"strategies": _enum_set(CPStrategy, strategies), "remat": _enum_set(RematPolicy, remat),
+        sets = {"strategies": _enum_set(CPStrategy, strategies),
+                "remat": _enum_set(RematPolicy, remat, SEARCHED_POLICIES),
                 "load_balance": _enum_set(LoadBalance, load_balance)}
         for name, chosen in sets.items():
             if not chosen:
                 raise CpplanError(f"{name}=[] allows nothing; leave it out to allow every choice.")
+        if RematPolicy.CUSTOM in sets["remat"]:
+            raise CpplanError("remat=custom cannot be searched: it needs a placement per checkpoint name. Write a "
+                              "plan with remat_custom (cpplan export --format json, then edit it), or allow the "
+                              f"named policies: {', '.join(p.value for p in RematPolicy if p is not RematPolicy.CUSTOM)}.")
         return cls(global_batch_tokens, global_batch, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
-                   sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype)
+                   sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype, mu_dtype)
 
     def target_sequences(self, seq_len: int, *, host: bool = False) -> float:
         """The sequences per step aimed for (a fraction where the target is not a whole number of them).

@@ -12,6 +12,9 @@ from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
+from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
+from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
+from cost_models.units import GiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
@@ -34,10 +37,16 @@ class Plan:
         physical_order: the topology's physical dimension names from outermost to innermost.
         cp_strategy: how attention spans the sequence shards.
         load_balance: causal load balancing over the context axes.
-        remat: what the forward pass keeps for the backward pass.
+        remat: what the forward pass keeps for the backward pass (MaxText's policy names).
+        remat_custom: under ``remat=custom``, where each checkpoint goes: ``((name, Placement),
+            ...)`` for the names kept on device or offloaded to host memory (the rest are
+            recomputed); a dict ``{name: "device" | "offload" | "remat"}`` is accepted. Empty for
+            every other policy.
         block_q, block_kv: splash attention block sizes.
         loss_chunk_tokens: tokens per cross-entropy chunk; 0 means full logits at once.
-        param_dtype: weights, gradients and Adam moments.
+        param_dtype: weights and gradients.
+        mu_dtype: AdamW's first moment (MaxText's `mu_dtype`, optax's; bfloat16 as some recipes run
+            it); the second moment is kept in `param_dtype`, as in both.
         compute_dtype: activations and matmul inputs.
         dcn_data, dcn_fsdp: over several slices, how many slices the data and the fsdp axis span
             (MaxText's `dcn_*_parallelism`; their product is the number of slices). The mesh sizes
@@ -54,11 +63,13 @@ class Plan:
     cp_strategy: CPStrategy = CPStrategy.NONE
     load_balance: LoadBalance = LoadBalance.NONE
     remat: RematPolicy = RematPolicy.FULL
+    remat_custom: tuple = ()
     block_q: int = DEFAULT_BLOCK
     block_kv: int = DEFAULT_BLOCK
     loss_chunk_tokens: int = 0
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
+    mu_dtype: str = "float32"
     dcn_data: int = 1
     dcn_fsdp: int = 1
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
@@ -83,7 +94,7 @@ class Plan:
         if isinstance(self.loss_chunk_tokens, bool) or not isinstance(self.loss_chunk_tokens, int) \
                 or self.loss_chunk_tokens < 0:
             raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
-        for name in ("param_dtype", "compute_dtype"):
+        for name in ("param_dtype", "compute_dtype", "mu_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
         names = tuple(a for a, _ in self.mesh)
@@ -105,6 +116,13 @@ class Plan:
         object.__setattr__(self, "cp_strategy", CPStrategy.parse(self.cp_strategy))
         object.__setattr__(self, "load_balance", LoadBalance.parse(self.load_balance))
         object.__setattr__(self, "remat", RematPolicy.parse(self.remat))
+        if not isinstance(self.remat_custom, (tuple, list, dict)):
+            raise CpplanError(f"plan remat_custom={self.remat_custom!r} must map checkpoint names "
+                              f"({', '.join(CHECKPOINT_NAMES)}) to device, offload or remat.")
+        object.__setattr__(self, "remat_custom", custom_placements(self.remat_custom))
+        if self.remat_custom and self.remat is not RematPolicy.CUSTOM:
+            raise CpplanError(f"plan remat_custom places {', '.join(n for n, _ in self.remat_custom)} but remat="
+                              f"{self.remat.value}; per-name placements need remat=custom (or drop remat_custom).")
 
     def _check_slices(self, topo: Topology) -> None:
         """Only data and fsdp span slices, and together they span every slice."""
@@ -168,11 +186,31 @@ class Plan:
         violation = batch_split_violation(self.global_batch, shards)
         if violation:
             raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
+        self._check_host_memory()
         if not self.topology_spec.chip.kind.interprets_kernels:
             problem = splash_vmem_problem(self.block_q, self.block_kv, head_dim=self.model.head_dim,
                                           act_bytes=DTYPE_BYTES[self.compute_dtype])
             if problem:
                 raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
+
+    def _check_host_memory(self) -> None:
+        """The activations the remat policy offloads fit in the host memory of a device."""
+        if not self.offloaded:
+            return
+        topo = self.topology_spec
+        tokens = self.global_batch * self.seq_len / (self.axis_size("data") * self.axis_size("fsdp") * self.cp_degree)
+        need = host_bytes_needed(self.model, self.remat, self.remat_custom, tokens_per_device=tokens,
+                                 tensor=self.axis_size("tensor"), act_bytes=DTYPE_BYTES[self.compute_dtype])
+        have = host_capacity_bytes(topo)
+        if need > have:
+            raise CpplanError(f"remat {self.remat.value} offloads {', '.join(self.offloaded)}: {need / GiB:.1f} GiB of "
+                              f"host memory per device > the {have / GiB:.1f} GiB a {topo.chip.name} host has per "
+                              f"device; offload fewer checkpoints, or split the tokens over more devices.")
+
+    @property
+    def offloaded(self) -> tuple[str, ...]:
+        """The checkpoint names the plan's remat policy offloads to host memory."""
+        return offloaded_names(self.remat, self.remat_custom)
 
     @property
     def topology_spec(self) -> Topology:
@@ -219,8 +257,9 @@ class Plan:
             "physical_order": list(self.physical_order), "cp_strategy": self.cp_strategy.value,
             "load_balance": self.load_balance.value, "remat": self.remat.value,
             "block_q": self.block_q, "block_kv": self.block_kv, "loss_chunk_tokens": self.loss_chunk_tokens,
-            "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype,
-        } | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
+            "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype, "mu_dtype": self.mu_dtype,
+        } | ({"remat_custom": {n: p.value for n, p in self.remat_custom}} if self.remat is RematPolicy.CUSTOM else {}) \
+          | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

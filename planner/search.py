@@ -366,7 +366,7 @@ class SearchSpace:
             links={group: stacked(lambda t, g=group: t[0][g]) for group in tables[0][0]},
             ring_link=stacked(lambda t: t[1]),
             loss_chunk_tokens=opts.loss_chunk_tokens, act_bytes=DTYPE_BYTES[opts.compute_dtype],
-            param_bytes=DTYPE_BYTES[opts.param_dtype],
+            param_bytes=DTYPE_BYTES[opts.param_dtype], mu_bytes=DTYPE_BYTES[opts.mu_dtype],
         )
 
     def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
@@ -560,6 +560,7 @@ class SearchSpace:
                     axis_order=row.placement.axis_order, physical_order=row.placement.physical_order,
                     dcn_data=row.placement.dcn_data, dcn_fsdp=row.placement.dcn_fsdp, cp_strategy=p.strategy, load_balance=row.load_balance, remat=row.remat, block_q=int(block),
                     block_kv=int(block), loss_chunk_tokens=opts.loss_chunk_tokens, param_dtype=opts.param_dtype,
+                    mu_dtype=opts.mu_dtype,
                     compute_dtype=opts.compute_dtype)
         return Ranked(plan, estimate_row(p.priced, i, p.x))
 

@@ -124,7 +124,7 @@ def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Pat
                 jax.profiler.start_trace(str(Path(run_dir) / PROFILE_DIR))
             batch = dataset.batch(step - 1, global_batch=plan.global_batch, process_index=block,
                                   process_count=blocks)
-            inputs = trainer.prepare_batch(batch.tokens, first_row=first_row)
+            inputs = trainer.prepare_batch(batch.tokens, batch.segment_ids, first_row=first_row)
             jax.block_until_ready(inputs)
             begin = time.perf_counter()
             params, opt_state, loss = compiled(params, opt_state, *inputs)

@@ -8,7 +8,9 @@ chunks of `plan.loss_chunk_tokens` (0: one chunk), keeping a running max, sum of
 target logit per token. Log-sum-exps are combined across 'tensor'. The backward (a custom VJP)
 walks the pieces again: softmax minus one-hot, dh accumulated, the piece's gradient
 reduce-scattered straight back to the shard. Peak memory: one piece of the head, its gradient,
-one chunk's logits — not tokens × vocabulary × 4 bytes, nor the whole head.
+one chunk's logits — not tokens × vocabulary × 4 bytes, nor the whole head. Negative targets
+(`IGNORED_TARGET`: in packed rows, a document's last token, whose next token is another
+document's) add nothing to the loss or its gradient; the mean is over the targets that count.
 """
 from __future__ import annotations
 
@@ -92,12 +94,12 @@ def _statistics(h, w, t, pieces):
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _fused_loss(h, w, t, pieces):
     lse, target = _statistics(h, w, t, pieces)
-    return jnp.sum(lse - target)
+    return jnp.sum(jnp.where(t >= 0, lse - target, 0.0))
 
 
 def _fused_fwd(h, w, t, pieces):
     lse, target = _statistics(h, w, t, pieces)
-    return jnp.sum(lse - target), (h, w, t, lse)
+    return jnp.sum(jnp.where(t >= 0, lse - target, 0.0)), (h, w, t, lse)
 
 
 def _fused_bwd(pieces, residuals, g):
@@ -113,7 +115,7 @@ def _fused_bwd(pieces, residuals, g):
             p = jnp.exp(jnp.dot(hi, wj, preferred_element_type=jnp.float32) - lse_i[:, None])
             index, inside = _targets_in_piece(ti, j, size, vocab_slice)
             onehot = (jnp.arange(size)[None, :] == index[:, None]) & inside[:, None]
-            dz = (g * (p - onehot)).astype(hi.dtype)
+            dz = (jnp.where(ti[:, None] >= 0, g, 0.0) * (p - onehot)).astype(hi.dtype)
             dwj = dwj + jnp.dot(hi.T, dz, preferred_element_type=jnp.float32)
             return dwj, jnp.dot(dz, wj.T, preferred_element_type=jnp.float32).astype(hi.dtype)
 
@@ -132,12 +134,12 @@ _fused_loss.defvjp(_fused_fwd, _fused_bwd)
 
 
 def cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
-    """Mean next-token cross-entropy over the global batch.
+    """Mean next-token cross-entropy over the global batch's targets that count (non-negative).
 
     Args:
         hidden: `[batch, seq, hidden]` final hidden states.
         head: `[hidden, vocab]` output projection (compute dtype).
-        targets: `[batch, seq]` int32 next tokens (same token order as hidden).
+        targets: `[batch, seq]` int32 next tokens (same token order as hidden); negative ones are skipped.
         plan: gives the chunk size and shardings.
         mesh: the plan's mesh.
     Returns:
@@ -153,4 +155,5 @@ def cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array, *, pla
 
     total = jax.shard_map(local_loss, mesh=mesh, in_specs=(ACTIVATIONS, P(WEIGHT_AXES, "tensor"), TOKENS),
                           out_specs=P())(hidden, head, targets)
-    return total / (plan.global_batch * plan.seq_len)
+    # at least one: a batch whose every target crosses a document has loss 0, not NaN
+    return total / jnp.maximum(jnp.sum(targets >= 0), 1).astype(jnp.float32)

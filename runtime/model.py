@@ -3,9 +3,14 @@
 Sized by a `ModelSpec`. Layers are stacked with `nn.scan` (one compiled layer, whatever the
 depth) and rematerialised per the plan's policy with MaxText's checkpoint names. Weights carry
 their mesh sharding (ZeRO-3 over ('fsdp', 'context', 'context_ulysses') on the embed dimension,
-'tensor' on heads and MLP columns); activations are pinned to batch × sequence shards so the
-weights are gathered layer by layer. Attention is the plan's context-parallel strategy. Token
-positions are inputs: under zigzag they are the permuted positions, so RoPE stays correct.
+'tensor' on heads and MLP columns; the embedding table's embed dimension over all four); the
+residual stream is pinned to batch × sequence shards, its sequence split over 'tensor' too
+(sequence parallelism: norms, residual sums and the layer input each tensor shard keeps are a
+tensor-th of the tokens, gathered before the column-parallel matmuls and reduce-scattered after
+the row-parallel ones), so the weights are gathered layer by layer. Attention is the plan's
+context-parallel strategy. Token positions are inputs: under zigzag they are the permuted
+positions, so RoPE stays correct.
+Packed rows add segment ids, which keep each document's attention to itself.
 """
 from __future__ import annotations
 
@@ -16,24 +21,42 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cost_models.remat import ATTENTION_OUTPUT, kept_names
+from cost_models.remat import ATTENTION_OUTPUT, kept_names, offloaded_names
 from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
 from runtime.attention import sharded_attention
-from cost_models.vocabulary import SEQUENCE_AXES
-from runtime.layout import ACTIVATIONS, HEADS, TOKENS, WEIGHT_AXES
+from cost_models.vocabulary import BATCH_AXES, SEQUENCE_AXES
+from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
+
+# the residual stream between the tensor-parallel matmuls: [batch, seq, embed], the sequence split
+# over the context axes and then over tensor
+RESIDUAL = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"), None)
+RESIDUAL_TOKENS = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"))
+# the devices the embedding table's embed dimension is split over
+EMBED_GROUP = (*WEIGHT_AXES, "tensor")
 
 ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
 
-def remat_policy(policy: RematPolicy):
-    """The jax checkpoint policy of a plan's remat policy: save exactly what the cost model's
-    table says it keeps (`cost_models.remat.KEPT`), recompute the rest."""
-    names = kept_names(policy)
-    return jax.checkpoint_policies.save_only_these_names(*names) if names else \
-        jax.checkpoint_policies.nothing_saveable
+def remat_policy(policy: RematPolicy, custom: tuple = ()):
+    """The jax checkpoint policy of a plan's remat policy: save on device and offload to pinned
+    host memory exactly what the cost model's table says (`cost_models.remat.placements`),
+    recompute the rest.
+
+    Args:
+        policy: the plan's policy.
+        custom: the plan's `remat_custom` (under `custom`).
+    Returns:
+        A policy for `jax.checkpoint`.
+    """
+    kept, offloaded = kept_names(policy, custom), offloaded_names(policy, custom)
+    if offloaded:
+        return jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(kept), names_which_can_be_offloaded=list(offloaded),
+            offload_src="device", offload_dst="pinned_host")
+    return jax.checkpoint_policies.save_only_these_names(*kept) if kept else jax.checkpoint_policies.nothing_saveable
 
 
 def _param(module: nn.Module, name: str, shape, spec: tuple, *, init=None, dtype):
@@ -59,22 +82,24 @@ def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
-    """Embeddings of `[batch, seq]` tokens from a `[vocab, hidden]` table sharded on hidden.
+    """Embeddings of `[batch, seq]` tokens from a `[vocab, hidden]` table sharded on hidden over
+    `EMBED_GROUP`, laid out as the residual stream (`RESIDUAL`).
 
-    Each device looks up the tokens of its whole weight-sharding group in its own hidden slice,
-    then one all-to-all hands every device its own tokens with the full hidden vector: the
-    table is never gathered, and its gradient stays a shard.
+    Each device looks up the tokens of its whole group in its own hidden slice, then one
+    all-to-all hands every device its own tokens with the full hidden vector: the table is never
+    gathered, and its gradient stays a shard.
     """
     def local(tab, tok):
         batch, length = tok.shape
         tok = jax.lax.all_gather(tok, "fsdp", axis=0, tiled=True)
-        tok = jax.lax.all_gather(tok, SEQUENCE_AXES, axis=1, tiled=True)
-        x = jnp.take(tab, tok, axis=0)  # [batch·fsdp, seq·cp, hidden/group]
-        fsdp, cp = tok.shape[0] // batch, tok.shape[1] // length
-        x = x.reshape(fsdp, batch, cp, length, -1).transpose(0, 2, 1, 3, 4).reshape(fsdp * cp, batch, length, -1)
-        return jax.lax.all_to_all(x, WEIGHT_AXES, split_axis=0, concat_axis=3, tiled=True)[0]
+        tok = jax.lax.all_gather(tok, (*SEQUENCE_AXES, "tensor"), axis=1, tiled=True)
+        x = jnp.take(tab, tok, axis=0)  # [batch·fsdp, seq·cp·tensor, hidden/group]
+        fsdp, shards = tok.shape[0] // batch, tok.shape[1] // length
+        x = x.reshape(fsdp, batch, shards, length, -1).transpose(0, 2, 1, 3, 4).reshape(
+            fsdp * shards, batch, length, -1)
+        return jax.lax.all_to_all(x, EMBED_GROUP, split_axis=0, concat_axis=3, tiled=True)[0]
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(None, WEIGHT_AXES), TOKENS), out_specs=ACTIVATIONS)(
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(None, EMBED_GROUP), RESIDUAL_TOKENS), out_specs=RESIDUAL)(
         table, tokens)
 
 
@@ -89,26 +114,29 @@ def mlp_chunk(plan: Plan) -> int:
 
 def swiglu(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *, plan: Plan,
            mesh: Mesh) -> jax.Array:
-    """The SwiGLU MLP, tensor-parallel over 'tensor', in chunks of the device's tokens.
+    """The SwiGLU MLP, tensor-parallel over 'tensor', in chunks of the device's tokens: the
+    input is all-gathered over 'tensor' first and the output reduce-scattered back (sequence
+    parallelism).
 
     Each chunk is its own checkpoint under the plan's remat policy, so when the policy keeps no
     MLP output (full, save_dot_except_mlp) the backward holds one chunk's intermediates, not the
     whole sequence's; under minimal_with_context the named outputs are kept as the policy says.
 
     Args:
-        y: `[batch, seq, hidden]` normed input.
+        y: `[batch, seq, hidden]` normed input, laid out as `RESIDUAL`.
         w_gate: `[hidden, intermediate]`.
         w_up: `[hidden, intermediate]`.
         w_down: `[intermediate, hidden]`.
         plan: the plan (remat policy, shardings).
         mesh: the plan's mesh.
     Returns:
-        `[batch, seq, hidden]`.
+        `[batch, seq, hidden]`, laid out as `RESIDUAL`.
     """
     chunk = mlp_chunk(plan)
-    policy = remat_policy(plan.remat)
+    policy = remat_policy(plan.remat, plan.remat_custom)
 
     def local(y, wg, wu, wd):
+        y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
         wg, wu = (jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in (wg, wu))
         wd = jax.lax.all_gather(wd, WEIGHT_AXES, axis=1, tiled=True)
 
@@ -118,10 +146,11 @@ def swiglu(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, 
             return checkpoint_name((nn.silu(gate) * up) @ wd, "mlpwo")
 
         out = jax.lax.map(jax.checkpoint(body, policy=policy), y.reshape(-1, chunk, y.shape[-1]))
-        return jax.lax.psum(out.reshape(y.shape), "tensor")  # partial sums over the intermediate slices
+        # partial sums over the intermediate slices, each tensor shard keeping its tokens' sums
+        return jax.lax.psum_scatter(out.reshape(y.shape), "tensor", scatter_dimension=1, tiled=True)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(ACTIVATIONS, P(WEIGHT_AXES, "tensor"), P(WEIGHT_AXES, "tensor"),
-                                                     P("tensor", WEIGHT_AXES)), out_specs=ACTIVATIONS)(
+    return jax.shard_map(local, mesh=mesh, in_specs=(RESIDUAL, P(WEIGHT_AXES, "tensor"), P(WEIGHT_AXES, "tensor"),
+                                                     P("tensor", WEIGHT_AXES)), out_specs=RESIDUAL)(
         y, w_gate, w_up, w_down)
 
 
@@ -135,30 +164,32 @@ class DecoderLayer(nn.Module):
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     @nn.compact
-    def __call__(self, x, positions):
+    def __call__(self, x, positions, segment_ids=None):
         m, plan = self.plan.model, self.plan
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
         ones = nn.initializers.ones
         d, h, kh, hd, f = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
 
-        y = rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt))
-        q = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wq", (d, h, hd), (WEIGHT_AXES, "tensor", None))),
-                            "query_proj")
-        k = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wk", (d, kh, hd), (WEIGHT_AXES, "tensor", None))),
-                            "key_proj")
-        v = checkpoint_name(jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), (WEIGHT_AXES, "tensor", None))),
-                            "value_proj")
-        q, k, v = (self.constrain(t, HEADS) for t in (rope(q, positions), rope(k, positions), v))
-        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh), ATTENTION_OUTPUT)
-        out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, w("wo", (h, hd, d), ("tensor", None, WEIGHT_AXES))),
-                              "out_proj")
-        x = self.constrain(x + out, ACTIVATIONS)
+        # the normed tokens of every tensor shard, gathered for the column-parallel projections
+        y = self.constrain(rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt)), ACTIVATIONS)
+        q = jnp.einsum("bsd,dhk->bshk", y, w("wq", (d, h, hd), (WEIGHT_AXES, "tensor", None)))
+        k = jnp.einsum("bsd,dhk->bshk", y, w("wk", (d, kh, hd), (WEIGHT_AXES, "tensor", None)))
+        v = jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), (WEIGHT_AXES, "tensor", None)))
+        # named after RoPE, as MaxText names them: a kept q or k needs no RoPE again
+        q, k, v = (checkpoint_name(self.constrain(t, HEADS), name) for t, name in
+                   ((rope(q, positions), "query_proj"), (rope(k, positions), "key_proj"), (v, "value_proj")))
+        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
+                              ATTENTION_OUTPUT)
+        # the row-parallel projection's partial sums, reduce-scattered onto the residual's tokens
+        out = self.constrain(jnp.einsum("bshk,hkd->bsd", ctx, w("wo", (h, hd, d), ("tensor", None, WEIGHT_AXES))),
+                             RESIDUAL)
+        x = self.constrain(x + checkpoint_name(out, "out_proj"), RESIDUAL)
 
         y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
         down = swiglu(y, w("w_gate", (d, f), (WEIGHT_AXES, "tensor")), w("w_up", (d, f), (WEIGHT_AXES, "tensor")),
                       w("w_down", (f, d), ("tensor", WEIGHT_AXES)), plan=plan, mesh=self.mesh)
-        return self.constrain(x + down, ACTIVATIONS), None
+        return self.constrain(x + down, RESIDUAL), None
 
 
 class Llama(nn.Module):
@@ -168,22 +199,24 @@ class Llama(nn.Module):
     mesh: Mesh
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """Args:
             tokens: `[batch, seq]` int32, in the plan's token order.
-            positions: `[batch, seq]` the tokens' positions in the sequence.
+            positions: `[batch, seq]` the tokens' positions in the sequence (in their document, when packed).
+            segment_ids: `[batch, seq]` int32 document ids of packed rows, same order, or None.
         Returns:
             `(hidden [batch, seq, hidden] in the compute dtype, head [hidden, vocab] in the compute dtype)`.
         """
         m, plan = self.plan.model, self.plan
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
-        embed = _param(self, "embed", (m.vocab, m.hidden), (None, WEIGHT_AXES), dtype=pdt)
+        embed = _param(self, "embed", (m.vocab, m.hidden), (None, EMBED_GROUP), dtype=pdt)
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
-        layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat), prevent_cse=False)
+        layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast,), length=m.num_layers,
+                        in_axes=(nn.broadcast, nn.broadcast), length=m.num_layers,
                         metadata_params={nn.PARTITION_NAME: None})
-        x, _ = stack(plan, self.mesh, name="layers")(x, positions)
+        x, _ = stack(plan, self.mesh, name="layers")(x, positions, segment_ids)
         x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
         if m.tie_embeddings:
             head = embed.T

@@ -70,13 +70,14 @@ class Preflight:
         return self.trainer.plan
 
 
-def preflight(plans: Sequence[Plan], *, devices, max_attempts: int = 4, available_bytes: int | None = None,
-              on_attempt=None) -> Preflight:
+def preflight(plans: Sequence[Plan], *, devices, packed: bool = False, max_attempts: int = 4,
+              available_bytes: int | None = None, on_attempt=None) -> Preflight:
     """Compiles the plans best first until one fits the devices' memory.
 
     Args:
         plans: the planner's ranked plans, best first.
         devices: the devices to build the mesh on (all processes').
+        packed: compile the step that takes segment ids (packed documents).
         max_attempts: plans to try before giving up.
         available_bytes: memory per device to hold the step against (default: the chip row's).
         on_attempt: called with each `Attempt` as it is made (to say why a plan was left).
@@ -96,7 +97,7 @@ def preflight(plans: Sequence[Plan], *, devices, max_attempts: int = 4, availabl
         have = available_bytes or plan.topology_spec.hbm_bytes_per_device
         start = time.perf_counter()
         try:
-            compiled = trainer.train_step.lower(*trainer.abstract_state()).compile()
+            compiled = trainer.train_step.lower(*trainer.abstract_state(packed=packed)).compile()
         except jax.errors.JaxRuntimeError as err:
             parsed = parse_hbm_oom(str(err))
             if parsed is None:

@@ -97,7 +97,7 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
     Raises:
         CpplanError: bad step count, devices that do not match the plan, or a plan that cannot run.
     """
-    from runtime.dataset import open_dataset
+    from runtime.data import open_dataset
     from runtime.loop import train
     from runtime.mesh import build_mesh
     from runtime.train import Trainer

@@ -13,9 +13,15 @@ natural order, so the same code serves a rank's zigzag query chunks against gath
 
 Splash does not scale the logits: callers scale q by 1/sqrt(head_dim) once. Arrays here are
 `[heads, seq, head_dim]`; grouped-query attention needs heads to be a multiple of kv heads.
+
+Packed documents: `Kernel.with_segments(q_ids, kv_ids)` adds segment ids with a leading batch
+axis (`[batch, q_len]`, `[batch, kv_len]`) to a kernel's mask: a query then sees a key only
+when their ids are equal. The heads axis holds batch-major folded heads, and the kernel is
+mapped over the batch, since splash takes one row of ids per call.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -34,6 +40,7 @@ from cost_models.strategies.base import SPLASH_LANES
 # checkpoint name: a remat policy that keeps "context" then keeps them and does not run the
 # forward kernel again in the backward pass (one that does not keep it recomputes them)
 RESIDUALS_NAME = ATTENTION_OUTPUT
+SegmentIds = sk.SegmentIds
 
 
 def causal_mask_function(q_ids, kv_ids):
@@ -136,7 +143,8 @@ class Kernel:
     """A splash kernel for one local mask: its metadata and static settings.
 
     `fwd`, `dq`, `dkv` are splash MaskInfos (arrays may be traced, e.g. selected per rank);
-    `mask_function` is None for a full mask.
+    `mask_function` is None for a full mask; `segments` are the packed documents' ids (batched
+    `SegmentIds`), or None.
     """
 
     fwd: MaskInfo
@@ -145,6 +153,16 @@ class Kernel:
     mask_function: object
     block_sizes: sk.BlockSizes
     interpret: bool
+    segments: SegmentIds | None = None
+
+    def with_segments(self, q_ids: jax.Array | None, kv_ids: jax.Array | None) -> "Kernel":
+        """This kernel, also masked by document: `[batch, q_len]` and `[batch, kv_len]` ids, or None
+        (unpacked; the kernel is returned as is). Splash's dK/dV kernel reads query ids across its
+        lanes, so query blocks must be multiples of 128: every strategy spec already requires
+        query calls of such lengths (`cost_models.strategies`), so packing adds no rule."""
+        if q_ids is None:
+            return self
+        return dataclasses.replace(self, segments=SegmentIds(q_ids, kv_ids))
 
     def splash(self, *, save_residuals: bool) -> sk.SplashAttentionKernel:
         """jax's kernel object for this mask."""
@@ -224,15 +242,37 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
                   config.interpret)
 
 
+def _per_row(call, kernel: Kernel, *arrays):
+    """`call(*arrays, segment_ids)` with folded `[batch·heads, …]` arrays, mapped over the batch
+    when the kernel has segment ids (one row of ids per kernel call)."""
+    segments = kernel.segments
+    if segments is None:
+        return call(*arrays, None)
+    batch = segments.q.shape[0]
+    split = lambda x: x.reshape(batch, x.shape[0] // batch, *x.shape[1:])
+    merge = lambda x: x.reshape(-1, *x.shape[2:])
+    out = jax.vmap(lambda ids_q, ids_kv, *xs: call(*xs, SegmentIds(ids_q, ids_kv)))(
+        segments.q, segments.kv, *(split(x) for x in arrays))
+    return jax.tree.map(merge, out)
+
+
 def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Attention output `[heads, q_len, d]`, differentiable (splash's own backward kernels)."""
-    return kernel.splash(save_residuals=False)(q, k, v)
+    return _per_row(lambda q, k, v, ids: kernel.splash(save_residuals=False)(q, k, v, segment_ids=ids),
+                    kernel, q, k, v)
 
 
 def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only."""
-    out, (lse,) = kernel.splash(save_residuals=True)(q, k, v)
-    return out, lse
+    """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only.
+
+    A query that sees no key of the call (packed documents) gets a log-sum-exp near splash's
+    mask value (about −2.4e38), so merging it with other calls by log-sum-exp gives it no weight.
+    """
+    def call(q, k, v, ids):
+        out, (lse,) = kernel.splash(save_residuals=True)(q, k, v, segment_ids=ids)
+        return out, lse
+
+    return _per_row(call, kernel, q, k, v)
 
 
 def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -246,8 +286,11 @@ def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax
     Returns:
         `(dq, dk, dv)` shaped like q, k, v.
     """
-    residuals = (q, k, v, None, None, out, lse, kernel.dq, kernel.dkv)
-    _, _, _, dq, dk, dv, _, _ = sk._splash_attention_bwd(
-        False, sk.DEFAULT_MASK_VALUE, False, kernel.block_sizes, None, kernel.mask_function, None,
-        kernel.interpret, residuals, d_out)
-    return dq, dk, dv
+    def call(q, k, v, out, lse, d_out, ids):
+        residuals = (q, k, v, ids, None, out, lse, kernel.dq, kernel.dkv)
+        _, _, _, dq, dk, dv, _, _ = sk._splash_attention_bwd(
+            False, sk.DEFAULT_MASK_VALUE, False, kernel.block_sizes, None, kernel.mask_function, None,
+            kernel.interpret, residuals, d_out)
+        return dq, dk, dv
+
+    return _per_row(call, kernel, q, k, v, out, lse, d_out)

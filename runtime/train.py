@@ -3,7 +3,9 @@
 `Trainer(plan, mesh)` holds the model, the optimizer and the shardings; `init` creates sharded
 parameters and optimizer state, `step` is jitted once (parameters and optimizer state donated),
 and `abstract_state` gives shape-only inputs for deviceless compilation. Batches arrive in
-natural token order and are permuted once to the plan's order (`prepare_batch`).
+natural token order and are permuted once to the plan's order (`prepare_batch`); packed rows
+bring segment ids (None otherwise), from which come per-document positions and the targets
+that do not cross a document (`runtime.data.packing`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from cost_models.vocabulary import LoadBalance
 from planner.plan import Plan
+from runtime.data.packing import inputs_and_targets
 from runtime.layout import TOKENS, token_order
 from runtime.loss import cross_entropy, loss_chunk
 from runtime.model import Llama, param_specs
@@ -27,9 +30,17 @@ LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.1
 
 
-def make_optimizer(learning_rate: float = LEARNING_RATE) -> optax.GradientTransformation:
-    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1)."""
-    return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=WEIGHT_DECAY)
+def make_optimizer(learning_rate: float = LEARNING_RATE, *, mu_dtype: str = "float32") -> optax.GradientTransformation:
+    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1).
+
+    Args:
+        learning_rate: the step size.
+        mu_dtype: the first moment's dtype (MaxText's `mu_dtype`); the second moment takes the
+            parameters' dtype.
+    Returns:
+        The optax transformation.
+    """
+    return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=WEIGHT_DECAY, mu_dtype=jnp.dtype(mu_dtype))
 
 
 class Trainer:
@@ -48,7 +59,7 @@ class Trainer:
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
         self.model = Llama(plan, mesh)
-        self.optimizer = make_optimizer(learning_rate)
+        self.optimizer = make_optimizer(learning_rate, mu_dtype=plan.mu_dtype)
         self.token_sharding = NamedSharding(mesh, TOKENS)
 
     # -- shapes and shardings --------------------------------------------------------------
@@ -76,13 +87,14 @@ class Trainer:
                                      transform_non_params=lambda _: replicated,
                                      is_leaf=lambda x: isinstance(x, NamedSharding))
 
-    def abstract_state(self):
-        """Shape-only `(params, opt_state, tokens, targets, positions)` for `step.lower`."""
+    def abstract_state(self, *, packed: bool = False):
+        """Shape-only `(params, opt_state, tokens, targets, positions, segment_ids)` for `step.lower`;
+        segment_ids is None unless the batches are `packed`."""
         opt = jax.eval_shape(self.optimizer.init, self.abstract_params)
         opt = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt, self.opt_shardings)
         batch = jax.ShapeDtypeStruct((self.plan.global_batch, self.plan.seq_len), jnp.int32,
                                      sharding=self.token_sharding)
-        return self.abstract_params, opt, batch, batch, batch
+        return self.abstract_params, opt, batch, batch, batch, batch if packed else None
 
     # -- running ---------------------------------------------------------------------------
     def init(self, seed: int = 0):
@@ -98,31 +110,33 @@ class Trainer:
         opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
         return params, opt_state
 
-    def loss(self, params, tokens, targets, positions):
+    def loss(self, params, tokens, targets, positions, segment_ids=None):
         """Mean next-token loss of a batch already in the plan's token order.
 
         Args:
             params: the model variables (`{"params": ...}`).
             tokens: `[batch, seq]` int32 inputs, in the plan's token order.
-            targets: `[batch, seq]` int32 next tokens, same order.
+            targets: `[batch, seq]` int32 next tokens, same order (negative: not learned).
             positions: `[batch, seq]` int32 positions of the tokens in their sequence (RoPE).
+            segment_ids: `[batch, seq]` int32 document ids of packed rows, same order, or None.
         Returns:
             A replicated fp32 scalar.
         """
-        hidden, head = self.model.apply(params, tokens, positions)
+        hidden, head = self.model.apply(params, tokens, positions, segment_ids)
         return cross_entropy(hidden, head, targets, plan=self.plan, mesh=self.mesh)
 
-    def _step(self, params, opt_state, tokens, targets, positions):
-        loss, grads = jax.value_and_grad(self.loss)(params, tokens, targets, positions)
+    def _step(self, params, opt_state, tokens, targets, positions, segment_ids):
+        loss, grads = jax.value_and_grad(self.loss)(params, tokens, targets, positions, segment_ids)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, grads
 
     @cached_property
     def step(self):
-        """`step(params, opt_state, tokens, targets, positions) -> (params, opt_state, loss, grads)`, jitted."""
+        """`step(params, opt_state, tokens, targets, positions, segment_ids) -> (params, opt_state, loss, grads)`,
+        jitted."""
         tokens = self.token_sharding
         return jax.jit(self._step,
-                       in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens),
+                       in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens, tokens),
                        out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P()),
                                       self.param_shardings),
                        donate_argnums=(0, 1))
@@ -132,40 +146,43 @@ class Trainer:
         """Like `step` but without returning gradients: the step that runs and compiles."""
         tokens = self.token_sharding
 
-        def fn(params, opt_state, tokens_, targets, positions):
-            params, opt_state, loss, _ = self._step(params, opt_state, tokens_, targets, positions)
+        def fn(params, opt_state, tokens_, targets, positions, segment_ids):
+            params, opt_state, loss, _ = self._step(params, opt_state, tokens_, targets, positions, segment_ids)
             return params, opt_state, loss
 
-        return jax.jit(fn, in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens),
+        return jax.jit(fn, in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens, tokens),
                        out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P())),
                        donate_argnums=(0, 1))
 
-    def prepare_batch(self, sequences: np.ndarray, *, first_row: int = 0):
-        """Inputs, targets and positions of natural-order sequences, permuted once to the plan's order.
+    def prepare_batch(self, sequences: np.ndarray, segment_ids: np.ndarray | None = None, *, first_row: int = 0):
+        """Inputs, targets, positions and segment ids of natural-order rows, permuted once to the plan's order.
 
         Each process gives the rows its devices hold (all of them in a single process); every
         device's shard is cut from those rows, so the batch never travels between processes.
 
         Args:
             sequences: `[rows, seq_len+1]` tokens in natural order: rows `first_row ..` of the batch.
+            segment_ids: their `[rows, seq_len+1]` document ids when packed (`runtime.data.Batch`), or None.
             first_row: index in the global batch of the first row given.
         Returns:
-            `(tokens, targets, positions)`, each `[global_batch, seq_len]` int32, sharded over batch and sequence.
+            `(tokens, targets, positions, segment_ids)`, each `[global_batch, seq_len]` int32, sharded over
+            batch and sequence; segment_ids is None when not packed.
         """
         order = token_order(self.plan.seq_len, self.plan.axis_size("context"),
                             self.plan.load_balance is LoadBalance.ZIGZAG)
-        sequences = np.asarray(sequences, dtype=np.int32)
-        tokens, targets = sequences[:, :-1][:, order], sequences[:, 1:][:, order]
-        positions = np.broadcast_to(order.astype(np.int32), tokens.shape)
         shape = (self.plan.global_batch, self.plan.seq_len)
 
         def put(local):
+            if local is None:
+                return None
+            local = np.ascontiguousarray(local[:, order])
+
             def shard(index):
                 rows, columns = index
                 rows = slice((rows.start or 0) - first_row, (shape[0] if rows.stop is None else rows.stop) - first_row)
                 return local[rows, columns]
             return jax.make_array_from_callback(shape, self.token_sharding, shard)
-        return put(tokens), put(targets), put(positions)
+        return tuple(put(x) for x in inputs_and_targets(sequences, segment_ids))
 
 
 def _unbox(variables):

@@ -8,6 +8,8 @@ import os
 import re
 from fractions import Fraction
 
+import numpy as np
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import pytest  # noqa: E402
@@ -19,7 +21,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import MODELS, ModelSpec  # noqa: E402
-from cost_models.remat import CHECKPOINTS, Block, kept_names  # noqa: E402
+from cost_models.remat import CHECKPOINTS, Block, kept_names, offloaded_names  # noqa: E402
 from cost_models.strategies import STRATEGIES, strategies_for  # noqa: E402
 from cost_models.vocabulary import AXES, RematPolicy  # noqa: E402
 from planner import Plan, make_mesh  # noqa: E402
@@ -216,3 +218,45 @@ def test_runtime_keeps_what_the_remat_table_says(policy):
     saved = {n for n in names if f"named '{n}'" in out.getvalue()}
     mlp = {c.name for c in CHECKPOINTS if c.block is Block.MLP}
     assert saved == set(kept_names(policy)) - mlp
+    # jax reports an offloaded residual as a host array, without its name (the MLP's leave its
+    # chunk loop as host arrays); the MLP's output, which no backward reads, is not one
+    read = {c.name for c in CHECKPOINTS if c.read_by_backward}
+    assert out.getvalue().count("<host>") == len(set(offloaded_names(policy)) & read)
+
+
+@pytest.fixture(scope="module")
+def layer_gradients():
+    """Gradients of one decoder layer (tensor 2 with sequence parallelism, fsdp 4) under a remat
+    policy, by policy; the layer without remat under None."""
+    import flax.linen as nn
+
+    from runtime.model import DecoderLayer, remat_policy
+
+    custom = (("query_proj", "offload"), ("context", "device"), ("mlpwi_1", "offload"))
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, 256, MODELS["tiny"].hidden))
+    positions = jnp.broadcast_to(jnp.arange(256, dtype=jnp.int32), (4, 256))
+    cache = {}
+
+    def grads(policy):
+        if policy not in cache:
+            plan = Plan(model=MODELS["tiny"], topology="cpu:8", seq_len=256, global_batch=4,
+                        mesh=make_mesh(fsdp=4, tensor=2), remat=policy or "full", block_q=128, block_kv=128,
+                        remat_custom=custom if policy is RematPolicy.CUSTOM else (), param_dtype="float32",
+                        compute_dtype="float32")
+            layer = DecoderLayer if policy is None else nn.remat(
+                DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
+            module = layer(plan, build_mesh(plan))
+            params = module.init(jax.random.PRNGKey(0), x, positions)
+            loss = lambda p, x: (module.apply(p, x, positions)[0] ** 2).sum()  # noqa: E731
+            cache[policy] = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
+        return cache[policy]
+
+    return grads
+
+
+@pytest.mark.parametrize("policy", list(RematPolicy))
+def test_every_remat_policy_gives_the_same_gradients(layer_gradients, policy):
+    """Whatever a policy keeps, offloads or recomputes, the layer's gradients (weights and input)
+    are those of the layer without remat."""
+    for got, want in zip(jax.tree.leaves(layer_gradients(policy)), jax.tree.leaves(layer_gradients(None))):
+        assert np.abs(np.asarray(got) - np.asarray(want)).max() <= 1e-5 * np.abs(np.asarray(want)).max() + 1e-9

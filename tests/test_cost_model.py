@@ -69,22 +69,24 @@ def test_memory_components_by_hand():
     assert e.hbm_bytes["params"] == p * 4 / 8
     assert e.hbm_bytes["grads"] == p * 4 / 8
     assert e.hbm_bytes["optimizer"] == 2 * p * 4 / 8
-    # with tensor=2 the runtime splits every weight but the input embedding (rows over the group only)
+    # with tensor=2 the runtime splits every weight over group × tensor, the input embedding too
     e2 = estimate(_plan(mesh=make_mesh(context=4, tensor=2)))
-    embed = 128256 * 4096
-    assert e2.hbm_bytes["params"] == ((p - embed) / 8 + embed / 4) * 4
+    assert e2.hbm_bytes["params"] == p / 8 * 4
     tokens = 131072 / 8
-    # full remat keeps each layer's input (4096 bf16 values per token)
+    # full remat keeps each layer's input (4096 bf16 values per token), split over tensor (sequence
+    # parallelism)
     assert e.hbm_bytes["activations"] == 32 * tokens * 4096 * 2
-    # one layer's backward, with gradients: attention-side values (input, q/k/v, context, out,
-    # residual) for every token; the MLP's (gate, up, down) for one 4096-token chunk under full remat
+    assert e2.hbm_bytes["activations"] == 32 * (131072 / 4) * 4096 / 2 * 2
+    # one layer's backward, with gradients: attention-side values (residual, normed input, q/k/v,
+    # context, out) for every token; the MLP's (gate, up, down) for one 4096-token chunk
     attention_side = 3 * 4096 + (2 * 32 + 2 * 8) * 128
     mlp_side = 2 * 14336 + 4096
-    assert e.hbm_bytes["layer_working_set"] == 2 * (tokens * attention_side + 4096 * mlp_side) * 2
+    assert e.hbm_bytes["attention_working_set"] == 2 * tokens * attention_side * 2
+    assert e.hbm_bytes["mlp_working_set"] == 2 * 4096 * mlp_side * 2
     # the fused loss: fp32 logits of 8192 tokens (all 16384 are not held) against one vocabulary
-    # piece (128256 = 8 pieces of 16032), and that head piece gathered in fp32 with its fp32 gradient
+    # piece (128256 = 8 pieces of 16032), and that head piece gathered in bf16 with its fp32 gradient
     assert e.hbm_bytes["logits"] == 8192 * 16032 * 4
-    assert e.hbm_bytes["head_buffers"] == 4096 * 16032 * (4 + 4)
+    assert e.hbm_bytes["head_buffers"] == 4096 * 16032 * (2 + 4)
     # weights gathered matrix by matrix: the MLP's 4096 × 14336, two in bf16 and one fp32 gradient
     assert e.hbm_bytes["collective_buffers"] == 4096 * 14336 * (2 + 2 + 4)
     unchunked = estimate(_plan(loss_chunk_tokens=0))
@@ -92,7 +94,8 @@ def test_memory_components_by_hand():
     # the peak: static state plus the larger phase, never both phases at once
     b = e.hbm_bytes
     static = b["params"] + b["grads"] + b["optimizer"] + b["activations"]
-    layer = b["layer_working_set"] + b["attention_buffers"] + b["collective_buffers"]
+    # in a layer: the attention side or the MLP side, not both
+    layer = max(b["attention_working_set"] + b["attention_buffers"], b["mlp_working_set"]) + b["collective_buffers"]
     loss = b["logits"] + b["head_buffers"]
     assert e.hbm_bytes_per_device == static + max(layer, loss)
 
@@ -280,8 +283,10 @@ def test_layer_and_head_builders_by_hand():
     assert matmuls.projections_s == pytest.approx(projections / peak)
     assert matmuls.mlp_s == pytest.approx(mlp / peak)
     assert matmuls.forward_s == pytest.approx((projections + mlp) / peak)  # the math outlasts reading 436 MB
-    assert matmuls.recompute_s == pytest.approx((projections + mlp) / peak)  # full remat: all of it again
-    assert matmuls.executed_flops == pytest.approx(4 * (projections + mlp))
+    # full remat: every projection again, and the MLP's gate and up; not its down projection, whose
+    # output no backward reads (jax drops that recomputation)
+    assert matmuls.recompute_s == pytest.approx((projections + mlp * 2 / 3) / peak)
+    assert matmuls.executed_flops == pytest.approx(4 * projections + (3 + 2 / 3) * mlp)
     # norms and residual adds on 10 full-width values per token; RoPE on q and k (2 · 40 heads · 128);
     # SwiGLU's 3 · 14336; bf16 read or written once each
     elementwise = price_elementwise(x)

@@ -21,10 +21,10 @@ SEQ = 1024
 MODEL = ModelSpec("train-test", 2, 64, 8, 2, 16, 128, 256)  # 8 heads so Ulysses can take 4; GQA
 
 
-def make_plan(topology, mesh, strategy, *, zigzag=True, remat="full", chunk=0):
+def make_plan(topology, mesh, strategy, *, zigzag=True, remat="full", chunk=0, custom=()):
     return Plan(model=MODEL, topology=topology, seq_len=SEQ, global_batch=2, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none", remat=remat, block_q=128,
-                block_kv=128, loss_chunk_tokens=chunk, param_dtype="float32", compute_dtype="float32")
+                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none", remat=remat, remat_custom=custom,
+                block_q=128, block_kv=128, loss_chunk_tokens=chunk, param_dtype="float32", compute_dtype="float32")
 
 
 def one_step(plan, devices):
@@ -40,6 +40,10 @@ def single_device_step():
     return one_step(make_plan("cpu:1", {}, "none", zigzag=False), jax.devices()[:1])
 
 
+# a custom policy that keeps, offloads and recomputes
+CUSTOM = {"query_proj": "offload", "key_proj": "device", "context": "device", "mlpwi_0": "offload", "mlpwo": "device"}
+
+
 @pytest.mark.parametrize("strategy,mesh,zigzag,remat,chunk,small_pieces", [
     ("ring", dict(context=4, data=2), True, "full", 128, True),
     ("all_gather", dict(context=4, fsdp=2), True, "save_dot_except_mlp", 0, False),
@@ -48,16 +52,20 @@ def single_device_step():
     ("ring", dict(context=4, data=2), True, "minimal_with_context", 0, False),
     ("usp", dict(context=2, context_ulysses=2, data=2), True, "full", 0, False),
     ("usp", dict(context=4, context_ulysses=2), False, "full", 512, False),
+    # sequence parallelism over tensor with activations offloaded to host memory
+    ("ring", dict(context=2, fsdp=2, tensor=2), True, "qkv_proj_offloaded", 128, True),
+    ("all_gather", dict(context=4, tensor=2), True, "custom", 0, False),
 ], ids=["ring4-data2-zigzag", "allgather4-fsdp2", "ulysses4-tensor2", "ring4-data2-keep-context", "usp2x2-data2",
-         "usp4x2"])
+         "usp4x2", "ring2-fsdp2-tensor2-offload", "allgather4-tensor2-custom"])
 def test_step_equals_one_device_step(single_device_step, monkeypatch, strategy, mesh, zigzag, remat, chunk,
                                      small_pieces):
     if small_pieces:  # several MLP chunks and head pieces per device, not one of each
         monkeypatch.setattr("runtime.model.MLP_CHUNK_TOKENS", 128)
         monkeypatch.setattr("cost_models.work_layout.VOCAB_PIECE", 64)
     want_loss, want_grads, want_params = single_device_step
-    loss, grads, params = one_step(make_plan("cpu:8", mesh, strategy, zigzag=zigzag, remat=remat, chunk=chunk),
-                                   jax.devices())
+    custom = CUSTOM if remat == "custom" else ()
+    loss, grads, params = one_step(make_plan("cpu:8", mesh, strategy, zigzag=zigzag, remat=remat, chunk=chunk,
+                                             custom=custom), jax.devices())
     assert abs(loss - want_loss) <= 1e-4 * abs(want_loss)
     assert jax.tree.structure(grads) == jax.tree.structure(want_grads)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):

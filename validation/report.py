@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
+from cost_models.topology import get_topology
 from cost_models.units import GiB
 from planner.plan import Plan
 from validation.outputs import prepare_out_dir, write_atomic
@@ -21,6 +22,7 @@ from validation.stats import mape, regret, spearman
 MEASUREMENTS_FILE = "measurements.jsonl"
 STEP_REPORT_FILES = ("report.json", "report.md", "predicted_vs_measured.png", "winners.png", MEASUREMENTS_FILE)
 MEMORY_REPORT_FILES = ("memory.json", "memory.md")
+CORPUS_REPORT_FILES = ("report.json", "report.md", "predicted_vs_measured.png", "errors.png")
 
 
 def _save_figure(fig, path: Path) -> None:
@@ -57,6 +59,8 @@ class StepResult:
     source: str = "run"
     failure: str | None = None
     measured_median_s: float | None = None  # of a run's steps after the first, beside its fastest
+    run_id: str | None = None  # a corpus run's name
+    notes: tuple[str, ...] = ()  # how a published run was priced where cpplan lacks its setting
 
     @property
     def error(self) -> float | None:
@@ -69,7 +73,8 @@ class StepResult:
                 "strategy": self.plan.cp_strategy.value, "predicted_step_s": self.predicted.step_time_s,
                 "measured_step_s": self.measured_step_s, "error": self.error, "predicted_mfu": self.predicted.mfu,
                 "measured_mfu": self.measured_mfu, "measured_median_s": self.measured_median_s,
-                "source": self.source, "failure": self.failure}
+                "source": self.source, "failure": self.failure, "run_id": self.run_id, "notes": list(self.notes),
+                "chip": get_topology(self.plan.topology).chip.name, "fits": self.predicted.fits}
 
 
 @dataclass
@@ -203,6 +208,133 @@ class StepTimeReport:
             CpplanError: `plots` without matplotlib installed.
         """
         outdir = prepare_out_dir(outdir, STEP_REPORT_FILES)
+        write_atomic(outdir / "report.json", json.dumps(self.to_dict(), indent=2, default=str, allow_nan=False))
+        write_atomic(outdir / "report.md", self.markdown(plots=plots))
+        return [outdir / "report.json", outdir / "report.md", *(self.plot(outdir) if plots else [])]
+
+
+@dataclass
+class CorpusReport(StepTimeReport):
+    """Predicted vs published step times of a corpus of runs on different models and chips: the
+    error of every run, MAPE overall and per chip, the Spearman correlation of MFU, the worst runs."""
+
+    worst: int = 5
+
+    def chip_of(self, r: StepResult) -> str:
+        return get_topology(r.plan.topology).chip.name
+
+    def summary(self) -> dict:
+        done = self.measured
+        by_chip: dict[str, list[StepResult]] = defaultdict(list)
+        for r in done:
+            by_chip[self.chip_of(r)].append(r)
+        worst = sorted(done, key=lambda r: -abs(r.error))[:self.worst]
+        errors = [abs(r.error) for r in done]
+        return {"runs": len(done), "mape": _finite(mape([r.predicted.step_time_s for r in done],
+                                                         [r.measured_step_s for r in done])),
+                "max_abs_error": max(errors) if errors else None,
+                "within_15pct": sum(e <= 0.15 for e in errors),
+                "spearman_mfu": _finite(spearman([r.predicted.mfu for r in done], [r.measured_mfu for r in done])),
+                "mean_signed_error": sum(r.error for r in done) / len(done) if done else None,
+                "per_chip": {chip: {"runs": len(g), "mape": _finite(mape([r.predicted.step_time_s for r in g],
+                                                                          [r.measured_step_s for r in g])),
+                                    "max_abs_error": max(abs(r.error) for r in g),
+                                    "mean_signed_error": sum(r.error for r in g) / len(g),
+                                    "spearman_mfu": _finite(spearman([r.predicted.mfu for r in g],
+                                                                     [r.measured_mfu for r in g]))}
+                             for chip, g in sorted(by_chip.items())},
+                "worst": [{"run": r.run_id, "error": r.error} for r in worst],
+                "do_not_fit": [r.run_id for r in done if not r.predicted.fits],
+                "approximated": sum(bool(r.notes) for r in done),
+                "plans_measured": len(done), "plans_failed": sum(r.failure is not None for r in self.results),
+                "interrupted": self.interrupted}
+
+    def to_dict(self) -> dict:
+        s = self.summary()
+        return {"title": self.title, "mape": s["mape"], "spearman_mfu": s["spearman_mfu"], "summary": s,
+                "plans": [r.to_dict() for r in self.results]}
+
+    def markdown(self, *, plots: bool = True) -> str:
+        s = self.summary()
+        lines = [f"# {self.title}", "",
+                 f"- runs: {s['runs']}; step-time MAPE **{_shown(s['mape'], '.1%')}**; largest |error| "
+                 f"**{_shown(s['max_abs_error'], '.1%')}**; within 15%: **{s['within_15pct']} of {s['runs']}**; "
+                 f"mean signed error {_shown(s['mean_signed_error'], '+.1%')}",
+                 f"- Spearman rank correlation of MFU (predicted vs measured): **{_shown(s['spearman_mfu'], '.3f')}**",
+                 f"- priced at a nearest setting (see notes): {s['approximated']}; cpplan says do not fit: "
+                 f"{len(s['do_not_fit'])}" + (f" ({', '.join(s['do_not_fit'])})" if s["do_not_fit"] else ""),
+                 "", "| chip | runs | MAPE | largest abs. error | mean signed | Spearman of MFU |",
+                 "|---|---|---|---|---|---|"]
+        for chip, c in s["per_chip"].items():
+            lines.append(f"| {chip} | {c['runs']} | {_shown(c['mape'], '.1%')} | {c['max_abs_error']:.1%} | "
+                         f"{c['mean_signed_error']:+.1%} | {_shown(c['spearman_mfu'], '.3f')} |")
+        lines += ["", "Worst runs: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]), "",
+                  "| run | plan | predicted s | measured s | error | predicted MFU | measured MFU | fits | notes |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in self.results:
+            notes = "; ".join(r.notes).replace("|", "/")
+            if r.measured_step_s is None:
+                lines.append(f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | failed: "
+                             f"{r.failure} | | | | | {notes} |")
+                continue
+            lines.append(f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | {r.measured_step_s:.3f} "
+                         f"| {r.error:+.1%} | {r.predicted.mfu:.1%} | {r.measured_mfu:.1%} | "
+                         f"{'yes' if r.predicted.fits else 'no: ' + format(r.predicted.hbm_bytes_per_device / GiB, '.0f') + ' GiB'} "
+                         f"| {notes} |")
+        if plots:
+            lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "", "![errors](errors.png)"]
+        return "\n".join(lines + [""])
+
+    def plot(self, outdir: Path) -> list[Path]:
+        """Predicted against measured step time per run (one colour per chip), and every run's error.
+
+        Raises:
+            CpplanError: matplotlib is not installed.
+        """
+        try:
+            import matplotlib
+        except ImportError:
+            raise CpplanError("plots need matplotlib, which is not installed; pip install matplotlib "
+                              "(or write the report without plots: --no-plots).") from None
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        done = self.measured
+        paths = []
+        fig, ax = plt.subplots(figsize=(6, 6))
+        for chip in sorted({self.chip_of(r) for r in done}):
+            pts = [(r.measured_step_s, r.predicted.step_time_s) for r in done if self.chip_of(r) == chip]
+            ax.scatter(*zip(*pts), label=chip, alpha=0.8)
+        if done:
+            lo = min(min(r.measured_step_s, r.predicted.step_time_s) for r in done) * 0.8
+            hi = max(max(r.measured_step_s, r.predicted.step_time_s) for r in done) * 1.25
+            ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
+            ax.set_xscale("log"), ax.set_yscale("log"), ax.set_xlim(lo, hi), ax.set_ylim(lo, hi)
+        ax.set_xlabel("published step time (s)"), ax.set_ylabel("predicted step time (s)")
+        ax.set_title("cpplan vs published runs, one point per run"), ax.legend()
+        paths.append(outdir / "predicted_vs_measured.png")
+        _save_figure(fig, paths[-1])
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(8, max(3, 0.18 * len(done))))
+        ax.barh([r.run_id for r in done], [100 * r.error for r in done],
+                color=["tab:red" if abs(r.error) > 0.15 else "tab:blue" for r in done])
+        ax.axvline(0, color="k", linewidth=1)
+        ax.set_xlabel("predicted / published step time − 1 (%)"), ax.invert_yaxis()
+        ax.set_title("error per run (red: beyond 15%)")
+        paths.append(outdir / "errors.png")
+        _save_figure(fig, paths[-1])
+        plt.close(fig)
+        return paths
+
+    def write(self, outdir: "str | Path", *, plots: bool = True) -> list[Path]:
+        """Writes report.json, report.md and (with `plots`) the two figures under `outdir`.
+
+        Raises:
+            CpplanError: `plots` without matplotlib installed.
+        """
+        outdir = prepare_out_dir(outdir, CORPUS_REPORT_FILES)
         write_atomic(outdir / "report.json", json.dumps(self.to_dict(), indent=2, default=str, allow_nan=False))
         write_atomic(outdir / "report.md", self.markdown(plots=plots))
         return [outdir / "report.json", outdir / "report.md", *(self.plot(outdir) if plots else [])]

@@ -1,7 +1,9 @@
 """HBM held per device over a step, by component, and its peak.
 
 HBM is held in phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's
-backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`).
+backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`). Within a layer's backward the attention
+side (its values and the strategy's buffers) and the MLP side (one chunk of tokens) are not live
+at once: the layer holds the larger of the two, and the weight being gathered with either.
 """
 from __future__ import annotations
 
@@ -15,15 +17,21 @@ from cost_models.strategies import Layout
 from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
-LAYER_MEMORY = ("layer_working_set", "attention_buffers", "collective_buffers")
+LAYER_MEMORY = ("attention_working_set", "attention_buffers", "mlp_working_set", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
-OPTIMIZER_BYTES_PER_PARAM = 2 * 4  # AdamW's two fp32 moments
+
+
+def layer_bytes(memory: dict):
+    """A layer's backward: the larger of its attention side and its MLP side, and the collectives'
+    buffers (arrays or floats)."""
+    return np.maximum(memory["attention_working_set"] + memory["attention_buffers"],
+                      memory["mlp_working_set"]) + memory["collective_buffers"]
 
 
 def peak_bytes(memory: dict):
     """Peak HBM per device: the static part plus the larger of the two phases (arrays or floats)."""
     static = sum(memory[k] for k in STATIC_MEMORY)
-    return static + np.maximum(sum(memory[k] for k in LAYER_MEMORY), sum(memory[k] for k in LOSS_MEMORY))
+    return static + np.maximum(layer_bytes(memory), sum(memory[k] for k in LOSS_MEMORY))
 
 
 @dataclass(frozen=True)
@@ -34,8 +42,9 @@ class MemoryBytes:
     grads: np.ndarray
     optimizer: np.ndarray
     activations: np.ndarray  # what each layer keeps for its backward, all layers
-    layer_working_set: np.ndarray  # one layer's backward
+    attention_working_set: np.ndarray  # one layer's backward, attention side
     attention_buffers: np.ndarray
+    mlp_working_set: np.ndarray  # one layer's backward, one MLP chunk
     collective_buffers: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
@@ -59,22 +68,30 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     remat = x.remat_columns
     group = x.weight_group
     shards = group * tensor
-    saved = (remat.saved_full_width + remat.saved_split / tensor) * a
-    # one layer's backward: its attention-side activations for every token, the MLP's for one
-    # chunk of tokens unless the policy keeps MLP outputs; each with its gradient
-    attention_side = (3 * m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor) * a
+    # every kept value is split over tensor: heads and MLP columns, or the sequence between the
+    # tensor-parallel matmuls (sequence parallelism)
+    saved = remat.saved_on_device / tensor * a
+    # one layer's backward, each value with its gradient: the attention side for every token (the
+    # residual and the out projection a tensor-th of them under sequence parallelism, the normed
+    # input gathered whole, q/k/v and the attention output split by heads), the MLP's for one chunk
+    # of tokens (each chunk is its own checkpoint, whatever the policy keeps: kept MLP values are
+    # read chunk by chunk)
+    attention_side = (m.hidden * (1 + 2 / tensor) + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor) * a
     mlp_side = (2 * m.intermediate / tensor + m.hidden) * a
-    mlp_tokens = np.where(remat.recompute_mlp > 0, np.minimum(MLP_CHUNK_TOKENS, tokens), tokens)
+    mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
-    embed = m.vocab * m.hidden  # the input embedding: rows over the weight-sharding group only
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
     return MemoryBytes(
-        params=((m.num_params - embed) / shards + embed / group) * pb,
-        grads=((m.num_params - embed) / shards + embed / group) * pb,
-        optimizer=((m.num_params - embed) / shards + embed / group) * OPTIMIZER_BYTES_PER_PARAM,
+        # every weight is split over the weight-sharding group and tensor, the input embedding
+        # included (its embed dimension over both)
+        params=m.num_params / shards * pb,
+        grads=m.num_params / shards * pb,
+        # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
+        optimizer=m.num_params / shards * (x.mu_bytes + pb),
         activations=m.num_layers * tokens * saved,
-        layer_working_set=2 * (tokens * attention_side + mlp_tokens * mlp_side),
+        attention_working_set=2 * tokens * attention_side,
+        mlp_working_set=2 * mlp_tokens * mlp_side,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
         # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
@@ -83,5 +100,6 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         # fp32 logits of one chunk of tokens against one piece of the vocabulary (the gradient
         # formed in place, fused with the softmax)
         logits=loss_tokens * head_piece * 4,
-        head_buffers=m.hidden * head_piece * (pb + 4),  # the gathered head piece and its fp32 gradient
+        # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
+        head_buffers=m.hidden * head_piece * (a + 4),
     )

@@ -14,6 +14,7 @@ from cost_models.pricing.elementwise import optimizer_seconds, price_elementwise
 from cost_models.pricing.head import price_head
 from cost_models.pricing.matmul import price_matmuls
 from cost_models.pricing.memory import peak_bytes, price_memory
+from cost_models.pricing.offload import price_offload
 from cost_models.strategies import STRATEGIES
 
 
@@ -60,6 +61,8 @@ def price(x: Candidates) -> Priced:
                             context_traffic(cost, x.remat_columns.recompute_attention, overlaps))
     exposed = price_exposure(traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s,
                              num_layers=layers, overlaps=overlaps).as_dict()
+    offload = price_offload(x, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s)
+    exposed["host_offload"] = offload.exposed_s
     optimizer_s = optimizer_seconds(x)
     compute = {"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s}
     hbm = {
@@ -70,7 +73,8 @@ def price(x: Candidates) -> Priced:
     step = (layers * (layer_forward_s + layer_backward_s) + head.matmul_s + head.cross_entropy_s + optimizer_s
             + sum(exposed.values()))
     return Priced(
-        step_time_s=step, compute_s=compute, hbm_s=hbm, comm_s=traffic.per_step(layers), exposed_s=exposed,
+        step_time_s=step, compute_s=compute, hbm_s=hbm,
+        comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s}, exposed_s=exposed,
         memory=price_memory(x, attention.layout, cost.buffer_bytes).as_dict(), smem_bytes=attention.smem_bytes,
         model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
         executed_flops=layers * (matmuls.executed_flops + attention.executed_flops) + head.executed_flops,

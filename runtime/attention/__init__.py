@@ -4,6 +4,8 @@
 arrays in natural token order and returns the causal attention output in the same layout; the
 model calls `sharded_attention`, which expects tokens already in the plan's (load-balanced)
 order. Both scale q by 1/sqrt(head_dim) once and run the plan's strategy under `shard_map`.
+Both take optional `segment_ids` `[batch, seq]` of packed documents: a query then sees only
+earlier keys of its own document. Every strategy carries them.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.plan import Plan
 from runtime.attention import all_gather, ring, single, ulysses, usp
 from runtime.attention.base import AttentionLayout
-from runtime.layout import HEADS, token_order
+from runtime.layout import HEADS, TOKENS, token_order
 from runtime.splash import KernelConfig
 
 STRATEGIES = {
@@ -45,7 +47,8 @@ def is_interpret(mesh: Mesh) -> bool:
     return mesh.devices.flat[0].platform != ChipKind.TPU.jax_platform
 
 
-def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
+def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
+                      segment_ids: jax.Array | None = None) -> jax.Array:
     """Causal attention of global arrays whose tokens are already in the plan's order.
 
     Args:
@@ -54,18 +57,24 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
         v: like k.
         plan: the plan (strategy, mesh sizes, load balancing, blocks).
         mesh: the mesh built by `runtime.build_mesh(plan)`.
+        segment_ids: `[batch, seq]` int32 document ids of packed sequences (same order), or None.
     Returns:
         `[batch, seq, heads, head_dim]`, sharded like q.
     """
     layout = attention_layout(plan, interpret=is_interpret(mesh))
     module = STRATEGIES[plan.cp_strategy]
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-    fn = jax.shard_map(lambda a, b, c: module.attention(a, b, c, layout), mesh=mesh,
-                       in_specs=(HEADS, HEADS, HEADS), out_specs=HEADS, check_vma=False)
-    return fn(q, k, v)
+    if segment_ids is None:
+        fn = jax.shard_map(lambda a, b, c: module.attention(a, b, c, layout), mesh=mesh,
+                           in_specs=(HEADS, HEADS, HEADS), out_specs=HEADS, check_vma=False)
+        return fn(q, k, v)
+    fn = jax.shard_map(lambda a, b, c, ids: module.attention(a, b, c, layout, ids), mesh=mesh,
+                       in_specs=(HEADS, HEADS, HEADS, TOKENS), out_specs=HEADS, check_vma=False)
+    return fn(q, k, v, segment_ids.astype(jnp.int32))
 
 
-def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
+def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
+                      segment_ids: jax.Array | None = None) -> jax.Array:
     """Causal attention of global arrays in natural token order, run as the plan says.
 
     Args:
@@ -74,6 +83,7 @@ def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
         v: like k.
         plan: the plan; its seq_len must equal the arrays' sequence length.
         mesh: the mesh built by `runtime.build_mesh(plan)`.
+        segment_ids: `[batch, seq]` int32 document ids of packed sequences, natural order, or None.
     Returns:
         `[batch, seq, heads, head_dim]` in natural token order.
     Raises:
@@ -87,5 +97,7 @@ def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
     inverse = jnp.asarray(order.argsort())
     order = jnp.asarray(order)
     q, k, v = (jnp.take(x, order, axis=1) for x in (q, k, v))
-    out = sharded_attention(q, k, v, plan=plan, mesh=mesh)
+    if segment_ids is not None:
+        segment_ids = jnp.take(segment_ids, order, axis=1)
+    out = sharded_attention(q, k, v, plan=plan, mesh=mesh, segment_ids=segment_ids)
     return jnp.take(out, inverse, axis=1)

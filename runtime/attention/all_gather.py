@@ -4,6 +4,7 @@ The gathered keys are put back in natural order (a static permutation of 2N chun
 zigzag), and each rank's queries carry their global positions into the kernel, so one causal
 splash call per rank does the work; its block tables are built for every rank and the rank's
 row is selected at run time. Autodiff turns the all-gather into a reduce-scatter of dK/dV.
+Segment ids of packed documents are gathered and reordered exactly like K/V.
 """
 from __future__ import annotations
 
@@ -17,20 +18,27 @@ from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 from runtime.layout import natural_chunk_slots, token_order
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
-    """Causal attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled)."""
+def _natural_order(x: jax.Array, n: int, seq: int) -> jax.Array:
+    """Gathered zigzag chunks `[batch, seq, ...]` back in natural order."""
+    chunks = x.reshape(x.shape[0], 2 * n, seq // (2 * n), *x.shape[2:])
+    return jnp.take(chunks, jnp.asarray(natural_chunk_slots(n)), axis=1).reshape(x.shape)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
+              segment_ids: jax.Array | None = None) -> jax.Array:
+    """Causal attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled); `segment_ids`
+    `[batch, seq/N]` (packed documents) or None."""
     n, seq = layout.ring, layout.seq_len
-    k_all = jax.lax.all_gather(k, "context", axis=1, tiled=True)
-    v_all = jax.lax.all_gather(v, "context", axis=1, tiled=True)
+    gathered = [jax.lax.all_gather(x, "context", axis=1, tiled=True) for x in (k, v, segment_ids) if x is not None]
     if layout.zigzag and n > 1:
-        slots = jnp.asarray(natural_chunk_slots(n))
-        k_all, v_all = (jnp.take(x.reshape(x.shape[0], 2 * n, seq // (2 * n), *x.shape[2:]), slots, axis=1)
-                        .reshape(x.shape) for x in (k_all, v_all))
+        gathered = [_natural_order(x, n, seq) for x in gathered]
+    k_all, v_all, kv_ids = (gathered + [None])[:3]
     config = layout.kernel
     if layout.zigzag and n > 1:  # a query block must not straddle the rank's two chunks
         config = dataclasses.replace(config, block_q=min(config.block_q, seq // (2 * n)))
     positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
     rank = jax.lax.axis_index("context")
     kernel = splash.causal_kernel_per_rank(positions, seq, rank, config)
-    out = splash.attend(kernel, fold_heads(q), fold_heads(k_all), fold_heads(v_all))
+    out = splash.attend(kernel.with_segments(segment_ids, kv_ids), fold_heads(q), fold_heads(k_all),
+                        fold_heads(v_all))
     return unfold_heads(out, q.shape[0])

@@ -3,7 +3,7 @@
 An all-to-all trades the sequence split for a head split: each device gets the whole (ring)
 block for heads/u heads, attends, and a second all-to-all brings the output back. Grouped-query
 models with fewer kv heads than the degree replicate kv heads first. `gather_sequence` and
-`scatter_sequence` are reused by USP.
+`scatter_sequence` are reused by USP. Segment ids of packed documents are all-gathered.
 """
 from __future__ import annotations
 
@@ -21,14 +21,23 @@ def gather_sequence(q, k, v, layout: AttentionLayout):
     return tuple(jax.lax.all_to_all(x, AXIS, split_axis=2, concat_axis=1, tiled=True) for x in (q, k, v))
 
 
+def gather_segment_ids(segment_ids: jax.Array | None) -> jax.Array | None:
+    """`[b, s/u]` → `[b, s]`: the ids of the whole sequence block, in the order the all-to-all
+    concatenates it (they have no heads to split)."""
+    return None if segment_ids is None else jax.lax.all_gather(segment_ids, AXIS, axis=1, tiled=True)
+
+
 def scatter_sequence(out: jax.Array) -> jax.Array:
     """All-to-all back: `[b, s, h/u, d]` → `[b, s/u, h, d]`."""
     return jax.lax.all_to_all(out, AXIS, split_axis=1, concat_axis=2, tiled=True)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
-    """Causal attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled)."""
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
+              segment_ids: jax.Array | None = None) -> jax.Array:
+    """Causal attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled); `segment_ids`
+    `[batch, seq/u]` (packed documents) or None."""
     q, k, v = gather_sequence(q, k, v, layout)
-    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel)
+    ids = gather_segment_ids(segment_ids)
+    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel).with_segments(ids, ids)
     out = unfold_heads(splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v)), q.shape[0])
     return scatter_sequence(out)

@@ -1,7 +1,8 @@
 """USP: Ulysses all-to-all over 'context_ulysses' inside, ring over 'context' across.
 
 The all-to-all gathers each ring block for heads/u heads; the ring then runs exactly as in
-`ring.py` on those blocks; a second all-to-all restores the sequence split.
+`ring.py` on those blocks (segment ids gathered, then travelling with K/V); a second
+all-to-all restores the sequence split.
 """
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from runtime.attention import ring, ulysses
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout) -> jax.Array:
-    """Causal attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled)."""
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
+              segment_ids: jax.Array | None = None) -> jax.Array:
+    """Causal attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled); `segment_ids`
+    `[batch, seq/(r·u)]` (packed documents) or None."""
     q, k, v = ulysses.gather_sequence(q, k, v, layout)
-    out = ring.ring_attention(fold_heads(q), fold_heads(k), fold_heads(v), layout)
+    ids = ulysses.gather_segment_ids(segment_ids)
+    out = ring.ring_attention(fold_heads(q), fold_heads(k), fold_heads(v), ids, layout)
     return ulysses.scatter_sequence(unfold_heads(out, q.shape[0]))

@@ -1,0 +1,93 @@
+"""Issue 10's corpus targets, measured: cpplan against published, measured TPU training runs, and
+the per-chip error bands that `explain` uses, regenerated from it.
+
+Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus]
+- prices every run of benchmarks/public_runs.csv with its own settings and prints MAPE, the
+  largest error, Spearman of MFU and the worst runs (targets: MAPE ≤ 8%, every run within 15%,
+  Spearman ≥ 0.9); writes report.md / report.json / plots under --out;
+- writes cost_models/data/accuracy.json: per chip, the corpus step-time MAPE (chips with runs) and
+  the attention-kernel MAPE from benchmarks/results/kernels/comparison.txt (what
+  benchmarks/fit_kernels.py printed; the only figure for TPU7x, whose end-to-end runs are left out
+  of the corpus on purpose).
+The corpus is a test set: nothing here feeds a chip-row figure.
+"""
+import json
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cost_models.accuracy import ACCURACY_FILE  # noqa: E402
+from validation.corpus import compare_corpus, read_corpus  # noqa: E402
+
+CORPUS = ROOT / "benchmarks" / "public_runs.csv"
+KERNEL_COMPARISON = ROOT / "benchmarks" / "results" / "kernels" / "comparison.txt"
+OUT = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else ROOT / "benchmarks/results/corpus"
+# a row of fit_kernels.py's MAPE table: chip, pass, length band, calls, MAPE, MAPE before, median signed
+KERNEL_ROW = re.compile(r"^(\S+)\s+(forward|backward)\s+(\S+)\s+(\d+)\s+([\d.]+)%")
+
+
+def kernel_mapes(text: str) -> dict[str, dict]:
+    """Per chip: the call-weighted attention-kernel MAPE over both passes and all lengths."""
+    rows = defaultdict(list)
+    for line in text.split("## MAPE", 1)[-1].splitlines():
+        m = KERNEL_ROW.match(line.strip())
+        if m:
+            rows[m.group(1)].append((int(m.group(4)), float(m.group(5)) / 100))
+    return {chip: {"mape": round(sum(n * e for n, e in r) / sum(n for n, _ in r), 4), "calls": sum(n for n, _ in r)}
+            for chip, r in rows.items()}
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    report = compare_corpus(read_corpus(CORPUS), title="cpplan vs published TPU runs (benchmarks/public_runs.csv)")
+    files = report.write(OUT)
+    s = report.summary()
+    print(f"runs {s['runs']}: step-time MAPE {s['mape']:.1%} (target ≤ 8%), largest |error| {s['max_abs_error']:.1%} "
+          f"(target: every run within 15%; {s['within_15pct']} are), Spearman of MFU {s['spearman_mfu']:.3f} "
+          f"(target ≥ 0.9), mean signed error {s['mean_signed_error']:+.1%}")
+    for chip, c in s["per_chip"].items():
+        print(f"  {chip}: {c['runs']} runs, MAPE {c['mape']:.1%}, largest |error| {c['max_abs_error']:.1%}, "
+              f"mean signed {c['mean_signed_error']:+.1%}, Spearman of MFU {c['spearman_mfu']:.3f}")
+    for r in report.measured:
+        print(f"  {r.run_id:30} predicted {r.predicted.step_time_s:9.3f} s  published {r.measured_step_s:9.3f} s  "
+              f"{r.error:+7.1%}{'' if r.predicted.fits else '  (cpplan: does not fit)'}")
+    print("worst: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]))
+
+    version = commit()
+    kernels = kernel_mapes(KERNEL_COMPARISON.read_text())
+    chips = sorted(set(s["per_chip"]) | set(kernels))
+    table = {"source": f"written by benchmarks/bench_corpus.py at cpplan {version}: step-time MAPE per chip over "
+                       f"benchmarks/public_runs.csv (published, measured MaxText runs; each row cites its own source), "
+                       f"and the attention-kernel MAPE per chip from benchmarks/results/kernels/comparison.txt "
+                       f"(benchmarks/fit_kernels.py against tokamax's measured TPU timings, both passes, all lengths, "
+                       f"weighted by calls)",
+             "chips": {}}
+    for chip in chips:
+        entry = {}
+        if chip in s["per_chip"]:
+            c = s["per_chip"][chip]
+            entry["corpus"] = {"step_time_mape": round(c["mape"], 4), "runs": c["runs"],
+                               "max_abs_error": round(c["max_abs_error"], 4),
+                               "mean_signed_error": round(c["mean_signed_error"], 4),
+                               "source": f"benchmarks/public_runs.csv, {c['runs']} {chip} runs, priced at cpplan {version}"}
+        if chip in kernels:
+            entry["kernels"] = dict(kernels[chip], source="benchmarks/results/kernels/comparison.txt (fit_kernels.py)")
+        table["chips"][chip] = entry
+    ACCURACY_FILE.write_text(json.dumps(table, indent=2) + "\n")
+    print(f"wrote {', '.join(str(f) for f in files)}, {ACCURACY_FILE}")
+
+
+if __name__ == "__main__":
+    main()

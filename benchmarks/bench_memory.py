@@ -1,0 +1,116 @@
+"""Compile our own plans deviceless on v5p and tpu7x and print cpplan's predicted HBM per device
+next to the XLA TPU compiler's, with the fit verdict of each.
+
+    python benchmarks/bench_memory.py                 # every row (3 minutes a row on this 2-core machine shared six ways)
+    python benchmarks/bench_memory.py --only offload  # rows whose label contains the text
+
+The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
+moments, every context-parallel strategy and several remat policies, and at least one plan that
+does not fit. Llama 3.1 8B's shapes with few layers (memory per layer is uniform; a row that
+must not fit keeps all 32), short sequences so each compile takes seconds to a minute. Targets:
+the prediction within 10% of the compiler on every row, and the same fit verdict on every row.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+K = 1024
+TARGET_ERROR = 0.10
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_memory.json"
+OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "device", "context": "device",
+                "mlpwi_0": "offload", "mlpwi_1": "offload"}
+
+# label, topology, mesh, strategy, seq_len, sequences, layers, plan fields
+ROWS = [
+    ("v5p tensor2 sp full", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2, dict(remat="full")),
+    ("v5p tensor4 sp save_qkv_proj", "v5p:2x2x2", dict(fsdp=2, tensor=4), "none", 8 * K, 4, 2,
+     dict(remat="save_qkv_proj")),
+    ("v5p ring4 tensor2 minimal", "v5p:2x2x2", dict(context=4, tensor=2), "ring", 32 * K, 1, 2,
+     dict(remat="minimal", load_balance="zigzag")),
+    ("v5p all_gather8 save_dot_except_mlp", "v5p:2x2x2", dict(context=8), "all_gather", 64 * K, 1, 2,
+     dict(remat="save_dot_except_mlp", load_balance="zigzag")),
+    ("v5p ulysses8 minimal_with_context", "v5p:2x2x2", dict(context_ulysses=8), "ulysses", 32 * K, 1, 2,
+     dict(remat="minimal_with_context")),
+    ("v5p usp 2x2 tensor2 save_out_proj", "v5p:2x2x2", dict(context=2, context_ulysses=2, tensor=2), "usp", 32 * K, 1,
+     2, dict(remat="save_out_proj")),
+    ("v5p fsdp8 offload qkv_proj_offloaded", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
+     dict(remat="qkv_proj_offloaded")),
+    ("v5p fsdp4 tensor2 offload minimal_offloaded", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2,
+     dict(remat="minimal_offloaded")),
+    ("v5p fsdp8 bf16 mu save_dot_except_mlpwi", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
+     dict(remat="save_dot_except_mlpwi", mu_dtype="bfloat16")),
+    ("v5p ring8 minimal_with_context 32 layers: does not fit", "v5p:2x2x2", dict(context=8), "ring", 256 * K, 1, 32,
+     dict(remat="minimal_with_context", load_balance="zigzag")),
+    ("tpu7x tensor2 sp full bf16 mu", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2,
+     dict(remat="full", mu_dtype="bfloat16")),
+    ("tpu7x ring4 tensor2 save_dot_except_mlp", "tpu7x:2x2x1", dict(context=4, tensor=2), "ring", 32 * K, 1, 2,
+     dict(remat="save_dot_except_mlp", load_balance="zigzag")),
+    ("tpu7x all_gather4 fsdp2 minimal", "tpu7x:2x2x1", dict(context=4, fsdp=2), "all_gather", 32 * K, 2, 2,
+     dict(remat="minimal", load_balance="zigzag")),
+    ("tpu7x ulysses4 tensor2 save_qkv_proj", "tpu7x:2x2x1", dict(context_ulysses=4, tensor=2), "ulysses", 32 * K, 1, 2,
+     dict(remat="save_qkv_proj")),
+    ("tpu7x usp 2x4 full", "tpu7x:2x2x1", dict(context=2, context_ulysses=4), "usp", 64 * K, 1, 2,
+     dict(remat="full", load_balance="zigzag")),
+    ("tpu7x fsdp4 tensor2 offload custom", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2,
+     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
+    ("tpu7x ulysses8 minimal_with_context 32 layers: does not fit", "tpu7x:2x2x1", dict(context_ulysses=8), "ulysses",
+     256 * K, 1, 32, dict(remat="minimal_with_context")),
+]
+
+
+def plan_of(row):
+    from cost_models.models import get_model
+    from planner import Plan, make_mesh
+
+    label, topology, mesh, strategy, seq_len, sequences, layers, fields = row
+    base = get_model("llama3.1-8b")
+    model = dataclasses.replace(base, name=f"{base.name}-{layers}l", num_layers=layers)
+    return Plan(model=model, topology=topology, seq_len=seq_len, global_batch=sequences, mesh=make_mesh(**mesh),
+                cp_strategy=strategy, block_q=512, block_kv=512, loss_chunk_tokens=8 * K, **fields)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="rows whose label contains this text")
+    args = parser.parse_args()
+
+    from cost_models.units import GiB
+    from planner.estimate import estimate
+    from runtime.compile import compile_for
+
+    rows = [r for r in ROWS if not args.only or args.only in r[0]]
+    out = []
+    print(f"{'plan':<58} {'cpplan':>8} {'XLA':>8} {'error':>7}  fits (cpplan/XLA)  compile")
+    for row in rows:
+        plan = plan_of(row)
+        predicted = estimate(plan)
+        start = time.perf_counter()
+        compiled = compile_for(plan)
+        seconds = time.perf_counter() - start
+        error = predicted.hbm_bytes_per_device / compiled.required_bytes - 1
+        agree = predicted.fits == compiled.fits
+        print(f"{row[0]:<58} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled.required_bytes / GiB:>7.2f}G "
+              f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled.fits else 'no'}"
+              f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s", flush=True)
+        out.append({"label": row[0], "plan": plan.to_dict(), "predicted_bytes": predicted.hbm_bytes_per_device,
+                    "predicted_breakdown": predicted.hbm_bytes, "predicted_fits": predicted.fits,
+                    "compiled_bytes": compiled.required_bytes, "compiled_fits": compiled.fits,
+                    "compiled": str(compiled), "error": error, "compile_s": seconds})
+        if not args.only:  # row by row, so a long run interrupted keeps what it measured
+            RESULTS.parent.mkdir(exist_ok=True)
+            RESULTS.write_text(json.dumps(out, indent=1, default=float))
+    within = sum(abs(r["error"]) <= TARGET_ERROR for r in out)
+    agree = sum(r["predicted_fits"] == r["compiled_fits"] for r in out)
+    print(f"\n{within} of {len(out)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(out)}; "
+          f"largest error {max((abs(r['error']) for r in out), default=0):.1%}")
+
+
+if __name__ == "__main__":
+    main()

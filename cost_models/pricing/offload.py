@@ -1,0 +1,83 @@
+"""Remat offload: the activations a policy offloads to pinned host memory, the host memory they
+take, and the time their copies over the chip's host link add to a step.
+
+Each offloaded checkpoint goes to the host in the forward and comes back in the backward, layer
+by layer. The copies run on DMA engines while the layer computes (XLA schedules them as
+asynchronous copy-start/copy-done pairs), so a layer's copies cost the step only what they take
+beyond that layer's compute.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cost_models.candidates import Candidates
+from cost_models.models import ModelSpec
+from cost_models.remat import CustomPlacements, remat_code, remat_table
+from cost_models.topology import Topology
+from cost_models.vocabulary import RematPolicy
+
+
+def offloaded_bytes_per_layer(remat_cost_host, *, tokens_per_device, tensor, act_bytes):
+    """Bytes one layer offloads per device: the offloaded values per token (before the tensor
+    split, every checkpoint being split over tensor) for the device's tokens, in the activation
+    dtype. Arrays or floats."""
+    return tokens_per_device * remat_cost_host / tensor * act_bytes
+
+
+def host_capacity_bytes(topology: Topology) -> float:
+    """Host memory per device: the chip row's host memory per chip over its devices."""
+    return topology.chip.host_memory_bytes_per_chip / topology.devices_per_chip
+
+
+def host_link_bw(topology: Topology) -> float:
+    """Bytes/s one device's copies get over its chip's host link (shared by the chip's devices)."""
+    return topology.chip.host_link_bw_bytes_per_s / topology.devices_per_chip
+
+
+def host_bytes_needed(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, *, tokens_per_device: float,
+                      tensor: int, act_bytes: int) -> float:
+    """Host memory one device's offloaded activations take over a step (every layer's).
+
+    Args:
+        model: the model.
+        policy: the remat policy.
+        custom: its per-name placements (under `custom`).
+        tokens_per_device: tokens a device holds outside attention.
+        tensor: the tensor-parallel degree.
+        act_bytes: bytes per activation value.
+    Returns:
+        Bytes.
+    """
+    per_token = remat_table(model, custom).saved_on_host[remat_code(policy)]
+    return float(model.num_layers * offloaded_bytes_per_layer(per_token, tokens_per_device=tokens_per_device,
+                                                               tensor=tensor, act_bytes=act_bytes))
+
+
+@dataclass(frozen=True)
+class OffloadTimes:
+    """Per-candidate columns (s per step, bytes per device)."""
+
+    host_bytes: np.ndarray  # host memory the offloaded activations take
+    transfer_s: np.ndarray  # the copies to the host and back, all layers
+    exposed_s: np.ndarray  # the part of them no compute hides
+
+
+def price_offload(x: Candidates, *, layer_forward_s, layer_backward_s) -> OffloadTimes:
+    """What the candidates' offloaded checkpoints cost.
+
+    Args:
+        x: the candidates.
+        layer_forward_s: one layer's forward compute, per candidate.
+        layer_backward_s: one layer's backward compute (recomputation included), per candidate.
+    Returns:
+        Their `OffloadTimes`.
+    """
+    layer_bytes = offloaded_bytes_per_layer(x.remat_columns.saved_on_host, tokens_per_device=x.tokens_per_device,
+                                            tensor=x.tensor, act_bytes=x.act_bytes)
+    one_way_s = layer_bytes / host_link_bw(x.topology)
+    layers = x.model.num_layers
+    exposed = np.maximum(0.0, one_way_s - layer_forward_s) + np.maximum(0.0, one_way_s - layer_backward_s)
+    return OffloadTimes(host_bytes=layers * layer_bytes, transfer_s=layers * 2 * one_way_s,
+                        exposed_s=layers * exposed)

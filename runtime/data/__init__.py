@@ -1,0 +1,195 @@
+"""Training data for runs: a batch is a pure function of (source, seed, step, process).
+
+`open_dataset(source, seq_len=..., vocab=..., seed=..., pack=...)` opens synthetic tokens (the
+default), a text file (bytes as tokens), a `.npy` or raw uint16/uint32 token file, or ArrayRecord
+shards (`runtime.data.sources` says what each holds). The corpus is one token stream cut into
+rows of `seq_len+1` tokens with stride `seq_len` (each token is a target once per epoch); the
+rows are visited in a fresh random order every epoch (a permutation seeded by (seed, epoch)).
+Global row `step·global_batch + i` is a function of its index alone, so the data position a run
+checkpoints is its step number, and each process reads only its own rows.
+
+With `pack=True` the documents of a row are kept apart: the batch carries segment ids (see
+`runtime.data.packing`), attention joins only equal ids, positions restart per document and no
+target crosses a document. Documents longer than a row continue in the next row of the stream
+as a new segment. Shuffling is numpy's, not grain's: grain imports jax, and reading and packing
+are tested in the jax-free tier; grain reads the ArrayRecord files.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache, partial
+
+import numpy as np
+
+from cost_models.errors import CpplanError
+from runtime.data.packing import segments_from_eos, segments_from_starts
+from runtime.data.sources import TokenStream, check_byte_vocab, is_text, open_stream
+
+SYNTHETIC = "synthetic"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One process's rows of a step.
+
+    Attributes:
+        tokens: `[local_batch, seq_len+1]` int32, global rows
+            `[process_index·local_batch, (process_index+1)·local_batch)` of the step.
+        segment_ids: like tokens (document number within each row, from 1), or None when not packed.
+    """
+
+    tokens: np.ndarray
+    segment_ids: np.ndarray | None
+
+
+def _local_rows(step: int, *, global_batch: int, process_index: int, process_count: int) -> np.ndarray:
+    """Global indices (over all steps) of this process's rows of a step."""
+    if step < 0:
+        raise CpplanError(f"step={step}: data steps count from 0.")
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise CpplanError(f"process_index={process_index} with process_count={process_count}: the index must be "
+                          f"in [0, process_count).")
+    if global_batch < 1 or global_batch % process_count:
+        raise CpplanError(f"global_batch={global_batch} does not split over {process_count} processes; use a "
+                          f"multiple of {process_count}.")
+    local = global_batch // process_count
+    return step * global_batch + process_index * local + np.arange(local, dtype=np.int64)
+
+
+class SyntheticDataset:
+    """Uniformly random tokens (for timing, not learning); each global row seeded by (seed, row)."""
+
+    def __init__(self, *, seq_len: int, vocab: int, seed: int):
+        self.seq_len, self.vocab, self.seed = seq_len, vocab, seed
+
+    def batch(self, step: int, *, global_batch: int, process_index: int = 0, process_count: int = 1) -> Batch:
+        """This process's rows of a step (see `Batch`)."""
+        rows = _local_rows(step, global_batch=global_batch, process_index=process_index, process_count=process_count)
+        tokens = np.stack([np.random.default_rng([self.seed, int(row)]).integers(0, self.vocab, self.seq_len + 1)
+                           for row in rows]).astype(np.int32)
+        return Batch(tokens, None)
+
+
+def _epoch_order(epoch: int, *, seed: int, num_rows: int) -> np.ndarray:
+    """The order in which an epoch visits the rows."""
+    return np.random.default_rng([seed, epoch]).permutation(num_rows)
+
+
+class TokenDataset:
+    """Rows of a token stream, shuffled per epoch, optionally with segment ids.
+
+    Args:
+        stream: the corpus.
+        seq_len: tokens per training sequence (rows hold one more, for the last target).
+        vocab: the model's vocabulary; every token must be below it.
+        seed: the shuffling seed.
+        pack: give segment ids (needs document boundaries: `eos_id`, offsets or ArrayRecord).
+        eos_id: the end-of-document token, or None.
+    Raises:
+        CpplanError: data shorter than one row, or packing without document boundaries.
+    """
+
+    def __init__(self, stream: TokenStream, *, seq_len: int, vocab: int, seed: int, pack: bool,
+                 eos_id: int | None = None):
+        if seq_len < 1:
+            raise CpplanError(f"seq_len={seq_len}: a sequence needs at least one token.")
+        self.num_rows = (len(stream) - 1) // seq_len
+        if self.num_rows < 1:
+            raise CpplanError(f"data {stream.name!r} has {len(stream)} tokens, fewer than one sequence of "
+                              f"seq_len+1={seq_len + 1}; use more data or a shorter seq_len.")
+        if pack and eos_id is None and stream.doc_starts is None:
+            raise CpplanError(f"packing {stream.name!r} needs its document boundaries: pass eos_id (the token that "
+                              f"ends each document) or an offsets file of document starts, or do not pack.")
+        if eos_id is not None and not 0 <= eos_id < vocab:
+            raise CpplanError(f"eos_id={eos_id} is not a token of the model's vocabulary of {vocab}; give the "
+                              f"tokenizer's end-of-document id.")
+        self.stream, self.seq_len, self.vocab, self.seed = stream, seq_len, vocab, seed
+        self.pack, self.eos_id = pack, eos_id
+        # a step's rows span at most two epochs unless the batch outnumbers the rows
+        self._order = lru_cache(maxsize=2)(partial(_epoch_order, seed=seed, num_rows=self.num_rows))
+
+    def batch(self, step: int, *, global_batch: int, process_index: int = 0, process_count: int = 1) -> Batch:
+        """This process's rows of a step (see `Batch`).
+
+        Raises:
+            CpplanError: bad step or process arguments, or a token outside the vocabulary.
+        """
+        rows = _local_rows(step, global_batch=global_batch, process_index=process_index, process_count=process_count)
+        length = self.seq_len + 1
+        epochs, within = np.divmod(rows, self.num_rows)
+        starts = np.array([self._order(int(e))[w] for e, w in zip(epochs, within)], dtype=np.int64) * self.seq_len
+        tokens = np.stack([self.stream.read(int(s), int(s) + length) for s in starts])
+        bad = (tokens < 0) | (tokens >= self.vocab)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise CpplanError(f"data {self.stream.name!r} has token {tokens[row, col]} at offset "
+                              f"{starts[row] + col}, outside the model's vocabulary of {self.vocab}; tokenize with "
+                              f"the model's tokenizer or use a model with a larger vocabulary.")
+        segment_ids = None
+        if self.pack:
+            segment_ids = (segments_from_eos(tokens, self.eos_id) if self.eos_id is not None
+                           else segments_from_starts(starts, length, self.stream.doc_starts))
+        return Batch(tokens.astype(np.int32), segment_ids)
+
+
+def open_dataset(source: "str | os.PathLike | None" = None, *, seq_len: int, vocab: int, seed: int = 0,
+                 pack: bool = False, dtype: str | None = None, eos_id: int | None = None,
+                 offsets: "str | os.PathLike | None" = None) -> "SyntheticDataset | TokenDataset":
+    """Opens training data; `.batch(step, global_batch=..., process_index=..., process_count=...)` gives a `Batch`.
+
+    Args:
+        source: None or "synthetic" (random tokens), a text file (bytes as tokens), a `.npy` token
+            array, a raw token file (with `dtype`), or ArrayRecord shards (`.array_record`, a glob allowed).
+        seq_len: tokens per training sequence.
+        vocab: the model's vocabulary size.
+        seed: the shuffling (or synthetic) seed.
+        pack: keep documents apart with segment ids (needs `eos_id`, `offsets` or ArrayRecord).
+        dtype: "uint16" or "uint32" for raw and ArrayRecord tokens.
+        eos_id: the token that ends each document.
+        offsets: a `.npy` of the stream offsets where documents start.
+    Returns:
+        A dataset whose batches are a pure function of (source, seed, step, process).
+    Raises:
+        CpplanError: bad files or flags (see `runtime.data.sources.open_stream`), packing synthetic
+            data, a text file with a vocabulary under 256, or data shorter than one sequence.
+    """
+    if source is None or str(source) == SYNTHETIC:
+        if pack or dtype is not None or eos_id is not None or offsets is not None:
+            raise CpplanError("synthetic data has no documents or files: drop pack, dtype, eos_id and offsets, "
+                              "or give a data file.")
+        return SyntheticDataset(seq_len=seq_len, vocab=vocab, seed=seed)
+    if is_text(source, dtype=dtype):
+        check_byte_vocab(vocab)
+    stream = open_stream(source, dtype=dtype, offsets=offsets)
+    return TokenDataset(stream, seq_len=seq_len, vocab=vocab, seed=seed, pack=pack, eos_id=eos_id)
+
+
+def text_tokens(path: "str | os.PathLike", *, vocab: int) -> np.ndarray:
+    """The bytes of a text file as int32 tokens (a byte-level tokenizer).
+
+    Raises:
+        CpplanError: unreadable file, or a model vocabulary smaller than 256 bytes.
+    """
+    check_byte_vocab(vocab)
+    return np.asarray(open_stream(path).tokens, dtype=np.int32)
+
+
+def _steps(dataset, batch: int) -> Iterator[np.ndarray]:
+    for step in itertools.count():
+        yield dataset.batch(step, global_batch=batch).tokens
+
+
+def text_batches(tokens: np.ndarray, *, batch: int, seq_len: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """Endless one-process `[batch, seq_len+1]` rows of a token stream, step after step (the
+    `open_dataset` rows of an in-memory stream)."""
+    stream = TokenStream("tokens", np.asarray(tokens))
+    return _steps(TokenDataset(stream, seq_len=seq_len, vocab=int(np.max(tokens)) + 1, seed=seed, pack=False),
+                  batch)
+
+
+def synthetic_batches(*, vocab: int, batch: int, seq_len: int, seed: int = 0) -> Iterator[np.ndarray]:
+    """Endless one-process `[batch, seq_len+1]` uniformly random tokens, step after step."""
+    return _steps(SyntheticDataset(seq_len=seq_len, vocab=vocab, seed=seed), batch)

@@ -1,0 +1,379 @@
+"""The public corpus: published, measured TPU training runs, each read into a cpplan Plan with the
+run's own settings and a step time derived from the figure its source quotes.
+
+The corpus is a CSV (`benchmarks/public_runs.csv`), one run per line. Its settings are MaxText
+flags, as the runs were launched with MaxText, so the columns are:
+
+- `id`: a short unique name.
+- `maxtext_flags`: the run's own flags as `key=value` words, verbatim from its config, plus
+  `compile_topology` / `compile_topology_num_slices` saying where it ran (the source's hardware).
+- `maxtext_defaults`: the `base.yml` values of the MaxText commit the run used that it relied on
+  (the synthetic models' base shape, dtypes, default mesh and splash blocks); the flags win.
+- `metric`, `value`: the figure the step time is derived from: `seconds` (a logged step time),
+  `tokens_per_s_per_device`, or `mfu` (percent of `peak_tflops`, the peak the source divided by).
+- `peak_tflops`, `flop_rule`: for `mfu` rows, the peak and the FLOP count of that MaxText
+  version (`FLOP_RULES`): MaxText changed how it counts attention FLOPs several times, so a
+  row's step time is derived with its own version's count and MFU figures are never compared.
+- `figure`: the quoted figure, verbatim; `repository`, `path`, `commit`, `date`: where it is;
+  `derivation`: how the step time follows from it; `notes`: the config's own source.
+
+Synthetic models (`global_parameter_scale`) get MaxText's shape rule of that time
+(`synthetic_shape`). A setting cpplan cannot represent (a MaxText remat policy cpplan lacks,
+host offload, a non-gated MLP, `fsdp_transpose`) is priced at the nearest one cpplan has, and the
+run's notes say so: nothing is approximated silently. The corpus is a test set: no chip-row figure
+is fitted to it.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from cost_models.compute import splash_vmem_problem
+from cost_models.errors import CpplanError
+from cost_models.models import ModelSpec
+from cost_models.remat import CHECKPOINTS, kept_names
+from cost_models.units import mfu
+from cost_models.vocabulary import DTYPE_BYTES, RematPolicy
+from planner.maxtext import _parse_text, plan_from_maxtext
+from planner.estimate import estimate
+from planner.plan import Plan
+from validation.report import CorpusReport, StepResult
+
+CORPUS_COLUMNS = ("id", "maxtext_flags", "maxtext_defaults", "metric", "value", "peak_tflops", "flop_rule", "figure",
+                  "repository", "path", "commit", "date", "derivation", "notes")
+CITATION_COLUMNS = ("figure", "repository", "path", "commit", "date", "derivation")
+METRICS = ("seconds", "tokens_per_s_per_device", "mfu")
+
+# Attention FLOPs per layer and token pair, per head and head dim, in MaxText's training count
+# (train.py `calculate_training_tflops`): 12 = forward + backward of QK^T and AV over the full
+# square, before AI-Hypercomputer/maxtext@64ee4e938 (2023-11-08) halved it for causality (6).
+FLOP_RULES = {
+    "maxtext-2023-10": 12,  # maxtext@e47fa1b5d377ee1043e663f1414024f4d0f12df0 MaxText/train.py
+    "maxtext-2023-12": 6,  # maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0 MaxText/train.py
+}
+
+# The checkpoint names each MaxText remat policy keeps (on device or offloaded to the host), from
+# maxtext@e591f30cbbf217ed67ef71263ec0538239f9c3b8 src/maxtext/layers/decoders.py and
+# maxtext_utils.get_save_and_offload_names; `custom` keeps the names set to `device` or `offload`.
+_ALL = tuple(c.name for c in CHECKPOINTS)
+MAXTEXT_KEPT = {
+    "full": (),
+    "minimal": tuple(n for n in _ALL if n != "context"),
+    "minimal_with_context": _ALL,
+    "save_dot_except_mlp": ("query_proj", "key_proj", "value_proj", "out_proj"),
+    "save_dot_except_mlpwi": ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwo"),
+    "save_qkv_proj": ("query_proj", "key_proj", "value_proj"),
+    "qkv_proj_offloaded": ("query_proj", "key_proj", "value_proj"),
+    "minimal_offloaded": tuple(n for n in _ALL if n != "context"),
+}
+OFFLOADING_POLICIES = ("qkv_proj_offloaded", "minimal_offloaded")
+
+
+@dataclass(frozen=True)
+class CorpusRun:
+    """One published run: its plan, the step time derived from its figure, and how it was read."""
+
+    run_id: str
+    plan: Plan
+    step_seconds: float
+    notes: tuple[str, ...]
+    citation: str
+    row: dict
+
+
+def _number(row: dict, column: str, where: str) -> float:
+    text = (row.get(column) or "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise CpplanError(f"{where}: {column}={text!r} is not a number; give the figure as a plain number.") from None
+    if not math.isfinite(value) or value <= 0:
+        raise CpplanError(f"{where}: {column}={text!r} must be a positive, finite number.")
+    return value
+
+
+def get_individual_scales(scale: int) -> tuple[int, int, int, int]:
+    """MaxText's split of `global_parameter_scale` into (embed, heads, mlp, layers) doublings:
+    the doublings rotate over heads and MLP width, embed width, and layers (MaxText's
+    pyconfig.get_individual_scales, unchanged from 2023 to 2026).
+
+    Raises:
+        CpplanError: the scale is not a power of two.
+    """
+    if scale < 1 or scale & (scale - 1):
+        raise CpplanError(f"global_parameter_scale={scale} must be a power of two, as MaxText requires.")
+    base, rem = divmod(int(math.log2(scale)), 3)
+    heads = base + int(rem > 0)
+    return base + int(rem > 1), heads, heads, base
+
+
+@dataclass(frozen=True)
+class SyntheticShape:
+    """A MaxText model set by `global_parameter_scale` over base.yml's base shape, as MaxText built it."""
+
+    emb: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    layers: int
+    vocab: int
+    mlp_matrices: int  # one `wi` per activation, plus `wo`
+    tied: bool
+
+    @property
+    def params(self) -> int:
+        """MaxText's parameter count (its pytree's matrices; norm scales, under 0.01%, left out)."""
+        per_layer = 2 * self.emb * self.head_dim * (self.heads + self.kv_heads) + self.mlp_matrices * self.emb * self.mlp
+        return self.vocab * self.emb * (1 if self.tied else 2) + self.layers * per_layer
+
+    def step_flops_per_device(self, *, rule: str, seq_len: int, per_device_batch: float) -> float:
+        """MaxText's training FLOPs per device per step under `rule` (see `FLOP_RULES`)."""
+        attention = FLOP_RULES[rule] * self.heads * self.layers * self.head_dim * seq_len ** 2 * per_device_batch
+        return 6 * self.params * seq_len * per_device_batch + attention
+
+    def model_spec(self, name: str) -> tuple[ModelSpec, list[str]]:
+        """The nearest cpplan model and what it changes: cpplan's MLP is gated (three matrices), so
+        a MaxText MLP of another width keeps its matmul FLOPs and parameters with a narrower one."""
+        notes = []
+        intermediate = self.mlp
+        if self.mlp_matrices != 3:
+            intermediate = round(self.mlp * self.mlp_matrices / 3)
+            notes.append(f"MaxText's MLP has {self.mlp_matrices} matrices of width {self.mlp} (non-gated); priced as "
+                         f"cpplan's gated MLP of width {intermediate} (same parameters and matmul FLOPs)")
+        spec = ModelSpec(name, self.layers, self.emb, self.heads, self.kv_heads, self.head_dim, intermediate,
+                         self.vocab, tie_embeddings=self.tied)
+        return spec, notes
+
+
+def synthetic_shape(flags: dict) -> SyntheticShape:
+    """The model MaxText builds from `global_parameter_scale` and the base_* flags.
+
+    Raises:
+        CpplanError: a base_* flag is missing or not a whole number.
+    """
+    def whole(key):
+        try:
+            return int(flags[key])
+        except KeyError:
+            raise CpplanError(f"a synthetic MaxText model needs {key} (base.yml's value at the run's commit, in "
+                              f"maxtext_defaults).") from None
+        except ValueError:
+            raise CpplanError(f"MaxText flag {key}={flags[key]!r} is not a whole number.") from None
+
+    emb_s, heads_s, mlp_s, layer_s = get_individual_scales(whole("global_parameter_scale"))
+    heads = whole("base_num_heads") if "base_num_heads" in flags else whole("base_num_query_heads")
+    kv = whole("base_num_kv_heads") if "base_num_kv_heads" in flags else heads  # 2023: multi-head only
+    activations = [a for a in str(flags.get("mlp_activations", "silu,linear")).replace(",", " ").split() if a]
+    return SyntheticShape(emb=whole("base_emb_dim") << emb_s, heads=heads << heads_s, kv_heads=kv << heads_s,
+                          head_dim=whole("head_dim"), mlp=whole("base_mlp_dim") << mlp_s,
+                          layers=whole("base_num_decoder_layers") << layer_s, vocab=whole("vocab_size"),
+                          mlp_matrices=len(activations) + 1,
+                          tied=str(flags.get("logits_via_embedding", "false")).lower() == "true")
+
+
+def maxtext_kept(flags: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(names kept, names of those offloaded to the host) under the run's MaxText remat policy.
+
+    Raises:
+        CpplanError: a policy name neither MaxText's table here nor cpplan knows.
+    """
+    name = str(flags.get("remat_policy", "full"))
+    if name == "custom":
+        kept = tuple(n for n in _ALL if str(flags.get(n, "remat")) in ("device", "offload"))
+        offloaded = tuple(n for n in ("decoder_layer_input",) + kept if flags.get(n) == "offload")
+        return kept, offloaded
+    if name in MAXTEXT_KEPT:
+        return MAXTEXT_KEPT[name], MAXTEXT_KEPT[name] if name in OFFLOADING_POLICIES else ()
+    try:
+        return kept_names(RematPolicy.parse(name)), ()
+    except CpplanError:
+        raise CpplanError(f"remat_policy={name!r} is not in the corpus reader's table of MaxText policies "
+                          f"({', '.join(sorted(MAXTEXT_KEPT))}, custom); add what it keeps.") from None
+
+
+def nearest_remat(flags: dict) -> tuple[RematPolicy, list[str]]:
+    """The cpplan remat policy for the run: its own when cpplan has it, else the one whose kept
+    names differ least from the run's (ties: the one keeping less); notes say what differs.
+
+    Returns:
+        (policy, notes), notes empty when the run's policy is priced as it is.
+    """
+    name = str(flags.get("remat_policy", "full"))
+    kept, offloaded = maxtext_kept(flags)
+    notes = []
+    if offloaded:
+        notes.append(f"{', '.join(offloaded)} offloaded to host memory by MaxText; cpplan prices them kept on device "
+                     f"(no host transfer time, more HBM)")
+    if name != "custom":
+        try:
+            return RematPolicy.parse(name), notes
+        except CpplanError:
+            pass
+    candidates = sorted(RematPolicy, key=lambda p: (len(set(kept) ^ set(kept_names(p))), len(kept_names(p))))
+    policy = candidates[0]
+    if set(kept_names(policy)) != set(kept):
+        notes.append(f"remat_policy={name} keeps {{{', '.join(kept) or 'layer input only'}}}; cpplan has no such policy, "
+                     f"priced as its nearest, {policy.value}, which keeps {{{', '.join(kept_names(policy)) or 'layer input only'}}}")
+    elif name not in [p.value for p in RematPolicy]:
+        notes.append(f"remat_policy={name} keeps what cpplan's {policy.value} keeps")
+    return policy, notes
+
+
+def _words(text: str, where: str) -> dict[str, str]:
+    try:
+        return _parse_text(text or "")
+    except CpplanError as err:
+        raise CpplanError(f"{where}: {err}") from None
+
+
+def run_flags(row: dict, where: str) -> dict[str, str]:
+    """The run's effective MaxText flags: base.yml's values it relied on, then its own flags."""
+    return {**_words(row.get("maxtext_defaults", ""), where), **_words(row.get("maxtext_flags", ""), where)}
+
+
+def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | None]:
+    """The row's plan, the approximations made to price it, and its synthetic shape (if any).
+
+    Raises:
+        CpplanError: the flags are not a plan cpplan can build (naming the row).
+    """
+    flags = run_flags(row, where)
+    notes: list[str] = []
+    policy, remat_notes = nearest_remat(flags)
+    notes += remat_notes
+    flags["remat_policy"] = policy.value
+    for name in _ALL + ("decoder_layer_input",):
+        flags.pop(name, None)  # custom-policy settings, read above
+    transpose = flags.pop("ici_fsdp_transpose_parallelism", "1")
+    if transpose != "1":
+        if str(flags.get("ici_fsdp_parallelism", "1")) not in ("1",):
+            raise CpplanError(f"{where}: ici_fsdp_transpose_parallelism and ici_fsdp_parallelism both > 1; cpplan has "
+                              "one fsdp axis.")
+        flags["ici_fsdp_parallelism"] = transpose
+        notes.append("ici_fsdp_transpose_parallelism (FSDP with the weights' other dimension sharded) priced as fsdp")
+    attention = flags.pop("attention", "flash")
+    if flags.pop("enable_flash_attention", "true").lower() != "true" or attention not in ("flash", "autoselected"):
+        notes.append(f"attention={attention} priced as splash (cpplan prices splash attention only)")
+    shape = None
+    model = None
+    if "global_parameter_scale" in flags:
+        shape = synthetic_shape(flags)
+        model, shape_notes = shape.model_spec(f"maxtext-synthetic-{flags['global_parameter_scale']}x")
+        notes += shape_notes
+    try:
+        plan = plan_from_maxtext(flags, model=model)
+    except CpplanError as err:
+        raise CpplanError(f"{where}: {err}") from None
+    plan, block_notes = _blocks_within_vmem(plan)
+    return plan, notes + block_notes, shape
+
+
+def _blocks_within_vmem(plan: Plan) -> tuple[Plan, list[str]]:
+    """The plan with the largest splash blocks (halving both) that cpplan's scoped-VMEM rule
+    accepts: runs that raise the compiler's VMEM limit by XLA flag use blocks cpplan would refuse."""
+    act_bytes = DTYPE_BYTES[plan.compute_dtype]
+    block_q, block_kv = plan.block_q, plan.block_kv
+    problem = splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes)
+    if problem is None or plan.topology_spec.chip.kind.interprets_kernels:
+        return plan, []
+    while splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes) and \
+            max(block_q, block_kv) > 128:
+        block_q, block_kv = max(128, block_q // 2), max(128, block_kv // 2)
+    return dataclasses.replace(plan, block_q=block_q, block_kv=block_kv), [
+        f"{problem} (the run raised the limit by XLA flag, which cpplan does not model): priced at blocks "
+        f"{block_q}×{block_kv}"]
+
+
+def step_seconds(row: dict, plan: Plan, shape: SyntheticShape | None, where: str) -> float:
+    """The row's step time, derived from its figure as its `metric` says.
+
+    Raises:
+        CpplanError: an unknown metric or flop rule, or an `mfu` row without a synthetic shape.
+    """
+    metric = (row.get("metric") or "").strip()
+    value = _number(row, "value", where)
+    per_device = plan.global_batch / plan.topology_spec.num_devices
+    if metric == "seconds":
+        return value
+    if metric == "tokens_per_s_per_device":
+        return per_device * plan.seq_len / value
+    if metric == "mfu":
+        rule = (row.get("flop_rule") or "").strip()
+        if rule not in FLOP_RULES:
+            raise CpplanError(f"{where}: flop_rule={rule!r}; an mfu row needs the FLOP count of its MaxText version, "
+                              f"one of {', '.join(FLOP_RULES)}.")
+        if shape is None:
+            raise CpplanError(f"{where}: an mfu row needs a synthetic model (global_parameter_scale) whose FLOPs the "
+                              "reader counts as that MaxText version did; give a logged step time instead.")
+        achieved = value / 100 * _number(row, "peak_tflops", where) * 1e12
+        return shape.step_flops_per_device(rule=rule, seq_len=plan.seq_len, per_device_batch=per_device) / achieved
+    raise CpplanError(f"{where}: metric={metric!r} is not one of {', '.join(METRICS)}.")
+
+
+def is_corpus(path: "str | Path") -> bool:
+    """Whether a measured-steps file is a corpus (its header has the corpus's columns)."""
+    try:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError):
+        return False
+    return "maxtext_flags" in header
+
+
+def read_corpus(path: "str | Path") -> list[CorpusRun]:
+    """Every run of a corpus CSV (see the module docstring for its columns).
+
+    Raises:
+        CpplanError: unreadable file, wrong columns, a duplicate id, a row without its citation
+            and derivation, or a row that is not a plan (each naming its line).
+    """
+    path = Path(path)
+    try:
+        rows = list(csv.DictReader(path.read_text().splitlines()))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise CpplanError(f"cannot read {str(path)!r}: {err}") from None
+    if not rows or set(rows[0]) != set(CORPUS_COLUMNS):
+        raise CpplanError(f"{str(path)!r}: a corpus needs the header {', '.join(CORPUS_COLUMNS)} and one row per run.")
+    runs, seen = [], set()
+    for line, row in enumerate(rows, start=2):
+        where = f"{path.name} line {line} ({row.get('id') or 'no id'})"
+        if None in row or None in row.values():
+            raise CpplanError(f"{where}: the row's cells do not match the header's {len(CORPUS_COLUMNS)} columns.")
+        missing = [c for c in ("id",) + CITATION_COLUMNS if not row[c].strip()]
+        if missing:
+            raise CpplanError(f"{where}: {', '.join(missing)} empty; every run needs its id, citation and derivation.")
+        if row["id"] in seen:
+            raise CpplanError(f"{where}: id {row['id']!r} is used twice; give each run its own.")
+        seen.add(row["id"])
+        plan, notes, shape = plan_of(row, where)
+        citation = f"{row['repository']}@{row['commit'][:12]}:{row['path']} ({row['date']})"
+        runs.append(CorpusRun(row["id"], plan, step_seconds(row, plan, shape, where), tuple(notes), citation, row))
+    return runs
+
+
+def compare_corpus(runs: "list[CorpusRun]", *, title: str = "cpplan vs published TPU runs") -> CorpusReport:
+    """Prices every run with its own plan and sets it against the published step time.
+
+    Args:
+        runs: the corpus (`read_corpus`).
+        title: the report's title.
+    Returns:
+        A `CorpusReport`; its MFU figures are both cpplan's count of model FLOPs over the predicted
+        and the published step time, so they compare across MaxText versions.
+    Raises:
+        CpplanError: a run's plan cannot be priced (naming the run).
+    """
+    report = CorpusReport(title)
+    for run in runs:
+        try:
+            e = estimate(run.plan)
+        except CpplanError as err:
+            raise CpplanError(f"corpus run {run.run_id}: {err}") from None
+        report.results.append(StepResult(run.plan, e, run.step_seconds,
+                                         mfu(e.model_flops, run.step_seconds, e.num_devices, e.peak_flops_per_device),
+                                         source=run.citation, run_id=run.run_id, notes=run.notes))
+    return report
