@@ -14,6 +14,7 @@ import re
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
@@ -139,17 +140,22 @@ def _plan(args: argparse.Namespace):
     return api.plan(args.model, args.seq_len, args.topology, **_search_options(args))
 
 
-def _use_host_devices(topology: str) -> None:
-    """For a topology of a host's virtual devices (`cpu:N`), asks XLA for N of them.
+def _use_host_devices(topology: str, *, processes: int = 1) -> None:
+    """For a topology of a host's virtual devices (`cpu:N`), asks XLA for N of them, or for
+    N / P in each of P processes that share them.
 
     Must run before jax is imported; a topology of real devices (a TPU slice) is left alone.
     """
     topo = get_topology(topology)
     if not topo.chip.kind.shares_cores:
         return
+    if topo.num_devices % processes:
+        raise CpplanError(f"{topo.name} has {topo.num_devices} devices, which do not split over {processes} processes; "
+                          f"give a device count that is a multiple of --num-processes.")
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={topo.num_devices}".strip()
+        count = topo.num_devices // processes
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
     os.environ.setdefault("JAX_PLATFORMS", topo.chip.kind.jax_platform)
 
 
@@ -267,36 +273,119 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Plans, runs on this host's virtual devices, and prints measured figures next to predicted ones."""
-    topo = get_topology(args.topology)
-    if not topo.chip.kind.shares_cores:
-        raise CpplanError(f"`cpplan run` runs on this host's CPU devices; {topo.name} is a TPU slice. "
-                          f"Use `cpplan compile` to compile for it deviceless, or plan for cpu:8.")
-    _check_data(args.data)
-    _use_host_devices(args.topology)
-    plan = _plan(args)
-    _import_runtime()
-    from planner.estimate import estimate
-    from runtime.runner import run
+    """Plans, compiles ahead of time (falling back to the next plan that fits), trains with
+    checkpoints and metrics, and prints measured figures next to predicted ones."""
+    from runtime.distributed import ProcessGroup
 
-    report = run(plan, steps=args.steps, data=args.data)
+    group = ProcessGroup(args.coordinator, args.num_processes, args.process_id)
+    group.check()
+    topo = get_topology(args.topology, args.num_slices)
+    _check_data(args.data)
+    profile = _profile_steps(args.profile_steps, args.steps)
+    if topo.chip.kind.shares_cores:
+        _use_host_devices(args.topology, processes=group.count)
+    elif not _on_a_tpu_vm():
+        raise CpplanError(f"`cpplan run` runs on the devices present; {topo.name} is a TPU slice and this host has "
+                          f"no TPU: launch it on every TPU VM of the slice (see the README). Use `cpplan compile` to "
+                          f"compile for it deviceless, or plan for cpu:8.")
+    search = api.run_search(args.model, args.seq_len, args.topology, **_search_options(args))
+    explanation = Explanation(search)
+    if explanation.best is None:
+        raise CpplanError(explanation.nothing_fits_text())
+    _import_runtime()
+    from runtime.distributed import initialize, is_leader
+
+    initialize(group, platform=topo.chip.kind.jax_platform)
+    import jax
+
+    from planner.estimate import estimate
+    from runtime.data import open_dataset
+    from runtime.loop import Checkpointing, train
+    from runtime.preflight import preflight
+
+    best = explanation.best  # every ranked plan has its model and sequence length
+    dataset = open_dataset(args.data, seq_len=best.seq_len, vocab=best.model.vocab, seed=args.seed, pack=args.pack,
+                           dtype=args.data_dtype, eos_id=args.eos_id)
+    leader = is_leader()
+    notes = sys.stderr if args.json else sys.stdout
+    say = (lambda text: print(text, file=notes, flush=True)) if leader else (lambda text: None)
+    say(f"{jax.process_count()} process(es), {jax.device_count()} {jax.devices()[0].platform} devices; "
+        f"pre-flight compile of the planner's plans, best first:")
+    checked = preflight([r.plan for r in search.ranked[:args.max_fallbacks]], devices=jax.devices(), packed=args.pack,
+                        max_attempts=args.max_fallbacks, on_attempt=lambda attempt: say(f"  {attempt}"))
+    plan = checked.plan
+    if args.dry_run:
+        if leader:
+            print(_json({"plan": plan.to_dict(), "preflight": [_attempt_dict(a) for a in checked.attempts]})
+                  if args.json else f"{plan.to_json()}\ndry run: plan #{checked.attempts[-1].rank} compiles and fits; "
+                                    f"stopping before the first step")
+        return 0
+    checkpointing = Checkpointing(every=args.checkpoint_every, keep=args.keep_checkpoints, resume=args.resume)
+    _RAISE_ON_INTERRUPT[0] = False  # stop after the step in hand and save, rather than raise inside jax
+    try:
+        report = train(checked.trainer, checked.compiled, steps=args.steps, dataset=dataset, seed=args.seed,
+                       run_dir=Path(args.run_dir), checkpointing=checkpointing, profile_steps=profile,
+                       should_stop=lambda: bool(_INTERRUPTED_BY), memory=checked.memory,
+                       compile_s=sum(a.compile_s for a in checked.attempts), on_note=say)
+    finally:
+        _RAISE_ON_INTERRUPT[0] = True
+    if report.stopped:
+        if leader:
+            name = signal.Signals(_INTERRUPTED_BY[-1]).name if _INTERRUPTED_BY else "a preemption notice (SIGTERM)"
+            print(f"cpplan: stopped by {name} after step {report.first_step + len(report.losses)}; checkpoint saved "
+                  f"in {Path(args.run_dir) / 'checkpoints'}; run the same command to resume", file=sys.stderr)
+        return 128 + (_INTERRUPTED_BY[-1] if _INTERRUPTED_BY else signal.SIGTERM)
+    if not leader:
+        return 0
+    if not report.losses:
+        say(f"nothing to run: the checkpoint in {args.run_dir} is at step {report.first_step} of {args.steps}; "
+            f"give more --steps to train on.")
+        return 0
     predicted = estimate(plan)
+    peak = report.peak_memory_bytes
+    measured_hbm = report.hbm_bytes_per_device if peak is None else peak
     if args.json:
-        print(_json({"plan": plan.to_dict(),
+        print(_json({"plan": plan.to_dict(), "preflight": [_attempt_dict(a) for a in checked.attempts],
+                     "first_step": report.first_step, "losses": list(report.losses),
                      "predicted": {"step_time_s": predicted.step_time_s, "mfu": predicted.mfu,
                                    "hbm_bytes_per_device": predicted.hbm_bytes_per_device},
                      "measured": {"step_time_s": report.step_time_s, "best_step_s": report.best_step_s,
                                   "mfu": report.mfu, "compile_s": report.compile_s,
-                                  "hbm_bytes_per_device": report.hbm_bytes_per_device}}))
+                                  "hbm_bytes_per_device": report.hbm_bytes_per_device,
+                                  "peak_memory_bytes": peak}}))
         return 0
     print(plan.to_json())
     print(f"measured:  {report}")
-    hbm = "n/a" if report.hbm_bytes_per_device is None else f"{report.hbm_bytes_per_device / MiB:.1f} MiB"
+    source = "compiler" if peak is None else "device peak"
+    hbm = "n/a" if measured_hbm is None else f"{measured_hbm / MiB:.1f} MiB"
     print(f"{'':10}{'predicted':>14}{'measured':>14}")
     print(f"{'step':10}{predicted.step_time_s * 1e3:>12.1f}ms{report.step_time_s * 1e3:>12.1f}ms")
     print(f"{'MFU':10}{predicted.mfu:>14.1%}{report.mfu:>14.1%}")
-    print(f"{'HBM/dev':10}{predicted.hbm_bytes_per_device / MiB:>11.1f}MiB{hbm:>14}")
+    print(f"{'HBM/dev':10}{predicted.hbm_bytes_per_device / MiB:>11.1f}MiB{hbm:>14}  ({source})")
+    print(f"metrics in {Path(args.run_dir) / 'metrics.jsonl'}, TensorBoard in {Path(args.run_dir) / 'tensorboard'}")
     return 0
+
+
+def _attempt_dict(attempt) -> dict:
+    return {"rank": attempt.rank, "plan": attempt.plan.to_dict(), "fits": attempt.fits,
+            "compile_s": attempt.compile_s, "required_bytes": attempt.required_bytes,
+            "available_bytes": attempt.available_bytes, "reason": attempt.reason}
+
+
+def _profile_steps(text: str | None, steps: int) -> tuple[int, int] | None:
+    """`A:B` as the first and last steps (counted from 1) to trace, or None."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*([0-9]+)\s*:\s*([0-9]+)\s*", text)
+    if not match or not 1 <= int(match[1]) <= int(match[2]) <= steps:
+        raise CpplanError(f"--profile-steps {text!r}: write FIRST:LAST with 1 <= FIRST <= LAST <= --steps ({steps}), "
+                          f"e.g. 3:5.")
+    return int(match[1]), int(match[2])
+
+
+def _on_a_tpu_vm() -> bool:
+    """Whether this host has TPU chips (their device files), judged without importing jax."""
+    return any(Path("/dev").glob("accel*")) or any(Path("/dev/vfio").glob("[0-9]*"))
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -497,10 +586,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", help="the slice, where the flags have no compile_topology")
     p.add_argument("--json", action="store_true", help="machine-readable output: strict JSON alone")
 
-    p = _add(sub, "run", cmd_run, "plan, then run a few training steps on this host (cpu:N)")
+    p = _add(sub, "run", cmd_run, "plan, pre-flight compile, train with checkpoints and metrics, report (cpu:N "
+                                  "host or TPU pod, one or many processes)")
     _add_search_options(p)
-    p.add_argument("--steps", type=_at_least(2), default=5, help="training steps (the median skips the first)")
-    p.add_argument("--data", help="a text file to train on (byte tokens); default synthetic tokens")
+    p.add_argument("--steps", type=_at_least(2), default=5, help="train until this many steps are done (a resumed "
+                                                                 "run does the rest; the median skips the first)")
+    p.add_argument("--data", help="tokens to train on: a text file (bytes), a .npy or raw token file, ArrayRecord; "
+                                  "default synthetic tokens")
+    p.add_argument("--seed", type=_at_least(0), default=0, help="parameter and data seed")
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], help="token type of raw and ArrayRecord --data")
+    p.add_argument("--eos-id", type=_at_least(0), help="the token that ends each document of --data")
+    p.add_argument("--pack", action="store_true", help="keep the documents of a row apart (segment ids through "
+                                                       "splash); needs --eos-id or ArrayRecord --data")
+    p.add_argument("--run-dir", default="cpplan-run", help="directory for metrics.jsonl, TensorBoard events, "
+                                                           "checkpoints/ and profile/")
+    p.add_argument("--checkpoint-every", type=_at_least(0), default=100,
+                   help="save a checkpoint every this many steps (0: only at the end and when stopped)")
+    p.add_argument("--keep-checkpoints", type=_at_least(1), default=3, help="checkpoints kept, newest first")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="continue from the newest checkpoint in --run-dir when there is one; --no-resume refuses a "
+                        "directory that has one")
+    p.add_argument("--dry-run", action="store_true", help="stop after the pre-flight compile and print its report")
+    p.add_argument("--max-fallbacks", type=_at_least(1), default=4,
+                   help="plans to pre-flight, best first, before giving up")
+    p.add_argument("--profile-steps", help="FIRST:LAST steps (from 1) to trace with the jax profiler into "
+                                           "--run-dir/profile")
+    p.add_argument("--coordinator", help="host:port of process 0, for several processes off a TPU VM (on TPU VMs "
+                                         "jax finds it)")
+    p.add_argument("--num-processes", type=_at_least(1), help="processes in the run (with --coordinator)")
+    p.add_argument("--process-id", type=_at_least(0), help="this process's index (with --coordinator)")
     p = _add(sub, "compile", cmd_compile, "plan, then compile deviceless for a TPU slice")
     _add_search_options(p)
 

@@ -1,5 +1,6 @@
 """cpplan's runtime: runs a `planner.Plan` on a JAX mesh with the splash attention kernel,
-compiles it deviceless for TPU slices, and times kernels and collectives (`runtime.measure`).
+trains it on one process or many (`runtime.loop`, with a pre-flight compile, checkpoints and
+metrics), compiles it deviceless for TPU slices, and times kernels and collectives (`runtime.measure`).
 
 It reads only `Plan` from the planner. The public names load lazily, so that `import runtime`
 alone does not import jax.
@@ -12,6 +13,8 @@ _PUBLIC = {
     "sharded_attention": "runtime.attention",
     "run": "runtime.runner",
     "RunReport": "runtime.runner",
+    "train": "runtime.loop",
+    "preflight": "runtime.preflight",
     "compile_for": "runtime.compile",
     "CompileReport": "runtime.compile",
     "CompiledMemory": "runtime.compile",

@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
-from cost_models.flops import model_flops_per_step
 from cost_models.units import MiB, mfu
 from planner.plan import Plan
 from runtime.compile import CompiledMemory
@@ -30,6 +29,9 @@ class RunReport:
         losses: loss of every step.
         model_flops: model FLOPs of one step (the cost model's count).
         memory: the compiled step's memory figures (None where the backend reports none).
+        first_step: steps done before these (a resumed run's checkpoint).
+        stopped: whether the run was asked to stop before its last step.
+        peak_memory_bytes: the devices' peak bytes in use, where the backend reports it.
     """
 
     plan: Plan
@@ -38,6 +40,9 @@ class RunReport:
     losses: tuple[float, ...]
     model_flops: float
     memory: CompiledMemory | None = None
+    first_step: int = 0
+    stopped: bool = False
+    peak_memory_bytes: int | None = None
 
     @property
     def step_time_s(self) -> float:
@@ -92,9 +97,8 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
     Raises:
         CpplanError: bad step count, devices that do not match the plan, or a plan that cannot run.
     """
-    import jax
-
-    from runtime.data import synthetic_batches, text_batches, text_tokens
+    from runtime.data import open_dataset
+    from runtime.loop import train
     from runtime.mesh import build_mesh
     from runtime.train import Trainer
 
@@ -102,23 +106,9 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
         raise CpplanError(f"steps={steps}: run at least 1 step.")
     mesh = build_mesh(plan, devices)
     trainer = Trainer(plan, mesh)
-    shape = dict(batch=plan.global_batch, seq_len=plan.seq_len, seed=seed)
-    if data is None:
-        batches = synthetic_batches(vocab=plan.model.vocab, **shape)
-    else:
-        batches = text_batches(text_tokens(data, vocab=plan.model.vocab), **shape)
-    params, opt_state = trainer.init(seed)
+    dataset = open_dataset(data, seq_len=plan.seq_len, vocab=plan.model.vocab, seed=seed)
     start = time.perf_counter()
     compiled = trainer.train_step.lower(*trainer.abstract_state()).compile()
     compile_s = time.perf_counter() - start
-    times, losses = [], []
-    for _ in range(steps):
-        batch = trainer.prepare_batch(next(batches))
-        jax.block_until_ready(batch)
-        begin = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, *batch)
-        loss = float(loss)
-        times.append(time.perf_counter() - begin)
-        losses.append(loss)
-    return RunReport(plan, compile_s, tuple(times), tuple(losses),
-                     model_flops_per_step(plan.model, plan.seq_len, plan.global_batch), CompiledMemory.of(compiled))
+    return train(trainer, compiled, steps=steps, dataset=dataset, seed=seed, memory=CompiledMemory.of(compiled),
+                 compile_s=compile_s)

@@ -154,19 +154,34 @@ class Trainer:
                        out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P())),
                        donate_argnums=(0, 1))
 
-    def prepare_batch(self, sequences: np.ndarray, segment_ids: np.ndarray | None = None):
+    def prepare_batch(self, sequences: np.ndarray, segment_ids: np.ndarray | None = None, *, first_row: int = 0):
         """Inputs, targets, positions and segment ids of natural-order rows, permuted once to the plan's order.
 
+        Each process gives the rows its devices hold (all of them in a single process); every
+        device's shard is cut from those rows, so the batch never travels between processes.
+
         Args:
-            sequences: `[batch, seq_len+1]` tokens in natural order.
-            segment_ids: their `[batch, seq_len+1]` document ids when packed (`runtime.data.Batch`), or None.
+            sequences: `[rows, seq_len+1]` tokens in natural order: rows `first_row ..` of the batch.
+            segment_ids: their `[rows, seq_len+1]` document ids when packed (`runtime.data.Batch`), or None.
+            first_row: index in the global batch of the first row given.
         Returns:
-            `(tokens, targets, positions, segment_ids)`, each `[batch, seq_len]` int32, sharded over batch
-            and sequence; segment_ids is None when not packed.
+            `(tokens, targets, positions, segment_ids)`, each `[global_batch, seq_len]` int32, sharded over
+            batch and sequence; segment_ids is None when not packed.
         """
         order = token_order(self.plan.seq_len, self.plan.axis_size("context"),
                             self.plan.load_balance is LoadBalance.ZIGZAG)
-        put = lambda x: None if x is None else jax.device_put(np.ascontiguousarray(x[:, order]), self.token_sharding)
+        shape = (self.plan.global_batch, self.plan.seq_len)
+
+        def put(local):
+            if local is None:
+                return None
+            local = np.ascontiguousarray(local[:, order])
+
+            def shard(index):
+                rows, columns = index
+                rows = slice((rows.start or 0) - first_row, (shape[0] if rows.stop is None else rows.stop) - first_row)
+                return local[rows, columns]
+            return jax.make_array_from_callback(shape, self.token_sharding, shard)
         return tuple(put(x) for x in inputs_and_targets(sequences, segment_ids))
 
 

@@ -64,9 +64,12 @@ def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
 
 
 @pytest.mark.cpu_mesh
-def test_ctrl_c_in_run_prints_one_line(tmp_path):
-    proc = _cpplan("run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "50", cwd=tmp_path)
-    time.sleep(8)  # well into jax's import or the steps
+def test_ctrl_c_before_the_first_step_prints_one_line(tmp_path):
+    """Interrupted while it compiles, before the first step: one line, no files.
+    (Interrupted during the steps, a run saves a checkpoint: tests/test_resume.py.)"""
+    proc = _cpplan("run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "50",
+                   "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert "pre-flight compile" in proc.stdout.readline()  # the run's first line: jax is up, compiling starts
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and stderr.strip().splitlines() == ["cpplan: interrupted"], stderr
@@ -159,9 +162,10 @@ def test_commands_refuse_devices_that_are_absent(command, tmp_path, capsys):
 
 
 @pytest.mark.cpu_mesh
-def test_run_json_prints_json_alone(capsys):
+def test_run_json_prints_json_alone(capsys, tmp_path):
     """No text around the JSON, so that a killed or piped run is still read by machines."""
-    assert main(["run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "2", "--json"]) == 0
+    assert main(["run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "2", "--json",
+                 "--run-dir", str(tmp_path / "run")]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["plan"]["seq_len"] == 1024 and data["measured"]["step_time_s"] > 0
     assert data["predicted"]["step_time_s"] > 0

@@ -1,0 +1,109 @@
+"""Several processes, one run: JAX's own multi-controller runtime (`jax.distributed`).
+
+Every process runs the same program on its own devices; `jax.devices()` then lists all the
+processes' devices and one mesh spans them. On TPU VMs jax finds the coordinator and the
+process's index from the slice itself; elsewhere (several processes on one host, or hosts
+without cluster metadata) they are given. On CPU the processes' collectives go through gloo.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_models.errors import CpplanError
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """Where to find the other processes of a run.
+
+    Attributes:
+        coordinator: `host:port` of process 0's coordination service, or None to let jax find it
+            (TPU VMs), or to run alone.
+        num_processes: processes in the run (with `coordinator`).
+        process_id: this process's index, 0 .. num_processes-1 (with `coordinator`).
+    """
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    def check(self) -> None:
+        """Raises CpplanError unless the three are given together and agree."""
+        given = [x is not None for x in (self.coordinator, self.num_processes, self.process_id)]
+        if any(given) and not all(given):
+            raise CpplanError(f"--coordinator, --num-processes and --process-id go together (got coordinator="
+                              f"{self.coordinator!r}, num_processes={self.num_processes}, process_id="
+                              f"{self.process_id}); give all three, or none on a TPU VM.")
+        if all(given) and not 0 <= self.process_id < self.num_processes:
+            raise CpplanError(f"--process-id {self.process_id} is not one of the {self.num_processes} processes "
+                              f"(0..{self.num_processes - 1}).")
+        if self.coordinator is not None and ":" not in self.coordinator:
+            raise CpplanError(f"--coordinator {self.coordinator!r} needs a port, e.g. localhost:12355.")
+
+    @property
+    def explicit(self) -> bool:
+        return self.coordinator is not None
+
+    @property
+    def count(self) -> int:
+        """Processes in the run (1 when none are given; on a TPU VM jax counts them itself)."""
+        return self.num_processes or 1
+
+
+def initialize(group: ProcessGroup, *, platform: str) -> None:
+    """Joins the run's processes (a no-op for one process on a host).
+
+    Must run before jax touches a device.
+
+    Args:
+        group: where the other processes are (explicit), or nothing given.
+        platform: `cpu` or `tpu`: on CPU the collectives are set to gloo; on TPU with nothing
+            given, jax reads the slice's metadata (a single-host slice stays one process).
+    Raises:
+        CpplanError: the flags disagree, or the coordinator cannot be reached.
+    """
+    import jax
+
+    group.check()
+    if not group.explicit and platform == "cpu":
+        return
+    if platform == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        if group.explicit:
+            jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.num_processes,
+                                       process_id=group.process_id)
+        else:
+            jax.distributed.initialize()
+    except (RuntimeError, ValueError) as err:
+        if not group.explicit and "coordinator" in str(err).lower():
+            return  # a TPU VM that is its slice's only host: nothing to join
+        raise CpplanError(f"could not join the run's processes ({str(err).strip().splitlines()[0]}); check that "
+                          f"every process got the same --coordinator and --num-processes and a distinct "
+                          f"--process-id, and that the coordinator's port is reachable.") from None
+
+
+def is_leader() -> bool:
+    """Whether this process is the one that prints and writes the run's files (process 0)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def stop_agreed(step: int, requested: bool) -> bool:
+    """Whether every process stops after `step`: this process was asked to (`requested`), or
+    any other was; all processes must call this after every step.
+
+    With several processes jax's preemption notifier owns SIGTERM (a TPU VM's notice before a
+    preemption) and picks the step all processes stop at; a Ctrl-C, seen by this process's own
+    handler, is shared by a gather of the flags.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if jax.process_count() == 1:
+        return requested
+    if multihost_utils.reached_preemption_sync_point(step):
+        return True
+    return bool(np.any(multihost_utils.process_allgather(np.array(requested))))

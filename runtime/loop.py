@@ -1,0 +1,151 @@
+"""The training loop of a run: steps from a compiled plan, with checkpoints, metrics and a clean stop.
+
+Every process runs this loop on its own devices. A process reads only the rows of the batch
+its devices hold (`process_rows`). After each step the processes agree whether any was asked to
+stop (SIGTERM before a preemption, Ctrl-C); if so they save a checkpoint together and return.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cost_models.errors import CpplanError
+from cost_models.flops import model_flops_per_step
+from runtime.compile import CompiledMemory
+from runtime.runner import RunReport
+
+CHECKPOINT_DIR = "checkpoints"
+PROFILE_DIR = "profile"
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """How a run keeps its state.
+
+    Attributes:
+        every: save every this many steps (0: only at the end and when stopped).
+        keep: checkpoints kept, newest first.
+        resume: True to resume from the newest checkpoint when there is one, False to refuse a
+            directory that has one.
+    """
+
+    every: int = 100
+    keep: int = 3
+    resume: bool = True
+
+
+def process_rows(trainer) -> tuple[int, int, int]:
+    """The rows of the batch this process's devices hold, as the data interface asks for them.
+
+    Returns:
+        `(block, blocks, first_row)`: the batch cut into `blocks` equal row blocks, this process
+        holds block `block`, starting at row `first_row` (one block of all rows when the
+        sequence, not the batch, spans the processes).
+    Raises:
+        CpplanError: the process's rows are not one contiguous block (a mesh this loop cannot feed).
+    """
+    import jax
+
+    rows = trainer.plan.global_batch
+    index_map = trainer.token_sharding.devices_indices_map((rows, trainer.plan.seq_len))
+    mine = [index[0] for device, index in index_map.items() if device.process_index == jax.process_index()]
+    covered = sorted({r for s in mine for r in range(*s.indices(rows))})
+    first, count = covered[0], len(covered)
+    if covered != list(range(first, first + count)) or rows % count or first % count:
+        raise CpplanError(f"process {jax.process_index()} holds rows {covered} of the batch, not one of equal "
+                          f"contiguous blocks; plan a mesh whose data axes split the batch evenly over processes.")
+    return first // count, rows // count, first
+
+
+def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Path | None = None,
+          checkpointing: Checkpointing | None = None, profile_steps: tuple[int, int] | None = None,
+          should_stop: Callable[[], bool] = lambda: False, memory: CompiledMemory | None = None,
+          compile_s: float = 0.0, on_note: Callable[[str], None] | None = None) -> RunReport:
+    """Runs a compiled plan to `steps` steps, resuming from its newest checkpoint when there is one.
+
+    Args:
+        trainer: the plan's `runtime.train.Trainer`.
+        compiled: its compiled `train_step`.
+        steps: the step count to reach (a resumed run runs the rest).
+        dataset: `batch(step, *, global_batch, process_index, process_count) -> Batch`.
+        seed: parameter seed (and, with the data's seed, what a checkpoint must match).
+        run_dir: where metrics, TensorBoard events, checkpoints and traces go (None: nowhere).
+        checkpointing: checkpoint settings (None: no checkpoints; needs `run_dir`).
+        profile_steps: `(first, last)` steps, counted from 1, to trace with the jax profiler.
+        should_stop: polled after each step; true in any process stops every process after a checkpoint.
+        memory: the compiled step's memory figures, for the report.
+        compile_s: how long the compile took, for the report.
+        on_note: receives one-line notes (resumed from, checkpoint saved), leader only.
+    Returns:
+        The `RunReport` of the steps run here (`first_step` says where they began).
+    Raises:
+        CpplanError: a checkpoint of another run, or one present when resuming is refused.
+    """
+    import jax
+
+    from runtime.checkpoint import Checkpoints
+    from runtime.distributed import stop_agreed
+    from runtime.metrics import StepLog, peak_memory_bytes
+
+    plan = trainer.plan
+    leader = jax.process_index() == 0
+    say = (on_note if on_note is not None and leader else lambda _text: None)
+    checkpoints = None
+    if checkpointing is not None:
+        identity = {"model": plan.model.name, "seq_len": plan.seq_len, "global_batch": plan.global_batch,
+                    "seed": seed}
+        checkpoints = Checkpoints(Path(run_dir) / CHECKPOINT_DIR, every=checkpointing.every,
+                                  keep=checkpointing.keep, identity=identity)
+    first_step = 0
+    if checkpoints is not None and checkpoints.latest_step is not None:
+        if not checkpointing.resume:
+            raise CpplanError(f"{checkpoints.directory} holds a checkpoint at step {checkpoints.latest_step} and "
+                              f"resuming was refused (--no-resume); give another --run-dir, or drop --no-resume.")
+        abstract_params, abstract_opt, *_ = trainer.abstract_state()
+        restored = checkpoints.restore(abstract_params, abstract_opt)
+        params, opt_state, first_step = restored.params, restored.opt_state, restored.step
+        say(f"resumed from the checkpoint at step {first_step} in {checkpoints.directory}")
+    else:
+        params, opt_state = trainer.init(seed)
+    block, blocks, first_row = process_rows(trainer)
+    flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch)
+    topo = plan.topology_spec
+    log = None
+    if run_dir is not None:
+        log = StepLog(Path(run_dir), model_flops=flops, tokens_per_step=plan.global_batch * plan.seq_len,
+                      num_devices=topo.num_devices, peak_flops_per_device=topo.peak_flops_per_device,
+                      total_steps=steps, first_step=first_step, leader=leader)
+    times, losses, stopped = [], [], False
+    try:
+        for step in range(first_step + 1, steps + 1):  # steps count from 1
+            if profile_steps and step == profile_steps[0]:
+                jax.profiler.start_trace(str(Path(run_dir) / PROFILE_DIR))
+            batch = dataset.batch(step - 1, global_batch=plan.global_batch, process_index=block,
+                                  process_count=blocks)
+            inputs = trainer.prepare_batch(batch.tokens, batch.segment_ids, first_row=first_row)
+            jax.block_until_ready(inputs)
+            begin = time.perf_counter()
+            params, opt_state, loss = compiled(params, opt_state, *inputs)
+            loss = float(loss)
+            times.append(time.perf_counter() - begin)
+            losses.append(loss)
+            if profile_steps and step == profile_steps[1]:
+                jax.profiler.stop_trace()
+            if log is not None:
+                log.step(step, loss=loss, seconds=times[-1])
+            stopped = stop_agreed(step, should_stop())
+            if checkpoints is not None and (checkpoints.due(step) or step == steps or stopped):
+                checkpoints.save(step, params, opt_state)
+            if stopped:
+                break
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()  # waits for the last save: a stopped run's checkpoint is complete
+        if log is not None:
+            log.close()
+    if checkpoints is not None and losses:
+        say(f"checkpoint at step {first_step + len(losses)} in {checkpoints.directory}")
+    return RunReport(plan, compile_s, tuple(times), tuple(losses), flops, memory, first_step=first_step,
+                     stopped=stopped, peak_memory_bytes=peak_memory_bytes(jax.local_devices()))

@@ -1,0 +1,92 @@
+"""What a person watches during a run: a progress bar, per-step JSON lines, TensorBoard scalars.
+
+Only the leading process (process 0) writes. Each step's line is flushed as it is made, so a
+killed run leaves every step it finished. MFU is `cost_models.units.mfu`, the planner's own.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from cost_models.units import mfu
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def peak_memory_bytes(devices) -> int | None:
+    """The highest peak of bytes in use over `devices`, where the backend reports it (TPUs and
+    GPUs do; CPU devices do not), else None."""
+    peaks = []
+    for device in devices:
+        try:
+            stats = device.memory_stats()
+        except Exception:  # backends without memory statistics raise rather than return None
+            stats = None
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(stats["peak_bytes_in_use"])
+    return max(peaks) if peaks else None
+
+
+class StepLog:
+    """Per-step metrics of one run, written by the leading process only.
+
+    Args:
+        run_dir: the run directory (JSON lines and TensorBoard events go there).
+        model_flops: model FLOPs of one step (the cost model's count).
+        tokens_per_step: tokens in one step's batch.
+        num_devices: devices of the plan.
+        peak_flops_per_device: the chip row's peak (MFU's denominator).
+        total_steps: the run's last step, for the progress bar.
+        first_step: the step the run starts at (after a resume).
+        leader: whether this process writes.
+    """
+
+    def __init__(self, run_dir: Path, *, model_flops: float, tokens_per_step: int, num_devices: int,
+                 peak_flops_per_device: float, total_steps: int, first_step: int, leader: bool):
+        self.model_flops, self.tokens_per_step = model_flops, tokens_per_step
+        self.num_devices, self.peak = num_devices, peak_flops_per_device
+        self.leader = leader
+        self._lines = self._board = self._bar = None
+        if not leader:
+            return
+        from tensorboardX import SummaryWriter
+        from tqdm import tqdm
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._lines = open(run_dir / METRICS_FILE, "a", buffering=1)  # line-buffered: each step on disk
+        self._board = SummaryWriter(str(run_dir / TENSORBOARD_DIR), flush_secs=10)
+        self._bar = tqdm(total=total_steps, initial=first_step, unit="step", dynamic_ncols=True)
+
+    def step(self, step: int, *, loss: float, seconds: float) -> dict:
+        """Records one finished step (`step` counts from 1).
+
+        Returns:
+            The step's record: step, loss, seconds, tokens per second per chip, MFU.
+        """
+        record = {"step": step, "loss": loss, "step_time_s": seconds,
+                  "tokens_per_s_per_device": self.tokens_per_step / seconds / self.num_devices,
+                  "mfu": mfu(self.model_flops, seconds, self.num_devices, self.peak)}
+        if not self.leader:
+            return record
+        finite = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in record.items()}
+        self._lines.write(json.dumps(finite, allow_nan=False) + "\n")  # a diverged loss is null, not NaN
+        for key in ("loss", "step_time_s", "tokens_per_s_per_device", "mfu"):
+            if math.isfinite(record[key]):
+                self._board.add_scalar(f"train/{key}", record[key], step)
+        self._bar.set_postfix(loss=f"{loss:.4f}", tok_s_chip=f"{record['tokens_per_s_per_device']:,.0f}",
+                              mfu=f"{record['mfu']:.1%}", refresh=False)
+        self._bar.update(1)
+        return record
+
+    def note(self, text: str) -> None:
+        """A line printed above the progress bar (leader only)."""
+        if self.leader:
+            self._bar.write(text)
+
+    def close(self) -> None:
+        if self.leader:
+            self._bar.close()
+            self._board.close()
+            self._lines.close()
