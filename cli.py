@@ -530,10 +530,16 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
 
 
 def _check_data(path: str | None) -> None:
-    """Refuses, before any work, a --data file that cannot be read."""
-    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
-        raise CpplanError(f"--data {path!r} is not a readable file; give a text file, or leave --data out for "
-                          f"synthetic tokens.")
+    """Refuses, before any work, --data that cannot be read: a file, or a glob of ArrayRecord shards."""
+    if path is None or path == "synthetic":
+        return
+    import glob
+
+    files = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+    if not files or not all(os.path.isfile(f) and os.access(f, os.R_OK) for f in files):
+        raise CpplanError(f"--data {path!r} is not a readable file (or a glob of readable ArrayRecord shards); give a "
+                          f"token file (.npy, raw with --data-dtype, .array_record) or a text file, or leave --data out "
+                          f"for synthetic tokens.")
 
 
 def _check_devices(topo, command: str) -> None:

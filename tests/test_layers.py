@@ -10,7 +10,8 @@ pytestmark = pytest.mark.pure
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("cost_models", "planner", "runtime", "validation")
 NUMERIC = {"numpy", "scipy", "networkx"}
-JAX_STACK = {"jax", "jaxlib", "flax", "optax", "tokamax", "orbax", "grain", "libtpu", "ml_dtypes", "numpy", "scipy"}
+JAX_STACK = {"jax", "jaxlib", "flax", "optax", "tokamax", "orbax", "grain", "libtpu", "ml_dtypes", "numpy", "scipy",
+             "tensorboardX", "tqdm"}
 
 
 def imported_modules(path: Path) -> set[str]:

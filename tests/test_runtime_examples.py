@@ -33,9 +33,9 @@ def test_compile_llama_v5p_example():
 
 
 @pytest.mark.cpu_mesh
-def test_cli_run_prints_measured_next_to_predicted():
+def test_cli_run_prints_measured_next_to_predicted(tmp_path):
     out = run_script("-m", "cli", "run", "--model", "tiny", "--seq-len", "2048", "--topology", "cpu:8",
-                     "--steps", "2", "--data", "tests/testdata/prose.txt")
+                     "--steps", "2", "--data", "tests/testdata/prose.txt", "--run-dir", str(tmp_path / "run"))
     assert "predicted" in out and "measured" in out
     assert "MFU" in out and "HBM/dev" in out
 
