@@ -92,7 +92,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         optimizer=m.num_params / shards * (x.mu_bytes + pb),
         activations=m.num_layers * tokens * saved,
         attention_working_set=tokens * (2 * attention_side - remat.kept_attention_side / tensor) * a,
-        mlp_working_set=mlp_tokens * (2 * mlp_side - remat.kept_mlp_side / tensor) * a,
+        # the MLP's input gathered over tensor and its gradient for every token (the chunk loop's
+        # input and output), and one chunk's values
+        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * (2 * mlp_side - remat.kept_mlp_side / tensor)) * a,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
         # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
