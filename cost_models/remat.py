@@ -232,6 +232,8 @@ class RematCost:
 
     saved_on_device: np.ndarray  # values kept in HBM per token per layer, the layer input included
     saved_on_host: np.ndarray  # values offloaded to host memory per token per layer
+    kept_attention_side: np.ndarray  # of the attention side's checkpoints, values kept on device per token
+    kept_mlp_side: np.ndarray  # of the MLP's checkpoints the backward reads, values kept on device per token
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections' FLOPs recomputed
     recompute_mlp: np.ndarray  # fraction of the MLP matmuls' FLOPs recomputed
     recompute_attention: np.ndarray  # forward attention passes recomputed
@@ -252,7 +254,10 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
 
     gathers = {c.block for c in CHECKPOINTS if c.gathered_input and c.name in again}
     scatters = sum(c.scattered_output and c.name in again for c in CHECKPOINTS)
+    attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
+    mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
     return (model.hidden + width(CHECKPOINT_NAMES, Placement.DEVICE), width(CHECKPOINT_NAMES, Placement.OFFLOAD),
+            width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
             fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),
             len(gathers) + scatters)
 

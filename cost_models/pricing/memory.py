@@ -71,13 +71,14 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     # every kept value is split over tensor: heads and MLP columns, or the sequence between the
     # tensor-parallel matmuls (sequence parallelism)
     saved = remat.saved_on_device / tensor * a
-    # one layer's backward, each value with its gradient: the attention side for every token (the
-    # residual and the out projection a tensor-th of them under sequence parallelism, the normed
-    # input gathered whole, q/k/v and the attention output split by heads), the MLP's for one chunk
-    # of tokens (each chunk is its own checkpoint, whatever the policy keeps: kept MLP values are
-    # read chunk by chunk)
-    attention_side = (m.hidden * (1 + 2 / tensor) + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor) * a
-    mlp_side = (2 * m.intermediate / tensor + m.hidden) * a
+    # one layer's backward: the gradient of every value, and the values the policy does not keep
+    # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
+    # The attention side for every token (the residual and the out projection a tensor-th of them
+    # under sequence parallelism, the normed input gathered whole, q/k/v and the attention output
+    # split by heads); the MLP's for one chunk of tokens (each chunk is its own checkpoint: kept MLP
+    # values are read chunk by chunk)
+    attention_side = m.hidden * (1 + 2 / tensor) + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor
+    mlp_side = 2 * m.intermediate / tensor + m.hidden
     mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
@@ -90,8 +91,10 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
         optimizer=m.num_params / shards * (x.mu_bytes + pb),
         activations=m.num_layers * tokens * saved,
-        attention_working_set=2 * tokens * attention_side,
-        mlp_working_set=2 * mlp_tokens * mlp_side,
+        attention_working_set=tokens * (2 * attention_side - remat.kept_attention_side / tensor) * a,
+        # the MLP's input gathered over tensor and its gradient for every token (the chunk loop's
+        # input and output), and one chunk's values
+        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * (2 * mlp_side - remat.kept_mlp_side / tensor)) * a,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
         # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
