@@ -149,6 +149,9 @@ POLICY_PLACEMENTS: dict[RematPolicy, dict[str, Placement]] = {
 # tried only when asked for (`--remat`), as is `custom`, which needs a placement per name.
 SEARCHED_POLICIES = (RematPolicy.FULL, RematPolicy.SAVE_DOT_EXCEPT_MLP, RematPolicy.MINIMAL_WITH_CONTEXT)
 
+# Every policy a search can try: all but `custom`, which needs the plan's own placements.
+NAMED_POLICIES = tuple(p for p in RematPolicy if p is not RematPolicy.CUSTOM)
+
 CustomPlacements = tuple  # ((checkpoint name, Placement), ...) in `CHECKPOINT_NAMES` order, REMAT left out
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from cost_models.errors import CpplanError
-from cost_models.remat import SEARCHED_POLICIES
+from cost_models.remat import NAMED_POLICIES, SEARCHED_POLICIES
 from cost_models.topology import Topology, divisors
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
@@ -133,7 +133,7 @@ class SearchOptions:
         if RematPolicy.CUSTOM in sets["remat"]:
             raise CpplanError("remat=custom cannot be searched: it needs a placement per checkpoint name. Write a "
                               "plan with remat_custom (cpplan export --format json, then edit it), or allow the "
-                              f"named policies: {', '.join(p.value for p in RematPolicy if p is not RematPolicy.CUSTOM)}.")
+                              f"named policies: {', '.join(p.value for p in NAMED_POLICIES)}.")
         return cls(global_batch_tokens, global_batch, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
                    sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype, mu_dtype)
 
