@@ -25,6 +25,42 @@ MEMORY_REPORT_FILES = ("memory.json", "memory.md")
 CORPUS_REPORT_FILES = ("report.json", "report.md", "predicted_vs_measured.png", "errors.png")
 
 
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend.
+
+    Raises:
+        CpplanError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise CpplanError("plots need matplotlib, which is not installed; pip install matplotlib "
+                          "(or write the report without plots: --no-plots).") from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _predicted_vs_measured(plt, done: list, *, group, xlabel: str, title: str, path: Path) -> Path:
+    """Predicted against measured step time on log axes, one colour per `group(result)`; saved at `path`."""
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for name in sorted({group(r) for r in done}):
+        pts = [(r.measured_step_s, r.predicted.step_time_s) for r in done if group(r) == name]
+        ax.scatter(*zip(*pts), label=name, alpha=0.8)
+    if done:
+        lo = min(min(r.measured_step_s, r.predicted.step_time_s) for r in done) * 0.8
+        hi = max(max(r.measured_step_s, r.predicted.step_time_s) for r in done) * 1.25
+        ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
+        ax.set_xscale("log"), ax.set_yscale("log"), ax.set_xlim(lo, hi), ax.set_ylim(lo, hi)
+    ax.set_xlabel(f"{xlabel} step time (s)"), ax.set_ylabel("predicted step time (s)")
+    ax.set_title(title), ax.legend()
+    _save_figure(fig, path)
+    plt.close(fig)
+    return path
+
 def _save_figure(fig, path: Path) -> None:
     """A figure as PNG, written atomically like every report file."""
     buffer = io.BytesIO()
@@ -155,31 +191,11 @@ class StepTimeReport:
         Raises:
             CpplanError: matplotlib is not installed.
         """
-        try:
-            import matplotlib
-        except ImportError:
-            raise CpplanError("plots need matplotlib, which is not installed; pip install matplotlib "
-                              "(or write the report without plots: --no-plots).") from None
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = _pyplot()
         done = self.measured
-        paths = []
-        fig, ax = plt.subplots(figsize=(6, 6))
-        for strategy in sorted({r.plan.cp_strategy.value for r in done}):
-            pts = [(r.measured_step_s, r.predicted.step_time_s) for r in done if r.plan.cp_strategy.value == strategy]
-            ax.scatter(*zip(*pts), label=strategy, alpha=0.8)
-        if done:
-            lo = min(min(r.measured_step_s, r.predicted.step_time_s) for r in done) * 0.8
-            hi = max(max(r.measured_step_s, r.predicted.step_time_s) for r in done) * 1.25
-            ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
-            ax.set_xscale("log"), ax.set_yscale("log"), ax.set_xlim(lo, hi), ax.set_ylim(lo, hi)
-        ax.set_xlabel("measured step time (s)"), ax.set_ylabel("predicted step time (s)")
-        ax.set_title("cpplan: predicted vs measured, one point per plan"), ax.legend()
-        paths.append(outdir / "predicted_vs_measured.png")
-        _save_figure(fig, paths[-1])
-        plt.close(fig)
+        paths = [_predicted_vs_measured(plt, done, group=lambda r: r.plan.cp_strategy.value, xlabel="measured",
+                                        title="cpplan: predicted vs measured, one point per plan",
+                                        path=outdir / "predicted_vs_measured.png")]
 
         fig, ax = plt.subplots(figsize=(7, 4))
         groups = self.by_seq_len()
@@ -291,31 +307,11 @@ class CorpusReport(StepTimeReport):
         Raises:
             CpplanError: matplotlib is not installed.
         """
-        try:
-            import matplotlib
-        except ImportError:
-            raise CpplanError("plots need matplotlib, which is not installed; pip install matplotlib "
-                              "(or write the report without plots: --no-plots).") from None
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = _pyplot()
         done = self.measured
-        paths = []
-        fig, ax = plt.subplots(figsize=(6, 6))
-        for chip in sorted({self.chip_of(r) for r in done}):
-            pts = [(r.measured_step_s, r.predicted.step_time_s) for r in done if self.chip_of(r) == chip]
-            ax.scatter(*zip(*pts), label=chip, alpha=0.8)
-        if done:
-            lo = min(min(r.measured_step_s, r.predicted.step_time_s) for r in done) * 0.8
-            hi = max(max(r.measured_step_s, r.predicted.step_time_s) for r in done) * 1.25
-            ax.plot([lo, hi], [lo, hi], "k--", linewidth=1, label="predicted = measured")
-            ax.set_xscale("log"), ax.set_yscale("log"), ax.set_xlim(lo, hi), ax.set_ylim(lo, hi)
-        ax.set_xlabel("published step time (s)"), ax.set_ylabel("predicted step time (s)")
-        ax.set_title("cpplan vs published runs, one point per run"), ax.legend()
-        paths.append(outdir / "predicted_vs_measured.png")
-        _save_figure(fig, paths[-1])
-        plt.close(fig)
+        paths = [_predicted_vs_measured(plt, done, group=self.chip_of, xlabel="published",
+                                        title="cpplan vs published runs, one point per run",
+                                        path=outdir / "predicted_vs_measured.png")]
 
         fig, ax = plt.subplots(figsize=(8, max(3, 0.18 * len(done))))
         ax.barh([r.run_id for r in done], [100 * r.error for r in done],
