@@ -304,7 +304,7 @@ def read_glu(path: Path) -> list[tuple[str, float, int, int]]:
     out = []
     for key, configs in json.loads(path.read_text()).items():
         call, fastest = json.loads(key), _fastest(configs)
-        (xdt, x), (_, w) = _shape(call["x"]), _shape(call["weights"])
+        (_, x), (_, w) = _shape(call["x"]), _shape(call["weights"])
         if fastest is None or not x or len(w) != 3:
             continue
         flops = 2.0 * float(np.prod(x[:-1])) * x[-1] * w[1] * w[2]

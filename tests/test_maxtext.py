@@ -1,8 +1,6 @@
 """MaxText as a target: its price, its rules in the search, and its flags out and in."""
 import dataclasses
-import math
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +9,6 @@ import planner
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS
 from cost_models.pricing.target import vocab_tiles
-from cost_models.targets import Target
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner import Plan

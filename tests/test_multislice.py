@@ -6,7 +6,7 @@ import time
 import pytest
 
 import planner
-from cost_models.collectives import all_gather, all_reduce
+from cost_models.collectives import all_gather
 from cost_models.errors import CpplanError
 from cost_models.models import get_model
 from cost_models.topology import DCN_DIM, AxisLinks, get_topology
