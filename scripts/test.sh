@@ -27,9 +27,12 @@ venv() {
 }
 
 # tier NAME PYTEST-ARGS...: runs pytest in .venvs/NAME; collecting no test is a failure, not a pass.
+# Tests run in one worker per core (pytest-xdist), a file's tests in one worker, so a file's shared
+# fixtures are built once; the slowest tests are listed at the end of each stage.
 tier() {
     local status=0
-    ".venvs/$1/bin/python" -m pytest -q -p no:cacheprovider "${@:2}" || status=$?
+    ".venvs/$1/bin/python" -m pytest -q -p no:cacheprovider -n auto --dist loadfile --durations=15 "${@:2}" ||
+        status=$?
     if [ "$status" -eq 5 ]; then echo "FAILED: pytest ${*:2} collected no tests in .venvs/$1" >&2; fi
     return "$status"
 }
