@@ -109,7 +109,7 @@ def test_bad_flags_are_refused_in_one_line(argv, capsys):
 GOOD_CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
 BAD_NUMBERS = ["x", None, 0, -1, 1.5, True, [], {}]
-CONFIG_CASES = [{**GOOD_CONFIG, key: bad} for key in (*GOOD_CONFIG.keys() - {"model_type"}, "head_dim")
+CONFIG_CASES = [{**GOOD_CONFIG, key: bad} for key in (*sorted(GOOD_CONFIG.keys() - {"model_type"}), "head_dim")
                 for bad in BAD_NUMBERS] + [
     {**GOOD_CONFIG, "num_attention_heads": 3},  # 64 / 3 is no whole head size
     {**GOOD_CONFIG, "num_key_value_heads": 3},  # does not divide 4 heads
