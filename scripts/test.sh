@@ -2,7 +2,8 @@
 # The tests, exactly as CI runs them (.ci/run calls this script and nothing else), in three stages:
 #   1. Python 3.11 with `pip install -e '.[test]'` only: the pure tier passes without jax.
 #   2. Python 3.11 with the runtime extra: the whole suite (pure, cpu_mesh, tpu_compile).
-#   3. Python 3.12 with MaxText 0.2.5's stack (constraints/maxtext-0.2.5.txt): pure and cpu_mesh.
+#   3. Python 3.12 with MaxText 0.2.5's stack (constraints/maxtext-0.2.5.txt): pure and cpu_mesh
+#      (less three files that do not depend on the jax release; see STAGE3_IGNORE).
 # Each stage installs into its own virtual environment under .venvs/ (kept for the next run); all
 # three run, and a summary at the end gives each one's outcome and time.
 # Run from anywhere: `bash scripts/test.sh`.
@@ -54,8 +55,14 @@ pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test]' && tier py31
 whole_suite() { venv py311 "$(python_for 3.11)" '.[runtime,test]' && tier py311; }
 beside_maxtext() {
     venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt &&
-        tier py312-maxtext -m "pure or cpu_mesh"
+        tier py312-maxtext -m "pure or cpu_mesh" "${STAGE3_IGNORE[@]}"
 }
+# Stage 3 checks that the runtime runs on MaxText's stack; it leaves out three files stage 2 runs
+# whose outcome does not depend on the jax release: the search's pod-scale properties (planner
+# only), the conformance traces of the runtime against the specs (the same code on either
+# release) and the example scripts (the CLI and runtime they call are tested here directly).
+STAGE3_IGNORE=(--ignore=tests/test_pod_scale.py --ignore=tests/test_conformance.py
+               --ignore=tests/test_runtime_examples.py)
 
 stage "1/3 Python 3.11, .[test] only: pure tier" pure_without_jax
 stage "2/3 Python 3.11, .[runtime,test]: whole suite" whole_suite
