@@ -33,7 +33,7 @@ def layer_forward_flops(model: ModelSpec, seq_len, tokens) -> LayerFlops:
     return LayerFlops(
         qkv=2.0 * tokens * d * (h + 2 * k) * hd,
         out_proj=2.0 * tokens * d * h * hd,
-        mlp=2.0 * tokens * 3 * d * model.intermediate,
+        mlp=2.0 * tokens * model.mlp_matrices * d * model.intermediate,
         attention=4.0 * tokens * seq_len * h * hd / 2,
     )
 

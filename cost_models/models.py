@@ -1,4 +1,10 @@
-"""Model shapes: Llama-style decoders by name, or read from a Hugging Face `config.json`."""
+"""Model shapes: Llama-style decoders by name, or read from a Hugging Face `config.json`.
+
+The MLP is MaxText's `MlpBlock`: one input projection (`wi`, or `wi_0`, `wi_1`, ...) of width
+`intermediate` per activation in `mlp_activations`, their activated outputs multiplied together,
+and one output projection (`wo`). Two activations make a gated MLP (`("silu", "linear")` is
+SwiGLU: silu(x·wi_0) · (x·wi_1)); one makes a plain MLP (`("relu",)`: relu(x·wi)).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -11,10 +17,21 @@ from cost_models.errors import CpplanError, unknown_name
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
+# The MLP activations cpplan's runtime runs, by MaxText's names (`linears._convert_to_activation_function`:
+# "linear" is the identity, any other name the flax.linen function of that name).
+MLP_ACTIVATIONS = ("silu", "gelu", "relu", "sigmoid", "linear")
+SWIGLU = ("silu", "linear")  # MaxText's default (base.yml) and every Llama's
+MAX_MLP_INPUTS = 2  # one input projection per activation: gated (2) or plain (1)
+# Hugging Face `hidden_act` → MaxText's name of the same function (flax's gelu is the tanh
+# approximation, as are these two of Hugging Face's; its plain "gelu" is the exact erf form)
+HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "relu": "relu", "sigmoid": "sigmoid", "gelu_pytorch_tanh": "gelu",
+                  "gelu_new": "gelu"}
+
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP."""
+    """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, and an MLP that is
+    gated (SwiGLU by default) or plain, as `mlp_activations` says (see the module docstring)."""
 
     name: str
     num_layers: int
@@ -26,6 +43,7 @@ class ModelSpec:
     vocab: int
     tie_embeddings: bool = False
     qkv_bias: bool = False
+    mlp_activations: tuple[str, ...] = SWIGLU
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -43,14 +61,30 @@ class ModelSpec:
         for f in ("tie_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
+        object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))
+
+    @property
+    def mlp_inputs(self) -> int:
+        """The MLP's input projections: one per activation (2 gated, 1 plain)."""
+        return len(self.mlp_activations)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP multiplies two activated input projections (SwiGLU and the like)."""
+        return self.mlp_inputs == 2
+
+    @property
+    def mlp_matrices(self) -> int:
+        """The MLP's weight matrices, each `hidden × intermediate`: its inputs and the output."""
+        return self.mlp_inputs + 1
 
     @property
     def params_per_layer(self) -> int:
-        """Weights of one decoder layer: q, k, v, o projections, the 3 SwiGLU matrices, 2 norms."""
+        """Weights of one decoder layer: q, k, v, o projections, the MLP's matrices, 2 norms."""
         q = self.hidden * self.num_heads * self.head_dim
         kv = 2 * self.hidden * self.num_kv_heads * self.head_dim
         o = self.num_heads * self.head_dim * self.hidden
-        mlp = 3 * self.hidden * self.intermediate
+        mlp = self.mlp_matrices * self.hidden * self.intermediate
         bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
         return q + kv + o + mlp + bias + 2 * self.hidden
 
@@ -117,6 +151,10 @@ class ModelSpec:
         if "head_dim" not in cfg and hidden % heads:
             raise CpplanError(f"{str(path)!r}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}, "
                               f"so the head size is not whole; give head_dim explicitly.")
+        hidden_act = cfg.get("hidden_act", "silu")
+        if not isinstance(hidden_act, str) or hidden_act not in HF_ACTIVATIONS:
+            raise CpplanError(f"{str(path)!r}: hidden_act={hidden_act!r} is not an activation cpplan runs; it runs "
+                              f"{', '.join(HF_ACTIVATIONS)} (a {model_type} MLP is gated: act(x·W_gate) · x·W_up).")
         name = name or cfg.get("_name_or_path") or path.parent.name or model_type
         if not isinstance(name, str):
             raise CpplanError(f"{str(path)!r}: _name_or_path={name!r} must be a string.")
@@ -131,7 +169,27 @@ class ModelSpec:
             vocab=cfg["vocab_size"],
             tie_embeddings=cfg.get("tie_word_embeddings", False),
             qkv_bias=cfg.get("attention_bias", model_type == "qwen2"),
+            mlp_activations=(HF_ACTIVATIONS[hidden_act], "linear"),
         )
+
+
+def _activations(model: str, value) -> tuple[str, ...]:
+    """`value` as the tuple of MLP activation names a `ModelSpec` holds.
+
+    Raises:
+        CpplanError: not a list of names, no name or too many, or a name cpplan does not run.
+    """
+    if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(a, str) for a in value):
+        raise CpplanError(f"model {model!r}: mlp_activations={value!r} must be a list of activation names, one per "
+                          f"MLP input projection, e.g. {list(SWIGLU)} (gated) or ['relu'] (plain).")
+    if not 1 <= len(value) <= MAX_MLP_INPUTS:
+        raise CpplanError(f"model {model!r}: mlp_activations={list(value)} has {len(value)} activations; cpplan runs "
+                          f"an MLP with 1 (plain) or 2 (gated) input projections, one per activation.")
+    unknown = [a for a in value if a not in MLP_ACTIVATIONS]
+    if unknown:
+        raise CpplanError(f"model {model!r}: mlp_activations={list(value)}: {', '.join(map(repr, unknown))} is not "
+                          f"an activation cpplan runs; use {', '.join(MLP_ACTIVATIONS)} (MaxText's names).")
+    return tuple(value)
 
 
 # Shapes from the models' published config.json files (meta-llama on Hugging Face).

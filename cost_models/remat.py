@@ -16,6 +16,8 @@ Where our decoder's names differ from MaxText's:
 - MaxText also names fused projections (`qkv_proj`, `kv_proj`, and `mlpwi` for a fused
   gate/up); a Llama decoder in either runs them unfused, so they map onto q/k/v and the two MLP
   inputs (`MAXTEXT_NAMES`).
+- A plain (non-gated) MLP has one input projection: MaxText names it `mlpwi`, ours `mlpwi_0`
+  (which `mlpwi` maps onto); `mlpwi_1` exists only in a gated MLP (width 0 otherwise).
 - MaxText names the attention output twice, `context` (inside the attention op, with the
   log-sum-exp) and `attention_out` (after it); ours is `context`, output and log-sum-exp alike.
 - As in MaxText, `query_proj` and `key_proj` are named after RoPE.
@@ -76,7 +78,8 @@ class Checkpoint:
         """Values per token of this checkpoint, before the tensor split."""
         kv = model.num_kv_heads * model.head_dim
         return {"query_proj": model.num_heads * model.head_dim, "key_proj": kv, "value_proj": kv,
-                "out_proj": model.hidden, "mlpwi_0": model.intermediate, "mlpwi_1": model.intermediate,
+                "out_proj": model.hidden, "mlpwi_0": model.intermediate,
+                "mlpwi_1": model.intermediate if model.gated else 0,
                 "mlpwo": model.hidden, ATTENTION_OUTPUT: model.num_heads * model.head_dim}[self.name]
 
     def is_matmul(self) -> bool:

@@ -4,11 +4,20 @@ One definition serves both, so a change of piece size moves the prediction with 
 """
 from __future__ import annotations
 
-MLP_CHUNK_TOKENS = 4096  # tokens per device per SwiGLU chunk (each chunk its own checkpoint)
+from cost_models.models import ModelSpec
+
+MLP_CHUNK_TOKENS = 4096  # tokens per device per MLP chunk (each chunk its own checkpoint)
 VOCAB_PIECE = 16384  # output-head columns gathered at once by the fused cross-entropy
-# weight arrays of one decoder layer (q, k, v, out, gate, up, down, two norm scales): sharded
-# arrays are gathered and their gradients reduce-scattered one array at a time
-WEIGHT_ARRAYS_PER_LAYER = 9
+# weight arrays of a decoder layer besides the MLP's: q, k, v, out and two norm scales
+NON_MLP_WEIGHT_ARRAYS = 6
+# a gated MLP's layer (gate, up, down): the count priced until communication reads `weight_arrays_per_layer`
+WEIGHT_ARRAYS_PER_LAYER = NON_MLP_WEIGHT_ARRAYS + 3
+
+
+def weight_arrays_per_layer(model: ModelSpec) -> int:
+    """Weight arrays of one decoder layer (q, k, v, out, the MLP's matrices, two norm scales):
+    sharded arrays are gathered and their gradients reduce-scattered one array at a time."""
+    return NON_MLP_WEIGHT_ARRAYS + model.mlp_matrices
 
 
 def vocab_pieces(vocab_slice: int) -> int:

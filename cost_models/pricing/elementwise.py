@@ -1,5 +1,5 @@
-"""HBM-bound work: a decoder layer's elementwise ops (norms, residual adds, RoPE, SwiGLU) and
-the AdamW update."""
+"""HBM-bound work: a decoder layer's elementwise ops (norms, residual adds, RoPE, the MLP's
+activation) and the AdamW update."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +29,7 @@ def price_elementwise(x: Candidates) -> ElementwiseTimes:
     """Prices one decoder layer's elementwise work for every candidate.
 
     Norms and residual adds run on full-width activations (every tensor shard holds them whole,
-    as the runtime keeps them); RoPE and SwiGLU on tensor-split heads and columns.
+    as the runtime keeps them); RoPE and the MLP's activation on tensor-split heads and columns.
 
     Args:
         x: the candidates.
@@ -37,13 +37,15 @@ def price_elementwise(x: Candidates) -> ElementwiseTimes:
         Their per-layer `ElementwiseTimes`.
     """
     model, tokens, hbm_bw = x.model, x.tokens_per_device, x.topology.hbm_bw_per_device
-    split_width = (2 * (model.num_heads + model.num_kv_heads) * model.head_dim + 3 * model.intermediate) / x.tensor
+    # the activation reads each input projection's output and writes their activated product
+    activation_width = (model.mlp_inputs + 1) * model.intermediate
+    split_width = (2 * (model.num_heads + model.num_kv_heads) * model.head_dim + activation_width) / x.tensor
     forward_s = tokens * (10 * model.hidden + split_width) * x.act_bytes / hbm_bw
     remat = x.remat_columns
     # a policy that recomputes the projections runs the whole layer's forward again; one that
-    # recomputes only the MLP, its SwiGLU
-    swiglu_recompute_s = (remat.recompute_mlp > 0) * tokens * 3 * model.intermediate * x.act_bytes / x.tensor / hbm_bw
-    recompute_s = np.where(remat.recompute_qkv_out > 0, forward_s, swiglu_recompute_s)
+    # recomputes only the MLP, its activation
+    activation_recompute_s = (remat.recompute_mlp > 0) * tokens * activation_width * x.act_bytes / x.tensor / hbm_bw
+    recompute_s = np.where(remat.recompute_qkv_out > 0, forward_s, activation_recompute_s)
     return ElementwiseTimes(forward_s, ELEMENTWISE_PASSES_BACKWARD * forward_s, recompute_s)
 
 

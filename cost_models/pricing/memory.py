@@ -78,7 +78,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     # split by heads); the MLP's for one chunk of tokens (each chunk is its own checkpoint: kept MLP
     # values are read chunk by chunk)
     attention_side = m.hidden * (1 + 2 / tensor) + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor
-    mlp_side = 2 * m.intermediate / tensor + m.hidden
+    mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
