@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
-from cost_models.models import MODELS, ModelSpec, get_model
+from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, ModelSpec, get_model
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
 from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements
 from cost_models.strategies import STRATEGIES
@@ -47,6 +47,10 @@ SHAPE_FLAGS = {"base_num_decoder_layers": "num_layers", "base_emb_dim": "hidden"
                "vocab_size": "vocab"}
 # ModelSpec's switches and the MaxText flags that carry them (base.yml default False)
 SWITCH_FLAGS = {"attention_bias": "qkv_bias", "logits_via_embedding": "tie_embeddings"}
+# the MLP's activations, one per input projection (base.yml: ["silu", "linear"], cpplan's `SWIGLU`)
+ACTIVATIONS_FLAG = "mlp_activations"
+# a plain MLP's one input projection: MaxText's checkpoint name for cpplan's `mlpwi_0` (cost_models.remat)
+PLAIN_MLP_CHECKPOINTS = {"mlpwi_0": "mlpwi"}
 # model-defining flags whose value cpplan's ModelSpec does not hold (they do not change the price);
 # an export of a model MaxText does not ship leaves them at MaxText's defaults and says so
 UNCARRIED_MODEL_FLAGS = {"rope_max_timescale": 10_000, "normalization_layer_epsilon": 1e-5}
@@ -150,8 +154,11 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if plan.remat is RematPolicy.CUSTOM:
-        # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names
-        flags.update({name: where.value for name, where in plan.remat_custom})
+        # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names,
+        # but a plain MLP's one input, whose name differs, and whose `mlpwi_1` does not exist
+        renamed = {} if plan.model.gated else PLAIN_MLP_CHECKPOINTS
+        flags.update({renamed.get(name, name): where.value for name, where in plan.remat_custom
+                      if plan.model.gated or name != "mlpwi_1"})
     flags.update({f: block for f in SPLASH_BLOCK_FLAGS})
     model_flags, model_notes = _model_flags(plan.model)
     flags.update(model_flags)
@@ -172,6 +179,8 @@ def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
         return {"model_name": model.name}, []
     flags: dict[str, object] = {flag: getattr(model, field) for flag, field in SHAPE_FLAGS.items()}
     flags.update({flag: getattr(model, field) for flag, field in SWITCH_FLAGS.items()})
+    # a list in MaxText's command-line form (OmegaConf reads `[relu]` as ["relu"])
+    flags[ACTIVATIONS_FLAG] = "[" + ",".join(model.mlp_activations) + "]"
     note = (f"model {model.name} is not one MaxText ships: its shape travels as flags; "
             + ", ".join(f"{k}={v:g}" for k, v in UNCARRIED_MODEL_FLAGS.items())
             + " are MaxText's defaults (cpplan's model holds no RoPE base or norm epsilon, which do not change "
@@ -375,6 +384,8 @@ def _read_model(f: _Flags) -> ModelSpec:
     name = f.text("model_name", "default")
     overrides = {field: f.int(flag, 0) for flag, field in SHAPE_FLAGS.items() if flag in f}
     overrides.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items() if flag in f})
+    if ACTIVATIONS_FLAG in f:
+        overrides["mlp_activations"] = parse_activations(f.get(ACTIVATIONS_FLAG))
     if name != "default":
         base = get_model(name)
         return dataclasses.replace(base, **overrides) if overrides else base
@@ -382,9 +393,33 @@ def _read_model(f: _Flags) -> ModelSpec:
         raise CpplanError("the MaxText flags name no model: give model_name=..., the base_* shape flags, or pass model=.")
     shape = {field: f.int(flag, BASE_MODEL_DEFAULTS[flag]) for flag, field in SHAPE_FLAGS.items()}
     shape.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items()})
+    shape["mlp_activations"] = overrides.get("mlp_activations", SWIGLU)
     known = next((m for m in MODELS.values() if dataclasses.replace(m, name="maxtext-custom") ==
                   ModelSpec("maxtext-custom", **shape)), None)
     return known or ModelSpec("maxtext-custom", **shape)
+
+
+def parse_activations(value) -> tuple[str, ...]:
+    """The activations of MaxText's `mlp_activations` flag: a list (`["silu","linear"]`, `[relu]`,
+    or a Python list) or, as older configs give it, a bare name or comma-separated names.
+
+    Args:
+        value: the flag's value.
+    Returns:
+        The activation names, one per MLP input projection.
+    Raises:
+        CpplanError: an activation cpplan does not run, or more input projections than it runs.
+    """
+    words = value if isinstance(value, (list, tuple)) else \
+        str(value).strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
+    names = tuple(str(w).strip().strip("'\"") for w in words)
+    refused = [n for n in names if n not in MLP_ACTIVATIONS]
+    if refused or not 1 <= len(names) <= MAX_MLP_INPUTS:
+        why = (f"{', '.join(map(repr, refused))} {'is' if len(refused) == 1 else 'are'} not among the activations "
+               f"cpplan runs ({', '.join(MLP_ACTIVATIONS)})" if refused else
+               f"cpplan runs an MLP of 1 (plain) or {MAX_MLP_INPUTS} (gated) input projections, one per activation")
+        raise CpplanError(f"MaxText flag {ACTIVATIONS_FLAG}={value!r}: {why}; cpplan cannot price or run this model.")
+    return names
 
 
 def _remat(f: _Flags) -> RematPolicy:

@@ -20,8 +20,8 @@ flags, as the runs were launched with MaxText, so the columns are:
 Synthetic models (`global_parameter_scale`) get MaxText's shape rule of that time
 (`synthetic_shape`). Everything else is read by the MaxText import (`planner.maxtext.read_maxtext`:
 remat policies by name, `custom` placements and host offload included). A setting cpplan cannot
-represent (a non-gated MLP, `fsdp_transpose`, splash blocks beyond the scoped-VMEM limit, a flag
-the import does not read) is priced at the nearest one cpplan has, and the run's notes say so:
+represent (`fsdp_transpose`, splash blocks beyond the scoped-VMEM limit, a flag the import
+does not read) is priced at the nearest one cpplan has, and the run's notes say so:
 nothing is approximated silently. The corpus is a test set: no chip-row figure
 is fitted to it.
 """
@@ -35,11 +35,11 @@ from pathlib import Path
 
 from cost_models.compute import splash_vmem_problem
 from cost_models.errors import CpplanError
-from cost_models.models import ModelSpec
+from cost_models.models import SWIGLU, ModelSpec
 from cost_models.remat import LAYER_INPUT
 from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES
-from planner.maxtext import _parse_text, read_maxtext
+from planner.maxtext import ACTIVATIONS_FLAG, _parse_text, parse_activations, read_maxtext
 from planner.estimate import estimate
 from planner.plan import Plan
 from validation.report import CorpusReport, StepResult
@@ -112,8 +112,13 @@ class SyntheticShape:
     mlp: int
     layers: int
     vocab: int
-    mlp_matrices: int  # one `wi` per activation, plus `wo`
+    activations: tuple[str, ...]  # `mlp_activations`: one `wi` per activation
     tied: bool
+
+    @property
+    def mlp_matrices(self) -> int:
+        """The MLP's matrices: one `wi` per activation, plus `wo`."""
+        return len(self.activations) + 1
 
     @property
     def params(self) -> int:
@@ -126,18 +131,14 @@ class SyntheticShape:
         attention = FLOP_RULES[rule] * self.heads * self.layers * self.head_dim * seq_len ** 2 * per_device_batch
         return 6 * self.params * seq_len * per_device_batch + attention
 
-    def model_spec(self, name: str) -> tuple[ModelSpec, list[str]]:
-        """The nearest cpplan model and what it changes: cpplan's MLP is gated (three matrices), so
-        a MaxText MLP of another width keeps its matmul FLOPs and parameters with a narrower one."""
-        notes = []
-        intermediate = self.mlp
-        if self.mlp_matrices != 3:
-            intermediate = round(self.mlp * self.mlp_matrices / 3)
-            notes.append(f"MaxText's MLP has {self.mlp_matrices} matrices of width {self.mlp} (non-gated); priced as "
-                         f"cpplan's gated MLP of width {intermediate} (same parameters and matmul FLOPs)")
-        spec = ModelSpec(name, self.layers, self.emb, self.heads, self.kv_heads, self.head_dim, intermediate,
-                         self.vocab, tie_embeddings=self.tied)
-        return spec, notes
+    def model_spec(self, name: str) -> ModelSpec:
+        """The model as MaxText built it, its MLP (gated or plain) included.
+
+        Raises:
+            CpplanError: an MLP activation cpplan does not run.
+        """
+        return ModelSpec(name, self.layers, self.emb, self.heads, self.kv_heads, self.head_dim, self.mlp, self.vocab,
+                         tie_embeddings=self.tied, mlp_activations=self.activations)
 
 
 def synthetic_shape(flags: dict) -> SyntheticShape:
@@ -158,11 +159,11 @@ def synthetic_shape(flags: dict) -> SyntheticShape:
     emb_s, heads_s, mlp_s, layer_s = get_individual_scales(whole("global_parameter_scale"))
     heads = whole("base_num_heads") if "base_num_heads" in flags else whole("base_num_query_heads")
     kv = whole("base_num_kv_heads") if "base_num_kv_heads" in flags else heads  # 2023: multi-head only
-    activations = [a for a in str(flags.get("mlp_activations", "silu,linear")).replace(",", " ").split() if a]
+    activations = parse_activations(flags[ACTIVATIONS_FLAG]) if ACTIVATIONS_FLAG in flags else SWIGLU
     return SyntheticShape(emb=whole("base_emb_dim") << emb_s, heads=heads << heads_s, kv_heads=kv << heads_s,
                           head_dim=whole("head_dim"), mlp=whole("base_mlp_dim") << mlp_s,
                           layers=whole("base_num_decoder_layers") << layer_s, vocab=whole("vocab_size"),
-                          mlp_matrices=len(activations) + 1,
+                          activations=activations,
                           tied=str(flags.get("logits_via_embedding", "false")).lower() == "true")
 
 
@@ -204,8 +205,7 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
     model = None
     if "global_parameter_scale" in flags:
         shape = synthetic_shape(flags)
-        model, shape_notes = shape.model_spec(f"maxtext-synthetic-{flags['global_parameter_scale']}x")
-        notes += shape_notes
+        model = shape.model_spec(f"maxtext-synthetic-{flags['global_parameter_scale']}x")
     try:
         read = read_maxtext(flags, model=model)
     except CpplanError as err:
