@@ -1,4 +1,5 @@
-"""A Llama-style decoder in flax: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""A Llama-style decoder in flax: RMSNorm, RoPE, grouped-query attention, and the model's MLP
+(gated, SwiGLU by default, or plain: `ModelSpec.mlp_activations`, as MaxText's MlpBlock).
 
 Sized by a `ModelSpec`. Layers are stacked with `nn.scan` (one compiled layer, whatever the
 depth) and rematerialised per the plan's policy with MaxText's checkpoint names. Weights carry
@@ -14,6 +15,9 @@ Packed rows add segment ids, which keep each document's attention to itself.
 """
 from __future__ import annotations
 
+import functools
+import operator
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,7 +25,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cost_models.remat import ATTENTION_OUTPUT, kept_names, offloaded_names
+from cost_models.remat import ATTENTION_OUTPUT, CHECKPOINTS, Block, kept_names, offloaded_names
 from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
@@ -35,6 +39,15 @@ RESIDUAL = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"), None)
 RESIDUAL_TOKENS = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"))
 # the devices the embedding table's embed dimension is split over
 EMBED_GROUP = (*WEIGHT_AXES, "tensor")
+
+# the MLP's activations by MaxText's names (linears._convert_to_activation_function: "linear" is
+# the identity, any other name flax's function of that name), one for each of `MLP_ACTIVATIONS`
+ACTIVATION_FUNCTIONS = {"silu": nn.silu, "gelu": nn.gelu, "relu": nn.relu, "sigmoid": nn.sigmoid,
+                        "linear": lambda x: x}
+# the checkpoint names of the MLP's input projections, in order (a plain MLP has the first only)
+MLP_INPUT_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input)
+# the parameters of the MLP's input projections: gated (gate, up) or plain
+MLP_INPUT_WEIGHTS = {2: ("w_gate", "w_up"), 1: ("w_in",)}
 
 ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
@@ -112,11 +125,12 @@ def mlp_chunk(plan: Plan) -> int:
     return chunk
 
 
-def swiglu(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *, plan: Plan,
-           mesh: Mesh) -> jax.Array:
-    """The SwiGLU MLP, tensor-parallel over 'tensor', in chunks of the device's tokens: the
-    input is all-gathered over 'tensor' first and the output reduce-scattered back (sequence
-    parallelism).
+def mlp_block(y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, activations: tuple[str, ...],
+              plan: Plan, mesh: Mesh) -> jax.Array:
+    """The MLP as MaxText's MlpBlock computes it, act_0(x·wi_0) · act_1(x·wi_1) · ... then ·wo
+    (gated with two activations, e.g. SwiGLU's silu and linear; plain with one), tensor-parallel
+    over 'tensor', in chunks of the device's tokens: the input is all-gathered over 'tensor' first
+    and the output reduce-scattered back (sequence parallelism).
 
     Each chunk is its own checkpoint under the plan's remat policy, so when the policy keeps no
     MLP output (full, save_dot_except_mlp) the backward holds one chunk's intermediates, not the
@@ -124,9 +138,9 @@ def swiglu(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, 
 
     Args:
         y: `[batch, seq, hidden]` normed input, laid out as `RESIDUAL`.
-        w_gate: `[hidden, intermediate]`.
-        w_up: `[hidden, intermediate]`.
-        w_down: `[intermediate, hidden]`.
+        w_in: one `[hidden, intermediate]` input projection per activation.
+        w_out: `[intermediate, hidden]`.
+        activations: the activation of each input projection (`ModelSpec.mlp_activations`).
         plan: the plan (remat policy, shardings).
         mesh: the plan's mesh.
     Returns:
@@ -134,24 +148,23 @@ def swiglu(y: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, 
     """
     chunk = mlp_chunk(plan)
     policy = remat_policy(plan.remat, plan.remat_custom)
+    functions = [ACTIVATION_FUNCTIONS[name] for name in activations]
 
-    def local(y, wg, wu, wd):
+    def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
-        wg, wu = (jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in (wg, wu))
-        wd = jax.lax.all_gather(wd, WEIGHT_AXES, axis=1, tiled=True)
+        wi = [jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in weights[:-1]]
+        wo = jax.lax.all_gather(weights[-1], WEIGHT_AXES, axis=1, tiled=True)
 
         def body(x):
-            gate = checkpoint_name(x @ wg, "mlpwi_0")
-            up = checkpoint_name(x @ wu, "mlpwi_1")
-            return checkpoint_name((nn.silu(gate) * up) @ wd, "mlpwo")
+            activated = [act(checkpoint_name(x @ w, name)) for act, w, name in zip(functions, wi, MLP_INPUT_CHECKPOINTS)]
+            return checkpoint_name(functools.reduce(operator.mul, activated) @ wo, "mlpwo")
 
         out = jax.lax.map(jax.checkpoint(body, policy=policy), y.reshape(-1, chunk, y.shape[-1]))
         # partial sums over the intermediate slices, each tensor shard keeping its tokens' sums
         return jax.lax.psum_scatter(out.reshape(y.shape), "tensor", scatter_dimension=1, tiled=True)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(RESIDUAL, P(WEIGHT_AXES, "tensor"), P(WEIGHT_AXES, "tensor"),
-                                                     P("tensor", WEIGHT_AXES)), out_specs=RESIDUAL)(
-        y, w_gate, w_up, w_down)
+    in_specs = (RESIDUAL, *[P(WEIGHT_AXES, "tensor")] * len(w_in), P("tensor", WEIGHT_AXES))
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(y, *w_in, w_out)
 
 
 class DecoderLayer(nn.Module):
@@ -187,8 +200,9 @@ class DecoderLayer(nn.Module):
         x = self.constrain(x + checkpoint_name(out, "out_proj"), RESIDUAL)
 
         y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
-        down = swiglu(y, w("w_gate", (d, f), (WEIGHT_AXES, "tensor")), w("w_up", (d, f), (WEIGHT_AXES, "tensor")),
-                      w("w_down", (f, d), ("tensor", WEIGHT_AXES)), plan=plan, mesh=self.mesh)
+        w_in = tuple(w(name, (d, f), (WEIGHT_AXES, "tensor")) for name in MLP_INPUT_WEIGHTS[m.mlp_inputs])
+        down = mlp_block(y, w_in, w("w_down", (f, d), ("tensor", WEIGHT_AXES)), activations=m.mlp_activations,
+                         plan=plan, mesh=self.mesh)
         return self.constrain(x + down, RESIDUAL), None
 
 
