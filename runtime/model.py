@@ -156,7 +156,8 @@ def mlp_block(y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, ac
         wo = jax.lax.all_gather(weights[-1], WEIGHT_AXES, axis=1, tiled=True)
 
         def body(x):
-            activated = [act(checkpoint_name(x @ w, name)) for act, w, name in zip(functions, wi, MLP_INPUT_CHECKPOINTS)]
+            activated = [act(checkpoint_name(x @ w, name))
+                         for act, w, name in zip(functions, wi, MLP_INPUT_CHECKPOINTS)]
             return checkpoint_name(functools.reduce(operator.mul, activated) @ wo, "mlpwo")
 
         out = jax.lax.map(jax.checkpoint(body, policy=policy), y.reshape(-1, chunk, y.shape[-1]))
