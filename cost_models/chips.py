@@ -103,8 +103,9 @@ class Chip:
     attention_operand_passes: float  # passes over a forward call's operand arrays at HBM bandwidth, per call
     attention_backward_operand_passes: float  # the same for the backward's operand arrays
     comm_overlaps_compute: bool
-    # the host's DRAM shared out per chip, and the chip's link to it (one direction): where remat
-    # offload puts activations (pinned host memory) and how fast they go there and back
+    # the memory of the VM that holds the chip, shared out per chip (what a process can pin; less
+    # than the physical host's DRAM), and the chip's link to it (one direction): where remat offload
+    # puts activations (pinned host memory) and how fast they go there and back
     host_memory_bytes_per_chip: int
     host_link_bw_bytes_per_s: float
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
