@@ -1,9 +1,11 @@
 """HBM held per device over a step, by component, and its peak.
 
 HBM is held in phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's
-backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`). Within a layer's backward the attention
-side (its values and the strategy's buffers) and the MLP side (one chunk of tokens) are not live
-at once: the layer holds the larger of the two, and the weight being gathered with either.
+backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`); at the step's end, with the activations
+gone, the optimizer's update (`UPDATE_MEMORY`: the weights, gradients and moments, and the
+update's own temporaries). Within a layer's backward the attention side (its values and the
+strategy's buffers) and the MLP side (one chunk of tokens) are not live at once: the layer holds
+the larger of the two, and the weight being gathered with either.
 """
 from __future__ import annotations
 
@@ -19,6 +21,15 @@ from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
 LAYER_MEMORY = ("attention_working_set", "attention_buffers", "mlp_working_set", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
+UPDATE_MEMORY = ("params", "grads", "optimizer", "optimizer_update")
+
+# Chips whose compiler moves arrays between layouts on the SparseCore (asynchronous data-format
+# calls) rather than with a TensorCore copy: an elementwise update reading such a moved array
+# writes its result to a new buffer instead of over its input. Seen in the buffer assignment of
+# deviceless compiles with libtpu 0.0.52 (jax 0.10.2): on tpu7x the output head's AdamW update
+# reads three `sparse-core-data-format-call`s and has no aliased operands; on v5p the same update
+# reads three `copy`s and writes over them (`aliasing_operands`).
+RELAYOUT_OFF_TENSORCORE = frozenset({"tpu7x"})
 
 
 def layer_bytes(memory: dict):
@@ -29,9 +40,11 @@ def layer_bytes(memory: dict):
 
 
 def peak_bytes(memory: dict):
-    """Peak HBM per device: the static part plus the larger of the two phases (arrays or floats)."""
+    """Peak HBM per device: the static part plus the larger of a layer's backward and the loss,
+    or the optimizer's update at the step's end if that holds more (arrays or floats)."""
     static = sum(memory[k] for k in STATIC_MEMORY)
-    return static + np.maximum(layer_bytes(memory), sum(memory[k] for k in LOSS_MEMORY))
+    backward = static + np.maximum(layer_bytes(memory), sum(memory[k] for k in LOSS_MEMORY))
+    return np.maximum(backward, sum(memory[k] for k in UPDATE_MEMORY))
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,7 @@ class MemoryBytes:
     collective_buffers: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
+    optimizer_update: np.ndarray  # the output head's update at the step's end, beyond its gradient in `grads`
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -83,6 +97,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
+    head_shard = m.hidden * m.vocab / shards
+    relayout_off_core = x.topology.chip.name in RELAYOUT_OFF_TENSORCORE
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
@@ -105,4 +121,28 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
+        optimizer_update=head_shard * optimizer_update_bytes_per_head_weight(
+            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=relayout_off_core),
     )
+
+
+def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, relayout_off_core: bool) -> int:
+    """Bytes the output head's AdamW update holds per head weight beyond its gradient in `grads`.
+
+    The loss's backward reduce-scatters the head's gradient piece by vocabulary piece, so it
+    arrives stacked by piece, `[pieces, hidden/g, piece]`, not in the head's `[hidden/g, vocab/t]`
+    layout. The compiler moves the head and both moments into the gradient's layout for the
+    update (and the results back), and forms the two gradient terms, `(1-b1)·g` and `(1-b2)·g²`,
+    in fp32; these take the place of the head's gradient counted in `grads`. Where the move runs
+    off the TensorCore (`RELAYOUT_OFF_TENSORCORE`) the three updated arrays are new buffers too.
+
+    Args:
+        param_bytes: bytes of a weight and of the second moment.
+        mu_bytes: bytes of the first moment.
+        relayout_off_core: whether the chip's compiler moves layouts off the TensorCore.
+    Returns:
+        Bytes per weight of the head's shard.
+    """
+    moved = param_bytes + mu_bytes + param_bytes  # the head, mu and nu in the gradient's layout
+    gradient_terms = 2 * 4 - param_bytes
+    return moved + gradient_terms + (moved if relayout_off_core else 0)

@@ -1,0 +1,57 @@
+"""The optimizer update's phase of the HBM price (cost_models.pricing.memory), by hand.
+
+The figures are bench_memory's row "tpu7x ulysses4 tensor2 save_qkv_proj" (Llama 3.1 8B's shapes
+with 2 layers, 32K tokens): its compile peaks in the output head's AdamW update, where the buffer
+assignment holds eight fp32 arrays of the head's shard, [1024, 64128] (250.5 MiB each): the
+head, mu and nu moved into the gradient's layout, the two gradient terms and the three results.
+"""
+import dataclasses
+
+import pytest
+
+from cost_models.models import MODELS
+from cost_models.pricing.memory import optimizer_update_bytes_per_head_weight
+from planner import Plan, estimate, make_mesh
+
+pytestmark = pytest.mark.pure
+MiB = 2 ** 20
+TWO_LAYERS = dataclasses.replace(MODELS["llama3.1-8b"], name="llama3.1-8b-2l", num_layers=2)
+HEAD_SHARD = 4096 * 128256 // 8  # hidden over ulysses 4, vocabulary over tensor 2
+
+
+def _plan(topology: str, **fields) -> Plan:
+    return Plan(model=TWO_LAYERS, topology=topology, seq_len=32768, global_batch=1,
+                mesh=make_mesh(context_ulysses=4, tensor=2), cp_strategy="ulysses", remat="save_qkv_proj",
+                block_q=512, block_kv=512, loss_chunk_tokens=8192, **fields)
+
+
+def test_bytes_per_head_weight():
+    # head 4 + mu 4 + nu 4 moved, gradient terms 4 + 4 in place of the 4 counted in grads
+    assert optimizer_update_bytes_per_head_weight(param_bytes=4, mu_bytes=4, relayout_off_core=False) == 16
+    # and the three results in new buffers
+    assert optimizer_update_bytes_per_head_weight(param_bytes=4, mu_bytes=4, relayout_off_core=True) == 28
+    # a bf16 first moment moves and is rewritten in 2 bytes
+    assert optimizer_update_bytes_per_head_weight(param_bytes=4, mu_bytes=2, relayout_off_core=True) == 24
+
+
+def test_tpu7x_peaks_in_the_head_update():
+    e = estimate(_plan("tpu7x:2x2x1"))
+    b = e.hbm_bytes
+    assert HEAD_SHARD * 4 / MiB == pytest.approx(250.5)
+    assert b["optimizer_update"] == HEAD_SHARD * 28  # 7 head shards beyond the gradient in grads
+    update = b["params"] + b["grads"] + b["optimizer"] + b["optimizer_update"]
+    static = b["params"] + b["grads"] + b["optimizer"] + b["activations"]
+    layer = max(b["attention_working_set"] + b["attention_buffers"], b["mlp_working_set"]) + b["collective_buffers"]
+    backward = static + max(layer, b["logits"] + b["head_buffers"])
+    assert update > backward  # the step's end holds the most
+    assert e.hbm_bytes_per_device == update
+    # the compiler: arguments 2.08 GiB + temporaries 2.53 GiB + code 0.02 GiB = 4.63 GiB
+    assert e.hbm_bytes_per_device / 2 ** 30 == pytest.approx(4.48, abs=0.01)
+
+
+def test_v5p_updates_in_place():
+    v5p, tpu7x = estimate(_plan("v5p:2x2x2")), estimate(_plan("tpu7x:2x2x1"))
+    assert v5p.hbm_bytes["optimizer_update"] == HEAD_SHARD * 16
+    assert tpu7x.hbm_bytes["optimizer_update"] - v5p.hbm_bytes["optimizer_update"] == HEAD_SHARD * 12
+    bf16_mu = estimate(_plan("tpu7x:2x2x1", mu_dtype="bfloat16"))
+    assert bf16_mu.hbm_bytes["optimizer_update"] == HEAD_SHARD * 24
