@@ -55,3 +55,39 @@ def test_v5p_updates_in_place():
     assert tpu7x.hbm_bytes["optimizer_update"] - v5p.hbm_bytes["optimizer_update"] == HEAD_SHARD * 12
     bf16_mu = estimate(_plan("tpu7x:2x2x1", mu_dtype="bfloat16"))
     assert bf16_mu.hbm_bytes["optimizer_update"] == HEAD_SHARD * 24
+
+
+def _all_gather_plan(topology: str, remat: str, *, seq_len: int = 32768) -> Plan:
+    # bench_memory's row "tpu7x all_gather4 fsdp2 minimal": 8192 tokens per device, two MLP chunks
+    return Plan(model=TWO_LAYERS, topology=topology, seq_len=seq_len, global_batch=2,
+                mesh=make_mesh(context=4, fsdp=2), cp_strategy="all_gather", load_balance="zigzag", remat=remat,
+                block_q=512, block_kv=512, loss_chunk_tokens=8192)
+
+
+def test_mlp_backward_copies_the_kept_values():
+    tokens, chunk, hidden, inter = 8192, 4096, 4096, 14336
+    kept = 2 * inter  # minimal keeps both MLP inputs (mlpwi_0, mlpwi_1); nothing reads mlpwo
+    e = estimate(_all_gather_plan("v5p:2x2x2", "minimal"))
+    # the MLP's input and its gradient for every token; one chunk's gate, up and input with their
+    # gradients (the kept two sliced out for the chunk); the layer's kept two sliced out of the
+    # stacked residuals (in the v5p compile: 448 + 224 MiB of dynamic-slice fusions)
+    assert e.hbm_bytes["mlp_working_set"] == (2 * tokens * hidden + chunk * 2 * (2 * inter + hidden) + tokens * kept) * 2
+    assert tokens * kept * 2 / MiB == 448
+    # one chunk per device: the chunk's slice is the layer's, one copy
+    one = estimate(_all_gather_plan("v5p:2x2x2", "minimal", seq_len=16384))
+    assert one.hbm_bytes["mlp_working_set"] == (2 * chunk * hidden + chunk * 2 * (2 * inter + hidden)) * 2
+
+
+def test_tpu7x_runs_the_attention_before_the_mlp_backward():
+    tpu7x, v5p = estimate(_all_gather_plan("tpu7x:2x2x1", "minimal")), estimate(_all_gather_plan("v5p:2x2x2", "minimal"))
+    # the kernel's q (8192 local queries × 32 heads), its output and the output's gradient, and the
+    # K/V gathered to the whole 32768 tokens (8 heads): 64 + 64 + 64 + 128 MiB in the tpu7x compile
+    early = 128 * 2 * (3 * 8192 * 32 + 2 * 32768 * 8)
+    assert early / MiB == 320
+    assert tpu7x.hbm_bytes["mlp_working_set"] - v5p.hbm_bytes["mlp_working_set"] == early
+    # the compiler: 6.42 GiB; before these terms cpplan said 5.30 GiB
+    assert tpu7x.hbm_bytes_per_device / 2 ** 30 == pytest.approx(5.89, abs=0.01)
+    # a kept attention output is not run again; without out_proj kept the MLP waits for the attention anyway
+    for remat in ("minimal_with_context", "full", "save_qkv_proj"):
+        assert (estimate(_all_gather_plan("tpu7x:2x2x1", remat)).hbm_bytes["mlp_working_set"]
+                == estimate(_all_gather_plan("v5p:2x2x2", remat)).hbm_bytes["mlp_working_set"])

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import Layout
+from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
@@ -30,6 +32,13 @@ UPDATE_MEMORY = ("params", "grads", "optimizer", "optimizer_update")
 # reads three `sparse-core-data-format-call`s and has no aliased operands; on v5p the same update
 # reads three `copy`s and writes over them (`aliasing_operands`).
 RELAYOUT_OFF_TENSORCORE = frozenset({"tpu7x"})
+# Chips whose compiler schedules a layer backward's attention work ahead of its MLP backward when
+# nothing orders them: with the attention output recomputed and the MLP's input not needing it
+# (out_proj kept), the tpu7x schedule runs the attention forward again (its K/V gathered, q, its
+# output) and the out projection's backward before the MLP's chunk loop, and holds them through
+# it; the v5p schedule runs them after the loop. Seen in the same compiles (bench_memory's
+# "tpu7x all_gather4 fsdp2 minimal", compiled for tpu7x:2x2x1 and v5p:2x2x2).
+ATTENTION_BEFORE_MLP_BACKWARD = frozenset({"tpu7x"})
 
 
 def layer_bytes(memory: dict):
@@ -89,8 +98,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
     # The attention side for every token (the residual and the out projection a tensor-th of them
     # under sequence parallelism, the normed input gathered whole, q/k/v and the attention output
-    # split by heads); the MLP's for one chunk of tokens (each chunk is its own checkpoint: kept MLP
-    # values are read chunk by chunk)
+    # split by heads); the MLP's for one chunk of tokens (each chunk is its own checkpoint)
     attention_side = m.hidden * (1 + 2 / tensor) + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor
     mlp_side = 2 * m.intermediate / tensor + m.hidden
     mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
@@ -99,6 +107,12 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
     head_shard = m.hidden * m.vocab / shards
     relayout_off_core = x.topology.chip.name in RELAYOUT_OFF_TENSORCORE
+    # kept MLP values are not read in place: the layer's backward slices its layer's out of the
+    # stacked residuals (a dynamic slice XLA copies), and the chunk loop each chunk's out of that
+    # copy (counted with the chunk's values); with one chunk the two slices are one
+    kept_mlp_copy = np.where(tokens > mlp_tokens, tokens * remat.kept_mlp_side / tensor, 0.0)
+    attention_early = (attention_before_mlp_backward(x) * x.sequences_per_device * m.head_dim
+                       * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
@@ -109,8 +123,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         activations=m.num_layers * tokens * saved,
         attention_working_set=tokens * (2 * attention_side - remat.kept_attention_side / tensor) * a,
         # the MLP's input gathered over tensor and its gradient for every token (the chunk loop's
-        # input and output), and one chunk's values
-        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * (2 * mlp_side - remat.kept_mlp_side / tensor)) * a,
+        # input and output), one chunk's values (kept ones copied) and their gradients, the layer's
+        # kept MLP values copied, and the attention's values a chip schedules ahead of the MLP's backward
+        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy + attention_early) * a,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
         # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
@@ -124,6 +139,24 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         optimizer_update=head_shard * optimizer_update_bytes_per_head_weight(
             param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=relayout_off_core),
     )
+
+
+def attention_before_mlp_backward(x: Candidates) -> np.ndarray:
+    """Per candidate, 1.0 where its layer backward holds the attention's recomputed forward (the
+    kernel's q, K, V and output) and its output's gradient through the MLP's backward: the chip
+    schedules that work first (`ATTENTION_BEFORE_MLP_BACKWARD`), the policy recomputes the
+    attention, and the MLP's input does not wait for it (out_proj kept on device or on the host).
+
+    Args:
+        x: the candidates.
+    Returns:
+        0.0 or 1.0 per candidate.
+    """
+    if x.topology.chip.name not in ATTENTION_BEFORE_MLP_BACKWARD:
+        return np.zeros(np.shape(x.remat))
+    where = [placements(policy, x.remat_custom) for policy in POLICIES]
+    free = np.array([w[ATTENTION_OUTPUT] is Placement.REMAT and w["out_proj"] is not Placement.REMAT for w in where])
+    return free[x.remat].astype(float)
 
 
 def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, relayout_off_core: bool) -> int:
