@@ -71,15 +71,17 @@ def test_mlp_backward_copies_the_kept_values():
     # the MLP's input and its gradient for every token; one chunk's gate, up and input with their
     # gradients (the kept two sliced out for the chunk); the layer's kept two sliced out of the
     # stacked residuals (in the v5p compile: 448 + 224 MiB of dynamic-slice fusions)
-    assert e.hbm_bytes["mlp_working_set"] == (2 * tokens * hidden + chunk * 2 * (2 * inter + hidden) + tokens * kept) * 2
+    chunk_values = chunk * 2 * (2 * inter + hidden)
+    assert e.hbm_bytes["mlp_working_set"] == (2 * tokens * hidden + chunk_values + tokens * kept) * 2
     assert tokens * kept * 2 / MiB == 448
     # one chunk per device: the chunk's slice is the layer's, one copy
     one = estimate(_all_gather_plan("v5p:2x2x2", "minimal", seq_len=16384))
-    assert one.hbm_bytes["mlp_working_set"] == (2 * chunk * hidden + chunk * 2 * (2 * inter + hidden)) * 2
+    assert one.hbm_bytes["mlp_working_set"] == (2 * chunk * hidden + chunk_values) * 2
 
 
 def test_tpu7x_runs_the_attention_before_the_mlp_backward():
-    tpu7x, v5p = estimate(_all_gather_plan("tpu7x:2x2x1", "minimal")), estimate(_all_gather_plan("v5p:2x2x2", "minimal"))
+    tpu7x = estimate(_all_gather_plan("tpu7x:2x2x1", "minimal"))
+    v5p = estimate(_all_gather_plan("v5p:2x2x2", "minimal"))
     # the kernel's q (8192 local queries × 32 heads), its output and the output's gradient, and the
     # K/V gathered to the whole 32768 tokens (8 heads): 64 + 64 + 64 + 128 MiB in the tpu7x compile
     early = 128 * 2 * (3 * 8192 * 32 + 2 * 32768 * 8)
@@ -91,3 +93,9 @@ def test_tpu7x_runs_the_attention_before_the_mlp_backward():
     for remat in ("minimal_with_context", "full", "save_qkv_proj"):
         assert (estimate(_all_gather_plan("tpu7x:2x2x1", remat)).hbm_bytes["mlp_working_set"]
                 == estimate(_all_gather_plan("v5p:2x2x2", remat)).hbm_bytes["mlp_working_set"])
+
+
+def test_hosts_price_no_layout_moves():
+    # read from TPU compiles only: a host's update holds the weights, gradients and moments
+    host = estimate(_plan("cpu:8"))
+    assert host.hbm_bytes["optimizer_update"] == 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import Layout
 from cost_models.vocabulary import Placement
@@ -48,12 +49,23 @@ def layer_bytes(memory: dict):
                       memory["mlp_working_set"]) + memory["collective_buffers"]
 
 
-def peak_bytes(memory: dict):
-    """Peak HBM per device: the static part plus the larger of a layer's backward and the loss,
-    or the optimizer's update at the step's end if that holds more (arrays or floats)."""
+def backward_bytes(memory: dict):
+    """HBM per device during the backward: the static part plus the larger of a layer's backward
+    and the loss (arrays or floats). It grows with the tokens a device holds."""
     static = sum(memory[k] for k in STATIC_MEMORY)
-    backward = static + np.maximum(layer_bytes(memory), sum(memory[k] for k in LOSS_MEMORY))
-    return np.maximum(backward, sum(memory[k] for k in UPDATE_MEMORY))
+    return static + np.maximum(layer_bytes(memory), sum(memory[k] for k in LOSS_MEMORY))
+
+
+def update_bytes(memory: dict):
+    """HBM per device during the optimizer's update at the step's end (arrays or floats); it does
+    not depend on the tokens."""
+    return sum(memory[k] for k in UPDATE_MEMORY)
+
+
+def peak_bytes(memory: dict):
+    """Peak HBM per device: the backward's, or the update's where that holds more (short
+    sequences), arrays or floats."""
+    return np.maximum(backward_bytes(memory), update_bytes(memory))
 
 
 @dataclass(frozen=True)
@@ -136,8 +148,10 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
+        # the layout moves were read from TPU compiles; a host lays its arrays out otherwise, so there it is left out
         optimizer_update=head_shard * optimizer_update_bytes_per_head_weight(
-            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=relayout_off_core),
+            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=relayout_off_core)
+        * (x.topology.chip.kind is ChipKind.TPU),
     )
 
 
