@@ -5,7 +5,8 @@ backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`); at the step's end, with 
 gone, the optimizer's update (`UPDATE_MEMORY`: the weights, gradients and moments, and the
 update's own temporaries). Within a layer's backward the attention side (its values and the
 strategy's buffers) and the MLP side (one chunk of tokens) are not live at once: the layer holds
-the larger of the two, and the weight being gathered with either.
+the larger of the two, and the weight being gathered with either (on chips that run the
+attention's recomputation first, the MLP side holds that too: `ATTENTION_BEFORE_MLP_BACKWARD`).
 """
 from __future__ import annotations
 
