@@ -93,6 +93,10 @@ def test_tpu7x_runs_the_attention_before_the_mlp_backward():
     for remat in ("minimal_with_context", "full", "save_qkv_proj"):
         assert (estimate(_all_gather_plan("tpu7x:2x2x1", remat)).hbm_bytes["mlp_working_set"]
                 == estimate(_all_gather_plan("v5p:2x2x2", remat)).hbm_bytes["mlp_working_set"])
+    # a ring's hops stay after the MLP's loop (the tpu7x compile of ring 4 × fsdp 2, minimal)
+    ring = {topology: estimate(dataclasses.replace(_all_gather_plan(topology, "minimal"), cp_strategy="ring"))
+            for topology in ("tpu7x:2x2x1", "v5p:2x2x2")}
+    assert ring["tpu7x:2x2x1"].hbm_bytes["mlp_working_set"] == ring["v5p:2x2x2"].hbm_bytes["mlp_working_set"]
 
 
 def test_hosts_price_no_layout_moves():

@@ -18,7 +18,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
-from cost_models.strategies import Layout
+from cost_models.strategies import STRATEGIES, Layout
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 
@@ -39,7 +39,8 @@ RELAYOUT_OFF_TENSORCORE = frozenset({"tpu7x"})
 # (out_proj kept), the tpu7x schedule runs the attention forward again (its K/V gathered, q, its
 # output) and the out projection's backward before the MLP's chunk loop, and holds them through
 # it; the v5p schedule runs them after the loop. Seen in the same compiles (bench_memory's
-# "tpu7x all_gather4 fsdp2 minimal", compiled for tpu7x:2x2x1 and v5p:2x2x2).
+# "tpu7x all_gather4 fsdp2 minimal", compiled for tpu7x:2x2x1 and v5p:2x2x2). A ring's attention
+# (a loop of hops) stays after the MLP's loop on tpu7x too (ring 4 × fsdp 2, minimal, compiled).
 ATTENTION_BEFORE_MLP_BACKWARD = frozenset({"tpu7x"})
 
 
@@ -124,7 +125,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     # stacked residuals (a dynamic slice XLA copies), and the chunk loop each chunk's out of that
     # copy (counted with the chunk's values); with one chunk the two slices are one
     kept_mlp_copy = np.where(tokens > mlp_tokens, tokens * remat.kept_mlp_side / tensor, 0.0)
-    attention_early = (attention_before_mlp_backward(x) * x.sequences_per_device * m.head_dim
+    attention_early = (attention_before_mlp_backward(x, layout) * x.sequences_per_device * m.head_dim
                        * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
@@ -156,22 +157,25 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     )
 
 
-def attention_before_mlp_backward(x: Candidates) -> np.ndarray:
+def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
     """Per candidate, 1.0 where its layer backward holds the attention's recomputed forward (the
     kernel's q, K, V and output) and its output's gradient through the MLP's backward: the chip
-    schedules that work first (`ATTENTION_BEFORE_MLP_BACKWARD`), the policy recomputes the
-    attention, and the MLP's input does not wait for it (out_proj kept on device or on the host).
+    schedules that work first (`ATTENTION_BEFORE_MLP_BACKWARD`), the attention is one kernel call
+    (no loop of ring hops), the policy recomputes it, and the MLP's input does not wait for it
+    (out_proj kept on device or on the host).
 
     Args:
         x: the candidates.
+        layout: how the attention kernel lies on a device.
     Returns:
         0.0 or 1.0 per candidate.
     """
     if x.topology.chip.name not in ATTENTION_BEFORE_MLP_BACKWARD:
         return np.zeros(np.shape(x.remat))
+    one_call = sum(np.asarray(call.count, dtype=float) for call in STRATEGIES[x.strategy].kernel_calls(x, layout)) == 1
     where = [placements(policy, x.remat_custom) for policy in POLICIES]
     free = np.array([w[ATTENTION_OUTPUT] is Placement.REMAT and w["out_proj"] is not Placement.REMAT for w in where])
-    return free[x.remat].astype(float)
+    return (free[x.remat] & one_call).astype(float)
 
 
 def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, relayout_off_core: bool) -> int:
