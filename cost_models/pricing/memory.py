@@ -39,8 +39,10 @@ RELAYOUT_OFF_TENSORCORE = frozenset({"tpu7x"})
 # (out_proj kept), the tpu7x schedule runs the attention forward again (its K/V gathered, q, its
 # output) and the out projection's backward before the MLP's chunk loop, and holds them through
 # it; the v5p schedule runs them after the loop. Seen in the same compiles (bench_memory's
-# "tpu7x all_gather4 fsdp2 minimal", compiled for tpu7x:2x2x1 and v5p:2x2x2). A ring's attention
-# (a loop of hops) stays after the MLP's loop on tpu7x too (ring 4 × fsdp 2, minimal, compiled).
+# "tpu7x all_gather4 fsdp2 minimal", compiled for tpu7x:2x2x1 and v5p:2x2x2: 320 MiB). Held-out
+# tpu7x compiles (fsdp 2, minimal, 2 × 32K): Ulysses 4 moves its q/k/v all-to-alls, an output-sized
+# buffer and the out projection's backward ahead (about 224 MiB, as priced), its kernel after; a
+# ring's attention (a loop of hops) stays after the MLP's loop.
 ATTENTION_BEFORE_MLP_BACKWARD = frozenset({"tpu7x"})
 
 
