@@ -61,7 +61,8 @@ def main():
     parser.add_argument("--min-mib", type=float, default=1.0, help="list buffers of at least this many MiB")
     args = parser.parse_args()
 
-    size, values = temp_values(one_file(args.dump, "after_optimizations-buffer-assignment.txt", args.module).read_text())
+    assignment = one_file(args.dump, "after_optimizations-buffer-assignment.txt", args.module).read_text()
+    size, values = temp_values(assignment)
     ranges = one_file(args.dump, "after_optimizations-live-range.txt", args.module).read_text()
     live = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in LIVE.finditer(ranges)}
     steps = dict((int(i), name) for i, name in STEP.findall(ranges.split("BufferLiveRange")[0]))
