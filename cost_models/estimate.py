@@ -44,7 +44,8 @@ class Estimate:
 
     @property
     def hbm_bytes_per_device(self) -> float:
-        """Peak: static state plus the larger of a layer's backward and the loss (`peak_bytes`)."""
+        """Peak: static state plus the larger of a layer's backward and the loss, or the optimizer's
+        update at the step's end where that holds more (`peak_bytes`)."""
         return float(peak_bytes(self.hbm_bytes))
 
     @property

@@ -1,9 +1,12 @@
 """HBM held per device over a step, by component, and its peak.
 
 HBM is held in phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's
-backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`). Within a layer's backward the attention
-side (its values and the strategy's buffers) and the MLP side (one chunk of tokens) are not live
-at once: the layer holds the larger of the two, and the weight being gathered with either.
+backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`); at the step's end, with the activations
+gone, the optimizer's update (`UPDATE_MEMORY`: the weights, gradients and moments, and the
+update's own temporaries). Within a layer's backward the attention side (its values and the
+strategy's buffers) and the MLP side (one chunk of tokens) are not live at once: the layer holds
+the larger of the two, and the weight being gathered with either (on chips that run the
+attention's recomputation first, the MLP side holds that too: `ATTENTION_BEFORE_MLP_BACKWARD`).
 """
 from __future__ import annotations
 
@@ -13,12 +16,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
-from cost_models.strategies import Layout
+from cost_models.chips import ChipKind
+from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
+from cost_models.strategies import STRATEGIES, Layout
+from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
 
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
 LAYER_MEMORY = ("attention_working_set", "attention_buffers", "mlp_working_set", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
+UPDATE_MEMORY = ("params", "grads", "optimizer", "optimizer_update")
+
+# Chips whose compiler moves arrays between layouts on the SparseCore (asynchronous data-format
+# calls) rather than with a TensorCore copy: an elementwise update reading such a moved array
+# writes its result to a new buffer instead of over its input. Seen in the buffer assignment of
+# deviceless compiles with libtpu 0.0.52 (jax 0.10.2): on tpu7x the output head's AdamW update
+# reads three `sparse-core-data-format-call`s and has no aliased operands; on v5p the same update
+# reads three `copy`s and writes over them (`aliasing_operands`).
+RELAYOUT_OFF_TENSORCORE = frozenset({"tpu7x"})
+# Chips whose compiler schedules a layer backward's attention work ahead of its MLP backward when
+# nothing orders them: with the attention output recomputed and the MLP's input not needing it
+# (out_proj kept), the tpu7x schedule runs the attention forward again (its K/V gathered, q, its
+# output) and the out projection's backward before the MLP's chunk loop, and holds them through
+# it; the v5p schedule runs them after the loop. Seen in the same compiles (bench_memory's
+# "tpu7x all_gather4 fsdp2 minimal", compiled for tpu7x:2x2x1 and v5p:2x2x2: 320 MiB). Held-out
+# tpu7x compiles (fsdp 2, minimal, 2 × 32K): Ulysses 4 moves its q/k/v all-to-alls, an output-sized
+# buffer and the out projection's backward ahead (about 224 MiB, as priced), its kernel after; a
+# ring's attention (a loop of hops) stays after the MLP's loop.
+ATTENTION_BEFORE_MLP_BACKWARD = frozenset({"tpu7x"})
 
 
 def layer_bytes(memory: dict):
@@ -28,10 +53,23 @@ def layer_bytes(memory: dict):
                       memory["mlp_working_set"]) + memory["collective_buffers"]
 
 
-def peak_bytes(memory: dict):
-    """Peak HBM per device: the static part plus the larger of the two phases (arrays or floats)."""
+def backward_bytes(memory: dict):
+    """HBM per device during the backward: the static part plus the larger of a layer's backward
+    and the loss (arrays or floats). It grows with the tokens a device holds."""
     static = sum(memory[k] for k in STATIC_MEMORY)
     return static + np.maximum(layer_bytes(memory), sum(memory[k] for k in LOSS_MEMORY))
+
+
+def update_bytes(memory: dict):
+    """HBM per device during the optimizer's update at the step's end (arrays or floats); it does
+    not depend on the tokens."""
+    return sum(memory[k] for k in UPDATE_MEMORY)
+
+
+def peak_bytes(memory: dict):
+    """Peak HBM per device: the backward's, or the update's where that holds more (short
+    sequences), arrays or floats."""
+    return np.maximum(backward_bytes(memory), update_bytes(memory))
 
 
 @dataclass(frozen=True)
@@ -48,6 +86,7 @@ class MemoryBytes:
     collective_buffers: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
+    optimizer_update: np.ndarray  # the output head's update at the step's end, beyond its gradient in `grads`
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -75,14 +114,21 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
     # The attention side for every token (the residual and the out projection a tensor-th of them
     # under sequence parallelism, the normed input gathered whole, q/k/v and the attention output
-    # split by heads); the MLP's for one chunk of tokens (each chunk is its own checkpoint: kept MLP
-    # values are read chunk by chunk)
+    # split by heads); the MLP's for one chunk of tokens (each chunk is its own checkpoint)
     attention_side = m.hidden * (1 + 2 / tensor) + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
+    head_shard = m.hidden * m.vocab / shards
+    relayout_off_core = x.topology.chip.name in RELAYOUT_OFF_TENSORCORE
+    # kept MLP values are not read in place: the layer's backward slices its layer's out of the
+    # stacked residuals (a dynamic slice XLA copies), and the chunk loop each chunk's out of that
+    # copy (counted with the chunk's values); with one chunk the two slices are one
+    kept_mlp_copy = np.where(tokens > mlp_tokens, tokens * remat.kept_mlp_side / tensor, 0.0)
+    attention_early = (attention_before_mlp_backward(x, layout) * x.sequences_per_device * m.head_dim
+                       * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
@@ -93,8 +139,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         activations=m.num_layers * tokens * saved,
         attention_working_set=tokens * (2 * attention_side - remat.kept_attention_side / tensor) * a,
         # the MLP's input gathered over tensor and its gradient for every token (the chunk loop's
-        # input and output), and one chunk's values
-        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * (2 * mlp_side - remat.kept_mlp_side / tensor)) * a,
+        # input and output), one chunk's values (kept ones copied) and their gradients, the layer's
+        # kept MLP values copied, and the attention's values a chip schedules ahead of the MLP's backward
+        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy + attention_early) * a,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
         # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
@@ -105,4 +152,51 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
+        # the layout moves were read from TPU compiles; a host lays its arrays out otherwise, so there it is left out
+        optimizer_update=head_shard * optimizer_update_bytes_per_head_weight(
+            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=relayout_off_core)
+        * (x.topology.chip.kind is ChipKind.TPU),
     )
+
+
+def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
+    """Per candidate, 1.0 where its layer backward holds the attention's recomputed forward (the
+    kernel's q, K, V and output) and its output's gradient through the MLP's backward: the chip
+    schedules that work first (`ATTENTION_BEFORE_MLP_BACKWARD`), the attention is one kernel call
+    (no loop of ring hops), the policy recomputes it, and the MLP's input does not wait for it
+    (out_proj kept on device or on the host).
+
+    Args:
+        x: the candidates.
+        layout: how the attention kernel lies on a device.
+    Returns:
+        0.0 or 1.0 per candidate.
+    """
+    if x.topology.chip.name not in ATTENTION_BEFORE_MLP_BACKWARD:
+        return np.zeros(np.shape(x.remat))
+    one_call = sum(np.asarray(call.count, dtype=float) for call in STRATEGIES[x.strategy].kernel_calls(x, layout)) == 1
+    where = [placements(policy, x.remat_custom) for policy in POLICIES]
+    free = np.array([w[ATTENTION_OUTPUT] is Placement.REMAT and w["out_proj"] is not Placement.REMAT for w in where])
+    return (free[x.remat] & one_call).astype(float)
+
+
+def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, relayout_off_core: bool) -> int:
+    """Bytes the output head's AdamW update holds per head weight beyond its gradient in `grads`.
+
+    The loss's backward reduce-scatters the head's gradient piece by vocabulary piece, so it
+    arrives stacked by piece, `[pieces, hidden/g, piece]`, not in the head's `[hidden/g, vocab/t]`
+    layout. The compiler moves the head and both moments into the gradient's layout for the
+    update (and the results back), and forms the two gradient terms, `(1-b1)·g` and `(1-b2)·g²`,
+    in fp32; these take the place of the head's gradient counted in `grads`. Where the move runs
+    off the TensorCore (`RELAYOUT_OFF_TENSORCORE`) the three updated arrays are new buffers too.
+
+    Args:
+        param_bytes: bytes of a weight and of the second moment.
+        mu_bytes: bytes of the first moment.
+        relayout_off_core: whether the chip's compiler moves layouts off the TensorCore.
+    Returns:
+        Bytes per weight of the head's shard.
+    """
+    moved = param_bytes + mu_bytes + param_bytes  # the head, mu and nu in the gradient's layout
+    gradient_terms = 2 * 4 - param_bytes
+    return moved + gradient_terms + (moved if relayout_off_core else 0)

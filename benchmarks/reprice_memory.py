@@ -1,0 +1,45 @@
+"""Re-price bench_memory's plans with the current memory price against the compiler figures it
+stored, without compiling again (seconds instead of an hour on a 2-core machine).
+
+    python benchmarks/reprice_memory.py                # every stored row
+    python benchmarks/reprice_memory.py --only tpu7x   # rows whose label contains the text
+
+The compiler figures are only as current as the runtime that produced them: re-run
+`bench_memory.py` after a change to the runtime, re-price after a change to the price.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_memory import RESULTS, ROWS, TARGET_ERROR, plan_of  # noqa: E402
+from cost_models.errors import CpplanError  # noqa: E402
+from cost_models.units import GiB  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="rows whose label contains this text")
+    args = parser.parse_args()
+    if not RESULTS.exists():
+        raise CpplanError(f"{RESULTS} holds no compiler figures yet; run benchmarks/bench_memory.py first.")
+    stored = {r["label"]: r for r in json.loads(RESULTS.read_text())}
+    rows = [r for r in ROWS if r[0] in stored and (not args.only or args.only in r[0])]
+    print(f"{'plan':<58} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA")
+    within = agree = 0
+    for row in rows:
+        old, now = stored[row[0]], estimate(plan_of(row))
+        error = now.hbm_bytes_per_device / old["compiled_bytes"] - 1
+        within += abs(error) <= TARGET_ERROR
+        agree += now.fits == old["compiled_fits"]
+        print(f"{row[0]:<58} {old['compiled_bytes'] / GiB:>7.2f}G {old['predicted_bytes'] / GiB:>7.2f}G "
+              f"{now.hbm_bytes_per_device / GiB:>7.2f}G {old['error']:>+9.1%} → {error:>+7.1%}  "
+              f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}")
+    print(f"\n{within} of {len(rows)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(rows)}")
+
+
+if __name__ == "__main__":
+    main()
