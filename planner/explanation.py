@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from cost_models.accuracy import ErrorBand, error_band
 from cost_models.candidates import group_links
 from cost_models.estimate import Estimate
-from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY
+from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
@@ -243,9 +243,10 @@ class Explanation:
             "",
             f"HBM per device   {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)} "
             f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%}): held all step + the larger of a layer's "
-            f"backward and the loss",
+            f"backward and the loss, or the optimizer's update at the step's end where that holds more",
             *(f"  {phase:<10} " + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in keys)
-              for phase, keys in (("all step", STATIC_MEMORY), ("layer", LAYER_MEMORY), ("loss", LOSS_MEMORY))),
+              for phase, keys in (("all step", STATIC_MEMORY), ("layer", LAYER_MEMORY), ("loss", LOSS_MEMORY),
+                                 ("update", tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)))),
         ]
         if e.smem_capacity_bytes:
             lines.append(f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB")

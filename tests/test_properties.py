@@ -6,6 +6,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cost_models.errors import CpplanError
+from cost_models.pricing import backward_bytes
 from planner.estimate import estimate
 from cost_models.models import MODELS
 from cost_models.strategies import STRATEGIES, strategies_for
@@ -52,7 +53,9 @@ def test_cost_and_memory_grow_with_sequence_length(plan):
     except CpplanError:
         assume(False)  # heads or an axis order the strategy cannot run: not a plan the search makes
     assert b.step_time_s > a.step_time_s
-    assert b.hbm_bytes_per_device > a.hbm_bytes_per_device
+    # the step's end (the optimizer's update) may be the peak, and it does not grow with length
+    assert b.hbm_bytes_per_device >= a.hbm_bytes_per_device
+    assert backward_bytes(b.hbm_bytes) > backward_bytes(a.hbm_bytes)
     assert b.model_flops > a.model_flops
     assert a.lower_bound_s <= a.step_time_s <= a.upper_bound_s * (1 + 1e-12)
 

@@ -10,7 +10,9 @@ compute, counted once); the rest is exposed.
 Each part is a builder returning a small frozen dataclass (`matmul`, `attention`,
 `elementwise`, `head`, `memory`, `communication`); `step.price` composes them.
 """
-from cost_models.pricing.memory import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, peak_bytes
+from cost_models.pricing.memory import (LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY, backward_bytes,
+                                         peak_bytes, update_bytes)
 from cost_models.pricing.step import Priced, price
 
-__all__ = ["LAYER_MEMORY", "LOSS_MEMORY", "STATIC_MEMORY", "Priced", "peak_bytes", "price"]
+__all__ = ["LAYER_MEMORY", "LOSS_MEMORY", "STATIC_MEMORY", "UPDATE_MEMORY", "Priced", "backward_bytes", "peak_bytes",
+           "price", "update_bytes"]
