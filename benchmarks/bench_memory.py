@@ -3,6 +3,8 @@ next to the XLA TPU compiler's, with the fit verdict of each.
 
     python benchmarks/bench_memory.py                 # every row (3 minutes a row on this 2-core machine shared six ways)
     python benchmarks/bench_memory.py --only offload  # rows whose label contains the text
+    python benchmarks/bench_memory.py --only offload --reuse  # those compiled, the rest re-priced on the
+                                                               # compiler figures stored in the results
 
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
@@ -26,6 +28,8 @@ TARGET_ERROR = 0.10
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_memory.json"
 OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "device", "context": "device",
                 "mlpwi_0": "offload", "mlpwi_1": "offload"}
+LAYER_INPUT_AND_QKV = {"decoder_layer_input": "offload", "query_proj": "offload", "key_proj": "offload",
+                       "value_proj": "offload"}
 
 # label, topology, mesh, strategy, seq_len, sequences, layers, plan fields
 ROWS = [
@@ -42,6 +46,10 @@ ROWS = [
      2, dict(remat="save_out_proj")),
     ("v5p fsdp8 offload qkv_proj_offloaded", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
      dict(remat="qkv_proj_offloaded")),
+    # qkv_proj_offloaded spelled as custom, with each layer's input offloaded too (tpu-recipes' v6e Llama 3.1
+    # runs): the row above with the layer inputs (2 × 8192 tokens × 4096 × 2 bytes) out of HBM
+    ("v5p fsdp8 offload custom layer input and qkv", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
+     dict(remat="custom", remat_custom=LAYER_INPUT_AND_QKV)),
     ("v5p fsdp4 tensor2 offload minimal_offloaded", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2,
      dict(remat="minimal_offloaded")),
     ("v5p fsdp8 bf16 mu save_dot_except_mlpwi", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
@@ -79,33 +87,45 @@ def plan_of(row):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="rows whose label contains this text")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the stored compiler figures of the rows not compiled, re-priced with today's "
+                             "price, and write every row to the results")
     args = parser.parse_args()
 
     from cost_models.units import GiB
     from planner.estimate import estimate
     from runtime.compile import compile_for
 
-    rows = [r for r in ROWS if not args.only or args.only in r[0]]
+    stored = {r["label"]: r for r in json.loads(RESULTS.read_text())} if args.reuse and RESULTS.exists() else {}
+    rows = [r for r in ROWS if not args.only or args.only in r[0] or r[0] in stored]
     out = []
     print(f"{'plan':<58} {'cpplan':>8} {'XLA':>8} {'error':>7}  fits (cpplan/XLA)  compile")
     for row in rows:
         plan = plan_of(row)
         predicted = estimate(plan)
-        start = time.perf_counter()
-        compiled = compile_for(plan)
-        seconds = time.perf_counter() - start
-        error = predicted.hbm_bytes_per_device / compiled.required_bytes - 1
-        agree = predicted.fits == compiled.fits
-        print(f"{row[0]:<58} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled.required_bytes / GiB:>7.2f}G "
-              f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled.fits else 'no'}"
-              f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s", flush=True)
+        if args.only and args.only not in row[0]:  # stored: the compiler's figures as measured then
+            old = stored[row[0]]
+            compiled_bytes, compiled_fits, compiled_text, seconds = (
+                old["compiled_bytes"], old["compiled_fits"], old["compiled"], old["compile_s"])
+        else:
+            start = time.perf_counter()
+            compiled = compile_for(plan)
+            seconds = time.perf_counter() - start
+            compiled_bytes, compiled_fits, compiled_text = compiled.required_bytes, compiled.fits, str(compiled)
+        error = predicted.hbm_bytes_per_device / compiled_bytes - 1
+        agree = predicted.fits == compiled_fits
+        print(f"{row[0]:<58} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
+              f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
+              f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if args.only and args.only not in row[0] else ''}",
+              flush=True)
         out.append({"label": row[0], "plan": plan.to_dict(), "predicted_bytes": predicted.hbm_bytes_per_device,
                     "predicted_breakdown": predicted.hbm_bytes, "predicted_fits": predicted.fits,
-                    "compiled_bytes": compiled.required_bytes, "compiled_fits": compiled.fits,
-                    "compiled": str(compiled), "error": error, "compile_s": seconds})
-        if not args.only:  # row by row, so a long run interrupted keeps what it measured
+                    "compiled_bytes": compiled_bytes, "compiled_fits": compiled_fits,
+                    "compiled": compiled_text, "error": error, "compile_s": seconds})
+        if not args.only or args.reuse:  # row by row, so a long run interrupted keeps what it measured
             RESULTS.parent.mkdir(exist_ok=True)
-            RESULTS.write_text(json.dumps(out, indent=1, default=float))
+            later = [stored[r[0]] for r in rows[len(out):] if r[0] in stored]  # kept if this run is cut short
+            RESULTS.write_text(json.dumps(out + later, indent=1, default=float))
     within = sum(abs(r["error"]) <= TARGET_ERROR for r in out)
     agree = sum(r["predicted_fits"] == r["compiled_fits"] for r in out)
     print(f"\n{within} of {len(out)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(out)}; "

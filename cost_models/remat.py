@@ -9,8 +9,9 @@ AI-Hypercomputer/maxtext at tag maxtext-v0.2.4, commit 538fe7a3f3376d94cf3f04e77
 the per-name `custom` choices from src/maxtext/configs/base.yml there). A policy saves some
 names on device (`save_only_these_names`), offloads some to pinned host memory
 (`save_and_offload_only_these_names(offload_src="device", offload_dst="pinned_host")`) and
-recomputes the rest from the layer input, which every policy keeps (MaxText's
-`decoder_layer_input`, which cannot be rematerialised; here the scanned layer's carry).
+recomputes the rest from the layer input (MaxText's `decoder_layer_input`, here the scanned
+layer's carry), which every policy keeps: on device, or, under `custom` with
+`decoder_layer_input=offload` (as tpu-recipes' Llama 3.1 runs on v6e set it), in host memory.
 
 Where our decoder's names differ from MaxText's:
 - MaxText also names fused projections (`qkv_proj`, `kv_proj`, and `mlpwi` for a fused
@@ -117,7 +118,12 @@ MAXTEXT_NAMES: dict[str, tuple[str, ...]] = {
     **{name: () for name in ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo", "query_wa_proj", "kv_wa_proj", "mla_q",
                              "mla_kv", "engram", "indexer_cutoff_threshold")},
 }
-# MaxText's layer input: always on device, the point every recomputation starts from
+# MaxText's name for a layer's input, the point every recomputation of the layer starts from
+# (`checkpoint_name(inputs, "decoder_layer_input")` at the top of each of its decoder layers).
+# MaxText 0.2.5 takes device, offload or remat for it (`RematLocation` in configs/types.py; the
+# assertion against remat lived only in its older pyconfig_deprecated.py). Remat keeps it on
+# device all the same: the name then is neither saved nor offloaded, and jax keeps a checkpointed
+# function's own input for its backward. So it is device unless offloaded.
 LAYER_INPUT = "decoder_layer_input"
 
 
@@ -155,7 +161,10 @@ SEARCHED_POLICIES = (RematPolicy.FULL, RematPolicy.SAVE_DOT_EXCEPT_MLP, RematPol
 # Every policy a search can try: all but `custom`, which needs the plan's own placements.
 NAMED_POLICIES = tuple(p for p in RematPolicy if p is not RematPolicy.CUSTOM)
 
-CustomPlacements = tuple  # ((checkpoint name, Placement), ...) in `CHECKPOINT_NAMES` order, REMAT left out
+# ((name, Placement), ...) in `CUSTOM_NAMES` order; REMAT left out, and the layer input only there when offloaded
+CustomPlacements = tuple
+# The names a custom policy places: the layer input, then the checkpoints
+CUSTOM_NAMES = (LAYER_INPUT, *CHECKPOINT_NAMES)
 
 
 def custom_placements(choices: "Mapping[str, object] | Iterable[tuple[str, object]]", *,
@@ -163,11 +172,14 @@ def custom_placements(choices: "Mapping[str, object] | Iterable[tuple[str, objec
     """A custom policy's placements in canonical form (the form `Plan.remat_custom` holds).
 
     Args:
-        choices: checkpoint name → placement (a `Placement` or its name: device, offload, remat).
+        choices: checkpoint name (or `LAYER_INPUT`) → placement (a `Placement` or its name:
+            device, offload, remat). The layer input is on device unless offloaded (see
+            `LAYER_INPUT` for why remat means device there).
         maxtext_names: also accept MaxText's names (`MAXTEXT_NAMES`: qkv_proj, mlpwi, ...), spread
-            over ours; its `decoder_layer_input` must then be `device`.
+            over ours.
     Returns:
-        `((name, Placement), ...)` for every name not recomputed, in `CHECKPOINT_NAMES` order.
+        `((name, Placement), ...)` in `CUSTOM_NAMES` order: every checkpoint not recomputed, and
+        the layer input when offloaded.
     Raises:
         CpplanError: an unknown name or placement, or one name given two placements.
     """
@@ -178,19 +190,21 @@ def custom_placements(choices: "Mapping[str, object] | Iterable[tuple[str, objec
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
             raise CpplanError(f"custom remat placement {pair!r} must be (checkpoint name, placement).")
         name, where = pair[0], Placement.parse(pair[1])
-        if maxtext_names and name == LAYER_INPUT:
-            if where is not Placement.DEVICE:
-                raise CpplanError(f"{LAYER_INPUT}={where.value}: MaxText keeps each layer's input on device, the "
-                                  f"point every recomputation starts from; set it to device.")
+        if name == LAYER_INPUT:
+            if out.get(name, where) is not where:
+                raise CpplanError(f"{LAYER_INPUT} is given two placements, {out[name].value} and {where.value}; "
+                                  f"give it one.")
+            out[name] = where
             continue
         if name not in known:
-            raise unknown_name("checkpoint name", name, known)
+            raise unknown_name("checkpoint name", name, (LAYER_INPUT, *known))
         for ours in known[name]:
             if out.get(ours, where) is not where:
                 raise CpplanError(f"checkpoint {ours!r} is given two placements, {out[ours].value} and "
                                   f"{where.value} (via {name!r}); give it one.")
             out[ours] = where
-    return tuple((n, out[n]) for n in CHECKPOINT_NAMES if out.get(n, Placement.REMAT) is not Placement.REMAT)
+    return tuple((n, out[n]) for n in CUSTOM_NAMES if out.get(n, Placement.REMAT) is not Placement.REMAT
+                 and (n != LAYER_INPUT or out[n] is Placement.OFFLOAD))
 
 
 def placements(policy: RematPolicy, custom: CustomPlacements = ()) -> dict[str, Placement]:
@@ -206,6 +220,14 @@ def placements(policy: RematPolicy, custom: CustomPlacements = ()) -> dict[str, 
     return {n: chosen.get(n, Placement.REMAT) for n in CHECKPOINT_NAMES}
 
 
+def layer_input_placement(policy: RematPolicy, custom: CustomPlacements = ()) -> Placement:
+    """Where `policy` keeps each layer's input: DEVICE, or OFFLOAD under a `custom` policy that
+    offloads `LAYER_INPUT` (no named policy does: MaxText's offloading presets name only the
+    projections)."""
+    chosen = dict(custom) if policy is RematPolicy.CUSTOM else {}
+    return chosen.get(LAYER_INPUT, Placement.DEVICE)
+
+
 def names_at(policy: RematPolicy, where: Placement, custom: CustomPlacements = ()) -> tuple[str, ...]:
     """The checkpoint names `policy` puts at `where`, in `CHECKPOINT_NAMES` order."""
     return tuple(n for n, p in placements(policy, custom).items() if p is where)
@@ -217,8 +239,10 @@ def kept_names(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple[str,
 
 
 def offloaded_names(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple[str, ...]:
-    """The checkpoint names `policy` offloads to host memory."""
-    return names_at(policy, Placement.OFFLOAD, custom)
+    """The names `policy` offloads to host memory (what the runtime's jax policy offloads):
+    `LAYER_INPUT` first where offloaded, then checkpoints in `CHECKPOINT_NAMES` order."""
+    layer_input = (LAYER_INPUT,) if layer_input_placement(policy, custom) is Placement.OFFLOAD else ()
+    return layer_input + names_at(policy, Placement.OFFLOAD, custom)
 
 
 def recomputed(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple[str, ...]:
@@ -236,8 +260,8 @@ class RematCost:
     matmuls), so a device holds these divided by `tensor`.
     """
 
-    saved_on_device: np.ndarray  # values kept in HBM per token per layer, the layer input included
-    saved_on_host: np.ndarray  # values offloaded to host memory per token per layer
+    saved_on_device: np.ndarray  # values kept in HBM per token per layer, the layer input where kept there
+    saved_on_host: np.ndarray  # values offloaded to host memory per token per layer, the layer input where offloaded
     kept_attention_side: np.ndarray  # of the attention side's checkpoints, values kept on device per token
     kept_mlp_side: np.ndarray  # of the MLP's checkpoints the backward reads, values kept on device per token
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections' FLOPs recomputed
@@ -262,7 +286,9 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
     scatters = sum(c.scattered_output and c.name in again for c in CHECKPOINTS)
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
-    return (model.hidden + width(CHECKPOINT_NAMES, Placement.DEVICE), width(CHECKPOINT_NAMES, Placement.OFFLOAD),
+    layer_input = layer_input_placement(policy, custom)
+    return (model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
+            model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
             width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
             fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),
             len(gathers) + scatters)

@@ -29,6 +29,7 @@ from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.pricing.attention import price_attention
+from cost_models.pricing.offload import candidate_host_bytes, host_capacity_bytes
 from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
 from cost_models.pricing.target import per_head_smem_bytes
@@ -512,12 +513,17 @@ class SearchSpace:
         """Per row of a priced batch: whether its splash block fits SMEM."""
         return self._block_fits[p.rows.positions]
 
+    def _host_ok(self, p: _Priced) -> np.ndarray:
+        """Per row of a priced batch: whether its offloaded activations fit the host memory of a
+        device (`Plan.check` asks the same of one plan)."""
+        return candidate_host_bytes(p.x) <= host_capacity_bytes(self.topology)
+
     def fits(self, shards: int, per_shard: int) -> bool:
         """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each."""
         key = (shards, per_shard)
         if key not in self._fits:
             cap = self.topology.hbm_bytes_per_device
-            self._fits[key] = any(bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap)))
+            self._fits[key] = any(bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap) & self._host_ok(p)))
                                   for p in self._priced(shards * per_shard, shards))
         return self._fits[key]
 
@@ -545,6 +551,7 @@ class SearchSpace:
         best_infeasible: list[Ranked] = []
         priced_count = 0
         cap = self.topology.hbm_bytes_per_device
+        host_cap = host_capacity_bytes(self.topology)
         batches = self._priced(batch)
         for k, p in enumerate(batches):
             priced = p.priced
@@ -556,7 +563,8 @@ class SearchSpace:
             order = np.lexsort((np.arange(len(candidate)), priced.step_time_s, candidate))
             starts = np.flatnonzero(np.r_[True, candidate[order][1:] != candidate[order][:-1]])
             chosen = np.sort(order[starts])  # in row order, as the candidates first appear
-            fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap)
+            host = np.broadcast_to(candidate_host_bytes(p.x), mem.shape)
+            fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap) & (host[chosen] <= host_cap)
             steps, mems = priced.step_time_s.tolist(), mem.tolist()
             strategy_least = None
             for i, ok in zip(chosen.tolist(), fits.tolist()):
@@ -566,6 +574,10 @@ class SearchSpace:
                     reason = self._blocks[int(p.rows.positions[i])][1]
                     if reason:
                         rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason))
+                    elif host[i] > host_cap:
+                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "host",
+                                                    f"offloads {host[i] / GiB:.1f} GiB of activations > "
+                                                    f"{host_cap / GiB:.1f} GiB host memory per device"))
                     else:
                         parts = {name: float(np.broadcast_to(v, mem.shape)[i]) for name, v in priced.memory.items()}
                         top = max(parts, key=parts.get)

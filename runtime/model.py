@@ -25,7 +25,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cost_models.remat import ATTENTION_OUTPUT, CHECKPOINTS, Block, kept_names, offloaded_names
+from cost_models.remat import ATTENTION_OUTPUT, CHECKPOINTS, LAYER_INPUT, Block, kept_names, offloaded_names
 from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
@@ -55,8 +55,8 @@ INIT_STD = 0.02
 
 def remat_policy(policy: RematPolicy, custom: tuple = ()):
     """The jax checkpoint policy of a plan's remat policy: save on device and offload to pinned
-    host memory exactly what the cost model's table says (`cost_models.remat.placements`),
-    recompute the rest.
+    host memory exactly what the cost model's table says (`cost_models.remat.placements`, and the
+    layer input's `layer_input_placement`), recompute the rest.
 
     Args:
         policy: the plan's policy.
@@ -180,6 +180,9 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, positions, segment_ids=None):
         m, plan = self.plan.model, self.plan
+        # MaxText's name for the layer input: a policy that offloads it keeps only the host copy for
+        # the backward (the layer reads only the named value), else jax keeps the input on device
+        x = checkpoint_name(x, LAYER_INPUT)
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
         ones = nn.initializers.ones

@@ -79,7 +79,8 @@ def test_runs_are_read_with_their_own_remat_and_what_cpplan_lacks_is_said(runs):
     # tpu-recipes' Llama 3.1 70B on v6e: remat_policy=custom, the layer input and q/k/v offloaded to the host
     offloading = runs["v6e-llama3.1-70b-v6e-32"].plan
     assert offloading.remat is RematPolicy.CUSTOM
-    assert set(offloaded_names(offloading.remat, offloading.remat_custom)) >= {"query_proj", "key_proj", "value_proj"}
+    assert set(offloaded_names(offloading.remat, offloading.remat_custom)) >= {"decoder_layer_input", "query_proj", "key_proj",
+                                                                                 "value_proj"}
     assert runs["v5p-llama3.1-405b-v5p-1024"].plan.remat is not RematPolicy.FULL
     assert any("fsdp_transpose" in n for n in runs["v6e-llama2-70b-v6e-256"].notes)
     assert any("2048×2048" in n and "1024×1024" in n for n in runs["v6e-llama3.1-8b-v6e-256"].notes)

@@ -45,8 +45,11 @@ def test_custom_placements_read_maxtext_names_and_refuse_bad_ones():
                                 "decoder_layer_input": "device", "moe_mlpwo": "device"}, maxtext_names=True)
     assert placed == (("query_proj", Placement.OFFLOAD), ("key_proj", Placement.OFFLOAD),
                       ("value_proj", Placement.OFFLOAD), ("mlpwi_0", Placement.DEVICE), ("mlpwi_1", Placement.DEVICE))
-    with pytest.raises(CpplanError, match="decoder_layer_input=offload"):
-        custom_placements({"decoder_layer_input": "offload"}, maxtext_names=True)
+    # the layer input is recorded only when offloaded: remat keeps it on device, as jax does
+    assert custom_placements({"decoder_layer_input": "offload", "context": "device"}) == (
+        ("decoder_layer_input", Placement.OFFLOAD), ("context", Placement.DEVICE))
+    assert custom_placements({"decoder_layer_input": "remat"}) == () == custom_placements(
+        {"decoder_layer_input": "device"})
     with pytest.raises(CpplanError, match="two placements"):
         custom_placements({"qkv_proj": "offload", "query_proj": "device"}, maxtext_names=True)
     with pytest.raises(CpplanError, match="unknown checkpoint name 'qkv_proj'"):

@@ -36,7 +36,6 @@ from pathlib import Path
 from cost_models.compute import splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.models import SWIGLU, ModelSpec
-from cost_models.remat import LAYER_INPUT
 from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES
 from planner.maxtext import ACTIVATIONS_FLAG, _parse_text, parse_activations, read_maxtext
@@ -194,10 +193,6 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
                               "one fsdp axis.")
         flags["ici_fsdp_parallelism"] = transpose
         notes.append("ici_fsdp_transpose_parallelism (FSDP with the weights' other dimension sharded) priced as fsdp")
-    if str(flags.get(LAYER_INPUT, "device")) == "offload":
-        flags[LAYER_INPUT] = "device"
-        notes.append(f"{LAYER_INPUT}=offload (each layer's input in host memory) priced on device: cpplan's remat "
-                     "table keeps the layer input on device")
     attention = flags.pop("attention", "flash")
     if flags.pop("enable_flash_attention", "true").lower() != "true" or attention not in ("flash", "autoselected"):
         notes.append(f"attention={attention} priced as splash (cpplan prices splash attention only)")

@@ -1,5 +1,6 @@
-"""Remat offload: the activations a policy offloads to pinned host memory, the host memory they
-take, and the time their copies over the chip's host link add to a step.
+"""Remat offload: the activations a policy offloads to pinned host memory (the checkpoints it
+names, and each layer's input where `custom` offloads `decoder_layer_input`), the host memory
+they take, and the time their copies over the chip's host link add to a step.
 
 Each offloaded checkpoint goes to the host in the forward and comes back in the backward, layer
 by layer. The copies run on DMA engines while the layer computes (XLA schedules them as
@@ -55,6 +56,14 @@ def host_bytes_needed(model: ModelSpec, policy: RematPolicy, custom: CustomPlace
                                                                tensor=tensor, act_bytes=act_bytes))
 
 
+def candidate_host_bytes(x: Candidates) -> np.ndarray:
+    """Host memory each candidate's offloaded activations take per device, every layer's (what
+    `host_bytes_needed` gives one plan)."""
+    return x.model.num_layers * offloaded_bytes_per_layer(x.remat_columns.saved_on_host,
+                                                          tokens_per_device=x.tokens_per_device, tensor=x.tensor,
+                                                          act_bytes=x.act_bytes)
+
+
 @dataclass(frozen=True)
 class OffloadTimes:
     """Per-candidate columns (s per step, bytes per device)."""
@@ -79,5 +88,5 @@ def price_offload(x: Candidates, *, layer_forward_s, layer_backward_s) -> Offloa
     one_way_s = layer_bytes / host_link_bw(x.topology)
     layers = x.model.num_layers
     exposed = np.maximum(0.0, one_way_s - layer_forward_s) + np.maximum(0.0, one_way_s - layer_backward_s)
-    return OffloadTimes(host_bytes=layers * layer_bytes, transfer_s=layers * 2 * one_way_s,
+    return OffloadTimes(host_bytes=candidate_host_bytes(x), transfer_s=layers * 2 * one_way_s,
                         exposed_s=layers * exposed)
