@@ -1,5 +1,8 @@
 """A Llama-style decoder in flax: RMSNorm, RoPE, grouped-query attention, and the model's MLP
-(gated, SwiGLU by default, or plain: `ModelSpec.mlp_activations`, as MaxText's MlpBlock).
+(gated, SwiGLU by default, or plain: `ModelSpec.mlp_activations`, as MaxText's MlpBlock), joined
+in the model's block (`ModelSpec.decoder_block`): sequential, as Llama's, or MaxText's parallel one
+(attention and MLP read one normed input, gathered over 'tensor' once, and their outputs are
+summed and reduce-scattered once).
 
 Sized by a `ModelSpec`. Layers are stacked with `nn.scan` (one compiled layer, whatever the
 depth) and rematerialised per the plan's policy with MaxText's checkpoint names. Weights carry
@@ -238,7 +241,8 @@ def parallel_block_outputs(gathered: jax.Array, ctx: jax.Array, wo: jax.Array, w
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer; returns `(x, None)` for `nn.scan`."""
+    """One pre-norm decoder layer, sequential or parallel (`ModelSpec.decoder_block`); returns
+    `(x, None)` for `nn.scan`."""
 
     plan: Plan
     mesh: Mesh
