@@ -56,7 +56,7 @@ def test_remat_table_keeps_no_out_projection_for_a_second_norm():
     # full remat does not run the out projection again: nothing reads it
     assert "out_proj" in recomputed(RematPolicy.FULL) and "out_proj" not in recomputed(RematPolicy.FULL,
                                                                                            model=PARALLEL)
-    d, h, k = SEQUENTIAL.hidden, SEQUENTIAL.num_heads * SEQUENTIAL.head_dim, SEQUENTIAL.num_kv_heads * SEQUENTIAL.head_dim
+    h, k = SEQUENTIAL.num_heads * SEQUENTIAL.head_dim, SEQUENTIAL.num_kv_heads * SEQUENTIAL.head_dim
     assert par.recompute_qkv_out[full] == pytest.approx((h + 2 * k) / (h + 2 * k + h))
     assert seq.recompute_qkv_out[full] == 1.0 and seq.recompute_mlp[full] == par.recompute_mlp[full]
     # recomputation repeats the one gather of the normed input; the summed output is never scattered again

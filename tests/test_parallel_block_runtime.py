@@ -143,7 +143,8 @@ def test_parallel_block_makes_the_tensor_collectives_the_cost_model_prices(remat
     """The layer's forward and backward make `tensor_collectives_per_layer` collectives over
     'tensor' (4: one gather and one reduce-scatter, and their transposes), and under full remat
     the table's `recompute_tensor_collectives` more (the gather, for the recomputed forward)."""
-    repeated = 0 if remat is None else remat_table(PARALLEL).recompute_tensor_collectives[remat_code(RematPolicy(remat))]
+    table = remat_table(PARALLEL).recompute_tensor_collectives
+    repeated = 0 if remat is None else table[remat_code(RematPolicy(remat))]
     assert tensor_collectives_per_layer(PARALLEL) == 4 and repeated == (0 if remat is None else 1)
     assert jaxpr_tensor_collectives(PARALLEL, remat) == tensor_collectives_per_layer(PARALLEL) + repeated
 

@@ -39,7 +39,8 @@ from cost_models.models import SWIGLU, DecoderBlock, ModelSpec
 from cost_models.remat import LAYER_INPUT
 from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES
-from planner.maxtext import ACTIVATIONS_FLAG, BLOCK_FLAG, _parse_text, parse_activations, parse_decoder_block, read_maxtext
+from planner.maxtext import (ACTIVATIONS_FLAG, BLOCK_FLAG, _parse_text, parse_activations, parse_decoder_block,
+                             read_maxtext)
 from planner.estimate import estimate
 from planner.plan import Plan
 from validation.report import CorpusReport, StepResult
