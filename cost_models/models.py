@@ -4,6 +4,13 @@ The MLP is MaxText's `MlpBlock`: one input projection (`wi`, or `wi_0`, `wi_1`, 
 `intermediate` per activation in `mlp_activations`, their activated outputs multiplied together,
 and one output projection (`wo`). Two activations make a gated MLP (`("silu", "linear")` is
 SwiGLU: silu(x·wi_0) · (x·wi_1)); one makes a plain MLP (`("relu",)`: relu(x·wi)).
+
+The decoder block is MaxText's `decoder_block`, by its names: `llama2`, the sequential Llama block
+(attention reads the normed input, the MLP reads the normed sum of the input and the attention's
+output: two norms), or `default`, MaxText's parallel block (`NNXDecoderLayer` in MaxText 0.2.5's
+layers/nnx_decoders.py; before 2024-01-21 its only `DecoderLayer`, in MaxText/layers.py at
+e47fa1b and MaxText/layers/models.py at 76bd53b): one norm, attention and MLP both read the same
+normed input, and the layer's output is `inputs + attention_out + mlp_out`.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.errors import CpplanError, unknown_name
+from cost_models.vocabulary import _Named
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -28,10 +36,36 @@ HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "relu": "relu", "sigmoid": "s
                   "gelu_new": "gelu"}
 
 
+class DecoderBlock(_Named):
+    """How a decoder layer joins attention and MLP (MaxText's `decoder_block`; see the module docstring)."""
+
+    LLAMA2 = "llama2"  # sequential: x + attn(norm(x)), then + mlp(norm(...)); two norms
+    DEFAULT = "default"  # parallel: x + attn(norm(x)) + mlp(norm(x)); one norm
+
+    @classmethod
+    def kind(cls) -> str:
+        return "decoder block"
+
+    @property
+    def aliases(self):
+        return {"LLAMA2": ("sequential",), "DEFAULT": ("parallel",)}[self.name]
+
+    @property
+    def parallel(self) -> bool:
+        """Attention and MLP read the same normed input and their outputs are summed."""
+        return self is DecoderBlock.DEFAULT
+
+    @property
+    def norms(self) -> int:
+        """RMSNorms per layer, each with one scale of `hidden` weights."""
+        return 1 if self.parallel else 2
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, and an MLP that is
-    gated (SwiGLU by default) or plain, as `mlp_activations` says (see the module docstring)."""
+    gated (SwiGLU by default) or plain, as `mlp_activations` says, in a sequential (Llama, the
+    default) or parallel block, as `decoder_block` says (see the module docstring)."""
 
     name: str
     num_layers: int
@@ -44,6 +78,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     qkv_bias: bool = False
     mlp_activations: tuple[str, ...] = SWIGLU
+    decoder_block: DecoderBlock = DecoderBlock.LLAMA2
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -62,6 +97,14 @@ class ModelSpec:
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
         object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))
+        if not isinstance(self.decoder_block, str):
+            raise CpplanError(f"model {self.name!r}: decoder_block={self.decoder_block!r} must be a name: "
+                              f"{', '.join(b.value for b in DecoderBlock)}.")
+        try:
+            object.__setattr__(self, "decoder_block", DecoderBlock.parse(self.decoder_block))
+        except CpplanError as err:
+            raise CpplanError(f"model {self.name!r}: {err} ({DecoderBlock.LLAMA2.value}: the sequential Llama "
+                              f"block; {DecoderBlock.DEFAULT.value}: MaxText's parallel block)") from None
 
     @property
     def mlp_inputs(self) -> int:
@@ -80,13 +123,13 @@ class ModelSpec:
 
     @property
     def params_per_layer(self) -> int:
-        """Weights of one decoder layer: q, k, v, o projections, the MLP's matrices, 2 norms."""
+        """Weights of one decoder layer: q, k, v, o projections, the MLP's matrices, its norms' scales."""
         q = self.hidden * self.num_heads * self.head_dim
         kv = 2 * self.hidden * self.num_kv_heads * self.head_dim
         o = self.num_heads * self.head_dim * self.hidden
         mlp = self.mlp_matrices * self.hidden * self.intermediate
         bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
-        return q + kv + o + mlp + bias + 2 * self.hidden
+        return q + kv + o + mlp + bias + self.decoder_block.norms * self.hidden
 
     @property
     def embedding_params(self) -> int:
@@ -99,7 +142,7 @@ class ModelSpec:
         return self.num_layers * self.params_per_layer + self.embedding_params
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "decoder_block": self.decoder_block.value}
 
     @classmethod
     def from_dict(cls, row: dict) -> "ModelSpec":

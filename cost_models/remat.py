@@ -59,10 +59,11 @@ class Block(str, Enum):
 class Checkpoint:
     """One named value of a decoder layer.
 
-    `read_by_backward`: whether the layer's backward reads the value. The MLP's output only
-    enters the residual sum, whose result is the next layer's input (kept there), so nothing
-    reads it: keeping it costs nothing and recomputing it never happens (jax drops unread
-    recomputation).
+    `read_by_backward`: whether the backward of a sequential (Llama) layer reads the value. The
+    MLP's output only enters the residual sum, whose result is the next layer's input (kept
+    there), so nothing reads it: keeping it costs nothing and recomputing it never happens (jax
+    drops unread recomputation). In a parallel block the out projection is such a value too
+    (`is_read`).
     `gathered_input`: the value is a matmul whose input is all-gathered over `tensor` first
     (sequence parallelism): recomputing it repeats that gather.
     `scattered_output`: the value is reduce-scattered over `tensor` after its matmul:
@@ -106,6 +107,17 @@ CHECKPOINTS = (
 )
 CHECKPOINT_NAMES = tuple(c.name for c in CHECKPOINTS)
 _BY_NAME = {c.name: c for c in CHECKPOINTS}
+
+
+def is_read(checkpoint: Checkpoint, model: "ModelSpec | None" = None) -> bool:
+    """Whether the backward of `model`'s layer reads the value (a sequential block when no model).
+
+    In a parallel block (`DecoderBlock.DEFAULT`) both reduce-scattered outputs, the out
+    projection's and the MLP's, only enter the residual sum: no second norm reads the out
+    projection, so, like the MLP's output, it is never kept nor recomputed.
+    """
+    parallel = model is not None and model.decoder_block.parallel
+    return checkpoint.read_by_backward and not (parallel and checkpoint.scattered_output)
 _QKV = ("query_proj", "key_proj", "value_proj")
 _MATMULS = tuple(c.name for c in CHECKPOINTS if c.is_matmul())  # MaxText's minimal_policy names
 
@@ -245,10 +257,11 @@ def offloaded_names(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple
     return layer_input + names_at(policy, Placement.OFFLOAD, custom)
 
 
-def recomputed(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple[str, ...]:
-    """The checkpoints the backward under `policy` computes again: those it reads and neither
-    keeps nor offloads."""
-    return tuple(n for n in names_at(policy, Placement.REMAT, custom) if _BY_NAME[n].read_by_backward)
+def recomputed(policy: RematPolicy, custom: CustomPlacements = (), *, model: "ModelSpec | None" = None
+               ) -> tuple[str, ...]:
+    """The checkpoints the backward under `policy` computes again: those it reads (`is_read`, in
+    `model`'s block; a sequential one when no model) and neither keeps nor offloads."""
+    return tuple(n for n in names_at(policy, Placement.REMAT, custom) if is_read(_BY_NAME[n], model))
 
 
 @dataclass(frozen=True)
@@ -272,17 +285,19 @@ class RematCost:
 
 def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tuple:
     where = placements(policy, custom)
-    again = set(recomputed(policy, custom))
+    again = set(recomputed(policy, custom, model=model))
 
     def width(names, placement=None):
         return sum(_BY_NAME[n].width(model) for n in names
-                   if _BY_NAME[n].read_by_backward and (placement is None or where[n] is placement))
+                   if is_read(_BY_NAME[n], model) and (placement is None or where[n] is placement))
 
     def fraction(block):  # of the block's matmul FLOPs
         sizes = {c.name: c.weight_size(model) for c in CHECKPOINTS if c.block is block}
         return sum(size for n, size in sizes.items() if n in again) / sum(sizes.values())
 
-    gathers = {c.block for c in CHECKPOINTS if c.gathered_input and c.name in again}
+    gathers = len({c.block for c in CHECKPOINTS if c.gathered_input and c.name in again})
+    if model.decoder_block.parallel:  # one gathered normed input serves both blocks
+        gathers = min(gathers, 1)
     scatters = sum(c.scattered_output and c.name in again for c in CHECKPOINTS)
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
@@ -291,7 +306,7 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
             model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
             width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
             fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),
-            len(gathers) + scatters)
+            gathers + scatters)
 
 
 def remat_table(model: ModelSpec, custom: CustomPlacements = ()) -> RematCost:

@@ -8,16 +8,29 @@ from cost_models.models import ModelSpec
 
 MLP_CHUNK_TOKENS = 4096  # tokens per device per MLP chunk (each chunk its own checkpoint)
 VOCAB_PIECE = 16384  # output-head columns gathered at once by the fused cross-entropy
-# weight arrays of a decoder layer besides the MLP's: q, k, v, out and two norm scales
+# weight arrays of a Llama decoder layer besides the MLP's: q, k, v, out and two norm scales
 NON_MLP_WEIGHT_ARRAYS = 6
+ATTENTION_WEIGHT_ARRAYS = 4  # q, k, v, out
 # a gated MLP's layer (gate, up, down): the count priced until communication reads `weight_arrays_per_layer`
 WEIGHT_ARRAYS_PER_LAYER = NON_MLP_WEIGHT_ARRAYS + 3
 
 
 def weight_arrays_per_layer(model: ModelSpec) -> int:
-    """Weight arrays of one decoder layer (q, k, v, out, the MLP's matrices, two norm scales):
-    sharded arrays are gathered and their gradients reduce-scattered one array at a time."""
-    return NON_MLP_WEIGHT_ARRAYS + model.mlp_matrices
+    """Weight arrays of one decoder layer (q, k, v, out, the MLP's matrices, a scale per norm: two
+    in a sequential block, one in a parallel one): sharded arrays are gathered and their gradients
+    reduce-scattered one array at a time."""
+    return ATTENTION_WEIGHT_ARRAYS + model.decoder_block.norms + model.mlp_matrices
+
+
+def tensor_collectives_per_layer(model: ModelSpec) -> int:
+    """The tensor-parallel collectives of one layer's forward and backward, recomputation left
+    out. With sequence parallelism each branch that reads the normed input gathers it over
+    `tensor` and each branch output is reduce-scattered back, and the backward does the
+    transposes: a sequential block's attention and MLP each gather and scatter (4 forward, 4
+    backward); a parallel block gathers its one normed input for both and scatters their sum
+    (2 forward, 2 backward)."""
+    branches = 1 if model.decoder_block.parallel else 2  # gathered inputs, and scattered outputs
+    return 2 * (branches + branches)  # forward, and the transposes backward
 
 
 def vocab_pieces(vocab_slice: int) -> int:

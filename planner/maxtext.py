@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
-from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, ModelSpec, get_model
+from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
 from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements
 from cost_models.strategies import STRATEGIES
@@ -49,6 +49,8 @@ SHAPE_FLAGS = {"base_num_decoder_layers": "num_layers", "base_emb_dim": "hidden"
 SWITCH_FLAGS = {"attention_bias": "qkv_bias", "logits_via_embedding": "tie_embeddings"}
 # the MLP's activations, one per input projection (base.yml: ["silu", "linear"], cpplan's `SWIGLU`)
 ACTIVATIONS_FLAG = "mlp_activations"
+# the decoder block (base.yml: "llama2", cpplan's default); cpplan runs llama2 and MaxText's parallel "default"
+BLOCK_FLAG = "decoder_block"
 # a plain MLP's one input projection: MaxText's checkpoint name for cpplan's `mlpwi_0` (cost_models.remat)
 PLAIN_MLP_CHECKPOINTS = {"mlpwi_0": "mlpwi"}
 # model-defining flags whose value cpplan's ModelSpec does not hold (they do not change the price);
@@ -181,6 +183,7 @@ def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
     flags.update({flag: getattr(model, field) for flag, field in SWITCH_FLAGS.items()})
     # a list in MaxText's command-line form (OmegaConf reads `[relu]` as ["relu"])
     flags[ACTIVATIONS_FLAG] = "[" + ",".join(model.mlp_activations) + "]"
+    flags[BLOCK_FLAG] = model.decoder_block.value
     note = (f"model {model.name} is not one MaxText ships: its shape travels as flags; "
             + ", ".join(f"{k}={v:g}" for k, v in UNCARRIED_MODEL_FLAGS.items())
             + " are MaxText's defaults (cpplan's model holds no RoPE base or norm epsilon, which do not change "
@@ -386,6 +389,8 @@ def _read_model(f: _Flags) -> ModelSpec:
     overrides.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items() if flag in f})
     if ACTIVATIONS_FLAG in f:
         overrides["mlp_activations"] = parse_activations(f.get(ACTIVATIONS_FLAG))
+    if BLOCK_FLAG in f:
+        overrides["decoder_block"] = parse_decoder_block(f.get(BLOCK_FLAG))
     if name != "default":
         base = get_model(name)
         return dataclasses.replace(base, **overrides) if overrides else base
@@ -394,6 +399,7 @@ def _read_model(f: _Flags) -> ModelSpec:
     shape = {field: f.int(flag, BASE_MODEL_DEFAULTS[flag]) for flag, field in SHAPE_FLAGS.items()}
     shape.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items()})
     shape["mlp_activations"] = overrides.get("mlp_activations", SWIGLU)
+    shape["decoder_block"] = overrides.get("decoder_block", DecoderBlock.LLAMA2)
     known = next((m for m in MODELS.values() if dataclasses.replace(m, name="maxtext-custom") ==
                   ModelSpec("maxtext-custom", **shape)), None)
     return known or ModelSpec("maxtext-custom", **shape)
@@ -420,6 +426,22 @@ def parse_activations(value) -> tuple[str, ...]:
                f"cpplan runs an MLP of 1 (plain) or {MAX_MLP_INPUTS} (gated) input projections, one per activation")
         raise CpplanError(f"MaxText flag {ACTIVATIONS_FLAG}={value!r}: {why}; cpplan cannot price or run this model.")
     return names
+
+
+def parse_decoder_block(value) -> DecoderBlock:
+    """MaxText's `decoder_block` flag: `llama2` (the sequential Llama block, base.yml's default) or
+    `default` (MaxText's parallel block); MaxText's others (mistral, gemma, deepseek, ...) add what
+    cpplan neither prices nor runs (sliding windows, soft caps, MoE) and are refused by name.
+
+    Raises:
+        CpplanError: a block cpplan does not run.
+    """
+    text = str(value).strip().strip("'\"")
+    if text not in [b.value for b in DecoderBlock]:
+        raise CpplanError(f"MaxText flag {BLOCK_FLAG}={text!r}: cpplan runs {DecoderBlock.LLAMA2.value} (the "
+                          f"sequential Llama block) and {DecoderBlock.DEFAULT.value} (MaxText's parallel block) "
+                          f"only; it cannot price or run this model.")
+    return DecoderBlock(text)
 
 
 def _remat(f: _Flags) -> RematPolicy:

@@ -1,5 +1,8 @@
 """A Llama-style decoder in flax: RMSNorm, RoPE, grouped-query attention, and the model's MLP
-(gated, SwiGLU by default, or plain: `ModelSpec.mlp_activations`, as MaxText's MlpBlock).
+(gated, SwiGLU by default, or plain: `ModelSpec.mlp_activations`, as MaxText's MlpBlock), joined
+in the model's block (`ModelSpec.decoder_block`): sequential, as Llama's, or MaxText's parallel one
+(attention and MLP read one normed input, gathered over 'tensor' once, and their outputs are
+summed and reduce-scattered once).
 
 Sized by a `ModelSpec`. Layers are stacked with `nn.scan` (one compiled layer, whatever the
 depth) and rematerialised per the plan's policy with MaxText's checkpoint names. Weights carry
@@ -146,30 +149,100 @@ def mlp_block(y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, ac
     Returns:
         `[batch, seq, hidden]`, laid out as `RESIDUAL`.
     """
-    chunk = mlp_chunk(plan)
-    policy = remat_policy(plan.remat, plan.remat_custom)
-    functions = [ACTIVATION_FUNCTIONS[name] for name in activations]
-
     def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
-        wi = [jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in weights[:-1]]
-        wo = jax.lax.all_gather(weights[-1], WEIGHT_AXES, axis=1, tiled=True)
-
-        def body(x):
-            activated = [act(checkpoint_name(x @ w, name))
-                         for act, w, name in zip(functions, wi, MLP_INPUT_CHECKPOINTS)]
-            return checkpoint_name(functools.reduce(operator.mul, activated) @ wo, "mlpwo")
-
-        out = jax.lax.map(jax.checkpoint(body, policy=policy), y.reshape(-1, chunk, y.shape[-1]))
+        out = _mlp_partial_sums(y, weights, activations=activations, plan=plan)
         # partial sums over the intermediate slices, each tensor shard keeping its tokens' sums
-        return jax.lax.psum_scatter(out.reshape(y.shape), "tensor", scatter_dimension=1, tiled=True)
+        return jax.lax.psum_scatter(out, "tensor", scatter_dimension=1, tiled=True)
 
-    in_specs = (RESIDUAL, *[P(WEIGHT_AXES, "tensor")] * len(w_in), P("tensor", WEIGHT_AXES))
+    in_specs = (RESIDUAL, *MLP_WEIGHT_SPECS[:len(w_in)], MLP_WEIGHT_SPECS[-1])
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(y, *w_in, w_out)
 
 
+# the MLP's weights as the shard_maps take them: each input projection, then the output projection
+MLP_WEIGHT_SPECS = (P(WEIGHT_AXES, "tensor"), P(WEIGHT_AXES, "tensor"), P("tensor", WEIGHT_AXES))
+
+
+def _mlp_partial_sums(y: jax.Array, weights: tuple, *, activations: tuple[str, ...], plan: Plan) -> jax.Array:
+    """Inside a shard_map: the MLP of a device's gathered tokens `y` `[b, s, hidden]` over its
+    slice of the intermediate columns, in chunks (`mlp_block`), the weights' shards gathered over
+    the weight axes; returns the unreduced partial sums `[b, s, hidden]`."""
+    chunk = mlp_chunk(plan)
+    policy = remat_policy(plan.remat, plan.remat_custom)
+    functions = [ACTIVATION_FUNCTIONS[name] for name in activations]
+    wi = [jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in weights[:-1]]
+    wo = jax.lax.all_gather(weights[-1], WEIGHT_AXES, axis=1, tiled=True)
+
+    def body(x):
+        activated = [act(checkpoint_name(x @ w, name)) for act, w, name in zip(functions, wi, MLP_INPUT_CHECKPOINTS)]
+        return checkpoint_name(functools.reduce(operator.mul, activated) @ wo, "mlpwo")
+
+    out = jax.lax.map(jax.checkpoint(body, policy=policy), y.reshape(-1, chunk, y.shape[-1]))
+    return out.reshape(y.shape)
+
+
+# a parallel block's normed input, gathered over 'tensor' once, as each tensor shard's copy:
+# [tensor, batch, seq, embed], so both branches read it and its gradient stays a partial sum
+GATHERED_COPIES = P("tensor", *ACTIVATIONS)
+QKV_WEIGHT = P(WEIGHT_AXES, "tensor", None)
+OUT_WEIGHT = P("tensor", None, WEIGHT_AXES)
+
+
+def parallel_block_inputs(y: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, *, mesh: Mesh
+                          ) -> tuple[jax.Array, ...]:
+    """A parallel block's one all-gather over 'tensor' of its normed input, and what both branches
+    read of it: the q, k, v projections (heads split over 'tensor', before RoPE) and the gathered
+    input itself, one copy per tensor shard (`GATHERED_COPIES`). Its backward sums the gradients
+    of both branches on each device and reduce-scatters them once.
+
+    Args:
+        y: `[batch, seq, hidden]` normed input, laid out as `RESIDUAL`.
+        wq: `[hidden, heads, head_dim]`; wk, wv: `[hidden, kv_heads, head_dim]`.
+        mesh: the plan's mesh.
+    Returns:
+        `(q, k, v, gathered)`: q, k, v laid out as `HEADS`, gathered as `GATHERED_COPIES`.
+    """
+    def local(y, *weights):
+        y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
+        q, k, v = (jnp.einsum("bsd,dhk->bshk", y, jax.lax.all_gather(w, WEIGHT_AXES, axis=0, tiled=True))
+                   for w in weights)
+        return q, k, v, y[None]
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(RESIDUAL, QKV_WEIGHT, QKV_WEIGHT, QKV_WEIGHT),
+                         out_specs=(HEADS, HEADS, HEADS, GATHERED_COPIES))(y, wq, wk, wv)
+
+
+def parallel_block_outputs(gathered: jax.Array, ctx: jax.Array, wo: jax.Array, w_in: tuple[jax.Array, ...],
+                           w_out: jax.Array, *, activations: tuple[str, ...], plan: Plan, mesh: Mesh) -> jax.Array:
+    """A parallel block's two branch outputs, summed and reduce-scattered over 'tensor' once: the
+    attention's out projection and the MLP (as `mlp_block`, on the input `parallel_block_inputs`
+    gathered).
+
+    Args:
+        gathered: the gathered normed input, laid out as `GATHERED_COPIES`.
+        ctx: `[batch, seq, heads, head_dim]` attention output, laid out as `HEADS`.
+        wo: `[heads, head_dim, hidden]`.
+        w_in: one `[hidden, intermediate]` input projection per activation.
+        w_out: `[intermediate, hidden]`.
+        activations: the MLP's activations (`ModelSpec.mlp_activations`).
+        plan: the plan (remat policy, shardings).
+        mesh: the plan's mesh.
+    Returns:
+        `attention_out + mlp_out`, `[batch, seq, hidden]`, laid out as `RESIDUAL`.
+    """
+    def local(gathered, ctx, wo, *weights):
+        wo = jax.lax.all_gather(wo, WEIGHT_AXES, axis=2, tiled=True)
+        attention_out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, wo), "out_proj")
+        summed = attention_out + _mlp_partial_sums(gathered[0], weights, activations=activations, plan=plan)
+        return jax.lax.psum_scatter(summed, "tensor", scatter_dimension=1, tiled=True)
+
+    in_specs = (GATHERED_COPIES, HEADS, OUT_WEIGHT, *MLP_WEIGHT_SPECS[:len(w_in)], MLP_WEIGHT_SPECS[-1])
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(gathered, ctx, wo, *w_in, w_out)
+
+
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer; returns `(x, None)` for `nn.scan`."""
+    """One pre-norm decoder layer, sequential or parallel (`ModelSpec.decoder_block`); returns
+    `(x, None)` for `nn.scan`."""
 
     plan: Plan
     mesh: Mesh
@@ -187,6 +260,8 @@ class DecoderLayer(nn.Module):
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
         ones = nn.initializers.ones
         d, h, kh, hd, f = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
+        if m.decoder_block.parallel:
+            return self.parallel_block(x, positions, segment_ids, w), None
 
         # the normed tokens of every tensor shard, gathered for the column-parallel projections
         y = self.constrain(rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt)), ACTIVATIONS)
@@ -208,6 +283,26 @@ class DecoderLayer(nn.Module):
         down = mlp_block(y, w_in, w("w_down", (f, d), ("tensor", WEIGHT_AXES)), activations=m.mlp_activations,
                          plan=plan, mesh=self.mesh)
         return self.constrain(x + down, RESIDUAL), None
+
+    def parallel_block(self, x, positions, segment_ids, w):
+        """MaxText's parallel block (`decoder_block=default`): `x + attention(y) + mlp(y)` with
+        `y = norm(x)`, gathered over 'tensor' once for both branches and their sum
+        reduce-scattered once (`parallel_block_inputs`, `parallel_block_outputs`)."""
+        m, plan = self.plan.model, self.plan
+        d, h, kh, hd, f = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
+        norm = _param(self, "attn_norm", (d,), (None,), init=nn.initializers.ones, dtype=jnp.dtype(plan.param_dtype))
+        q, k, v, gathered = parallel_block_inputs(
+            self.constrain(rms_norm(x, norm), RESIDUAL), *(w(name, (d, heads, hd), tuple(QKV_WEIGHT)) for name, heads in
+                                                           (("wq", h), ("wk", kh), ("wv", kh))), mesh=self.mesh)
+        q, k, v = (checkpoint_name(t, name) for t, name in
+                   ((rope(q, positions), "query_proj"), (rope(k, positions), "key_proj"), (v, "value_proj")))
+        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
+                              ATTENTION_OUTPUT)
+        w_in = tuple(w(name, (d, f), (WEIGHT_AXES, "tensor")) for name in MLP_INPUT_WEIGHTS[m.mlp_inputs])
+        summed = parallel_block_outputs(gathered, ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), w_in,
+                                        w("w_down", (f, d), ("tensor", WEIGHT_AXES)), activations=m.mlp_activations,
+                                        plan=plan, mesh=self.mesh)
+        return self.constrain(x + summed, RESIDUAL)
 
 
 class Llama(nn.Module):

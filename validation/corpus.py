@@ -35,10 +35,11 @@ from pathlib import Path
 
 from cost_models.compute import splash_vmem_problem
 from cost_models.errors import CpplanError
-from cost_models.models import SWIGLU, ModelSpec
+from cost_models.models import SWIGLU, DecoderBlock, ModelSpec
 from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES
-from planner.maxtext import ACTIVATIONS_FLAG, _parse_text, parse_activations, read_maxtext
+from planner.maxtext import (ACTIVATIONS_FLAG, BLOCK_FLAG, _parse_text, parse_activations, parse_decoder_block,
+                             read_maxtext)
 from planner.estimate import estimate
 from planner.plan import Plan
 from validation.report import CorpusReport, StepResult
@@ -59,7 +60,13 @@ FLOP_RULES = {
 # The flags the synthetic shape is built from here (`synthetic_shape`), not by the MaxText import.
 SHAPE_FLAGS = ("global_parameter_scale", "base_emb_dim", "base_num_heads", "base_num_query_heads", "base_num_kv_heads",
                "base_mlp_dim", "base_num_decoder_layers", "head_dim", "vocab_size", "mlp_activations",
-               "logits_via_embedding")
+               "logits_via_embedding", BLOCK_FLAG)
+# MaxText's decoder block where a run's flags name none: until base.yml's default became "llama2"
+# (AI-Hypercomputer/maxtext@3b2ac8113ac6d01d3b34a87cec7ea9335e9fd52d, 2024-02-14) it was the
+# parallel block: the only DecoderLayer of MaxText/layers.py (e47fa1b, 2023-10-31) and
+# MaxText/layers/models.py (76bd53b, 2023-12-15) — one norm, `inputs + attention(lnx) + mlp(lnx)` —
+# which 05dc58b2166aeb5632b9e5864f63f03e3c6cc37b (2024-01-21) named decoder_block="default".
+LLAMA2_BLOCK_DEFAULT_SINCE = "2024-02-14"
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,7 @@ class SyntheticShape:
     vocab: int
     activations: tuple[str, ...]  # `mlp_activations`: one `wi` per activation
     tied: bool
+    block: DecoderBlock = DecoderBlock.LLAMA2  # `decoder_block`, or its default at the run's commit
 
     @property
     def mlp_matrices(self) -> int:
@@ -137,14 +145,19 @@ class SyntheticShape:
             CpplanError: an MLP activation cpplan does not run.
         """
         return ModelSpec(name, self.layers, self.emb, self.heads, self.kv_heads, self.head_dim, self.mlp, self.vocab,
-                         tie_embeddings=self.tied, mlp_activations=self.activations)
+                         tie_embeddings=self.tied, mlp_activations=self.activations, decoder_block=self.block)
 
 
-def synthetic_shape(flags: dict) -> SyntheticShape:
+def synthetic_shape(flags: dict, *, date: str | None = None) -> SyntheticShape:
     """The model MaxText builds from `global_parameter_scale` and the base_* flags.
 
+    Args:
+        flags: the run's effective flags.
+        date: the date (YYYY-MM-DD) of the MaxText commit the run used: where the flags name no
+            `decoder_block`, MaxText's default then (`LLAMA2_BLOCK_DEFAULT_SINCE`); None is today's.
     Raises:
-        CpplanError: a base_* flag is missing or not a whole number.
+        CpplanError: a base_* flag is missing or not a whole number, or a decoder block cpplan
+            does not run.
     """
     def whole(key):
         try:
@@ -159,11 +172,15 @@ def synthetic_shape(flags: dict) -> SyntheticShape:
     heads = whole("base_num_heads") if "base_num_heads" in flags else whole("base_num_query_heads")
     kv = whole("base_num_kv_heads") if "base_num_kv_heads" in flags else heads  # 2023: multi-head only
     activations = parse_activations(flags[ACTIVATIONS_FLAG]) if ACTIVATIONS_FLAG in flags else SWIGLU
+    if BLOCK_FLAG in flags:
+        block = parse_decoder_block(flags[BLOCK_FLAG])
+    else:
+        block = DecoderBlock.DEFAULT if date and date < LLAMA2_BLOCK_DEFAULT_SINCE else DecoderBlock.LLAMA2
     return SyntheticShape(emb=whole("base_emb_dim") << emb_s, heads=heads << heads_s, kv_heads=kv << heads_s,
                           head_dim=whole("head_dim"), mlp=whole("base_mlp_dim") << mlp_s,
                           layers=whole("base_num_decoder_layers") << layer_s, vocab=whole("vocab_size"),
                           activations=activations,
-                          tied=str(flags.get("logits_via_embedding", "false")).lower() == "true")
+                          tied=str(flags.get("logits_via_embedding", "false")).lower() == "true", block=block)
 
 
 def _words(text: str, where: str) -> dict[str, str]:
@@ -199,7 +216,7 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
     shape = None
     model = None
     if "global_parameter_scale" in flags:
-        shape = synthetic_shape(flags)
+        shape = synthetic_shape(flags, date=(row.get("date") or "").strip() or None)
         model = shape.model_spec(f"maxtext-synthetic-{flags['global_parameter_scale']}x")
     try:
         read = read_maxtext(flags, model=model)

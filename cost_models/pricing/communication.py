@@ -22,9 +22,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
 from cost_models.strategies import CPCost
-from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER
-
-TENSOR_COLLECTIVES_PER_LAYER = 8  # a layer's tensor-parallel gathers and scatters: 4 forward, 4 backward
+from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER, tensor_collectives_per_layer
 
 
 @dataclass(frozen=True)
@@ -141,7 +139,7 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     repeated = x.remat_columns.recompute_tensor_collectives
     # the loss sums its input's gradient over the vocabulary slices: one all-reduce of the activations
     loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
-    tensor_s = m.num_layers * one_tensor_gather_s * (TENSOR_COLLECTIVES_PER_LAYER + repeated) + loss_sum_s
+    tensor_s = m.num_layers * one_tensor_gather_s * (tensor_collectives_per_layer(m) + repeated) + loss_sum_s
     data_s = comm.all_reduce(m.num_params * x.param_bytes / (group * tensor), x.data, *x.links["data"])
     return Traffic(gather_s, scatter_s, head_s, embedding_s, tensor_s, data_s, context)
 

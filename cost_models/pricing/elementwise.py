@@ -10,6 +10,7 @@ from cost_models.candidates import Candidates
 
 ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
 ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
+NORM_PASSES = 2  # an RMSNorm reads its input and writes its output
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ def price_elementwise(x: Candidates) -> ElementwiseTimes:
 
     Norms and residual adds run on full-width activations (every tensor shard holds them whole,
     as the runtime keeps them); RoPE and the MLP's activation on tensor-split heads and columns.
+    A sequential block has two norms and two residual adds (each reads two arrays and writes
+    one); a parallel block one norm and one sum of three arrays (`DecoderBlock`).
 
     Args:
         x: the candidates.
@@ -40,7 +43,10 @@ def price_elementwise(x: Candidates) -> ElementwiseTimes:
     # the activation reads each input projection's output and writes their activated product
     activation_width = (model.mlp_inputs + 1) * model.intermediate
     split_width = (2 * (model.num_heads + model.num_kv_heads) * model.head_dim + activation_width) / x.tensor
-    forward_s = tokens * (10 * model.hidden + split_width) * x.act_bytes / hbm_bw
+    block = model.decoder_block
+    residual_passes = 3 + 1 if block.parallel else 2 * (2 + 1)  # the arrays summed, and the sum written
+    full_width = (block.norms * NORM_PASSES + residual_passes) * model.hidden
+    forward_s = tokens * (full_width + split_width) * x.act_bytes / hbm_bw
     remat = x.remat_columns
     # a policy that recomputes the projections runs the whole layer's forward again; one that
     # recomputes only the MLP, its activation

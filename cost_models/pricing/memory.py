@@ -112,10 +112,13 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     saved = remat.saved_on_device / tensor * a
     # one layer's backward: the gradient of every value, and the values the policy does not keep
     # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
-    # The attention side for every token (the residual and the out projection a tensor-th of them
-    # under sequence parallelism, the normed input gathered whole, q/k/v and the attention output
-    # split by heads); the MLP's for one chunk of tokens (each chunk is its own checkpoint)
-    attention_side = m.hidden * (1 + 2 / tensor) + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor
+    # The attention side for every token (the residual and, in a sequential block, the out
+    # projection feeding the second norm, a tensor-th of them under sequence parallelism, the normed
+    # input gathered whole, q/k/v and the attention output split by heads); the MLP's for one chunk
+    # of tokens (each chunk is its own checkpoint: kept MLP values are read chunk by chunk)
+    residual_values = 1 if m.decoder_block.parallel else 2
+    attention_side = (m.hidden * (1 + residual_values / tensor)
+                      + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
