@@ -51,7 +51,8 @@ class Traffic:
 
     weight_gather_s: np.ndarray  # per layer: all-gather of its weights
     gradient_scatter_s: np.ndarray  # per layer: reduce-scatter of its gradients
-    head_s: np.ndarray  # per step: the output head gathered twice, its fp32 gradient scattered once
+    head_gather_s: np.ndarray  # per step: the output head gathered twice (forward, backward), compute dtype
+    head_scatter_s: np.ndarray  # per step: its gradient reduce-scattered once, in the parameter dtype
     embedding_s: np.ndarray  # per step: the input embedding's all-to-all, forward and backward
     tensor_s: np.ndarray  # per step
     data_all_reduce_s: np.ndarray  # per step
@@ -60,8 +61,8 @@ class Traffic:
     def per_step(self, num_layers: int) -> dict[str, np.ndarray]:
         """Seconds per step of each collective family; names as `Estimate.comm_s` has them."""
         return {
-            "fsdp_all_gather": num_layers * 2 * self.weight_gather_s + self.head_s * 2 / 3,
-            "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.head_s / 3,
+            "fsdp_all_gather": num_layers * 2 * self.weight_gather_s + self.head_gather_s,
+            "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.head_scatter_s,
             "embedding": self.embedding_s,
             "tensor": self.tensor_s,
             "data_all_reduce": self.data_all_reduce_s,
@@ -132,8 +133,8 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     # the gradients of the gathered compute-dtype weights are in the compute dtype
     scatter_s = arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
     head_params = m.vocab * m.hidden
-    head_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights) + comm.reduce_scatter(
-        head_params * x.param_bytes / tensor, group, *weights)
+    head_gather_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights)
+    head_scatter_s = comm.reduce_scatter(head_params * x.param_bytes / tensor, group, *weights)
     # the lookup hands each device its tokens' full hidden vectors: an all-to-all over the weight
     # group of the device's activations, and its transpose in the backward
     embedding_s = 2 * comm.all_to_all(x.tokens_per_device * m.hidden * x.act_bytes, group, *weights)
@@ -143,7 +144,7 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     tensor_s = m.num_layers * one_tensor_gather_s * (TENSOR_COLLECTIVES_PER_LAYER + repeated) + loss_sum_s
     data_s = comm.all_reduce(m.num_params * x.param_bytes / (group * tensor), x.data, *x.links["data"])
-    return Traffic(gather_s, scatter_s, head_s, embedding_s, tensor_s, data_s, context)
+    return Traffic(gather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s, context)
 
 
 def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_layers: int,
@@ -176,7 +177,7 @@ def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_l
                     + np.maximum(0.0, hidden_gather + hidden_scatter + context.hidden_backward_s
                                  + hidden_tensor_layer / 2 - layer_backward_s))
     return Exposure(
-        fsdp=num_layers * fsdp_layer_s + traffic.head_s,
+        fsdp=num_layers * fsdp_layer_s + traffic.head_gather_s + traffic.head_scatter_s,
         embedding=traffic.embedding_s,
         tensor=traffic.tensor_s - num_layers * hidden_tensor_layer,
         data_all_reduce=traffic.data_all_reduce_s,

@@ -1,0 +1,30 @@
+"""The price's collective bytes per family (`cost_models.counts`), worked out by hand for small
+plans from what the compiled steps move (benchmarks/results/compiler_counts.txt)."""
+import pytest
+
+from cost_models.counts import priced_link_bytes
+from cost_models.models import get_model
+from planner.estimate import candidates_of
+from planner.plan import Plan, make_mesh
+
+pytestmark = pytest.mark.pure
+
+BF16, FP32 = 2, 4
+
+
+def _plan(strategy: str, mesh: dict, remat: str, batch: int = 1) -> Plan:
+    return Plan(model=get_model("small"), topology="v5p:2x2x1", seq_len=4096, global_batch=batch,
+                mesh=make_mesh(**mesh), cp_strategy=strategy, load_balance="none", remat=remat,
+                block_q=256, block_kv=256, loss_chunk_tokens=256)
+
+
+def test_head_gathers_in_the_compute_dtype_and_scatters_its_gradient_in_fp32():
+    """FSDP over 4: each layer's weights gathered twice (forward, backward) in bf16 and their
+    gradients scattered once in bf16; the head gathered twice in bf16 and its fp32 gradient
+    scattered once. A split of the head's time by count (2/3 : 1/3) charges the gathers 33% too much."""
+    m = get_model("small")
+    bytes_ = priced_link_bytes(candidates_of(_plan("none", {"fsdp": 4}, "full", batch=4)))
+    share = 3 / 4  # an all-gather or reduce-scatter over 4 devices moves (n-1)/n of the array
+    layer, head = m.params_per_layer, m.vocab * m.hidden
+    assert bytes_["fsdp_all_gather"][0] == pytest.approx(share * (m.num_layers * 2 * layer + 2 * head) * BF16)
+    assert bytes_["fsdp_reduce_scatter"][0] == pytest.approx(share * (m.num_layers * layer * BF16 + head * FP32))
