@@ -21,7 +21,8 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
-from cost_models.strategies import CPCost
+from cost_models.remat import CHECKPOINTS, POLICIES, Block, recomputed
+from cost_models.strategies import STRATEGIES, CPCost
 from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER
 
 TENSOR_COLLECTIVES_PER_LAYER = 8  # a layer's tensor-parallel gathers and scatters: 4 forward, 4 backward
@@ -50,6 +51,7 @@ class Traffic:
     """Collective seconds on one device (arrays over candidates)."""
 
     weight_gather_s: np.ndarray  # per layer: all-gather of its weights
+    weight_regather_s: np.ndarray  # per layer: the backward's second gather of recomputed q/k/v weights (ring, USP)
     gradient_scatter_s: np.ndarray  # per layer: reduce-scatter of its gradients
     head_gather_s: np.ndarray  # per step: the output head gathered twice (forward, backward), compute dtype
     head_scatter_s: np.ndarray  # per step: its gradient reduce-scattered once, in the parameter dtype
@@ -61,7 +63,7 @@ class Traffic:
     def per_step(self, num_layers: int) -> dict[str, np.ndarray]:
         """Seconds per step of each collective family; names as `Estimate.comm_s` has them."""
         return {
-            "fsdp_all_gather": num_layers * 2 * self.weight_gather_s + self.head_gather_s,
+            "fsdp_all_gather": num_layers * (2 * self.weight_gather_s + self.weight_regather_s) + self.head_gather_s,
             "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.head_scatter_s,
             "embedding": self.embedding_s,
             "tensor": self.tensor_s,
@@ -132,6 +134,7 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     gather_s = arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
     # the gradients of the gathered compute-dtype weights are in the compute dtype
     scatter_s = arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
+    regather_s = _qkv_regather_s(x, group, weights)
     head_params = m.vocab * m.hidden
     head_gather_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights)
     head_scatter_s = comm.reduce_scatter(head_params * x.param_bytes / tensor, group, *weights)
@@ -144,7 +147,27 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     tensor_s = m.num_layers * one_tensor_gather_s * (TENSOR_COLLECTIVES_PER_LAYER + repeated) + loss_sum_s
     data_s = comm.all_reduce(m.num_params * x.param_bytes / (group * tensor), x.data, *x.links["data"])
-    return Traffic(gather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s, context)
+    return Traffic(gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s,
+                   context)
+
+
+def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
+    """The backward's second gather of the q/k/v weights where the attention runs as loops of hops
+    (ring, USP) and the remat policy recomputes those projections: XLA gathers them for the
+    recomputed projections before the forward hops and again for the data gradients after the
+    backward hops, rather than hold them across both loops (compiled steps, small and Llama-3.1-8B
+    layers: benchmarks/results/compiler_counts.txt). Other strategies' attention is one kernel call
+    between the two uses, and the weights are gathered once. Per layer, per candidate."""
+    regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
+    if not STRATEGIES[x.strategy].hides_traffic_behind_attention:
+        return regather_s
+    # the projections made before the attention (q, k, v), the ones whose input is gathered
+    for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
+        recomputed_weights = np.array([projection.weight_size(x.model) * (projection.name in recomputed(
+            policy, x.remat_custom)) for policy in POLICIES], dtype=float)[x.remat]
+        regather_s = regather_s + np.where(recomputed_weights > 0, x.comm.all_gather(
+            recomputed_weights * x.act_bytes / x.tensor, group, *weights), 0.0)
+    return regather_s
 
 
 def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_layers: int,
@@ -168,13 +191,14 @@ def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_l
         The `Exposure` per step.
     """
     context = traffic.context
-    gather, scatter = traffic.weight_gather_s, traffic.gradient_scatter_s
+    gather, regather, scatter = traffic.weight_gather_s, traffic.weight_regather_s, traffic.gradient_scatter_s
     hidden_gather, hidden_scatter = overlap.of("fsdp_all_gather") * gather, overlap.of("fsdp_reduce_scatter") * scatter
+    hidden_regather = overlap.of("fsdp_all_gather") * regather
     hidden_tensor_layer = overlap.of("tensor") * traffic.tensor_s / num_layers
-    fsdp_layer_s = (2 * (gather - hidden_gather) + (scatter - hidden_scatter)
+    fsdp_layer_s = (2 * (gather - hidden_gather) + (regather - hidden_regather) + (scatter - hidden_scatter)
                     + np.maximum(0.0, hidden_gather + context.hidden_forward_s + hidden_tensor_layer / 2
                                  - layer_forward_s)
-                    + np.maximum(0.0, hidden_gather + hidden_scatter + context.hidden_backward_s
+                    + np.maximum(0.0, hidden_gather + hidden_regather + hidden_scatter + context.hidden_backward_s
                                  + hidden_tensor_layer / 2 - layer_backward_s))
     return Exposure(
         fsdp=num_layers * fsdp_layer_s + traffic.head_gather_s + traffic.head_scatter_s,
