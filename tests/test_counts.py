@@ -47,3 +47,15 @@ def test_ring_and_usp_backward_gathers_recomputed_qkv_weights_twice(strategy, re
     layers = 2 * m.params_per_layer + (qkv if regathered else 0)
     head = 2 * m.vocab * m.hidden
     assert bytes_["fsdp_all_gather"][0] == pytest.approx(3 / 4 * (m.num_layers * layers + head) * BF16)
+
+
+def test_a_host_gathers_ring_weights_once_whatever_the_policy():
+    """XLA's CPU compiler does not gather the q/k/v weights twice: a cpu:8 ring step has as many
+    weight gathers under full remat as under minimal_with_context."""
+    def gathers(remat):
+        plan = Plan(model=get_model("small"), topology="cpu:8", seq_len=4096, global_batch=2,
+                    mesh=make_mesh(context=4, fsdp=2), cp_strategy="ring", load_balance="zigzag", remat=remat,
+                    block_q=512, block_kv=512, compute_dtype="float32", param_dtype="float32")
+        return priced_link_bytes(candidates_of(plan))["fsdp_all_gather"][0]
+
+    assert gathers("full") == pytest.approx(gathers("minimal_with_context"))

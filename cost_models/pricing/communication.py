@@ -157,9 +157,11 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
     recomputed projections before the forward hops and again for the data gradients after the
     backward hops, rather than hold them across both loops (compiled steps, small and Llama-3.1-8B
     layers: benchmarks/results/compiler_counts.txt). Other strategies' attention is one kernel call
-    between the two uses, and the weights are gathered once. Per layer, per candidate."""
+    between the two uses, and the weights are gathered once. XLA's CPU compiler gathers them once
+    (a cpu:8 ring step has as many gathers under full remat as under minimal), so only a chip whose
+    step the TPU compiler builds (its kernels compiled, not interpreted) pays it. Per layer, per candidate."""
     regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
-    if not STRATEGIES[x.strategy].hides_traffic_behind_attention:
+    if x.topology.chip.kind.interprets_kernels or not STRATEGIES[x.strategy].hides_traffic_behind_attention:
         return regather_s
     # the projections made before the attention (q, k, v), the ones whose input is gathered
     for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
