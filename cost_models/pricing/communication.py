@@ -6,7 +6,7 @@ is gathered for the loss and again for its backward, its fp32 gradient reduce-sc
 input embedding is looked up in each device's hidden slice and handed out by one all-to-all
 (forward, and its transpose backward); tensor parallelism gathers activations in the layers and
 sums the loss's input gradient over the vocabulary slices; data parallelism
-all-reduces gradients once a step; the strategy's own context traffic comes from its spec.
+all-reduces every gradient once a step, in the compute dtype; the strategy's own context traffic comes from its spec.
 
 How much of each family hides behind compute is what XLA's TPU compiler schedules for our step
 (`cost_models.overlap`, read from compiled programs): only the overlapped fraction of a family
@@ -146,7 +146,9 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     # the loss sums its input's gradient over the vocabulary slices: one all-reduce of the activations
     loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     tensor_s = m.num_layers * one_tensor_gather_s * (TENSOR_COLLECTIVES_PER_LAYER + repeated) + loss_sum_s
-    data_s = comm.all_reduce(m.num_params * x.param_bytes / (group * tensor), x.data, *x.links["data"])
+    # gradients cross the data axis in the compute dtype, as they cross the weight group (read in compiled
+    # steps: ours with data=2, and MaxText 0.2.5's over two v5e slices, whose DCN all-reduce is bf16)
+    data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, *x.links["data"])
     return Traffic(gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s,
                    context)
 
