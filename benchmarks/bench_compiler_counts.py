@@ -2,8 +2,10 @@
 none, the three remat policies, tensor > 1, fsdp > 1, v5p and tpu7x) and prints per plan the
 compiled step's matmul FLOPs and the link bytes of each collective family next to the price's.
 
-    python benchmarks/bench_compiler_counts.py              # all plans (about 12 minutes here)
+    python benchmarks/bench_compiler_counts.py              # all plans (17 minutes on the shared 2 cores)
     python benchmarks/bench_compiler_counts.py --only ring  # plans whose strategy matches
+    python benchmarks/bench_compiler_counts.py --hlo-dir D  # keeps each compiled module in D; a later
+                                                            # run with D re-prices them without compiling
 
 FLOPs: `validation.compiled_program` counts every convolution and dot of the scheduled module
 times its loop trip counts (splash runs as a Mosaic kernel and is left out, as attention is on
@@ -74,24 +76,24 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="run plans whose strategy contains this text")
     parser.add_argument("--topology", help="run this topology's plans in this process (the script runs each "
                                            "topology in a child whose TPU compiler dumps its modules)")
+    parser.add_argument("--hlo-dir", help="folder of compiled modules: a plan's module found there is read "
+                                          "instead of compiled, one compiled is written there")
     args = parser.parse_args(argv)
     if args.topology is None:
         return run_children(args)
-    from runtime.compile import compile_step
     from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program
 
-    worst_flops, worst_bytes, misses = 0.0, {}, []
+    worst_flops, worst_bytes, over_bytes, compared, misses = 0.0, {}, {}, {}, []
     rows = [row for row in PLANS if (not args.only or args.only in row[1]) and row[0] == args.topology]
     for row in rows:
         plan = make_plan(*row)
-        step = compile_step(plan)
-        clear_dump()
-        check = count_check(plan, read_compiled_program(step.hlo_text, mesh_axes=plan_mesh_axes(plan)))
+        step = compiled_module(plan, row, args.hlo_dir)
+        check = count_check(plan, read_compiled_program(step["hlo_text"], mesh_axes=plan_mesh_axes(plan)))
         mesh = ",".join(f"{k}={v}" for k, v in row[2].items())
         print(f"\n{row[0]} {row[1]} {mesh} {'zigzag' if row[3] else 'none'} {row[4]} batch {row[5]} "
-              f"(compiled in {step.compile_s:.0f} s)")
+              f"(compiled in {step['compile_s']:.0f} s)")
         print(f"  matmul FLOPs  compiled {check.compiled_flops:.4g}  priced {check.priced_flops:.4g}  "
-              f"{_pct(check.flops_error)}   (cost_analysis, loop bodies once: {step.cost_flops:.4g})")
+              f"{_pct(check.flops_error)}   (cost_analysis, loop bodies once: {step['cost_flops']:.4g})")
         worst_flops = max(worst_flops, abs(check.flops_error), key=abs)
         if abs(check.flops_error) > FLOPS_TARGET:
             misses.append(f"{row[0]} {row[1]} {mesh} {row[4]}: FLOPs {_pct(check.flops_error)}")
@@ -101,18 +103,45 @@ def main(argv=None) -> int:
                 continue
             print(f"  {category:20s} compiled {check.compiled_bytes.get(category, 0.0):12.0f}  priced "
                   f"{check.priced_bytes.get(category, 0.0):12.0f}  {_pct(error)}")
+            compared[category] = compared.get(category, 0) + 1
             if not math.isinf(error):
                 worst_bytes[category] = max(worst_bytes.get(category, 0.0), abs(error))
             if math.isinf(error) or abs(error) > BYTES_TARGET:
+                over_bytes[category] = over_bytes.get(category, 0) + 1
                 misses.append(f"{row[0]} {row[1]} {mesh} {row[4]}: {category} {_pct(error)}")
         if check.wasted_bytes or check.other_bytes:
             print(f"  beyond the price: {check.wasted_bytes:.0f} B of weight gradients all-reduced whole (a "
                   f"reduce-scatter moves half), {check.other_bytes:.0f} B uncategorised")
     print(f"\n{len(rows)} plans; worst FLOPs error {100 * worst_flops:.2f}% (target {100 * FLOPS_TARGET:.0f}%)")
-    print("worst bytes error per family: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst_bytes.items())
-          + f" (target {100 * BYTES_TARGET:.0f}%)")
+    print(f"bytes per family (target {100 * BYTES_TARGET:.0f}%): " + ", ".join(
+        f"{k} worst {100 * v:.1f}%, {over_bytes.get(k, 0)} of {compared[k]} plans over" for k, v in worst_bytes.items()))
     print(f"{len(misses)} misses" + "".join(f"\n  {m}" for m in misses))
     return 0
+
+
+def compiled_module(plan, row, hlo_dir: str | None) -> dict:
+    """The plan's scheduled module, compile time and cost-analysis FLOPs: read from `hlo_dir`
+    where an earlier run kept them, else compiled (and kept there when `hlo_dir` is given)."""
+    import gzip
+    import json
+
+    topology, strategy, mesh, zigzag, remat, batch = row
+    name = "_".join([topology.replace(":", "-"), strategy, *(f"{k}{v}" for k, v in mesh.items()),
+                     "zigzag" if zigzag else "none", remat, f"batch{batch}"])
+    path = Path(hlo_dir, name + ".json.gz") if hlo_dir else None
+    if path is not None and path.exists():
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    from runtime.compile import compile_step
+
+    step = compile_step(plan)
+    clear_dump()
+    module = {"hlo_text": step.hlo_text, "compile_s": step.compile_s, "cost_flops": step.cost_flops}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            json.dump(module, f)
+    return module
 
 
 def clear_dump() -> None:
@@ -133,7 +162,8 @@ def run_children(args) -> int:
     status = 0
     for topology in dict.fromkeys(row[0] for row in PLANS):
         with tempfile.TemporaryDirectory(prefix="cpplan-hlo-") as dump:
-            command = [sys.executable, __file__, "--topology", topology] + (["--only", args.only] if args.only else [])
+            command = [sys.executable, __file__, "--topology", topology] + (["--only", args.only] if args.only else []) \
+                + (["--hlo-dir", args.hlo_dir] if args.hlo_dir else [])
             env = with_hlo_dump(dict(os.environ), dump) if topology.startswith("tpu7x") else dict(os.environ)
             status |= subprocess.run(command, env=env).returncode
     return status

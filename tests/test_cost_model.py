@@ -308,8 +308,8 @@ def test_communication_hides_in_one_window_per_layer():
         return Overlap({f: fraction for f in FAMILIES}, {}, "test")
 
     context = ContextTraffic(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0)
-    traffic = Traffic(weight_gather_s=3.0, gradient_scatter_s=2.0, head_s=0.5, embedding_s=0.25, tensor_s=0.25,
-                      data_all_reduce_s=0.125, context=context)
+    traffic = Traffic(weight_gather_s=3.0, weight_regather_s=0.0, gradient_scatter_s=2.0, head_gather_s=0.25,
+                      head_scatter_s=0.25, embedding_s=0.25, tensor_s=0.25, data_all_reduce_s=0.125, context=context)
     exposed = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlap=overlap(1.0))
     # forward: gather 3 + hidden ring 1.5 in a 4 s window → 0.5 out; backward: gather 3 + scatter 2
     # + hidden ring 3 in 6 s → 2 out, the tensor traffic (2.5 ms a layer) hiding beside them; ten

@@ -64,9 +64,10 @@ def _plan(**kwargs) -> Plan:
 
 def test_a_data_all_reduce_over_dcn_alone_takes_the_dcn_time_by_hand():
     # data=2 spans the two slices and nothing else: each device all-reduces its fsdp shard of the
-    # fp32 gradients over DCN, 2·(1/2)·B at 6.25e9 B/s, no ICI part and no latency figure
+    # gradients over DCN in the compute dtype (bf16, as compiled steps reduce them), 2·(1/2)·B at
+    # 6.25e9 B/s, no ICI part and no latency figure
     plan = _plan(mesh=make_mesh(data=2, fsdp=8), dcn_data=2)
-    shard_bytes = plan.model.num_params * 4 / 8
+    shard_bytes = plan.model.num_params * 2 / 8
     e = estimate(plan)
     assert e.comm_s["data_all_reduce"] == pytest.approx(shard_bytes / V5P_DCN, rel=1e-12)
     assert e.exposed_s["data_all_reduce"] == e.comm_s["data_all_reduce"]  # once a step, after the backward

@@ -6,7 +6,7 @@ is gathered for the loss and again for its backward, its fp32 gradient reduce-sc
 input embedding is looked up in each device's hidden slice and handed out by one all-to-all
 (forward, and its transpose backward); tensor parallelism gathers activations in the layers and
 sums the loss's input gradient over the vocabulary slices; data parallelism
-all-reduces gradients once a step; the strategy's own context traffic comes from its spec.
+all-reduces every gradient once a step, in the compute dtype; the strategy's own context traffic comes from its spec.
 
 How much of each family hides behind compute is what XLA's TPU compiler schedules for our step
 (`cost_models.overlap`, read from compiled programs): only the overlapped fraction of a family
@@ -21,7 +21,8 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
-from cost_models.strategies import CPCost
+from cost_models.remat import CHECKPOINTS, POLICIES, Block, recomputed
+from cost_models.strategies import STRATEGIES, CPCost
 from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER, tensor_collectives_per_layer
 
 
@@ -48,8 +49,10 @@ class Traffic:
     """Collective seconds on one device (arrays over candidates)."""
 
     weight_gather_s: np.ndarray  # per layer: all-gather of its weights
+    weight_regather_s: np.ndarray  # per layer: the backward's second gather of recomputed q/k/v weights (ring, USP)
     gradient_scatter_s: np.ndarray  # per layer: reduce-scatter of its gradients
-    head_s: np.ndarray  # per step: the output head gathered twice, its fp32 gradient scattered once
+    head_gather_s: np.ndarray  # per step: the output head gathered twice (forward, backward), compute dtype
+    head_scatter_s: np.ndarray  # per step: its gradient reduce-scattered once, in the parameter dtype
     embedding_s: np.ndarray  # per step: the input embedding's all-to-all, forward and backward
     tensor_s: np.ndarray  # per step
     data_all_reduce_s: np.ndarray  # per step
@@ -58,8 +61,8 @@ class Traffic:
     def per_step(self, num_layers: int) -> dict[str, np.ndarray]:
         """Seconds per step of each collective family; names as `Estimate.comm_s` has them."""
         return {
-            "fsdp_all_gather": num_layers * 2 * self.weight_gather_s + self.head_s * 2 / 3,
-            "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.head_s / 3,
+            "fsdp_all_gather": num_layers * (2 * self.weight_gather_s + self.weight_regather_s) + self.head_gather_s,
+            "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.head_scatter_s,
             "embedding": self.embedding_s,
             "tensor": self.tensor_s,
             "data_all_reduce": self.data_all_reduce_s,
@@ -129,9 +132,10 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     gather_s = arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
     # the gradients of the gathered compute-dtype weights are in the compute dtype
     scatter_s = arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
+    regather_s = _qkv_regather_s(x, group, weights)
     head_params = m.vocab * m.hidden
-    head_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights) + comm.reduce_scatter(
-        head_params * x.param_bytes / tensor, group, *weights)
+    head_gather_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights)
+    head_scatter_s = comm.reduce_scatter(head_params * x.param_bytes / tensor, group, *weights)
     # the lookup hands each device its tokens' full hidden vectors: an all-to-all over the weight
     # group of the device's activations, and its transpose in the backward
     embedding_s = 2 * comm.all_to_all(x.tokens_per_device * m.hidden * x.act_bytes, group, *weights)
@@ -140,8 +144,32 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     # the loss sums its input's gradient over the vocabulary slices: one all-reduce of the activations
     loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     tensor_s = m.num_layers * one_tensor_gather_s * (tensor_collectives_per_layer(m) + repeated) + loss_sum_s
-    data_s = comm.all_reduce(m.num_params * x.param_bytes / (group * tensor), x.data, *x.links["data"])
-    return Traffic(gather_s, scatter_s, head_s, embedding_s, tensor_s, data_s, context)
+    # gradients cross the data axis in the compute dtype, as they cross the weight group (read in compiled
+    # steps: ours with data=2, and MaxText 0.2.5's over two v5e slices, whose DCN all-reduce is bf16)
+    data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, *x.links["data"])
+    return Traffic(gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s,
+                   context)
+
+
+def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
+    """The backward's second gather of the q/k/v weights where the attention runs as loops of hops
+    (ring, USP) and the remat policy recomputes those projections: XLA gathers them for the
+    recomputed projections before the forward hops and again for the data gradients after the
+    backward hops, rather than hold them across both loops (compiled steps, small and Llama-3.1-8B
+    layers: benchmarks/results/compiler_counts.txt). Other strategies' attention is one kernel call
+    between the two uses, and the weights are gathered once. XLA's CPU compiler gathers them once
+    (a cpu:8 ring step has as many gathers under full remat as under minimal), so only a chip whose
+    step the TPU compiler builds (its kernels compiled, not interpreted) pays it. Per layer, per candidate."""
+    regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
+    if x.topology.chip.kind.interprets_kernels or not STRATEGIES[x.strategy].hides_traffic_behind_attention:
+        return regather_s
+    # the projections made before the attention (q, k, v), the ones whose input is gathered
+    for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
+        recomputed_weights = np.array([projection.weight_size(x.model) * (projection.name in recomputed(
+            policy, x.remat_custom)) for policy in POLICIES], dtype=float)[x.remat]
+        regather_s = regather_s + np.where(recomputed_weights > 0, x.comm.all_gather(
+            recomputed_weights * x.act_bytes / x.tensor, group, *weights), 0.0)
+    return regather_s
 
 
 def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_layers: int,
@@ -165,16 +193,17 @@ def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_l
         The `Exposure` per step.
     """
     context = traffic.context
-    gather, scatter = traffic.weight_gather_s, traffic.gradient_scatter_s
+    gather, regather, scatter = traffic.weight_gather_s, traffic.weight_regather_s, traffic.gradient_scatter_s
     hidden_gather, hidden_scatter = overlap.of("fsdp_all_gather") * gather, overlap.of("fsdp_reduce_scatter") * scatter
+    hidden_regather = overlap.of("fsdp_all_gather") * regather
     hidden_tensor_layer = overlap.of("tensor") * traffic.tensor_s / num_layers
-    fsdp_layer_s = (2 * (gather - hidden_gather) + (scatter - hidden_scatter)
+    fsdp_layer_s = (2 * (gather - hidden_gather) + (regather - hidden_regather) + (scatter - hidden_scatter)
                     + np.maximum(0.0, hidden_gather + context.hidden_forward_s + hidden_tensor_layer / 2
                                  - layer_forward_s)
-                    + np.maximum(0.0, hidden_gather + hidden_scatter + context.hidden_backward_s
+                    + np.maximum(0.0, hidden_gather + hidden_regather + hidden_scatter + context.hidden_backward_s
                                  + hidden_tensor_layer / 2 - layer_backward_s))
     return Exposure(
-        fsdp=num_layers * fsdp_layer_s + traffic.head_s,
+        fsdp=num_layers * fsdp_layer_s + traffic.head_gather_s + traffic.head_scatter_s,
         embedding=traffic.embedding_s,
         tensor=traffic.tensor_s - num_layers * hidden_tensor_layer,
         data_all_reduce=traffic.data_all_reduce_s,
