@@ -295,9 +295,13 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
         sizes = {c.name: c.weight_size(model) for c in CHECKPOINTS if c.block is block}
         return sum(size for n, size in sizes.items() if n in again) / sum(sizes.values())
 
-    gathers = len({c.block for c in CHECKPOINTS if c.gathered_input and c.name in again})
     if model.decoder_block.parallel:  # one gathered normed input serves both blocks
-        gathers = min(gathers, 1)
+        gathers = min(len({c.block for c in CHECKPOINTS if c.gathered_input and c.name in again}), 1)
+    else:
+        # the backward gathers each block's input again for its weight gradient whatever the policy
+        # keeps (checkpoints are matmul outputs, never a gathered input); a recomputation shares it.
+        # Read in TPU compiles of the sequential block (benchmarks/results/compiler_counts.txt)
+        gathers = len({c.block for c in CHECKPOINTS if c.gathered_input})
     scatters = sum(c.scattered_output and c.name in again for c in CHECKPOINTS)
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
