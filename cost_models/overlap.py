@@ -88,5 +88,7 @@ def overlap_for(chip_name: str, *, assumed_overlap: bool) -> Overlap:
 
     context = {spec.name: fraction(f"context:{spec.name}", RING_KIND if spec.hides_traffic_behind_attention else None)
                for spec in STRATEGIES.values()}
+    made = _data()["provenance"][chip_name]
     return Overlap({f: fraction(f) for f in FAMILIES}, context,
-                   f"compiled: {_data()['source']} ({_data()['date']})")
+                   f"compiled: {_data()['source']}; {chip_name}: compiler flags {made['compiler_flags']}, libtpu "
+                   f"{made['libtpu']} ({made['date']})")

@@ -200,3 +200,74 @@ def test_overlap_file_covers_v5p_and_tpu7x_and_falls_back_on_the_chip_row():
     assert overlap_for("v6e", assumed_overlap=True).of("fsdp_all_gather") == 1.0
     assert not math.isnan(overlap_for("tpu7x", assumed_overlap=True).of_context("ring"))
 
+
+
+# An asynchronous all-gather (the start/done pair XLA's continuation fusion makes) with only a
+# copy between its start and done, then one with a matmul fusion between; a synchronous all-reduce
+# with the same matmul right after it. Only the second gather can hide: 2 of the module's 3
+# collectives move bytes asynchronously, 1 of them with compute to hide behind.
+ASYNC_GATHER_MODULE = """HloModule jit_fn, is_scheduled=true
+
+%fused_matmul (param_0: bf16[512,256], param_1: bf16[256,256]) -> bf16[512,256] {
+  %param_0 = bf16[512,256]{1,0} parameter(0)
+  %param_1 = bf16[256,256]{1,0} parameter(1)
+  ROOT %convolution.1 = bf16[512,256]{1,0} convolution(%param_0, %param_1), dim_labels=bf_io->bf
+}
+
+%add (x: bf16[], y: bf16[]) -> bf16[] {
+  %x = bf16[] parameter(0)
+  %y = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%x, %y)
+}
+
+ENTRY %main (w: bf16[64,256], v: bf16[64,256], x: bf16[512,256]) -> (bf16[512,256], bf16[512,256]) {
+  %w = bf16[64,256]{1,0} parameter(0)
+  %v = bf16[64,256]{1,0} parameter(1)
+  %x = bf16[512,256]{1,0} parameter(2)
+  %all-gather-start.1 = (bf16[64,256]{1,0}, bf16[256,256]{1,0}) all-gather-start(%w), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  %copy.1 = bf16[512,256]{0,1} copy(%x)
+  %all-gather-done.1 = bf16[256,256]{1,0} all-gather-done(%all-gather-start.1)
+  %all-gather-start.2 = (bf16[64,256]{1,0}, bf16[256,256]{1,0}) all-gather-start(%v), channel_id=2, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  %fusion.1 = bf16[512,256]{1,0} fusion(%x, %all-gather-done.1), kind=kOutput, calls=%fused_matmul
+  %all-gather-done.2 = bf16[256,256]{1,0} all-gather-done(%all-gather-start.2)
+  %all-reduce.1 = bf16[512,256]{1,0} all-reduce(%fusion.1), channel_id=3, replica_groups=[2,2]<=[4], to_apply=%add
+  %fusion.2 = bf16[512,256]{1,0} fusion(%all-reduce.1, %all-gather-done.2), kind=kOutput, calls=%fused_matmul
+  ROOT %out = (bf16[512,256]{1,0}, bf16[512,256]{1,0}) tuple(%fusion.2, %copy.1)
+}
+"""
+
+
+def test_async_gather_overlaps_only_with_compute_between_its_start_and_done():
+    program = read_compiled_program(ASYNC_GATHER_MODULE)
+    first, second = program.of(kind="all-gather")
+    (reduce,) = program.of(kind="all-reduce")
+    assert first.is_async and not first.overlapped  # a copy is no compute to hide behind
+    assert first.compute_between == () and first.array_bytes == 256 * 256 * 2
+    assert second.is_async and second.overlapped and second.compute_between == ("fusion.1",)
+    assert second.flops_between == 2 * 512 * 256 * 256
+    assert not reduce.is_async and not reduce.overlapped  # the matmul after a sync op hides nothing
+    # the fractions fit_overlap writes: bytes asynchronous, and overlapped, of all moved
+    moved = sum(c.step_bytes for c in program.collectives)
+    assert sum(c.step_bytes for c in program.collectives if c.overlapped) / moved == pytest.approx(
+        256 * 256 * 2 / (2 * 256 * 256 * 2 + 512 * 256 * 2))
+
+
+def test_overlap_data_was_compiled_with_the_flags_the_runtime_compiles_with():
+    """What the price reads is what runs: each chip's rows record the compiler flags they were
+    compiled with, and those are the runtime's flags for that chip today."""
+    from cost_models.overlap import _data
+    from runtime.compile import TPU_COMPILER_FLAGS
+
+    data = _data()
+    assert set(data["provenance"]) == set(data["chips"])
+    for chip, made in data["provenance"].items():
+        assert made["compiler_flags"] == (TPU_COMPILER_FLAGS.get(chip) or "libtpu's defaults"), chip
+
+
+def test_runtime_compiler_flags_are_added_once_after_the_callers_own():
+    from runtime.compile import TPU_COMPILER_FLAGS, with_compiler_flags
+
+    env = with_compiler_flags({"LIBTPU_INIT_ARGS": "--xla_jf_dump_to=/tmp/x"}, "v5e")
+    assert env["LIBTPU_INIT_ARGS"] == "--xla_jf_dump_to=/tmp/x " + TPU_COMPILER_FLAGS["v5e"]
+    assert with_compiler_flags(env, "v5e") == env
+    assert "LIBTPU_INIT_ARGS" not in with_compiler_flags({}, "v5p")  # v5p compiles with libtpu's defaults
