@@ -271,3 +271,68 @@ def test_runtime_compiler_flags_are_added_once_after_the_callers_own():
     assert env["LIBTPU_INIT_ARGS"] == "--xla_jf_dump_to=/tmp/x " + TPU_COMPILER_FLAGS["v5e"]
     assert with_compiler_flags(env, "v5e") == env
     assert "LIBTPU_INIT_ARGS" not in with_compiler_flags({}, "v5p")  # v5p compiles with libtpu's defaults
+
+
+# v5e's continuation fusion (MaxText's flags): one weight all-gather (channel 7) runs as a start
+# fusion, a matmul fusion carrying a step of it, and a done fusion, each holding a copy of the
+# all-gather; a second gather (channel 8) stays synchronous. As XLA's TPU compiler prints it
+# (shapes cut down).
+CHAIN_MODULE = """HloModule jit_fn, is_scheduled=true
+
+%fused_start (p0: bf16[64,256]) -> (bf16[64,256], bf16[256,256], u32[]) {
+  %p0 = bf16[64,256]{1,0} parameter(0)
+  %all-gather.1 = bf16[256,256]{1,0} all-gather(%p0), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %custom-call.1 = (bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%async_collective_fusion.1 (q0: bf16[64,256], q1: bf16[256,256], q2: u32[], x: bf16[512,256], y: bf16[256,256]) -> (bf16[512,256], bf16[64,256], bf16[256,256], u32[]) {
+  %q0 = bf16[64,256]{1,0} parameter(0)
+  %q1 = bf16[256,256]{1,0} parameter(1)
+  %q2 = u32[] parameter(2)
+  %x = bf16[512,256]{1,0} parameter(3)
+  %y = bf16[256,256]{1,0} parameter(4)
+  %convolution.1 = bf16[512,256]{1,0} convolution(%x, %y), dim_labels=bf_io->bf
+  %all-gather.2 = bf16[256,256]{1,0} all-gather(%q0), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %tuple.1 = (bf16[512,256]{1,0}, bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) tuple(%convolution.1, %q0, %q1, %q2)
+}
+
+%fused_done (r0: bf16[64,256], r1: bf16[256,256], r2: u32[]) -> bf16[256,256] {
+  %r0 = bf16[64,256]{1,0} parameter(0)
+  %r1 = bf16[256,256]{1,0} parameter(1)
+  %r2 = u32[] parameter(2)
+  %all-gather.3 = bf16[256,256]{1,0} all-gather(%r0), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %custom-call.2 = bf16[256,256]{1,0} custom-call(%r0, %r1, %all-gather.3, %r2), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (w: bf16[64,256], v: bf16[64,256], x: bf16[512,256], y: bf16[256,256]) -> (bf16[256,256], bf16[256,256], bf16[512,256]) {
+  %w = bf16[64,256]{1,0} parameter(0)
+  %v = bf16[64,256]{1,0} parameter(1)
+  %x = bf16[512,256]{1,0} parameter(2)
+  %y = bf16[256,256]{1,0} parameter(3)
+  %async-collective-start = (bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) fusion(%w), kind=kCustom, calls=%fused_start
+  %s0 = bf16[64,256]{1,0} get-tuple-element(%async-collective-start), index=0
+  %s1 = bf16[256,256]{1,0} get-tuple-element(%async-collective-start), index=1
+  %s2 = u32[] get-tuple-element(%async-collective-start), index=2
+  %fusion.1 = (bf16[512,256]{1,0}, bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) fusion(%s0, %s1, %s2, %x, %y), kind=kOutput, calls=%async_collective_fusion.1
+  %t0 = bf16[64,256]{1,0} get-tuple-element(%fusion.1), index=1
+  %t1 = bf16[256,256]{1,0} get-tuple-element(%fusion.1), index=2
+  %t2 = u32[] get-tuple-element(%fusion.1), index=3
+  %mm = bf16[512,256]{1,0} get-tuple-element(%fusion.1), index=0
+  %async-collective-done = bf16[256,256]{1,0} fusion(%t0, %t1, %t2), kind=kCustom, calls=%fused_done
+  %all-gather.4 = bf16[256,256]{1,0} all-gather(%v), channel_id=8, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  ROOT %out = (bf16[256,256]{1,0}, bf16[256,256]{1,0}, bf16[512,256]{1,0}) tuple(%async-collective-done, %all-gather.4, %mm)
+}
+"""
+
+
+def test_continuation_fusion_chain_is_one_async_gather_hidden_by_the_matmul_carrying_its_step():
+    program = read_compiled_program(CHAIN_MODULE)
+    chained, plain = program.of(kind="all-gather")  # three copies of the chained gather count once
+    assert chained.name == "async-collective-start" and chained.is_async and chained.overlapped
+    assert chained.array_bytes == 256 * 256 * 2 and chained.group_size == 4
+    assert chained.compute_between == ("fusion.1",) and chained.flops_between == 2 * 512 * 256 * 256
+    assert not plain.is_async and not plain.overlapped
+    assert program.matmul_flops == 2 * 512 * 256 * 256  # the step's matmul counted once
+    # half the gathered bytes of the step overlap: the fraction fit_overlap writes for this family
+    assert sum(c.step_bytes for c in program.collectives if c.overlapped) / sum(
+        c.step_bytes for c in program.collectives) == 0.5
