@@ -189,15 +189,17 @@ def test_link_bytes_are_the_price_formulas_at_one_byte_per_second():
     assert link_bytes("collective-permute", 1000.0, 2) == pytest.approx(1000.0)
 
 
-def test_overlap_file_covers_v5p_and_tpu7x_and_falls_back_on_the_chip_row():
-    for chip in ("v5p", "tpu7x"):
+def test_overlap_file_covers_the_tpus_and_falls_back_on_the_chip_row():
+    for chip in ("v5p", "tpu7x", "v5e", "v6e"):
         overlap = overlap_for(chip, assumed_overlap=True)
         assert overlap.source.startswith("compiled")
         assert all(0.0 <= overlap.of(f) <= 1.0 for f in FAMILIES)
         assert set(overlap.context) == {spec.name for spec in STRATEGIES.values()}
     host = overlap_for("cpu", assumed_overlap=False)
     assert host.source.startswith("assumed") and not any(host.families.values())
-    assert overlap_for("v6e", assumed_overlap=True).of("fsdp_all_gather") == 1.0
+    # a family no compile made (data = 1 in every plan) takes the row's assumption
+    assert overlap_for("v6e", assumed_overlap=True).of("data_all_reduce") == 1.0
+    assert overlap_for("v6e", assumed_overlap=False).of("data_all_reduce") == 0.0
     assert not math.isnan(overlap_for("tpu7x", assumed_overlap=True).of_context("ring"))
 
 
