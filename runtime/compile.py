@@ -30,7 +30,11 @@ LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cp
 # - v5e: MaxText's v5e scripts' asynchronous-collective set (AI-Hypercomputer/maxtext,
 #   MaxText/configs/v5e/128b.sh, the LIBTPU_INIT_ARGS line; the same set as its
 #   benchmarks/xla_flags_library.py CF_FOR_ALL_GATHER plus DATA_PARALLEL_OVERLAP). libtpu
-#   0.0.52 allows the all-gather continuation fusion these enable on v5e only.
+#   0.0.52 allows the all-gather continuation fusion these enable on v5e only, and already
+#   enables it there by default: the representative layer of benchmarks/fit_overlap.py schedules
+#   the same with and without them (24% of weight-gather bytes overlapped, reduce-scatters and
+#   tensor all-reduces synchronous). Kept so that v5e compiles as MaxText's runs did whatever a
+#   later libtpu's defaults are.
 # - v5p: none. MaxText's v5p set (MaxText/configs/v5p/512b.sh) enables the same continuation
 #   fusion, which libtpu 0.0.52 refuses on v5p ("Continuation fusion for AllGather is enabled on
 #   platform viperfish ... not supported/recommended on platforms other than TPU v5e"); the rest
