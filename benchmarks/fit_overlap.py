@@ -1,25 +1,39 @@
 """Regenerates cost_models/data/overlap.json: which collectives XLA's TPU compiler makes
 asynchronous and overlaps with compute in cpplan's training step, per chip and collective family.
 
-    python benchmarks/fit_overlap.py            # compiles 8 plans deviceless (about 8 minutes here)
-    python benchmarks/fit_overlap.py --dry-run  # prints the table, writes nothing
+    python benchmarks/fit_overlap.py                       # every chip's plans (about an hour here)
+    python benchmarks/fit_overlap.py --chip v5e --chip v6e # those chips' rows; the others kept
+    python benchmarks/fit_overlap.py --dry-run             # prints the table, writes nothing
 
-Each plan (every strategy, with tensor parallelism, on v5p:2x2x1 and tpu7x:2x2x1) is compiled
-deviceless with libtpu (`runtime.compile.compile_step`; each chip in a child process, tpu7x's
-with the compiler dumping its scheduled module, which libtpu 0.0.52 cannot print) and read by
-`validation.compiled_program`. For every family (the price's categories; context traffic per
-strategy) the file records the collectives' kinds, the fraction of their bytes per step that
-are asynchronous, and the fraction asynchronous with matmul or kernel work scheduled between
-their last operand hand-over and their done ("overlapped"). The price hides only the overlapped
-fraction of a family.
+Each chip's plans are compiled deviceless with libtpu (`runtime.compile.compile_step`), in a
+child process per chip started with the compiler flags cpplan's runtime uses on that chip
+(`runtime.compile.TPU_COMPILER_FLAGS`) and with the compiler dumping its scheduled module (libtpu
+0.0.52 cannot print modules holding SparseCore async updates, which v5p and tpu7x steps have),
+and read by `validation.compiled_program`. Two kinds of plan:
+- one like a real run's layer (`REPRESENTATIVE`): Llama 3.1 8B's widths (hidden 4096, MLP 14336,
+  32 heads, 8 KV heads), 2 layers (the layer loop's trip count is read, so 2 stand for any
+  number), 8192 tokens, 4 sequences on fsdp 4 x tensor 2: 8192 tokens per device, as the public
+  runs have; its weight gathers, gradient reduce-scatters and tensor all-reduces are the sizes
+  those runs move per layer. Every chip has it.
+- small plans of each context-parallel strategy (`CONTEXT_PLANS`, v5p and tpu7x), for the
+  context families.
+Per family (the price's categories; context traffic per strategy) the file records the
+collectives' kinds, the fraction of their bytes per step that are asynchronous, and the fraction
+asynchronous with matmul or kernel work scheduled between their last operand hand-over and their
+done ("overlapped"), summed over the chip's plans by bytes (the representative plan's weights
+and tensor sums outweigh the small plans' by two orders of magnitude). The price hides only the
+overlapped fraction of a family. Each chip's provenance (plans, flags, libtpu, date) is kept
+with its rows.
 """
 import argparse
+import dataclasses
 import datetime
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,46 +42,69 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 OUT = ROOT / "cost_models" / "data" / "overlap.json"
 
-# topology → strategy → mesh; small model, 4096 tokens: every family appears and each compile
-# takes about a minute here
-PLANS = {
+# chip → its 8-device slice (v5p and tpu7x count 2 TensorCores a chip)
+TOPOLOGY = {"v5p": "v5p:2x2x2", "v5e": "v5e:2x4", "v6e": "v6e:2x4", "tpu7x": "tpu7x:2x2x1"}
+REPRESENTATIVE = dict(model="llama3.1-8b", num_layers=2, seq_len=8192, global_batch=4, block=512,
+                      strategy="none", mesh=dict(fsdp=4, tensor=2))
+# the small model, 4096 tokens, 4 devices (v5p) or 8 (tpu7x): every context family appears and
+# each compiles in about a minute here
+_SMALL = dict(model="small", num_layers=4, seq_len=4096, global_batch=1, block=256)
+CONTEXT_PLANS = {
     "v5p:2x2x1": {"all_gather": dict(context=2, tensor=2), "ring": dict(context=4),
                   "ulysses": dict(context_ulysses=2, tensor=2), "usp": dict(context=2, context_ulysses=2)},
     "tpu7x:2x2x1": {"all_gather": dict(context=4, tensor=2), "ring": dict(context=4, tensor=2),
                     "ulysses": dict(context_ulysses=4, tensor=2), "usp": dict(context=2, context_ulysses=2, tensor=2)},
 }
-MODEL, SEQ_LEN, BLOCK = "small", 4096, 256
 
 
-def make_plan(topology: str, strategy: str, mesh: dict):
+def chip_plans(chip: str) -> list[tuple[str, dict]]:
+    """(topology, plan settings) of every plan compiled for a chip."""
+    plans = [(TOPOLOGY[chip], REPRESENTATIVE)]
+    for topology, strategies in CONTEXT_PLANS.items():
+        if topology.split(":")[0] == chip:
+            plans += [(topology, dict(_SMALL, strategy=s, mesh=m)) for s, m in strategies.items()]
+    return plans
+
+
+def describe(topology: str, settings: dict) -> str:
+    mesh = " ".join(f"{a}={n}" for a, n in settings["mesh"].items())
+    return (f"{topology} {settings['strategy']} [{mesh}] {settings['model']} x{settings['num_layers']} layers, "
+            f"seq {settings['seq_len']}, {settings['global_batch']} sequences")
+
+
+def make_plan(topology: str, settings: dict):
     from cost_models.models import get_model
     from planner.plan import Plan, make_mesh
 
-    return Plan(model=get_model(MODEL), topology=topology, seq_len=SEQ_LEN, global_batch=1,
-                mesh=make_mesh(**mesh), cp_strategy=strategy,
-                load_balance="none" if strategy == "ulysses" else "zigzag", block_q=BLOCK, block_kv=BLOCK,
-                loss_chunk_tokens=256)
+    base = get_model(settings["model"])
+    model = dataclasses.replace(base, num_layers=settings["num_layers"], name=f"{base.name}-{settings['num_layers']}l")
+    strategy = settings["strategy"]
+    return Plan(model=model, topology=topology, seq_len=settings["seq_len"], global_batch=settings["global_batch"],
+                mesh=make_mesh(**settings["mesh"]), cp_strategy=strategy,
+                load_balance="none" if strategy in ("none", "ulysses") else "zigzag",
+                block_q=settings["block"], block_kv=settings["block"], loss_chunk_tokens=256)
 
 
-def chip_rows(topology: str) -> dict:
-    """Compiles one topology's plans and sums each family's bytes: all, asynchronous, overlapped."""
+def chip_rows(chip: str) -> dict:
+    """Compiles one chip's plans and sums each family's bytes: all, asynchronous, overlapped."""
     from runtime.compile import compile_step
     from validation.compiled_program import plan_mesh_axes, read_compiled_program
 
     totals = defaultdict(lambda: defaultdict(float))
     per_kind = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
-    for strategy, mesh in PLANS[topology].items():
-        plan = make_plan(topology, strategy, mesh)
+    for topology, settings in chip_plans(chip):
+        plan = make_plan(topology, settings)
         step = compile_step(plan)
         program = read_compiled_program(step.hlo_text, mesh_axes=plan_mesh_axes(plan))
         for c in program.collectives:
-            family = f"context:{strategy}" if c.category == "context" else c.category
+            family = f"context:{plan.cp_strategy.value}" if c.category == "context" else c.category
             for t in (totals[family], per_kind[family][c.kind]):
                 t["bytes"] += c.step_bytes
                 t["async"] += c.step_bytes * c.is_async
                 t["overlapped"] += c.step_bytes * c.overlapped
-        print(f"{topology} {strategy:10s} {mesh}: {len(program.collectives)} collectives, "
-              f"compiled in {step.compile_s:.0f} s", flush=True)
+        print(f"{describe(topology, settings)}: {len(program.collectives)} collectives, compiled in "
+              f"{step.compile_s:.0f} s", flush=True)
+
     def row(t):
         return {"bytes_per_step": t["bytes"], "async_fraction": round(t["async"] / t["bytes"], 4),
                 "overlapped_fraction": round(t["overlapped"] / t["bytes"], 4)}
@@ -76,51 +113,61 @@ def chip_rows(topology: str) -> dict:
             for family, t in sorted(totals.items()) if t["bytes"]}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dry-run", action="store_true", help="print, do not write the data file")
-    parser.add_argument("--topology", help="(child) compile this topology's plans")
-    parser.add_argument("--part", help="(child) write its rows to this JSON file")
-    args = parser.parse_args(argv)
-    if args.topology:
-        Path(args.part).write_text(json.dumps(chip_rows(args.topology)))
-        return 0
-    from runtime.compile import with_hlo_dump
+def compile_chip(chip: str) -> dict:
+    """A chip's rows, compiled in a child process with the runtime's flags for it and a dump."""
+    from runtime.compile import TPU_COMPILER_FLAGS, with_compiler_flags, with_hlo_dump
 
-    chips = {}
-    for topology in PLANS:
-        with tempfile.TemporaryDirectory(prefix="cpplan-hlo-") as work:
-            part = os.path.join(work, "part.json")
-            dump = os.path.join(work, "dump")
-            os.makedirs(dump)
-            env = with_hlo_dump(dict(os.environ), dump) if topology.startswith("tpu7x") else dict(os.environ)
-            done = subprocess.run([sys.executable, __file__, "--topology", topology, "--part", part], env=env)
-            if done.returncode:
-                return done.returncode
-            chips[topology.split(":")[0]] = json.loads(Path(part).read_text())
-    for chip, families in chips.items():
-        for family, row in families.items():
-            kinds = ", ".join(f"{kind} {k['async_fraction']:.2f}/{k['overlapped_fraction']:.2f}"
-                              for kind, k in row["by_kind"].items())
-            print(f"{chip:6s} {family:20s} async {row['async_fraction']:.2f} overlapped {row['overlapped_fraction']:.2f}"
-                  f"   ({kinds})")
+    with tempfile.TemporaryDirectory(prefix="cpplan-hlo-") as work:
+        part, dump = os.path.join(work, "part.json"), os.path.join(work, "dump")
+        os.makedirs(dump)
+        env = with_hlo_dump(with_compiler_flags(dict(os.environ), chip), dump)
+        done = subprocess.run([sys.executable, __file__, "--child", chip, "--part", part], env=env)
+        if done.returncode:
+            raise SystemExit(done.returncode)
+        rows = json.loads(Path(part).read_text())
     import jax
     import libtpu
 
-    data = {
-        "source": (f"cpplan's own training step compiled deviceless by XLA's TPU compiler (libtpu "
-                   f"{getattr(libtpu, '__version__', '0.0.52')}, jax {jax.__version__}, default compiler flags); its "
-                   "scheduled module read by validation/compiled_program.py"),
-        "derived": ("per chip and family: bytes per step (loop bodies times their trip counts) of the collectives that "
-                    "are asynchronous, and of those with matmul or kernel work scheduled between their last operand "
-                    "hand-over and their done ('overlapped'), as fractions of the family's bytes; context families "
-                    "per strategy. Regenerate with benchmarks/fit_overlap.py"),
+    provenance = {
+        "plans": [describe(t, s) for t, s in chip_plans(chip)],
+        "compiler_flags": TPU_COMPILER_FLAGS.get(chip, "") or "libtpu's defaults",
+        "libtpu": getattr(libtpu, "__version__", "0.0.52"), "jax": jax.__version__,
         "date": datetime.date.today().isoformat(),
-        "model": MODEL, "seq_len": SEQ_LEN, "block": BLOCK,
-        "plans": [f"{topology} {strategy} {mesh}" for topology, plans in PLANS.items()
-                  for strategy, mesh in plans.items()],
-        "chips": chips,
     }
+    return {"rows": rows, "provenance": provenance}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chip", action="append", choices=sorted(TOPOLOGY),
+                        help="regenerate this chip's rows (repeatable; default every chip), keeping the others")
+    parser.add_argument("--dry-run", action="store_true", help="print, do not write the data file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # compile this chip's plans in this process
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # (child) write its rows to this JSON file
+    args = parser.parse_args(argv)
+    if args.child:
+        Path(args.part).write_text(json.dumps(chip_rows(args.child)))
+        return 0
+    start = time.perf_counter()
+    data = json.loads(OUT.read_text()) if OUT.exists() else {"chips": {}, "provenance": {}}
+    for chip in args.chip or sorted(TOPOLOGY):
+        compiled = compile_chip(chip)
+        data["chips"][chip], data["provenance"][chip] = compiled["rows"], compiled["provenance"]
+        for family, row in compiled["rows"].items():
+            kinds = ", ".join(f"{kind} {k['async_fraction']:.2f}/{k['overlapped_fraction']:.2f}"
+                              for kind, k in row["by_kind"].items())
+            print(f"{chip:6s} {family:20s} async {row['async_fraction']:.2f} overlapped "
+                  f"{row['overlapped_fraction']:.2f}   ({kinds})")
+    data["source"] = ("cpplan's own training step compiled deviceless by XLA's TPU compiler with the flags cpplan's "
+                      "runtime uses on the chip (runtime/compile.py TPU_COMPILER_FLAGS); its scheduled module read by "
+                      "validation/compiled_program.py. Per chip: the plans, flags, libtpu and date under provenance")
+    data["derived"] = ("per chip and family: bytes per step (loop bodies times their trip counts) of the collectives "
+                       "that are asynchronous, and of those with matmul or kernel work scheduled between their last "
+                       "operand hand-over and their done ('overlapped'), as fractions of the family's bytes summed "
+                       "over the chip's plans; context families per strategy. Regenerate with "
+                       "benchmarks/fit_overlap.py")
+    data = {key: data[key] for key in ("source", "derived", "provenance", "chips")}
+    print(f"compiled in {time.perf_counter() - start:.0f} s")
     if not args.dry_run:
         OUT.write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {OUT.relative_to(ROOT)}")

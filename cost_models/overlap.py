@@ -1,18 +1,21 @@
 """How much of each collective family XLA's TPU compiler overlaps with compute in cpplan's step.
 
 Read from `cost_models/data/overlap.json`, which `benchmarks/fit_overlap.py` writes from the
-scheduled programs of deviceless compiles (see that file's `source` and `derived`): per chip and
-family, the fraction of the family's bytes that are asynchronous with matmul or kernel work
-scheduled between start and done. The price hides at most that fraction of a family behind
-compute; the rest the step waits for.
+scheduled programs of deviceless compiles with the compiler flags cpplan's runtime uses on each
+chip (see that file's `source`, `derived` and per-chip `provenance`): per chip and family, the
+fraction of the family's bytes that are asynchronous with matmul or kernel work scheduled between
+start and done. The price hides at most that fraction of a family behind compute; the rest the
+step waits for.
 
 A strategy whose spec hides its transfers behind attention (ring, USP) hides its ring's
 collective-permutes: its fraction is theirs; any other strategy's is that of all its traffic.
 
-A chip with no compiled data (v5e, v6e, a host) falls back on its row's `comm_overlaps_compute`
+A chip with no compiled data (a host) falls back on its row's `comm_overlaps_compute`
 assumption: every family overlappable where it is true (the ring's hops as its spec says, FSDP
 traffic within a layer's compute), none where it is false. A family a chip's compiles never made
-(the data-parallel all-reduce: the compiles keep data = 1) takes the same fallback.
+takes the same fallback: the data-parallel all-reduce everywhere (the compiles keep data = 1),
+and the context families on v5e and v6e (only their representative layer without context
+parallelism is compiled).
 """
 from __future__ import annotations
 
@@ -88,5 +91,7 @@ def overlap_for(chip_name: str, *, assumed_overlap: bool) -> Overlap:
 
     context = {spec.name: fraction(f"context:{spec.name}", RING_KIND if spec.hides_traffic_behind_attention else None)
                for spec in STRATEGIES.values()}
+    made = _data()["provenance"][chip_name]
     return Overlap({f: fraction(f) for f in FAMILIES}, context,
-                   f"compiled: {_data()['source']} ({_data()['date']})")
+                   f"compiled: {_data()['source']}; {chip_name}: compiler flags {made['compiler_flags']}, libtpu "
+                   f"{made['libtpu']} ({made['date']})")

@@ -24,6 +24,42 @@ from planner.plan import Plan
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
 LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cpplan[runtime]'`)"
 
+# The TPU compiler flags cpplan's runtime compiles with, per chip (the chip row's name); a chip
+# not listed compiles with libtpu's defaults. benchmarks/fit_overlap.py compiles with the same
+# flags, so the overlap the price reads (cost_models/data/overlap.json) is that of what runs.
+# - v5e: MaxText's v5e scripts' asynchronous-collective set (AI-Hypercomputer/maxtext,
+#   MaxText/configs/v5e/128b.sh, the LIBTPU_INIT_ARGS line; the same set as its
+#   benchmarks/xla_flags_library.py CF_FOR_ALL_GATHER plus DATA_PARALLEL_OVERLAP). libtpu
+#   0.0.52 allows the all-gather continuation fusion these enable on v5e only, and already
+#   enables it there by default: the representative layer of benchmarks/fit_overlap.py schedules
+#   the same with and without them (24% of weight-gather bytes overlapped, reduce-scatters and
+#   tensor all-reduces synchronous). Kept so that v5e compiles as MaxText's runs did whatever a
+#   later libtpu's defaults are.
+# - v5p: none. MaxText's v5p set (MaxText/configs/v5p/512b.sh) enables the same continuation
+#   fusion, which libtpu 0.0.52 refuses on v5p ("Continuation fusion for AllGather is enabled on
+#   platform viperfish ... not supported/recommended on platforms other than TPU v5e"); the rest
+#   of that set (async all-gather/all-reduce/collective-permute, overlap_compute_collective_tc,
+#   ag_backward_pipelining, data-parallel all-reduce opt) compiles the same schedule as the
+#   defaults: measured on llama3.1-8b widths, 2 layers, seq 8192, fsdp 4 x tensor 2, v5p:2x2x2,
+#   every weight all-gather, gradient reduce-scatter and tensor all-reduce synchronous either way.
+TPU_COMPILER_FLAGS: dict[str, str] = {
+    "v5e": ("--xla_tpu_enable_data_parallel_all_reduce_opt=true --xla_tpu_data_parallel_opt_different_sized_ops=true "
+            "--xla_tpu_enable_async_collective_fusion=true --xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
+            "--xla_tpu_enable_async_collective_fusion_multiple_steps=true --xla_tpu_overlap_compute_collective_tc=true "
+            "--xla_enable_async_all_gather=true"),
+}
+
+
+def with_compiler_flags(env: dict, chip_name: str) -> dict:
+    """A copy of a process environment whose TPU compiler uses cpplan's flags for `chip_name`
+    (`TPU_COMPILER_FLAGS`) after any the environment already sets; libtpu reads them once, when
+    it loads, so they apply to a process that has not yet touched a TPU backend."""
+    flags = TPU_COMPILER_FLAGS.get(chip_name, "")
+    present = env.get("LIBTPU_INIT_ARGS", "")
+    if not flags or flags in present:
+        return dict(env)
+    return {**env, "LIBTPU_INIT_ARGS": f"{present} {flags}".strip()}
+
 
 @dataclass(frozen=True, kw_only=True)
 class CompiledMemory:
@@ -135,6 +171,10 @@ def tpu_devices(plan: Plan):
                           f"Use runtime.run for cpu:N plans.")
     # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # the chip's compiler flags, for a process whose libtpu loads below (a loaded one keeps its own)
+    flagged = with_compiler_flags(dict(os.environ), topo.chip.name)
+    if "LIBTPU_INIT_ARGS" in flagged:
+        os.environ["LIBTPU_INIT_ARGS"] = flagged["LIBTPU_INIT_ARGS"]
     try:
         import libtpu  # noqa: F401  (the TPU compiler; get_topology_desc needs it)
     except ImportError:

@@ -189,14 +189,152 @@ def test_link_bytes_are_the_price_formulas_at_one_byte_per_second():
     assert link_bytes("collective-permute", 1000.0, 2) == pytest.approx(1000.0)
 
 
-def test_overlap_file_covers_v5p_and_tpu7x_and_falls_back_on_the_chip_row():
-    for chip in ("v5p", "tpu7x"):
+def test_overlap_file_covers_the_tpus_and_falls_back_on_the_chip_row():
+    for chip in ("v5p", "tpu7x", "v5e", "v6e"):
         overlap = overlap_for(chip, assumed_overlap=True)
         assert overlap.source.startswith("compiled")
         assert all(0.0 <= overlap.of(f) <= 1.0 for f in FAMILIES)
         assert set(overlap.context) == {spec.name for spec in STRATEGIES.values()}
     host = overlap_for("cpu", assumed_overlap=False)
     assert host.source.startswith("assumed") and not any(host.families.values())
-    assert overlap_for("v6e", assumed_overlap=True).of("fsdp_all_gather") == 1.0
+    # a family no compile made (data = 1 in every plan) takes the row's assumption
+    assert overlap_for("v6e", assumed_overlap=True).of("data_all_reduce") == 1.0
+    assert overlap_for("v6e", assumed_overlap=False).of("data_all_reduce") == 0.0
     assert not math.isnan(overlap_for("tpu7x", assumed_overlap=True).of_context("ring"))
 
+
+
+# An asynchronous all-gather (the start/done pair XLA's continuation fusion makes) with only a
+# copy between its start and done, then one with a matmul fusion between; a synchronous all-reduce
+# with the same matmul right after it. Only the second gather can hide: 2 of the module's 3
+# collectives move bytes asynchronously, 1 of them with compute to hide behind.
+ASYNC_GATHER_MODULE = """HloModule jit_fn, is_scheduled=true
+
+%fused_matmul (param_0: bf16[512,256], param_1: bf16[256,256]) -> bf16[512,256] {
+  %param_0 = bf16[512,256]{1,0} parameter(0)
+  %param_1 = bf16[256,256]{1,0} parameter(1)
+  ROOT %convolution.1 = bf16[512,256]{1,0} convolution(%param_0, %param_1), dim_labels=bf_io->bf
+}
+
+%add (x: bf16[], y: bf16[]) -> bf16[] {
+  %x = bf16[] parameter(0)
+  %y = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%x, %y)
+}
+
+ENTRY %main (w: bf16[64,256], v: bf16[64,256], x: bf16[512,256]) -> (bf16[512,256], bf16[512,256]) {
+  %w = bf16[64,256]{1,0} parameter(0)
+  %v = bf16[64,256]{1,0} parameter(1)
+  %x = bf16[512,256]{1,0} parameter(2)
+  %all-gather-start.1 = (bf16[64,256]{1,0}, bf16[256,256]{1,0}) all-gather-start(%w), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  %copy.1 = bf16[512,256]{0,1} copy(%x)
+  %all-gather-done.1 = bf16[256,256]{1,0} all-gather-done(%all-gather-start.1)
+  %all-gather-start.2 = (bf16[64,256]{1,0}, bf16[256,256]{1,0}) all-gather-start(%v), channel_id=2, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  %fusion.1 = bf16[512,256]{1,0} fusion(%x, %all-gather-done.1), kind=kOutput, calls=%fused_matmul
+  %all-gather-done.2 = bf16[256,256]{1,0} all-gather-done(%all-gather-start.2)
+  %all-reduce.1 = bf16[512,256]{1,0} all-reduce(%fusion.1), channel_id=3, replica_groups=[2,2]<=[4], to_apply=%add
+  %fusion.2 = bf16[512,256]{1,0} fusion(%all-reduce.1, %all-gather-done.2), kind=kOutput, calls=%fused_matmul
+  ROOT %out = (bf16[512,256]{1,0}, bf16[512,256]{1,0}) tuple(%fusion.2, %copy.1)
+}
+"""
+
+
+def test_async_gather_overlaps_only_with_compute_between_its_start_and_done():
+    program = read_compiled_program(ASYNC_GATHER_MODULE)
+    first, second = program.of(kind="all-gather")
+    (reduce,) = program.of(kind="all-reduce")
+    assert first.is_async and not first.overlapped  # a copy is no compute to hide behind
+    assert first.compute_between == () and first.array_bytes == 256 * 256 * 2
+    assert second.is_async and second.overlapped and second.compute_between == ("fusion.1",)
+    assert second.flops_between == 2 * 512 * 256 * 256
+    assert not reduce.is_async and not reduce.overlapped  # the matmul after a sync op hides nothing
+    # the fractions fit_overlap writes: bytes asynchronous, and overlapped, of all moved
+    moved = sum(c.step_bytes for c in program.collectives)
+    assert sum(c.step_bytes for c in program.collectives if c.overlapped) / moved == pytest.approx(
+        256 * 256 * 2 / (2 * 256 * 256 * 2 + 512 * 256 * 2))
+
+
+def test_overlap_data_was_compiled_with_the_flags_the_runtime_compiles_with():
+    """What the price reads is what runs: each chip's rows record the compiler flags they were
+    compiled with, and those are the runtime's flags for that chip today."""
+    from cost_models.overlap import _data
+    from runtime.compile import TPU_COMPILER_FLAGS
+
+    data = _data()
+    assert set(data["provenance"]) == set(data["chips"])
+    for chip, made in data["provenance"].items():
+        assert made["compiler_flags"] == (TPU_COMPILER_FLAGS.get(chip) or "libtpu's defaults"), chip
+
+
+def test_runtime_compiler_flags_are_added_once_after_the_callers_own():
+    from runtime.compile import TPU_COMPILER_FLAGS, with_compiler_flags
+
+    env = with_compiler_flags({"LIBTPU_INIT_ARGS": "--xla_jf_dump_to=/tmp/x"}, "v5e")
+    assert env["LIBTPU_INIT_ARGS"] == "--xla_jf_dump_to=/tmp/x " + TPU_COMPILER_FLAGS["v5e"]
+    assert with_compiler_flags(env, "v5e") == env
+    assert "LIBTPU_INIT_ARGS" not in with_compiler_flags({}, "v5p")  # v5p compiles with libtpu's defaults
+
+
+# v5e's continuation fusion (MaxText's flags): one weight all-gather (channel 7) runs as a start
+# fusion, a matmul fusion carrying a step of it, and a done fusion, each holding a copy of the
+# all-gather; a second gather (channel 8) stays synchronous. As XLA's TPU compiler prints it
+# (shapes cut down).
+CHAIN_MODULE = """HloModule jit_fn, is_scheduled=true
+
+%fused_start (p0: bf16[64,256]) -> (bf16[64,256], bf16[256,256], u32[]) {
+  %p0 = bf16[64,256]{1,0} parameter(0)
+  %all-gather.1 = bf16[256,256]{1,0} all-gather(%p0), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %custom-call.1 = (bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) custom-call(%all-gather.1), custom_call_target="AsyncCollectiveStart"
+}
+
+%async_collective_fusion.1 (q0: bf16[64,256], q1: bf16[256,256], q2: u32[], x: bf16[512,256], y: bf16[256,256]) -> (bf16[512,256], bf16[64,256], bf16[256,256], u32[]) {
+  %q0 = bf16[64,256]{1,0} parameter(0)
+  %q1 = bf16[256,256]{1,0} parameter(1)
+  %q2 = u32[] parameter(2)
+  %x = bf16[512,256]{1,0} parameter(3)
+  %y = bf16[256,256]{1,0} parameter(4)
+  %convolution.1 = bf16[512,256]{1,0} convolution(%x, %y), dim_labels=bf_io->bf
+  %all-gather.2 = bf16[256,256]{1,0} all-gather(%q0), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %tuple.1 = (bf16[512,256]{1,0}, bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) tuple(%convolution.1, %q0, %q1, %q2)
+}
+
+%fused_done (r0: bf16[64,256], r1: bf16[256,256], r2: u32[]) -> bf16[256,256] {
+  %r0 = bf16[64,256]{1,0} parameter(0)
+  %r1 = bf16[256,256]{1,0} parameter(1)
+  %r2 = u32[] parameter(2)
+  %all-gather.3 = bf16[256,256]{1,0} all-gather(%r0), channel_id=7, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true, frontend_attributes={chain_id="0"}
+  ROOT %custom-call.2 = bf16[256,256]{1,0} custom-call(%r0, %r1, %all-gather.3, %r2), custom_call_target="AsyncCollectiveDone"
+}
+
+ENTRY %main (w: bf16[64,256], v: bf16[64,256], x: bf16[512,256], y: bf16[256,256]) -> (bf16[256,256], bf16[256,256], bf16[512,256]) {
+  %w = bf16[64,256]{1,0} parameter(0)
+  %v = bf16[64,256]{1,0} parameter(1)
+  %x = bf16[512,256]{1,0} parameter(2)
+  %y = bf16[256,256]{1,0} parameter(3)
+  %async-collective-start = (bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) fusion(%w), kind=kCustom, calls=%fused_start
+  %s0 = bf16[64,256]{1,0} get-tuple-element(%async-collective-start), index=0
+  %s1 = bf16[256,256]{1,0} get-tuple-element(%async-collective-start), index=1
+  %s2 = u32[] get-tuple-element(%async-collective-start), index=2
+  %fusion.1 = (bf16[512,256]{1,0}, bf16[64,256]{1,0}, bf16[256,256]{1,0}, u32[]) fusion(%s0, %s1, %s2, %x, %y), kind=kOutput, calls=%async_collective_fusion.1
+  %t0 = bf16[64,256]{1,0} get-tuple-element(%fusion.1), index=1
+  %t1 = bf16[256,256]{1,0} get-tuple-element(%fusion.1), index=2
+  %t2 = u32[] get-tuple-element(%fusion.1), index=3
+  %mm = bf16[512,256]{1,0} get-tuple-element(%fusion.1), index=0
+  %async-collective-done = bf16[256,256]{1,0} fusion(%t0, %t1, %t2), kind=kCustom, calls=%fused_done
+  %all-gather.4 = bf16[256,256]{1,0} all-gather(%v), channel_id=8, replica_groups=[1,4]<=[4], dimensions={0}, use_global_device_ids=true
+  ROOT %out = (bf16[256,256]{1,0}, bf16[256,256]{1,0}, bf16[512,256]{1,0}) tuple(%async-collective-done, %all-gather.4, %mm)
+}
+"""
+
+
+def test_continuation_fusion_chain_is_one_async_gather_hidden_by_the_matmul_carrying_its_step():
+    program = read_compiled_program(CHAIN_MODULE)
+    chained, plain = program.of(kind="all-gather")  # three copies of the chained gather count once
+    assert chained.name == "async-collective-start" and chained.is_async and chained.overlapped
+    assert chained.array_bytes == 256 * 256 * 2 and chained.group_size == 4
+    assert chained.compute_between == ("fusion.1",) and chained.flops_between == 2 * 512 * 256 * 256
+    assert not plain.is_async and not plain.overlapped
+    assert program.matmul_flops == 2 * 512 * 256 * 256  # the step's matmul counted once
+    # half the gathered bytes of the step overlap: the fraction fit_overlap writes for this family
+    assert sum(c.step_bytes for c in program.collectives if c.overlapped) / sum(
+        c.step_bytes for c in program.collectives) == 0.5

@@ -6,7 +6,9 @@ listed in the order they run). It is jax-free: the text is all it needs.
 
 For every collective (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute;
 synchronous, or an asynchronous `-start`/`-done` pair, or an `async-start`/`async-done` pair
-wrapping one; inside while-loop bodies, conditionals, calls and fusions) it finds:
+wrapping one, or a continuation-fusion chain (v5e's asynchronous collective fusion: a start
+fusion, compute fusions each carrying a step, a done fusion); inside while-loop bodies,
+conditionals, calls and fusions) it finds:
 
 - its kind and the array it moves per device, in the terms `cost_models.collectives` prices:
   the gathered result of an all-gather, the unreduced operand of a reduce-scatter, the operand of
@@ -504,6 +506,43 @@ def _collective_kind(instruction: Instruction, computations: dict[str, Computati
     return wrapped[0].opcode if wrapped else None
 
 
+# XLA's TPU continuation fusion ("async collective fusion", v5e with
+# --xla_tpu_enable_async_collective_fusion): a collective runs as a chain of fusions sharing its
+# channel_id: one whose computation ends in an `AsyncCollectiveStart` custom-call, compute fusions
+# that each carry a step of it, and one ending in `AsyncCollectiveDone`
+_CHAIN_START, _CHAIN_DONE = "AsyncCollectiveStart", "AsyncCollectiveDone"
+
+
+def _chain_link(instruction: Instruction, computations: dict[str, Computation]):
+    """(role, collective, its computation) of a fusion in a continuation-fusion chain, role one
+    of "start", "step", "done"; None for any other instruction."""
+    if instruction.opcode != "fusion":
+        return None
+    for name in instruction.called:
+        fused = computations.get(name)
+        inner = next((i for i in (fused.instructions if fused else ()) if i.opcode in _SYNC), None)
+        if inner is None or inner.attribute("channel_id") is None:
+            continue
+        targets = {(i.attribute("custom_call_target") or "").strip('"') for i in fused.instructions
+                   if i.opcode == "custom-call"}
+        role = "start" if _CHAIN_START in targets else "done" if _CHAIN_DONE in targets else "step"
+        if role == "step" and not name.startswith("async_collective_fusion"):
+            return None  # a fusion that merely holds a collective
+        return role, inner, fused
+    return None
+
+
+def _chain_done(start: Instruction, inner: Instruction, following: tuple[Instruction, ...],
+                computations: dict[str, Computation]) -> Instruction | None:
+    """The `AsyncCollectiveDone` fusion of the chain a start begins (same channel_id)."""
+    channel = inner.attribute("channel_id")
+    for instruction in following:
+        link = _chain_link(instruction, computations)
+        if link and link[0] == "done" and link[1].attribute("channel_id") == channel:
+            return instruction
+    return None
+
+
 def _done_of(start: Instruction, following: tuple[Instruction, ...]) -> tuple[Instruction, Instruction] | None:
     """(the last of the start and its `-update`s, the `-done`) of an asynchronous start. Data
     moves once the last update has handed over the operands: compute after it can overlap."""
@@ -574,6 +613,13 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
                 body, condition = instruction.attribute("body"), instruction.attribute("condition")
                 visit(body.lstrip("%"), executions * trip_count(computations[condition.lstrip("%")]), seen)
                 continue
+            link = _chain_link(instruction, computations)
+            if link is not None:  # one collective per chain, at its start; its steps are compute
+                if link[0] == "start":
+                    done = _chain_done(instruction, link[1], comp.instructions[n + 1:], computations)
+                    collectives.append(_collective(instruction, link[1].opcode, comp, order, n, executions,
+                                                   wrapped=link[1:], chain_done=done))
+                continue
             if instruction.opcode in ("conditional", "call", "fusion"):
                 for called in instruction.called:
                     visit(called, executions, seen)
@@ -582,10 +628,13 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
                 continue
             collectives.append(_collective(instruction, kind, comp, order, n, executions))
 
-    def _collective(instruction, kind, comp, order, n, executions) -> Collective:
-        inner, inner_comp = _wrapped(instruction, computations) or (instruction, comp)
+    def _collective(instruction, kind, comp, order, n, executions, *, wrapped=None, chain_done=None) -> Collective:
+        inner, inner_comp = wrapped or _wrapped(instruction, computations) or (instruction, comp)
         is_async = instruction.opcode != kind
-        pair = _done_of(instruction, comp.instructions[n + 1:]) if is_async else None
+        if chain_done is not None:
+            pair = (instruction, chain_done)
+        else:
+            pair = _done_of(instruction, comp.instructions[n + 1:]) if is_async else None
         launched, done = pair if pair else (instruction, None)
         operand_shapes = [inner_comp.shapes.get(o, "") for o in inner.operands]
         operand_bytes = sum(shape_bytes(s) for s in operand_shapes)
