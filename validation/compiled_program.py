@@ -455,6 +455,8 @@ def attribute(kind: str, *, op_name: str, stack: list[tuple[str, str]], dtypes: 
         return "context"
     if any(fn.startswith("embed_lookup") for fn in functions) or (dtypes and dtypes <= {"s32", "u32", "s64"}):
         return "embedding"
+    if kind in ("all-gather", "reduce-scatter") and groups is not None and groups == (mesh_groups or {}).get("tensor"):
+        return "tensor"  # sequence parallelism: activations gathered and scattered over tensor
     if kind == "all-gather":
         return "fsdp_all_gather"
     if kind == "reduce-scatter":
@@ -631,6 +633,8 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
     def _collective(instruction, kind, comp, order, n, executions, *, wrapped=None, chain_done=None) -> Collective:
         inner, inner_comp = wrapped or _wrapped(instruction, computations) or (instruction, comp)
         is_async = instruction.opcode != kind
+        if kind == "all-reduce" and comp.name.startswith("all-reduce-scatter"):
+            kind = "reduce-scatter"  # XLA TPU's all-reduce-scatter fusion: a reduce-scatter on the links
         if chain_done is not None:
             pair = (instruction, chain_done)
         else:
