@@ -207,8 +207,12 @@ def format_flags(flags: dict[str, object]) -> str:
     return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in flags.items())
 
 
-def _parse_text(text: str) -> dict[str, str]:
-    """`key=value` words of a MaxText command line; a key given twice is refused (which would win?)."""
+def parse_flags(text: str) -> dict[str, str]:
+    """`key=value` words of a MaxText command line; a key given twice is refused (which would win?).
+
+    Raises:
+        CpplanError: an unclosed quote, or a key given twice.
+    """
     try:
         words = shlex.split(text)
     except ValueError as err:
@@ -299,7 +303,7 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
             does not cover the topology, a strategy or remat policy MaxText does not have, an
             attention kernel cpplan does not price, or a rule MaxText 0.2.5 enforces (named).
     """
-    f = _Flags(_parse_text(flags) if isinstance(flags, str) else flags)
+    f = _Flags(parse_flags(flags) if isinstance(flags, str) else flags)
     notes: list[str] = []
     model = get_model(model) if model is not None else _read_model(f)
     topology = topology or f.get("compile_topology")

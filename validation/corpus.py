@@ -38,7 +38,7 @@ from cost_models.errors import CpplanError
 from cost_models.models import SWIGLU, DecoderBlock, ModelSpec
 from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES
-from planner.maxtext import (ACTIVATIONS_FLAG, BLOCK_FLAG, _parse_text, parse_activations, parse_decoder_block,
+from planner.maxtext import (ACTIVATIONS_FLAG, BLOCK_FLAG, parse_flags, parse_activations, parse_decoder_block,
                              read_maxtext)
 from planner.estimate import estimate
 from planner.plan import Plan
@@ -185,7 +185,7 @@ def synthetic_shape(flags: dict, *, date: str | None = None) -> SyntheticShape:
 
 def _words(text: str, where: str) -> dict[str, str]:
     try:
-        return _parse_text(text or "")
+        return parse_flags(text or "")
     except CpplanError as err:
         raise CpplanError(f"{where}: {err}") from None
 
