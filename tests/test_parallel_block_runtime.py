@@ -21,6 +21,7 @@ from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import DecoderLayer, remat_policy, rms_norm, rope  # noqa: E402
 from runtime.train import Trainer  # noqa: E402
+from runtime_steps import one_step  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
@@ -87,14 +88,6 @@ def test_parallel_layer_equals_the_dense_parallel_block(remat):
         assert np.abs(np.asarray(g) - np.asarray(w)).max() <= 1e-4 * np.abs(np.asarray(w)).max(), path
     # the check can fail: the sequential block with the same weights gives another answer
     assert abs(float(loss_dense(plain, x, parallel=False)) - float(want)) > 1e-3 * abs(float(want))
-
-
-def one_step(plan):
-    trainer = Trainer(plan, build_mesh(plan, jax.devices()[:math.prod(plan.mesh_sizes)]))
-    params, opt_state = trainer.init(seed=0)
-    sequences = np.random.default_rng(0).integers(0, plan.model.vocab, (plan.global_batch, plan.seq_len + 1))
-    _, _, loss, grads = trainer.step(params, opt_state, *trainer.prepare_batch(sequences))
-    return float(loss), jax.device_get(grads)
 
 
 def test_parallel_block_training_step_equals_the_one_device_step():

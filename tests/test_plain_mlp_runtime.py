@@ -17,6 +17,7 @@ from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import ACTIVATION_FUNCTIONS, RESIDUAL, mlp_block  # noqa: E402
 from runtime.train import Trainer  # noqa: E402
+from runtime_steps import one_step  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
@@ -72,14 +73,6 @@ def test_sharded_mlp_equals_the_dense_mlp(monkeypatch, activations, remat):
     other = ("relu",) if activations != ("relu",) else ("gelu",)
     swapped = jax.jit(lambda *a: mlp_block(*a, activations=other * len(activations), plan=plan, mesh=mesh))
     assert np.abs(np.asarray(swapped(y, w_in, w_out)) - np.asarray(dense(y, w_in, w_out))).max() > 1e-3
-
-
-def one_step(plan):
-    trainer = Trainer(plan, build_mesh(plan, jax.devices()[:math.prod(plan.mesh_sizes)]))
-    params, opt_state = trainer.init(seed=0)
-    sequences = np.random.default_rng(0).integers(0, plan.model.vocab, (plan.global_batch, plan.seq_len + 1))
-    _, _, loss, grads = trainer.step(params, opt_state, *trainer.prepare_batch(sequences))
-    return float(loss), jax.device_get(grads)
 
 
 def test_plain_mlp_training_step_equals_the_one_device_step():
