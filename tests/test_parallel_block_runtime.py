@@ -142,13 +142,21 @@ def test_parallel_block_makes_the_tensor_collectives_the_cost_model_prices(remat
     assert jaxpr_tensor_collectives(PARALLEL, remat) == tensor_collectives_per_layer(PARALLEL) + repeated
 
 
+def over_more_than_one_device(line: str) -> bool:
+    """Whether an HLO collective's groups have more than one device here (tensor=2, every other
+    axis 1): XLA of jax 0.10 lists groups (`{{0},{1}}` is two groups of one), XLA of jax 0.12
+    names the mesh axes they span (`mesh[...] {'fsdp','context'}`)."""
+    axes = re.search(r"replica_groups=mesh\[[^\]]*\] \{([^}]*)\}", line)
+    return "'tensor'" in axes.group(1) if axes else "{{0},{1}}" not in line
+
+
 def test_compiled_parallel_layer_adds_no_tensor_collectives():
     """What XLA compiles for the layer (sharding constraints included) moves over 'tensor' only
     the four collectives the runtime makes: two all-gathers and two reduce-scatters of the
     activations, the whole tensor group each."""
     step, params, x = one_layer(PARALLEL, None)
     hlo = jax.jit(step).lower(params, x).compile().as_text()
-    kinds = [m.group(1) for line in hlo.splitlines() if "{{0},{1}}" not in line  # size-1 weight groups
+    kinds = [m.group(1) for line in hlo.splitlines() if over_more_than_one_device(line)
              for m in [re.search(r"= \S+ (all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)"
                                  r"(?:-start)?\(", line)] if m]
     assert sorted(kinds) == ["all-gather"] * 2 + ["reduce-scatter"] * 2
