@@ -8,11 +8,7 @@ from cost_models.models import ModelSpec
 
 MLP_CHUNK_TOKENS = 4096  # tokens per device per MLP chunk (each chunk its own checkpoint)
 VOCAB_PIECE = 16384  # output-head columns gathered at once by the fused cross-entropy
-# weight arrays of a Llama decoder layer besides the MLP's: q, k, v, out and two norm scales
-NON_MLP_WEIGHT_ARRAYS = 6
 ATTENTION_WEIGHT_ARRAYS = 4  # q, k, v, out
-# a gated MLP's layer (gate, up, down): the count priced until communication reads `weight_arrays_per_layer`
-WEIGHT_ARRAYS_PER_LAYER = NON_MLP_WEIGHT_ARRAYS + 3
 
 
 def weight_arrays_per_layer(model: ModelSpec) -> int:

@@ -13,7 +13,7 @@ from cost_models.models import MODELS, SWIGLU, ModelSpec
 from cost_models.remat import remat_code, remat_table
 from cost_models.units import GiB
 from cost_models.vocabulary import DTYPE_BYTES, RematPolicy
-from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER, weight_arrays_per_layer
+from cost_models.work_layout import weight_arrays_per_layer
 from planner import Plan, make_mesh
 from planner.estimate import estimate
 from planner.maxtext import export_maxtext, format_flags, read_maxtext
@@ -32,7 +32,7 @@ def test_the_default_is_gated_and_a_plain_mlp_has_two_matrices():
     assert not PLAIN.gated and PLAIN.mlp_inputs == 1 and PLAIN.mlp_matrices == 2
     assert GATED.params_per_layer - PLAIN.params_per_layer == 4096 * 14336  # one matrix fewer
     assert PLAIN.num_params == 32 * (218_112_000 - 4096 * 14336) + 2 * 128256 * 4096 + 4096
-    assert weight_arrays_per_layer(GATED) == WEIGHT_ARRAYS_PER_LAYER == 9 and weight_arrays_per_layer(PLAIN) == 8
+    assert weight_arrays_per_layer(GATED) == 9 and weight_arrays_per_layer(PLAIN) == 8
     gated, plain = layer_forward_flops(GATED, 8192, 8192), layer_forward_flops(PLAIN, 8192, 8192)
     assert plain.mlp == 2 * 8192 * 2 * 4096 * 14336 and gated.mlp == plain.mlp * 3 / 2
     assert plain.attention == gated.attention and plain.qkv == gated.qkv

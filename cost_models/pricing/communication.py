@@ -23,7 +23,7 @@ from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
 from cost_models.remat import CHECKPOINTS, POLICIES, Block, recomputed
 from cost_models.strategies import STRATEGIES, CPCost
-from cost_models.work_layout import WEIGHT_ARRAYS_PER_LAYER, tensor_collectives_per_layer
+from cost_models.work_layout import tensor_collectives_per_layer, weight_arrays_per_layer
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     group = x.weight_group
     weights = x.links["weights"]
     # one collective per weight array: the bytes of the whole layer, the latency of each array
-    arrays = WEIGHT_ARRAYS_PER_LAYER
+    arrays = weight_arrays_per_layer(m)
     gather_s = arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
     # the gradients of the gathered compute-dtype weights are in the compute dtype
     scatter_s = arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
