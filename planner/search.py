@@ -29,7 +29,7 @@ from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.pricing.attention import price_attention
-from cost_models.pricing.offload import candidate_host_bytes, host_capacity_bytes
+from cost_models.pricing.offload import host_capacity_bytes
 from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
 from cost_models.pricing.target import per_head_smem_bytes
@@ -516,7 +516,7 @@ class SearchSpace:
     def _host_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its offloaded activations fit the host memory of a
         device (`Plan.check` asks the same of one plan)."""
-        return candidate_host_bytes(p.x) <= host_capacity_bytes(self.topology)
+        return p.priced.host_bytes <= host_capacity_bytes(self.topology)
 
     def fits(self, shards: int, per_shard: int) -> bool:
         """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each."""
@@ -563,7 +563,7 @@ class SearchSpace:
             order = np.lexsort((np.arange(len(candidate)), priced.step_time_s, candidate))
             starts = np.flatnonzero(np.r_[True, candidate[order][1:] != candidate[order][:-1]])
             chosen = np.sort(order[starts])  # in row order, as the candidates first appear
-            host = np.broadcast_to(candidate_host_bytes(p.x), mem.shape)
+            host = np.broadcast_to(priced.host_bytes, mem.shape)
             fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap) & (host[chosen] <= host_cap)
             steps, mems = priced.step_time_s.tolist(), mem.tolist()
             strategy_least = None

@@ -56,14 +56,6 @@ def host_bytes_needed(model: ModelSpec, policy: RematPolicy, custom: CustomPlace
                                                                tensor=tensor, act_bytes=act_bytes))
 
 
-def candidate_host_bytes(x: Candidates) -> np.ndarray:
-    """Host memory each candidate's offloaded activations take per device, every layer's (what
-    `host_bytes_needed` gives one plan)."""
-    return x.model.num_layers * offloaded_bytes_per_layer(x.remat_columns.saved_on_host,
-                                                          tokens_per_device=x.tokens_per_device, tensor=x.tensor,
-                                                          act_bytes=x.act_bytes)
-
-
 @dataclass(frozen=True)
 class OffloadTimes:
     """Per-candidate columns (s per step, bytes per device)."""
@@ -88,5 +80,5 @@ def price_offload(x: Candidates, *, layer_forward_s, layer_backward_s) -> Offloa
     one_way_s = layer_bytes / host_link_bw(x.topology)
     layers = x.model.num_layers
     exposed = np.maximum(0.0, one_way_s - layer_forward_s) + np.maximum(0.0, one_way_s - layer_backward_s)
-    return OffloadTimes(host_bytes=candidate_host_bytes(x), transfer_s=layers * 2 * one_way_s,
+    return OffloadTimes(host_bytes=layers * layer_bytes, transfer_s=layers * 2 * one_way_s,
                         exposed_s=layers * exposed)

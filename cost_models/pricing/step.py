@@ -34,6 +34,7 @@ class Priced:
     smem_bytes: np.ndarray
     model_flops: float
     executed_flops: np.ndarray  # per device, remat recomputation and splash's whole blocks included
+    host_bytes: np.ndarray  # per device, the host memory the offloaded activations take
 
     @property
     def hbm_total(self) -> np.ndarray:
@@ -87,4 +88,5 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         smem_bytes=target_smem_bytes(x, attention.layout, attention.smem_bytes, target.traits),
         model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
         executed_flops=layers * (matmuls.executed_flops + attention.executed_flops) + head.executed_flops,
+        host_bytes=offload.host_bytes,
     )
