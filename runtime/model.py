@@ -259,7 +259,7 @@ class DecoderLayer(nn.Module):
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
         ones = nn.initializers.ones
-        d, h, kh, hd, f = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
+        d, h, kh, hd = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim
         if m.decoder_block.parallel:
             return self.parallel_block(x, positions, segment_ids, w), None
 
@@ -279,17 +279,23 @@ class DecoderLayer(nn.Module):
         x = self.constrain(x + checkpoint_name(out, "out_proj"), RESIDUAL)
 
         y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
-        w_in = tuple(w(name, (d, f), (WEIGHT_AXES, "tensor")) for name in MLP_INPUT_WEIGHTS[m.mlp_inputs])
-        down = mlp_block(y, w_in, w("w_down", (f, d), ("tensor", WEIGHT_AXES)), activations=m.mlp_activations,
-                         plan=plan, mesh=self.mesh)
+        down = mlp_block(y, *self.mlp_weights(w), activations=m.mlp_activations, plan=plan, mesh=self.mesh)
         return self.constrain(x + down, RESIDUAL), None
+
+    def mlp_weights(self, w):
+        """The MLP's parameters in the compute dtype: `(input projections, output projection)`, laid
+        out as `MLP_WEIGHT_SPECS` (gated: w_gate, w_up; plain: w_in; then w_down)."""
+        d, f = self.plan.model.hidden, self.plan.model.intermediate
+        names = MLP_INPUT_WEIGHTS[self.plan.model.mlp_inputs]
+        w_in = tuple(w(name, (d, f), tuple(spec)) for name, spec in zip(names, MLP_WEIGHT_SPECS))
+        return w_in, w("w_down", (f, d), tuple(MLP_WEIGHT_SPECS[-1]))
 
     def parallel_block(self, x, positions, segment_ids, w):
         """MaxText's parallel block (`decoder_block=default`): `x + attention(y) + mlp(y)` with
         `y = norm(x)`, gathered over 'tensor' once for both branches and their sum
         reduce-scattered once (`parallel_block_inputs`, `parallel_block_outputs`)."""
         m, plan = self.plan.model, self.plan
-        d, h, kh, hd, f = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate
+        d, h, kh, hd = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim
         norm = _param(self, "attn_norm", (d,), (None,), init=nn.initializers.ones, dtype=jnp.dtype(plan.param_dtype))
         q, k, v, gathered = parallel_block_inputs(
             self.constrain(rms_norm(x, norm), RESIDUAL), *(w(name, (d, heads, hd), tuple(QKV_WEIGHT)) for name, heads in
@@ -298,10 +304,8 @@ class DecoderLayer(nn.Module):
                    ((rope(q, positions), "query_proj"), (rope(k, positions), "key_proj"), (v, "value_proj")))
         ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
                               ATTENTION_OUTPUT)
-        w_in = tuple(w(name, (d, f), (WEIGHT_AXES, "tensor")) for name in MLP_INPUT_WEIGHTS[m.mlp_inputs])
-        summed = parallel_block_outputs(gathered, ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), w_in,
-                                        w("w_down", (f, d), ("tensor", WEIGHT_AXES)), activations=m.mlp_activations,
-                                        plan=plan, mesh=self.mesh)
+        summed = parallel_block_outputs(gathered, ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), *self.mlp_weights(w),
+                                        activations=m.mlp_activations, plan=plan, mesh=self.mesh)
         return self.constrain(x + summed, RESIDUAL)
 
 
