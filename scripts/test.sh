@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The tests, exactly as CI runs them (.ci/run calls this script and nothing else), in three stages:
 #   1. Python 3.11 with `pip install -e '.[test]'` only: the pure tier passes without jax.
-#   2. Python 3.11 with the runtime extra: the whole suite (pure, cpu_mesh, tpu_compile).
-#   3. Python 3.12 with MaxText 0.2.5's stack (constraints/maxtext-0.2.5.txt): pure and cpu_mesh
-#      (less three files that do not depend on the jax release; see STAGE3_IGNORE).
+#   2. Python 3.11 with the runtime extra: the rest of the suite (cpu_mesh, tpu_compile, and the
+#      pure tests that mean something only with that extra installed, marked runtime_extra); the
+#      rest of the pure tier already ran in stage 1 and does not import jax, so it is not run twice.
+#   3. Python 3.12 with MaxText 0.2.5's stack (constraints/maxtext-0.2.5.txt): cpu_mesh and
+#      runtime_extra (less three files whose outcome does not depend on the jax release; see STAGE3_IGNORE).
 # Each stage installs into its own virtual environment under .venvs/ (kept for the next run); all
 # three run, and a summary at the end gives each one's outcome and time.
 # Run from anywhere: `bash scripts/test.sh`.
@@ -52,21 +54,22 @@ stage() {
 
 # The stages (set -e does not apply inside a function called from `||`, hence the && chains).
 pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test]' && tier py311-pure -m pure; }
-whole_suite() { venv py311 "$(python_for 3.11)" '.[runtime,test]' && tier py311; }
+runtime_tiers() { venv py311 "$(python_for 3.11)" '.[runtime,test]' && tier py311 -m "not pure or runtime_extra"; }
 beside_maxtext() {
     venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt &&
-        tier py312-maxtext -m "pure or cpu_mesh" "${STAGE3_IGNORE[@]}"
+        tier py312-maxtext -m "cpu_mesh or runtime_extra" "${STAGE3_IGNORE[@]}"
 }
 # Stage 3 checks that the runtime runs on MaxText's stack; it leaves out three files stage 2 runs
-# whose outcome does not depend on the jax release: the search's pod-scale properties (planner
-# only), the conformance traces of the runtime against the specs (the same code on either
-# release) and the example scripts (the CLI and runtime they call are tested here directly).
-STAGE3_IGNORE=(--ignore=tests/test_pod_scale.py --ignore=tests/test_conformance.py
-               --ignore=tests/test_runtime_examples.py)
+# whose outcome does not depend on the jax release: the conformance traces of the runtime against
+# the specs (the same code on either release), the example scripts (the CLI and runtime they call
+# are tested here directly) and the CLI's fault handling (signals, refused outputs: our code, with
+# the same measurement loop that the runtime tests run here).
+STAGE3_IGNORE=(--ignore=tests/test_conformance.py --ignore=tests/test_runtime_examples.py
+               --ignore=tests/test_faults.py)
 
 stage "1/3 Python 3.11, .[test] only: pure tier" pure_without_jax
-stage "2/3 Python 3.11, .[runtime,test]: whole suite" whole_suite
-stage "3/3 Python 3.12, MaxText 0.2.5 stack: pure and cpu_mesh tiers" beside_maxtext
+stage "2/3 Python 3.11, .[runtime,test]: cpu_mesh, tpu_compile, runtime_extra" runtime_tiers
+stage "3/3 Python 3.12, MaxText 0.2.5 stack: cpu_mesh, runtime_extra" beside_maxtext
 echo "=== summary"
 printf '%s\n' "${summary[@]}"
 exit "$failed"

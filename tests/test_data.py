@@ -145,6 +145,7 @@ def test_text_is_bytes(tmp_path):
     np.testing.assert_array_equal(next(text_batches(stream, batch=3, seq_len=6, seed=0)), batch.tokens)
 
 
+@pytest.mark.runtime_extra
 def test_array_record_documents_are_records(tmp_path):
     pytest.importorskip("grain")
     writer_module = pytest.importorskip("array_record.python.array_record_module")

@@ -130,6 +130,7 @@ def _installed_tokamax_as_cited():
         pytest.skip(f"the installed tokamax {version} is not the release the attention rows were fitted to")
 
 
+@pytest.mark.runtime_extra
 def test_rows_hold_what_the_installed_timings_give():
     """A row cannot drift from its data: refitting from the installed tokamax gives each figure whose
     source cites that release (releases carry different timings: the attention rows cite 0.0.12, the
@@ -148,6 +149,7 @@ def test_rows_hold_what_the_installed_timings_give():
     assert len(checked) >= 4  # a stack that checks anything checks a chip's every figure from that release
 
 
+@pytest.mark.runtime_extra
 def test_fitted_rows_meet_the_kernel_target():
     """MAPE at 4096 tokens and over within 10% on the installed timings (TPU7x, both directions)."""
     _installed_tokamax_as_cited()

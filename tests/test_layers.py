@@ -74,6 +74,7 @@ def test_nothing_imports_the_cli():
     assert not users
 
 
+@pytest.mark.runtime_extra  # only where jax is installed can a stray import load it
 def test_planning_never_imports_jax():
     """`import planner, cost_models` and a whole explanation load no jax (a laptop can plan)."""
     code = ("import sys, planner, cost_models, planner.maxtext, planner.suggest, cost_models.estimate; "
@@ -83,6 +84,7 @@ def test_planning_never_imports_jax():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
+@pytest.mark.runtime_extra  # only where jax is installed can a stray import load it
 def test_cpplan_explain_never_imports_jax():
     code = ("import sys, contextlib, io, cli\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
