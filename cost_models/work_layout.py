@@ -11,6 +11,26 @@ VOCAB_PIECE = 16384  # output-head columns gathered at once by the fused cross-e
 ATTENTION_WEIGHT_ARRAYS = 4  # q, k, v, out
 
 
+def residual_tokens(tokens_per_device, tensor):
+    """Tokens of the residual stream one device holds and works on: its batch shard's tokens split
+    over `tensor` too (sequence parallelism, `runtime.model.RESIDUAL`). The layer input, the
+    norms, the residual sums and what a layer keeps of them live so; each branch gathers its normed
+    input whole over `tensor` before the column-parallel matmuls (q/k/v, the MLP's inputs: heads
+    and columns split, every token) and its row-parallel output is reduce-scattered back. MaxText
+    splits the same arrays over `tensor` by their embed dimension instead (`activation_embed` ->
+    tensor in the logical axis rules of 0.2.5's base.yml, and of its v5p configs' commit 76bd53b),
+    so a device holds and normalises the same share there.
+
+    Args:
+        tokens_per_device: tokens of a device's batch shard (its sequences over the context axes);
+            a number or an array over candidates.
+        tensor: the `tensor` axis size (same form).
+    Returns:
+        The residual stream's tokens per device.
+    """
+    return tokens_per_device / tensor
+
+
 def weight_arrays_per_layer(model: ModelSpec) -> int:
     """Weight arrays of one decoder layer (q, k, v, out, the MLP's matrices, a scale per norm: two
     in a sequential block, one in a parallel one): sharded arrays are gathered and their gradients

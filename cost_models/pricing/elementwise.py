@@ -7,10 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.work_layout import residual_tokens
 
 ADAMW_BYTES_PER_PARAM = 7 * 4 + 6  # read p, g, m, v and write p, m, v in fp32; a bf16 copy of p
 ELEMENTWISE_PASSES_BACKWARD = 2.0  # backward of an elementwise op reads the input and the output grad, writes one grad
 NORM_PASSES = 2  # an RMSNorm reads its input and writes its output
+ADD_PASSES = 3  # a residual add reads two arrays and writes their sum
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,14 @@ class ElementwiseTimes:
 def price_elementwise(x: Candidates) -> ElementwiseTimes:
     """Prices one decoder layer's elementwise work for every candidate.
 
-    Norms and residual adds run on full-width activations (every tensor shard holds them whole,
-    as the runtime keeps them); RoPE and the MLP's activation on tensor-split heads and columns.
-    A sequential block has two norms and two residual adds (each reads two arrays and writes
-    one); a parallel block one norm and one sum of three arrays (`DecoderBlock`).
+    Norms and residual adds run on the residual stream, a tensor-th of the device's tokens
+    (`work_layout.residual_tokens`: sequence parallelism); RoPE and the MLP's activation on every
+    token, their heads and columns split over tensor. A sequential block has two norms and two
+    residual adds (each reads two arrays and writes one). A parallel block (`DecoderBlock`) has one
+    norm; its out projection's epilogue adds the MLP's partial sums, read once on every token
+    before the one reduce-scatter, and one residual add joins the scattered sum to the layer input
+    (as the TPU compiler fuses a v5p step's parallel block at tensor 2: a dot-plus-add output
+    fusion, then a plain add on the residual's tokens).
 
     Args:
         x: the candidates.
@@ -40,13 +46,14 @@ def price_elementwise(x: Candidates) -> ElementwiseTimes:
         Their per-layer `ElementwiseTimes`.
     """
     model, tokens, hbm_bw = x.model, x.tokens_per_device, x.topology.hbm_bw_per_device
+    residual = residual_tokens(tokens, x.tensor)
     # the activation reads each input projection's output and writes their activated product
     activation_width = (model.mlp_inputs + 1) * model.intermediate
     split_width = (2 * (model.num_heads + model.num_kv_heads) * model.head_dim + activation_width) / x.tensor
     block = model.decoder_block
-    residual_passes = 3 + 1 if block.parallel else 2 * (2 + 1)  # the arrays summed, and the sum written
-    full_width = (block.norms * NORM_PASSES + residual_passes) * model.hidden
-    forward_s = tokens * (full_width + split_width) * x.act_bytes / hbm_bw
+    residual_width = (block.norms * NORM_PASSES + (1 if block.parallel else 2) * ADD_PASSES) * model.hidden
+    branch_sum_width = model.hidden if block.parallel else 0  # the MLP's partial sums, read by the epilogue
+    forward_s = (residual * residual_width + tokens * (branch_sum_width + split_width)) * x.act_bytes / hbm_bw
     remat = x.remat_columns
     # a policy that recomputes the projections runs the whole layer's forward again; one that
     # recomputes only the MLP, its activation
