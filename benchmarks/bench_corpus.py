@@ -5,6 +5,9 @@ Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus]
 - prices every run of benchmarks/public_runs.csv with its own settings and prints MAPE, the
   largest error, Spearman of MFU and the worst runs (targets: MAPE ≤ 8%, every run within 15%,
   Spearman ≥ 0.9); writes report.md / report.json / plots under --out;
+- prints, for every multi-slice run whose corpus has the same run on one slice, how much the step
+  grows from one slice to N, published against priced, and the difference per decoder layer (the
+  multi-slice misses: see benchmarks/results/corpus/multislice.md);
 - writes cost_models/data/accuracy.json: per chip, the corpus step-time MAPE (chips with runs) and
   the attention-kernel MAPE from benchmarks/results/kernels/comparison.txt (what
   benchmarks/fit_kernels.py printed; the only figure for TPU7x, whose end-to-end runs are left out
@@ -22,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cost_models.accuracy import ACCURACY_FILE  # noqa: E402
-from validation.corpus import compare_corpus, read_corpus  # noqa: E402
+from planner.maxtext import parse_flags  # noqa: E402
+from validation.corpus import CorpusRun, compare_corpus, read_corpus  # noqa: E402
 
 CORPUS = ROOT / "benchmarks" / "public_runs.csv"
 KERNEL_COMPARISON = ROOT / "benchmarks" / "results" / "kernels" / "comparison.txt"
@@ -42,6 +46,29 @@ def kernel_mapes(text: str) -> dict[str, dict]:
             for chip, r in rows.items()}
 
 
+def slice_growth(runs: list[CorpusRun], predicted_s: dict[str, float]) -> list[dict]:
+    """Each multi-slice run beside the same run on one slice (the same flags but the slice count):
+    its step's growth from one slice, published and priced, and their difference per decoder layer."""
+    def setting(run: CorpusRun) -> tuple:
+        flags = parse_flags(run.row["maxtext_flags"])
+        slices = int(flags.pop("compile_topology_num_slices", "1"))
+        return tuple(sorted(flags.items())), slices
+
+    one_slice = {setting(r)[0]: r for r in runs if setting(r)[1] == 1}
+    rows = []
+    for run in runs:
+        key, slices = setting(run)
+        base = one_slice.get(key)
+        if slices == 1 or base is None:
+            continue
+        published = run.step_seconds - base.step_seconds
+        priced = predicted_s[run.run_id] - predicted_s[base.run_id]
+        layers = run.plan.model.num_layers
+        rows.append({"run": run.run_id, "slices": slices, "layers": layers, "published_growth_s": published,
+                     "priced_growth_s": priced, "unpriced_ms_per_layer": 1e3 * (published - priced) / layers})
+    return rows
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -51,7 +78,8 @@ def commit() -> str:
 
 
 def main() -> None:
-    report = compare_corpus(read_corpus(CORPUS), title="cpplan vs published TPU runs (benchmarks/public_runs.csv)")
+    runs = read_corpus(CORPUS)
+    report = compare_corpus(runs, title="cpplan vs published TPU runs (benchmarks/public_runs.csv)")
     files = report.write(OUT)
     s = report.summary()
     print(f"runs {s['runs']}: step-time MAPE {s['mape']:.1%} (target ≤ 8%), largest |error| {s['max_abs_error']:.1%} "
@@ -64,6 +92,10 @@ def main() -> None:
         print(f"  {r.run_id:30} predicted {r.predicted.step_time_s:9.3f} s  published {r.measured_step_s:9.3f} s  "
               f"{r.error:+7.1%}{'' if r.predicted.fits else '  (cpplan: does not fit)'}")
     print("worst: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]))
+    print("step growth from one slice to N (the same run on one slice): published, priced, unpriced per layer")
+    for g in slice_growth(runs, {r.run_id: r.predicted.step_time_s for r in report.measured}):
+        print(f"  {g['run']:30} N={g['slices']:<3} layers {g['layers']:<4} published {g['published_growth_s']:+7.3f} s  "
+              f"priced {g['priced_growth_s']:+7.3f} s  unpriced {g['unpriced_ms_per_layer']:6.2f} ms/layer")
 
     version = commit()
     kernels = kernel_mapes(KERNEL_COMPARISON.read_text())
