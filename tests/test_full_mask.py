@@ -3,6 +3,7 @@ hand: its FLOPs, the kernel calls and attention extent of every strategy, the zi
 the explain line, the MaxText export refusal, and the corpus runs that ran so."""
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from cost_models.models import MODELS, ModelSpec
 from cost_models.pricing.attention import price_attention
 from planner import Plan, candidates_of, estimate, explain, make_mesh
 from planner.maxtext import export_maxtext
+from validation.corpus import CAUSAL_FLASH_SINCE, plan_of, read_corpus
 
 pytestmark = pytest.mark.pure
 
@@ -131,3 +133,15 @@ def test_full_mask_prices_more_attention_time():
     assert full.compute_s["attention"] > 1.5 * causal.compute_s["attention"]
     assert full.compute_s["matmul"] == pytest.approx(causal.compute_s["matmul"])
     assert np.isfinite(full.mfu) and full.model_flops > causal.model_flops
+
+
+def test_corpus_runs_before_causal_flash_are_priced_with_a_full_mask():
+    runs = read_corpus(Path(__file__).resolve().parents[1] / "benchmarks" / "public_runs.csv")
+    early = [r for r in runs if r.row["date"] < CAUSAL_FLASH_SINCE]
+    # the 24 v5e runs of the MaxText README at e47fa1b (2023-10-31); the v5p table (2023-12-15) ran causal
+    assert len(early) == 24 and all(r.run_id.startswith("v5e-") and not r.plan.model.causal for r in early)
+    assert all(r.plan.model.causal for r in runs if r not in early)
+    # the attention path without flash (a dot product under MaxText's causal decoder mask) stays causal
+    row = dict(early[0].row, maxtext_flags=early[0].row["maxtext_flags"].replace("enable_flash_attention=true",
+                                                                                "enable_flash_attention=false"))
+    assert plan_of(row, "test")[0].model.causal
