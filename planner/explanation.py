@@ -216,8 +216,8 @@ class Explanation:
         None for a causal model (every model cpplan names)."""
         if self.result.case.model.causal:
             return None
-        return ("attention: full (non-causal) mask: every query sees every key, so attention costs about twice "
-                "a causal model's, and zigzag balancing, which has nothing to even out, is not searched")
+        return ("attention: full (non-causal) mask: every query sees every key, so the kernels compute every block "
+                "(up to twice a causal model's work), and zigzag balancing, with nothing to even out, is not searched")
 
     def __str__(self) -> str:
         note = [f"Note: {self.result.batch_note}."] if self.result.batch_note else []
