@@ -10,6 +10,7 @@
   inside the kernel (a mask function), so per (q block × kv block) it keeps one int8
   `block_mask` entry and one `data_next` index, downcast to the smallest integer type that holds
   the block count (jax's splash_attention_mask_info downcasts SMEM arrays), shared by all heads.
+  A full (non-causal) mask keeps none: the kernel visits every block.
 - A kernel run as a grid pays per grid step, computed or skipped: a fixed cost, and where the
   kernel is interpreted (Pallas interpret mode on a host) a copy of every operand array it
   reads or writes — the discharged loop carries whole arrays, and XLA's CPU backend copies
@@ -57,7 +58,7 @@ def causal_block_fraction(length, block):
     return (n + 1) / (2 * n)
 
 
-def causal_attention_extent(seq_len, ring, zigzag, *, block_q, block_kv):
+def causal_attention_extent(seq_len, ring, zigzag, *, block_q, block_kv, causal=True):
     """Query×key token pairs the busiest device computes per sequence and head, whole blocks.
 
     Args:
@@ -66,19 +67,24 @@ def causal_attention_extent(seq_len, ring, zigzag, *, block_q, block_kv):
         zigzag: whether rank i holds chunks i and 2·ring−1−i.
         block_q: splash query block.
         block_kv: splash key/value block.
+        causal: whether the model's mask is causal (`ModelSpec.causal`); a full mask computes
+            every pair, on every rank alike, so zigzag and the blocks change nothing.
     Returns:
-        Token pairs (arrays broadcast over the arguments).
+        Token pairs (arrays broadcast over the arguments; under a full mask over seq_len and ring).
 
     Each query block computes the key blocks up to its last row; when one block size divides
     the other that is the square case with the larger block (see the module docstring).
     With no balancing the last rank sees all earlier blocks in full plus its own diagonal:
     (ring−1) full blocks + one causal one; with zigzag every rank does 2·ring−1 full quarter
-    blocks and two causal ones.
+    blocks and two causal ones. Under a full mask every rank sees its S/ring queries against
+    all S keys.
     """
     s = np.asarray(seq_len, dtype=float)
     ring = np.asarray(ring, dtype=float)
     block = np.maximum(block_q, block_kv)
     chunk = s / ring
+    if not causal:
+        return chunk * s  # the same on every rank, whatever the balancing and blocks
     plain = chunk**2 * ((ring - 1) + causal_block_fraction(chunk, block))
     half = chunk / 2
     balanced = half**2 * ((2 * ring - 1) + 2 * causal_block_fraction(half, block))

@@ -1,7 +1,12 @@
 """FLOPs of a training step, counted as MaxText counts them (maxtext_utils.
 calculate_tflops_training_per_device): matmuls with learnable weights (the input embedding is a
 gather and not counted), causal attention halved, the forward counted once and the backward
-twice (factor 3). Remat recomputation is extra executed work, never model FLOPs."""
+twice (factor 3). Remat recomputation is extra executed work, never model FLOPs.
+
+A model with a full (non-causal) mask (`ModelSpec.causal=False`) computes every query×key pair,
+and its model FLOPs count them all, 4·S²·H·d per layer forward, not halved: MaxText counts its
+full-mask attention so (the "4 for non-causal" of calculate_tflops_training_per_device), and so
+MFU (`cost_models.units.mfu`) stays the share of peak doing the model's own work under either mask."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +21,7 @@ class LayerFlops:
     qkv: float
     out_proj: float
     mlp: float
-    attention: float  # causal: half of the 4·S²·H·d of full attention
+    attention: float  # 4·S²·H·d per sequence for a full mask; causal: half of it
 
     @property
     def matmul(self) -> float:
@@ -34,7 +39,7 @@ def layer_forward_flops(model: ModelSpec, seq_len, tokens) -> LayerFlops:
         qkv=2.0 * tokens * d * (h + 2 * k) * hd,
         out_proj=2.0 * tokens * d * h * hd,
         mlp=2.0 * tokens * model.mlp_matrices * d * model.intermediate,
-        attention=4.0 * tokens * seq_len * h * hd / 2,
+        attention=4.0 * tokens * seq_len * h * hd / (2 if model.causal else 1),
     )
 
 

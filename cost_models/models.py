@@ -11,6 +11,11 @@ output: two norms), or `default`, MaxText's parallel block (`NNXDecoderLayer` in
 layers/nnx_decoders.py; before 2024-01-21 its only `DecoderLayer`, in MaxText/layers.py at
 e47fa1b and MaxText/layers/models.py at 76bd53b): one norm, attention and MLP both read the same
 normed input, and the layer's output is `inputs + attention_out + mlp_out`.
+
+The attention mask is `causal` (a decoder: each query sees the keys at or before it; every
+model cpplan names) or full (`causal=False`: every query sees every key, as in an encoder or a
+prefix-LM's prefix, and as MaxText's flash attention ran before 2023-11-07, see
+`validation.corpus`). The mask decides the attention's FLOPs and kernel calls, never its shapes.
 """
 from __future__ import annotations
 
@@ -65,7 +70,8 @@ class DecoderBlock(_Named):
 class ModelSpec:
     """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, and an MLP that is
     gated (SwiGLU by default) or plain, as `mlp_activations` says, in a sequential (Llama, the
-    default) or parallel block, as `decoder_block` says (see the module docstring)."""
+    default) or parallel block, as `decoder_block` says, with a causal (the default) or full
+    attention mask, as `causal` says (see the module docstring)."""
 
     name: str
     num_layers: int
@@ -79,6 +85,7 @@ class ModelSpec:
     qkv_bias: bool = False
     mlp_activations: tuple[str, ...] = SWIGLU
     decoder_block: DecoderBlock = DecoderBlock.LLAMA2
+    causal: bool = True
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -93,7 +100,7 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise CpplanError(f"model {self.name!r}: num_heads={self.num_heads} must be a multiple of "
                               f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
-        for f in ("tie_embeddings", "qkv_bias"):
+        for f in ("tie_embeddings", "qkv_bias", "causal"):
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
         object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))

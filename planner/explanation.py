@@ -211,9 +211,18 @@ class Explanation:
                 f"tokens × {case.global_batch} sequence{'s' if case.global_batch > 1 else ''} per step on {topo.name} "
                 f"({topo.num_chips} chips, {topo.num_devices} devices)")
 
+    def mask_text(self) -> str | None:
+        """One line for a model with a full (non-causal) mask, which changes what the plans do;
+        None for a causal model (every model cpplan names)."""
+        if self.result.case.model.causal:
+            return None
+        return ("attention: full (non-causal) mask: every query sees every key, so the kernels compute every block "
+                "(up to twice a causal model's work), and zigzag balancing, with nothing to even out, is not searched")
+
     def __str__(self) -> str:
         note = [f"Note: {self.result.batch_note}."] if self.result.batch_note else []
-        lines = [self.header(), *note, ""]
+        mask = self.mask_text()
+        lines = [self.header(), *([mask] if mask else []), *note, ""]
         if self.best is None:
             lines.append(self.nothing_fits_text())
             return "\n".join(lines)

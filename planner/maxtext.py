@@ -13,8 +13,11 @@ other `dcn_*` axes must be 1, as the planner keeps context and tensor inside a s
 Export (`export_maxtext`) describes the plan that was explained, priced for MaxText
 (`cost_models.targets`): where MaxText needs other splash blocks the plan exported has them and
 says so. The training flags and the ahead-of-time `compile_topology*` flags (train_compile only)
-are kept apart. Import (`read_maxtext`) reads what changes the price, with MaxText's own defaults
-for what is unset, applies MaxText's rules, and names every flag it did not read.
+are kept apart. A model with a full (non-causal) mask is refused by name: MaxText 0.2.5 runs the
+attention of the decoder blocks cpplan models causal, whatever its `attention_type` flag says
+(`cost_models.strategies.base.maxtext_mask_problems`). Import (`read_maxtext`) reads what
+changes the price, with MaxText's own defaults for what is unset, applies MaxText's rules, and
+names every flag it did not read.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, 
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
 from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements
 from cost_models.strategies import STRATEGIES
+from cost_models.strategies.base import maxtext_mask_problems
 from cost_models.targets import Target
 from cost_models.topology import get_topology
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
@@ -73,9 +77,9 @@ def _slice_name(topology: str) -> str | None:
 
 
 def maxtext_problems(plan: Plan) -> list[str]:
-    """MaxText's own rules for the plan's strategy (its spec's `maxtext_problems`, from MaxText's
-    configs/types.py), each with the fix."""
-    return plan.strategy_spec.maxtext_problems(plan.shape)
+    """MaxText's own rules for the plan's model (its attention mask) and strategy (its spec's
+    `maxtext_problems`, from MaxText's configs/types.py), each with the fix."""
+    return maxtext_mask_problems(plan.model) + plan.strategy_spec.maxtext_problems(plan.shape)
 
 
 def maxtext_block(plan: Plan) -> int:

@@ -12,6 +12,7 @@ from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
+from cost_models.strategies.base import full_mask_balance_problem
 from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
 from cost_models.units import GiB
@@ -36,7 +37,8 @@ class Plan:
         axis_order: the logical axes from outermost to innermost as laid on the devices.
         physical_order: the topology's physical dimension names from outermost to innermost.
         cp_strategy: how attention spans the sequence shards.
-        load_balance: causal load balancing over the context axes.
+        load_balance: causal load balancing over the context axes (none for a model with a full mask,
+            whose ranks all do the same work).
         remat: what the forward pass keeps for the backward pass (MaxText's policy names).
         remat_custom: under ``remat=custom``, where each checkpoint goes: ``((name, Placement),
             ...)`` for the names kept on device or offloaded to host memory (the rest are
@@ -115,6 +117,9 @@ class Plan:
         object.__setattr__(self, "topology", topo.name)
         object.__setattr__(self, "cp_strategy", CPStrategy.parse(self.cp_strategy))
         object.__setattr__(self, "load_balance", LoadBalance.parse(self.load_balance))
+        problem = full_mask_balance_problem(self.model, self.load_balance is LoadBalance.ZIGZAG)
+        if problem:
+            raise CpplanError(f"plan {problem}; plan with load_balance='none'.")
         object.__setattr__(self, "remat", RematPolicy.parse(self.remat))
         if not isinstance(self.remat_custom, (tuple, list, dict)):
             raise CpplanError(f"plan remat_custom={self.remat_custom!r} must map checkpoint names "

@@ -34,6 +34,7 @@ from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
 from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
+from cost_models.strategies.base import maxtext_mask_problems
 from cost_models.targets import Target
 from cost_models.topology import AxisLinks, Topology, divisors
 from cost_models.units import GiB, MiB
@@ -144,9 +145,10 @@ class SearchResult(ReadsCase):
 
 
 def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_dim: int,
-                   act_bytes: int) -> tuple[list[int], str | None]:
+                   act_bytes: int, causal: bool) -> tuple[list[int], str | None]:
     """The splash blocks (in `BLOCK_PREFERENCE` order) a kernel call of (q × kv) tokens can use
-    within the chip's SMEM and scoped VMEM, or none and the rule that fails."""
+    within the chip's SMEM (a causal mask's metadata; a full mask keeps none) and scoped VMEM,
+    or none and the rule that fails."""
     q = layout_q / (2 if zigzag else 1)
     options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
     if not options:
@@ -157,6 +159,8 @@ def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_di
     if all(vmem.values()):
         return [], vmem[min(options)]
     options = [b for b in options if not vmem[b]]
+    if not causal:
+        return options, None
     fitting = [b for b in options
                if splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes]
     if fitting:
@@ -406,7 +410,8 @@ class SearchSpace:
                                     self.topology.chip.kind.shares_cores))
             options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag,
                                              head_dim=self.model.head_dim,
-                                             act_bytes=DTYPE_BYTES[self.options.compute_dtype])
+                                             act_bytes=DTYPE_BYTES[self.options.compute_dtype],
+                                             causal=self.model.causal)
             if options and self.target.traits.per_head_metadata and spec.maxtext_per_head_metadata \
                     and not self.topology.chip.kind.interprets_kernels:
                 options, reason = _per_head_blocks(options, lay, self.topology, self.target)
@@ -467,11 +472,12 @@ class SearchSpace:
             impl = STRATEGIES[strategy]
             for lb in load_balances:
                 zig = lb is LoadBalance.ZIGZAG
-                if zig and not impl.balances_load:
+                if zig and not impl.balances(self.model):
                     if LoadBalance.NONE in opts.load_balance:
                         continue  # the unbalanced candidate is the same plan
+                    what = "a full (non-causal) mask" if impl.balances_load else strategy.value
                     out.append((strategy, lb, Violation(
-                        "load balance", f"only zigzag was allowed; {strategy.value} has nothing to balance"), None))
+                        "load balance", f"only zigzag was allowed; {what} has nothing to balance"), None))
                     continue
                 shape = Shape(self.model, self.seq_len, ring, ulysses, tensor, zig,
                               self.topology.chip.kind.shares_cores)
@@ -482,7 +488,7 @@ class SearchSpace:
         """Under a target with MaxText's rules, the first of them the candidate breaks."""
         if not self.target.traits.maxtext_rules:
             return None
-        problems = spec.maxtext_problems(shape)
+        problems = maxtext_mask_problems(shape.model) + spec.maxtext_problems(shape)
         return Violation("maxtext", problems[0]) if problems else None
 
     def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:

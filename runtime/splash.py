@@ -4,7 +4,9 @@ Every strategy calls attention on local blocks through this module. It builds th
 block-sparsity metadata (`MaskInfo`) arithmetically from block coordinates — O(blocks), never
 O(S²) — for the two masks a plan needs: *causal* (query positions given per query block, keys in
 natural order, so the same code serves a rank's zigzag query chunks against gathered keys) and
-*full*. It checks the metadata against the chip's scalar memory (SMEM), and exposes three calls:
+*full* (no metadata: a ring hop from an earlier rank, and every call of a model whose mask is
+full, `ModelSpec.causal=False`). It checks the metadata against the chip's scalar memory
+(SMEM), and exposes three calls:
 
 - `attend`: output only, differentiable through splash's own custom VJP;
 - `attend_with_lse`: output and log-sum-exp (forward only, for ring hops merged by logsumexp);
@@ -209,6 +211,16 @@ def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
     return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len),
                   config.interpret)
+
+
+def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, causal: bool) -> Kernel:
+    """The kernel of a local block the model's mask decides: `causal_kernel` (query i sees keys
+    0..i) or, for a model with a full mask, `full_kernel`.
+
+    Raises:
+        CpplanError: bad block sizes, or causal metadata that overflows SMEM.
+    """
+    return (causal_kernel if causal else full_kernel)(q_len, kv_len, config)
 
 
 def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: KernelConfig) -> Kernel:

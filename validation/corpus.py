@@ -57,6 +57,12 @@ FLOP_RULES = {
     "maxtext-2023-12": 6,  # maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0 MaxText/train.py
 }
 
+# MaxText's flash attention ran the Pallas kernel with causal=False (MaxText/layers.py `apply_attention` at
+# AI-Hypercomputer/maxtext@e47fa1b5d377ee1043e663f1414024f4d0f12df0, 2023-10-31): every score block was
+# computed. 3dbc05760eae2bdd8bd84a4a0cca0aaab47a700f ("segment_ids in flash") made it causal=True and reached
+# main with the merge 079996137 (PR #167) on 2023-11-07; runs of earlier commits are priced with a full mask.
+CAUSAL_FLASH_SINCE = "2023-11-07"
+
 # The flags the synthetic shape is built from here (`synthetic_shape`), not by the MaxText import.
 SHAPE_FLAGS = ("global_parameter_scale", "base_emb_dim", "base_num_heads", "base_num_query_heads", "base_num_kv_heads",
                "base_mlp_dim", "base_num_decoder_layers", "head_dim", "vocab_size", "mlp_activations",
@@ -211,7 +217,8 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
         flags["ici_fsdp_parallelism"] = transpose
         notes.append("ici_fsdp_transpose_parallelism (FSDP with the weights' other dimension sharded) priced as fsdp")
     attention = flags.pop("attention", "flash")
-    if flags.pop("enable_flash_attention", "true").lower() != "true" or attention not in ("flash", "autoselected"):
+    flash = flags.pop("enable_flash_attention", "true").lower() == "true" and attention in ("flash", "autoselected")
+    if not flash:
         notes.append(f"attention={attention} priced as splash (cpplan prices splash attention only)")
     shape = None
     model = None
@@ -227,6 +234,9 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
     if unpriced:
         notes.append(f"flags cpplan does not price: {', '.join(unpriced)}")
     plan, block_notes = _blocks_within_vmem(read.plan)
+    date = (row.get("date") or "").strip()
+    if flash and date and date < CAUSAL_FLASH_SINCE:
+        plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, causal=False))
     return plan, notes + block_notes, shape
 
 

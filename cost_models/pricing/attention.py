@@ -1,6 +1,7 @@
 """The attention of one decoder layer on one device: the splash kernel's MXU work over the
-blocks it computes (whole blocks across the causal diagonal), plus what its grids pay per step
-and each call pays once; the backward's MXU time is the chip's measured ratio to the forward's."""
+blocks it computes (whole blocks across the causal diagonal; every block under a full mask),
+plus what its grids pay per step and each call pays once; the backward's MXU time is the chip's
+measured ratio to the forward's. A full (non-causal) mask keeps no metadata in SMEM."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
     # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
     # so the step costs the average rank's work (the balanced extent), not the busiest rank's
     extent = causal_attention_extent(x.seq_len, layout.ring, x.zigzag | x.shared_cores,
-                                     block_q=x.block_q, block_kv=x.block_kv)
+                                     block_q=x.block_q, block_kv=x.block_kv, causal=model.causal)
     efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
     forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
@@ -73,5 +74,6 @@ def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
         backward_s=chip.attention_backward_over_forward * math_forward_s + grid_backward_s,
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
-        smem_bytes=splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv),
+        smem_bytes=(splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)
+                    if model.causal else np.zeros_like(forward_flops)),
     )

@@ -2,8 +2,9 @@
 
 Forward: one all-gather of K and V per layer; backward: the gather again (unless a recomputed
 forward just made it) plus a reduce-scatter of dK and dV. Not overlapped with compute. Holds
-full-length K, V and their gradients (in the compute dtype, as splash returns them). One causal
-splash call per device: its local queries (at their global positions) against all keys.
+full-length K, V and their gradients (in the compute dtype, as splash returns them). One splash
+call per device: its local queries (at their global positions) against all keys, causal unless
+the model's mask is full.
 """
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ class AllGather(StrategySpec):
         return Layout(*tensor_shard_heads(x), ring, x.seq_len / ring, np.full_like(ring, x.seq_len))
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        """One causal call of the local queries against the gathered keys; under zigzag a query
-        block must stay inside one of the rank's two chunks."""
-        return (KernelCall(1.0, layout.q_len, layout.kv_len, q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf)),)
+        """One call of the local queries against the gathered keys, causal as the model's mask is;
+        under zigzag a query block must stay inside one of the rank's two chunks."""
+        return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal,
+                           q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf)),)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         kv_full = 2 * x.sequences_per_device * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes

@@ -133,8 +133,13 @@ class StrategySpec:
 
     def check(self, shape: Shape) -> Violation | None:
         """None when the strategy runs this case, else the first rule it breaks, with its numbers."""
-        return (self.axes_check(shape) or self.load_balance_check(shape) or heads_check(shape)
-                or self.heads_rule(shape) or self.sequence_rule(shape) or lane_check(self, shape))
+        return (self.axes_check(shape) or full_mask_balance_check(shape) or self.load_balance_check(shape)
+                or heads_check(shape) or self.heads_rule(shape) or self.sequence_rule(shape) or lane_check(self, shape))
+
+    def balances(self, model: ModelSpec) -> bool:
+        """Whether zigzag changes this strategy's work for `model`: only where it balances load at
+        all and the mask is causal (a full mask gives every rank the same work)."""
+        return self.balances_load and model.causal
 
     def axes_check(self, shape: Shape) -> Violation | None:
         if self.axes.accepts(shape.ring, shape.ulysses):
@@ -168,8 +173,9 @@ class StrategySpec:
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """The splash calls one device makes per layer forward, as the runtime makes them:
-        the busiest device's on chips, the average device's where devices share cores."""
-        return (KernelCall(1.0, layout.q_len, layout.kv_len),)
+        the busiest device's on chips, the average device's where devices share cores; causal
+        as the model's mask is."""
+        return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         """Per-layer traffic of `Candidates` x; `attention_fwd_s` is the forward kernel time per layer."""
@@ -199,6 +205,34 @@ class StrategySpec:
     def maxtext_problems(self, shape: Shape) -> list[str]:
         """MaxText's own rules for this strategy that `shape` breaks, each with the fix."""
         return []
+
+
+def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
+    """None unless zigzag is asked of a model with a full (non-causal) mask, where it changes
+    nothing: every rank attends its queries to every key, the same work on each."""
+    if zigzag and not model.causal:
+        return (f"load_balance=zigzag: zigzag evens out causal attention's uneven work, but model {model.name!r} "
+                f"attends with a full (non-causal) mask (causal=False), which gives every context rank the same work")
+    return None
+
+
+def full_mask_balance_check(shape: Shape) -> Violation | None:
+    """`full_mask_balance_problem` of a candidate, as a rule it breaks."""
+    problem = full_mask_balance_problem(shape.model, shape.zigzag)
+    return Violation("load balance", problem) if problem else None
+
+
+def maxtext_mask_problems(model: ModelSpec) -> list[str]:
+    """MaxText 0.2.5 runs the attention of its llama2 and default decoder blocks causal: both
+    build their `Attention` with the global (causal) type, which wins over the `attention_type`
+    flag (layers/attention_op.py `_resolve_attention_type`; models/llama2.py and
+    layers/nnx_decoders.py `NNXDecoderLayer` pass none), and its Ulysses and USP refuse any type
+    but global (configs/types.py). A full-mask model has no MaxText flags."""
+    if model.causal:
+        return []
+    return [f"model {model.name!r} attends with a full (non-causal) mask, and MaxText 0.2.5 runs its llama2 and "
+            f"default decoder blocks causal whatever attention_type says (the blocks pass their own, global, "
+            f"type); run the plan on cpplan's runtime, or plan a causal model (causal=True) to export"]
 
 
 def kv_heads_per_tensor_shard(model: ModelSpec, tensor):

@@ -19,14 +19,17 @@ SPLASH_LSE_LANES = 128  # splash's log-sum-exp output is [heads, q_len, 128] fp3
 
 
 def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
-    """A causal call over the local block, then one call per hop (USP reuses it).
+    """A call over the local block, then one call per hop (USP reuses it).
 
     Zigzag: a hop from an earlier rank attends all local queries to the source's first chunk,
     one from a later rank the second query chunk to the whole source — across ranks, half of
     the hops each. Without zigzag only hops from earlier ranks compute: all of them on the last
-    rank, half on the average one, which is what a host's shared cores pay.
+    rank, half on the average one, which is what a host's shared cores pay. Under a full
+    (non-causal) mask every step is whole: the local block and all ring − 1 hops, on every rank.
     """
     length, hops = layout.q_len, layout.ring - 1
+    if not x.model.causal:
+        return (KernelCall(1.0, length, length, causal=False), KernelCall(hops, length, length, causal=False))
     plain_hops = np.where(x.shared_cores, hops / 2, hops)
     return (KernelCall(1.0, length, length),
             KernelCall(np.where(x.zigzag, hops / 2, plain_hops), length, np.where(x.zigzag, length / 2, length),

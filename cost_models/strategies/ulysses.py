@@ -6,7 +6,8 @@ Query heads per tensor shard must split over the Ulysses degree. KV heads are re
 the least common multiple of their count and the degree (a grouped-query model with fewer KV
 heads than the degree, or counts where neither divides the other), and that replication is
 priced: more heads travel and more are attended.
-Each device then runs one causal kernel over the whole sequence (or ring block, for USP).
+Each device then runs one kernel over the whole sequence (or ring block, for USP), causal unless the
+model's mask is full.
 """
 from __future__ import annotations
 

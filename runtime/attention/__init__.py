@@ -1,11 +1,12 @@
-"""Context-parallel causal attention: one module per strategy, one entry point.
+"""Context-parallel attention: one module per strategy, one entry point.
 
 `context_attention(q, k, v, plan=..., mesh=...)` takes global `[batch, seq, heads, head_dim]`
-arrays in natural token order and returns the causal attention output in the same layout; the
+arrays in natural token order and returns the attention output in the same layout, under the
+mask of the plan's model (causal, or full where `ModelSpec.causal` is False); the
 model calls `sharded_attention`, which expects tokens already in the plan's (load-balanced)
 order. Both scale q by 1/sqrt(head_dim) once and run the plan's strategy under `shard_map`.
 Both take optional `segment_ids` `[batch, seq]` of packed documents: a query then sees only
-earlier keys of its own document. Every strategy carries them.
+earlier keys (any key, under a full mask) of its own document. Every strategy carries them.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
     return AttentionLayout(seq_len=plan.seq_len, ring=plan.axis_size("context"),
                            ulysses=plan.axis_size("context_ulysses"),
                            zigzag=plan.load_balance is LoadBalance.ZIGZAG,
-                           kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem))
+                           kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem), causal=plan.model.causal)
 
 
 def is_interpret(mesh: Mesh) -> bool:
@@ -49,7 +50,7 @@ def is_interpret(mesh: Mesh) -> bool:
 
 def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
                       segment_ids: jax.Array | None = None) -> jax.Array:
-    """Causal attention of global arrays whose tokens are already in the plan's order.
+    """Attention (under the model's mask) of global arrays whose tokens are already in the plan's order.
 
     Args:
         q: `[batch, seq, heads, head_dim]`.
@@ -75,7 +76,7 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
                       segment_ids: jax.Array | None = None) -> jax.Array:
-    """Causal attention of global arrays in natural token order, run as the plan says.
+    """Attention (under the model's mask) of global arrays in natural token order, run as the plan says.
 
     Args:
         q: `[batch, seq, heads, head_dim]`, natural token order.

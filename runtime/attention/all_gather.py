@@ -3,7 +3,8 @@
 The gathered keys are put back in natural order (a static permutation of 2N chunks under
 zigzag), and each rank's queries carry their global positions into the kernel, so one causal
 splash call per rank does the work; its block tables are built for every rank and the rank's
-row is selected at run time. Autodiff turns the all-gather into a reduce-scatter of dK/dV.
+row is selected at run time. Under a full mask (`ModelSpec.causal=False`) the call is a full
+kernel, the same on every rank. Autodiff turns the all-gather into a reduce-scatter of dK/dV.
 Segment ids of packed documents are gathered and reordered exactly like K/V.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _natural_order(x: jax.Array, n: int, seq: int) -> jax.Array:
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Causal attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled); `segment_ids`
+    """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
     `[batch, seq/N]` (packed documents) or None."""
     n, seq = layout.ring, layout.seq_len
     gathered = [jax.lax.all_gather(x, "context", axis=1, tiled=True) for x in (k, v, segment_ids) if x is not None]
@@ -36,9 +37,11 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
     config = layout.kernel
     if layout.zigzag and n > 1:  # a query block must not straddle the rank's two chunks
         config = dataclasses.replace(config, block_q=min(config.block_q, seq // (2 * n)))
-    positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
-    rank = jax.lax.axis_index("context")
-    kernel = splash.causal_kernel_per_rank(positions, seq, rank, config)
+    if layout.causal:
+        positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
+        kernel = splash.causal_kernel_per_rank(positions, seq, jax.lax.axis_index("context"), config)
+    else:  # every local query sees every gathered key, wherever the rank sits
+        kernel = splash.full_kernel(q.shape[1], seq, config)
     out = splash.attend(kernel.with_segments(segment_ids, kv_ids), fold_heads(q), fold_heads(k_all),
                         fold_heads(v_all))
     return unfold_heads(out, q.shape[0])

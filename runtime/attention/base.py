@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from cost_models.errors import CpplanError
 from cost_models.strategies.ulysses import replicated_kv_heads
 from runtime.splash import KernelConfig
 
@@ -21,6 +22,10 @@ class AttentionLayout:
         ulysses: size of the 'context_ulysses' axis (all-to-all degree).
         zigzag: tokens are in zigzag order over the ring.
         kernel: splash block sizes and mode.
+        causal: the model's mask (`ModelSpec.causal`): causal, or full, where every query sees
+            every key and there is no work for zigzag to balance.
+    Raises:
+        CpplanError: zigzag order under a full mask (`Plan` refuses it too).
     """
 
     seq_len: int
@@ -28,6 +33,13 @@ class AttentionLayout:
     ulysses: int
     zigzag: bool
     kernel: KernelConfig
+    causal: bool = True
+
+    def __post_init__(self):
+        if self.zigzag and not self.causal:
+            raise CpplanError("zigzag order balances causal attention; with a full (non-causal) mask every rank does "
+                              "the same work, and the ring's hops attend whole blocks: lay tokens out in natural "
+                              "order (load_balance='none').")
 
     @property
     def ring_block(self) -> int:

@@ -7,7 +7,9 @@ hop's attention so the two can overlap. Each hop attends with a small local mask
 - s == r: causal over the local block (the local order is increasing, zigzag or not);
 - without zigzag: s < r full, s > r nothing;
 - with zigzag (rank i holds chunks i and 2N−1−i): s < r, every query sees the source's first
-  chunk only (full); s > r, only the second query chunk sees the source, and sees all of it.
+  chunk only (full); s > r, only the second query chunk sees the source, and sees all of it;
+- under a model's full mask (`ModelSpec.causal=False`, never zigzag): every step full, the local
+  block included, on every rank.
 
 Packed documents: segment ids travel round the ring with K/V, and each hop's splash call masks
 by them too; a query that sees no key of a hop gets no weight in the merge. Hops are merged
@@ -92,17 +94,28 @@ def _source_is_past(hop: int, n: int):
     return (rank - hop) % n < rank
 
 
+def _hop(step, hop: int, layout: AttentionLayout, *args):
+    """`_hop_forward` or `_hop_backward` of one hop: chosen at run time by where the source sits
+    under a causal mask; whole (as from an earlier rank) under a full one."""
+    if not layout.causal:
+        return step(*args, layout=layout, past=True)
+    return jax.lax.cond(_source_is_past(hop, layout.ring), partial(step, layout=layout, past=True),
+                        partial(step, layout=layout, past=False), *args)
+
+
+def _local_kernel(length: int, ids, layout: AttentionLayout) -> splash.Kernel:
+    """The kernel of the rank's own block: causal, or full under the model's full mask."""
+    return splash.block_kernel(length, length, layout.kernel, causal=layout.causal).with_segments(ids, ids)
+
+
 def _forward(q, k, v, ids, layout: AttentionLayout):
     n, length = layout.ring, q.shape[1]
-    causal = splash.causal_kernel(length, length, layout.kernel).with_segments(ids, ids)
-    out, lse = splash.attend_with_lse(causal, q, k, v)
+    out, lse = splash.attend_with_lse(_local_kernel(length, ids, layout), q, k, v)
     out = out.astype(jnp.float32)
     kv = (k, v, ids)
     for hop in range(1, n):
         kv = _shift(kv, n)
-        out_h, lse_h = jax.lax.cond(_source_is_past(hop, n),
-                                    partial(_hop_forward, layout=layout, past=True),
-                                    partial(_hop_forward, layout=layout, past=False), q, kv[0], kv[1], ids, kv[2])
+        out_h, lse_h = _hop(_hop_forward, hop, layout, q, kv[0], kv[1], ids, kv[2])
         out, lse = _merge(out, lse, out_h, lse_h)
     return out.astype(q.dtype), lse
 
@@ -110,7 +123,7 @@ def _forward(q, k, v, ids, layout: AttentionLayout):
 @partial(jax.custom_vjp, nondiff_argnums=(4,))
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
                    layout: AttentionLayout) -> jax.Array:
-    """Causal ring attention of folded local blocks `[heads, ring_block, d]` (q pre-scaled);
+    """Ring attention of folded local blocks `[heads, ring_block, d]` (q pre-scaled), under the model's mask;
     `segment_ids` `[batch, ring_block]` of packed documents (heads batch-major), or None."""
     return _forward(q, k, v, segment_ids, layout)[0]
 
@@ -125,17 +138,14 @@ def _ring_fwd(q, k, v, ids, layout):
 def _ring_bwd(layout, residuals, d_out):
     q, k, v, ids, out, lse = residuals
     n, length = layout.ring, q.shape[1]
-    causal = splash.causal_kernel(length, length, layout.kernel).with_segments(ids, ids)
-    dq, dk, dv = (x.astype(jnp.float32) for x in splash.attend_bwd(causal, q, k, v, out, lse, d_out))
+    local = _local_kernel(length, ids, layout)
+    dq, dk, dv = (x.astype(jnp.float32) for x in splash.attend_bwd(local, q, k, v, out, lse, d_out))
     kv_ids = ids
     kv = (k, v)
     for hop in range(1, n):
         kv, kv_ids = _shift((kv, kv_ids), n)
         dk, dv = _shift((dk, dv), n)
-        dq_h, dk_h, dv_h = jax.lax.cond(_source_is_past(hop, n),
-                                        partial(_hop_backward, layout=layout, past=True),
-                                        partial(_hop_backward, layout=layout, past=False),
-                                        q, *kv, ids, kv_ids, out, lse, d_out)
+        dq_h, dk_h, dv_h = _hop(_hop_backward, hop, layout, q, *kv, ids, kv_ids, out, lse, d_out)
         dq, dk, dv = dq + dq_h, dk + dk_h, dv + dv_h
     if n > 1:
         dk, dv = _shift((dk, dv), n)
@@ -147,7 +157,7 @@ ring_attention.defvjp(_ring_fwd, _ring_bwd)
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Causal attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled); `segment_ids`
+    """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
     `[batch, seq/N]` (packed documents) or None."""
     out = ring_attention(fold_heads(q), fold_heads(k), fold_heads(v), segment_ids, layout)
     return unfold_heads(out, q.shape[0])

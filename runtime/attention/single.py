@@ -1,4 +1,5 @@
-"""No context parallelism: each device holds whole sequences and runs one causal splash call."""
+"""No context parallelism: each device holds whole sequences and runs one splash call (causal, or
+full where the model's mask is)."""
 from __future__ import annotations
 
 import jax
@@ -9,8 +10,9 @@ from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Causal attention of local `[batch, seq, heads, d]` blocks holding whole sequences (q pre-scaled);
+    """Attention of local `[batch, seq, heads, d]` blocks holding whole sequences (q pre-scaled);
     `segment_ids` `[batch, seq]` (packed documents) or None."""
-    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel).with_segments(segment_ids, segment_ids)
+    kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, causal=layout.causal)
+    kernel = kernel.with_segments(segment_ids, segment_ids)
     out = splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v))
     return unfold_heads(out, q.shape[0])

@@ -34,10 +34,10 @@ def scatter_sequence(out: jax.Array) -> jax.Array:
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Causal attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled); `segment_ids`
+    """Attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
     `[batch, seq/u]` (packed documents) or None."""
     q, k, v = gather_sequence(q, k, v, layout)
     ids = gather_segment_ids(segment_ids)
-    kernel = splash.causal_kernel(q.shape[1], k.shape[1], layout.kernel).with_segments(ids, ids)
+    kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, causal=layout.causal).with_segments(ids, ids)
     out = unfold_heads(splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v)), q.shape[0])
     return scatter_sequence(out)

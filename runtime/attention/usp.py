@@ -14,7 +14,7 @@ from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Causal attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled); `segment_ids`
+    """Attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
     `[batch, seq/(r·u)]` (packed documents) or None."""
     q, k, v = ulysses.gather_sequence(q, k, v, layout)
     ids = ulysses.gather_segment_ids(segment_ids)
