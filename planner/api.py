@@ -76,7 +76,8 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
 
     The placement on the torus is the best realisable one for that mesh; remat and load
     balancing default to MaxText's (full; zigzag for ring and all-gather, none for Ulysses and
-    USP, which MaxText does not balance) unless given. A `global_batch_tokens` given here is the
+    USP, which MaxText does not balance, and none under a full mask, which has nothing to balance)
+    unless given. A `global_batch_tokens` given here is the
     plan's batch exactly (a whole number of sequences), not a target.
 
     Raises:
@@ -96,9 +97,10 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
     strategy = CPStrategy.parse(strategy)
     options.setdefault("remat", "full")
     spec = STRATEGIES[strategy]
-    # balance by default where the strategy balances and MaxText accepts it, so the plan exports
+    # balance by default where the strategy balances this model's mask and MaxText accepts it, so
+    # the plan exports
     if "load_balance" not in options:
-        balanced = spec.balances_load and not spec.maxtext_refuses_load_balance
+        balanced = spec.balances(get_model(model)) and not spec.maxtext_refuses_load_balance
         if balanced and target.traits.maxtext_rules:  # MaxText balances only over an even ring degree
             balanced = full_mesh["context"] % 2 == 0
         options["load_balance"] = "zigzag" if balanced else "none"

@@ -13,7 +13,7 @@ from cost_models.errors import CpplanError
 from cost_models.flops import layer_forward_flops, model_flops_per_step
 from cost_models.models import MODELS, ModelSpec
 from cost_models.pricing.attention import price_attention
-from planner import Plan, candidates_of, estimate, explain, make_mesh
+from planner import Plan, candidates_of, estimate, evaluate, explain, make_mesh
 from planner.maxtext import export_maxtext
 from validation.corpus import CAUSAL_FLASH_SINCE, plan_of, read_corpus
 
@@ -103,6 +103,17 @@ def test_zigzag_is_refused_for_a_full_mask():
     assert found.best is None
     assert {r.reason for r in found.result.rejections} == {"only zigzag was allowed; a full (non-causal) mask has "
                                                            "nothing to balance"}
+
+
+def test_evaluate_defaults_to_no_balancing_under_a_full_mask():
+    """A ring plan given without load_balance is balanced for a causal model and not for a full
+    mask (zigzag would be refused there): the balanced causal ring halves the work the full mask
+    computes on every rank."""
+    full = evaluate(FULL, 4096, "v5p:2x2x1", strategy="ring", mesh={"context": 4})
+    causal = evaluate(CAUSAL, 4096, "v5p:2x2x1", strategy="ring", mesh={"context": 4})
+    none = evaluate(CAUSAL, 4096, "v5p:2x2x1", strategy="ring", mesh={"context": 4}, load_balance="none")
+    assert causal.step_time_s != none.step_time_s  # the causal default is zigzag
+    assert full.step_time_s > causal.step_time_s  # every block computed
 
 
 def test_explain_says_the_mask_and_lists_no_zigzag_ties():
