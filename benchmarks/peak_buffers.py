@@ -92,7 +92,9 @@ def main():
     print(f"\nlive at step {at} ({steps.get(at)}): {sum(v[1] for v in rows) / GiB:.3f} GiB")
     for name, nbytes, offset, shape in rows:
         if nbytes >= args.min_mib * MiB:
-            print(f"  {nbytes / MiB:9.1f} MiB  steps {live[name][0]:>6}-{live[name][1]:<6} {name:<48} {shape[:100]}")
+            # the instruction at the end of a value's live range is its last reader: what holds it
+            print(f"  {nbytes / MiB:9.1f} MiB  steps {live[name][0]:>6}-{live[name][1]:<6} {name:<48} "
+                  f"{shape[:60]:<60} until {steps.get(live[name][1])}")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,13 @@ class Chip:
     # puts activations (pinned host memory) and how fast they go there and back
     host_memory_bytes_per_chip: int
     host_link_bw_bytes_per_s: float
+    # facts of the chip's XLA compiler schedule that the memory price reads (read from deviceless
+    # compiles; `cost_models/pricing/memory.py` says what each changes): whether it moves arrays
+    # between layouts off the TensorCore (SparseCore data-format calls), so an update reading a moved
+    # array writes a new buffer; and whether it runs a layer backward's attention recomputation ahead
+    # of the MLP's backward when nothing orders them
+    relayout_off_tensorcore: bool
+    attention_before_mlp_backward: bool
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -155,8 +162,9 @@ class Chip:
                 _check_number(origin, name, value, *_NUMBER_RULES[name])
         if not isinstance(row["name"], str) or not row["name"].strip():
             raise CpplanError(f"{origin}: name={row['name']!r} must be a non-empty string (the chip's name).")
-        if not isinstance(row["comm_overlaps_compute"], bool):
-            raise CpplanError(f"{origin}: comm_overlaps_compute={row['comm_overlaps_compute']!r} must be true or false.")
+        for name in ("comm_overlaps_compute", *COMPILER_SCHEDULE_FIELDS):
+            if not isinstance(row[name], bool):
+                raise CpplanError(f"{origin}: {name}={row[name]!r} must be true or false.")
         sources = row.get("sources", {})
         if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
             raise CpplanError(f"{origin}: sources={sources!r} must map field names to citation strings.")
@@ -169,6 +177,9 @@ class Chip:
         return cls(**{**row, "wraparound": wrap, "kind": kind,
                       "host_collectives": _host_collectives(origin, row["host_collectives"])})
 
+
+# the chip row's compiler-schedule facts (booleans, each cited with the compile it was read from)
+COMPILER_SCHEDULE_FIELDS = ("relayout_off_tensorcore", "attention_before_mlp_backward")
 
 # (integer?, lowest, lowest allowed itself?, highest or None, what the field measures); every value finite
 _NUMBER_RULES = {

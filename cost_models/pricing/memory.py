@@ -6,7 +6,8 @@ gone, the optimizer's update (`UPDATE_MEMORY`: the weights, gradients and moment
 update's own temporaries). Within a layer's backward the attention side (its values and the
 strategy's buffers) and the MLP side (one chunk of tokens) are not live at once: the layer holds
 the larger of the two, and the weight being gathered with either (on chips that run the
-attention's recomputation first, the MLP side holds that too: `ATTENTION_BEFORE_MLP_BACKWARD`).
+attention's recomputation first, the MLP side holds that too: the chip row's
+`attention_before_mlp_backward`).
 """
 from __future__ import annotations
 
@@ -26,24 +27,6 @@ STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
 LAYER_MEMORY = ("attention_working_set", "attention_buffers", "mlp_working_set", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
 UPDATE_MEMORY = ("params", "grads", "optimizer", "optimizer_update")
-
-# Chips whose compiler moves arrays between layouts on the SparseCore (asynchronous data-format
-# calls) rather than with a TensorCore copy: an elementwise update reading such a moved array
-# writes its result to a new buffer instead of over its input. Seen in the buffer assignment of
-# deviceless compiles with libtpu 0.0.52 (jax 0.10.2): on tpu7x the output head's AdamW update
-# reads three `sparse-core-data-format-call`s and has no aliased operands; on v5p the same update
-# reads three `copy`s and writes over them (`aliasing_operands`).
-RELAYOUT_OFF_TENSORCORE = frozenset({"tpu7x"})
-# Chips whose compiler schedules a layer backward's attention work ahead of its MLP backward when
-# nothing orders them: with the attention output recomputed and the MLP's input not needing it
-# (out_proj kept), the tpu7x schedule runs the attention forward again (its K/V gathered, q, its
-# output) and the out projection's backward before the MLP's chunk loop, and holds them through
-# it; the v5p schedule runs them after the loop. Seen in the same compiles (bench_memory's
-# "tpu7x all_gather4 fsdp2 minimal", compiled for tpu7x:2x2x1 and v5p:2x2x2: 320 MiB). Held-out
-# tpu7x compiles (fsdp 2, minimal, 2 × 32K): Ulysses 4 moves its q/k/v all-to-alls, an output-sized
-# buffer and the out projection's backward ahead (about 224 MiB, as priced), its kernel after; a
-# ring's attention (a loop of hops) stays after the MLP's loop.
-ATTENTION_BEFORE_MLP_BACKWARD = frozenset({"tpu7x"})
 
 
 def layer_bytes(memory: dict):
@@ -125,7 +108,6 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
     head_shard = m.hidden * m.vocab / shards
-    relayout_off_core = x.topology.chip.name in RELAYOUT_OFF_TENSORCORE
     # kept MLP values are not read in place: the layer's backward slices its layer's out of the
     # stacked residuals (a dynamic slice XLA copies), and the chunk loop each chunk's out of that
     # copy (counted with the chunk's values); with one chunk the two slices are one
@@ -157,7 +139,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         head_buffers=m.hidden * head_piece * (a + 4),
         # the layout moves were read from TPU compiles; a host lays its arrays out otherwise, so there it is left out
         optimizer_update=head_shard * optimizer_update_bytes_per_head_weight(
-            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=relayout_off_core)
+            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=x.topology.chip.relayout_off_tensorcore)
         * (x.topology.chip.kind is ChipKind.TPU),
     )
 
@@ -165,7 +147,10 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
 def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
     """Per candidate, 1.0 where its layer backward holds the attention's recomputed forward (the
     kernel's q, K, V and output) and its output's gradient through the MLP's backward: the chip
-    schedules that work first (`ATTENTION_BEFORE_MLP_BACKWARD`), the attention is one kernel call
+    schedules that work first (its row's `attention_before_mlp_backward`: with the attention
+    output recomputed and the MLP's input not needing it, the tpu7x compiler runs the attention
+    forward again and the out projection's backward before the MLP's chunk loop and holds them
+    through it; a ring's loop of hops stays after it), the attention is one kernel call
     (no loop of ring hops), the policy recomputes it, and the MLP's input does not wait for it
     (out_proj kept on device or on the host).
 
@@ -175,7 +160,7 @@ def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
     Returns:
         0.0 or 1.0 per candidate.
     """
-    if x.topology.chip.name not in ATTENTION_BEFORE_MLP_BACKWARD:
+    if not x.topology.chip.attention_before_mlp_backward:
         return np.zeros(np.shape(x.remat))
     one_call = sum(np.asarray(call.count, dtype=float) for call in STRATEGIES[x.strategy].kernel_calls(x, layout)) == 1
     where = [placements(policy, x.remat_custom) for policy in POLICIES]
@@ -191,7 +176,8 @@ def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, r
     layout. The compiler moves the head and both moments into the gradient's layout for the
     update (and the results back), and forms the two gradient terms, `(1-b1)·g` and `(1-b2)·g²`,
     in fp32; these take the place of the head's gradient counted in `grads`. Where the move runs
-    off the TensorCore (`RELAYOUT_OFF_TENSORCORE`) the three updated arrays are new buffers too.
+    off the TensorCore (the chip row's `relayout_off_tensorcore`: SparseCore data-format calls, whose
+    outputs an elementwise update does not write over) the three updated arrays are new buffers too.
 
     Args:
         param_bytes: bytes of a weight and of the second moment.

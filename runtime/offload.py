@@ -1,0 +1,53 @@
+"""Layers whose weight gradients are finished before the previous layer's backward starts.
+
+A step that offloads activations to host memory has its layer loops peeled by the TPU compiler
+(the host writes are pipelined across iterations; with two layers the loops of one trip left are
+inlined). Outside a loop nothing makes a layer's backward finish its weight gradients: the
+compiler finishes and reduces them at the step's end, next to the optimizer's update that reads
+them, and holds their inputs and unreduced partial sums through the later layers' backward
+(benchmarks/results/bench_memory_offload.md). Inside a loop each iteration finishes its own, so
+tying a layer's weight gradients to its input's gradient restores what the loop gives, and the
+memory price's phases (one layer's backward at a time) hold again.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+
+def gradients_finished_per_layer(layer: type[nn.Module]) -> type[nn.Module]:
+    """`layer` (a module class called as `layer(plan, mesh)(x, positions, segment_ids)`) whose
+    backward hands its input's gradient on only together with its weights' gradients.
+
+    Args:
+        layer: the decoder layer class (rematerialised already, if it is).
+    Returns:
+        A module class with the same call and the same parameters, to be stacked with `nn.scan`
+        in its place.
+    """
+
+    class GradientsFinishedPerLayer(nn.Module):
+        plan: object
+        mesh: object
+
+        @nn.compact
+        def __call__(self, x, positions, segment_ids=None):
+            def apply(module, x):
+                return module(x, positions, segment_ids)
+
+            def forward(module, x):
+                return nn.vjp(apply, module, x)
+
+            def backward(vjp_fn, out_gradient):
+                # one barrier over every gradient the layer hands back: the input's cannot leave
+                # before the weights' have been computed and reduced
+                return jax.lax.optimization_barrier(vjp_fn(out_gradient))
+
+            ordered = nn.custom_vjp(apply, forward_fn=forward, backward_fn=backward)
+            inner = layer(self.plan, self.mesh)
+            # the layer's parameters (and the random streams that initialise them) where they would
+            # be without this wrapper, so a plan initialises the same whatever its remat policy
+            nn.share_scope(self, inner)
+            return ordered(inner, x)
+
+    return GradientsFinishedPerLayer

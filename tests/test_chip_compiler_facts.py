@@ -1,0 +1,63 @@
+"""The chip rows' compiler-schedule facts (`COMPILER_SCHEDULE_FIELDS`): each cited with the compile
+it was read from, refused when not a boolean, and read by the memory price from the row alone."""
+import json
+
+import pytest
+
+from cost_models.chips import CHIP_DIR, CHIP_DIR_ENV, COMPILER_SCHEDULE_FIELDS, Chip, get_chip, known_chips
+from cost_models.errors import CpplanError
+from cost_models.models import get_model
+from planner import Plan, make_mesh
+from planner.estimate import estimate
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.mark.parametrize("chip", [c for c in known_chips().values() if c.kind.has_torus], ids=lambda c: c.name)
+def test_each_fact_says_its_value_and_where_it_was_read(chip):
+    for name in COMPILER_SCHEDULE_FIELDS:
+        source = chip.sources.get(name, "")
+        value = getattr(chip, name)
+        # a flipped value with its citation left as it was no longer matches
+        assert source.startswith("true:" if value else "false:"), f"{chip.name}.{name}={value}: {source!r}"
+        assert "compile" in source, f"{chip.name}.{name} names no compile: {source!r}"
+
+
+def test_the_facts_read_from_compiles():
+    # tpu7x showed both in its compiles, v5p neither (the same plans compiled for v5p:2x2x2)
+    assert all(getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS)
+    assert not any(getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS)
+
+
+@pytest.mark.parametrize("name", COMPILER_SCHEDULE_FIELDS)
+@pytest.mark.parametrize("bad", [1, "true", None])
+def test_a_fact_that_is_not_a_boolean_is_refused(name, bad):
+    row = json.loads((CHIP_DIR / "tpu7x.json").read_text())
+    with pytest.raises(CpplanError, match=f"{name}=.*must be true or false"):
+        Chip.from_dict({**row, name: bad}, origin="test row")
+
+
+def _hbm_with(monkeypatch, tmp_path, plan: Plan, **facts) -> dict:
+    """The plan's HBM breakdown with its chip row's facts replaced (a row in $CPPLAN_CHIP_DIR
+    overrides the cited one, as a measured row does)."""
+    name = plan.topology.split(":")[0]
+    row = {**json.loads((CHIP_DIR / f"{name}.json").read_text()), **facts}
+    directory = tmp_path / "_".join(f"{k}={v}" for k, v in facts.items())
+    directory.mkdir()
+    (directory / f"{name}.json").write_text(json.dumps(row))
+    monkeypatch.setenv(CHIP_DIR_ENV, str(directory))
+    return estimate(plan).hbm_bytes
+
+
+def test_the_price_reads_the_facts_from_the_row(monkeypatch, tmp_path):
+    # all-gather over context with the attention output recomputed and out_proj kept ("minimal"):
+    # the MLP side holds the recomputed attention only where the row says the compiler runs it first;
+    # the head's update holds new buffers only where the row says layouts move off the TensorCore
+    plan = Plan(model=get_model("llama3.1-8b"), topology="v5p:2x2x2", seq_len=32 * 1024, global_batch=2,
+                mesh=make_mesh(context=4, fsdp=2), cp_strategy="all_gather", remat="minimal", load_balance="zigzag")
+    base = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=False, attention_before_mlp_backward=False)
+    early = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=False, attention_before_mlp_backward=True)
+    moved = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=True, attention_before_mlp_backward=False)
+    assert early["mlp_working_set"] > base["mlp_working_set"]
+    assert moved["optimizer_update"] > base["optimizer_update"]
+    assert early["optimizer_update"] == base["optimizer_update"] and moved["mlp_working_set"] == base["mlp_working_set"]

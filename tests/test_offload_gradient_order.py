@@ -1,0 +1,53 @@
+"""cpu_mesh tier: an offloading plan's layers hand their input's gradient on only with their
+weights' gradients (runtime/offload.py), without changing the parameters or the gradients; a plan
+that offloads nothing is built as before. (The HBM this saves shows only in a deviceless TPU
+compile: benchmarks/results/bench_memory_offload.md.)"""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.extend  # noqa: E402
+
+from cost_models.models import ModelSpec  # noqa: E402
+from planner.plan import Plan, make_mesh  # noqa: E402
+from runtime.mesh import build_mesh  # noqa: E402
+from runtime.train import Trainer  # noqa: E402
+
+pytestmark = pytest.mark.cpu_mesh
+SEQ = 256
+MODEL = ModelSpec("gradient-order-test", 2, 64, 8, 2, 16, 128, 256)
+
+
+def trainer_for(remat: str) -> Trainer:
+    plan = Plan(model=MODEL, topology="cpu:8", seq_len=SEQ, global_batch=4, mesh=make_mesh(fsdp=4, tensor=2),
+                remat=remat, block_q=128, block_kv=128, param_dtype="float32", compute_dtype="float32")
+    return Trainer(plan, build_mesh(plan, jax.devices()))
+
+
+def gradients(trainer: Trainer):
+    """The loss's gradients at seed 0's parameters, and the primitives of the gradient's program."""
+    params, _ = trainer.init(seed=0)
+    sequences = np.random.default_rng(0).integers(0, MODEL.vocab, (4, SEQ + 1))
+    batch = trainer.prepare_batch(sequences)
+    grad = jax.grad(trainer.loss)
+    primitives = {eqn.primitive.name for eqn in _all_eqns(jax.make_jaxpr(grad)(params, *batch).jaxpr)}
+    return jax.tree.map(np.asarray, jax.jit(grad)(params, *batch)), primitives
+
+
+def _all_eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _all_eqns(sub)
+
+
+def test_offloading_layers_order_their_gradients_and_keep_their_values():
+    saved, saved_primitives = gradients(trainer_for("save_qkv_proj"))
+    offloaded, offloaded_primitives = gradients(trainer_for("qkv_proj_offloaded"))
+    # the barrier is in the offloading plan's backward only
+    assert "optimization_barrier" in offloaded_primitives
+    assert "optimization_barrier" not in saved_primitives
+    # same parameter tree (same names, same initialisation) and the same gradients
+    assert jax.tree.structure(offloaded) == jax.tree.structure(saved)
+    for a, b in zip(jax.tree.leaves(offloaded), jax.tree.leaves(saved)):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
