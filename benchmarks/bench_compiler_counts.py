@@ -3,7 +3,8 @@ none, the three remat policies, tensor > 1, fsdp > 1, v5p and tpu7x) and prints 
 compiled step's matmul FLOPs and the link bytes of each collective family next to the price's.
 
     python benchmarks/bench_compiler_counts.py              # all plans (17 minutes on the shared 2 cores)
-    python benchmarks/bench_compiler_counts.py --only ring  # plans whose strategy matches
+    python benchmarks/bench_compiler_counts.py --only ring  # plans whose label ("ring context=4") matches
+    python benchmarks/bench_compiler_counts.py --only tensor=2
     python benchmarks/bench_compiler_counts.py --hlo-dir D  # keeps each compiled module in D; a later
                                                             # run with D re-prices them without compiling
 
@@ -65,6 +66,11 @@ def make_plan(topology, strategy, mesh, zigzag, remat, batch):
                 remat=remat, block_q=BLOCK, block_kv=BLOCK, loss_chunk_tokens=256)
 
 
+def plan_label(row) -> str:
+    """A plan row's strategy and mesh, as `--only` matches them: "ring context=2,tensor=2"."""
+    return f"{row[1]} " + ",".join(f"{k}={v}" for k, v in row[2].items())
+
+
 def _pct(error) -> str:
     if error is None:
         return "    –"
@@ -73,7 +79,8 @@ def _pct(error) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="run plans whose strategy contains this text")
+    parser.add_argument("--only", help="run plans whose label, strategy then mesh (\"ring context=2,tensor=2\"), "
+                                       "contains this text")
     parser.add_argument("--topology", help="run this topology's plans in this process (the script runs each "
                                            "topology in a child whose TPU compiler dumps its modules)")
     parser.add_argument("--hlo-dir", help="folder of compiled modules: a plan's module found there is read "
@@ -84,7 +91,7 @@ def main(argv=None) -> int:
     from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program
 
     worst_flops, worst_bytes, over_bytes, compared, misses = 0.0, {}, {}, {}, []
-    rows = [row for row in PLANS if (not args.only or args.only in row[1]) and row[0] == args.topology]
+    rows = [row for row in PLANS if (not args.only or args.only in plan_label(row)) and row[0] == args.topology]
     for row in rows:
         plan = make_plan(*row)
         step = compiled_module(plan, row, args.hlo_dir)
