@@ -182,7 +182,8 @@ def _out_projection(ctx: jax.Array, wo: jax.Array) -> jax.Array:
 def attention_out_projection(ctx: jax.Array, wo: jax.Array, *, mesh: Mesh) -> jax.Array:
     """A sequential block's attention out projection, row-parallel over 'tensor': `wo` gathered
     over the weight axes, the partial sums reduce-scattered onto the residual's tokens, and the
-    result named `out_proj` for the remat policy.
+    result named `out_proj` for the remat policy (outside the shard_map, so that jax reports the
+    residual it saves by that name).
 
     Args:
         ctx: `[batch, seq, heads, head_dim]` attention output, laid out as `HEADS`.
@@ -192,9 +193,10 @@ def attention_out_projection(ctx: jax.Array, wo: jax.Array, *, mesh: Mesh) -> ja
         `[batch, seq, hidden]`, laid out as `RESIDUAL`.
     """
     def local(ctx, wo):
-        return checkpoint_name(_scatter_tokens(_out_projection(ctx, wo)), "out_proj")
+        return _scatter_tokens(_out_projection(ctx, wo))
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(HEADS, OUT_WEIGHT), out_specs=RESIDUAL)(ctx, wo)
+    out = jax.shard_map(local, mesh=mesh, in_specs=(HEADS, OUT_WEIGHT), out_specs=RESIDUAL)(ctx, wo)
+    return checkpoint_name(out, "out_proj")
 
 
 def _mlp_partial_sums(y: jax.Array, weights: tuple, *, activations: tuple[str, ...], plan: Plan) -> jax.Array:
