@@ -3,7 +3,7 @@ none, the three remat policies, tensor > 1, fsdp > 1, the sequential and the par
 block, v5p and tpu7x) and prints per plan the compiled step's matmul FLOPs and the link bytes of
 each collective family next to the price's.
 
-    python benchmarks/bench_compiler_counts.py              # all plans (17 minutes on the shared 2 cores)
+    python benchmarks/bench_compiler_counts.py              # all plans (11-20 minutes on the shared 2 cores)
     python benchmarks/bench_compiler_counts.py --only ring  # plans whose label ("ring context=4") matches
     python benchmarks/bench_compiler_counts.py --only parallel  # the parallel-block plans
     python benchmarks/bench_compiler_counts.py --hlo-dir D  # keeps each compiled module in D; a later
