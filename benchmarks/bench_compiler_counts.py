@@ -1,9 +1,11 @@
-"""Counts against the compiler: compiles 22 small plans deviceless (every strategy, zigzag and
-none, the three remat policies, tensor > 1, fsdp > 1, v5p and tpu7x) and prints per plan the
-compiled step's matmul FLOPs and the link bytes of each collective family next to the price's.
+"""Counts against the compiler: compiles 25 small plans deviceless (every strategy, zigzag and
+none, the three remat policies, tensor > 1, fsdp > 1, the sequential and the parallel decoder
+block, v5p and tpu7x) and prints per plan the compiled step's matmul FLOPs and the link bytes of
+each collective family next to the price's.
 
-    python benchmarks/bench_compiler_counts.py              # all plans (17 minutes on the shared 2 cores)
-    python benchmarks/bench_compiler_counts.py --only ring  # plans whose strategy matches
+    python benchmarks/bench_compiler_counts.py              # all plans (11-20 minutes on the shared 2 cores)
+    python benchmarks/bench_compiler_counts.py --only ring  # plans whose label ("ring context=4") matches
+    python benchmarks/bench_compiler_counts.py --only parallel  # the parallel-block plans
     python benchmarks/bench_compiler_counts.py --hlo-dir D  # keeps each compiled module in D; a later
                                                             # run with D re-prices them without compiling
 
@@ -14,6 +16,7 @@ once. Bytes: both sides through the `cost_models.collectives` formulas at 1 byte
 `cost_models.counts`). Targets: FLOPs within 3%, each family's bytes within 5%.
 """
 import argparse
+import dataclasses
 import math
 import os
 import shutil
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -28,8 +32,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 FLOPS_TARGET, BYTES_TARGET = 0.03, 0.05
 V5P, TPU7X = "v5p:2x2x1", "tpu7x:2x2x1"
 FULL, DOTS, MINIMAL = "full", "save_dot_except_mlp", "minimal_with_context"
-# topology, strategy, mesh, zigzag, remat, sequences per step
-PLANS = [
+SEQUENTIAL, PARALLEL = "llama2", "default"  # ModelSpec.decoder_block
+
+
+class Row(NamedTuple):
+    """One plan of the benchmark."""
+
+    topology: str
+    strategy: str
+    mesh: dict
+    zigzag: bool
+    remat: str
+    batch: int  # sequences per step
+    block: str = SEQUENTIAL
+
+
+PLANS = [Row(*row) for row in [
     (V5P, "none", dict(fsdp=4), False, FULL, 4),
     (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2),
     (V5P, "all_gather", dict(context=4), True, FULL, 1),
@@ -52,17 +70,33 @@ PLANS = [
     (TPU7X, "ulysses", dict(context_ulysses=4, fsdp=2), False, DOTS, 2),
     (TPU7X, "usp", dict(context=4, context_ulysses=2), True, FULL, 1),
     (TPU7X, "usp", dict(context=2, context_ulysses=2, tensor=2), False, MINIMAL, 1),
-]
+    # the parallel block: its tensor collectives (4 per layer, 5 under full remat) are priced from
+    # the runtime's traced program; these check them against what XLA compiles
+    (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2, PARALLEL),
+    (V5P, "ring", dict(context=2, tensor=2), True, FULL, 1, PARALLEL),
+    (TPU7X, "all_gather", dict(context=4, tensor=2), True, MINIMAL, 1, PARALLEL),
+]]
 MODEL, SEQ_LEN, BLOCK = "small", 4096, 256
 
 
-def make_plan(topology, strategy, mesh, zigzag, remat, batch):
+def make_plan(row: Row):
     from cost_models.models import get_model
     from planner.plan import Plan, make_mesh
 
-    return Plan(model=get_model(MODEL), topology=topology, seq_len=SEQ_LEN, global_batch=batch,
-                mesh=make_mesh(**mesh), cp_strategy=strategy, load_balance="zigzag" if zigzag else "none",
-                remat=remat, block_q=BLOCK, block_kv=BLOCK, loss_chunk_tokens=256)
+    model = get_model(MODEL)
+    if row.block != SEQUENTIAL:
+        model = dataclasses.replace(model, name=f"{MODEL}-{row.block}", decoder_block=row.block)
+    return Plan(model=model, topology=row.topology,
+                seq_len=SEQ_LEN, global_batch=row.batch, mesh=make_mesh(**row.mesh), cp_strategy=row.strategy,
+                load_balance="zigzag" if row.zigzag else "none", remat=row.remat, block_q=BLOCK, block_kv=BLOCK,
+                loss_chunk_tokens=256)
+
+
+def plan_label(row: Row) -> str:
+    """A plan row's strategy and mesh, and "parallel" for a parallel block, as `--only` matches
+    them: "ring context=2,tensor=2", "ring context=2,tensor=2 parallel"."""
+    label = f"{row.strategy} " + ",".join(f"{k}={v}" for k, v in row.mesh.items())
+    return label + (" parallel" if row.block == PARALLEL else "")
 
 
 def _pct(error) -> str:
@@ -73,7 +107,8 @@ def _pct(error) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="run plans whose strategy contains this text")
+    parser.add_argument("--only", help="run plans whose label, strategy then mesh (\"ring context=2,tensor=2\"), "
+                                       "contains this text")
     parser.add_argument("--topology", help="run this topology's plans in this process (the script runs each "
                                            "topology in a child whose TPU compiler dumps its modules)")
     parser.add_argument("--hlo-dir", help="folder of compiled modules: a plan's module found there is read "
@@ -84,19 +119,19 @@ def main(argv=None) -> int:
     from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program
 
     worst_flops, worst_bytes, over_bytes, compared, misses = 0.0, {}, {}, {}, []
-    rows = [row for row in PLANS if (not args.only or args.only in row[1]) and row[0] == args.topology]
+    rows = [row for row in PLANS if (not args.only or args.only in plan_label(row)) and row.topology == args.topology]
     for row in rows:
-        plan = make_plan(*row)
+        plan = make_plan(row)
         step = compiled_module(plan, row, args.hlo_dir)
         check = count_check(plan, read_compiled_program(step["hlo_text"], mesh_axes=plan_mesh_axes(plan)))
-        mesh = ",".join(f"{k}={v}" for k, v in row[2].items())
-        print(f"\n{row[0]} {row[1]} {mesh} {'zigzag' if row[3] else 'none'} {row[4]} batch {row[5]} "
+        name = f"{row.topology} {plan_label(row)}"
+        print(f"\n{name} {'zigzag' if row.zigzag else 'none'} {row.remat} batch {row.batch} "
               f"(compiled in {step['compile_s']:.0f} s)")
         print(f"  matmul FLOPs  compiled {check.compiled_flops:.4g}  priced {check.priced_flops:.4g}  "
               f"{_pct(check.flops_error)}   (cost_analysis, loop bodies once: {step['cost_flops']:.4g})")
         worst_flops = max(worst_flops, abs(check.flops_error), key=abs)
         if abs(check.flops_error) > FLOPS_TARGET:
-            misses.append(f"{row[0]} {row[1]} {mesh} {row[4]}: FLOPs {_pct(check.flops_error)}")
+            misses.append(f"{name} {row.remat}: FLOPs {_pct(check.flops_error)}")
         for category in COMPARED:
             error = check.bytes_error(category)
             if error is None:
@@ -108,7 +143,7 @@ def main(argv=None) -> int:
                 worst_bytes[category] = max(worst_bytes.get(category, 0.0), abs(error))
             if math.isinf(error) or abs(error) > BYTES_TARGET:
                 over_bytes[category] = over_bytes.get(category, 0) + 1
-                misses.append(f"{row[0]} {row[1]} {mesh} {row[4]}: {category} {_pct(error)}")
+                misses.append(f"{name} {row.remat}: {category} {_pct(error)}")
         if check.wasted_bytes or check.other_bytes:
             print(f"  beyond the price: {check.wasted_bytes:.0f} B of weight gradients all-reduced whole (a "
                   f"reduce-scatter moves half), {check.other_bytes:.0f} B uncategorised")
@@ -119,15 +154,15 @@ def main(argv=None) -> int:
     return 0
 
 
-def compiled_module(plan, row, hlo_dir: str | None) -> dict:
+def compiled_module(plan, row: Row, hlo_dir: str | None) -> dict:
     """The plan's scheduled module, compile time and cost-analysis FLOPs: read from `hlo_dir`
     where an earlier run kept them, else compiled (and kept there when `hlo_dir` is given)."""
     import gzip
     import json
 
-    topology, strategy, mesh, zigzag, remat, batch = row
-    name = "_".join([topology.replace(":", "-"), strategy, *(f"{k}{v}" for k, v in mesh.items()),
-                     "zigzag" if zigzag else "none", remat, f"batch{batch}"])
+    name = "_".join([row.topology.replace(":", "-"), row.strategy, *(f"{k}{v}" for k, v in row.mesh.items()),
+                     "zigzag" if row.zigzag else "none", row.remat, f"batch{row.batch}",
+                     *([] if row.block == SEQUENTIAL else [row.block])])
     path = Path(hlo_dir, name + ".json.gz") if hlo_dir else None
     if path is not None and path.exists():
         with gzip.open(path, "rt") as f:
@@ -160,7 +195,7 @@ def run_children(args) -> int:
     from runtime.compile import with_hlo_dump
 
     status = 0
-    for topology in dict.fromkeys(row[0] for row in PLANS):
+    for topology in dict.fromkeys(row.topology for row in PLANS):
         with tempfile.TemporaryDirectory(prefix="cpplan-hlo-") as dump:
             command = [sys.executable, __file__, "--topology", topology] + (["--only", args.only] if args.only else []) \
                 + (["--hlo-dir", args.hlo_dir] if args.hlo_dir else [])

@@ -50,15 +50,49 @@ TPU_COMPILER_FLAGS: dict[str, str] = {
 }
 
 
+def _flag_name(arg: str) -> str:
+    """The name of a libtpu flag argument, `--name=value` or `--name`."""
+    return arg.split("=", 1)[0].lstrip("-")
+
+
+def merged_compiler_args(user_args: str, chip_name: str) -> str:
+    """LIBTPU_INIT_ARGS with cpplan's flags for `chip_name` (`TPU_COMPILER_FLAGS`) added: the
+    user's arguments as given, then each of cpplan's flags the user did not set, so a flag the
+    user set keeps the user's value whatever order libtpu reads them in.
+
+    Args:
+        user_args: the LIBTPU_INIT_ARGS already set ("" when none).
+        chip_name: the chip row's name (`v5e`, `v5p`, ...).
+    Returns:
+        The merged arguments ("" when neither side has any).
+    """
+    user = user_args.split()
+    named = {_flag_name(arg) for arg in user}
+    ours = [arg for arg in TPU_COMPILER_FLAGS.get(chip_name, "").split() if _flag_name(arg) not in named]
+    return " ".join(user + ours)
+
+
 def with_compiler_flags(env: dict, chip_name: str) -> dict:
     """A copy of a process environment whose TPU compiler uses cpplan's flags for `chip_name`
-    (`TPU_COMPILER_FLAGS`) after any the environment already sets; libtpu reads them once, when
-    it loads, so they apply to a process that has not yet touched a TPU backend."""
-    flags = TPU_COMPILER_FLAGS.get(chip_name, "")
-    present = env.get("LIBTPU_INIT_ARGS", "")
-    if not flags or flags in present:
-        return dict(env)
-    return {**env, "LIBTPU_INIT_ARGS": f"{present} {flags}".strip()}
+    (`merged_compiler_args`: the environment's own LIBTPU_INIT_ARGS win); libtpu reads them once,
+    when the TPU backend starts, so they apply to a process that has not yet touched one."""
+    merged = merged_compiler_args(env.get("LIBTPU_INIT_ARGS", ""), chip_name)
+    return {**env, "LIBTPU_INIT_ARGS": merged} if merged else dict(env)
+
+
+def use_compiler_flags(chip_name: str) -> None:
+    """Sets this process's LIBTPU_INIT_ARGS to `with_compiler_flags` of it, so the TPU compiler of
+    a run (or a deviceless compile) builds the step as the price's overlap data was read from.
+
+    Call it before jax starts the TPU backend (before `jax.devices()` or `jax.distributed`); a
+    started backend keeps the flags it was started with.
+
+    Args:
+        chip_name: the chip row's name of the TPU the process runs on.
+    """
+    flagged = with_compiler_flags(dict(os.environ), chip_name)
+    if "LIBTPU_INIT_ARGS" in flagged:
+        os.environ["LIBTPU_INIT_ARGS"] = flagged["LIBTPU_INIT_ARGS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,9 +206,7 @@ def tpu_devices(plan: Plan):
     # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     # the chip's compiler flags, for a process whose libtpu loads below (a loaded one keeps its own)
-    flagged = with_compiler_flags(dict(os.environ), topo.chip.name)
-    if "LIBTPU_INIT_ARGS" in flagged:
-        os.environ["LIBTPU_INIT_ARGS"] = flagged["LIBTPU_INIT_ARGS"]
+    use_compiler_flags(topo.chip.name)
     try:
         import libtpu  # noqa: F401  (the TPU compiler; get_topology_desc needs it)
     except ImportError:

@@ -152,9 +152,7 @@ def mlp_block(y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, ac
     """
     def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
-        out = _mlp_partial_sums(y, weights, activations=activations, plan=plan)
-        # partial sums over the intermediate slices, each tensor shard keeping its tokens' sums
-        return jax.lax.psum_scatter(out, "tensor", scatter_dimension=1, tiled=True)
+        return _scatter_tokens(_mlp_partial_sums(y, weights, activations=activations, plan=plan))
 
     in_specs = (RESIDUAL, *MLP_WEIGHT_SPECS[:len(w_in)], MLP_WEIGHT_SPECS[-1])
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(y, *w_in, w_out)
@@ -162,6 +160,44 @@ def mlp_block(y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, ac
 
 # the MLP's weights as the shard_maps take them: each input projection, then the output projection
 MLP_WEIGHT_SPECS = (P(WEIGHT_AXES, "tensor"), P(WEIGHT_AXES, "tensor"), P("tensor", WEIGHT_AXES))
+# the attention's weights: q, k, v `[hidden, heads, head_dim]` and out `[heads, head_dim, hidden]`
+QKV_WEIGHT = P(WEIGHT_AXES, "tensor", None)
+OUT_WEIGHT = P("tensor", None, WEIGHT_AXES)
+
+
+def _scatter_tokens(partial_sums: jax.Array) -> jax.Array:
+    """Inside a shard_map: a row-parallel matmul's partial sums `[b, s, hidden]` over the device's
+    slice of 'tensor', summed and reduce-scattered onto the residual's tokens (sequence parallelism)."""
+    return jax.lax.psum_scatter(partial_sums, "tensor", scatter_dimension=1, tiled=True)
+
+
+def _out_projection(ctx: jax.Array, wo: jax.Array) -> jax.Array:
+    """Inside a shard_map: the attention's out projection of a device's heads `ctx` `[b, s, heads,
+    head_dim]`, its `wo` shard gathered over the weight axes; returns the unreduced partial sums
+    `[b, s, hidden]`. Gathering the weight here, not leaving the layout to XLA, is what keeps the
+    partitioner from gathering the attention output over context instead (v5p, context × tensor)."""
+    wo = jax.lax.all_gather(wo, WEIGHT_AXES, axis=2, tiled=True)
+    return jnp.einsum("bshk,hkd->bsd", ctx, wo)
+
+
+def attention_out_projection(ctx: jax.Array, wo: jax.Array, *, mesh: Mesh) -> jax.Array:
+    """A sequential block's attention out projection, row-parallel over 'tensor': `wo` gathered
+    over the weight axes, the partial sums reduce-scattered onto the residual's tokens, and the
+    result named `out_proj` for the remat policy (outside the shard_map, so that jax reports the
+    residual it saves by that name).
+
+    Args:
+        ctx: `[batch, seq, heads, head_dim]` attention output, laid out as `HEADS`.
+        wo: `[heads, head_dim, hidden]`, laid out as `OUT_WEIGHT`.
+        mesh: the plan's mesh.
+    Returns:
+        `[batch, seq, hidden]`, laid out as `RESIDUAL`.
+    """
+    def local(ctx, wo):
+        return _scatter_tokens(_out_projection(ctx, wo))
+
+    out = jax.shard_map(local, mesh=mesh, in_specs=(HEADS, OUT_WEIGHT), out_specs=RESIDUAL)(ctx, wo)
+    return checkpoint_name(out, "out_proj")
 
 
 def _mlp_partial_sums(y: jax.Array, weights: tuple, *, activations: tuple[str, ...], plan: Plan) -> jax.Array:
@@ -185,8 +221,6 @@ def _mlp_partial_sums(y: jax.Array, weights: tuple, *, activations: tuple[str, .
 # a parallel block's normed input, gathered over 'tensor' once, as each tensor shard's copy:
 # [tensor, batch, seq, embed], so both branches read it and its gradient stays a partial sum
 GATHERED_COPIES = P("tensor", *ACTIVATIONS)
-QKV_WEIGHT = P(WEIGHT_AXES, "tensor", None)
-OUT_WEIGHT = P("tensor", None, WEIGHT_AXES)
 
 
 def parallel_block_inputs(y: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, *, mesh: Mesh
@@ -232,10 +266,9 @@ def parallel_block_outputs(gathered: jax.Array, ctx: jax.Array, wo: jax.Array, w
         `attention_out + mlp_out`, `[batch, seq, hidden]`, laid out as `RESIDUAL`.
     """
     def local(gathered, ctx, wo, *weights):
-        wo = jax.lax.all_gather(wo, WEIGHT_AXES, axis=2, tiled=True)
-        attention_out = checkpoint_name(jnp.einsum("bshk,hkd->bsd", ctx, wo), "out_proj")
-        summed = attention_out + _mlp_partial_sums(gathered[0], weights, activations=activations, plan=plan)
-        return jax.lax.psum_scatter(summed, "tensor", scatter_dimension=1, tiled=True)
+        attention_out = checkpoint_name(_out_projection(ctx, wo), "out_proj")
+        return _scatter_tokens(attention_out + _mlp_partial_sums(gathered[0], weights, activations=activations,
+                                                                  plan=plan))
 
     in_specs = (GATHERED_COPIES, HEADS, OUT_WEIGHT, *MLP_WEIGHT_SPECS[:len(w_in)], MLP_WEIGHT_SPECS[-1])
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(gathered, ctx, wo, *w_in, w_out)
@@ -266,18 +299,16 @@ class DecoderLayer(nn.Module):
 
         # the normed tokens of every tensor shard, gathered for the column-parallel projections
         y = self.constrain(rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt)), ACTIVATIONS)
-        q = jnp.einsum("bsd,dhk->bshk", y, w("wq", (d, h, hd), (WEIGHT_AXES, "tensor", None)))
-        k = jnp.einsum("bsd,dhk->bshk", y, w("wk", (d, kh, hd), (WEIGHT_AXES, "tensor", None)))
-        v = jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), (WEIGHT_AXES, "tensor", None)))
+        q = jnp.einsum("bsd,dhk->bshk", y, w("wq", (d, h, hd), tuple(QKV_WEIGHT)))
+        k = jnp.einsum("bsd,dhk->bshk", y, w("wk", (d, kh, hd), tuple(QKV_WEIGHT)))
+        v = jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), tuple(QKV_WEIGHT)))
         # named after RoPE, as MaxText names them: a kept q or k needs no RoPE again
         q, k, v = (checkpoint_name(self.constrain(t, HEADS), name) for t, name in
                    ((rope(q, positions), "query_proj"), (rope(k, positions), "key_proj"), (v, "value_proj")))
         ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
                               ATTENTION_OUTPUT)
-        # the row-parallel projection's partial sums, reduce-scattered onto the residual's tokens
-        out = self.constrain(jnp.einsum("bshk,hkd->bsd", ctx, w("wo", (h, hd, d), ("tensor", None, WEIGHT_AXES))),
-                             RESIDUAL)
-        x = self.constrain(x + checkpoint_name(out, "out_proj"), RESIDUAL)
+        out = attention_out_projection(ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), mesh=self.mesh)
+        x = self.constrain(x + out, RESIDUAL)
 
         y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
         down = mlp_block(y, *self.mlp_weights(w), activations=m.mlp_activations, plan=plan, mesh=self.mesh)

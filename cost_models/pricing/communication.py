@@ -161,9 +161,14 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
     layers: benchmarks/results/compiler_counts.txt). Other strategies' attention is one kernel call
     between the two uses, and the weights are gathered once. XLA's CPU compiler gathers them once
     (a cpu:8 ring step has as many gathers under full remat as under minimal), so only a chip whose
-    step the TPU compiler builds (its kernels compiled, not interpreted) pays it. Per layer, per candidate."""
+    step the TPU compiler builds (its kernels compiled, not interpreted) pays it. A parallel block
+    gathers its q/k/v weights inside its own shard_map (`runtime.model.parallel_block_inputs`),
+    whose backward keeps the gathered weights as residuals across the hops: gathered once (compiled
+    v5p ring step, context 2 × tensor 2 under full remat: benchmarks/results/compiler_counts.txt).
+    Per layer, per candidate."""
     regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
-    if x.topology.chip.kind.interprets_kernels or not STRATEGIES[x.strategy].hides_traffic_behind_attention:
+    if x.topology.chip.kind.interprets_kernels or not STRATEGIES[x.strategy].hides_traffic_behind_attention \
+            or x.model.decoder_block.parallel:
         return regather_s
     # the projections made before the attention (q, k, v), the ones whose input is gathered
     for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
