@@ -295,13 +295,12 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
         sizes = {c.name: c.weight_size(model) for c in CHECKPOINTS if c.block is block}
         return sum(size for n, size in sizes.items() if n in again) / sum(sizes.values())
 
-    if model.decoder_block.parallel:  # one gathered normed input serves both blocks
-        gathers = min(len({c.block for c in CHECKPOINTS if c.gathered_input and c.name in again}), 1)
-    else:
-        # the backward gathers each block's input again for its weight gradient whatever the policy
-        # keeps (checkpoints are matmul outputs, never a gathered input); a recomputation shares it.
-        # Read in TPU compiles of the sequential block (benchmarks/results/compiler_counts.txt)
-        gathers = len({c.block for c in CHECKPOINTS if c.gathered_input})
+    # the backward gathers each gathered input again for its weight gradients whatever the policy
+    # keeps (checkpoints are matmul outputs, never a gathered input); a recomputation shares it. A
+    # parallel block gathers one normed input for both branches. Read in TPU compiles of both
+    # blocks (benchmarks/results/compiler_counts.txt: the tpu7x parallel block under
+    # minimal_with_context gathers 3 times over tensor per layer, not 2)
+    gathers = 1 if model.decoder_block.parallel else len({c.block for c in CHECKPOINTS if c.gathered_input})
     scatters = sum(c.scattered_output and c.name in again for c in CHECKPOINTS)
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
