@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
@@ -295,6 +296,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _import_runtime()
     from runtime.distributed import initialize, is_leader
 
+    _use_tpu_compiler_flags(topo)
     initialize(group, platform=topo.chip.kind.jax_platform)
     import jax
 
@@ -542,8 +544,18 @@ def _check_data(path: str | None) -> None:
                           f"for synthetic tokens.")
 
 
+def _use_tpu_compiler_flags(topo) -> None:
+    """On a TPU, the compiler flags the price's overlap data was read with, set before jax starts
+    the backend (`runtime.compile.use_compiler_flags`; the user's own LIBTPU_INIT_ARGS win)."""
+    if topo.chip.kind is ChipKind.TPU:
+        from runtime.compile import use_compiler_flags
+
+        use_compiler_flags(topo.chip.name)
+
+
 def _check_devices(topo, command: str) -> None:
     """Refuses, before any work, a topology whose devices this process does not have."""
+    _use_tpu_compiler_flags(topo)
     import jax
 
     devices = jax.devices()

@@ -37,3 +37,16 @@ def test_use_compiler_flags_sets_the_process_environment(monkeypatch):
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
     use_compiler_flags("v5p")
     assert "LIBTPU_INIT_ARGS" not in os.environ
+
+
+def test_the_cli_sets_them_before_it_measures_a_tpu_and_not_on_a_host(monkeypatch):
+    """`cpplan calibrate/validate/run` on a TPU start jax with the chip's flags (they are set before
+    the device check that starts the backend); on a host nothing is set."""
+    import cli
+    from cost_models.topology import get_topology
+
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    cli._use_tpu_compiler_flags(get_topology("cpu:8"))
+    assert "LIBTPU_INIT_ARGS" not in os.environ
+    cli._use_tpu_compiler_flags(get_topology("v5e-16"))
+    assert os.environ["LIBTPU_INIT_ARGS"].split() == V5E
