@@ -44,6 +44,7 @@ from benchmarks.bench_maxtext import maxtext_python  # noqa: E402
 from cost_models.counts import executed_matmul_flops  # noqa: E402
 from cost_models.units import GiB  # noqa: E402
 from planner.estimate import candidates_of, estimate  # noqa: E402
+from runtime.compile import parse_hbm_oom  # noqa: E402
 from validation.corpus import read_corpus, run_flags  # noqa: E402
 
 # MaxText 2023's flag names → 0.2.5's (the corpus rows carry the 2023 names)
@@ -257,7 +258,9 @@ def module_matmuls(hlo_text: str) -> dict:
 
 
 def compile_run(python: Path, flags: list[str], policy: str, workdir: Path) -> dict:
-    """Compile the run under `policy`; the driver's analyses and the module's matmul count."""
+    """Compile the run under `policy`: the driver's analyses and the module's matmul count, or,
+    where it does not fit even after XLA's rematerialization, the temporaries the compiler asked
+    for and the HBM it had."""
     base_yml = subprocess.run([str(python), "-c", "import maxtext, os; print(os.path.join("
                                "os.path.dirname(maxtext.__file__), 'configs', 'base.yml'))"],
                               check=True, capture_output=True, text=True).stdout.strip()
@@ -269,6 +272,9 @@ def compile_run(python: Path, flags: list[str], policy: str, workdir: Path) -> d
            "run_name=remat_pressure", f"base_output_directory={workdir / 'maxtext'}",
            f"compiled_trainstep_file={workdir / 'unused'}"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    oom = parse_hbm_oom(done.stderr) if done.returncode else None
+    if oom is not None:
+        return {"oom_required_bytes": oom[0], "oom_available_bytes": oom[1]}
     if done.returncode:
         raise SystemExit(f"compile failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
     result = json.loads(Path(f"{out}.json").read_text())
@@ -309,6 +315,15 @@ def main() -> int:
             plan = dataclasses.replace(run.plan, remat=type(run.plan.remat)(policy))
             predicted = float(executed_matmul_flops(candidates_of(plan))[0])
             priced = estimate(plan)
+            if "oom_required_bytes" in compiled:
+                row = {**compiled, "cpplan_hbm_gib": priced.hbm_bytes_per_device / GiB,
+                       "capacity_gib": priced.hbm_capacity_bytes / GiB}
+                report["policies"][policy] = row
+                print(f"== remat_policy={policy}\n   does not fit: the compiler's temporaries need "
+                      f"{compiled['oom_required_bytes'] / GiB:.2f} GiB of {compiled['oom_available_bytes'] / GiB:.2f} "
+                      f"(after its rematerialization); cpplan prices the whole step at "
+                      f"{row['cpplan_hbm_gib']:.1f} GiB of {row['capacity_gib']:.1f}", flush=True)
+                continue
             memory = compiled["memory"]
             row = {"compiled_matmul_flops": compiled["matmul_flops"], "cpplan_matmul_flops": predicted,
                    "remat_matmul_flops": compiled["remat_matmul_flops"], "remat_matmuls": compiled["remat_matmuls"],
