@@ -101,7 +101,15 @@ def _valid_pairs(out_size: int, in_size: int, window: int, stride: int, pad_low:
 
 def convolution_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int]]) -> float:
     """FLOPs of one `convolution`: 2 × output batch × output features × input features per group ×
-    the valid window pairs of each spatial dimension."""
+    the valid window pairs of each spatial dimension.
+
+    Args:
+        rest: the instruction's text after `name = `.
+        out_dims: its output shape.
+        shapes: every instruction's and parameter's shape in the module, by name.
+    Returns:
+        FLOPs (multiply-adds × 2).
+    """
     lhs_shape, rhs_shape = _operand_shapes(rest, shapes)[:2]
     lhs_labels, rhs_labels, out_labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest).groups()
     window = re.search(r"window=\{([^}]*)\}", rest)
@@ -122,7 +130,8 @@ def convolution_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int
 
 
 def dot_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int]]) -> float:
-    """FLOPs of one `dot`: 2 × output elements × the contracted size."""
+    """FLOPs of one `dot`: 2 × output elements × the contracted size (arguments as
+    `convolution_flops`)."""
     lhs_shape = _operand_shapes(rest, shapes)[0]
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
     size = np.prod([lhs_shape[d] for d in _dims(contracting.group(1))]) if contracting else 1
@@ -198,7 +207,14 @@ def _loop_step(body_text: str, index: int, lines: dict[str, str], constant) -> i
 
 def module_matmuls(hlo_text: str) -> dict:
     """Matmul FLOPs one device executes per step in a compiled module, all and those of
-    instructions XLA's rematerialization cloned (by name and shape), with how often each runs."""
+    instructions XLA's rematerialization cloned (by name and shape), with how often each runs.
+
+    Args:
+        hlo_text: the compiled module's text (`compiled.as_text()`).
+    Returns:
+        `matmul_flops`, `remat_matmul_flops`, `remat_matmuls` (clone, shape and runs → FLOPs),
+        `remat_instructions` (how many instructions the pass cloned) and `loop_trip_counts`.
+    """
     hlo_text = one_line_per_instruction(hlo_text)
     trips = loop_trip_counts(hlo_text)
     own: dict[str, list[tuple[str, str, float]]] = defaultdict(list)  # computation → (name, shape, flops)
