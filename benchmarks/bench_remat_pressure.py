@@ -19,7 +19,7 @@ for the corpus row's plan).
 Too slow for CI (two compiles of about a minute each and a 1.4 MB module text to read). Run from
 the repository root:
 
-    python benchmarks/bench_remat_pressure.py [--run v5p-32b-1x128] [--policies minimal,full] [--venv /work/venvs/maxtext] [--out DIR]
+    python benchmarks/bench_remat_pressure.py [--run v5p-32b-1x128] [--policies minimal,full] [--decoder-block llama2] [--venv /work/venvs/maxtext] [--out DIR]
 
 Results: benchmarks/results/remat_pressure/ (one JSON per run, and README.md).
 """
@@ -44,6 +44,7 @@ from benchmarks.bench_maxtext import maxtext_python  # noqa: E402
 from cost_models.counts import executed_matmul_flops  # noqa: E402
 from cost_models.units import GiB  # noqa: E402
 from planner.estimate import candidates_of, estimate  # noqa: E402
+from planner.maxtext import BLOCK_FLAG  # noqa: E402
 from runtime.compile import parse_hbm_oom  # noqa: E402
 from validation.corpus import read_corpus, run_flags  # noqa: E402
 
@@ -298,10 +299,13 @@ def compile_run(python: Path, flags: list[str], policy: str, workdir: Path) -> d
     return result
 
 
-def maxtext_025_flags(row: dict, where: str) -> list[str]:
-    """The run's flags (its own over the 2023 defaults) in MaxText 0.2.5's names."""
-    flags = run_flags(row, where)
-    words = []
+def maxtext_025_flags(run, *, decoder_block: str | None = None) -> list[str]:
+    """The run's flags (its own over the 2023 defaults) in MaxText 0.2.5's names, with the decoder
+    block the run had (or `decoder_block`): a 2023 run names none and ran MaxText's parallel block
+    (`validation.corpus`), which 0.2.5 calls `default` (its own default is `llama2`, sequential)."""
+    flags = run_flags(run.row, run.run_id)
+    block = decoder_block or flags.pop(BLOCK_FLAG, None) or candidates_of(run.plan).model.decoder_block.value
+    words = [f"{BLOCK_FLAG}={block}"]
     for key, value in flags.items():
         if key in DROPPED or key == "remat_policy":
             continue
@@ -317,11 +321,12 @@ def main() -> int:
     parser.add_argument("--venv", default="/work/venvs/maxtext", help="the MaxText 0.2.5 venv")
     parser.add_argument("--policies", help="comma-separated remat policies to compile (default: the run's own "
                                            "and full, the control)")
+    parser.add_argument("--decoder-block", help="compile this decoder block instead of the run's (default, llama2)")
     parser.add_argument("--out", default="benchmarks/results/remat_pressure", help="writes <run>.json there")
     args = parser.parse_args()
     runs = {run.run_id: run for run in read_corpus("benchmarks/public_runs.csv")}
     run = runs[args.run]
-    flags = maxtext_025_flags(run.row, args.run)
+    flags = maxtext_025_flags(run, decoder_block=args.decoder_block)
     python = maxtext_python(Path(args.venv))
     print(f"{args.run}: {' '.join(flags)}")
     report = {"run": args.run, "flags": flags, "policies": {}}
@@ -361,7 +366,8 @@ def main() -> int:
             for what, flops in sorted(row["remat_matmuls"].items()):
                 print(f"     {what}: {flops:.4e}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"{args.run}.json").write_text(json.dumps(report, indent=2))
+    suffix = f"-{args.decoder_block}-block" if args.decoder_block else ""
+    (Path(args.out) / f"{args.run}{suffix}.json").write_text(json.dumps(report, indent=2))
     return 0
 
 
