@@ -4,7 +4,8 @@ Compiles one MaxText v5p corpus run (`benchmarks/public_runs.csv`) deviceless wi
 own `train_compile` (its Python 3.12 venv, made by `benchmarks/bench_maxtext.py`), once under the
 run's remat policy and once under `remat_policy=full` as the control, with every layer (MaxText
 scans its layers, so the compile takes about a minute whatever the depth, and the memory the
-compiler must fit is the run's own). From each compiled module it reads:
+compiler must fit is the run's own) and the run's own decoder block (a 2023 run's is MaxText's
+parallel block, `decoder_block=default`). From each compiled module it reads:
 - the memory (`memory_analysis()`: peak, temporaries, arguments) against the chip's HBM;
 - the matmul FLOPs one device executes per step, counted from the module text: every `dot` and
   `convolution` (the TPU compiler rewrites matmuls as convolutions, windowed over the tensor
@@ -19,7 +20,8 @@ for the corpus row's plan).
 Too slow for CI (two compiles of about a minute each and a 1.4 MB module text to read). Run from
 the repository root:
 
-    python benchmarks/bench_remat_pressure.py [--run v5p-32b-1x128] [--policies minimal,full] [--decoder-block llama2] [--venv /work/venvs/maxtext] [--out DIR]
+    python benchmarks/bench_remat_pressure.py [--run v5p-32b-1x128] [--policies minimal,full]
+        [--decoder-block llama2] [--venv /work/venvs/maxtext] [--out DIR]
 
 Results: benchmarks/results/remat_pressure/ (one JSON per run, and README.md).
 """
