@@ -1,0 +1,377 @@
+"""Does the TPU compiler recompute more than a remat policy asks when a step nears the HBM limit?
+
+Compiles one MaxText v5p corpus run (`benchmarks/public_runs.csv`) deviceless with MaxText 0.2.5's
+own `train_compile` (its Python 3.12 venv, made by `benchmarks/bench_maxtext.py`), once under the
+run's remat policy and once under `remat_policy=full` as the control, with every layer (MaxText
+scans its layers, so the compile takes about a minute whatever the depth, and the memory the
+compiler must fit is the run's own) and the run's own decoder block (a 2023 run's is MaxText's
+parallel block, `decoder_block=default`). From each compiled module it reads:
+- the memory (`memory_analysis()`: peak, temporaries, arguments) against the chip's HBM;
+- the matmul FLOPs one device executes per step, counted from the module text: every `dot` and
+  `convolution` (the TPU compiler rewrites matmuls as convolutions, windowed over the tensor
+  axis), times how often its computation runs (while-loop trip counts, nested: the layer scan and
+  the windowed einsums inside it). `cost_analysis()` counts a loop body once, so it is no step
+  total;
+- the instructions XLA's HLO rematerialization pass cloned (their names end in `.remat`,
+  `.remat2`, ...), and the FLOPs of the cloned matmuls,
+and compares the executed matmul FLOPs with cpplan's (`cost_models.counts.executed_matmul_flops`
+for the corpus row's plan).
+
+Too slow for CI (two compiles of about a minute each and a 1.4 MB module text to read). Run from
+the repository root:
+
+    python benchmarks/bench_remat_pressure.py [--run v5p-32b-1x128] [--policies minimal,full]
+        [--decoder-block llama2] [--venv /work/venvs/maxtext] [--out DIR]
+
+Results: benchmarks/results/remat_pressure/ (one JSON per run, and README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_maxtext import maxtext_python  # noqa: E402
+from cost_models.counts import executed_matmul_flops  # noqa: E402
+from cost_models.units import GiB  # noqa: E402
+from planner.estimate import candidates_of, estimate  # noqa: E402
+from planner.maxtext import BLOCK_FLAG  # noqa: E402
+from runtime.compile import parse_hbm_oom  # noqa: E402
+from validation.corpus import read_corpus, run_flags  # noqa: E402
+
+# MaxText 2023's flag names → 0.2.5's (the corpus rows carry the 2023 names)
+RENAMED = {"base_num_heads": ("base_num_query_heads", "base_num_kv_heads")}
+# flags 0.2.5 no longer has, or that only place the run (the driver sets the topology itself)
+DROPPED = {"enable_flash_attention", "dcn_data_parallelism"}
+# runs MaxText's train_compile; where it would save the executable it writes the module's
+# analyses and text instead
+DRIVER = """
+import json, sys
+from absl import app
+from maxtext.trainers.pre_train import train_compile
+out = sys.argv.pop(1)
+def save(compiled, _path):
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    memory = compiled.memory_analysis()
+    json.dump({"cost_analysis_flops": float(cost["flops"]),
+               "memory": {k: getattr(memory, k) for k in dir(memory) if k.endswith("_in_bytes")}},
+              open(out + ".json", "w"))
+    open(out + ".hlo", "w").write(compiled.as_text())
+train_compile.save_compiled = save
+app.run(train_compile.main)
+"""
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
+INSTRUCTION_LINE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", re.M)
+COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{\s*$")
+SHAPE = re.compile(r"^\(?(\w+)\[([\d,]*)\]")
+CALLEES = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)")
+REMAT = re.compile(r"\.remat\d*(?:\.|$)")
+
+
+def _dims(text: str) -> list[int]:
+    return [int(d) for d in text.split(",") if d]
+
+
+def _operand_shapes(rest: str, shapes: dict[str, list[int]]) -> list[list[int]]:
+    """Shapes of an instruction's operands, looked up by name (the compiled module's text prints
+    operands by name only; names are unique in a module)."""
+    inside = rest[re.search(r" [\w\-]+\(", rest).end():]
+    return [shapes[name] for name in re.findall(r"%([\w.\-]+)", inside.split(")")[0])]
+
+
+def _valid_pairs(out_size: int, in_size: int, window: int, stride: int, pad_low: int,
+                 lhs_dilation: int, rhs_dilation: int) -> int:
+    """(output position, window position) pairs of one spatial dimension that read a real input
+    element, not padding nor a dilation hole: the multiply-adds along that dimension."""
+    o = np.arange(out_size)[:, None]
+    k = np.arange(window)[None, :]
+    position = o * stride + k * rhs_dilation - pad_low
+    real = (position >= 0) & (position % lhs_dilation == 0) & (position // lhs_dilation < in_size)
+    return int(real.sum())
+
+
+def convolution_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int]]) -> float:
+    """FLOPs of one `convolution`: 2 × output batch × output features × input features per group ×
+    the valid window pairs of each spatial dimension.
+
+    Args:
+        rest: the instruction's text after `name = `.
+        out_dims: its output shape.
+        shapes: every instruction's and parameter's shape in the module, by name.
+    Returns:
+        FLOPs (multiply-adds × 2).
+    """
+    lhs_shape, rhs_shape = _operand_shapes(rest, shapes)[:2]
+    lhs_labels, rhs_labels, out_labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest).groups()
+    window = re.search(r"window=\{([^}]*)\}", rest)
+    fields = dict(re.findall(r"(\w+)=([\w.\-]+)", window.group(1))) if window else {}
+    spatial = [c for c in out_labels if c.isdigit()]
+
+    def per_dim(key: str, default: int) -> list[int]:
+        return [int(v) for v in fields[key].split("x")] if key in fields else [default] * len(spatial)
+
+    sizes, strides = per_dim("size", 1), per_dim("stride", 1)
+    lhs_dil, rhs_dil = per_dim("lhs_dilate", 1), per_dim("rhs_dilate", 1)
+    pads = [int(p.split("_")[0]) for p in fields["pad"].split("x")] if "pad" in fields else [0] * len(spatial)
+    flops = 2.0 * out_dims[out_labels.index("b")] * out_dims[out_labels.index("f")] * rhs_shape[rhs_labels.index("i")]
+    for n, label in enumerate(sorted(spatial)):
+        flops *= _valid_pairs(out_dims[out_labels.index(label)], lhs_shape[lhs_labels.index(label)], sizes[n],
+                              strides[n], pads[n], lhs_dil[n], rhs_dil[n])
+    return flops
+
+
+def dot_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int]]) -> float:
+    """FLOPs of one `dot`: 2 × output elements × the contracted size (arguments as
+    `convolution_flops`)."""
+    lhs_shape = _operand_shapes(rest, shapes)[0]
+    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+    size = np.prod([lhs_shape[d] for d in _dims(contracting.group(1))]) if contracting else 1
+    return 2.0 * float(np.prod(out_dims)) * float(size)
+
+
+def one_line_per_instruction(hlo_text: str) -> str:
+    """The module text with each instruction on one line: a kernel's backend config can hold
+    newlines (splash's `xprof_metadata`), which would otherwise end a computation early."""
+    starts = re.compile(r"^(?:  (?:ROOT )?%|%|ENTRY |}$|HloModule|$)")
+    lines: list[str] = []
+    for line in hlo_text.splitlines():
+        if lines and not starts.match(line):
+            lines[-1] += " " + line
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def loop_trip_counts(hlo_text: str) -> dict[str, int]:
+    """How often each while loop's body runs, by body name, for loops whose condition compares a
+    counter (`get-tuple-element(param), index=K`) with a constant (`direction=LT`): the constant less
+    the K-th element of the loop's initial tuple (a constant, possibly through copies). Loops of
+    any other form are left out (their bodies are then counted once)."""
+    hlo_text = one_line_per_instruction(hlo_text)
+    lines = {m.group(1): m.group(2) for m in INSTRUCTION_LINE.finditer(hlo_text)}
+    bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%?([\w.\-]+) \(.*\{\s*$((?:\n .*)*)", hlo_text, re.M)}
+
+    def constant(name: str) -> int | None:
+        while name in lines:
+            m = re.search(r"\b(copy|constant)\(%?([\w.\-]*)\)", lines[name])
+            if m is None:
+                return None
+            if m.group(1) == "constant":
+                return int(m.group(2))
+            name = m.group(2)
+        return None
+
+    counts = {}
+    for m in re.finditer(r"while\(%([\w.\-]+)\), condition=%([\w.\-]+), body=%([\w.\-]+)", hlo_text):
+        init, condition, body = m.groups()
+        text = bodies.get(condition, "")
+        compare = re.search(r"compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", text)
+        index = compare and re.search(r"get-tuple-element\(%[\w.\-]+\), index=(\d+)", lines.get(compare.group(1), ""))
+        bound = compare and constant(compare.group(2))
+        operands = re.search(r"tuple\(([^)]*)\)", lines.get(init, ""))
+        if not (index and bound is not None and operands):
+            continue
+        names = re.findall(r"%([\w.\-]+)", operands.group(1))
+        start = constant(names[int(index.group(1))]) if int(index.group(1)) < len(names) else None
+        step = _loop_step(bodies.get(body, ""), int(index.group(1)), lines, constant)
+        if start is not None and step:
+            counts[body] = -(-(bound - start) // step)
+    return counts
+
+
+def _loop_step(body_text: str, index: int, lines: dict[str, str], constant) -> int | None:
+    """What a loop body adds to its counter (the `index`-th element of its root tuple): a
+    windowed einsum's loop steps by 2 (one iteration per pair of ring steps)."""
+    root = re.search(r"ROOT %[\w.\-]+ = .*? tuple\(([^)]*)\)", body_text)
+    if root is None:
+        return None
+    names = re.findall(r"%([\w.\-]+)", root.group(1))
+    name = names[index] if index < len(names) else ""
+    while re.search(r"\b(copy|bitcast)\(%", lines.get(name, "")):
+        name = re.search(r"\b(?:copy|bitcast)\(%([\w.\-]+)", lines[name]).group(1)
+    add = re.search(r"\badd\(%([\w.\-]+), %([\w.\-]+)\)", lines.get(name, ""))
+    if add is None:
+        return None
+    steps = [constant(operand) for operand in add.groups()]
+    return next((step for step in steps if step is not None), None)
+
+
+def module_matmuls(hlo_text: str) -> dict:
+    """Matmul FLOPs one device executes per step in a compiled module, all and those of
+    instructions XLA's rematerialization cloned (by name and shape), with how often each runs.
+
+    Args:
+        hlo_text: the compiled module's text (`compiled.as_text()`).
+    Returns:
+        `matmul_flops`, `remat_matmul_flops`, `remat_matmuls` (clone, shape and runs → FLOPs),
+        `remat_instructions` (how many instructions the pass cloned) and `loop_trip_counts`.
+    """
+    hlo_text = one_line_per_instruction(hlo_text)
+    trips = loop_trip_counts(hlo_text)
+    own: dict[str, list[tuple[str, str, float]]] = defaultdict(list)  # computation → (name, shape, flops)
+    edges: dict[str, list[tuple[str, int]]] = defaultdict(list)  # caller → (callee, runs per call)
+    shapes = {}
+    for line in hlo_text.splitlines():
+        instruction = INSTRUCTION.match(line)
+        shape = instruction and SHAPE.match(instruction.group(2))
+        if shape:
+            shapes[instruction.group(1)] = _dims(shape.group(2))
+        parameters = COMPUTATION.match(line) and re.findall(r"([\w.\-]+): \w+\[([\d,]*)\]", line)
+        for name, dims in parameters or []:
+            shapes.setdefault(name, _dims(dims))
+    entry, current, remat_names = None, None, []
+    for line in hlo_text.splitlines():
+        header = COMPUTATION.match(line)
+        if header:
+            current = header.group(1)
+            entry = current if line.startswith("ENTRY") else entry
+            continue
+        instruction = INSTRUCTION.match(line)
+        if not instruction or current is None:
+            continue
+        name, rest = instruction.groups()
+        if REMAT.search(name):
+            remat_names.append(name)
+        for callee in CALLEES.findall(rest):
+            edges[current].append((callee, trips.get(callee, 1) if f"body=%{callee}" in rest else 1))
+        shape = SHAPE.match(rest)
+        op = re.match(r"^(?:\([^=]*\)|\S+) (\w[\w\-]*)\(", rest)
+        if shape and op and op.group(1) in ("dot", "convolution"):
+            out_dims = _dims(shape.group(2))
+            flops = (dot_flops if op.group(1) == "dot" else convolution_flops)(rest, out_dims, shapes)
+            own[current].append((name, f"{shape.group(1)}[{shape.group(2)}]", flops))
+    runs: dict[str, int] = defaultdict(int)
+
+    def visit(computation: str, times: int) -> None:
+        runs[computation] += times
+        for callee, per_call in edges.get(computation, []):
+            visit(callee, times * per_call)
+
+    visit(entry, 1)
+    # a fusion's matmul takes the name of the fusion instruction that calls it: find each
+    # fusion computation's calling instruction to tell cloned (rematerialized) ones
+    caller_name = {}
+    for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?calls=%([\w.\-]+)", hlo_text, re.M):
+        caller_name[m.group(2)] = m.group(1)
+    total, cloned = 0.0, defaultdict(float)
+    for computation, matmuls in own.items():
+        for name, shape, flops in matmuls:
+            total += flops * runs[computation]
+            owner = caller_name.get(computation, name)
+            if REMAT.search(owner) or REMAT.search(name):
+                cloned[f"{owner} {shape} × {runs[computation]}"] += flops * runs[computation]
+    return {"matmul_flops": total, "remat_matmul_flops": sum(cloned.values()), "remat_matmuls": dict(cloned),
+            "remat_instructions": len(remat_names), "loop_trip_counts": trips}
+
+
+def compile_run(python: Path, flags: list[str], policy: str, workdir: Path) -> dict:
+    """Compile the run under `policy`: the driver's analyses and the module's matmul count, or,
+    where it does not fit even after XLA's rematerialization, the temporaries the compiler asked
+    for and the HBM it had."""
+    base_yml = subprocess.run([str(python), "-c", "import maxtext, os; print(os.path.join("
+                               "os.path.dirname(maxtext.__file__), 'configs', 'base.yml'))"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    out = workdir / policy
+    driver = workdir / "driver.py"
+    driver.write_text(DRIVER)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_WORKER_HOSTNAMES="localhost")
+    cmd = [str(python), str(driver), str(out), base_yml, *flags, f"remat_policy={policy}",
+           "run_name=remat_pressure", f"base_output_directory={workdir / 'maxtext'}",
+           f"compiled_trainstep_file={workdir / 'unused'}"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    oom = parse_hbm_oom(done.stderr) if done.returncode else None
+    if oom is not None:
+        return {"oom_required_bytes": oom[0], "oom_available_bytes": oom[1]}
+    if done.returncode:
+        raise SystemExit(f"compile failed ({' '.join(cmd)}):\n{done.stderr[-3000:]}")
+    result = json.loads(Path(f"{out}.json").read_text())
+    result.update(module_matmuls(Path(f"{out}.hlo").read_text()))
+    return result
+
+
+def maxtext_025_flags(run, *, decoder_block: str | None = None) -> list[str]:
+    """The run's flags (its own over the 2023 defaults) in MaxText 0.2.5's names, with the decoder
+    block the run had (or `decoder_block`): a 2023 run names none and ran MaxText's parallel block
+    (`validation.corpus`), which 0.2.5 calls `default` (its own default is `llama2`, sequential)."""
+    flags = run_flags(run.row, run.run_id)
+    block = decoder_block or flags.pop(BLOCK_FLAG, None) or candidates_of(run.plan).model.decoder_block.value
+    words = [f"{BLOCK_FLAG}={block}"]
+    for key, value in flags.items():
+        if key in DROPPED or key == "remat_policy":
+            continue
+        if key == "mlp_activations":
+            value = f"[{value}]"
+        words += [f"{new}={value}" for new in RENAMED.get(key, (key,))]
+    return words
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", default="v5p-32b-1x128", help="the corpus row to compile")
+    parser.add_argument("--venv", default="/work/venvs/maxtext", help="the MaxText 0.2.5 venv")
+    parser.add_argument("--policies", help="comma-separated remat policies to compile (default: the run's own "
+                                           "and full, the control)")
+    parser.add_argument("--decoder-block", help="compile this decoder block instead of the run's (default, llama2)")
+    parser.add_argument("--out", default="benchmarks/results/remat_pressure", help="writes <run>.json there")
+    args = parser.parse_args()
+    runs = {run.run_id: run for run in read_corpus("benchmarks/public_runs.csv")}
+    run = runs[args.run]
+    flags = maxtext_025_flags(run, decoder_block=args.decoder_block)
+    python = maxtext_python(Path(args.venv))
+    print(f"{args.run}: {' '.join(flags)}")
+    report = {"run": args.run, "flags": flags, "policies": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for policy in args.policies.split(",") if args.policies else (run.plan.remat.value, "full"):
+            compiled = compile_run(python, flags, policy, Path(tmp))
+            plan = dataclasses.replace(run.plan, remat=type(run.plan.remat)(policy))
+            predicted = float(executed_matmul_flops(candidates_of(plan))[0])
+            priced = estimate(plan)
+            if "oom_required_bytes" in compiled:
+                row = {**compiled, "cpplan_hbm_gib": priced.hbm_bytes_per_device / GiB,
+                       "capacity_gib": priced.hbm_capacity_bytes / GiB}
+                report["policies"][policy] = row
+                print(f"== remat_policy={policy}\n   does not fit: the compiler's temporaries need "
+                      f"{compiled['oom_required_bytes'] / GiB:.2f} GiB of {compiled['oom_available_bytes'] / GiB:.2f} "
+                      f"(after its rematerialization); cpplan prices the whole step at "
+                      f"{row['cpplan_hbm_gib']:.1f} GiB of {row['capacity_gib']:.1f}", flush=True)
+                continue
+            memory = compiled["memory"]
+            row = {"compiled_matmul_flops": compiled["matmul_flops"], "cpplan_matmul_flops": predicted,
+                   "remat_matmul_flops": compiled["remat_matmul_flops"], "remat_matmuls": compiled["remat_matmuls"],
+                   "remat_instructions": compiled["remat_instructions"],
+                   "peak_gib": memory["peak_memory_in_bytes"] / GiB, "temp_gib": memory["temp_size_in_bytes"] / GiB,
+                   "argument_gib": memory["argument_size_in_bytes"] / GiB,
+                   "cpplan_hbm_gib": priced.hbm_bytes_per_device / GiB, "capacity_gib": priced.hbm_capacity_bytes / GiB,
+                   "cpplan_step_s": priced.step_time_s, "cost_analysis_flops": compiled["cost_analysis_flops"],
+                   "loop_trip_counts": compiled["loop_trip_counts"]}
+            report["policies"][policy] = row
+            print(f"== remat_policy={policy}\n"
+                  f"   memory: peak {row['peak_gib']:.1f} GiB (temporaries {row['temp_gib']:.1f}, arguments "
+                  f"{row['argument_gib']:.1f}) of {row['capacity_gib']:.1f}; cpplan prices {row['cpplan_hbm_gib']:.1f}\n"
+                  f"   matmul FLOPs per device per step: compiled {row['compiled_matmul_flops']:.4e}, cpplan "
+                  f"{predicted:.4e} (compiled/cpplan {row['compiled_matmul_flops'] / predicted:.4f})\n"
+                  f"   XLA rematerialization: {row['remat_instructions']} cloned instructions, "
+                  f"{row['remat_matmul_flops']:.4e} FLOPs in cloned matmuls "
+                  f"({row['remat_matmul_flops'] / predicted:.2%} of cpplan's count)", flush=True)
+            for what, flops in sorted(row["remat_matmuls"].items()):
+                print(f"     {what}: {flops:.4e}")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    suffix = f"-{args.decoder_block}-block" if args.decoder_block else ""
+    (Path(args.out) / f"{args.run}{suffix}.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
