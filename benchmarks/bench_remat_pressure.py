@@ -327,7 +327,13 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/remat_pressure", help="writes <run>.json there")
     args = parser.parse_args()
     runs = {run.run_id: run for run in read_corpus("benchmarks/public_runs.csv")}
+    if args.run not in runs:
+        raise SystemExit(f"--run {args.run!r} is no row of benchmarks/public_runs.csv; the rows are: "
+                         f"{', '.join(sorted(runs))}")
     run = runs[args.run]
+    if args.decoder_block:  # price the block that is compiled
+        run = dataclasses.replace(run, plan=dataclasses.replace(
+            run.plan, model=dataclasses.replace(run.plan.model, decoder_block=args.decoder_block)))
     flags = maxtext_025_flags(run, decoder_block=args.decoder_block)
     python = maxtext_python(Path(args.venv))
     print(f"{args.run}: {' '.join(flags)}")

@@ -144,14 +144,19 @@ def compile_text(python: Path, *, layers: int, slices: int, flags_2023: bool, wo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layers", default="4,8")
-    parser.add_argument("--slices", default="2,4")
+    parser.add_argument("--layers", default="4,8", help="decoder layers of each compile, paired with --slices")
+    parser.add_argument("--slices", default="2,4", help="slices of each compile, as many as --layers")
     parser.add_argument("--flags-2023", action="store_true", help="LIBTPU_INIT_ARGS of MaxText's 2023 v5e scripts")
     parser.add_argument("--venv", default="/work/venvs/maxtext")
     args = parser.parse_args()
+    pairs = list(zip(args.layers.split(","), args.slices.split(",")))
+    if len(args.layers.split(",")) != len(args.slices.split(",")) or not all(
+            a.strip().isdigit() and b.strip().isdigit() and int(a) > 0 and int(b) > 0 for a, b in pairs):
+        raise SystemExit(f"--layers {args.layers!r} and --slices {args.slices!r} must be lists of positive whole "
+                         f"numbers of the same length (each pair is one compile), e.g. --layers 4,8 --slices 2,4")
     python = maxtext_python(Path(args.venv))
     with tempfile.TemporaryDirectory() as tmp:
-        for layers, slices in zip(map(int, args.layers.split(",")), map(int, args.slices.split(","))):
+        for layers, slices in ((int(a), int(b)) for a, b in pairs):
             text = compile_text(python, layers=layers, slices=slices, flags_2023=args.flags_2023, workdir=Path(tmp))
             trips = loop_trip_counts(text)
             sends = dcn_sends(text)

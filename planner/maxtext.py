@@ -31,7 +31,6 @@ from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, 
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
 from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements
 from cost_models.strategies import STRATEGIES
-from cost_models.strategies.base import maxtext_mask_problems
 from cost_models.targets import Target
 from cost_models.topology import get_topology
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
@@ -79,7 +78,7 @@ def _slice_name(topology: str) -> str | None:
 def maxtext_problems(plan: Plan) -> list[str]:
     """MaxText's own rules for the plan's model (its attention mask) and strategy (its spec's
     `maxtext_problems`, from MaxText's configs/types.py), each with the fix."""
-    return maxtext_mask_problems(plan.model) + plan.strategy_spec.maxtext_problems(plan.shape)
+    return plan.strategy_spec.maxtext_rules(plan.shape)
 
 
 def maxtext_block(plan: Plan) -> int:

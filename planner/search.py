@@ -34,7 +34,6 @@ from cost_models.pricing import Priced, price
 from cost_models.remat import POLICIES
 from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
-from cost_models.strategies.base import maxtext_mask_problems
 from cost_models.targets import Target
 from cost_models.topology import AxisLinks, Topology, divisors
 from cost_models.units import GiB, MiB
@@ -488,7 +487,7 @@ class SearchSpace:
         """Under a target with MaxText's rules, the first of them the candidate breaks."""
         if not self.target.traits.maxtext_rules:
             return None
-        problems = maxtext_mask_problems(shape.model) + spec.maxtext_problems(shape)
+        problems = spec.maxtext_rules(shape)
         return Violation("maxtext", problems[0]) if problems else None
 
     def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:

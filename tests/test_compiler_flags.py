@@ -45,7 +45,8 @@ def test_the_cli_sets_them_before_it_measures_a_tpu_and_not_on_a_host(monkeypatc
     import cli
     from cost_models.topology import get_topology
 
-    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "")  # so that teardown restores the variable as it was
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
     cli._use_tpu_compiler_flags(get_topology("cpu:8"))
     assert "LIBTPU_INIT_ARGS" not in os.environ
     cli._use_tpu_compiler_flags(get_topology("v5e-16"))

@@ -5,7 +5,8 @@ compile: benchmarks/results/bench_memory_offload.md.)"""
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+pytest.importorskip("jax")
+import jax  # noqa: E402
 import jax.extend  # noqa: E402
 
 from cost_models.models import ModelSpec  # noqa: E402

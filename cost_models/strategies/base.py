@@ -206,6 +206,11 @@ class StrategySpec:
         """MaxText's own rules for this strategy that `shape` breaks, each with the fix."""
         return []
 
+    def maxtext_rules(self, shape: Shape) -> list[str]:
+        """Every MaxText rule `shape` breaks under this strategy, each with the fix: its model's
+        attention mask (`maxtext_mask_problems`), then the strategy's own (`maxtext_problems`)."""
+        return maxtext_mask_problems(shape.model) + self.maxtext_problems(shape)
+
 
 def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
     """None unless zigzag is asked of a model with a full (non-causal) mask, where it changes
