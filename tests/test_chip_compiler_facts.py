@@ -21,6 +21,12 @@ def test_each_fact_says_its_value_and_where_it_was_read(chip):
         # a flipped value with its citation left as it was no longer matches
         assert source.startswith("true:" if value else "false:"), f"{chip.name}.{name}={value}: {source!r}"
         assert "compile" in source, f"{chip.name}.{name} names no compile: {source!r}"
+        # a fact read from a compile names the libtpu and where it was read; an unchecked one says so
+        read = "libtpu 0.0.52" in source and "benchmarks/peak_buffers.py" in source
+        unchecked = "not checked by a compile" in source
+        assert read != unchecked, f"{chip.name}.{name}: neither read from a named compile nor marked unchecked"
+        if chip.name in ("tpu7x", "v5p"):
+            assert read, f"{chip.name}.{name} was read from compiles; its source must say which"
 
 
 def test_the_facts_read_from_compiles():

@@ -1,5 +1,6 @@
-"""tpu_compile tier: a model with a full (non-causal) mask compiles deviceless for a TPU slice, its
-all-gather call a full splash kernel of local queries against every key (1024 × 4096 tokens)."""
+"""tpu_compile tier: a model with a full (non-causal) mask compiles deviceless for a TPU slice with the
+all-gather strategy (each device's 1024 queries against all 4096 keys), and fits. The kernel calls'
+masks are checked on the CPU mesh (tests/test_full_mask_runtime.py)."""
 import dataclasses
 
 import pytest
