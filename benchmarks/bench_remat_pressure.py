@@ -48,6 +48,7 @@ from cost_models.units import GiB  # noqa: E402
 from planner.estimate import candidates_of, estimate  # noqa: E402
 from planner.maxtext import BLOCK_FLAG  # noqa: E402
 from runtime.compile import parse_hbm_oom  # noqa: E402
+from validation.compiled_program import loop_trip_counts, one_line_per_instruction  # noqa: E402
 from validation.corpus import read_corpus, run_flags  # noqa: E402
 
 # MaxText 2023's flag names → 0.2.5's (the corpus rows carry the 2023 names)
@@ -73,7 +74,6 @@ train_compile.save_compiled = save
 app.run(train_compile.main)
 """
 INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
-INSTRUCTION_LINE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", re.M)
 COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{\s*$")
 SHAPE = re.compile(r"^\(?(\w+)\[([\d,]*)\]")
 CALLEES = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)")
@@ -139,73 +139,6 @@ def dot_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int]]) -> f
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
     size = np.prod([lhs_shape[d] for d in _dims(contracting.group(1))]) if contracting else 1
     return 2.0 * float(np.prod(out_dims)) * float(size)
-
-
-def one_line_per_instruction(hlo_text: str) -> str:
-    """The module text with each instruction on one line: a kernel's backend config can hold
-    newlines (splash's `xprof_metadata`), which would otherwise end a computation early."""
-    starts = re.compile(r"^(?:  (?:ROOT )?%|%|ENTRY |}$|HloModule|$)")
-    lines: list[str] = []
-    for line in hlo_text.splitlines():
-        if lines and not starts.match(line):
-            lines[-1] += " " + line
-        else:
-            lines.append(line)
-    return "\n".join(lines)
-
-
-def loop_trip_counts(hlo_text: str) -> dict[str, int]:
-    """How often each while loop's body runs, by body name, for loops whose condition compares a
-    counter (`get-tuple-element(param), index=K`) with a constant (`direction=LT`): the constant less
-    the K-th element of the loop's initial tuple (a constant, possibly through copies). Loops of
-    any other form are left out (their bodies are then counted once)."""
-    hlo_text = one_line_per_instruction(hlo_text)
-    lines = {m.group(1): m.group(2) for m in INSTRUCTION_LINE.finditer(hlo_text)}
-    bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%?([\w.\-]+) \(.*\{\s*$((?:\n .*)*)", hlo_text, re.M)}
-
-    def constant(name: str) -> int | None:
-        while name in lines:
-            m = re.search(r"\b(copy|constant)\(%?([\w.\-]*)\)", lines[name])
-            if m is None:
-                return None
-            if m.group(1) == "constant":
-                return int(m.group(2))
-            name = m.group(2)
-        return None
-
-    counts = {}
-    for m in re.finditer(r"while\(%([\w.\-]+)\), condition=%([\w.\-]+), body=%([\w.\-]+)", hlo_text):
-        init, condition, body = m.groups()
-        text = bodies.get(condition, "")
-        compare = re.search(r"compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", text)
-        index = compare and re.search(r"get-tuple-element\(%[\w.\-]+\), index=(\d+)", lines.get(compare.group(1), ""))
-        bound = compare and constant(compare.group(2))
-        operands = re.search(r"tuple\(([^)]*)\)", lines.get(init, ""))
-        if not (index and bound is not None and operands):
-            continue
-        names = re.findall(r"%([\w.\-]+)", operands.group(1))
-        start = constant(names[int(index.group(1))]) if int(index.group(1)) < len(names) else None
-        step = _loop_step(bodies.get(body, ""), int(index.group(1)), lines, constant)
-        if start is not None and step:
-            counts[body] = -(-(bound - start) // step)
-    return counts
-
-
-def _loop_step(body_text: str, index: int, lines: dict[str, str], constant) -> int | None:
-    """What a loop body adds to its counter (the `index`-th element of its root tuple): a
-    windowed einsum's loop steps by 2 (one iteration per pair of ring steps)."""
-    root = re.search(r"ROOT %[\w.\-]+ = .*? tuple\(([^)]*)\)", body_text)
-    if root is None:
-        return None
-    names = re.findall(r"%([\w.\-]+)", root.group(1))
-    name = names[index] if index < len(names) else ""
-    while re.search(r"\b(copy|bitcast)\(%", lines.get(name, "")):
-        name = re.search(r"\b(?:copy|bitcast)\(%([\w.\-]+)", lines[name]).group(1)
-    add = re.search(r"\badd\(%([\w.\-]+), %([\w.\-]+)\)", lines.get(name, ""))
-    if add is None:
-        return None
-    steps = [constant(operand) for operand in add.groups()]
-    return next((step for step in steps if step is not None), None)
 
 
 def module_matmuls(hlo_text: str) -> dict:

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_maxtext import maxtext_python  # noqa: E402
 from cost_models.vocabulary import DTYPE_BYTES  # noqa: E402
+from validation.compiled_program import loop_trip_counts  # noqa: E402
 
 # LIBTPU_INIT_ARGS of AI-Hypercomputer/maxtext@e47fa1b5d377ee1043e663f1414024f4d0f12df0
 # MaxText/configs/largest_job/16b.sh (the same in 32b, 64b and 128b.sh)
@@ -91,35 +92,6 @@ def transfer_span(hlo_text: str, computation: str) -> tuple[int, int, int] | Non
     sends = [i for i, line in enumerate(instructions) if "megascale" in line and re.search(r"\bsend\(", line)]
     dones = [i for i, line in enumerate(instructions) if "megascale" in line and "recv-done(" in line]
     return (sends[0], dones[-1], len(instructions)) if sends and dones else None
-
-
-def loop_trip_counts(hlo_text: str) -> dict[str, int]:
-    """How often each while loop's body runs, by body name: the bound its condition compares the
-    counter with (`counter < K`) less the counter's initial constant (XLA peels an iteration by
-    starting the counter at 1). Loops whose bound or start is not a constant are left out."""
-    lines = {m.group(1): m.group(2) for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", hlo_text, re.M)}
-    bodies = {m.group(1): m.group(2) for m in
-              re.finditer(r"^%?([\w.\-]+) \(.*\{\s*$((?:\n .*)*)", hlo_text, re.M)}
-
-    def constant(name: str) -> int | None:
-        while name in lines:
-            m = re.search(r"(copy|constant)\(%?([\w.\-]*)\)", lines[name])
-            if m is None:
-                return None
-            if m.group(1) == "constant":
-                return int(m.group(2))
-            name = m.group(2)
-        return None
-
-    counts = {}
-    for m in re.finditer(r"while\(%([\w.\-]+)\), condition=%([\w.\-]+), body=%([\w.\-]+)", hlo_text):
-        init, condition, body = m.groups()
-        start = constant(re.search(r"tuple\(%([\w.\-]+)", lines.get(init, "")).group(1)) \
-            if re.search(r"tuple\(%", lines.get(init, "")) else None
-        bound = re.search(r"constant\((\d+)\)", bodies.get(condition, ""))
-        if start is not None and bound is not None and "direction=LT" in bodies.get(condition, ""):
-            counts[body] = int(bound.group(1)) - start
-    return counts
 
 
 def compile_text(python: Path, *, layers: int, slices: int, flags_2023: bool, workdir: Path) -> str:

@@ -54,9 +54,9 @@ StackFrames
 
 %cond (p.1: (s32[], bf16[64,512], bf16[2048,256], bf16[4,2048,32])) -> pred[] {
   %p.1 = (s32[], bf16[64,512]{1,0}, bf16[2048,256]{1,0}, bf16[4,2048,32]{2,1,0}) parameter(0)
-  %c = s32[] get-tuple-element(%p.1), index=0
+  %counter = s32[] get-tuple-element(%p.1), index=0
   %four = s32[]{:T(128)} constant(4)
-  ROOT %lt = pred[] compare(%c, %four), direction=LT
+  ROOT %lt = pred[] compare(%counter, %four), direction=LT
 }
 
 ENTRY %main (a: bf16[64,512], b: bf16[2048,256], c: bf16[4,2048,32]) -> bf16[4,2048,32] {

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_remat_pressure import convolution_flops, loop_trip_counts, module_matmuls
+from benchmarks.bench_remat_pressure import convolution_flops, module_matmuls
+from validation.compiled_program import loop_trip_counts
 
 pytestmark = pytest.mark.pure
 

@@ -17,8 +17,9 @@ conditionals, calls and fusions) it finds:
 - its group size (from `replica_groups`, explicit `{{0,1},{2,3}}`, the iota form `[2,2]<=[4]`,
   or the mesh form `mesh['axis_0'=2,'axis_1'=2] {'axis_0'}`);
 - how many times a step runs it: the product of the trip counts of the while loops it sits in
-  (a loop's trip count read from its condition, `compare(induction variable, constant(N)),
-  direction=LT`; a branch of a conditional counts once);
+  (`loop_trip_counts`: the bound its condition compares the counter with, `direction=LT`, less the
+  counter's constant start, over the constant its body adds: XLA peels loops by starting at 1, and
+  a windowed einsum's loop steps by 2; a branch of a conditional counts once);
 - whether it is asynchronous, and which compute is scheduled between its start and its done:
   fusions, convolutions and dots (with their FLOPs), custom-calls such as the Mosaic splash
   kernels (by name), and loops or conditionals (with the FLOPs inside them).
@@ -376,16 +377,74 @@ def _window(text: str) -> list[list]:
     return [numbers("size"), numbers("stride"), pads, numbers("lhs_dilate"), numbers("rhs_dilate")]
 
 
-def trip_count(condition: Computation) -> int:
-    """Iterations of a while loop from its condition: `compare(counter, constant(N)), direction=LT`
-    counted from 0. Raises ValueError for a condition of another form."""
-    root = condition.instructions[-1] if condition.instructions else None
-    constants = {i.name: i.operands[0] for i in condition.instructions if i.opcode == "constant" and i.operands}
-    if root is not None and root.opcode == "compare" and root.attribute("direction") == "LT":
-        bound = [constants[o] for o in root.operands[1:] if o in constants]
-        if bound and re.fullmatch(r"-?\d+", bound[0]):
-            return int(bound[0])
-    raise ValueError(f"while condition {condition.name}: not a `counter < N` loop; cannot count its trips")
+INSTRUCTION_LINE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", re.M)
+
+
+def one_line_per_instruction(hlo_text: str) -> str:
+    """The module text with each instruction on one line: a kernel's backend config can hold
+    newlines (splash's `xprof_metadata`), which would otherwise end a computation early."""
+    starts = re.compile(r"^(?:  (?:ROOT )?%|%|ENTRY |}$|HloModule|$)")
+    lines: list[str] = []
+    for line in hlo_text.splitlines():
+        if lines and not starts.match(line):
+            lines[-1] += " " + line
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def loop_trip_counts(hlo_text: str) -> dict[str, int]:
+    """How often each while loop's body runs, by body name, for loops whose condition compares a
+    counter (`get-tuple-element(param), index=K`) with a constant (`direction=LT`): the constant less
+    the K-th element of the loop's initial tuple (a constant, possibly through copies). Loops of
+    any other form are left out (their bodies are then counted once)."""
+    hlo_text = one_line_per_instruction(hlo_text)
+    lines = {m.group(1): m.group(2) for m in INSTRUCTION_LINE.finditer(hlo_text)}
+    bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%?([\w.\-]+) \(.*\{\s*$((?:\n .*)*)", hlo_text, re.M)}
+
+    def constant(name: str) -> int | None:
+        while name in lines:
+            m = re.search(r"\b(copy|constant)\(%?([\w.\-]*)\)", lines[name])
+            if m is None:
+                return None
+            if m.group(1) == "constant":
+                return int(m.group(2))
+            name = m.group(2)
+        return None
+
+    counts = {}
+    for m in re.finditer(r"while\(%([\w.\-]+)\), condition=%([\w.\-]+), body=%([\w.\-]+)", hlo_text):
+        init, condition, body = m.groups()
+        text = bodies.get(condition, "")
+        compare = re.search(r"compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", text)
+        index = compare and re.search(r"get-tuple-element\(%[\w.\-]+\), index=(\d+)", lines.get(compare.group(1), ""))
+        bound = compare and constant(compare.group(2))
+        operands = re.search(r"tuple\(([^)]*)\)", lines.get(init, ""))
+        if not (index and bound is not None and operands):
+            continue
+        names = re.findall(r"%([\w.\-]+)", operands.group(1))
+        start = constant(names[int(index.group(1))]) if int(index.group(1)) < len(names) else None
+        step = _loop_step(bodies.get(body, ""), int(index.group(1)), lines, constant)
+        if start is not None and step:
+            counts[body] = -(-(bound - start) // step)
+    return counts
+
+
+def _loop_step(body_text: str, index: int, lines: dict[str, str], constant) -> int | None:
+    """What a loop body adds to its counter (the `index`-th element of its root tuple): a
+    windowed einsum's loop steps by 2 (one iteration per pair of ring steps)."""
+    root = re.search(r"ROOT %[\w.\-]+ = .*? tuple\(([^)]*)\)", body_text)
+    if root is None:
+        return None
+    names = re.findall(r"%([\w.\-]+)", root.group(1))
+    name = names[index] if index < len(names) else ""
+    while re.search(r"\b(copy|bitcast)\(%", lines.get(name, "")):
+        name = re.search(r"\b(?:copy|bitcast)\(%([\w.\-]+)", lines[name]).group(1)
+    add = re.search(r"\badd\(%([\w.\-]+), %([\w.\-]+)\)", lines.get(name, ""))
+    if add is None:
+        return None
+    steps = [constant(operand) for operand in add.groups()]
+    return next((step for step in steps if step is not None), None)
 
 
 # -- attribution -----------------------------------------------------------------------------
@@ -572,6 +631,14 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
     """
     computations, entry = parse_computations(text)
     stacks = _Stacks.read(text)
+    trips_of = loop_trip_counts(text)
+
+    def trip_count(body: str) -> int:
+        if body not in trips_of:
+            raise ValueError(f"while body {body}: its condition is not a `counter < N` loop from a constant "
+                             f"start by a constant step; cannot count its trips")
+        return trips_of[body]
+
     mesh_groups = None
     if mesh_axes:
         from cost_models.vocabulary import WEIGHT_SHARDING_AXES
@@ -591,9 +658,8 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
 
     def _instruction_work(instruction: Instruction, comp: Computation) -> float:
         if instruction.opcode == "while":
-            body, condition = instruction.attribute("body"), instruction.attribute("condition")
-            trips = trip_count(computations[condition.lstrip("%")])
-            return trips * computation_flops(body.lstrip("%"))
+            body = instruction.attribute("body")
+            return trip_count(body.lstrip("%")) * computation_flops(body.lstrip("%"))
         if instruction.opcode == "conditional":
             branches = instruction.called
             return max((computation_flops(b) for b in branches), default=0.0)
@@ -612,8 +678,8 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
                 target = (instruction.attribute("custom_call_target") or "").strip('"')
                 custom_calls[target] += executions
             if instruction.opcode == "while":
-                body, condition = instruction.attribute("body"), instruction.attribute("condition")
-                visit(body.lstrip("%"), executions * trip_count(computations[condition.lstrip("%")]), seen)
+                body = instruction.attribute("body")
+                visit(body.lstrip("%"), executions * trip_count(body.lstrip("%")), seen)
                 continue
             link = _chain_link(instruction, computations)
             if link is not None:  # one collective per chain, at its start; its steps are compute
