@@ -7,7 +7,8 @@ scans its layers, so the compile takes about a minute whatever the depth, and th
 compiler must fit is the run's own) and the run's own decoder block (a 2023 run's is MaxText's
 parallel block, `decoder_block=default`). From each compiled module it reads:
 - the memory (`memory_analysis()`: peak, temporaries, arguments) against the chip's HBM;
-- the matmul FLOPs one device executes per step, counted from the module text: every `dot` and
+- the matmul FLOPs one device executes per step, counted from the module text by
+  `validation.compiled_program` (the reader bench_compiler_counts uses): every `dot` and
   `convolution` (the TPU compiler rewrites matmuls as convolutions, windowed over the tensor
   axis), times how often its computation runs (while-loop trip counts, nested: the layer scan and
   the windowed einsums inside it). `cost_analysis()` counts a loop body once, so it is no step
@@ -38,7 +39,6 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -48,7 +48,8 @@ from cost_models.units import GiB  # noqa: E402
 from planner.estimate import candidates_of, estimate  # noqa: E402
 from planner.maxtext import BLOCK_FLAG  # noqa: E402
 from runtime.compile import parse_hbm_oom  # noqa: E402
-from validation.compiled_program import loop_trip_counts, one_line_per_instruction  # noqa: E402
+from validation.compiled_program import (instruction_flops, loop_trip_counts, one_line_per_instruction,  # noqa: E402
+                                         parse_computations)
 from validation.corpus import read_corpus, run_flags  # noqa: E402
 
 # MaxText 2023's flag names → 0.2.5's (the corpus rows carry the 2023 names)
@@ -73,77 +74,13 @@ def save(compiled, _path):
 train_compile.save_compiled = save
 app.run(train_compile.main)
 """
-INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
-COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{\s*$")
-SHAPE = re.compile(r"^\(?(\w+)\[([\d,]*)\]")
-CALLEES = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)")
-REMAT = re.compile(r"\.remat\d*(?:\.|$)")
-
-
-def _dims(text: str) -> list[int]:
-    return [int(d) for d in text.split(",") if d]
-
-
-def _operand_shapes(rest: str, shapes: dict[str, list[int]]) -> list[list[int]]:
-    """Shapes of an instruction's operands, looked up by name (the compiled module's text prints
-    operands by name only; names are unique in a module)."""
-    inside = rest[re.search(r" [\w\-]+\(", rest).end():]
-    return [shapes[name] for name in re.findall(r"%([\w.\-]+)", inside.split(")")[0])]
-
-
-def _valid_pairs(out_size: int, in_size: int, window: int, stride: int, pad_low: int,
-                 lhs_dilation: int, rhs_dilation: int) -> int:
-    """(output position, window position) pairs of one spatial dimension that read a real input
-    element, not padding nor a dilation hole: the multiply-adds along that dimension."""
-    o = np.arange(out_size)[:, None]
-    k = np.arange(window)[None, :]
-    position = o * stride + k * rhs_dilation - pad_low
-    real = (position >= 0) & (position % lhs_dilation == 0) & (position // lhs_dilation < in_size)
-    return int(real.sum())
-
-
-def convolution_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int]]) -> float:
-    """FLOPs of one `convolution`: 2 × output batch × output features × input features per group ×
-    the valid window pairs of each spatial dimension.
-
-    Args:
-        rest: the instruction's text after `name = `.
-        out_dims: its output shape.
-        shapes: every instruction's and parameter's shape in the module, by name.
-    Returns:
-        FLOPs (multiply-adds × 2).
-    """
-    lhs_shape, rhs_shape = _operand_shapes(rest, shapes)[:2]
-    lhs_labels, rhs_labels, out_labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest).groups()
-    window = re.search(r"window=\{([^}]*)\}", rest)
-    fields = dict(re.findall(r"(\w+)=([\w.\-]+)", window.group(1))) if window else {}
-    spatial = [c for c in out_labels if c.isdigit()]
-
-    def per_dim(key: str, default: int) -> list[int]:
-        return [int(v) for v in fields[key].split("x")] if key in fields else [default] * len(spatial)
-
-    sizes, strides = per_dim("size", 1), per_dim("stride", 1)
-    lhs_dil, rhs_dil = per_dim("lhs_dilate", 1), per_dim("rhs_dilate", 1)
-    pads = [int(p.split("_")[0]) for p in fields["pad"].split("x")] if "pad" in fields else [0] * len(spatial)
-    flops = 2.0 * out_dims[out_labels.index("b")] * out_dims[out_labels.index("f")] * rhs_shape[rhs_labels.index("i")]
-    for n, label in enumerate(sorted(spatial)):
-        flops *= _valid_pairs(out_dims[out_labels.index(label)], lhs_shape[lhs_labels.index(label)], sizes[n],
-                              strides[n], pads[n], lhs_dil[n], rhs_dil[n])
-    return flops
-
-
-def dot_flops(rest: str, out_dims: list[int], shapes: dict[str, list[int]]) -> float:
-    """FLOPs of one `dot`: 2 × output elements × the contracted size (arguments as
-    `convolution_flops`)."""
-    lhs_shape = _operand_shapes(rest, shapes)[0]
-    contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
-    size = np.prod([lhs_shape[d] for d in _dims(contracting.group(1))]) if contracting else 1
-    return 2.0 * float(np.prod(out_dims)) * float(size)
+REMAT = re.compile(r"\.remat\d*(?:\.|$)")  # the names XLA's rematerialization gives its clones
 
 
 def module_matmuls(hlo_text: str) -> dict:
     """Matmul FLOPs one device executes per step in a compiled module, all and those of
-    instructions XLA's rematerialization cloned (by name and shape), with how often each runs.
+    instructions XLA's rematerialization cloned (by name and shape), with how often each runs
+    (`validation.compiled_program`: its FLOPs of a dot or convolution and its loop trip counts).
 
     Args:
         hlo_text: the compiled module's text (`compiled.as_text()`).
@@ -152,59 +89,31 @@ def module_matmuls(hlo_text: str) -> dict:
         `remat_instructions` (how many instructions the pass cloned) and `loop_trip_counts`.
     """
     hlo_text = one_line_per_instruction(hlo_text)
+    computations, entry = parse_computations(hlo_text)
     trips = loop_trip_counts(hlo_text)
-    own: dict[str, list[tuple[str, str, float]]] = defaultdict(list)  # computation → (name, shape, flops)
-    edges: dict[str, list[tuple[str, int]]] = defaultdict(list)  # caller → (callee, runs per call)
-    shapes = {}
-    for line in hlo_text.splitlines():
-        instruction = INSTRUCTION.match(line)
-        shape = instruction and SHAPE.match(instruction.group(2))
-        if shape:
-            shapes[instruction.group(1)] = _dims(shape.group(2))
-        parameters = COMPUTATION.match(line) and re.findall(r"([\w.\-]+): \w+\[([\d,]*)\]", line)
-        for name, dims in parameters or []:
-            shapes.setdefault(name, _dims(dims))
-    entry, current, remat_names = None, None, []
-    for line in hlo_text.splitlines():
-        header = COMPUTATION.match(line)
-        if header:
-            current = header.group(1)
-            entry = current if line.startswith("ENTRY") else entry
-            continue
-        instruction = INSTRUCTION.match(line)
-        if not instruction or current is None:
-            continue
-        name, rest = instruction.groups()
-        if REMAT.search(name):
-            remat_names.append(name)
-        for callee in CALLEES.findall(rest):
-            edges[current].append((callee, trips.get(callee, 1) if f"body=%{callee}" in rest else 1))
-        shape = SHAPE.match(rest)
-        op = re.match(r"^(?:\([^=]*\)|\S+) (\w[\w\-]*)\(", rest)
-        if shape and op and op.group(1) in ("dot", "convolution"):
-            out_dims = _dims(shape.group(2))
-            flops = (dot_flops if op.group(1) == "dot" else convolution_flops)(rest, out_dims, shapes)
-            own[current].append((name, f"{shape.group(1)}[{shape.group(2)}]", flops))
     runs: dict[str, int] = defaultdict(int)
+    caller_name = {}  # a fusion's matmul takes the name of the instruction that calls it
 
-    def visit(computation: str, times: int) -> None:
-        runs[computation] += times
-        for callee, per_call in edges.get(computation, []):
-            visit(callee, times * per_call)
+    def visit(name: str, times: int) -> None:
+        runs[name] += times
+        for instruction in computations[name].instructions if name in computations else ():
+            for callee in instruction.called:
+                caller_name.setdefault(callee, instruction.name)
+                visit(callee, times * (trips.get(callee, 1) if instruction.opcode == "while" else 1))
 
     visit(entry, 1)
-    # a fusion's matmul takes the name of the fusion instruction that calls it: find each
-    # fusion computation's calling instruction to tell cloned (rematerialized) ones
-    caller_name = {}
-    for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?calls=%([\w.\-]+)", hlo_text, re.M):
-        caller_name[m.group(2)] = m.group(1)
     total, cloned = 0.0, defaultdict(float)
-    for computation, matmuls in own.items():
-        for name, shape, flops in matmuls:
-            total += flops * runs[computation]
-            owner = caller_name.get(computation, name)
-            if REMAT.search(owner) or REMAT.search(name):
-                cloned[f"{owner} {shape} × {runs[computation]}"] += flops * runs[computation]
+    remat_names = [i.name for c in computations.values() for i in c.instructions if REMAT.search(i.name)]
+    for name, computation in computations.items():
+        for instruction in computation.instructions:
+            flops = instruction_flops(instruction, computation.shapes) * runs[name]
+            if not flops:
+                continue
+            total += flops
+            owner = caller_name.get(name, instruction.name)
+            if REMAT.search(owner) or REMAT.search(instruction.name):
+                shape = instruction.shape.split("{")[0]
+                cloned[f"{owner} {shape} × {runs[name]}"] += flops
     return {"matmul_flops": total, "remat_matmul_flops": sum(cloned.values()), "remat_matmuls": dict(cloned),
             "remat_instructions": len(remat_names), "loop_trip_counts": trips}
 

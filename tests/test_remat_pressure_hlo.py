@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_remat_pressure import convolution_flops, module_matmuls
-from validation.compiled_program import loop_trip_counts
+from benchmarks.bench_remat_pressure import module_matmuls
+from validation.compiled_program import instruction_flops, loop_trip_counts, parse_computations
 
 pytestmark = pytest.mark.pure
 
@@ -85,15 +85,19 @@ def test_module_matmuls_multiply_nested_loops_and_find_remat_clones():
     assert counted["remat_instructions"] == 1
 
 
+def _convolution_flops(lhs: str, rhs: str, out: str, attributes: str) -> float:
+    module = (f"HloModule m\n\nENTRY %main (lhs: {lhs}, rhs: {rhs}) -> {out} {{\n  %lhs = {lhs} parameter(0)\n"
+              f"  %rhs = {rhs} parameter(1)\n  ROOT %conv = {out} convolution(%lhs, %rhs), {attributes}\n}}\n")
+    computations, entry = parse_computations(module)
+    conv = computations[entry].by_name("conv")
+    return instruction_flops(conv, computations[entry].shapes)
+
+
 def test_padded_window_counts_only_real_inputs():
     # the TPU compiler's windowed reduce-scatter step: an input spatial size of 1 padded 1 each
     # side under a window of 2 gives 2 outputs, each reading the one real element once
-    shapes = {"lhs": [6, 7, 1], "rhs": [2, 5, 7]}
-    rest = ("bf16[6,5,2]{2,1,0} convolution(%lhs, %rhs), window={size=2 pad=1_1 rhs_reversal=1}, "
-            "dim_labels=bf0_0oi->bf0")
-    assert convolution_flops(rest, [6, 5, 2], shapes) == 2 * 6 * 5 * 7 * 2
+    assert _convolution_flops("bf16[6,7,1]", "bf16[2,5,7]", "bf16[6,5,2]",
+                              "window={size=2 pad=1_1 rhs_reversal=1}, dim_labels=bf0_0oi->bf0") == 2 * 6 * 5 * 7 * 2
     # the heads broadcast: input spatial size 1 padded 7 each side under a window of 8 → 8 outputs
-    shapes = {"lhs": [3, 10, 1], "rhs": [10, 8, 4]}
-    rest = ("bf16[3,8,4]{2,1,0} convolution(%lhs, %rhs), window={size=8 pad=7_7 rhs_reversal=1}, "
-            "dim_labels=bf0_i0o->b0f")
-    assert convolution_flops(rest, [3, 8, 4], shapes) == 2 * 3 * 4 * 10 * 8
+    assert _convolution_flops("bf16[3,10,1]", "bf16[10,8,4]", "bf16[3,8,4]",
+                              "window={size=8 pad=7_7 rhs_reversal=1}, dim_labels=bf0_i0o->b0f") == 2 * 3 * 4 * 10 * 8
