@@ -8,6 +8,7 @@ devices (run, compile, calibrate, validate, validate-memory) import `runtime/` a
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -687,8 +688,30 @@ _RAISE_ON_INTERRUPT = [True]
 
 def _interrupt(signum: int, frame) -> None:
     _INTERRUPTED_BY.append(signum)
-    if _RAISE_ON_INTERRUPT[0]:
-        raise KeyboardInterrupt
+    if not _RAISE_ON_INTERRUPT[0]:
+        return
+    if _in_gc_callback(frame):
+        # Python swallows an exception a garbage-collection callback raises (jax registers one),
+        # printing its traceback: deliver the interrupt again once the callback has returned
+        _deliver_again(signum)
+        return
+    raise KeyboardInterrupt
+
+
+def _in_gc_callback(frame) -> bool:
+    """Whether `frame` runs inside one of the garbage collector's callbacks (`gc.callbacks`)."""
+    callbacks = {getattr(cb, "__code__", None) for cb in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _deliver_again(signum: int) -> None:
+    """Sends `signum` to this process again shortly, from another thread, so that its handler runs
+    at the main thread's next instruction outside the callback."""
+    threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
 
 
 def _in_main_thread() -> bool:

@@ -169,3 +169,34 @@ def test_run_json_prints_json_alone(capsys, tmp_path):
     data = json.loads(capsys.readouterr().out)
     assert data["plan"]["seq_len"] == 1024 and data["measured"]["step_time_s"] > 0
     assert data["predicted"]["step_time_s"] > 0
+
+
+@pure
+def test_an_interrupt_inside_a_gc_callback_is_delivered_again_not_swallowed(monkeypatch):
+    """jax registers a garbage-collection callback, and Python swallows (and prints) an exception a
+    callback raises: an interrupt landing there is sent again for after the callback, not raised."""
+    import gc
+
+    import cli
+
+    sent, seen = [], {}
+    monkeypatch.setattr(cli, "_deliver_again", sent.append)
+    monkeypatch.setattr(cli, "_INTERRUPTED_BY", [])
+
+    def callback(phase, info):
+        if phase == "start" and "raised" not in seen:
+            try:
+                cli._interrupt(signal.SIGINT, sys._getframe())
+                seen["raised"] = False
+            except KeyboardInterrupt:
+                seen["raised"] = True
+
+    gc.callbacks.append(callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+    assert seen == {"raised": False} and sent == [signal.SIGINT] and cli._INTERRUPTED_BY == [signal.SIGINT]
+    with pytest.raises(KeyboardInterrupt):  # anywhere else it raises at once
+        cli._interrupt(signal.SIGTERM, sys._getframe())
+    assert sent == [signal.SIGINT]
