@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cpu_mesh
 
 PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls, and depends on every row
 SEQ = 1024
-STEPS = 3
+STEPS = 2  # the loss falls from the first step to the second (5.52 -> 5.22 on every case)
 MODEL = ModelSpec("multihost-test", 2, 64, 8, 2, 16, 128, 256)  # 8 heads so Ulysses can take 4
 CASES = {
     "ring8": ("ring", dict(context=8), False),  # the sequence spans both processes
