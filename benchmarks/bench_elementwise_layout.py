@@ -13,6 +13,8 @@ convolution then add of the MLP's partial sums, f32[2048,640], before the one re
 the residual add a plain add on bf16[1,1024,640]: the branch sum the price reads once on every
 token, the residual add on the residual's tokens.) Too slow for CI (the cpu_mesh test tests/test_elementwise_runtime.py
 checks the same rule on the CPU mesh in seconds).
+
+Results: benchmarks/results/elementwise_layout.txt.
 """
 import os
 import re

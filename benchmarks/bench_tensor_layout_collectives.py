@@ -21,6 +21,8 @@ their transposes backward, and one more gather per recomputation; the embed spli
 norm's per-token statistics, all-reduced over `tensor` (f32[batch, seq] forward and per
 recomputation, bf16[batch, seq] backward): latency-sized, milliseconds per step for the v5p
 corpus rows. It is no cause of their errors.
+
+Results: benchmarks/results/tensor_layout_collectives.txt.
 """
 import os
 import re
