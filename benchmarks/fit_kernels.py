@@ -200,8 +200,7 @@ def model_attention(chip: Chip, t: AttentionTiming, fit: AttentionFit, backward_
     """cpplan's (forward, backward) seconds for one measured call, by the pricing's own formulas."""
     peak = chip.peak_bf16_flops_per_s / chip.devices_per_chip
     hbm_bw = chip.hbm_bw_bytes_per_s / chip.devices_per_chip
-    extent = causal_attention_extent(t.seq, 1, False, block_q=t.block_q, block_kv=t.block_kv) if t.causal \
-        else float(t.seq) ** 2
+    extent = causal_attention_extent(t.seq, 1, False, block_q=t.block_q, block_kv=t.block_kv, causal=t.causal)
     math = 4.0 * t.batch * t.q_heads * t.head_dim * extent / (
         peak * fit.efficiency * tile_efficiency(t.head_dim, chip.mxu_tile))
     fwd, bwd = splash_step_costs(
