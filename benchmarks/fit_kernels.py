@@ -37,7 +37,7 @@ from scipy.optimize import least_squares
 # this checkout's rows, whatever cpplan the interpreter has installed: --write edits them
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cost_models.chips import CHIP_DIR, Chip, load_chip
-from cost_models.compute import causal_attention_extent, splash_step_costs, tile_efficiency
+from cost_models.compute import attention_extent, splash_step_costs, tile_efficiency
 
 RESULTS_DIR = Path(__file__).parent / "results" / "kernels"
 AUTOTUNING = Path("tokamax") / "data" / "autotuning"
@@ -200,7 +200,7 @@ def model_attention(chip: Chip, t: AttentionTiming, fit: AttentionFit, backward_
     """cpplan's (forward, backward) seconds for one measured call, by the pricing's own formulas."""
     peak = chip.peak_bf16_flops_per_s / chip.devices_per_chip
     hbm_bw = chip.hbm_bw_bytes_per_s / chip.devices_per_chip
-    extent = causal_attention_extent(t.seq, 1, False, block_q=t.block_q, block_kv=t.block_kv, causal=t.causal)
+    extent = attention_extent(t.seq, 1, False, block_q=t.block_q, block_kv=t.block_kv, causal=t.causal)
     math = 4.0 * t.batch * t.q_heads * t.head_dim * extent / (
         peak * fit.efficiency * tile_efficiency(t.head_dim, chip.mxu_tile))
     fwd, bwd = splash_step_costs(

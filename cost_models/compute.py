@@ -58,8 +58,8 @@ def causal_block_fraction(length, block):
     return (n + 1) / (2 * n)
 
 
-def causal_attention_extent(seq_len, ring, zigzag, *, block_q, block_kv, causal=True):
-    """Query×key token pairs the busiest device computes per sequence and head, whole blocks.
+def attention_extent(seq_len, ring, zigzag, *, block_q, block_kv, causal=True):
+    """Query×key token pairs the busiest device computes per sequence and head, causal or full mask.
 
     Args:
         seq_len: tokens per sequence.
@@ -72,8 +72,9 @@ def causal_attention_extent(seq_len, ring, zigzag, *, block_q, block_kv, causal=
     Returns:
         Token pairs (arrays broadcast over the arguments; under a full mask over seq_len and ring).
 
-    Each query block computes the key blocks up to its last row; when one block size divides
-    the other that is the square case with the larger block (see the module docstring).
+    Causal pairs are counted in whole blocks: each query block computes the key blocks up to
+    its last row; when one block size divides the other that is the square case with the
+    larger block (see the module docstring).
     With no balancing the last rank sees all earlier blocks in full plus its own diagonal:
     (ring−1) full blocks + one causal one; with zigzag every rank does 2·ring−1 full quarter
     blocks and two causal ones. Under a full mask every rank sees its S/ring queries against

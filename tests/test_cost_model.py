@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from cost_models.compute import causal_attention_extent, causal_block_fraction, splash_smem_bytes, tile_efficiency
+from cost_models.compute import attention_extent, causal_block_fraction, splash_smem_bytes, tile_efficiency
 from cost_models.errors import CpplanError
 from cost_models.flops import model_flops_per_step
 from cost_models.models import MODELS, ModelSpec, get_model
@@ -39,9 +39,9 @@ def test_derived_efficiencies():
     assert tile_efficiency(100, 128) == pytest.approx(100 / 128)
     assert causal_block_fraction(4096, 512) == pytest.approx(9 / 16)  # 8 blocks: 36 of 64
     # zigzag, ring of 4, 8192 tokens, blocks of 512: chunks of 1024 → 2·4−1 full quarter blocks + 2 causal ones
-    assert causal_attention_extent(8192, 4, True, block_q=512, block_kv=512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
+    assert attention_extent(8192, 4, True, block_q=512, block_kv=512) == pytest.approx(1024**2 * (7 + 2 * 3 / 4))
     # no balancing: the last rank, 3 full blocks of 2048 and one causal (4 blocks: 10 of 16)
-    assert causal_attention_extent(8192, 4, False, block_q=512, block_kv=512) == pytest.approx(2048**2 * (3 + 10 / 16))
+    assert attention_extent(8192, 4, False, block_q=512, block_kv=512) == pytest.approx(2048**2 * (3 + 10 / 16))
     # 128 × 128 blocks: an int8 block_mask entry and an int8 data_next index (largest 127) each
     assert splash_smem_bytes(131072, 131072, block_q=1024, block_kv=1024) == 128 * 128 * 2
     # 256 × 256 blocks: indices up to 255 need int16
@@ -51,8 +51,8 @@ def test_derived_efficiencies():
     # 512-token query blocks against 2048-token key blocks over 4096 tokens: query block i
     # computes ceil((i+1)/4) key blocks, 1+1+1+1+2+2+2+2 = 12 of 512 × 2048 tokens — as square
     # blocks of 2048 (3 of 4), either way round
-    assert causal_attention_extent(4096, 1, False, block_q=512, block_kv=2048) == 12 * 512 * 2048 == 4096**2 * 3 / 4
-    assert causal_attention_extent(4096, 1, False, block_q=2048, block_kv=512) == 12 * 512 * 2048
+    assert attention_extent(4096, 1, False, block_q=512, block_kv=2048) == 12 * 512 * 2048 == 4096**2 * 3 / 4
+    assert attention_extent(4096, 1, False, block_q=2048, block_kv=512) == 12 * 512 * 2048
 
 
 def _plan(**kw):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cost_models.compute import causal_attention_extent
+from cost_models.compute import attention_extent
 from cost_models.errors import CpplanError
 from cost_models.flops import layer_forward_flops, model_flops_per_step
 from cost_models.models import MODELS, ModelSpec
@@ -77,7 +77,7 @@ def test_every_strategy_computes_every_block(strategy, mesh, calls, q_heads, pai
     assert not any(c.causal for c in spec.kernel_calls(shape, layout))
     assert float(layout.q_heads) == q_heads
     assert sum(n * q * kv for n, q, kv in calls) == pairs
-    assert causal_attention_extent(4096, layout.ring, False, block_q=512, block_kv=512, causal=False) == pairs
+    assert attention_extent(4096, layout.ring, False, block_q=512, block_kv=512, causal=False) == pairs
     x = candidates_of(plan)
     attention = price_attention(x, spec)
     sequences = 4 / (plan.axis_size("data") * plan.axis_size("fsdp"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
-from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, causal_attention_extent, splash_smem_bytes,
+from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, attention_extent, splash_smem_bytes,
                                  splash_step_costs, tile_efficiency)
 from cost_models.strategies import Layout, StrategySpec
 
@@ -47,8 +47,8 @@ def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
     layout = strategy.layout(x)
     # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
     # so the step costs the average rank's work (the balanced extent), not the busiest rank's
-    extent = causal_attention_extent(x.seq_len, layout.ring, x.zigzag | x.shared_cores,
-                                     block_q=x.block_q, block_kv=x.block_kv, causal=model.causal)
+    extent = attention_extent(x.seq_len, layout.ring, x.zigzag | x.shared_cores,
+                              block_q=x.block_q, block_kv=x.block_kv, causal=model.causal)
     efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
     forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
