@@ -48,6 +48,8 @@ EMBED_GROUP = (*WEIGHT_AXES, "tensor")
 # the identity, any other name flax's function of that name), one for each of `MLP_ACTIVATIONS`
 ACTIVATION_FUNCTIONS = {"silu": nn.silu, "gelu": nn.gelu, "relu": nn.relu, "sigmoid": nn.sigmoid,
                         "linear": lambda x: x}
+# the checkpoint names of the attention's q, k, v projections, in order
+QKV_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input)
 # the checkpoint names of the MLP's input projections, in order (a plain MLP has the first only)
 MLP_INPUT_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input)
 # the parameters of the MLP's input projections: gated (gate, up) or plain
@@ -293,26 +295,50 @@ class DecoderLayer(nn.Module):
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
         ones = nn.initializers.ones
-        d, h, kh, hd = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim
+        d, h, hd = m.hidden, m.num_heads, m.head_dim
         if m.decoder_block.parallel:
             return self.parallel_block(x, positions, segment_ids, w), None
 
         # the normed tokens of every tensor shard, gathered for the column-parallel projections
         y = self.constrain(rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt)), ACTIVATIONS)
-        q = jnp.einsum("bsd,dhk->bshk", y, w("wq", (d, h, hd), tuple(QKV_WEIGHT)))
-        k = jnp.einsum("bsd,dhk->bshk", y, w("wk", (d, kh, hd), tuple(QKV_WEIGHT)))
-        v = jnp.einsum("bsd,dhk->bshk", y, w("wv", (d, kh, hd), tuple(QKV_WEIGHT)))
-        # named after RoPE, as MaxText names them: a kept q or k needs no RoPE again
-        q, k, v = (checkpoint_name(self.constrain(t, HEADS), name) for t, name in
-                   ((rope(q, positions), "query_proj"), (rope(k, positions), "key_proj"), (v, "value_proj")))
-        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
-                              ATTENTION_OUTPUT)
+        q, k, v = (jnp.einsum("bsd,dhk->bshk", y, weight) for weight in self.qkv_weights(w))
+        ctx = self.attention(q, k, v, positions, segment_ids, constrain_heads=True)
         out = attention_out_projection(ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), mesh=self.mesh)
         x = self.constrain(x + out, RESIDUAL)
 
         y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
         down = mlp_block(y, *self.mlp_weights(w), activations=m.mlp_activations, plan=plan, mesh=self.mesh)
         return self.constrain(x + down, RESIDUAL), None
+
+    def qkv_weights(self, w):
+        """The attention's projections in the compute dtype: `(wq, wk, wv)`, each `[hidden, heads,
+        head_dim]` (query or KV heads) laid out as `QKV_WEIGHT`."""
+        m = self.plan.model
+        return tuple(w(name, (m.hidden, heads, m.head_dim), tuple(QKV_WEIGHT))
+                     for name, heads in (("wq", m.num_heads), ("wk", m.num_kv_heads), ("wv", m.num_kv_heads)))
+
+    def attention(self, q, k, v, positions, segment_ids, *, constrain_heads: bool):
+        """Both blocks' attention of the projected q, k, v: RoPE on q and k, then q, k, v named for
+        the remat policy — after RoPE, as MaxText names them, so a kept q or k needs no RoPE again —,
+        and the plan's context-parallel attention, its output named `ATTENTION_OUTPUT`.
+
+        Args:
+            q, k, v: `[batch, seq, heads, head_dim]` projections, before RoPE.
+            positions: `[batch, seq]` the tokens' positions, for RoPE.
+            segment_ids: `[batch, seq]` document ids of packed rows, or None.
+            constrain_heads: lay q, k, v out as `HEADS` after RoPE. The sequential block's
+                projections need it: constrained before RoPE instead, its all-gather step compiles
+                to another program (v5p, context × tensor: FLOPs +0.04%). The parallel block's leave
+                `parallel_block_inputs` as `HEADS` already, and constraining them again changes its
+                compiled Ulysses step (the saved residuals' layouts).
+        Returns:
+            `[batch, seq, heads, head_dim]`, laid out as `HEADS`.
+        """
+        lay_out = (lambda t: self.constrain(t, HEADS)) if constrain_heads else (lambda t: t)
+        q, k, v = (checkpoint_name(lay_out(t), name)
+                   for t, name in zip((rope(q, positions), rope(k, positions), v), QKV_CHECKPOINTS))
+        ctx = sharded_attention(q, k, v, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids)
+        return checkpoint_name(ctx, ATTENTION_OUTPUT)
 
     def mlp_weights(self, w):
         """The MLP's parameters in the compute dtype: `(input projections, output projection)`, laid
@@ -327,15 +353,11 @@ class DecoderLayer(nn.Module):
         `y = norm(x)`, gathered over 'tensor' once for both branches and their sum
         reduce-scattered once (`parallel_block_inputs`, `parallel_block_outputs`)."""
         m, plan = self.plan.model, self.plan
-        d, h, kh, hd = m.hidden, m.num_heads, m.num_kv_heads, m.head_dim
+        d, h, hd = m.hidden, m.num_heads, m.head_dim
         norm = _param(self, "attn_norm", (d,), (None,), init=nn.initializers.ones, dtype=jnp.dtype(plan.param_dtype))
-        q, k, v, gathered = parallel_block_inputs(
-            self.constrain(rms_norm(x, norm), RESIDUAL), *(w(name, (d, heads, hd), tuple(QKV_WEIGHT)) for name, heads in
-                                                           (("wq", h), ("wk", kh), ("wv", kh))), mesh=self.mesh)
-        q, k, v = (checkpoint_name(t, name) for t, name in
-                   ((rope(q, positions), "query_proj"), (rope(k, positions), "key_proj"), (v, "value_proj")))
-        ctx = checkpoint_name(sharded_attention(q, k, v, plan=plan, mesh=self.mesh, segment_ids=segment_ids),
-                              ATTENTION_OUTPUT)
+        q, k, v, gathered = parallel_block_inputs(self.constrain(rms_norm(x, norm), RESIDUAL), *self.qkv_weights(w),
+                                                  mesh=self.mesh)
+        ctx = self.attention(q, k, v, positions, segment_ids, constrain_heads=False)
         summed = parallel_block_outputs(gathered, ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), *self.mlp_weights(w),
                                         activations=m.mlp_activations, plan=plan, mesh=self.mesh)
         return self.constrain(x + summed, RESIDUAL)
