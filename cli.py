@@ -8,6 +8,7 @@ devices (run, compile, calibrate, validate, validate-memory) import `runtime/` a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -19,15 +20,22 @@ from pathlib import Path
 
 from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
+from cost_models.models import ModelSpec, get_model
+from cost_models.strategies.base import full_mask_balance_problem, maxtext_mask_problems
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
-from cost_models.vocabulary import DTYPE_BYTES
+from cost_models.vocabulary import DTYPE_BYTES, LoadBalance
 from planner import api
 from planner.explanation import Explanation, describe_strategy
 from planner.maxtext import export_maxtext, format_flags, read_maxtext
 from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, format_tokens, parse_seq_len
 
 RUNTIME_HINT = "install the runtime with pip install -e '.[runtime]'"
+FULL_MASK_HELP = ("plan the model with a full (non-causal) attention mask: every query sees every key, as in an "
+                  "encoder (a config.json says so with is_causal: false), so attention computes every query-key pair, "
+                  "twice a causal model's FLOPs; zigzag load balancing has nothing to even out and is not searched "
+                  "(--load-balance zigzag alone is refused), and MaxText runs its decoders causal, so --target "
+                  "maxtext and export --format maxtext are refused")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,6 +102,7 @@ def _json(data) -> str:
 def _add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> None:
     """The flags every command that plans takes."""
     p.add_argument("--model", required=True, help="model name (e.g. llama3.1-8b) or path to a config.json")
+    p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)
     if seq_len:
         p.add_argument("--seq-len", required=True, help="tokens per sequence: 131072, 128k, 4M")
     p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
@@ -138,8 +147,34 @@ def _add_target(p: argparse.ArgumentParser, default_text: str = "cpplan") -> Non
                         f"(default: {default_text})")
 
 
+def _model(args: argparse.Namespace) -> ModelSpec:
+    """The model a command plans: `--model`, with a full (non-causal) mask under `--full-mask`,
+    refused up front where another flag asks for what a full mask cannot have.
+
+    Raises:
+        CpplanError: an unknown model; a full-mask model with only zigzag balancing allowed, or
+            priced or exported for MaxText.
+    """
+    model = get_model(args.model)
+    if getattr(args, "full_mask", False):
+        model = dataclasses.replace(model, causal=False)
+    if model.causal:
+        return model
+    source = "--full-mask" if getattr(args, "full_mask", False) else f"--model {args.model} (is_causal: false)"
+    balancing = getattr(args, "load_balance", None)
+    if balancing is not None and {LoadBalance.parse(w) for w in _csv(balancing)} == {LoadBalance.ZIGZAG}:
+        raise CpplanError(f"--load-balance {balancing} with {source}: {full_mask_balance_problem(model, True)}; "
+                          f"allow none (--load-balance none, or leave the flag out).")
+    for flag, value, fix in (("--format", getattr(args, "format", None), "--format json writes the plan for cpplan's "
+                                                                          "runtime"),
+                             ("--target", getattr(args, "target", None), "leave out --target maxtext to price it")):
+        if value == "maxtext":
+            raise CpplanError(f"{flag} maxtext with {source}: {maxtext_mask_problems(model)[0]}; {fix}.")
+    return model
+
+
 def _plan(args: argparse.Namespace):
-    return api.plan(args.model, args.seq_len, args.topology, **_search_options(args))
+    return api.plan(_model(args), args.seq_len, args.topology, **_search_options(args))
 
 
 def _use_host_devices(topology: str, *, processes: int = 1) -> None:
@@ -181,7 +216,7 @@ def _import_runtime() -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """The best plan, why, what came close, what was rejected."""
-    explanation = Explanation(api.run_search(args.model, args.seq_len, args.topology, **_search_options(args)),
+    explanation = Explanation(api.run_search(_model(args), args.seq_len, args.topology, **_search_options(args)),
                               top=args.top)
     if args.target == "maxtext" and not args.json:
         print("Priced for MaxText 0.2.5 (--target maxtext): its memory, and only plans it accepts.\n")
@@ -191,9 +226,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Best strategy and MFU per sequence length."""
-    rows = []
+    rows, model = [], _model(args)
     for tokens in _seq_lens(args.seq_lens):
-        e = Explanation(api.run_search(args.model, tokens, args.topology, **_search_options(args)))
+        e = Explanation(api.run_search(model, tokens, args.topology, **_search_options(args)))
         row = {"seq_len": tokens, "fits": e.best is not None}
         if e.best:
             row.update(strategy=e.best.cp_strategy.value, plan=describe_strategy(e.best), mesh=e.best.mesh_dict,
@@ -221,7 +256,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_max_seq_len(args: argparse.Namespace) -> int:
     """The longest sequence any plan fits."""
-    longest = api.max_seq_len(args.model, args.topology, **_search_options(args))
+    longest = api.max_seq_len(_model(args), args.topology, **_search_options(args))
     print(_json(longest.to_dict()) if args.json else longest)
     return 0
 
@@ -290,7 +325,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CpplanError(f"`cpplan run` runs on the devices present; {topo.name} is a TPU slice and this host has "
                           f"no TPU: launch it on every TPU VM of the slice (see the README). Use `cpplan compile` to "
                           f"compile for it deviceless, or plan for cpu:8.")
-    search = api.run_search(args.model, args.seq_len, args.topology, **_search_options(args))
+    search = api.run_search(_model(args), args.seq_len, args.topology, **_search_options(args))
     explanation = Explanation(search)
     if explanation.best is None:
         raise CpplanError(explanation.nothing_fits_text())
@@ -430,8 +465,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     shape = {}
     if args.model:
-        from cost_models.models import get_model
-
         m = get_model(args.model)
         shape = dict(attention_heads=m.num_heads, attention_kv_heads=m.num_kv_heads, attention_head_dim=m.head_dim)
     result = calibrate(args.topology, dtype=args.dtype, repeats=args.repeats, **shape)
@@ -456,6 +489,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES
 
     if args.measured:
+        if args.full_mask:
+            raise CpplanError("--full-mask sets the mask of the --model that validate runs; the runs of --measured are "
+                              "priced with their own models: drop --full-mask.")
         from validation.corpus import compare_corpus, is_corpus, read_corpus
         from validation.measured import read_csv, read_maxtext_log
         from validation.report import CORPUS_REPORT_FILES
@@ -487,7 +523,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
         _RAISE_ON_INTERRUPT[0] = False
         try:
-            report = validate_step_times(args.model, seq_lens, args.topology, sequences=args.sequences,
+            report = validate_step_times(_model(args), seq_lens, args.topology, sequences=args.sequences,
                                          max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
                                          data=args.data, journal=journal, stop=lambda: bool(_INTERRUPTED_BY),
                                          **options)
@@ -524,7 +560,7 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
     _import_runtime()
     from validation.memory import validate_memory
 
-    report = validate_memory(args.model, seq_lens, topologies, layers=args.layers,
+    report = validate_memory(_model(args), seq_lens, topologies, layers=args.layers,
                              per_strategy=args.per_strategy, sequences=args.sequences)
     files = report.write(outdir)
     print(report.markdown())
@@ -646,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "validate", cmd_validate, "predicted vs measured step times (runs or imports)")
     p.add_argument("--model", help="model name or config.json path (with --seq-lens and --topology)")
+    p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)
     p.add_argument("--seq-lens", help="comma-separated, e.g. 2k,4k,8k")
     p.add_argument("--topology", help="the devices present, e.g. cpu:8")
     p.add_argument("--strategies", help="allowed strategies, e.g. ring,usp (default all)")
@@ -669,6 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "validate-memory", cmd_validate_memory, "predicted vs compiled HBM per device")
     p.add_argument("--model", required=True, help="model name or config.json path")
+    p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)
     p.add_argument("--seq-lens", required=True, help="comma-separated, e.g. 32k,128k")
     p.add_argument("--topologies", required=True, help="comma-separated TPU slices, e.g. v5p:2x2x2,tpu7x:2x2x1")
     p.add_argument("--layers", type=_at_least(1), default=2, help="decoder layers compiled")

@@ -16,6 +16,16 @@ The attention mask is `causal` (a decoder: each query sees the keys at or before
 model cpplan names) or full (`causal=False`: every query sees every key, as in an encoder or a
 prefix-LM's prefix, and as MaxText's flash attention ran before 2023-11-07, see
 `validation.corpus`). The mask decides the attention's FLOPs and kernel calls, never its shapes.
+A Hugging Face config states a full mask as `is_causal: false`: no llama, mistral or qwen2 config
+class declares the field, but transformers builds a bidirectional mask for a decoder-only model
+whose config carries it (`masking_utils.create_causal_mask`: "if `is_causal` is False, then
+fallback to bi-directional mask", huggingface/transformers@00c4411), and vLLM's qwen2 runs such a
+config's attention as an encoder's (vllm-project/vllm@013a279, `vllm/model_executor/models/qwen2.py`,
+for embedding models such as gte-Qwen2). The fields that sound alike do not apply: `is_decoder`
+(false unless set; in transformers 4.x a `PretrainedConfig` field for BERT-like models run as
+decoders) does not decide a Llama-style model's mask, which `create_causal_mask` builds from
+`is_causal` alone, so read as a mask it would make every Llama config bidirectional; and
+`use_bidirectional_attention` is Gemma 3's, a model type cpplan does not read.
 """
 from __future__ import annotations
 
@@ -169,10 +179,12 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, path: str | os.PathLike, *, name: str | None = None) -> "ModelSpec":
-        """Reads a Hugging Face `config.json` of a llama, mistral or qwen2 model.
+        """Reads a Hugging Face `config.json` of a llama, mistral or qwen2 model; `is_causal: false`
+        makes its mask full (see the module docstring).
 
         Raises:
-            CpplanError: the file is unreadable, of another model type, or lacks a field.
+            CpplanError: the file is unreadable, of another model type, lacks a field, or has a
+                field of the wrong type.
         """
         path = Path(path)
         try:
@@ -194,7 +206,7 @@ class ModelSpec:
             value = cfg.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CpplanError(f"{str(path)!r}: {key}={value!r} must be a positive integer; fix the config.")
-        for key in ("tie_word_embeddings", "attention_bias"):
+        for key in ("tie_word_embeddings", "attention_bias", "is_causal"):
             if not isinstance(cfg.get(key, False), bool):
                 raise CpplanError(f"{str(path)!r}: {key}={cfg[key]!r} must be true or false; fix the config.")
         heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
@@ -220,6 +232,7 @@ class ModelSpec:
             tie_embeddings=cfg.get("tie_word_embeddings", False),
             qkv_bias=cfg.get("attention_bias", model_type == "qwen2"),
             mlp_activations=(HF_ACTIVATIONS[hidden_act], "linear"),
+            causal=cfg.get("is_causal", True),
         )
 
 
