@@ -508,7 +508,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         if not (args.model and args.seq_lens and args.topology):
             raise CpplanError("cpplan validate needs --model, --seq-lens and --topology (or --measured FILE).")
-        seq_lens = _seq_lens(args.seq_lens)
+        seq_lens, model = _seq_lens(args.seq_lens), _model(args)
         topo = get_topology(args.topology)
         _check_data(args.data)
         outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
@@ -523,7 +523,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
         _RAISE_ON_INTERRUPT[0] = False
         try:
-            report = validate_step_times(_model(args), seq_lens, args.topology, sequences=args.sequences,
+            report = validate_step_times(model, seq_lens, args.topology, sequences=args.sequences,
                                          max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
                                          data=args.data, journal=journal, stop=lambda: bool(_INTERRUPTED_BY),
                                          **options)
@@ -547,7 +547,7 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
     from validation.outputs import prepare_out_dir
     from validation.report import MEMORY_REPORT_FILES
 
-    seq_lens = _seq_lens(args.seq_lens)
+    seq_lens, model = _seq_lens(args.seq_lens), _model(args)
     topologies = _csv(args.topologies) or []
     if not topologies:
         raise CpplanError(f"--topologies {args.topologies!r} names no topology; give TPU slices, e.g. v5p:2x2x2.")
@@ -560,7 +560,7 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
     _import_runtime()
     from validation.memory import validate_memory
 
-    report = validate_memory(_model(args), seq_lens, topologies, layers=args.layers,
+    report = validate_memory(model, seq_lens, topologies, layers=args.layers,
                              per_strategy=args.per_strategy, sequences=args.sequences)
     files = report.write(outdir)
     print(report.markdown())

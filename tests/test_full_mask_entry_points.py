@@ -35,7 +35,8 @@ def _step_flops(attention: int) -> int:
 
 
 def test_the_flag_doubles_the_attention_flops_of_the_same_plan(capsys):
-    assert (QKV, OUT, MLP) == (2 * S * HIDDEN * 16 * HEAD_DIM, 2 * S * HIDDEN * HEADS * HEAD_DIM, 2 * S * 3 * HIDDEN * 512)
+    assert QKV == 2 * S * HIDDEN * 16 * HEAD_DIM and OUT == 2 * S * HIDDEN * HEADS * HEAD_DIM
+    assert MLP == 2 * S * 3 * HIDDEN * 512
     assert CAUSAL_ATTENTION == 4 * S * S * HEADS * HEAD_DIM // 2 and HEAD == 2 * S * HIDDEN * 256
     causal, full = _explain_json(capsys), _explain_json(capsys, "--full-mask")
     assert full["plan"]["model"]["causal"] is False and causal["plan"]["model"]["causal"] is True
@@ -115,7 +116,7 @@ def test_a_hugging_face_config_states_a_full_mask_with_is_causal(tmp_path):
     assert get_model(_config(tmp_path, is_causal=True)).causal
     assert not get_model(_config(tmp_path, is_causal=False)).causal
     # is_decoder does not decide a Llama-style model's mask: false (its default) or true, still causal
-    assert get_model(_config(tmp_path, is_decoder=False)).causal and get_model(_config(tmp_path, is_decoder=True)).causal
+    assert all(get_model(_config(tmp_path, is_decoder=value)).causal for value in (False, True))
     with pytest.raises(CpplanError, match=r"is_causal='no' must be true or false; fix the config"):
         get_model(_config(tmp_path, is_causal="no"))
 
