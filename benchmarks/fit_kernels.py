@@ -14,9 +14,14 @@ saves the comparison under `benchmarks/results/kernels/`.
 
 Files are looked up in the tokamax package (the importable one, or `--tokamax`) first, then in
 each `--data` checkout of the tokamax repository, in order: the first readable, non-empty copy
-of a file is used. Releases carry different timings, so `--only` writes just the named figures:
+of a file is used. Releases carry different timings, so `--only` writes just the named figures,
+and `--out` keeps each run's comparison apart. The TPU rows hold the attention figures of a
+tokamax checkout at 783ea95 (the installed 0.0.12 has no TPU attention timings) and the matmul
+efficiency of the tokamax 0.0.17 package (MaxText 0.2.5's, with the new grouped-matmul kernel):
 
     python benchmarks/fit_kernels.py --data /path/to/tokamax-checkout [--write [--only FIELD ...]]
+    python benchmarks/fit_kernels.py --tokamax /path/to/site-packages/tokamax \
+        --out benchmarks/results/kernels/tokamax-0.0.17 [--write --only matmul_efficiency]
 
 TPU7x: the entries are per TensorCore (one JAX device), shown by the data: see `per_core_note`.
 """
@@ -133,9 +138,12 @@ def find_file(device: str, name: str, checkouts: list[Path], base: Path) -> Sour
     if _readable(candidate):
         version = package_version(base)
         cite = f"tokamax {version} (installed package): {AUTOTUNING / device / name}"
-        for checkout in checkouts:  # the commit that holds these very bytes, where a checkout says
+        # the commit that holds these very bytes, where a checkout says (among the commits that
+        # wrote the file: one that deleted it has no bytes to compare)
+        for checkout in checkouts:
             blob = _git(checkout, "hash-object", str(candidate))
-            for commit in _git(checkout, "log", "--format=%H", "--", str(AUTOTUNING / device / name)).split():
+            writes = _git(checkout, "log", "--diff-filter=AMR", "--format=%H", "--", str(AUTOTUNING / device / name))
+            for commit in writes.split():
                 if _git(checkout, "rev-parse", f"{commit}:{AUTOTUNING / device / name}") == blob:
                     cite += f", the bytes of openxla/tokamax@{commit}"
                     break
@@ -581,15 +589,17 @@ def main() -> None:
     parser.add_argument("--tokamax", type=Path,
                         help="a tokamax package folder (.../site-packages/tokamax) to read instead of the importable one")
     parser.add_argument("--write", action="store_true", help="write the figures into cost_models/data/chips/*.json")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR,
+                        help=f"where to save comparison.txt and figures.json (default {RESULTS_DIR})")
     parser.add_argument("--only", nargs="+", metavar="FIELD",
                         help="with --write, the figures to write (e.g. matmul_efficiency); the rest stay as they are")
     args = parser.parse_args()
     derived = derive(args.data, installed_dir(args.tokamax))
     text = report(derived)
     print(text)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / "comparison.txt").write_text(text)
-    (RESULTS_DIR / "figures.json").write_text(json.dumps(
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "comparison.txt").write_text(text)
+    (args.out / "figures.json").write_text(json.dumps(
         {name: {"figures": d["figures"], "sources": d["sources"]} for name, d in derived.items()}, indent=2) + "\n")
     if args.write:
         write_rows(derived, only=args.only)
