@@ -128,12 +128,12 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
         params=m.num_params / shards * pb,
-        # through the backward: the layers' fp32 gradients, and the output head's in the compute
-        # dtype (the loss's backward forms it piece by piece as the matmuls' output); the input
-        # embedding's is formed from the first layer's input gradient, after every layer's backward,
-        # and both are brought to the parameters' dtype for the update (deviceless compiles of
-        # bench_memory's rows: no gradient of the embedding or fp32 gradient of the head is live in a
-        # layer's backward; benchmarks/results/memory/weight_casts.md)
+        # through the backward: the layers' gradients in the parameters' dtype, and the output
+        # head's in the compute dtype (the loss's backward forms it piece by piece as the matmuls'
+        # output); the input embedding's is formed from the first layer's input gradient, after every
+        # layer's backward, and both are brought to the parameters' dtype for the update (deviceless
+        # compiles of bench_memory's rows: no gradient of the embedding or fp32 gradient of the head
+        # is live in a layer's backward; benchmarks/results/memory/weight_casts.md)
         grads=layer_grads + head_shard * a,
         update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
@@ -157,8 +157,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
                          + mlp_loop_matrices * mlp_matrix + attention_early) * a,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
-        # the attention side's weights are gathered matrix by matrix: the one in use, the next one
-        # arriving, and the unreduced fp32 gradient of one matrix on its way to the reduce-scatter
+        # on the attention side, the weights' traffic: matrices gathered one by one (the one in use,
+        # the next one arriving) and an unreduced gradient on its way to the reduce-scatter (in the
+        # compiles, the MLP's three bf16 weight gradients, reduced after the attention's backward)
         collective_buffers=largest_matrix * (2 * a + pb),
         # fp32 logits of one chunk of tokens against one piece of the vocabulary (the gradient
         # formed in place, fused with the softmax)
