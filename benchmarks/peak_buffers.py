@@ -9,6 +9,7 @@ Compile with the dump on (the TPU compiler honours XLA_FLAGS in deviceless compi
     python benchmarks/peak_buffers.py /tmp/dump               # the peak and its buffers
     python benchmarks/peak_buffers.py /tmp/dump --at 1291     # another point of the schedule
     python benchmarks/peak_buffers.py /tmp/dump --timeline 200
+    python benchmarks/peak_buffers.py /tmp/mt --module jit_train_step   # a MaxText train_compile dump
 
 It reads the module's `*-buffer-assignment.txt` (each value's size and offset in the temporary
 allocation) and `*-live-range.txt` (each value's first and last position in the schedule). Values

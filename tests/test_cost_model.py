@@ -67,7 +67,13 @@ def test_memory_components_by_hand():
     p = 8_030_261_248
     # over the 8-way weight-sharding group (context); no tensor axis here to split the embedding further
     assert e.hbm_bytes["params"] == p * 4 / 8
-    assert e.hbm_bytes["grads"] == p * 4 / 8
+    # through the backward the 32 layers' fp32 gradients and the head's (4096 × 128256) in bf16; the
+    # rest, the embedding's and the head's in fp32, at the update
+    layer_p = 218_112_000
+    assert e.hbm_bytes["grads"] == (32 * layer_p * 4 + 4096 * 128256 * 2) / 8
+    assert e.hbm_bytes["grads"] + e.hbm_bytes["update_gradients"] == p * 4 / 8
+    # every layer's weights cast to bf16, the norms' scales left out
+    assert e.hbm_bytes["weight_casts"] == 32 * (layer_p - 2 * 4096) * 2 / 8
     assert e.hbm_bytes["optimizer"] == 2 * p * 4 / 8
     # with tensor=2 the runtime splits every weight over group × tensor, the input embedding too
     e2 = estimate(_plan(mesh=make_mesh(context=4, tensor=2)))
@@ -82,8 +88,9 @@ def test_memory_components_by_hand():
     attention_side = 3 * 4096 + (2 * 32 + 2 * 8) * 128
     mlp_side = 2 * 14336 + 4096
     assert e.hbm_bytes["attention_working_set"] == 2 * tokens * attention_side * 2
-    # the MLP's gathered input and its gradient for every token, and one chunk's values
-    assert e.hbm_bytes["mlp_working_set"] == (2 * tokens * 4096 + 2 * 4096 * mlp_side) * 2
+    # the MLP's gathered input and its gradient for every token, one chunk's values, and the chunk
+    # loop's three gathered matrices, their three gradient sums and a chunk's new sum
+    assert e.hbm_bytes["mlp_working_set"] == (2 * tokens * 4096 + 2 * 4096 * mlp_side + 7 * 4096 * 14336) * 2
     # the fused loss: fp32 logits of 8192 tokens (all 16384 are not held) against one vocabulary
     # piece (128256 = 8 pieces of 16032), and that head piece gathered in bf16 with its fp32 gradient
     assert e.hbm_bytes["logits"] == 8192 * 16032 * 4
@@ -94,9 +101,9 @@ def test_memory_components_by_hand():
     assert unchunked.hbm_bytes["logits"] == tokens * 16032 * 4
     # the peak: static state plus the larger phase, never both phases at once
     b = e.hbm_bytes
-    static = b["params"] + b["grads"] + b["optimizer"] + b["activations"]
+    static = b["params"] + b["grads"] + b["optimizer"] + b["activations"] + b["weight_casts"]
     # in a layer: the attention side or the MLP side, not both
-    layer = max(b["attention_working_set"] + b["attention_buffers"], b["mlp_working_set"]) + b["collective_buffers"]
+    layer = max(b["attention_working_set"] + b["attention_buffers"] + b["collective_buffers"], b["mlp_working_set"])
     loss = b["logits"] + b["head_buffers"]
     assert e.hbm_bytes_per_device == static + max(layer, loss)
 

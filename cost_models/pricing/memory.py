@@ -1,13 +1,14 @@
 """HBM held per device over a step, by component, and its peak.
 
-HBM is held in phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's
-backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`); at the step's end, with the activations
-gone, the optimizer's update (`UPDATE_MEMORY`: the weights, gradients and moments, and the
-update's own temporaries). Within a layer's backward the attention side (its values and the
-strategy's buffers) and the MLP side (one chunk of tokens) are not live at once: the layer holds
-the larger of the two, and the weight being gathered with either (on chips that run the
-attention's recomputation first, the MLP side holds that too: the chip row's
-`attention_before_mlp_backward`).
+HBM is held in phases: what lives all step (`STATIC_MEMORY`: through the forward, the loss and the
+backward), then the larger of a layer's backward (`LAYER_MEMORY`) and the loss (`LOSS_MEMORY`); at
+the step's end, with the activations and the layer weights' compute-dtype copies gone, the
+optimizer's update (`UPDATE_MEMORY`: the weights, every gradient and the moments, and the update's
+own temporaries). Within a layer's backward the attention side (its values and the
+strategy's buffers, and the weights being gathered) and the MLP side (one chunk of tokens, and
+the MLP's weights and gradient sums its chunk loop holds) are not live at once: the layer holds the
+larger of the two (on chips that run the attention's recomputation first, the MLP side holds that
+too: the chip row's `attention_before_mlp_backward`).
 """
 from __future__ import annotations
 
@@ -21,19 +22,19 @@ from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.vocabulary import Placement
-from cost_models.work_layout import MLP_CHUNK_TOKENS, vocab_pieces
+from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
-STATIC_MEMORY = ("params", "grads", "optimizer", "activations")
+STATIC_MEMORY = ("params", "grads", "optimizer", "activations", "weight_casts")
 LAYER_MEMORY = ("attention_working_set", "attention_buffers", "mlp_working_set", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
-UPDATE_MEMORY = ("params", "grads", "optimizer", "optimizer_update")
+UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
 
 
 def layer_bytes(memory: dict):
-    """A layer's backward: the larger of its attention side and its MLP side, and the collectives'
-    buffers (arrays or floats)."""
-    return np.maximum(memory["attention_working_set"] + memory["attention_buffers"],
-                      memory["mlp_working_set"]) + memory["collective_buffers"]
+    """A layer's backward: the larger of its attention side (with the collectives' buffers) and
+    its MLP side (arrays or floats)."""
+    return np.maximum(memory["attention_working_set"] + memory["attention_buffers"] + memory["collective_buffers"],
+                      memory["mlp_working_set"])
 
 
 def backward_bytes(memory: dict):
@@ -60,9 +61,11 @@ class MemoryBytes:
     """Bytes per device by component (arrays over candidates); names as `Estimate.hbm_bytes` has them."""
 
     params: np.ndarray
-    grads: np.ndarray
+    grads: np.ndarray  # what the backward holds: the layers' gradients, the head's in the compute dtype
+    update_gradients: np.ndarray  # the rest of the gradients, formed at the step's end
     optimizer: np.ndarray
     activations: np.ndarray  # what each layer keeps for its backward, all layers
+    weight_casts: np.ndarray  # every layer's weight shards in the compute dtype, through the forward and backward
     attention_working_set: np.ndarray  # one layer's backward, attention side
     attention_buffers: np.ndarray
     mlp_working_set: np.ndarray  # one layer's backward, one MLP chunk
@@ -96,17 +99,24 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     # one layer's backward: the gradient of every value, and the values the policy does not keep
     # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
     # The attention side for every token (the residual and, in a sequential block, the out
-    # projection feeding the second norm, a tensor-th of them under sequence parallelism, the normed
-    # input gathered whole, q/k/v and the attention output split by heads); the MLP's for one chunk
-    # of tokens (each chunk is its own checkpoint: kept MLP values are read chunk by chunk)
+    # projection feeding the second norm, on the residual stream's tokens, `residual_tokens`; the
+    # normed input gathered whole, q/k/v and the attention output split by heads); the MLP's for one
+    # chunk of tokens (each chunk is its own checkpoint: kept MLP values are read chunk by chunk)
     residual_values = 1 if m.decoder_block.parallel else 2
-    attention_side = (m.hidden * (1 + residual_values / tensor)
-                      + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
+    attention_values = (tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
+                        + residual_tokens(tokens, tensor) * residual_values * m.hidden)
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
+    mlp_matrix = m.hidden * m.intermediate / tensor
+    # the chunk loop reads every MLP matrix for every chunk, so all are gathered before it and held
+    # through it; it carries each matrix's weight gradient summed over the chunks in the compute
+    # dtype, and forms a chunk's new sum while the carried one is read (with one chunk there is no
+    # sum to carry: each gradient is formed once)
+    mlp_loop_matrices = 2 * m.mlp_matrices + (tokens > mlp_tokens)
+    layer_grads = m.num_layers * m.params_per_layer / shards * pb
     head_shard = m.hidden * m.vocab / shards
     # kept MLP values are not read in place: the layer's backward slices its layer's out of the
     # stacked residuals (a dynamic slice XLA copies), and the chunk loop each chunk's out of that
@@ -118,19 +128,38 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
         params=m.num_params / shards * pb,
-        grads=m.num_params / shards * pb,
+        # through the backward: the layers' gradients in the parameters' dtype, and the output
+        # head's in the compute dtype (the loss's backward forms it piece by piece as the matmuls'
+        # output); the input embedding's is formed from the first layer's input gradient, after every
+        # layer's backward, and both are brought to the parameters' dtype for the update (deviceless
+        # compiles of bench_memory's rows: no gradient of the embedding or fp32 gradient of the head
+        # is live in a layer's backward; benchmarks/results/memory/weight_casts.md)
+        grads=layer_grads + head_shard * a,
+        update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
         optimizer=m.num_params / shards * (x.mu_bytes + pb),
         activations=m.num_layers * tokens * saved,
-        attention_working_set=tokens * (2 * attention_side - remat.kept_attention_side / tensor) * a,
+        # the layers' weights enter the layer in the compute dtype; the cast of each layer's slice is
+        # hoisted out of the layer loop onto the stacked shards, made once in the forward and read by
+        # the backward's loop again, so every layer's copy is held until the last layer's backward
+        # (deviceless v5p and tpu7x compiles of bench_memory's rows: `convert` of each stacked weight,
+        # e.g. bf16[2,512,14336], 104 MiB at 2 layers and 416 MiB at 8 of Llama 3.1 8B over 8
+        # devices; see benchmarks/results/memory/weight_casts.md). None when the two dtypes are one;
+        # the norms' scales are cast to fp32 inside the norm, not copied.
+        weight_casts=m.num_layers * (m.params_per_layer - m.decoder_block.norms * m.hidden) / shards * a
+        * (pb != a),
+        attention_working_set=(2 * attention_values - tokens * remat.kept_attention_side / tensor) * a,
         # the MLP's input gathered over tensor and its gradient for every token (the chunk loop's
         # input and output), one chunk's values (kept ones copied) and their gradients, the layer's
-        # kept MLP values copied, and the attention's values a chip schedules ahead of the MLP's backward
-        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy + attention_early) * a,
+        # kept MLP values copied, the chunk loop's weights and gradient sums, and the attention's
+        # values a chip schedules ahead of the MLP's backward
+        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy
+                         + mlp_loop_matrices * mlp_matrix + attention_early) * a,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
-        # weights are gathered matrix by matrix: the one in use, the next one arriving, and the
-        # unreduced fp32 gradient of one matrix on its way to the reduce-scatter
+        # on the attention side, the weights' traffic: matrices gathered one by one (the one in use,
+        # the next one arriving) and an unreduced gradient on its way to the reduce-scatter (in the
+        # compiles, the MLP's three bf16 weight gradients, reduced after the attention's backward)
         collective_buffers=largest_matrix * (2 * a + pb),
         # fp32 logits of one chunk of tokens against one piece of the vocabulary (the gradient
         # formed in place, fused with the softmax)
