@@ -38,7 +38,7 @@ TOLERANCE = 0.10
 MODEL = "llama3.1-8b"
 
 # (name, topology, seq_len, strategy, fixed mesh, extra options): all four strategies, v5p and
-# tpu7x, lengths that compile in minutes, and plans that do not fit
+# tpu7x, lengths that compile in minutes, plans that do not fit, and plans that offload to the host
 PLANS = [
     ("v5p-8 all_gather 4 × 32K", "v5p-8", "32k", "all_gather", {"context": 4}, {}),
     ("v5p-8 ulysses 4 × 32K", "v5p-8", "32k", "ulysses", {"context_ulysses": 4}, {}),
@@ -47,6 +47,10 @@ PLANS = [
     ("tpu7x-8 ring 8 × 64K, 2 vocab tiles", "tpu7x-8", "64k", "ring", {"context": 8}, {"loss_chunk_tokens": 4096}),
     ("v5p-8 ring 4 × 256K (does not fit)", "v5p-8", "256k", "ring", {"context": 4}, {}),
     ("tpu7x-8 usp 4×2 × 256K (does not fit)", "tpu7x-8", "256k", "usp", {"context": 2, "context_ulysses": 4}, {}),
+    # host offload (MaxText's own presets), one near the HBM limit
+    ("v5p-8 ring 4 × 128K minimal_offloaded", "v5p-8", "128k", "ring", {"context": 4}, {"remat": "minimal_offloaded"}),
+    ("tpu7x-8 usp 4×2 × 64K qkv_proj_offloaded", "tpu7x-8", "64k", "usp", {"context": 2, "context_ulysses": 4},
+     {"remat": "qkv_proj_offloaded"}),
 ]
 
 

@@ -264,6 +264,18 @@ def test_import_reads_custom_remat_per_checkpoint_name_and_offload():
     assert read_maxtext(RING_V5P_16 + "remat_policy=full query_proj=device").unread == ("query_proj",)
 
 
+@pytest.mark.parametrize("policy", ["qkv_proj_offloaded", "minimal_offloaded", "custom decoder_layer_input=offload",
+                                    "full", "minimal"])
+def test_export_of_an_offloading_plan_says_it_is_priced_without_the_recipes_compiler_flags(policy):
+    exported = export_maxtext(read_maxtext(RING_V5P_16 + f"remat_policy={policy}").plan)
+    said = [note for note in exported.notes if "LIBTPU_INIT_ARGS" in note]
+    assert len(said) == (1 if "offload" in policy else 0)
+    assert all("HOST_OFFLOAD_FLAGS" in note and "leave them unset" in note for note in said)
+    # compiler flags never travel with the training flags or the compile_topology ones
+    assert not any("xla" in str(k).lower() or "libtpu" in str(k).lower()
+                   for k in {**exported.flags, **exported.compile_flags})
+
+
 @pytest.mark.parametrize("policy", ["minimal", "save_qkv_proj", "qkv_proj_offloaded", "full"])
 def test_import_reads_maxtexts_named_remat_policies(policy):
     plan = read_maxtext(RING_V5P_16 + f"remat_policy={policy}").plan
