@@ -77,6 +77,22 @@ class TargetTraits:
             (None: no limit beyond the shared VMEM rule).
         maxtext_rules: the search offers only plans that pass the strategies' `maxtext_problems`
             (MaxText's own configs/types.py checks), so an exported plan is never refused.
+        offload_defers_head_gradient: under a remat policy that offloads to the host, the
+            output head's weight gradient is formed after the decoder layers' backward, so the
+            loss's logit gradient (tokens × vocabulary over tensor, in the compute dtype) and the
+            final norm's output (tokens × hidden) are held through every layer's backward (MaxText:
+            its compile of llama3.1-8b, ring 4 × 128K on v5p-8 under `minimal_offloaded` holds
+            `bf16[32768,128256]` from the loss to the head's `dot_general` after the backward layer
+            loop; its `remat_policy=full` twin forms the head's gradient in the loss and holds
+            only that, `bf16[4096,128256]`). cpplan's runtime finishes each layer's gradients in
+            its layer (`runtime/offload.py`).
+        offload_holds_mlp_backward: under a policy that offloads the MLP's input projections, a
+            layer's backward holds the MLP's input-projection outputs and their gradients, for
+            all the device's tokens (MaxText does not chunk its MLP), through the attention's
+            backward: the compiler schedules the MLP's weight-gradient matmuls after the
+            attention's kernels (the same compile: the two `bf16[32768,14336]` values fetched from
+            the host and the two gradients made from them are live at the ring's dK/dV kernel, and
+            read by the `mlpwi` weight-gradient fusions after it; its twin holds none of them there).
     """
 
     target: Target
@@ -88,6 +104,8 @@ class TargetTraits:
     per_head_metadata: bool
     maxtext_rules: bool
     ring_kernel_max_block: int | None = None
+    offload_defers_head_gradient: bool = False
+    offload_holds_mlp_backward: bool = False
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -106,7 +124,8 @@ TRAITS: dict[Target, TargetTraits] = {
                                  ring_dq_partials=True,
                                  smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
                                  per_head_metadata=True, maxtext_rules=True,
-                                 ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK),
+                                 ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
+                                 offload_defers_head_gradient=True, offload_holds_mlp_backward=True),
 }
 
 
