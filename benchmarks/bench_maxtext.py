@@ -8,6 +8,12 @@ CompiledMemory`); where MaxText runs out of memory its error gives the temporari
 arguments are the plan's fp32 weights and AdamW moments (exact counts). Targets: within 10% and
 the same fit verdict on each plan.
 
+Three plans offload to the host (MaxText's `minimal_offloaded` and `qkv_proj_offloaded`, and a
+`custom` one), compiled as exported: without the `HOST_OFFLOAD_FLAGS` MaxText's own recipes put in
+LIBTPU_INIT_ARGS (the export's note says so). Their compiles hold what the target's offload traits
+price (`cost_models.targets`), read from the buffers live at the peak of the first two
+(`XLA_FLAGS=--xla_dump_to=DIR`, `benchmarks/peak_buffers.py DIR --module jit_train_step`).
+
 Too slow for CI (MaxText's compiles take minutes on a small host; its all-gather and Ulysses
 masks grow as S², so those lengths stay short). Run from the repository root:
 
@@ -16,6 +22,7 @@ masks grow as S², so those lengths stay short). Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -26,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cost_models.remat import custom_placements  # noqa: E402
 from cost_models.units import GiB  # noqa: E402
+from cost_models.vocabulary import Placement, RematPolicy  # noqa: E402
 from planner import api  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.maxtext import export_maxtext, format_flags  # noqa: E402
@@ -51,6 +60,8 @@ PLANS = [
     ("v5p-8 ring 4 × 128K minimal_offloaded", "v5p-8", "128k", "ring", {"context": 4}, {"remat": "minimal_offloaded"}),
     ("tpu7x-8 usp 4×2 × 64K qkv_proj_offloaded", "tpu7x-8", "64k", "usp", {"context": 2, "context_ulysses": 4},
      {"remat": "qkv_proj_offloaded"}),
+    ("v5p-8 ring 4 × 64K custom: layer input, q/k/v, mlpwi offloaded", "v5p-8", "64k", "ring", {"context": 4},
+     {"custom": {"decoder_layer_input": "offload", "qkv_proj": "offload", "mlpwi": "offload"}}),
 ]
 
 
@@ -65,16 +76,23 @@ def maxtext_python(venv: Path) -> Path:
 
 
 def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict):
-    """The best MaxText-target plan of one strategy on a fixed mesh (one sequence, remat full), exported."""
+    """The best MaxText-target plan of one strategy on a fixed mesh (one sequence, remat full unless
+    `extra` names a policy), exported. `extra["custom"]` (MaxText's per-name placements) makes the
+    plan `remat_policy=custom` with them, as a user edits a plan: the search cannot offer `custom`."""
     full = {"data": 1, "fsdp": 1, "context": 1, "context_ulysses": 1, "tensor": 1, **mesh}
     options = {"remat": "full", "loss_chunk_tokens": 0, **extra}
+    custom = options.pop("custom", None)
     result = api.run_search(MODEL, seq_len, topology, target="maxtext", global_batch=1, mesh=full,
                             strategies=[strategy], **options)
     ranked = list(result.ranked[:1]) or result.best_infeasible[:1]
     if not ranked:
         reasons = "; ".join(sorted({r.reason for r in result.rejections}))
         raise SystemExit(f"{strategy} on {topology} at {seq_len}: no candidate ({reasons})")
-    return export_maxtext(ranked[0].plan)
+    plan = ranked[0].plan
+    if custom:
+        plan = dataclasses.replace(plan, remat=RematPolicy.CUSTOM, remat_custom=custom_placements(
+            {name: Placement.parse(where) for name, where in custom.items()}, maxtext_names=True))
+    return export_maxtext(plan)
 
 
 def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str, *,
