@@ -8,11 +8,12 @@ CompiledMemory`); where MaxText runs out of memory its error gives the temporari
 arguments are the plan's fp32 weights and AdamW moments (exact counts). Targets: within 10% and
 the same fit verdict on each plan.
 
-Three plans offload to the host (MaxText's `minimal_offloaded` and `qkv_proj_offloaded`, and a
-`custom` one), compiled as exported: without the `HOST_OFFLOAD_FLAGS` MaxText's own recipes put in
-LIBTPU_INIT_ARGS (the export's note says so). Their compiles hold what the target's offload traits
-price (`cost_models.targets`), read from the buffers live at the peak of the first two
-(`XLA_FLAGS=--xla_dump_to=DIR`, `benchmarks/peak_buffers.py DIR --module jit_train_step`).
+Four plans offload to the host (MaxText's `minimal_offloaded` near the HBM limit and just over it,
+`qkv_proj_offloaded`, and a `custom` one), compiled as exported: without the `HOST_OFFLOAD_FLAGS`
+MaxText's own recipes put in LIBTPU_INIT_ARGS (the export's note says so). Their compiles hold what
+the target's offload traits price (`cost_models.targets`), read from the buffers live at the peak
+of the 128K `minimal_offloaded` compile and its `remat_policy=full` twin (`XLA_FLAGS=--xla_dump_to=
+DIR`, `benchmarks/peak_buffers.py DIR --module jit_train_step`).
 
 Too slow for CI (MaxText's compiles take minutes on a small host; its all-gather and Ulysses
 masks grow as S², so those lengths stay short). Run from the repository root:
@@ -58,6 +59,8 @@ PLANS = [
     ("tpu7x-8 usp 4×2 × 256K (does not fit)", "tpu7x-8", "256k", "usp", {"context": 2, "context_ulysses": 4}, {}),
     # host offload (MaxText's own presets), one near the HBM limit
     ("v5p-8 ring 4 × 128K minimal_offloaded", "v5p-8", "128k", "ring", {"context": 4}, {"remat": "minimal_offloaded"}),
+    ("v5p-8 ring 4 × 144K minimal_offloaded (does not fit)", "v5p-8", "144k", "ring", {"context": 4},
+     {"remat": "minimal_offloaded"}),
     ("tpu7x-8 usp 4×2 × 64K qkv_proj_offloaded", "tpu7x-8", "64k", "usp", {"context": 2, "context_ulysses": 4},
      {"remat": "qkv_proj_offloaded"}),
     ("v5p-8 ring 4 × 64K custom: layer input, q/k/v, mlpwi offloaded", "v5p-8", "64k", "ring", {"context": 4},
@@ -179,13 +182,13 @@ def main() -> int:
               f"{row['capacity_gib']:.1f}: ratio {ratio:.3f}; compiled in {seconds:.0f} s", flush=True)
     (out_dir / "results.json").write_text(json.dumps(rows, indent=2))
     good = [r for r in rows if r.get("within_tolerance") and r.get("same_verdict")]
-    print(f"\n{'plan':<42} {'cpplan':>8} {'MaxText':>8} {'ratio':>6}  verdicts")
+    print(f"\n{'plan':<64} {'cpplan':>8} {'MaxText':>8} {'ratio':>6}  verdicts")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:<42} MaxText failed: {r['error']}")
+            print(f"{r['name']:<64} MaxText failed: {r['error']}")
             continue
         verdicts = f"{'fits' if r['predicted_fits'] else 'no'}/{'fits' if r['compiled_fits'] else 'no'}"
-        print(f"{r['name']:<42} {r['predicted_gib']:>7.1f}G {r['compiled_gib']:>7.1f}G {r['ratio']:>6.3f}  {verdicts}")
+        print(f"{r['name']:<64} {r['predicted_gib']:>7.1f}G {r['compiled_gib']:>7.1f}G {r['ratio']:>6.3f}  {verdicts}")
     print(f"{len(good)} of {len(rows)} within {TOLERANCE:.0%} with the same verdict")
     return 0 if len(good) == len(rows) else 1
 

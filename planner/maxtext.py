@@ -63,10 +63,11 @@ UNCARRIED_MODEL_FLAGS = {"rope_max_timescale": 10_000, "normalization_layer_epsi
 SPLASH_KERNELS = ("flash", "autoselected")
 TOKAMAX_ONLY = (CPStrategy.RING, CPStrategy.ULYSSES, CPStrategy.USP)  # MaxText runs these on tokamax's splash only
 # The compiler flags MaxText's own offload recipes add to LIBTPU_INIT_ARGS (`HOST_OFFLOAD_FLAGS`,
-# benchmarks/xla_flags_library.py of AI-Hypercomputer/maxtext, used by the trillium model configs).
+# benchmarks/xla_flags_library.py of AI-Hypercomputer/maxtext, used by its trillium model configs).
 # MaxText's remat offload needs none of them: its train_compile compiles an offloading policy without
-# (bench_maxtext's offload rows); they change the scheduling, and with them the compiler keeps more
-# host transfers in flight (cpplan's minimal_offloaded plan on v5p: 6.05 GiB against 4.93,
+# them (bench_maxtext's offload rows, which the MaxText target is priced against). They change the
+# compiler's schedule: llama3.1-8b ring 4 × 128K under minimal_offloaded on v5p-8 compiled at 88.6 GiB
+# with them, 89.8 without (cpplan's own runtime went the other way, 4.93 → 6.05 GiB on a small plan,
 # benchmarks/results/bench_memory_offload.md). The export leaves them out, as it is priced.
 MAXTEXT_RECIPE_OFFLOAD_FLAGS = "HOST_OFFLOAD_FLAGS (maxtext benchmarks/xla_flags_library.py)"
 # MaxText's whole-state host offload (base.yml, default false): cpplan keeps weights and optimizer in HBM
@@ -167,8 +168,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if offloaded_names(plan.remat, plan.remat_custom):
         notes.append(f"remat_policy={plan.remat.value} offloads to pinned host memory, which MaxText runs without "
-                     f"compiler flags; priced as compiled without its recipes' {MAXTEXT_RECIPE_OFFLOAD_FLAGS} in "
-                     f"LIBTPU_INIT_ARGS, with which its compiler holds more host transfers in HBM: leave them unset")
+                     f"compiler flags; priced as compiled without the {MAXTEXT_RECIPE_OFFLOAD_FLAGS} its recipes "
+                     f"put in LIBTPU_INIT_ARGS (they change the compiler's schedule, and with it the HBM it holds)")
     if plan.remat is RematPolicy.CUSTOM:
         # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names,
         # but a plain MLP's one input, whose name differs, and whose `mlpwi_1` does not exist
