@@ -66,6 +66,10 @@ class TargetTraits:
             sequence (MaxText: tokamax's `splash_mha_dkv_segmented_no_residuals` in its ring
             kernel, read in the compiled HLO of its train_compile, e.g. f32[16,32,8192,128] for
             32 heads of 8192 tokens at blocks of 512); cpplan's ring accumulates dq in place.
+            They live only around the kernel, in a layer's backward (its dumped buffer
+            assignments: ring 4 at 128K, 144K and 256K on v5p-8, USP 4×2 at 64K on tpu7x-8, each
+            peaking there, with the loss's logits freed or, where the head's gradient is
+            deferred, its logit gradient held).
         smem_bytes_per_block_pair: SMEM of splash's mask metadata per (q block × kv block);
             `per_head_metadata` says whether every head has its own (MaxText's tokamax splash
             over a multi-head mask, for Ulysses: the strategies' `maxtext_per_head_metadata`) or
@@ -83,9 +87,13 @@ class TargetTraits:
             final norm's output (tokens × hidden) are held through every layer's backward (MaxText:
             its compile of llama3.1-8b, ring 4 × 128K on v5p-8 under `minimal_offloaded` holds
             `bf16[32768,128256]` from the loss to the head's `dot_general` after the backward layer
-            loop; its `remat_policy=full` twin forms the head's gradient in the loss and holds
-            only that, `bf16[4096,128256]`). cpplan's runtime finishes each layer's gradients in
-            its layer (`runtime/offload.py`).
+            loop, and so at 144K; its `remat_policy=full` twins at 128K and 256K form the head's
+            gradient in the loss and hold only that, `bf16[4096,128256]`). cpplan's runtime
+            finishes each layer's gradients in its layer (`runtime/offload.py`).
+        head_gradient_deferred_chips: chips on which the target's compile defers the head's
+            weight gradient so whatever the policy (MaxText on tpu7x: its full-remat USP 4×2 × 64K
+            compile holds `bf16[8192,128256]` from the loss to the head's `dot_general` after the
+            layers' backward, as its `qkv_proj_offloaded` twin does).
         offload_holds_mlp_backward: under a policy that offloads the MLP's input projections, a
             layer's backward holds the MLP's input-projection outputs and their gradients, for
             all the device's tokens (MaxText does not chunk its MLP), through the attention's
@@ -106,6 +114,7 @@ class TargetTraits:
     ring_kernel_max_block: int | None = None
     offload_defers_head_gradient: bool = False
     offload_holds_mlp_backward: bool = False
+    head_gradient_deferred_chips: tuple[str, ...] = ()
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -125,7 +134,8 @@ TRAITS: dict[Target, TargetTraits] = {
                                  smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
                                  per_head_metadata=True, maxtext_rules=True,
                                  ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
-                                 offload_defers_head_gradient=True, offload_holds_mlp_backward=True),
+                                 offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
+                                 head_gradient_deferred_chips=("tpu7x",)),
 }
 
 

@@ -1,7 +1,7 @@
 """What MaxText's compiler holds longer when a remat policy offloads to the host, as the MaxText target prices it."""
 import pytest
 
-from cost_models.pricing.target import offload_held_bytes
+from cost_models.pricing.target import held_through_backward_bytes
 from cost_models.targets import Target
 from planner.estimate import candidates_of, estimate
 from planner.maxtext import read_maxtext
@@ -53,6 +53,18 @@ def test_cpplans_runtime_finishes_each_layers_gradients_so_offload_holds_nothing
                                                ("qkv_proj_offloaded", HEAD_GRADIENT, 0)])
 def test_only_policies_that_offload_hold_more(policy, head, mlp):
     x = candidates_of(read_maxtext(RING_V5P_8 + f"remat_policy={policy}").plan)
-    held = offload_held_bytes(x, Target.MAXTEXT.traits)
+    held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
     assert float(held["head_gradient"][0]) == head and float(held["mlp_backward"][0]) == mlp
-    assert not any(v.any() for v in offload_held_bytes(x, Target.CPPLAN.traits).values())
+    assert not any(v.any() for v in held_through_backward_bytes(x, Target.CPPLAN.traits).values())
+
+
+def test_maxtext_on_tpu7x_defers_the_head_gradient_whatever_the_policy():
+    # usp 4×2 over 64K on tpu7x-8 (8 devices): 8192 tokens per device
+    flags = ("compile_topology=tpu7x-8 model_name=llama3.1-8b max_target_length=65536 per_device_batch_size=0.125 "
+             "ici_fsdp_parallelism=1 ici_context_parallelism=2 ici_context_usp_ulysses_parallelism=4 "
+             "context_parallel_strategy=usp use_tokamax_splash=True remat_policy=full")
+    x = candidates_of(read_maxtext(flags).plan)
+    held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
+    assert float(held["head_gradient"][0]) == 8192 * (VOCAB + HIDDEN) * 2
+    assert float(held["mlp_backward"][0]) == 0
+    assert not held_through_backward_bytes(x, Target.CPPLAN.traits)["head_gradient"].any()
