@@ -125,9 +125,10 @@ TRAITS: dict[Target, TargetTraits] = {
                                 ring_dq_partials=False, smem_bytes_per_block_pair=None,
                                 per_head_metadata=False, maxtext_rules=False),
     # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring kernel's per-key-block dq
-    # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key: its
-    # compiles of ring 4 to 16 and USP 4×2 hold that above their all-gather twins, with the logits,
-    # shared/ANCHORS.md and bench_maxtext); splash metadata per head, int32, for Ulysses
+    # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key, around
+    # the kernel: shared/ANCHORS.md, bench_maxtext and its offload notes); splash metadata per head,
+    # int32, for Ulysses; the head's gradient deferred past the layers under offload and on tpu7x,
+    # and the offloaded MLP values held through the attention's backward (bench_maxtext_offload.md)
     Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
                                  layer_gradients_all_step=False,
                                  ring_dq_partials=True,
