@@ -93,7 +93,10 @@ class TargetTraits:
         head_gradient_deferred_chips: chips on which the target's compile defers the head's
             weight gradient so whatever the policy (MaxText on tpu7x: its full-remat USP 4×2 × 64K
             compile holds `bf16[8192,128256]` from the loss to the head's `dot_general` after the
-            layers' backward, as its `qkv_proj_offloaded` twin does).
+            layers' backward, as its `qkv_proj_offloaded` twin does). Either deferral needs a loss
+            of one vocabulary tile: with `num_vocab_tiling` > 1 MaxText's loss is a custom VJP whose
+            backward sums the head's gradient over its tiles (utils/vocabulary_tiling.py; its tpu7x
+            ring 8 × 64K compile at 2 tiles holds only that sum, `f32[512,128256]`).
         offload_holds_mlp_backward: under a policy that offloads the MLP's input projections, a
             layer's backward holds the MLP's input-projection outputs and their gradients, for
             all the device's tokens (MaxText does not chunk its MLP), through the attention's

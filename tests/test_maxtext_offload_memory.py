@@ -68,3 +68,9 @@ def test_maxtext_on_tpu7x_defers_the_head_gradient_whatever_the_policy():
     assert float(held["head_gradient"][0]) == 8192 * (VOCAB + HIDDEN) * 2
     assert float(held["mlp_backward"][0]) == 0
     assert not held_through_backward_bytes(x, Target.CPPLAN.traits)["head_gradient"].any()
+
+
+def test_a_vocabulary_tiled_loss_sums_the_head_gradient_itself_so_nothing_is_deferred():
+    tiled = candidates_of(read_maxtext(RING_V5P_8 + "remat_policy=minimal_offloaded num_vocab_tiling=2").plan)
+    held = held_through_backward_bytes(tiled, Target.MAXTEXT.traits)
+    assert float(held["head_gradient"][0]) == 0 and float(held["mlp_backward"][0]) == MLP_BACKWARD

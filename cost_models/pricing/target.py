@@ -80,7 +80,8 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
         Bytes per device per candidate: `head_gradient`, the loss's logit gradient and the final
         norm's output, held through both sides of every layer's backward where the head's weight
         gradient is deferred past the layers (`offload_defers_head_gradient` where the policy
-        offloads, `head_gradient_deferred_chips` whatever it does); `mlp_backward`, the
+        offloads, `head_gradient_deferred_chips` whatever it does; a loss of one vocabulary tile
+        only); `mlp_backward`, the
         MLP's input-projection outputs and their gradients for every token, held through the
         attention's side (`offload_holds_mlp_backward`, where the policy offloads them).
     """
@@ -93,8 +94,11 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     mlp_offloaded = np.array([any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD for n in inputs)
                               for policy in POLICIES])[np.asarray(x.remat)]
     mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
-    deferred = (offloads & traits.offload_defers_head_gradient) | (x.topology.chip.name in
-                                                                   traits.head_gradient_deferred_chips)
+    # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
+    # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
+    one_tile = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens) == 1
+    deferred = one_tile & ((offloads & traits.offload_defers_head_gradient)
+                           | (x.topology.chip.name in traits.head_gradient_deferred_chips))
     return {"head_gradient": np.where(deferred, head, 0.0),
             "mlp_backward": np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0)}
 
