@@ -4,9 +4,16 @@ Each plan is chosen by cpplan under the MaxText target (a fixed strategy and mes
 `planner.maxtext.export_maxtext`, and compiled deviceless by MaxText's `train_compile` in its own
 Python 3.12 venv (created here when absent: `pip install 'maxtext[tpu]==0.2.5'`). The compiled
 HBM per device is arguments + outputs − aliased + temporaries + code (`runtime.compile.
-CompiledMemory`); where MaxText runs out of memory its error gives the temporaries, and the
-arguments are the plan's fp32 weights and AdamW moments (exact counts). Targets: within 10% and
-the same fit verdict on each plan.
+CompiledMemory`); where MaxText runs out of memory, the figure its error gives (it says "HLO
+temporaries", but the arguments are in it: checked against a dump's buffer assignment, in `main`).
+Targets: within 10% and the same fit verdict on each plan.
+
+Four plans offload to the host (MaxText's `minimal_offloaded` near the HBM limit and just over it,
+`qkv_proj_offloaded`, and a `custom` one), compiled as exported: without the `HOST_OFFLOAD_FLAGS`
+MaxText's own recipes put in LIBTPU_INIT_ARGS (the export's note says so). Their compiles hold what
+the target's offload traits price (`cost_models.targets`), read from the buffers live at the peak
+of the 128K `minimal_offloaded` compile and its `remat_policy=full` twin (`XLA_FLAGS=--xla_dump_to=
+DIR`, `benchmarks/peak_buffers.py DIR --module jit_train_step`).
 
 Too slow for CI (MaxText's compiles take minutes on a small host; its all-gather and Ulysses
 masks grow as S², so those lengths stay short). Run from the repository root:
@@ -16,6 +23,7 @@ masks grow as S², so those lengths stay short). Run from the repository root:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -26,7 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cost_models.remat import custom_placements  # noqa: E402
 from cost_models.units import GiB  # noqa: E402
+from cost_models.vocabulary import Placement, RematPolicy  # noqa: E402
 from planner import api  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.maxtext import export_maxtext, format_flags  # noqa: E402
@@ -38,7 +48,7 @@ TOLERANCE = 0.10
 MODEL = "llama3.1-8b"
 
 # (name, topology, seq_len, strategy, fixed mesh, extra options): all four strategies, v5p and
-# tpu7x, lengths that compile in minutes, and plans that do not fit
+# tpu7x, lengths that compile in minutes, plans that do not fit, and plans that offload to the host
 PLANS = [
     ("v5p-8 all_gather 4 × 32K", "v5p-8", "32k", "all_gather", {"context": 4}, {}),
     ("v5p-8 ulysses 4 × 32K", "v5p-8", "32k", "ulysses", {"context_ulysses": 4}, {}),
@@ -47,6 +57,14 @@ PLANS = [
     ("tpu7x-8 ring 8 × 64K, 2 vocab tiles", "tpu7x-8", "64k", "ring", {"context": 8}, {"loss_chunk_tokens": 4096}),
     ("v5p-8 ring 4 × 256K (does not fit)", "v5p-8", "256k", "ring", {"context": 4}, {}),
     ("tpu7x-8 usp 4×2 × 256K (does not fit)", "tpu7x-8", "256k", "usp", {"context": 2, "context_ulysses": 4}, {}),
+    # host offload (MaxText's own presets), one near the HBM limit
+    ("v5p-8 ring 4 × 128K minimal_offloaded", "v5p-8", "128k", "ring", {"context": 4}, {"remat": "minimal_offloaded"}),
+    ("v5p-8 ring 4 × 144K minimal_offloaded zigzag (does not fit)", "v5p-8", "144k", "ring", {"context": 4},
+     {"remat": "minimal_offloaded", "load_balance": ["zigzag"]}),
+    ("tpu7x-8 usp 4×2 × 64K qkv_proj_offloaded", "tpu7x-8", "64k", "usp", {"context": 2, "context_ulysses": 4},
+     {"remat": "qkv_proj_offloaded"}),
+    ("v5p-8 ring 4 × 64K custom: layer input, q/k/v, mlpwi offloaded", "v5p-8", "64k", "ring", {"context": 4},
+     {"custom": {"decoder_layer_input": "offload", "qkv_proj": "offload", "mlpwi": "offload"}}),
 ]
 
 
@@ -61,16 +79,23 @@ def maxtext_python(venv: Path) -> Path:
 
 
 def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict):
-    """The best MaxText-target plan of one strategy on a fixed mesh (one sequence, remat full), exported."""
+    """The best MaxText-target plan of one strategy on a fixed mesh (one sequence, remat full unless
+    `extra` names a policy), exported. `extra["custom"]` (MaxText's per-name placements) makes the
+    plan `remat_policy=custom` with them, as a user edits a plan: the search cannot offer `custom`."""
     full = {"data": 1, "fsdp": 1, "context": 1, "context_ulysses": 1, "tensor": 1, **mesh}
     options = {"remat": "full", "loss_chunk_tokens": 0, **extra}
+    custom = options.pop("custom", None)
     result = api.run_search(MODEL, seq_len, topology, target="maxtext", global_batch=1, mesh=full,
                             strategies=[strategy], **options)
     ranked = list(result.ranked[:1]) or result.best_infeasible[:1]
     if not ranked:
         reasons = "; ".join(sorted({r.reason for r in result.rejections}))
         raise SystemExit(f"{strategy} on {topology} at {seq_len}: no candidate ({reasons})")
-    return export_maxtext(ranked[0].plan)
+    plan = ranked[0].plan
+    if custom:
+        plan = dataclasses.replace(plan, remat=RematPolicy.CUSTOM, remat_custom=custom_placements(
+            {name: Placement.parse(where) for name, where in custom.items()}, maxtext_names=True))
+    return export_maxtext(plan)
 
 
 def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str, *,
@@ -139,8 +164,11 @@ def main() -> int:
         if memory is not None:
             compiled, fits = memory.hbm_bytes_per_device, True
         elif oom is not None:
-            # the error gives the temporaries; the arguments are the fp32 weights and AdamW moments
-            compiled, fits = oom[0] + predicted.hbm_bytes["params"] + predicted.hbm_bytes["optimizer"], False
+            # the figure the error calls "HLO temporaries" is all the step needs, the arguments
+            # included: its dump's buffer assignment (benchmarks/peak_buffers.py) holds 160.64 GiB of
+            # temporaries for the v5p-8 ring 4 × 256K row, whose error says 183.08G, 22.44 GiB more,
+            # the fp32 weights and AdamW moments exactly (and 77.43 + 22.44 = 99.87G at 144K offloaded)
+            compiled, fits = oom[0], False
         else:
             print(f"   MaxText failed without a memory figure; see {log}")
             rows.append({"name": name, "error": str(log)})
@@ -157,13 +185,13 @@ def main() -> int:
               f"{row['capacity_gib']:.1f}: ratio {ratio:.3f}; compiled in {seconds:.0f} s", flush=True)
     (out_dir / "results.json").write_text(json.dumps(rows, indent=2))
     good = [r for r in rows if r.get("within_tolerance") and r.get("same_verdict")]
-    print(f"\n{'plan':<42} {'cpplan':>8} {'MaxText':>8} {'ratio':>6}  verdicts")
+    print(f"\n{'plan':<64} {'cpplan':>8} {'MaxText':>8} {'ratio':>6}  verdicts")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:<42} MaxText failed: {r['error']}")
+            print(f"{r['name']:<64} MaxText failed: {r['error']}")
             continue
         verdicts = f"{'fits' if r['predicted_fits'] else 'no'}/{'fits' if r['compiled_fits'] else 'no'}"
-        print(f"{r['name']:<42} {r['predicted_gib']:>7.1f}G {r['compiled_gib']:>7.1f}G {r['ratio']:>6.3f}  {verdicts}")
+        print(f"{r['name']:<64} {r['predicted_gib']:>7.1f}G {r['compiled_gib']:>7.1f}G {r['ratio']:>6.3f}  {verdicts}")
     print(f"{len(good)} of {len(rows)} within {TOLERANCE:.0%} with the same verdict")
     return 0 if len(good) == len(rows) else 1
 

@@ -66,6 +66,10 @@ class TargetTraits:
             sequence (MaxText: tokamax's `splash_mha_dkv_segmented_no_residuals` in its ring
             kernel, read in the compiled HLO of its train_compile, e.g. f32[16,32,8192,128] for
             32 heads of 8192 tokens at blocks of 512); cpplan's ring accumulates dq in place.
+            They live only around the kernel, in a layer's backward (its dumped buffer
+            assignments: ring 4 at 128K, 144K and 256K on v5p-8, USP 4×2 at 64K on tpu7x-8, each
+            peaking there, with the loss's logits freed or, where the head's gradient is
+            deferred, its logit gradient held).
         smem_bytes_per_block_pair: SMEM of splash's mask metadata per (q block × kv block);
             `per_head_metadata` says whether every head has its own (MaxText's tokamax splash
             over a multi-head mask, for Ulysses: the strategies' `maxtext_per_head_metadata`) or
@@ -77,6 +81,29 @@ class TargetTraits:
             (None: no limit beyond the shared VMEM rule).
         maxtext_rules: the search offers only plans that pass the strategies' `maxtext_problems`
             (MaxText's own configs/types.py checks), so an exported plan is never refused.
+        offload_defers_head_gradient: under a remat policy that offloads to the host, the
+            output head's weight gradient is formed after the decoder layers' backward, so the
+            loss's logit gradient (tokens × vocabulary over tensor, in the compute dtype) and the
+            final norm's output (tokens × hidden) are held through every layer's backward (MaxText:
+            its compile of llama3.1-8b, ring 4 × 128K on v5p-8 under `minimal_offloaded` holds
+            `bf16[32768,128256]` from the loss to the head's `dot_general` after the backward layer
+            loop, and so at 144K; its `remat_policy=full` twins at 128K and 256K form the head's
+            gradient in the loss and hold only that, `bf16[4096,128256]`). cpplan's runtime
+            finishes each layer's gradients in its layer (`runtime/offload.py`).
+        head_gradient_deferred_chips: chips on which the target's compile defers the head's
+            weight gradient so whatever the policy (MaxText on tpu7x: its full-remat USP 4×2 × 64K
+            compile holds `bf16[8192,128256]` from the loss to the head's `dot_general` after the
+            layers' backward, as its `qkv_proj_offloaded` twin does). Either deferral needs a loss
+            of one vocabulary tile: with `num_vocab_tiling` > 1 MaxText's loss is a custom VJP whose
+            backward sums the head's gradient over its tiles (utils/vocabulary_tiling.py; its tpu7x
+            ring 8 × 64K compile at 2 tiles holds only that sum, `f32[512,128256]`).
+        offload_holds_mlp_backward: under a policy that offloads the MLP's input projections, a
+            layer's backward holds the MLP's input-projection outputs and their gradients, for
+            all the device's tokens (MaxText does not chunk its MLP), through the attention's
+            backward: the compiler schedules the MLP's weight-gradient matmuls after the
+            attention's kernels (the same compile: the two `bf16[32768,14336]` values fetched from
+            the host and the two gradients made from them are live at the ring's dK/dV kernel, and
+            read by the `mlpwi` weight-gradient fusions after it; its twin holds none of them there).
     """
 
     target: Target
@@ -88,6 +115,9 @@ class TargetTraits:
     per_head_metadata: bool
     maxtext_rules: bool
     ring_kernel_max_block: int | None = None
+    offload_defers_head_gradient: bool = False
+    offload_holds_mlp_backward: bool = False
+    head_gradient_deferred_chips: tuple[str, ...] = ()
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -98,15 +128,18 @@ TRAITS: dict[Target, TargetTraits] = {
                                 ring_dq_partials=False, smem_bytes_per_block_pair=None,
                                 per_head_metadata=False, maxtext_rules=False),
     # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring kernel's per-key-block dq
-    # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key: its
-    # compiles of ring 4 to 16 and USP 4×2 hold that above their all-gather twins, with the logits,
-    # shared/ANCHORS.md and bench_maxtext); splash metadata per head, int32, for Ulysses
+    # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key, around
+    # the kernel: shared/ANCHORS.md, bench_maxtext and its offload notes); splash metadata per head,
+    # int32, for Ulysses; the head's gradient deferred past the layers under offload and on tpu7x,
+    # and the offloaded MLP values held through the attention's backward (bench_maxtext_offload.md)
     Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
                                  layer_gradients_all_step=False,
                                  ring_dq_partials=True,
                                  smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
                                  per_head_metadata=True, maxtext_rules=True,
-                                 ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK),
+                                 ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
+                                 offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
+                                 head_gradient_deferred_chips=("tpu7x",)),
 }
 
 

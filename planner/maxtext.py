@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from cost_models.errors import CpplanError
 from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
-from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements
+from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements, offloaded_names
 from cost_models.strategies import STRATEGIES
 from cost_models.targets import Target
 from cost_models.topology import get_topology
@@ -62,6 +62,14 @@ UNCARRIED_MODEL_FLAGS = {"rope_max_timescale": 10_000, "normalization_layer_epsi
 # MaxText's attention kernels: cpplan prices splash ("flash"; "autoselected" is flash on a TPU)
 SPLASH_KERNELS = ("flash", "autoselected")
 TOKAMAX_ONLY = (CPStrategy.RING, CPStrategy.ULYSSES, CPStrategy.USP)  # MaxText runs these on tokamax's splash only
+# The compiler flags MaxText's own offload recipes add to LIBTPU_INIT_ARGS (`HOST_OFFLOAD_FLAGS`,
+# benchmarks/xla_flags_library.py of AI-Hypercomputer/maxtext, used by its trillium model configs).
+# MaxText's remat offload needs none of them: its train_compile compiles an offloading policy without
+# them (bench_maxtext's offload rows, which the MaxText target is priced against). They change the
+# compiler's schedule: llama3.1-8b ring 4 × 128K under minimal_offloaded on v5p-8 compiled at 88.6 GiB
+# with them, 89.8 without (cpplan's own runtime went the other way, 4.93 → 6.05 GiB on a small plan,
+# benchmarks/results/bench_memory_offload.md). The export leaves them out, as it is priced.
+MAXTEXT_RECIPE_OFFLOAD_FLAGS = "HOST_OFFLOAD_FLAGS (maxtext benchmarks/xla_flags_library.py)"
 # MaxText's whole-state host offload (base.yml, default false): cpplan keeps weights and optimizer in HBM
 STATE_OFFLOAD_FLAGS = {"optimizer_memory_host_offload": "optimizer", "parameter_memory_host_offload": "params"}
 
@@ -158,6 +166,10 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
     }
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
+    if offloaded_names(plan.remat, plan.remat_custom):
+        notes.append(f"remat_policy={plan.remat.value} offloads to pinned host memory, which MaxText runs without "
+                     f"compiler flags; priced as compiled without the {MAXTEXT_RECIPE_OFFLOAD_FLAGS} its recipes "
+                     f"put in LIBTPU_INIT_ARGS (they change the compiler's schedule, and with it the HBM it holds)")
     if plan.remat is RematPolicy.CUSTOM:
         # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names,
         # but a plain MLP's one input, whose name differs, and whose `mlpwi_1` does not exist

@@ -1,5 +1,6 @@
 """What a runtime target changes in the memory of a step (`cost_models.targets`): the loss's
-logits, where the layer gradients live, and the ring kernel's dq partials, priced from the
+logits, where the layer gradients live, the ring kernel's dq partials, and what its compiler holds
+through the layers' backward (a deferred head gradient; offloaded MLP values), priced from the
 target's traits."""
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import math
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.remat import CHECKPOINTS, POLICIES, Block, placements
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
+from cost_models.vocabulary import Placement
 
 
 def vocab_tiles(tokens_per_device: float, loss_chunk_tokens: int) -> int:
@@ -35,7 +38,9 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
     Returns:
         The components, changed where the target differs.
     """
-    if traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_dq_partials:
+    if (traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_dq_partials
+            and not traits.offload_defers_head_gradient and not traits.offload_holds_mlp_backward
+            and not traits.head_gradient_deferred_chips):
         return memory
     out = dict(memory)
     m = x.model
@@ -53,12 +58,49 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
         # the output head gathered whole for the loss's matmul, and its fp32 gradient before the reduce-scatter
         out["head_buffers"] = np.full_like(tokens, m.vocab * m.hidden * (x.act_bytes + 4)) / x.tensor
     if traits.ring_dq_partials and STRATEGIES[x.strategy].maxtext_ring_kernel:
-        # one fp32 dq per key block of the ring block, all written before they are summed; its
-        # compiles hold them alongside the logits, so they count with what is held all step
+        # one fp32 dq per key block of the ring block, all written before they are summed, freed
+        # after the sum: held on the attention's side of a layer's backward
         key_blocks = np.ceil(np.asarray(layout.kv_len, dtype=float) / x.block_kv)
         partials = x.sequences_per_device * key_blocks * layout.q_heads * layout.q_len * m.head_dim * 4
-        out["activations"] = out["activations"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
+        out["attention_buffers"] = out["attention_buffers"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
+    held = held_through_backward_bytes(x, traits)
+    out["attention_working_set"] = out["attention_working_set"] + held["head_gradient"] + held["mlp_backward"]
+    out["mlp_working_set"] = out["mlp_working_set"] + held["head_gradient"]
     return out
+
+
+def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str, np.ndarray]:
+    """What the target's compiler holds through a layer's backward because it defers the head's
+    gradient (under offload, or on the chips where it always does) or offloads the MLP's inputs.
+
+    Args:
+        x: the candidates.
+        traits: the target's traits.
+    Returns:
+        Bytes per device per candidate: `head_gradient`, the loss's logit gradient and the final
+        norm's output, held through both sides of every layer's backward where the head's weight
+        gradient is deferred past the layers (`offload_defers_head_gradient` where the policy
+        offloads, `head_gradient_deferred_chips` whatever it does; a loss of one vocabulary tile
+        only); `mlp_backward`, the
+        MLP's input-projection outputs and their gradients for every token, held through the
+        attention's side (`offload_holds_mlp_backward`, where the policy offloads them).
+    """
+    m, columns = x.model, x.remat_columns
+    tokens = np.asarray(x.tokens_per_device, dtype=float)
+    offloads = np.asarray(columns.saved_on_host) > 0
+    head = tokens * (m.vocab / x.tensor + m.hidden) * x.act_bytes
+    # the MLP's input projections: its checkpoints that read the (gathered) layer input
+    inputs = [c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input]
+    mlp_offloaded = np.array([any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD for n in inputs)
+                              for policy in POLICIES])[np.asarray(x.remat)]
+    mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
+    # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
+    # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
+    one_tile = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens) == 1
+    deferred = one_tile & ((offloads & traits.offload_defers_head_gradient)
+                           | (x.topology.chip.name in traits.head_gradient_deferred_chips))
+    return {"head_gradient": np.where(deferred, head, 0.0),
+            "mlp_backward": np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0)}
 
 
 def target_smem_bytes(x: Candidates, layout: Layout, shared_bytes: np.ndarray, traits: TargetTraits) -> np.ndarray:

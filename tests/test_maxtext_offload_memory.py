@@ -1,0 +1,76 @@
+"""What MaxText's compiler holds longer when a remat policy offloads to the host, as the MaxText target prices it."""
+import pytest
+
+from cost_models.pricing.target import held_through_backward_bytes
+from cost_models.targets import Target
+from planner.estimate import candidates_of, estimate
+from planner.maxtext import read_maxtext
+
+pytestmark = pytest.mark.pure
+
+# llama3.1-8b, ring 4 over 128K on v5p-8: 32768 tokens per device, no tensor parallelism
+RING_V5P_8 = ("compile_topology=v5p-8 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.25 "
+              "ici_fsdp_parallelism=1 ici_context_parallelism=4 context_parallel_strategy=ring use_tokamax_splash=True ")
+TOKENS, VOCAB, HIDDEN, INTERMEDIATE = 32768, 128256, 4096, 14336
+# the loss's bf16 logit gradient and the final norm's bf16 output, held until the head's deferred gradient
+HEAD_GRADIENT = TOKENS * (VOCAB + HIDDEN) * 2
+# the gated MLP's two input-projection outputs and their two gradients, bf16, every token
+MLP_BACKWARD = 2 * 2 * TOKENS * INTERMEDIATE * 2
+
+
+def _parts(policy, target):
+    return estimate(read_maxtext(RING_V5P_8 + f"remat_policy={policy}").plan, target=target).hbm_bytes
+
+
+@pytest.mark.parametrize("policy, head, mlp", [("minimal_offloaded", HEAD_GRADIENT, MLP_BACKWARD),
+                                               ("qkv_proj_offloaded", HEAD_GRADIENT, 0),
+                                               ("custom mlpwi=offload", HEAD_GRADIENT, MLP_BACKWARD),
+                                               ("custom decoder_layer_input=offload", HEAD_GRADIENT, 0)])
+def test_maxtext_holds_the_deferred_head_gradient_and_offloaded_mlp_values_through_a_layers_backward(policy, head,
+                                                                                                    mlp):
+    full, offloading = _parts("full", "maxtext"), _parts(policy, "maxtext")
+    assert offloading["attention_working_set"] - full["attention_working_set"] == pytest.approx(head + mlp)
+    assert offloading["mlp_working_set"] - full["mlp_working_set"] == pytest.approx(head)
+    # nothing else moves: the loss phase and the state are the full twin's, and the kept
+    # activations less what goes to the host (each layer's input, where offloaded)
+    for part in ("params", "grads", "optimizer", "logits", "head_buffers"):
+        assert offloading[part] == pytest.approx(full[part])
+    layer_inputs = 32 * TOKENS * HIDDEN * 2
+    assert full["activations"] - offloading["activations"] == pytest.approx(
+        layer_inputs if "decoder_layer_input" in policy else 0)
+
+
+@pytest.mark.parametrize("policy", ["minimal_offloaded", "custom mlpwi=offload"])
+def test_cpplans_runtime_finishes_each_layers_gradients_so_offload_holds_nothing_more(policy):
+    assert not Target.CPPLAN.traits.offload_defers_head_gradient
+    full, offloading = _parts("full", "cpplan"), _parts(policy, "cpplan")
+    assert offloading["attention_working_set"] <= full["attention_working_set"]
+    assert offloading["mlp_working_set"] <= full["mlp_working_set"]
+
+
+@pytest.mark.parametrize("policy, head, mlp", [("full", 0, 0), ("minimal", 0, 0), ("save_qkv_proj", 0, 0),
+                                               ("minimal_offloaded", HEAD_GRADIENT, MLP_BACKWARD),
+                                               ("qkv_proj_offloaded", HEAD_GRADIENT, 0)])
+def test_only_policies_that_offload_hold_more(policy, head, mlp):
+    x = candidates_of(read_maxtext(RING_V5P_8 + f"remat_policy={policy}").plan)
+    held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
+    assert float(held["head_gradient"][0]) == head and float(held["mlp_backward"][0]) == mlp
+    assert not any(v.any() for v in held_through_backward_bytes(x, Target.CPPLAN.traits).values())
+
+
+def test_maxtext_on_tpu7x_defers_the_head_gradient_whatever_the_policy():
+    # usp 4×2 over 64K on tpu7x-8 (8 devices): 8192 tokens per device
+    flags = ("compile_topology=tpu7x-8 model_name=llama3.1-8b max_target_length=65536 per_device_batch_size=0.125 "
+             "ici_fsdp_parallelism=1 ici_context_parallelism=2 ici_context_usp_ulysses_parallelism=4 "
+             "context_parallel_strategy=usp use_tokamax_splash=True remat_policy=full")
+    x = candidates_of(read_maxtext(flags).plan)
+    held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
+    assert float(held["head_gradient"][0]) == 8192 * (VOCAB + HIDDEN) * 2
+    assert float(held["mlp_backward"][0]) == 0
+    assert not held_through_backward_bytes(x, Target.CPPLAN.traits)["head_gradient"].any()
+
+
+def test_a_vocabulary_tiled_loss_sums_the_head_gradient_itself_so_nothing_is_deferred():
+    tiled = candidates_of(read_maxtext(RING_V5P_8 + "remat_policy=minimal_offloaded num_vocab_tiling=2").plan)
+    held = held_through_backward_bytes(tiled, Target.MAXTEXT.traits)
+    assert float(held["head_gradient"][0]) == 0 and float(held["mlp_backward"][0]) == MLP_BACKWARD
