@@ -24,6 +24,13 @@ MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
 # 512 it compiles (the same plan, 47.3 GiB per device)
 MAXTEXT_RING_MAX_BLOCK = 512
 
+# MaxText 0.2.5's TPU compiles form the output head's weight gradient as a windowed-einsum loop when
+# it is reduce-scattered over 8 devices or more (v5p-16 ring 8 and all-gather 8, tpu7x-8 USP 4×2 and
+# ring 8, tpu7x-16 ring 16), as one matmul and an all-reduce over 4 (v5p-8 ring 4 at 64K, 128K and
+# 256K): their dumped HLO (bench_maxtext_offload.md). libtpu decides by its own cost model ("Overhead
+# outweighs benefit. Skipping windowed einsum"); no compile over 5-7 devices was made.
+MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES = 8
+
 
 class Target(_Named):
     """The runtime that runs a plan: cpplan's own, or MaxText 0.2.5 (its exported flags)."""
@@ -90,11 +97,21 @@ class TargetTraits:
             loop, and so at 144K; its `remat_policy=full` twins at 128K and 256K form the head's
             gradient in the loss and hold only that, `bf16[4096,128256]`). cpplan's runtime
             finishes each layer's gradients in its layer (`runtime/offload.py`).
-        head_gradient_deferred_chips: chips on which the target's compile defers the head's
-            weight gradient so whatever the policy (MaxText on tpu7x: its full-remat USP 4×2 × 64K
-            compile holds `bf16[8192,128256]` from the loss to the head's `dot_general` after the
-            layers' backward, as its `qkv_proj_offloaded` twin does). Either deferral needs a loss
-            of one vocabulary tile: with `num_vocab_tiling` > 1 MaxText's loss is a custom VJP whose
+        head_gradient_loop_devices: from how many devices of the weight group (fsdp × both
+            context axes) the target's compiler forms the head's weight gradient as a
+            windowed-einsum loop (collective matmul: the fp32 shard accumulated while the logit
+            gradient's pieces pass round the group) instead of one matmul and an all-reduce; its
+            scheduler may then place that loop after the layers' backward, holding the logit
+            gradient through it, whatever the policy (None: never). Priced as held whenever the
+            loop is there: the verdict-safe side, because whether the scheduler defers the loop is
+            not a rule of the program (MaxText 0.2.5's compiles of llama3.1-8b, full remat, dumped:
+            every one over 8 or 16 devices has the loop, `bf16[2,512,128256]` in `transpose(jvp())`,
+            and every one over 4 devices has the matmul and `all-reduce`, `bf16[4096,128256]`; the
+            loop is after the layers' backward for ring 8 × 128K on v5p-16, where the compile is
+            35.02 GiB, and for USP 4×2 × 64K on tpu7x-8, before it for ring 8 × 64K (22.34 GiB,
+            priced 1.08×) and all-gather 8 × 128K (26.14 GiB, where the loss's phase is the
+            peak) on v5p-16: bench_maxtext_offload.md). Either deferral needs a loss of one
+            vocabulary tile: with `num_vocab_tiling` > 1 MaxText's loss is a custom VJP whose
             backward sums the head's gradient over its tiles (utils/vocabulary_tiling.py; its tpu7x
             ring 8 × 64K compile at 2 tiles holds only that sum, `f32[512,128256]`).
         offload_holds_mlp_backward: under a policy that offloads the MLP's input projections, a
@@ -117,7 +134,7 @@ class TargetTraits:
     ring_kernel_max_block: int | None = None
     offload_defers_head_gradient: bool = False
     offload_holds_mlp_backward: bool = False
-    head_gradient_deferred_chips: tuple[str, ...] = ()
+    head_gradient_loop_devices: int | None = None
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -130,7 +147,8 @@ TRAITS: dict[Target, TargetTraits] = {
     # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring kernel's per-key-block dq
     # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key, around
     # the kernel: shared/ANCHORS.md, bench_maxtext and its offload notes); splash metadata per head,
-    # int32, for Ulysses; the head's gradient deferred past the layers under offload and on tpu7x,
+    # int32, for Ulysses; the head's gradient deferred past the layers under offload and where it is a
+    # windowed-einsum loop,
     # and the offloaded MLP values held through the attention's backward (bench_maxtext_offload.md)
     Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
                                  layer_gradients_all_step=False,
@@ -139,7 +157,7 @@ TRAITS: dict[Target, TargetTraits] = {
                                  per_head_metadata=True, maxtext_rules=True,
                                  ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
                                  offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
-                                 head_gradient_deferred_chips=("tpu7x",)),
+                                 head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES),
 }
 
 

@@ -58,14 +58,27 @@ def test_only_policies_that_offload_hold_more(policy, head, mlp):
     assert not any(v.any() for v in held_through_backward_bytes(x, Target.CPPLAN.traits).values())
 
 
-def test_maxtext_on_tpu7x_defers_the_head_gradient_whatever_the_policy():
-    # usp 4×2 over 64K on tpu7x-8 (8 devices): 8192 tokens per device
-    flags = ("compile_topology=tpu7x-8 model_name=llama3.1-8b max_target_length=65536 per_device_batch_size=0.125 "
-             "ici_fsdp_parallelism=1 ici_context_parallelism=2 ici_context_usp_ulysses_parallelism=4 "
-             "context_parallel_strategy=usp use_tokamax_splash=True remat_policy=full")
-    x = candidates_of(read_maxtext(flags).plan)
+# full remat, one sequence over the whole topology: (flags, tokens per device, whether the head's
+# weight gradient is a windowed-einsum loop: over 8 devices or more, in MaxText's dumped compiles)
+FULL_REMAT = [
+    ("compile_topology=tpu7x-8 max_target_length=65536 per_device_batch_size=0.125 ici_context_parallelism=2 "
+     "ici_context_usp_ulysses_parallelism=4 context_parallel_strategy=usp use_tokamax_splash=True", 8192, True),
+    ("compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
+     "context_parallel_strategy=ring use_tokamax_splash=True", 16384, True),
+    ("compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
+     "context_parallel_strategy=all_gather", 16384, True),
+    ("compile_topology=v5p-8 max_target_length=65536 per_device_batch_size=0.25 ici_context_parallelism=4 "
+     "context_parallel_strategy=ring use_tokamax_splash=True", 16384, False),
+]
+
+
+@pytest.mark.parametrize("flags, tokens, loop", FULL_REMAT)
+def test_maxtext_holds_the_head_gradient_wherever_it_is_a_windowed_einsum_loop_whatever_the_policy(flags, tokens,
+                                                                                                   loop):
+    x = candidates_of(read_maxtext(f"model_name=llama3.1-8b ici_fsdp_parallelism=1 remat_policy=full {flags}").plan)
+    assert int(x.weight_group[0]) == (8 if loop else 4)
     held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
-    assert float(held["head_gradient"][0]) == 8192 * (VOCAB + HIDDEN) * 2
+    assert float(held["head_gradient"][0]) == (tokens * (VOCAB + HIDDEN) * 2 if loop else 0)
     assert float(held["mlp_backward"][0]) == 0
     assert not held_through_backward_bytes(x, Target.CPPLAN.traits)["head_gradient"].any()
 

@@ -40,7 +40,7 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
     """
     if (traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_dq_partials
             and not traits.offload_defers_head_gradient and not traits.offload_holds_mlp_backward
-            and not traits.head_gradient_deferred_chips):
+            and traits.head_gradient_loop_devices is None):
         return memory
     out = dict(memory)
     m = x.model
@@ -70,8 +70,9 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
 
 
 def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str, np.ndarray]:
-    """What the target's compiler holds through a layer's backward because it defers the head's
-    gradient (under offload, or on the chips where it always does) or offloads the MLP's inputs.
+    """What the target's compiler holds through a layer's backward because it may defer the head's
+    gradient (under offload, or where it forms it as a windowed-einsum loop) or offloads the MLP's
+    inputs.
 
     Args:
         x: the candidates.
@@ -80,8 +81,8 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
         Bytes per device per candidate: `head_gradient`, the loss's logit gradient and the final
         norm's output, held through both sides of every layer's backward where the head's weight
         gradient is deferred past the layers (`offload_defers_head_gradient` where the policy
-        offloads, `head_gradient_deferred_chips` whatever it does; a loss of one vocabulary tile
-        only); `mlp_backward`, the
+        offloads; `head_gradient_loop_devices` where the gradient is a windowed-einsum loop,
+        whatever the policy; a loss of one vocabulary tile only); `mlp_backward`, the
         MLP's input-projection outputs and their gradients for every token, held through the
         attention's side (`offload_holds_mlp_backward`, where the policy offloads them).
     """
@@ -97,8 +98,9 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
     one_tile = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens) == 1
-    deferred = one_tile & ((offloads & traits.offload_defers_head_gradient)
-                           | (x.topology.chip.name in traits.head_gradient_deferred_chips))
+    loop = (np.asarray(x.weight_group) >= traits.head_gradient_loop_devices
+            if traits.head_gradient_loop_devices is not None else np.zeros_like(tokens, dtype=bool))
+    deferred = one_tile & ((offloads & traits.offload_defers_head_gradient) | loop)
     return {"head_gradient": np.where(deferred, head, 0.0),
             "mlp_backward": np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0)}
 
