@@ -90,8 +90,9 @@ ANCHORS = [
     # the default blocks of 512 overflow SMEM, ANCHORS.md's compile used 1024; MaxText refuses Ulysses
     # with its default load balancing, so the compile turned it off
     Anchor("v5p-16", "ulysses", 8, 1, 128 * K, 26.2, True,
-           "context_parallel_load_balance=False sa_block_q=1024 sa_block_kv=1024 sa_block_kv_compute=1024 sa_block_q_dkv=1024 sa_block_kv_dkv=1024 "
-           "sa_block_kv_dkv_compute=1024 sa_block_q_dq=1024 sa_block_kv_dq=1024"),
+           "context_parallel_load_balance=False sa_block_q=1024 sa_block_kv=1024 sa_block_kv_compute=1024 "
+           "sa_block_q_dkv=1024 sa_block_kv_dkv=1024 sa_block_kv_dkv_compute=1024 sa_block_q_dq=1024 "
+           "sa_block_kv_dq=1024"),
     Anchor("v5p-16", "usp", 4, 2, 128 * K, 42.9, True),
     Anchor("v5p-16", "usp", 4, 2, 512 * K, 317.0, False),
     Anchor("tpu7x-16", "all_gather", 16, 1, 128 * K, 15.7, True),

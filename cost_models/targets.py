@@ -24,11 +24,15 @@ MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
 # 512 it compiles (the same plan, 47.3 GiB per device)
 MAXTEXT_RING_MAX_BLOCK = 512
 
-# MaxText 0.2.5's TPU compiles form the output head's weight gradient as a windowed-einsum loop when
-# it is reduce-scattered over 8 devices or more (v5p-16 ring 8 and all-gather 8, tpu7x-8 USP 4×2 and
-# ring 8, tpu7x-16 ring 16), as one matmul and an all-reduce over 4 (v5p-8 ring 4 at 64K, 128K and
-# 256K): their dumped HLO (bench_maxtext_offload.md). libtpu decides by its own cost model ("Overhead
-# outweighs benefit. Skipping windowed einsum"); no compile over 5-7 devices was made.
+# MaxText 0.2.5's TPU compiles of llama3.1-8b (full remat, dumped HLO: bench_maxtext_offload.md) form
+# the output head's weight gradient as a windowed-einsum loop (`bf16[2,512,128256]` matmuls in a
+# while) when it is reduce-scattered over 8 devices or more (v5p-16 ring 8 and all-gather 8, tpu7x-8
+# USP 4×2 and ring 8), as one matmul and an all-reduce (`bf16[4096,128256]`) over 4 (v5p-8 ring 4 at
+# 64K, 128K and 256K, even with libtpu's windowed-einsum threshold at 0 MiB). Only the loop is
+# deferred in full remat: after the layers' backward for ring 8 × 128K on v5p-16 (35.02 GiB; 31.52
+# with the loop turned off, --xla_tpu_enable_windowed_einsum_for_reduce_scatter=false) and USP 4×2 ×
+# 64K on tpu7x-8, before it for ring 8 × 64K (22.34 GiB) and all-gather 8 × 128K (26.14) on v5p-16.
+# No compile over 5-7 devices was made.
 MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES = 8
 
 
@@ -100,18 +104,12 @@ class TargetTraits:
         head_gradient_loop_devices: from how many devices of the weight group (fsdp × both
             context axes) the target's compiler forms the head's weight gradient as a
             windowed-einsum loop (collective matmul: the fp32 shard accumulated while the logit
-            gradient's pieces pass round the group) instead of one matmul and an all-reduce; its
-            scheduler may then place that loop after the layers' backward, holding the logit
-            gradient through it, whatever the policy (None: never). Priced as held whenever the
-            loop is there: the verdict-safe side, because whether the scheduler defers the loop is
-            not a rule of the program (MaxText 0.2.5's compiles of llama3.1-8b, full remat, dumped:
-            every one over 8 or 16 devices has the loop, `bf16[2,512,128256]` in `transpose(jvp())`,
-            and every one over 4 devices has the matmul and `all-reduce`, `bf16[4096,128256]`; the
-            loop is after the layers' backward for ring 8 × 128K on v5p-16, where the compile is
-            35.02 GiB, and for USP 4×2 × 64K on tpu7x-8, before it for ring 8 × 64K (22.34 GiB,
-            priced 1.08×) and all-gather 8 × 128K (26.14 GiB, where the loss's phase is the
-            peak) on v5p-16: bench_maxtext_offload.md). Either deferral needs a loss of one
-            vocabulary tile: with `num_vocab_tiling` > 1 MaxText's loss is a custom VJP whose
+            gradient's pieces pass round the group) instead of one matmul and an all-reduce
+            (None: never). Its scheduler may place that loop after the layers' backward, holding
+            the logit gradient through it, whatever the policy; whether it does is not a rule of
+            the program, so it is priced as held wherever the loop is: the verdict-safe side
+            (`MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES` gives the compiles). Either deferral needs a
+            loss of one vocabulary tile: with `num_vocab_tiling` > 1 MaxText's loss is a custom VJP whose
             backward sums the head's gradient over its tiles (utils/vocabulary_tiling.py; its tpu7x
             ring 8 × 64K compile at 2 tiles holds only that sum, `f32[512,128256]`).
         offload_holds_mlp_backward: under a policy that offloads the MLP's input projections, a
@@ -148,8 +146,8 @@ TRAITS: dict[Target, TargetTraits] = {
     # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key, around
     # the kernel: shared/ANCHORS.md, bench_maxtext and its offload notes); splash metadata per head,
     # int32, for Ulysses; the head's gradient deferred past the layers under offload and where it is a
-    # windowed-einsum loop,
-    # and the offloaded MLP values held through the attention's backward (bench_maxtext_offload.md)
+    # windowed-einsum loop, and the offloaded MLP values held through the attention's backward
+    # (bench_maxtext_offload.md)
     Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
                                  layer_gradients_all_step=False,
                                  ring_dq_partials=True,
