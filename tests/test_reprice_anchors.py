@@ -12,7 +12,8 @@ def test_every_anchor_is_read_whole_and_priced_within_tolerance_with_its_verdict
     found = read_maxtext(anchor.flags())
     # the whole mesh is the context axes, one sequence per step
     assert found.plan.global_batch == 1
-    assert found.plan.mesh_dict["context"] * found.plan.mesh_dict["context_ulysses"] == found.plan.topology_spec.num_devices
+    mesh = found.plan.mesh_dict
+    assert mesh["context"] * mesh["context_ulysses"] == found.plan.topology_spec.num_devices
     assert set(found.unread) <= {"dataset_type"}
     row = reprice(anchor)
     assert abs(row["ratio"] - 1) <= TOLERANCE and row["priced_fits"] == anchor.fits, row
