@@ -6,7 +6,7 @@ its flags with `planner.maxtext.read_maxtext`, as `cpplan import` reads them, an
 `estimate(plan, target="maxtext")`. Printed: priced against compiled HBM per device, their ratio
 and both fit verdicts. Where MaxText ran out of memory, ANCHORS.md gives "N G of temporaries";
 MaxText's error counts the arguments in that figure (bench_maxtext_offload.md, finding 1), so it
-is taken as the whole step's need.
+is taken as the whole step's need, in GiB (the error's "G": it gives v5p's HBM as "95.73G").
 
 The rows and their figures are copied here from shared/ANCHORS.md (not in this repository). Its
 USP rows name "usp 4×2" and "usp 8×2" without saying which factor is which; they are read as the
@@ -49,7 +49,8 @@ class Anchor:
         ring: `ici_context_parallelism` (all-gather and Ulysses: their degree).
         ulysses: `ici_context_usp_ulysses_parallelism` (USP only; 1 otherwise).
         seq_len: `max_target_length`.
-        compiled_gib: HBM per device MaxText's compile reported (GiB), or its out-of-memory figure (G).
+        compiled_gib: HBM per device MaxText's compile reported (GiB), or its out-of-memory figure
+            (its "G" are GiB: the same error gives v5p's HBM as "95.73G", cpplan's 95.7 GiB).
         fits: whether MaxText's compile fit.
         extra_flags: flags beyond the shared ones (e.g. the splash blocks Ulysses needed).
     """
@@ -115,8 +116,7 @@ def reprice(anchor: Anchor) -> dict:
     found = read_maxtext(anchor.flags())
     predicted = estimate(found.plan, target="maxtext")
     priced = predicted.hbm_bytes_per_device / GiB
-    # an out-of-memory figure is in G (MaxText's error), the others in GiB (its memory analysis)
-    compiled = anchor.compiled_gib if anchor.fits else anchor.compiled_gib * 1e9 / GiB
+    compiled = anchor.compiled_gib
     ratio = priced / compiled
     return {"name": anchor.name, "priced_gib": priced, "compiled_gib": compiled, "ratio": ratio,
             "priced_fits": predicted.fits, "compiled_fits": anchor.fits,
