@@ -121,9 +121,8 @@ def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
     from above and the memory it reports. The next cap is that figure when it lies inside the
     bracket (by more than the resolution), else the middle. The unconstrained figure is taken to
     fit until a probe shows otherwise; it is probed when no cap below it fits, or a failing cap's
-    error says the step needs about that much. The search stops
-    when the failing and the fitting caps are within `LEAST_HBM_RESOLUTION` of each other, or after
-    `LEAST_HBM_PROBES` probes.
+    error says the step needs about that much. The search stops when the failing and the fitting
+    caps are within `LEAST_HBM_RESOLUTION` of each other, or after `LEAST_HBM_PROBES` probes.
 
     Args:
         compile_under: compiles the step under a cap in MiB; returns `(fits, bytes)`: the memory the
