@@ -207,7 +207,7 @@ def main():
                              "stored figures are kept too (not compiled again) and only bisected")
     parser.add_argument("--least-hbm", action="store_true",
                         help="for each selected row that fits, find the least HBM cap under which it compiles "
-                             f"(bisection to {LEAST_HBM_RESOLUTION:.0%}) and store it beside the unconstrained figure")
+                             f"(bisection to {LEAST_HBM_RESOLUTION * 100:g}%% of the cap) and store it beside the unconstrained figure")
     args = parser.parse_args()
 
     from cost_models.units import GiB, MiB
