@@ -5,17 +5,27 @@ next to the XLA TPU compiler's, with the fit verdict of each.
     python benchmarks/bench_memory.py --only offload  # rows whose label contains the text
     python benchmarks/bench_memory.py --only offload --reuse  # those compiled, the rest re-priced on the
                                                                # compiler figures stored in the results
+    python benchmarks/bench_memory.py --only offload --reuse --least-hbm  # also the least HBM each needs
 
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
 does not fit. Llama 3.1 8B's shapes with few layers (memory per layer is uniform; a row that
 must not fit keeps all 32), short sequences so each compile takes seconds to a minute. Targets:
 the prediction within 10% of the compiler on every row, and the same fit verdict on every row.
+
+The unconstrained figure is what the compiler holds when it has the chip's whole HBM, and with HBM
+to spare its scheduler uses some (host writes left late, values fetched early). The planner's
+"fits" asks whether the step compiles under the chip's HBM, so `--least-hbm` also finds, by
+bisection on the compiler's HBM cap (`xla_tpu_max_hbm_size_mib`, passed as a compile option), the
+least cap under which the step still compiles, to `LEAST_HBM_RESOLUTION`, and stores it beside the
+unconstrained figure (`least_hbm` in the results: the cap, the largest cap that failed, every
+probe). The unconstrained figure stays the one the errors are measured on.
 """
 import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,6 +35,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 K = 1024
 TARGET_ERROR = 0.10
+LEAST_HBM_RESOLUTION = 0.01  # the bisection stops when the failing and the fitting caps are this close
+LEAST_HBM_PROBES = 8  # at most this many compiles a row, whatever the resolution reached
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_memory.json"
 OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "device", "context": "device",
                 "mlpwi_0": "offload", "mlpwi_1": "offload"}
@@ -84,15 +96,121 @@ def plan_of(row):
                 cp_strategy=strategy, block_q=512, block_kv=512, loss_chunk_tokens=8 * K, **fields)
 
 
+def _hbm_needed(message: str) -> int | None:
+    """The bytes a compiler's out-of-memory error says the step needed, or None if the error is not
+    one. Under a cap close to its need the TPU compiler fails in its memory-space assignment,
+    writing ``Ran out of memory in memory space hbm. Used 4.24G of 4.23G hbm``, which
+    `runtime.compile.parse_hbm_oom` does not read (it needs the ``available HBM (…)`` of the
+    buffer-assignment error).
+    """
+    from runtime.compile import _bytes, parse_hbm_oom
+
+    parsed = parse_hbm_oom(message)
+    if parsed is not None:
+        return parsed[0]
+    used = re.search(r"Ran out of memory in memory space hbm\. Used ([0-9.]+)([KMGT])", message)
+    return _bytes(*used.groups()) if used else None
+
+
+def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
+    """The least HBM cap, in MiB, under which `compile_under` compiles, found by bisection from the
+    unconstrained figure down.
+
+    The first cap probed is 90% of the unconstrained figure. A cap that fails narrows the bracket
+    from below and its error names what the compiler needed under it; a cap that fits narrows it
+    from above and the memory it reports. The next cap is that figure when it lies inside the
+    bracket (by more than the resolution), else the middle. The unconstrained figure is taken to
+    fit until a probe shows otherwise; it is probed when no cap below it fits, or a failing cap's
+    error says the step needs about that much. The search stops when the failing and the fitting
+    caps are within `LEAST_HBM_RESOLUTION` of each other, or after `LEAST_HBM_PROBES` probes.
+
+    Args:
+        compile_under: compiles the step under a cap in MiB; returns `(fits, bytes)`: the memory the
+            compiler reports when it fits, else the figure its error says it needed.
+        unconstrained_bytes: what the compiler holds with the chip's whole HBM.
+    Returns:
+        `{"cap_mib", "failed_cap_mib", "compiled_bytes", "probes"}`: the least cap that compiled,
+        the largest that did not (None if none failed), the memory the compiler reported under the
+        least cap (None if no probe fitted), and every probe as `{"cap_mib", "fits", "bytes",
+        "compile_s"}`.
+    """
+    from cost_models.units import GiB, MiB
+
+    fits_at, fails_at = -(-unconstrained_bytes // MiB), 0  # caps in MiB (0: none has failed yet)
+    fitted_bytes, probes = None, []
+    cap = int(0.9 * unconstrained_bytes / MiB)
+    while len(probes) < LEAST_HBM_PROBES:
+        start = time.perf_counter()
+        fits, reported = compile_under(cap)
+        probes.append({"cap_mib": cap, "fits": fits, "bytes": reported, "compile_s": time.perf_counter() - start})
+        print(f"    cap {cap} MiB: {'fits, holds' if fits else 'does not fit, needs'} {reported / GiB:.2f}G "
+              f"({probes[-1]['compile_s']:.0f} s)", flush=True)
+        hint = -(-reported // MiB)
+        step = LEAST_HBM_RESOLUTION * fits_at
+        if fits:
+            fits_at, fitted_bytes = cap, reported
+        else:
+            fails_at = cap
+            if fails_at >= fits_at:  # not even the unconstrained figure: try what the compiler said it needs
+                fits_at, fitted_bytes = max(hint, int(fails_at + step) + 1), None
+        if fits_at - fails_at <= step:
+            if fitted_bytes is not None:
+                break
+            cap = fits_at  # no cap at the upper end has compiled yet: check that it does
+        elif fitted_bytes is None and hint >= fits_at - step:
+            cap = fits_at  # the compiler says it needs the upper end: check that it fits there
+        elif fails_at + step < hint < fits_at - step:
+            cap = hint
+        else:
+            cap = (fails_at + fits_at) // 2 if fails_at else int(0.9 * fits_at)
+    return {"cap_mib": fits_at, "failed_cap_mib": fails_at or None, "compiled_bytes": fitted_bytes,
+            "probes": probes}
+
+
+def least_hbm(plan, *, unconstrained_bytes: int) -> dict:
+    """`least_cap` of the plan's training step compiled deviceless, the cap passed to the TPU
+    compiler as the compile option `xla_tpu_max_hbm_size_mib` (the step lowered once).
+
+    Args:
+        plan: a plan that fits its chip's HBM.
+        unconstrained_bytes: what the compiler holds with the chip's whole HBM.
+    Returns:
+        What `least_cap` returns.
+    Raises:
+        jax.errors.JaxRuntimeError: the compiler failed other than for memory.
+    """
+    import jax
+
+    from runtime.compile import CompiledMemory, _lowered
+
+    lowered = _lowered(plan)
+
+    def compile_under(cap_mib: int) -> tuple[bool, int]:
+        try:
+            compiled = lowered.compile(compiler_options={"xla_tpu_max_hbm_size_mib": cap_mib})
+        except jax.errors.JaxRuntimeError as err:
+            needed = _hbm_needed(str(err))
+            if needed is None:
+                raise
+            return False, needed
+        return True, CompiledMemory.of(compiled).hbm_bytes_per_device
+
+    return least_cap(compile_under, unconstrained_bytes=unconstrained_bytes)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="rows whose label contains this text")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the stored compiler figures of the rows not compiled, re-priced with today's "
-                             "price, and write every row to the results")
+                             "price, and write every row to the results; with --least-hbm, the selected rows' "
+                             "stored figures are kept too (not compiled again) and only bisected")
+    parser.add_argument("--least-hbm", action="store_true",
+                        help="for each selected row that fits, find the least HBM cap under which it compiles "
+                             f"(bisection to {LEAST_HBM_RESOLUTION * 100:g}%% of the cap) and store it beside the unconstrained figure")
     args = parser.parse_args()
 
-    from cost_models.units import GiB
+    from cost_models.units import GiB, MiB
     from planner.estimate import estimate
     from runtime.compile import compile_for
 
@@ -103,7 +221,10 @@ def main():
     for row in rows:
         plan = plan_of(row)
         predicted = estimate(plan)
-        if args.only and args.only not in row[0]:  # stored: the compiler's figures as measured then
+        selected = not args.only or args.only in row[0]
+        reused = row[0] in stored and (not selected or args.least_hbm)
+        least = stored[row[0]].get("least_hbm") if reused else None  # a new compile makes a stored one stale
+        if reused:  # stored: the compiler's figures as measured then
             old = stored[row[0]]
             compiled_bytes, compiled_fits, compiled_text, seconds = (
                 old["compiled_bytes"], old["compiled_fits"], old["compiled"], old["compile_s"])
@@ -116,12 +237,18 @@ def main():
         agree = predicted.fits == compiled_fits
         print(f"{row[0]:<58} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
               f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
-              f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if args.only and args.only not in row[0] else ''}",
+              f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if reused else ''}",
               flush=True)
+        if args.least_hbm and selected and compiled_fits:
+            least = least_hbm(plan, unconstrained_bytes=compiled_bytes)
+            print(f"    least HBM it compiles in: {least['cap_mib']} MiB ({least['cap_mib'] * MiB / GiB:.2f}G, "
+                  f"{predicted.hbm_bytes_per_device / (least['cap_mib'] * MiB) - 1:+.1%} from cpplan's price)",
+                  flush=True)
         out.append({"label": row[0], "plan": plan.to_dict(), "predicted_bytes": predicted.hbm_bytes_per_device,
                     "predicted_breakdown": predicted.hbm_bytes, "predicted_fits": predicted.fits,
                     "compiled_bytes": compiled_bytes, "compiled_fits": compiled_fits,
-                    "compiled": compiled_text, "error": error, "compile_s": seconds})
+                    "compiled": compiled_text, "error": error, "compile_s": seconds,
+                    **({"least_hbm": least} if least else {})})
         if not args.only or args.reuse:  # row by row, so a long run interrupted keeps what it measured
             RESULTS.parent.mkdir(exist_ok=True)
             later = [stored[r[0]] for r in rows[len(out):] if r[0] in stored]  # kept if this run is cut short

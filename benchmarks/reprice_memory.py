@@ -5,7 +5,9 @@ stored, without compiling again (seconds instead of an hour on a 2-core machine)
     python benchmarks/reprice_memory.py --only tpu7x   # rows whose label contains the text
 
 The compiler figures are only as current as the runtime that produced them: re-run
-`bench_memory.py` after a change to the runtime, re-price after a change to the price.
+`bench_memory.py` after a change to the runtime, re-price after a change to the price. Where a row
+stores the least HBM cap it compiled under (`bench_memory.py --least-hbm`), two more columns give
+that cap and today's price against it; the errors counted are those against the unconstrained figure.
 """
 import argparse
 import json
@@ -16,8 +18,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_memory import RESULTS, ROWS, TARGET_ERROR, plan_of  # noqa: E402
 from cost_models.errors import CpplanError  # noqa: E402
-from cost_models.units import GiB  # noqa: E402
+from cost_models.units import GiB, MiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
+
+
+def least_columns(stored: dict, now) -> str:
+    """The least HBM cap a stored row compiled under and today's price against it, or "" where
+    the row stores none."""
+    least = stored.get("least_hbm")
+    if not least:
+        return ""
+    cap = least["cap_mib"] * MiB
+    return f"  {cap / GiB:>7.2f}G {now.hbm_bytes_per_device / cap - 1:>+9.1%}"
 
 
 def main():
@@ -28,7 +40,8 @@ def main():
         raise CpplanError(f"{RESULTS} holds no compiler figures yet; run benchmarks/bench_memory.py first.")
     stored = {r["label"]: r for r in json.loads(RESULTS.read_text())}
     rows = [r for r in ROWS if r[0] in stored and (not args.only or args.only in r[0])]
-    print(f"{'plan':<58} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA")
+    print(f"{'plan':<58} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA"
+          f"{'least':>9} {'now/least':>10}")
     within = agree = 0
     for row in rows:
         old, now = stored[row[0]], estimate(plan_of(row))
@@ -37,7 +50,7 @@ def main():
         agree += now.fits == old["compiled_fits"]
         print(f"{row[0]:<58} {old['compiled_bytes'] / GiB:>7.2f}G {old['predicted_bytes'] / GiB:>7.2f}G "
               f"{now.hbm_bytes_per_device / GiB:>7.2f}G {old['error']:>+9.1%} → {error:>+7.1%}  "
-              f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}")
+              f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}{least_columns(old, now)}")
     print(f"\n{within} of {len(rows)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(rows)}")
 
 
