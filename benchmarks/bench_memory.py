@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -97,19 +96,11 @@ def plan_of(row):
 
 
 def _hbm_needed(message: str) -> int | None:
-    """The bytes a compiler's out-of-memory error says the step needed, or None if the error is not
-    one. Under a cap close to its need the TPU compiler fails in its memory-space assignment,
-    writing ``Ran out of memory in memory space hbm. Used 4.24G of 4.23G hbm``, which
-    `runtime.compile.parse_hbm_oom` does not read (it needs the ``available HBM (…)`` of the
-    buffer-assignment error).
-    """
-    from runtime.compile import _bytes, parse_hbm_oom
+    """The bytes a compiler's out-of-memory error says the step needed, or None if the error is not one."""
+    from runtime.compile import parse_hbm_oom
 
     parsed = parse_hbm_oom(message)
-    if parsed is not None:
-        return parsed[0]
-    used = re.search(r"Ran out of memory in memory space hbm\. Used ([0-9.]+)([KMGT])", message)
-    return _bytes(*used.groups()) if used else None
+    return parsed[0] if parsed else None
 
 
 def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
@@ -181,9 +172,9 @@ def least_hbm(plan, *, unconstrained_bytes: int) -> dict:
     """
     import jax
 
-    from runtime.compile import CompiledMemory, _lowered
+    from runtime.compile import CompiledMemory, lowered_step
 
-    lowered = _lowered(plan)
+    lowered = lowered_step(plan)
 
     def compile_under(cap_mib: int) -> tuple[bool, int]:
         try:

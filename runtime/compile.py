@@ -180,11 +180,16 @@ def parse_hbm_oom(message: str) -> tuple[int, int] | None:
     """`(required, available)` bytes from a `CompileTimeHbmOom` error, or None if it is not one.
 
     The compiler writes e.g. ``the total memory required for HLO temporaries (186.89G) exceeds
-    available HBM (95.73G)``, or ``requires 189.02G, which exceeds available HBM (95.73G)``.
+    available HBM (95.73G)``, or ``requires 189.02G, which exceeds available HBM (95.73G)``, or,
+    from its memory-space assignment (a step just over the limit), ``Ran out of memory in memory
+    space hbm. Used 4.24G of 4.23G hbm``.
     """
     if "CompileTimeHbmOom" not in message and "RESOURCE_EXHAUSTED" not in message:
         return None
     size = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?"
+    space = re.search(r"memory space hbm\. Used\s+" + size + r"\s+of\s+" + size + r"\s+hbm", message)
+    if space:
+        return _bytes(*space.groups()[:2]), _bytes(*space.groups()[2:])
     need = (re.search(r"required[^(]*\(\s*" + size + r"\s*\)", message)
             or re.search(r"(?:requires|[Uu]sed)\s+" + size, message))
     have = re.search(r"available HBM\s*\(\s*" + size + r"\s*\)", message)
@@ -267,7 +272,9 @@ def _dumped_module(*, since: float) -> str | None:
         return f.read()
 
 
-def _lowered(plan: Plan):
+def lowered_step(plan: Plan):
+    """The plan's training step lowered for its TPU slice's abstract devices, ready to compile (with
+    `compiler_options` where a caller needs them)."""
     from runtime.mesh import build_mesh
     from runtime.train import Trainer
 
@@ -290,7 +297,7 @@ def compile_step(plan: Plan) -> CompiledStep:
 
     start = time.perf_counter()
     try:
-        compiled = _lowered(plan).compile()
+        compiled = lowered_step(plan).compile()
     except jax.errors.JaxRuntimeError as err:
         if parse_hbm_oom(str(err)) is None:
             raise
@@ -327,7 +334,7 @@ def compile_for(plan: Plan) -> CompileReport:
     available = plan.topology_spec.hbm_bytes_per_device
     start = time.perf_counter()
     try:
-        compiled = _lowered(plan).compile()
+        compiled = lowered_step(plan).compile()
     except jax.errors.JaxRuntimeError as err:
         parsed = parse_hbm_oom(str(err))
         if parsed is None:

@@ -69,6 +69,10 @@ def test_hbm_oom_message_parsing():
     message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory required "
                "for HLO temporaries (186.89G) exceeds available HBM (95.73G). HLO module: jit_fn.")
     assert parse_hbm_oom(message) == (int(186.89 * GiB), int(95.73 * GiB))
+    # the memory-space assignment's form alone (a step just over the limit, or over a lowered cap)
+    message = ("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of memory in "
+               "memory space hbm. Used 4.24G of 4.23G hbm. Exceeded hbm capacity by 4.45M.")
+    assert parse_hbm_oom(message) == (int(4.24 * GiB), int(4.23 * GiB))
     assert parse_hbm_oom("INVALID_ARGUMENT: something else") is None
 
 
