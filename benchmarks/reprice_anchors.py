@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cost_models.topology import get_topology  # noqa: E402
 from cost_models.units import GiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.maxtext import read_maxtext  # noqa: E402
@@ -35,7 +36,6 @@ SOURCE = "shared/ANCHORS.md, 'MaxText 0.2.5, compiled deviceless for TPU on this
 # the flags of ANCHORS.md's command line that every row shares
 COMMON_FLAGS = ("compile_topology_num_slices=1 model_name=llama3.1-8b dataset_type=synthetic attention=flash "
                 "remat_policy=full ici_fsdp_parallelism=1")
-DEVICES = {"v5p-16": 8, "tpu7x-16": 16}
 TOLERANCE = 0.10
 
 
@@ -76,7 +76,7 @@ class Anchor:
         if self.strategy == "usp":
             mesh += f" ici_context_usp_ulysses_parallelism={self.ulysses}"
         return (f"{COMMON_FLAGS} compile_topology={self.topology} max_target_length={self.seq_len} "
-                f"per_device_batch_size={1 / DEVICES[self.topology]} context_parallel_strategy={self.strategy} "
+                f"per_device_batch_size={1 / get_topology(self.topology).num_devices} context_parallel_strategy={self.strategy} "
                 f"{mesh}{splash} {self.extra_flags}").strip()
 
 

@@ -87,3 +87,14 @@ def test_a_vocabulary_tiled_loss_sums_the_head_gradient_itself_so_nothing_is_def
     tiled = candidates_of(read_maxtext(RING_V5P_8 + "remat_policy=minimal_offloaded num_vocab_tiling=2").plan)
     held = held_through_backward_bytes(tiled, Target.MAXTEXT.traits)
     assert float(held["head_gradient"][0]) == 0 and float(held["mlp_backward"][0]) == MLP_BACKWARD
+
+
+@pytest.mark.parametrize("policy", ["full", "minimal_offloaded"])
+def test_the_update_reads_every_gradient_under_either_target(policy):
+    # MaxText holds its layers' gradients only in the backward, but AdamW reads them all at the end
+    cpplan, maxtext = _parts(policy, "cpplan"), _parts(policy, "maxtext")
+    every = {target: parts["grads"] + parts["update_gradients"] for target, parts in (("cpplan", cpplan),
+                                                                                       ("maxtext", maxtext))}
+    assert every["maxtext"] == pytest.approx(every["cpplan"])
+    # fp32 gradients of every parameter, sharded over the 4 devices' weight group
+    assert every["maxtext"] == pytest.approx(8_030_261_248 * 4 / 4, rel=1e-3)

@@ -2,6 +2,8 @@
 import pytest
 
 from benchmarks.reprice_anchors import ANCHORS, TOLERANCE, reprice
+from cost_models.topology import get_topology
+from cost_models.units import GiB
 from planner.maxtext import read_maxtext
 
 pytestmark = pytest.mark.pure
@@ -19,7 +21,13 @@ def test_every_anchor_is_read_whole_and_priced_within_tolerance_with_its_verdict
     assert abs(row["ratio"] - 1) <= TOLERANCE and row["priced_fits"] == anchor.fits, row
 
 
-def test_an_out_of_memory_figure_is_read_in_gib_as_the_whole_step():
-    # MaxText's error writes GiB as "G" (it gives v5p's HBM as "95.73G"): 189 G is 189 GiB, not 176
-    ring_512k = next(a for a in ANCHORS if a.name == "v5p-16 ring 8 × 512K")
-    assert reprice(ring_512k)["compiled_gib"] == 189.0
+def test_out_of_memory_figures_are_gib_as_their_verdicts_need():
+    # MaxText's error writes GiB as "G" (it gives v5p's HBM as "95.73G"): read as GiB, every figure of
+    # a compile that did not fit exceeds its device's HBM; read as 10^9 bytes, tpu7x's "95.9 G > 94.7 G"
+    # would be 89.3 GiB, which fits
+    refused = [a for a in ANCHORS if not a.fits]
+    assert refused
+    for anchor in refused:
+        capacity = get_topology(anchor.topology).hbm_bytes_per_device
+        assert anchor.compiled_gib * GiB > capacity, anchor.name
+    assert any(a.compiled_gib * 1e9 <= get_topology(a.topology).hbm_bytes_per_device for a in refused)

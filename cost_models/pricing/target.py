@@ -52,6 +52,8 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
     if not traits.layer_gradients_all_step:
         layer_grads = m.num_layers * m.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
         out["grads"] = out["grads"] - layer_grads
+        # at the step's end the update reads every gradient, these too
+        out["update_gradients"] = out["update_gradients"] + layer_grads
         # held through a layer's backward whichever of its sides (attention or MLP) is live
         out["attention_working_set"] = out["attention_working_set"] + layer_grads
         out["mlp_working_set"] = out["mlp_working_set"] + layer_grads
