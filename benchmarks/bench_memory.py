@@ -120,10 +120,11 @@ def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
             compiler reports when it fits, else the figure its error says it needed.
         unconstrained_bytes: what the compiler holds with the chip's whole HBM.
     Returns:
-        `{"cap_mib", "failed_cap_mib", "compiled_bytes", "probes"}`: the least cap that compiled,
-        the largest that did not (None if none failed), the memory the compiler reported under the
-        least cap (None if no probe fitted), and every probe as `{"cap_mib", "fits", "bytes",
-        "compile_s"}`.
+        `{"cap_mib", "failed_cap_mib", "compiled_bytes", "verified", "probes"}`: the least cap that
+        compiled, the largest that did not (None if none failed), the memory the compiler reported
+        under the least cap (None if no probe fitted), whether a probe compiled at `cap_mib` (False
+        when the probes ran out first: `cap_mib` is then the compiler's own estimate of its need, not
+        a cap seen to compile), and every probe as `{"cap_mib", "fits", "bytes", "compile_s"}`.
     """
     from cost_models.units import GiB, MiB
 
@@ -155,7 +156,7 @@ def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
         else:
             cap = (fails_at + fits_at) // 2 if fails_at else int(0.9 * fits_at)
     return {"cap_mib": fits_at, "failed_cap_mib": fails_at or None, "compiled_bytes": fitted_bytes,
-            "probes": probes}
+            "verified": fitted_bytes is not None, "probes": probes}
 
 
 def least_hbm(plan, *, unconstrained_bytes: int) -> dict:
@@ -200,6 +201,10 @@ def main():
                         help="for each selected row that fits, find the least HBM cap under which it compiles "
                              f"(bisection to {LEAST_HBM_RESOLUTION * 100:g}%% of the cap) and store it beside the unconstrained figure")
     args = parser.parse_args()
+    if args.least_hbm and args.only and not args.reuse:
+        # without --reuse a run of some rows writes no results, and the bisection's compiles would be lost
+        parser.error("--least-hbm with --only needs --reuse, so that the rows it measures are written beside the "
+                     "stored ones: add --reuse")
 
     from cost_models.units import GiB, MiB
     from planner.estimate import estimate
@@ -233,7 +238,8 @@ def main():
         if args.least_hbm and selected and compiled_fits:
             least = least_hbm(plan, unconstrained_bytes=compiled_bytes)
             print(f"    least HBM it compiles in: {least['cap_mib']} MiB ({least['cap_mib'] * MiB / GiB:.2f}G, "
-                  f"{predicted.hbm_bytes_per_device / (least['cap_mib'] * MiB) - 1:+.1%} from cpplan's price)",
+                  f"cpplan's price {predicted.hbm_bytes_per_device / (least['cap_mib'] * MiB) - 1:+.1%} against it"
+                  f"{'' if least['verified'] else '; not seen to compile: the probes ran out'})",
                   flush=True)
         out.append({"label": row[0], "plan": plan.to_dict(), "predicted_bytes": predicted.hbm_bytes_per_device,
                     "predicted_breakdown": predicted.hbm_bytes, "predicted_fits": predicted.fits,

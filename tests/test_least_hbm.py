@@ -52,3 +52,12 @@ def test_both_out_of_memory_messages_are_read():
                        "memory in memory space hbm. Used 4.24G of 4.23G hbm. Exceeded hbm capacity by 4.45M.") == int(
         4.24 * GiB)
     assert _hbm_needed("INTERNAL: Mosaic failed to compile") is None
+
+
+def test_a_cap_no_probe_compiled_under_is_marked_unverified():
+    # a step that compiles at no cap the probes reach (its error always asks for more than was given)
+    found = least_cap(lambda cap_mib: (False, (cap_mib + 1000) * MiB), unconstrained_bytes=4500 * MiB)
+    assert len(found["probes"]) == LEAST_HBM_PROBES and not any(p["fits"] for p in found["probes"])
+    assert found["verified"] is False and found["compiled_bytes"] is None
+    compile_under, _ = compiler_needing(4300, holds_mib=4250, says_mib=4290)
+    assert least_cap(compile_under, unconstrained_bytes=4500 * MiB)["verified"] is True
