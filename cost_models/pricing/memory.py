@@ -72,7 +72,8 @@ class MemoryBytes:
     collective_buffers: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
-    optimizer_update: np.ndarray  # the output head's update at the step's end, beyond its gradient in `grads`
+    # the output head's update at the step's end, beyond its gradient (in `grads` + `update_gradients`)
+    optimizer_update: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -198,15 +199,17 @@ def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
 
 
 def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, relayout_off_core: bool) -> int:
-    """Bytes the output head's AdamW update holds per head weight beyond its gradient in `grads`.
+    """Bytes the output head's AdamW update holds per head weight beyond its gradient (counted in
+    `grads` + `update_gradients`).
 
     The loss's backward reduce-scatters the head's gradient piece by vocabulary piece, so it
     arrives stacked by piece, `[pieces, hidden/g, piece]`, not in the head's `[hidden/g, vocab/t]`
     layout. The compiler moves the head and both moments into the gradient's layout for the
     update (and the results back), and forms the two gradient terms, `(1-b1)·g` and `(1-b2)·g²`,
-    in fp32; these take the place of the head's gradient counted in `grads`. Where the move runs
-    off the TensorCore (the chip row's `relayout_off_tensorcore`: SparseCore data-format calls, whose
-    outputs an elementwise update does not write over) the three updated arrays are new buffers too.
+    in fp32; these take the place of the head's gradient counted in `grads` + `update_gradients`.
+    Where the move runs off the TensorCore (the chip row's `relayout_off_tensorcore`: SparseCore
+    data-format calls, whose outputs an elementwise update does not write over) the three updated
+    arrays are new buffers too.
 
     Args:
         param_bytes: bytes of a weight and of the second moment.
