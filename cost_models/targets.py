@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_models.vocabulary import _Named
+from cost_models.work_layout import MLP_CHUNK_TOKENS
 
 # MaxText's splash metadata (tokamax's splash_attention_mask_info, as MaxText builds it): per head,
 # `data_next` and `mask_next` (int32) and `block_mask` (int8) for every (q block × kv block). Ulysses
@@ -119,6 +120,10 @@ class TargetTraits:
             attention's kernels (the same compile: the two `bf16[32768,14336]` values fetched from
             the host and the two gradients made from them are live at the ring's dK/dV kernel, and
             read by the `mlpwi` weight-gradient fusions after it; its twin holds none of them there).
+        mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward (cpplan's
+            runtime: `MLP_CHUNK_TOKENS`, each chunk its own checkpoint), or None where the MLP runs
+            on all the device's tokens at once (MaxText: its `MlpBlock` has no chunk loop; its
+            compiles hold `bf16[tokens, intermediate]` values, e.g. `bf16[32768,14336]` above).
     """
 
     target: Target
@@ -133,6 +138,7 @@ class TargetTraits:
     offload_defers_head_gradient: bool = False
     offload_holds_mlp_backward: bool = False
     head_gradient_loop_devices: int | None = None
+    mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -155,7 +161,8 @@ TRAITS: dict[Target, TargetTraits] = {
                                  per_head_metadata=True, maxtext_rules=True,
                                  ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
                                  offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
-                                 head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES),
+                                 head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
+                                 mlp_chunk_tokens=None),
 }
 
 

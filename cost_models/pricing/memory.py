@@ -79,13 +79,16 @@ class MemoryBytes:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryBytes:
+def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
+                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS) -> MemoryBytes:
     """HBM each candidate holds per device, by component.
 
     Args:
         x: the candidates.
         layout: how the attention kernel lies on a device.
         context_buffer_bytes: what the strategy's own traffic holds at the peak of one layer.
+        mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward, or None where
+            the MLP runs on all of them at once (the target's `mlp_chunk_tokens`).
     Returns:
         Their `MemoryBytes`.
     """
@@ -107,7 +110,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes) -> MemoryB
     attention_values = (tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
                         + residual_tokens(tokens, tensor) * residual_values * m.hidden)
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
-    mlp_tokens = np.minimum(MLP_CHUNK_TOKENS, tokens)
+    mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
