@@ -74,6 +74,28 @@ def test_every_command_that_takes_a_model_takes_the_flag(argv):
     assert not _model(build_parser().parse_args([*argv, "--full-mask"])).causal
 
 
+@pytest.mark.parametrize("argv, planner_call", [
+    (["sweep", "--model", "small", "--seq-lens", "4k", "--topology", "v5p:2x2x1"], "run_search"),
+    (["max-seq-len", "--model", "small", "--topology", "v5p:2x2x1"], "max_seq_len"),
+    (["explain", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"], "run_search"),
+], ids=lambda a: a[0] if isinstance(a, list) else a)
+def test_the_commands_plan_the_full_mask_model(monkeypatch, capsys, argv, planner_call):
+    # the model each command hands the planner, not only what the parser accepts
+    from planner import api
+
+    seen, call = [], getattr(api, planner_call)
+
+    def recording(model, *args, **kwargs):
+        seen.append(model)
+        return call(model, *args, **kwargs)
+
+    monkeypatch.setattr(api, planner_call, recording)
+    for flags in ([], ["--full-mask"]):
+        assert main([*argv, *flags]) == 0
+    capsys.readouterr()
+    assert [m.causal for m in seen[:1] + seen[-1:]] == [True, False]
+
+
 @pytest.mark.parametrize("argv, words", [
     (["explain", *PLAN_FLAGS[:-2], "--load-balance", "zigzag", "--full-mask"],
      ["--load-balance zigzag with --full-mask", "gives every context rank the same work", "allow none"]),
