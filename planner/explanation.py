@@ -206,7 +206,9 @@ class Explanation:
     def header(self) -> str:
         case = self.result.case
         m, topo = case.model, case.topology
-        return (f"cpplan explain: {m.name} ({m.num_params / 1e9:.2f}B params, {m.num_layers} layers, "
+        # billions as the model cards count them; a model under 10M parameters in millions, not "0.00B"
+        params = f"{m.num_params / 1e9:.2f}B" if m.num_params >= 1e7 else f"{m.num_params / 1e6:.2f}M"
+        return (f"cpplan explain: {m.name} ({params} params, {m.num_layers} layers, "
                 f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(case.seq_len)} "
                 f"tokens × {case.global_batch} sequence{'s' if case.global_batch > 1 else ''} per step on {topo.name} "
                 f"({topo.num_chips} chips, {topo.num_devices} devices)")

@@ -16,6 +16,9 @@ def test_explain_human_and_json(capsys):
     assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256", "--top", "3"]) == 0
     out = capsys.readouterr().out
     assert "Chosen plan" in out and "#4" in out and "#5" not in out
+    assert "llama3.1-8b (8.03B params," in out
+    assert main(["explain", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"]) == 0
+    assert "small (2.49M params," in capsys.readouterr().out  # not "0.00B"
     assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["best"]["plan"]["seq_len"] == 4 * 2**20 and data["best"]["estimate"]["fits"]
