@@ -106,6 +106,10 @@ CHECKPOINTS = (
     Checkpoint("mlpwo", Block.MLP, read_by_backward=False, scattered_output=True),
 )
 CHECKPOINT_NAMES = tuple(c.name for c in CHECKPOINTS)
+# the projections whose input is gathered over tensor, in order: the attention's q, k, v, and the
+# MLP's inputs (a plain MLP has the first only)
+QKV_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input)
+MLP_INPUT_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input)
 _BY_NAME = {c.name: c for c in CHECKPOINTS}
 
 
@@ -118,14 +122,13 @@ def is_read(checkpoint: Checkpoint, model: "ModelSpec | None" = None) -> bool:
     """
     parallel = model is not None and model.decoder_block.parallel
     return checkpoint.read_by_backward and not (parallel and checkpoint.scattered_output)
-_QKV = ("query_proj", "key_proj", "value_proj")
 _MATMULS = tuple(c.name for c in CHECKPOINTS if c.is_matmul())  # MaxText's minimal_policy names
 
 # MaxText's checkpoint names → ours (see the module docstring); a name of a block a dense Llama
 # decoder does not have maps to nothing.
 MAXTEXT_NAMES: dict[str, tuple[str, ...]] = {
     **{name: (name,) for name in CHECKPOINT_NAMES},
-    "qkv_proj": _QKV, "kv_proj": ("key_proj", "value_proj"), "mlpwi": ("mlpwi_0", "mlpwi_1"),
+    "qkv_proj": QKV_CHECKPOINTS, "kv_proj": QKV_CHECKPOINTS[1:], "mlpwi": MLP_INPUT_CHECKPOINTS,
     "attention_out": (ATTENTION_OUTPUT,),
     **{name: () for name in ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo", "query_wa_proj", "kv_wa_proj", "mla_q",
                              "mla_kv", "engram", "indexer_cutoff_threshold")},
@@ -151,11 +154,11 @@ def _offload(*names: str) -> dict[str, Placement]:
 POLICY_PLACEMENTS: dict[RematPolicy, dict[str, Placement]] = {
     RematPolicy.MINIMAL_WITH_CONTEXT: _device(*_MATMULS, ATTENTION_OUTPUT),
     RematPolicy.MINIMAL: _device(*_MATMULS),
-    RematPolicy.SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP: _device(*_QKV, ATTENTION_OUTPUT, "out_proj"),
-    RematPolicy.SAVE_DOT_EXCEPT_MLPWI: _device(*_QKV, "out_proj", "mlpwo"),
-    RematPolicy.SAVE_DOT_EXCEPT_MLP: _device(*_QKV, "out_proj"),
-    RematPolicy.SAVE_QKV_PROJ: _device(*_QKV),
-    RematPolicy.QKV_PROJ_OFFLOADED: _offload(*_QKV),
+    RematPolicy.SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP: _device(*QKV_CHECKPOINTS, ATTENTION_OUTPUT, "out_proj"),
+    RematPolicy.SAVE_DOT_EXCEPT_MLPWI: _device(*QKV_CHECKPOINTS, "out_proj", "mlpwo"),
+    RematPolicy.SAVE_DOT_EXCEPT_MLP: _device(*QKV_CHECKPOINTS, "out_proj"),
+    RematPolicy.SAVE_QKV_PROJ: _device(*QKV_CHECKPOINTS),
+    RematPolicy.QKV_PROJ_OFFLOADED: _offload(*QKV_CHECKPOINTS),
     RematPolicy.SAVE_OUT_PROJ: _device("out_proj"),
     RematPolicy.MINIMAL_OFFLOADED: _offload(*_MATMULS),
     RematPolicy.FULL: {},

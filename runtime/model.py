@@ -28,7 +28,8 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cost_models.remat import ATTENTION_OUTPUT, CHECKPOINTS, LAYER_INPUT, Block, kept_names, offloaded_names
+from cost_models.remat import (ATTENTION_OUTPUT, LAYER_INPUT, MLP_INPUT_CHECKPOINTS, QKV_CHECKPOINTS, kept_names,
+                                offloaded_names)
 from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
@@ -48,10 +49,6 @@ EMBED_GROUP = (*WEIGHT_AXES, "tensor")
 # the identity, any other name flax's function of that name), one for each of `MLP_ACTIVATIONS`
 ACTIVATION_FUNCTIONS = {"silu": nn.silu, "gelu": nn.gelu, "relu": nn.relu, "sigmoid": nn.sigmoid,
                         "linear": lambda x: x}
-# the checkpoint names of the attention's q, k, v projections, in order
-QKV_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input)
-# the checkpoint names of the MLP's input projections, in order (a plain MLP has the first only)
-MLP_INPUT_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input)
 # the parameters of the MLP's input projections: gated (gate, up) or plain
 MLP_INPUT_WEIGHTS = {2: ("w_gate", "w_up"), 1: ("w_in",)}
 

@@ -79,6 +79,12 @@ class MemoryBytes:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+def layer_gradient_bytes(x: Candidates) -> np.ndarray:
+    """Every decoder layer's weight gradients on a device, in the parameters' dtype (split over the
+    weight-sharding group and tensor, as the weights are)."""
+    return x.model.num_layers * x.model.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
+
+
 def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
                  mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS) -> MemoryBytes:
     """HBM each candidate holds per device, by component.
@@ -120,7 +126,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     # dtype, and forms a chunk's new sum while the carried one is read (with one chunk there is no
     # sum to carry: each gradient is formed once)
     mlp_loop_matrices = 2 * m.mlp_matrices + (tokens > mlp_tokens)
-    layer_grads = m.num_layers * m.params_per_layer / shards * pb
+    layer_grads = layer_gradient_bytes(x)
     head_shard = m.hidden * m.vocab / shards
     # kept MLP values are not read in place: the layer's backward slices its layer's out of the
     # stacked residuals (a dynamic slice XLA copies), and the chunk loop each chunk's out of that

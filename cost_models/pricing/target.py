@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from cost_models.candidates import Candidates
-from cost_models.remat import CHECKPOINTS, POLICIES, Block, placements
+from cost_models.pricing.memory import layer_gradient_bytes
+from cost_models.remat import MLP_INPUT_CHECKPOINTS, POLICIES, placements
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
 from cost_models.vocabulary import Placement
@@ -50,7 +51,7 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
         # each tile's logits over the whole vocabulary (split over tensor with the output head)
         out["logits"] = tokens / tiles * m.vocab / x.tensor * traits.logit_bytes
     if not traits.layer_gradients_all_step:
-        layer_grads = m.num_layers * m.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
+        layer_grads = layer_gradient_bytes(x)
         out["grads"] = out["grads"] - layer_grads
         # at the step's end the update reads every gradient, these too
         out["update_gradients"] = out["update_gradients"] + layer_grads
@@ -92,10 +93,8 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     offloads = np.asarray(columns.saved_on_host) > 0
     head = tokens * (m.vocab / x.tensor + m.hidden) * x.act_bytes
-    # the MLP's input projections: its checkpoints that read the (gathered) layer input
-    inputs = [c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input]
-    mlp_offloaded = np.array([any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD for n in inputs)
-                              for policy in POLICIES])[np.asarray(x.remat)]
+    mlp_offloaded = np.array([any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD
+                                  for n in MLP_INPUT_CHECKPOINTS) for policy in POLICIES])[np.asarray(x.remat)]
     mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
