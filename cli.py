@@ -155,12 +155,12 @@ def _model(args: argparse.Namespace) -> ModelSpec:
         CpplanError: an unknown model; a full-mask model with only zigzag balancing allowed, or
             priced or exported for MaxText.
     """
-    model = get_model(args.model)
-    if getattr(args, "full_mask", False):
+    model, full_mask = get_model(args.model), getattr(args, "full_mask", False)
+    if full_mask:
         model = dataclasses.replace(model, causal=False)
     if model.causal:
         return model
-    source = "--full-mask" if getattr(args, "full_mask", False) else f"--model {args.model} (is_causal: false)"
+    source = "--full-mask" if full_mask else f"--model {args.model} (is_causal: false)"
     balancing = getattr(args, "load_balance", None)
     if balancing is not None and {LoadBalance.parse(w) for w in _csv(balancing)} == {LoadBalance.ZIGZAG}:
         raise CpplanError(f"--load-balance {balancing} with {source}: {full_mask_balance_problem(model, True)}; "
