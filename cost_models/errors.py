@@ -23,4 +23,5 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> CpplanError:
     known = sorted(known)
     hint = closest(name, known)
     did_you_mean = f" Did you mean {hint!r}?" if hint else ""
-    return CpplanError(f"unknown {kind} {name!r}.{did_you_mean} Known {kind}s: {', '.join(known)}.")
+    # "Known:" rather than a plural made from `kind`, which would misspell "strategy" and "remat policy"
+    return CpplanError(f"unknown {kind} {name!r}.{did_you_mean} Known: {', '.join(known)}.")

@@ -118,7 +118,8 @@ def test_explanation_sections(v5p256_4m):
 @pytest.mark.parametrize("kwargs, words", [
     (dict(model="llama3.1-8b", seq_len="4X", topology="v5p-16"), ["128k, 1M or 4M"]),
     (dict(model="llama3.1-8b", seq_len=0, topology="v5p-16"), ["at least 1 token"]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", strategies=["rings"]), ["Did you mean 'ring'"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", strategies=["rings"]),
+     ["unknown strategy 'rings'", "Did you mean 'ring'", "Known: all_gather, none, ring, ulysses, usp."]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", mesh={"sequence": 2}), ["mesh axis 'sequence'"]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", colour="red"), ["unknown option(s) colour"]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=0), ["positive number of sequences"]),
