@@ -105,7 +105,8 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
             balanced = full_mesh["context"] % 2 == 0
         options["load_balance"] = "zigzag" if balanced else "none"
     if options.get("global_batch_tokens") is not None:
-        tokens, batch_tokens = parse_seq_len(seq_len), parse_seq_len(options.pop("global_batch_tokens"))
+        tokens, batch_tokens = parse_seq_len(seq_len), parse_seq_len(options.pop("global_batch_tokens"),
+                                                                  what="global_batch_tokens")
         if batch_tokens % tokens:
             raise CpplanError(f"global_batch_tokens={batch_tokens} is not a whole number of {tokens}-token "
                               f"sequences; use a multiple of {tokens}.")

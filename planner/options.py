@@ -18,27 +18,30 @@ DEFAULT_LOSS_CHUNK_TOKENS = 8192
 _SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
-def parse_seq_len(value: "int | str") -> int:
+def parse_seq_len(value: "int | str", *, what: str = "sequence length") -> int:
     """Tokens from an int or a string like ``4M``, ``128k``, ``131072`` (k/M are powers of 1024).
 
+    Args:
+        value: the token count.
+        what: what the count is, as error messages name it (the batch's tokens are read here too).
     Raises:
         CpplanError: unparsable or not positive.
     """
     if isinstance(value, bool):
-        raise CpplanError(f"sequence length {value!r} is not a number of tokens.")
+        raise CpplanError(f"{what} {value!r} is not a number of tokens.")
     if isinstance(value, int):
         tokens = value
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", str(value))
         if not m:
-            raise CpplanError(f"cannot read sequence length {value!r}: write tokens as 131072, 128k, 1M or 4M "
+            raise CpplanError(f"cannot read {what} {value!r}: write tokens as 131072, 128k, 1M or 4M "
                               f"(k = 1024, M = 1024²).")
         tokens = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
         if tokens != int(tokens):
-            raise CpplanError(f"sequence length {value!r} is {tokens} tokens, not a whole number.")
+            raise CpplanError(f"{what} {value!r} is {tokens} tokens, not a whole number.")
         tokens = int(tokens)
     if tokens < 1:
-        raise CpplanError(f"sequence length {value!r} must be at least 1 token.")
+        raise CpplanError(f"{what} {value!r} must be at least 1 token.")
     return tokens
 
 
@@ -115,7 +118,7 @@ class SearchOptions:
             if dtype not in DTYPE_BYTES:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
         if global_batch_tokens is not None:
-            global_batch_tokens = parse_seq_len(global_batch_tokens)
+            global_batch_tokens = parse_seq_len(global_batch_tokens, what="global_batch_tokens")
         if global_batch is not None:
             if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
                 raise CpplanError(f"global_batch={global_batch!r} must be a positive number of sequences.")

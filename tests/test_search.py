@@ -123,6 +123,8 @@ def test_explanation_sections(v5p256_4m):
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", mesh={"sequence": 2}), ["mesh axis 'sequence'"]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", colour="red"), ["unknown option(s) colour"]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=0), ["positive number of sequences"]),
+    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch_tokens="-5"),
+     ["cannot read global_batch_tokens '-5'"]),
     (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=2, global_batch_tokens="8M"),
      ["give one of them"]),
     (dict(model="tiny", seq_len=1024, topology="cpu:8", mesh={"context": 16}),
