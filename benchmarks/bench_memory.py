@@ -81,6 +81,22 @@ ROWS = [
      dict(remat="custom", remat_custom=OFFLOAD_SOME)),
     ("tpu7x ulysses8 minimal_with_context 32 layers: does not fit", "tpu7x:2x2x1", dict(context_ulysses=8), "ulysses",
      256 * K, 1, 32, dict(remat="minimal_with_context")),
+    # The offload rows at a depth users run: at 2 layers the compiler peels one iteration off each
+    # layer loop of an offloading step and inlines the one-trip loops left, so the program is flat;
+    # at 8 the loops stay (bench_memory_offload.md). With in-HBM twins: the same plan with the
+    # offloaded names kept on device.
+    ("v5p fsdp8 offload qkv_proj_offloaded 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
+     dict(remat="qkv_proj_offloaded")),
+    ("v5p fsdp8 save_qkv_proj 8 layers: the offload row's q/k/v in HBM", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8,
+     8, dict(remat="save_qkv_proj")),
+    ("v5p fsdp8 offload custom layer input and qkv 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
+     dict(remat="custom", remat_custom=LAYER_INPUT_AND_QKV)),
+    ("v5p fsdp4 tensor2 offload minimal_offloaded 8 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 8,
+     dict(remat="minimal_offloaded")),
+    ("v5p fsdp4 tensor2 minimal 8 layers: minimal_offloaded's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 8, dict(remat="minimal")),
+    ("tpu7x fsdp4 tensor2 offload custom 8 layers", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 8,
+     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
 ]
 
 
