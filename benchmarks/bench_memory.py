@@ -39,6 +39,7 @@ LEAST_HBM_PROBES = 8  # at most this many compiles a row, whatever the resolutio
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_memory.json"
 OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "device", "context": "device",
                 "mlpwi_0": "offload", "mlpwi_1": "offload"}
+OFFLOAD_SOME_IN_HBM = {name: "device" for name in OFFLOAD_SOME}
 LAYER_INPUT_AND_QKV = {"decoder_layer_input": "offload", "query_proj": "offload", "key_proj": "offload",
                        "value_proj": "offload"}
 
@@ -96,6 +97,14 @@ ROWS = [
     ("v5p fsdp4 tensor2 minimal 8 layers: minimal_offloaded's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
      "none", 8 * K, 8, 8, dict(remat="minimal")),
     ("tpu7x fsdp4 tensor2 offload custom 8 layers", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 8,
+     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
+    ("tpu7x fsdp4 tensor2 custom 8 layers: the offload row's values in HBM", "tpu7x:2x2x1", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 8, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
+    ("v5p fsdp4 tensor2 minimal 2 layers: minimal_offloaded's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 2, dict(remat="minimal")),
+    ("v5p fsdp4 tensor2 offload minimal_offloaded 16 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8,
+     16, dict(remat="minimal_offloaded")),
+    ("tpu7x fsdp4 tensor2 offload custom 16 layers", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 16,
      dict(remat="custom", remat_custom=OFFLOAD_SOME)),
 ]
 
@@ -229,7 +238,8 @@ def main():
     stored = {r["label"]: r for r in json.loads(RESULTS.read_text())} if args.reuse and RESULTS.exists() else {}
     rows = [r for r in ROWS if not args.only or args.only in r[0] or r[0] in stored]
     out = []
-    print(f"{'plan':<58} {'cpplan':>8} {'XLA':>8} {'error':>7}  fits (cpplan/XLA)  compile")
+    width = max((len(r[0]) for r in rows), default=0)
+    print(f"{'plan':<{width}} {'cpplan':>8} {'XLA':>8} {'error':>7}  fits (cpplan/XLA)  compile")
     for row in rows:
         plan = plan_of(row)
         predicted = estimate(plan)
@@ -247,7 +257,7 @@ def main():
             compiled_bytes, compiled_fits, compiled_text = compiled.required_bytes, compiled.fits, str(compiled)
         error = predicted.hbm_bytes_per_device / compiled_bytes - 1
         agree = predicted.fits == compiled_fits
-        print(f"{row[0]:<58} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
+        print(f"{row[0]:<{width}} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
               f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
               f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if reused else ''}",
               flush=True)
