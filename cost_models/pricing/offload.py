@@ -47,8 +47,9 @@ def fetched_ahead_per_token(model: ModelSpec, custom: CustomPlacements = ()) -> 
     backward loop's carried `dynamic-slice-done`s on the host stacks, live at the MLP's peak):
     v5p `minimal_offloaded`, fsdp 4 x tensor 2 (q, k, v: 96 MiB); checked on v5p
     `qkv_proj_offloaded` and `custom` with the layer input (its input, 64 MiB, and q, k, v), tpu7x
-    `custom` (q, 64 MiB), and the 16-layer compiles (benchmarks/results/bench_memory_offload.md,
-    session 6).
+    `custom` (q, 64 MiB), the 16-layer compiles, and v5p `custom` with the attention output offloaded
+    (it comes back in the two layouts the runtime saves it in, of which the price counts one)
+    (benchmarks/results/bench_memory_offload.md, session 6).
 
     Args:
         model: the model.
