@@ -10,7 +10,8 @@ next to the XLA TPU compiler's, with the fit verdict of each.
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
 does not fit. Llama 3.1 8B's shapes with few layers (memory per layer is uniform; a row that
-must not fit keeps all 32), short sequences so each compile takes seconds to a minute. Targets:
+must not fit keeps all 32; the offload rows also at 8 and 16 layers, where the compiler keeps the
+layer loops it peels and inlines at 2), short sequences so each compile takes seconds to a few minutes. Targets:
 the prediction within 10% of the compiler on every row, and the same fit verdict on every row.
 
 The unconstrained figure is what the compiler holds when it has the chip's whole HBM, and with HBM
@@ -39,6 +40,10 @@ LEAST_HBM_PROBES = 8  # at most this many compiles a row, whatever the resolutio
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_memory.json"
 OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "device", "context": "device",
                 "mlpwi_0": "offload", "mlpwi_1": "offload"}
+OFFLOAD_SOME_IN_HBM = {name: "device" for name in OFFLOAD_SOME}
+# the attention output on the host, q/k/v kept: a placement none of the compiles the fetched-ahead rule was
+# read from has (cost_models.pricing.offload.fetched_ahead_per_token), compiled to check it
+CONTEXT_OFFLOADED = {"query_proj": "device", "key_proj": "device", "value_proj": "device", "context": "offload"}
 LAYER_INPUT_AND_QKV = {"decoder_layer_input": "offload", "query_proj": "offload", "key_proj": "offload",
                        "value_proj": "offload"}
 
@@ -81,6 +86,32 @@ ROWS = [
      dict(remat="custom", remat_custom=OFFLOAD_SOME)),
     ("tpu7x ulysses8 minimal_with_context 32 layers: does not fit", "tpu7x:2x2x1", dict(context_ulysses=8), "ulysses",
      256 * K, 1, 32, dict(remat="minimal_with_context")),
+    # The offload rows at a depth users run: at 2 layers the compiler peels one iteration off each
+    # layer loop of an offloading step and inlines the one-trip loops left, so the program is flat;
+    # at 8 the loops stay (bench_memory_offload.md). With in-HBM twins: the same plan with the
+    # offloaded names kept on device.
+    ("v5p fsdp8 offload qkv_proj_offloaded 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
+     dict(remat="qkv_proj_offloaded")),
+    ("v5p fsdp8 save_qkv_proj 8 layers: the offload row's q/k/v in HBM", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8,
+     8, dict(remat="save_qkv_proj")),
+    ("v5p fsdp8 offload custom layer input and qkv 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
+     dict(remat="custom", remat_custom=LAYER_INPUT_AND_QKV)),
+    ("v5p fsdp4 tensor2 offload minimal_offloaded 8 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 8,
+     dict(remat="minimal_offloaded")),
+    ("v5p fsdp4 tensor2 minimal 8 layers: minimal_offloaded's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 8, dict(remat="minimal")),
+    ("tpu7x fsdp4 tensor2 offload custom 8 layers", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 8,
+     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
+    ("tpu7x fsdp4 tensor2 custom 8 layers: the offload row's values in HBM", "tpu7x:2x2x1", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 8, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
+    ("v5p fsdp4 tensor2 minimal 2 layers: minimal_offloaded's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 2, dict(remat="minimal")),
+    ("v5p fsdp4 tensor2 offload minimal_offloaded 16 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8,
+     16, dict(remat="minimal_offloaded")),
+    ("tpu7x fsdp4 tensor2 offload custom 16 layers", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 16,
+     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
+    ("v5p fsdp8 offload custom context 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
+     dict(remat="custom", remat_custom=CONTEXT_OFFLOADED)),
 ]
 
 
@@ -213,7 +244,8 @@ def main():
     stored = {r["label"]: r for r in json.loads(RESULTS.read_text())} if args.reuse and RESULTS.exists() else {}
     rows = [r for r in ROWS if not args.only or args.only in r[0] or r[0] in stored]
     out = []
-    print(f"{'plan':<58} {'cpplan':>8} {'XLA':>8} {'error':>7}  fits (cpplan/XLA)  compile")
+    width = max((len(r[0]) for r in rows), default=0)
+    print(f"{'plan':<{width}} {'cpplan':>8} {'XLA':>8} {'error':>7}  fits (cpplan/XLA)  compile")
     for row in rows:
         plan = plan_of(row)
         predicted = estimate(plan)
@@ -231,7 +263,7 @@ def main():
             compiled_bytes, compiled_fits, compiled_text = compiled.required_bytes, compiled.fits, str(compiled)
         error = predicted.hbm_bytes_per_device / compiled_bytes - 1
         agree = predicted.fits == compiled_fits
-        print(f"{row[0]:<58} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
+        print(f"{row[0]:<{width}} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
               f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
               f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if reused else ''}",
               flush=True)

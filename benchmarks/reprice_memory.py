@@ -40,7 +40,8 @@ def main():
         raise CpplanError(f"{RESULTS} holds no compiler figures yet; run benchmarks/bench_memory.py first.")
     stored = {r["label"]: r for r in json.loads(RESULTS.read_text())}
     rows = [r for r in ROWS if r[0] in stored and (not args.only or args.only in r[0])]
-    print(f"{'plan':<58} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA"
+    width = max(len(r[0]) for r in rows)
+    print(f"{'plan':<{width}} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA"
           f"{'least':>9} {'now/least':>10}")
     within = agree = 0
     for row in rows:
@@ -48,7 +49,7 @@ def main():
         error = now.hbm_bytes_per_device / old["compiled_bytes"] - 1
         within += abs(error) <= TARGET_ERROR
         agree += now.fits == old["compiled_fits"]
-        print(f"{row[0]:<58} {old['compiled_bytes'] / GiB:>7.2f}G {old['predicted_bytes'] / GiB:>7.2f}G "
+        print(f"{row[0]:<{width}} {old['compiled_bytes'] / GiB:>7.2f}G {old['predicted_bytes'] / GiB:>7.2f}G "
               f"{now.hbm_bytes_per_device / GiB:>7.2f}G {old['error']:>+9.1%} → {error:>+7.1%}  "
               f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}{least_columns(old, now)}")
     print(f"\n{within} of {len(rows)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(rows)}")

@@ -19,6 +19,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
+from cost_models.pricing.offload import fetched_ahead_per_token
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.vocabulary import Placement
@@ -134,6 +135,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     kept_mlp_copy = np.where(tokens > mlp_tokens, tokens * remat.kept_mlp_side / tensor, 0.0)
     attention_early = (attention_before_mlp_backward(x, layout) * x.sequences_per_device * m.head_dim
                        * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
+    # the layer's offloaded values its attention's backward reads, back from the host since its
+    # backward began (the layer loop's host reads run an iteration ahead: `fetched_ahead_per_token`)
+    fetched_ahead = tokens * fetched_ahead_per_token(m, x.remat_custom)[x.remat] / tensor
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
@@ -161,10 +165,10 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         attention_working_set=(2 * attention_values - tokens * remat.kept_attention_side / tensor) * a,
         # the MLP's input gathered over tensor and its gradient for every token (the chunk loop's
         # input and output), one chunk's values (kept ones copied) and their gradients, the layer's
-        # kept MLP values copied, the chunk loop's weights and gradient sums, and the attention's
-        # values a chip schedules ahead of the MLP's backward
+        # kept MLP values copied, the chunk loop's weights and gradient sums, the attention's
+        # values a chip schedules ahead of the MLP's backward, and the offloaded values fetched ahead
         mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy
-                         + mlp_loop_matrices * mlp_matrix + attention_early) * a,
+                         + mlp_loop_matrices * mlp_matrix + attention_early + fetched_ahead) * a,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
         # on the attention side, the weights' traffic: matrices gathered one by one (the one in use,
