@@ -280,6 +280,8 @@ class RematCost:
     saved_on_host: np.ndarray  # values offloaded to host memory per token per layer, the layer input where offloaded
     kept_attention_side: np.ndarray  # of the attention side's checkpoints, values kept on device per token
     kept_mlp_side: np.ndarray  # of the MLP's checkpoints the backward reads, values kept on device per token
+    attention_output_on_device: np.ndarray  # the attention output's values per token where it is kept on device
+    attention_output_on_host: np.ndarray  # the same where it is offloaded
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections' FLOPs recomputed
     recompute_mlp: np.ndarray  # fraction of the MLP matmuls' FLOPs recomputed
     recompute_attention: np.ndarray  # forward attention passes recomputed
@@ -311,6 +313,7 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
     return (model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
             model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
             width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
+            width([ATTENTION_OUTPUT], Placement.DEVICE), width([ATTENTION_OUTPUT], Placement.OFFLOAD),
             fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),
             gathers + scatters)
 

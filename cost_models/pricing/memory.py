@@ -87,7 +87,7 @@ def layer_gradient_bytes(x: Candidates) -> np.ndarray:
 
 
 def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
-                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS) -> MemoryBytes:
+                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS, attention_output_copies: int) -> MemoryBytes:
     """HBM each candidate holds per device, by component.
 
     Args:
@@ -96,6 +96,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         context_buffer_bytes: what the strategy's own traffic holds at the peak of one layer.
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward, or None where
             the MLP runs on all of them at once (the target's `mlp_chunk_tokens`).
+        attention_output_copies: copies of a kept attention output the runtime holds (the
+            target's `attention_output_copies`).
     Returns:
         Their `MemoryBytes`.
     """
@@ -106,7 +108,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     shards = group * tensor
     # every kept value is split over tensor: heads and MLP columns, or the sequence between the
     # tensor-parallel matmuls (sequence parallelism)
-    saved = remat.saved_on_device / tensor * a
+    # a kept attention output's further copies (another layout of the same values) count with it
+    extra_copies = attention_output_copies - 1
+    saved = (remat.saved_on_device + extra_copies * remat.attention_output_on_device) / tensor * a
     # one layer's backward: the gradient of every value, and the values the policy does not keep
     # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
     # The attention side for every token (the residual and, in a sequential block, the out
@@ -137,7 +141,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
                        * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
     # the layer's offloaded values its attention's backward reads, back from the host since its
     # backward began (the layer loop's host reads run an iteration ahead: `fetched_ahead_per_token`)
-    fetched_ahead = tokens * fetched_ahead_per_token(m, x.remat_custom)[x.remat] / tensor
+    fetched_ahead = tokens * (fetched_ahead_per_token(m, x.remat_custom)[x.remat]
+                              + extra_copies * remat.attention_output_on_host) / tensor
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
