@@ -125,8 +125,10 @@ class TargetTraits:
             on all the device's tokens at once (MaxText: its `MlpBlock` has no chunk loop; its
             compiles hold `bf16[tokens, intermediate]` values, e.g. `bf16[32768,14336]` above).
         attention_output_copies: how many copies of a layer's attention output a policy that keeps
-            it (on device or on the host) holds from the forward to the backward. cpplan's runtime:
-            2, the kernel's residuals (named `context`, `runtime/splash.py`, and the ring's combined
+            it (on device or on the host) holds from the forward to the backward where the
+            strategy's output leaves the kernel through a collective (Ulysses, USP: the output
+            all-to-all; elsewhere, `StrategySpec.output_relaid_from_residual`, the runtime names
+            only the kernel's residual and holds one). cpplan's runtime: 2, the kernel's residuals (named `context`, `runtime/splash.py`, and the ring's combined
             output, `runtime/attention/ring.py`) in the kernel's layout and the layer's output
             (`DecoderLayer.attention`) in `[batch, seq, heads, head_dim]`, both named: read in its
             deviceless compiles (tpu7x `custom` at 8 and 16 layers, `while.198{6}` and `{8}`; its twin

@@ -335,6 +335,10 @@ class DecoderLayer(nn.Module):
         q, k, v = (checkpoint_name(lay_out(t), name)
                    for t, name in zip((rope(q, positions), rope(k, positions), v), QKV_CHECKPOINTS))
         ctx = sharded_attention(q, k, v, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids)
+        if self.plan.strategy_spec.output_relaid_from_residual:
+            # the kernel (or ring) already saves it as `ATTENTION_OUTPUT`; naming this relayout too
+            # would keep a second copy (as MaxText does not): the backward relays the saved one
+            return ctx
         return checkpoint_name(ctx, ATTENTION_OUTPUT)
 
     def mlp_weights(self, w):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import MODELS, ModelSpec  # noqa: E402
-from cost_models.remat import CHECKPOINTS, Block, kept_names, offloaded_names  # noqa: E402
+from cost_models.remat import ATTENTION_OUTPUT, CHECKPOINTS, Block, kept_names, offloaded_names  # noqa: E402
 from cost_models.strategies import STRATEGIES, strategies_for  # noqa: E402
 from cost_models.vocabulary import AXES, RematPolicy  # noqa: E402
 from planner import Plan, make_mesh  # noqa: E402
@@ -224,7 +224,13 @@ def test_runtime_keeps_what_the_remat_table_says(policy):
         print_saved_residuals(loss, params, x)
     saved = {n for n in names if f"named '{n}'" in out.getvalue()}
     mlp = {c.name for c in CHECKPOINTS if c.block is Block.MLP}
-    assert saved == set(kept_names(policy)) - mlp
+    # the ring's output leaves the kernel as a local relayout, which the layer leaves unnamed: a kept
+    # attention output is the ring's own residuals (its output and log-sum-exp), saved as they leave
+    # its shard_map, where jax no longer reports their name
+    assert plan.strategy_spec.output_relaid_from_residual
+    assert saved == set(kept_names(policy)) - mlp - {ATTENTION_OUTPUT}
+    ring_residuals = out.getvalue().count("(sharded_attention)")
+    assert ring_residuals == (2 if ATTENTION_OUTPUT in kept_names(policy) else 0)
     # jax reports an offloaded residual as a host array, without its name (the MLP's leave its
     # chunk loop as host arrays); the MLP's output, which no backward reads, is not one
     read = {c.name for c in CHECKPOINTS if c.read_by_backward}

@@ -96,8 +96,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         context_buffer_bytes: what the strategy's own traffic holds at the peak of one layer.
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward, or None where
             the MLP runs on all of them at once (the target's `mlp_chunk_tokens`).
-        attention_output_copies: copies of a kept attention output the runtime holds (the
-            target's `attention_output_copies`).
+        attention_output_copies: copies of a kept attention output the runtime holds where a
+            collective lies between the kernel and the layer's output (the target's
+            `attention_output_copies`); one where the strategy's `output_relaid_from_residual`.
     Returns:
         Their `MemoryBytes`.
     """
@@ -108,8 +109,11 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     shards = group * tensor
     # every kept value is split over tensor: heads and MLP columns, or the sequence between the
     # tensor-parallel matmuls (sequence parallelism)
-    # a kept attention output's further copies (another layout of the same values) count with it
-    extra_copies = attention_output_copies - 1
+    # a kept attention output's further copies (another layout of the same values) count with it,
+    # but only where the strategy's layer output is not a mere local relayout of the kernel's
+    # saved residual (there the runtime leaves the relayout unnamed and holds one copy)
+    relaid = STRATEGIES[x.strategy].output_relaid_from_residual
+    extra_copies = 0 if relaid else attention_output_copies - 1
     saved = (remat.saved_on_device + extra_copies * remat.attention_output_on_device) / tensor * a
     # one layer's backward: the gradient of every value, and the values the policy does not keep
     # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
