@@ -42,7 +42,7 @@ OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "de
                 "mlpwi_0": "offload", "mlpwi_1": "offload"}
 OFFLOAD_SOME_IN_HBM = {name: "device" for name in OFFLOAD_SOME}
 # the attention output on the host, q/k/v kept: a placement none of the compiles the fetched-ahead rule was
-# read from has (cost_models.pricing.offload.fetched_ahead_per_token), compiled to check it
+# read from has (cost_models.remat.READ_BY_ATTENTION_BACKWARD), compiled to check it
 CONTEXT_OFFLOADED = {"query_proj": "device", "key_proj": "device", "value_proj": "device", "context": "offload"}
 LAYER_INPUT_AND_QKV = {"decoder_layer_input": "offload", "query_proj": "offload", "key_proj": "offload",
                        "value_proj": "offload"}

@@ -111,6 +111,20 @@ CHECKPOINT_NAMES = tuple(c.name for c in CHECKPOINTS)
 QKV_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input)
 MLP_INPUT_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input)
 _BY_NAME = {c.name: c for c in CHECKPOINTS}
+# The offloaded checkpoints a layer's attention backward reads, besides its input (the first norm's,
+# for the q/k/v weight gradients): q, k, v and the attention output (the kernel's backward). The out projection,
+# read only to form the MLP's input, and the MLP's own values, offloaded chunk by chunk inside the
+# chunk loop and fetched chunk by chunk, are not among them. The backward's layer loop pipelines its
+# host reads: the copies back of a layer's offloaded values start in the previous iteration and are
+# carried into the layer's own, so they are in HBM from the start of its backward, and each stays
+# until its last reader; the MLP's backward runs first, so these are held through it
+# (`RematCost.fetched_ahead`). Read in deviceless compiles at 8 layers, where the layer loops stay
+# (libtpu 0.0.52; the backward loop's carried `dynamic-slice-done`s on the host stacks, live at the
+# MLP's peak): v5p `minimal_offloaded`, fsdp 4 x tensor 2 (q, k, v: 96 MiB); checked on v5p
+# `qkv_proj_offloaded` and `custom` with the layer input (its input, 64 MiB, and q, k, v), tpu7x
+# `custom` (q, 64 MiB), the 16-layer compiles, and v5p `custom` with the attention output offloaded
+# (benchmarks/results/bench_memory_offload.md, session 6).
+READ_BY_ATTENTION_BACKWARD = (*QKV_CHECKPOINTS, ATTENTION_OUTPUT)
 
 
 def is_read(checkpoint: Checkpoint, model: "ModelSpec | None" = None) -> bool:
@@ -282,6 +296,7 @@ class RematCost:
     kept_mlp_side: np.ndarray  # of the MLP's checkpoints the backward reads, values kept on device per token
     attention_output_on_device: np.ndarray  # the attention output's values per token where it is kept on device
     attention_output_on_host: np.ndarray  # the same where it is offloaded
+    fetched_ahead: np.ndarray  # of the offloaded values, the layer input and `READ_BY_ATTENTION_BACKWARD`, per token
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections' FLOPs recomputed
     recompute_mlp: np.ndarray  # fraction of the MLP matmuls' FLOPs recomputed
     recompute_attention: np.ndarray  # forward attention passes recomputed
@@ -314,6 +329,8 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
             model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
             width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
             width([ATTENTION_OUTPUT], Placement.DEVICE), width([ATTENTION_OUTPUT], Placement.OFFLOAD),
+            model.hidden * (layer_input is Placement.OFFLOAD)
+            + width(READ_BY_ATTENTION_BACKWARD, Placement.OFFLOAD),
             fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),
             gathers + scatters)
 

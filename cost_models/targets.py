@@ -128,8 +128,8 @@ class TargetTraits:
             it (on device or on the host) holds from the forward to the backward where the
             strategy's output leaves the kernel through a collective (Ulysses, USP: the output
             all-to-all; elsewhere, `StrategySpec.output_relaid_from_residual`, the runtime names
-            only the kernel's residual and holds one). cpplan's runtime: 2, the kernel's residuals (named `context`, `runtime/splash.py`, and the ring's combined
-            output, `runtime/attention/ring.py`) in the kernel's layout and the layer's output
+            only the kernel's residual and holds one). cpplan's runtime: 2, the kernel's residuals
+            (named `context`, `runtime/splash.py`) in the kernel's layout and the layer's output
             (`DecoderLayer.attention`) in `[batch, seq, heads, head_dim]`, both named: read in its
             deviceless compiles (tpu7x `custom` at 8 and 16 layers, `while.198{6}` and `{8}`; its twin
             with the values in HBM, and the same twin on v5p, `while.193{5}`, `{7}`; the attention

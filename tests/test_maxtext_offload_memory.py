@@ -17,7 +17,7 @@ HEAD_GRADIENT = TOKENS * (VOCAB + HIDDEN) * 2
 # the gated MLP's two input-projection outputs and their two gradients, bf16, every token
 MLP_BACKWARD = 2 * 2 * TOKENS * INTERMEDIATE * 2
 # a layer's offloaded values its attention's backward reads, fetched from the host an iteration ahead
-# and held through its MLP's backward (cost_models.pricing.offload.fetched_ahead_per_token): q, k and
+# and held through its MLP's backward (the remat table's `fetched_ahead`): q, k and
 # v (32 + 2 · 8 heads of 128), or the layer's input, bf16, every token
 FETCHED_QKV, FETCHED_INPUT = TOKENS * (32 + 2 * 8) * 128 * 2, TOKENS * HIDDEN * 2
 FETCHED = {"minimal_offloaded": FETCHED_QKV, "qkv_proj_offloaded": FETCHED_QKV, "custom mlpwi=offload": 0,

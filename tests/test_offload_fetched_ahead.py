@@ -1,12 +1,12 @@
 """The offloaded values a layer's backward holds through its MLP's backward: the layer loop
 fetches a layer's offloaded values an iteration ahead, so those its attention's backward reads
 (its input, q, k, v, the attention output) are back in HBM while the MLP's backward runs, and the
-memory price counts them on the MLP side (cost_models.pricing.offload.fetched_ahead_per_token)."""
+memory price counts them on the MLP side (cost_models.remat: `READ_BY_ATTENTION_BACKWARD`, the remat
+table's `fetched_ahead` column)."""
 import pytest
 
 from cost_models.models import MODELS
-from cost_models.pricing.offload import fetched_ahead_per_token
-from cost_models.remat import LAYER_INPUT, POLICIES, custom_placements
+from cost_models.remat import LAYER_INPUT, POLICIES, custom_placements, remat_table
 from cost_models.units import MiB
 from cost_models.vocabulary import RematPolicy
 from planner import Plan, make_mesh
@@ -18,7 +18,7 @@ QKV_WIDTH = 32 * 128 + 2 * 8 * 128  # q, k and v of Llama 3.1 8B per token: 32 q
 
 
 def per_policy(custom=()):
-    return dict(zip(POLICIES, fetched_ahead_per_token(MODEL, custom_placements(custom))))
+    return dict(zip(POLICIES, remat_table(MODEL, custom_placements(custom)).fetched_ahead))
 
 
 def test_only_offloaded_values_the_attention_backward_reads_are_fetched_ahead():

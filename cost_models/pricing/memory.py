@@ -19,7 +19,6 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
-from cost_models.pricing.offload import fetched_ahead_per_token
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.vocabulary import Placement
@@ -144,9 +143,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     attention_early = (attention_before_mlp_backward(x, layout) * x.sequences_per_device * m.head_dim
                        * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
     # the layer's offloaded values its attention's backward reads, back from the host since its
-    # backward began (the layer loop's host reads run an iteration ahead: `fetched_ahead_per_token`)
-    fetched_ahead = tokens * (fetched_ahead_per_token(m, x.remat_custom)[x.remat]
-                              + extra_copies * remat.attention_output_on_host) / tensor
+    # backward began (the layer loop's host reads run an iteration ahead: `READ_BY_ATTENTION_BACKWARD`),
+    # an offloaded attention output in each of its copies
+    fetched_ahead = tokens * (remat.fetched_ahead + extra_copies * remat.attention_output_on_host) / tensor
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)

@@ -15,8 +15,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.models import ModelSpec
-from cost_models.remat import (ATTENTION_OUTPUT, CHECKPOINTS, LAYER_INPUT, POLICIES, QKV_CHECKPOINTS, CustomPlacements,
-                               is_read, offloaded_names, remat_code, remat_table)
+from cost_models.remat import CustomPlacements, remat_code, remat_table
 from cost_models.topology import Topology
 from cost_models.vocabulary import RematPolicy
 
@@ -26,40 +25,6 @@ def offloaded_bytes_per_layer(remat_cost_host, *, tokens_per_device, tensor, act
     split, every checkpoint being split over tensor) for the device's tokens, in the activation
     dtype. Arrays or floats."""
     return tokens_per_device * remat_cost_host / tensor * act_bytes
-
-
-# The offloaded values a layer's attention backward reads: its input (the first norm's, for the q/k/v
-# weight gradients), q, k, v and the attention output (the kernel's backward). The out projection,
-# read only to form the MLP's input, and the MLP's own values, offloaded chunk by chunk inside the
-# chunk loop and fetched chunk by chunk, are not among them.
-READ_BY_ATTENTION_BACKWARD = (LAYER_INPUT, *QKV_CHECKPOINTS, ATTENTION_OUTPUT)
-
-
-def fetched_ahead_per_token(model: ModelSpec, custom: CustomPlacements = ()) -> np.ndarray:
-    """Per policy (`POLICIES` order), the values per token (before the tensor split) of a layer's
-    offloaded values that are back in HBM through its MLP's backward.
-
-    The backward's layer loop pipelines its host reads: the copies back of a layer's offloaded
-    values start in the previous iteration and are carried into the layer's own, so they are in HBM
-    from the start of its backward, and each stays until its last reader. The MLP's backward runs
-    first, so what the attention's backward reads (`READ_BY_ATTENTION_BACKWARD`) is held through it.
-    Read in deviceless compiles at 8 layers, where the layer loops stay (libtpu 0.0.52; the
-    backward loop's carried `dynamic-slice-done`s on the host stacks, live at the MLP's peak):
-    v5p `minimal_offloaded`, fsdp 4 x tensor 2 (q, k, v: 96 MiB); checked on v5p
-    `qkv_proj_offloaded` and `custom` with the layer input (its input, 64 MiB, and q, k, v), tpu7x
-    `custom` (q, 64 MiB), the 16-layer compiles, and v5p `custom` with the attention output offloaded
-    (it comes back in the two layouts the runtime saves it in, of which the price counts one)
-    (benchmarks/results/bench_memory_offload.md, session 6).
-
-    Args:
-        model: the model.
-        custom: the placements the `custom` row stands for.
-    Returns:
-        One value per policy.
-    """
-    widths = {c.name: c.width(model) for c in CHECKPOINTS if is_read(c, model)} | {LAYER_INPUT: model.hidden}
-    return np.array([sum(widths.get(n, 0) for n in offloaded_names(policy, custom) if n in READ_BY_ATTENTION_BACKWARD)
-                     for policy in POLICIES], dtype=float)
 
 
 def host_capacity_bytes(topology: Topology) -> float:
