@@ -42,8 +42,9 @@ from cost_models.vocabulary import Placement, RematPolicy
 
 POLICIES = tuple(RematPolicy)
 
-# The attention output's name. Splash's own residuals (its output and log-sum-exp) and the ring's
-# go by it too, so a policy that keeps "context" does not run the attention forward again.
+# The attention output's name: splash's own residuals (its output and log-sum-exp) and the ring's
+# go by it, so a policy that keeps "context" does not run the attention forward again. The layer's
+# layout of that output is left unnamed (as in MaxText's attention op): it is kept once.
 ATTENTION_OUTPUT = "context"
 
 
@@ -294,8 +295,6 @@ class RematCost:
     saved_on_host: np.ndarray  # values offloaded to host memory per token per layer, the layer input where offloaded
     kept_attention_side: np.ndarray  # of the attention side's checkpoints, values kept on device per token
     kept_mlp_side: np.ndarray  # of the MLP's checkpoints the backward reads, values kept on device per token
-    attention_output_on_device: np.ndarray  # the attention output's values per token where it is kept on device
-    attention_output_on_host: np.ndarray  # the same where it is offloaded
     fetched_ahead: np.ndarray  # of the offloaded values, the layer input and `READ_BY_ATTENTION_BACKWARD`, per token
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections' FLOPs recomputed
     recompute_mlp: np.ndarray  # fraction of the MLP matmuls' FLOPs recomputed
@@ -328,7 +327,6 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
     return (model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
             model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
             width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
-            width([ATTENTION_OUTPUT], Placement.DEVICE), width([ATTENTION_OUTPUT], Placement.OFFLOAD),
             model.hidden * (layer_input is Placement.OFFLOAD)
             + width(READ_BY_ATTENTION_BACKWARD, Placement.OFFLOAD),
             fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),

@@ -124,19 +124,6 @@ class TargetTraits:
             runtime: `MLP_CHUNK_TOKENS`, each chunk its own checkpoint), or None where the MLP runs
             on all the device's tokens at once (MaxText: its `MlpBlock` has no chunk loop; its
             compiles hold `bf16[tokens, intermediate]` values, e.g. `bf16[32768,14336]` above).
-        attention_output_copies: how many copies of a layer's attention output a policy that keeps
-            it (on device or on the host) holds from the forward to the backward where the
-            strategy's output leaves the kernel through a collective (Ulysses, USP: the output
-            all-to-all; elsewhere, `StrategySpec.output_relaid_from_residual`, the runtime names
-            only the kernel's residual and holds one). cpplan's runtime: 2, the kernel's residuals
-            (named `context`, `runtime/splash.py`) in the kernel's layout and the layer's output
-            (`DecoderLayer.attention`) in `[batch, seq, heads, head_dim]`, both named: read in its
-            deviceless compiles (tpu7x `custom` at 8 and 16 layers, `while.198{6}` and `{8}`; its twin
-            with the values in HBM, and the same twin on v5p, `while.193{5}`, `{7}`; the attention
-            output offloaded to two host stacks, `bf16[8,1,8192,32,128]` and `bf16[8,32,8192,128]`:
-            benchmarks/results/bench_memory_offload.md, session 6). MaxText 0.2.5: 1, it names only
-            the kernel's residual `context` (maxtext/layers/attention_op.py,
-            `residual_checkpoint_name="context"`).
     """
 
     target: Target
@@ -152,7 +139,6 @@ class TargetTraits:
     offload_holds_mlp_backward: bool = False
     head_gradient_loop_devices: int | None = None
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
-    attention_output_copies: int = 1
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -161,7 +147,7 @@ TRAITS: dict[Target, TargetTraits] = {
     Target.CPPLAN: TargetTraits(Target.CPPLAN, loss_splits_vocabulary=True, logit_bytes=4,
                                 layer_gradients_all_step=True,
                                 ring_dq_partials=False, smem_bytes_per_block_pair=None,
-                                per_head_metadata=False, maxtext_rules=False, attention_output_copies=2),
+                                per_head_metadata=False, maxtext_rules=False),
     # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring kernel's per-key-block dq
     # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key, around
     # the kernel: shared/ANCHORS.md, bench_maxtext and its offload notes); splash metadata per head,

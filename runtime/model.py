@@ -28,8 +28,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cost_models.remat import (ATTENTION_OUTPUT, LAYER_INPUT, MLP_INPUT_CHECKPOINTS, QKV_CHECKPOINTS, kept_names,
-                                offloaded_names)
+from cost_models.remat import LAYER_INPUT, MLP_INPUT_CHECKPOINTS, QKV_CHECKPOINTS, kept_names, offloaded_names
 from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
@@ -317,7 +316,8 @@ class DecoderLayer(nn.Module):
     def attention(self, q, k, v, positions, segment_ids, *, constrain_heads: bool):
         """Both blocks' attention of the projected q, k, v: RoPE on q and k, then q, k, v named for
         the remat policy — after RoPE, as MaxText names them, so a kept q or k needs no RoPE again —,
-        and the plan's context-parallel attention, its output named `ATTENTION_OUTPUT`.
+        and the plan's context-parallel attention, whose kernel (or ring) saves its output as
+        `ATTENTION_OUTPUT`.
 
         Args:
             q, k, v: `[batch, seq, heads, head_dim]` projections, before RoPE.
@@ -334,12 +334,11 @@ class DecoderLayer(nn.Module):
         lay_out = (lambda t: self.constrain(t, HEADS)) if constrain_heads else (lambda t: t)
         q, k, v = (checkpoint_name(lay_out(t), name)
                    for t, name in zip((rope(q, positions), rope(k, positions), v), QKV_CHECKPOINTS))
-        ctx = sharded_attention(q, k, v, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids)
-        if self.plan.strategy_spec.output_relaid_from_residual:
-            # the kernel (or ring) already saves it as `ATTENTION_OUTPUT`; naming this relayout too
-            # would keep a second copy (as MaxText does not): the backward relays the saved one
-            return ctx
-        return checkpoint_name(ctx, ATTENTION_OUTPUT)
+        # the output is left unnamed: naming this layout of the saved residual too would keep a
+        # second copy (MaxText keeps one). The backward lays the saved one out again for the out
+        # projection's weight gradient: a local relayout, or behind Ulysses/USP the output
+        # all-to-all once more (priced in `cost_models.strategies.ulysses.all_to_all_cost`)
+        return sharded_attention(q, k, v, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids)
 
     def mlp_weights(self, w):
         """The MLP's parameters in the compute dtype: `(input projections, output projection)`, laid

@@ -193,13 +193,21 @@ def test_every_strategy_runtime_module_has_a_spec():
 
 # Policies that cover each way of placing a checkpoint: none kept, some kept, all kept, offloaded,
 # and per name. The rest are rows of the same table, checked by tests/test_remat_table.py; each
-# case here traces and compiles a layer (about 12 s), so CI runs these five.
+# case here traces and compiles a layer (about 12 s), so CI runs these five behind the ring and two
+# behind Ulysses.
 RUNTIME_POLICIES = (RematPolicy.FULL, RematPolicy.SAVE_QKV_PROJ, RematPolicy.MINIMAL_WITH_CONTEXT,
                     RematPolicy.MINIMAL_OFFLOADED, RematPolicy.CUSTOM)
 
 
-@pytest.mark.parametrize("policy", RUNTIME_POLICIES)
-def test_runtime_keeps_what_the_remat_table_says(policy):
+# every policy behind the ring; behind Ulysses' all-to-all, one that keeps the attention output and
+# one that recomputes it
+RESIDUAL_CASES = [*((p, "ring") for p in RUNTIME_POLICIES),
+                  (RematPolicy.MINIMAL_WITH_CONTEXT, "ulysses"), (RematPolicy.FULL, "ulysses")]
+RESIDUAL_MESHES = {"ring": (make_mesh(context=8), 1), "ulysses": (make_mesh(context_ulysses=4, fsdp=2), 2)}
+
+
+@pytest.mark.parametrize("policy, strategy", RESIDUAL_CASES)
+def test_runtime_keeps_what_the_remat_table_says(policy, strategy):
     """A decoder layer names exactly the table's checkpoints, and under each policy jax saves for
     the backward exactly the named values the table keeps. (The MLP runs in token chunks, each its
     own checkpoint under the same policy, so its values are saved inside the chunk loop, where jax
@@ -209,10 +217,11 @@ def test_runtime_keeps_what_the_remat_table_says(policy):
 
     from runtime.model import DecoderLayer, remat_policy
 
-    plan = Plan(model=MODELS["tiny"], topology="cpu:8", seq_len=1024, global_batch=1, mesh=make_mesh(context=8),
-                cp_strategy="ring", remat=policy, param_dtype="float32", compute_dtype="float32")
+    mesh, batch = RESIDUAL_MESHES[strategy]
+    plan = Plan(model=MODELS["tiny"], topology="cpu:8", seq_len=1024, global_batch=batch, mesh=mesh,
+                cp_strategy=strategy, remat=policy, param_dtype="float32", compute_dtype="float32")
     layer = nn.remat(DecoderLayer, policy=remat_policy(policy), prevent_cse=False)(plan, build_mesh(plan))
-    x, positions = jnp.zeros((1, plan.seq_len, plan.model.hidden)), jnp.zeros((1, plan.seq_len), jnp.int32)
+    x, positions = jnp.zeros((batch, plan.seq_len, plan.model.hidden)), jnp.zeros((batch, plan.seq_len), jnp.int32)
     params = layer.init(jax.random.PRNGKey(0), x, positions)
     loss = lambda p, x: layer.apply(p, x, positions)[0].sum()  # noqa: E731
 
@@ -224,13 +233,12 @@ def test_runtime_keeps_what_the_remat_table_says(policy):
         print_saved_residuals(loss, params, x)
     saved = {n for n in names if f"named '{n}'" in out.getvalue()}
     mlp = {c.name for c in CHECKPOINTS if c.block is Block.MLP}
-    # the ring's output leaves the kernel as a local relayout, which the layer leaves unnamed: a kept
-    # attention output is the ring's own residuals (its output and log-sum-exp), saved as they leave
-    # its shard_map, where jax no longer reports their name
-    assert plan.strategy_spec.output_relaid_from_residual
+    # the layer leaves its layout of the attention output unnamed (behind Ulysses, the output
+    # all-to-all's result): a kept attention output is the kernel's (or ring's) own residuals, its
+    # output and log-sum-exp, saved as they leave the shard_map, where jax no longer reports their name
     assert saved == set(kept_names(policy)) - mlp - {ATTENTION_OUTPUT}
-    ring_residuals = out.getvalue().count("(sharded_attention)")
-    assert ring_residuals == (2 if ATTENTION_OUTPUT in kept_names(policy) else 0)
+    residuals = out.getvalue().count("(sharded_attention)")
+    assert residuals == (2 if ATTENTION_OUTPUT in kept_names(policy) else 0)
     # jax reports an offloaded residual as a host array, without its name (the MLP's leave its
     # chunk loop as host arrays); the MLP's output, which no backward reads, is not one
     read = {c.name for c in CHECKPOINTS if c.read_by_backward}

@@ -86,7 +86,7 @@ def layer_gradient_bytes(x: Candidates) -> np.ndarray:
 
 
 def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
-                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS, attention_output_copies: int) -> MemoryBytes:
+                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS) -> MemoryBytes:
     """HBM each candidate holds per device, by component.
 
     Args:
@@ -95,9 +95,6 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         context_buffer_bytes: what the strategy's own traffic holds at the peak of one layer.
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward, or None where
             the MLP runs on all of them at once (the target's `mlp_chunk_tokens`).
-        attention_output_copies: copies of a kept attention output the runtime holds where a
-            collective lies between the kernel and the layer's output (the target's
-            `attention_output_copies`); one where the strategy's `output_relaid_from_residual`.
     Returns:
         Their `MemoryBytes`.
     """
@@ -108,12 +105,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     shards = group * tensor
     # every kept value is split over tensor: heads and MLP columns, or the sequence between the
     # tensor-parallel matmuls (sequence parallelism)
-    # a kept attention output's further copies (another layout of the same values) count with it,
-    # but only where the strategy's layer output is not a mere local relayout of the kernel's
-    # saved residual (there the runtime leaves the relayout unnamed and holds one copy)
-    relaid = STRATEGIES[x.strategy].output_relaid_from_residual
-    extra_copies = 0 if relaid else attention_output_copies - 1
-    saved = (remat.saved_on_device + extra_copies * remat.attention_output_on_device) / tensor * a
+    saved = remat.saved_on_device / tensor * a
     # one layer's backward: the gradient of every value, and the values the policy does not keep
     # on device (recomputed, or back from the host; the kept ones are counted in `activations`).
     # The attention side for every token (the residual and, in a sequential block, the out
@@ -143,9 +135,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     attention_early = (attention_before_mlp_backward(x, layout) * x.sequences_per_device * m.head_dim
                        * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
     # the layer's offloaded values its attention's backward reads, back from the host since its
-    # backward began (the layer loop's host reads run an iteration ahead: `READ_BY_ATTENTION_BACKWARD`),
-    # an offloaded attention output in each of its copies
-    fetched_ahead = tokens * (remat.fetched_ahead + extra_copies * remat.attention_output_on_host) / tensor
+    # backward began (the layer loop's host reads run an iteration ahead: `READ_BY_ATTENTION_BACKWARD`)
+    fetched_ahead = tokens * remat.fetched_ahead / tensor
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)

@@ -19,7 +19,6 @@ class AllGather(StrategySpec):
     strategy = CPStrategy.ALL_GATHER
     axes = AxisRule(context=True, context_ulysses=False)
     collective = "all-gather K/V"
-    output_relaid_from_residual = True  # its kernel output needs only a local relayout
     maxtext_name = CPStrategy.ALL_GATHER.value
 
     def layout(self, x) -> Layout:

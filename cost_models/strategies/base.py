@@ -126,10 +126,6 @@ class StrategySpec:
     collective: str
     balances_load: bool = True
     hides_traffic_behind_attention = False  # its transfers overlap the attention of the block in hand
-    # the layer-layout attention output is only a local relayout of the kernel's (or ring's) saved
-    # `context` residual, so the runtime leaves it unnamed and a policy keeping `context` holds one
-    # copy; where a collective lies between them (Ulysses, USP) it names it too and holds two
-    output_relaid_from_residual = False
 
     @property
     def name(self) -> str:

@@ -12,7 +12,6 @@ class NoContext(StrategySpec):
     strategy = CPStrategy.NONE
     axes = AxisRule(context=False, context_ulysses=False)
     collective = "none"
-    output_relaid_from_residual = True  # its kernel output needs only a local relayout
     balances_load = False
     # MaxText has no "none": all-gather over a context axis of 1 gathers nothing
     maxtext_name = CPStrategy.ALL_GATHER.value

@@ -65,7 +65,6 @@ class Ring(StrategySpec):
     strategy = CPStrategy.RING
     axes = AxisRule(context=True, context_ulysses=False)
     collective = "ring ppermute K/V"
-    output_relaid_from_residual = True  # its kernel output needs only a local relayout
     maxtext_name = CPStrategy.RING.value
     maxtext_tokamax_splash = True
     maxtext_ring_kernel = True

@@ -1,7 +1,9 @@
 """DeepSpeed-Ulysses over `context_ulysses`: all-to-all from sequence shards to head shards.
 
-Four all-to-alls forward (q, k, v in; the output back); backward: q, k, v in again (unless a
-recomputed forward just did it), d_out in, dq, dk, dv back. None overlapped.
+Four all-to-alls forward (q, k, v in; the output back); backward: q, k, v in again and the output
+back again (unless a recomputed forward just did them), d_out in, dq, dk, dv back. None overlapped.
+The output goes back again because only the kernel's residual is kept (`runtime.model`, as
+MaxText): the out projection's weight gradient reads the output in the layer's layout.
 Query heads per tensor shard must split over the Ulysses degree. KV heads are replicated up to
 the least common multiple of their count and the degree (a grouped-query model with fewer KV
 heads than the degree, or counts where neither divides the other), and that replication is
@@ -45,7 +47,12 @@ def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
 
 
 def all_to_all_cost(x, layout: Layout):
-    """(forward, backward, backward a recompute makes unnecessary) all-to-all time of one layer."""
+    """(forward, backward, backward a recompute makes unnecessary) all-to-all time of one layer.
+
+    A remat policy that keeps the attention output keeps the kernel's residual only, in the head
+    layout, so the backward sends it back to the layer's layout again for the out projection's
+    weight gradient; a recomputed forward has just done so (its output all-to-all), as it has
+    brought q, k, v in."""
     local_tokens = x.sequences_per_device * x.seq_len / (x.ring * x.ulysses)
 
     def a2a(heads):  # one array of `heads` heads per device after the exchange
@@ -55,8 +62,8 @@ def all_to_all_cost(x, layout: Layout):
     q, kv = a2a(layout.q_heads), a2a(layout.kv_heads)
     qkv_in = q + 2 * kv
     forward = qkv_in + q  # q, k, v in; the output back
-    backward = qkv_in + q + q + 2 * kv  # q, k, v in again; d_out in; dq, dk, dv back
-    return forward, backward, qkv_in
+    backward = forward + q + q + 2 * kv  # q, k, v in and the output back again; d_out in; dq, dk, dv back
+    return forward, backward, forward  # a recomputed forward has just run the four repeated ones
 
 
 def maxtext_ulysses_problems(shape: Shape) -> list[str]:
