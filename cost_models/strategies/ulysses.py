@@ -47,12 +47,10 @@ def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
 
 
 def all_to_all_cost(x, layout: Layout):
-    """(forward, backward, backward a recompute makes unnecessary) all-to-all time of one layer.
+    """(forward, backward) all-to-all time of one layer.
 
-    A remat policy that keeps the attention output keeps the kernel's residual only, in the head
-    layout, so the backward sends it back to the layer's layout again for the out projection's
-    weight gradient; a recomputed forward has just done so (its output all-to-all), as it has
-    brought q, k, v in."""
+    The backward repeats the four forward all-to-alls (see the module's docstring), so a recomputed
+    forward makes exactly the forward's time unnecessary: callers pass it as `recompute_reuses_s`."""
     local_tokens = x.sequences_per_device * x.seq_len / (x.ring * x.ulysses)
 
     def a2a(heads):  # one array of `heads` heads per device after the exchange
@@ -63,7 +61,7 @@ def all_to_all_cost(x, layout: Layout):
     qkv_in = q + 2 * kv
     forward = qkv_in + q  # q, k, v in; the output back
     backward = forward + q + q + 2 * kv  # q, k, v in and the output back again; d_out in; dq, dk, dv back
-    return forward, backward, forward  # a recomputed forward has just run the four repeated ones
+    return forward, backward
 
 
 def maxtext_ulysses_problems(shape: Shape) -> list[str]:
@@ -100,11 +98,11 @@ class Ulysses(StrategySpec):
         return ulysses_layout(x, ones, ones * x.seq_len)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
-        fwd, bwd, reuse = all_to_all_cost(x, layout)
+        fwd, bwd = all_to_all_cost(x, layout)
         full = x.sequences_per_device * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim \
             * x.act_bytes
         # q, k, v, out at full length, and their gradients
-        return CPCost(fwd, bwd, fwd, bwd, 2 * full, recompute_reuses_s=reuse)
+        return CPCost(fwd, bwd, fwd, bwd, 2 * full, recompute_reuses_s=fwd)
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return f"ulysses (all-to-all) over context_ulysses={ulysses}"

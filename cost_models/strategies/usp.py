@@ -30,14 +30,14 @@ class USP(StrategySpec):
         return ring_calls(x, layout)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
-        a2a_fwd, a2a_bwd, reuse = all_to_all_cost(x, layout)
+        a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, layout.kv_heads)
         block = x.sequences_per_device * x.seq_len / x.ring * (2 * layout.q_heads + 2 * layout.kv_heads) \
             * x.model.head_dim * x.act_bytes
         return CPCost(a2a_fwd + ring.forward_s, a2a_bwd + ring.backward_s,
                       a2a_fwd + ring.exposed_forward_s, a2a_bwd + ring.exposed_backward_s,
                       ring.buffer_bytes + 2 * block,
-                      recompute_reuses_s=reuse + ring.recompute_reuses_s)
+                      recompute_reuses_s=a2a_fwd + ring.recompute_reuses_s)
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return f"usp: ulysses {ulysses} inside × ring {ring} across{', zigzag' if zigzag else ''}"
