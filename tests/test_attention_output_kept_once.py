@@ -42,17 +42,12 @@ def test_an_offloaded_attention_output_comes_back_once(target, strategy):
 
 
 def _ulysses_cost():
-    from cost_models.candidates import Candidates, LinkColumns
-    from cost_models.case import Case
+    from small_candidates import one_candidate
+
     from cost_models.strategies import STRATEGIES
-    from cost_models.topology import get_topology
     from cost_models.vocabulary import CPStrategy
 
-    link = LinkColumns([1e9], [0.0])
-    x = Candidates(case=Case(MODELS["small"], get_topology("v5p:2x2x1"), seq_len=2048, global_batch=1),
-                   strategy=CPStrategy.ULYSSES, data=[1], fsdp=[1], ring=[1], ulysses=[4], tensor=[1], remat=[0],
-                   zigzag=[False], block_q=[128], block_kv=[128],
-                   links={k: link for k in ("data", "weights", "tensor", "context", "ulysses")}, ring_link=link)
+    x = one_candidate(CPStrategy.ULYSSES, ulysses=4)
     spec = STRATEGIES[CPStrategy.ULYSSES]
     return spec.cost(x, spec.layout(x), 0.0)
 

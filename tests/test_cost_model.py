@@ -185,18 +185,13 @@ def test_interpreted_splash_pays_per_grid_step_and_operand_byte():
 
 def test_ring_kernel_calls_as_the_runtime_makes_them():
     import numpy as np
+    from small_candidates import one_candidate
 
-    from cost_models.candidates import Candidates, LinkColumns
-    from cost_models.case import Case
     from cost_models.strategies import STRATEGIES
-    from cost_models.topology import get_topology
     from cost_models.vocabulary import CPStrategy
 
     def calls(topology, zigzag):
-        links = {k: LinkColumns([1e9], [0.0]) for k in ("data", "weights", "tensor", "context", "ulysses")}
-        x = Candidates(case=Case(MODELS["small"], get_topology(topology), seq_len=2048, global_batch=1),
-                       strategy=CPStrategy.RING, data=[1], fsdp=[1], ring=[4], ulysses=[1], tensor=[1], remat=[0],
-                       zigzag=[zigzag], block_q=[128], block_kv=[128], links=links, ring_link=LinkColumns([1e9], [0.0]))
+        x = one_candidate(CPStrategy.RING, topology, ring=4, zigzag=zigzag)
         ring = STRATEGIES[CPStrategy.RING]
         return [(float(c.count[0] if np.ndim(c.count) else c.count), float(np.ravel(c.q_len)[0]),
                  float(np.ravel(c.kv_len)[0])) for c in ring.kernel_calls(x, ring.layout(x))]
