@@ -128,6 +128,17 @@ def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, LinkColum
     return cols, LinkColumns(np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx]))
 
 
+# the mesh axes each collective group runs over: the weights are sharded over fsdp and the
+# context axes (their gathers and reduce-scatters span all three)
+GROUP_AXES: dict[str, tuple[str, ...]] = {
+    "data": ("data",),
+    "weights": ("fsdp", "context", "context_ulysses"),
+    "tensor": ("tensor",),
+    "context": ("context",),
+    "ulysses": ("context_ulysses",),
+}
+
+
 def group_links(links_of: Callable[[tuple[Segment, ...]], AxisLinks],
                 segments: dict[str, tuple[Segment, ...]]) -> dict[str, AxisLinks]:
     """The links each collective group gets from the mesh axes' physical segments.
@@ -136,12 +147,6 @@ def group_links(links_of: Callable[[tuple[Segment, ...]], AxisLinks],
         links_of: prices a tuple of segments (`Topology.links`).
         segments: mesh axis name → its segments.
     Returns:
-        Collective group (data, weights, tensor, context, ulysses) → its `AxisLinks`.
+        Collective group (`GROUP_AXES`) → its `AxisLinks`.
     """
-    return {
-        "data": links_of(segments["data"]),
-        "weights": links_of(segments["fsdp"] + segments["context"] + segments["context_ulysses"]),
-        "tensor": links_of(segments["tensor"]),
-        "context": links_of(segments["context"]),
-        "ulysses": links_of(segments["context_ulysses"]),
-    }
+    return {group: links_of(sum((segments[a] for a in axes), ())) for group, axes in GROUP_AXES.items()}

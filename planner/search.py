@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cost_models.candidates import Candidates, LinkColumns, group_links, link_columns
+from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, link_columns
 from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import splash_smem_bytes, splash_vmem_problem
 from cost_models.errors import CpplanError
@@ -224,18 +224,20 @@ class _Placements:
     def _within_slice(self, sizes: tuple[int, ...]) -> list[Placement]:
         """The placements of a mesh of one slice's devices that give distinct links."""
         dims = self.topo.physical_dims
-        trivial = [a for a, s in zip(AXES, sizes) if s == 1]
+        trivial = tuple(a for a, s in zip(AXES, sizes) if s == 1)
         active = [a for a, s in zip(AXES, sizes) if s > 1]
         size_of = dict(zip(AXES, sizes))
         out, seen = [], set()
         for axis_perm in itertools.permutations(active):
-            order = tuple(trivial) + axis_perm
+            order = trivial + axis_perm
+            # axes of size 1 take no part of any dimension: the segments are the active axes'
+            axis_sizes = tuple(size_of[a] for a in axis_perm)
+            position = {a: i for i, a in enumerate(axis_perm)}
+            groups = {group: tuple(position[a] for a in axes if a in position) for group, axes in GROUP_AXES.items()}
             for perm in self.phys_orders:
-                segs = axis_segments(tuple(size_of[a] for a in order), tuple(dims[i].size for i in perm))
-                if segs is None:
+                if self._segments(axis_sizes, perm) is None:
                     continue
-                by_axis = {a: tuple(type(s)(perm[s.dim], s.size, s.stride) for s in ss) for a, ss in zip(order, segs)}
-                links = group_links(self._links, by_axis)
+                links = {group: self._group_links(axis_sizes, perm, at) for group, at in groups.items()}
                 key = tuple((l.collective_bw_bytes_per_s, l.collective_latency_s, l.ring_bw_bytes_per_s,
                              l.ring_latency_s) for l in links.values())
                 if key not in seen:
@@ -243,6 +245,22 @@ class _Placements:
                     out.append(Placement(order, tuple(dims[i].name for i in perm), links))
         return out
 
+    @lru_cache(maxsize=None)
+    def _segments(self, axis_sizes: tuple[int, ...], perm: tuple[int, ...]) -> tuple | None:
+        """Each axis's segments (`axis_segments`) with the physical dimensions in `perm` order,
+        as indices into the topology's dimensions; shared by every mesh whose axes have these sizes."""
+        dims = self.topo.physical_dims
+        segs = axis_segments(axis_sizes, tuple(dims[i].size for i in perm))
+        if segs is None:
+            return None
+        return tuple(tuple(type(s)(perm[s.dim], s.size, s.stride) for s in ss) for ss in segs)
+
+    @lru_cache(maxsize=None)
+    def _group_links(self, axis_sizes: tuple[int, ...], perm: tuple[int, ...], at: tuple[int, ...]) -> AxisLinks:
+        """The links of a collective group over the axes at positions `at` of a placement (the
+        lookup by small integers saves hashing segments: the search makes hundreds of thousands)."""
+        segs = self._segments(axis_sizes, perm)
+        return self._links(sum((segs[i] for i in at), ()))
 
     @lru_cache(maxsize=None)
     def link_table(self, sizes: tuple[int, ...]) -> tuple[dict[str, LinkColumns], LinkColumns]:
@@ -263,7 +281,6 @@ def _placements(topo: Topology) -> _Placements:
     return _Placements(topo)
 
 
-@lru_cache(maxsize=None)
 class _Verdict(NamedTuple):
     """A (mesh, strategy, balancing) candidate before the batch: its batch shards, and the rule it
     breaks whatever the batch (`always`) or unless the batch splits (`structural`)."""

@@ -118,7 +118,9 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
-    head_piece = np.vectorize(lambda t: (m.vocab // int(t)) / vocab_pieces(m.vocab // int(t)), otypes=[float])(tensor)
+    # one piece's columns for each tensor degree present (a search prices few degrees over many rows)
+    degrees, which = np.unique(np.asarray(tensor, dtype=int), return_inverse=True)
+    head_piece = np.array([(m.vocab // t) / vocab_pieces(m.vocab // t) for t in degrees])[which].reshape(np.shape(tensor))
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
     mlp_matrix = m.hidden * m.intermediate / tensor
     # the chunk loop reads every MLP matrix for every chunk, so all are gathered before it and held

@@ -22,10 +22,13 @@ from cost_models.strategies.base import (AxisRule, CPCost, Layout, Shape, Strate
 from cost_models.vocabulary import CPStrategy
 
 
-def replicated_kv_heads(kv_heads: int, ulysses: int) -> int:
+def replicated_kv_heads(kv_heads, ulysses):
     """KV heads of one tensor shard after replication for the all-to-all: the least multiple of
-    the degree that is a multiple of `kv_heads` (then every device gets whole, equal groups)."""
-    return math.lcm(int(kv_heads), int(ulysses))
+    the degree that is a multiple of `kv_heads` (then every device gets whole, equal groups).
+    Ints, or arrays of whole numbers (one per candidate)."""
+    if np.ndim(kv_heads) == 0 and np.ndim(ulysses) == 0:
+        return math.lcm(int(kv_heads), int(ulysses))
+    return np.lcm(np.asarray(kv_heads, dtype=int), np.asarray(ulysses, dtype=int))
 
 
 def ulysses_heads_rule(shape: Shape) -> Violation | None:
@@ -41,7 +44,7 @@ def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
     """Heads per device after the all-to-all, over `seq_len_in_kernel` tokens (USP reuses it)."""
     ulysses = np.asarray(x.ulysses, dtype=float)
     per_shard = kv_heads_per_tensor_shard(x.model, x.tensor)
-    kv = np.vectorize(replicated_kv_heads, otypes=[float])(per_shard, ulysses) / ulysses
+    kv = replicated_kv_heads(per_shard, ulysses) / ulysses
     return Layout(x.model.num_heads / (np.asarray(x.tensor, dtype=float) * ulysses), kv, ring, seq_len_in_kernel,
                   seq_len_in_kernel)
 
