@@ -29,7 +29,7 @@ ATTENTION_CASES = [
     ("none", {}, 256, False),
     ("all_gather", dict(context=4, data=2), 1024, True),
     ("ring", dict(context=4, data=2), 1024, True),
-    ("ring", dict(context=2, data=2, tensor=2), 512, False),
+    pytest.param("ring", dict(context=2, data=2, tensor=2), 512, False, marks=pytest.mark.release_repeat),
     ("ulysses", dict(context_ulysses=4, data=2), 512, False),
     ("usp", dict(context=2, context_ulysses=2, data=2), 1024, True),
 ]
@@ -67,7 +67,7 @@ def block_diagonal_reference(q, k, v, ids, d_out):
 
 @pytest.mark.parametrize("strategy,mesh,seq_len,zigzag", ATTENTION_CASES,
                          ids=[f"{c[0]}-{'x'.join(map(str, c[1].values())) or '1'}-{'zigzag' if c[3] else 'plain'}"
-                              for c in ATTENTION_CASES])
+                              for c in (getattr(case, "values", case) for case in ATTENTION_CASES)])
 def test_packed_attention_equals_block_diagonal_reference(strategy, mesh, seq_len, zigzag):
     model = ModelSpec("pack-test", 1, 64, HEADS, KV_HEADS, HEAD_DIM, 128, 256)
     plan = make_plan(strategy, mesh, seq_len, zigzag, model=model)
@@ -121,9 +121,9 @@ def rows():
 
 
 @pytest.mark.parametrize("strategy,mesh,zigzag", [
-    ("none", {}, False),
+    pytest.param("none", {}, False, marks=pytest.mark.release_repeat),
     ("usp", dict(context=2, context_ulysses=2, data=2), True),
-    ("ring", dict(context=4, fsdp=2), True),
+    pytest.param("ring", dict(context=4, fsdp=2), True, marks=pytest.mark.release_repeat),
 ])
 def test_packed_loss_does_not_depend_on_document_order(rows, strategy, mesh, zigzag, tmp_path):
     """Each document's loss is its own: swapping the two documents of every row leaves the
@@ -154,9 +154,12 @@ def test_packed_loss_does_not_depend_on_document_order(rows, strategy, mesh, zig
 
 
 @pytest.mark.tpu_compile
-@pytest.mark.parametrize("strategy,mesh", [("all_gather", dict(context=4)), ("ring", dict(context=4)),
-                                           ("ulysses", dict(context_ulysses=4)),
-                                           ("usp", dict(context=2, context_ulysses=2))])
+@pytest.mark.parametrize("strategy,mesh", [
+    pytest.param("all_gather", dict(context=4), marks=pytest.mark.release_repeat),
+    pytest.param("ring", dict(context=4), marks=pytest.mark.release_repeat),
+    pytest.param("ulysses", dict(context_ulysses=4), marks=pytest.mark.release_repeat),
+    ("usp", dict(context=2, context_ulysses=2)),  # its layout has the others' all-to-all and ring
+])
 def test_packed_step_compiles_for_tpu(strategy, mesh):
     """Splash with segment ids (mapped over the batch) lowers through Mosaic for a TPU, deviceless."""
     pytest.importorskip("libtpu")

@@ -46,11 +46,14 @@ CUSTOM = {"query_proj": "offload", "key_proj": "device", "context": "device", "m
 
 @pytest.mark.parametrize("strategy,mesh,zigzag,remat,chunk,small_pieces", [
     ("ring", dict(context=4, data=2), True, "full", 128, True),
-    ("all_gather", dict(context=4, fsdp=2), True, "save_dot_except_mlp", 0, False),
+    pytest.param("all_gather", dict(context=4, fsdp=2), True, "save_dot_except_mlp", 0, False,
+                 marks=pytest.mark.release_repeat),
     ("ulysses", dict(context_ulysses=4, tensor=2), False, "minimal_with_context", 128, True),
     # the ring's residuals are kept under this policy (no second walk round the ring)
-    ("ring", dict(context=4, data=2), True, "minimal_with_context", 0, False),
-    ("usp", dict(context=2, context_ulysses=2, data=2), True, "full", 0, False),
+    pytest.param("ring", dict(context=4, data=2), True, "minimal_with_context", 0, False,
+                 marks=pytest.mark.release_repeat),
+    pytest.param("usp", dict(context=2, context_ulysses=2, data=2), True, "full", 0, False,
+                 marks=pytest.mark.release_repeat),
     ("usp", dict(context=4, context_ulysses=2), False, "full", 512, False),
     # sequence parallelism over tensor with activations offloaded to host memory
     ("ring", dict(context=2, fsdp=2, tensor=2), True, "qkv_proj_offloaded", 128, True),
@@ -84,6 +87,7 @@ def test_layer_weight_arrays_are_the_ones_the_cost_model_gathers():
     assert len(layer_arrays) == weight_arrays_per_layer(plan.model) == 9  # a gated sequential layer
 
 
+@pytest.mark.release_repeat  # the ring step of the first case, over more steps
 def test_loss_falls_on_real_text():
     plan = Plan(model=get_model("tiny"), topology="cpu:8", seq_len=1024, global_batch=2,
                 mesh=make_mesh(context=4, data=2), cp_strategy="ring", load_balance="zigzag", block_q=128,
