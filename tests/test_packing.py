@@ -23,15 +23,21 @@ pytestmark = pytest.mark.cpu_mesh
 HEADS, KV_HEADS, HEAD_DIM, BATCH = 8, 2, 16, 2
 TOLERANCE = 1e-4  # fp32, as the unpacked attention tests
 
+def attention_case(strategy, mesh, seq_len, zigzag, marks=()):
+    """One case of `ATTENTION_CASES`, named by its strategy, mesh sizes and balancing."""
+    return pytest.param(strategy, mesh, seq_len, zigzag, marks=marks,
+                        id=f"{strategy}-{'x'.join(map(str, mesh.values())) or '1'}-{'zigzag' if zigzag else 'plain'}")
+
+
 # strategy, mesh, seq_len, zigzag: every strategy, with batch rows split over 'data' so that
 # each device's rows hold different documents
 ATTENTION_CASES = [
-    ("none", {}, 256, False),
-    ("all_gather", dict(context=4, data=2), 1024, True),
-    ("ring", dict(context=4, data=2), 1024, True),
-    pytest.param("ring", dict(context=2, data=2, tensor=2), 512, False, marks=pytest.mark.release_repeat),
-    ("ulysses", dict(context_ulysses=4, data=2), 512, False),
-    ("usp", dict(context=2, context_ulysses=2, data=2), 1024, True),
+    attention_case("none", {}, 256, False),
+    attention_case("all_gather", dict(context=4, data=2), 1024, True),
+    attention_case("ring", dict(context=4, data=2), 1024, True),
+    attention_case("ring", dict(context=2, data=2, tensor=2), 512, False, marks=pytest.mark.release_repeat),
+    attention_case("ulysses", dict(context_ulysses=4, data=2), 512, False),
+    attention_case("usp", dict(context=2, context_ulysses=2, data=2), 1024, True),
 ]
 
 
@@ -65,9 +71,7 @@ def block_diagonal_reference(q, k, v, ids, d_out):
     return out, vjp(d_out)
 
 
-@pytest.mark.parametrize("strategy,mesh,seq_len,zigzag", ATTENTION_CASES,
-                         ids=[f"{c[0]}-{'x'.join(map(str, c[1].values())) or '1'}-{'zigzag' if c[3] else 'plain'}"
-                              for c in (getattr(case, "values", case) for case in ATTENTION_CASES)])
+@pytest.mark.parametrize("strategy,mesh,seq_len,zigzag", ATTENTION_CASES)
 def test_packed_attention_equals_block_diagonal_reference(strategy, mesh, seq_len, zigzag):
     model = ModelSpec("pack-test", 1, 64, HEADS, KV_HEADS, HEAD_DIM, 128, 256)
     plan = make_plan(strategy, mesh, seq_len, zigzag, model=model)

@@ -120,7 +120,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     # one piece's columns for each tensor degree present (a search prices few degrees over many rows)
     degrees, which = np.unique(np.asarray(tensor, dtype=int), return_inverse=True)
-    head_piece = np.array([(m.vocab // t) / vocab_pieces(m.vocab // t) for t in degrees])[which].reshape(np.shape(tensor))
+    piece_of_degree = np.array([(m.vocab // t) / vocab_pieces(m.vocab // t) for t in degrees])
+    head_piece = piece_of_degree[which].reshape(np.shape(tensor))
     largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
     mlp_matrix = m.hidden * m.intermediate / tensor
     # the chunk loop reads every MLP matrix for every chunk, so all are gathered before it and held
