@@ -676,7 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "calibrate", cmd_calibrate, "measure this machine's devices and write a chip row")
     p.add_argument("--topology", required=True, help="the devices present, e.g. cpu:8")
     p.add_argument("--dtype", default="float32", help="compute dtype measured (float32 on a CPU host)")
-    p.add_argument("--repeats", type=_at_least(1), default=5, help="timed repetitions per figure (the fastest is kept)")
+    p.add_argument("--repeats", type=_at_least(1), default=5,
+                   help="timed repetitions per figure, at least (calls under 0.2 s repeat until 0.2 s is timed); "
+                        "the fastest is kept")
     p.add_argument("--model", help="measure attention with this model's heads (default: 8 query, 4 kv heads of 32)")
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
 

@@ -10,8 +10,8 @@ next to the XLA TPU compiler's, with the fit verdict of each.
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
 does not fit. Llama 3.1 8B's shapes with few layers (memory per layer is uniform; a row that
-must not fit keeps all 32; the offload rows also at 8 and 16 layers, where the compiler keeps the
-layer loops it peels and inlines at 2), short sequences so each compile takes seconds to a few minutes. Targets:
+must not fit keeps all 32; the offload rows also at 1, 3, 8 and 16 layers, where the compiler keeps
+the layer loops it peels and inlines at 2), short sequences so each compile takes seconds to a few minutes. Targets:
 the prediction within 10% of the compiler on every row, and the same fit verdict on every row.
 
 The unconstrained figure is what the compiler holds when it has the chip's whole HBM, and with HBM
@@ -112,6 +112,16 @@ ROWS = [
      dict(remat="custom", remat_custom=OFFLOAD_SOME)),
     ("v5p fsdp8 offload custom context 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
      dict(remat="custom", remat_custom=CONTEXT_OFFLOADED)),
+    # Either side of the depth at which the layer loops of an offloading step survive the compiler's
+    # peel (cost_models.remat.FLAT_OFFLOAD_MAX_LAYERS): at 3 they do, at 1 there is no loop
+    ("v5p fsdp4 tensor2 offload minimal_offloaded 3 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8,
+     3, dict(remat="minimal_offloaded")),
+    ("v5p fsdp4 tensor2 offload minimal_offloaded 1 layer", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8,
+     1, dict(remat="minimal_offloaded")),
+    ("tpu7x fsdp4 tensor2 offload custom 1 layer", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 1,
+     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
+    ("tpu7x fsdp4 tensor2 custom 1 layer: the offload row's values in HBM", "tpu7x:2x2x1", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 1, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
 ]
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from cost_models.case import Case, ReadsCase
 from cost_models.collectives import Collectives
-from cost_models.remat import RematCost, remat_table
+from cost_models.remat import RematCost, offloads_leave_hbm, remat_table
 from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
 
@@ -109,7 +109,17 @@ class Candidates(ReadsCase):
     @cached_property
     def remat_columns(self) -> RematCost:
         """What each candidate's remat policy keeps and recomputes, one entry per candidate."""
-        table = remat_table(self.model, self.remat_custom)
+        return self._per_candidate(remat_table(self.model, self.remat_custom))
+
+    @cached_property
+    def held_remat_columns(self) -> RematCost:
+        """What each candidate's policy holds in HBM: `remat_columns`, or, where the step's offloads
+        do not leave HBM (`offloads_leave_hbm`), the same with every offloaded value kept on device."""
+        if offloads_leave_hbm(self.topology.chip.kind, self.model.num_layers):
+            return self.remat_columns
+        return self._per_candidate(remat_table(self.model, self.remat_custom, offload_in_hbm=True))
+
+    def _per_candidate(self, table: RematCost) -> RematCost:
         return RematCost(**{f.name: getattr(table, f.name)[self.remat] for f in dataclasses.fields(table)})
 
 

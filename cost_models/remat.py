@@ -36,6 +36,7 @@ from enum import Enum
 
 import numpy as np
 
+from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError, unknown_name
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import Placement, RematPolicy
@@ -302,8 +303,9 @@ class RematCost:
     recompute_tensor_collectives: np.ndarray  # tensor-parallel gathers/scatters repeated
 
 
-def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tuple:
-    where = placements(policy, custom)
+def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offload_in_hbm: bool) -> tuple:
+    where = {n: Placement.DEVICE if offload_in_hbm and p is Placement.OFFLOAD else p
+             for n, p in placements(policy, custom).items()}
     again = set(recomputed(policy, custom, model=model))
 
     def width(names, placement=None):
@@ -324,6 +326,8 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
     layer_input = layer_input_placement(policy, custom)
+    if offload_in_hbm and layer_input is Placement.OFFLOAD:
+        layer_input = Placement.DEVICE
     return (model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
             model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
             width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
@@ -333,16 +337,38 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements) -> tup
             gathers + scatters)
 
 
-def remat_table(model: ModelSpec, custom: CustomPlacements = ()) -> RematCost:
+def remat_table(model: ModelSpec, custom: CustomPlacements = (), *, offload_in_hbm: bool = False) -> RematCost:
     """What each policy (indexed by `remat_code`) keeps and recomputes for `model`.
 
     Args:
         model: the model.
         custom: the placements the `custom` row stands for.
+        offload_in_hbm: the HBM a policy holds where its offloaded values stay in HBM as well
+            (`offloads_leave_hbm` false): each is counted as kept on device, none as on the host.
     Returns:
         The `RematCost` columns, one entry per policy of `POLICIES`.
     """
-    return RematCost(*np.array([_row(model, p, custom) for p in POLICIES], dtype=float).T)
+    return RematCost(*np.array([_row(model, p, custom, offload_in_hbm) for p in POLICIES], dtype=float).T)
+
+
+# At most this many layers, an offloading TPU step has no layer loop and its offloads do not leave
+# HBM. The compiler pipelines the host transfers of a layer loop by peeling one iteration off it; at
+# 2 layers that leaves loops of one trip, which it inlines, and in that flat program it completes
+# each offloaded value's host write late, next to the backward's read, so the device copy is held
+# through the step (1 layer: no loop at all). Deviceless compiles of bench_memory's rows (libtpu
+# 0.0.52; benchmarks/results/bench_memory_offload.md): at 2 layers v5p `minimal_offloaded`, fsdp 4 x
+# tensor 2, holds 4.93 GiB, its in-HBM twin 5.40 and the price with the values on the host 3.75 (the
+# entry computation 1164 instructions, no layer `while`); at 3 layers the forward and backward layer
+# loops are there (2 trips after the peel) and the price with the values on the host is within 10%;
+# 1 layer, read after the rule was written, holds 3.92 GiB against 4.06 priced with it (3.34 without).
+FLAT_OFFLOAD_MAX_LAYERS = 2
+
+
+def offloads_leave_hbm(kind: ChipKind, num_layers: int) -> bool:
+    """Whether a step's offloaded values leave HBM once written to the host: always off TPUs (no
+    compiler peels the layer loop there), and on TPUs when the layer loop survives the peel
+    (more than `FLAT_OFFLOAD_MAX_LAYERS` layers)."""
+    return kind is not ChipKind.TPU or num_layers > FLAT_OFFLOAD_MAX_LAYERS
 
 
 def remat_code(policy: RematPolicy) -> int:

@@ -3,7 +3,9 @@ the devices present, every device busy at once.
 
 It only measures; `validation.calibration` chooses the shapes, fits the cost model's figures to
 the times and writes the chip row. On a shared host other work only ever adds time, so every
-figure here is the fastest of its repeats (timeit's rule).
+figure here is the fastest of its repeats (timeit's rule), and a call of a few milliseconds is
+repeated until `MIN_TIMED_S` have been timed: one preemption is longer than such a call, so a
+fastest of one or two would often be a disturbed one.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import numpy as np
 
 from cost_models.errors import CpplanError
 from cost_models.topology import Topology
+
+MIN_TIMED_S = 0.2  # timeit's autorange target: short calls are timed until this much time is covered
 
 
 def device_mesh(topo: Topology):
@@ -38,12 +42,13 @@ def device_mesh(topo: Topology):
 
 
 def best_time(fn, *args, repeats: int) -> float:
-    """The fastest of `repeats` timed calls of `fn(*args)`, after one call to compile and warm up."""
+    """The fastest of at least `repeats` timed calls of `fn(*args)`, and of as many more as fill
+    `MIN_TIMED_S`, after one call to compile and warm up."""
     import jax
 
     jax.block_until_ready(fn(*args))
     times = []
-    for _ in range(repeats):
+    while len(times) < repeats or sum(times) < MIN_TIMED_S:
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)

@@ -172,6 +172,41 @@ def test_attention_fit_recovers_known_costs():
     assert fit_attention(shapes, terms, noisy).per_masked_element_s == 0.0
 
 
+@pytest.mark.pure
+def test_a_measured_row_that_breaks_a_chip_rule_is_refused_before_it_is_written():
+    """A disturbed timing (the matmul slowed by other work, so the attention fit runs at 2.5x the
+    matmul 'peak') is refused with the rule it breaks and what to do, not written as a row
+    `load_chip` would then refuse."""
+    import dataclasses
+
+    from validation.calibration import _check_measured_row
+
+    row = get_topology("cpu:8").chip
+    _check_measured_row(row, "cpu:8")  # the cited row passes
+    with pytest.raises(CpplanError, match=r"attention_efficiency=2\.5 must be > 0 and ≤ 2.*nothing was written.*"
+                                          r"idle machine, with more --repeats"):
+        _check_measured_row(dataclasses.replace(row, attention_efficiency=2.5), "cpu:8")
+
+
+@pytest.mark.runtime_extra
+def test_short_calls_are_timed_until_the_minimum_span_is_covered(monkeypatch):
+    """A call of 30 ms with one repeat asked for is timed 7 times (7 x 30 ms is the first to
+    reach 0.2 s); a call of 0.5 s exactly the 3 repeats asked for. Each call lasts its fixed time
+    on a fake clock."""
+    from runtime import measure
+
+    def timed_calls(call_s, repeats):
+        clock = iter(np.arange(0, 1000, call_s))  # a call's stop reads the clock one step after its start
+        calls = []
+        monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+        fastest = measure.best_time(lambda: calls.append(1) or 0.0, repeats=repeats)
+        return len(calls) - 1, fastest  # less the warm-up call
+
+    assert measure.MIN_TIMED_S == 0.2
+    assert timed_calls(0.03, 1) == (7, pytest.approx(0.03))
+    assert timed_calls(0.5, 3) == (3, pytest.approx(0.5))
+
+
 def _mean_relative_error(predicted, measured) -> float:
     return float(np.mean(np.abs(np.asarray(predicted) / np.asarray(measured) - 1)))
 

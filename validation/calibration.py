@@ -30,6 +30,7 @@ from scipy.optimize import nnls
 from cost_models import collectives
 from cost_models.chips import Chip
 from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD, causal_block_fraction, splash_step_costs
+from cost_models.errors import CpplanError
 from cost_models.placement import axis_segments
 from cost_models.topology import Topology, get_topology
 from validation.outputs import prepare_out_dir, write_atomic
@@ -193,6 +194,17 @@ def fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, flo
     return fitted_link, fitted_hop, errors
 
 
+def _check_measured_row(row: Chip, topology: str) -> None:
+    """Refuses a measured row that a chip file could not hold: the rules `load_chip` applies,
+    applied before the row is written, so a disturbed timing is said here, not when the row is read."""
+    try:
+        Chip.from_dict(row.to_dict(), origin=f"the row measured on {topology}")
+    except CpplanError as err:
+        raise CpplanError(f"{err} The measured figures disagree with each other, as they do when other work "
+                          f"took the cores during a timing: nothing was written. Run `cpplan calibrate` again on an "
+                          f"idle machine, with more --repeats.") from None
+
+
 def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul_size: int = 1024,
               attention_seq: int = 1024, attention_heads: int = 8, attention_kv_heads: int = 4,
               attention_head_dim: int = 32) -> Calibration:
@@ -202,7 +214,8 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
         topology: the topology the devices form, e.g. ``cpu:8`` (for a host's virtual devices,
             jax must have been started with that many: the `cpplan calibrate` command does it).
         dtype: the compute dtype measured (float32 on a CPU host, bfloat16 on a TPU).
-        repeats: timed repetitions per figure (the fastest is kept).
+        repeats: timed repetitions per figure, at least (calls shorter than the harness's
+            `MIN_TIMED_S` repeat until that much is timed); the fastest is kept.
         matmul_size: the side of the square matmuls timed.
         attention_seq: sets the lengths of `ATTENTION_SHAPES`.
         attention_heads / attention_kv_heads / attention_head_dim: the kernels' heads (choose
@@ -210,7 +223,8 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     Returns:
         A `Calibration`: the row, and the raw figures behind it.
     Raises:
-        CpplanError: the devices present do not form `topology`.
+        CpplanError: the devices present do not form `topology`, or the figures measured break a
+            chip row's rules (a disturbed timing).
     """
     import jax.numpy as jnp
 
@@ -238,7 +252,8 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     link_field = "core_link_bw_bytes_per_s" if shares_cores else "ici_link_bw_bytes_per_s"
     sources = dict(chip.sources)
     sources.update({
-        "peak_bf16_flops_per_s": f"{how}: {matmul_size}³ {dtype} matmuls, fastest of {repeats}",
+        "peak_bf16_flops_per_s": (f"{how}: {matmul_size}³ {dtype} matmuls, fastest of at least {repeats} (more where "
+                                  f"{repeats} take under {measure.MIN_TIMED_S:g} s)"),
         "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
         "attention_efficiency": (f"{how}: splash forward + backward, {attention_heads} query and "
                                  f"{attention_kv_heads} kv heads × {attention_head_dim}, (q, kv, block, causal) = "
@@ -272,6 +287,7 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
         attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD, attention_operand_passes=0.0,
         attention_backward_operand_passes=0.0, hbm_bw_bytes_per_s=memory * per_chip,
         ici_hop_latency_s=hop, host_collectives=host, sources=sources, **{link_field: link})
+    _check_measured_row(row, topology)
     raw = {"matmul_flops_per_s": matmul, "attention_flops_per_s": attention, "attention_fit": dataclasses.asdict(fit),
            "attention_fit_mean_error": fit.mean_error, "memory_bytes_per_s": memory,
            "collectives": points, "collective_model_errors": errors, "host_collective_errors": host_errors}

@@ -100,7 +100,7 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     """
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     a, pb = x.act_bytes, x.param_bytes
-    remat = x.remat_columns
+    remat = x.held_remat_columns  # an offload that does not leave HBM is held as a kept value
     group = x.weight_group
     shards = group * tensor
     # every kept value is split over tensor: heads and MLP columns, or the sequence between the
