@@ -29,6 +29,7 @@ from planner import api
 from planner.explanation import Explanation, describe_strategy
 from planner.maxtext import export_maxtext, format_flags, read_maxtext
 from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, format_tokens, parse_seq_len
+from runtime.measure import MIN_TIMED_S
 
 RUNTIME_HINT = "install the runtime with pip install -e '.[runtime]'"
 FULL_MASK_HELP = ("plan the model with a full (non-causal) attention mask: every query sees every key, as in an "
@@ -677,7 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", required=True, help="the devices present, e.g. cpu:8")
     p.add_argument("--dtype", default="float32", help="compute dtype measured (float32 on a CPU host)")
     p.add_argument("--repeats", type=_at_least(1), default=5,
-                   help="timed repetitions per figure, at least (calls under 0.2 s repeat until 0.2 s is timed); "
+                   help=f"timed repetitions per figure, at least: more while their total is under {MIN_TIMED_S:g} s; "
                         "the fastest is kept")
     p.add_argument("--model", help="measure attention with this model's heads (default: 8 query, 4 kv heads of 32)")
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")

@@ -114,8 +114,10 @@ class Candidates(ReadsCase):
     @cached_property
     def held_remat_columns(self) -> RematCost:
         """What each candidate's policy holds in HBM: `remat_columns`, or, where the step's offloads
-        do not leave HBM (`offloads_leave_hbm`), the same with every offloaded value kept on device."""
-        if offloads_leave_hbm(self.topology.chip.kind, self.model.num_layers):
+        do not leave HBM (`offloads_leave_hbm`), the same with every offloaded value kept on device
+        (its `saved_on_host` and `fetched_ahead` then 0: host memory and the copies' time are read
+        from `remat_columns`)."""
+        if offloads_leave_hbm(self.topology.chip, self.model.num_layers):
             return self.remat_columns
         return self._per_candidate(remat_table(self.model, self.remat_custom, offload_in_hbm=True))
 

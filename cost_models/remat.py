@@ -36,7 +36,7 @@ from enum import Enum
 
 import numpy as np
 
-from cost_models.chips import ChipKind
+from cost_models.chips import Chip
 from cost_models.errors import CpplanError, unknown_name
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import Placement, RematPolicy
@@ -351,24 +351,21 @@ def remat_table(model: ModelSpec, custom: CustomPlacements = (), *, offload_in_h
     return RematCost(*np.array([_row(model, p, custom, offload_in_hbm) for p in POLICIES], dtype=float).T)
 
 
-# At most this many layers, an offloading TPU step has no layer loop and its offloads do not leave
-# HBM. The compiler pipelines the host transfers of a layer loop by peeling one iteration off it; at
-# 2 layers that leaves loops of one trip, which it inlines, and in that flat program it completes
-# each offloaded value's host write late, next to the backward's read, so the device copy is held
-# through the step (1 layer: no loop at all). Deviceless compiles of bench_memory's rows (libtpu
-# 0.0.52; benchmarks/results/bench_memory_offload.md): at 2 layers v5p `minimal_offloaded`, fsdp 4 x
-# tensor 2, holds 4.93 GiB, its in-HBM twin 5.40 and the price with the values on the host 3.75 (the
-# entry computation 1164 instructions, no layer `while`); at 3 layers the forward and backward layer
-# loops are there (2 trips after the peel) and the price with the values on the host is within 10%;
-# 1 layer, read after the rule was written, holds 3.92 GiB against 4.06 priced with it (3.34 without).
+# At most this many layers, an offloading step on a chip whose compiler peels its layer loops (the
+# row's `offload_peels_layer_loops`) has no layer loop, and its offloads do not leave HBM. To
+# pipeline host transfers the compiler peels one iteration off each layer loop; at 2 layers that
+# leaves loops of one trip, which it inlines, and in that flat program it completes each offloaded
+# value's host write late, next to the backward's read, so the device copy is held through the step
+# (1 layer: no loop at all). The compiles it was read from and checked on are cited in the chip rows
+# (benchmarks/results/bench_memory_offload.md, session 9, has the figures).
 FLAT_OFFLOAD_MAX_LAYERS = 2
 
 
-def offloads_leave_hbm(kind: ChipKind, num_layers: int) -> bool:
-    """Whether a step's offloaded values leave HBM once written to the host: always off TPUs (no
-    compiler peels the layer loop there), and on TPUs when the layer loop survives the peel
+def offloads_leave_hbm(chip: Chip, num_layers: int) -> bool:
+    """Whether a step's offloaded values leave HBM once written to the host: where the chip's
+    compiler does not peel the layer loops (not seen off TPUs), or where the loops survive the peel
     (more than `FLAT_OFFLOAD_MAX_LAYERS` layers)."""
-    return kind is not ChipKind.TPU or num_layers > FLAT_OFFLOAD_MAX_LAYERS
+    return not chip.offload_peels_layer_loops or num_layers > FLAT_OFFLOAD_MAX_LAYERS
 
 
 def remat_code(policy: RematPolicy) -> int:

@@ -47,11 +47,12 @@ def best_time(fn, *args, repeats: int) -> float:
     import jax
 
     jax.block_until_ready(fn(*args))
-    times = []
-    while len(times) < repeats or sum(times) < MIN_TIMED_S:
+    times, timed = [], 0.0
+    while len(times) < repeats or timed < MIN_TIMED_S:
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
+        timed += times[-1]
     return min(times)
 
 

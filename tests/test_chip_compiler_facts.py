@@ -30,9 +30,12 @@ def test_each_fact_says_its_value_and_where_it_was_read(chip):
 
 
 def test_the_facts_read_from_compiles():
-    # tpu7x showed both in its compiles, v5p neither (the same plans compiled for v5p:2x2x2)
-    assert all(getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS)
-    assert not any(getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS)
+    # tpu7x showed the layout moves and the early attention in its compiles, v5p neither (the same
+    # plans compiled for v5p:2x2x2); both peel the layer loops of an offloading step
+    assert {name: getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
+        "relayout_off_tensorcore": True, "attention_before_mlp_backward": True, "offload_peels_layer_loops": True}
+    assert {name: getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
+        "relayout_off_tensorcore": False, "attention_before_mlp_backward": False, "offload_peels_layer_loops": True}
 
 
 @pytest.mark.parametrize("name", COMPILER_SCHEDULE_FIELDS)

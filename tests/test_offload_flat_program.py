@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from cost_models.chips import ChipKind
+from cost_models.chips import get_chip
 from cost_models.models import MODELS
 from cost_models.remat import FLAT_OFFLOAD_MAX_LAYERS, offloads_leave_hbm
 from cost_models.units import MiB
@@ -17,16 +17,26 @@ pytestmark = pytest.mark.pure
 BASE = MODELS["llama3.1-8b"]
 
 
-def priced(layers, remat, topology="v5p-16", **fields):
+def priced(layers, remat, topology="v5p-16", target=None, **fields):
     model = dataclasses.replace(BASE, name=f"{BASE.name}-{layers}l", num_layers=layers)
     return estimate(Plan(model=model, topology=topology, seq_len=8192, global_batch=8,
-                         mesh=make_mesh(fsdp=4, tensor=2), remat=remat, **fields))
+                         mesh=make_mesh(fsdp=4, tensor=2), remat=remat, **fields), target=target)
 
 
-def test_the_rule():
+def test_the_rule_reads_the_chip_row():
     assert FLAT_OFFLOAD_MAX_LAYERS == 2
-    assert [offloads_leave_hbm(ChipKind.TPU, n) for n in (1, 2, 3, 32)] == [False, False, True, True]
-    assert offloads_leave_hbm(ChipKind.CPU, 1)
+    for name in ("v5p", "tpu7x"):
+        assert [offloads_leave_hbm(get_chip(name), n) for n in (1, 2, 3, 32)] == [False, False, True, True]
+    assert offloads_leave_hbm(get_chip("cpu"), 1)
+    # a row whose compiler does not peel the loops frees what it offloads at any depth
+    assert offloads_leave_hbm(dataclasses.replace(get_chip("v5p"), offload_peels_layer_loops=False), 1)
+
+
+def test_the_maxtext_target_holds_a_flat_programs_offloads_as_its_twin_does_too():
+    offloading, twin = priced(2, "minimal_offloaded", target="maxtext"), priced(2, "minimal", target="maxtext")
+    assert offloading.hbm_bytes == pytest.approx(twin.hbm_bytes)
+    assert priced(3, "minimal_offloaded", target="maxtext").hbm_bytes["activations"] < \
+        priced(3, "minimal", target="maxtext").hbm_bytes["activations"]
 
 
 @pytest.mark.parametrize("layers", [1, 2])

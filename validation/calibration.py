@@ -200,9 +200,11 @@ def _check_measured_row(row: Chip, topology: str) -> None:
     try:
         Chip.from_dict(row.to_dict(), origin=f"the row measured on {topology}")
     except CpplanError as err:
-        raise CpplanError(f"{err} The measured figures disagree with each other, as they do when other work "
-                          f"took the cores during a timing: nothing was written. Run `cpplan calibrate` again on an "
-                          f"idle machine, with more --repeats.") from None
+        rule = str(err).rsplit("; ", 1)[0]  # the rule broken, less the advice for a hand-written row
+        raise CpplanError(f"{rule}. The measured figures disagree with each other, as they do when other work "
+                          f"took the cores during a timing or a fit is too noisy to hold its figure in range: "
+                          f"nothing was written. Run `cpplan calibrate` again on an idle machine, with more "
+                          f"--repeats.") from None
 
 
 def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul_size: int = 1024,
