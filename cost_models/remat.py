@@ -304,8 +304,10 @@ class RematCost:
 
 
 def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offload_in_hbm: bool) -> tuple:
-    where = {n: Placement.DEVICE if offload_in_hbm and p is Placement.OFFLOAD else p
-             for n, p in placements(policy, custom).items()}
+    def held(placement: Placement) -> Placement:  # where the value's HBM is counted
+        return Placement.DEVICE if offload_in_hbm and placement is Placement.OFFLOAD else placement
+
+    where = {n: held(p) for n, p in placements(policy, custom).items()}
     again = set(recomputed(policy, custom, model=model))
 
     def width(names, placement=None):
@@ -325,9 +327,7 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
     scatters = sum(c.scattered_output and c.name in again for c in CHECKPOINTS)
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
-    layer_input = layer_input_placement(policy, custom)
-    if offload_in_hbm and layer_input is Placement.OFFLOAD:
-        layer_input = Placement.DEVICE
+    layer_input = held(layer_input_placement(policy, custom))
     return (model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
             model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
             width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),

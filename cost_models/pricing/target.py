@@ -10,7 +10,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.pricing.memory import layer_gradient_bytes
-from cost_models.remat import MLP_INPUT_CHECKPOINTS, POLICIES, offloads_leave_hbm, placements
+from cost_models.remat import MLP_INPUT_CHECKPOINTS, POLICIES, placements
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
 from cost_models.vocabulary import Placement
@@ -89,14 +89,14 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
         MLP's input-projection outputs and their gradients for every token, held through the
         attention's side (`offload_holds_mlp_backward`, where the policy offloads them).
     """
-    m, columns = x.model, x.remat_columns
+    # offloads that stay in HBM (a flat program) are held as kept values there: nothing comes back from the host
+    m, columns = x.model, x.held_remat_columns
     tokens = np.asarray(x.tokens_per_device, dtype=float)
-    # offloads that stay in HBM (a flat program) are held as kept values: nothing comes back from the host
-    leave = offloads_leave_hbm(x.topology.chip, m.num_layers)
-    offloads = (np.asarray(columns.saved_on_host) > 0) & leave
+    offloads = np.asarray(columns.saved_on_host) > 0
     head = tokens * (m.vocab / x.tensor + m.hidden) * x.act_bytes
-    mlp_offloaded = np.array([any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD
-                                  for n in MLP_INPUT_CHECKPOINTS) for policy in POLICIES])[np.asarray(x.remat)] & leave
+    offloads_mlp = np.array([any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD
+                                 for n in MLP_INPUT_CHECKPOINTS) for policy in POLICIES])
+    mlp_offloaded = offloads & offloads_mlp[np.asarray(x.remat)]
     mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
