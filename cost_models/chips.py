@@ -213,19 +213,28 @@ _NUMBER_RULES = {
 }
 
 
+class ChipRuleError(CpplanError):
+    """A chip-row number that breaks its rule: `rule` names the field, its value and the rule (the
+    message adds where the row came from and what to do about a written row)."""
+
+    def __init__(self, origin: str, rule: str, fix: str):
+        super().__init__(f"{origin}: {rule}; {fix}.")
+        self.rule = rule
+
+
 def _check_number(origin: str, name: str, value, integer: bool, low: float, low_ok: bool, high, what: str) -> None:
     """Refuses a chip-row number of the wrong type, not finite, or outside its physical range."""
     if value is None and name == "core_link_bw_bytes_per_s":
         return
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise CpplanError(f"{origin}: {name}={value!r} must be {kind} ({what}); write it as a JSON number.")
+        raise ChipRuleError(origin, f"{name}={value!r} must be {kind} ({what})", "write it as a JSON number")
     if not math.isfinite(value):
-        raise CpplanError(f"{origin}: {name}={value!r} must be finite ({what}); write the measured figure.")
+        raise ChipRuleError(origin, f"{name}={value!r} must be finite ({what})", "write the measured figure")
     too_low = value < low or (value == low and not low_ok)
     if too_low or (high is not None and value > high):
         bound = f"{'≥' if low_ok else '>'} {low}" + (f" and ≤ {high}" if high is not None else "")
-        raise CpplanError(f"{origin}: {name}={value!r} must be {bound} ({what}); fix the row.")
+        raise ChipRuleError(origin, f"{name}={value!r} must be {bound} ({what})", "fix the row")
 
 
 def _host_collectives(origin: str, value) -> tuple:

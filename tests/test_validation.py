@@ -190,6 +190,13 @@ def test_a_measured_row_that_breaks_a_chip_rule_is_refused_before_it_is_written(
                               "of the matmul peak). The measured figures disagree")
     assert "nothing was written" in message and message.endswith("on an idle machine, with more --repeats.")
     assert "fix the row" not in message  # the advice for a hand-written row is not this one
+    # the same figure in a chip file: the same rule, with the advice for a file
+    from cost_models.chips import Chip, ChipRuleError
+
+    with pytest.raises(ChipRuleError) as in_file:
+        Chip.from_dict({**row.to_dict(), "attention_efficiency": 2.5}, origin="mycpu.json")
+    assert in_file.value.rule == "attention_efficiency=2.5 must be > 0 and ≤ 2 (a fraction of the matmul peak)"
+    assert str(in_file.value) == f"mycpu.json: {in_file.value.rule}; fix the row."
 
 
 @pytest.mark.runtime_extra

@@ -28,7 +28,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from cost_models import collectives
-from cost_models.chips import Chip
+from cost_models.chips import Chip, ChipRuleError
 from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD, causal_block_fraction, splash_step_costs
 from cost_models.errors import CpplanError
 from cost_models.placement import axis_segments
@@ -197,13 +197,13 @@ def fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, flo
 def _check_measured_row(row: Chip, topology: str) -> None:
     """Refuses a measured row that a chip file could not hold: the rules `load_chip` applies,
     applied before the row is written, so a disturbed timing is said here, not when the row is read."""
+    origin = f"the row measured on {topology}"
     try:
-        Chip.from_dict(row.to_dict(), origin=f"the row measured on {topology}")
-    except CpplanError as err:
-        rule = str(err).rsplit("; ", 1)[0]  # the rule broken, less the advice for a hand-written row
-        raise CpplanError(f"{rule}. The measured figures disagree with each other, as they do when other work "
-                          f"took the cores during a timing or a fit is too noisy to hold its figure in range: "
-                          f"nothing was written. Run `cpplan calibrate` again on an idle machine, with more "
+        Chip.from_dict(row.to_dict(), origin=origin)
+    except ChipRuleError as err:
+        raise CpplanError(f"{origin}: {err.rule}. The measured figures disagree with each other, as they do when "
+                          f"other work took the cores during a timing or a fit is too noisy to hold its figure in "
+                          f"range: nothing was written. Run `cpplan calibrate` again on an idle machine, with more "
                           f"--repeats.") from None
 
 
