@@ -11,7 +11,8 @@ The rows cover tensor parallelism with sequence parallelism, offload to host mem
 moments, every context-parallel strategy and several remat policies, and at least one plan that
 does not fit. Llama 3.1 8B's shapes with few layers (memory per layer is uniform; a row that
 must not fit keeps all 32; the offload rows also at 1, 3, 8 and 16 layers, where the compiler keeps
-the layer loops it peels and inlines at 2), short sequences so each compile takes seconds to a few minutes. Targets:
+the layer loops it peels and inlines at 2; steps of one layer, compiled without a layer loop), short
+sequences so each compile takes seconds to a few minutes. Targets:
 the prediction within 10% of the compiler on every row, and the same fit verdict on every row.
 
 The unconstrained figure is what the compiler holds when it has the chip's whole HBM, and with HBM
@@ -122,6 +123,15 @@ ROWS = [
      dict(remat="custom", remat_custom=OFFLOAD_SOME)),
     ("tpu7x fsdp4 tensor2 custom 1 layer: the offload row's values in HBM", "tpu7x:2x2x1", dict(fsdp=4, tensor=2),
      "none", 8 * K, 8, 1, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
+    # More steps of one layer, which XLA compiles without a layer loop (runtime/layer_gradients.py)
+    ("v5p fsdp4 tensor2 custom 1 layer: the tpu7x offload row's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
+     "none", 8 * K, 8, 1, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
+    ("tpu7x fsdp4 tensor2 full 1 layer", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 1,
+     dict(remat="full")),
+    ("tpu7x fsdp8 save_dot_except_mlp 1 layer", "tpu7x:2x2x1", dict(fsdp=8), "none", 8 * K, 8, 1,
+     dict(remat="save_dot_except_mlp")),
+    ("tpu7x ring4 tensor2 save_dot_except_mlp 1 layer", "tpu7x:2x2x1", dict(context=4, tensor=2), "ring", 32 * K, 1,
+     1, dict(remat="save_dot_except_mlp", load_balance="zigzag")),
 ]
 
 

@@ -101,7 +101,7 @@ class TargetTraits:
             `bf16[32768,128256]` from the loss to the head's `dot_general` after the backward layer
             loop, and so at 144K; its `remat_policy=full` twins at 128K and 256K form the head's
             gradient in the loss and hold only that, `bf16[4096,128256]`). cpplan's runtime
-            finishes each layer's gradients in its layer (`runtime/offload.py`).
+            finishes each layer's gradients in its layer (`runtime/layer_gradients.py`).
         head_gradient_loop_devices: from how many devices of the weight group (fsdp × both
             context axes) the target's compiler forms the head's weight gradient as a
             windowed-einsum loop (collective matmul: the fp32 shard accumulated while the logit

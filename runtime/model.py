@@ -33,7 +33,7 @@ from cost_models.vocabulary import RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
 from runtime.attention import sharded_attention
-from runtime.offload import gradients_finished_per_layer
+from runtime.layer_gradients import gradients_finished_per_layer
 from cost_models.vocabulary import BATCH_AXES, SEQUENCE_AXES
 from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
 
@@ -384,8 +384,9 @@ class Llama(nn.Module):
         embed = _param(self, "embed", (m.vocab, m.hidden), (None, EMBED_GROUP), dtype=pdt)
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
         layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
-        if offloaded_names(plan.remat, plan.remat_custom):
-            # the compiler peels an offloading step's layer loops: keep each layer's gradients its own
+        if offloaded_names(plan.remat, plan.remat_custom) or m.num_layers == 1:
+            # no layer loop orders the gradients: the compiler peels an offloading step's layer loops,
+            # and XLA inlines a loop of one trip
             layer = gradients_finished_per_layer(layer)
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast), length=m.num_layers,

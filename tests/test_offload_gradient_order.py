@@ -1,7 +1,9 @@
-"""cpu_mesh tier: an offloading plan's layers hand their input's gradient on only with their
-weights' gradients (runtime/offload.py), without changing the parameters or the gradients; a plan
-that offloads nothing is built as before. (The HBM this saves shows only in a deviceless TPU
-compile: benchmarks/results/bench_memory_offload.md.)"""
+"""cpu_mesh tier: the layers of an offloading plan and of a one-layer plan hand their input's
+gradient on only with their weights' gradients (runtime/layer_gradients.py), without changing the
+parameters or the gradients; a plan of more layers that offloads nothing is built as before. (The
+HBM this saves shows only in a deviceless TPU compile: benchmarks/results/bench_memory_offload.md.)"""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -19,8 +21,8 @@ SEQ = 256
 MODEL = ModelSpec("gradient-order-test", 2, 64, 8, 2, 16, 128, 256)
 
 
-def trainer_for(remat: str) -> Trainer:
-    plan = Plan(model=MODEL, topology="cpu:8", seq_len=SEQ, global_batch=4, mesh=make_mesh(fsdp=4, tensor=2),
+def trainer_for(remat: str, model: ModelSpec = MODEL) -> Trainer:
+    plan = Plan(model=model, topology="cpu:8", seq_len=SEQ, global_batch=4, mesh=make_mesh(fsdp=4, tensor=2),
                 remat=remat, block_q=128, block_kv=128, param_dtype="float32", compute_dtype="float32")
     return Trainer(plan, build_mesh(plan, jax.devices()))
 
@@ -33,6 +35,12 @@ def gradients(trainer: Trainer):
     grad = jax.grad(trainer.loss)
     primitives = {eqn.primitive.name for eqn in _all_eqns(jax.make_jaxpr(grad)(params, *batch).jaxpr)}
     return jax.tree.map(np.asarray, jax.jit(grad)(params, *batch)), primitives
+
+
+def assert_same_gradients(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=2e-4, atol=1e-6)
 
 
 def _all_eqns(jaxpr):
@@ -49,6 +57,16 @@ def test_offloading_layers_order_their_gradients_and_keep_their_values():
     assert "optimization_barrier" in offloaded_primitives
     assert "optimization_barrier" not in saved_primitives
     # same parameter tree (same names, same initialisation) and the same gradients
-    assert jax.tree.structure(offloaded) == jax.tree.structure(saved)
-    for a, b in zip(jax.tree.leaves(offloaded), jax.tree.leaves(saved)):
-        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+    assert_same_gradients(offloaded, saved)
+
+
+def test_a_one_layer_step_orders_its_gradients_and_keeps_their_values(monkeypatch):
+    """XLA inlines a layer loop of one trip: the one layer gets the barrier whatever its policy, and
+    its gradients are those of the same layer built without it."""
+    one_layer = dataclasses.replace(MODEL, name="gradient-order-test-1l", num_layers=1)
+    ordered, primitives = gradients(trainer_for("save_qkv_proj", one_layer))
+    assert "optimization_barrier" in primitives
+    monkeypatch.setattr("runtime.model.gradients_finished_per_layer", lambda layer: layer)
+    unordered, unordered_primitives = gradients(trainer_for("save_qkv_proj", one_layer))
+    assert "optimization_barrier" not in unordered_primitives
+    assert_same_gradients(ordered, unordered)

@@ -1,13 +1,17 @@
 """Layers whose weight gradients are finished before the previous layer's backward starts.
 
-A step that offloads activations to host memory has its layer loops peeled by the TPU compiler
-(the host writes are pipelined across iterations; with two layers the loops of one trip left are
-inlined). Outside a loop nothing makes a layer's backward finish its weight gradients: the
-compiler finishes and reduces them at the step's end, next to the optimizer's update that reads
-them, and holds their inputs and unreduced partial sums through the later layers' backward
-(benchmarks/results/bench_memory_offload.md). Inside a loop each iteration finishes its own, so
-tying a layer's weight gradients to its input's gradient restores what the loop gives, and the
-memory price's phases (one layer's backward at a time) hold again.
+Inside a layer loop each iteration finishes its own layer's weight gradients. Outside one nothing
+makes a layer's backward finish them: the compiler finishes and reduces them at the step's end, next
+to the optimizer's update that reads them, and holds their inputs and unreduced partial sums through
+the later layers' backward (benchmarks/results/bench_memory_offload.md). Two kinds of step have no
+layer loop to give that order:
+- a step that offloads activations to host memory: the TPU compiler peels its layer loops (the host
+  writes are pipelined across iterations; with two layers the loops of one trip left are inlined);
+- a step of one layer: XLA inlines a loop of one trip. Its reduce-scatters of the layer's weight
+  gradients then run beside the output head's update, whose buffers are the step's largest (a
+  deviceless tpu7x compile holds them there unreduced: 0.23 GiB at tensor 2, 0.46 GiB at tensor 1).
+Tying a layer's weight gradients to its input's gradient restores what the loop gives, and the
+memory price's phases (one layer's backward at a time; the update with every gradient reduced) hold.
 """
 from __future__ import annotations
 
