@@ -219,7 +219,10 @@ class ChipRuleError(CpplanError):
 
     def __init__(self, origin: str, rule: str, fix: str):
         super().__init__(f"{origin}: {rule}; {fix}.")
-        self.rule = rule
+        self.origin, self.rule, self.fix = origin, rule, fix
+
+    def __reduce__(self):  # rebuilt from its parts (a pickled exception is rebuilt from `args`)
+        return type(self), (self.origin, self.rule, self.fix)
 
 
 def _check_number(origin: str, name: str, value, integer: bool, low: float, low_ok: bool, high, what: str) -> None:

@@ -53,7 +53,7 @@ def _all_eqns(jaxpr):
 def test_offloading_layers_order_their_gradients_and_keep_their_values():
     saved, saved_primitives = gradients(trainer_for("save_qkv_proj"))
     offloaded, offloaded_primitives = gradients(trainer_for("qkv_proj_offloaded"))
-    # the barrier is in the offloading plan's backward only
+    # of these 2-layer plans, the barrier is in the offloading one's backward only
     assert "optimization_barrier" in offloaded_primitives
     assert "optimization_barrier" not in saved_primitives
     # same parameter tree (same names, same initialisation) and the same gradients

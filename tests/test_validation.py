@@ -175,26 +175,27 @@ def test_attention_fit_recovers_known_costs():
 @pytest.mark.pure
 def test_a_measured_row_that_breaks_a_chip_rule_is_refused_before_it_is_written():
     """A disturbed timing (the matmul slowed by other work, so the attention fit runs at 2.5x the
-    matmul 'peak') is refused with the rule it breaks and what to do, not written as a row
-    `load_chip` would then refuse."""
-    import dataclasses
+    matmul 'peak'; a host collective timed at no time) is refused with the rule it breaks and what
+    to do, not written as a row `load_chip` would then refuse."""
+    from cost_models.chips import Chip, ChipRuleError
+    from validation.calibration import _measured_row
 
-    from validation.calibration import _check_measured_row
-
-    row = get_topology("cpu:8").chip
-    _check_measured_row(row, "cpu:8")  # the cited row passes
+    chip = get_topology("cpu:8").chip
+    assert _measured_row(chip, {}, "cpu:8") == chip  # the cited row passes, unchanged
+    assert _measured_row(chip, {"attention_efficiency": 1.5}, "cpu:8").attention_efficiency == 1.5
     with pytest.raises(CpplanError) as refused:
-        _check_measured_row(dataclasses.replace(row, attention_efficiency=2.5), "cpu:8")
+        _measured_row(chip, {"attention_efficiency": 2.5}, "cpu:8")
     message = str(refused.value)
     assert message.startswith("the row measured on cpu:8: attention_efficiency=2.5 must be > 0 and ≤ 2 (a fraction "
                               "of the matmul peak). The measured figures disagree")
     assert "nothing was written" in message and message.endswith("on an idle machine, with more --repeats.")
     assert "fix the row" not in message  # the advice for a hand-written row is not this one
+    with pytest.raises(CpplanError, match=r"^the row measured on cpu:8: host_collectives\['all_gather'\] bandwidth="
+                                          r"inf must be finite \(a bandwidth\)\. The measured figures disagree"):
+        _measured_row(chip, {"host_collectives": {"all_gather": [float("inf"), 1e-6]}}, "cpu:8")
     # the same figure in a chip file: the same rule, with the advice for a file
-    from cost_models.chips import Chip, ChipRuleError
-
     with pytest.raises(ChipRuleError) as in_file:
-        Chip.from_dict({**row.to_dict(), "attention_efficiency": 2.5}, origin="mycpu.json")
+        Chip.from_dict({**chip.to_dict(), "attention_efficiency": 2.5}, origin="mycpu.json")
     assert in_file.value.rule == "attention_efficiency=2.5 must be > 0 and ≤ 2 (a fraction of the matmul peak)"
     assert str(in_file.value) == f"mycpu.json: {in_file.value.rule}; fix the row."
 

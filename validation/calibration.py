@@ -194,12 +194,13 @@ def fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, flo
     return fitted_link, fitted_hop, errors
 
 
-def _check_measured_row(row: Chip, topology: str) -> None:
-    """Refuses a measured row that a chip file could not hold: the rules `load_chip` applies,
-    applied before the row is written, so a disturbed timing is said here, not when the row is read."""
+def _measured_row(chip: Chip, measured: dict, topology: str) -> Chip:
+    """`chip` with the `measured` fields (in their JSON form), refused if a chip file could not hold
+    it: the rules `load_chip` applies, applied before the row is written, so a disturbed timing is
+    said here, not when the row is read."""
     origin = f"the row measured on {topology}"
     try:
-        Chip.from_dict(row.to_dict(), origin=origin)
+        return Chip.from_dict({**chip.to_dict(), **measured}, origin=origin)
     except ChipRuleError as err:
         raise CpplanError(f"{origin}: {err.rule}. The measured figures disagree with each other, as they do when "
                           f"other work took the cores during a timing or a fit is too noisy to hold its figure in "
@@ -282,14 +283,13 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
             f"{how}: each kind over all {topo.num_devices} devices at {list(COLLECTIVE_SIZES)} bytes per device, its "
             f"bandwidth and latency fitted to its own times (the virtual devices copy through shared memory, and XLA's "
             f"CPU collectives differ by kind); fit errors " + ", ".join(f"{k} {v:.0%}" for k, v in host_errors.items()))
-    row = dataclasses.replace(
-        chip, peak_bf16_flops_per_s=matmul * per_chip, matmul_efficiency=1.0,
+    row = _measured_row(chip, dict(
+        peak_bf16_flops_per_s=matmul * per_chip, matmul_efficiency=1.0,
         attention_efficiency=attention / matmul, attention_block_overhead_s=fit.per_step_s,
         attention_step_s_per_operand_byte=fit.per_step_byte_s, attention_masked_element_s=fit.per_masked_element_s,
         attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD, attention_operand_passes=0.0,
         attention_backward_operand_passes=0.0, hbm_bw_bytes_per_s=memory * per_chip,
-        ici_hop_latency_s=hop, host_collectives=host, sources=sources, **{link_field: link})
-    _check_measured_row(row, topology)
+        ici_hop_latency_s=hop, host_collectives=host, sources=sources, **{link_field: link}), topology)
     raw = {"matmul_flops_per_s": matmul, "attention_flops_per_s": attention, "attention_fit": dataclasses.asdict(fit),
            "attention_fit_mean_error": fit.mean_error, "memory_bytes_per_s": memory,
            "collectives": points, "collective_model_errors": errors, "host_collective_errors": host_errors}
