@@ -384,10 +384,11 @@ class Llama(nn.Module):
         embed = _param(self, "embed", (m.vocab, m.hidden), (None, EMBED_GROUP), dtype=pdt)
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
         layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
-        if offloaded_names(plan.remat, plan.remat_custom) or m.num_layers == 1:
+        offloads = bool(offloaded_names(plan.remat, plan.remat_custom))
+        if offloads or m.num_layers == 1:
             # no layer loop orders the gradients: the compiler peels an offloading step's layer loops,
             # and XLA inlines a loop of one trip
-            layer = gradients_finished_per_layer(layer)
+            layer = gradients_finished_per_layer(layer, wait_for_cotangent=not offloads)
         stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                         in_axes=(nn.broadcast, nn.broadcast), length=m.num_layers,
                         metadata_params={nn.PARTITION_NAME: None})
