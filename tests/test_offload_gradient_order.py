@@ -65,8 +65,9 @@ def test_offloading_layers_order_their_gradients_and_keep_their_values():
 
 
 def test_a_one_layer_step_orders_its_gradients_and_keeps_their_values(monkeypatch):
-    """XLA inlines a layer loop of one trip: the one layer gets the barriers whatever its policy, and
-    its gradients are those of the same layer built without them."""
+    """XLA inlines a layer loop of one trip: the one layer gets the gradients' barrier whatever its
+    policy (and, offloading nothing, the cotangent's), and its gradients are those of the same layer
+    built without them."""
     one_layer = dataclasses.replace(MODEL, name="gradient-order-test-1l", num_layers=1)
     ordered, primitives = gradients(trainer_for("save_qkv_proj", one_layer))
     # two: the backward waits for its cotangent (a one-layer step offloading nothing), and the gradients
