@@ -1,7 +1,7 @@
 """Issue 10's corpus targets, measured: cpplan against published, measured TPU training runs, and
 the per-chip error bands that `explain` uses, regenerated from it.
 
-Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus]
+Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus] [--no-plots]
 - prices every run of benchmarks/public_runs.csv with its own settings and prints MAPE, the
   largest error, Spearman of MFU and the worst runs (targets: MAPE ≤ 8%, every run within 15%,
   Spearman ≥ 0.9); writes report.md / report.json / plots under --out;
@@ -14,6 +14,7 @@ Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus]
   of the corpus on purpose).
 The corpus is a test set: nothing here feeds a chip-row figure.
 """
+import argparse
 import json
 import re
 import subprocess
@@ -30,7 +31,6 @@ from validation.corpus import CorpusRun, compare_corpus, read_corpus  # noqa: E4
 
 CORPUS = ROOT / "benchmarks" / "public_runs.csv"
 KERNEL_COMPARISON = ROOT / "benchmarks" / "results" / "kernels" / "comparison.txt"
-OUT = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else ROOT / "benchmarks/results/corpus"
 # a row of fit_kernels.py's MAPE table: chip, pass, length band, calls, MAPE, MAPE before, median signed
 KERNEL_ROW = re.compile(r"^(\S+)\s+(forward|backward)\s+(\S+)\s+(\d+)\s+([\d.]+)%")
 
@@ -78,9 +78,14 @@ def commit() -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "corpus",
+                        help="where report.md, report.json and the plots go")
+    parser.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
+    args = parser.parse_args()
     runs = read_corpus(CORPUS)
     report = compare_corpus(runs, title="cpplan vs published TPU runs (benchmarks/public_runs.csv)")
-    files = report.write(OUT)
+    files = report.write(args.out, plots=not args.no_plots)
     s = report.summary()
     print(f"runs {s['runs']}: step-time MAPE {s['mape']:.1%} (target ≤ 8%), largest |error| {s['max_abs_error']:.1%} "
           f"(target: every run within 15%; {s['within_15pct']} are), Spearman of MFU {s['spearman_mfu']:.3f} "

@@ -112,11 +112,14 @@ class Chip:
     # compiles; `cost_models/pricing/memory.py` says what each changes): whether it moves arrays
     # between layouts off the TensorCore (SparseCore data-format calls), so an update reading a moved
     # array writes a new buffer; and whether it runs a layer backward's attention recomputation ahead
-    # of the MLP's backward when nothing orders them; and whether it pipelines an offloading step's
-    # host transfers by peeling an iteration off each layer loop (`cost_models.remat.offloads_leave_hbm`)
+    # of the MLP's backward when nothing orders them; whether it pipelines an offloading step's
+    # host transfers by peeling an iteration off each layer loop (`cost_models.remat.offloads_leave_hbm`);
+    # and whether it keeps splash's log-sum-exp residual in the kernel's lane-wide output
+    # (f32[heads, q, 128]) until the backward reads it, instead of slicing it as it is written
     relayout_off_tensorcore: bool
     attention_before_mlp_backward: bool
     offload_peels_layer_loops: bool
+    splash_lse_lanes_held: bool
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -181,7 +184,8 @@ class Chip:
 
 
 # the chip row's compiler-schedule facts (booleans, each cited with the compile it was read from)
-COMPILER_SCHEDULE_FIELDS = ("relayout_off_tensorcore", "attention_before_mlp_backward", "offload_peels_layer_loops")
+COMPILER_SCHEDULE_FIELDS = ("relayout_off_tensorcore", "attention_before_mlp_backward", "offload_peels_layer_loops",
+                            "splash_lse_lanes_held")
 
 # (integer?, lowest, lowest allowed itself?, highest or None, what the field measures); every value finite
 _NUMBER_RULES = {

@@ -120,6 +120,14 @@ class TargetTraits:
             attention's kernels (the same compile: the two `bf16[32768,14336]` values fetched from
             the host and the two gradients made from them are live at the ring's dK/dV kernel, and
             read by the `mlpwi` weight-gradient fusions after it; its twin holds none of them there).
+        head_gradient_in_head_layout: the loss writes the output head's gradient into the head's
+            own layout, so the optimizer's update writes over the head and its moments in place
+            (cpplan's runtime: `runtime/loss.py`'s backward writes each vocabulary piece's
+            gradient into its columns; its deviceless tpu7x compiles alias the update's outputs to
+            the head and both moments). Otherwise the update holds the head and its moments moved
+            into the gradient's layout (`optimizer_update`). MaxText's update was not read in its
+            compiles (every one of its bench_maxtext plans peaks in the layers' backward), so it
+            is priced with the moves: the larger figure.
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward (cpplan's
             runtime: `MLP_CHUNK_TOKENS`, each chunk its own checkpoint), or None where the MLP runs
             on all the device's tokens at once (MaxText: its `MlpBlock` has no chunk loop; its
@@ -138,16 +146,18 @@ class TargetTraits:
     offload_defers_head_gradient: bool = False
     offload_holds_mlp_backward: bool = False
     head_gradient_loop_devices: int | None = None
+    head_gradient_in_head_layout: bool = False
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
 
 
 TRAITS: dict[Target, TargetTraits] = {
     # cpplan's runtime: a fused, chunked cross-entropy over vocabulary pieces; masks evaluated in
-    # the kernel; one downcast metadata table shared by heads (cost_models.compute prices its SMEM)
+    # the kernel; one downcast metadata table shared by heads (cost_models.compute prices its SMEM);
+    # the head's gradient formed in the head's layout
     Target.CPPLAN: TargetTraits(Target.CPPLAN, loss_splits_vocabulary=True, logit_bytes=4,
                                 layer_gradients_all_step=True,
                                 ring_dq_partials=False, smem_bytes_per_block_pair=None,
-                                per_head_metadata=False, maxtext_rules=False),
+                                per_head_metadata=False, maxtext_rules=False, head_gradient_in_head_layout=True),
     # MaxText 0.2.5: full-vocabulary fp32 logits per token tile; its ring kernel's per-key-block dq
     # partials (at head_dim 128 and blocks of 512, one byte per head × local query × local key, around
     # the kernel: shared/ANCHORS.md, bench_maxtext and its offload notes); splash metadata per head,

@@ -7,8 +7,9 @@ piece at a time (at most `VOCAB_PIECE` columns); for each piece the device's tok
 chunks of `plan.loss_chunk_tokens` (0: one chunk), keeping a running max, sum of exponentials and
 target logit per token. Log-sum-exps are combined across 'tensor'. The backward (a custom VJP)
 walks the pieces again: softmax minus one-hot, dh accumulated, the piece's gradient
-reduce-scattered straight back to the shard. Peak memory: one piece of the head, its gradient,
-one chunk's logits — not tokens × vocabulary × 4 bytes, nor the whole head. Negative targets
+reduce-scattered straight back to the shard and written into its columns there. Peak memory: one
+piece of the head, its gradient, one chunk's logits — not tokens × vocabulary × 4 bytes, nor the
+whole head. Negative targets
 (`IGNORED_TARGET`: in packed rows, a document's last token, whose next token is another
 document's) add nothing to the loss or its gradient; the mean is over the targets that count.
 """
@@ -107,7 +108,8 @@ def _fused_bwd(pieces, residuals, g):
     vocab_slice = w.shape[1]
     size = vocab_slice // pieces
 
-    def piece_step(dh, j):
+    def piece_step(carry, j):
+        dh, dw = carry
         wj = _piece(w, j, size)
 
         def chunk_step(dwj, xs):
@@ -122,10 +124,13 @@ def _fused_bwd(pieces, residuals, g):
         dwj, dh_piece = jax.lax.scan(chunk_step, _vary(jnp.zeros(wj.shape, jnp.float32), AXES), (h, t, lse))
         # back to this device's shard, summed over the data-parallel replicas that share it
         shard = jax.lax.psum(jax.lax.psum_scatter(dwj, WEIGHT_AXES, scatter_dimension=0, tiled=True), "data")
-        return dh + dh_piece, shard.astype(w.dtype)
+        # written into the head's own layout: stacked by piece, the gradient would reach the
+        # optimizer as [pieces, hidden/g, piece], and the TPU compiler moves the head and both
+        # moments into that layout for the update (benchmarks/results/bench_memory_offload.md)
+        return (dh + dh_piece, jax.lax.dynamic_update_slice_in_dim(dw, shard.astype(w.dtype), j * size, axis=1)), None
 
-    dh, dw = jax.lax.scan(piece_step, _vary(jnp.zeros_like(h), ("tensor",)), jnp.arange(pieces))
-    dw = dw.transpose(1, 0, 2).reshape(w.shape)
+    (dh, dw), _ = jax.lax.scan(piece_step, (_vary(jnp.zeros_like(h), ("tensor",)), jnp.zeros_like(w)),
+                               jnp.arange(pieces))
     # every vocabulary slice ('tensor') contributed to dh; h is the same on all of them
     return jax.lax.psum(dh, "tensor"), dw, None
 

@@ -1,5 +1,6 @@
 """The chip rows' compiler-schedule facts (`COMPILER_SCHEDULE_FIELDS`): each cited with the compile
 it was read from, refused when not a boolean, and read by the memory price from the row alone."""
+import dataclasses
 import json
 
 import pytest
@@ -30,12 +31,15 @@ def test_each_fact_says_its_value_and_where_it_was_read(chip):
 
 
 def test_the_facts_read_from_compiles():
-    # tpu7x showed the layout moves and the early attention in its compiles, v5p neither (the same
-    # plans compiled for v5p:2x2x2); both peel the layer loops of an offloading step
+    # tpu7x showed the layout moves, the early attention and the lane-wide log-sum-exp in its
+    # compiles, v5p none of them (the same plans compiled for v5p:2x2x2); both peel the layer loops
+    # of an offloading step
     assert {name: getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
-        "relayout_off_tensorcore": True, "attention_before_mlp_backward": True, "offload_peels_layer_loops": True}
+        "relayout_off_tensorcore": True, "attention_before_mlp_backward": True, "offload_peels_layer_loops": True,
+        "splash_lse_lanes_held": True}
     assert {name: getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
-        "relayout_off_tensorcore": False, "attention_before_mlp_backward": False, "offload_peels_layer_loops": True}
+        "relayout_off_tensorcore": False, "attention_before_mlp_backward": False, "offload_peels_layer_loops": True,
+        "splash_lse_lanes_held": False}
 
 
 @pytest.mark.parametrize("name", COMPILER_SCHEDULE_FIELDS)
@@ -46,27 +50,39 @@ def test_a_fact_that_is_not_a_boolean_is_refused(name, bad):
         Chip.from_dict({**row, name: bad}, origin="test row")
 
 
-def _hbm_with(monkeypatch, tmp_path, plan: Plan, **facts) -> dict:
+def _hbm_with(monkeypatch, tmp_path, plan: Plan, target: str = "cpplan", **facts) -> dict:
     """The plan's HBM breakdown with its chip row's facts replaced (a row in $CPPLAN_CHIP_DIR
     overrides the cited one, as a measured row does)."""
     name = plan.topology.split(":")[0]
     row = {**json.loads((CHIP_DIR / f"{name}.json").read_text()), **facts}
-    directory = tmp_path / "_".join(f"{k}={v}" for k, v in facts.items())
+    directory = tmp_path / str(len(list(tmp_path.iterdir())))  # one directory a call
     directory.mkdir()
     (directory / f"{name}.json").write_text(json.dumps(row))
     monkeypatch.setenv(CHIP_DIR_ENV, str(directory))
-    return estimate(plan).hbm_bytes
+    return estimate(plan, target=target).hbm_bytes
 
 
 def test_the_price_reads_the_facts_from_the_row(monkeypatch, tmp_path):
     # all-gather over context with the attention output recomputed and out_proj kept ("minimal"):
     # the MLP side holds the recomputed attention only where the row says the compiler runs it first;
-    # the head's update holds new buffers only where the row says layouts move off the TensorCore
+    # the head's update (with its gradient stacked by vocabulary piece, as priced for MaxText) holds
+    # new buffers only where the row says layouts move off the TensorCore; cpplan's moves none
     plan = Plan(model=get_model("llama3.1-8b"), topology="v5p:2x2x2", seq_len=32 * 1024, global_batch=2,
                 mesh=make_mesh(context=4, fsdp=2), cp_strategy="all_gather", remat="minimal", load_balance="zigzag")
     base = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=False, attention_before_mlp_backward=False)
     early = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=False, attention_before_mlp_backward=True)
     moved = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=True, attention_before_mlp_backward=False)
     assert early["mlp_working_set"] > base["mlp_working_set"]
-    assert moved["optimizer_update"] > base["optimizer_update"]
+    assert moved["optimizer_update"] == base["optimizer_update"] == 0
+    stacked = {facts: _hbm_with(monkeypatch, tmp_path, plan, "maxtext", relayout_off_tensorcore=facts,
+                                attention_before_mlp_backward=False)["optimizer_update"] for facts in (False, True)}
+    assert stacked[True] > stacked[False] > 0
+    # the lane-wide log-sum-exp is held only where the attention runs again ahead of the MLP's
+    # backward because the policy recomputes the out projection too (full), not under minimal
+    for remat, grows in (("full", True), ("minimal", False)):
+        policy = dataclasses.replace(plan, remat=remat)
+        sliced, lanes = (_hbm_with(monkeypatch, tmp_path, policy, relayout_off_tensorcore=False,
+                                   attention_before_mlp_backward=False, splash_lse_lanes_held=held,
+                                   )["mlp_working_set"] for held in (False, True))
+        assert (lanes > sliced) is grows and lanes >= sliced
     assert early["optimizer_update"] == base["optimizer_update"] and moved["mlp_working_set"] == base["mlp_working_set"]

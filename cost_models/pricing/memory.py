@@ -21,6 +21,7 @@ from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import STRATEGIES, Layout
+from cost_models.strategies.base import SPLASH_LANES
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
@@ -86,7 +87,8 @@ def layer_gradient_bytes(x: Candidates) -> np.ndarray:
 
 
 def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
-                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS) -> MemoryBytes:
+                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
+                 head_gradient_in_head_layout: bool = True) -> MemoryBytes:
     """HBM each candidate holds per device, by component.
 
     Args:
@@ -95,6 +97,8 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         context_buffer_bytes: what the strategy's own traffic holds at the peak of one layer.
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward, or None where
             the MLP runs on all of them at once (the target's `mlp_chunk_tokens`).
+        head_gradient_in_head_layout: whether the loss forms the head's gradient in the head's own
+            layout, so the update moves no layouts (the target's `head_gradient_in_head_layout`).
     Returns:
         Their `MemoryBytes`.
     """
@@ -140,6 +144,14 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     # the layer's offloaded values its attention's backward reads, back from the host since its
     # backward began (the layer loop's host reads run an iteration ahead: `READ_BY_ATTENTION_BACKWARD`)
     fetched_ahead = tokens * remat.fetched_ahead / tensor
+    # where the MLP's input is recomputed through the attention, the attention's forward runs again
+    # before the MLP's backward, and what its own backward reads (the attention side's values, less
+    # those kept on device or fetched ahead from the host, counted as such) is held through the MLP's
+    # (and, where the chip's compiler keeps it so, the kernel's log-sum-exp in its lane-wide output)
+    rerun = attention_values_through_mlp_backward(x)
+    attention_first = rerun * np.maximum(
+        attention_values - tokens * (remat.kept_attention_side + remat.fetched_ahead) / tensor, 0.0)
+    lse_first = rerun * x.topology.chip.splash_lse_lanes_held * lse_lane_bytes(x, layout)
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding
         # included (its embed dimension over both)
@@ -166,11 +178,13 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         * (pb != a),
         attention_working_set=(2 * attention_values - tokens * remat.kept_attention_side / tensor) * a,
         # the MLP's input gathered over tensor and its gradient for every token (the chunk loop's
-        # input and output), one chunk's values (kept ones copied) and their gradients, the layer's
-        # kept MLP values copied, the chunk loop's weights and gradient sums, the attention's
-        # values a chip schedules ahead of the MLP's backward, and the offloaded values fetched ahead
-        mlp_working_set=(2 * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy
-                         + mlp_loop_matrices * mlp_matrix + attention_early + fetched_ahead) * a,
+        # input and output) and, over tensor, its output's gradient gathered too; one chunk's values
+        # (kept ones copied) and their gradients, the layer's kept MLP values copied, the chunk
+        # loop's weights and gradient sums, the attention's values run before the MLP's backward (a
+        # chip's schedule, or the policy's), and the offloaded values fetched ahead
+        mlp_working_set=((2 + (tensor > 1)) * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy
+                         + mlp_loop_matrices * mlp_matrix + attention_early + attention_first + fetched_ahead) * a
+        + lse_first,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
         # on the attention side, the weights' traffic: matrices gathered one by one (the one in use,
@@ -182,10 +196,11 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
-        # the layout moves were read from TPU compiles; a host lays its arrays out otherwise, so there it is left out
+        # the layout moves were read from TPU compiles; a host lays its arrays out otherwise, so there
+        # it is left out; a gradient in the head's layout needs none
         optimizer_update=head_shard * optimizer_update_bytes_per_head_weight(
             param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=x.topology.chip.relayout_off_tensorcore)
-        * (x.topology.chip.kind is ChipKind.TPU),
+        * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
     )
 
 
@@ -213,13 +228,40 @@ def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
     return (free[x.remat] & one_call).astype(float)
 
 
+def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
+    """Per candidate, 1.0 where the policy recomputes both the attention output and the out
+    projection (`full`, `save_qkv_proj`, ...): the MLP's input is then recomputed through the
+    attention, so on every chip the attention's forward runs again before the MLP's backward,
+    and what the attention's backward reads is held through the MLP's (deviceless compiles of
+    bench_memory's `full` rows at tensor 2, v5p and tpu7x: the attention's normed input gathered,
+    q, K, V, the kernel's output and the residual stream's values live in the MLP's chunk loop;
+    benchmarks/results/bench_memory_offload.md, session 12).
+
+    Args:
+        x: the candidates.
+    Returns:
+        0.0 or 1.0 per candidate.
+    """
+    where = [placements(policy, x.remat_custom) for policy in POLICIES]
+    both = np.array([w[ATTENTION_OUTPUT] is Placement.REMAT and w["out_proj"] is Placement.REMAT for w in where])
+    return both[x.remat].astype(float)
+
+
+def lse_lane_bytes(x: Candidates, layout: Layout) -> np.ndarray:
+    """Bytes of splash's log-sum-exp residual as its forward kernel writes it: fp32, one row of
+    `SPLASH_LANES` per local query and head (jax's splash_attention_kernel; its `[..., 0]` is the
+    value the backward reads)."""
+    return x.sequences_per_device * layout.q_len * layout.q_heads * SPLASH_LANES * 4
+
+
 def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, relayout_off_core: bool) -> int:
     """Bytes the output head's AdamW update holds per head weight beyond its gradient (counted in
-    `grads` + `update_gradients`).
+    `grads` + `update_gradients`), where the gradient reaches it stacked by vocabulary piece.
 
-    The loss's backward reduce-scatters the head's gradient piece by vocabulary piece, so it
-    arrives stacked by piece, `[pieces, hidden/g, piece]`, not in the head's `[hidden/g, vocab/t]`
-    layout. The compiler moves the head and both moments into the gradient's layout for the
+    A loss whose backward reduce-scatters the head's gradient piece by vocabulary piece and stacks
+    the pieces hands it over as `[pieces, hidden/g, piece]`, not in the head's `[hidden/g, vocab/t]`
+    layout (cpplan's loss did until it wrote each piece into the head's layout; read from its
+    deviceless TPU compiles then). The compiler moves the head and both moments into the gradient's layout for the
     update (and the results back), and forms the two gradient terms, `(1-b1)·g` and `(1-b2)·g²`,
     in fp32; these take the place of the head's gradient counted in `grads` + `update_gradients`.
     Where the move runs off the TensorCore (the chip row's `relayout_off_tensorcore`: SparseCore

@@ -84,7 +84,9 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         step_time_s=step, compute_s=compute, hbm_s=hbm,
         comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s}, exposed_s=exposed,
         memory=target_memory(x, price_memory(x, attention.layout, cost.buffer_bytes,
-                                             mlp_chunk_tokens=target.traits.mlp_chunk_tokens).as_dict(),
+                                             mlp_chunk_tokens=target.traits.mlp_chunk_tokens,
+                                             head_gradient_in_head_layout=target.traits.head_gradient_in_head_layout
+                                             ).as_dict(),
                              attention.layout, target.traits),
         smem_bytes=target_smem_bytes(x, attention.layout, attention.smem_bytes, target.traits),
         model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),

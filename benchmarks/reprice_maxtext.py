@@ -1,0 +1,51 @@
+"""Re-price bench_maxtext's exported plans with today's `--target maxtext` price against the MaxText
+compiles it stored, without compiling again (MaxText's compiles take minutes each).
+
+    python benchmarks/reprice_maxtext.py                # every stored plan
+    python benchmarks/reprice_maxtext.py --only ring    # plans whose name contains the text
+
+Each plan is chosen and exported as `bench_maxtext.py` does it (`exported`), so a price change that
+changes the chosen plan's flags re-prices a plan the stored compile did not run: the flags are
+printed, to set against the stored log's. Re-run `bench_maxtext.py` after a change to the export.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_maxtext import PLANS, TOLERANCE, exported  # noqa: E402
+from cost_models.errors import CpplanError  # noqa: E402
+from cost_models.units import GiB  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
+from planner.maxtext import format_flags  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_maxtext.json"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="plans whose name contains this text")
+    args = parser.parse_args()
+    if not RESULTS.exists():
+        raise CpplanError(f"{RESULTS} holds no MaxText compiles yet; run benchmarks/bench_maxtext.py first.")
+    stored = {r["name"]: r for r in json.loads(RESULTS.read_text()) if "compiled_gib" in r}
+    plans = [p for p in PLANS if p[0] in stored and (not args.only or args.only in p[0])]
+    width = max((len(p[0]) for p in plans), default=0)
+    print(f"{'plan':<{width}} {'MaxText':>8} {'stored':>8} {'now':>8} {'ratio stored → now':>19}  fits now/MaxText")
+    good = 0
+    for name, topology, seq_len, strategy, mesh, extra in plans:
+        export = exported(topology, seq_len, strategy, mesh, extra)
+        now, old = estimate(export.plan, target="maxtext"), stored[name]
+        ratio = now.hbm_bytes_per_device / GiB / old["compiled_gib"]
+        good += abs(ratio - 1) <= TOLERANCE and now.fits == old["compiled_fits"]
+        print(f"{name:<{width}} {old['compiled_gib']:>7.1f}G {old['predicted_gib']:>7.1f}G "
+              f"{now.hbm_bytes_per_device / GiB:>7.1f}G {old['ratio']:>8.3f} → {ratio:.3f}  "
+              f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}")
+        print(f"{'':<{width}}   {format_flags(export.flags)}")
+    print(f"\n{good} of {len(plans)} within {TOLERANCE:.0%} with the same verdict")
+
+
+if __name__ == "__main__":
+    main()
