@@ -9,9 +9,9 @@ target logit per token. Log-sum-exps are combined across 'tensor'. The backward 
 walks the pieces again: softmax minus one-hot, dh accumulated, the piece's gradient
 reduce-scattered straight back to the shard and written into its columns there. Peak memory: one
 piece of the head, its gradient, one chunk's logits — not tokens × vocabulary × 4 bytes, nor the
-whole head. Negative targets
-(`IGNORED_TARGET`: in packed rows, a document's last token, whose next token is another
-document's) add nothing to the loss or its gradient; the mean is over the targets that count.
+whole head. Negative targets (`IGNORED_TARGET`: in packed rows, a document's last token, whose next
+token is another document's) add nothing to the loss or its gradient; the mean is over the targets
+that count.
 """
 from __future__ import annotations
 

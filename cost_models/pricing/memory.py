@@ -7,8 +7,9 @@ optimizer's update (`UPDATE_MEMORY`: the weights, every gradient and the moments
 own temporaries). Within a layer's backward the attention side (its values and the
 strategy's buffers, and the weights being gathered) and the MLP side (one chunk of tokens, and
 the MLP's weights and gradient sums its chunk loop holds) are not live at once: the layer holds the
-larger of the two (on chips that run the attention's recomputation first, the MLP side holds that
-too: the chip row's `attention_before_mlp_backward`).
+larger of the two (where the attention's recomputation runs first, the MLP side holds that too:
+on every chip where the policy recomputes the out projection as well, whose input it is, and on
+chips whose schedule runs it first anyway, the row's `attention_before_mlp_backward`).
 """
 from __future__ import annotations
 
@@ -261,9 +262,9 @@ def optimizer_update_bytes_per_head_weight(*, param_bytes: int, mu_bytes: int, r
     A loss whose backward reduce-scatters the head's gradient piece by vocabulary piece and stacks
     the pieces hands it over as `[pieces, hidden/g, piece]`, not in the head's `[hidden/g, vocab/t]`
     layout (cpplan's loss did until it wrote each piece into the head's layout; read from its
-    deviceless TPU compiles then). The compiler moves the head and both moments into the gradient's layout for the
-    update (and the results back), and forms the two gradient terms, `(1-b1)·g` and `(1-b2)·g²`,
-    in fp32; these take the place of the head's gradient counted in `grads` + `update_gradients`.
+    deviceless TPU compiles then). The compiler moves the head and both moments into the
+    gradient's layout for the update (and the results back), and forms the two gradient terms,
+    `(1-b1)·g` and `(1-b2)·g²`, in fp32; these take the place of the head's gradient counted in `grads` + `update_gradients`.
     Where the move runs off the TensorCore (the chip row's `relayout_off_tensorcore`: SparseCore
     data-format calls, whose outputs an elementwise update does not write over) the three updated
     arrays are new buffers too.
