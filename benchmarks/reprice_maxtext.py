@@ -5,8 +5,10 @@ compiles it stored, without compiling again (MaxText's compiles take minutes eac
     python benchmarks/reprice_maxtext.py --only ring    # plans whose name contains the text
 
 Each plan is chosen and exported as `bench_maxtext.py` does it (`exported`), so a price change that
-changes the chosen plan's flags re-prices a plan the stored compile did not run: the flags are
-printed, to set against the stored log's. Re-run `bench_maxtext.py` after a change to the export.
+changes the chosen plan's flags would re-price a plan the stored compile did not run: each plan's
+flags are checked against those its compile ran with (the `== name` blocks of
+results/bench_maxtext.txt), and a plan whose flags changed is named and not counted. Re-run
+`bench_maxtext.py` after a change to the export.
 """
 import argparse
 import json
@@ -22,6 +24,14 @@ from planner.estimate import estimate  # noqa: E402
 from planner.maxtext import format_flags  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_maxtext.json"
+LOG = RESULTS.with_suffix(".txt")
+
+
+def compiled_flags(log: str) -> dict[str, str]:
+    """The flags each plan of a bench_maxtext log was compiled with, by plan name (the line after
+    its `== name`)."""
+    lines = log.splitlines()
+    return {line[3:]: lines[i + 1].strip() for i, line in enumerate(lines[:-1]) if line.startswith("== ")}
 
 
 def main():
@@ -31,6 +41,7 @@ def main():
     if not RESULTS.exists():
         raise CpplanError(f"{RESULTS} holds no MaxText compiles yet; run benchmarks/bench_maxtext.py first.")
     stored = {r["name"]: r for r in json.loads(RESULTS.read_text()) if "compiled_gib" in r}
+    ran = compiled_flags(LOG.read_text()) if LOG.exists() else {}
     plans = [p for p in PLANS if p[0] in stored and (not args.only or args.only in p[0])]
     width = max((len(p[0]) for p in plans), default=0)
     print(f"{'plan':<{width}} {'MaxText':>8} {'stored':>8} {'now':>8} {'ratio stored → now':>19}  fits now/MaxText")
@@ -39,12 +50,15 @@ def main():
         export = exported(topology, seq_len, strategy, mesh, extra)
         now, old = estimate(export.plan, target="maxtext"), stored[name]
         ratio = now.hbm_bytes_per_device / GiB / old["compiled_gib"]
-        good += abs(ratio - 1) <= TOLERANCE and now.fits == old["compiled_fits"]
+        flags = f"{format_flags(export.flags)} {format_flags(export.compile_flags)}"
+        same_flags = ran.get(name) == flags
+        good += abs(ratio - 1) <= TOLERANCE and now.fits == old["compiled_fits"] and same_flags
         print(f"{name:<{width}} {old['compiled_gib']:>7.1f}G {old['predicted_gib']:>7.1f}G "
               f"{now.hbm_bytes_per_device / GiB:>7.1f}G {old['ratio']:>8.3f} → {ratio:.3f}  "
               f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}")
-        print(f"{'':<{width}}   {format_flags(export.flags)}")
-    print(f"\n{good} of {len(plans)} within {TOLERANCE:.0%} with the same verdict")
+        print(f"{'':<{width}}   {flags}" + ("" if same_flags else
+                                                 f"\n{'':<{width}}   FLAGS CHANGED: compiled with {ran.get(name)}"))
+    print(f"\n{good} of {len(plans)} within {TOLERANCE:.0%} with the same verdict and the flags the compile ran")
 
 
 if __name__ == "__main__":

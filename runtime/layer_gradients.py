@@ -8,8 +8,9 @@ layer loop to give that order:
 - a step that offloads activations to host memory: the TPU compiler peels its layer loops (the host
   writes are pipelined across iterations; with two layers the loops of one trip left are inlined);
 - a step of one layer: XLA inlines a loop of one trip. Its reduce-scatters of the layer's weight
-  gradients then run beside the output head's update, whose buffers are the step's largest (a
-  deviceless tpu7x compile holds them there unreduced: 0.23 GiB at tensor 2, 0.46 GiB at tensor 1).
+  gradients then run beside the output head's update (a deviceless tpu7x compile, with the head's
+  gradient then stacked by vocabulary piece and the update's buffers the step's largest, held them
+  there unreduced: 0.23 GiB at tensor 2, 0.46 GiB at tensor 1).
 Tying a layer's weight gradients to its input's gradient restores what the loop gives, and the
 memory price's phases (one layer's backward at a time; the update with every gradient reduced) hold.
 

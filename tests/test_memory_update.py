@@ -7,7 +7,7 @@ shapes with 2 layers, 32K tokens): compiled with the head's gradient stacked by 
 assignment held eight fp32 arrays of the head's shard, [1024, 64128] (250.5 MiB each): the head, mu
 and nu moved into the gradient's layout, the two gradient terms and the three results. cpplan's
 loss now writes the gradient in the head's layout and the update aliases the head and its moments;
-a target that is not known to (MaxText) is priced with the moves.
+MaxText, whose update was not read in its compiles, is priced with the moves.
 """
 import dataclasses
 
@@ -91,7 +91,7 @@ def test_tpu7x_runs_the_attention_before_the_mlp_backward():
     early = 128 * 2 * (3 * 8192 * 32 + 2 * 32768 * 8)
     assert early / MiB == 320
     assert tpu7x.hbm_bytes["mlp_working_set"] - v5p.hbm_bytes["mlp_working_set"] == early
-    # the compiler: 6.42 GiB (6.38 recompiled on 2026-12-01); before these terms cpplan said 5.30 GiB
+    # the compiler: 6.42 GiB (6.38 recompiled on 2026-12-01 and again on 2026-12-03); before these terms cpplan said 5.30 GiB
     assert tpu7x.hbm_bytes_per_device / 2 ** 30 == pytest.approx(5.96, abs=0.01)
     # a kept attention output is not run again; without out_proj kept the MLP waits for the attention
     # on both chips, and only tpu7x's compiler keeps the kernel's log-sum-exp lane-wide (1 sequence of
@@ -106,15 +106,18 @@ def test_tpu7x_runs_the_attention_before_the_mlp_backward():
 
 
 def test_hosts_price_no_layout_moves():
-    # read from TPU compiles only: a host's update holds the weights, gradients and moments
-    host = estimate(_plan("cpu:8"))
+    # read from TPU compiles only: a host's update holds the weights, gradients and moments, even
+    # with the gradient stacked by piece
+    host = estimate(_plan("cpu:8"), target="maxtext")
     assert host.hbm_bytes["optimizer_update"] == 0
+    assert estimate(_plan("v5p:2x2x2"), target="maxtext").hbm_bytes["optimizer_update"] > 0
 
 
 def test_a_recomputed_attention_is_held_through_the_mlp_backward():
     # bench_memory's row "tpu7x fsdp4 tensor2 full 1 layer": 2 sequences of 8192 tokens per device,
     # 16 of the 32 q heads and 4 of the 8 KV heads, four MLP chunks
     tokens, chunk, hidden, inter, head_dim = 16384, 4096, 4096, 14336 // 2, 128
+
     def on(topology):
         return Plan(model=dataclasses.replace(MODELS["llama3.1-8b"], name="llama3.1-8b-1l", num_layers=1),
                     topology=topology, seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=4, tensor=2),
@@ -137,7 +140,7 @@ def test_a_recomputed_attention_is_held_through_the_mlp_backward():
     # the compiler (libtpu 0.0.52): 3.71 GiB; at its peak, in the MLP's chunk loop, the attention's
     # normed input gathered, q, K, V, the kernel's output and log-sum-exp and two stream values are live
     assert estimate(plan).hbm_bytes_per_device / 2 ** 30 == pytest.approx(3.68, abs=0.01)
-    # v5p's slices the log-sum-exp as it is written
+    # v5p's compiler slices the log-sum-exp as the kernel writes it
     v5p = estimate(on("v5p:2x2x2")).hbm_bytes
     assert v5p["mlp_working_set"] == (mlp + attention) * 2
     # keeping the attention's values and no MLP value, nothing is run again ahead of the MLP's

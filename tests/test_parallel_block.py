@@ -96,6 +96,11 @@ def test_memory_and_elementwise_work_of_the_parallel_block():
     # same matmuls but the out projection's recompute; less HBM-bound elementwise work
     assert full_par.t_hbm_s < full_seq.t_hbm_s and full_par.step_time_s < full_seq.step_time_s
     assert np.isfinite(full_par.step_time_s) and full_par.model_flops == full_seq.model_flops  # the same matmuls
+    # under full remat the sequential block's MLP input waits for the attention run again, whose values
+    # (the normed input, q/out of 32 heads, K/V of 8, the residual and out projection: 14336 a token)
+    # are held through the MLP's backward; the parallel block's MLP reads the layer input's norm only
+    held = tokens * (4096 + (2 * 32 + 2 * 8) * 128 + 2 * 4096) * 2
+    assert full_seq.hbm_bytes["mlp_working_set"] - full_par.hbm_bytes["mlp_working_set"] == held
 
 
 def test_maxtext_reads_and_writes_decoder_block():

@@ -89,7 +89,7 @@ def layer_gradient_bytes(x: Candidates) -> np.ndarray:
 
 def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
                  mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
-                 head_gradient_in_head_layout: bool = True) -> MemoryBytes:
+                 head_gradient_in_head_layout: bool) -> MemoryBytes:
     """HBM each candidate holds per device, by component.
 
     Args:
@@ -231,8 +231,8 @@ def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
 
 def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
     """Per candidate, 1.0 where the policy recomputes both the attention output and the out
-    projection (`full`, `save_qkv_proj`, ...): the MLP's input is then recomputed through the
-    attention, so on every chip the attention's forward runs again before the MLP's backward,
+    projection (`full`, `save_qkv_proj`, ...) of a sequential block: the MLP's input is then
+    recomputed through the attention, so on every chip the attention's forward runs again before the MLP's backward,
     and what the attention's backward reads is held through the MLP's (deviceless compiles of
     bench_memory's `full` rows at tensor 2, v5p and tpu7x: the attention's normed input gathered,
     q, K, V, the kernel's output and the residual stream's values live in the MLP's chunk loop;
@@ -243,6 +243,8 @@ def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
     Returns:
         0.0 or 1.0 per candidate.
     """
+    if x.model.decoder_block.parallel:  # the MLP's input is the layer input's norm: it waits for no attention
+        return np.zeros(np.shape(x.remat))
     where = [placements(policy, x.remat_custom) for policy in POLICIES]
     both = np.array([w[ATTENTION_OUTPUT] is Placement.REMAT and w["out_proj"] is Placement.REMAT for w in where])
     return both[x.remat].astype(float)
