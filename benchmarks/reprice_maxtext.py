@@ -10,18 +10,16 @@ flags are checked against those its compile ran with (the `== name` blocks of
 results/bench_maxtext.txt), and a plan whose flags changed is named and not counted. Re-run
 `bench_maxtext.py` after a change to the export.
 """
-import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_maxtext import PLANS, TOLERANCE, exported  # noqa: E402
-from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.units import GiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.maxtext import format_flags  # noqa: E402
+from reprice_memory import stored_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_maxtext.json"
 LOG = RESULTS.with_suffix(".txt")
@@ -35,14 +33,10 @@ def compiled_flags(log: str) -> dict[str, str]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="plans whose name contains this text")
-    args = parser.parse_args()
-    if not RESULTS.exists():
-        raise CpplanError(f"{RESULTS} holds no MaxText compiles yet; run benchmarks/bench_maxtext.py first.")
-    stored = {r["name"]: r for r in json.loads(RESULTS.read_text()) if "compiled_gib" in r}
+    only, rows_stored = stored_results(__doc__, RESULTS, "bench_maxtext.py")
+    stored = {r["name"]: r for r in rows_stored if "compiled_gib" in r}
     ran = compiled_flags(LOG.read_text()) if LOG.exists() else {}
-    plans = [p for p in PLANS if p[0] in stored and (not args.only or args.only in p[0])]
+    plans = [p for p in PLANS if p[0] in stored and (not only or only in p[0])]
     width = max((len(p[0]) for p in plans), default=0)
     print(f"{'plan':<{width}} {'MaxText':>8} {'stored':>8} {'now':>8} {'ratio stored → now':>19}  fits now/MaxText")
     good = 0

@@ -32,14 +32,28 @@ def least_columns(stored: dict, now) -> str:
     return f"  {cap / GiB:>7.2f}G {now.hbm_bytes_per_device / cap - 1:>+9.1%}"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", help="rows whose label contains this text")
+def stored_results(doc: str, results: Path, bench: str) -> tuple[str | None, list[dict]]:
+    """A re-pricing script's `--only` text and the rows a bench stored, refusing a missing file.
+
+    Args:
+        doc: the script's docstring (its help).
+        results: the bench's results file.
+        bench: the bench that writes it (named in the error).
+    Returns:
+        The `--only` text (None: every row) and the stored rows.
+    """
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="rows whose name contains this text")
     args = parser.parse_args()
-    if not RESULTS.exists():
-        raise CpplanError(f"{RESULTS} holds no compiler figures yet; run benchmarks/bench_memory.py first.")
-    stored = {r["label"]: r for r in json.loads(RESULTS.read_text())}
-    rows = [r for r in ROWS if r[0] in stored and (not args.only or args.only in r[0])]
+    if not results.exists():
+        raise CpplanError(f"{results} holds no compiler figures yet; run benchmarks/{bench} first.")
+    return args.only, json.loads(results.read_text())
+
+
+def main():
+    only, rows_stored = stored_results(__doc__, RESULTS, "bench_memory.py")
+    stored = {r["label"]: r for r in rows_stored}
+    rows = [r for r in ROWS if r[0] in stored and (not only or only in r[0])]
     width = max(len(r[0]) for r in rows)
     print(f"{'plan':<{width}} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA"
           f"{'least':>9} {'now/least':>10}")
