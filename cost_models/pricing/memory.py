@@ -224,19 +224,18 @@ def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
     if not x.topology.chip.attention_before_mlp_backward:
         return np.zeros(np.shape(x.remat))
     one_call = sum(np.asarray(call.count, dtype=float) for call in STRATEGIES[x.strategy].kernel_calls(x, layout)) == 1
-    where = [placements(policy, x.remat_custom) for policy in POLICIES]
-    free = np.array([w[ATTENTION_OUTPUT] is Placement.REMAT and w["out_proj"] is not Placement.REMAT for w in where])
-    return (free[x.remat] & one_call).astype(float)
+    free = recomputed_checkpoint(x, ATTENTION_OUTPUT) & ~recomputed_checkpoint(x, "out_proj")
+    return (free & one_call).astype(float)
 
 
 def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
     """Per candidate, 1.0 where the policy recomputes both the attention output and the out
     projection (`full`, `save_qkv_proj`, ...) of a sequential block: the MLP's input is then
-    recomputed through the attention, so on every chip the attention's forward runs again before the MLP's backward,
-    and what the attention's backward reads is held through the MLP's (deviceless compiles of
-    bench_memory's `full` rows at tensor 2, v5p and tpu7x: the attention's normed input gathered,
-    q, K, V, the kernel's output and the residual stream's values live in the MLP's chunk loop;
-    benchmarks/results/bench_memory_offload.md, session 12).
+    recomputed through the attention, so on every chip the attention's forward runs again before
+    the MLP's backward, and what the attention's backward reads is held through the MLP's
+    (deviceless compiles of bench_memory's `full` rows at tensor 2, v5p and tpu7x: the attention's
+    normed input gathered, q, K, V, the kernel's output and the residual stream's values live in the
+    MLP's chunk loop; benchmarks/results/bench_memory_offload.md, session 12).
 
     Args:
         x: the candidates.
@@ -245,9 +244,14 @@ def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
     """
     if x.model.decoder_block.parallel:  # the MLP's input is the layer input's norm: it waits for no attention
         return np.zeros(np.shape(x.remat))
-    where = [placements(policy, x.remat_custom) for policy in POLICIES]
-    both = np.array([w[ATTENTION_OUTPUT] is Placement.REMAT and w["out_proj"] is Placement.REMAT for w in where])
-    return both[x.remat].astype(float)
+    return (recomputed_checkpoint(x, ATTENTION_OUTPUT) & recomputed_checkpoint(x, "out_proj")).astype(float)
+
+
+def recomputed_checkpoint(x: Candidates, name: str) -> np.ndarray:
+    """Per candidate, whether its policy (its `custom` placements included) recomputes the
+    checkpoint `name`."""
+    remat = np.array([placements(policy, x.remat_custom)[name] is Placement.REMAT for policy in POLICIES])
+    return remat[x.remat]
 
 
 def lse_lane_bytes(x: Candidates, layout: Layout) -> np.ndarray:
