@@ -1,4 +1,4 @@
-"""Issue 10's corpus targets, measured: cpplan against published, measured TPU training runs, and
+"""The corpus targets, measured: cpplan against published, measured TPU training runs, and
 the per-chip error bands that `explain` uses, regenerated from it.
 
 Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus] [--no-plots]
@@ -8,7 +8,12 @@ Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus] [--no-p
 - prints, for every multi-slice run whose corpus has the same run on one slice, how much the step
   grows from one slice to N, published against priced, and the difference per decoder layer (the
   multi-slice misses: see benchmarks/results/corpus/multislice.md);
-- writes cost_models/data/accuracy.json: per chip, the corpus step-time MAPE (chips with runs) and
+- prices the context-parallel test set, benchmarks/public_cp_runs.csv, the same way and prints its
+  MAPE and largest error (targets: MAPE ≤ 10%, every run within 20%) and, per case measured under
+  several plans, whether the plan cpplan ranks first measured within 5% of the fastest; its
+  report goes to --out's cp/ folder;
+- writes cost_models/data/accuracy.json: per chip, the corpus step-time MAPE (chips with runs), the
+  context-parallel test set's (chips with CP runs) and
   the attention-kernel MAPE from benchmarks/results/kernels/comparison.txt (what
   benchmarks/fit_kernels.py printed; the only figure for TPU7x, whose end-to-end runs are left out
   of the corpus on purpose).
@@ -27,9 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 from cost_models.accuracy import ACCURACY_FILE  # noqa: E402
 from planner.maxtext import parse_flags  # noqa: E402
-from validation.corpus import CorpusRun, compare_corpus, read_corpus  # noqa: E402
+from validation.corpus import CorpusRun, choices, compare_corpus, read_corpus  # noqa: E402
 
 CORPUS = ROOT / "benchmarks" / "public_runs.csv"
+CP_CORPUS = ROOT / "benchmarks" / "public_cp_runs.csv"
+CHOICE_TARGET = 0.05  # the plan ranked first measured within 5% of the fastest of its case
 KERNEL_COMPARISON = ROOT / "benchmarks" / "results" / "kernels" / "comparison.txt"
 # a row of fit_kernels.py's MAPE table: chip, pass, length band, calls, MAPE, MAPE before, median signed
 KERNEL_ROW = re.compile(r"^(\S+)\s+(forward|backward)\s+(\S+)\s+(\d+)\s+([\d.]+)%")
@@ -102,12 +109,30 @@ def main() -> None:
         print(f"  {g['run']:30} N={g['slices']:<3} layers {g['layers']:<4} published {g['published_growth_s']:+7.3f} s  "
               f"priced {g['priced_growth_s']:+7.3f} s  unpriced {g['unpriced_ms_per_layer']:6.2f} ms/layer")
 
+    cp_report = compare_corpus(read_corpus(CP_CORPUS),
+                               title="cpplan vs published context-parallel TPU runs (benchmarks/public_cp_runs.csv)")
+    cp_files = cp_report.write(args.out / "cp", plots=not args.no_plots)
+    cp = cp_report.summary()
+    within_20 = sum(abs(r.error) <= 0.20 for r in cp_report.measured)
+    print(f"context-parallel runs {cp['runs']}: step-time MAPE {cp['mape']:.1%} (target ≤ 10%), largest |error| "
+          f"{cp['max_abs_error']:.1%} (target: every run within 20%; {within_20} are), mean signed error "
+          f"{cp['mean_signed_error']:+.1%}")
+    for r in cp_report.measured:
+        print(f"  {r.run_id:34} predicted {r.predicted.step_time_s:7.3f} s  published {r.measured_step_s:7.3f} s  "
+              f"{r.error:+7.1%}")
+    for c in choices(cp_report):
+        rho = "n/a" if c.spearman is None else f"{c.spearman:.2f}"
+        print(f"  {c.case}: ranked first {c.chosen}, fastest {c.fastest}: measured {c.regret:+.1%} from the fastest "
+              f"({'within' if c.regret <= CHOICE_TARGET else 'outside'} the {CHOICE_TARGET:.0%} target); Spearman of "
+              f"its {c.runs} plans {rho}")
+
     version = commit()
     kernels = kernel_mapes(KERNEL_COMPARISON.read_text())
-    chips = sorted(set(s["per_chip"]) | set(kernels))
+    chips = sorted(set(s["per_chip"]) | set(cp["per_chip"]) | set(kernels))
     table = {"source": f"written by benchmarks/bench_corpus.py at cpplan {version}: step-time MAPE per chip over "
                        f"benchmarks/public_runs.csv (published, measured MaxText runs; each row cites its own source), "
-                       f"and the attention-kernel MAPE per chip from benchmarks/results/kernels/comparison.txt "
+                       f"the same over the context-parallel test set benchmarks/public_cp_runs.csv (the band of "
+                       f"context-parallel plans), and the attention-kernel MAPE per chip from benchmarks/results/kernels/comparison.txt "
                        f"(benchmarks/fit_kernels.py against tokamax's measured TPU timings, both passes, all lengths, "
                        f"weighted by calls)",
              "chips": {}}
@@ -119,11 +144,18 @@ def main() -> None:
                                "max_abs_error": round(c["max_abs_error"], 4),
                                "mean_signed_error": round(c["mean_signed_error"], 4),
                                "source": f"benchmarks/public_runs.csv, {c['runs']} {chip} runs, priced at cpplan {version}"}
+        if chip in cp["per_chip"]:
+            c = cp["per_chip"][chip]
+            entry["cp_corpus"] = {"step_time_mape": round(c["mape"], 4), "runs": c["runs"],
+                                  "max_abs_error": round(c["max_abs_error"], 4),
+                                  "mean_signed_error": round(c["mean_signed_error"], 4),
+                                  "source": f"benchmarks/public_cp_runs.csv, {c['runs']} {chip} runs, priced at "
+                                            f"cpplan {version}"}
         if chip in kernels:
             entry["kernels"] = dict(kernels[chip], source="benchmarks/results/kernels/comparison.txt (fit_kernels.py)")
         table["chips"][chip] = entry
     ACCURACY_FILE.write_text(json.dumps(table, indent=2) + "\n")
-    print(f"wrote {', '.join(str(f) for f in files)}, {ACCURACY_FILE}")
+    print(f"wrote {', '.join(str(f) for f in files + cp_files)}, {ACCURACY_FILE}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""How far the model's step times are from measured ones, per chip: the error band every
-estimate carries and that `explain` uses to call close plans ties.
+"""How far the model's step times are from measured ones, per chip and regime: the error band
+every estimate carries and that `explain` uses to call close plans ties.
 
-The figures live in `data/accuracy.json`, written by `benchmarks/bench_corpus.py` from the
-public corpus (`benchmarks/public_runs.csv`: step-time MAPE of the chips with published runs) and
-from the kernel checks of `benchmarks/fit_kernels.py` (attention-kernel MAPE, the only figure for
+Two regimes: plans without context parallelism, whose band is the public corpus's step-time
+MAPE (`benchmarks/public_runs.csv`), and context-parallel plans, whose band is the CP test set's
+(`benchmarks/public_cp_runs.csv`). The figures live in `data/accuracy.json`, written by
+`benchmarks/bench_corpus.py` from both and from the kernel checks of `benchmarks/fit_kernels.py` (attention-kernel MAPE, the only figure for
 a chip without published end-to-end runs, such as TPU7x). Each entry names its source.
 """
 from __future__ import annotations
@@ -20,11 +21,17 @@ ACCURACY_FILE = Path(__file__).parent / "data" / "accuracy.json"
 
 @dataclass(frozen=True)
 class ErrorBand:
-    """The model's measured relative error of a step time on one chip.
+    """The model's measured relative error of a step time on one chip, in one regime.
 
-    `relative` is the band (0.12 = ±12%); `basis` says what it was measured on: `corpus` (the
-    step-time MAPE over `runs` published end-to-end runs) or `kernels` (the attention kernel's
-    MAPE against measured timings: a floor, as the rest of the step is unchecked there).
+    Attributes:
+        chip: the chip's name.
+        relative: the band (0.12 = ±12%).
+        basis: what it was measured on: `corpus` (step-time MAPE over published runs without
+            context parallelism), `cp_corpus` (over published context-parallel runs) or `kernels`
+            (the attention kernel's MAPE against measured timings: a floor, the rest unchecked).
+        runs: the runs (or kernel calls) it was measured over.
+        source: where the figure was written from.
+        context_parallel: the regime asked for: a plan that splits the sequence.
     """
 
     chip: str
@@ -32,17 +39,28 @@ class ErrorBand:
     basis: str
     runs: int
     source: str
+    context_parallel: bool = False
+
+    @property
+    def regime(self) -> str:
+        return "context-parallel" if self.context_parallel else "no context parallelism"
 
     def describe(self) -> str:
-        """E.g. '±12.0% (step-time MAPE over 18 published v5p runs)'."""
-        if self.basis == "corpus":
-            return f"±{self.relative:.1%} (step-time MAPE over {self.runs} published {self.chip} runs)"
-        return (f"±{self.relative:.1%} (attention-kernel MAPE over {self.runs} measured {self.chip} calls; no "
-                f"published end-to-end runs, so the step's other terms are unchecked)")
+        """E.g. '±37.8% (context-parallel plans: step-time MAPE over 15 published context-parallel v5p runs)'."""
+        unchecked = ("; no published context-parallel runs on this chip, so the context-parallel terms are unchecked"
+                     if self.context_parallel and self.basis != "cp_corpus" else "")
+        if self.basis == "cp_corpus":
+            how = f"step-time MAPE over {self.runs} published context-parallel {self.chip} runs"
+        elif self.basis == "corpus":
+            how = f"step-time MAPE over {self.runs} published {self.chip} runs without context parallelism"
+        else:
+            how = (f"attention-kernel MAPE over {self.runs} measured {self.chip} calls; no published end-to-end "
+                   f"runs, so the step's other terms are unchecked")
+        return f"±{self.relative:.1%} ({self.regime} plans: {how}{unchecked})"
 
     def to_dict(self) -> dict:
         return {"chip": self.chip, "relative": self.relative, "basis": self.basis, "runs": self.runs,
-                "source": self.source}
+                "source": self.source, "regime": self.regime}
 
 
 @lru_cache(maxsize=1)
@@ -54,9 +72,11 @@ def _table() -> dict:
                           "python benchmarks/bench_corpus.py.") from None
 
 
-def error_band(chip: str) -> ErrorBand | None:
-    """The measured error band of `chip`'s step times: the corpus MAPE where published runs exist,
-    else the kernel checks' MAPE; None for a chip measured neither way (e.g. a calibrated host).
+def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:
+    """The measured error band of `chip`'s step times in a regime: for context-parallel plans the
+    CP test set's MAPE where the chip has published CP runs; otherwise (and for CP plans on a chip
+    without them, saying so) the corpus MAPE where published runs exist, else the kernel checks'
+    MAPE; None for a chip measured none of these ways (e.g. a calibrated host).
 
     Raises:
         CpplanError: the accuracy file is unreadable.
@@ -64,9 +84,11 @@ def error_band(chip: str) -> ErrorBand | None:
     entry = _table()["chips"].get(chip)
     if entry is None:
         return None
-    corpus, kernels = entry.get("corpus"), entry.get("kernels")
+    cp, corpus, kernels = entry.get("cp_corpus"), entry.get("corpus"), entry.get("kernels")
+    if context_parallel and cp:
+        return ErrorBand(chip, cp["step_time_mape"], "cp_corpus", cp["runs"], cp["source"], True)
     if corpus:
-        return ErrorBand(chip, corpus["step_time_mape"], "corpus", corpus["runs"], corpus["source"])
+        return ErrorBand(chip, corpus["step_time_mape"], "corpus", corpus["runs"], corpus["source"], context_parallel)
     if kernels:
-        return ErrorBand(chip, kernels["mape"], "kernels", kernels["calls"], kernels["source"])
+        return ErrorBand(chip, kernels["mape"], "kernels", kernels["calls"], kernels["source"], context_parallel)
     return None

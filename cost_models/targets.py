@@ -128,6 +128,9 @@ class TargetTraits:
             into the gradient's layout (`optimizer_update`). MaxText's update was not read in its
             compiles (every one of its bench_maxtext plans peaks in the layers' backward), so it
             is priced with the moves: the larger figure.
+        tokamax_ring_kernel: the ring's hops (ring, USP) run on tokamax's ring kernel, as the
+            strategies' `maxtext_kernel_calls` list them (MaxText: tokamax
+            ring_attention_kernel.py; its build_splash_config sets use_fused_bwd_kernel=True).
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward (cpplan's
             runtime: `MLP_CHUNK_TOKENS`, each chunk its own checkpoint), or None where the MLP runs
             on all the device's tokens at once (MaxText: its `MlpBlock` has no chunk loop; its
@@ -147,6 +150,7 @@ class TargetTraits:
     offload_holds_mlp_backward: bool = False
     head_gradient_loop_devices: int | None = None
     head_gradient_in_head_layout: bool = False
+    tokamax_ring_kernel: bool = False
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
 
 
@@ -172,7 +176,7 @@ TRAITS: dict[Target, TargetTraits] = {
                                  ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
                                  offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
                                  head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
-                                 mlp_chunk_tokens=None),
+                                 tokamax_ring_kernel=True, mlp_chunk_tokens=None),
 }
 
 

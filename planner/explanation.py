@@ -164,8 +164,11 @@ class Explanation:
 
     @property
     def error_band(self) -> ErrorBand | None:
-        """The model's measured step-time error on this chip (`cost_models.accuracy`)."""
-        return error_band(self.result.case.topology.chip.name)
+        """The model's measured step-time error on this chip, in the regime of the chosen plan
+        (context-parallel or not; `cost_models.accuracy`)."""
+        best = self.result.best
+        context_parallel = best is not None and best.plan.cp_strategy is not CPStrategy.NONE
+        return error_band(self.result.case.topology.chip.name, context_parallel=context_parallel)
 
     def ties(self) -> list[Ranked]:
         """The feasible plans after the choice whose step time lies within the error band of it."""

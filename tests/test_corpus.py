@@ -11,14 +11,15 @@ import pytest
 from cost_models.accuracy import ErrorBand, error_band
 from cost_models.errors import CpplanError
 from cost_models.remat import offloaded_names
-from cost_models.vocabulary import RematPolicy
+from cost_models.vocabulary import CPStrategy, LoadBalance, RematPolicy
 from planner.estimate import estimate
-from validation.corpus import (CITATION_COLUMNS, CORPUS_COLUMNS, compare_corpus, read_corpus,
+from validation.corpus import (CITATION_COLUMNS, CORPUS_COLUMNS, choices, compare_corpus, read_corpus,
                                synthetic_shape)
 
 pytestmark = pytest.mark.pure
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "public_runs.csv"
+CP_CORPUS = ROOT / "benchmarks" / "public_cp_runs.csv"
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +138,50 @@ def test_a_row_without_its_citation_is_refused(tmp_path):
         read_corpus(_write(tmp_path, [row]))
 
 
-def test_error_bands_per_chip():
-    v5p, tpu7x = error_band("v5p"), error_band("tpu7x")
+def test_error_bands_per_chip_and_regime():
+    v5p, tpu7x = error_band("v5p", context_parallel=False), error_band("tpu7x", context_parallel=False)
     assert v5p.basis == "corpus" and v5p.runs >= 10 and 0 < v5p.relative < 1
+    assert "without context parallelism" in v5p.describe()
     assert tpu7x.basis == "kernels" and tpu7x.runs > 0 and "kernel" in tpu7x.describe()
-    assert error_band("cpu") is None
+    assert error_band("cpu", context_parallel=False) is None
+    # context-parallel plans: v5p's band is its CP test set's, one run per row of the CSV
+    cp = error_band("v5p", context_parallel=True)
+    cp_rows = [r for r in read_corpus(CP_CORPUS) if r.plan.topology_spec.chip.name == "v5p"]
+    assert cp.basis == "cp_corpus" and cp.runs == len(cp_rows) >= 15 and cp.regime == "context-parallel"
+    assert "context-parallel v5p runs" in cp.describe()
+    # a chip without published CP runs falls back to its other band and says the CP terms are unchecked
+    tpu7x_cp = error_band("tpu7x", context_parallel=True)
+    assert tpu7x_cp.basis == "kernels" and "context-parallel terms are unchecked" in tpu7x_cp.describe()
+
+
+def test_the_cp_test_set_reads_every_run_as_a_context_parallel_plan_of_its_flags():
+    runs = read_corpus(CP_CORPUS)
+    assert len(runs) == 15
+    by_id = {r.run_id: r for r in runs}
+    usp = by_id["v5p-64-llama3-8b-64k-usp16x4"].plan
+    assert (usp.cp_strategy, usp.mesh_dict["context"], usp.mesh_dict["context_ulysses"]) == (CPStrategy.USP, 16, 4)
+    ring = by_id["v5p-64-llama3-8b-256k-ring"].plan
+    assert (ring.cp_strategy, ring.mesh_dict["context"], ring.seq_len, ring.global_batch) == (CPStrategy.RING, 64, 262144, 1)
+    assert ring.topology_spec.num_devices == 64 and ring.load_balance is LoadBalance.ZIGZAG
+    assert by_id["v5p-64-llama3-8b-128k-all_gather"].step_seconds == 2.98
+    assert all(r.plan.cp_strategy is not CPStrategy.NONE for r in runs)
+
+
+def test_choices_compare_the_first_ranked_plan_with_the_fastest_measured(tmp_path):
+    # two plans of one case: the one cpplan ranks first is published 30% slower than the other,
+    # so its choice measured 30% over the fastest and the ranks disagree; a lone run makes no case
+    flags = ("model_name=llama3.1-8b per_device_batch_size=1 max_target_length=131072 compile_topology=v5p-16 "
+             "ici_fsdp_parallelism=1 context_parallel_load_balance=True")
+    plans = {"ag": flags + " ici_context_parallelism=8 context_parallel_strategy=all_gather",
+             "ring": flags + " ici_context_parallelism=8 context_parallel_strategy=ring use_tokamax_splash=True"}
+    first = min(plans, key=lambda k: estimate(read_corpus(_write(tmp_path, [_row(k, plans[k], 1.0)]))[0].plan,
+                                              target="maxtext").step_time_s)
+    other = next(k for k in plans if k != first)
+    rows = [_row(first, plans[first], 1.3), _row(other, plans[other], 1.0),
+            _row("alone", flags.replace("131072", "65536") + " ici_context_parallelism=8", 1.0)]
+    [choice] = choices(compare_corpus(read_corpus(_write(tmp_path, rows))))
+    assert (choice.chosen, choice.fastest, choice.runs) == (first, other, 2)
+    assert choice.regret == pytest.approx(0.3) and choice.spearman == pytest.approx(-1.0)
 
 
 def test_alternatives_within_the_band_are_ties_and_the_rest_are_not(monkeypatch):
@@ -154,7 +194,8 @@ def test_alternatives_within_the_band_are_ties_and_the_rest_are_not(monkeypatch)
     gaps = [a.estimate.step_time_s / best - 1 for a in alts]
     assert gaps[0] < gaps[-1]
     band = (gaps[0] + gaps[1]) / 2  # the first alternative lies within it, the last does not
-    monkeypatch.setattr(explanation, "error_band", lambda chip: ErrorBand(chip, band, "corpus", 3, "test"))
+    monkeypatch.setattr(explanation, "error_band",
+                        lambda chip, *, context_parallel: ErrorBand(chip, band, "corpus", 3, "test", context_parallel))
     data = result.to_dict()
     assert data["alternatives"][0]["tie"] and not data["alternatives"][-1]["tie"]
     assert data["ties"] == sum(r.estimate.step_time_s <= best * (1 + band) for r in result.result.ranked[1:])

@@ -207,6 +207,43 @@ def test_ring_kernel_calls_as_the_runtime_makes_them():
     assert calls("cpu:4", False)[:2] == [(1, 512, 512), (1.5, 512, 512)]
 
 
+def test_maxtext_ring_visits_every_block_of_every_hop_with_the_fused_backward():
+    import numpy as np
+    from small_candidates import one_candidate
+
+    from cost_models.compute import dq_partial_bytes, splash_step_costs
+    from cost_models.strategies import STRATEGIES
+    from cost_models.vocabulary import CPStrategy
+
+    for strategy, ulysses in ((CPStrategy.RING, 1), (CPStrategy.USP, 2)):
+        x = one_candidate(strategy, ring=4, ulysses=ulysses, zigzag=True)
+        spec = STRATEGIES[strategy]
+        layout = spec.layout(x)
+        calls = spec.maxtext_kernel_calls(x, layout)
+        # tokamax's ring kernel: the local call and three hops, each over the whole 512 × 512 grid
+        shape = [(float(np.ravel(c.count)[0]), float(np.ravel(c.q_len)[0]), float(np.ravel(c.kv_len)[0]),
+                  c.causal, c.fused_backward) for c in calls]
+        assert shape == [(1, 512, 512, True, True), (3, 512, 512, False, True)], strategy
+        # both runtimes merge the three hops into the local call's results
+        fwd, bwd = spec.merge_bytes(x, layout, calls)
+        q_values = 8 / ulysses * 512 * 32
+        kv_values = 4 / ulysses * 512 * 32
+        assert float(np.ravel(fwd)[0]) == 3 * q_values * (4 + 4 + 2)
+        assert float(np.ravel(bwd)[0]) == 3 * 12 * (q_values + 2 * kv_values)
+    # one call merges nothing
+    x = one_candidate(CPStrategy.ALL_GATHER, ring=4, zigzag=True)
+    spec = STRATEGIES[CPStrategy.ALL_GATHER]
+    assert spec.merge_bytes(x, spec.layout(x), spec.maxtext_kernel_calls(x, spec.layout(x))) == (0.0, 0.0)
+    # the fused backward: one grid instead of two, and the fp32 dq partials of 4 key blocks written
+    # and read back, plus their sum: 4 B × 8·256·32 × (2·4 + 1) = 2359296 B at 1e-12 s/B
+    assert dq_partial_bytes(8, 256, 1024, head_dim=32, block_kv=256) == 4 * 8 * 256 * 32 * 9
+    _, two_grids = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
+                                     per_step_s=1e-4, per_step_byte_s=0.0)
+    _, fused = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
+                                 per_step_s=1e-4, per_step_byte_s=0.0, fused_backward=True, hbm_s_per_byte=1e-12)
+    assert two_grids == pytest.approx(32 * 2e-4) and fused == pytest.approx(32 * 1e-4 + 2359296e-12)
+
+
 def test_host_collectives_use_their_measured_rates():
     from cost_models.collectives import Collectives
 

@@ -40,9 +40,11 @@ from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES
 from planner.maxtext import (ACTIVATIONS_FLAG, BLOCK_FLAG, parse_flags, parse_activations, parse_decoder_block,
                              read_maxtext)
+from cost_models.targets import Target
 from planner.estimate import estimate
 from planner.plan import Plan
 from validation.report import CorpusReport, StepResult
+from validation.stats import spearman
 
 CORPUS_COLUMNS = ("id", "maxtext_flags", "maxtext_defaults", "metric", "value", "peak_tflops", "flop_rule", "figure",
                   "repository", "path", "commit", "date", "derivation", "notes")
@@ -323,8 +325,47 @@ def read_corpus(path: "str | Path") -> list[CorpusRun]:
     return runs
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One case of a corpus measured under several plans (the same model, topology, length and
+    batch): the plan cpplan ranks first among them against the one that measured fastest."""
+
+    case: str
+    chosen: str  # run id of the plan with the least predicted step time
+    fastest: str  # run id of the plan with the least published step time
+    regret: float  # the chosen plan's published step time over the fastest's, less 1
+    spearman: float | None  # rank correlation of predicted and published step times over the case's plans
+    runs: int
+
+
+def choices(report: CorpusReport) -> list[Choice]:
+    """Per case with at least two measured plans, whether cpplan's first choice among them is the
+    fastest measured (the test a planner answers to: the plan it picks, not its step times).
+
+    Args:
+        report: a priced corpus (`compare_corpus`).
+    Returns:
+        One `Choice` per case, in the order of the cases' first runs.
+    """
+    groups: dict[tuple, list] = {}
+    for r in report.measured:
+        p = r.plan
+        groups.setdefault((p.model.name, p.topology, p.seq_len, p.global_batch), []).append(r)
+    out = []
+    for (model, topology, seq_len, batch), rs in groups.items():
+        if len(rs) < 2:
+            continue
+        chosen = min(rs, key=lambda r: r.predicted.step_time_s)
+        fastest = min(rs, key=lambda r: r.measured_step_s)
+        rho = spearman([r.predicted.step_time_s for r in rs], [r.measured_step_s for r in rs])
+        out.append(Choice(f"{model} {topology} {seq_len} tokens, batch {batch}", chosen.run_id, fastest.run_id,
+                          chosen.measured_step_s / fastest.measured_step_s - 1,
+                          rho if math.isfinite(rho) else None, len(rs)))
+    return out
+
+
 def compare_corpus(runs: "list[CorpusRun]", *, title: str = "cpplan vs published TPU runs") -> CorpusReport:
-    """Prices every run with its own plan and sets it against the published step time.
+    """Prices every run with its own plan, as MaxText runs it, and sets it against the published step time.
 
     Args:
         runs: the corpus (`read_corpus`).
@@ -338,7 +379,7 @@ def compare_corpus(runs: "list[CorpusRun]", *, title: str = "cpplan vs published
     report = CorpusReport(title)
     for run in runs:
         try:
-            e = estimate(run.plan)
+            e = estimate(run.plan, target=Target.MAXTEXT)  # the runs are MaxText's
         except CpplanError as err:
             raise CpplanError(f"corpus run {run.run_id}: {err}") from None
         report.results.append(StepResult(run.plan, e, run.step_seconds,

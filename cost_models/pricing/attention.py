@@ -1,7 +1,8 @@
 """The attention of one decoder layer on one device: the splash kernel's MXU work over the
 blocks it computes (whole blocks across the causal diagonal; every block under a full mask),
 plus what its grids pay per step and each call pays once; the backward's MXU time is the chip's
-measured ratio to the forward's. A full (non-causal) mask keeps no metadata in SMEM."""
+measured ratio to the forward's. A device that makes several calls (the ring's hops) also merges
+their results in HBM. A full (non-causal) mask keeps no metadata in SMEM."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ class AttentionTimes:
     math_forward_s: np.ndarray  # MXU time of the forward kernel's computed blocks
     grid_forward_s: np.ndarray  # per-step costs of the forward grids (steps computed or skipped)
     grid_backward_s: np.ndarray  # per-step costs of the backward grids (dq, dk/dv)
+    merge_forward_s: np.ndarray  # HBM passes folding the calls' outputs together
+    merge_backward_s: np.ndarray  # HBM passes adding up the calls' gradients
     forward_s: np.ndarray
     backward_s: np.ndarray
     recompute_s: np.ndarray  # forward passes the remat policy runs again in the backward
@@ -34,12 +37,14 @@ class AttentionTimes:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
+def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kernel: bool = False) -> AttentionTimes:
     """Prices one decoder layer's attention for every candidate.
 
     Args:
         x: the candidates, all of `strategy`.
         strategy: the spec that lays out the kernel and lists its calls.
+        tokamax_ring_kernel: the runtime runs the ring on tokamax's ring kernel (MaxText): the
+            spec's `maxtext_kernel_calls`, not its `kernel_calls`.
     Returns:
         Their per-layer `AttentionTimes`.
     """
@@ -54,24 +59,29 @@ def price_attention(x: Candidates, strategy: StrategySpec) -> AttentionTimes:
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
     # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
     grid_forward_s = grid_backward_s = 0.0
-    for call in strategy.kernel_calls(x, layout):
+    calls = strategy.maxtext_kernel_calls(x, layout) if tokamax_ring_kernel else strategy.kernel_calls(x, layout)
+    hbm_s_per_byte = 1.0 / x.topology.hbm_bw_per_device
+    for call in calls:
         fwd, bwd = splash_step_costs(
             x.sequences_per_device * layout.q_heads, x.sequences_per_device * layout.kv_heads, call.q_len, call.kv_len,
             head_dim=model.head_dim, act_bytes=x.act_bytes,
             block_q=np.minimum(x.block_q, call.q_block_cap), block_kv=x.block_kv,
             per_step_s=chip.attention_block_overhead_s, per_step_byte_s=chip.attention_step_s_per_operand_byte,
             per_masked_element_s=chip.attention_masked_element_s,
-            per_call_byte_s=(chip.attention_operand_passes / x.topology.hbm_bw_per_device,
-                             chip.attention_backward_operand_passes / x.topology.hbm_bw_per_device),
-            causal=call.causal)
+            per_call_byte_s=(chip.attention_operand_passes * hbm_s_per_byte,
+                             chip.attention_backward_operand_passes * hbm_s_per_byte),
+            causal=call.causal, fused_backward=call.fused_backward, hbm_s_per_byte=hbm_s_per_byte)
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
-    forward_s = math_forward_s + grid_forward_s
+    merge_forward_bytes, merge_backward_bytes = strategy.merge_bytes(x, layout, calls)
+    merge_forward_s, merge_backward_s = merge_forward_bytes * hbm_s_per_byte, merge_backward_bytes * hbm_s_per_byte
+    forward_s = math_forward_s + grid_forward_s + merge_forward_s
     recomputed = x.remat_columns.recompute_attention
     return AttentionTimes(
         layout=layout, forward_flops=forward_flops, math_forward_s=math_forward_s, grid_forward_s=grid_forward_s,
-        grid_backward_s=grid_backward_s, forward_s=forward_s,
-        backward_s=chip.attention_backward_over_forward * math_forward_s + grid_backward_s,
+        grid_backward_s=grid_backward_s, merge_forward_s=merge_forward_s, merge_backward_s=merge_backward_s,
+        forward_s=forward_s,
+        backward_s=chip.attention_backward_over_forward * math_forward_s + grid_backward_s + merge_backward_s,
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
         smem_bytes=(splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)

@@ -55,7 +55,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     chip = x.topology.chip
     overlap = overlap_for(chip.name, assumed_overlap=chip.comm_overlaps_compute)
     matmuls = price_matmuls(x)
-    attention = price_attention(x, strategy)
+    attention = price_attention(x, strategy, tokamax_ring_kernel=target.traits.tokamax_ring_kernel)
     elementwise = price_elementwise(x)
     head = price_head(x)
     layer_forward_s = matmuls.forward_s + attention.forward_s + elementwise.forward_s

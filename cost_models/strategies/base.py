@@ -74,15 +74,17 @@ class Layout:
 @dataclass(frozen=True)
 class KernelCall:
     """`count` splash calls a device makes per layer forward, of `q_len` × `kv_len` tokens
-    (scalars or columns); the backward runs its dq and dk/dv kernels over each. Query blocks
-    are at most `q_block_cap` tokens (a block must not straddle two zigzag chunks); `causal`
-    calls evaluate the mask rule on the blocks the diagonal cuts through, the others see every key."""
+    (scalars or columns); the backward runs its dq and dk/dv kernels over each, or splash's fused
+    backward kernel where `fused_backward`. Query blocks are at most `q_block_cap` tokens (a
+    block must not straddle two zigzag chunks); `causal` calls evaluate the mask rule on the
+    blocks the diagonal cuts through, the others see every key."""
 
     count: Any
     q_len: Any
     kv_len: Any
     causal: bool = True
     q_block_cap: Any = float("inf")
+    fused_backward: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,15 @@ class StrategySpec:
         the busiest device's on chips, the average device's where devices share cores; causal
         as the model's mask is."""
         return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),)
+
+    def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        """The splash calls MaxText makes for the same layout (its kernels differ for the ring)."""
+        return self.kernel_calls(x, layout)
+
+    def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
+        """HBM bytes per layer, (forward, backward), of combining the outputs and gradients of a
+        device's several calls outside the kernels (none for one call)."""
+        return 0.0, 0.0
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         """Per-layer traffic of `Candidates` x; `attention_fwd_s` is the forward kernel time per layer."""

@@ -37,6 +37,28 @@ def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
             KernelCall(np.where(x.zigzag, hops / 2, 0.0), length / 2, length, causal=False))
 
 
+def tokamax_ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
+    """MaxText's ring (tokamax's ring kernel): every one of the ring's calls spans the whole
+    local query × key grid, the hop's mask sliced from the full one, so a zigzag hop visits the
+    blocks it skips; its backward is splash's fused kernel."""
+    hops = layout.ring - 1
+    return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal, fused_backward=True),
+            KernelCall(hops, layout.q_len, layout.kv_len, causal=False, fused_backward=True))
+
+
+def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
+    """HBM bytes per layer of folding each call after the first into the running results: forward,
+    the fp32 output (read, written) and the call's output (read); backward, the fp32 dq
+    accumulator and the travelling fp32 dK/dV accumulators (each read, added to, written).
+    Both runtimes merge outside the kernel (`runtime/attention/ring.py`, tokamax's ring kernel)."""
+    merges = sum(np.asarray(c.count, dtype=float) for c in calls) - 1
+    q_values = x.sequences_per_device * layout.q_heads * layout.q_len * x.model.head_dim
+    kv_values = x.sequences_per_device * layout.kv_heads * layout.kv_len * x.model.head_dim
+    forward = merges * q_values * (2 * GRAD_BYTES + x.act_bytes)
+    backward = merges * 3 * GRAD_BYTES * (q_values + 2 * kv_values)
+    return forward, backward
+
+
 def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     """Ring traffic for blocks of S/ring tokens with `heads_in_kernel_kv` KV heads (USP reuses it)."""
     r = layout.ring
@@ -77,6 +99,12 @@ class Ring(StrategySpec):
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)
+
+    def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        return tokamax_ring_calls(x, layout)
+
+    def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
+        return ring_merge_bytes(x, layout, calls)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         return ring_cost(x, layout, attention_fwd_s, layout.kv_heads)

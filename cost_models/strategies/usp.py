@@ -6,7 +6,7 @@ ring then passes those blocks around the `context` axis. Costs are the two strat
 from __future__ import annotations
 
 from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
-from cost_models.strategies.ring import ring_calls, ring_cost
+from cost_models.strategies.ring import ring_calls, ring_cost, ring_merge_bytes, tokamax_ring_calls
 from cost_models.strategies.ulysses import all_to_all_cost, maxtext_ulysses_problems, ulysses_heads_rule, ulysses_layout
 from cost_models.vocabulary import CPStrategy
 
@@ -28,6 +28,12 @@ class USP(StrategySpec):
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return ring_calls(x, layout)
+
+    def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
+        return tokamax_ring_calls(x, layout)
+
+    def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
+        return ring_merge_bytes(x, layout, calls)
 
     def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
         a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
