@@ -148,7 +148,7 @@ def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv):
 
 def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,
                       per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=(0.0, 0.0),
-                      causal=False, fused_backward=False, hbm_s_per_byte=0.0):
+                      causal=False, fused_backward=False, hbm_s_per_byte=0.0, backward_core_share=1.0):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
     Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
@@ -174,6 +174,8 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
         fused_backward: the backward is splash's fused kernel (one grid; `dq_partial_bytes`
             moved at `hbm_s_per_byte`), not the dq and dk/dv kernels.
         hbm_s_per_byte: seconds per byte of HBM traffic outside the kernels.
+        backward_core_share: the share of the device's cores the backward's grids run on (their
+            per-step costs scale by its inverse).
     Returns:
         (forward seconds, backward seconds).
     """
@@ -188,7 +190,7 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
     partials = hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk) \
         if fused_backward else 0.0
     fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
-    bwd = steps * (grids * per_step_s + per_step_byte_s * backward_bytes) + grids * masked \
+    bwd = (steps * (grids * per_step_s + per_step_byte_s * backward_bytes) + grids * masked) / backward_core_share \
         + per_call_byte_s[1] * backward_bytes + partials
     return fwd, bwd
 

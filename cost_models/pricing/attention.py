@@ -1,7 +1,7 @@
 """The attention of one decoder layer on one device: the splash kernel's MXU work over the
 blocks it computes (whole blocks across the causal diagonal; every block under a full mask),
 plus what its grids pay per step and each call pays once; the backward's MXU time is the chip's
-measured ratio to the forward's. A device that makes several calls (the ring's hops) also merges
+measured ratio to the forward's, on the share of the device's cores its kernels use. A device that makes several calls (the ring's hops) also merges
 their results in HBM. A full (non-causal) mask keeps no metadata in SMEM."""
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
             per_masked_element_s=chip.attention_masked_element_s,
             per_call_byte_s=(chip.attention_operand_passes * hbm_s_per_byte,
                              chip.attention_backward_operand_passes * hbm_s_per_byte),
-            causal=call.causal, fused_backward=call.fused_backward, hbm_s_per_byte=hbm_s_per_byte)
+            causal=call.causal, fused_backward=call.fused_backward, hbm_s_per_byte=hbm_s_per_byte,
+            backward_core_share=chip.attention_backward_core_share)
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     merge_forward_bytes, merge_backward_bytes = strategy.merge_bytes(x, layout, calls)
@@ -81,7 +82,8 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
         layout=layout, forward_flops=forward_flops, math_forward_s=math_forward_s, grid_forward_s=grid_forward_s,
         grid_backward_s=grid_backward_s, merge_forward_s=merge_forward_s, merge_backward_s=merge_backward_s,
         forward_s=forward_s,
-        backward_s=chip.attention_backward_over_forward * math_forward_s + grid_backward_s + merge_backward_s,
+        backward_s=(chip.attention_backward_over_forward / chip.attention_backward_core_share * math_forward_s
+                    + grid_backward_s + merge_backward_s),
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
         smem_bytes=(splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)

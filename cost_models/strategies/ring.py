@@ -68,7 +68,8 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), *x.ring_link)
     hops = r - 1
     compute_per_hop_fwd = attention_fwd_s / r
-    compute_per_hop_bwd = compute_per_hop_fwd * x.topology.chip.attention_backward_over_forward
+    chip = x.topology.chip
+    compute_per_hop_bwd = compute_per_hop_fwd * chip.attention_backward_over_forward / chip.attention_backward_core_share
     grads_home = x.comm.ppermute(kv_block, *x.ring_link)
     fwd = hops * hop_fwd
     bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
