@@ -59,8 +59,7 @@ DENSE_DIM = 1024  # contracting and output widths at least this: a transformer l
 MATMUL_BOUND = 2.0  # arithmetic intensity at least this many times the device's ridge point
 # where a chip has no timings of a kind, the chip whose figures it takes, and why
 ATTENTION_STAND_IN = {"v5e": ("v5p", "the same 128×128 MXU and splash kernel")}
-# v5p's backward ratio is read from the compiler's static schedule instead (its row's source says how)
-BACKWARD_STAND_IN = {chip: ("tpu7x", "the same splash backward kernels") for chip in ("v5e", "v6e")}
+BACKWARD_STAND_IN = {chip: ("tpu7x", "the same splash backward kernels") for chip in ("v5p", "v5e", "v6e")}
 MATMUL_STAND_IN = {"v6e": ("tpu7x", "the same 256×256 MXU generation")}
 PRECISION = 4  # significant digits written into the rows: a refit that moves less is no change
 
@@ -212,11 +211,14 @@ def model_attention(chip: Chip, t: AttentionTiming, fit: AttentionFit, backward_
     extent = attention_extent(t.seq, 1, False, block_q=t.block_q, block_kv=t.block_kv, causal=t.causal)
     math = 4.0 * t.batch * t.q_heads * t.head_dim * extent / (
         peak * fit.efficiency * tile_efficiency(t.head_dim, chip.mxu_tile))
+    # tokamax's VJP is splash's fused backward (its configs set only the dk/dv kernel's blocks): one
+    # grid; the partials it writes are part of the backward's passes over its operands
     fwd, bwd = splash_step_costs(
         t.batch * t.q_heads, t.batch * t.kv_heads, t.seq, t.seq, head_dim=t.head_dim, act_bytes=2,
         block_q=t.block_q, block_kv=t.block_kv, per_step_s=fit.step_s, per_step_byte_s=0.0,
         per_masked_element_s=fit.masked_element_s,
-        per_call_byte_s=(fit.operand_passes / hbm_bw, fit.backward_operand_passes / hbm_bw), causal=t.causal)
+        per_call_byte_s=(fit.operand_passes / hbm_bw, fit.backward_operand_passes / hbm_bw), causal=t.causal,
+        fused_backward=True)
     return float(math + fwd), float(backward_over_forward * math + bwd)
 
 
@@ -434,9 +436,10 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
                                         attention_backward_operand_passes=_round(passes))
         how = (f"fitted to {backward.cite} ({len(timings)} bf16 VJP calls, fastest config each, dk/dv blocks) by "
                f"least squares on relative error with the backward operand passes, the per-step and masked-logit "
-               f"figures held at the forward's (paid by each of the backward's two grids); RMS error {rms:.1%}")
+               f"figures held at the forward's (paid by the fused backward's one grid); RMS error {rms:.1%}")
         derived[name]["sources"].update(
-            attention_backward_over_forward=f"{how}. The backward kernels' MXU time over the forward's",
+            attention_backward_over_forward=(f"{how}. Splash's fused backward's MXU time over the forward's, per "
+                                             f"core (tokamax's VJP configs set only the dk/dv kernel's blocks)"),
             attention_backward_operand_passes=f"{how}. Passes over the backward's operand arrays, once per call")
 
     matmul_efficiency: dict[str, float] = {}

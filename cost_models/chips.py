@@ -99,7 +99,8 @@ class Chip:
     attention_block_overhead_s: float  # per splash grid step (q block × kv block × head), visited or skipped
     attention_step_s_per_operand_byte: float  # per grid step, per byte of the kernel's operand arrays (interpreted kernels)
     attention_masked_element_s: float  # per logit of a block the causal mask cuts through, per kernel
-    attention_backward_over_forward: float  # backward kernels' MXU time over the forward's, on the cores they use
+    attention_backward_over_forward: float  # splash's fused backward's MXU time over the forward's, per core
+    attention_unfused_backward_factor: float  # the dq and dk/dv kernels' time over the fused backward's
     attention_backward_core_share: float  # the share of a device's TensorCores splash's backward kernels run on
     attention_operand_passes: float  # passes over a forward call's operand arrays at HBM bandwidth, per call
     attention_backward_operand_passes: float  # the same for the backward's operand arrays
@@ -212,6 +213,7 @@ _NUMBER_RULES = {
     "attention_masked_element_s": (False, 0, True, None, "a time per logit"),
     "attention_backward_over_forward": (False, 0, False, None, "a ratio of times"),
     "attention_backward_core_share": (False, 0, False, 1, "a share of a device's cores"),
+    "attention_unfused_backward_factor": (False, 0, False, None, "a ratio of times"),
     "attention_operand_passes": (False, 0, True, None, "a count of passes"),
     "attention_backward_operand_passes": (False, 0, True, None, "a count of passes"),
     "host_memory_bytes_per_chip": (True, 0, False, None, "bytes of host memory per chip"),

@@ -36,7 +36,6 @@ LANE_WIDTH = 128  # splash keeps its running max and sum 128 lanes wide
 SPLASH_BACKWARD_OVER_FORWARD = 2.5
 SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
 FUSED_BACKWARD_GRIDS = 1  # splash's fused backward: one kernel forms dq, dk and dv together
-DQ_PARTIAL_BYTES = 4  # the fused backward writes one fp32 dq partial per key block
 # arrays each kernel reads or writes, (shaped like q, shaped like k): forward q, o | k, v;
 # dq q, dO, dq | k, v; dk/dv q, dO | k, v, dk, dv
 SPLASH_FORWARD_OPERANDS = (2, 2)
@@ -139,16 +138,19 @@ def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
     return np.where(causal, np.asarray(heads, dtype=float) * q_len * np.maximum(block_q, block_kv), 0.0)
 
 
-def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv):
-    """HBM bytes of the fused backward's dq partials: one fp32 [q_len, head_dim] per head and key
-    block, written by the kernel and read back by the sum after it, plus the sum's fp32 result."""
+def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv, partials=None, value_bytes=4):
+    """HBM bytes of the fused backward's dq partials: `partials` [q_len, head_dim] arrays per head
+    (None: one per key block) of `value_bytes` values, written by the kernel and read back by the
+    sum after it, plus the sum's result."""
     q_elements = np.asarray(q_heads, dtype=float) * q_len * head_dim
-    return DQ_PARTIAL_BYTES * q_elements * (2 * np.ceil(kv_len / np.minimum(block_kv, kv_len)) + 1)
+    count = np.ceil(kv_len / np.minimum(block_kv, kv_len)) if partials is None else partials
+    return value_bytes * q_elements * (2 * count + 1)
 
 
 def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,
                       per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=(0.0, 0.0),
-                      causal=False, fused_backward=False, hbm_s_per_byte=0.0, backward_core_share=1.0):
+                      causal=False, fused_backward=False, dq_partials=None, dq_partial_value_bytes=4,
+                      hbm_s_per_byte=0.0, backward_core_share=1.0):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
     Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
@@ -173,6 +175,7 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
         causal: whether the call's mask is causal.
         fused_backward: the backward is splash's fused kernel (one grid; `dq_partial_bytes`
             moved at `hbm_s_per_byte`), not the dq and dk/dv kernels.
+        dq_partials, dq_partial_value_bytes: the fused kernel's dq partials (`dq_partial_bytes`).
         hbm_s_per_byte: seconds per byte of HBM traffic outside the kernels.
         backward_core_share: the share of the device's cores the backward's grids run on (their
             per-step costs scale by its inverse).
@@ -187,7 +190,8 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
     grids = FUSED_BACKWARD_GRIDS if fused_backward else SPLASH_BACKWARD_GRIDS
-    partials = hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk) \
+    partials = hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk,
+                                                 partials=dq_partials, value_bytes=dq_partial_value_bytes) \
         if fused_backward else 0.0
     fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
     bwd = (steps * (grids * per_step_s + per_step_byte_s * backward_bytes) + grids * masked) / backward_core_share \

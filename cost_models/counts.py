@@ -66,7 +66,7 @@ def priced_link_bytes(x: Candidates) -> dict[str, np.ndarray]:
                                  ring_link=unit(x.ring_link))
     strategy = STRATEGIES[unit_x.strategy]
     attention = price_attention(unit_x, strategy)
-    cost = strategy.cost(unit_x, attention.layout, attention.forward_s)
+    cost = strategy.cost(unit_x, attention.layout, attention.forward_s, attention.backward_s)
     context = context_traffic(cost, unit_x.remat_columns.recompute_attention, 0.0, hides_behind_attention=False)
     traffic = price_traffic(unit_x, price_matmuls(unit_x).weight_bytes, context)
     return traffic.per_step(x.model.num_layers)

@@ -51,7 +51,7 @@ def _ulysses_cost():
 
     x = one_candidate(CPStrategy.ULYSSES, ulysses=4)
     spec = STRATEGIES[CPStrategy.ULYSSES]
-    return spec.cost(x, spec.layout(x), 0.0)
+    return spec.cost(x, spec.layout(x), 0.0, 0.0)
 
 
 def test_ulysses_sends_a_kept_output_back_again_in_the_backward():

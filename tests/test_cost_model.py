@@ -277,10 +277,12 @@ def test_block_kv_is_priced():
     # 2048 keys wide instead of 512, each paid by forward, recomputed forward and two backward grids
     chip = candidates_of(_one_sequence_per_device()).topology.chip
     extra_pairs = 8192 * (2048 - 512) / 2
-    # (v5p's backward runs on one of its two cores: its terms count twice)
+    # (v5p's backward runs on one of its two cores: its terms count twice; cpplan's runtime runs the
+    # dq and dk/dv kernels, whose MXU time is the row's unfused factor times the fused backward's)
     backward = 1 / chip.attention_backward_core_share
     assert backward == 2
-    extra_math_s = (2 + chip.attention_backward_over_forward * backward) * 4 * 32 * 128 * extra_pairs / (
+    unfused_ratio = chip.attention_backward_over_forward * chip.attention_unfused_backward_factor
+    extra_math_s = (2 + unfused_ratio * backward) * 4 * 32 * 128 * extra_pairs / (
         459e12 * chip.attention_efficiency)
     extra_steps_s = (2 + 2 * backward) * chip.attention_block_overhead_s * 32 * (16 * 4 - 16 * 16)
     extra_masked_s = (2 + 2 * backward) * chip.attention_masked_element_s * 32 * 8192 * (2048 - 512)

@@ -35,8 +35,9 @@ def _hand_times(batch, seq, heads, dim, causal):
     masked = batch * heads * seq * BLOCK if causal else 0
     array = batch * seq * heads * dim * 2  # bf16, as many kv heads as q heads
     forward = math + STEP_S * steps + MASKED_S * masked + PASSES * 4 * array / HBM_BW
-    # backward: two grids; the dq kernel's q, dO, dq | k, v and the dk/dv kernel's q, dO | k, v, dk, dv
-    backward = (BACKWARD_RATIO * math + 2 * STEP_S * steps + 2 * MASKED_S * masked
+    # backward: tokamax's VJP is splash's fused kernel, one grid; its passes are over the operands of
+    # the dq kernel's q, dO, dq | k, v and the dk/dv kernel's q, dO | k, v, dk, dv
+    backward = (BACKWARD_RATIO * math + STEP_S * steps + MASKED_S * masked
                 + BACKWARD_PASSES * 11 * array / HBM_BW)
     return forward, backward
 

@@ -37,6 +37,15 @@ class AttentionTimes:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
+def backward_over_forward(chip, calls) -> float:
+    """The backward kernels' MXU time over the forward's on a device: the chip's fused-backward
+    ratio per core, times its unfused factor where the calls run the dq and dk/dv kernels, over the
+    share of the device's cores the backward uses. A device's calls all run one kind."""
+    fused = all(c.fused_backward for c in calls)
+    factor = 1.0 if fused else chip.attention_unfused_backward_factor
+    return chip.attention_backward_over_forward * factor / chip.attention_backward_core_share
+
+
 def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kernel: bool = False) -> AttentionTimes:
     """Prices one decoder layer's attention for every candidate.
 
@@ -70,8 +79,8 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
             per_masked_element_s=chip.attention_masked_element_s,
             per_call_byte_s=(chip.attention_operand_passes * hbm_s_per_byte,
                              chip.attention_backward_operand_passes * hbm_s_per_byte),
-            causal=call.causal, fused_backward=call.fused_backward, hbm_s_per_byte=hbm_s_per_byte,
-            backward_core_share=chip.attention_backward_core_share)
+            causal=call.causal, fused_backward=call.fused_backward, dq_partials=call.dq_partials,
+            hbm_s_per_byte=hbm_s_per_byte, backward_core_share=chip.attention_backward_core_share)
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     merge_forward_bytes, merge_backward_bytes = strategy.merge_bytes(x, layout, calls)
@@ -82,8 +91,7 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
         layout=layout, forward_flops=forward_flops, math_forward_s=math_forward_s, grid_forward_s=grid_forward_s,
         grid_backward_s=grid_backward_s, merge_forward_s=merge_forward_s, merge_backward_s=merge_backward_s,
         forward_s=forward_s,
-        backward_s=(chip.attention_backward_over_forward / chip.attention_backward_core_share * math_forward_s
-                    + grid_backward_s + merge_backward_s),
+        backward_s=(backward_over_forward(chip, calls) * math_forward_s + grid_backward_s + merge_backward_s),
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
         smem_bytes=(splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)

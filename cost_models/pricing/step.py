@@ -62,7 +62,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     layer_backward_s = (matmuls.backward_s + attention.backward_s + elementwise.backward_s
                         + matmuls.recompute_s + attention.recompute_s + elementwise.recompute_s)
 
-    cost = strategy.cost(x, attention.layout, attention.forward_s)
+    cost = strategy.cost(x, attention.layout, attention.forward_s, attention.backward_s)
     traffic = price_traffic(x, matmuls.weight_bytes,
                             context_traffic(cost, x.remat_columns.recompute_attention,
                                             overlap.of_context(strategy.name),

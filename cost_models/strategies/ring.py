@@ -59,7 +59,7 @@ def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
     return forward, backward
 
 
-def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
+def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kernel_kv) -> CPCost:
     """Ring traffic for blocks of S/ring tokens with `heads_in_kernel_kv` KV heads (USP reuses it)."""
     r = layout.ring
     block_tokens = x.sequences_per_device * x.seq_len / r
@@ -68,8 +68,7 @@ def ring_cost(x, layout: Layout, attention_fwd_s, heads_in_kernel_kv) -> CPCost:
     hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), *x.ring_link)
     hops = r - 1
     compute_per_hop_fwd = attention_fwd_s / r
-    chip = x.topology.chip
-    compute_per_hop_bwd = compute_per_hop_fwd * chip.attention_backward_over_forward / chip.attention_backward_core_share
+    compute_per_hop_bwd = attention_bwd_s / r
     grads_home = x.comm.ppermute(kv_block, *x.ring_link)
     fwd = hops * hop_fwd
     bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
@@ -107,8 +106,8 @@ class Ring(StrategySpec):
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         return ring_merge_bytes(x, layout, calls)
 
-    def cost(self, x, layout: Layout, attention_fwd_s) -> CPCost:
-        return ring_cost(x, layout, attention_fwd_s, layout.kv_heads)
+    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s) -> CPCost:
+        return ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return f"ring over context={ring}{', zigzag' if zigzag else ''}"
