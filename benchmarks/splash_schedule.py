@@ -1,23 +1,25 @@
 """Bundles per grid step of jax's splash attention kernels, from the TPU compiler's static schedule.
 
-For the forward, dq and dk/dv kernels: bundles per computed and per masked grid step, µs per
-computed step, the grid steps a core runs and whether cores other than 0 skip the kernel.
+For the forward, dq and dk/dv kernels and the fused backward's one kernel: bundles per computed
+and per masked grid step, µs per computed step, the grid steps a core runs and whether cores
+other than 0 skip the kernel.
 
 Compiles `jit(value_and_grad(sum(splash(q, k, v))))` deviceless (q, k, v bf16 [8, 8192, 128],
-causal, every block size B, jax's default unfused backward), one child process per chip and block
-with `LIBTPU_INIT_ARGS=--xla_jf_dump_to=<temporary folder>` (deleted once read), and reads each
-Mosaic kernel's `*-final_bundles.txt` (the bundle listing: loop markers, branches and their target
+causal, every block size B), once with jax's default unfused backward and once fused
+(`use_fused_bwd_kernel=True`), each compile in a child process with
+`LIBTPU_INIT_ARGS=--xla_jf_dump_to=<temporary folder>` (deleted once read), and reads each Mosaic
+kernel's `*-final_bundles.txt` (the bundle listing: loop markers, branches and their target
 regions, the loop's exit test) and `*-final_hlo-static-per-bundle-utilization.txt` (the units
 each bundle uses). Each kernel is one loop run once per grid step: a prologue, the first-step
 init, the compute region (skipped for a masked block; it holds the MXU work), the last-step
 finalize. A computed interior step is the loop less init and finalize; a masked step also less
 the compute region. µs at the clock the chip row's peak implies (`CLOCK_DERIVATION`). A block
 the default 16 MiB scoped VMEM refuses (v5p at 2048) is compiled again with `VMEM_FLAG`, and the
-output says so. It prints and writes nothing: the chip rows cite docs/measurements.md ("The
-splash kernel's static schedule") for these figures; benchmarks/results/kernels/splash_schedule.txt
-holds a run.
+output says so. It prints and writes nothing: the chip rows (`ROW_FIELDS`) cite
+docs/measurements.md ("The splash kernel's static schedule") for these figures;
+benchmarks/results/kernels/splash_schedule.txt holds a run.
 
-    python benchmarks/splash_schedule.py                        # v5p and tpu7x, B = 512, 1024, 2048 (about 6 min)
+    python benchmarks/splash_schedule.py                        # v5p and tpu7x, B = 512, 1024, 2048 (about 12 min)
     python benchmarks/splash_schedule.py --chips v5p --blocks 512  # one compile: 20-35 s up to B = 1024, 100 at 2048
 """
 import argparse
@@ -35,7 +37,10 @@ from typing import NamedTuple
 CHIP_DIR = Path(__file__).resolve().parents[1] / "cost_models" / "data" / "chips"
 TOPOLOGIES = {"v5p": "v5p:2x2x1", "tpu7x": "tpu7x:2x2x1"}
 HEADS, SEQ, HEAD_DIM = 8, 8192, 128
-KERNELS = ("fwd", "dq", "dkv")
+# the kernels each backward compiles to: jax's default dq and dk/dv kernels, or the fused one (a dk/dv kernel
+# forming dq too, `use_fused_bwd_kernel=True`), which MaxText runs and the chip rows' figures compare with
+BACKWARDS = {"unfused": ("dq", "dkv"), "fused": ("dkv",)}
+KERNELS = ("fwd", "dq", "dkv", "fused")  # as printed: "fused" is the fused backward's dk/dv kernel
 # MXUs per TensorCore and LHS rows each takes per cycle: peak = cores × MXUs × rows × tile² × 2 × clock
 MXUS = {"v5p": 4, "tpu7x": 2}
 ROWS_PER_CYCLE = {"v5p": 1, "tpu7x": 2}
@@ -47,6 +52,8 @@ CLOCK_DERIVATION = {
              "num_mxus=2), 2 rows per cycle: in steady state (dk/dv) the schedule issues one 16-row vmatmul per MXU "
              "every 8 bundles; one row per cycle would give twice this clock",
 }
+# the chip-row figures these numbers back, printed beside them
+ROW_FIELDS = ("attention_backward_over_forward", "attention_unfused_backward_factor", "attention_backward_core_share")
 VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib=49152"  # where the default 16 MiB scoped VMEM refuses the block
 DELAY_SLOTS = 8  # at most this many empty bundles after a branch are its delay slots
 BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:[A-Z]{2})?\s*:\s*(>*)\s*\{")
@@ -162,7 +169,7 @@ def kernel_files(dump: Path) -> dict[str, tuple[Path, Path]]:
     return files
 
 
-def compile_splash(topology: str, block: int) -> None:
+def compile_splash(topology: str, block: int, backward: str) -> None:
     """In a child whose TPU compiler dumps its kernels: compiles the splash step deviceless."""
     import jax
     import jax.numpy as jnp
@@ -173,8 +180,10 @@ def compile_splash(topology: str, block: int) -> None:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
+    dq_block = block if backward == "unfused" else None
     sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=dq_block, block_kv_dq=dq_block,
+                              use_fused_bwd_kernel=backward == "fused")
     splash = kernel.make_splash_mha(mask.MultiHeadMask([mask.CausalMask((SEQ, SEQ))] * HEADS), head_shards=1,
                                     q_seq_shards=1, block_sizes=sizes)
     sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
@@ -183,32 +192,34 @@ def compile_splash(topology: str, block: int) -> None:
     step.lower(qkv, qkv, qkv).compile()
 
 
-def dumped_schedules(chip: str, block: int, flags: str) -> tuple[dict[str, KernelSchedule] | None, str, float]:
+def dumped_schedules(chip: str, block: int, backward: str, flags: str
+                     ) -> tuple[dict[str, KernelSchedule] | None, str, float]:
     """Compiles in a child with `flags` and its kernels dumped to a temporary folder: the three
     kernels' schedules (None when the compile fails), the child's stderr and the seconds it took."""
     with tempfile.TemporaryDirectory(prefix="cpplan-splash-") as dump:
         args = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --xla_jf_dump_to={dump} {flags}".strip()
         started = time.perf_counter()
-        child = subprocess.run([sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block)],
+        child = subprocess.run([sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block), backward],
                                env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", LIBTPU_INIT_ARGS=args),
                                capture_output=True, text=True)
         seconds = time.perf_counter() - started
         if child.returncode:
             return None, child.stderr, seconds
         files = kernel_files(Path(dump))
-        return {k: schedule(load_kernel(*files[k]), SEQ // block - 1) for k in KERNELS}, child.stderr, seconds
+        kernels = BACKWARDS[backward] + (("fwd",) if backward == "unfused" else ())  # one forward is enough
+        return {k: schedule(load_kernel(*files[k]), SEQ // block - 1) for k in kernels}, child.stderr, seconds
 
 
-def compiled_schedules(chip: str, block: int) -> tuple[dict[str, KernelSchedule], str, float]:
+def compiled_schedules(chip: str, block: int, backward: str) -> tuple[dict[str, KernelSchedule], str, float]:
     """The three kernels' schedules, the flags the compile needed beyond the dump, and its seconds:
     a block the default scoped VMEM limit refuses is compiled again with `VMEM_FLAG`."""
     flags = ""
-    kernels, error, seconds = dumped_schedules(chip, block, flags)
+    kernels, error, seconds = dumped_schedules(chip, block, backward, flags)
     if kernels is None and "CompileTimeScopedVmemOom" in error:
         flags = VMEM_FLAG
-        kernels, error, seconds = dumped_schedules(chip, block, flags)
+        kernels, error, seconds = dumped_schedules(chip, block, backward, flags)
     if kernels is None:
-        raise RuntimeError(f"{chip} B={block} failed to compile:\n{error[-3000:]}")
+        raise RuntimeError(f"{chip} B={block} {backward} failed to compile:\n{error[-3000:]}")
     return kernels, flags, seconds
 
 
@@ -237,11 +248,13 @@ def report(chip: str, block: int, kernels: dict[str, KernelSchedule], clock: flo
         k = kernels[name]
         lines.append(f"{chip:6s} {block:5d}  {name:6s} {k.computed_step:9d} {k.masked_step:7d} "
                      f"{1e6 * k.computed_step / clock:9.3f} {k.steps_per_core:7d}  {'yes' if k.core0_only else 'no'}")
-    per_step = (kernels["dq"].computed_step + kernels["dkv"].computed_step) / kernels["fwd"].computed_step
+    step = {name: k.computed_step for name, k in kernels.items()}
+    unfused, fused = (step["dq"] + step["dkv"]) / step["fwd"], step["fused"] / step["fwd"]
     cores = {name: 1 if k.core0_only else cores_per_device(chip) for name, k in kernels.items()}
-    share = min(cores["dq"], cores["dkv"]) / cores["fwd"]
-    lines.append(f"{chip:6s} {block:5d}  (dq + dkv) / fwd per computed step {per_step:.2f}; backward core share "
-                 f"{share:g}, so per chip {per_step / share:.2f}")
+    share = min(cores["dq"], cores["dkv"], cores["fused"]) / cores["fwd"]
+    lines.append(f"{chip:6s} {block:5d}  per computed step: (dq + dkv) / fwd {unfused:.2f}, fused / fwd {fused:.2f}, "
+                 f"(dq + dkv) / fused {unfused / fused:.2f}; backward core share {share:g}, so per chip "
+                 f"{unfused / share:.2f} and {fused / share:.2f}")
     return "\n".join(lines)
 
 
@@ -251,26 +264,29 @@ def main(argv=None) -> int:
                         help="chips to compile for, each on a 2x2x1 topology")
     parser.add_argument("--blocks", nargs="+", type=int, default=[512, 1024, 2048],
                         help="block sizes B (every splash block size set to B)")
-    parser.add_argument("--compile", nargs=2, metavar=("TOPOLOGY", "BLOCK"), help=argparse.SUPPRESS)
+    parser.add_argument("--compile", nargs=3, metavar=("TOPOLOGY", "BLOCK", "BACKWARD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.compile:
-        compile_splash(args.compile[0], int(args.compile[1]))
+        compile_splash(args.compile[0], int(args.compile[1]), args.compile[2])
         return 0
     print(f"jax {importlib.metadata.version('jax')}, libtpu {importlib.metadata.version('libtpu')}; "
           f"q, k, v bf16 [{HEADS}, {SEQ}, {HEAD_DIM}], causal, every block = B")
     for chip in args.chips:
         row = chip_row(chip)
         print(f"{chip}: clock {clock_hz(chip) / 1e9:.3f} GHz from its row's peak, {CLOCK_DERIVATION[chip]}. Its row "
-              f"holds attention_backward_over_forward {row['attention_backward_over_forward']:g}, "
-              f"attention_backward_core_share {row['attention_backward_core_share']:g}")
+              "holds " + ", ".join(f"{field} {row[field]:g}" for field in ROW_FIELDS))
     print("\n                       bundles per step    µs per   steps  exits on")
     print("chip       B  kernel   computed  masked  computed  a core  cores != 0")
     for chip in args.chips:
         for block in args.blocks:
-            kernels, flags, seconds = compiled_schedules(chip, block)
+            kernels, notes = {}, []
+            for backward in BACKWARDS:
+                compiled, flags, seconds = compiled_schedules(chip, block, backward)
+                kernels.update(compiled if backward == "unfused" else {"fused": compiled["dkv"]})
+                notes.append(f"{backward} compiled in {seconds:.0f} s" + (f" with {flags} (the default 16 MiB scoped "
+                                                                           "VMEM refuses this block)" if flags else ""))
             print(report(chip, block, kernels, clock_hz(chip)))
-            print(f"{chip:6s} {block:5d}  compiled in {seconds:.0f} s" + (f" with {flags}: the default scoped VMEM "
-                  "limit (16 MiB) refuses this block" if flags else ""), flush=True)
+            print(f"{chip:6s} {block:5d}  " + "; ".join(notes), flush=True)
     return 0
 
 

@@ -147,7 +147,7 @@ def test_error_bands_per_chip_and_regime():
     # context-parallel plans: v5p's band is its CP test set's, one run per row of the CSV
     cp = error_band("v5p", context_parallel=True)
     cp_rows = [r for r in read_corpus(CP_CORPUS) if r.plan.topology_spec.chip.name == "v5p"]
-    assert cp.basis == "cp_corpus" and cp.runs == len(cp_rows) >= 15 and cp.regime == "context-parallel"
+    assert cp.basis == "cp_corpus" and cp.runs == len(cp_rows) >= 30 and cp.regime == "context-parallel"
     assert "context-parallel v5p runs" in cp.describe()
     # a chip without published CP runs falls back to its other band and says the CP terms are unchecked
     tpu7x_cp = error_band("tpu7x", context_parallel=True)
@@ -156,8 +156,10 @@ def test_error_bands_per_chip_and_regime():
 
 def test_the_cp_test_set_reads_every_run_as_a_context_parallel_plan_of_its_flags():
     runs = read_corpus(CP_CORPUS)
-    assert len(runs) == 15
+    assert len(runs) == 30  # two PRs' tables: 5 plans at 3 lengths each, with and without load balancing
     by_id = {r.run_id: r for r in runs}
+    unbalanced = by_id["v5p-64-llama3-8b-256k-ring-no-lb"]
+    assert unbalanced.plan.load_balance is LoadBalance.NONE and unbalanced.step_seconds == 15.35
     usp = by_id["v5p-64-llama3-8b-64k-usp16x4"].plan
     assert (usp.cp_strategy, usp.mesh_dict["context"], usp.mesh_dict["context_ulysses"]) == (CPStrategy.USP, 16, 4)
     ring = by_id["v5p-64-llama3-8b-256k-ring"].plan

@@ -327,8 +327,8 @@ def read_corpus(path: "str | Path") -> list[CorpusRun]:
 
 @dataclass(frozen=True)
 class Choice:
-    """One case of a corpus measured under several plans (the same model, topology, length and
-    batch): the plan cpplan ranks first among them against the one that measured fastest."""
+    """One case of a corpus measured under several plans (one source's table: the same model,
+    topology, length and batch): the plan cpplan ranks first among them against the fastest."""
 
     case: str
     chosen: str  # run id of the plan with the least predicted step time
@@ -350,15 +350,16 @@ def choices(report: CorpusReport) -> list[Choice]:
     groups: dict[tuple, list] = {}
     for r in report.measured:
         p = r.plan
-        groups.setdefault((p.model.name, p.topology, p.seq_len, p.global_batch), []).append(r)
+        groups.setdefault((p.model.name, p.topology, p.seq_len, p.global_batch, r.source), []).append(r)
     out = []
-    for (model, topology, seq_len, batch), rs in groups.items():
+    for (model, topology, seq_len, batch, source), rs in groups.items():
         if len(rs) < 2:
             continue
         chosen = min(rs, key=lambda r: r.predicted.step_time_s)
         fastest = min(rs, key=lambda r: r.measured_step_s)
         rho = spearman([r.predicted.step_time_s for r in rs], [r.measured_step_s for r in rs])
-        out.append(Choice(f"{model} {topology} {seq_len} tokens, batch {batch}", chosen.run_id, fastest.run_id,
+        where = source.split(":", 1)[0]  # the citation's repository@commit
+        out.append(Choice(f"{model} {topology} {seq_len} tokens, batch {batch}, {where}", chosen.run_id, fastest.run_id,
                           chosen.measured_step_s / fastest.measured_step_s - 1,
                           rho if math.isfinite(rho) else None, len(rs)))
     return out
