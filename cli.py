@@ -584,11 +584,15 @@ def _check_data(path: str | None) -> None:
 
 def _use_tpu_compiler_flags(topo) -> None:
     """On a TPU, the compiler flags the price's overlap data was read with, set before jax starts
-    the backend (`runtime.compile.use_compiler_flags`; the user's own LIBTPU_INIT_ARGS win)."""
+    the backend (`runtime.compile.use_compiler_flags`; the user's own LIBTPU_INIT_ARGS win), and
+    the most scoped VMEM the chip grants where that exceeds its default: the plan, chosen later,
+    may use splash blocks that need it."""
     if topo.chip.kind is ChipKind.TPU:
-        from runtime.compile import use_compiler_flags
+        from runtime.compile import scoped_vmem_flag, use_compiler_flags
 
-        use_compiler_flags(topo.chip.name)
+        chip = topo.chip
+        raised = chip.scoped_vmem_max_bytes // 1024 if chip.scoped_vmem_max_bytes > chip.scoped_vmem_bytes else None
+        use_compiler_flags(chip.name, scoped_vmem_flag(raised))
 
 
 def _check_devices(topo, command: str) -> None:

@@ -14,13 +14,13 @@ each bundle uses). Each kernel is one loop run once per grid step: a prologue, t
 init, the compute region (skipped for a masked block; it holds the MXU work), the last-step
 finalize. A computed interior step is the loop less init and finalize; a masked step also less
 the compute region. µs at the clock the chip row's peak implies (`CLOCK_DERIVATION`). A block
-the default 16 MiB scoped VMEM refuses (v5p at 2048) is compiled again with `VMEM_FLAG`, and the
-output says so. It prints and writes nothing: the chip rows (`ROW_FIELDS`) cite
-docs/measurements.md ("The splash kernel's static schedule") for these figures;
-benchmarks/results/kernels/splash_schedule.txt holds a run.
+the chip's default scoped VMEM refuses (at 2048: v5p's both backwards, tpu7x's fused) is compiled
+again with `VMEM_FLAG`, and the output says so. It prints and writes nothing: the chip rows
+(`ROW_FIELDS`) cite docs/measurements.md ("The splash kernel's static schedule") for these
+figures; benchmarks/results/kernels/splash_schedule.txt holds a run.
 
-    python benchmarks/splash_schedule.py                        # v5p and tpu7x, B = 512, 1024, 2048 (about 12 min)
-    python benchmarks/splash_schedule.py --chips v5p --blocks 512  # one compile: 20-35 s up to B = 1024, 100 at 2048
+    python benchmarks/splash_schedule.py                        # v5p and tpu7x, B = 512, 1024, 2048 (about 15 min)
+    python benchmarks/splash_schedule.py --chips v5p --blocks 512  # 2 compiles, 15-40 s each (100-180 s at 2048)
 """
 import argparse
 import importlib.metadata
@@ -54,7 +54,7 @@ CLOCK_DERIVATION = {
 }
 # the chip-row figures these numbers back, printed beside them
 ROW_FIELDS = ("attention_backward_over_forward", "attention_unfused_backward_factor", "attention_backward_core_share")
-VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib=49152"  # where the default 16 MiB scoped VMEM refuses the block
+VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib=49152"  # where the chip's default scoped VMEM refuses the block
 DELAY_SLOTS = 8  # at most this many empty bundles after a branch are its delay slots
 BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:[A-Z]{2})?\s*:\s*(>*)\s*\{")
 BRANCH = re.compile(r"sbr\.rel \(!?%(\w+)\) target = \$region(\d+)")
@@ -194,8 +194,8 @@ def compile_splash(topology: str, block: int, backward: str) -> None:
 
 def dumped_schedules(chip: str, block: int, backward: str, flags: str
                      ) -> tuple[dict[str, KernelSchedule] | None, str, float]:
-    """Compiles in a child with `flags` and its kernels dumped to a temporary folder: the three
-    kernels' schedules (None when the compile fails), the child's stderr and the seconds it took."""
+    """Compiles in a child with `flags` and its kernels dumped to a temporary folder: the kernels'
+    schedules (None when the compile fails), the child's stderr and the seconds it took."""
     with tempfile.TemporaryDirectory(prefix="cpplan-splash-") as dump:
         args = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --xla_jf_dump_to={dump} {flags}".strip()
         started = time.perf_counter()
@@ -211,7 +211,7 @@ def dumped_schedules(chip: str, block: int, backward: str, flags: str
 
 
 def compiled_schedules(chip: str, block: int, backward: str) -> tuple[dict[str, KernelSchedule], str, float]:
-    """The three kernels' schedules, the flags the compile needed beyond the dump, and its seconds:
+    """The kernels' schedules, the flags the compile needed beyond the dump, and its seconds:
     a block the default scoped VMEM limit refuses is compiled again with `VMEM_FLAG`."""
     flags = ""
     kernels, error, seconds = dumped_schedules(chip, block, backward, flags)
@@ -283,8 +283,8 @@ def main(argv=None) -> int:
             for backward in BACKWARDS:
                 compiled, flags, seconds = compiled_schedules(chip, block, backward)
                 kernels.update(compiled if backward == "unfused" else {"fused": compiled["dkv"]})
-                notes.append(f"{backward} compiled in {seconds:.0f} s" + (f" with {flags} (the default 16 MiB scoped "
-                                                                           "VMEM refuses this block)" if flags else ""))
+                notes.append(f"{backward} compiled in {seconds:.0f} s" + (f" with {flags} (the default scoped VMEM "
+                                                                           "refuses this block)" if flags else ""))
             print(report(chip, block, kernels, clock_hz(chip)))
             print(f"{chip:6s} {block:5d}  " + "; ".join(notes), flush=True)
     return 0

@@ -94,6 +94,8 @@ class Chip:
     ici_hop_latency_s: float
     mxu_tile: int
     smem_bytes: int
+    scoped_vmem_bytes: int  # the compiler's default scoped VMEM limit for one Mosaic kernel (0: no limit)
+    scoped_vmem_max_bytes: int  # the most --xla_tpu_scoped_vmem_limit_kib grants that splash still compiles at
     matmul_efficiency: float
     attention_efficiency: float
     attention_block_overhead_s: float  # per splash grid step (q block × kv block × head), visited or skipped
@@ -214,6 +216,8 @@ _NUMBER_RULES = {
     "attention_backward_over_forward": (False, 0, False, None, "a ratio of times"),
     "attention_backward_core_share": (False, 0, False, 1, "a share of a device's cores"),
     "attention_unfused_backward_factor": (False, 0, False, None, "a ratio of times"),
+    "scoped_vmem_bytes": (True, 0, True, None, "bytes of scoped VMEM"),
+    "scoped_vmem_max_bytes": (True, 0, True, None, "bytes of scoped VMEM"),
     "attention_operand_passes": (False, 0, True, None, "a count of passes"),
     "attention_backward_operand_passes": (False, 0, True, None, "a count of passes"),
     "host_memory_bytes_per_chip": (True, 0, False, None, "bytes of host memory per chip"),

@@ -27,11 +27,6 @@ import numpy as np
 
 # FLOPs, not time: backward runs 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward; the time
 # ratio is a chip row's `attention_backward_over_forward`, measured where there is data
-# The scoped VMEM XLA's TPU compiler grants a Mosaic kernel by default. Measured here: deviceless
-# compiles of llama3.1-8b on v5p with 2048×2048 splash blocks are refused with
-# CompileTimeScopedVmemOom, 25.9M needed of a 16M limit (libtpu 0.0.52; docs/measurements.md).
-# Assumed the same on every TPU generation until a compile says otherwise.
-SPLASH_SCOPED_VMEM_BYTES = 16 * 2**20
 LANE_WIDTH = 128  # splash keeps its running max and sum 128 lanes wide
 SPLASH_BACKWARD_OVER_FORWARD = 2.5
 SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
@@ -202,18 +197,32 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
 def splash_vmem_bytes(block_q, block_kv, *, head_dim, act_bytes):
     """Scoped VMEM of one splash grid step: the fp32 logits of a block pair and their
     probabilities in the compute dtype, the fp32 output accumulator and running max and sum, and
-    the q, k, v and output blocks double-buffered. For the measured refusal (2048×2048, head_dim
-    128, bf16) it gives 31 MiB against the compiler's 25.9M: it errs towards refusing."""
+    the q, k, v and output blocks double-buffered. For blocks of 2048, head_dim 128, bf16 it gives
+    31 MiB against the compiler's 27.9M: it errs towards refusing."""
     logits = block_q * block_kv * (4 + act_bytes)
     accumulators = block_q * (head_dim + 2 * LANE_WIDTH) * 4
     blocks = 2 * (2 * block_q + 2 * block_kv) * head_dim * act_bytes
     return logits + accumulators + blocks
 
 
-def splash_vmem_problem(block_q, block_kv, *, head_dim, act_bytes) -> "str | None":
-    """None when a splash grid step fits the scoped VMEM, else the rule with its numbers."""
+def splash_vmem_problem(block_q, block_kv, *, head_dim, act_bytes, chip) -> "str | None":
+    """None when a splash grid step fits the most scoped VMEM the chip's compiler grants (its
+    default, raised by flag as far as splash compiles: `chip.scoped_vmem_max_bytes`), else the
+    rule with its numbers; a chip that interprets kernels has no limit."""
+    if chip.kind.interprets_kernels:
+        return None
     need = splash_vmem_bytes(block_q, block_kv, head_dim=head_dim, act_bytes=act_bytes)
-    if need <= SPLASH_SCOPED_VMEM_BYTES:
+    if need <= chip.scoped_vmem_max_bytes:
         return None
     return (f"splash blocks {int(block_q)}×{int(block_kv)} need about {need / 2**20:.1f} MiB of scoped VMEM per grid "
-            f"step > the compiler's {SPLASH_SCOPED_VMEM_BYTES / 2**20:.0f} MiB")
+            f"step > the most {chip.name}'s compiler grants, {chip.scoped_vmem_max_bytes / 2**20:.0f} MiB")
+
+
+def scoped_vmem_limit_kib(block_q, block_kv, *, head_dim, act_bytes, chip) -> "int | None":
+    """The `--xla_tpu_scoped_vmem_limit_kib` a TPU compile of these blocks needs: None where a grid
+    step fits the compiler's default, else the chip's most (`splash_vmem_problem` says whether
+    that suffices)."""
+    if chip.kind.interprets_kernels:
+        return None
+    need = splash_vmem_bytes(block_q, block_kv, head_dim=head_dim, act_bytes=act_bytes)
+    return None if need <= chip.scoped_vmem_bytes else chip.scoped_vmem_max_bytes // 1024

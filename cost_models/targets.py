@@ -128,6 +128,11 @@ class TargetTraits:
             into the gradient's layout (`optimizer_update`). MaxText's update was not read in its
             compiles (every one of its bench_maxtext plans peaks in the layers' backward), so it
             is priced with the moves: the larger figure.
+        ring_hops_overlap_attention: the compiler schedules a ring's K/V transfers around the
+            attention of the block in hand (cpplan's runtime: the overlap it compiles with,
+            `cost_models.overlap`); otherwise they are waited for (MaxText: its compiled ring and
+            USP steps at 64 devices put no kernel between a forward hop's collective-permute start
+            and done; docs/measurements.md).
         tokamax_ring_kernel: the ring's hops (ring, USP) run on tokamax's ring kernel, as the
             strategies' `maxtext_kernel_calls` list them (MaxText: tokamax
             ring_attention_kernel.py; its build_splash_config sets use_fused_bwd_kernel=True).
@@ -150,6 +155,7 @@ class TargetTraits:
     offload_holds_mlp_backward: bool = False
     head_gradient_loop_devices: int | None = None
     head_gradient_in_head_layout: bool = False
+    ring_hops_overlap_attention: bool = True
     tokamax_ring_kernel: bool = False
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
 
@@ -176,7 +182,8 @@ TRAITS: dict[Target, TargetTraits] = {
                                  ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
                                  offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
                                  head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
-                                 tokamax_ring_kernel=True, mlp_chunk_tokens=None),
+                                 ring_hops_overlap_attention=False, tokamax_ring_kernel=True,
+                                 mlp_chunk_tokens=None),
 }
 
 

@@ -5,7 +5,7 @@ import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
-from cost_models.compute import splash_vmem_problem
+from cost_models.compute import scoped_vmem_limit_kib, splash_vmem_problem
 from cost_models.case import Case, batch_split_violation
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
@@ -169,6 +169,13 @@ class Plan:
         return self.axis_size("context") * self.axis_size("context_ulysses")
 
     @property
+    def scoped_vmem_limit_kib(self) -> int | None:
+        """The `--xla_tpu_scoped_vmem_limit_kib` the TPU compiler needs for this plan's splash
+        blocks (None: its default suffices); the runtime sets it and the MaxText export writes it."""
+        return scoped_vmem_limit_kib(self.block_q, self.block_kv, head_dim=self.model.head_dim,
+                                     act_bytes=DTYPE_BYTES[self.compute_dtype], chip=self.topology_spec.chip)
+
+    @property
     def shape(self) -> Shape:
         """What the strategy specs judge and lay out: the plan's attention case, scalars only."""
         return Shape(self.model, self.seq_len, self.axis_size("context"), self.axis_size("context_ulysses"),
@@ -192,11 +199,10 @@ class Plan:
         if violation:
             raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
         self._check_host_memory()
-        if not self.topology_spec.chip.kind.interprets_kernels:
-            problem = splash_vmem_problem(self.block_q, self.block_kv, head_dim=self.model.head_dim,
-                                          act_bytes=DTYPE_BYTES[self.compute_dtype])
-            if problem:
-                raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
+        problem = splash_vmem_problem(self.block_q, self.block_kv, head_dim=self.model.head_dim,
+                                      act_bytes=DTYPE_BYTES[self.compute_dtype], chip=self.topology_spec.chip)
+        if problem:
+            raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
 
     def _check_host_memory(self) -> None:
         """The activations the remat policy offloads fit in the host memory of a device."""

@@ -154,7 +154,7 @@ def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_di
         return [], f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
     if topo.chip.kind.interprets_kernels:  # an interpreted kernel has no SMEM or VMEM limit
         return options, None
-    vmem = {b: splash_vmem_problem(b, b, head_dim=head_dim, act_bytes=act_bytes) for b in options}
+    vmem = {b: splash_vmem_problem(b, b, head_dim=head_dim, act_bytes=act_bytes, chip=topo.chip) for b in options}
     if all(vmem.values()):
         return [], vmem[min(options)]
     options = [b for b in options if not vmem[b]]

@@ -55,32 +55,41 @@ def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0].lstrip("-")
 
 
-def merged_compiler_args(user_args: str, chip_name: str) -> str:
-    """LIBTPU_INIT_ARGS with cpplan's flags for `chip_name` (`TPU_COMPILER_FLAGS`) added: the
-    user's arguments as given, then each of cpplan's flags the user did not set, so a flag the
-    user set keeps the user's value whatever order libtpu reads them in.
+SCOPED_VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib"
+
+
+def scoped_vmem_flag(limit_kib: int | None) -> str:
+    """The compiler flag raising the scoped VMEM limit to `limit_kib` ("" for None: the default)."""
+    return "" if limit_kib is None else f"{SCOPED_VMEM_FLAG}={limit_kib}"
+
+
+def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str:
+    """LIBTPU_INIT_ARGS with cpplan's flags for `chip_name` (`TPU_COMPILER_FLAGS`) and `extra`
+    added: the user's arguments as given, then each of cpplan's flags the user did not set, so a
+    flag the user set keeps the user's value whatever order libtpu reads them in.
 
     Args:
         user_args: the LIBTPU_INIT_ARGS already set ("" when none).
         chip_name: the chip row's name (`v5e`, `v5p`, ...).
+        extra: flags a plan needs (`scoped_vmem_flag`).
     Returns:
         The merged arguments ("" when neither side has any).
     """
     user = user_args.split()
     named = {_flag_name(arg) for arg in user}
-    ours = [arg for arg in TPU_COMPILER_FLAGS.get(chip_name, "").split() if _flag_name(arg) not in named]
+    ours = [arg for arg in (TPU_COMPILER_FLAGS.get(chip_name, "") + " " + extra).split() if _flag_name(arg) not in named]
     return " ".join(user + ours)
 
 
-def with_compiler_flags(env: dict, chip_name: str) -> dict:
+def with_compiler_flags(env: dict, chip_name: str, extra: str = "") -> dict:
     """A copy of a process environment whose TPU compiler uses cpplan's flags for `chip_name`
-    (`merged_compiler_args`: the environment's own LIBTPU_INIT_ARGS win); libtpu reads them once,
-    when the TPU backend starts, so they apply to a process that has not yet touched one."""
-    merged = merged_compiler_args(env.get("LIBTPU_INIT_ARGS", ""), chip_name)
+    and `extra` (`merged_compiler_args`: the environment's own LIBTPU_INIT_ARGS win); libtpu reads
+    them once, when the TPU backend starts, so they apply to a process that has not yet touched one."""
+    merged = merged_compiler_args(env.get("LIBTPU_INIT_ARGS", ""), chip_name, extra)
     return {**env, "LIBTPU_INIT_ARGS": merged} if merged else dict(env)
 
 
-def use_compiler_flags(chip_name: str) -> None:
+def use_compiler_flags(chip_name: str, extra: str = "") -> None:
     """Sets this process's LIBTPU_INIT_ARGS to `with_compiler_flags` of it, so the TPU compiler of
     a run (or a deviceless compile) builds the step as the price's overlap data was read from.
 
@@ -89,8 +98,9 @@ def use_compiler_flags(chip_name: str) -> None:
 
     Args:
         chip_name: the chip row's name of the TPU the process runs on.
+        extra: flags the plan needs (`scoped_vmem_flag` of its `scoped_vmem_limit_kib`).
     """
-    flagged = with_compiler_flags(dict(os.environ), chip_name)
+    flagged = with_compiler_flags(dict(os.environ), chip_name, extra)
     if "LIBTPU_INIT_ARGS" in flagged:
         os.environ["LIBTPU_INIT_ARGS"] = flagged["LIBTPU_INIT_ARGS"]
 
@@ -210,8 +220,9 @@ def tpu_devices(plan: Plan):
                           f"Use runtime.run for cpu:N plans.")
     # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    # the chip's compiler flags, for a process whose libtpu loads below (a loaded one keeps its own)
-    use_compiler_flags(topo.chip.name)
+    # the chip's compiler flags and the scoped VMEM the plan's splash blocks need, for a process
+    # whose libtpu loads below (a loaded one keeps its own)
+    use_compiler_flags(topo.chip.name, scoped_vmem_flag(plan.scoped_vmem_limit_kib))
     try:
         import libtpu  # noqa: F401  (the TPU compiler; get_topology_desc needs it)
     except ImportError:

@@ -84,7 +84,9 @@ def test_runs_are_read_with_their_own_remat_and_what_cpplan_lacks_is_said(runs):
                                                                                  "value_proj"}
     assert runs["v5p-llama3.1-405b-v5p-1024"].plan.remat is not RematPolicy.FULL
     assert any("fsdp_transpose" in n for n in runs["v6e-llama2-70b-v6e-256"].notes)
-    assert any("2048×2048" in n and "1024×1024" in n for n in runs["v6e-llama3.1-8b-v6e-256"].notes)
+    # its splash blocks of 2048 fit v6e's 32 MiB of scoped VMEM: priced at its own blocks, nothing to say
+    v6e = runs["v6e-llama3.1-8b-v6e-256"]
+    assert (v6e.plan.block_q, v6e.plan.block_kv) == (2048, 2048) and not any("VMEM" in n for n in v6e.notes)
     assert offloading.param_dtype == "bfloat16"
 
 

@@ -380,19 +380,29 @@ def test_communication_hides_in_one_window_per_layer():
     assert context_traffic(cost, 1.0, 0.5, hides_behind_attention=False) == ContextTraffic(2.0, 5.5, 1.0, 2.75)
 
 
-def test_splash_vmem_rule_refuses_what_the_compiler_refused():
-    """Deviceless compiles of llama3.1-8b on v5p refused 2048×2048 splash blocks (25.9M of scoped
-    VMEM > 16M); the rule refuses them, keeps 1024, and the plan check names it."""
+def test_splash_vmem_rule_follows_what_each_compiler_grants():
+    """The compilers' scoped VMEM for one kernel: 16 MiB by default on v5p, raised by flag to
+    96 MiB, where splash compiles at blocks of 2048 (27.9M) and 4096 × 2048; 32 MiB by default on
+    tpu7x, where 2048 compiles without the flag. The rule's estimate of a grid step (31 MiB at
+    2048, 110 MiB at 4096) takes 2048 on both, asks the flag for it on v5p only, and refuses 4096,
+    which no limit compiled."""
     import dataclasses
 
     import planner
-    from cost_models.compute import splash_vmem_bytes, splash_vmem_problem
+    from cost_models.compute import scoped_vmem_limit_kib, splash_vmem_bytes, splash_vmem_problem
+    from cost_models.topology import get_topology
 
+    v5p, tpu7x = get_topology("v5p-16").chip, get_topology("tpu7x-16").chip
     assert splash_vmem_bytes(2048, 2048, head_dim=128, act_bytes=2) == 2048 * 2048 * 6 + 2048 * 384 * 4 \
         + 2 * 8192 * 128 * 2
-    assert "2048×2048 need about 31.0 MiB" in splash_vmem_problem(2048, 2048, head_dim=128, act_bytes=2)
-    assert splash_vmem_problem(1024, 1024, head_dim=128, act_bytes=2) is None
+    for chip in (v5p, tpu7x):
+        assert splash_vmem_problem(2048, 2048, head_dim=128, act_bytes=2, chip=chip) is None
+        assert "4096×4096 need about 110.0 MiB" in splash_vmem_problem(4096, 4096, head_dim=128, act_bytes=2, chip=chip)
+    assert scoped_vmem_limit_kib(2048, 2048, head_dim=128, act_bytes=2, chip=v5p) == 98304
+    assert scoped_vmem_limit_kib(1024, 1024, head_dim=128, act_bytes=2, chip=v5p) is None
+    assert scoped_vmem_limit_kib(2048, 2048, head_dim=128, act_bytes=2, chip=tpu7x) is None
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k")
-    assert plan.block_q <= 1024
+    wide = dataclasses.replace(plan, block_q=2048, block_kv=2048)
+    assert wide.scoped_vmem_limit_kib == 98304 and planner.estimate(wide).step_time_s > 0
     with pytest.raises(CpplanError, match="scoped VMEM"):
-        planner.estimate(dataclasses.replace(plan, block_q=2048, block_kv=2048))
+        planner.estimate(dataclasses.replace(plan, block_q=4096, block_kv=4096))

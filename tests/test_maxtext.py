@@ -217,6 +217,15 @@ def test_export_keeps_compile_flags_apart_and_says_what_changed():
     assert estimate(exported.plan, target="maxtext").smem_bytes <= estimate(exported.plan).smem_capacity_bytes
 
 
+def test_export_writes_the_scoped_vmem_its_blocks_need():
+    plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["all_gather"], global_batch_tokens="128k")
+    wide = export_maxtext(dataclasses.replace(plan, block_q=2048, block_kv=2048))
+    assert wide.flags["sa_block_q"] == 2048
+    assert any("LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=98304" in note for note in wide.notes)
+    narrow = export_maxtext(dataclasses.replace(plan, block_q=1024, block_kv=1024))
+    assert not any("scoped_vmem" in note for note in narrow.notes)
+
+
 def test_export_carries_model_switches_or_names_what_it_cannot():
     model = dataclasses.replace(MODELS["small"], name="qwen-like", qkv_bias=True, tie_embeddings=True)
     plan = Plan(model, "v5p-8", 8192, 4, make_mesh(fsdp=4))

@@ -20,8 +20,8 @@ flags, as the runs were launched with MaxText, so the columns are:
 Synthetic models (`global_parameter_scale`) get MaxText's shape rule of that time
 (`synthetic_shape`). Everything else is read by the MaxText import (`planner.maxtext.read_maxtext`:
 remat policies by name, `custom` placements and host offload included). A setting cpplan cannot
-represent (`fsdp_transpose`, splash blocks beyond the scoped-VMEM limit, a flag the import
-does not read) is priced at the nearest one cpplan has, and the run's notes say so:
+represent (`fsdp_transpose`, splash blocks beyond the most scoped VMEM the compiler grants, a
+flag the import does not read) is priced at the nearest one cpplan has, and the run's notes say so:
 nothing is approximated silently. The corpus is a test set: no chip-row figure
 is fitted to it.
 """
@@ -243,19 +243,18 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
 
 
 def _blocks_within_vmem(plan: Plan) -> tuple[Plan, list[str]]:
-    """The plan with the largest splash blocks (halving both) that cpplan's scoped-VMEM rule
-    accepts: runs that raise the compiler's VMEM limit by XLA flag use blocks cpplan would refuse."""
+    """The plan with the largest splash blocks (halving both) that the most scoped VMEM the chip's
+    compiler grants holds: a run's blocks beyond it are priced at the largest that compile."""
     act_bytes = DTYPE_BYTES[plan.compute_dtype]
+    chip = plan.topology_spec.chip
     block_q, block_kv = plan.block_q, plan.block_kv
-    problem = splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes)
-    if problem is None or plan.topology_spec.chip.kind.interprets_kernels:
+    problem = splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes, chip=chip)
+    if problem is None:
         return plan, []
-    while splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes) and \
+    while splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes, chip=chip) and \
             max(block_q, block_kv) > 128:
         block_q, block_kv = max(128, block_q // 2), max(128, block_kv // 2)
-    return dataclasses.replace(plan, block_q=block_q, block_kv=block_kv), [
-        f"{problem} (the run raised the limit by XLA flag, which cpplan does not model): priced at blocks "
-        f"{block_q}×{block_kv}"]
+    return dataclasses.replace(plan, block_q=block_q, block_kv=block_kv), [f"{problem}: priced at blocks {block_q}×{block_kv}"]
 
 
 def step_seconds(row: dict, plan: Plan, shape: SyntheticShape | None, where: str) -> float:

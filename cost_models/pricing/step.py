@@ -65,7 +65,8 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     cost = strategy.cost(x, attention.layout, attention.forward_s, attention.backward_s)
     traffic = price_traffic(x, matmuls.weight_bytes,
                             context_traffic(cost, x.remat_columns.recompute_attention,
-                                            overlap.of_context(strategy.name),
+                                            overlap.of_context(strategy.name) if target.traits.ring_hops_overlap_attention
+                                            or not strategy.hides_traffic_behind_attention else 0.0,
                                             hides_behind_attention=strategy.hides_traffic_behind_attention))
     exposed = price_exposure(traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s,
                              num_layers=layers, overlap=overlap).as_dict()
