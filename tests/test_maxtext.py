@@ -217,6 +217,15 @@ def test_export_keeps_compile_flags_apart_and_says_what_changed():
     assert estimate(exported.plan, target="maxtext").smem_bytes <= estimate(exported.plan).smem_capacity_bytes
 
 
+def test_maxtext_waits_for_its_ring_hops_where_cpplan_hides_them():
+    """MaxText's compiled ring steps put no kernel between a hop's transfer start and done: the
+    MaxText price exposes all the ring's traffic, cpplan's hides part of it behind the attention."""
+    plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["ring"], global_batch_tokens="128k")
+    ours, theirs = estimate(plan), estimate(plan, target="maxtext")
+    assert theirs.exposed_s["context"] == pytest.approx(theirs.comm_s["context"], rel=1e-9)
+    assert ours.exposed_s["context"] < ours.comm_s["context"]
+
+
 def test_export_writes_the_scoped_vmem_its_blocks_need():
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["all_gather"], global_batch_tokens="128k")
     wide = export_maxtext(dataclasses.replace(plan, block_q=2048, block_kv=2048))
