@@ -239,7 +239,9 @@ class Explanation:
             "  mesh           " + " ".join(f"{a}={s}" for a, s in p.mesh),
             f"  placement      {placement}",
             f"  remat          {p.remat.value}",
-            f"  splash blocks  {p.block_q}×{p.block_kv}; loss "
+            f"  splash blocks  {p.block_q}×{p.block_kv}"
+            + (f" (scoped VMEM raised: --xla_tpu_scoped_vmem_limit_kib={p.scoped_vmem_limit_kib}, which the runtime "
+               f"sets)" if p.scoped_vmem_limit_kib else "") + "; loss "
             + (f"in chunks of {p.loss_chunk_tokens} tokens" if p.loss_chunk_tokens else "over full logits"),
             "",
             f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "
@@ -371,7 +373,8 @@ class Explanation:
         res = self.result
 
         def ranked(r: Ranked) -> dict:
-            return {"plan": r.plan.to_dict(), "estimate": r.estimate.to_dict(), "summary": short(r.plan)}
+            return {"plan": r.plan.to_dict(), "estimate": r.estimate.to_dict(), "summary": short(r.plan),
+                    "scoped_vmem_limit_kib": r.plan.scoped_vmem_limit_kib}
 
         return {
             "model": res.case.model.to_dict(), "seq_len": res.case.seq_len, "global_batch": res.case.global_batch,
