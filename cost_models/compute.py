@@ -134,12 +134,13 @@ def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
 
 
 def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv, partials=None, value_bytes=4):
-    """HBM bytes of the fused backward's dq partials: `partials` [q_len, head_dim] arrays per head
-    (None: one per key block) of `value_bytes` values, written by the kernel and read back by the
-    sum after it, plus the sum's result."""
+    """HBM bytes the fused backward's dq partials cost outside the kernel: `partials` [q_len,
+    head_dim] arrays per head (None: one per key block) of `value_bytes` values, read back by the
+    sum after the kernel, plus the sum's result. The kernel's own writes of them stream out while
+    it computes (a block of 512 × 128 fp32 values per grid step is far under HBM bandwidth)."""
     q_elements = np.asarray(q_heads, dtype=float) * q_len * head_dim
     count = np.ceil(kv_len / np.minimum(block_kv, kv_len)) if partials is None else partials
-    return value_bytes * q_elements * (2 * count + 1)
+    return value_bytes * q_elements * (count + 1)
 
 
 def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,

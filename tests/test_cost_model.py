@@ -234,14 +234,14 @@ def test_maxtext_ring_visits_every_block_of_every_hop_with_the_fused_backward():
     x = one_candidate(CPStrategy.ALL_GATHER, ring=4, zigzag=True)
     spec = STRATEGIES[CPStrategy.ALL_GATHER]
     assert spec.merge_bytes(x, spec.layout(x), spec.maxtext_kernel_calls(x, spec.layout(x))) == (0.0, 0.0)
-    # the fused backward: one grid instead of two, and the fp32 dq partials of 4 key blocks written
-    # and read back, plus their sum: 4 B × 8·256·32 × (2·4 + 1) = 2359296 B at 1e-12 s/B
-    assert dq_partial_bytes(8, 256, 1024, head_dim=32, block_kv=256) == 4 * 8 * 256 * 32 * 9
+    # the fused backward: one grid instead of two, and the fp32 dq partials of 4 key blocks read
+    # back by their sum, plus its result: 4 B × 8·256·32 × (4 + 1) = 1310720 B at 1e-12 s/B
+    assert dq_partial_bytes(8, 256, 1024, head_dim=32, block_kv=256) == 4 * 8 * 256 * 32 * 5
     _, two_grids = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
                                      per_step_s=1e-4, per_step_byte_s=0.0)
     _, fused = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
                                  per_step_s=1e-4, per_step_byte_s=0.0, fused_backward=True, hbm_s_per_byte=1e-12)
-    assert two_grids == pytest.approx(32 * 2e-4) and fused == pytest.approx(32 * 1e-4 + 2359296e-12)
+    assert two_grids == pytest.approx(32 * 2e-4) and fused == pytest.approx(32 * 1e-4 + 1310720e-12)
 
 
 def test_host_collectives_use_their_measured_rates():
