@@ -381,11 +381,11 @@ def test_communication_hides_in_one_window_per_layer():
 
 
 def test_splash_vmem_rule_follows_what_each_compiler_grants():
-    """The compilers' scoped VMEM for one kernel: 16 MiB by default on v5p, raised by flag to
-    96 MiB, where splash compiles at blocks of 2048 (27.9M) and 4096 × 2048; 32 MiB by default on
-    tpu7x, where 2048 compiles without the flag. The rule's estimate of a grid step (31 MiB at
-    2048, 110 MiB at 4096) takes 2048 on both, asks the flag for it on v5p only, and refuses 4096,
-    which no limit compiled."""
+    """The compilers' scoped VMEM for one kernel: 16 MiB by default on v5p, raised by flag up to its
+    VMEM (65472 KiB), where splash compiles at blocks of 2048 (27.9M) and 4096 × 2048; 32 MiB by
+    default on tpu7x, where 2048 compiles without the flag. The rule's estimate of a grid step (31
+    MiB at 2048, 110 MiB at 4096) takes 2048 on both, asks the flag for it on v5p only, and refuses
+    4096, which neither compiled at any limit."""
     import dataclasses
 
     import planner
@@ -398,11 +398,11 @@ def test_splash_vmem_rule_follows_what_each_compiler_grants():
     for chip in (v5p, tpu7x):
         assert splash_vmem_problem(2048, 2048, head_dim=128, act_bytes=2, chip=chip) is None
         assert "4096×4096 need about 110.0 MiB" in splash_vmem_problem(4096, 4096, head_dim=128, act_bytes=2, chip=chip)
-    assert scoped_vmem_limit_kib(2048, 2048, head_dim=128, act_bytes=2, chip=v5p) == 98304
+    assert scoped_vmem_limit_kib(2048, 2048, head_dim=128, act_bytes=2, chip=v5p) == 65472
     assert scoped_vmem_limit_kib(1024, 1024, head_dim=128, act_bytes=2, chip=v5p) is None
     assert scoped_vmem_limit_kib(2048, 2048, head_dim=128, act_bytes=2, chip=tpu7x) is None
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k")
     wide = dataclasses.replace(plan, block_q=2048, block_kv=2048)
-    assert wide.scoped_vmem_limit_kib == 98304 and planner.estimate(wide).step_time_s > 0
+    assert wide.scoped_vmem_limit_kib == 65472 and planner.estimate(wide).step_time_s > 0
     with pytest.raises(CpplanError, match="scoped VMEM"):
         planner.estimate(dataclasses.replace(plan, block_q=4096, block_kv=4096))

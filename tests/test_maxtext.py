@@ -230,7 +230,7 @@ def test_export_writes_the_scoped_vmem_its_blocks_need():
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["all_gather"], global_batch_tokens="128k")
     wide = export_maxtext(dataclasses.replace(plan, block_q=2048, block_kv=2048))
     assert wide.flags["sa_block_q"] == 2048
-    assert any("LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=98304" in note for note in wide.notes)
+    assert any("LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65472" in note for note in wide.notes)
     narrow = export_maxtext(dataclasses.replace(plan, block_q=1024, block_kv=1024))
     assert not any("scoped_vmem" in note for note in narrow.notes)
 
