@@ -333,7 +333,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _import_runtime()
     from runtime.distributed import initialize, is_leader
 
-    _use_tpu_compiler_flags(topo)
+    _use_tpu_compiler_flags(topo, [r.plan for r in search.ranked[:args.max_fallbacks]])
     initialize(group, platform=topo.chip.kind.jax_platform)
     import jax
 
@@ -582,17 +582,15 @@ def _check_data(path: str | None) -> None:
                           f"for synthetic tokens.")
 
 
-def _use_tpu_compiler_flags(topo) -> None:
+def _use_tpu_compiler_flags(topo, plans=()) -> None:
     """On a TPU, the compiler flags the price's overlap data was read with, set before jax starts
     the backend (`runtime.compile.use_compiler_flags`; the user's own LIBTPU_INIT_ARGS win), and
-    the most scoped VMEM the chip grants where that exceeds its default: the plan, chosen later,
-    may use splash blocks that need it."""
+    the scoped VMEM the splash blocks of any of `plans` (those a run may fall back to) need."""
     if topo.chip.kind is ChipKind.TPU:
         from runtime.compile import scoped_vmem_flag, use_compiler_flags
 
-        chip = topo.chip
-        raised = chip.scoped_vmem_max_bytes // 1024 if chip.scoped_vmem_max_bytes > chip.scoped_vmem_bytes else None
-        use_compiler_flags(chip.name, scoped_vmem_flag(raised))
+        limits = [p.scoped_vmem_limit_kib for p in plans if p.scoped_vmem_limit_kib is not None]
+        use_compiler_flags(topo.chip.name, scoped_vmem_flag(max(limits) if limits else None))
 
 
 def _check_devices(topo, command: str) -> None:

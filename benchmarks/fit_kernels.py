@@ -212,13 +212,13 @@ def model_attention(chip: Chip, t: AttentionTiming, fit: AttentionFit, backward_
     math = 4.0 * t.batch * t.q_heads * t.head_dim * extent / (
         peak * fit.efficiency * tile_efficiency(t.head_dim, chip.mxu_tile))
     # tokamax's VJP is splash's fused backward (its configs set only the dk/dv kernel's blocks): one
-    # grid; the partials it writes are part of the backward's passes over its operands
+    # grid, and the sum of its dq partials, as the price has them
     fwd, bwd = splash_step_costs(
         t.batch * t.q_heads, t.batch * t.kv_heads, t.seq, t.seq, head_dim=t.head_dim, act_bytes=2,
         block_q=t.block_q, block_kv=t.block_kv, per_step_s=fit.step_s, per_step_byte_s=0.0,
         per_masked_element_s=fit.masked_element_s,
         per_call_byte_s=(fit.operand_passes / hbm_bw, fit.backward_operand_passes / hbm_bw), causal=t.causal,
-        fused_backward=True)
+        fused_backward=True, hbm_s_per_byte=1 / hbm_bw)
     return float(math + fwd), float(backward_over_forward * math + bwd)
 
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+LANE_WIDTH = 128  # splash keeps its running max and sum 128 lanes wide
 # FLOPs, not time: backward runs 5 matmuls (QKᵀ again, dV, dP, dQ, dK) vs 2 forward; the time
 # ratio is a chip row's `attention_backward_over_forward`, measured where there is data
-LANE_WIDTH = 128  # splash keeps its running max and sum 128 lanes wide
 SPLASH_BACKWARD_OVER_FORWARD = 2.5
 SPLASH_BACKWARD_GRIDS = 2  # splash's backward runs two kernels over the block grid (dq, then dk/dv)
 FUSED_BACKWARD_GRIDS = 1  # splash's fused backward: one kernel forms dq, dk and dv together
@@ -133,20 +133,21 @@ def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
     return np.where(causal, np.asarray(heads, dtype=float) * q_len * np.maximum(block_q, block_kv), 0.0)
 
 
-def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv, partials=None, value_bytes=4):
-    """HBM bytes the fused backward's dq partials cost outside the kernel: `partials` [q_len,
-    head_dim] arrays per head (None: one per key block) of `value_bytes` values, read back by the
-    sum after the kernel, plus the sum's result. The kernel's own writes of them stream out while
-    it computes (a block of 512 × 128 fp32 values per grid step is far under HBM bandwidth)."""
+DQ_PARTIAL_BYTES = 4  # the fused backward's dq partials are fp32
+
+
+def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv):
+    """HBM bytes the fused backward's dq partials cost outside the kernel: one fp32 [q_len,
+    head_dim] per head and key block, read back by the sum after the kernel, plus the sum's result.
+    The kernel's own writes of them stream out while it computes (a block of 512 × 128 fp32 values
+    per grid step is far under HBM bandwidth)."""
     q_elements = np.asarray(q_heads, dtype=float) * q_len * head_dim
-    count = np.ceil(kv_len / np.minimum(block_kv, kv_len)) if partials is None else partials
-    return value_bytes * q_elements * (count + 1)
+    return DQ_PARTIAL_BYTES * q_elements * (np.ceil(kv_len / np.minimum(block_kv, kv_len)) + 1)
 
 
 def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,
                       per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=(0.0, 0.0),
-                      causal=False, fused_backward=False, dq_partials=None, dq_partial_value_bytes=4,
-                      hbm_s_per_byte=0.0, backward_core_share=1.0):
+                      causal=False, fused_backward=False, hbm_s_per_byte=0.0, backward_core_share=1.0):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
     Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
@@ -171,7 +172,6 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
         causal: whether the call's mask is causal.
         fused_backward: the backward is splash's fused kernel (one grid; `dq_partial_bytes`
             moved at `hbm_s_per_byte`), not the dq and dk/dv kernels.
-        dq_partials, dq_partial_value_bytes: the fused kernel's dq partials (`dq_partial_bytes`).
         hbm_s_per_byte: seconds per byte of HBM traffic outside the kernels.
         backward_core_share: the share of the device's cores the backward's grids run on (their
             per-step costs scale by its inverse).
@@ -186,8 +186,7 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
     grids = FUSED_BACKWARD_GRIDS if fused_backward else SPLASH_BACKWARD_GRIDS
-    partials = hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk,
-                                                 partials=dq_partials, value_bytes=dq_partial_value_bytes) \
+    partials = hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk) \
         if fused_backward else 0.0
     fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
     bwd = (steps * (grids * per_step_s + per_step_byte_s * backward_bytes) + grids * masked) / backward_core_share \
@@ -219,11 +218,14 @@ def splash_vmem_problem(block_q, block_kv, *, head_dim, act_bytes, chip) -> "str
             f"step > the most {chip.name}'s compiler grants, {chip.scoped_vmem_max_bytes / 2**20:.0f} MiB")
 
 
+SCOPED_VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib"  # the TPU compiler's flag raising the limit
+
+
 def scoped_vmem_limit_kib(block_q, block_kv, *, head_dim, act_bytes, chip) -> "int | None":
-    """The `--xla_tpu_scoped_vmem_limit_kib` a TPU compile of these blocks needs: None where a grid
-    step fits the compiler's default, else the chip's most (`splash_vmem_problem` says whether
-    that suffices)."""
+    """The `SCOPED_VMEM_FLAG` value a TPU compile of these blocks needs: the chip's raised limit
+    where a grid step needs more than the compiler's default and fits that; else None (the
+    default suffices, or nothing does: `splash_vmem_problem` refuses the blocks)."""
     if chip.kind.interprets_kernels:
         return None
     need = splash_vmem_bytes(block_q, block_kv, head_dim=head_dim, act_bytes=act_bytes)
-    return None if need <= chip.scoped_vmem_bytes else chip.scoped_vmem_max_bytes // 1024
+    return chip.scoped_vmem_max_bytes // 1024 if chip.scoped_vmem_bytes < need <= chip.scoped_vmem_max_bytes else None

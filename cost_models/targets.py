@@ -133,9 +133,10 @@ class TargetTraits:
             `cost_models.overlap`); otherwise they are waited for (MaxText: its compiled ring and
             USP steps at 64 devices put no kernel between a forward hop's collective-permute start
             and done; docs/measurements.md).
-        tokamax_ring_kernel: the ring's hops (ring, USP) run on tokamax's ring kernel, as the
-            strategies' `maxtext_kernel_calls` list them (MaxText: tokamax
-            ring_attention_kernel.py; its build_splash_config sets use_fused_bwd_kernel=True).
+        tokamax_ring_kernel: the splash calls are the strategies' `maxtext_kernel_calls`: the
+            ring's hops (ring, USP) on tokamax's ring kernel with the fused backward (MaxText:
+            tokamax ring_attention_kernel.py; its build_splash_config sets use_fused_bwd_kernel=True),
+            the other strategies' on its default splash.
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward (cpplan's
             runtime: `MLP_CHUNK_TOKENS`, each chunk its own checkpoint), or None where the MLP runs
             on all the device's tokens at once (MaxText: its `MlpBlock` has no chunk loop; its

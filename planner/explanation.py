@@ -5,6 +5,7 @@ import json
 from collections import Counter, defaultdict
 
 from cost_models.accuracy import ErrorBand, error_band
+from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.candidates import group_links
 from cost_models.estimate import Estimate
 from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
@@ -240,8 +241,8 @@ class Explanation:
             f"  placement      {placement}",
             f"  remat          {p.remat.value}",
             f"  splash blocks  {p.block_q}×{p.block_kv}"
-            + (f" (scoped VMEM raised: --xla_tpu_scoped_vmem_limit_kib={p.scoped_vmem_limit_kib}, which the runtime "
-               f"sets)" if p.scoped_vmem_limit_kib else "") + "; loss "
+            + (f" (scoped VMEM raised: {SCOPED_VMEM_FLAG}={p.scoped_vmem_limit_kib}, which `cpplan run` and "
+               f"`cpplan compile` set)" if p.scoped_vmem_limit_kib else "") + "; loss "
             + (f"in chunks of {p.loss_chunk_tokens} tokens" if p.loss_chunk_tokens else "over full logits"),
             "",
             f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "

@@ -26,6 +26,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
+from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.errors import CpplanError
 from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
@@ -185,7 +186,7 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
                       "num_slices": plan.num_slices})
     if plan.scoped_vmem_limit_kib is not None:
         notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} need more scoped VMEM than the compiler's default: "
-                     f"run with LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib={plan.scoped_vmem_limit_kib}")
+                     f"run with LIBTPU_INIT_ARGS={SCOPED_VMEM_FLAG}={plan.scoped_vmem_limit_kib}")
     compile_flags: dict[str, object] = {}
     slice_name = _slice_name(plan.topology)
     if slice_name:
@@ -336,10 +337,15 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
     if kernel not in SPLASH_KERNELS:
         raise CpplanError(f"attention={kernel}: cpplan prices the splash kernel only (attention=flash); "
                           f"{kernel} materialises other buffers. Use attention=flash.")
-    if strategy in TOKAMAX_ONLY and not f.bool("use_tokamax_splash", False):
+    tokamax_splash = f.bool("use_tokamax_splash", False)
+    if strategy in TOKAMAX_ONLY and not tokamax_splash:
         notes.append(f"MaxText 0.2.5 runs context_parallel_strategy={strategy.value} on a TPU only with "
                      f"use_tokamax_splash=True (configs/types.py): priced as it runs with it; set it")
     spec = STRATEGIES[strategy]
+    if tokamax_splash and not spec.maxtext_ring_kernel:
+        notes.append("use_tokamax_splash=True: MaxText runs this attention's backward as splash's fused kernel (its "
+                     "all-gather step compiled for v5p-128); cpplan prices MaxText's default splash, the dq and "
+                     "dk/dv kernels")
     # MaxText's -1 means "the rest of the devices" (its default for fsdp); the ring (or plain
     # Ulysses) degree is ici_context_parallelism, USP's Ulysses degree its own flag
     defaults = {"data": 1, "fsdp": -1, "tensor": 1, "context": 1}

@@ -446,7 +446,8 @@ class SearchSpace:
                                    tensor=[tensor] * n, remat=[0] * n, zigzag=[zigzag] * n,
                                    block_q=[float(b) for b in options], block_kv=[float(b) for b in options],
                                    links={}, ring_link=LinkColumns([0.0] * n, [0.0] * n))
-                times = price_attention(trial, spec).total_s
+                ring_kernel = self.target.traits.tokamax_ring_kernel
+                times = price_attention(trial, spec, tokamax_ring_kernel=ring_kernel).total_s
                 block = options[int(np.argmin(times))]  # the first of equals, in preference order
             self._blocks[position] = (block, reason)
             self._block_fits[position] = reason is None

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from cost_models.chips import ChipKind
+from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.errors import CpplanError
 from cost_models.units import GiB
 from planner.plan import Plan
@@ -53,9 +54,6 @@ TPU_COMPILER_FLAGS: dict[str, str] = {
 def _flag_name(arg: str) -> str:
     """The name of a libtpu flag argument, `--name=value` or `--name`."""
     return arg.split("=", 1)[0].lstrip("-")
-
-
-SCOPED_VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib"
 
 
 def scoped_vmem_flag(limit_kib: int | None) -> str:

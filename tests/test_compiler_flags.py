@@ -50,14 +50,13 @@ def test_the_cli_sets_them_before_it_measures_a_tpu_and_not_on_a_host(monkeypatc
     cli._use_tpu_compiler_flags(get_topology("cpu:8"))
     assert "LIBTPU_INIT_ARGS" not in os.environ
     cli._use_tpu_compiler_flags(get_topology("v5e-16"))
-    assert os.environ["LIBTPU_INIT_ARGS"].split() == V5E + ["--xla_tpu_scoped_vmem_limit_kib=98304"]
+    assert os.environ["LIBTPU_INIT_ARGS"].split() == V5E
 
 
 def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wins(monkeypatch):
     """A plan whose splash blocks need more scoped VMEM than the compiler's default compiles with
     the chip's most (v5p: its VMEM, 65472 KiB; blocks of 2048 need 27.9M of its default 16M);
-    `cpplan run` raises it to the chip's most before the plan is chosen (tpu7x: the same; v5e:
-    MaxText's 98304 KiB); a host gets no flag."""
+    `cpplan run` sets the largest its plan and fallbacks need; none where they fit the default."""
     import dataclasses
 
     import cli
@@ -69,14 +68,15 @@ def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wi
     wide = dataclasses.replace(plan, block_q=2048, block_kv=2048)
     extra = scoped_vmem_flag(wide.scoped_vmem_limit_kib)
     assert extra == "--xla_tpu_scoped_vmem_limit_kib=65472"
-    assert scoped_vmem_flag(dataclasses.replace(plan, block_q=1024, block_kv=1024).scoped_vmem_limit_kib) == ""
+    narrow = dataclasses.replace(plan, block_q=1024, block_kv=1024)
+    assert scoped_vmem_flag(narrow.scoped_vmem_limit_kib) == ""
     assert merged_compiler_args("", "v5p", extra) == extra
     assert merged_compiler_args("--xla_tpu_scoped_vmem_limit_kib=61440", "v5p", extra) == \
         "--xla_tpu_scoped_vmem_limit_kib=61440"
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
-    cli._use_tpu_compiler_flags(get_topology("v5p-16"))
+    cli._use_tpu_compiler_flags(get_topology("v5p-16"), [narrow, wide])
     assert os.environ["LIBTPU_INIT_ARGS"] == extra
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
-    cli._use_tpu_compiler_flags(get_topology("tpu7x-16"))
-    assert os.environ["LIBTPU_INIT_ARGS"] == "--xla_tpu_scoped_vmem_limit_kib=65472"
+    cli._use_tpu_compiler_flags(get_topology("v5p-16"), [narrow])  # 1024 fits the default: no flag
+    assert "LIBTPU_INIT_ARGS" not in os.environ

@@ -36,9 +36,11 @@ def _hand_times(batch, seq, heads, dim, causal):
     array = batch * seq * heads * dim * 2  # bf16, as many kv heads as q heads
     forward = math + STEP_S * steps + MASKED_S * masked + PASSES * 4 * array / HBM_BW
     # backward: tokamax's VJP is splash's fused kernel, one grid; its passes are over the operands of
-    # the dq kernel's q, dO, dq | k, v and the dk/dv kernel's q, dO | k, v, dk, dv
+    # the dq kernel's q, dO, dq | k, v and the dk/dv kernel's q, dO | k, v, dk, dv; its fp32 dq
+    # partials, one per key block, are read back by their sum, which it writes (in bf16 units, 2×)
+    partials = (blocks + 1) * 2 * array
     backward = (BACKWARD_RATIO * math + STEP_S * steps + MASKED_S * masked
-                + BACKWARD_PASSES * 11 * array / HBM_BW)
+                + (BACKWARD_PASSES * 11 * array + partials) / HBM_BW)
     return forward, backward
 
 

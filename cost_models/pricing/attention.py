@@ -79,8 +79,8 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
             per_masked_element_s=chip.attention_masked_element_s,
             per_call_byte_s=(chip.attention_operand_passes * hbm_s_per_byte,
                              chip.attention_backward_operand_passes * hbm_s_per_byte),
-            causal=call.causal, fused_backward=call.fused_backward, dq_partials=call.dq_partials,
-            hbm_s_per_byte=hbm_s_per_byte, backward_core_share=chip.attention_backward_core_share)
+            causal=call.causal, fused_backward=call.fused_backward, hbm_s_per_byte=hbm_s_per_byte,
+            backward_core_share=chip.attention_backward_core_share)
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     merge_forward_bytes, merge_backward_bytes = strategy.merge_bytes(x, layout, calls)

@@ -13,7 +13,6 @@ or the price's `cost_models.candidates.Candidates`, whose attributes are numpy c
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +21,6 @@ import numpy as np
 
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import CPStrategy
-
-# MaxText's splash backward outside its ring kernel: the fused kernel, writing dq in 3 partials
-# (its all-gather step compiled for v5p-128 at 64K: splash_mha_dkv_segmented_no_residuals returns
-# bf16[3, heads, q, head_dim] beside dK and dV, and no dq kernel runs; docs/measurements.md)
-MAXTEXT_DQ_PARTIALS = 3
 
 # Splash's query and key blocks are multiples of the TPU lane width: the kernel lays key blocks
 # along lanes, and on a TPU its dK/dV kernel lays query positions along lanes too. A smaller
@@ -81,8 +75,8 @@ class Layout:
 class KernelCall:
     """`count` splash calls a device makes per layer forward, of `q_len` × `kv_len` tokens
     (scalars or columns); the backward runs its dq and dk/dv kernels over each, or splash's fused
-    backward kernel where `fused_backward`, whose `dq_partials` fp32 dq partials (None: one per
-    key block) are summed after it. Query blocks are at most `q_block_cap` tokens (a block must not
+    backward kernel where `fused_backward`, whose fp32 dq partials, one per key block, are summed
+    after it. Query blocks are at most `q_block_cap` tokens (a block must not
     straddle two zigzag chunks); `causal` calls evaluate the mask rule on the blocks the diagonal
     cuts through, the others see every key."""
 
@@ -92,7 +86,6 @@ class KernelCall:
     causal: bool = True
     q_block_cap: Any = float("inf")
     fused_backward: bool = False
-    dq_partials: Any = None
 
 
 @dataclass(frozen=True)
@@ -188,10 +181,10 @@ class StrategySpec:
         return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),)
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        """The splash calls MaxText makes for the same layout: with the fused backward, whose dq
-        it reduces in `MAXTEXT_DQ_PARTIALS` steps (its ring kernel's calls differ, see ring.py)."""
-        return tuple(dataclasses.replace(c, fused_backward=True, dq_partials=MAXTEXT_DQ_PARTIALS)
-                     for c in self.kernel_calls(x, layout))
+        """The splash calls MaxText makes for the same layout: its default splash (base.yml's
+        `sa_use_fused_bwd_kernel=false`: the dq and dk/dv kernels) makes cpplan's; its ring kernel's
+        differ (ring.py)."""
+        return self.kernel_calls(x, layout)
 
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         """HBM bytes per layer, (forward, backward), of combining the outputs and gradients of a
