@@ -76,6 +76,13 @@ def slice_growth(runs: list[CorpusRun], predicted_s: dict[str, float]) -> list[d
     return rows
 
 
+def runs_band(c: dict, chip: str, path: Path, version: str) -> dict:
+    """A chip's band over the published runs of one CSV, as accuracy.json holds it."""
+    return {"step_time_mape": round(c["mape"], 4), "runs": c["runs"], "max_abs_error": round(c["max_abs_error"], 4),
+            "mean_signed_error": round(c["mean_signed_error"], 4),
+            "source": f"{path.relative_to(ROOT)}, {c['runs']} {chip} runs, priced at cpplan {version}"}
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -132,25 +139,15 @@ def main() -> None:
     table = {"source": f"written by benchmarks/bench_corpus.py at cpplan {version}: step-time MAPE per chip over "
                        f"benchmarks/public_runs.csv (published, measured MaxText runs; each row cites its own source), "
                        f"the same over the context-parallel test set benchmarks/public_cp_runs.csv (the band of "
-                       f"context-parallel plans), and the attention-kernel MAPE per chip from benchmarks/results/kernels/comparison.txt "
-                       f"(benchmarks/fit_kernels.py against tokamax's measured TPU timings, both passes, all lengths, "
-                       f"weighted by calls)",
+                       f"context-parallel plans), and the attention-kernel MAPE per chip from "
+                       f"benchmarks/results/kernels/comparison.txt (benchmarks/fit_kernels.py against tokamax's measured TPU timings, both passes, all "
+                       f"lengths, weighted by calls)",
              "chips": {}}
     for chip in chips:
         entry = {}
-        if chip in s["per_chip"]:
-            c = s["per_chip"][chip]
-            entry["corpus"] = {"step_time_mape": round(c["mape"], 4), "runs": c["runs"],
-                               "max_abs_error": round(c["max_abs_error"], 4),
-                               "mean_signed_error": round(c["mean_signed_error"], 4),
-                               "source": f"benchmarks/public_runs.csv, {c['runs']} {chip} runs, priced at cpplan {version}"}
-        if chip in cp["per_chip"]:
-            c = cp["per_chip"][chip]
-            entry["cp_corpus"] = {"step_time_mape": round(c["mape"], 4), "runs": c["runs"],
-                                  "max_abs_error": round(c["max_abs_error"], 4),
-                                  "mean_signed_error": round(c["mean_signed_error"], 4),
-                                  "source": f"benchmarks/public_cp_runs.csv, {c['runs']} {chip} runs, priced at "
-                                            f"cpplan {version}"}
+        for key, summary, path in (("corpus", s, CORPUS), ("cp_corpus", cp, CP_CORPUS)):
+            if chip in summary["per_chip"]:
+                entry[key] = runs_band(summary["per_chip"][chip], chip, path, version)
         if chip in kernels:
             entry["kernels"] = dict(kernels[chip], source="benchmarks/results/kernels/comparison.txt (fit_kernels.py)")
         table["chips"][chip] = entry

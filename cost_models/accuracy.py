@@ -4,8 +4,9 @@ every estimate carries and that `explain` uses to call close plans ties.
 Two regimes: plans without context parallelism, whose band is the public corpus's step-time
 MAPE (`benchmarks/public_runs.csv`), and context-parallel plans, whose band is the CP test set's
 (`benchmarks/public_cp_runs.csv`). The figures live in `data/accuracy.json`, written by
-`benchmarks/bench_corpus.py` from both and from the kernel checks of `benchmarks/fit_kernels.py` (attention-kernel MAPE, the only figure for
-a chip without published end-to-end runs, such as TPU7x). Each entry names its source.
+`benchmarks/bench_corpus.py` from both and from the kernel checks of `benchmarks/fit_kernels.py`
+(attention-kernel MAPE, the only figure for a chip without published end-to-end runs, such as
+TPU7x). Each entry names its source.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class ErrorBand:
         return "context-parallel" if self.context_parallel else "no context parallelism"
 
     def describe(self) -> str:
-        """E.g. '±37.8% (context-parallel plans: step-time MAPE over 15 published context-parallel v5p runs)'."""
+        """E.g. '±7.8% (context-parallel plans: step-time MAPE over 30 published context-parallel v5p runs)'."""
         unchecked = ("; no published context-parallel runs on this chip, so the context-parallel terms are unchecked"
                      if self.context_parallel and self.basis != "cp_corpus" else "")
         if self.basis == "cp_corpus":

@@ -185,8 +185,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags.update({"dcn_data_parallelism": plan.dcn_data, "dcn_fsdp_parallelism": plan.dcn_fsdp,
                       "num_slices": plan.num_slices})
     if plan.scoped_vmem_limit_kib is not None:
-        notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} need more scoped VMEM than the compiler's default: "
-                     f"run with LIBTPU_INIT_ARGS={SCOPED_VMEM_FLAG}={plan.scoped_vmem_limit_kib}")
+        notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} need more scoped VMEM than the compiler's "
+                     f"default: run with LIBTPU_INIT_ARGS={SCOPED_VMEM_FLAG}={plan.scoped_vmem_limit_kib}")
     compile_flags: dict[str, object] = {}
     slice_name = _slice_name(plan.topology)
     if slice_name:

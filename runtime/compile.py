@@ -75,7 +75,7 @@ def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str
     """
     user = user_args.split()
     named = {_flag_name(arg) for arg in user}
-    ours = [arg for arg in (TPU_COMPILER_FLAGS.get(chip_name, "") + " " + extra).split() if _flag_name(arg) not in named]
+    ours = [arg for arg in f"{TPU_COMPILER_FLAGS.get(chip_name, '')} {extra}".split() if _flag_name(arg) not in named]
     return " ".join(user + ours)
 
 

@@ -163,7 +163,8 @@ def test_the_cp_test_set_reads_every_run_as_a_context_parallel_plan_of_its_flags
     unbalanced = by_id["v5p-64-llama3-8b-256k-ring-no-lb"]
     assert unbalanced.plan.load_balance is LoadBalance.NONE and unbalanced.step_seconds == 15.35
     usp = by_id["v5p-64-llama3-8b-64k-usp16x4"].plan
-    assert (usp.cp_strategy, usp.mesh_dict["context"], usp.mesh_dict["context_ulysses"]) == (CPStrategy.USP, 16, 4)
+    assert (usp.cp_strategy, usp.mesh_dict["context"], usp.mesh_dict["context_ulysses"]) == \
+        (CPStrategy.USP, 16, 4)
     ring = by_id["v5p-64-llama3-8b-256k-ring"].plan
     assert (ring.cp_strategy, ring.mesh_dict["context"], ring.seq_len, ring.global_batch) == (CPStrategy.RING, 64, 262144, 1)
     assert ring.topology_spec.num_devices == 64 and ring.load_balance is LoadBalance.ZIGZAG

@@ -397,7 +397,8 @@ def test_splash_vmem_rule_follows_what_each_compiler_grants():
         + 2 * 8192 * 128 * 2
     for chip in (v5p, tpu7x):
         assert splash_vmem_problem(2048, 2048, head_dim=128, act_bytes=2, chip=chip) is None
-        assert "4096×4096 need about 110.0 MiB" in splash_vmem_problem(4096, 4096, head_dim=128, act_bytes=2, chip=chip)
+        problem = splash_vmem_problem(4096, 4096, head_dim=128, act_bytes=2, chip=chip)
+        assert "4096×4096 need about 110.0 MiB" in problem
     assert scoped_vmem_limit_kib(2048, 2048, head_dim=128, act_bytes=2, chip=v5p) == 65472
     assert scoped_vmem_limit_kib(1024, 1024, head_dim=128, act_bytes=2, chip=v5p) is None
     assert scoped_vmem_limit_kib(2048, 2048, head_dim=128, act_bytes=2, chip=tpu7x) is None

@@ -254,7 +254,8 @@ def _blocks_within_vmem(plan: Plan) -> tuple[Plan, list[str]]:
     while splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes, chip=chip) and \
             max(block_q, block_kv) > 128:
         block_q, block_kv = max(128, block_q // 2), max(128, block_kv // 2)
-    return dataclasses.replace(plan, block_q=block_q, block_kv=block_kv), [f"{problem}: priced at blocks {block_q}×{block_kv}"]
+    return (dataclasses.replace(plan, block_q=block_q, block_kv=block_kv),
+            [f"{problem}: priced at blocks {block_q}×{block_kv}"])
 
 
 def step_seconds(row: dict, plan: Plan, shape: SyntheticShape | None, where: str) -> float:

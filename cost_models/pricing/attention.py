@@ -1,8 +1,9 @@
 """The attention of one decoder layer on one device: the splash kernel's MXU work over the
 blocks it computes (whole blocks across the causal diagonal; every block under a full mask),
 plus what its grids pay per step and each call pays once; the backward's MXU time is the chip's
-measured ratio to the forward's, on the share of the device's cores its kernels use. A device that makes several calls (the ring's hops) also merges
-their results in HBM. A full (non-causal) mask keeps no metadata in SMEM."""
+measured ratio to the forward's, on the share of the device's cores its kernels use. A device that
+makes several calls (the ring's hops) also merges their results in HBM. A full (non-causal) mask
+keeps no metadata in SMEM."""
 from __future__ import annotations
 
 from dataclasses import dataclass
