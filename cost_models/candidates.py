@@ -56,6 +56,7 @@ class Candidates(ReadsCase):
     param_bytes: int = 4
     mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
+    fused_attention_backward: bool = False  # splash's fused backward where the target can run it (MaxText)
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__

@@ -7,6 +7,8 @@ runtime realise). Walking both orders from the inside gives each logical axis it
 """
 from __future__ import annotations
 
+import math
+
 from cost_models.topology import Segment
 
 
@@ -44,3 +46,28 @@ def axis_segments(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> tu
                 return None
         result.append(tuple(segs))
     return tuple(reversed(result))
+
+
+def axes_on_whole_dimensions(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> bool:
+    """Whether no physical dimension need be split between two of the axes: each axis of more
+    than one device can span whole dimensions of its own (true for fewer than two such axes).
+
+    Args:
+        axis_sizes: the axes' sizes, any order.
+        dim_sizes: the physical dimensions' sizes.
+    """
+    axes = sorted((s for s in axis_sizes if s > 1), reverse=True)
+    if len(axes) < 2:
+        return True
+
+    def assign(i: int, free: tuple[int, ...]) -> bool:
+        if i == len(axes):
+            return True
+        for mask in range(1, 1 << len(free)):
+            chosen = [free[j] for j in range(len(free)) if mask >> j & 1]
+            if math.prod(chosen) == axes[i] and assign(i + 1, tuple(
+                    free[j] for j in range(len(free)) if not mask >> j & 1)):
+                return True
+        return False
+
+    return assign(0, tuple(d for d in dim_sizes if d > 1))

@@ -137,6 +137,13 @@ class TargetTraits:
             ring's hops (ring, USP) on tokamax's ring kernel with the fused backward (MaxText:
             tokamax ring_attention_kernel.py; its build_splash_config sets use_fused_bwd_kernel=True),
             the other strategies' on its default splash.
+        weight_gathers_all_reduce_split_axes: where the weight group's axes split a physical
+            dimension between them, the compiler gathers each weight as an all-reduce of
+            zero-padded shards (twice an all-gather's bytes); MaxText: USP 8 × 8 and 32 × 2 on
+            v5p-128, not all-gather, ring or USP 16 × 4 (docs/measurements.md).
+        context_gradients_all_reduced: the gradients of what is gathered over the context axes
+            (the weights, all-gather's K/V) are all-reduced whole rather than reduce-scattered;
+            MaxText: every strategy at 64 devices (docs/measurements.md).
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward (cpplan's
             runtime: `MLP_CHUNK_TOKENS`, each chunk its own checkpoint), or None where the MLP runs
             on all the device's tokens at once (MaxText: its `MlpBlock` has no chunk loop; its
@@ -158,6 +165,8 @@ class TargetTraits:
     head_gradient_in_head_layout: bool = False
     ring_hops_overlap_attention: bool = True
     tokamax_ring_kernel: bool = False
+    weight_gathers_all_reduce_split_axes: bool = False
+    context_gradients_all_reduced: bool = False
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
 
 
@@ -184,6 +193,8 @@ TRAITS: dict[Target, TargetTraits] = {
                                  offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
                                  head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
                                  ring_hops_overlap_attention=False, tokamax_ring_kernel=True,
+                                 weight_gathers_all_reduce_split_axes=True,
+                                 context_gradients_all_reduced=True,
                                  mlp_chunk_tokens=None),
 }
 

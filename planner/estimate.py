@@ -31,6 +31,7 @@ def candidates_of(plan: Plan) -> Candidates:
         links=links, ring_link=ring_link, loss_chunk_tokens=plan.loss_chunk_tokens,
         act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
         mu_bytes=DTYPE_BYTES[plan.mu_dtype], remat_custom=plan.remat_custom,
+        fused_attention_backward=plan.fused_attention_backward,
     )
 
 

@@ -165,6 +165,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         "dtype": MAXTEXT_DTYPES[plan.compute_dtype],
         "num_vocab_tiling": vocab_tiles(tokens_per_device, plan.loss_chunk_tokens),
     }
+    if plan.fused_attention_backward and not spec.maxtext_tokamax_splash:
+        flags["sa_use_fused_bwd_kernel"] = True
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if offloaded_names(plan.remat, plan.remat_custom):
@@ -342,10 +344,9 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
         notes.append(f"MaxText 0.2.5 runs context_parallel_strategy={strategy.value} on a TPU only with "
                      f"use_tokamax_splash=True (configs/types.py): priced as it runs with it; set it")
     spec = STRATEGIES[strategy]
-    if tokamax_splash and not spec.maxtext_ring_kernel:
-        notes.append("use_tokamax_splash=True: MaxText runs this attention's backward as splash's fused kernel (its "
-                     "all-gather step compiled for v5p-128); cpplan prices MaxText's default splash, the dq and "
-                     "dk/dv kernels")
+    # tokamax's splash has only the fused backward (layers/attention_op.py), jax's runs it on request;
+    # the strategies MaxText runs on tokamax's splash imply it
+    fused_backward = (f.bool("sa_use_fused_bwd_kernel", False) or tokamax_splash) and not spec.maxtext_tokamax_splash
     # MaxText's -1 means "the rest of the devices" (its default for fsdp); the ring (or plain
     # Ulysses) degree is ici_context_parallelism, USP's Ulysses degree its own flag
     defaults = {"data": 1, "fsdp": -1, "tensor": 1, "context": 1}
@@ -401,7 +402,7 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
         block_kv=block_kv, loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
         param_dtype=param_dtype, compute_dtype=f.text("dtype", "bfloat16"),
         mu_dtype=f.text("mu_dtype", "") or param_dtype,  # MaxText's "" inherits weight_dtype
-        dcn_data=dcn_data, dcn_fsdp=dcn_fsdp,
+        dcn_data=dcn_data, dcn_fsdp=dcn_fsdp, fused_attention_backward=fused_backward,
     )
     problems = maxtext_problems(plan)
     if problems:

@@ -50,6 +50,10 @@ class Plan:
         mu_dtype: AdamW's first moment (MaxText's `mu_dtype`, optax's; bfloat16 as some recipes run
             it); the second moment is kept in `param_dtype`, as in both.
         compute_dtype: activations and matmul inputs.
+        fused_attention_backward: MaxText runs splash's backward as its one fused kernel rather
+            than the dq and dk/dv kernels (its jax splash with `sa_use_fused_bwd_kernel=true`; its
+            tokamax splash, which ring, USP and Ulysses use, always does). cpplan's runtime runs
+            the two kernels whatever this says, and is priced so.
         dcn_data, dcn_fsdp: over several slices, how many slices the data and the fsdp axis span
             (MaxText's `dcn_*_parallelism`; their product is the number of slices). The mesh sizes
             are totals: each slice holds data/dcn_data × fsdp/dcn_fsdp × the other axes.
@@ -74,6 +78,7 @@ class Plan:
     mu_dtype: str = "float32"
     dcn_data: int = 1
     dcn_fsdp: int = 1
+    fused_attention_backward: bool = False
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -93,6 +98,8 @@ class Plan:
                 isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], int) and not isinstance(pair[1], bool)
                 and pair[1] >= 1 for pair in self.mesh):
             raise CpplanError(f"plan mesh={self.mesh!r} must be (axis, positive size) pairs for {AXES}.")
+        if not isinstance(self.fused_attention_backward, bool):
+            raise CpplanError(f"plan fused_attention_backward={self.fused_attention_backward!r} must be true or false.")
         if isinstance(self.loss_chunk_tokens, bool) or not isinstance(self.loss_chunk_tokens, int) \
                 or self.loss_chunk_tokens < 0:
             raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
@@ -270,7 +277,8 @@ class Plan:
             "block_q": self.block_q, "block_kv": self.block_kv, "loss_chunk_tokens": self.loss_chunk_tokens,
             "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype, "mu_dtype": self.mu_dtype,
         } | ({"remat_custom": {n: p.value for n, p in self.remat_custom}} if self.remat is RematPolicy.CUSTOM else {}) \
-          | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
+          | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {}) \
+          | ({"fused_attention_backward": True} if self.fused_attention_backward else {})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

@@ -407,3 +407,15 @@ def test_splash_vmem_rule_follows_what_each_compiler_grants():
     assert wide.scoped_vmem_limit_kib == 65472 and planner.estimate(wide).step_time_s > 0
     with pytest.raises(CpplanError, match="scoped VMEM"):
         planner.estimate(dataclasses.replace(plan, block_q=4096, block_kv=4096))
+
+
+def test_axes_on_whole_dimensions_by_hand():
+    from cost_models.placement import axes_on_whole_dimensions
+
+    torus = (4, 4, 4)
+    assert axes_on_whole_dimensions((64,), torus) and axes_on_whole_dimensions((16, 4), torus)
+    assert axes_on_whole_dimensions((1, 4, 16), torus)  # axes of one device take no dimension
+    assert not axes_on_whole_dimensions((8, 8), torus)  # 8 = 4 × 2: a dimension split in two
+    assert not axes_on_whole_dimensions((32, 2), torus)
+    assert axes_on_whole_dimensions((8,), torus)  # one axis splits nothing between axes
+    assert axes_on_whole_dimensions((8, 2), (8, 2, 1)) and not axes_on_whole_dimensions((4, 4), (8, 2, 1))

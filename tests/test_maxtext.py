@@ -1,6 +1,7 @@
 """MaxText as a target: its price, its rules in the search, and its flags out and in."""
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,6 +10,7 @@ import planner
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS
 from cost_models.pricing.target import vocab_tiles
+from cost_models.targets import Target
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner import Plan
@@ -326,3 +328,74 @@ def test_import_reads_mu_dtype_and_state_offload_flags():
     assert any("optimizer_memory_host_offload=True" in note for note in found.notes)
     assert read_maxtext(RING_V5P_16 + "weight_dtype=bfloat16").plan.mu_dtype == "bfloat16"  # "" inherits it
     assert export_maxtext(found.plan).flags["mu_dtype"] == "bfloat16"
+
+
+# PR #4893's scale: 64 v5p chips, all of them on the context axes, as its rows import
+PR_SCALE = ("model_name=llama3.1-8b max_target_length=65536 per_device_batch_size=0.015625 attention=flash "
+            "compile_topology=v5p-128 ici_fsdp_parallelism=1 remat_policy=full use_tokamax_splash=True ")
+
+
+@pytest.mark.parametrize("ring, ulysses, split", [(16, 4, False), (8, 8, True), (32, 2, True)])
+def test_maxtext_gathers_weights_by_all_reduce_where_the_context_axes_split_a_dimension(ring, ulysses, split):
+    """USP 8 × 8 and 32 × 2 on a 4×4×4 torus split a physical dimension between the two context
+    axes, and MaxText's compiler gathers their weights as all-reduces (twice the bytes); 16 × 4
+    lays each axis on whole dimensions and gathers them. cpplan's own runtime is priced with
+    gathers throughout."""
+    plan = Plan.from_maxtext(PR_SCALE + f"context_parallel_strategy=usp ici_context_parallelism={ring} "
+                                        f"ici_context_usp_ulysses_parallelism={ulysses}")
+    ours, theirs = (_weight_traffic(plan, target) for target in (Target.CPPLAN, Target.MAXTEXT))
+    assert theirs.weight_gather_s == pytest.approx((2 if split else 1) * ours.weight_gather_s, rel=1e-12)
+    assert theirs.weight_regather_s == pytest.approx((2 if split else 1) * ours.weight_regather_s, rel=1e-12)
+    assert theirs.head_gather_s == ours.head_gather_s  # the output head is gathered outside the layers
+
+
+def _weight_traffic(plan: Plan, target: Target):
+    """The plan's per-layer weight collectives as `target`'s compiler makes them (no context traffic)."""
+    from cost_models.pricing.communication import ContextTraffic, price_traffic
+    from cost_models.pricing.matmul import price_matmuls
+    from planner.estimate import candidates_of
+
+    x = candidates_of(plan)
+    zero = np.zeros(1)
+    return price_traffic(x, price_matmuls(x).weight_bytes, ContextTraffic(zero, zero, zero, zero),
+                         traits=target.traits)
+
+
+@pytest.mark.parametrize("strategy", ["all_gather", "ring"])
+def test_maxtext_all_reduces_the_gradients_of_what_it_gathers_over_context(strategy):
+    """MaxText reduces the weights' gradients (and all-gather's dK/dV) over the context axes with
+    whole all-reduces: twice a reduce-scatter's bytes."""
+    plan = Plan.from_maxtext(PR_SCALE + f"context_parallel_strategy={strategy} ici_context_parallelism=64")
+    ours_layer, theirs_layer = (_weight_traffic(plan, target) for target in (Target.CPPLAN, Target.MAXTEXT))
+    assert theirs_layer.gradient_scatter_s == pytest.approx(2 * ours_layer.gradient_scatter_s, rel=1e-12)
+    assert theirs_layer.weight_gather_s == ours_layer.weight_gather_s  # 64 on a 4×4×4 torus: no split
+    ours, theirs = estimate(plan), estimate(plan, target="maxtext")
+    if strategy == "all_gather":
+        # the context family: K/V gathered forward and again for the recomputed forward, their
+        # gradients reduced once: 2 gathers + 1 scatter against 2 gathers + 2 scatters (a scatter
+        # costs a gather's time)
+        assert theirs.comm_s["context"] == pytest.approx(4 / 3 * ours.comm_s["context"], rel=1e-12)
+
+
+def test_import_reads_which_splash_backward_maxtext_runs():
+    """tokamax's splash has only the fused backward; jax's runs it with sa_use_fused_bwd_kernel.
+    The strategies MaxText runs on tokamax's splash imply it, so the plan says it only for
+    all-gather, and the export writes it back."""
+    base = PR_SCALE.replace("use_tokamax_splash=True ", "") + "context_parallel_strategy=all_gather " \
+                                                               "ici_context_parallelism=64 "
+    assert not Plan.from_maxtext(base).fused_attention_backward
+    for flag in ("use_tokamax_splash=True", "sa_use_fused_bwd_kernel=true"):
+        plan = Plan.from_maxtext(base + flag)
+        assert plan.fused_attention_backward
+        assert export_maxtext(plan).flags["sa_use_fused_bwd_kernel"] is True
+        assert Plan.from_json(plan.to_json()) == plan
+        assert Plan.from_maxtext(plan.to_maxtext()) == plan
+        # fewer backward kernels under MaxText; cpplan's runtime runs its two whatever the plan says
+        unfused = dataclasses.replace(plan, fused_attention_backward=False)
+        assert estimate(plan, target="maxtext").compute_s["attention"] < \
+               estimate(unfused, target="maxtext").compute_s["attention"]
+        assert estimate(plan).compute_s["attention"] == estimate(unfused).compute_s["attention"]
+    ring = Plan.from_maxtext(PR_SCALE + "context_parallel_strategy=ring ici_context_parallelism=64")
+    assert not ring.fused_attention_backward and "sa_use_fused_bwd_kernel" not in export_maxtext(ring).flags
+    with pytest.raises(CpplanError, match="fused_attention_backward='yes' must be true or false"):
+        dataclasses.replace(ring, fused_attention_backward="yes")

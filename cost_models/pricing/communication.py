@@ -23,8 +23,10 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
+from cost_models.placement import axes_on_whole_dimensions
 from cost_models.remat import CHECKPOINTS, POLICIES, Block, recomputed
 from cost_models.strategies import STRATEGIES, CPCost
+from cost_models.targets import TRAITS, Target, TargetTraits
 from cost_models.work_layout import tensor_collectives_per_layer, weight_arrays_per_layer
 
 
@@ -116,13 +118,15 @@ def context_traffic(cost: CPCost, recompute_attention, overlapped: float, *, hid
                           backward_s - hidden_backward_s)
 
 
-def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traffic:
+def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic, *,
+                  traits: TargetTraits = TRAITS[Target.CPPLAN]) -> Traffic:
     """Prices every collective of a step for every candidate.
 
     Args:
         x: the candidates.
         weight_bytes: one layer's weights on a device, in the compute dtype.
         context: the strategy's own traffic.
+        traits: the runtime's (which collectives its compiler makes of the weights').
     Returns:
         Their `Traffic`.
     """
@@ -131,10 +135,14 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     weights = x.links["weights"]
     # one collective per weight array: the bytes of the whole layer, the latency of each array
     arrays = weight_arrays_per_layer(m)
-    gather_s = arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
+    # an all-reduce costs a reduce-scatter and an all-gather of the same bytes: one more of them
+    gathers_by_all_reduce = traits.weight_gathers_all_reduce_split_axes & _weight_axes_split(x)
+    gather_factor = np.where(gathers_by_all_reduce, 2.0, 1.0)
+    gather_s = gather_factor * arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
     # the gradients of the gathered compute-dtype weights are in the compute dtype
-    scatter_s = arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
-    regather_s = _qkv_regather_s(x, group, weights)
+    scatter_factor = np.where(traits.context_gradients_all_reduced & (x.ring * x.ulysses > 1), 2.0, 1.0)
+    scatter_s = scatter_factor * arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
+    regather_s = gather_factor * _qkv_regather_s(x, group, weights)
     head_params = m.vocab * m.hidden
     head_gather_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights)
     head_scatter_s = comm.reduce_scatter(head_params * x.param_bytes / tensor, group, *weights)
@@ -151,6 +159,15 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic) -> Traff
     data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, *x.links["data"])
     return Traffic(gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s,
                    context)
+
+
+def _weight_axes_split(x: Candidates) -> np.ndarray:
+    """Per candidate, whether the weight group's axes (fsdp and both context axes) split one of
+    the slice's physical dimensions between them."""
+    dims = tuple(d.size for d in x.topology.physical_dims)
+    rows = np.stack([x.fsdp, x.ring, x.ulysses], axis=1).astype(int)
+    split = {tuple(r): not axes_on_whole_dimensions(tuple(r), dims) for r in np.unique(rows, axis=0)}
+    return np.array([split[tuple(r)] for r in rows], dtype=bool)
 
 
 def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:

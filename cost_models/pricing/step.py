@@ -62,13 +62,15 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     layer_backward_s = (matmuls.backward_s + attention.backward_s + elementwise.backward_s
                         + matmuls.recompute_s + attention.recompute_s + elementwise.recompute_s)
 
-    cost = strategy.cost(x, attention.layout, attention.forward_s, attention.backward_s)
+    cost = strategy.cost(x, attention.layout, attention.forward_s, attention.backward_s,
+                         gradients_all_reduced=target.traits.context_gradients_all_reduced)
     # a target that waits for the ring's hops hides none of them
     waits_for_hops = strategy.hides_traffic_behind_attention and not target.traits.ring_hops_overlap_attention
     context_overlap = 0.0 if waits_for_hops else overlap.of_context(strategy.name)
     traffic = price_traffic(x, matmuls.weight_bytes,
                             context_traffic(cost, x.remat_columns.recompute_attention, context_overlap,
-                                            hides_behind_attention=strategy.hides_traffic_behind_attention))
+                                            hides_behind_attention=strategy.hides_traffic_behind_attention),
+                            traits=target.traits)
     exposed = price_exposure(traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s,
                              num_layers=layers, overlap=overlap).as_dict()
     offload = price_offload(x, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s)

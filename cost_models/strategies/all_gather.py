@@ -31,10 +31,11 @@ class AllGather(StrategySpec):
         return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal,
                            q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf)),)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s) -> CPCost:
+    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
+             gradients_all_reduced: bool = False) -> CPCost:
         kv_full = 2 * x.sequences_per_device * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
         gather = x.comm.all_gather(kv_full, x.ring, *x.context_link)
-        scatter = x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)
+        scatter = (2 if gradients_all_reduced else 1) * x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)
         bwd = gather + scatter
         return CPCost(gather, bwd, gather, bwd, 2 * kv_full, recompute_reuses_s=gather)
 

@@ -14,7 +14,7 @@ or the price's `cost_models.candidates.Candidates`, whose attributes are numpy c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -181,19 +181,26 @@ class StrategySpec:
         return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),)
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        """The splash calls MaxText makes for the same layout: its default splash (base.yml's
-        `sa_use_fused_bwd_kernel=false`: the dq and dk/dv kernels) makes cpplan's; its ring kernel's
-        differ (ring.py)."""
-        return self.kernel_calls(x, layout)
+        """The splash calls MaxText makes for the same layout: cpplan's, with the fused backward
+        where it runs tokamax's splash (which has no other: layers/attention_op.py) or the
+        candidates ask for it, else its jax splash's default (base.yml's
+        `sa_use_fused_bwd_kernel=false`: the dq and dk/dv kernels); its ring kernel's differ (ring.py)."""
+        calls = self.kernel_calls(x, layout)
+        if self.maxtext_tokamax_splash or x.fused_attention_backward:
+            return tuple(replace(c, fused_backward=True) for c in calls)
+        return calls
 
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         """HBM bytes per layer, (forward, backward), of combining the outputs and gradients of a
         device's several calls outside the kernels (none for one call)."""
         return 0.0, 0.0
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s) -> CPCost:
+    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
+             gradients_all_reduced: bool = False) -> CPCost:
         """Per-layer traffic of `Candidates` x; `attention_fwd_s` and `attention_bwd_s` are the
-        attention's forward and backward time per layer (what a ring's hops can hide behind)."""
+        attention's forward and backward time per layer (what a ring's hops can hide behind);
+        `gradients_all_reduced`: the gradients of what was gathered over the context axes are
+        all-reduced whole rather than reduce-scattered (`TargetTraits`)."""
         raise NotImplementedError(f"{type(self).__name__} must define cost")
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

@@ -106,7 +106,8 @@ class Ring(StrategySpec):
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         return ring_merge_bytes(x, layout, calls)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s) -> CPCost:
+    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
+             gradients_all_reduced: bool = False) -> CPCost:
         return ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

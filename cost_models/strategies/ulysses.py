@@ -100,7 +100,8 @@ class Ulysses(StrategySpec):
         ones = np.ones_like(np.asarray(x.ring, dtype=float))
         return ulysses_layout(x, ones, ones * x.seq_len)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s) -> CPCost:
+    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
+             gradients_all_reduced: bool = False) -> CPCost:
         fwd, bwd = all_to_all_cost(x, layout)
         full = x.sequences_per_device * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim \
             * x.act_bytes

@@ -35,7 +35,8 @@ class USP(StrategySpec):
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         return ring_merge_bytes(x, layout, calls)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s) -> CPCost:
+    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
+             gradients_all_reduced: bool = False) -> CPCost:
         a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
         block = x.sequences_per_device * x.seq_len / x.ring * (2 * layout.q_heads + 2 * layout.kv_heads) \
