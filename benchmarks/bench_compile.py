@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     parser.add_argument("--block", type=int, default=1024, help="splash block_q = block_kv")
     parser.add_argument("--loss-chunk", type=int, default=2048, help="cross-entropy chunk (tokens per device)")
     args = parser.parse_args(argv)
-    from planner.estimate import estimate
     from cost_models.units import GiB
+    from planner.estimate import estimate
     from runtime import compile_for
 
     print(f"{'topology':12} {'strategy':10} {'cp':>5} {'seq':>6} | {'predicted':>9} {'cpplan GiB':>10} {'compile':>8} | "

@@ -7,7 +7,7 @@ Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus] [--no-p
   Spearman ≥ 0.9); writes report.md / report.json / plots under --out;
 - prints, for every multi-slice run whose corpus has the same run on one slice, how much the step
   grows from one slice to N, published against priced, and the difference per decoder layer (the
-  multi-slice misses: see benchmarks/results/corpus/multislice.md);
+  multi-slice misses: see docs/multislice.md);
 - prices the context-parallel test set, benchmarks/public_cp_runs.csv, the same way and prints its
   MAPE and largest error (targets: MAPE ≤ 10%, every run within 20%) and, per case measured under
   several plans, whether the plan cpplan ranks first measured within 5% of the fastest; its
@@ -15,7 +15,7 @@ Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus] [--no-p
 - writes cost_models/data/accuracy.json: per chip, the corpus step-time MAPE (chips with runs), the
   context-parallel test set's (chips with CP runs) and
   the attention-kernel MAPE from benchmarks/results/kernels/comparison.txt (what
-  benchmarks/fit_kernels.py printed; the only figure for TPU7x, whose end-to-end runs are left out
+  regenerate/fit_kernels.py printed; the only figure for TPU7x, whose end-to-end runs are left out
   of the corpus on purpose).
 The corpus is a test set: nothing here feeds a chip-row figure.
 """
@@ -140,7 +140,7 @@ def main() -> None:
                        f"benchmarks/public_runs.csv (published, measured MaxText runs; each row cites its own source), "
                        f"the same over the context-parallel test set benchmarks/public_cp_runs.csv (the band of "
                        f"context-parallel plans), and the attention-kernel MAPE per chip from "
-                       f"benchmarks/results/kernels/comparison.txt (benchmarks/fit_kernels.py against tokamax's measured TPU timings, both passes, all "
+                       f"benchmarks/results/kernels/comparison.txt (regenerate/fit_kernels.py against tokamax's measured TPU timings, both passes, all "
                        f"lengths, weighted by calls)",
              "chips": {}}
     for chip in chips:

@@ -13,12 +13,12 @@ Four plans offload to the host (MaxText's `minimal_offloaded` near the HBM limit
 MaxText's own recipes put in LIBTPU_INIT_ARGS (the export's note says so). Their compiles hold what
 the target's offload traits price (`cost_models.targets`), read from the buffers live at the peak
 of the 128K `minimal_offloaded` compile and its `remat_policy=full` twin (`XLA_FLAGS=--xla_dump_to=
-DIR`, `benchmarks/peak_buffers.py DIR --module jit_train_step`).
+DIR`, `validation/peak_buffers.py DIR --module jit_train_step`).
 
 Too slow for CI (MaxText's compiles take minutes on a small host; its all-gather and Ulysses
 masks grow as S², so those lengths stay short). Run from the repository root:
 
-    python benchmarks/bench_maxtext.py [--only NAME,...] [--venv /work/venvs/maxtext] [--out DIR]
+    python benchmarks/bench_maxtext.py [--only NAME,...] [--venv DIR] [--out DIR]
 """
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ from planner.maxtext import export_maxtext, format_flags  # noqa: E402
 from runtime.compile import CompiledMemory, parse_hbm_oom  # noqa: E402
 
 PYTHON_312 = ["env", "PYENV_VERSION=3.12.1", "python3.12"]
+# where the MaxText 0.2.5 venv lives unless --venv says otherwise
+DEFAULT_VENV = Path(os.environ.get("CPPLAN_MAXTEXT_VENV", Path.home() / ".cache" / "cpplan" / "maxtext-0.2.5-venv"))
 MAXTEXT_REQUIREMENT = "maxtext[tpu]==0.2.5"
 TOLERANCE = 0.10
 MODEL = "llama3.1-8b"
@@ -141,7 +143,8 @@ def _memory_of(text: str):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", default="/work/venvs/maxtext", help="the MaxText 0.2.5 venv (created when absent)")
+    parser.add_argument("--venv", default=str(DEFAULT_VENV), help="the MaxText 0.2.5 venv (created when absent; "
+                                                                  "default $CPPLAN_MAXTEXT_VENV or the user's cache)")
     parser.add_argument("--out", default="benchmarks/results/maxtext", help="logs and results.json")
     parser.add_argument("--only", help="comma-separated substrings of plan names to run")
     parser.add_argument("--reuse", action="store_true", help="read the logs of earlier runs of the same flags "
@@ -165,7 +168,7 @@ def main() -> int:
             compiled, fits = memory.hbm_bytes_per_device, True
         elif oom is not None:
             # the figure the error calls "HLO temporaries" is all the step needs, the arguments
-            # included: its dump's buffer assignment (benchmarks/peak_buffers.py) holds 160.64 GiB of
+            # included: its dump's buffer assignment (validation/peak_buffers.py) holds 160.64 GiB of
             # temporaries for the v5p-8 ring 4 × 256K row, whose error says 183.08G, 22.44 GiB more,
             # the fp32 weights and AdamW moments exactly (and 77.43 + 22.44 = 99.87G at 144K offloaded)
             compiled, fits = oom[0], False

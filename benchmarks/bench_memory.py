@@ -34,10 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from validation.least_hbm import LEAST_HBM_RESOLUTION, least_hbm  # noqa: E402
+
 K = 1024
 TARGET_ERROR = 0.10
-LEAST_HBM_RESOLUTION = 0.01  # the bisection stops when the failing and the fitting caps are this close
-LEAST_HBM_PROBES = 8  # at most this many compiles a row, whatever the resolution reached
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_memory.json"
 OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "device", "context": "device",
                 "mlpwi_0": "offload", "mlpwi_1": "offload"}
@@ -89,7 +89,7 @@ ROWS = [
      256 * K, 1, 32, dict(remat="minimal_with_context")),
     # The offload rows at a depth users run: at 2 layers the compiler peels one iteration off each
     # layer loop of an offloading step and inlines the one-trip loops left, so the program is flat;
-    # at 8 the loops stay (bench_memory_offload.md). With in-HBM twins: the same plan with the
+    # at 8 the loops stay (docs/memory_offload.md). With in-HBM twins: the same plan with the
     # offloaded names kept on device.
     ("v5p fsdp8 offload qkv_proj_offloaded 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
      dict(remat="qkv_proj_offloaded")),
@@ -144,101 +144,6 @@ def plan_of(row):
     model = dataclasses.replace(base, name=f"{base.name}-{layers}l", num_layers=layers)
     return Plan(model=model, topology=topology, seq_len=seq_len, global_batch=sequences, mesh=make_mesh(**mesh),
                 cp_strategy=strategy, block_q=512, block_kv=512, loss_chunk_tokens=8 * K, **fields)
-
-
-def _hbm_needed(message: str) -> int | None:
-    """The bytes a compiler's out-of-memory error says the step needed, or None if the error is not one."""
-    from runtime.compile import parse_hbm_oom
-
-    parsed = parse_hbm_oom(message)
-    return parsed[0] if parsed else None
-
-
-def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
-    """The least HBM cap, in MiB, under which `compile_under` compiles, found by bisection from the
-    unconstrained figure down.
-
-    The first cap probed is 90% of the unconstrained figure. A cap that fails narrows the bracket
-    from below and its error names what the compiler needed under it; a cap that fits narrows it
-    from above and the memory it reports. The next cap is that figure when it lies inside the
-    bracket (by more than the resolution), else the middle. The unconstrained figure is taken to
-    fit until a probe shows otherwise; it is probed when no cap below it fits, or a failing cap's
-    error says the step needs about that much. The search stops when the failing and the fitting
-    caps are within `LEAST_HBM_RESOLUTION` of each other, or after `LEAST_HBM_PROBES` probes.
-
-    Args:
-        compile_under: compiles the step under a cap in MiB; returns `(fits, bytes)`: the memory the
-            compiler reports when it fits, else the figure its error says it needed.
-        unconstrained_bytes: what the compiler holds with the chip's whole HBM.
-    Returns:
-        `{"cap_mib", "failed_cap_mib", "compiled_bytes", "verified", "probes"}`: the least cap that
-        compiled, the largest that did not (None if none failed), the memory the compiler reported
-        under the least cap (None if no probe fitted), whether a probe compiled at `cap_mib` (False
-        when the probes ran out first: `cap_mib` is then the compiler's own estimate of its need, not
-        a cap seen to compile), and every probe as `{"cap_mib", "fits", "bytes", "compile_s"}`.
-    """
-    from cost_models.units import GiB, MiB
-
-    fits_at, fails_at = -(-unconstrained_bytes // MiB), 0  # caps in MiB (0: none has failed yet)
-    fitted_bytes, probes = None, []
-    cap = int(0.9 * unconstrained_bytes / MiB)
-    while len(probes) < LEAST_HBM_PROBES:
-        start = time.perf_counter()
-        fits, reported = compile_under(cap)
-        probes.append({"cap_mib": cap, "fits": fits, "bytes": reported, "compile_s": time.perf_counter() - start})
-        print(f"    cap {cap} MiB: {'fits, holds' if fits else 'does not fit, needs'} {reported / GiB:.2f}G "
-              f"({probes[-1]['compile_s']:.0f} s)", flush=True)
-        hint = -(-reported // MiB)
-        step = LEAST_HBM_RESOLUTION * fits_at
-        if fits:
-            fits_at, fitted_bytes = cap, reported
-        else:
-            fails_at = cap
-            if fails_at >= fits_at:  # not even the unconstrained figure: try what the compiler said it needs
-                fits_at, fitted_bytes = max(hint, int(fails_at + step) + 1), None
-        if fits_at - fails_at <= step:
-            if fitted_bytes is not None:
-                break
-            cap = fits_at  # no cap at the upper end has compiled yet: check that it does
-        elif fitted_bytes is None and hint >= fits_at - step:
-            cap = fits_at  # the compiler says it needs the upper end: check that it fits there
-        elif fails_at + step < hint < fits_at - step:
-            cap = hint
-        else:
-            cap = (fails_at + fits_at) // 2 if fails_at else int(0.9 * fits_at)
-    return {"cap_mib": fits_at, "failed_cap_mib": fails_at or None, "compiled_bytes": fitted_bytes,
-            "verified": fitted_bytes is not None, "probes": probes}
-
-
-def least_hbm(plan, *, unconstrained_bytes: int) -> dict:
-    """`least_cap` of the plan's training step compiled deviceless, the cap passed to the TPU
-    compiler as the compile option `xla_tpu_max_hbm_size_mib` (the step lowered once).
-
-    Args:
-        plan: a plan that fits its chip's HBM.
-        unconstrained_bytes: what the compiler holds with the chip's whole HBM.
-    Returns:
-        What `least_cap` returns.
-    Raises:
-        jax.errors.JaxRuntimeError: the compiler failed other than for memory.
-    """
-    import jax
-
-    from runtime.compile import CompiledMemory, lowered_step
-
-    lowered = lowered_step(plan)
-
-    def compile_under(cap_mib: int) -> tuple[bool, int]:
-        try:
-            compiled = lowered.compile(compiler_options={"xla_tpu_max_hbm_size_mib": cap_mib})
-        except jax.errors.JaxRuntimeError as err:
-            needed = _hbm_needed(str(err))
-            if needed is None:
-                raise
-            return False, needed
-        return True, CompiledMemory.of(compiled).hbm_bytes_per_device
-
-    return least_cap(compile_under, unconstrained_bytes=unconstrained_bytes)
 
 
 def main():

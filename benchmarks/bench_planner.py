@@ -1,4 +1,4 @@
-"""Planner speed at pod scale, each figure beside its target (issue 9, item 7).
+"""Planner speed at pod scale, each figure beside its target.
 
 Run: python benchmarks/bench_planner.py
 

@@ -1,4 +1,4 @@
-"""Issue 4's targets, measured: step time on cpu:8 and HBM against the XLA TPU compiler.
+"""The validation targets, measured: step time on cpu:8 and HBM against the XLA TPU compiler.
 
 Run: python benchmarks/bench_validation.py [steps|memory|all] [--out benchmarks/results]
 - steps: calibrate this host, then run ≥12 plans spanning all four strategies on cpu:8 and

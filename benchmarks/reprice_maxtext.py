@@ -16,10 +16,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_maxtext import PLANS, TOLERANCE, exported  # noqa: E402
+from reprice_memory import stored_results  # noqa: E402
+
 from cost_models.units import GiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.maxtext import format_flags  # noqa: E402
-from reprice_memory import stored_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_maxtext.json"
 LOG = RESULTS.with_suffix(".txt")

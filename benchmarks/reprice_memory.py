@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_memory import RESULTS, ROWS, TARGET_ERROR, plan_of  # noqa: E402
+
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.units import GiB, MiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402

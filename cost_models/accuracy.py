@@ -1,13 +1,8 @@
-"""How far the model's step times are from measured ones, per chip and regime: the error band
-every estimate carries and that `explain` uses to call close plans ties.
-
-Two regimes: plans without context parallelism, whose band is the public corpus's step-time
-MAPE (`benchmarks/public_runs.csv`), and context-parallel plans, whose band is the CP test set's
-(`benchmarks/public_cp_runs.csv`). The figures live in `data/accuracy.json`, written by
-`benchmarks/bench_corpus.py` from both and from the kernel checks of `benchmarks/fit_kernels.py`
-(attention-kernel MAPE, the only figure for a chip without published end-to-end runs, such as
-TPU7x). Each entry names its source.
-"""
+"""How far the model's step times are from measured ones, per chip and regime: the error band every
+estimate carries and that `explain` uses to call close plans ties. Plans without context parallelism
+take the public corpus's step-time MAPE, context-parallel plans the CP test set's, a chip without
+published runs the attention kernel's MAPE; `benchmarks/bench_corpus.py` writes them, each naming its
+source, to `data/accuracy.json`."""
 from __future__ import annotations
 
 import json
@@ -25,11 +20,9 @@ class ErrorBand:
     """The model's measured relative error of a step time on one chip, in one regime.
 
     Attributes:
-        chip: the chip's name.
         relative: the band (0.12 = ±12%).
-        basis: what it was measured on: `corpus` (step-time MAPE over published runs without
-            context parallelism), `cp_corpus` (over published context-parallel runs) or `kernels`
-            (the attention kernel's MAPE against measured timings: a floor, the rest unchecked).
+        basis: `corpus` (step-time MAPE over published runs without context parallelism), `cp_corpus`
+            (over published context-parallel runs) or `kernels` (the attention kernel's MAPE: a floor).
         runs: the runs (or kernel calls) it was measured over.
         source: where the figure was written from.
         context_parallel: the regime asked for: a plan that splits the sequence.
@@ -74,10 +67,9 @@ def _table() -> dict:
 
 
 def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:
-    """The measured error band of `chip`'s step times in a regime: for context-parallel plans the
-    CP test set's MAPE where the chip has published CP runs; otherwise (and for CP plans on a chip
-    without them, saying so) the corpus MAPE where published runs exist, else the kernel checks'
-    MAPE; None for a chip measured none of these ways (e.g. a calibrated host).
+    """The measured error band of `chip`'s step times in a regime: for context-parallel plans the CP test
+    set's MAPE where the chip has CP runs, else the corpus MAPE, else the kernel checks'; None for a chip
+    measured none of these ways (e.g. a calibrated host).
 
     Raises:
         CpplanError: the accuracy file is unreadable.

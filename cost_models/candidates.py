@@ -114,10 +114,9 @@ class Candidates(ReadsCase):
 
     @cached_property
     def held_remat_columns(self) -> RematCost:
-        """What each candidate's policy holds in HBM: `remat_columns`, or, where the step's offloads
-        do not leave HBM (`offloads_leave_hbm`), the same with every offloaded value kept on device
-        (its `saved_on_host` and `fetched_ahead` then 0: host memory and the copies' time are read
-        from `remat_columns`)."""
+        """What each candidate's policy holds in HBM: `remat_columns`, or, where the step's offloads stay in
+        HBM (`offloads_leave_hbm`), the same with every offloaded value kept on device (host memory and the
+        copies' time are still read from `remat_columns`)."""
         if offloads_leave_hbm(self.topology.chip, self.model.num_layers):
             return self.remat_columns
         return self._per_candidate(remat_table(self.model, self.remat_custom, offload_in_hbm=True))
@@ -127,13 +126,8 @@ class Candidates(ReadsCase):
 
 
 def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, LinkColumns], LinkColumns]:
-    """Columns of bandwidth and latency from per-candidate `AxisLinks`.
-
-    Args:
-        links: collective group → the `AxisLinks` of each candidate, in candidate order.
-    Returns:
-        (group → its collective links, the ring (ppermute) links of `context`).
-    """
+    """(group → its collective link columns, the `context` ring (ppermute) link columns) from each
+    group's per-candidate `AxisLinks`, in candidate order."""
     cols = {name: LinkColumns(np.array([l.collective_bw_bytes_per_s for l in ls]),
                               np.array([l.collective_latency_s for l in ls]))
             for name, ls in links.items()}
@@ -154,12 +148,5 @@ GROUP_AXES: dict[str, tuple[str, ...]] = {
 
 def group_links(links_of: Callable[[tuple[Segment, ...]], AxisLinks],
                 segments: dict[str, tuple[Segment, ...]]) -> dict[str, AxisLinks]:
-    """The links each collective group gets from the mesh axes' physical segments.
-
-    Args:
-        links_of: prices a tuple of segments (`Topology.links`).
-        segments: mesh axis name → its segments.
-    Returns:
-        Collective group (`GROUP_AXES`) → its `AxisLinks`.
-    """
+    """The `AxisLinks` each group of `GROUP_AXES` gets from its mesh axes' segments, priced by `links_of`."""
     return {group: links_of(sum((segments[a] for a in axes), ())) for group, axes in GROUP_AXES.items()}

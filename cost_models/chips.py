@@ -107,19 +107,14 @@ class Chip:
     attention_operand_passes: float  # passes over a forward call's operand arrays at HBM bandwidth, per call
     attention_backward_operand_passes: float  # the same for the backward's operand arrays
     comm_overlaps_compute: bool
-    # the memory of the VM that holds the chip, shared out per chip (what a process can pin; less
-    # than the physical host's DRAM), and the chip's link to it (one direction): where remat offload
-    # puts activations (pinned host memory) and how fast they go there and back
+    # the memory of the VM that holds the chip, shared out per chip (what a process can pin), and the
+    # chip's one-way link to it: where remat offload puts activations, and how fast they go and come back
     host_memory_bytes_per_chip: int
     host_link_bw_bytes_per_s: float
-    # facts of the chip's XLA compiler schedule that the memory price reads (read from deviceless
-    # compiles; `cost_models/pricing/memory.py` says what each changes): whether it moves arrays
-    # between layouts off the TensorCore (SparseCore data-format calls), so an update reading a moved
-    # array writes a new buffer; and whether it runs a layer backward's attention recomputation ahead
-    # of the MLP's backward when nothing orders them; whether it pipelines an offloading step's
-    # host transfers by peeling an iteration off each layer loop (`cost_models.remat.offloads_leave_hbm`);
-    # and whether it keeps splash's log-sum-exp residual in the kernel's lane-wide output
-    # (f32[heads, q, 128]) until the backward reads it, instead of slicing it as it is written
+    # facts of the chip's XLA compiler schedule that the memory price reads (from deviceless compiles,
+    # cited in the rows): layouts moved off the TensorCore; a backward's attention recomputation run
+    # before the MLP's; an iteration peeled off each layer loop of an offloading step; splash's
+    # log-sum-exp kept in the kernel's lane-wide output until the backward reads it
     relayout_off_tensorcore: bool
     attention_before_mlp_backward: bool
     offload_peels_layer_loops: bool

@@ -1,12 +1,8 @@
 """Collective times on torus axes, in the scaling book's terms ("How to Scale Your Model").
 
-`bw` is the bandwidth an axis gets for collectives (`AxisLinks.collective_bw_bytes_per_s`:
-both directions where the axis closes a ring, the sum over the dimensions it spans); `lat` is
-its latency term. Every function takes numpy arrays or scalars and returns the same.
-
-`Collectives` prices them for one chip row: with these formulas over each axis's links, or, on
-a host whose virtual devices share memory instead of links, each kind at the rate calibration
-measured for it (`Chip.host_collectives`).
+`bw` is the bandwidth an axis gets for collectives (`AxisLinks.collective_bw_bytes_per_s`), `lat` its
+latency term; arguments are numpy arrays or scalars. `Collectives` prices them for one chip row: by
+these formulas, or at a host's measured rate per kind (`Chip.host_collectives`).
 """
 from __future__ import annotations
 
@@ -36,13 +32,8 @@ def all_reduce(bytes_per_device, n, bw, lat):
 
 
 def all_to_all(bytes_per_device, n, bw, lat):
-    """All-to-all where each device holds `bytes_per_device` (A) before and after: A·n/(4W).
-
-    Each device sends (n-1)/n of A over an average of n/4 hops each way of a bidirectional
-    ring (the scaling book); for a whole array n·A that is a quarter of its all-gather, so it
-    does not grow with n. (Written as A·(n-1)/(4W) it would beat the links themselves at n=2,
-    where each device must push A/2 through one link: A/(2W).)
-    """
+    """All-to-all where each device holds `bytes_per_device` (A) before and after: A·n/(4W), a quarter of
+    the whole array's all-gather, so it does not grow with n (A·(n−1)/(4W) would beat the links at n = 2)."""
     n = np.asarray(n, dtype=float)
     return np.where(n > 1, np.asarray(bytes_per_device) * n / (4 * bw) + lat, 0.0)
 
@@ -65,11 +56,8 @@ TORUS_FORMULAS = {**HOST_FORMULAS, "all_to_all": all_to_all}
 
 @dataclass(frozen=True)
 class Collectives:
-    """Collective times for one chip row; arguments as the module functions take them.
-
-    `host`: ((kind, bytes/s, latency s), ...) measured on a host; a kind listed there ignores
-    the links given and uses its own rate.
-    """
+    """Collective times for one chip row; `host` holds ((kind, bytes/s, latency s), ...) measured on a
+    host, and a kind listed there is priced at its own rate, whatever links are given."""
 
     host: tuple = ()
 

@@ -1,26 +1,6 @@
-"""Compute-side efficiencies derived from first principles, not fitted.
-
-- MXU tile padding: a matmul whose contracting or output-feature dimension is not a multiple
-  of the systolic array's side wastes the padded part of the array.
-- Splash attention works on whole (block_q × block_kv) blocks: blocks that cross the causal
-  diagonal are computed in full, so a causal kernel over n blocks per side does n(n+1)/2
-  blocks' work, not n²/2. With unequal blocks, one a multiple of the other, the larger one
-  sets that waste: L²/2 + L·max(block_q, block_kv)/2 token pairs over L tokens.
-- Splash prefetches its mask metadata into SMEM. cpplan's runtime evaluates the causal rule
-  inside the kernel (a mask function), so per (q block × kv block) it keeps one int8
-  `block_mask` entry and one `data_next` index, downcast to the smallest integer type that holds
-  the block count (jax's splash_attention_mask_info downcasts SMEM arrays), shared by all heads.
-  A full (non-causal) mask keeps none: the kernel visits every block.
-- A kernel run as a grid pays per grid step, computed or skipped: a fixed cost, and where the
-  kernel is interpreted (Pallas interpret mode on a host) a copy of every operand array it
-  reads or writes — the discharged loop carries whole arrays, and XLA's CPU backend copies
-  them at each step (read in the step's HLO as full-array dynamic-update-slice fusions).
-  Mosaic kernels on a TPU move blocks only: their rows price the copies at 0. Blocks a causal
-  mask cuts through also evaluate the mask rule per logit (measured on a host, where interpret
-  mode makes that as dear as the block's matmuls, and fitted to tokamax's TPU timings).
-- A call also pays, once, a number of passes over its operand arrays at HBM bandwidth (the
-  layout copies and residuals around the kernel; fitted to tokamax's TPU timings, 0 on a host).
-"""
+"""Compute-side efficiencies from first principles: MXU tile padding, splash's whole blocks across the
+causal diagonal, its SMEM mask metadata, what a kernel pays per grid step and per call, and its scoped
+VMEM. The coefficients are chip-row figures; derivations: docs/provenance/cost_models.md#compute."""
 from __future__ import annotations
 
 import numpy as np
@@ -46,36 +26,15 @@ def tile_efficiency(dim, tile: int):
 
 
 def causal_block_fraction(length, block):
-    """Work of a causal kernel over `length` tokens in `block`-sized blocks, relative to full.
-
-    n blocks per side, n(n+1)/2 computed: (n+1)/(2n) of the full n² (→ 1/2 for long kernels).
-    """
+    """Work of a causal kernel over `length` tokens in `block`s, relative to full: n(n+1)/2 of n² blocks."""
     n = np.maximum(np.asarray(length, dtype=float) / block, 1.0)
     return (n + 1) / (2 * n)
 
 
 def attention_extent(seq_len, ring, zigzag, *, block_q, block_kv, causal=True):
-    """Query×key token pairs the busiest device computes per sequence and head, causal or full mask.
-
-    Args:
-        seq_len: tokens per sequence.
-        ring: devices the sequence is split over for attention (1 = whole sequence local).
-        zigzag: whether rank i holds chunks i and 2·ring−1−i.
-        block_q: splash query block.
-        block_kv: splash key/value block.
-        causal: whether the model's mask is causal (`ModelSpec.causal`); a full mask computes
-            every pair, on every rank alike, so zigzag and the blocks change nothing.
-    Returns:
-        Token pairs (arrays broadcast over the arguments; under a full mask over seq_len and ring).
-
-    Causal pairs are counted in whole blocks: each query block computes the key blocks up to
-    its last row; when one block size divides the other that is the square case with the
-    larger block (see the module docstring).
-    With no balancing the last rank sees all earlier blocks in full plus its own diagonal:
-    (ring−1) full blocks + one causal one; with zigzag every rank does 2·ring−1 full quarter
-    blocks and two causal ones. Under a full mask every rank sees its S/ring queries against
-    all S keys.
-    """
+    """Query×key token pairs the busiest device computes per sequence and head, in whole blocks: over
+    `ring` devices, with zigzag (rank i holds chunks i and 2·ring−1−i) or without, causal or full mask
+    (`ModelSpec.causal`: every pair, on every rank alike)."""
     s = np.asarray(seq_len, dtype=float)
     ring = np.asarray(ring, dtype=float)
     block = np.maximum(block_q, block_kv)
@@ -95,16 +54,8 @@ def splash_index_bytes(largest_index):
 
 
 def splash_smem_bytes(q_len, kv_len, *, block_q, block_kv):
-    """SMEM the splash kernel's mask metadata needs for one (q_len × kv_len) call, any shapes.
-
-    Args:
-        q_len: query tokens of the call.
-        kv_len: key tokens of the call.
-        block_q: splash query block.
-        block_kv: splash key/value block.
-    Returns:
-        Bytes: one int8 mask entry and one index per (q block × kv block).
-    """
+    """SMEM of splash's mask metadata for one (q_len × kv_len) call: per (q block × kv block) one int8 mask
+    entry and one block index in the smallest integer type that holds it, shared by all heads."""
     nq = np.ceil(np.asarray(q_len, dtype=float) / block_q)
     nk = np.ceil(np.asarray(kv_len, dtype=float) / block_kv)
     return nq * nk * (1 + splash_index_bytes(np.maximum(nq, nk) - 1))
@@ -125,11 +76,8 @@ def splash_operand_bytes(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_byte
 
 
 def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
-    """Logit elements of the blocks a causal mask cuts through, where the mask rule is evaluated.
-
-    Each query block crosses the diagonal over its own width, touching kv blocks worth
-    `max(block_q, block_kv)` keys: `q_len · max(bq, bk)` elements per head; none for a full mask.
-    """
+    """Logit elements of the blocks a causal mask cuts through, where the mask rule is evaluated:
+    `q_len · max(block_q, block_kv)` per head; none for a full mask."""
     return np.where(causal, np.asarray(heads, dtype=float) * q_len * np.maximum(block_q, block_kv), 0.0)
 
 
@@ -137,10 +85,9 @@ DQ_PARTIAL_BYTES = 4  # the fused backward's dq partials are fp32
 
 
 def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv):
-    """HBM bytes the fused backward's dq partials cost outside the kernel: one fp32 [q_len,
-    head_dim] per head and key block, read back by the sum after the kernel, plus the sum's result.
-    The kernel's own writes of them stream out while it computes (a block of 512 × 128 fp32 values
-    per grid step is far under HBM bandwidth)."""
+    """HBM bytes the fused backward's dq partials cost outside the kernel: one fp32 [q_len, head_dim] per
+    head and key block, read back by the sum after the kernel, plus the sum's result (the kernel's own
+    writes stream out while it computes)."""
     q_elements = np.asarray(q_heads, dtype=float) * q_len * head_dim
     return DQ_PARTIAL_BYTES * q_elements * (np.ceil(kv_len / np.minimum(block_kv, kv_len)) + 1)
 
@@ -150,33 +97,11 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
                       causal=False, fused_backward=False, hbm_s_per_byte=0.0, backward_core_share=1.0):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
-    Each of the three kernels (forward, dq, dk/dv) pays `per_step_s` per grid step, plus
-    `per_step_byte_s` per byte of its operand arrays per step, plus `per_masked_element_s` per
-    logit of the blocks a causal mask cuts through (the mask rule is evaluated there); forward
-    and backward each pay their `per_call_byte_s` once per byte of their operand arrays.
-
-    Args:
-        q_heads: query heads of the call, batch folded in.
-        kv_heads: key/value heads of the call, batch folded in.
-        q_len: query tokens.
-        kv_len: key tokens.
-        head_dim: dimensions per head.
-        act_bytes: bytes per value of q, k, v and their gradients.
-        block_q: splash query block (clamped to `q_len`).
-        block_kv: splash key/value block (clamped to `kv_len`).
-        per_step_s: seconds per grid step.
-        per_step_byte_s: seconds per grid step per byte of operand arrays.
-        per_masked_element_s: seconds per logit where the causal rule is evaluated.
-        per_call_byte_s: (forward, backward) seconds per byte of their operand arrays, once per
-            call (passes over them / HBM bandwidth).
-        causal: whether the call's mask is causal.
-        fused_backward: the backward is splash's fused kernel (one grid; `dq_partial_bytes`
-            moved at `hbm_s_per_byte`), not the dq and dk/dv kernels.
-        hbm_s_per_byte: seconds per byte of HBM traffic outside the kernels.
-        backward_core_share: the share of the device's cores the backward's grids run on (their
-            per-step costs scale by its inverse).
-    Returns:
-        (forward seconds, backward seconds).
+    Each kernel (forward; dq and dk/dv, or the fused backward) pays per grid step `per_step_s` plus
+    `per_step_byte_s` per byte of its operand arrays, plus `per_masked_element_s` per logit where the causal
+    rule is evaluated; forward and backward each pay `per_call_byte_s` once per operand byte. The backward's
+    grids run on `backward_core_share` of the device's cores, and a fused backward also moves its dq
+    partials at `hbm_s_per_byte`. Blocks are clamped to the lengths; heads have the batch folded in.
     """
     bq, bk = np.minimum(block_q, q_len), np.minimum(block_kv, kv_len)
     steps = splash_grid_steps(q_heads, q_len, kv_len, block_q=bq, block_kv=bk)
@@ -195,10 +120,9 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
 
 
 def splash_vmem_bytes(block_q, block_kv, *, head_dim, act_bytes):
-    """Scoped VMEM of one splash grid step: the fp32 logits of a block pair and their
-    probabilities in the compute dtype, the fp32 output accumulator and running max and sum, and
-    the q, k, v and output blocks double-buffered. For blocks of 2048, head_dim 128, bf16 it gives
-    31 MiB against the compiler's 27.9M: it errs towards refusing."""
+    """Scoped VMEM of one splash grid step: a block pair's fp32 logits and compute-dtype probabilities, the
+    fp32 output accumulator and running max and sum, and the q, k, v and output blocks double-buffered;
+    it errs towards refusing (docs/provenance/cost_models.md#compute)."""
     logits = block_q * block_kv * (4 + act_bytes)
     accumulators = block_q * (head_dim + 2 * LANE_WIDTH) * 4
     blocks = 2 * (2 * block_q + 2 * block_kv) * head_dim * act_bytes

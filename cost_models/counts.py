@@ -1,13 +1,7 @@
-"""What the price says one device executes and moves in a step, in the terms a compiled program
-is read in (`validation.compiled_program`): matmul FLOPs, and the array bytes of each
-collective category.
-
-Bytes come from the price itself, not from a second formula: the candidates are priced with
-every link at 1 byte/s and no latency, so each collective's "seconds" are the bytes the
-`cost_models.collectives` formulas charge for it (an all-gather's gathered array × (n−1)/n, an
-all-to-all's array × n/4, a ppermute's array). The compiled program's collectives are put
-through the same formulas (`link_bytes`), so the two sides compare like with like.
-"""
+"""What the price says one device executes and moves in a step, in the terms a compiled program is read
+in (`validation.compiled_program`): matmul FLOPs, and the array bytes of each collective family. The bytes
+are the price's own, with every link at 1 byte/s and no latency, and the compiled program's collectives
+go through the same formulas (`link_bytes`), so the two sides compare like with like."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +10,8 @@ import numpy as np
 
 from cost_models import collectives
 from cost_models.candidates import Candidates, LinkColumns
-from cost_models.pricing.communication import context_traffic, price_traffic
 from cost_models.pricing.attention import price_attention
+from cost_models.pricing.communication import context_traffic, price_traffic
 from cost_models.pricing.head import price_head
 from cost_models.pricing.matmul import price_matmuls
 from cost_models.strategies import STRATEGIES
@@ -33,15 +27,8 @@ _FORMULAS = {
 
 
 def link_bytes(kind: str, array_bytes: float, group_size: int) -> float:
-    """Bytes a collective's formula charges at 1 byte/s (see the module docstring).
-
-    Args:
-        kind: all-gather, reduce-scatter, all-reduce, all-to-all or collective-permute.
-        array_bytes: the array it is priced by (gathered, unreduced, or per device).
-        group_size: devices in its group.
-    Returns:
-        Bytes.
-    """
+    """Bytes a collective's formula charges at 1 byte/s: `kind` as the compiled program names it,
+    `array_bytes` the array it is priced by (gathered, unreduced, or per device), over `group_size` devices."""
     return float(_FORMULAS[kind](array_bytes, group_size))
 
 
@@ -52,13 +39,8 @@ def executed_matmul_flops(x: Candidates) -> np.ndarray:
 
 
 def priced_link_bytes(x: Candidates) -> dict[str, np.ndarray]:
-    """Bytes per step of each collective family the price charges, at 1 byte/s per link.
-
-    Args:
-        x: the candidates.
-    Returns:
-        Family (fsdp_all_gather, fsdp_reduce_scatter, tensor, data_all_reduce, context) → bytes.
-    """
+    """Bytes per step of each collective family the price charges (fsdp_all_gather, fsdp_reduce_scatter,
+    tensor, data_all_reduce, context), at 1 byte/s per link."""
     def unit(link: LinkColumns) -> LinkColumns:
         return LinkColumns(np.ones_like(link.bw), np.zeros_like(link.latency))
 

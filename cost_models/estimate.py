@@ -17,12 +17,8 @@ from cost_models.units import mfu
 
 @dataclass(frozen=True)
 class Estimate:
-    """The named price of one plan.
-
-    Times are seconds per step; bytes are per device. `exposed_s` is the communication the
-    step waits for (not hidden behind compute); `step_time_s` = compute + HBM-bound work +
-    exposed communication.
-    """
+    """The named price of one plan: times in seconds per step, bytes per device. `exposed_s` is the
+    communication the step waits for; `step_time_s` = compute + HBM-bound work + exposed communication."""
 
     step_time_s: float
     compute_s: dict[str, float]
@@ -111,15 +107,7 @@ class Estimate:
 
 
 def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
-    """The `Estimate` of one candidate of a priced batch.
-
-    Args:
-        priced: `cost_models.pricing.price(x)`.
-        i: the candidate's row.
-        x: the candidates priced.
-    Returns:
-        Row `i` as an `Estimate`.
-    """
+    """Row `i` of the candidates `x` priced as `priced` (`cost_models.pricing.price(x)`), as an `Estimate`."""
     topo = x.topology
 
     def pick(d):

@@ -1,12 +1,7 @@
-"""FLOPs of a training step, counted as MaxText counts them (maxtext_utils.
-calculate_tflops_training_per_device): matmuls with learnable weights (the input embedding is a
-gather and not counted), causal attention halved, the forward counted once and the backward
-twice (factor 3). Remat recomputation is extra executed work, never model FLOPs.
-
-A model with a full (non-causal) mask (`ModelSpec.causal=False`) computes every query×key pair,
-and its model FLOPs count them all, 4·S²·H·d per layer forward, not halved: MaxText counts its
-full-mask attention so (the "4 for non-causal" of calculate_tflops_training_per_device), and so
-MFU (`cost_models.units.mfu`) stays the share of peak doing the model's own work under either mask."""
+"""FLOPs of a training step as MaxText counts them (maxtext_utils.calculate_tflops_training_per_device):
+matmuls with learnable weights (the embedding is a gather), causal attention halved, the backward twice
+the forward. A full mask counts every query×key pair (MaxText's "4 for non-causal"), so MFU stays the
+share of peak doing the model's own work; remat recomputation is executed work, never model FLOPs."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,31 +1,8 @@
 """Model shapes: Llama-style decoders by name, or read from a Hugging Face `config.json`.
 
-The MLP is MaxText's `MlpBlock`: one input projection (`wi`, or `wi_0`, `wi_1`, ...) of width
-`intermediate` per activation in `mlp_activations`, their activated outputs multiplied together,
-and one output projection (`wo`). Two activations make a gated MLP (`("silu", "linear")` is
-SwiGLU: silu(x·wi_0) · (x·wi_1)); one makes a plain MLP (`("relu",)`: relu(x·wi)).
-
-The decoder block is MaxText's `decoder_block`, by its names: `llama2`, the sequential Llama block
-(attention reads the normed input, the MLP reads the normed sum of the input and the attention's
-output: two norms), or `default`, MaxText's parallel block (`NNXDecoderLayer` in MaxText 0.2.5's
-layers/nnx_decoders.py; before 2024-01-21 its only `DecoderLayer`, in MaxText/layers.py at
-e47fa1b and MaxText/layers/models.py at 76bd53b): one norm, attention and MLP both read the same
-normed input, and the layer's output is `inputs + attention_out + mlp_out`.
-
-The attention mask is `causal` (a decoder: each query sees the keys at or before it; every
-model cpplan names) or full (`causal=False`: every query sees every key, as in an encoder or a
-prefix-LM's prefix, and as MaxText's flash attention ran before 2023-11-07, see
-`validation.corpus`). The mask decides the attention's FLOPs and kernel calls, never its shapes.
-A Hugging Face config states a full mask as `is_causal: false`: no llama, mistral or qwen2 config
-class declares the field, but transformers builds a bidirectional mask for a decoder-only model
-whose config carries it (`masking_utils.create_causal_mask`: "if `is_causal` is False, then
-fallback to bi-directional mask", huggingface/transformers@00c4411), and vLLM's qwen2 runs such a
-config's attention as an encoder's (vllm-project/vllm@013a279, `vllm/model_executor/models/qwen2.py`,
-for embedding models such as gte-Qwen2). The fields that sound alike do not apply: `is_decoder`
-(false unless set; in transformers 4.x a `PretrainedConfig` field for BERT-like models run as
-decoders) does not decide a Llama-style model's mask, which `create_causal_mask` builds from
-`is_causal` alone, so read as a mask it would make every Llama config bidirectional; and
-`use_bidirectional_attention` is Gemma 3's, a model type cpplan does not read.
+The MLP is MaxText's `MlpBlock` (gated with two activations, plain with one); the decoder block is
+MaxText's `llama2` (sequential, two norms) or `default` (parallel, one norm); the attention mask is causal
+or full (`causal=False`; `is_causal: false` in a config). Sources: docs/provenance/cost_models.md#models.
 """
 from __future__ import annotations
 
@@ -52,7 +29,7 @@ HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "relu": "relu", "sigmoid": "s
 
 
 class DecoderBlock(_Named):
-    """How a decoder layer joins attention and MLP (MaxText's `decoder_block`; see the module docstring)."""
+    """How a decoder layer joins attention and MLP (MaxText's `decoder_block`)."""
 
     LLAMA2 = "llama2"  # sequential: x + attn(norm(x)), then + mlp(norm(...)); two norms
     DEFAULT = "default"  # parallel: x + attn(norm(x)) + mlp(norm(x)); one norm
@@ -78,10 +55,9 @@ class DecoderBlock(_Named):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, and an MLP that is
-    gated (SwiGLU by default) or plain, as `mlp_activations` says, in a sequential (Llama, the
-    default) or parallel block, as `decoder_block` says, with a causal (the default) or full
-    attention mask, as `causal` says (see the module docstring)."""
+    """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, a gated (SwiGLU by default) or
+    plain MLP (`mlp_activations`), in a sequential or parallel block (`decoder_block`), with a causal or
+    full attention mask (`causal`)."""
 
     name: str
     num_layers: int
@@ -180,7 +156,7 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, path: str | os.PathLike, *, name: str | None = None) -> "ModelSpec":
         """Reads a Hugging Face `config.json` of a llama, mistral or qwen2 model; `is_causal: false`
-        makes its mask full (see the module docstring).
+        makes its mask full.
 
         Raises:
             CpplanError: the file is unreadable, of another model type, lacks a field, or has a

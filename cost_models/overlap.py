@@ -1,21 +1,9 @@
 """How much of each collective family XLA's TPU compiler overlaps with compute in cpplan's step.
 
-Read from `cost_models/data/overlap.json`, which `benchmarks/fit_overlap.py` writes from the
-scheduled programs of deviceless compiles with the compiler flags cpplan's runtime uses on each
-chip (see that file's `source`, `derived` and per-chip `provenance`): per chip and family, the
-fraction of the family's bytes that are asynchronous with matmul or kernel work scheduled between
-start and done. The price hides at most that fraction of a family behind compute; the rest the
-step waits for.
-
-A strategy whose spec hides its transfers behind attention (ring, USP) hides its ring's
-collective-permutes: its fraction is theirs; any other strategy's is that of all its traffic.
-
-A chip with no compiled data (a host) falls back on its row's `comm_overlaps_compute`
-assumption: every family overlappable where it is true (the ring's hops as its spec says, FSDP
-traffic within a layer's compute), none where it is false. A family a chip's compiles never made
-takes the same fallback: the data-parallel all-reduce everywhere (the compiles keep data = 1),
-and the context families on v5e and v6e (only their representative layer without context
-parallelism is compiled).
+Read from `data/overlap.json` (`regenerate/fit_overlap.py`, from deviceless compiles): per chip and
+family, the fraction of bytes asynchronous with work scheduled between start and done; a ring's is its
+collective-permutes'. A chip or family without compiled data takes the row's `comm_overlaps_compute`:
+all or nothing (docs/provenance/cost_models.md#overlap).
 """
 from __future__ import annotations
 
@@ -32,13 +20,8 @@ RING_KIND = "collective-permute"  # the collective a ring's hops are
 
 @dataclass(frozen=True)
 class Overlap:
-    """Fractions (0–1) of each family's bytes the compiler overlaps with compute, for one chip.
-
-    Attributes:
-        families: family (`FAMILIES`) → fraction.
-        context: strategy name → fraction of its own context traffic.
-        source: where the figures come from (the data file, or the chip row's assumption).
-    """
+    """Fractions (0–1) of each family's bytes the compiler overlaps with compute, for one chip: `families`
+    by family (`FAMILIES`), `context` by strategy name; `source` says where they come from."""
 
     families: dict[str, float]
     context: dict[str, float]
@@ -58,13 +41,9 @@ def _data() -> dict:
 
 
 def overlap_for(chip_name: str, *, assumed_overlap: bool) -> Overlap:
-    """The overlap fractions of a chip.
+    """The overlap fractions of a chip; `assumed_overlap` (the row's `comm_overlaps_compute`) fills in
+    where the file has no figure.
 
-    Args:
-        chip_name: the chip row's name (e.g. ``v5p``).
-        assumed_overlap: the row's `comm_overlaps_compute`, used where the file has no figure.
-    Returns:
-        Its `Overlap`.
     Raises:
         CpplanError: the data file has a fraction outside 0–1 (a broken regeneration).
     """
@@ -86,7 +65,7 @@ def overlap_for(chip_name: str, *, assumed_overlap: bool) -> Overlap:
         value = float(row["overlapped_fraction"])
         if not 0.0 <= value <= 1.0:
             raise CpplanError(f"cost_models/data/overlap.json: {chip_name} {key} overlapped_fraction={value} is not "
-                              f"within 0–1; regenerate it with benchmarks/fit_overlap.py.")
+                              f"within 0–1; regenerate it with regenerate/fit_overlap.py.")
         return value
 
     context = {spec.name: fraction(f"context:{spec.name}", RING_KIND if spec.hides_traffic_behind_attention else None)

@@ -1,10 +1,7 @@
-"""How logical mesh axes lie on physical torus dimensions.
-
-A placement is two orders: the physical dimensions from outermost to innermost, and the
-logical axes from outermost to innermost. The device grid, transposed to the physical order,
-flattened and reshaped to the logical sizes, is the mesh (what `numpy.reshape` and so the
-runtime realise). Walking both orders from the inside gives each logical axis its segments.
-"""
+"""How logical mesh axes lie on physical torus dimensions. The device grid, transposed to the physical
+order, flattened and reshaped to the logical sizes (both orders outermost first), is the mesh, as
+`numpy.reshape` and so the runtime realise it; walking both orders from the inside gives each logical
+axis its segments."""
 from __future__ import annotations
 
 import math
@@ -13,15 +10,8 @@ from cost_models.topology import Segment
 
 
 def axis_segments(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> tuple[tuple[Segment, ...], ...] | None:
-    """Segments of each logical axis, or None when the sizes do not tile the dimensions in order.
-
-    Args:
-        axis_sizes: logical axis sizes, outermost first.
-        dim_sizes: physical dimension sizes, outermost first (indices in this tuple are the
-            `Segment.dim` values returned).
-    Returns:
-        For each logical axis (same order), its segments, innermost first.
-    """
+    """Segments of each logical axis (innermost first), or None when the sizes do not tile the dimensions
+    in order; sizes are outermost first, and `Segment.dim` indexes `dim_sizes`."""
     result: list[tuple[Segment, ...]] = []
     dim = len(dim_sizes) - 1
     used = 1  # positions of the current dimension already taken by inner axes
@@ -49,13 +39,8 @@ def axis_segments(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> tu
 
 
 def axes_on_whole_dimensions(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> bool:
-    """Whether no physical dimension need be split between two of the axes: each axis of more
-    than one device can span whole dimensions of its own (true for fewer than two such axes).
-
-    Args:
-        axis_sizes: the axes' sizes, any order.
-        dim_sizes: the physical dimensions' sizes.
-    """
+    """Whether each axis of more than one device (`axis_sizes`, any order) can span whole physical
+    dimensions of its own, none split between two axes (true for fewer than two such axes)."""
     axes = sorted((s for s in axis_sizes if s > 1), reverse=True)
     if len(axes) < 2:
         return True

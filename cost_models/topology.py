@@ -1,14 +1,8 @@
-"""Topologies: a slice of chips on a torus (or the virtual devices of one host), parsed from names.
-
-Names: `v5p-256` (slice names count TensorCores: the Cloud TPU v5p docs list 2x2x2 as 8 chips, 16 cores), `v5p:4x4x8`, `tpu7x-128`,
-`tpu7x:4x4x4`, `v5e:16x16`, and `cpu:8` (8 virtual devices on this host). A topology knows its
-physical dimensions, which of them wrap, and what a logical mesh axis laid on some of them gets:
-hop counts and bandwidth for collectives and for ring (ppermute) steps.
-
-Several slices joined over the data-center network (DCN) are written `NxNAME`: `2xv5p-16`
-(printed `2xv5p:2x2x2`) is two v5p:2x2x2 slices. As in MaxText's multi-slice model, only the data
-and fsdp axes may span slices; a collective whose group spans them is priced hierarchically,
-within each slice over ICI and across slices over DCN at the chip row's per-chip DCN bandwidth.
+"""Topologies: a slice of chips on a torus (or the virtual devices of one host), parsed from names such
+as `v5p-256` (slice names count TensorCores), `v5p:4x4x8`, `tpu7x-128`, `v5e:16x16`, `cpu:8`, and
+`2xv5p-16` for slices joined over DCN (only data and fsdp may span them, as in MaxText's multi-slice
+model). A topology knows its physical dimensions, which of them wrap, and what links a logical mesh axis
+laid on them gets. Sources: docs/provenance/cost_models.md#topology.
 """
 from __future__ import annotations
 
@@ -28,10 +22,8 @@ DIM_NAMES = ("x", "y", "z")
 CORE = "core"
 DCN_DIM = -1  # `Segment.dim` of an axis's span across slices (over DCN), beside a slice's physical dimensions
 DCN = "dcn"
-# A ceiling on slices, checked before anything else so that a name answers at once: the largest
-# published multi-slice run used 50,944 v5e chips, i.e. 199 pods of 256 (Google Cloud blog, "The
-# world's largest distributed LLM training job on TPU v5e", Nov 2023,
-# https://cloud.google.com/blog/products/compute/the-worlds-largest-distributed-llm-training-job-on-tpu-v5e).
+# A ceiling on slices, checked before anything else so that a name answers at once (the largest
+# published multi-slice run used 199 pods).
 MAX_SLICES = 256
 
 
@@ -107,21 +99,10 @@ class Topology:
         return self.chip.dcn_bw_bytes_per_s / self.devices_per_chip
 
     def across_slices(self, ici: AxisLinks, slices: int) -> AxisLinks:
-        """The links of a collective group of `ici.size` devices in each of `slices` slices.
-
-        Priced hierarchically, as XLA lowers a collective over a hybrid mesh: the ICI part over the
-        whole array, then the DCN part over the 1/`ici.size` shard each device holds (the bytes a
-        device sends across slices). For n = nᵢ·n_d devices an all-gather of V takes
-        V(nᵢ-1)/nᵢ/Wᵢ + V/nᵢ·(n_d-1)/n_d/W_d; the returned bandwidth is the one that gives that
-        time in the one-level formula V(n-1)/n/W, so every collective formula prices it unchanged.
-        The chip rows cite no DCN latency, so only ICI latency is counted.
-
-        Args:
-            ici: the group's links within one slice.
-            slices: slices the group spans (1: the group stays inside a slice).
-        Returns:
-            The group's links across slices (`ici` itself when `slices` is 1).
-        """
+        """The links of a collective group of `ici.size` devices in each of `slices` slices (`ici` itself
+        for one), priced hierarchically as XLA lowers it: ICI over the whole array, then DCN over each device's
+        1/`ici.size` shard, as the one bandwidth that gives that time in the one-level formulas. The chip rows
+        cite no DCN latency, so only ICI latency is counted."""
         if slices == 1:
             return ici
         n = ici.size * slices
@@ -155,16 +136,10 @@ class Topology:
         return _physical_dims(self)
 
     def links(self, segments: tuple[Segment, ...]) -> AxisLinks:
-        """Bandwidth and latency for a logical axis (or axes) laid on `segments`.
-
-        Collectives use every segment at once (the bandwidth terms add, as in the scaling
-        book's multi-axis all-gather); a segment that closes a ring gets both directions.
-        A strided segment shares each link among `stride` interleaved rings. A ring step goes
-        over one link per segment; where a segment does not close, its closing step crosses
-        the whole segment (about twice the time of a torus, How to Scale Your Model, ch. TPUs). The devices of one chip
-        share its ICI links: an axis that does not span all of them gets its share. Segments on
-        `DCN_DIM` span slices: the group is priced by `across_slices`.
-        """
+        """Bandwidth and latency for a logical axis (or axes) laid on `segments`: collectives use every
+        segment at once, both directions where it closes a ring, shared among `stride` rings; a ring step
+        crosses the whole of a segment that does not close; a chip's devices share its ICI links; segments on
+        `DCN_DIM` are priced by `across_slices`."""
         dcn_slices = math.prod(s.size for s in segments if s.dim == DCN_DIM)
         return self.across_slices(self._ici_links(tuple(s for s in segments if s.dim != DCN_DIM)), dcn_slices)
 
@@ -257,14 +232,8 @@ def divisors(n: int) -> list[int]:
 
 
 def shape_for_chips(chip: Chip, chips: int) -> tuple[int, ...] | None:
-    """The most cubic valid shape with `chips` chips (as TPU names write it), or None.
-
-    Args:
-        chip: a chip row with a torus.
-        chips: the number of chips.
-    Returns:
-        The sides, sides of 1 last (v5p-8 is 2x2x1), or None when no slice has that many chips.
-    """
+    """The most cubic valid slice shape of `chips` chips, sides of 1 last as TPU names write them (v5p-8
+    is 2x2x1), or None when no slice has that many."""
     if chips < 1 or chips > chip.max_chips:
         return None  # checked first: a count beyond the pod never reaches the divisor walk
     best = None
@@ -310,11 +279,8 @@ def _slice_shapes(chip: Chip) -> tuple[tuple[int, ...], ...]:
 
 
 def max_host_devices() -> int:
-    """The most virtual devices `cpu:N` may have: the device count of the largest catalogued pod.
-
-    A host's virtual devices stand in for a slice's, so no plan needs more than the largest slice
-    has; the cap also keeps the mesh search over N's divisors quick.
-    """
+    """The most virtual devices `cpu:N` may have: the device count of the largest catalogued pod (they
+    stand in for a slice's; the cap also keeps the mesh search over N's divisors quick)."""
     return max(c.max_chips * c.devices_per_chip for c in known_chips().values() if c.kind.has_torus)
 
 
@@ -399,11 +365,9 @@ def _parse_slice(name: str, text: str) -> Topology:
 
 
 def get_topology(name: "str | Topology", num_slices: "int | None" = None) -> Topology:
-    """Parses a topology name (or returns a Topology unchanged), optionally over several slices.
+    """Parses a topology name (e.g. `v5p-256`, `2xv5p-256`, `cpu:8`; a `Topology` is returned unchanged),
+    over `num_slices` slices where given (None: as the name says).
 
-    Args:
-        name: e.g. `v5p-256`, `2xv5p-256`, `cpu:8`, or a `Topology`.
-        num_slices: slices joined over DCN (None: as the name says, one unless it has an `Nx` prefix).
     Raises:
         CpplanError: the name does not parse, names an unknown chip, or a shape that does not exist;
             `num_slices` is not a positive integer, contradicts the name's prefix, or is given for a host.

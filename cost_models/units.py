@@ -7,13 +7,6 @@ GiB = 2**30
 
 
 def mfu(model_flops: float, step_time_s: float, num_devices: int, peak_flops_per_device: float) -> float:
-    """Model FLOPs utilisation: the step's model FLOPs (as MaxText counts them) over what the
-    devices could do at peak in the step time.
-
-    Args:
-        model_flops: FLOPs of one step, all devices together (`cost_models.flops.model_flops_per_step`).
-        step_time_s: seconds per step, predicted or measured.
-        num_devices: devices the step ran on.
-        peak_flops_per_device: the chip row's peak per device.
-    """
+    """Model FLOPs utilisation: the step's model FLOPs (as MaxText counts them, all devices together) over
+    what the devices could do at peak in the step time."""
     return model_flops / (step_time_s * num_devices * peak_flops_per_device)

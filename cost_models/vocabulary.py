@@ -2,6 +2,7 @@
 balancing, dtypes. Enums, not strings or booleans; each accepts MaxText's spelling too."""
 from __future__ import annotations
 
+import math
 from enum import Enum
 
 from cost_models.errors import unknown_name
@@ -39,23 +40,74 @@ class _Named(str, Enum):
         return cls.__name__
 
 
-class CPStrategy(_Named):
-    """How attention over a sequence split across devices gets the keys and values it needs."""
+class _Registry(type):
+    """The class of `CPStrategy`: iterating it gives the registered strategies, in their specs' order."""
 
-    NONE = "none"  # the sequence is not split (context = context_ulysses = 1)
-    ALL_GATHER = "all_gather"
-    ULYSSES = "ulysses"
-    RING = "ring"
-    USP = "usp"
+    def __iter__(cls):
+        _register_built_ins()
+        return iter(sorted(cls._members.values(), key=lambda member: member.rank))
+
+    def __len__(cls) -> int:
+        return len(list(iter(cls)))
+
+    def __getattr__(cls, name: str):  # CPStrategy.RING before the specs are imported
+        if name.isupper() and not name.startswith("_"):
+            _register_built_ins()
+            if name in cls.__dict__:
+                return cls.__dict__[name]
+        raise AttributeError(f"type object 'CPStrategy' has no attribute {name!r}")
+
+
+class CPStrategy(str, metaclass=_Registry):
+    """How attention over a sequence split across devices gets the keys and values it needs: the
+    name of a registered spec (`cost_models.strategies.register`), e.g. `CPStrategy.RING`."""
+
+    _members: dict[str, "CPStrategy"] = {}
+    rank: float
+    aliases: tuple[str, ...]
 
     @classmethod
-    def kind(cls) -> str:
-        return "strategy"
+    def register(cls, value: str, *, aliases: tuple[str, ...] = (), rank: float = math.inf) -> "CPStrategy":
+        """The strategy named `value` (lower case), created once; `rank` orders listings."""
+        if value in cls._members:
+            return cls._members[value]
+        member = str.__new__(cls, value)
+        member.rank, member.aliases = rank, tuple(aliases)
+        cls._members[value] = member
+        setattr(cls, value.upper(), member)
+        return member
 
     @property
-    def aliases(self):
-        return {"ALL_GATHER": ("allgather", "ag"), "ULYSSES": ("a2a", "all_to_all"),
-                "RING": ("p2p",), "USP": ("hybrid",)}.get(self.name, ())
+    def value(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def name(self) -> str:
+        return self.value.upper()
+
+    def __repr__(self) -> str:
+        return f"<CPStrategy.{self.name}>"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __reduce__(self):
+        return CPStrategy.parse, (self.value,)
+
+    @classmethod
+    def parse(cls, value: "str | CPStrategy") -> "CPStrategy":
+        """A strategy by its value, name or an alias (case-insensitive)."""
+        if isinstance(value, cls):
+            return value
+        text = str(value).strip().lower().replace("-", "_")
+        for member in cls:
+            if text in (member.value, *member.aliases):
+                return member
+        raise unknown_name("strategy", str(value), [m.value for m in cls])
+
+
+def _register_built_ins() -> None:
+    import cost_models.strategies  # noqa: F401  (each spec registers its strategy)
 
 
 class RematPolicy(_Named):

@@ -24,8 +24,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # abstract TPU devices need no TPU runtime
 
     import planner
-    from planner.estimate import estimate
     from cost_models.units import GiB
+    from planner.estimate import estimate
     from runtime import compile_for
 
     plan = planner.plan(args.model, args.seq_len, args.topology,

@@ -2,9 +2,9 @@
 
 Run: python examples/maxtext_config.py
 """
-from planner.estimate import estimate
 from cost_models.units import GiB
 from planner import Plan, explain
+from planner.estimate import estimate
 from planner.maxtext import format_flags
 
 # A MaxText 0.2.5 run as docs/measurements.md compiled it: Llama 3.1 8B, 256K tokens, ring over 8 v5p chips.

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     coordinator = f"localhost:{free_port()}"
     # each process asks for its own share of the devices: no XLA_FLAGS from here
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    command = [sys.executable, str(ROOT / "cli.py"), "run", "--model", args.model, "--seq-len", args.seq_len,
+    command = [sys.executable, "-m", "cli", "run", "--model", args.model, "--seq-len", args.seq_len,
                "--topology", f"cpu:{args.devices}", "--steps", str(args.steps), "--run-dir", run_dir,
                "--coordinator", coordinator, "--num-processes", str(args.processes)]
     print(" ".join(command[1:]) + " --process-id I", flush=True)

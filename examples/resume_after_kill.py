@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="cpplan-resume-"))
 
     def command(run_dir: Path) -> list[str]:
-        return [sys.executable, str(ROOT / "cli.py"), "run", "--model", args.model, "--seq-len", args.seq_len,
+        return [sys.executable, "-m", "cli", "run", "--model", args.model, "--seq-len", args.seq_len,
                 "--topology", f"cpu:{args.devices}", "--steps", str(args.steps),
                 "--checkpoint-every", str(args.checkpoint_every), "--data", args.data, "--run-dir", str(run_dir)]
 

@@ -5,8 +5,8 @@ import json
 from collections import Counter, defaultdict
 
 from cost_models.accuracy import ErrorBand, error_band
-from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.candidates import group_links
+from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.estimate import Estimate
 from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.topology import DCN_DIM

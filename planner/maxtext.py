@@ -62,14 +62,13 @@ PLAIN_MLP_CHECKPOINTS = {"mlpwi_0": "mlpwi"}
 UNCARRIED_MODEL_FLAGS = {"rope_max_timescale": 10_000, "normalization_layer_epsilon": 1e-5}
 # MaxText's attention kernels: cpplan prices splash ("flash"; "autoselected" is flash on a TPU)
 SPLASH_KERNELS = ("flash", "autoselected")
-TOKAMAX_ONLY = (CPStrategy.RING, CPStrategy.ULYSSES, CPStrategy.USP)  # MaxText runs these on tokamax's splash only
 # The compiler flags MaxText's own offload recipes add to LIBTPU_INIT_ARGS (`HOST_OFFLOAD_FLAGS`,
 # benchmarks/xla_flags_library.py of AI-Hypercomputer/maxtext, used by its trillium model configs).
 # MaxText's remat offload needs none of them: its train_compile compiles an offloading policy without
 # them (bench_maxtext's offload rows, which the MaxText target is priced against). They change the
 # compiler's schedule: llama3.1-8b ring 4 × 128K under minimal_offloaded on v5p-8 compiled at 88.6 GiB
 # with them, 89.8 without (cpplan's own runtime went the other way, 4.93 → 6.05 GiB on a small plan,
-# benchmarks/results/bench_memory_offload.md). The export leaves them out, as it is priced.
+# docs/memory_offload.md). The export leaves them out, as it is priced.
 MAXTEXT_RECIPE_OFFLOAD_FLAGS = "HOST_OFFLOAD_FLAGS (maxtext benchmarks/xla_flags_library.py)"
 # MaxText's whole-state host offload (base.yml, default false): cpplan keeps weights and optimizer in HBM
 STATE_OFFLOAD_FLAGS = {"optimizer_memory_host_offload": "optimizer", "parameter_memory_host_offload": "params"}
@@ -340,7 +339,7 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
         raise CpplanError(f"attention={kernel}: cpplan prices the splash kernel only (attention=flash); "
                           f"{kernel} materialises other buffers. Use attention=flash.")
     tokamax_splash = f.bool("use_tokamax_splash", False)
-    if strategy in TOKAMAX_ONLY and not tokamax_splash:
+    if STRATEGIES[strategy].maxtext_tokamax_splash and not tokamax_splash:
         notes.append(f"MaxText 0.2.5 runs context_parallel_strategy={strategy.value} on a TPU only with "
                      f"use_tokamax_splash=True (configs/types.py): priced as it runs with it; set it")
     spec = STRATEGIES[strategy]
@@ -355,7 +354,7 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
         raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {open_axes}; give the others sizes.")
     given = {a: 1 if a in open_axes else f.int(f"ici_{a}_parallelism", 1) for a in defaults}
     usp_u = f.int("ici_context_usp_ulysses_parallelism", 1)
-    if strategy is not CPStrategy.USP and usp_u != 1:
+    if not spec.maxtext_takes_ulysses_degree and usp_u != 1:
         raise CpplanError(f"ici_context_usp_ulysses_parallelism={usp_u} is for context_parallel_strategy=usp only "
                           f"(MaxText refuses it with {strategy.value}); set it to 1.")
     if open_axes:

@@ -5,16 +5,16 @@ import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
-from cost_models.compute import scoped_vmem_limit_kib, splash_vmem_problem
 from cost_models.case import Case, batch_split_violation
+from cost_models.compute import scoped_vmem_limit_kib, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
-from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
-from cost_models.strategies import STRATEGIES, Shape, StrategySpec
-from cost_models.strategies.base import full_mask_balance_problem
 from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
+from cost_models.strategies import STRATEGIES, Shape, StrategySpec
+from cost_models.strategies.base import full_mask_balance_problem
+from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.units import GiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 

@@ -11,10 +11,10 @@ inputs determine: placements per topology).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import NamedTuple
@@ -28,11 +28,11 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
+from cost_models.pricing import Priced, price
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
-from cost_models.pricing import Priced, price
-from cost_models.remat import POLICIES
 from cost_models.pricing.target import per_head_smem_bytes
+from cost_models.remat import POLICIES
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
 from cost_models.targets import Target
 from cost_models.topology import AxisLinks, Topology, divisors

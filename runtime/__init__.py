@@ -1,9 +1,5 @@
-"""cpplan's runtime: runs a `planner.Plan` on a JAX mesh with the splash attention kernel,
-trains it on one process or many (`runtime.loop`, with a pre-flight compile, checkpoints and
-metrics), compiles it deviceless for TPU slices, and times kernels and collectives (`runtime.measure`).
-
-It reads only `Plan` from the planner. The public names load lazily, so that `import runtime`
-alone does not import jax.
+"""cpplan's runtime: runs, trains and deviceless-compiles a `planner.Plan` on a JAX mesh with splash
+attention, and times kernels and collectives. Public names load lazily: `import runtime` imports no jax.
 """
 from importlib import import_module
 

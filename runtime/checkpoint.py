@@ -1,10 +1,5 @@
-"""Checkpoints of a run with Orbax: parameters, optimizer state and where the run stands.
-
-A checkpoint holds the sharded parameters and AdamW state (each process writes its shards) and
-a small JSON record: the step reached, the seeds and what the run was (model, sequence length,
-batch). The data read at step k is a function of (data seed, k), so the step is the data
-position; nothing else in a step is random. Saves are asynchronous (training goes on while the
-arrays are written); the last N are kept.
+"""Orbax checkpoints of a run: sharded parameters and AdamW state, written asynchronously, and the
+step reached; the data at step k depends on (seed, k) alone, so the step is the data position.
 """
 from __future__ import annotations
 
@@ -14,8 +9,7 @@ from pathlib import Path
 
 from cost_models.errors import CpplanError
 
-# what must be equal for a checkpoint to continue this run (anything else, e.g. the mesh, may change:
-# Orbax lays the arrays out on the new shardings)
+# what must be equal for a checkpoint to continue this run; the mesh may change (Orbax reshards)
 SAME_RUN_KEYS = ("model", "seq_len", "global_batch", "seed")
 
 
@@ -29,14 +23,8 @@ class Restored:
 
 
 class Checkpoints:
-    """The checkpoints of one run directory.
-
-    Args:
-        directory: where they live (created when missing).
-        every: save every this many steps (the last step is always saved).
-        keep: how many to keep, newest first.
-        identity: what the run is (`SAME_RUN_KEYS`), stored with each checkpoint and checked on resume.
-    """
+    """The checkpoints of one run `directory`, saved every `every` steps, the `keep` newest kept, each
+    stamped with the run's `identity` (`SAME_RUN_KEYS`), which a resume checks."""
 
     def __init__(self, directory: "str | os.PathLike", *, every: int, keep: int, identity: dict):
         import orbax.checkpoint as ocp
@@ -65,12 +53,8 @@ class Checkpoints:
             run=args.JsonSave({**self.identity, "step": steps_done})), force=True)
 
     def restore(self, abstract_params, abstract_opt_state) -> Restored:
-        """The newest checkpoint, laid out on the given shardings.
+        """The newest checkpoint, laid out on the shardings of the given `ShapeDtypeStruct` trees.
 
-        Args:
-            abstract_params, abstract_opt_state: `jax.ShapeDtypeStruct` trees with shardings.
-        Returns:
-            The `Restored` state.
         Raises:
             CpplanError: the checkpoint is of another run (model, sequence, batch or seed differ).
         """

@@ -1,12 +1,7 @@
-"""Deviceless TPU compilation: compile a plan's training step for its TPU slice with libtpu.
+"""Deviceless TPU compilation: a plan's training step compiled by libtpu for abstract TPU devices.
 
-`get_topology_desc` gives abstract TPU devices; the mesh is built on them, the step is lowered
-on shape-only inputs (nothing is allocated) and compiled by the real XLA TPU compiler, splash as
-a Mosaic kernel. `memory_analysis()` gives per-device argument, output, alias, temp and code
-bytes. A plan that does not fit fails in the compiler with `CompileTimeHbmOom`; that becomes a
-report with `fits=False` and the compiler's own figures. `compile_step` keeps what else the
-compiler says: the scheduled HLO text (read by `validation.compiled_program`) and its cost
-analysis.
+Nothing is allocated; `memory_analysis()` gives per-device bytes, and a `CompileTimeHbmOom` becomes a
+report with `fits=False` and the compiler's figures. `compile_step` also keeps the scheduled HLO.
 """
 from __future__ import annotations
 
@@ -25,24 +20,10 @@ from planner.plan import Plan
 _UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
 LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cpplan[runtime]'`)"
 
-# The TPU compiler flags cpplan's runtime compiles with, per chip (the chip row's name); a chip
-# not listed compiles with libtpu's defaults. benchmarks/fit_overlap.py compiles with the same
-# flags, so the overlap the price reads (cost_models/data/overlap.json) is that of what runs.
-# - v5e: MaxText's v5e scripts' asynchronous-collective set (AI-Hypercomputer/maxtext,
-#   MaxText/configs/v5e/128b.sh, the LIBTPU_INIT_ARGS line; the same set as its
-#   benchmarks/xla_flags_library.py CF_FOR_ALL_GATHER plus DATA_PARALLEL_OVERLAP). libtpu
-#   0.0.52 allows the all-gather continuation fusion these enable on v5e only, and already
-#   enables it there by default: the representative layer of benchmarks/fit_overlap.py schedules
-#   the same with and without them (24% of weight-gather bytes overlapped, reduce-scatters and
-#   tensor all-reduces synchronous). Kept so that v5e compiles as MaxText's runs did whatever a
-#   later libtpu's defaults are.
-# - v5p: none. MaxText's v5p set (MaxText/configs/v5p/512b.sh) enables the same continuation
-#   fusion, which libtpu 0.0.52 refuses on v5p ("Continuation fusion for AllGather is enabled on
-#   platform viperfish ... not supported/recommended on platforms other than TPU v5e"); the rest
-#   of that set (async all-gather/all-reduce/collective-permute, overlap_compute_collective_tc,
-#   ag_backward_pipelining, data-parallel all-reduce opt) compiles the same schedule as the
-#   defaults: measured on llama3.1-8b widths, 2 layers, seq 8192, fsdp 4 x tensor 2, v5p:2x2x2,
-#   every weight all-gather, gradient reduce-scatter and tensor all-reduce synchronous either way.
+# The TPU compiler flags of cpplan's runs and compiles, per chip row (others: libtpu's defaults);
+# regenerate/fit_overlap.py compiles with the same, so the overlap the price reads is what runs.
+# v5e: MaxText's asynchronous-collective set; v5p: none (libtpu 0.0.52 refuses that set's fusion).
+# evidence: docs/provenance/runtime.md#compiler-flags
 TPU_COMPILER_FLAGS: dict[str, str] = {
     "v5e": ("--xla_tpu_enable_data_parallel_all_reduce_opt=true --xla_tpu_data_parallel_opt_different_sized_ops=true "
             "--xla_tpu_enable_async_collective_fusion=true --xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
@@ -62,17 +43,8 @@ def scoped_vmem_flag(limit_kib: int | None) -> str:
 
 
 def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str:
-    """LIBTPU_INIT_ARGS with cpplan's flags for `chip_name` (`TPU_COMPILER_FLAGS`) and `extra`
-    added: the user's arguments as given, then each of cpplan's flags the user did not set, so a
-    flag the user set keeps the user's value whatever order libtpu reads them in.
-
-    Args:
-        user_args: the LIBTPU_INIT_ARGS already set ("" when none).
-        chip_name: the chip row's name (`v5e`, `v5p`, ...).
-        extra: flags a plan needs (`scoped_vmem_flag`).
-    Returns:
-        The merged arguments ("" when neither side has any).
-    """
+    """LIBTPU_INIT_ARGS: `user_args` as given, then each of cpplan's flags for `chip_name` and `extra`
+    that the user did not set, so the user's value wins whatever order libtpu reads them in."""
     user = user_args.split()
     named = {_flag_name(arg) for arg in user}
     ours = [arg for arg in f"{TPU_COMPILER_FLAGS.get(chip_name, '')} {extra}".split() if _flag_name(arg) not in named]
@@ -80,24 +52,15 @@ def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str
 
 
 def with_compiler_flags(env: dict, chip_name: str, extra: str = "") -> dict:
-    """A copy of a process environment whose TPU compiler uses cpplan's flags for `chip_name`
-    and `extra` (`merged_compiler_args`: the environment's own LIBTPU_INIT_ARGS win); libtpu reads
-    them once, when the TPU backend starts, so they apply to a process that has not yet touched one."""
+    """A copy of `env` with `merged_compiler_args` in LIBTPU_INIT_ARGS (read once, when the TPU backend
+    starts)."""
     merged = merged_compiler_args(env.get("LIBTPU_INIT_ARGS", ""), chip_name, extra)
     return {**env, "LIBTPU_INIT_ARGS": merged} if merged else dict(env)
 
 
 def use_compiler_flags(chip_name: str, extra: str = "") -> None:
-    """Sets this process's LIBTPU_INIT_ARGS to `with_compiler_flags` of it, so the TPU compiler of
-    a run (or a deviceless compile) builds the step as the price's overlap data was read from.
-
-    Call it before jax starts the TPU backend (before `jax.devices()` or `jax.distributed`); a
-    started backend keeps the flags it was started with.
-
-    Args:
-        chip_name: the chip row's name of the TPU the process runs on.
-        extra: flags the plan needs (`scoped_vmem_flag` of its `scoped_vmem_limit_kib`).
-    """
+    """Sets this process's LIBTPU_INIT_ARGS to `with_compiler_flags` of it. Call it before jax starts
+    the TPU backend (`jax.devices()`, `jax.distributed`): a started backend keeps its flags."""
     flagged = with_compiler_flags(dict(os.environ), chip_name, extra)
     if "LIBTPU_INIT_ARGS" in flagged:
         os.environ["LIBTPU_INIT_ARGS"] = flagged["LIBTPU_INIT_ARGS"]
@@ -105,18 +68,13 @@ def use_compiler_flags(chip_name: str, extra: str = "") -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class CompiledMemory:
-    """Per-device bytes of a compiled program, as XLA's `memory_analysis()` reports them.
-
-    Attributes:
-        argument_bytes, output_bytes, alias_bytes, temp_bytes, code_bytes: XLA's figures
-            (`generated_code_size_in_bytes` for the code).
-    """
+    """Per-device bytes of a compiled program, as XLA's `memory_analysis()` reports them."""
 
     argument_bytes: int = 0
     output_bytes: int = 0
     alias_bytes: int = 0
     temp_bytes: int = 0
-    code_bytes: int = 0
+    code_bytes: int = 0  # generated_code_size_in_bytes
 
     @classmethod
     def of(cls, compiled) -> "CompiledMemory | None":
@@ -130,39 +88,25 @@ class CompiledMemory:
 
     @property
     def hbm_bytes_per_device(self) -> int:
-        """HBM the compiled step holds on each device: arguments + outputs − aliased +
-        temporaries + code. The code counts because the executable lives in HBM too; this is
-        the one definition of "HBM from the compiler" that runs and deviceless compiles share."""
+        """Arguments + outputs − aliased + temporaries + code (the executable lives in HBM too): the one
+        definition of "HBM from the compiler" that runs and deviceless compiles share."""
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompileReport(CompiledMemory):
-    """What the XLA TPU compiler says about a plan's training step, per device.
-
-    Attributes:
-        plan: the plan compiled.
-        fits: False when the compiler reported that the step does not fit in HBM (the memory
-            figures are then zero).
-        compile_s: wall time of lowering plus compiling.
-        available_bytes: HBM the compiler says the device has (from the error when it does not
-            fit, else the chip row's figure).
-        oom_required_bytes: when it does not fit, the figure the compiler's error reported (its
-            temporaries, or its total).
-        message: the compiler's error when it does not fit, else empty.
-    """
+    """What the XLA TPU compiler says about a plan's training step, per device."""
 
     plan: Plan
-    fits: bool
-    compile_s: float
-    available_bytes: int
-    oom_required_bytes: int | None = None
-    message: str = ""
+    fits: bool  # False when the step does not fit in HBM (the memory figures are then zero)
+    compile_s: float  # lowering plus compiling
+    available_bytes: int  # the compiler's figure when the step does not fit, else the chip row's
+    oom_required_bytes: int | None = None  # the out-of-memory error's figure (temporaries or total)
+    message: str = ""  # the compiler's error when the step does not fit
 
     @property
     def required_bytes(self) -> int:
-        """HBM the step needs per device: `hbm_bytes_per_device` when it fits, else the
-        compiler's figure from its out-of-memory error."""
+        """HBM the step needs per device: `hbm_bytes_per_device`, or the compiler's out-of-memory figure."""
         return self.hbm_bytes_per_device if self.fits else self.oom_required_bytes
 
     @property
@@ -185,13 +129,9 @@ def _bytes(number: str, unit: str) -> int:
 
 
 def parse_hbm_oom(message: str) -> tuple[int, int] | None:
-    """`(required, available)` bytes from a `CompileTimeHbmOom` error, or None if it is not one.
-
-    The compiler writes e.g. ``the total memory required for HLO temporaries (186.89G) exceeds
-    available HBM (95.73G)``, or ``requires 189.02G, which exceeds available HBM (95.73G)``, or,
-    from its memory-space assignment (a step just over the limit), ``Ran out of memory in memory
-    space hbm. Used 4.24G of 4.23G hbm``.
-    """
+    """`(required, available)` bytes from a `CompileTimeHbmOom` error, or None if it is not one. Reads
+    "required ... (X) exceeds available HBM (Y)", "requires X, which exceeds available HBM (Y)" and
+    "memory space hbm. Used X of Y hbm" (docs/provenance/runtime.md#compile-time-hbm-oom)."""
     if "CompileTimeHbmOom" not in message and "RESOURCE_EXHAUSTED" not in message:
         return None
     size = r"([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)i?B?"
@@ -218,8 +158,7 @@ def tpu_devices(plan: Plan):
                           f"Use runtime.run for cpu:N plans.")
     # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    # the chip's compiler flags and the scoped VMEM the plan's splash blocks need, for a process
-    # whose libtpu loads below (a loaded one keeps its own)
+    # the chip's flags and the scoped VMEM the plan's splash blocks need (a loaded libtpu keeps its own)
     use_compiler_flags(topo.chip.name, scoped_vmem_flag(plan.scoped_vmem_limit_kib))
     try:
         import libtpu  # noqa: F401  (the TPU compiler; get_topology_desc needs it)
@@ -239,20 +178,12 @@ def tpu_devices(plan: Plan):
 
 @dataclass(frozen=True, kw_only=True)
 class CompiledStep:
-    """A plan's training step as the XLA TPU compiler scheduled it (one device's program).
-
-    Attributes:
-        plan: the plan compiled.
-        hlo_text: the scheduled module, `compiled.as_text()`.
-        cost_flops: `cost_analysis()["flops"]`: a while body counted once, Mosaic kernels left out.
-        compile_s: wall time of lowering plus compiling.
-        memory: the compiled program's `CompiledMemory`.
-    """
+    """A plan's training step as the XLA TPU compiler scheduled it (one device's program)."""
 
     plan: Plan
-    hlo_text: str
-    cost_flops: float
-    compile_s: float
+    hlo_text: str  # the scheduled module
+    cost_flops: float  # cost_analysis()["flops"]: a while body counted once, Mosaic kernels left out
+    compile_s: float  # lowering plus compiling
     memory: CompiledMemory
 
 
@@ -260,8 +191,8 @@ HLO_DUMP_ARGS = "--xla_jf_dump_to={dir} --xla_jf_dump_hlo_text=true --xla_jf_dum
 
 
 def with_hlo_dump(env: dict, directory: str) -> dict:
-    """A copy of a process environment whose TPU compiler writes its scheduled modules to
-    `directory` (for a child process: libtpu reads its flags once, when it loads)."""
+    """A copy of `env` whose TPU compiler writes its scheduled modules to `directory` (for a child
+    process: libtpu reads its flags once, when it loads)."""
     args = f"{env.get('LIBTPU_INIT_ARGS', '')} {HLO_DUMP_ARGS.format(dir=directory)}".strip()
     return {**env, "LIBTPU_INIT_ARGS": args}
 
@@ -282,8 +213,7 @@ def _dumped_module(*, since: float) -> str | None:
 
 
 def lowered_step(plan: Plan):
-    """The plan's training step lowered for its TPU slice's abstract devices, ready to compile (with
-    `compiler_options` where a caller needs them)."""
+    """The plan's training step lowered for its slice's abstract TPU devices, ready to compile."""
     from runtime.mesh import build_mesh
     from runtime.train import Trainer
 
@@ -292,12 +222,8 @@ def lowered_step(plan: Plan):
 
 
 def compile_step(plan: Plan) -> CompiledStep:
-    """Compiles the plan's training step deviceless and keeps its scheduled HLO and cost analysis.
+    """Compiles the plan's training step deviceless, keeping its scheduled HLO and cost analysis.
 
-    Args:
-        plan: a plan for a TPU topology that fits its HBM.
-    Returns:
-        Its `CompiledStep`.
     Raises:
         CpplanError: the plan cannot run as laid out, the topology is not a TPU, libtpu is
             missing, the step does not fit in HBM, or the compiler cannot print the module.
@@ -329,12 +255,9 @@ def compile_step(plan: Plan) -> CompiledStep:
 
 
 def compile_for(plan: Plan) -> CompileReport:
-    """Compiles the plan's full training step for its TPU topology, deviceless.
+    """Compiles the plan's full training step for its TPU topology, deviceless; HBM overflow gives a
+    `CompileReport` with `fits=False`, not an exception.
 
-    Args:
-        plan: a plan for a TPU topology (e.g. ``v5p:2x2x2``).
-    Returns:
-        A `CompileReport`; `fits=False` (not an exception) when the compiler reports HBM overflow.
     Raises:
         CpplanError: the plan cannot run as laid out, the topology is not a TPU, or libtpu is missing.
     """

@@ -1,9 +1,5 @@
-"""Several processes, one run: JAX's own multi-controller runtime (`jax.distributed`).
-
-Every process runs the same program on its own devices; `jax.devices()` then lists all the
-processes' devices and one mesh spans them. On TPU VMs jax finds the coordinator and the
-process's index from the slice itself; elsewhere (several processes on one host, or hosts
-without cluster metadata) they are given. On CPU the processes' collectives go through gloo.
+"""Several processes, one run, through `jax.distributed`: one mesh spans every process's devices.
+TPU VMs find the coordinator from the slice; elsewhere it is given. CPU collectives go through gloo.
 """
 from __future__ import annotations
 
@@ -14,18 +10,11 @@ from cost_models.errors import CpplanError
 
 @dataclass(frozen=True)
 class ProcessGroup:
-    """Where to find the other processes of a run.
+    """Where to find the other processes of a run: all three given, or none (a TPU VM, or alone)."""
 
-    Attributes:
-        coordinator: `host:port` of process 0's coordination service, or None to let jax find it
-            (TPU VMs), or to run alone.
-        num_processes: processes in the run (with `coordinator`).
-        process_id: this process's index, 0 .. num_processes-1 (with `coordinator`).
-    """
-
-    coordinator: str | None = None
+    coordinator: str | None = None  # host:port of process 0's coordination service
     num_processes: int | None = None
-    process_id: int | None = None
+    process_id: int | None = None  # 0 .. num_processes-1
 
     def check(self) -> None:
         """Raises CpplanError unless the three are given together and agree."""
@@ -51,14 +40,9 @@ class ProcessGroup:
 
 
 def initialize(group: ProcessGroup, *, platform: str) -> None:
-    """Joins the run's processes (a no-op for one process on a host).
+    """Joins the run's processes before jax touches a device (a no-op for one process on a CPU host);
+    on `platform` "cpu" collectives use gloo, on "tpu" with nothing given jax reads the slice's metadata.
 
-    Must run before jax touches a device.
-
-    Args:
-        group: where the other processes are (explicit), or nothing given.
-        platform: `cpu` or `tpu`: on CPU the collectives are set to gloo; on TPU with nothing
-            given, jax reads the slice's metadata (a single-host slice stays one process).
     Raises:
         CpplanError: the flags disagree, or the coordinator cannot be reached.
     """
@@ -91,13 +75,9 @@ def is_leader() -> bool:
 
 
 def stop_agreed(step: int, requested: bool) -> bool:
-    """Whether every process stops after `step`: this process was asked to (`requested`), or
-    any other was; all processes must call this after every step.
-
-    With several processes jax's preemption notifier owns SIGTERM (a TPU VM's notice before a
-    preemption) and picks the step all processes stop at; a Ctrl-C, seen by this process's own
-    handler, is shared by a gather of the flags.
-    """
+    """Whether every process stops after `step` (this one `requested` it, or another did); every process
+    calls it after every step. jax's preemption notifier owns SIGTERM and picks the step; a Ctrl-C is
+    shared by a gather of the flags."""
     import jax
     import numpy as np
     from jax.experimental import multihost_utils

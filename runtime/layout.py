@@ -1,10 +1,6 @@
-"""Where tokens live: the zigzag load-balanced token order and the shard_map specs of a plan.
-
-Zigzag over a ring of N ranks cuts the sequence into 2N chunks; rank i holds chunks i and
-2N−1−i, so every rank does the same causal work. The permutation is applied once, to the input
-tokens, targets and RoPE positions; attention then works on the permuted order and the loss,
-a sum over tokens, does not care. The sequence is split over ('context', 'context_ulysses'):
-the ring index outer, the Ulysses index inner, so a Ulysses group holds one ring block.
+"""Where tokens live: the zigzag token order and the shard_map specs of a plan. Zigzag gives rank i of
+N chunks i and 2N−1−i of 2N, so every rank does the same causal work; it permutes the inputs, targets
+and positions once. The sequence splits over ('context', 'context_ulysses'), the ring index outer.
 """
 from __future__ import annotations
 
@@ -20,14 +16,8 @@ WEIGHT_AXES = WEIGHT_SHARDING_AXES
 
 
 def zigzag_order(seq_len: int, ring: int) -> np.ndarray:
-    """The natural positions in load-balanced order: `balanced = natural[order]`.
-
-    Args:
-        seq_len: tokens per sequence (a multiple of 2·ring).
-        ring: ring degree N; with N = 1 the order is the identity.
-    Returns:
-        int array of length seq_len.
-    """
+    """The natural positions in load-balanced order, `balanced = natural[order]`, for `seq_len` a
+    multiple of 2·`ring` (the identity when `ring` is 1)."""
     chunks = np.arange(seq_len).reshape(2 * ring, seq_len // (2 * ring))
     slots = [c for i in range(ring) for c in (i, 2 * ring - 1 - i)]
     return chunks[slots].reshape(-1)

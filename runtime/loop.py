@@ -1,8 +1,6 @@
-"""The training loop of a run: steps from a compiled plan, with checkpoints, metrics and a clean stop.
-
-Every process runs this loop on its own devices. A process reads only the rows of the batch
-its devices hold (`process_rows`). After each step the processes agree whether any was asked to
-stop (SIGTERM before a preemption, Ctrl-C); if so they save a checkpoint together and return.
+"""The training loop of a run: steps of a compiled plan, with checkpoints, metrics and a clean stop.
+Each process feeds its own rows (`process_rows`); after each step the processes agree whether any
+was asked to stop (SIGTERM, Ctrl-C), and if so save a checkpoint together and return.
 """
 from __future__ import annotations
 
@@ -22,27 +20,17 @@ PROFILE_DIR = "profile"
 
 @dataclass(frozen=True)
 class Checkpointing:
-    """How a run keeps its state.
+    """How a run keeps its state."""
 
-    Attributes:
-        every: save every this many steps (0: only at the end and when stopped).
-        keep: checkpoints kept, newest first.
-        resume: True to resume from the newest checkpoint when there is one, False to refuse a
-            directory that has one.
-    """
-
-    every: int = 100
-    keep: int = 3
-    resume: bool = True
+    every: int = 100  # save every this many steps (0: only at the end and when stopped)
+    keep: int = 3  # checkpoints kept, newest first
+    resume: bool = True  # resume from the newest checkpoint; False refuses a directory that has one
 
 
 def process_rows(trainer) -> tuple[int, int, int]:
-    """The rows of the batch this process's devices hold, as the data interface asks for them.
+    """`(block, blocks, first_row)`: the batch cut into `blocks` equal row blocks, of which this process's
+    devices hold block `block`, from row `first_row` (one block when the sequence spans the processes).
 
-    Returns:
-        `(block, blocks, first_row)`: the batch cut into `blocks` equal row blocks, this process
-        holds block `block`, starting at row `first_row` (one block of all rows when the
-        sequence, not the batch, spans the processes).
     Raises:
         CpplanError: the process's rows are not one contiguous block (a mesh this loop cannot feed).
     """
@@ -63,23 +51,11 @@ def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Pat
           checkpointing: Checkpointing | None = None, profile_steps: tuple[int, int] | None = None,
           should_stop: Callable[[], bool] = lambda: False, memory: CompiledMemory | None = None,
           compile_s: float = 0.0, on_note: Callable[[str], None] | None = None) -> RunReport:
-    """Runs a compiled plan to `steps` steps, resuming from its newest checkpoint when there is one.
+    """Runs `trainer`'s `compiled` step to `steps` steps, from the newest checkpoint if any; returns the
+    `RunReport` of the steps run here. `dataset.batch(step, ...)` gives a `Batch`; `run_dir` (None:
+    nowhere) gets metrics, checkpoints and traces of `profile_steps` `(first, last)`; `should_stop` is
+    polled after each step; `memory`, `compile_s` go to the report; `on_note` gets the leader's notes.
 
-    Args:
-        trainer: the plan's `runtime.train.Trainer`.
-        compiled: its compiled `train_step`.
-        steps: the step count to reach (a resumed run runs the rest).
-        dataset: `batch(step, *, global_batch, process_index, process_count) -> Batch`.
-        seed: parameter seed (and, with the data's seed, what a checkpoint must match).
-        run_dir: where metrics, TensorBoard events, checkpoints and traces go (None: nowhere).
-        checkpointing: checkpoint settings (None: no checkpoints; needs `run_dir`).
-        profile_steps: `(first, last)` steps, counted from 1, to trace with the jax profiler.
-        should_stop: polled after each step; true in any process stops every process after a checkpoint.
-        memory: the compiled step's memory figures, for the report.
-        compile_s: how long the compile took, for the report.
-        on_note: receives one-line notes (resumed from, checkpoint saved), leader only.
-    Returns:
-        The `RunReport` of the steps run here (`first_step` says where they began).
     Raises:
         CpplanError: a checkpoint of another run, or one present when resuming is refused.
     """

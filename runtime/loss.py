@@ -1,17 +1,8 @@
-"""Next-token cross-entropy, fused and chunked so neither the logits nor the gathered output
-head ever exist whole.
+"""Next-token cross-entropy, fused and chunked so neither the logits nor the gathered head exist whole.
 
-Runs under `shard_map`. Each device owns a `[hidden/g, vocab/t]` shard of the head (ZeRO-3
-over the weight-sharding axes, vocabulary over 'tensor'). The head is gathered one vocabulary
-piece at a time (at most `VOCAB_PIECE` columns); for each piece the device's tokens are walked in
-chunks of `plan.loss_chunk_tokens` (0: one chunk), keeping a running max, sum of exponentials and
-target logit per token. Log-sum-exps are combined across 'tensor'. The backward (a custom VJP)
-walks the pieces again: softmax minus one-hot, dh accumulated, the piece's gradient
-reduce-scattered straight back to the shard and written into its columns there. Peak memory: one
-piece of the head, its gradient, one chunk's logits — not tokens × vocabulary × 4 bytes, nor the
-whole head. Negative targets (`IGNORED_TARGET`: in packed rows, a document's last token, whose next
-token is another document's) add nothing to the loss or its gradient; the mean is over the targets
-that count.
+Under `shard_map` the head is gathered one vocabulary piece at a time, each piece walking the device's
+tokens in chunks with a running max, sum of exponentials and target logit; a custom VJP walks the
+pieces again. Negative targets (`IGNORED_TARGET`) count for nothing; the mean is over the rest.
 """
 from __future__ import annotations
 
@@ -124,9 +115,8 @@ def _fused_bwd(pieces, residuals, g):
         dwj, dh_piece = jax.lax.scan(chunk_step, _vary(jnp.zeros(wj.shape, jnp.float32), AXES), (h, t, lse))
         # back to this device's shard, summed over the data-parallel replicas that share it
         shard = jax.lax.psum(jax.lax.psum_scatter(dwj, WEIGHT_AXES, scatter_dimension=0, tiled=True), "data")
-        # written into the head's own layout: stacked by piece, the gradient would reach the
-        # optimizer as [pieces, hidden/g, piece], and the TPU compiler moves the head and both
-        # moments into that layout for the update (benchmarks/results/bench_memory_offload.md)
+        # written into the head's own layout: stacked by piece, the compiler would move the head and
+        # both moments into that layout for the update (evidence: docs/provenance/runtime.md#loss)
         return (dh + dh_piece, jax.lax.dynamic_update_slice_in_dim(dw, shard.astype(w.dtype), j * size, axis=1)), None
 
     (dh, dw), _ = jax.lax.scan(piece_step, (_vary(jnp.zeros_like(h), ("tensor",)), jnp.zeros_like(w)),
@@ -139,17 +129,8 @@ _fused_loss.defvjp(_fused_fwd, _fused_bwd)
 
 
 def cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array, *, plan: Plan, mesh: Mesh) -> jax.Array:
-    """Mean next-token cross-entropy over the global batch's targets that count (non-negative).
-
-    Args:
-        hidden: `[batch, seq, hidden]` final hidden states.
-        head: `[hidden, vocab]` output projection (compute dtype).
-        targets: `[batch, seq]` int32 next tokens (same token order as hidden); negative ones are skipped.
-        plan: gives the chunk size and shardings.
-        mesh: the plan's mesh.
-    Returns:
-        A replicated fp32 scalar.
-    """
+    """Mean cross-entropy of `hidden` `[batch, seq, hidden]` times `head` `[hidden, vocab]` over the
+    non-negative `targets` `[batch, seq]`, as a replicated fp32 scalar."""
     chunk = loss_chunk(plan)
     pieces = vocab_pieces(plan.model.vocab // plan.axis_size("tensor"))
 

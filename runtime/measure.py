@@ -1,11 +1,6 @@
-"""The measurement harness: time matmuls, splash attention, memory passes and collectives on
-the devices present, every device busy at once.
-
-It only measures; `validation.calibration` chooses the shapes, fits the cost model's figures to
-the times and writes the chip row. On a shared host other work only ever adds time, so every
-figure here is the fastest of its repeats (timeit's rule), and a call of a few milliseconds is
-repeated until `MIN_TIMED_S` have been timed: one preemption is longer than such a call, so a
-fastest of one or two would often be a disturbed one.
+"""The measurement harness: times matmuls, splash attention, memory passes and collectives with every
+device busy at once (`validation.calibration` chooses the shapes and fits the chip row). Other work on
+a shared host only adds time, so each figure is the fastest of its repeats (timeit's rule).
 """
 from __future__ import annotations
 
@@ -21,12 +16,8 @@ MIN_TIMED_S = 0.2  # timeit's autorange target: short calls are timed until this
 
 
 def device_mesh(topo: Topology):
-    """A one-axis mesh (`"d"`) over all of jax's devices.
+    """A one-axis mesh (`"d"`) over all of jax's devices, which should form `topo`.
 
-    Args:
-        topo: the topology the devices should form.
-    Returns:
-        A `jax.sharding.Mesh`.
     Raises:
         CpplanError: the device count is not the topology's.
     """
@@ -42,8 +33,8 @@ def device_mesh(topo: Topology):
 
 
 def best_time(fn, *args, repeats: int) -> float:
-    """The fastest of at least `repeats` timed calls of `fn(*args)`, and of as many more as fill
-    `MIN_TIMED_S`, after one call to compile and warm up."""
+    """The fastest of at least `repeats` timed calls of `fn(*args)` after a warm-up, and of as many more
+    as fill `MIN_TIMED_S`: one preemption outlasts a call of a few milliseconds."""
     import jax
 
     jax.block_until_ready(fn(*args))
@@ -78,18 +69,8 @@ def measure_matmul(mesh, dtype: str, size: int, repeats: int) -> float:
 
 def time_attention(mesh, topo: Topology, dtype: str, shapes: Sequence[tuple[int, int, int, bool]], *, heads: int,
                    kv_heads: int, head_dim: int, repeats: int) -> list[float]:
-    """Seconds of one splash forward + backward per device (all devices busy) at each shape.
-
-    Args:
-        mesh: from `device_mesh`.
-        topo: the topology (whether kernels run interpreted, and the SMEM they may use).
-        dtype: the activations' dtype.
-        shapes: (q_len, kv_len, block, causal) of each call; blocks are square.
-        heads / kv_heads / head_dim: the kernel's heads.
-        repeats: timed calls per shape.
-    Returns:
-        The fastest time of each shape, in order.
-    """
+    """Seconds of one splash forward + backward per device (all devices busy) at each `(q_len, kv_len,
+    block, causal)` shape, blocks square; `topo` says whether kernels run interpreted, and their SMEM."""
     import jax
     import jax.numpy as jnp
 
@@ -122,15 +103,8 @@ def measure_memory(mesh, dtype: str, values: int, repeats: int) -> float:
 
 
 def measure_collectives(mesh, sizes: Sequence[int], repeats: int) -> dict[str, list[tuple[int, float]]]:
-    """Times of each collective kind over all devices.
-
-    Args:
-        mesh: from `device_mesh`.
-        sizes: float32 bytes per device before the collective.
-        repeats: timed calls per size.
-    Returns:
-        For all_gather, reduce_scatter, all_to_all and ppermute: (bytes per device, seconds) per size.
-    """
+    """`(bytes per device, seconds)` of all_gather, reduce_scatter, all_to_all and ppermute over all
+    devices, per float32 size in `sizes` (bytes per device before the collective)."""
     import jax
 
     n = mesh.devices.size

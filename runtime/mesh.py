@@ -1,15 +1,8 @@
-"""The device mesh of a plan: devices laid on the plan's physical order, cut into named axes.
+"""The device mesh of a plan: devices laid out in the plan's physical order, cut into named axes.
 
-The topology's devices form a grid shaped by its physical dimensions in natural order
-(x, y, z[, core]) — TPU devices placed by their torus coordinates and core index, CPU devices
-in list order. The grid is transposed to `plan.physical_order`, flattened, reshaped to the axis
-sizes in `plan.axis_order`, and transposed to the canonical `AXES` order: the layout the planner
-priced (`Plan.segments()`).
-
-Over several slices, jax's `create_hybrid_device_mesh` groups the devices by slice (its checks
-and its slice order); each slice is laid out as above on its share of the mesh, and the slices
-are the outer part of the data and fsdp axes (`plan.dcn_data` × `plan.dcn_fsdp`), as in the
-hybrid meshes MaxText builds.
+The physical grid (x, y, z[, core]: TPU devices by torus coordinates, CPU devices in list order) is
+transposed to `plan.physical_order`, reshaped to `plan.axis_order`'s sizes and transposed to `AXES`,
+the layout the planner priced. Slices are the outer part of data and fsdp, as in MaxText's meshes.
 """
 from __future__ import annotations
 
@@ -24,8 +17,8 @@ from planner.plan import Plan
 
 
 def device_grid(plan: Plan, devices: Sequence) -> np.ndarray:
-    """The devices as an array shaped by the topology's physical dimensions (natural order);
-    over several slices, one such grid per slice, stacked first in jax's slice order.
+    """The devices shaped by the topology's physical dimensions; over several slices, one grid per
+    slice, stacked first in the slice order of jax's `create_hybrid_device_mesh`.
 
     Raises:
         CpplanError: the devices are not those of the plan's topology.
@@ -75,13 +68,8 @@ def _slice_grid(plan: Plan, devices: Sequence) -> np.ndarray:
 
 
 def build_mesh(plan: Plan, devices: Sequence | None = None) -> Mesh:
-    """The plan's mesh over `devices` (default: all of jax's devices).
+    """The plan's mesh, axes `AXES`, over `devices` (default: all of jax's; or abstract TPU devices).
 
-    Args:
-        plan: the plan; its topology must be the devices'.
-        devices: the devices, e.g. abstract TPU devices for deviceless compilation.
-    Returns:
-        A `Mesh` with axes `AXES` and the plan's sizes.
     Raises:
         CpplanError: the devices do not match the plan's topology.
     """

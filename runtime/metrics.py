@@ -1,7 +1,5 @@
 """What a person watches during a run: a progress bar, per-step JSON lines, TensorBoard scalars.
-
-Only the leading process (process 0) writes. Each step's line is flushed as it is made, so a
-killed run leaves every step it finished. MFU is `cost_models.units.mfu`, the planner's own.
+Only process 0 writes, each line flushed as made, so a killed run leaves every step it finished.
 """
 from __future__ import annotations
 
@@ -30,18 +28,8 @@ def peak_memory_bytes(devices) -> int | None:
 
 
 class StepLog:
-    """Per-step metrics of one run, written by the leading process only.
-
-    Args:
-        run_dir: the run directory (JSON lines and TensorBoard events go there).
-        model_flops: model FLOPs of one step (the cost model's count).
-        tokens_per_step: tokens in one step's batch.
-        num_devices: devices of the plan.
-        peak_flops_per_device: the chip row's peak (MFU's denominator).
-        total_steps: the run's last step, for the progress bar.
-        first_step: the step the run starts at (after a resume).
-        leader: whether this process writes.
-    """
+    """Per-step metrics of one run in `run_dir`, written by the `leader` only; MFU is the planner's own
+    (`cost_models.units.mfu`) against the chip row's `peak_flops_per_device`."""
 
     def __init__(self, run_dir: Path, *, model_flops: float, tokens_per_step: int, num_devices: int,
                  peak_flops_per_device: float, total_steps: int, first_step: int, leader: bool):
@@ -60,11 +48,8 @@ class StepLog:
         self._bar = tqdm(total=total_steps, initial=first_step, unit="step", dynamic_ncols=True)
 
     def step(self, step: int, *, loss: float, seconds: float) -> dict:
-        """Records one finished step (`step` counts from 1).
-
-        Returns:
-            The step's record: step, loss, seconds, tokens per second per chip, MFU.
-        """
+        """Records one finished step (counted from 1) and returns its record: loss, seconds, tokens/s per
+        device, MFU."""
         record = {"step": step, "loss": loss, "step_time_s": seconds,
                   "tokens_per_s_per_device": self.tokens_per_step / seconds / self.num_devices,
                   "mfu": mfu(self.model_flops, seconds, self.num_devices, self.peak)}

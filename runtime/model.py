@@ -1,20 +1,7 @@
-"""A Llama-style decoder in flax: RMSNorm, RoPE, grouped-query attention, and the model's MLP
-(gated, SwiGLU by default, or plain: `ModelSpec.mlp_activations`, as MaxText's MlpBlock), joined
-in the model's block (`ModelSpec.decoder_block`): sequential, as Llama's, or MaxText's parallel one
-(attention and MLP read one normed input, gathered over 'tensor' once, and their outputs are
-summed and reduce-scattered once).
-
-Sized by a `ModelSpec`. Layers are stacked with `nn.scan` (one compiled layer, whatever the
-depth) and rematerialised per the plan's policy with MaxText's checkpoint names. Weights carry
-their mesh sharding (ZeRO-3 over ('fsdp', 'context', 'context_ulysses') on the embed dimension,
-'tensor' on heads and MLP columns; the embedding table's embed dimension over all four); the
-residual stream is pinned to batch × sequence shards, its sequence split over 'tensor' too
-(sequence parallelism: norms, residual sums and the layer input each tensor shard keeps are a
-tensor-th of the tokens, gathered before the column-parallel matmuls and reduce-scattered after
-the row-parallel ones), so the weights are gathered layer by layer. Attention is the plan's
-context-parallel strategy. Token positions are inputs: under zigzag they are the permuted
-positions, so RoPE stays correct.
-Packed rows add segment ids, which keep each document's attention to itself.
+"""A Llama-style decoder in flax, sized by a `ModelSpec`: sequential (Llama) or parallel (MaxText)
+blocks, gated or plain MLP, layers stacked with `nn.scan` and rematerialised under MaxText's
+checkpoint names. Weights are ZeRO-3 sharded and gathered layer by layer; the residual stream is
+split over the sequence, 'tensor' included (sequence parallelism); attention is the plan's strategy.
 """
 from __future__ import annotations
 
@@ -37,35 +24,23 @@ from runtime.layer_gradients import gradients_finished_per_layer
 from cost_models.vocabulary import BATCH_AXES, SEQUENCE_AXES
 from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
 
-# the residual stream between the tensor-parallel matmuls: [batch, seq, embed], the sequence split
-# over the context axes and then over tensor
+# the residual stream [batch, seq, embed]: sequence split over the context axes, then 'tensor'
 RESIDUAL = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"), None)
 RESIDUAL_TOKENS = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"))
-# the devices the embedding table's embed dimension is split over
-EMBED_GROUP = (*WEIGHT_AXES, "tensor")
+EMBED_GROUP = (*WEIGHT_AXES, "tensor")  # the embedding table's embed dimension is split over these
 
-# the MLP's activations by MaxText's names (linears._convert_to_activation_function: "linear" is
-# the identity, any other name flax's function of that name), one for each of `MLP_ACTIVATIONS`
+# the MLP's activations by MaxText's names (linears._convert_to_activation_function)
 ACTIVATION_FUNCTIONS = {"silu": nn.silu, "gelu": nn.gelu, "relu": nn.relu, "sigmoid": nn.sigmoid,
                         "linear": lambda x: x}
-# the parameters of the MLP's input projections: gated (gate, up) or plain
-MLP_INPUT_WEIGHTS = {2: ("w_gate", "w_up"), 1: ("w_in",)}
+MLP_INPUT_WEIGHTS = {2: ("w_gate", "w_up"), 1: ("w_in",)}  # gated or plain MLP
 
 ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
 
 def remat_policy(policy: RematPolicy, custom: tuple = ()):
-    """The jax checkpoint policy of a plan's remat policy: save on device and offload to pinned
-    host memory exactly what the cost model's table says (`cost_models.remat.placements`, and the
-    layer input's `layer_input_placement`), recompute the rest.
-
-    Args:
-        policy: the plan's policy.
-        custom: the plan's `remat_custom` (under `custom`).
-    Returns:
-        A policy for `jax.checkpoint`.
-    """
+    """The `jax.checkpoint` policy of a plan's remat policy (`custom`: its `remat_custom`): keep on
+    device and offload to pinned host exactly what `cost_models.remat` prices; recompute the rest."""
     kept, offloaded = kept_names(policy, custom), offloaded_names(policy, custom)
     if offloaded:
         return jax.checkpoint_policies.save_and_offload_only_these_names(
@@ -97,12 +72,10 @@ def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
 
 
 def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
-    """Embeddings of `[batch, seq]` tokens from a `[vocab, hidden]` table sharded on hidden over
-    `EMBED_GROUP`, laid out as the residual stream (`RESIDUAL`).
+    """Embeddings of `[batch, seq]` tokens as `RESIDUAL`, from a table split on hidden over `EMBED_GROUP`.
 
-    Each device looks up the tokens of its whole group in its own hidden slice, then one
-    all-to-all hands every device its own tokens with the full hidden vector: the table is never
-    gathered, and its gradient stays a shard.
+    Each device looks up its group's tokens in its hidden slice and one all-to-all returns its own
+    tokens' full vectors, so the table is never gathered and its gradient stays a shard.
     """
     def local(tab, tok):
         batch, length = tok.shape
@@ -129,25 +102,10 @@ def mlp_chunk(plan: Plan) -> int:
 
 def mlp_block(y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, activations: tuple[str, ...],
               plan: Plan, mesh: Mesh) -> jax.Array:
-    """The MLP as MaxText's MlpBlock computes it, act_0(x·wi_0) · act_1(x·wi_1) · ... then ·wo
-    (gated with two activations, e.g. SwiGLU's silu and linear; plain with one), tensor-parallel
-    over 'tensor', in chunks of the device's tokens: the input is all-gathered over 'tensor' first
-    and the output reduce-scattered back (sequence parallelism).
-
-    Each chunk is its own checkpoint under the plan's remat policy, so when the policy keeps no
-    MLP output (full, save_dot_except_mlp) the backward holds one chunk's intermediates, not the
-    whole sequence's; under minimal_with_context the named outputs are kept as the policy says.
-
-    Args:
-        y: `[batch, seq, hidden]` normed input, laid out as `RESIDUAL`.
-        w_in: one `[hidden, intermediate]` input projection per activation.
-        w_out: `[intermediate, hidden]`.
-        activations: the activation of each input projection (`ModelSpec.mlp_activations`).
-        plan: the plan (remat policy, shardings).
-        mesh: the plan's mesh.
-    Returns:
-        `[batch, seq, hidden]`, laid out as `RESIDUAL`.
-    """
+    """MaxText's MlpBlock, act_0(y·w_in[0]) · act_1(y·w_in[1]) ⋯ · w_out, on `RESIDUAL` in and out:
+    tensor-parallel, `y` gathered over 'tensor' and the output reduce-scattered (sequence parallelism).
+    Each token chunk is its own checkpoint, so a policy that keeps no MLP output holds one chunk's
+    intermediates in the backward, not the sequence's."""
     def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
         return _scatter_tokens(_mlp_partial_sums(y, weights, activations=activations, plan=plan))
@@ -164,33 +122,21 @@ OUT_WEIGHT = P("tensor", None, WEIGHT_AXES)
 
 
 def _scatter_tokens(partial_sums: jax.Array) -> jax.Array:
-    """Inside a shard_map: a row-parallel matmul's partial sums `[b, s, hidden]` over the device's
-    slice of 'tensor', summed and reduce-scattered onto the residual's tokens (sequence parallelism)."""
+    """Inside a shard_map: row-parallel partial sums `[b, s, hidden]` reduce-scattered onto the residual's tokens."""
     return jax.lax.psum_scatter(partial_sums, "tensor", scatter_dimension=1, tiled=True)
 
 
 def _out_projection(ctx: jax.Array, wo: jax.Array) -> jax.Array:
-    """Inside a shard_map: the attention's out projection of a device's heads `ctx` `[b, s, heads,
-    head_dim]`, its `wo` shard gathered over the weight axes; returns the unreduced partial sums
-    `[b, s, hidden]`. Gathering the weight here, not leaving the layout to XLA, is what keeps the
-    partitioner from gathering the attention output over context instead (v5p, context × tensor)."""
+    """Inside a shard_map: the out projection's unreduced partial sums `[b, s, hidden]` of a device's heads.
+    Gathering `wo` here keeps the partitioner from gathering the attention output over context instead
+    (evidence: docs/provenance/runtime.md#model)."""
     wo = jax.lax.all_gather(wo, WEIGHT_AXES, axis=2, tiled=True)
     return jnp.einsum("bshk,hkd->bsd", ctx, wo)
 
 
 def attention_out_projection(ctx: jax.Array, wo: jax.Array, *, mesh: Mesh) -> jax.Array:
-    """A sequential block's attention out projection, row-parallel over 'tensor': `wo` gathered
-    over the weight axes, the partial sums reduce-scattered onto the residual's tokens, and the
-    result named `out_proj` for the remat policy (outside the shard_map, so that jax reports the
-    residual it saves by that name).
-
-    Args:
-        ctx: `[batch, seq, heads, head_dim]` attention output, laid out as `HEADS`.
-        wo: `[heads, head_dim, hidden]`, laid out as `OUT_WEIGHT`.
-        mesh: the plan's mesh.
-    Returns:
-        `[batch, seq, hidden]`, laid out as `RESIDUAL`.
-    """
+    """A sequential block's row-parallel out projection, `HEADS` to `RESIDUAL`, named `out_proj`
+    outside the shard_map so that jax saves the residual by that name."""
     def local(ctx, wo):
         return _scatter_tokens(_out_projection(ctx, wo))
 
@@ -199,9 +145,8 @@ def attention_out_projection(ctx: jax.Array, wo: jax.Array, *, mesh: Mesh) -> ja
 
 
 def _mlp_partial_sums(y: jax.Array, weights: tuple, *, activations: tuple[str, ...], plan: Plan) -> jax.Array:
-    """Inside a shard_map: the MLP of a device's gathered tokens `y` `[b, s, hidden]` over its
-    slice of the intermediate columns, in chunks (`mlp_block`), the weights' shards gathered over
-    the weight axes; returns the unreduced partial sums `[b, s, hidden]`."""
+    """Inside a shard_map: `mlp_block`'s unreduced partial sums `[b, s, hidden]` over the device's
+    intermediate columns, in checkpointed token chunks."""
     chunk = mlp_chunk(plan)
     policy = remat_policy(plan.remat, plan.remat_custom)
     functions = [ACTIVATION_FUNCTIONS[name] for name in activations]
@@ -223,18 +168,9 @@ GATHERED_COPIES = P("tensor", *ACTIVATIONS)
 
 def parallel_block_inputs(y: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, *, mesh: Mesh
                           ) -> tuple[jax.Array, ...]:
-    """A parallel block's one all-gather over 'tensor' of its normed input, and what both branches
-    read of it: the q, k, v projections (heads split over 'tensor', before RoPE) and the gathered
-    input itself, one copy per tensor shard (`GATHERED_COPIES`). Its backward sums the gradients
-    of both branches on each device and reduce-scatters them once.
-
-    Args:
-        y: `[batch, seq, hidden]` normed input, laid out as `RESIDUAL`.
-        wq: `[hidden, heads, head_dim]`; wk, wv: `[hidden, kv_heads, head_dim]`.
-        mesh: the plan's mesh.
-    Returns:
-        `(q, k, v, gathered)`: q, k, v laid out as `HEADS`, gathered as `GATHERED_COPIES`.
-    """
+    """A parallel block's one all-gather over 'tensor' of its normed input `y` (`RESIDUAL`): returns
+    `(q, k, v, gathered)`, q, k, v before RoPE as `HEADS` and the input as `GATHERED_COPIES`. Its
+    backward sums both branches' gradients and reduce-scatters them once."""
     def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
         q, k, v = (jnp.einsum("bsd,dhk->bshk", y, jax.lax.all_gather(w, WEIGHT_AXES, axis=0, tiled=True))
@@ -247,22 +183,8 @@ def parallel_block_inputs(y: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Ar
 
 def parallel_block_outputs(gathered: jax.Array, ctx: jax.Array, wo: jax.Array, w_in: tuple[jax.Array, ...],
                            w_out: jax.Array, *, activations: tuple[str, ...], plan: Plan, mesh: Mesh) -> jax.Array:
-    """A parallel block's two branch outputs, summed and reduce-scattered over 'tensor' once: the
-    attention's out projection and the MLP (as `mlp_block`, on the input `parallel_block_inputs`
-    gathered).
-
-    Args:
-        gathered: the gathered normed input, laid out as `GATHERED_COPIES`.
-        ctx: `[batch, seq, heads, head_dim]` attention output, laid out as `HEADS`.
-        wo: `[heads, head_dim, hidden]`.
-        w_in: one `[hidden, intermediate]` input projection per activation.
-        w_out: `[intermediate, hidden]`.
-        activations: the MLP's activations (`ModelSpec.mlp_activations`).
-        plan: the plan (remat policy, shardings).
-        mesh: the plan's mesh.
-    Returns:
-        `attention_out + mlp_out`, `[batch, seq, hidden]`, laid out as `RESIDUAL`.
-    """
+    """A parallel block's out projection of `ctx` plus its MLP of `gathered`, summed and
+    reduce-scattered over 'tensor' once, laid out as `RESIDUAL`."""
     def local(gathered, ctx, wo, *weights):
         attention_out = checkpoint_name(_out_projection(ctx, wo), "out_proj")
         return _scatter_tokens(attention_out + _mlp_partial_sums(gathered[0], weights, activations=activations,
@@ -273,8 +195,7 @@ def parallel_block_outputs(gathered: jax.Array, ctx: jax.Array, wo: jax.Array, w
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer, sequential or parallel (`ModelSpec.decoder_block`); returns
-    `(x, None)` for `nn.scan`."""
+    """One pre-norm decoder layer, sequential or parallel; returns `(x, None)` for `nn.scan`."""
 
     plan: Plan
     mesh: Mesh
@@ -285,8 +206,7 @@ class DecoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x, positions, segment_ids=None):
         m, plan = self.plan.model, self.plan
-        # MaxText's name for the layer input: a policy that offloads it keeps only the host copy for
-        # the backward (the layer reads only the named value), else jax keeps the input on device
+        # MaxText's name for the layer input: a policy that offloads it keeps only the host copy
         x = checkpoint_name(x, LAYER_INPUT)
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
@@ -307,51 +227,35 @@ class DecoderLayer(nn.Module):
         return self.constrain(x + down, RESIDUAL), None
 
     def qkv_weights(self, w):
-        """The attention's projections in the compute dtype: `(wq, wk, wv)`, each `[hidden, heads,
-        head_dim]` (query or KV heads) laid out as `QKV_WEIGHT`."""
+        """`(wq, wk, wv)` in the compute dtype, each `[hidden, heads, head_dim]` as `QKV_WEIGHT`."""
         m = self.plan.model
         return tuple(w(name, (m.hidden, heads, m.head_dim), tuple(QKV_WEIGHT))
                      for name, heads in (("wq", m.num_heads), ("wk", m.num_kv_heads), ("wv", m.num_kv_heads)))
 
     def attention(self, q, k, v, positions, segment_ids, *, constrain_heads: bool):
-        """Both blocks' attention of the projected q, k, v: RoPE on q and k, then q, k, v named for
-        the remat policy — after RoPE, as MaxText names them, so a kept q or k needs no RoPE again —,
-        and the plan's context-parallel attention, whose kernel (or ring) saves its output as
-        `ATTENTION_OUTPUT`.
+        """RoPE on q and k, then q, k, v named for the remat policy (after RoPE, as MaxText, so a kept
+        q or k needs no RoPE again) and the plan's context-parallel attention, laid out as `HEADS`.
 
-        Args:
-            q, k, v: `[batch, seq, heads, head_dim]` projections, before RoPE.
-            positions: `[batch, seq]` the tokens' positions, for RoPE.
-            segment_ids: `[batch, seq]` document ids of packed rows, or None.
-            constrain_heads: lay q, k, v out as `HEADS` after RoPE. The sequential block's
-                projections need it: constrained before RoPE instead, its all-gather step compiles
-                to another program (v5p, context × tensor: FLOPs +0.04%). The parallel block's leave
-                `parallel_block_inputs` as `HEADS` already, and constraining them again changes its
-                compiled Ulysses step (the saved residuals' layouts).
-        Returns:
-            `[batch, seq, heads, head_dim]`, laid out as `HEADS`.
+        `constrain_heads` lays q, k, v out as `HEADS` after RoPE: the sequential block needs it; the
+        parallel block's are `HEADS` already (docs/provenance/runtime.md#model).
         """
         lay_out = (lambda t: self.constrain(t, HEADS)) if constrain_heads else (lambda t: t)
         q, k, v = (checkpoint_name(lay_out(t), name)
                    for t, name in zip((rope(q, positions), rope(k, positions), v), QKV_CHECKPOINTS))
-        # the output is left unnamed: naming this layout of the saved residual too would keep a
-        # second copy (MaxText keeps one). The backward lays the saved one out again for the out
-        # projection's weight gradient: a local relayout, or behind Ulysses/USP the output
-        # all-to-all once more (priced in `cost_models.strategies.ulysses.all_to_all_cost`)
+        # the output stays unnamed: the kernel saves it as ATTENTION_OUTPUT, and naming this layout
+        # too would keep a second copy (MaxText keeps one)
         return sharded_attention(q, k, v, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids)
 
     def mlp_weights(self, w):
-        """The MLP's parameters in the compute dtype: `(input projections, output projection)`, laid
-        out as `MLP_WEIGHT_SPECS` (gated: w_gate, w_up; plain: w_in; then w_down)."""
+        """`(input projections, w_down)` in the compute dtype, laid out as `MLP_WEIGHT_SPECS`."""
         d, f = self.plan.model.hidden, self.plan.model.intermediate
         names = MLP_INPUT_WEIGHTS[self.plan.model.mlp_inputs]
         w_in = tuple(w(name, (d, f), tuple(spec)) for name, spec in zip(names, MLP_WEIGHT_SPECS))
         return w_in, w("w_down", (f, d), tuple(MLP_WEIGHT_SPECS[-1]))
 
     def parallel_block(self, x, positions, segment_ids, w):
-        """MaxText's parallel block (`decoder_block=default`): `x + attention(y) + mlp(y)` with
-        `y = norm(x)`, gathered over 'tensor' once for both branches and their sum
-        reduce-scattered once (`parallel_block_inputs`, `parallel_block_outputs`)."""
+        """MaxText's parallel block: `x + attention(y) + mlp(y)`, `y = norm(x)` gathered over 'tensor'
+        once and the sum reduce-scattered once."""
         m, plan = self.plan.model, self.plan
         d, h, hd = m.hidden, m.num_heads, m.head_dim
         norm = _param(self, "attn_norm", (d,), (None,), init=nn.initializers.ones, dtype=jnp.dtype(plan.param_dtype))
@@ -372,13 +276,8 @@ class Llama(nn.Module):
     @nn.compact
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-        """Args:
-            tokens: `[batch, seq]` int32, in the plan's token order.
-            positions: `[batch, seq]` the tokens' positions in the sequence (in their document, when packed).
-            segment_ids: `[batch, seq]` int32 document ids of packed rows, same order, or None.
-        Returns:
-            `(hidden [batch, seq, hidden] in the compute dtype, head [hidden, vocab] in the compute dtype)`.
-        """
+        """`[batch, seq]` tokens, their positions (per document when packed) and segment ids (or None),
+        in the plan's token order, to `(hidden [batch, seq, hidden], head [hidden, vocab])` in the compute dtype."""
         m, plan = self.plan.model, self.plan
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         embed = _param(self, "embed", (m.vocab, m.hidden), (None, EMBED_GROUP), dtype=pdt)

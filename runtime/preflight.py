@@ -1,10 +1,6 @@
-"""Pre-flight: compile the chosen plan ahead of time, and fall back when the compiler says no.
-
-Before the first step the training step is compiled for the devices present. On TPUs a plan
-that does not fit fails in the compiler (`CompileTimeHbmOom`); elsewhere (a CPU host) the
-compiler's memory figures (`CompiledMemory.hbm_bytes_per_device`) are held against the chip
-row's memory. Either way the run moves to the planner's next-ranked plan and says why. The
-executable that passed is the one the run uses: nothing compiles twice.
+"""Pre-flight: compile the ranked plans best first until one fits, and run the executable that passed.
+On TPUs a misfit fails in the compiler (`CompileTimeHbmOom`); elsewhere the compiler's figures are
+held against the chip row's memory. Each plan left behind says why.
 """
 from __future__ import annotations
 
@@ -20,25 +16,15 @@ from runtime.compile import CompiledMemory, parse_hbm_oom
 
 @dataclass(frozen=True)
 class Attempt:
-    """One plan compiled in the pre-flight.
-
-    Attributes:
-        plan: the plan.
-        rank: its place in the planner's ranking (1 = best).
-        fits: whether the compiled step fits the device's memory.
-        compile_s: lowering plus compiling.
-        required_bytes: per-device bytes the compiler reports (None where it reports none).
-        available_bytes: the device's memory the step is held against.
-        reason: why it does not fit (the compiler's words or the figures), else empty.
-    """
+    """One plan compiled in the pre-flight."""
 
     plan: Plan
-    rank: int
+    rank: int  # place in the planner's ranking, 1 = best
     fits: bool
-    compile_s: float
-    required_bytes: int | None
-    available_bytes: int
-    reason: str = ""
+    compile_s: float  # lowering plus compiling
+    required_bytes: int | None  # per device, as the compiler reports it (None where it reports none)
+    available_bytes: int  # the device memory the step is held against
+    reason: str = ""  # why it does not fit: the compiler's words or the figures
 
     def __str__(self) -> str:
         need = "n/a" if self.required_bytes is None else _size(self.required_bytes)
@@ -51,17 +37,10 @@ class Attempt:
 
 @dataclass
 class Preflight:
-    """The pre-flight's outcome: every attempt, and the plan that passed with its compiled step.
-
-    Attributes:
-        attempts: the plans compiled, in order.
-        trainer: the `runtime.train.Trainer` of the plan that passed.
-        compiled: its compiled training step.
-        memory: its compiler memory figures (None where the backend reports none).
-    """
+    """The pre-flight's outcome: every attempt, and the plan that passed with its compiled step."""
 
     attempts: list[Attempt] = field(default_factory=list)
-    trainer: object = None
+    trainer: object = None  # the passing plan's runtime.train.Trainer
     compiled: object = None
     memory: CompiledMemory | None = None
 
@@ -72,17 +51,10 @@ class Preflight:
 
 def preflight(plans: Sequence[Plan], *, devices, packed: bool = False, max_attempts: int = 4,
               available_bytes: int | None = None, on_attempt=None) -> Preflight:
-    """Compiles the plans best first until one fits the devices' memory.
+    """Compiles `plans` (ranked, best first) on `devices` until one fits `available_bytes` per device
+    (default: the chip row's), trying at most `max_attempts`; `packed` compiles the step with segment
+    ids; `on_attempt` gets each `Attempt` as it is made.
 
-    Args:
-        plans: the planner's ranked plans, best first.
-        devices: the devices to build the mesh on (all processes').
-        packed: compile the step that takes segment ids (packed documents).
-        max_attempts: plans to try before giving up.
-        available_bytes: memory per device to hold the step against (default: the chip row's).
-        on_attempt: called with each `Attempt` as it is made (to say why a plan was left).
-    Returns:
-        The `Preflight`, with the compiled step of the first plan that fits.
     Raises:
         CpplanError: none of the first `max_attempts` plans fits.
     """

@@ -1,9 +1,6 @@
-"""Running a plan: compile its step, time a few steps, and report what was measured.
-
-Step time is the median over the steps after the first. MFU is `cost_models.units.mfu`: model
-FLOPs exactly as the cost model counts them, against the chip row's peak per device — the same
-peak the prediction uses, so predicted and measured MFU differ only by their step times. (On a
-`cpu:N` host that row is the one `cpplan calibrate` measured, via `CPPLAN_CHIP_DIR`.)
+"""Running a plan: compile its step, time a few steps and report. MFU is `cost_models.units.mfu` against
+the chip row's peak, as the prediction's, so predicted and measured MFU differ only by step time (on
+`cpu:N`, the row `cpplan calibrate` measured, via `CPPLAN_CHIP_DIR`).
 """
 from __future__ import annotations
 
@@ -20,29 +17,17 @@ from runtime.compile import CompiledMemory
 
 @dataclass(frozen=True)
 class RunReport:
-    """Measured figures of a run.
-
-    Attributes:
-        plan: the plan run.
-        compile_s: lowering + compiling the step.
-        step_times_s: wall time of every step (the first includes nothing of compilation).
-        losses: loss of every step.
-        model_flops: model FLOPs of one step (the cost model's count).
-        memory: the compiled step's memory figures (None where the backend reports none).
-        first_step: steps done before these (a resumed run's checkpoint).
-        stopped: whether the run was asked to stop before its last step.
-        peak_memory_bytes: the devices' peak bytes in use, where the backend reports it.
-    """
+    """Measured figures of a run."""
 
     plan: Plan
-    compile_s: float
-    step_times_s: tuple[float, ...]
+    compile_s: float  # lowering + compiling the step
+    step_times_s: tuple[float, ...]  # wall time of every step (the first includes no compiling)
     losses: tuple[float, ...]
-    model_flops: float
-    memory: CompiledMemory | None = None
-    first_step: int = 0
-    stopped: bool = False
-    peak_memory_bytes: int | None = None
+    model_flops: float  # of one step, as the cost model counts them
+    memory: CompiledMemory | None = None  # None where the backend reports none
+    first_step: int = 0  # steps done before these (a resumed run's checkpoint)
+    stopped: bool = False  # asked to stop before its last step
+    peak_memory_bytes: int | None = None  # the devices' peak bytes in use, where the backend reports it
 
     @property
     def step_time_s(self) -> float:
@@ -83,17 +68,9 @@ class RunReport:
 
 def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed: int = 0,
         devices=None) -> RunReport:
-    """Runs `steps` training steps of a plan on the devices present.
+    """Runs `steps` training steps of a plan on `devices` (default: all of jax's; the plan's topology
+    must be theirs), on byte tokens of the text file `data` or synthetic ones (None), seeded by `seed`.
 
-    Args:
-        plan: the plan; its topology must be the devices present (`cpu:8` with 8 virtual devices).
-        steps: number of steps (at least 1; the median skips the first).
-        data: a text file read as byte tokens, or None for synthetic tokens.
-        seed: parameter and data seed.
-        devices: the devices to run on (default: all of jax's devices), e.g. one device for a
-            `cpu:1` reference run on a host with 8 virtual devices.
-    Returns:
-        A `RunReport`.
     Raises:
         CpplanError: bad step count, devices that do not match the plan, or a plan that cannot run.
     """

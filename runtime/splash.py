@@ -1,25 +1,9 @@
 """The splash attention kernel (jax's Pallas TPU kernel) behind one small interface.
 
-Every strategy calls attention on local blocks through this module. It builds the kernel's
-block-sparsity metadata (`MaskInfo`) arithmetically from block coordinates — O(blocks), never
-O(S²) — for the two masks a plan needs: *causal* (query positions given per query block, keys in
-natural order, so the same code serves a rank's zigzag query chunks against gathered keys) and
-*full* (no metadata: a ring hop from an earlier rank, and every call of a model whose mask is
-full, `ModelSpec.causal=False`). It checks the metadata against the chip's scalar memory
-(SMEM), and exposes three calls:
-
-- `attend`: output only, differentiable through splash's own custom VJP;
-- `attend_with_lse`: output and log-sum-exp (forward only, for ring hops merged by logsumexp);
-- `attend_bwd`: dq, dk, dv of one block given the *merged* output and log-sum-exp, which is
-  exactly the block's share of the gradient of the merged attention.
-
-Splash does not scale the logits: callers scale q by 1/sqrt(head_dim) once. Arrays here are
-`[heads, seq, head_dim]`; grouped-query attention needs heads to be a multiple of kv heads.
-
-Packed documents: `Kernel.with_segments(q_ids, kv_ids)` adds segment ids with a leading batch
-axis (`[batch, q_len]`, `[batch, kv_len]`) to a kernel's mask: a query then sees a key only
-when their ids are equal. The heads axis holds batch-major folded heads, and the kernel is
-mapped over the batch, since splash takes one row of ids per call.
+Causal or full block metadata is built arithmetically (O(blocks), never O(S²)) and checked against
+the chip's SMEM. `attend` is differentiable; `attend_with_lse` and `attend_bwd` serve blocks merged by
+log-sum-exp. Splash does not scale logits: callers scale q. Arrays are `[heads, seq, head_dim]`, the
+heads a multiple of the kv heads.
 """
 from __future__ import annotations
 
@@ -38,9 +22,8 @@ from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
 from cost_models.strategies.base import SPLASH_LANES
 
-# the kernel's output and log-sum-exp, kept for its backward, go by the attention output's
-# checkpoint name: a remat policy that keeps "context" then keeps them and does not run the
-# forward kernel again in the backward pass (one that does not keep it recomputes them)
+# the kernel's saved output and log-sum-exp go by the attention output's checkpoint name, so a
+# policy that keeps "context" does not run the forward kernel again in the backward
 RESIDUALS_NAME = ATTENTION_OUTPUT
 SegmentIds = sk.SegmentIds
 
@@ -52,22 +35,15 @@ def causal_mask_function(q_ids, kv_ids):
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Static settings shared by every kernel call of a step.
+    """Static settings shared by every kernel call of a step."""
 
-    Attributes:
-        block_q: query block size (upper bound; a shorter sequence uses its own length).
-        block_kv: key/value block size (upper bound, likewise).
-        interpret: run the Pallas kernel in interpret mode (CPU) instead of Mosaic (TPU).
-        smem_bytes: the chip's scalar memory; 0 skips the check (CPU).
-    """
-
-    block_q: int
-    block_kv: int
-    interpret: bool
-    smem_bytes: int = 0
+    block_q: int  # upper bound: a shorter call uses its own length
+    block_kv: int  # likewise
+    interpret: bool  # Pallas interpret mode (CPU) instead of Mosaic (TPU)
+    smem_bytes: int = 0  # the chip's scalar memory; 0 skips the check (CPU)
 
     def blocks(self, q_len: int, kv_len: int) -> tuple[int, int]:
-        """Block sizes for a `q_len` × `kv_len` call, checked against the kernel's rules.
+        """Block sizes for a `q_len` × `kv_len` call.
 
         Raises:
             CpplanError: a length is not a multiple of its block, or a key block is not a multiple of 128.
@@ -98,9 +74,8 @@ def _downcast(array: np.ndarray) -> np.ndarray:
 
 
 def _next_data(any_blocks: np.ndarray, *, is_dkv: bool) -> np.ndarray:
-    """`data_next` as splash defines it: for each grid step, the block index (kv for the forward
-    and dq kernels, q for the dkv kernel) of the first non-empty block at or after that step in the
-    kernel's iteration order, wrapping to the first non-empty block."""
+    """Splash's `data_next`: per grid step, the index (kv for forward and dq, q for dkv) of the first
+    non-empty block at or after it in the kernel's iteration order, wrapping round."""
     nq, nk = any_blocks.shape
     flat = (any_blocks.T if is_dkv else any_blocks).ravel()
     positions = np.where(flat, np.arange(flat.size), flat.size)
@@ -116,19 +91,9 @@ def _next_data(any_blocks: np.ndarray, *, is_dkv: bool) -> np.ndarray:
 
 def causal_blocks(q_block_starts: np.ndarray, kv_len: int, bq: int, bkv: int) -> tuple[np.ndarray, np.ndarray,
                                                                                         np.ndarray]:
-    """Block metadata of a causal mask from the global position of each query block's first token.
-
-    Query blocks hold consecutive positions; keys are positions 0..kv_len-1 in order.
-
-    Args:
-        q_block_starts: `[..., nq]` position of the first query of each block.
-        kv_len: number of keys.
-        bq: query block size.
-        bkv: key block size.
-    Returns:
-        `(block_mask, data_next_fwd, data_next_dkv)`, each `[..., nq, nk]` int32; block_mask is
-        0 (empty), 1 (partial) or 2 (full), as splash encodes it.
-    """
+    """Causal metadata `(block_mask, data_next_fwd, data_next_dkv)`, each `[..., nq, nk]` int32, from each
+    query block's first position `[..., nq]` (keys are 0..kv_len-1); block_mask is splash's 0 (empty),
+    1 (partial) or 2 (full)."""
     starts = np.asarray(q_block_starts, dtype=np.int64)[..., None]
     kv_first = np.arange(kv_len // bkv, dtype=np.int64) * bkv
     any_ = starts + bq - 1 >= kv_first
@@ -142,26 +107,20 @@ def causal_blocks(q_block_starts: np.ndarray, kv_len: int, bq: int, bkv: int) ->
 
 @dataclass(frozen=True)
 class Kernel:
-    """A splash kernel for one local mask: its metadata and static settings.
-
-    `fwd`, `dq`, `dkv` are splash MaskInfos (arrays may be traced, e.g. selected per rank);
-    `mask_function` is None for a full mask; `segments` are the packed documents' ids (batched
-    `SegmentIds`), or None.
-    """
+    """A splash kernel for one local mask: its MaskInfos (arrays may be traced) and static settings."""
 
     fwd: MaskInfo
     dq: MaskInfo
     dkv: MaskInfo
-    mask_function: object
+    mask_function: object  # None for a full mask
     block_sizes: sk.BlockSizes
     interpret: bool
-    segments: SegmentIds | None = None
+    segments: SegmentIds | None = None  # packed documents' ids, batched
 
     def with_segments(self, q_ids: jax.Array | None, kv_ids: jax.Array | None) -> "Kernel":
-        """This kernel, also masked by document: `[batch, q_len]` and `[batch, kv_len]` ids, or None
-        (unpacked; the kernel is returned as is). Splash's dK/dV kernel reads query ids across its
-        lanes, so query blocks must be multiples of 128: every strategy spec already requires
-        query calls of such lengths (`cost_models.strategies`), so packing adds no rule."""
+        """This kernel also masked by document (`[batch, q_len]`, `[batch, kv_len]` ids; None: unpacked).
+        Splash's dK/dV kernel reads query ids across lanes, so query blocks must be multiples of 128,
+        which every strategy's calls already are."""
         if q_ids is None:
             return self
         return dataclasses.replace(self, segments=SegmentIds(q_ids, kv_ids))
@@ -214,8 +173,7 @@ def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
 
 
 def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, causal: bool) -> Kernel:
-    """The kernel of a local block the model's mask decides: `causal_kernel` (query i sees keys
-    0..i) or, for a model with a full mask, `full_kernel`.
+    """`causal_kernel`, or `full_kernel` for a model with a full mask.
 
     Raises:
         CpplanError: bad block sizes, or causal metadata that overflows SMEM.
@@ -224,16 +182,10 @@ def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, causal: bool)
 
 
 def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: KernelConfig) -> Kernel:
-    """A causal kernel whose queries sit at different global positions on each rank.
+    """A causal kernel whose queries sit at different positions on each rank: `q_positions` `[ranks,
+    q_len]` (consecutive within a query block), keys 0..kv_len-1; the tables' row is picked by `rank`
+    (traced inside `shard_map`).
 
-    Args:
-        q_positions: `[ranks, q_len]` global position of every local query on each rank; each
-            query block must hold consecutive positions.
-        kv_len: keys are the positions 0..kv_len-1 in natural order.
-        rank: this device's rank (a traced scalar inside `shard_map`).
-        config: block sizes and mode.
-    Returns:
-        A kernel whose metadata is this rank's row of tables built for all ranks.
     Raises:
         CpplanError: a query block straddles two runs of positions, or the metadata overflows SMEM.
     """
@@ -276,10 +228,8 @@ def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
 
 def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only.
-
-    A query that sees no key of the call (packed documents) gets a log-sum-exp near splash's
-    mask value (about −2.4e38), so merging it with other calls by log-sum-exp gives it no weight.
-    """
+    A query that sees no key (packed documents) gets a log-sum-exp near splash's mask value, so a
+    log-sum-exp merge gives it no weight."""
     def call(q, k, v, ids):
         out, (lse,) = kernel.splash(save_residuals=True)(q, k, v, segment_ids=ids)
         return out, lse
@@ -288,16 +238,9 @@ def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) ->
 
 
 def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Gradients of one block, given the merged output and log-sum-exp of all blocks.
-
-    With the merged `out` and `lse`, splash's backward kernels compute P = exp(s − lse) and
-    dS = P ⊙ (dP − rowsum(out ⊙ d_out)): this block's exact share of the merged gradient.
-    (jax exposes no public entry for the backward kernels alone; this calls the one its custom
-    VJP uses.)
-
-    Returns:
-        `(dq, dk, dv)` shaped like q, k, v.
-    """
+    """`(dq, dk, dv)` of one block given the merged `out` and `lse` of all blocks: splash's backward
+    then computes P = exp(s − lse), dS = P ⊙ (dP − rowsum(out ⊙ d_out)), the block's exact share of
+    the merged gradient. Calls the private entry of splash's custom VJP (jax has no public one)."""
     def call(q, k, v, out, lse, d_out, ids):
         residuals = (q, k, v, ids, None, out, lse, kernel.dq, kernel.dkv)
         _, _, _, dq, dk, dv, _, _ = sk._splash_attention_bwd(

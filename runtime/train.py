@@ -1,11 +1,7 @@
-"""The training step of a plan: parameters, AdamW state and the jitted step, all sharded.
+"""A plan's training step: sharded parameters, AdamW state and the jitted step (state donated).
 
-`Trainer(plan, mesh)` holds the model, the optimizer and the shardings; `init` creates sharded
-parameters and optimizer state, `step` is jitted once (parameters and optimizer state donated),
-and `abstract_state` gives shape-only inputs for deviceless compilation. Batches arrive in
-natural token order and are permuted once to the plan's order (`prepare_batch`); packed rows
-bring segment ids (None otherwise), from which come per-document positions and the targets
-that do not cross a document (`runtime.data.packing`).
+Batches arrive in natural token order and are permuted once to the plan's order (`prepare_batch`);
+`abstract_state` gives shape-only inputs for deviceless compilation.
 """
 from __future__ import annotations
 
@@ -31,25 +27,14 @@ WEIGHT_DECAY = 0.1
 
 
 def make_optimizer(learning_rate: float = LEARNING_RATE, *, mu_dtype: str = "float32") -> optax.GradientTransformation:
-    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1).
-
-    Args:
-        learning_rate: the step size.
-        mu_dtype: the first moment's dtype (MaxText's `mu_dtype`); the second moment takes the
-            parameters' dtype.
-    Returns:
-        The optax transformation.
-    """
+    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1), the first moment
+    in `mu_dtype` (MaxText's), the second in the parameters' dtype."""
     return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=WEIGHT_DECAY, mu_dtype=jnp.dtype(mu_dtype))
 
 
 class Trainer:
-    """A plan's training step on a mesh.
+    """A plan's training step on a mesh from `runtime.build_mesh(plan, ...)`; the plan is checked first.
 
-    Args:
-        plan: the plan; checked before anything compiles.
-        mesh: from `runtime.build_mesh(plan, ...)`.
-        learning_rate: AdamW learning rate.
     Raises:
         CpplanError: the plan cannot run as laid out.
     """
@@ -98,30 +83,15 @@ class Trainer:
 
     # -- running ---------------------------------------------------------------------------
     def init(self, seed: int = 0):
-        """Sharded parameters and AdamW state, created on the devices (nothing whole on one device).
-
-        Args:
-            seed: parameter initialisation seed.
-        Returns:
-            `(params, opt_state)`.
-        """
+        """`(params, opt_state)`, sharded and created on the devices (nothing whole on one device)."""
         params = jax.jit(lambda r: _unbox(self._init_variables(r)), out_shardings=self.param_shardings)(
             jax.random.PRNGKey(seed))
         opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
         return params, opt_state
 
     def loss(self, params, tokens, targets, positions, segment_ids=None):
-        """Mean next-token loss of a batch already in the plan's token order.
-
-        Args:
-            params: the model variables (`{"params": ...}`).
-            tokens: `[batch, seq]` int32 inputs, in the plan's token order.
-            targets: `[batch, seq]` int32 next tokens, same order (negative: not learned).
-            positions: `[batch, seq]` int32 positions of the tokens in their sequence (RoPE).
-            segment_ids: `[batch, seq]` int32 document ids of packed rows, same order, or None.
-        Returns:
-            A replicated fp32 scalar.
-        """
+        """Mean next-token loss, a replicated fp32 scalar, of `[batch, seq]` int32 arrays in the plan's
+        token order (negative targets are not learned; segment_ids None unless packed)."""
         hidden, head = self.model.apply(params, tokens, positions, segment_ids)
         return cross_entropy(hidden, head, targets, plan=self.plan, mesh=self.mesh)
 
@@ -155,19 +125,9 @@ class Trainer:
                        donate_argnums=(0, 1))
 
     def prepare_batch(self, sequences: np.ndarray, segment_ids: np.ndarray | None = None, *, first_row: int = 0):
-        """Inputs, targets, positions and segment ids of natural-order rows, permuted once to the plan's order.
-
-        Each process gives the rows its devices hold (all of them in a single process); every
-        device's shard is cut from those rows, so the batch never travels between processes.
-
-        Args:
-            sequences: `[rows, seq_len+1]` tokens in natural order: rows `first_row ..` of the batch.
-            segment_ids: their `[rows, seq_len+1]` document ids when packed (`runtime.data.Batch`), or None.
-            first_row: index in the global batch of the first row given.
-        Returns:
-            `(tokens, targets, positions, segment_ids)`, each `[global_batch, seq_len]` int32, sharded over
-            batch and sequence; segment_ids is None when not packed.
-        """
+        """`(tokens, targets, positions, segment_ids)`, `[global_batch, seq_len]` and sharded, of natural-order
+        `[rows, seq_len+1]` rows from `first_row` on, permuted to the plan's order. Each process gives the
+        rows its devices hold, so the batch never travels between processes; segment_ids None: unpacked."""
         order = token_order(self.plan.seq_len, self.plan.axis_size("context"),
                             self.plan.load_balance is LoadBalance.ZIGZAG)
         shape = (self.plan.global_batch, self.plan.seq_len)

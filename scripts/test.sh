@@ -75,9 +75,9 @@ beside_maxtext() {
 # calibration and validation harness (it times the same runtime steps the runtime tests run here),
 # and the parallel-block and plain-MLP layers (the same jax calls as the default layer, whose
 # training steps the runtime tests run here against the one-device step).
-STAGE3_IGNORE=(--ignore=tests/test_conformance.py --ignore=tests/test_runtime_examples.py
-               --ignore=tests/test_faults.py --ignore=tests/test_validation.py
-               --ignore=tests/test_parallel_block_runtime.py --ignore=tests/test_plain_mlp_runtime.py)
+STAGE3_IGNORE=(--ignore=tests/runtime/test_conformance.py --ignore=tests/cli/test_examples_end_to_end.py
+               --ignore=tests/cli/test_faults.py --ignore=tests/validation/test_reports_and_calibration.py
+               --ignore=tests/runtime/test_parallel_block_layer.py --ignore=tests/runtime/test_mlp_activations.py)
 
 stage "1/3 Python 3.11, .[test] only: pure tier" pure_without_jax
 stage "2/3 Python 3.11, .[runtime,test]: cpu_mesh, tpu_compile, runtime_extra" runtime_tiers

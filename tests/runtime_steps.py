@@ -1,5 +1,5 @@
 """One training step of a plan on this host's virtual devices, for tests that compare a sharded
-step with the one-device step (imported by the cpu_mesh tests; pytest puts tests/ on the path)."""
+step with the one-device step (imported by the cpu_mesh tests; tests/conftest.py puts tests/ on the path)."""
 import math
 
 import jax

@@ -1,5 +1,5 @@
 """One priced candidate of the `small` model at 2048 tokens, every link 1 GB/s with no latency, for
-tests that check a strategy's spec by hand (imported by pure tests; pytest puts tests/ on the path)."""
+tests that check a strategy's spec by hand (imported by pure tests; tests/conftest.py puts tests/ on the path)."""
 from cost_models.candidates import Candidates, LinkColumns
 from cost_models.case import Case
 from cost_models.models import MODELS

@@ -1,20 +1,8 @@
-"""Calibration: measure the devices of a topology, fit the cost model's figures to the times,
-and write a chip row in the cited rows' JSON format, saying how each figure was measured.
+"""Calibration (`cpplan calibrate`): time the devices present (`runtime.measure`), fit the cost
+model's figures to the times, and write a chip row saying how each figure was measured.
 
-`cpplan calibrate --topology cpu:8` runs on the devices present (8 virtual CPU devices here, a
-real TPU or GPU slice elsewhere — the same code); `runtime.measure` times, this module fits:
-
-- matmul throughput is the row's peak (its matmul efficiency is then 1.0 by definition);
-- splash attention forward + backward on `ATTENTION_SHAPES`: a non-negative least-squares fit
-  (scipy's `nnls`) of a cost per FLOP, per grid step, per operand byte per step and per masked
-  logit — the four terms the cost model prices;
-- an elementwise pass over large arrays gives the row's HBM bandwidth;
-- all-gather, reduce-scatter, all-to-all and ppermute at `COLLECTIVE_SIZES`: the link bandwidth
-  and per-hop latency are fitted so the cost model's own all-gather formula on this topology
-  reproduces the all-gather times; the other three are predicted with those two figures and
-  their errors recorded. On a host whose devices share cores each kind also gets its own rate.
-
-Calibration never touches an efficiency to make an end-to-end step time come out right.
+It fits only kernel and collective figures, never an efficiency to match an end-to-end step time.
+Method: docs/provenance/strategies_and_validation.md#calibration
 """
 from __future__ import annotations
 
@@ -36,15 +24,13 @@ from cost_models.topology import Topology, get_topology
 from validation.outputs import prepare_out_dir, write_atomic
 
 COLLECTIVE_SIZES = (2**16, 2**18, 2**20, 2**22)  # bytes per device
-# seq ÷ (q_len, kv_len, block), and whether the mask is causal: they vary the FLOPs, the grid
-# steps, the operand sizes and the masked blocks independently, so the four costs separate
+# seq ÷ (q_len, kv_len, block), causal: varied independently so that the four fitted costs separate
 ATTENTION_SHAPES = ((4, 4, 4, False), (4, 4, 8, False), (4, 1, 4, False), (2, 2, 4, False), (8, 1, 8, False),
                     (1, 1, 4, True), (2, 2, 4, True))
 
 
 def row_path(out: "str | Path", chip_name: str) -> Path:
-    """Where `cpplan calibrate --out OUT` writes a chip's row: OUT itself when it names a `.json`
-    file, else `OUT/<chip>.json`."""
+    """Where `--out OUT` writes a chip's row: OUT if it is a `.json` file, else `OUT/<chip>.json`."""
     out = Path(out)
     return out if out.suffix == ".json" else out / f"{chip_name}.json"
 
@@ -57,13 +43,7 @@ class Calibration:
     raw: dict
 
     def write(self, path: "str | Path") -> Path:
-        """Writes the row as JSON.
-
-        Args:
-            path: a `.json` file, or a directory (the file is then named after the chip).
-        Returns:
-            The file written.
-        """
+        """Writes the row as JSON to `row_path(path)` and returns the file."""
         path = row_path(path, self.chip.name)
         prepare_out_dir(path.parent, (path.name,))
         return write_atomic(path, json.dumps(self.chip.to_dict(), indent=2, allow_nan=False) + "\n")
@@ -71,16 +51,8 @@ class Calibration:
 
 @dataclass(frozen=True)
 class AttentionFit:
-    """Splash forward + backward as the cost model prices it, fitted on several shapes.
-
-    Attributes:
-        per_flop_s: seconds per executed FLOP.
-        per_step_s: fixed seconds per grid step of each kernel.
-        per_step_byte_s: seconds per operand byte per grid step (interpreted kernels copy
-            their operand arrays at every step; 0 where they do not).
-        per_masked_element_s: seconds per logit of a block the causal mask cuts through.
-        shapes: (q_len, kv_len, block, causal, measured s, fitted s) of every run.
-    """
+    """Splash forward + backward's four fitted costs (seconds per FLOP, per grid step, per operand
+    byte per step, per masked logit) and `shapes`: (q_len, kv_len, block, causal, measured, fitted)."""
 
     per_flop_s: float
     per_step_s: float
@@ -96,12 +68,8 @@ class AttentionFit:
 
 def splash_terms(q_len: int, kv_len: int, block: int, causal: bool, *, heads: int, kv_heads: int, head_dim: int,
                  act_bytes: int) -> tuple[float, float, float, float]:
-    """The factors of the four attention costs of one call's forward + backward, exactly as the
-    cost model prices them.
-
-    Returns:
-        (executed FLOPs, grid steps, operand bytes × steps, masked logits).
-    """
+    """(executed FLOPs, grid steps, operand bytes × steps, masked logits) of one call's forward +
+    backward, as the cost model prices them."""
     flops = 4.0 * q_len * kv_len * heads * head_dim * (1 + SPLASH_BACKWARD_OVER_FORWARD)
     if causal:
         flops *= float(causal_block_fraction(q_len, block))
@@ -113,17 +81,8 @@ def splash_terms(q_len: int, kv_len: int, block: int, causal: bool, *, heads: in
 
 
 def fit_attention(shapes, terms, times) -> AttentionFit:
-    """The four attention costs that best explain the times, each ≥ 0.
-
-    Least squares in relative error (every shape weighs the same), non-negative (scipy's `nnls`).
-
-    Args:
-        shapes: (q_len, kv_len, block, causal) of each call.
-        terms: `splash_terms` of each call.
-        times: measured seconds of each call.
-    Returns:
-        An `AttentionFit`.
-    """
+    """The four attention costs (each ≥ 0) that best explain the times, in relative error so every shape
+    weighs the same."""
     rows, seconds = np.asarray(terms, float), np.asarray(times, float)
     coef, _ = nnls(rows / seconds[:, None], np.ones(len(seconds)))
     fitted = rows @ coef
@@ -132,24 +91,15 @@ def fit_attention(shapes, terms, times) -> AttentionFit:
 
 
 def fit_host_collectives(points: dict, n: int) -> tuple[dict[str, list[float]], dict[str, float]]:
-    """Each kind's (bytes/s, latency) on a host, fitted to its own times, and the fits' mean errors.
-
-    The volume is what the model's formula for that kind charges (`collectives.HOST_FORMULAS`):
-    gathered bytes for an all-gather, the array before the collective for the others.
-
-    Args:
-        points: per kind, (bytes per device, seconds) at several sizes.
-        n: devices taking part.
-    Returns:
-        (kind → [bytes/s, latency s], kind → mean |fitted ÷ measured − 1|).
-    """
+    """(kind → [bytes/s, latency s], kind → mean |fitted ÷ measured − 1|) on a host, each kind fitted
+    to its own `points` (bytes per device, seconds) as `collectives.HOST_FORMULAS` charges it."""
     fitted, errors = {}, {}
     for kind, formula in collectives.HOST_FORMULAS.items():
         sizes = np.array([b for b, _ in points[kind]], dtype=float)
         seconds = np.array([t for _, t in points[kind]])
         volume = sizes * n if kind == "all_gather" else sizes
         unit = np.array([formula(v, n, 1.0, 0.0) for v in volume])  # seconds at 1 byte/s, no latency
-        # t = latency + unit / bw, in relative error so that small sizes (the plans' own) count as much
+        # relative error, so that small sizes (the plans' own) count as much
         (lat, per_byte), _ = nnls(np.stack([np.ones_like(unit), unit], axis=1) / seconds[:, None],
                                   np.ones_like(seconds))
         if per_byte <= 0:  # too noisy to see the bandwidth: charge the largest size's time to it
@@ -161,14 +111,8 @@ def fit_host_collectives(points: dict, n: int) -> tuple[dict[str, list[float]], 
 
 
 def fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, float]]:
-    """Link bandwidth and hop latency that make the model's all-gather over all devices match.
-
-    Args:
-        topo: the topology measured.
-        points: per collective kind, (bytes per device, seconds) at several sizes.
-    Returns:
-        (link bytes/s, hop latency s, the other kinds' mean |predicted ÷ measured − 1| with them).
-    """
+    """(link bytes/s, hop latency s) that make the model's all-gather over all devices match `points`,
+    and the other kinds' mean |predicted ÷ measured − 1| with them."""
     dims = topo.physical_dims
     segs = axis_segments((topo.num_devices,), tuple(d.size for d in dims))[0]
     unit = topo.links(segs)  # the model's figures with the row's current link values
@@ -195,9 +139,8 @@ def fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, flo
 
 
 def _measured_row(chip: Chip, measured: dict, topology: str) -> Chip:
-    """`chip` with the `measured` fields (in their JSON form), refused if a chip file could not hold
-    it: the rules `load_chip` applies, applied before the row is written, so a disturbed timing is
-    said here, not when the row is read."""
+    """`chip` with the `measured` fields, checked by `load_chip`'s rules now so that a disturbed timing
+    is reported before the row is written."""
     origin = f"the row measured on {topology}"
     try:
         return Chip.from_dict({**chip.to_dict(), **measured}, origin=origin)
@@ -214,17 +157,9 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     """Measures the devices present as `topology` and returns a chip row for them.
 
     Args:
-        topology: the topology the devices form, e.g. ``cpu:8`` (for a host's virtual devices,
-            jax must have been started with that many: the `cpplan calibrate` command does it).
-        dtype: the compute dtype measured (float32 on a CPU host, bfloat16 on a TPU).
-        repeats: timed repetitions per figure, at least (calls shorter than the harness's
-            `MIN_TIMED_S` repeat until that much is timed); the fastest is kept.
-        matmul_size: the side of the square matmuls timed.
-        attention_seq: sets the lengths of `ATTENTION_SHAPES`.
-        attention_heads / attention_kv_heads / attention_head_dim: the kernels' heads (choose
-            them like the per-device kernels of the plans to be priced).
-    Returns:
-        A `Calibration`: the row, and the raw figures behind it.
+        topology: e.g. ``cpu:8`` (jax must already have that many virtual devices).
+        repeats: at least this many timings per figure (more below `MIN_TIMED_S`); the fastest is kept.
+        attention_heads / attention_kv_heads / attention_head_dim: like the plans' per-device kernels.
     Raises:
         CpplanError: the devices present do not form `topology`, or the figures measured break a
             chip row's rules (a disturbed timing).

@@ -812,3 +812,48 @@ def count_check(plan, program: CompiledProgram) -> CountCheck:
     priced = {k: float(v[0]) for k, v in priced_link_bytes(x).items()}
     return CountCheck(compiled_flops=program.matmul_flops, priced_flops=float(executed_matmul_flops(x)[0]),
                       compiled_bytes=dict(compiled), priced_bytes=priced, wasted_bytes=wasted, other_bytes=other)
+
+
+# the names XLA's rematerialization gives the instructions it clones
+REMAT = re.compile(r"\.remat\d*(?:\.|$)")  # the names XLA's rematerialization gives its clones
+
+
+def module_matmuls(hlo_text: str) -> dict:
+    """Matmul FLOPs one device executes per step in a compiled module, all and those of
+    instructions XLA's rematerialization cloned (by name and shape), with how often each runs
+    (`validation.compiled_program`: its FLOPs of a dot or convolution and its loop trip counts).
+
+    Args:
+        hlo_text: the compiled module's text (`compiled.as_text()`).
+    Returns:
+        `matmul_flops`, `remat_matmul_flops`, `remat_matmuls` (clone, shape and runs → FLOPs),
+        `remat_instructions` (how many instructions the pass cloned) and `loop_trip_counts`.
+    """
+    hlo_text = one_line_per_instruction(hlo_text)
+    computations, entry = parse_computations(hlo_text)
+    trips = loop_trip_counts(hlo_text)
+    runs: dict[str, int] = defaultdict(int)
+    caller_name = {}  # a fusion's matmul takes the name of the instruction that calls it
+
+    def visit(name: str, times: int) -> None:
+        runs[name] += times
+        for instruction in computations[name].instructions if name in computations else ():
+            for callee in instruction.called:
+                caller_name.setdefault(callee, instruction.name)
+                visit(callee, times * (trips.get(callee, 1) if instruction.opcode == "while" else 1))
+
+    visit(entry, 1)
+    total, cloned = 0.0, defaultdict(float)
+    remat_names = [i.name for c in computations.values() for i in c.instructions if REMAT.search(i.name)]
+    for name, computation in computations.items():
+        for instruction in computation.instructions:
+            flops = instruction_flops(instruction, computation.shapes) * runs[name]
+            if not flops:
+                continue
+            total += flops
+            owner = caller_name.get(name, instruction.name)
+            if REMAT.search(owner) or REMAT.search(instruction.name):
+                shape = instruction.shape.split("{")[0]
+                cloned[f"{owner} {shape} × {runs[name]}"] += flops
+    return {"matmul_flops": total, "remat_matmul_flops": sum(cloned.values()), "remat_matmuls": dict(cloned),
+            "remat_instructions": len(remat_names), "loop_trip_counts": trips}

@@ -1,29 +1,8 @@
-"""The public corpus: published, measured TPU training runs, each read into a cpplan Plan with the
-run's own settings and a step time derived from the figure its source quotes.
+"""The public corpus (`benchmarks/public_runs.csv`): published TPU training runs, each read from its
+MaxText flags into a Plan, with a step time derived from the figure its source quotes.
 
-The corpus is a CSV (`benchmarks/public_runs.csv`), one run per line. Its settings are MaxText
-flags, as the runs were launched with MaxText, so the columns are:
-
-- `id`: a short unique name.
-- `maxtext_flags`: the run's own flags as `key=value` words, verbatim from its config, plus
-  `compile_topology` / `compile_topology_num_slices` saying where it ran (the source's hardware).
-- `maxtext_defaults`: the `base.yml` values of the MaxText commit the run used that it relied on
-  (the synthetic models' base shape, dtypes, default mesh and splash blocks); the flags win.
-- `metric`, `value`: the figure the step time is derived from: `seconds` (a logged step time),
-  `tokens_per_s_per_device`, or `mfu` (percent of `peak_tflops`, the peak the source divided by).
-- `peak_tflops`, `flop_rule`: for `mfu` rows, the peak and the FLOP count of that MaxText
-  version (`FLOP_RULES`): MaxText changed how it counts attention FLOPs several times, so a
-  row's step time is derived with its own version's count and MFU figures are never compared.
-- `figure`: the quoted figure, verbatim; `repository`, `path`, `commit`, `date`: where it is;
-  `derivation`: how the step time follows from it; `notes`: the config's own source.
-
-Synthetic models (`global_parameter_scale`) get MaxText's shape rule of that time
-(`synthetic_shape`). Everything else is read by the MaxText import (`planner.maxtext.read_maxtext`:
-remat policies by name, `custom` placements and host offload included). A setting cpplan cannot
-represent (`fsdp_transpose`, splash blocks beyond the most scoped VMEM the compiler grants, a
-flag the import does not read) is priced at the nearest one cpplan has, and the run's notes say so:
-nothing is approximated silently. The corpus is a test set: no chip-row figure
-is fitted to it.
+Settings cpplan cannot represent are priced at the nearest it has, and the run's notes say so. The
+corpus is a test set: nothing is fitted to it. Columns: docs/provenance/strategies_and_validation.md#corpus
 """
 from __future__ import annotations
 
@@ -51,29 +30,21 @@ CORPUS_COLUMNS = ("id", "maxtext_flags", "maxtext_defaults", "metric", "value", 
 CITATION_COLUMNS = ("figure", "repository", "path", "commit", "date", "derivation")
 METRICS = ("seconds", "tokens_per_s_per_device", "mfu")
 
-# Attention FLOPs per layer and token pair, per head and head dim, in MaxText's training count
-# (train.py `calculate_training_tflops`): 12 = forward + backward of QK^T and AV over the full
-# square, before AI-Hypercomputer/maxtext@64ee4e938 (2023-11-08) halved it for causality (6).
+# MaxText's attention FLOPs per layer, token pair, head and head dim, by version (12: full square, 6: causal)
+# evidence: docs/provenance/strategies_and_validation.md#corpus
 FLOP_RULES = {
     "maxtext-2023-10": 12,  # maxtext@e47fa1b5d377ee1043e663f1414024f4d0f12df0 MaxText/train.py
     "maxtext-2023-12": 6,  # maxtext@76bd53b0f44caf989c88189afadeb1062f9254f0 MaxText/train.py
 }
 
-# MaxText's flash attention ran the Pallas kernel with causal=False (MaxText/layers.py `apply_attention` at
-# AI-Hypercomputer/maxtext@e47fa1b5d377ee1043e663f1414024f4d0f12df0, 2023-10-31): every score block was
-# computed. 3dbc05760eae2bdd8bd84a4a0cca0aaab47a700f ("segment_ids in flash") made it causal=True and reached
-# main with the merge 079996137 (PR #167) on 2023-11-07; runs of earlier commits are priced with a full mask.
+# MaxText's flash attention ran non-causal before this date, so earlier runs are priced with a full mask
 CAUSAL_FLASH_SINCE = "2023-11-07"
 
 # The flags the synthetic shape is built from here (`synthetic_shape`), not by the MaxText import.
 SHAPE_FLAGS = ("global_parameter_scale", "base_emb_dim", "base_num_heads", "base_num_query_heads", "base_num_kv_heads",
                "base_mlp_dim", "base_num_decoder_layers", "head_dim", "vocab_size", "mlp_activations",
                "logits_via_embedding", BLOCK_FLAG)
-# MaxText's decoder block where a run's flags name none: until base.yml's default became "llama2"
-# (AI-Hypercomputer/maxtext@3b2ac8113ac6d01d3b34a87cec7ea9335e9fd52d, 2024-02-14) it was the
-# parallel block: the only DecoderLayer of MaxText/layers.py (e47fa1b, 2023-10-31) and
-# MaxText/layers/models.py (76bd53b, 2023-12-15) — one norm, `inputs + attention(lnx) + mlp(lnx)` —
-# which 05dc58b2166aeb5632b9e5864f63f03e3c6cc37b (2024-01-21) named decoder_block="default".
+# before this date MaxText's default decoder block was the parallel one (decoder_block="default"), not llama2
 LLAMA2_BLOCK_DEFAULT_SINCE = "2024-02-14"
 
 
@@ -101,9 +72,8 @@ def _number(row: dict, column: str, where: str) -> float:
 
 
 def get_individual_scales(scale: int) -> tuple[int, int, int, int]:
-    """MaxText's split of `global_parameter_scale` into (embed, heads, mlp, layers) doublings:
-    the doublings rotate over heads and MLP width, embed width, and layers (MaxText's
-    pyconfig.get_individual_scales, unchanged from 2023 to 2026).
+    """(embed, heads, mlp, layers) doublings of `global_parameter_scale`, as MaxText's
+    pyconfig.get_individual_scales splits it.
 
     Raises:
         CpplanError: the scale is not a power of two.
@@ -147,7 +117,7 @@ class SyntheticShape:
         return 6 * self.params * seq_len * per_device_batch + attention
 
     def model_spec(self, name: str) -> ModelSpec:
-        """The model as MaxText built it, its MLP (gated or plain) included.
+        """The model as MaxText built it.
 
         Raises:
             CpplanError: an MLP activation cpplan does not run.
@@ -157,15 +127,11 @@ class SyntheticShape:
 
 
 def synthetic_shape(flags: dict, *, date: str | None = None) -> SyntheticShape:
-    """The model MaxText builds from `global_parameter_scale` and the base_* flags.
+    """The model MaxText builds from `global_parameter_scale` and the base_* flags; `date` (YYYY-MM-DD,
+    None: today) of the run's commit picks the default decoder block.
 
-    Args:
-        flags: the run's effective flags.
-        date: the date (YYYY-MM-DD) of the MaxText commit the run used: where the flags name no
-            `decoder_block`, MaxText's default then (`LLAMA2_BLOCK_DEFAULT_SINCE`); None is today's.
     Raises:
-        CpplanError: a base_* flag is missing or not a whole number, or a decoder block cpplan
-            does not run.
+        CpplanError: a base_* flag is missing or not a whole number, or a decoder block cpplan does not run.
     """
     def whole(key):
         try:
@@ -243,8 +209,7 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
 
 
 def _blocks_within_vmem(plan: Plan) -> tuple[Plan, list[str]]:
-    """The plan with the largest splash blocks (halving both) that the most scoped VMEM the chip's
-    compiler grants holds: a run's blocks beyond it are priced at the largest that compile."""
+    """The plan with its splash blocks halved until they fit the chip's scoped VMEM (so that they compile)."""
     act_bytes = DTYPE_BYTES[plan.compute_dtype]
     chip = plan.topology_spec.chip
     block_q, block_kv = plan.block_q, plan.block_kv
@@ -295,7 +260,7 @@ def is_corpus(path: "str | Path") -> bool:
 
 
 def read_corpus(path: "str | Path") -> list[CorpusRun]:
-    """Every run of a corpus CSV (see the module docstring for its columns).
+    """Every run of a corpus CSV.
 
     Raises:
         CpplanError: unreadable file, wrong columns, a duplicate id, a row without its citation
@@ -327,8 +292,7 @@ def read_corpus(path: "str | Path") -> list[CorpusRun]:
 
 @dataclass(frozen=True)
 class Choice:
-    """One case of a corpus measured under several plans (one source's table: the same model,
-    topology, length and batch): the plan cpplan ranks first among them against the fastest."""
+    """One case measured under several plans (one source's table): cpplan's first choice against the fastest."""
 
     case: str
     chosen: str  # run id of the plan with the least predicted step time
@@ -339,14 +303,8 @@ class Choice:
 
 
 def choices(report: CorpusReport) -> list[Choice]:
-    """Per case with at least two measured plans, whether cpplan's first choice among them is the
-    fastest measured (the test a planner answers to: the plan it picks, not its step times).
-
-    Args:
-        report: a priced corpus (`compare_corpus`).
-    Returns:
-        One `Choice` per case, in the order of the cases' first runs.
-    """
+    """One `Choice` per case of `report` with at least two plans, in order of first run: the test a
+    planner answers to is the plan it picks, not its step times."""
     groups: dict[tuple, list] = {}
     for r in report.measured:
         p = r.plan
@@ -366,14 +324,9 @@ def choices(report: CorpusReport) -> list[Choice]:
 
 
 def compare_corpus(runs: "list[CorpusRun]", *, title: str = "cpplan vs published TPU runs") -> CorpusReport:
-    """Prices every run with its own plan, as MaxText runs it, and sets it against the published step time.
+    """Prices every run's plan as MaxText runs it, against the published step time. Both MFU figures use
+    cpplan's FLOP count, so they compare across MaxText versions.
 
-    Args:
-        runs: the corpus (`read_corpus`).
-        title: the report's title.
-    Returns:
-        A `CorpusReport`; its MFU figures are both cpplan's count of model FLOPs over the predicted
-        and the published step time, so they compare across MaxText versions.
     Raises:
         CpplanError: a run's plan cannot be priced (naming the run).
     """

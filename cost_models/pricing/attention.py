@@ -1,9 +1,6 @@
-"""The attention of one decoder layer on one device: the splash kernel's MXU work over the
-blocks it computes (whole blocks across the causal diagonal; every block under a full mask),
-plus what its grids pay per step and each call pays once; the backward's MXU time is the chip's
-measured ratio to the forward's, on the share of the device's cores its kernels use. A device that
-makes several calls (the ring's hops) also merges their results in HBM. A full (non-causal) mask
-keeps no metadata in SMEM."""
+"""The attention of one decoder layer on one device: splash's MXU work over the blocks it computes (whole
+blocks across the causal diagonal), what its grids pay per step and each call once, the backward at the
+chip's measured ratio to the forward, and the merge in HBM of several calls' results (the ring's hops)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
-from cost_models.compute import (SPLASH_BACKWARD_OVER_FORWARD, attention_extent, splash_smem_bytes,
-                                 splash_step_costs, tile_efficiency)
+from cost_models.compute import (
+    SPLASH_BACKWARD_OVER_FORWARD,
+    attention_extent,
+    splash_smem_bytes,
+    splash_step_costs,
+    tile_efficiency,
+)
 from cost_models.strategies import Layout, StrategySpec
 
 
@@ -48,16 +50,8 @@ def backward_over_forward(chip, calls) -> float:
 
 
 def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kernel: bool = False) -> AttentionTimes:
-    """Prices one decoder layer's attention for every candidate.
-
-    Args:
-        x: the candidates, all of `strategy`.
-        strategy: the spec that lays out the kernel and lists its calls.
-        tokamax_ring_kernel: the runtime runs the ring on tokamax's ring kernel (MaxText): the
-            spec's `maxtext_kernel_calls`, not its `kernel_calls`.
-    Returns:
-        Their per-layer `AttentionTimes`.
-    """
+    """Prices one decoder layer's attention for every candidate of `strategy`; `tokamax_ring_kernel`: the
+    runtime runs the ring on tokamax's ring kernel (MaxText), so the calls are the spec's `maxtext_kernel_calls`."""
     model, chip = x.model, x.topology.chip
     layout = strategy.layout(x)
     # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,

@@ -1,20 +1,6 @@
-"""Collective traffic per device, and how much of it the step waits for.
-
-FSDP gathers a layer's weights in the compute dtype (one collective per weight array) and
-reduce-scatters their gradients, which arrive in the compute dtype too; the output head's table
-is gathered for the loss and again for its backward, its fp32 gradient reduce-scattered; the
-input embedding is looked up in each device's hidden slice and handed out by one all-to-all
-(forward, and its transpose backward); tensor parallelism gathers activations in the layers and
-sums the loss's input gradient over the vocabulary slices; data parallelism
-all-reduces every gradient's shard once a step, in the compute dtype (MaxText's step compiled over
-several slices sends the same bytes to DCN as four all-reduces per layer inside the backward loop
-and seven more: tests/test_dcn_bytes.py); the strategy's own context traffic comes from its spec.
-
-How much of each family hides behind compute is what XLA's TPU compiler schedules for our step
-(`cost_models.overlap`, read from compiled programs): only the overlapped fraction of a family
-can hide. FSDP's overlappable traffic and the strategy's hidden traffic share one window, the
-layer's compute; what does not fit in it is exposed.
-"""
+"""Collective traffic per device, and how much of it the step waits for: each family priced as XLA's
+compiled steps make it; only the fraction the compiler overlaps (`cost_models.overlap`) can hide, in one
+window shared by FSDP and the strategy, the layer's compute (docs/provenance/cost_models.md#communication)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -91,20 +77,9 @@ class Exposure:
 
 def context_traffic(cost: CPCost, recompute_attention, overlapped: float, *, hides_behind_attention: bool
                     ) -> ContextTraffic:
-    """The strategy's per-layer traffic with the recomputed forward's added to the backward.
-
-    Args:
-        cost: the strategy's `CPCost`.
-        recompute_attention: forward attention passes the remat policy recomputes (per candidate).
-        overlapped: fraction of the strategy's hideable traffic the compiler overlaps with compute
-            (`Overlap.of_context`).
-        hides_behind_attention: the spec hides its transfers behind the attention of the block in
-            hand (the ring's hops): then only that fraction of what the spec hides is hidden.
-            Otherwise the overlapped fraction of all its traffic may hide in the layer's compute
-            window, which it shares with FSDP (`price_exposure`).
-    Returns:
-        Its `ContextTraffic`.
-    """
+    """The strategy's per-layer traffic, the recomputed forward's added to the backward. Where the spec
+    `hides_behind_attention` (the ring's hops) the `overlapped` fraction of what it hides is hidden;
+    otherwise that fraction of all its traffic may hide in the layer's compute window (`price_exposure`)."""
     backward_s = cost.backward_s + recompute_attention * (cost.forward_s - cost.recompute_reuses_s)
     if hides_behind_attention:
         # the traffic a recompute makes unnecessary leaves the exposed part first
@@ -120,16 +95,8 @@ def context_traffic(cost: CPCost, recompute_attention, overlapped: float, *, hid
 
 def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic, *,
                   traits: TargetTraits = TRAITS[Target.CPPLAN]) -> Traffic:
-    """Prices every collective of a step for every candidate.
-
-    Args:
-        x: the candidates.
-        weight_bytes: one layer's weights on a device, in the compute dtype.
-        context: the strategy's own traffic.
-        traits: the runtime's (which collectives its compiler makes of the weights').
-    Returns:
-        Their `Traffic`.
-    """
+    """Prices every collective of a step for every candidate; `weight_bytes` is one layer's weights on a
+    device in the compute dtype, `traits` the runtime's (which collectives its compiler makes of them)."""
     m, comm, tensor = x.model, x.comm, x.tensor
     group = x.weight_group
     weights = x.links["weights"]
@@ -154,8 +121,7 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic, *,
     # the loss sums its input's gradient over the vocabulary slices: one all-reduce of the activations
     loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     tensor_s = m.num_layers * one_tensor_gather_s * (tensor_collectives_per_layer(m) + repeated) + loss_sum_s
-    # gradients cross the data axis in the compute dtype, as they cross the weight group (read in compiled
-    # steps: ours with data=2, and MaxText 0.2.5's over two v5e slices, whose DCN all-reduce is bf16)
+    # gradients cross the data axis in the compute dtype, as they cross the weight group (compiled steps)
     data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, *x.links["data"])
     return Traffic(gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s,
                    context)
@@ -171,18 +137,10 @@ def _weight_axes_split(x: Candidates) -> np.ndarray:
 
 
 def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
-    """The backward's second gather of the q/k/v weights where the attention runs as loops of hops
-    (ring, USP) and the remat policy recomputes those projections: XLA gathers them for the
-    recomputed projections before the forward hops and again for the data gradients after the
-    backward hops, rather than hold them across both loops (compiled steps, small and Llama-3.1-8B
-    layers: benchmarks/results/compiler_counts.txt). Other strategies' attention is one kernel call
-    between the two uses, and the weights are gathered once. XLA's CPU compiler gathers them once
-    (a cpu:8 ring step has as many gathers under full remat as under minimal), so only a chip whose
-    step the TPU compiler builds (its kernels compiled, not interpreted) pays it. A parallel block
-    gathers its q/k/v weights inside its own shard_map (`runtime.model.parallel_block_inputs`),
-    whose backward keeps the gathered weights as residuals across the hops: gathered once (compiled
-    v5p ring step, context 2 × tensor 2 under full remat: benchmarks/results/compiler_counts.txt).
-    Per layer, per candidate."""
+    """Per layer and candidate, the backward's second gather of the q/k/v weights where the attention runs
+    as loops of hops (ring, USP) and the policy recomputes those projections: XLA gathers them before the
+    forward hops and again after the backward hops. Only where the TPU compiler builds the step, and not
+    in a parallel block, which keeps them across the hops (docs/provenance/cost_models.md#communication)."""
     regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
     if x.topology.chip.kind.interprets_kernels or not STRATEGIES[x.strategy].hides_traffic_behind_attention \
             or x.model.decoder_block.parallel:
@@ -200,24 +158,10 @@ def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_l
                    overlap: Overlap) -> Exposure:
     """The communication each step waits for.
 
-    Of each family only the fraction the compiler overlaps (`overlap`) can hide. FSDP's
-    overlappable traffic and the strategy's hidden traffic share one window, the layer's
-    compute; what does not fit in it is exposed (charged to FSDP, which the strategy's hiding
-    left no room for). Tensor-parallel traffic the compiler overlaps hides in the same window,
-    half of it forward and half backward. The output head's and the embedding's collectives run
-    outside the layers: exposed. The data all-reduce is charged whole: MaxText's compiled
-    multi-slice step issues each layer's share over DCN at the top of the next layer's backward
-    iteration and awaits it at that iteration's end, but no compiled schedule read here says how
-    much of it hides (`Overlap` has no data family), so none is taken as hidden.
-
-    Args:
-        traffic: the step's collectives.
-        layer_forward_s: one layer's forward compute, the window of its forward traffic.
-        layer_backward_s: one layer's backward compute (recomputation included).
-        num_layers: decoder layers.
-        overlap: the chip's `Overlap`.
-    Returns:
-        The `Exposure` per step.
+    Of each family only the fraction the compiler overlaps can hide. FSDP's and the strategy's hidden
+    traffic, and the overlapped tensor traffic (half each way), share one window, the layer's compute; what
+    does not fit is charged to FSDP. The head's and the embedding's collectives (outside the layers) and the
+    data all-reduce (no compiled schedule says how much of it hides) are exposed.
     """
     context = traffic.context
     gather, regather, scatter = traffic.weight_gather_s, traffic.weight_regather_s, traffic.gradient_scatter_s

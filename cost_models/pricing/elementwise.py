@@ -31,19 +31,10 @@ class ElementwiseTimes:
 def price_elementwise(x: Candidates) -> ElementwiseTimes:
     """Prices one decoder layer's elementwise work for every candidate.
 
-    Norms and residual adds run on the residual stream, a tensor-th of the device's tokens
-    (`work_layout.residual_tokens`: sequence parallelism); RoPE and the MLP's activation on every
-    token, their heads and columns split over tensor. A sequential block has two norms and two
-    residual adds (each reads two arrays and writes one). A parallel block (`DecoderBlock`) has one
-    norm; its out projection's epilogue adds the MLP's partial sums, read once on every token
-    before the one reduce-scatter, and one residual add joins the scattered sum to the layer input
-    (as the TPU compiler fuses a v5p step's parallel block at tensor 2: a dot-plus-add output
-    fusion, then a plain add on the residual's tokens).
-
-    Args:
-        x: the candidates.
-    Returns:
-        Their per-layer `ElementwiseTimes`.
+    Norms and residual adds run on the residual stream (`residual_tokens`: sequence parallelism), RoPE and
+    the MLP's activation on every token, heads and columns split over tensor. A parallel block has one norm,
+    and its out projection's epilogue reads the MLP's partial sums before one residual add, as the TPU
+    compiler fuses it (docs/provenance/cost_models.md#elementwise).
     """
     model, tokens, hbm_bw = x.model, x.tokens_per_device, x.topology.hbm_bw_per_device
     residual = residual_tokens(tokens, x.tensor)

@@ -24,13 +24,7 @@ class HeadTimes:
 
 
 def price_head(x: Candidates) -> HeadTimes:
-    """Prices the output head and the loss for every candidate.
-
-    Args:
-        x: the candidates.
-    Returns:
-        Their per-step `HeadTimes`.
-    """
+    """Prices the output head and the loss, per step, for every candidate."""
     model, chip = x.model, x.topology.chip
     passes = 3 + (1 if x.loss_chunk_tokens else 0)  # chunked loss recomputes each chunk's logits
     padding = tile_efficiency(model.hidden, chip.mxu_tile) * tile_efficiency(model.vocab / x.tensor, chip.mxu_tile)

@@ -31,13 +31,7 @@ class MatmulTimes:
 
 
 def price_matmuls(x: Candidates) -> MatmulTimes:
-    """Prices one decoder layer's matmuls for every candidate.
-
-    Args:
-        x: the candidates.
-    Returns:
-        Their per-layer `MatmulTimes`.
-    """
+    """Prices one decoder layer's matmuls for every candidate."""
     model, chip = x.model, x.topology.chip
     tile, tensor = chip.mxu_tile, x.tensor
     flops = layer_forward_flops(model, x.seq_len, x.tokens_per_device)

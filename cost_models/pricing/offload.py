@@ -1,12 +1,7 @@
-"""Remat offload: the activations a policy offloads to pinned host memory (the checkpoints it
-names, and each layer's input where `custom` offloads `decoder_layer_input`), the host memory
-they take, and the time their copies over the chip's host link add to a step.
-
-Each offloaded checkpoint goes to the host in the forward and comes back in the backward, layer
-by layer. The copies run on DMA engines while the layer computes (XLA schedules them as
-asynchronous copy-start/copy-done pairs), so a layer's copies cost the step only what they take
-beyond that layer's compute.
-"""
+"""Remat offload: the activations a policy offloads to pinned host memory (its named checkpoints, and
+each layer's input where `custom` offloads it), the host memory they take, and the time their copies
+add. XLA runs the copies asynchronously while the layer computes, so a layer's copies cost the step only
+what they take beyond that layer's compute."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,18 +34,8 @@ def host_link_bw(topology: Topology) -> float:
 
 def host_bytes_needed(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, *, tokens_per_device: float,
                       tensor: int, act_bytes: int) -> float:
-    """Host memory one device's offloaded activations take over a step (every layer's).
-
-    Args:
-        model: the model.
-        policy: the remat policy.
-        custom: its per-name placements (under `custom`).
-        tokens_per_device: tokens a device holds outside attention.
-        tensor: the tensor-parallel degree.
-        act_bytes: bytes per activation value.
-    Returns:
-        Bytes.
-    """
+    """Host memory one device's offloaded activations take over a step (every layer's), for
+    `tokens_per_device` tokens outside attention."""
     per_token = remat_table(model, custom).saved_on_host[remat_code(policy)]
     return float(model.num_layers * offloaded_bytes_per_layer(per_token, tokens_per_device=tokens_per_device,
                                                                tensor=tensor, act_bytes=act_bytes))
@@ -66,15 +51,7 @@ class OffloadTimes:
 
 
 def price_offload(x: Candidates, *, layer_forward_s, layer_backward_s) -> OffloadTimes:
-    """What the candidates' offloaded checkpoints cost.
-
-    Args:
-        x: the candidates.
-        layer_forward_s: one layer's forward compute, per candidate.
-        layer_backward_s: one layer's backward compute (recomputation included), per candidate.
-    Returns:
-        Their `OffloadTimes`.
-    """
+    """What the candidates' offloaded checkpoints cost, given one layer's forward and backward compute."""
     layer_bytes = offloaded_bytes_per_layer(x.remat_columns.saved_on_host, tokens_per_device=x.tokens_per_device,
                                             tensor=x.tensor, act_bytes=x.act_bytes)
     one_way_s = layer_bytes / host_link_bw(x.topology)

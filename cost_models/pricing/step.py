@@ -42,14 +42,7 @@ class Priced:
 
 
 def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
-    """Prices every candidate in `x`.
-
-    Args:
-        x: candidates, all of one strategy.
-        target: the runtime that runs them (its memory differs where `cost_models.targets` says).
-    Returns:
-        Their `Priced` columns.
-    """
+    """Prices every candidate in `x` (all of one strategy) as the runtime `target` runs them."""
     layers = x.model.num_layers
     strategy = STRATEGIES[x.strategy]
     chip = x.topology.chip

@@ -1,7 +1,6 @@
-"""What a runtime target changes in the memory of a step (`cost_models.targets`): the loss's
-logits, where the layer gradients live, the ring kernel's dq partials, and what its compiler holds
-through the layers' backward (a deferred head gradient; offloaded MLP values), priced from the
-target's traits."""
+"""What a runtime target changes in a step's memory (`cost_models.targets`): the loss's logits, where
+the layer gradients live, the ring kernel's dq partials, and what its compiler holds through the layers'
+backward (a deferred head gradient, offloaded MLP values)."""
 from __future__ import annotations
 
 import math
@@ -29,16 +28,7 @@ def vocab_tiles(tokens_per_device: float, loss_chunk_tokens: int) -> int:
 
 def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
                   traits: TargetTraits) -> dict[str, np.ndarray]:
-    """The memory components of `price_memory` as the target's runtime holds them.
-
-    Args:
-        x: the candidates.
-        memory: cpplan's runtime's components (`MemoryBytes.as_dict()`).
-        layout: how the attention kernel lies on a device.
-        traits: the target's traits.
-    Returns:
-        The components, changed where the target differs.
-    """
+    """The memory components of `price_memory` (cpplan's runtime) as the target's runtime holds them."""
     if (traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_dq_partials
             and not traits.offload_defers_head_gradient and not traits.offload_holds_mlp_backward
             and traits.head_gradient_loop_devices is None):
@@ -73,21 +63,12 @@ def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
 
 
 def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str, np.ndarray]:
-    """What the target's compiler holds through a layer's backward because it may defer the head's
-    gradient (under offload, or where it forms it as a windowed-einsum loop) or offloads the MLP's
-    inputs.
+    """What the target's compiler holds through a layer's backward, bytes per device per candidate.
 
-    Args:
-        x: the candidates.
-        traits: the target's traits.
-    Returns:
-        Bytes per device per candidate: `head_gradient`, the loss's logit gradient and the final
-        norm's output, held through both sides of every layer's backward where the head's weight
-        gradient is deferred past the layers (`offload_defers_head_gradient` where the policy
-        offloads; `head_gradient_loop_devices` where the gradient is a windowed-einsum loop,
-        whatever the policy; a loss of one vocabulary tile only); `mlp_backward`, the
-        MLP's input-projection outputs and their gradients for every token, held through the
-        attention's side (`offload_holds_mlp_backward`, where the policy offloads them).
+    `head_gradient`: the loss's logit gradient and the final norm's output, through both sides, where the
+    head's weight gradient is deferred past the layers (under offload, or as a windowed-einsum loop; a
+    loss of one vocabulary tile only). `mlp_backward`: the MLP's input-projection outputs and their
+    gradients for every token, through the attention's side, where the policy offloads them.
     """
     # offloads that stay in HBM (a flat program) are held as kept values there: nothing comes back from the host
     m, columns = x.model, x.held_remat_columns
@@ -109,17 +90,8 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
 
 
 def target_smem_bytes(x: Candidates, layout: Layout, shared_bytes: np.ndarray, traits: TargetTraits) -> np.ndarray:
-    """SMEM of the splash mask metadata as the target builds it.
-
-    Args:
-        x: the candidates.
-        layout: how the attention kernel lies on a device.
-        shared_bytes: cpplan's runtime's figure (one table shared by heads).
-        traits: the target's traits.
-    Returns:
-        Bytes per kernel call: with per-head metadata, heads × q blocks × kv blocks × the
-        target's bytes per block pair.
-    """
+    """SMEM of the splash mask metadata as the target builds it: cpplan's one table (`shared_bytes`), or
+    heads × q blocks × kv blocks × the target's bytes per block pair."""
     if not traits.per_head_metadata or not STRATEGIES[x.strategy].maxtext_per_head_metadata:
         return shared_bytes
     return per_head_smem_bytes(layout.q_heads, layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv,

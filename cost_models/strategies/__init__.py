@@ -1,4 +1,4 @@
-"""One spec per context-parallel strategy (see `base.StrategySpec`).
+"""One spec per context-parallel strategy (see `base.StrategySpec`), one module each.
 
 Each says which mesh axes it needs and whether it runs a case (and why not), how the attention
 kernel lies on a device and which splash calls it makes, what its own communication costs per
@@ -7,16 +7,17 @@ layer and how much of it hides behind attention, how to describe it, and what it
 """
 from __future__ import annotations
 
-from cost_models.strategies.all_gather import AllGather
+import importlib
+import pkgutil
+
 from cost_models.strategies.base import CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
-from cost_models.strategies.none import NoContext
-from cost_models.strategies.ring import Ring
-from cost_models.strategies.ulysses import Ulysses
-from cost_models.strategies.usp import USP
+from cost_models.strategies.registry import STRATEGIES, register
 from cost_models.vocabulary import CPStrategy
 
-STRATEGIES: dict[CPStrategy, StrategySpec] = {s.strategy: s for s in (NoContext(), AllGather(), Ulysses(), Ring(),
-                                                                          USP())}
+# every module of this package but the shared ones holds a spec, which registers itself
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in ("base", "registry"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:
@@ -24,4 +25,5 @@ def strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:
     return tuple(s for s, spec in STRATEGIES.items() if spec.axes.accepts(ring, ulysses))
 
 
-__all__ = ["CPCost", "KernelCall", "Layout", "STRATEGIES", "Shape", "StrategySpec", "Violation", "strategies_for"]
+__all__ = ["CPCost", "KernelCall", "Layout", "STRATEGIES", "Shape", "StrategySpec", "Violation", "register",
+           "strategies_for"]

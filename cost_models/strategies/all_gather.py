@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
-                                         tensor_shard_heads)
+from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, tensor_shard_heads
+from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
 
 
 class AllGather(StrategySpec):
-    strategy = CPStrategy.ALL_GATHER
+    strategy = CPStrategy.register("all_gather", aliases=("allgather", "ag"), rank=1)
     axes = AxisRule(context=True, context_ulysses=False)
     collective = "all-gather K/V"
-    maxtext_name = CPStrategy.ALL_GATHER.value
+    maxtext_name = "all_gather"
 
     def layout(self, x) -> Layout:
         ring = np.asarray(x.ring, dtype=float)
@@ -46,3 +46,6 @@ class AllGather(StrategySpec):
         if shape.zigzag and shape.ring % 2:
             return [f"MaxText's load balancing needs an even context degree, not {shape.ring}"]
         return []
+
+
+register(AllGather())

@@ -1,15 +1,8 @@
-"""What every context-parallel strategy spec provides, the shapes it is given, and the rules
-strategies share.
+"""The strategy spec base class, the shapes it is given, and the rules strategies share.
 
-A spec is the one jax-free statement of a strategy: the mesh axes it needs, `check(shape)`
-(every rule that decides whether it runs a case), the splash calls a device makes, its own
-communication cost, how it describes itself, and what it is called in MaxText. The search, the
-price, the explanation, the MaxText export and the runtime's checks all consult it; the runtime's
-`runtime/attention/<name>.py` only makes the kernel calls the spec lists (a conformance test
-traces it and compares).
-
-Layouts and kernel calls take anything with the attributes of `Shape` — one `Shape` of scalars,
-or the price's `cost_models.candidates.Candidates`, whose attributes are numpy columns — so one formula serves both.
+A spec is the one jax-free statement of a strategy (axes, rules, splash calls, own traffic, MaxText
+name) that search, price, export and runtime all consult. Layouts and kernel calls take a scalar
+`Shape` or numpy-column `Candidates` alike, so one formula serves both.
 """
 from __future__ import annotations
 
@@ -22,26 +15,15 @@ import numpy as np
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import CPStrategy
 
-# Splash's query and key blocks are multiples of the TPU lane width: the kernel lays key blocks
-# along lanes, and on a TPU its dK/dV kernel lays query positions along lanes too. A smaller
-# block runs in interpret mode on a host but not on the chip, so plans keep the rule everywhere.
+# splash blocks are lane-width multiples on the chip (interpret mode is laxer); plans keep the rule everywhere
 SPLASH_LANES = 128
 
 
 @dataclass(frozen=True)
 class Shape:
-    """What decides whether a strategy can run a case, and how its kernels lie: one candidate.
-
-    Attributes:
-        model: the model.
-        seq_len: tokens per sequence.
-        ring: size of the `context` axis.
-        ulysses: size of the `context_ulysses` axis.
-        tensor: size of the `tensor` axis.
-        zigzag: tokens are load-balanced over the ring in 2·ring chunks.
-        shared_cores: the devices share a host's cores, so a step costs the average device's
-            work rather than the busiest one's.
-    """
+    """One candidate: what decides whether a strategy runs it and how its kernels lie. `ring`,
+    `ulysses`, `tensor` are axis sizes; `shared_cores`: devices share a host's cores, so a step costs
+    the average device's work, not the busiest one's."""
 
     model: ModelSpec
     seq_len: int
@@ -73,12 +55,9 @@ class Layout:
 
 @dataclass(frozen=True)
 class KernelCall:
-    """`count` splash calls a device makes per layer forward, of `q_len` × `kv_len` tokens
-    (scalars or columns); the backward runs its dq and dk/dv kernels over each, or splash's fused
-    backward kernel where `fused_backward`, whose fp32 dq partials, one per key block, are summed
-    after it. Query blocks are at most `q_block_cap` tokens (a block must not
-    straddle two zigzag chunks); `causal` calls evaluate the mask rule on the blocks the diagonal
-    cuts through, the others see every key."""
+    """`count` splash calls per layer forward of `q_len` × `kv_len` tokens; backward by the dq and
+    dk/dv kernels, or the fused one (fp32 dq partials summed after) where `fused_backward`. Query
+    blocks stay within `q_block_cap` (not straddling zigzag chunks)."""
 
     count: Any
     q_len: Any
@@ -97,8 +76,7 @@ class CPCost:
     exposed_forward_s: Any
     exposed_backward_s: Any
     buffer_bytes: Any  # attention buffers held at the peak of one layer
-    # backward traffic a recomputed forward pass makes unnecessary (it re-creates what the
-    # backward would fetch again, e.g. the gathered K/V); never hidden traffic
+    # backward traffic a recomputed forward makes unnecessary (e.g. re-gathered K/V); never hidden traffic
     recompute_reuses_s: Any = 0.0
 
 
@@ -118,11 +96,8 @@ class AxisRule:
 
 
 class StrategySpec:
-    """The base of every spec: the rules all strategies share; subclasses add their own.
-
-    Class attributes each spec sets: `strategy`, `axes` (an `AxisRule`), `collective` (what
-    its traffic is called in a breakdown), `balances_load` (whether zigzag does anything).
-    """
+    """The base of every spec: the shared rules. Subclasses set `strategy`, `axes`, `collective`
+    (its traffic's name in a breakdown), `balances_load` (whether zigzag does anything)."""
 
     strategy: CPStrategy
     axes: AxisRule
@@ -140,8 +115,7 @@ class StrategySpec:
                 or heads_check(shape) or self.heads_rule(shape) or self.sequence_rule(shape) or lane_check(self, shape))
 
     def balances(self, model: ModelSpec) -> bool:
-        """Whether zigzag changes this strategy's work for `model`: only where it balances load at
-        all and the mask is causal (a full mask gives every rank the same work)."""
+        """Whether zigzag changes this strategy's work for `model` (never under a full mask)."""
         return self.balances_load and model.causal
 
     def axes_check(self, shape: Shape) -> Violation | None:
@@ -175,32 +149,26 @@ class StrategySpec:
         raise NotImplementedError(f"{type(self).__name__} must define layout")
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        """The splash calls one device makes per layer forward, as the runtime makes them:
-        the busiest device's on chips, the average device's where devices share cores; causal
-        as the model's mask is."""
+        """The splash calls one device makes per layer forward, as the runtime makes them (the busiest
+        device's on chips, the average one's where devices share cores)."""
         return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),)
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        """The splash calls MaxText makes for the same layout: cpplan's, with the fused backward
-        where it runs tokamax's splash (which has no other: layers/attention_op.py) or the
-        candidates ask for it, else its jax splash's default (base.yml's
-        `sa_use_fused_bwd_kernel=false`: the dq and dk/dv kernels); its ring kernel's differ (ring.py)."""
+        """The splash calls MaxText makes for the same layout: cpplan's, with the fused backward under
+        tokamax's splash or when asked for. Evidence: docs/provenance/strategies_and_validation.md#base"""
         calls = self.kernel_calls(x, layout)
         if self.maxtext_tokamax_splash or x.fused_attention_backward:
             return tuple(replace(c, fused_backward=True) for c in calls)
         return calls
 
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
-        """HBM bytes per layer, (forward, backward), of combining the outputs and gradients of a
-        device's several calls outside the kernels (none for one call)."""
+        """(forward, backward) HBM bytes per layer of merging several calls' results outside the kernels."""
         return 0.0, 0.0
 
     def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
              gradients_all_reduced: bool = False) -> CPCost:
-        """Per-layer traffic of `Candidates` x; `attention_fwd_s` and `attention_bwd_s` are the
-        attention's forward and backward time per layer (what a ring's hops can hide behind);
-        `gradients_all_reduced`: the gradients of what was gathered over the context axes are
-        all-reduced whole rather than reduce-scattered (`TargetTraits`)."""
+        """Per-layer traffic of `Candidates` x; `attention_*_s` is what a ring's hops can hide behind;
+        `gradients_all_reduced`: gathered tensors' gradients are all-reduced, not reduce-scattered."""
         raise NotImplementedError(f"{type(self).__name__} must define cost")
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
@@ -208,17 +176,21 @@ class StrategySpec:
         raise NotImplementedError(f"{type(self).__name__} must define describe")
 
     # -- MaxText ----------------------------------------------------------------------------
-    maxtext_name: str  # context_parallel_strategy
+    maxtext_name: str | None = None  # context_parallel_strategy; None where MaxText has no such strategy
     maxtext_tokamax_splash = False  # MaxText runs it with use_tokamax_splash=True
     maxtext_refuses_load_balance = False  # MaxText refuses context_parallel_load_balance=True for it
     maxtext_ring_kernel = False  # MaxText runs it with tokamax's ring kernel over `context` (ring, USP)
-    # MaxText's kernel for it keeps splash metadata per head (tokamax's splash over a multi-head mask,
-    # Ulysses); jax's splash (all-gather) and tokamax's ring kernel share one table, as cpplan's does
+    # MaxText's kernel keeps splash metadata per head (Ulysses' multi-head mask), not one shared table
     maxtext_per_head_metadata = False
 
     def maxtext_degrees(self, ring: int, ulysses: int) -> tuple[int, int]:
         """(ici_context_parallelism, ici_context_usp_ulysses_parallelism) for these degrees."""
         return ring, 1
+
+    @property
+    def maxtext_takes_ulysses_degree(self) -> bool:
+        """Whether MaxText reads `ici_context_usp_ulysses_parallelism` for this strategy (USP)."""
+        return self.maxtext_degrees(1, 2)[1] != 1
 
     def from_maxtext_degrees(self, context: int, usp_ulysses: int) -> tuple[int, int]:
         """(ring, ulysses) degrees of MaxText's flags; the inverse of `maxtext_degrees`."""
@@ -229,14 +201,15 @@ class StrategySpec:
         return []
 
     def maxtext_rules(self, shape: Shape) -> list[str]:
-        """Every MaxText rule `shape` breaks under this strategy, each with the fix: its model's
-        attention mask (`maxtext_mask_problems`), then the strategy's own (`maxtext_problems`)."""
+        """Every MaxText rule `shape` breaks, each with the fix: the mask's, then the strategy's own."""
+        if self.maxtext_name is None:
+            return [f"MaxText 0.2.5 has no {self.strategy.value} strategy (context_parallel_strategy); plan with "
+                    f"one it has, or price for cpplan's runtime"]
         return maxtext_mask_problems(shape.model) + self.maxtext_problems(shape)
 
 
 def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
-    """None unless zigzag is asked of a model with a full (non-causal) mask, where it changes
-    nothing: every rank attends its queries to every key, the same work on each."""
+    """The problem of zigzag under a full mask (every rank does the same work), else None."""
     if zigzag and not model.causal:
         return (f"load_balance=zigzag: zigzag evens out causal attention's uneven work, but model {model.name!r} "
                 f"attends with a full (non-causal) mask (causal=False), which gives every context rank the same work")
@@ -250,11 +223,8 @@ def full_mask_balance_check(shape: Shape) -> Violation | None:
 
 
 def maxtext_mask_problems(model: ModelSpec) -> list[str]:
-    """MaxText 0.2.5 runs the attention of its llama2 and default decoder blocks causal: both
-    build their `Attention` with the global (causal) type, which wins over the `attention_type`
-    flag (layers/attention_op.py `_resolve_attention_type`; models/llama2.py and
-    layers/nnx_decoders.py `NNXDecoderLayer` pass none), and its Ulysses and USP refuse any type
-    but global (configs/types.py). A full-mask model has no MaxText flags."""
+    """A full-mask model cannot be exported: MaxText 0.2.5 runs its decoder blocks causal whatever
+    `attention_type` says. Evidence: docs/provenance/strategies_and_validation.md#base"""
     if model.causal:
         return []
     return [f"model {model.name!r} attends with a full (non-causal) mask, and MaxText 0.2.5 runs its llama2 and "
@@ -283,9 +253,7 @@ def heads_check(shape: Shape) -> Violation | None:
 
 
 def lane_check(spec: StrategySpec, shape: Shape) -> Violation | None:
-    """Every splash call's query and key lengths split into blocks that are multiples of the lane
-    width: the shortest query run (a zigzag chunk where a block must not straddle two) and the
-    shortest key length a call sees must each be a multiple of `SPLASH_LANES`."""
+    """Every splash call's shortest query run and key length must be a multiple of `SPLASH_LANES`."""
     layout = spec.layout(shape)
     for call in spec.kernel_calls(shape, layout):
         if not np.all(np.asarray(call.count) > 0):

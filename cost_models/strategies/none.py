@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.strategies.base import (AxisRule, CPCost, Layout, Shape, StrategySpec, Violation,
-                                         tensor_shard_heads)
+from cost_models.strategies.base import AxisRule, CPCost, Layout, Shape, StrategySpec, Violation, tensor_shard_heads
+from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
 
 
 class NoContext(StrategySpec):
-    strategy = CPStrategy.NONE
+    strategy = CPStrategy.register("none", rank=0)
     axes = AxisRule(context=False, context_ulysses=False)
     collective = "none"
     balances_load = False
     # MaxText has no "none": all-gather over a context axis of 1 gathers nothing
-    maxtext_name = CPStrategy.ALL_GATHER.value
+    maxtext_name = "all_gather"
 
     def load_balance_check(self, shape: Shape) -> Violation | None:
         if shape.zigzag:
@@ -32,3 +32,6 @@ class NoContext(StrategySpec):
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return "no context parallelism"
+
+
+register(NoContext())

@@ -1,17 +1,14 @@
-"""Ring attention over `context`: K/V blocks travel N−1 hops by ppermute, each hop's transfer
-hidden behind the attention of the block in hand when that takes longer.
-
-Backward sends K/V and the fp32 dK/dV accumulators around again, and one extra hop brings the
-gradients home in the compute dtype (XLA moves the runtime's final cast before that transfer).
-Where the remat policy recomputes the forward, the backward's K/V hops are those the recomputed
-forward just made: XLA shares them (read from compiled steps, docs/measurements.md). Holds the block in hand and the one arriving, never the full length.
+"""Ring attention over `context`: K/V blocks travel N−1 hops by ppermute, each hidden behind the
+block in hand's attention when that takes longer. Backward sends K/V and fp32 dK/dV around again, plus
+one hop home; a recomputed forward's hops are reused. Holds two blocks, never the full length.
+Evidence: docs/provenance/strategies_and_validation.md#ring
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cost_models.strategies.base import (AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec,
-                                         tensor_shard_heads)
+from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, tensor_shard_heads
+from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
 
 GRAD_BYTES = 4  # dK/dV accumulate in fp32
@@ -19,13 +16,11 @@ SPLASH_LSE_LANES = 128  # splash's log-sum-exp output is [heads, q_len, 128] fp3
 
 
 def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
-    """A call over the local block, then one call per hop (USP reuses it).
+    """A call over the local block, then one per hop (USP reuses it).
 
-    Zigzag: a hop from an earlier rank attends all local queries to the source's first chunk,
-    one from a later rank the second query chunk to the whole source — across ranks, half of
-    the hops each. Without zigzag only hops from earlier ranks compute: all of them on the last
-    rank, half on the average one, which is what a host's shared cores pay. Under a full
-    (non-causal) mask every step is whole: the local block and all ring − 1 hops, on every rank.
+    Zigzag: half the hops attend all queries to the source's first chunk, half the second query
+    chunk to the whole source. Without it only earlier ranks' hops compute (all on the last rank,
+    half on average, as shared cores pay). Under a full mask every hop is whole.
     """
     length, hops = layout.q_len, layout.ring - 1
     if not x.model.causal:
@@ -38,19 +33,17 @@ def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
 
 
 def tokamax_ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
-    """MaxText's ring (tokamax's ring kernel): every one of the ring's calls spans the whole
-    local query × key grid, the hop's mask sliced from the full one, so a zigzag hop visits the
-    blocks it skips; its backward is splash's fused kernel."""
+    """MaxText's ring (tokamax's kernel): every call spans the whole local grid, so zigzag hops visit
+    the blocks they skip; backward is splash's fused kernel."""
     hops = layout.ring - 1
     return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal, fused_backward=True),
             KernelCall(hops, layout.q_len, layout.kv_len, causal=False, fused_backward=True))
 
 
 def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
-    """HBM bytes per layer of folding each call after the first into the running results: forward,
-    the fp32 output (read, written) and the call's output (read); backward, the fp32 dq
-    accumulator and the travelling fp32 dK/dV accumulators (each read, added to, written).
-    Both runtimes merge outside the kernel (`runtime/attention/ring.py`, tokamax's ring kernel)."""
+    """HBM bytes per layer of merging each call after the first outside the kernel (as both runtimes
+    do): forward, fp32 output read+written and the call's output read; backward, the fp32 dq and
+    dK/dV accumulators each read and written."""
     merges = sum(np.asarray(c.count, dtype=float) for c in calls) - 1
     q_values = x.sequences_per_device * layout.q_heads * layout.q_len * x.model.head_dim
     kv_values = x.sequences_per_device * layout.kv_heads * layout.kv_len * x.model.head_dim
@@ -84,10 +77,10 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
 
 
 class Ring(StrategySpec):
-    strategy = CPStrategy.RING
+    strategy = CPStrategy.register("ring", aliases=("p2p",), rank=3)
     axes = AxisRule(context=True, context_ulysses=False)
     collective = "ring ppermute K/V"
-    maxtext_name = CPStrategy.RING.value
+    maxtext_name = "ring"
     maxtext_tokamax_splash = True
     maxtext_ring_kernel = True
     hides_traffic_behind_attention = True
@@ -121,3 +114,6 @@ class Ring(StrategySpec):
         if shape.zigzag and shape.ring % 2:
             problems.append(f"MaxText's load balancing needs an even context degree, not {shape.ring}")
         return problems
+
+
+register(Ring())

@@ -1,15 +1,8 @@
 """DeepSpeed-Ulysses over `context_ulysses`: all-to-all from sequence shards to head shards.
 
-Four all-to-alls forward (q, k, v in; the output back); backward: q, k, v in again and the output
-back again (unless a recomputed forward just did them), d_out in, dq, dk, dv back. None overlapped.
-The output goes back again because only the kernel's residual is kept (`runtime.model`, as
-MaxText): the out projection's weight gradient reads the output in the layer's layout.
-Query heads per tensor shard must split over the Ulysses degree. KV heads are replicated up to
-the least common multiple of their count and the degree (a grouped-query model with fewer KV
-heads than the degree, or counts where neither divides the other), and that replication is
-priced: more heads travel and more are attended.
-Each device then runs one kernel over the whole sequence (or ring block, for USP), causal unless the
-model's mask is full.
+Forward: q, k, v in, output back; backward repeats those four (unless a recomputed forward did),
+plus d_out in and dq, dk, dv back; none overlapped. KV heads are replicated to lcm(count, degree),
+and that is priced. Evidence: docs/provenance/strategies_and_validation.md#ulysses
 """
 from __future__ import annotations
 
@@ -17,15 +10,22 @@ import math
 
 import numpy as np
 
-from cost_models.strategies.base import (AxisRule, CPCost, Layout, Shape, StrategySpec, Violation,
-                                         kv_heads_per_tensor_shard)
+from cost_models.strategies.base import (
+    AxisRule,
+    CPCost,
+    Layout,
+    Shape,
+    StrategySpec,
+    Violation,
+    kv_heads_per_tensor_shard,
+)
+from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
 
 
 def replicated_kv_heads(kv_heads, ulysses):
-    """KV heads of one tensor shard after replication for the all-to-all: the least multiple of
-    the degree that is a multiple of `kv_heads` (then every device gets whole, equal groups).
-    Ints, or arrays of whole numbers (one per candidate)."""
+    """KV heads of one tensor shard after replication: lcm(`kv_heads`, degree), so every device gets
+    whole, equal groups. Ints, or arrays of whole numbers."""
     if np.ndim(kv_heads) == 0 and np.ndim(ulysses) == 0:
         return math.lcm(int(kv_heads), int(ulysses))
     return np.lcm(np.asarray(kv_heads, dtype=int), np.asarray(ulysses, dtype=int))
@@ -50,10 +50,8 @@ def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
 
 
 def all_to_all_cost(x, layout: Layout):
-    """(forward, backward) all-to-all time of one layer.
-
-    The backward repeats the four forward all-to-alls (see the module's docstring), so a recomputed
-    forward makes exactly the forward's time unnecessary: callers pass it as `recompute_reuses_s`."""
+    """(forward, backward) all-to-all time of one layer; the forward's is what a recomputed forward
+    saves (`recompute_reuses_s`)."""
     local_tokens = x.sequences_per_device * x.seq_len / (x.ring * x.ulysses)
 
     def a2a(heads):  # one array of `heads` heads per device after the exchange
@@ -68,8 +66,8 @@ def all_to_all_cost(x, layout: Layout):
 
 
 def maxtext_ulysses_problems(shape: Shape) -> list[str]:
-    """MaxText 0.2.5's head rules for its all-to-all (configs/types.py, the Ulysses and USP checks):
-    query and KV heads divisible by the Ulysses degree, no MQA; it never replicates KV heads."""
+    """MaxText 0.2.5's all-to-all head rules (configs/types.py): query and KV heads divisible by the
+    degree, no MQA; it never replicates KV heads."""
     problems = []
     model = shape.model
     if model.num_heads % shape.ulysses:
@@ -84,11 +82,11 @@ def maxtext_ulysses_problems(shape: Shape) -> list[str]:
 
 
 class Ulysses(StrategySpec):
-    strategy = CPStrategy.ULYSSES
+    strategy = CPStrategy.register("ulysses", aliases=("a2a", "all_to_all"), rank=2)
     axes = AxisRule(context=False, context_ulysses=True)
     collective = "all-to-all q/k/v/out"
     balances_load = False
-    maxtext_name = CPStrategy.ULYSSES.value
+    maxtext_name = "ulysses"
     maxtext_tokamax_splash = True
     maxtext_refuses_load_balance = True
     maxtext_per_head_metadata = True
@@ -123,3 +121,6 @@ class Ulysses(StrategySpec):
             problems.append("MaxText's ulysses requires context_parallel_load_balance=False (after the all-to-all "
                             "each device attends over the whole sequence); plan with load_balance='none'")
         return problems
+
+
+register(Ulysses())

@@ -6,16 +6,17 @@ ring then passes those blocks around the `context` axis. Costs are the two strat
 from __future__ import annotations
 
 from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
+from cost_models.strategies.registry import register
 from cost_models.strategies.ring import ring_calls, ring_cost, ring_merge_bytes, tokamax_ring_calls
 from cost_models.strategies.ulysses import all_to_all_cost, maxtext_ulysses_problems, ulysses_heads_rule, ulysses_layout
 from cost_models.vocabulary import CPStrategy
 
 
 class USP(StrategySpec):
-    strategy = CPStrategy.USP
+    strategy = CPStrategy.register("usp", aliases=("hybrid",), rank=4)
     axes = AxisRule(context=True, context_ulysses=True)
     collective = "all-to-all + ring ppermute"
-    maxtext_name = CPStrategy.USP.value
+    maxtext_name = "usp"
     maxtext_tokamax_splash = True
     maxtext_ring_kernel = True
     hides_traffic_behind_attention = True
@@ -66,3 +67,6 @@ class USP(StrategySpec):
             problems.append(f"MaxText's usp balances load only over an even ring degree, not context={shape.ring}; "
                             f"plan with load_balance='none' or an even context")
         return problems
+
+
+register(USP())

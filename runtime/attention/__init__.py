@@ -1,16 +1,13 @@
-"""Context-parallel attention: one module per strategy, one entry point.
+"""Context-parallel attention: one module per strategy, run under `shard_map` with the model's mask.
 
-`context_attention(q, k, v, plan=..., mesh=...)` takes global `[batch, seq, heads, head_dim]`
-arrays in natural token order and returns the attention output in the same layout, under the
-mask of the plan's model (causal, or full where `ModelSpec.causal` is False); the
-model calls `sharded_attention`, which expects tokens already in the plan's (load-balanced)
-order. Both scale q by 1/sqrt(head_dim) once and run the plan's strategy under `shard_map`.
-Both take optional `segment_ids` `[batch, seq]` of packed documents: a query then sees only
-earlier keys (any key, under a full mask) of its own document. Every strategy carries them.
+`context_attention` takes tokens in natural order, `sharded_attention` (the model's entry) in the
+plan's order; both scale q once and accept `segment_ids` of packed documents.
 """
 from __future__ import annotations
 
+import importlib
 import math
+from types import ModuleType
 
 import jax
 import jax.numpy as jnp
@@ -20,18 +17,27 @@ from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.plan import Plan
-from runtime.attention import all_gather, ring, single, ulysses, usp
 from runtime.attention.base import AttentionLayout
 from runtime.layout import HEADS, TOKENS, token_order
 from runtime.splash import KernelConfig
 
-STRATEGIES = {
-    CPStrategy.NONE: single,
-    CPStrategy.ALL_GATHER: all_gather,
-    CPStrategy.ULYSSES: ulysses,
-    CPStrategy.RING: ring,
-    CPStrategy.USP: usp,
-}
+# strategy → the module whose `attention(q, k, v, layout, segment_ids=None)` runs it on one device's shard
+IMPLEMENTATIONS: dict[CPStrategy, ModuleType] = {}
+
+
+def implementation(strategy: CPStrategy) -> ModuleType:
+    """The module running a strategy: registered in `IMPLEMENTATIONS`, else `runtime/attention/<name>.py`.
+
+    Raises:
+        CpplanError: the strategy has no runtime.
+    """
+    if strategy not in IMPLEMENTATIONS:
+        try:
+            IMPLEMENTATIONS[strategy] = importlib.import_module(f"{__name__}.{strategy.value}")
+        except ModuleNotFoundError:
+            raise CpplanError(f"cpplan's runtime has no attention for strategy {strategy.value!r} (no module "
+                              f"runtime/attention/{strategy.value}.py); plan with another strategy.") from None
+    return IMPLEMENTATIONS[strategy]
 
 
 def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
@@ -50,20 +56,11 @@ def is_interpret(mesh: Mesh) -> bool:
 
 def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
                       segment_ids: jax.Array | None = None) -> jax.Array:
-    """Attention (under the model's mask) of global arrays whose tokens are already in the plan's order.
-
-    Args:
-        q: `[batch, seq, heads, head_dim]`.
-        k: `[batch, seq, kv_heads, head_dim]`.
-        v: like k.
-        plan: the plan (strategy, mesh sizes, load balancing, blocks).
-        mesh: the mesh built by `runtime.build_mesh(plan)`.
-        segment_ids: `[batch, seq]` int32 document ids of packed sequences (same order), or None.
-    Returns:
-        `[batch, seq, heads, head_dim]`, sharded like q.
+    """Attention of global `[batch, seq, heads, head_dim]` q (k/v: kv_heads) already in the plan's
+    token order, on `runtime.build_mesh(plan)`; `segment_ids` `[batch, seq]` or None. Sharded like q.
     """
     layout = attention_layout(plan, interpret=is_interpret(mesh))
-    module = STRATEGIES[plan.cp_strategy]
+    module = implementation(plan.cp_strategy)
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     if segment_ids is None:
         fn = jax.shard_map(lambda a, b, c: module.attention(a, b, c, layout), mesh=mesh,
@@ -76,17 +73,8 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
 
 def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
                       segment_ids: jax.Array | None = None) -> jax.Array:
-    """Attention (under the model's mask) of global arrays in natural token order, run as the plan says.
+    """Like `sharded_attention`, for arrays (and `segment_ids`) in natural token order; returns natural order.
 
-    Args:
-        q: `[batch, seq, heads, head_dim]`, natural token order.
-        k: `[batch, seq, kv_heads, head_dim]`.
-        v: like k.
-        plan: the plan; its seq_len must equal the arrays' sequence length.
-        mesh: the mesh built by `runtime.build_mesh(plan)`.
-        segment_ids: `[batch, seq]` int32 document ids of packed sequences, natural order, or None.
-    Returns:
-        `[batch, seq, heads, head_dim]` in natural token order.
     Raises:
         CpplanError: the arrays do not match the plan, or the plan cannot run.
     """

@@ -1,11 +1,7 @@
-"""All-gather context parallelism: gather K/V over 'context', attend the local queries to all.
+"""All-gather context parallelism: gather K/V (and segment ids) over 'context', attend local queries to all.
 
-The gathered keys are put back in natural order (a static permutation of 2N chunks under
-zigzag), and each rank's queries carry their global positions into the kernel, so one causal
-splash call per rank does the work; its block tables are built for every rank and the rank's
-row is selected at run time. Under a full mask (`ModelSpec.causal=False`) the call is a full
-kernel, the same on every rank. Autodiff turns the all-gather into a reduce-scatter of dK/dV.
-Segment ids of packed documents are gathered and reordered exactly like K/V.
+Gathered keys return to natural order and queries carry global positions, so one causal splash call
+per rank suffices (its rank's block-table row picked at run time); autodiff makes dK/dV a reduce-scatter.
 """
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ def _natural_order(x: jax.Array, n: int, seq: int) -> jax.Array:
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
-    `[batch, seq/N]` (packed documents) or None."""
+    """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled); `segment_ids` `[batch, seq/N]` or None."""
     n, seq = layout.ring, layout.seq_len
     gathered = [jax.lax.all_gather(x, "context", axis=1, tiled=True) for x in (k, v, segment_ids) if x is not None]
     if layout.zigzag and n > 1:

@@ -1,5 +1,4 @@
-"""What every context-parallel strategy shares: the static layout of a step's attention, the
-head-folding that feeds splash, and the KV-head replication Ulysses needs."""
+"""Shared by every strategy: the static attention layout, head folding for splash, Ulysses' KV replication."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,16 +13,9 @@ from runtime.splash import KernelConfig
 
 @dataclass(frozen=True)
 class AttentionLayout:
-    """Static facts about one attention call inside `shard_map`.
+    """Static facts about one attention call inside `shard_map`: global `seq_len`, the 'context'
+    (`ring`) and 'context_ulysses' (`ulysses`) degrees, zigzag order, splash `kernel`, the model's mask.
 
-    Attributes:
-        seq_len: global tokens per sequence.
-        ring: size of the 'context' axis (ring / all-gather degree).
-        ulysses: size of the 'context_ulysses' axis (all-to-all degree).
-        zigzag: tokens are in zigzag order over the ring.
-        kernel: splash block sizes and mode.
-        causal: the model's mask (`ModelSpec.causal`): causal, or full, where every query sees
-            every key and there is no work for zigzag to balance.
     Raises:
         CpplanError: zigzag order under a full mask (`Plan` refuses it too).
     """
@@ -48,11 +40,7 @@ class AttentionLayout:
 
 
 def fold_heads(x: jax.Array) -> jax.Array:
-    """`[batch, seq, heads, d]` → `[batch·heads, seq, d]`: batch folded into splash's head axis.
-
-    With q and k/v folded the same way, query head b·H+j maps to kv head b·K + j//(H/K): grouped
-    attention stays correct.
-    """
+    """`[batch, seq, heads, d]` → `[batch·heads, seq, d]`; folding q and k/v alike keeps GQA's head mapping."""
     b, s, h, d = x.shape
     return x.transpose(0, 2, 1, 3).reshape(b * h, s, d)
 
@@ -64,8 +52,7 @@ def unfold_heads(x: jax.Array, batch: int) -> jax.Array:
 
 
 def repeat_kv_for(k: jax.Array, degree: int) -> jax.Array:
-    """Replicates kv heads (axis 2) as the Ulysses spec prices it (`replicated_kv_heads`): to the
-    least common multiple of their count and the degree."""
+    """Replicates kv heads (axis 2) to `replicated_kv_heads`, as the Ulysses spec prices it."""
     heads = k.shape[2]
     factor = replicated_kv_heads(heads, degree) // heads
     return jnp.repeat(k, factor, axis=2) if factor > 1 else k

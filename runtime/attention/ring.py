@@ -123,8 +123,7 @@ def _forward(q, k, v, ids, layout: AttentionLayout):
 @partial(jax.custom_vjp, nondiff_argnums=(4,))
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
                    layout: AttentionLayout) -> jax.Array:
-    """Ring attention of folded local blocks `[heads, ring_block, d]` (q pre-scaled), under the model's mask;
-    `segment_ids` `[batch, ring_block]` of packed documents (heads batch-major), or None."""
+    """Ring attention of folded `[heads, ring_block, d]` blocks (q pre-scaled); `segment_ids` or None."""
     return _forward(q, k, v, segment_ids, layout)[0]
 
 
@@ -157,7 +156,6 @@ ring_attention.defvjp(_ring_fwd, _ring_bwd)
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
-    `[batch, seq/N]` (packed documents) or None."""
+    """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled); `segment_ids` `[batch, seq/N]` or None."""
     out = ring_attention(fold_heads(q), fold_heads(k), fold_heads(v), segment_ids, layout)
     return unfold_heads(out, q.shape[0])

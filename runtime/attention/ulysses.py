@@ -1,9 +1,5 @@
-"""Ulysses (all-to-all) context parallelism over 'context_ulysses'.
-
-An all-to-all trades the sequence split for a head split: each device gets the whole (ring)
-block for heads/u heads, attends, and a second all-to-all brings the output back. Grouped-query
-models with fewer kv heads than the degree replicate kv heads first. `gather_sequence` and
-`scatter_sequence` are reused by USP. Segment ids of packed documents are all-gathered.
+"""Ulysses context parallelism over 'context_ulysses': an all-to-all trades the sequence split for a
+head split (kv heads replicated first when fewer than the degree), a second one restores it. USP reuses both.
 """
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ def scatter_sequence(out: jax.Array) -> jax.Array:
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
-    `[batch, seq/u]` (packed documents) or None."""
+    """Attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled); `segment_ids` `[batch, seq/u]` or None."""
     q, k, v = gather_sequence(q, k, v, layout)
     ids = gather_segment_ids(segment_ids)
     kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, causal=layout.causal).with_segments(ids, ids)

@@ -1,9 +1,5 @@
-"""USP: Ulysses all-to-all over 'context_ulysses' inside, ring over 'context' across.
-
-The all-to-all gathers each ring block for heads/u heads; the ring then runs exactly as in
-`ring.py` on those blocks (segment ids gathered, then travelling with K/V); a second
-all-to-all restores the sequence split.
-"""
+"""USP: Ulysses all-to-all over 'context_ulysses' gathers each ring block for heads/u heads, then
+`ring.py` runs over 'context' on those blocks; a second all-to-all restores the sequence split."""
 from __future__ import annotations
 
 import jax
@@ -14,8 +10,7 @@ from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
               segment_ids: jax.Array | None = None) -> jax.Array:
-    """Attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled), under the model's mask; `segment_ids`
-    `[batch, seq/(r·u)]` (packed documents) or None."""
+    """Attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled); `segment_ids` likewise or None."""
     q, k, v = ulysses.gather_sequence(q, k, v, layout)
     ids = ulysses.gather_segment_ids(segment_ids)
     out = ring.ring_attention(fold_heads(q), fold_heads(k), fold_heads(v), ids, layout)

@@ -1,18 +1,6 @@
-"""Training data for runs: a batch is a pure function of (source, seed, step, process).
-
-`open_dataset(source, seq_len=..., vocab=..., seed=..., pack=...)` opens synthetic tokens (the
-default), a text file (bytes as tokens), a `.npy` or raw uint16/uint32 token file, or ArrayRecord
-shards (`runtime.data.sources` says what each holds). The corpus is one token stream cut into
-rows of `seq_len+1` tokens with stride `seq_len` (each token is a target once per epoch); the
-rows are visited in a fresh random order every epoch (a permutation seeded by (seed, epoch)).
-Global row `step·global_batch + i` is a function of its index alone, so the data position a run
-checkpoints is its step number, and each process reads only its own rows.
-
-With `pack=True` the documents of a row are kept apart: the batch carries segment ids (see
-`runtime.data.packing`), attention joins only equal ids, positions restart per document and no
-target crosses a document. Documents longer than a row continue in the next row of the stream
-as a new segment. Shuffling is numpy's, not grain's: grain imports jax, and reading and packing
-are tested in the jax-free tier; grain reads the ArrayRecord files.
+"""Training data: a batch is a pure function of (source, seed, step, process), so the checkpointed
+data position is the step. A corpus is one token stream cut into `seq_len+1`-token rows at stride
+`seq_len`, reshuffled each epoch; each process reads only its rows; `pack` adds segment ids.
 """
 from __future__ import annotations
 
@@ -33,16 +21,10 @@ SYNTHETIC = "synthetic"
 
 @dataclass(frozen=True)
 class Batch:
-    """One process's rows of a step.
+    """One process's rows of a step: global rows `[process_index·local_batch, (process_index+1)·local_batch)`."""
 
-    Attributes:
-        tokens: `[local_batch, seq_len+1]` int32, global rows
-            `[process_index·local_batch, (process_index+1)·local_batch)` of the step.
-        segment_ids: like tokens (document number within each row, from 1), or None when not packed.
-    """
-
-    tokens: np.ndarray
-    segment_ids: np.ndarray | None
+    tokens: np.ndarray  # [local_batch, seq_len+1] int32
+    segment_ids: np.ndarray | None  # like tokens, documents numbered from 1 in each row; None unless packed
 
 
 def _local_rows(step: int, *, global_batch: int, process_index: int, process_count: int) -> np.ndarray:
@@ -74,20 +56,13 @@ class SyntheticDataset:
 
 
 def _epoch_order(epoch: int, *, seed: int, num_rows: int) -> np.ndarray:
-    """The order in which an epoch visits the rows."""
+    """The order in which an epoch visits the rows (numpy's, not grain's: grain imports jax)."""
     return np.random.default_rng([seed, epoch]).permutation(num_rows)
 
 
 class TokenDataset:
-    """Rows of a token stream, shuffled per epoch, optionally with segment ids.
+    """Rows of a token stream, shuffled per epoch, with segment ids when `pack`.
 
-    Args:
-        stream: the corpus.
-        seq_len: tokens per training sequence (rows hold one more, for the last target).
-        vocab: the model's vocabulary; every token must be below it.
-        seed: the shuffling seed.
-        pack: give segment ids (needs document boundaries: `eos_id`, offsets or ArrayRecord).
-        eos_id: the end-of-document token, or None.
     Raises:
         CpplanError: data shorter than one row, or packing without document boundaries.
     """
@@ -138,20 +113,9 @@ class TokenDataset:
 def open_dataset(source: "str | os.PathLike | None" = None, *, seq_len: int, vocab: int, seed: int = 0,
                  pack: bool = False, dtype: str | None = None, eos_id: int | None = None,
                  offsets: "str | os.PathLike | None" = None) -> "SyntheticDataset | TokenDataset":
-    """Opens training data; `.batch(step, global_batch=..., process_index=..., process_count=...)` gives a `Batch`.
+    """Opens `source` (None or "synthetic": random tokens; else a file as `sources.open_stream` reads it);
+    `.batch(step, global_batch=..., process_index=..., process_count=...)` gives a `Batch`.
 
-    Args:
-        source: None or "synthetic" (random tokens), a text file (bytes as tokens), a `.npy` token
-            array, a raw token file (with `dtype`), or ArrayRecord shards (`.array_record`, a glob allowed).
-        seq_len: tokens per training sequence.
-        vocab: the model's vocabulary size.
-        seed: the shuffling (or synthetic) seed.
-        pack: keep documents apart with segment ids (needs `eos_id`, `offsets` or ArrayRecord).
-        dtype: "uint16" or "uint32" for raw and ArrayRecord tokens.
-        eos_id: the token that ends each document.
-        offsets: a `.npy` of the stream offsets where documents start.
-    Returns:
-        A dataset whose batches are a pure function of (source, seed, step, process).
     Raises:
         CpplanError: bad files or flags (see `runtime.data.sources.open_stream`), packing synthetic
             data, a text file with a vocabulary under 256, or data shorter than one sequence.

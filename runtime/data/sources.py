@@ -1,19 +1,8 @@
-"""Token corpora on disk, each seen as one stream of token ids with its document boundaries.
+"""Token corpora on disk, each one stream of token ids with its document boundaries.
 
-Forms read (chosen by the path and the `dtype` flag):
-
-- `.npy`: a 1-D integer numpy array of token ids, memory-mapped;
-- raw token files (any other name, with `dtype` "uint16" or "uint32"): the ids back to back in
-  little-endian order, as nanoGPT / Megatron-style `.bin` files store them, memory-mapped;
-- ArrayRecord (`.array_record` / `.arrayrecord`, or a glob of shards): one document per record,
-  each record the document's ids as little-endian `dtype` bytes, read with grain's
-  `ArrayRecordDataSource` (random access; the record lengths are read once when opened);
-- any other file without `dtype` (but not `.bin`): text, its bytes as tokens (a byte-level tokenizer).
-
-Document boundaries: for ArrayRecord, the records; for the others, either an end-of-document
-token (`eos_id`, which ends each document and belongs to it) or an offsets file (a 1-D integer
-`.npy` of the stream offsets where documents start, first 0, increasing). Nothing here reads a
-whole memory-mapped corpus: tokens are checked against the vocabulary batch by batch.
+Reads `.npy` arrays and raw little-endian uint16/uint32 files (nanoGPT/Megatron `.bin`), memory-mapped;
+ArrayRecord shards (one document per record, via grain); and text (bytes as tokens). Boundaries are the
+records, an `eos_id` token or an offsets `.npy`; tokens are checked against the vocabulary per batch.
 """
 from __future__ import annotations
 
@@ -34,18 +23,11 @@ RAW_SUFFIXES = (".bin",)  # never read as text: their width must be given
 
 @dataclass(frozen=True)
 class TokenStream:
-    """A corpus as one stream of token ids.
+    """A corpus as one stream of token ids."""
 
-    Attributes:
-        name: where it came from (for messages).
-        tokens: 1-D token ids supporting `len` and slicing (a memory map, an array or `RecordStream`).
-        doc_starts: sorted stream offsets where documents start, or None when the boundaries are
-            an end-of-document token or unknown.
-    """
-
-    name: str
-    tokens: object
-    doc_starts: np.ndarray | None = None
+    name: str  # where it came from, for messages
+    tokens: object  # 1-D ids supporting len and slicing: a memory map, an array or a `RecordStream`
+    doc_starts: np.ndarray | None = None  # sorted offsets where documents start; None: eos_id or unknown
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -56,12 +38,8 @@ class TokenStream:
 
 
 class RecordStream:
-    """ArrayRecord documents read as one stream: slicing reads only the records it covers.
-
-    Args:
-        paths: the ArrayRecord shard files, in stream order.
-        dtype: the token dtype each record's bytes hold.
-    """
+    """ArrayRecord shards (`paths`, in stream order; records of `dtype` tokens) as one stream:
+    slicing reads only the records it covers."""
 
     def __init__(self, paths: list[str], dtype: np.dtype):
         from grain.sources import ArrayRecordDataSource
@@ -173,15 +151,9 @@ def check_byte_vocab(vocab: int) -> None:
 
 def open_stream(path: "str | os.PathLike", *, dtype: str | None = None,
                 offsets: "str | os.PathLike | None" = None) -> TokenStream:
-    """A token corpus on disk as a `TokenStream`.
+    """A `.npy` file, a raw token file or ArrayRecord shards (a file or a glob) with `dtype` "uint16" or
+    "uint32", or a text file, as a `TokenStream`; `offsets`: a `.npy` of document starts.
 
-    Args:
-        path: a `.npy` file, a raw token file (with `dtype`), ArrayRecord shards (a file or a glob),
-            or a text file (bytes as tokens).
-        dtype: "uint16" or "uint32" for raw and ArrayRecord files; must match a `.npy` file's own.
-        offsets: a `.npy` of document start offsets (not for ArrayRecord, whose records are the documents).
-    Returns:
-        The stream, with `doc_starts` from `offsets` or the ArrayRecord records.
     Raises:
         CpplanError: a missing or unreadable file, an unsupported dtype, a file that does not hold
             whole tokens of that dtype, or bad offsets.

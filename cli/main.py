@@ -1,0 +1,46 @@
+"""`cpplan`: the parser of every command, and one command run with cpplan's exit statuses."""
+from __future__ import annotations
+
+import signal
+import sys
+
+from cli import planning, running, validating
+from cli.args import Parser
+from cli.signals import INTERRUPTS
+from cost_models.errors import CpplanError
+
+FAMILIES = (planning, running, validating)
+
+
+def build_parser() -> Parser:
+    """The `cpplan` parser with every subcommand; the parsed namespace carries its handler as `func`."""
+    parser = Parser(prog="cpplan", allow_abbrev=False, description="Plan context parallelism for long-context "
+                    "training: price, choose, explain, run and validate.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for family in FAMILIES:
+        family.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one `cpplan` command.
+
+    Args:
+        argv: the arguments (default: the process's).
+    Returns:
+        The exit status: 0 done, 1 nothing fits / does not fit / nothing measured, 2 bad input,
+        128 + the signal's number when interrupted (Ctrl-C or SIGTERM).
+    """
+    args = build_parser().parse_args(argv)
+    with INTERRUPTS.handled():
+        try:
+            return args.func(args)
+        except CpplanError as err:
+            print(f"cpplan: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("cpplan: interrupted", file=sys.stderr)
+            return INTERRUPTS.exit_status(signal.SIGINT)
+        except BrokenPipeError:  # output piped into `head` and the like
+            sys.stderr.close()
+            return 0

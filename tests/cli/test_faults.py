@@ -1,0 +1,214 @@
+"""Faults lose nothing: SIGTERM or Ctrl-C mid-measurement keeps what was measured and writes the
+report; outputs that cannot be written are refused before any work; no file is written through a
+symlink. Each test asserts what is on disk afterwards."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+HEADER = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
+
+
+_AS_FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                       "sys.argv = ['cpplan', *sys.argv[1:]]; runpy.run_module('cli', run_name='__main__')")
+
+
+def _cpplan(*argv: str, cwd: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a user runs it
+    # Ctrl-C as in a terminal, even where the test runner's parent ignores SIGINT (a background job);
+    # the child restores it itself, so the runner (with jax's threads) spawns rather than forks
+    return subprocess.Popen([sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv], cwd=cwd,
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"{path} did not reach {count} line(s) in {timeout_s} s; stderr: {proc.communicate()[1][-2000:]}")
+
+
+@pytest.mark.cpu_mesh
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
+    out = tmp_path / "out"
+    # more plans than can run before the signal lands, even on a loaded host
+    proc = _cpplan("validate", "--model", "tiny", "--seq-lens", "1k,2k,4k", "--topology", "cpu:8", "--max-plans", "4",
+                   "--steps", "2", "--no-plots", "--out", str(out), cwd=tmp_path)
+    journal = out / "measurements.jsonl"
+    _wait_for_lines(journal, 1, proc, timeout_s=120)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, (proc.returncode, stderr[-3000:])
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("cpplan: interrupted after")
+    kept = [json.loads(line) for line in journal.read_text().splitlines()]
+    report = json.loads((out / "report.json").read_text())
+    assert 1 <= len(kept) < 3 * 4 and report["summary"]["interrupted"]  # 3 lengths × 4 plans, not all run
+    assert report["summary"]["plans_measured"] == len(kept)
+    assert [p["measured_step_s"] for p in report["plans"]] == [p["measured_step_s"] for p in kept]
+    assert "interrupted" in (out / "report.md").read_text()
+    assert not list(out.glob(".*.tmp"))
+
+
+@pytest.mark.cpu_mesh
+def test_ctrl_c_before_the_first_step_prints_one_line(tmp_path):
+    """Interrupted while it compiles, before the first step: one line, no files.
+    (Interrupted during the steps, a run saves a checkpoint: tests/runtime/test_resume.py.)"""
+    proc = _cpplan("run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "50",
+                   "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert "pre-flight compile" in proc.stdout.readline()  # the run's first line: jax is up, compiling starts
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and stderr.strip().splitlines() == ["cpplan: interrupted"], stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+pure = pytest.mark.pure
+
+
+def _measured_csv(tmp_path: Path) -> Path:
+    path = tmp_path / "measured.csv"
+    path.write_text(HEADER + "\ntiny,cpu:8,4k,1,ring,8,0.5\n")
+    return path
+
+
+@pure
+@pytest.mark.parametrize("command", [
+    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8"],
+    ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2"],
+    ["calibrate", "--topology", "cpu:8"],
+])
+@pytest.mark.parametrize("kind", ["a file", "under a file", "report names a directory"])
+def test_unusable_outputs_are_refused_before_any_work(command, kind, tmp_path, capsys, monkeypatch):
+    from cost_models.errors import CpplanError
+    from validation import outputs
+
+    blocker = tmp_path / "taken"
+    blocker.write_text("keep me")
+    if kind == "a file":
+        out = blocker
+    elif kind == "under a file":
+        out = blocker / "out"
+    else:
+        out = tmp_path / "out"
+        for name in ("report.json", "memory.json", "cpu.json"):
+            (out / name).mkdir(parents=True)
+    # each command proves its output directory usable before it sets up devices, measures or
+    # compiles: the refusal must be that check's, so nothing after it ran
+    refused, prepare = [], outputs.prepare_out_dir
+
+    def recording(*args, **kwargs):
+        try:
+            return prepare(*args, **kwargs)
+        except CpplanError as err:
+            refused.append(str(err))
+            raise
+
+    monkeypatch.setattr(outputs, "prepare_out_dir", recording)
+    assert main([*command, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and str(out.name) in err
+    assert len(refused) == 1 and refused[0] in err  # refused by the output check, before measuring or compiling
+    assert blocker.read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["out", "taken"] if kind.startswith("report") else ["taken"])
+
+
+@pure
+def test_reports_replace_symlinks_instead_of_following_them(tmp_path, capsys):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.json").symlink_to(victim)
+    (out / "report.md").symlink_to(victim)
+    assert main(["validate", "--measured", str(_measured_csv(tmp_path)), "--no-plots", "--out", str(out)]) == 0
+    assert victim.read_text() == "precious"
+    assert not (out / "report.json").is_symlink()
+    assert json.loads((out / "report.json").read_text())["summary"]["plans_measured"] == 1
+    assert not list(out.glob(".*.tmp"))
+
+
+@pure
+def test_the_journal_is_never_appended_through_a_symlink(tmp_path):
+    from cost_models.errors import CpplanError
+    from validation.outputs import append_record
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "measurements.jsonl").symlink_to(victim)
+    with pytest.raises(CpplanError, match="symlink"):
+        append_record(tmp_path / "measurements.jsonl", {"step": 1.0})
+    assert victim.read_text() == "precious"
+
+
+@pure
+def test_a_json_report_never_holds_nan(tmp_path, capsys):
+    # one measured plan: Spearman and regret are undefined, and written as null, not NaN
+    out = tmp_path / "out"
+    assert main(["validate", "--measured", str(_measured_csv(tmp_path)), "--no-plots", "--out", str(out)]) == 0
+    text = (out / "report.json").read_text()
+    report = json.loads(text, parse_constant=lambda name: pytest.fail(f"report.json holds {name}"))
+    assert report["spearman"] is None and "n/a" in (out / "report.md").read_text()
+
+
+@pytest.mark.cpu_mesh
+@pytest.mark.parametrize("command", [["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "v5p-8"],
+                                     ["calibrate", "--topology", "v5p-8"], ["calibrate", "--topology", "cpu:16"]])
+def test_commands_refuse_devices_that_are_absent(command, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([*command, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "devices" in err
+    assert list(out.iterdir()) == []  # refused before anything was measured or written
+
+
+@pytest.mark.cpu_mesh
+def test_run_json_prints_json_alone(capsys, tmp_path):
+    """No text around the JSON, so that a killed or piped run is still read by machines."""
+    assert main(["run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "2", "--json",
+                 "--run-dir", str(tmp_path / "run")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plan"]["seq_len"] == 1024 and data["measured"]["step_time_s"] > 0
+    assert data["predicted"]["step_time_s"] > 0
+
+
+@pure
+def test_an_interrupt_inside_a_gc_callback_is_delivered_again_not_swallowed(monkeypatch):
+    """jax registers a garbage-collection callback, and Python swallows (and prints) an exception a
+    callback raises: an interrupt landing there is sent again for after the callback, not raised."""
+    import gc
+
+    from cli.signals import Interrupts
+
+    interrupts, sent, seen = Interrupts(), [], {}
+    monkeypatch.setattr(interrupts, "_deliver_again", sent.append)
+
+    def callback(phase, info):
+        if phase == "start" and "raised" not in seen:
+            try:
+                interrupts._handle(signal.SIGINT, sys._getframe())
+                seen["raised"] = False
+            except KeyboardInterrupt:
+                seen["raised"] = True
+
+    gc.callbacks.append(callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(callback)
+    assert seen == {"raised": False} and sent == [signal.SIGINT] and interrupts.received == [signal.SIGINT]
+    with pytest.raises(KeyboardInterrupt):  # anywhere else it raises at once
+        interrupts._handle(signal.SIGTERM, sys._getframe())
+    assert sent == [signal.SIGINT]

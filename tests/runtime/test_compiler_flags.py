@@ -1,0 +1,82 @@
+"""cpplan's TPU compiler flags merged into a user's LIBTPU_INIT_ARGS (`runtime.compile`): the
+user's flags win, cpplan's fill in the rest, and a real run's process gets them before libtpu starts."""
+import os
+
+import pytest
+
+from runtime.compile import TPU_COMPILER_FLAGS, merged_compiler_args, use_compiler_flags
+
+pytestmark = pytest.mark.pure
+
+V5E = TPU_COMPILER_FLAGS["v5e"].split()
+
+
+def test_a_flag_the_user_set_keeps_the_users_value():
+    user = "--xla_tpu_enable_async_collective_fusion=false --xla_jf_dump_to=/tmp/x"
+    merged = merged_compiler_args(user, "v5e").split()
+    assert merged[:2] == user.split()
+    assert "--xla_tpu_enable_async_collective_fusion=true" not in merged  # cpplan's value of it dropped
+    assert merged[2:] == [f for f in V5E if not f.startswith("--xla_tpu_enable_async_collective_fusion=")]
+    assert len(merged) == 2 + len(V5E) - 1
+
+
+def test_merging_is_idempotent_and_a_chip_without_flags_keeps_the_users():
+    once = merged_compiler_args("--xla_jf_dump_to=/tmp/x", "v5e")
+    assert merged_compiler_args(once, "v5e") == once
+    assert merged_compiler_args("", "v5e") == " ".join(V5E)
+    assert merged_compiler_args(" --a=1  --b ", "v5p") == "--a=1 --b"  # v5p compiles with libtpu's defaults
+    assert merged_compiler_args("", "v5p") == ""
+
+
+def test_use_compiler_flags_sets_the_process_environment(monkeypatch):
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_enable_async_all_gather=false")
+    use_compiler_flags("v5e")
+    args = os.environ["LIBTPU_INIT_ARGS"].split()
+    assert args[0] == "--xla_enable_async_all_gather=false" and "--xla_enable_async_all_gather=true" not in args
+    assert set(V5E) - set(args) == {"--xla_enable_async_all_gather=true"}
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+    use_compiler_flags("v5p")
+    assert "LIBTPU_INIT_ARGS" not in os.environ
+
+
+def test_the_cli_sets_them_before_it_measures_a_tpu_and_not_on_a_host(monkeypatch):
+    """`cpplan calibrate/validate/run` on a TPU start jax with the chip's flags (they are set before
+    the device check that starts the backend); on a host nothing is set."""
+    from cost_models.topology import get_topology
+    from runtime.launch import use_tpu_compiler_flags
+
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "")  # so that teardown restores the variable as it was
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+    use_tpu_compiler_flags(get_topology("cpu:8").chip)
+    assert "LIBTPU_INIT_ARGS" not in os.environ
+    use_tpu_compiler_flags(get_topology("v5e-16").chip)
+    assert os.environ["LIBTPU_INIT_ARGS"].split() == V5E
+
+
+def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wins(monkeypatch):
+    """A plan whose splash blocks need more scoped VMEM than the compiler's default compiles with
+    the chip's most (v5p: its VMEM, 65472 KiB; blocks of 2048 need 27.9M of its default 16M);
+    `cpplan run` sets the largest its plan and fallbacks need; none where they fit the default."""
+    import dataclasses
+
+    import planner
+    from cost_models.topology import get_topology
+    from runtime.compile import scoped_vmem_flag
+    from runtime.launch import use_tpu_compiler_flags
+
+    plan = planner.plan("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k")
+    wide = dataclasses.replace(plan, block_q=2048, block_kv=2048)
+    extra = scoped_vmem_flag(wide.scoped_vmem_limit_kib)
+    assert extra == "--xla_tpu_scoped_vmem_limit_kib=65472"
+    narrow = dataclasses.replace(plan, block_q=1024, block_kv=1024)
+    assert scoped_vmem_flag(narrow.scoped_vmem_limit_kib) == ""
+    assert merged_compiler_args("", "v5p", extra) == extra
+    assert merged_compiler_args("--xla_tpu_scoped_vmem_limit_kib=61440", "v5p", extra) == \
+        "--xla_tpu_scoped_vmem_limit_kib=61440"
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+    use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow, wide])
+    assert os.environ["LIBTPU_INIT_ARGS"] == extra
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+    use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow])  # 1024 fits the default: no flag
+    assert "LIBTPU_INIT_ARGS" not in os.environ

@@ -1,0 +1,96 @@
+"""cpu_mesh tier: two processes of four virtual CPU devices each, joined by `jax.distributed`
+(gloo collectives), train every strategy to the same losses as this process's eight devices.
+
+The test starts the two processes itself (this file, run as a script, is the worker); one launch
+covers the strategies in sequence. The meshes are cut so that some axes span the processes: the
+ring over all eight devices (every process holds part of every row), and the batch or the
+parameters split between them.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the worker runs this file as a script
+
+from cost_models.models import ModelSpec  # noqa: E402
+from planner.plan import Plan, make_mesh  # noqa: E402
+
+pytestmark = pytest.mark.cpu_mesh
+
+PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls, and depends on every row
+SEQ = 1024
+STEPS = 2  # the loss falls from the first step to the second (5.52 -> 5.22 on every case)
+MODEL = ModelSpec("multihost-test", 2, 64, 8, 2, 16, 128, 256)  # 8 heads so Ulysses can take 4
+CASES = {
+    "ring8": ("ring", dict(context=8), False),  # the sequence spans both processes
+    "all_gather4-fsdp2": ("all_gather", dict(context=4, fsdp=2), True),
+    "ulysses4-tensor2": ("ulysses", dict(context_ulysses=4, tensor=2), False),
+    "usp2x2-data2": ("usp", dict(context=2, context_ulysses=2, data=2), True),  # the batch split between them
+}
+
+
+def make_plan(name: str) -> Plan:
+    strategy, mesh, zigzag = CASES[name]
+    return Plan(model=MODEL, topology="cpu:8", seq_len=SEQ, global_batch=2, mesh=make_mesh(**mesh),
+                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none", remat="full", block_q=128,
+                block_kv=128, loss_chunk_tokens=0, param_dtype="float32", compute_dtype="float32")
+
+
+def losses_of_every_case() -> dict[str, list[float]]:
+    from runtime import run
+
+    return {name: list(run(make_plan(name), steps=STEPS, data=PROSE, seed=0).losses) for name in CASES}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _worker(process_id: int, num_processes: int, coordinator: str) -> None:
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    from runtime.distributed import ProcessGroup, initialize
+
+    initialize(ProcessGroup(coordinator, num_processes, process_id), platform="cpu")
+    import jax
+
+    assert jax.device_count() == 8 and jax.local_device_count() == 8 // num_processes
+    losses = losses_of_every_case()
+    print(json.dumps({"process": jax.process_index(), "losses": losses}), flush=True)
+
+
+def test_two_processes_train_as_one():
+    coordinator = f"localhost:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    procs = [subprocess.Popen([sys.executable, __file__, str(i), "2", coordinator], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    single = losses_of_every_case()  # meanwhile, this process: 8 devices, one controller
+    outputs = []
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("the two processes did not finish in 240 s")
+        assert proc.returncode == 0, stderr[-3000:]
+        outputs.append(json.loads(stdout.strip().splitlines()[-1]))
+    print(json.dumps({"single": single, "two_processes": outputs[0]["losses"]}))
+    for out in outputs:
+        assert out["losses"].keys() == single.keys()
+        for name, want in single.items():
+            got = out["losses"][name]
+            assert len(got) == STEPS and want[0] > 5.0 and want[-1] < want[0]  # ~ln(256) at first, then learning
+            assert got == pytest.approx(want, rel=1e-5), name
+
+
+if __name__ == "__main__":
+    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

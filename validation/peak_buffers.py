@@ -1,0 +1,99 @@
+"""What fills a compiled step's HBM at its peak: the live buffers of XLA's buffer assignment,
+largest first, to set against cpplan's phases (`planner.estimate(plan).hbm_bytes`).
+
+Compile with the dump on (the TPU compiler honours XLA_FLAGS in deviceless compiles with jax
+0.10.2 and libtpu 0.0.52), then read the dump:
+
+    XLA_FLAGS="--xla_dump_to=DUMP --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_fn.*" \\
+        python benchmarks/bench_memory.py --only "tpu7x all_gather4"
+    python -m validation.peak_buffers DUMP               # the peak and its buffers
+    python -m validation.peak_buffers DUMP --at 1291     # another point of the schedule
+    python -m validation.peak_buffers DUMP --timeline 200
+    python -m validation.peak_buffers MT_DUMP --module jit_train_step   # a MaxText train_compile dump
+
+It reads the module's `*-buffer-assignment.txt` (each value's size and offset in the temporary
+allocation) and `*-live-range.txt` (each value's first and last position in the schedule). Values
+of one buffer share an offset (a loop's carry and its body's parameter): at each point of the
+schedule a live offset counts once. The allocation can exceed the live peak (the heap's gaps).
+"""
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+
+from cost_models.errors import CpplanError
+from cost_models.units import GiB, MiB
+
+VALUE = re.compile(r"value: <\d+ (\S+?)(\{[^}]*\})?(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\): (.*)")
+LIVE = re.compile(r"^\s+(\S+\{[^}]*\}):(\d+)-(\d+)$", re.M)
+STEP = re.compile(r"^\s+(\d+):(\S+)$", re.M)
+
+
+def one_file(directory: Path, suffix: str, module: str) -> Path:
+    paths = sorted(directory.glob(f"*{module}*{suffix}"))
+    if len(paths) != 1:
+        raise CpplanError(f"{directory} holds {len(paths)} files matching *{module}*{suffix}, not one; compile with "
+                          f"XLA_FLAGS='--xla_dump_to={directory} --xla_dump_hlo_as_text' into an empty directory, or "
+                          f"name the module with --module.")
+    return paths[0]
+
+
+def temp_values(assignment: str) -> tuple[int, list[tuple[str, int, int, str]]]:
+    """(size, [(value, bytes, offset, shape)]) of the default memory space's temporary allocation."""
+    for block in re.split(r"\nallocation ", "\n" + assignment):
+        head = block.split("\n", 1)[0]
+        if "preallocated-temp" in head and "color" not in head:
+            size = int(re.search(r"size (\d+)", head).group(1))
+            return size, [(m.group(1) + (m.group(2) or "{}"), int(m.group(3)), int(m.group(4)), m.group(5))
+                          for m in VALUE.finditer(block)]
+    raise CpplanError("the buffer assignment has no temporary allocation in the default memory space.")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dump", type=Path, help="the --xla_dump_to directory")
+    parser.add_argument("--module", default="jit_fn", help="the module's name in the dump (the train step's: jit_fn)")
+    parser.add_argument("--at", type=int, help="a schedule position to list instead of the peak")
+    parser.add_argument("--timeline", type=int, help="also print the live peak of every window of this many steps")
+    parser.add_argument("--min-mib", type=float, default=1.0, help="list buffers of at least this many MiB")
+    args = parser.parse_args()
+
+    assignment = one_file(args.dump, "after_optimizations-buffer-assignment.txt", args.module).read_text()
+    size, values = temp_values(assignment)
+    ranges = one_file(args.dump, "after_optimizations-live-range.txt", args.module).read_text()
+    live = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in LIVE.finditer(ranges)}
+    steps = dict((int(i), name) for i, name in STEP.findall(ranges.split("BufferLiveRange")[0]))
+    values = [v for v in values if v[0] in live]
+    length = max(end for _, end in live.values()) + 1
+
+    def live_at(t: int):
+        by_offset = {}
+        for value in values:
+            start, end = live[value[0]]
+            if start <= t <= end and value[1] > by_offset.get(value[2], (None, 0))[1]:
+                by_offset[value[2]] = value
+        return sorted(by_offset.values(), key=lambda v: -v[1])
+
+    totals = np.array([sum(v[1] for v in live_at(t)) for t in range(length)])
+    peak = int(totals.argmax())
+    print(f"temporary allocation {size / GiB:.3f} GiB; live peak {totals[peak] / GiB:.3f} GiB at step {peak} "
+          f"({steps.get(peak)}); the heap's gaps {(size - totals[peak]) / GiB:.3f} GiB")
+    if args.timeline:
+        for start in range(0, length, args.timeline):
+            window = totals[start:start + args.timeline]
+            t = start + int(window.argmax())
+            print(f"  steps {start:>6}-{start + len(window) - 1:<6} live peak {window.max() / GiB:.3f} GiB at {t} "
+                  f"({steps.get(t)})")
+    at = peak if args.at is None else args.at
+    rows = live_at(at)
+    print(f"\nlive at step {at} ({steps.get(at)}): {sum(v[1] for v in rows) / GiB:.3f} GiB")
+    for name, nbytes, offset, shape in rows:
+        if nbytes >= args.min_mib * MiB:
+            # the instruction at the end of a value's live range is its last reader: what holds it
+            print(f"  {nbytes / MiB:9.1f} MiB  steps {live[name][0]:>6}-{live[name][1]:<6} {name:<48} "
+                  f"{shape[:60]:<60} until {steps.get(live[name][1])}")
+
+
+if __name__ == "__main__":
+    main()
