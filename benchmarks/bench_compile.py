@@ -8,6 +8,7 @@ Same model and conditions as the MaxText rows: one sequence per step, full remat
 and AdamW state, bf16 activations, all devices on the context axes. cpplan's own choices: a
 chunked cross-entropy, splash blocks per row, zigzag balancing for ring / all-gather / USP.
 """
+
 import argparse
 import os
 import sys
@@ -42,10 +43,19 @@ def make_plan(topology, strategy, context, ulysses, seq_len, *, block, loss_chun
     from cost_models.models import get_model
     from planner.plan import Plan, make_mesh
 
-    return Plan(model=get_model("llama3.1-8b"), topology=topology, seq_len=seq_len, global_batch=1,
-                mesh=make_mesh(context=context, context_ulysses=ulysses), cp_strategy=strategy,
-                load_balance="none" if strategy == "ulysses" else "zigzag", remat="full", block_q=block,
-                block_kv=block, loss_chunk_tokens=loss_chunk)
+    return Plan(
+        model=get_model("llama3.1-8b"),
+        topology=topology,
+        seq_len=seq_len,
+        global_batch=1,
+        mesh=make_mesh(context=context, context_ulysses=ulysses),
+        cp_strategy=strategy,
+        load_balance="none" if strategy == "ulysses" else "zigzag",
+        remat="full",
+        block_q=block,
+        block_kv=block,
+        loss_chunk_tokens=loss_chunk,
+    )
 
 
 def main(argv=None) -> int:
@@ -58,8 +68,11 @@ def main(argv=None) -> int:
     from planner.estimate import estimate
     from runtime import compile_for
 
-    print(f"{'topology':12} {'strategy':10} {'cp':>5} {'seq':>6} | {'predicted':>9} {'cpplan GiB':>10} {'compile':>8} | "
-          f"{'MaxText GiB':>11} {'MaxText note':<24} | verdict", flush=True)
+    print(
+        f"{'topology':12} {'strategy':10} {'cp':>5} {'seq':>6} | {'predicted':>9} {'cpplan GiB':>10} {'compile':>8} | "
+        f"{'MaxText GiB':>11} {'MaxText note':<24} | verdict",
+        flush=True,
+    )
     for topology, strategy, context, ulysses, seq_len, maxtext, note in ROWS:
         if args.only and args.only not in strategy:
             continue
@@ -68,7 +81,11 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         report = compile_for(plan)
         wall = time.perf_counter() - start
-        ours = f"{report.required_gib:10.1f}" if report.fits else f"{'no (' + format(report.required_gib, '.0f') + ')':>10}"
+        ours = (
+            f"{report.required_gib:10.1f}"
+            if report.fits
+            else f"{'no (' + format(report.required_gib, '.0f') + ')':>10}"
+        )
         theirs = f"{maxtext:11.1f}" if maxtext is not None else f"{'no':>11}"
         if not report.fits:
             verdict = "does not fit"
@@ -77,8 +94,11 @@ def main(argv=None) -> int:
         else:
             verdict = f"{maxtext - report.required_gib:.1f} GiB less" if report.required_gib < maxtext else "MORE"
         cp = f"{context}x{ulysses}" if strategy == "usp" else str(context * ulysses)
-        print(f"{topology:12} {strategy:10} {cp:>5} {seq_len // K:>5}K | {predicted:9.1f} {ours} {wall:7.0f}s | {theirs} "
-              f"{note:<24} | {verdict}", flush=True)
+        print(
+            f"{topology:12} {strategy:10} {cp:>5} {seq_len // K:>5}K | {predicted:9.1f} {ours} {wall:7.0f}s | {theirs} "
+            f"{note:<24} | {verdict}",
+            flush=True,
+        )
     return 0
 
 

@@ -15,6 +15,7 @@ the price's side); XLA's `cost_analysis()` flops are printed beside it, but coun
 once. Bytes: both sides through the `cost_models.collectives` formulas at 1 byte/s (see
 `cost_models.counts`). Targets: FLOPs within 3%, each family's bytes within 5%.
 """
+
 import argparse
 import dataclasses
 import math
@@ -47,35 +48,38 @@ class Row(NamedTuple):
     block: str = SEQUENTIAL
 
 
-PLANS = [Row(*row) for row in [
-    (V5P, "none", dict(fsdp=4), False, FULL, 4),
-    (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2),
-    (V5P, "all_gather", dict(context=4), True, FULL, 1),
-    (V5P, "all_gather", dict(context=2, tensor=2), False, MINIMAL, 1),
-    (V5P, "all_gather", dict(context=2, fsdp=2), True, DOTS, 2),
-    (V5P, "ring", dict(context=4), True, FULL, 1),
-    (V5P, "ring", dict(context=4), False, MINIMAL, 1),
-    (V5P, "ring", dict(context=2, tensor=2), True, DOTS, 1),
-    (V5P, "ulysses", dict(context_ulysses=4), False, FULL, 1),
-    (V5P, "ulysses", dict(context_ulysses=2, fsdp=2), False, MINIMAL, 2),
-    (V5P, "usp", dict(context=2, context_ulysses=2), True, FULL, 1),
-    (V5P, "usp", dict(context=2, context_ulysses=2), False, DOTS, 1),
-    (TPU7X, "none", dict(fsdp=4, tensor=2), False, FULL, 4),
-    (TPU7X, "all_gather", dict(context=8), True, FULL, 1),
-    (TPU7X, "all_gather", dict(context=4, tensor=2), True, MINIMAL, 1),
-    (TPU7X, "ring", dict(context=8), True, DOTS, 1),
-    (TPU7X, "ring", dict(context=4, fsdp=2), True, FULL, 2),
-    (TPU7X, "ring", dict(context=4, tensor=2), False, FULL, 1),
-    (TPU7X, "ulysses", dict(context_ulysses=4, tensor=2), False, FULL, 1),
-    (TPU7X, "ulysses", dict(context_ulysses=4, fsdp=2), False, DOTS, 2),
-    (TPU7X, "usp", dict(context=4, context_ulysses=2), True, FULL, 1),
-    (TPU7X, "usp", dict(context=2, context_ulysses=2, tensor=2), False, MINIMAL, 1),
-    # the parallel block: its tensor collectives (4 per layer, 5 under full remat) are priced from
-    # the runtime's traced program; these check them against what XLA compiles
-    (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2, PARALLEL),
-    (V5P, "ring", dict(context=2, tensor=2), True, FULL, 1, PARALLEL),
-    (TPU7X, "all_gather", dict(context=4, tensor=2), True, MINIMAL, 1, PARALLEL),
-]]
+PLANS = [
+    Row(*row)
+    for row in [
+        (V5P, "none", dict(fsdp=4), False, FULL, 4),
+        (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2),
+        (V5P, "all_gather", dict(context=4), True, FULL, 1),
+        (V5P, "all_gather", dict(context=2, tensor=2), False, MINIMAL, 1),
+        (V5P, "all_gather", dict(context=2, fsdp=2), True, DOTS, 2),
+        (V5P, "ring", dict(context=4), True, FULL, 1),
+        (V5P, "ring", dict(context=4), False, MINIMAL, 1),
+        (V5P, "ring", dict(context=2, tensor=2), True, DOTS, 1),
+        (V5P, "ulysses", dict(context_ulysses=4), False, FULL, 1),
+        (V5P, "ulysses", dict(context_ulysses=2, fsdp=2), False, MINIMAL, 2),
+        (V5P, "usp", dict(context=2, context_ulysses=2), True, FULL, 1),
+        (V5P, "usp", dict(context=2, context_ulysses=2), False, DOTS, 1),
+        (TPU7X, "none", dict(fsdp=4, tensor=2), False, FULL, 4),
+        (TPU7X, "all_gather", dict(context=8), True, FULL, 1),
+        (TPU7X, "all_gather", dict(context=4, tensor=2), True, MINIMAL, 1),
+        (TPU7X, "ring", dict(context=8), True, DOTS, 1),
+        (TPU7X, "ring", dict(context=4, fsdp=2), True, FULL, 2),
+        (TPU7X, "ring", dict(context=4, tensor=2), False, FULL, 1),
+        (TPU7X, "ulysses", dict(context_ulysses=4, tensor=2), False, FULL, 1),
+        (TPU7X, "ulysses", dict(context_ulysses=4, fsdp=2), False, DOTS, 2),
+        (TPU7X, "usp", dict(context=4, context_ulysses=2), True, FULL, 1),
+        (TPU7X, "usp", dict(context=2, context_ulysses=2, tensor=2), False, MINIMAL, 1),
+        # the parallel block: its tensor collectives (4 per layer, 5 under full remat) are priced from
+        # the runtime's traced program; these check them against what XLA compiles
+        (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2, PARALLEL),
+        (V5P, "ring", dict(context=2, tensor=2), True, FULL, 1, PARALLEL),
+        (TPU7X, "all_gather", dict(context=4, tensor=2), True, MINIMAL, 1, PARALLEL),
+    ]
+]
 MODEL, SEQ_LEN, BLOCK = "small", 4096, 256
 
 
@@ -86,10 +90,19 @@ def make_plan(row: Row):
     model = get_model(MODEL)
     if row.block != SEQUENTIAL:
         model = dataclasses.replace(model, name=f"{MODEL}-{row.block}", decoder_block=row.block)
-    return Plan(model=model, topology=row.topology,
-                seq_len=SEQ_LEN, global_batch=row.batch, mesh=make_mesh(**row.mesh), cp_strategy=row.strategy,
-                load_balance="zigzag" if row.zigzag else "none", remat=row.remat, block_q=BLOCK, block_kv=BLOCK,
-                loss_chunk_tokens=256)
+    return Plan(
+        model=model,
+        topology=row.topology,
+        seq_len=SEQ_LEN,
+        global_batch=row.batch,
+        mesh=make_mesh(**row.mesh),
+        cp_strategy=row.strategy,
+        load_balance="zigzag" if row.zigzag else "none",
+        remat=row.remat,
+        block_q=BLOCK,
+        block_kv=BLOCK,
+        loss_chunk_tokens=256,
+    )
 
 
 def plan_label(row: Row) -> str:
@@ -107,12 +120,19 @@ def _pct(error) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="run plans whose label, strategy then mesh (\"ring context=2,tensor=2\"), "
-                                       "contains this text")
-    parser.add_argument("--topology", help="run this topology's plans in this process (the script runs each "
-                                           "topology in a child whose TPU compiler dumps its modules)")
-    parser.add_argument("--hlo-dir", help="folder of compiled modules: a plan's module found there is read "
-                                          "instead of compiled, one compiled is written there")
+    parser.add_argument(
+        "--only", help='run plans whose label, strategy then mesh ("ring context=2,tensor=2"), contains this text'
+    )
+    parser.add_argument(
+        "--topology",
+        help="run this topology's plans in this process (the script runs each "
+        "topology in a child whose TPU compiler dumps its modules)",
+    )
+    parser.add_argument(
+        "--hlo-dir",
+        help="folder of compiled modules: a plan's module found there is read "
+        "instead of compiled, one compiled is written there",
+    )
     args = parser.parse_args(argv)
     if args.topology is None:
         return run_children(args)
@@ -125,10 +145,14 @@ def main(argv=None) -> int:
         step = compiled_module(plan, row, args.hlo_dir)
         check = count_check(plan, read_compiled_program(step["hlo_text"], mesh_axes=plan_mesh_axes(plan)))
         name = f"{row.topology} {plan_label(row)}"
-        print(f"\n{name} {'zigzag' if row.zigzag else 'none'} {row.remat} batch {row.batch} "
-              f"(compiled in {step['compile_s']:.0f} s)")
-        print(f"  matmul FLOPs  compiled {check.compiled_flops:.4g}  priced {check.priced_flops:.4g}  "
-              f"{_pct(check.flops_error)}   (cost_analysis, loop bodies once: {step['cost_flops']:.4g})")
+        print(
+            f"\n{name} {'zigzag' if row.zigzag else 'none'} {row.remat} batch {row.batch} "
+            f"(compiled in {step['compile_s']:.0f} s)"
+        )
+        print(
+            f"  matmul FLOPs  compiled {check.compiled_flops:.4g}  priced {check.priced_flops:.4g}  "
+            f"{_pct(check.flops_error)}   (cost_analysis, loop bodies once: {step['cost_flops']:.4g})"
+        )
         worst_flops = max(worst_flops, abs(check.flops_error), key=abs)
         if abs(check.flops_error) > FLOPS_TARGET:
             misses.append(f"{name} {row.remat}: FLOPs {_pct(check.flops_error)}")
@@ -136,8 +160,10 @@ def main(argv=None) -> int:
             error = check.bytes_error(category)
             if error is None:
                 continue
-            print(f"  {category:20s} compiled {check.compiled_bytes.get(category, 0.0):12.0f}  priced "
-                  f"{check.priced_bytes.get(category, 0.0):12.0f}  {_pct(error)}")
+            print(
+                f"  {category:20s} compiled {check.compiled_bytes.get(category, 0.0):12.0f}  priced "
+                f"{check.priced_bytes.get(category, 0.0):12.0f}  {_pct(error)}"
+            )
             compared[category] = compared.get(category, 0) + 1
             if not math.isinf(error):
                 worst_bytes[category] = max(worst_bytes.get(category, 0.0), abs(error))
@@ -145,11 +171,18 @@ def main(argv=None) -> int:
                 over_bytes[category] = over_bytes.get(category, 0) + 1
                 misses.append(f"{name} {row.remat}: {category} {_pct(error)}")
         if check.wasted_bytes or check.other_bytes:
-            print(f"  beyond the price: {check.wasted_bytes:.0f} B of weight gradients all-reduced whole (a "
-                  f"reduce-scatter moves half), {check.other_bytes:.0f} B uncategorised")
+            print(
+                f"  beyond the price: {check.wasted_bytes:.0f} B of weight gradients all-reduced whole (a "
+                f"reduce-scatter moves half), {check.other_bytes:.0f} B uncategorised"
+            )
     print(f"\n{len(rows)} plans; worst FLOPs error {100 * worst_flops:.2f}% (target {100 * FLOPS_TARGET:.0f}%)")
-    print(f"bytes per family (target {100 * BYTES_TARGET:.0f}%): " + ", ".join(
-        f"{k} worst {100 * v:.1f}%, {over_bytes.get(k, 0)} of {compared[k]} plans over" for k, v in worst_bytes.items()))
+    print(
+        f"bytes per family (target {100 * BYTES_TARGET:.0f}%): "
+        + ", ".join(
+            f"{k} worst {100 * v:.1f}%, {over_bytes.get(k, 0)} of {compared[k]} plans over"
+            for k, v in worst_bytes.items()
+        )
+    )
     print(f"{len(misses)} misses" + "".join(f"\n  {m}" for m in misses))
     return 0
 
@@ -160,9 +193,17 @@ def compiled_module(plan, row: Row, hlo_dir: str | None) -> dict:
     import gzip
     import json
 
-    name = "_".join([row.topology.replace(":", "-"), row.strategy, *(f"{k}{v}" for k, v in row.mesh.items()),
-                     "zigzag" if row.zigzag else "none", row.remat, f"batch{row.batch}",
-                     *([] if row.block == SEQUENTIAL else [row.block])])
+    name = "_".join(
+        [
+            row.topology.replace(":", "-"),
+            row.strategy,
+            *(f"{k}{v}" for k, v in row.mesh.items()),
+            "zigzag" if row.zigzag else "none",
+            row.remat,
+            f"batch{row.batch}",
+            *([] if row.block == SEQUENTIAL else [row.block]),
+        ]
+    )
     path = Path(hlo_dir, name + ".json.gz") if hlo_dir else None
     if path is not None and path.exists():
         with gzip.open(path, "rt") as f:
@@ -197,8 +238,11 @@ def run_children(args) -> int:
     status = 0
     for topology in dict.fromkeys(row.topology for row in PLANS):
         with tempfile.TemporaryDirectory(prefix="cpplan-hlo-") as dump:
-            command = [sys.executable, __file__, "--topology", topology] + (["--only", args.only] if args.only else []) \
+            command = (
+                [sys.executable, __file__, "--topology", topology]
+                + (["--only", args.only] if args.only else [])
                 + (["--hlo-dir", args.hlo_dir] if args.hlo_dir else [])
+            )
             env = with_hlo_dump(dict(os.environ), dump) if topology.startswith("tpu7x") else dict(os.environ)
             status |= subprocess.run(command, env=env).returncode
     return status

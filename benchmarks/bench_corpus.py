@@ -19,6 +19,7 @@ Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus] [--no-p
   of the corpus on purpose).
 The corpus is a test set: nothing here feeds a chip-row figure.
 """
+
 import argparse
 import json
 import re
@@ -49,13 +50,16 @@ def kernel_mapes(text: str) -> dict[str, dict]:
         m = KERNEL_ROW.match(line.strip())
         if m:
             rows[m.group(1)].append((int(m.group(4)), float(m.group(5)) / 100))
-    return {chip: {"mape": round(sum(n * e for n, e in r) / sum(n for n, _ in r), 4), "calls": sum(n for n, _ in r)}
-            for chip, r in rows.items()}
+    return {
+        chip: {"mape": round(sum(n * e for n, e in r) / sum(n for n, _ in r), 4), "calls": sum(n for n, _ in r)}
+        for chip, r in rows.items()
+    }
 
 
 def slice_growth(runs: list[CorpusRun], predicted_s: dict[str, float]) -> list[dict]:
     """Each multi-slice run beside the same run on one slice (the same flags but the slice count):
     its step's growth from one slice, published and priced, and their difference per decoder layer."""
+
     def setting(run: CorpusRun) -> tuple:
         flags = parse_flags(run.row["maxtext_flags"])
         slices = int(flags.pop("compile_topology_num_slices", "1"))
@@ -71,78 +75,113 @@ def slice_growth(runs: list[CorpusRun], predicted_s: dict[str, float]) -> list[d
         published = run.step_seconds - base.step_seconds
         priced = predicted_s[run.run_id] - predicted_s[base.run_id]
         layers = run.plan.model.num_layers
-        rows.append({"run": run.run_id, "slices": slices, "layers": layers, "published_growth_s": published,
-                     "priced_growth_s": priced, "unpriced_ms_per_layer": 1e3 * (published - priced) / layers})
+        rows.append(
+            {
+                "run": run.run_id,
+                "slices": slices,
+                "layers": layers,
+                "published_growth_s": published,
+                "priced_growth_s": priced,
+                "unpriced_ms_per_layer": 1e3 * (published - priced) / layers,
+            }
+        )
     return rows
 
 
 def runs_band(c: dict, chip: str, path: Path, version: str) -> dict:
     """A chip's band over the published runs of one CSV, as accuracy.json holds it."""
-    return {"step_time_mape": round(c["mape"], 4), "runs": c["runs"], "max_abs_error": round(c["max_abs_error"], 4),
-            "mean_signed_error": round(c["mean_signed_error"], 4),
-            "source": f"{path.relative_to(ROOT)}, {c['runs']} {chip} runs, priced at cpplan {version}"}
+    return {
+        "step_time_mape": round(c["mape"], 4),
+        "runs": c["runs"],
+        "max_abs_error": round(c["max_abs_error"], 4),
+        "mean_signed_error": round(c["mean_signed_error"], 4),
+        "source": f"{path.relative_to(ROOT)}, {c['runs']} {chip} runs, priced at cpplan {version}",
+    }
 
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "corpus",
-                        help="where report.md, report.json and the plots go")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "benchmarks" / "results" / "corpus",
+        help="where report.md, report.json and the plots go",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
     args = parser.parse_args()
     runs = read_corpus(CORPUS)
     report = compare_corpus(runs, title="cpplan vs published TPU runs (benchmarks/public_runs.csv)")
     files = report.write(args.out, plots=not args.no_plots)
     s = report.summary()
-    print(f"runs {s['runs']}: step-time MAPE {s['mape']:.1%} (target ≤ 8%), largest |error| {s['max_abs_error']:.1%} "
-          f"(target: every run within 15%; {s['within_15pct']} are), Spearman of MFU {s['spearman_mfu']:.3f} "
-          f"(target ≥ 0.9), mean signed error {s['mean_signed_error']:+.1%}")
+    print(
+        f"runs {s['runs']}: step-time MAPE {s['mape']:.1%} (target ≤ 8%), largest |error| {s['max_abs_error']:.1%} "
+        f"(target: every run within 15%; {s['within_15pct']} are), Spearman of MFU {s['spearman_mfu']:.3f} "
+        f"(target ≥ 0.9), mean signed error {s['mean_signed_error']:+.1%}"
+    )
     for chip, c in s["per_chip"].items():
-        print(f"  {chip}: {c['runs']} runs, MAPE {c['mape']:.1%}, largest |error| {c['max_abs_error']:.1%}, "
-              f"mean signed {c['mean_signed_error']:+.1%}, Spearman of MFU {c['spearman_mfu']:.3f}")
+        print(
+            f"  {chip}: {c['runs']} runs, MAPE {c['mape']:.1%}, largest |error| {c['max_abs_error']:.1%}, "
+            f"mean signed {c['mean_signed_error']:+.1%}, Spearman of MFU {c['spearman_mfu']:.3f}"
+        )
     for r in report.measured:
-        print(f"  {r.run_id:30} predicted {r.predicted.step_time_s:9.3f} s  published {r.measured_step_s:9.3f} s  "
-              f"{r.error:+7.1%}{'' if r.predicted.fits else '  (cpplan: does not fit)'}")
+        print(
+            f"  {r.run_id:30} predicted {r.predicted.step_time_s:9.3f} s  published {r.measured_step_s:9.3f} s  "
+            f"{r.error:+7.1%}{'' if r.predicted.fits else '  (cpplan: does not fit)'}"
+        )
     print("worst: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]))
     print("step growth from one slice to N (the same run on one slice): published, priced, unpriced per layer")
     for g in slice_growth(runs, {r.run_id: r.predicted.step_time_s for r in report.measured}):
-        print(f"  {g['run']:30} N={g['slices']:<3} layers {g['layers']:<4} published {g['published_growth_s']:+7.3f} s  "
-              f"priced {g['priced_growth_s']:+7.3f} s  unpriced {g['unpriced_ms_per_layer']:6.2f} ms/layer")
+        print(
+            f"  {g['run']:30} N={g['slices']:<3} layers {g['layers']:<4} published {g['published_growth_s']:+7.3f} s  "
+            f"priced {g['priced_growth_s']:+7.3f} s  unpriced {g['unpriced_ms_per_layer']:6.2f} ms/layer"
+        )
 
-    cp_report = compare_corpus(read_corpus(CP_CORPUS),
-                               title="cpplan vs published context-parallel TPU runs (benchmarks/public_cp_runs.csv)")
+    cp_report = compare_corpus(
+        read_corpus(CP_CORPUS), title="cpplan vs published context-parallel TPU runs (benchmarks/public_cp_runs.csv)"
+    )
     cp_files = cp_report.write(args.out / "cp", plots=not args.no_plots)
     cp = cp_report.summary()
     within_20 = sum(abs(r.error) <= 0.20 for r in cp_report.measured)
-    print(f"context-parallel runs {cp['runs']}: step-time MAPE {cp['mape']:.1%} (target ≤ 10%), largest |error| "
-          f"{cp['max_abs_error']:.1%} (target: every run within 20%; {within_20} are), mean signed error "
-          f"{cp['mean_signed_error']:+.1%}")
+    print(
+        f"context-parallel runs {cp['runs']}: step-time MAPE {cp['mape']:.1%} (target ≤ 10%), largest |error| "
+        f"{cp['max_abs_error']:.1%} (target: every run within 20%; {within_20} are), mean signed error "
+        f"{cp['mean_signed_error']:+.1%}"
+    )
     for r in cp_report.measured:
-        print(f"  {r.run_id:34} predicted {r.predicted.step_time_s:7.3f} s  published {r.measured_step_s:7.3f} s  "
-              f"{r.error:+7.1%}")
+        print(
+            f"  {r.run_id:34} predicted {r.predicted.step_time_s:7.3f} s  published {r.measured_step_s:7.3f} s  "
+            f"{r.error:+7.1%}"
+        )
     for c in choices(cp_report):
         rho = "n/a" if c.spearman is None else f"{c.spearman:.2f}"
-        print(f"  {c.case}: ranked first {c.chosen}, fastest {c.fastest}: measured {c.regret:+.1%} from the fastest "
-              f"({'within' if c.regret <= CHOICE_TARGET else 'outside'} the {CHOICE_TARGET:.0%} target); Spearman of "
-              f"its {c.runs} plans {rho}")
+        print(
+            f"  {c.case}: ranked first {c.chosen}, fastest {c.fastest}: measured {c.regret:+.1%} from the fastest "
+            f"({'within' if c.regret <= CHOICE_TARGET else 'outside'} the {CHOICE_TARGET:.0%} target); Spearman of "
+            f"its {c.runs} plans {rho}"
+        )
 
     version = commit()
     kernels = kernel_mapes(KERNEL_COMPARISON.read_text())
     chips = sorted(set(s["per_chip"]) | set(cp["per_chip"]) | set(kernels))
-    table = {"source": f"written by benchmarks/bench_corpus.py at cpplan {version}: step-time MAPE per chip over "
-                       f"benchmarks/public_runs.csv (published, measured MaxText runs; each row cites its own source), "
-                       f"the same over the context-parallel test set benchmarks/public_cp_runs.csv (the band of "
-                       f"context-parallel plans), and the attention-kernel MAPE per chip from "
-                       f"benchmarks/results/kernels/comparison.txt (regenerate/fit_kernels.py against tokamax's measured TPU timings, both passes, all "
-                       f"lengths, weighted by calls)",
-             "chips": {}}
+    table = {
+        "source": f"written by benchmarks/bench_corpus.py at cpplan {version}: step-time MAPE per chip over "
+        f"benchmarks/public_runs.csv (published, measured MaxText runs; each row cites its own source), "
+        f"the same over the context-parallel test set benchmarks/public_cp_runs.csv (the band of "
+        f"context-parallel plans), and the attention-kernel MAPE per chip from "
+        f"benchmarks/results/kernels/comparison.txt (regenerate/fit_kernels.py against tokamax's measured TPU "
+        f"timings, both passes, all "
+        f"lengths, weighted by calls)",
+        "chips": {},
+    }
     for chip in chips:
         entry = {}
         for key, summary, path in (("corpus", s, CORPUS), ("cp_corpus", cp, CP_CORPUS)):

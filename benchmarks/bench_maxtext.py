@@ -20,6 +20,7 @@ masks grow as S², so those lengths stay short). Run from the repository root:
 
     python benchmarks/bench_maxtext.py [--only NAME,...] [--venv DIR] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,12 +62,30 @@ PLANS = [
     ("tpu7x-8 usp 4×2 × 256K (does not fit)", "tpu7x-8", "256k", "usp", {"context": 2, "context_ulysses": 4}, {}),
     # host offload (MaxText's own presets), one near the HBM limit
     ("v5p-8 ring 4 × 128K minimal_offloaded", "v5p-8", "128k", "ring", {"context": 4}, {"remat": "minimal_offloaded"}),
-    ("v5p-8 ring 4 × 144K minimal_offloaded zigzag (does not fit)", "v5p-8", "144k", "ring", {"context": 4},
-     {"remat": "minimal_offloaded", "load_balance": ["zigzag"]}),
-    ("tpu7x-8 usp 4×2 × 64K qkv_proj_offloaded", "tpu7x-8", "64k", "usp", {"context": 2, "context_ulysses": 4},
-     {"remat": "qkv_proj_offloaded"}),
-    ("v5p-8 ring 4 × 64K custom: layer input, q/k/v, mlpwi offloaded", "v5p-8", "64k", "ring", {"context": 4},
-     {"custom": {"decoder_layer_input": "offload", "qkv_proj": "offload", "mlpwi": "offload"}}),
+    (
+        "v5p-8 ring 4 × 144K minimal_offloaded zigzag (does not fit)",
+        "v5p-8",
+        "144k",
+        "ring",
+        {"context": 4},
+        {"remat": "minimal_offloaded", "load_balance": ["zigzag"]},
+    ),
+    (
+        "tpu7x-8 usp 4×2 × 64K qkv_proj_offloaded",
+        "tpu7x-8",
+        "64k",
+        "usp",
+        {"context": 2, "context_ulysses": 4},
+        {"remat": "qkv_proj_offloaded"},
+    ),
+    (
+        "v5p-8 ring 4 × 64K custom: layer input, q/k/v, mlpwi offloaded",
+        "v5p-8",
+        "64k",
+        "ring",
+        {"context": 4},
+        {"custom": {"decoder_layer_input": "offload", "qkv_proj": "offload", "mlpwi": "offload"}},
+    ),
 ]
 
 
@@ -87,21 +106,28 @@ def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict
     full = {"data": 1, "fsdp": 1, "context": 1, "context_ulysses": 1, "tensor": 1, **mesh}
     options = {"remat": "full", "loss_chunk_tokens": 0, **extra}
     custom = options.pop("custom", None)
-    result = api.run_search(MODEL, seq_len, topology, target="maxtext", global_batch=1, mesh=full,
-                            strategies=[strategy], **options)
+    result = api.run_search(
+        MODEL, seq_len, topology, target="maxtext", global_batch=1, mesh=full, strategies=[strategy], **options
+    )
     ranked = list(result.ranked[:1]) or result.best_infeasible[:1]
     if not ranked:
         reasons = "; ".join(sorted({r.reason for r in result.rejections}))
         raise SystemExit(f"{strategy} on {topology} at {seq_len}: no candidate ({reasons})")
     plan = ranked[0].plan
     if custom:
-        plan = dataclasses.replace(plan, remat=RematPolicy.CUSTOM, remat_custom=custom_placements(
-            {name: Placement.parse(where) for name, where in custom.items()}, maxtext_names=True))
+        plan = dataclasses.replace(
+            plan,
+            remat=RematPolicy.CUSTOM,
+            remat_custom=custom_placements(
+                {name: Placement.parse(where) for name, where in custom.items()}, maxtext_names=True
+            ),
+        )
     return export_maxtext(plan)
 
 
-def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str, *,
-                         reuse: bool = False):
+def compile_with_maxtext(
+    python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str, *, reuse: bool = False
+):
     """(compiled memory or None, out-of-memory (required, available) or None, seconds, log path).
 
     With `reuse`, a log of the same flags from an earlier run is read instead of compiling again.
@@ -113,14 +139,25 @@ def compile_with_maxtext(python: Path, flags: dict, compile_flags: dict, out_dir
         text = log.read_text()
         seconds = float(re.search(r"^compile_s=([0-9.]+)$", text, re.M).group(1))
         return (*_memory_of(text), seconds, log)
-    base_yml = subprocess.run([str(python), "-c", "import maxtext, os; print(os.path.join("
-                               "os.path.dirname(maxtext.__file__), 'configs', 'base.yml'))"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+    base_yml = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import maxtext, os; print(os.path.join(os.path.dirname(maxtext.__file__), 'configs', 'base.yml'))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     extra = ["dataset_type=synthetic", f"run_name={tag}", f"base_output_directory={out_dir / 'maxtext'}"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TPU_WORKER_HOSTNAMES": "localhost"}
     start = time.time()
-    run = subprocess.run([str(python), "-m", "maxtext.trainers.pre_train.train_compile", base_yml, *words, *extra],
-                         capture_output=True, text=True, env=env)
+    run = subprocess.run(
+        [str(python), "-m", "maxtext.trainers.pre_train.train_compile", base_yml, *words, *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     seconds = time.time() - start
     text = run.stdout + run.stderr
     log.write_text(f"{' '.join(words)}\ncompile_s={seconds:.1f}\n{text}")
@@ -132,23 +169,31 @@ def _memory_of(text: str):
     stats = re.search(r"CompiledMemoryStats\(([^)]*)\)", text)
     if stats:
         fields = dict(re.findall(r"(\w+)=(\d+)", stats.group(1)))
-        memory = CompiledMemory(argument_bytes=int(fields["argument_size_in_bytes"]),
-                                output_bytes=int(fields["output_size_in_bytes"]),
-                                alias_bytes=int(fields["alias_size_in_bytes"]),
-                                temp_bytes=int(fields["temp_size_in_bytes"]),
-                                code_bytes=int(fields["generated_code_size_in_bytes"]))
+        memory = CompiledMemory(
+            argument_bytes=int(fields["argument_size_in_bytes"]),
+            output_bytes=int(fields["output_size_in_bytes"]),
+            alias_bytes=int(fields["alias_size_in_bytes"]),
+            temp_bytes=int(fields["temp_size_in_bytes"]),
+            code_bytes=int(fields["generated_code_size_in_bytes"]),
+        )
         return memory, None
     return None, parse_hbm_oom(text)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", default=str(DEFAULT_VENV), help="the MaxText 0.2.5 venv (created when absent; "
-                                                                  "default $CPPLAN_MAXTEXT_VENV or the user's cache)")
+    parser.add_argument(
+        "--venv",
+        default=str(DEFAULT_VENV),
+        help="the MaxText 0.2.5 venv (created when absent; default $CPPLAN_MAXTEXT_VENV or the user's cache)",
+    )
     parser.add_argument("--out", default="benchmarks/results/maxtext", help="logs and results.json")
     parser.add_argument("--only", help="comma-separated substrings of plan names to run")
-    parser.add_argument("--reuse", action="store_true", help="read the logs of earlier runs of the same flags "
-                                                             "instead of compiling again (re-prices them)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read the logs of earlier runs of the same flags instead of compiling again (re-prices them)",
+    )
     args = parser.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -161,8 +206,9 @@ def main() -> int:
         print(f"== {name}\n   {format_flags(export.flags)} {format_flags(export.compile_flags)}", flush=True)
         for note in export.notes:
             print(f"   note: {note}")
-        memory, oom, seconds, log = compile_with_maxtext(python, export.flags, export.compile_flags, out_dir, name,
-                                                         reuse=args.reuse)
+        memory, oom, seconds, log = compile_with_maxtext(
+            python, export.flags, export.compile_flags, out_dir, name, reuse=args.reuse
+        )
         capacity = predicted.hbm_capacity_bytes
         if memory is not None:
             compiled, fits = memory.hbm_bytes_per_device, True
@@ -177,15 +223,26 @@ def main() -> int:
             rows.append({"name": name, "error": str(log)})
             continue
         ratio = predicted.hbm_bytes_per_device / compiled
-        row = {"name": name, "predicted_gib": predicted.hbm_bytes_per_device / GiB, "compiled_gib": compiled / GiB,
-               "ratio": ratio, "predicted_fits": predicted.fits, "compiled_fits": fits,
-               "within_tolerance": abs(ratio - 1) <= TOLERANCE, "same_verdict": predicted.fits == fits,
-               "compile_s": seconds, "capacity_gib": capacity / GiB,
-               "predicted_parts_gib": {k: v / GiB for k, v in predicted.hbm_bytes.items()}}
+        row = {
+            "name": name,
+            "predicted_gib": predicted.hbm_bytes_per_device / GiB,
+            "compiled_gib": compiled / GiB,
+            "ratio": ratio,
+            "predicted_fits": predicted.fits,
+            "compiled_fits": fits,
+            "within_tolerance": abs(ratio - 1) <= TOLERANCE,
+            "same_verdict": predicted.fits == fits,
+            "compile_s": seconds,
+            "capacity_gib": capacity / GiB,
+            "predicted_parts_gib": {k: v / GiB for k, v in predicted.hbm_bytes.items()},
+        }
         rows.append(row)
-        print(f"   cpplan {row['predicted_gib']:.1f} GiB ({'fits' if predicted.fits else 'does not fit'}) vs "
-              f"MaxText {row['compiled_gib']:.1f} GiB ({'fits' if fits else 'does not fit'}) of "
-              f"{row['capacity_gib']:.1f}: ratio {ratio:.3f}; compiled in {seconds:.0f} s", flush=True)
+        print(
+            f"   cpplan {row['predicted_gib']:.1f} GiB ({'fits' if predicted.fits else 'does not fit'}) vs "
+            f"MaxText {row['compiled_gib']:.1f} GiB ({'fits' if fits else 'does not fit'}) of "
+            f"{row['capacity_gib']:.1f}: ratio {ratio:.3f}; compiled in {seconds:.0f} s",
+            flush=True,
+        )
     (out_dir / "results.json").write_text(json.dumps(rows, indent=2))
     good = [r for r in rows if r.get("within_tolerance") and r.get("same_verdict")]
     print(f"\n{'plan':<64} {'cpplan':>8} {'MaxText':>8} {'ratio':>6}  verdicts")

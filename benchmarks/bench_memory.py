@@ -1,7 +1,7 @@
 """Compile our own plans deviceless on v5p and tpu7x and print cpplan's predicted HBM per device
 next to the XLA TPU compiler's, with the fit verdict of each.
 
-    python benchmarks/bench_memory.py                 # every row (3 minutes a row on this 2-core machine shared six ways)
+    python benchmarks/bench_memory.py                 # every row (minutes a row)
     python benchmarks/bench_memory.py --only offload  # rows whose label contains the text
     python benchmarks/bench_memory.py --only offload --reuse  # those compiled, the rest re-priced on the
                                                                # compiler figures stored in the results
@@ -23,6 +23,7 @@ least cap under which the step still compiles, to `LEAST_HBM_RESOLUTION`, and st
 unconstrained figure (`least_hbm` in the results: the cap, the largest cap that failed, every
 probe). The unconstrained figure stays the one the errors are measured on.
 """
+
 import argparse
 import dataclasses
 import json
@@ -39,99 +40,397 @@ from validation.least_hbm import LEAST_HBM_RESOLUTION, least_hbm  # noqa: E402
 K = 1024
 TARGET_ERROR = 0.10
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_memory.json"
-OFFLOAD_SOME = {"query_proj": "offload", "key_proj": "device", "value_proj": "device", "context": "device",
-                "mlpwi_0": "offload", "mlpwi_1": "offload"}
+OFFLOAD_SOME = {
+    "query_proj": "offload",
+    "key_proj": "device",
+    "value_proj": "device",
+    "context": "device",
+    "mlpwi_0": "offload",
+    "mlpwi_1": "offload",
+}
 OFFLOAD_SOME_IN_HBM = {name: "device" for name in OFFLOAD_SOME}
 # the attention output on the host, q/k/v kept: a placement none of the compiles the fetched-ahead rule was
 # read from has (cost_models.remat.READ_BY_ATTENTION_BACKWARD), compiled to check it
 CONTEXT_OFFLOADED = {"query_proj": "device", "key_proj": "device", "value_proj": "device", "context": "offload"}
-LAYER_INPUT_AND_QKV = {"decoder_layer_input": "offload", "query_proj": "offload", "key_proj": "offload",
-                       "value_proj": "offload"}
+LAYER_INPUT_AND_QKV = {
+    "decoder_layer_input": "offload",
+    "query_proj": "offload",
+    "key_proj": "offload",
+    "value_proj": "offload",
+}
 
 # label, topology, mesh, strategy, seq_len, sequences, layers, plan fields
 ROWS = [
     ("v5p tensor2 sp full", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2, dict(remat="full")),
-    ("v5p tensor4 sp save_qkv_proj", "v5p:2x2x2", dict(fsdp=2, tensor=4), "none", 8 * K, 4, 2,
-     dict(remat="save_qkv_proj")),
-    ("v5p ring4 tensor2 minimal", "v5p:2x2x2", dict(context=4, tensor=2), "ring", 32 * K, 1, 2,
-     dict(remat="minimal", load_balance="zigzag")),
-    ("v5p all_gather8 save_dot_except_mlp", "v5p:2x2x2", dict(context=8), "all_gather", 64 * K, 1, 2,
-     dict(remat="save_dot_except_mlp", load_balance="zigzag")),
-    ("v5p ulysses8 minimal_with_context", "v5p:2x2x2", dict(context_ulysses=8), "ulysses", 32 * K, 1, 2,
-     dict(remat="minimal_with_context")),
-    ("v5p usp 2x2 tensor2 save_out_proj", "v5p:2x2x2", dict(context=2, context_ulysses=2, tensor=2), "usp", 32 * K, 1,
-     2, dict(remat="save_out_proj")),
-    ("v5p fsdp8 offload qkv_proj_offloaded", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
-     dict(remat="qkv_proj_offloaded")),
+    (
+        "v5p tensor4 sp save_qkv_proj",
+        "v5p:2x2x2",
+        dict(fsdp=2, tensor=4),
+        "none",
+        8 * K,
+        4,
+        2,
+        dict(remat="save_qkv_proj"),
+    ),
+    (
+        "v5p ring4 tensor2 minimal",
+        "v5p:2x2x2",
+        dict(context=4, tensor=2),
+        "ring",
+        32 * K,
+        1,
+        2,
+        dict(remat="minimal", load_balance="zigzag"),
+    ),
+    (
+        "v5p all_gather8 save_dot_except_mlp",
+        "v5p:2x2x2",
+        dict(context=8),
+        "all_gather",
+        64 * K,
+        1,
+        2,
+        dict(remat="save_dot_except_mlp", load_balance="zigzag"),
+    ),
+    (
+        "v5p ulysses8 minimal_with_context",
+        "v5p:2x2x2",
+        dict(context_ulysses=8),
+        "ulysses",
+        32 * K,
+        1,
+        2,
+        dict(remat="minimal_with_context"),
+    ),
+    (
+        "v5p usp 2x2 tensor2 save_out_proj",
+        "v5p:2x2x2",
+        dict(context=2, context_ulysses=2, tensor=2),
+        "usp",
+        32 * K,
+        1,
+        2,
+        dict(remat="save_out_proj"),
+    ),
+    (
+        "v5p fsdp8 offload qkv_proj_offloaded",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="qkv_proj_offloaded"),
+    ),
     # qkv_proj_offloaded spelled as custom, with each layer's input offloaded too (tpu-recipes' v6e Llama 3.1
     # runs): the row above with the layer inputs (2 × 8192 tokens × 4096 × 2 bytes) out of HBM
-    ("v5p fsdp8 offload custom layer input and qkv", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
-     dict(remat="custom", remat_custom=LAYER_INPUT_AND_QKV)),
-    ("v5p fsdp4 tensor2 offload minimal_offloaded", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2,
-     dict(remat="minimal_offloaded")),
-    ("v5p fsdp8 bf16 mu save_dot_except_mlpwi", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 2,
-     dict(remat="save_dot_except_mlpwi", mu_dtype="bfloat16")),
-    ("v5p ring8 minimal_with_context 32 layers: does not fit", "v5p:2x2x2", dict(context=8), "ring", 256 * K, 1, 32,
-     dict(remat="minimal_with_context", load_balance="zigzag")),
-    ("tpu7x tensor2 sp full bf16 mu", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2,
-     dict(remat="full", mu_dtype="bfloat16")),
-    ("tpu7x ring4 tensor2 save_dot_except_mlp", "tpu7x:2x2x1", dict(context=4, tensor=2), "ring", 32 * K, 1, 2,
-     dict(remat="save_dot_except_mlp", load_balance="zigzag")),
-    ("tpu7x all_gather4 fsdp2 minimal", "tpu7x:2x2x1", dict(context=4, fsdp=2), "all_gather", 32 * K, 2, 2,
-     dict(remat="minimal", load_balance="zigzag")),
-    ("tpu7x ulysses4 tensor2 save_qkv_proj", "tpu7x:2x2x1", dict(context_ulysses=4, tensor=2), "ulysses", 32 * K, 1, 2,
-     dict(remat="save_qkv_proj")),
-    ("tpu7x usp 2x4 full", "tpu7x:2x2x1", dict(context=2, context_ulysses=4), "usp", 64 * K, 1, 2,
-     dict(remat="full", load_balance="zigzag")),
-    ("tpu7x fsdp4 tensor2 offload custom", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 2,
-     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
-    ("tpu7x ulysses8 minimal_with_context 32 layers: does not fit", "tpu7x:2x2x1", dict(context_ulysses=8), "ulysses",
-     256 * K, 1, 32, dict(remat="minimal_with_context")),
+    (
+        "v5p fsdp8 offload custom layer input and qkv",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="custom", remat_custom=LAYER_INPUT_AND_QKV),
+    ),
+    (
+        "v5p fsdp4 tensor2 offload minimal_offloaded",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "v5p fsdp8 bf16 mu save_dot_except_mlpwi",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="save_dot_except_mlpwi", mu_dtype="bfloat16"),
+    ),
+    (
+        "v5p ring8 minimal_with_context 32 layers: does not fit",
+        "v5p:2x2x2",
+        dict(context=8),
+        "ring",
+        256 * K,
+        1,
+        32,
+        dict(remat="minimal_with_context", load_balance="zigzag"),
+    ),
+    (
+        "tpu7x tensor2 sp full bf16 mu",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="full", mu_dtype="bfloat16"),
+    ),
+    (
+        "tpu7x ring4 tensor2 save_dot_except_mlp",
+        "tpu7x:2x2x1",
+        dict(context=4, tensor=2),
+        "ring",
+        32 * K,
+        1,
+        2,
+        dict(remat="save_dot_except_mlp", load_balance="zigzag"),
+    ),
+    (
+        "tpu7x all_gather4 fsdp2 minimal",
+        "tpu7x:2x2x1",
+        dict(context=4, fsdp=2),
+        "all_gather",
+        32 * K,
+        2,
+        2,
+        dict(remat="minimal", load_balance="zigzag"),
+    ),
+    (
+        "tpu7x ulysses4 tensor2 save_qkv_proj",
+        "tpu7x:2x2x1",
+        dict(context_ulysses=4, tensor=2),
+        "ulysses",
+        32 * K,
+        1,
+        2,
+        dict(remat="save_qkv_proj"),
+    ),
+    (
+        "tpu7x usp 2x4 full",
+        "tpu7x:2x2x1",
+        dict(context=2, context_ulysses=4),
+        "usp",
+        64 * K,
+        1,
+        2,
+        dict(remat="full", load_balance="zigzag"),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 offload custom",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME),
+    ),
+    (
+        "tpu7x ulysses8 minimal_with_context 32 layers: does not fit",
+        "tpu7x:2x2x1",
+        dict(context_ulysses=8),
+        "ulysses",
+        256 * K,
+        1,
+        32,
+        dict(remat="minimal_with_context"),
+    ),
     # The offload rows at a depth users run: at 2 layers the compiler peels one iteration off each
     # layer loop of an offloading step and inlines the one-trip loops left, so the program is flat;
     # at 8 the loops stay (docs/memory_offload.md). With in-HBM twins: the same plan with the
     # offloaded names kept on device.
-    ("v5p fsdp8 offload qkv_proj_offloaded 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
-     dict(remat="qkv_proj_offloaded")),
-    ("v5p fsdp8 save_qkv_proj 8 layers: the offload row's q/k/v in HBM", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8,
-     8, dict(remat="save_qkv_proj")),
-    ("v5p fsdp8 offload custom layer input and qkv 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
-     dict(remat="custom", remat_custom=LAYER_INPUT_AND_QKV)),
-    ("v5p fsdp4 tensor2 offload minimal_offloaded 8 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 8,
-     dict(remat="minimal_offloaded")),
-    ("v5p fsdp4 tensor2 minimal 8 layers: minimal_offloaded's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
-     "none", 8 * K, 8, 8, dict(remat="minimal")),
-    ("tpu7x fsdp4 tensor2 offload custom 8 layers", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 8,
-     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
-    ("tpu7x fsdp4 tensor2 custom 8 layers: the offload row's values in HBM", "tpu7x:2x2x1", dict(fsdp=4, tensor=2),
-     "none", 8 * K, 8, 8, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
-    ("v5p fsdp4 tensor2 minimal 2 layers: minimal_offloaded's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
-     "none", 8 * K, 8, 2, dict(remat="minimal")),
-    ("v5p fsdp4 tensor2 offload minimal_offloaded 16 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8,
-     16, dict(remat="minimal_offloaded")),
-    ("tpu7x fsdp4 tensor2 offload custom 16 layers", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 16,
-     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
-    ("v5p fsdp8 offload custom context 8 layers", "v5p:2x2x2", dict(fsdp=8), "none", 8 * K, 8, 8,
-     dict(remat="custom", remat_custom=CONTEXT_OFFLOADED)),
+    (
+        "v5p fsdp8 offload qkv_proj_offloaded 8 layers",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="qkv_proj_offloaded"),
+    ),
+    (
+        "v5p fsdp8 save_qkv_proj 8 layers: the offload row's q/k/v in HBM",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="save_qkv_proj"),
+    ),
+    (
+        "v5p fsdp8 offload custom layer input and qkv 8 layers",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="custom", remat_custom=LAYER_INPUT_AND_QKV),
+    ),
+    (
+        "v5p fsdp4 tensor2 offload minimal_offloaded 8 layers",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "v5p fsdp4 tensor2 minimal 8 layers: minimal_offloaded's values in HBM",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="minimal"),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 offload custom 8 layers",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 custom 8 layers: the offload row's values in HBM",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM),
+    ),
+    (
+        "v5p fsdp4 tensor2 minimal 2 layers: minimal_offloaded's values in HBM",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="minimal"),
+    ),
+    (
+        "v5p fsdp4 tensor2 offload minimal_offloaded 16 layers",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        16,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 offload custom 16 layers",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        16,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME),
+    ),
+    (
+        "v5p fsdp8 offload custom context 8 layers",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        8,
+        dict(remat="custom", remat_custom=CONTEXT_OFFLOADED),
+    ),
     # Either side of the depth at which the layer loops of an offloading step survive the compiler's
     # peel (cost_models.remat.FLAT_OFFLOAD_MAX_LAYERS): at 3 they do, at 1 there is no loop
-    ("v5p fsdp4 tensor2 offload minimal_offloaded 3 layers", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8,
-     3, dict(remat="minimal_offloaded")),
-    ("v5p fsdp4 tensor2 offload minimal_offloaded 1 layer", "v5p:2x2x2", dict(fsdp=4, tensor=2), "none", 8 * K, 8,
-     1, dict(remat="minimal_offloaded")),
-    ("tpu7x fsdp4 tensor2 offload custom 1 layer", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 1,
-     dict(remat="custom", remat_custom=OFFLOAD_SOME)),
-    ("tpu7x fsdp4 tensor2 custom 1 layer: the offload row's values in HBM", "tpu7x:2x2x1", dict(fsdp=4, tensor=2),
-     "none", 8 * K, 8, 1, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
+    (
+        "v5p fsdp4 tensor2 offload minimal_offloaded 3 layers",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        3,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "v5p fsdp4 tensor2 offload minimal_offloaded 1 layer",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        1,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 offload custom 1 layer",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        1,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 custom 1 layer: the offload row's values in HBM",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        1,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM),
+    ),
     # More steps of one layer, which XLA compiles without a layer loop (runtime/layer_gradients.py)
-    ("v5p fsdp4 tensor2 custom 1 layer: the tpu7x offload row's values in HBM", "v5p:2x2x2", dict(fsdp=4, tensor=2),
-     "none", 8 * K, 8, 1, dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM)),
-    ("tpu7x fsdp4 tensor2 full 1 layer", "tpu7x:2x2x1", dict(fsdp=4, tensor=2), "none", 8 * K, 8, 1,
-     dict(remat="full")),
-    ("tpu7x fsdp8 save_dot_except_mlp 1 layer", "tpu7x:2x2x1", dict(fsdp=8), "none", 8 * K, 8, 1,
-     dict(remat="save_dot_except_mlp")),
-    ("tpu7x ring4 tensor2 save_dot_except_mlp 1 layer", "tpu7x:2x2x1", dict(context=4, tensor=2), "ring", 32 * K, 1,
-     1, dict(remat="save_dot_except_mlp", load_balance="zigzag")),
+    (
+        "v5p fsdp4 tensor2 custom 1 layer: the tpu7x offload row's values in HBM",
+        "v5p:2x2x2",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        1,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME_IN_HBM),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 full 1 layer",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        1,
+        dict(remat="full"),
+    ),
+    (
+        "tpu7x fsdp8 save_dot_except_mlp 1 layer",
+        "tpu7x:2x2x1",
+        dict(fsdp=8),
+        "none",
+        8 * K,
+        8,
+        1,
+        dict(remat="save_dot_except_mlp"),
+    ),
+    (
+        "tpu7x ring4 tensor2 save_dot_except_mlp 1 layer",
+        "tpu7x:2x2x1",
+        dict(context=4, tensor=2),
+        "ring",
+        32 * K,
+        1,
+        1,
+        dict(remat="save_dot_except_mlp", load_balance="zigzag"),
+    ),
 ]
 
 
@@ -142,25 +441,43 @@ def plan_of(row):
     label, topology, mesh, strategy, seq_len, sequences, layers, fields = row
     base = get_model("llama3.1-8b")
     model = dataclasses.replace(base, name=f"{base.name}-{layers}l", num_layers=layers)
-    return Plan(model=model, topology=topology, seq_len=seq_len, global_batch=sequences, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, block_q=512, block_kv=512, loss_chunk_tokens=8 * K, **fields)
+    return Plan(
+        model=model,
+        topology=topology,
+        seq_len=seq_len,
+        global_batch=sequences,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        block_q=512,
+        block_kv=512,
+        loss_chunk_tokens=8 * K,
+        **fields,
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="rows whose label contains this text")
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the stored compiler figures of the rows not compiled, re-priced with today's "
-                             "price, and write every row to the results; with --least-hbm, the selected rows' "
-                             "stored figures are kept too (not compiled again) and only bisected")
-    parser.add_argument("--least-hbm", action="store_true",
-                        help="for each selected row that fits, find the least HBM cap under which it compiles "
-                             f"(bisection to {LEAST_HBM_RESOLUTION * 100:g}%% of the cap) and store it beside the unconstrained figure")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the stored compiler figures of the rows not compiled, re-priced with today's "
+        "price, and write every row to the results; with --least-hbm, the selected rows' "
+        "stored figures are kept too (not compiled again) and only bisected",
+    )
+    parser.add_argument(
+        "--least-hbm",
+        action="store_true",
+        help="for each selected row that fits, find the least HBM cap under which it compiles "
+        f"(bisection to {LEAST_HBM_RESOLUTION * 100:g}%% of the cap) and store it beside the unconstrained figure",
+    )
     args = parser.parse_args()
     if args.least_hbm and args.only and not args.reuse:
         # without --reuse a run of some rows writes no results, and the bisection's compiles would be lost
-        parser.error("--least-hbm with --only needs --reuse, so that the rows it measures are written beside the "
-                     "stored ones: add --reuse")
+        parser.error(
+            "--least-hbm with --only needs --reuse, so that the rows it measures are written beside the "
+            "stored ones: add --reuse"
+        )
 
     from cost_models.units import GiB, MiB
     from planner.estimate import estimate
@@ -180,7 +497,11 @@ def main():
         if reused:  # stored: the compiler's figures as measured then
             old = stored[row[0]]
             compiled_bytes, compiled_fits, compiled_text, seconds = (
-                old["compiled_bytes"], old["compiled_fits"], old["compiled"], old["compile_s"])
+                old["compiled_bytes"],
+                old["compiled_fits"],
+                old["compiled"],
+                old["compile_s"],
+            )
         else:
             start = time.perf_counter()
             compiled = compile_for(plan)
@@ -188,29 +509,45 @@ def main():
             compiled_bytes, compiled_fits, compiled_text = compiled.required_bytes, compiled.fits, str(compiled)
         error = predicted.hbm_bytes_per_device / compiled_bytes - 1
         agree = predicted.fits == compiled_fits
-        print(f"{row[0]:<{width}} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
-              f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
-              f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if reused else ''}",
-              flush=True)
+        print(
+            f"{row[0]:<{width}} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
+            f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
+            f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if reused else ''}",
+            flush=True,
+        )
         if args.least_hbm and selected and compiled_fits:
             least = least_hbm(plan, unconstrained_bytes=compiled_bytes)
-            print(f"    least HBM it compiles in: {least['cap_mib']} MiB ({least['cap_mib'] * MiB / GiB:.2f}G, "
-                  f"cpplan's price {predicted.hbm_bytes_per_device / (least['cap_mib'] * MiB) - 1:+.1%} against it"
-                  f"{'' if least['verified'] else '; not seen to compile: the probes ran out'})",
-                  flush=True)
-        out.append({"label": row[0], "plan": plan.to_dict(), "predicted_bytes": predicted.hbm_bytes_per_device,
-                    "predicted_breakdown": predicted.hbm_bytes, "predicted_fits": predicted.fits,
-                    "compiled_bytes": compiled_bytes, "compiled_fits": compiled_fits,
-                    "compiled": compiled_text, "error": error, "compile_s": seconds,
-                    **({"least_hbm": least} if least else {})})
+            print(
+                f"    least HBM it compiles in: {least['cap_mib']} MiB ({least['cap_mib'] * MiB / GiB:.2f}G, "
+                f"cpplan's price {predicted.hbm_bytes_per_device / (least['cap_mib'] * MiB) - 1:+.1%} against it"
+                f"{'' if least['verified'] else '; not seen to compile: the probes ran out'})",
+                flush=True,
+            )
+        out.append(
+            {
+                "label": row[0],
+                "plan": plan.to_dict(),
+                "predicted_bytes": predicted.hbm_bytes_per_device,
+                "predicted_breakdown": predicted.hbm_bytes,
+                "predicted_fits": predicted.fits,
+                "compiled_bytes": compiled_bytes,
+                "compiled_fits": compiled_fits,
+                "compiled": compiled_text,
+                "error": error,
+                "compile_s": seconds,
+                **({"least_hbm": least} if least else {}),
+            }
+        )
         if not args.only or args.reuse:  # row by row, so a long run interrupted keeps what it measured
             RESULTS.parent.mkdir(exist_ok=True)
-            later = [stored[r[0]] for r in rows[len(out):] if r[0] in stored]  # kept if this run is cut short
+            later = [stored[r[0]] for r in rows[len(out) :] if r[0] in stored]  # kept if this run is cut short
             RESULTS.write_text(json.dumps(out + later, indent=1, default=float))
     within = sum(abs(r["error"]) <= TARGET_ERROR for r in out)
     agree = sum(r["predicted_fits"] == r["compiled_fits"] for r in out)
-    print(f"\n{within} of {len(out)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(out)}; "
-          f"largest error {max((abs(r['error']) for r in out), default=0):.1%}")
+    print(
+        f"\n{within} of {len(out)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(out)}; "
+        f"largest error {max((abs(r['error']) for r in out), default=0):.1%}"
+    )
 
 
 if __name__ == "__main__":

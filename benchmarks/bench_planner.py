@@ -8,6 +8,7 @@ splits; `sweep` prices 8 lengths on tpu7x-1024 as `cpplan sweep` does. Each is t
 first query on that topology in this process: placements are built) and warm (the same query
 again, placements cached).
 """
+
 import time
 
 import planner

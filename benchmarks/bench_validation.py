@@ -9,6 +9,7 @@ Run: python benchmarks/bench_validation.py [steps|memory|all] [--out benchmarks/
   10% of the compiler and the fit / no-fit agreement (targets: ≥10 plans, 100%).
 Writes report.md / report.json / plots (steps) and memory.md / memory.json under --out.
 """
+
 import os
 import sys
 
@@ -29,16 +30,20 @@ def steps() -> None:
 
     chip_dir = OUT / "chips"
     # attention measured with the validated plans' heads: 'small' has 8 query and 4 kv heads of 32
-    row = calibrate("cpu:8", attention_seq=1024, attention_heads=8, attention_kv_heads=4,
-                    attention_head_dim=32).write(chip_dir)
+    row = calibrate("cpu:8", attention_seq=1024, attention_heads=8, attention_kv_heads=4, attention_head_dim=32).write(
+        chip_dir
+    )
     os.environ["CPPLAN_CHIP_DIR"] = str(chip_dir)
     print(f"calibrated: {row}", flush=True)
-    report = validate_step_times("small", [2048, 4096], "cpu:8", sequences=1, max_plans=8, top=2, steps=5,
-                                 compute_dtype="float32")
+    report = validate_step_times(
+        "small", [2048, 4096], "cpu:8", sequences=1, max_plans=8, top=2, steps=5, compute_dtype="float32"
+    )
     report.write(OUT / "steps")
     s = report.summary()
-    print(f"step time over {s['plans_measured']} plans ({', '.join(s['strategies'])}): MAPE {s['mape']:.1%} "
-          f"(target ≤ 10%), Spearman {s['spearman']:.3f} (≥ 0.9), regret {s['regret']:.3f} (≤ 1.10)")
+    print(
+        f"step time over {s['plans_measured']} plans ({', '.join(s['strategies'])}): MAPE {s['mape']:.1%} "
+        f"(target ≤ 10%), Spearman {s['spearman']:.3f} (≥ 0.9), regret {s['regret']:.3f} (≤ 1.10)"
+    )
 
 
 def memory() -> None:
@@ -51,8 +56,10 @@ def memory() -> None:
     report.write(OUT / "memory")
     s = report.summary()
     print(report.markdown())
-    print(f"memory: {s['within_10pct']} of {s['compared']} plans within 10% of the compiler (target ≥ 10), "
-          f"fit agreement {s['fit_agreement']:.0%} (target 100%)")
+    print(
+        f"memory: {s['within_10pct']} of {s['compared']} plans within 10% of the compiler (target ≥ 10), "
+        f"fit agreement {s['fit_agreement']:.0%} (target 100%)"
+    )
 
 
 if __name__ == "__main__":

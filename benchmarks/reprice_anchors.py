@@ -6,6 +6,7 @@ Run from the repository root (a second, jax-free):
 
     python benchmarks/reprice_anchors.py
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,8 +24,10 @@ def main() -> int:
     for row in rows:
         verdicts = " / ".join("fits" if fit else "no" for fit in (row["priced_fits"], row["compiled_fits"]))
         mark = "" if row["ok"] else "   <- off by more than 10% or the verdict"
-        print(f"{row['name']:<44} {row['priced_gib']:8.1f} {row['compiled_gib']:9.1f} {row['ratio']:6.3f}  "
-              f"{verdicts}{mark}")
+        print(
+            f"{row['name']:<44} {row['priced_gib']:8.1f} {row['compiled_gib']:9.1f} {row['ratio']:6.3f}  "
+            f"{verdicts}{mark}"
+        )
     ok = sum(row["ok"] for row in rows)
     print(f"{ok} of {len(rows)} within {TOLERANCE:.0%} with the same verdict")
     return 0

@@ -10,6 +10,7 @@ flags are checked against those its compile ran with (the `== name` blocks of
 results/bench_maxtext.txt), and a plan whose flags changed is named and not counted. Re-run
 `bench_maxtext.py` after a change to the export.
 """
+
 import sys
 from pathlib import Path
 
@@ -48,11 +49,15 @@ def main():
         flags = f"{format_flags(export.flags)} {format_flags(export.compile_flags)}"
         same_flags = ran.get(name) == flags
         good += abs(ratio - 1) <= TOLERANCE and now.fits == old["compiled_fits"] and same_flags
-        print(f"{name:<{width}} {old['compiled_gib']:>7.1f}G {old['predicted_gib']:>7.1f}G "
-              f"{now.hbm_bytes_per_device / GiB:>7.1f}G {old['ratio']:>8.3f} → {ratio:.3f}  "
-              f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}")
-        print(f"{'':<{width}}   {flags}" + ("" if same_flags else
-                                                 f"\n{'':<{width}}   FLAGS CHANGED: compiled with {ran.get(name)}"))
+        print(
+            f"{name:<{width}} {old['compiled_gib']:>7.1f}G {old['predicted_gib']:>7.1f}G "
+            f"{now.hbm_bytes_per_device / GiB:>7.1f}G {old['ratio']:>8.3f} → {ratio:.3f}  "
+            f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}"
+        )
+        print(
+            f"{'':<{width}}   {flags}"
+            + ("" if same_flags else f"\n{'':<{width}}   FLAGS CHANGED: compiled with {ran.get(name)}")
+        )
     print(f"\n{good} of {len(plans)} within {TOLERANCE:.0%} with the same verdict and the flags the compile ran")
 
 

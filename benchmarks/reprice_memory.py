@@ -9,6 +9,7 @@ The compiler figures are only as current as the runtime that produced them: re-r
 stores the least HBM cap it compiled under (`bench_memory.py --least-hbm`), two more columns give
 that cap and today's price against it; the errors counted are those against the unconstrained figure.
 """
+
 import argparse
 import json
 import sys
@@ -56,17 +57,21 @@ def main():
     stored = {r["label"]: r for r in rows_stored}
     rows = [r for r in ROWS if r[0] in stored and (not only or only in r[0])]
     width = max(len(r[0]) for r in rows)
-    print(f"{'plan':<{width}} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA"
-          f"{'least':>9} {'now/least':>10}")
+    print(
+        f"{'plan':<{width}} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA"
+        f"{'least':>9} {'now/least':>10}"
+    )
     within = agree = 0
     for row in rows:
         old, now = stored[row[0]], estimate(plan_of(row))
         error = now.hbm_bytes_per_device / old["compiled_bytes"] - 1
         within += abs(error) <= TARGET_ERROR
         agree += now.fits == old["compiled_fits"]
-        print(f"{row[0]:<{width}} {old['compiled_bytes'] / GiB:>7.2f}G {old['predicted_bytes'] / GiB:>7.2f}G "
-              f"{now.hbm_bytes_per_device / GiB:>7.2f}G {old['error']:>+9.1%} → {error:>+7.1%}  "
-              f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}{least_columns(old, now)}")
+        print(
+            f"{row[0]:<{width}} {old['compiled_bytes'] / GiB:>7.2f}G {old['predicted_bytes'] / GiB:>7.2f}G "
+            f"{now.hbm_bytes_per_device / GiB:>7.2f}G {old['error']:>+9.1%} → {error:>+7.1%}  "
+            f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}{least_columns(old, now)}"
+        )
     print(f"\n{within} of {len(rows)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(rows)}")
 
 

@@ -5,6 +5,7 @@ touch devices (run, compile, calibrate, validate, validate-memory) import `runti
 `validation/` inside their handlers, so `cpplan explain` never imports jax; those that run on a
 `cpu:N` host ask XLA for the N virtual devices before jax is imported.
 """
+
 from cli.main import build_parser, main
 
 __all__ = ["build_parser", "main"]

@@ -1,4 +1,5 @@
 """`python -m cli`: the `cpplan` command."""
+
 import sys
 
 from cli.main import main

@@ -1,4 +1,5 @@
 """Argument parsing shared by the commands: the parser, flag types, and the planning flags."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,17 +16,21 @@ from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPo
 from planner import api
 from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, parse_seq_len
 
-FULL_MASK_HELP = ("plan the model with a full (non-causal) attention mask: every query sees every key, as in an "
-                  "encoder (a config.json says so with is_causal: false), so attention computes every query-key pair, "
-                  "twice a causal model's FLOPs; zigzag load balancing has nothing to even out and is not searched "
-                  "(--load-balance zigzag alone is refused), and MaxText runs its decoders causal, so --target "
-                  "maxtext and export --format maxtext are refused")
+FULL_MASK_HELP = (
+    "plan the model with a full (non-causal) attention mask: every query sees every key, as in an "
+    "encoder (a config.json says so with is_causal: false), so attention computes every query-key pair, "
+    "twice a causal model's FLOPs; zigzag load balancing has nothing to even out and is not searched "
+    "(--load-balance zigzag alone is refused), and MaxText runs its decoders causal, so --target "
+    "maxtext and export --format maxtext are refused"
+)
+
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, like every other cpplan error."""
 
     def error(self, message: str):
         self.exit(2, f"cpplan: error: {message} (see `{self.prog} --help`)\n")
+
 
 class HelpWithDefaults(argparse.HelpFormatter):
     """Help that states each flag's default, where it has one."""
@@ -36,8 +41,10 @@ class HelpWithDefaults(argparse.HelpFormatter):
             text += " (default: %(default)s)"
         return text
 
+
 def at_least(low: int):
     """An argparse type: an integer of at least `low`."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -46,17 +53,21 @@ def at_least(low: int):
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
         return value
+
     parse.__name__ = f"integer ≥ {low}"
     return parse
 
+
 def csv_words(text: str | None) -> list[str] | None:
     return [w.strip() for w in text.split(",") if w.strip()] if text is not None else None
+
 
 def seq_lens(text: str) -> list[int]:
     lengths = [parse_seq_len(w) for w in csv_words(text) or []]
     if not lengths:
         raise CpplanError(f"--seq-lens {text!r} names no length; give comma-separated lengths, e.g. 2k,8k.")
     return lengths
+
 
 def mesh_sizes(text: str | None) -> dict[str, int] | None:
     if text is None:
@@ -71,9 +82,11 @@ def mesh_sizes(text: str | None) -> dict[str, int] | None:
         mesh[axis] = int(size)
     return mesh
 
+
 def to_json(data) -> str:
     """Strict JSON (no NaN or infinity) for --json output."""
     return json.dumps(data, indent=2, allow_nan=False, default=str)
+
 
 def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> None:
     """The flags every command that plans takes."""
@@ -85,39 +98,66 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> N
     p.add_argument("--strategies", help=f"allowed strategies: {','.join(s.value for s in CPStrategy)}")
     p.add_argument("--mesh", help="fixed axis sizes, e.g. context=16,tensor=2")
     others = [p.value for p in RematPolicy if p not in SEARCHED_POLICIES and p is not RematPolicy.CUSTOM]
-    p.add_argument("--remat", help=f"allowed remat policies, MaxText's names (default "
-                                   f"{','.join(p.value for p in SEARCHED_POLICIES)}): also {', '.join(others)}")
+    p.add_argument(
+        "--remat",
+        help=f"allowed remat policies, MaxText's names (default "
+        f"{','.join(p.value for p in SEARCHED_POLICIES)}): also {', '.join(others)}",
+    )
     p.add_argument("--param-dtype", choices=sorted(DTYPE_BYTES), help="weights and gradients (default float32)")
-    p.add_argument("--mu-dtype", choices=sorted(DTYPE_BYTES),
-                   help="AdamW's first moment (MaxText's mu_dtype; default float32); the second is in --param-dtype")
+    p.add_argument(
+        "--mu-dtype",
+        choices=sorted(DTYPE_BYTES),
+        help="AdamW's first moment (MaxText's mu_dtype; default float32); the second is in --param-dtype",
+    )
     p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
-    p.add_argument("--global-batch-tokens", help="tokens per step to aim for: the search picks the number of sequences "
-                                                 "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
-                                                 "cpu:N)")
-    p.add_argument("--exact-batch", type=at_least(1),
-                   help="exactly this many sequences per step (instead of a target)")
-    p.add_argument("--loss-chunk-tokens", type=at_least(0), help=f"cross-entropy chunk; 0 = full logits "
-                                                                  f"(default {DEFAULT_LOSS_CHUNK_TOKENS})")
-    p.add_argument("--num-slices", type=at_least(1), help="slices of --topology joined over DCN (data and fsdp "
-                                                           "span them; default 1)")
+    p.add_argument(
+        "--global-batch-tokens",
+        help="tokens per step to aim for: the search picks the number of sequences "
+        "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
+        "cpu:N)",
+    )
+    p.add_argument("--exact-batch", type=at_least(1), help="exactly this many sequences per step (instead of a target)")
+    p.add_argument(
+        "--loss-chunk-tokens",
+        type=at_least(0),
+        help=f"cross-entropy chunk; 0 = full logits (default {DEFAULT_LOSS_CHUNK_TOKENS})",
+    )
+    p.add_argument(
+        "--num-slices",
+        type=at_least(1),
+        help="slices of --topology joined over DCN (data and fsdp span them; default 1)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output: strict JSON alone")
+
 
 def search_options(args: argparse.Namespace) -> dict:
     """Planner keyword options from parsed flags (only those given)."""
-    opts = {"strategies": csv_words(args.strategies), "mesh": mesh_sizes(args.mesh), "remat": csv_words(args.remat),
-            "load_balance": csv_words(args.load_balance), "global_batch_tokens": args.global_batch_tokens,
-            "global_batch": args.exact_batch,
-            "loss_chunk_tokens": args.loss_chunk_tokens, "num_slices": args.num_slices,
-            "param_dtype": args.param_dtype, "mu_dtype": args.mu_dtype}
+    opts = {
+        "strategies": csv_words(args.strategies),
+        "mesh": mesh_sizes(args.mesh),
+        "remat": csv_words(args.remat),
+        "load_balance": csv_words(args.load_balance),
+        "global_batch_tokens": args.global_batch_tokens,
+        "global_batch": args.exact_batch,
+        "loss_chunk_tokens": args.loss_chunk_tokens,
+        "num_slices": args.num_slices,
+        "param_dtype": args.param_dtype,
+        "mu_dtype": args.mu_dtype,
+    }
     if getattr(args, "target", None):
         opts["target"] = args.target
     return {k: v for k, v in opts.items() if v is not None}
 
+
 def add_target(p: argparse.ArgumentParser, default_text: str = "cpplan") -> None:
     """The --target flag of the commands that price for a runtime."""
-    p.add_argument("--target", choices=[t.value for t in Target],
-                   help=f"the runtime priced: cpplan's own, or MaxText 0.2.5 (its memory; only plans it accepts) "
-                        f"(default: {default_text})")
+    p.add_argument(
+        "--target",
+        choices=[t.value for t in Target],
+        help=f"the runtime priced: cpplan's own, or MaxText 0.2.5 (its memory; only plans it accepts) "
+        f"(default: {default_text})",
+    )
+
 
 def model_of(args: argparse.Namespace) -> ModelSpec:
     """The model a command plans: `--model`, with a full (non-causal) mask under `--full-mask`,
@@ -135,20 +175,26 @@ def model_of(args: argparse.Namespace) -> ModelSpec:
     source = "--full-mask" if full_mask else f"--model {args.model} (is_causal: false)"
     balancing = getattr(args, "load_balance", None)
     if balancing is not None and {LoadBalance.parse(w) for w in csv_words(balancing)} == {LoadBalance.ZIGZAG}:
-        raise CpplanError(f"--load-balance {balancing} with {source}: {full_mask_balance_problem(model, True)}; "
-                          f"allow none (--load-balance none, or leave the flag out).")
-    for flag, value, fix in (("--format", getattr(args, "format", None), "--format json writes the plan for cpplan's "
-                                                                          "runtime"),
-                             ("--target", getattr(args, "target", None), "leave out --target maxtext to price it")):
+        raise CpplanError(
+            f"--load-balance {balancing} with {source}: {full_mask_balance_problem(model, True)}; "
+            f"allow none (--load-balance none, or leave the flag out)."
+        )
+    for flag, value, fix in (
+        ("--format", getattr(args, "format", None), "--format json writes the plan for cpplan's runtime"),
+        ("--target", getattr(args, "target", None), "leave out --target maxtext to price it"),
+    ):
         if value == "maxtext":
             raise CpplanError(f"{flag} maxtext with {source}: {maxtext_mask_problems(model)[0]}; {fix}.")
     return model
 
+
 def plan_of(args: argparse.Namespace):
     return api.plan(model_of(args), args.seq_len, args.topology, **search_options(args))
 
+
 def add_command(sub, name: str, handler, help_text: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False,
-                       formatter_class=HelpWithDefaults)
+    p = sub.add_parser(
+        name, help=help_text, description=help_text, allow_abbrev=False, formatter_class=HelpWithDefaults
+    )
     p.set_defaults(func=handler)
     return p

@@ -1,5 +1,6 @@
 """What a command needs of the machine before it starts: virtual host devices, the deviceless
 TPU compiler, jax itself, readable data, and the devices a measurement runs on."""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 
 RUNTIME_HINT = "install the runtime with pip install -e '.[runtime]'"
+
 
 def use_host_devices(topology: str, *, processes: int = 1) -> None:
     """For a topology of a host's virtual devices (`cpu:N`), asks XLA for N of them, or for
@@ -20,13 +22,16 @@ def use_host_devices(topology: str, *, processes: int = 1) -> None:
     if not topo.chip.kind.shares_cores:
         return
     if topo.num_devices % processes:
-        raise CpplanError(f"{topo.name} has {topo.num_devices} devices, which do not split over {processes} processes; "
-                          f"give a device count that is a multiple of --num-processes.")
+        raise CpplanError(
+            f"{topo.name} has {topo.num_devices} devices, which do not split over {processes} processes; "
+            f"give a device count that is a multiple of --num-processes."
+        )
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         count = topo.num_devices // processes
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
     os.environ.setdefault("JAX_PLATFORMS", topo.chip.kind.jax_platform)
+
 
 def use_deviceless_tpu() -> None:
     """Sets up compiling for abstract TPU devices: no TPU runtime, and libtpu told that this
@@ -37,12 +42,14 @@ def use_deviceless_tpu() -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
+
 def import_runtime() -> None:
     """Imports jax, or says how to install it."""
     try:
         import jax  # noqa: F401
     except ImportError as err:
         raise CpplanError(f"this command needs the jax runtime ({err}); {RUNTIME_HINT}.") from None
+
 
 def check_data(path: str | None) -> None:
     """Refuses, before any work, --data that cannot be read: a file, or a glob of ArrayRecord shards."""
@@ -52,9 +59,12 @@ def check_data(path: str | None) -> None:
 
     files = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
     if not files or not all(os.path.isfile(f) and os.access(f, os.R_OK) for f in files):
-        raise CpplanError(f"--data {path!r} is not a readable file (or a glob of readable ArrayRecord shards); give a "
-                          f"token file (.npy, raw with --data-dtype, .array_record) or a text file, or leave --data out "
-                          f"for synthetic tokens.")
+        raise CpplanError(
+            f"--data {path!r} is not a readable file (or a glob of readable ArrayRecord shards); give a "
+            f"token file (.npy, raw with --data-dtype, .array_record) or a text file, or leave --data out "
+            f"for synthetic tokens."
+        )
+
 
 def check_devices(topo, command: str) -> None:
     """Refuses, before any work, a topology whose devices this process does not have."""
@@ -66,9 +76,12 @@ def check_devices(topo, command: str) -> None:
     devices = jax.devices()
     platform = topo.chip.kind.jax_platform
     if devices[0].platform != platform or len(devices) < topo.num_devices:
-        raise CpplanError(f"`cpplan {command}` measures the devices present; {topo.name} needs {topo.num_devices} "
-                          f"{platform} devices, this process has {len(devices)} {devices[0].platform} device(s). "
-                          f"Run it on that slice, or measure this host's devices with --topology cpu:8.")
+        raise CpplanError(
+            f"`cpplan {command}` measures the devices present; {topo.name} needs {topo.num_devices} "
+            f"{platform} devices, this process has {len(devices)} {devices[0].platform} device(s). "
+            f"Run it on that slice, or measure this host's devices with --topology cpu:8."
+        )
+
 
 def on_a_tpu_vm() -> bool:
     """Whether this host has TPU chips (their device files), judged without importing jax."""

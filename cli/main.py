@@ -1,4 +1,5 @@
 """`cpplan`: the parser of every command, and one command run with cpplan's exit statuses."""
+
 from __future__ import annotations
 
 import signal
@@ -14,8 +15,11 @@ FAMILIES = (planning, running, validating)
 
 def build_parser() -> Parser:
     """The `cpplan` parser with every subcommand; the parsed namespace carries its handler as `func`."""
-    parser = Parser(prog="cpplan", allow_abbrev=False, description="Plan context parallelism for long-context "
-                    "training: price, choose, explain, run and validate.")
+    parser = Parser(
+        prog="cpplan",
+        allow_abbrev=False,
+        description="Plan context parallelism for long-context training: price, choose, explain, run and validate.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for family in FAMILIES:
         family.register(sub)

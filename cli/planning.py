@@ -1,4 +1,5 @@
 """The planning commands: explain, sweep, max-seq-len, export, import (planner/ alone, no jax)."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,14 @@ from planner.options import format_tokens
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """The best plan, why, what came close, what was rejected."""
-    explanation = Explanation(api.run_search(model_of(args), args.seq_len, args.topology, **search_options(args)),
-                              top=args.top)
+    explanation = Explanation(
+        api.run_search(model_of(args), args.seq_len, args.topology, **search_options(args)), top=args.top
+    )
     if args.target == "maxtext" and not args.json:
         print("Priced for MaxText 0.2.5 (--target maxtext): its memory, and only plans it accepts.\n")
     print(explanation.to_json() if args.json else explanation)
     return 0 if explanation.best else 1
+
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Best strategy and MFU per sequence length."""
@@ -41,11 +44,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         e = Explanation(api.run_search(model, tokens, args.topology, **search_options(args)))
         row = {"seq_len": tokens, "fits": e.best is not None}
         if e.best:
-            row.update(strategy=e.best.cp_strategy.value, plan=describe_strategy(e.best), mesh=e.best.mesh_dict,
-                       remat=e.best.remat.value, step_time_s=e.estimate.step_time_s, mfu=e.estimate.mfu,
-                       hbm_gib=e.estimate.hbm_bytes_per_device / GiB,
-                       per_strategy={s.value: {"step_time_s": r.estimate.step_time_s, "mfu": r.estimate.mfu}
-                                     for s, r in e.best_per_strategy().items()})
+            row.update(
+                strategy=e.best.cp_strategy.value,
+                plan=describe_strategy(e.best),
+                mesh=e.best.mesh_dict,
+                remat=e.best.remat.value,
+                step_time_s=e.estimate.step_time_s,
+                mfu=e.estimate.mfu,
+                hbm_gib=e.estimate.hbm_bytes_per_device / GiB,
+                per_strategy={
+                    s.value: {"step_time_s": r.estimate.step_time_s, "mfu": r.estimate.mfu}
+                    for s, r in e.best_per_strategy().items()
+                },
+            )
         rows.append(row)
     if args.json:
         print(to_json(rows))
@@ -58,10 +69,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             continue
         per = row["per_strategy"]
         cells = "  ".join(f"{per[n]['mfu']:>10.1%}" if n in per else f"{'—':>10}" for n in names)
-        print(f"{format_tokens(row['seq_len']):>8}  {row['plan']:<42} {row['step_time_s']:>8.2f}s {row['mfu']:>6.1%} "
-              f"{row['hbm_gib']:>6.1f}Gi  {cells}")
+        print(
+            f"{format_tokens(row['seq_len']):>8}  {row['plan']:<42} {row['step_time_s']:>8.2f}s {row['mfu']:>6.1%} "
+            f"{row['hbm_gib']:>6.1f}Gi  {cells}"
+        )
     print("(per-strategy columns: MFU of that strategy's best plan)")
     return 0
+
 
 def cmd_max_seq_len(args: argparse.Namespace) -> int:
     """The longest sequence any plan fits."""
@@ -69,12 +83,15 @@ def cmd_max_seq_len(args: argparse.Namespace) -> int:
     print(to_json(longest.to_dict()) if args.json else longest)
     return 0
 
+
 def cmd_export(args: argparse.Namespace) -> int:
     """The best plan as MaxText flags (priced for MaxText), or plan JSON."""
     if args.format == "maxtext":
         if args.target == "cpplan":
-            raise CpplanError("--format maxtext exports a plan for MaxText, so it is chosen and priced for MaxText; "
-                              "drop --target cpplan (or use --format json).")
+            raise CpplanError(
+                "--format maxtext exports a plan for MaxText, so it is chosen and priced for MaxText; "
+                "drop --target cpplan (or use --format json)."
+            )
         args.target = "maxtext"
     plan = plan_of(args)
     if args.format == "json":
@@ -82,7 +99,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 0
     exported = export_maxtext(plan)
     if args.json:
-        print(to_json({"flags": exported.flags, "compile_flags": exported.compile_flags, "notes": list(exported.notes)}))
+        print(
+            to_json({"flags": exported.flags, "compile_flags": exported.compile_flags, "notes": list(exported.notes)})
+        )
         return 0
     print(format_flags(exported.flags))
     if exported.compile_flags:  # train_compile's ahead-of-time flags, on their own line
@@ -90,6 +109,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     for note in exported.notes:
         print(f"cpplan: note: {note}", file=sys.stderr)
     return 0
+
 
 def cmd_import(args: argparse.Namespace) -> int:
     """MaxText flags read into a plan, priced as MaxText runs it; every flag not read named."""
@@ -102,14 +122,26 @@ def cmd_import(args: argparse.Namespace) -> int:
     found = read_maxtext(text, topology=args.topology)
     predicted = estimate(found.plan, target="maxtext")
     if args.json:
-        print(to_json({"plan": found.plan.to_dict(), "estimate": predicted.to_dict(), "unread": list(found.unread),
-                     "notes": list(found.notes)}))
+        print(
+            to_json(
+                {
+                    "plan": found.plan.to_dict(),
+                    "estimate": predicted.to_dict(),
+                    "unread": list(found.unread),
+                    "notes": list(found.notes),
+                }
+            )
+        )
         return 0
-    print(f"{describe_strategy(found.plan)}; mesh {found.plan.mesh_dict}; remat {found.plan.remat.value}; "
-          f"{found.plan.global_batch} × {found.plan.seq_len} tokens on {found.plan.topology}")
-    print(f"MaxText needs {predicted.hbm_bytes_per_device / GiB:.1f} GiB of {predicted.hbm_capacity_bytes / GiB:.1f} "
-          f"GiB HBM per device ({'fits' if predicted.fits else 'does not fit'}); a step takes "
-          f"{predicted.step_time_s:.2f} s, MFU {predicted.mfu:.1%}")
+    print(
+        f"{describe_strategy(found.plan)}; mesh {found.plan.mesh_dict}; remat {found.plan.remat.value}; "
+        f"{found.plan.global_batch} × {found.plan.seq_len} tokens on {found.plan.topology}"
+    )
+    print(
+        f"MaxText needs {predicted.hbm_bytes_per_device / GiB:.1f} GiB of {predicted.hbm_capacity_bytes / GiB:.1f} "
+        f"GiB HBM per device ({'fits' if predicted.fits else 'does not fit'}); a step takes "
+        f"{predicted.step_time_s:.2f} s, MFU {predicted.mfu:.1%}"
+    )
     for note in found.notes:
         print(f"note: {note}")
     print(f"not read ({len(found.unread)}): {', '.join(found.unread) if found.unread else 'none'}")
@@ -130,9 +162,13 @@ def register(sub) -> None:
     add_target(p)
     p = add_command(sub, "export", cmd_export, "the best plan as MaxText flags (or plan JSON)")
     add_search_options(p)
-    p.add_argument("--format", choices=["maxtext", "json"], default="maxtext",
-                   help="MaxText flags (training flags, then train_compile's compile_topology flags on their own "
-                        "line; the plan chosen and priced for MaxText), or the plan as JSON")
+    p.add_argument(
+        "--format",
+        choices=["maxtext", "json"],
+        default="maxtext",
+        help="MaxText flags (training flags, then train_compile's compile_topology flags on their own "
+        "line; the plan chosen and priced for MaxText), or the plan as JSON",
+    )
     add_target(p, "maxtext with --format maxtext, else cpplan")
     p = add_command(sub, "import", cmd_import, "MaxText flags read into a plan, priced as MaxText runs it")
     p.add_argument("--flags", required=True, help="MaxText flags: key=value text, or a file holding them")

@@ -1,4 +1,5 @@
 """The commands that run a plan: run (train on the devices present) and compile (deviceless)."""
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if topo.chip.kind.shares_cores:
         use_host_devices(args.topology, processes=group.count)
     elif not on_a_tpu_vm():
-        raise CpplanError(f"`cpplan run` runs on the devices present; {topo.name} is a TPU slice and this host has "
-                          f"no TPU: launch it on every TPU VM of the slice (see the README). Use `cpplan compile` to "
-                          f"compile for it deviceless, or plan for cpu:8.")
+        raise CpplanError(
+            f"`cpplan run` runs on the devices present; {topo.name} is a TPU slice and this host has "
+            f"no TPU: launch it on every TPU VM of the slice (see the README). Use `cpplan compile` to "
+            f"compile for it deviceless, or plan for cpu:8."
+        )
     search = api.run_search(model_of(args), args.seq_len, args.topology, **search_options(args))
     explanation = Explanation(search)
     if explanation.best is None:
@@ -41,10 +44,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from runtime.distributed import is_leader
     from runtime.launch import Launch, prepare, train_checked
 
-    request = Launch(steps=args.steps, run_dir=Path(args.run_dir), data=args.data, pack=args.pack,
-                     data_dtype=args.data_dtype, eos_id=args.eos_id, seed=args.seed, max_fallbacks=args.max_fallbacks,
-                     checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
-                     resume=args.resume, profile_steps=profile)
+    request = Launch(
+        steps=args.steps,
+        run_dir=Path(args.run_dir),
+        data=args.data,
+        pack=args.pack,
+        data_dtype=args.data_dtype,
+        eos_id=args.eos_id,
+        seed=args.seed,
+        max_fallbacks=args.max_fallbacks,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+        resume=args.resume,
+        profile_steps=profile,
+    )
     notes = sys.stderr if args.json else sys.stdout
 
     def say(text: str) -> None:  # the leader speaks for every process
@@ -66,35 +79,61 @@ def _report_run(args: argparse.Namespace, checked, report, leader: bool) -> int:
     plan = checked.plan
     if report is None:
         if leader:
-            print(to_json({"plan": plan.to_dict(), "preflight": [attempt_dict(a) for a in checked.attempts]})
-                  if args.json else f"{plan.to_json()}\ndry run: plan #{checked.attempts[-1].rank} compiles and fits; "
-                                    f"stopping before the first step")
+            print(
+                to_json({"plan": plan.to_dict(), "preflight": [attempt_dict(a) for a in checked.attempts]})
+                if args.json
+                else f"{plan.to_json()}\ndry run: plan #{checked.attempts[-1].rank} compiles and fits; "
+                f"stopping before the first step"
+            )
         return 0
     if report.stopped:
         if leader:
-            name = signal.Signals(INTERRUPTS.received[-1]).name if INTERRUPTS.stopped else \
-                "a preemption notice (SIGTERM)"
-            print(f"cpplan: stopped by {name} after step {report.first_step + len(report.losses)}; checkpoint saved "
-                  f"in {Path(args.run_dir) / 'checkpoints'}; run the same command to resume", file=sys.stderr)
+            name = (
+                signal.Signals(INTERRUPTS.received[-1]).name if INTERRUPTS.stopped else "a preemption notice (SIGTERM)"
+            )
+            print(
+                f"cpplan: stopped by {name} after step {report.first_step + len(report.losses)}; checkpoint saved "
+                f"in {Path(args.run_dir) / 'checkpoints'}; run the same command to resume",
+                file=sys.stderr,
+            )
         return INTERRUPTS.exit_status(signal.SIGTERM)
     if not leader:
         return 0
     if not report.losses:
-        print(f"nothing to run: the checkpoint in {args.run_dir} is at step {report.first_step} of {args.steps}; "
-              f"give more --steps to train on.", file=sys.stderr if args.json else sys.stdout, flush=True)
+        print(
+            f"nothing to run: the checkpoint in {args.run_dir} is at step {report.first_step} of {args.steps}; "
+            f"give more --steps to train on.",
+            file=sys.stderr if args.json else sys.stdout,
+            flush=True,
+        )
         return 0
     predicted = estimate(plan)
     peak = report.peak_memory_bytes
     measured_hbm = report.hbm_bytes_per_device if peak is None else peak
     if args.json:
-        print(to_json({"plan": plan.to_dict(), "preflight": [attempt_dict(a) for a in checked.attempts],
-                       "first_step": report.first_step, "losses": list(report.losses),
-                       "predicted": {"step_time_s": predicted.step_time_s, "mfu": predicted.mfu,
-                                     "hbm_bytes_per_device": predicted.hbm_bytes_per_device},
-                       "measured": {"step_time_s": report.step_time_s, "best_step_s": report.best_step_s,
-                                    "mfu": report.mfu, "compile_s": report.compile_s,
-                                    "hbm_bytes_per_device": report.hbm_bytes_per_device,
-                                    "peak_memory_bytes": peak}}))
+        print(
+            to_json(
+                {
+                    "plan": plan.to_dict(),
+                    "preflight": [attempt_dict(a) for a in checked.attempts],
+                    "first_step": report.first_step,
+                    "losses": list(report.losses),
+                    "predicted": {
+                        "step_time_s": predicted.step_time_s,
+                        "mfu": predicted.mfu,
+                        "hbm_bytes_per_device": predicted.hbm_bytes_per_device,
+                    },
+                    "measured": {
+                        "step_time_s": report.step_time_s,
+                        "best_step_s": report.best_step_s,
+                        "mfu": report.mfu,
+                        "compile_s": report.compile_s,
+                        "hbm_bytes_per_device": report.hbm_bytes_per_device,
+                        "peak_memory_bytes": peak,
+                    },
+                }
+            )
+        )
         return 0
     print(plan.to_json())
     print(f"measured:  {report}")
@@ -109,9 +148,16 @@ def _report_run(args: argparse.Namespace, checked, report, leader: bool) -> int:
 
 
 def attempt_dict(attempt) -> dict:
-    return {"rank": attempt.rank, "plan": attempt.plan.to_dict(), "fits": attempt.fits,
-            "compile_s": attempt.compile_s, "required_bytes": attempt.required_bytes,
-            "available_bytes": attempt.available_bytes, "reason": attempt.reason}
+    return {
+        "rank": attempt.rank,
+        "plan": attempt.plan.to_dict(),
+        "fits": attempt.fits,
+        "compile_s": attempt.compile_s,
+        "required_bytes": attempt.required_bytes,
+        "available_bytes": attempt.available_bytes,
+        "reason": attempt.reason,
+    }
+
 
 def profile_steps(text: str | None, steps: int) -> tuple[int, int] | None:
     """`A:B` as the first and last steps (counted from 1) to trace, or None."""
@@ -119,9 +165,11 @@ def profile_steps(text: str | None, steps: int) -> tuple[int, int] | None:
         return None
     match = re.fullmatch(r"\s*([0-9]+)\s*:\s*([0-9]+)\s*", text)
     if not match or not 1 <= int(match[1]) <= int(match[2]) <= steps:
-        raise CpplanError(f"--profile-steps {text!r}: write FIRST:LAST with 1 <= FIRST <= LAST <= --steps ({steps}), "
-                          f"e.g. 3:5.")
+        raise CpplanError(
+            f"--profile-steps {text!r}: write FIRST:LAST with 1 <= FIRST <= LAST <= --steps ({steps}), e.g. 3:5."
+        )
     return int(match[1]), int(match[2])
+
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Plans, compiles deviceless for the TPU slice, and prints memory against the prediction."""
@@ -141,41 +189,71 @@ def cmd_compile(args: argparse.Namespace) -> int:
     predicted = estimate(plan)
     print(plan.to_json())
     print(f"compiled:  {report}")
-    print(f"predicted: {predicted.hbm_bytes_per_device / GiB:.2f} GiB per device "
-          f"({'fits' if predicted.fits else 'does not fit'}); compiler: {report.required_gib:.2f} GiB "
-          f"({'fits' if report.fits else 'does not fit'})")
+    print(
+        f"predicted: {predicted.hbm_bytes_per_device / GiB:.2f} GiB per device "
+        f"({'fits' if predicted.fits else 'does not fit'}); compiler: {report.required_gib:.2f} GiB "
+        f"({'fits' if report.fits else 'does not fit'})"
+    )
     return 0 if report.fits else 1
 
 
 def register(sub) -> None:
     """Adds run and compile to the subparsers `sub`."""
-    p = add_command(sub, "run", cmd_run, "plan, pre-flight compile, train with checkpoints and metrics, report (cpu:N "
-                                  "host or TPU pod, one or many processes)")
+    p = add_command(
+        sub,
+        "run",
+        cmd_run,
+        "plan, pre-flight compile, train with checkpoints and metrics, report (cpu:N "
+        "host or TPU pod, one or many processes)",
+    )
     add_search_options(p)
-    p.add_argument("--steps", type=at_least(2), default=5, help="train until this many steps are done (a resumed "
-                                                                 "run does the rest; the median skips the first)")
-    p.add_argument("--data", help="tokens to train on: a text file (bytes), a .npy or raw token file, ArrayRecord; "
-                                  "default synthetic tokens")
+    p.add_argument(
+        "--steps",
+        type=at_least(2),
+        default=5,
+        help="train until this many steps are done (a resumed run does the rest; the median skips the first)",
+    )
+    p.add_argument(
+        "--data",
+        help="tokens to train on: a text file (bytes), a .npy or raw token file, ArrayRecord; default synthetic tokens",
+    )
     p.add_argument("--seed", type=at_least(0), default=0, help="parameter and data seed")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], help="token type of raw and ArrayRecord --data")
     p.add_argument("--eos-id", type=at_least(0), help="the token that ends each document of --data")
-    p.add_argument("--pack", action="store_true", help="keep the documents of a row apart (segment ids through "
-                                                       "splash); needs --eos-id or ArrayRecord --data")
-    p.add_argument("--run-dir", default="cpplan-run", help="directory for metrics.jsonl, TensorBoard events, "
-                                                           "checkpoints/ and profile/")
-    p.add_argument("--checkpoint-every", type=at_least(0), default=100,
-                   help="save a checkpoint every this many steps (0: only at the end and when stopped)")
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="keep the documents of a row apart (segment ids through splash); needs --eos-id or ArrayRecord --data",
+    )
+    p.add_argument(
+        "--run-dir",
+        default="cpplan-run",
+        help="directory for metrics.jsonl, TensorBoard events, checkpoints/ and profile/",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=at_least(0),
+        default=100,
+        help="save a checkpoint every this many steps (0: only at the end and when stopped)",
+    )
     p.add_argument("--keep-checkpoints", type=at_least(1), default=3, help="checkpoints kept, newest first")
-    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="continue from the newest checkpoint in --run-dir when there is one; --no-resume refuses a "
-                        "directory that has one")
+    p.add_argument(
+        "--resume",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="continue from the newest checkpoint in --run-dir when there is one; --no-resume refuses a "
+        "directory that has one",
+    )
     p.add_argument("--dry-run", action="store_true", help="stop after the pre-flight compile and print its report")
-    p.add_argument("--max-fallbacks", type=at_least(1), default=4,
-                   help="plans to pre-flight, best first, before giving up")
-    p.add_argument("--profile-steps", help="FIRST:LAST steps (from 1) to trace with the jax profiler into "
-                                           "--run-dir/profile")
-    p.add_argument("--coordinator", help="host:port of process 0, for several processes off a TPU VM (on TPU VMs "
-                                         "jax finds it)")
+    p.add_argument(
+        "--max-fallbacks", type=at_least(1), default=4, help="plans to pre-flight, best first, before giving up"
+    )
+    p.add_argument(
+        "--profile-steps", help="FIRST:LAST steps (from 1) to trace with the jax profiler into --run-dir/profile"
+    )
+    p.add_argument(
+        "--coordinator", help="host:port of process 0, for several processes off a TPU VM (on TPU VMs jax finds it)"
+    )
     p.add_argument("--num-processes", type=at_least(1), help="processes in the run (with --coordinator)")
     p.add_argument("--process-id", type=at_least(0), help="this process's index (with --coordinator)")
     p = add_command(sub, "compile", cmd_compile, "plan, then compile deviceless for a TPU slice")

@@ -5,6 +5,7 @@ A preemption notice (SIGTERM) is handled as Ctrl-C is: keep what was done, write
 stops after the step in hand instead, because a KeyboardInterrupt raised inside jax (its
 garbage-collection callback, say) is swallowed with a traceback on stderr.
 """
+
 from __future__ import annotations
 
 import contextlib

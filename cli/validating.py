@@ -1,5 +1,6 @@
 """The measuring commands: calibrate (a chip row of this machine), validate (step times) and
 validate-memory (HBM against the deviceless compiler)."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,17 +36,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     result = calibrate(args.topology, dtype=args.dtype, repeats=args.repeats, **shape)
     path = result.write(args.out)
     chip = result.chip
-    print(f"wrote {path}: peak {chip.peak_bf16_flops_per_s / 1e9:.1f} GFLOP/s per chip, attention efficiency "
-          f"{chip.attention_efficiency:.2f} (+ {chip.attention_block_overhead_s * 1e6:.1f} µs per grid step, "
-          f"{chip.attention_step_s_per_operand_byte * 1e12:.1f} ps per operand byte per step, "
-          f"{chip.attention_masked_element_s * 1e9:.2f} ns per masked logit), memory "
-          f"{chip.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, link "
-          f"{(chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s) / 1e9:.2f} GB/s, "
-          f"hop latency {chip.ici_hop_latency_s * 1e6:.1f} µs")
+    print(
+        f"wrote {path}: peak {chip.peak_bf16_flops_per_s / 1e9:.1f} GFLOP/s per chip, attention efficiency "
+        f"{chip.attention_efficiency:.2f} (+ {chip.attention_block_overhead_s * 1e6:.1f} µs per grid step, "
+        f"{chip.attention_step_s_per_operand_byte * 1e12:.1f} ps per operand byte per step, "
+        f"{chip.attention_masked_element_s * 1e9:.2f} ns per masked logit), memory "
+        f"{chip.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, link "
+        f"{(chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s) / 1e9:.2f} GB/s, "
+        f"hop latency {chip.ici_hop_latency_s * 1e6:.1f} µs"
+    )
     for kind, bw, lat in chip.host_collectives:
         print(f"  {kind}: {bw / 1e9:.2f} GB/s + {lat * 1e6:.0f} µs")
     print(f"use it: export CPPLAN_CHIP_DIR={path.parent}")
     return 0
+
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Runs plans (or reads measured step times) and compares them with predictions."""
@@ -54,8 +58,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if args.measured:
         if args.full_mask:
-            raise CpplanError("--full-mask sets the mask of the --model that validate runs; the runs of --measured are "
-                              "priced with their own models: drop --full-mask.")
+            raise CpplanError(
+                "--full-mask sets the mask of the --model that validate runs; the runs of --measured are "
+                "priced with their own models: drop --full-mask."
+            )
         from validation.corpus import compare_corpus, is_corpus, read_corpus
         from validation.measured import read_csv, read_maxtext_log
         from validation.report import CORPUS_REPORT_FILES
@@ -64,9 +70,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if not args.maxtext_flags and is_corpus(args.measured):  # published runs, each with its MaxText flags
             runs = read_corpus(args.measured)
             outdir = prepare_out_dir(args.out, CORPUS_REPORT_FILES)
-            report = compare_corpus(runs, title=f"cpplan vs the published TPU runs of {os.path.basename(args.measured)}")
+            report = compare_corpus(
+                runs, title=f"cpplan vs the published TPU runs of {os.path.basename(args.measured)}"
+            )
         else:
-            steps = [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
+            steps = (
+                [read_maxtext_log(args.measured, args.maxtext_flags)] if args.maxtext_flags else read_csv(args.measured)
+            )
             outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
             report = compare_measured(steps)
     else:
@@ -86,9 +96,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
             options["strategies"] = csv_words(args.strategies)
         journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
         with INTERRUPTS.deferred():
-            report = validate_step_times(model, lengths, args.topology, sequences=args.sequences,
-                                         max_plans=args.max_plans, top=args.top, steps=args.steps, seed=args.seed,
-                                         data=args.data, journal=journal, stop=lambda: INTERRUPTS.stopped, **options)
+            report = validate_step_times(
+                model,
+                lengths,
+                args.topology,
+                sequences=args.sequences,
+                max_plans=args.max_plans,
+                top=args.top,
+                steps=args.steps,
+                seed=args.seed,
+                data=args.data,
+                journal=journal,
+                stop=lambda: INTERRUPTS.stopped,
+                **options,
+            )
     files = report.write(outdir, plots=not args.no_plots)
     if not args.measured:
         files.append(outdir / MEASUREMENTS_FILE)
@@ -96,10 +117,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(to_json({k: v for k, v in summary.items() if k != "plans"}))
     print("wrote " + ", ".join(str(f) for f in files))
     if report.interrupted:
-        print(f"cpplan: interrupted after {summary['summary']['plans_measured']} measured plans; "
-              f"their results are in {outdir}", file=sys.stderr)
+        print(
+            f"cpplan: interrupted after {summary['summary']['plans_measured']} measured plans; "
+            f"their results are in {outdir}",
+            file=sys.stderr,
+        )
         return INTERRUPTS.exit_status()
     return 0 if summary["summary"]["plans_measured"] else 1
+
 
 def cmd_validate_memory(args: argparse.Namespace) -> int:
     """Compiles plans deviceless and compares predicted HBM with the compiler's."""
@@ -112,15 +137,18 @@ def cmd_validate_memory(args: argparse.Namespace) -> int:
         raise CpplanError(f"--topologies {args.topologies!r} names no topology; give TPU slices, e.g. v5p:2x2x2.")
     for name in topologies:
         if not get_topology(name).chip.kind.has_torus:
-            raise CpplanError(f"validate-memory compiles for TPU slices with the TPU compiler; {name!r} is not one. "
-                              f"Give TPU slices, e.g. v5p:2x2x2,tpu7x:2x2x1.")
+            raise CpplanError(
+                f"validate-memory compiles for TPU slices with the TPU compiler; {name!r} is not one. "
+                f"Give TPU slices, e.g. v5p:2x2x2,tpu7x:2x2x1."
+            )
     outdir = prepare_out_dir(args.out, MEMORY_REPORT_FILES)
     use_deviceless_tpu()
     import_runtime()
     from validation.memory import validate_memory
 
-    report = validate_memory(model, lengths, topologies, layers=args.layers,
-                             per_strategy=args.per_strategy, sequences=args.sequences)
+    report = validate_memory(
+        model, lengths, topologies, layers=args.layers, per_strategy=args.per_strategy, sequences=args.sequences
+    )
     files = report.write(outdir)
     print(report.markdown())
     print("wrote " + ", ".join(str(f) for f in files))
@@ -132,9 +160,13 @@ def register(sub) -> None:
     p = add_command(sub, "calibrate", cmd_calibrate, "measure this machine's devices and write a chip row")
     p.add_argument("--topology", required=True, help="the devices present, e.g. cpu:8")
     p.add_argument("--dtype", default="float32", help="compute dtype measured (float32 on a CPU host)")
-    p.add_argument("--repeats", type=at_least(1), default=5,
-                   help=f"timed repetitions per figure, at least: more while their total is under {MIN_TIMED_S:g} s; "
-                        "the fastest is kept")
+    p.add_argument(
+        "--repeats",
+        type=at_least(1),
+        default=5,
+        help=f"timed repetitions per figure, at least: more while their total is under {MIN_TIMED_S:g} s; "
+        "the fastest is kept",
+    )
     p.add_argument("--model", help="measure attention with this model's heads (default: 8 query, 4 kv heads of 32)")
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
 
@@ -151,15 +183,22 @@ def register(sub) -> None:
     p.add_argument("--steps", type=at_least(2), default=3, help="steps per run (the first is not timed)")
     p.add_argument("--seed", type=at_least(0), default=0, help="seeds the sample of plans beyond the top K")
     p.add_argument("--data", help="text file for the runs (synthetic tokens by default)")
-    p.add_argument("--measured", help="a CSV with columns model, topology, seq_len, global_batch, strategy, data, "
-                                      "fsdp, context, context_ulysses, tensor, remat, load_balance, step_seconds "
-                                      "(the first five and the last required), a corpus of published runs "
-                                      "(benchmarks/public_runs.csv: MaxText flags and citations per run), or a "
-                                      "MaxText log (with --maxtext-flags)")
-    p.add_argument("--maxtext-flags", help="the MaxText flags of the logged run: key=value text, or a file holding "
-                                           "them")
-    p.add_argument("--out", default="validation-report", help="directory for report.md, report.json, plots and "
-                                                              "measurements.jsonl (each plan as it is measured)")
+    p.add_argument(
+        "--measured",
+        help="a CSV with columns model, topology, seq_len, global_batch, strategy, data, "
+        "fsdp, context, context_ulysses, tensor, remat, load_balance, step_seconds "
+        "(the first five and the last required), a corpus of published runs "
+        "(benchmarks/public_runs.csv: MaxText flags and citations per run), or a "
+        "MaxText log (with --maxtext-flags)",
+    )
+    p.add_argument(
+        "--maxtext-flags", help="the MaxText flags of the logged run: key=value text, or a file holding them"
+    )
+    p.add_argument(
+        "--out",
+        default="validation-report",
+        help="directory for report.md, report.json, plots and measurements.jsonl (each plan as it is measured)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
 
     p = add_command(sub, "validate-memory", cmd_validate_memory, "predicted vs compiled HBM per device")

@@ -3,6 +3,7 @@ estimate carries and that `explain` uses to call close plans ties. Plans without
 take the public corpus's step-time MAPE, context-parallel plans the CP test set's, a chip without
 published runs the attention kernel's MAPE; `benchmarks/bench_corpus.py` writes them, each naming its
 source, to `data/accuracy.json`."""
+
 from __future__ import annotations
 
 import json
@@ -41,20 +42,31 @@ class ErrorBand:
 
     def describe(self) -> str:
         """E.g. '±7.8% (context-parallel plans: step-time MAPE over 30 published context-parallel v5p runs)'."""
-        unchecked = ("; no published context-parallel runs on this chip, so the context-parallel terms are unchecked"
-                     if self.context_parallel and self.basis != "cp_corpus" else "")
+        unchecked = (
+            "; no published context-parallel runs on this chip, so the context-parallel terms are unchecked"
+            if self.context_parallel and self.basis != "cp_corpus"
+            else ""
+        )
         if self.basis == "cp_corpus":
             how = f"step-time MAPE over {self.runs} published context-parallel {self.chip} runs"
         elif self.basis == "corpus":
             how = f"step-time MAPE over {self.runs} published {self.chip} runs without context parallelism"
         else:
-            how = (f"attention-kernel MAPE over {self.runs} measured {self.chip} calls; no published end-to-end "
-                   f"runs, so the step's other terms are unchecked")
+            how = (
+                f"attention-kernel MAPE over {self.runs} measured {self.chip} calls; no published end-to-end "
+                f"runs, so the step's other terms are unchecked"
+            )
         return f"±{self.relative:.1%} ({self.regime} plans: {how}{unchecked})"
 
     def to_dict(self) -> dict:
-        return {"chip": self.chip, "relative": self.relative, "basis": self.basis, "runs": self.runs,
-                "source": self.source, "regime": self.regime}
+        return {
+            "chip": self.chip,
+            "relative": self.relative,
+            "basis": self.basis,
+            "runs": self.runs,
+            "source": self.source,
+            "regime": self.regime,
+        }
 
 
 @lru_cache(maxsize=1)
@@ -62,8 +74,10 @@ def _table() -> dict:
     try:
         return json.loads(ACCURACY_FILE.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise CpplanError(f"cannot read the error bands {str(ACCURACY_FILE)!r} ({err}); regenerate it with "
-                          "python benchmarks/bench_corpus.py.") from None
+        raise CpplanError(
+            f"cannot read the error bands {str(ACCURACY_FILE)!r} ({err}); regenerate it with "
+            "python benchmarks/bench_corpus.py."
+        ) from None
 
 
 def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:

@@ -3,6 +3,7 @@
 One row per candidate (a mesh, a placement's links, a remat policy, load balancing, splash
 blocks), so that thousands of candidates are priced at once and a single plan is one row.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -128,11 +129,14 @@ class Candidates(ReadsCase):
 def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, LinkColumns], LinkColumns]:
     """(group → its collective link columns, the `context` ring (ppermute) link columns) from each
     group's per-candidate `AxisLinks`, in candidate order."""
-    cols = {name: LinkColumns(np.array([l.collective_bw_bytes_per_s for l in ls]),
-                              np.array([l.collective_latency_s for l in ls]))
-            for name, ls in links.items()}
+    cols = {
+        name: LinkColumns(
+            np.array([a.collective_bw_bytes_per_s for a in ls]), np.array([a.collective_latency_s for a in ls])
+        )
+        for name, ls in links.items()
+    }
     ctx = links["context"]
-    return cols, LinkColumns(np.array([l.ring_bw_bytes_per_s for l in ctx]), np.array([l.ring_latency_s for l in ctx]))
+    return cols, LinkColumns(np.array([a.ring_bw_bytes_per_s for a in ctx]), np.array([a.ring_latency_s for a in ctx]))
 
 
 # the mesh axes each collective group runs over: the weights are sharded over fsdp and the
@@ -146,7 +150,8 @@ GROUP_AXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def group_links(links_of: Callable[[tuple[Segment, ...]], AxisLinks],
-                segments: dict[str, tuple[Segment, ...]]) -> dict[str, AxisLinks]:
+def group_links(
+    links_of: Callable[[tuple[Segment, ...]], AxisLinks], segments: dict[str, tuple[Segment, ...]]
+) -> dict[str, AxisLinks]:
     """The `AxisLinks` each group of `GROUP_AXES` gets from its mesh axes' segments, priced by `links_of`."""
     return {group: links_of(sum((segments[a] for a in axes), ())) for group, axes in GROUP_AXES.items()}

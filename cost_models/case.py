@@ -1,5 +1,6 @@
 """`Case`: what one training step is asked to do — a model, on a topology, at a sequence
 length and a batch. The four travel together through the search, the price and the explanation."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

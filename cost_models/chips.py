@@ -4,6 +4,7 @@ The cited TPU rows ship in `cost_models/data/chips/`. A measured row (a CPU host
 written by `cpplan calibrate`) is the same JSON format: drop it in a directory named by the
 environment variable `CPPLAN_CHIP_DIR`, or load it with `load_chip(path)`; no code changes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -99,7 +100,9 @@ class Chip:
     matmul_efficiency: float
     attention_efficiency: float
     attention_block_overhead_s: float  # per splash grid step (q block × kv block × head), visited or skipped
-    attention_step_s_per_operand_byte: float  # per grid step, per byte of the kernel's operand arrays (interpreted kernels)
+    attention_step_s_per_operand_byte: (
+        float  # per grid step, per byte of the kernel's operand arrays (interpreted kernels)
+    )
     attention_masked_element_s: float  # per logit of a block the causal mask cuts through, per kernel
     attention_backward_over_forward: float  # splash's fused backward's MXU time over the forward's, per core
     attention_unfused_backward_factor: float  # the dq and dk/dv kernels' time over the fused backward's
@@ -154,8 +157,7 @@ class Chip:
             wrap = Wraparound(row["wraparound"])
         except (ValueError, TypeError):
             raise CpplanError(
-                f"{origin}: wraparound {row['wraparound']!r} is not one of "
-                f"{[w.value for w in Wraparound]}."
+                f"{origin}: wraparound {row['wraparound']!r} is not one of {[w.value for w in Wraparound]}."
             ) from None
         try:
             kind = ChipKind(row["kind"])
@@ -173,18 +175,32 @@ class Chip:
         if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
             raise CpplanError(f"{origin}: sources={sources!r} must map field names to citation strings.")
         if row["devices_per_chip"] > 1 and row["core_link_bw_bytes_per_s"] is None:
-            raise CpplanError(f"{origin}: a chip of {row['devices_per_chip']} devices needs core_link_bw_bytes_per_s, "
-                              f"the bandwidth between them; measure it (cpplan calibrate) or cite it.")
+            raise CpplanError(
+                f"{origin}: a chip of {row['devices_per_chip']} devices needs core_link_bw_bytes_per_s, "
+                f"the bandwidth between them; measure it (cpplan calibrate) or cite it."
+            )
         if row["max_chips"] > 1 and not row["ici_link_bw_bytes_per_s"] > 0:
-            raise CpplanError(f"{origin}: a slice of up to {row['max_chips']} chips needs ici_link_bw_bytes_per_s > 0, "
-                              f"the bandwidth between chips; cite it, or set max_chips to 1.")
-        return cls(**{**row, "wraparound": wrap, "kind": kind,
-                      "host_collectives": _host_collectives(origin, row["host_collectives"])})
+            raise CpplanError(
+                f"{origin}: a slice of up to {row['max_chips']} chips needs ici_link_bw_bytes_per_s > 0, "
+                f"the bandwidth between chips; cite it, or set max_chips to 1."
+            )
+        return cls(
+            **{
+                **row,
+                "wraparound": wrap,
+                "kind": kind,
+                "host_collectives": _host_collectives(origin, row["host_collectives"]),
+            }
+        )
 
 
 # the chip row's compiler-schedule facts (booleans, each cited with the compile it was read from)
-COMPILER_SCHEDULE_FIELDS = ("relayout_off_tensorcore", "attention_before_mlp_backward", "offload_peels_layer_loops",
-                            "splash_lse_lanes_held")
+COMPILER_SCHEDULE_FIELDS = (
+    "relayout_off_tensorcore",
+    "attention_before_mlp_backward",
+    "offload_peels_layer_loops",
+    "splash_lse_lanes_held",
+)
 
 # (integer?, lowest, lowest allowed itself?, highest or None, what the field measures); every value finite
 _NUMBER_RULES = {
@@ -252,8 +268,10 @@ def _host_collectives(origin: str, value) -> tuple:
     if isinstance(value, (tuple, list)) and not value:
         return ()
     if not isinstance(value, dict):
-        raise CpplanError(f"{origin}: host_collectives={value!r} must be an object {{kind: [bytes/s, latency s]}} "
-                          f"with kinds among {sorted(HOST_FORMULAS)}.")
+        raise CpplanError(
+            f"{origin}: host_collectives={value!r} must be an object {{kind: [bytes/s, latency s]}} "
+            f"with kinds among {sorted(HOST_FORMULAS)}."
+        )
     out = []
     for kind, pair in sorted(value.items()):
         if kind not in HOST_FORMULAS:
@@ -292,8 +310,10 @@ def known_chips() -> dict[str, Chip]:
     extra = os.environ.get(CHIP_DIR_ENV)
     if extra:
         if not Path(extra).is_dir():
-            raise CpplanError(f"{CHIP_DIR_ENV}={extra!r} is not a directory; point it at the directory "
-                              f"`cpplan calibrate` wrote its row into, or unset it.")
+            raise CpplanError(
+                f"{CHIP_DIR_ENV}={extra!r} is not a directory; point it at the directory "
+                f"`cpplan calibrate` wrote its row into, or unset it."
+            )
         dirs.append(extra)
     return _chips_in(tuple(dirs))
 

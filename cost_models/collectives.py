@@ -4,6 +4,7 @@
 latency term; arguments are numpy arrays or scalars. `Collectives` prices them for one chip row: by
 these formulas, or at a host's measured rate per kind (`Chip.host_collectives`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +49,12 @@ def host_all_to_all(bytes_per_device, n, bw, lat):
     return _safe(bytes_per_device, n, bw) + np.where(np.asarray(n) > 1, lat, 0.0)
 
 
-HOST_FORMULAS = {"all_gather": all_gather, "reduce_scatter": reduce_scatter, "all_to_all": host_all_to_all,
-                 "ppermute": lambda bytes_per_device, n, bw, lat: ppermute(bytes_per_device, bw, lat)}
+HOST_FORMULAS = {
+    "all_gather": all_gather,
+    "reduce_scatter": reduce_scatter,
+    "all_to_all": host_all_to_all,
+    "ppermute": lambda bytes_per_device, n, bw, lat: ppermute(bytes_per_device, bw, lat),
+}
 # over links every kind has the same formula as on a host but the all-to-all (A·n/4W on a torus)
 TORUS_FORMULAS = {**HOST_FORMULAS, "all_to_all": all_to_all}
 

@@ -1,6 +1,7 @@
 """Compute-side efficiencies from first principles: MXU tile padding, splash's whole blocks across the
 causal diagonal, its SMEM mask metadata, what a kernel pays per grid step and per call, and its scoped
 VMEM. The coefficients are chip-row figures; derivations: docs/provenance/cost_models.md#compute."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -64,8 +65,9 @@ def splash_smem_bytes(q_len, kv_len, *, block_q, block_kv):
 def splash_grid_steps(heads, q_len, kv_len, *, block_q, block_kv):
     """Grid steps of one splash kernel over `heads` (batch folded in) × q blocks × kv blocks;
     the blocks are those in effect (no longer than their lengths)."""
-    return np.asarray(heads, dtype=float) * np.ceil(np.asarray(q_len, dtype=float) / block_q) * \
-        np.ceil(kv_len / block_kv)
+    return (
+        np.asarray(heads, dtype=float) * np.ceil(np.asarray(q_len, dtype=float) / block_q) * np.ceil(kv_len / block_kv)
+    )
 
 
 def splash_operand_bytes(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, operands):
@@ -92,9 +94,25 @@ def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv):
     return DQ_PARTIAL_BYTES * q_elements * (np.ceil(kv_len / np.minimum(block_kv, kv_len)) + 1)
 
 
-def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, block_q, block_kv,
-                      per_step_s, per_step_byte_s, per_masked_element_s=0.0, per_call_byte_s=(0.0, 0.0),
-                      causal=False, fused_backward=False, hbm_s_per_byte=0.0, backward_core_share=1.0):
+def splash_step_costs(
+    q_heads,
+    kv_heads,
+    q_len,
+    kv_len,
+    *,
+    head_dim,
+    act_bytes,
+    block_q,
+    block_kv,
+    per_step_s,
+    per_step_byte_s,
+    per_masked_element_s=0.0,
+    per_call_byte_s=(0.0, 0.0),
+    causal=False,
+    fused_backward=False,
+    hbm_s_per_byte=0.0,
+    backward_core_share=1.0,
+):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
     Each kernel (forward; dq and dk/dv, or the fused backward) pays per grid step `per_step_s` plus
@@ -105,17 +123,22 @@ def splash_step_costs(q_heads, kv_heads, q_len, kv_len, *, head_dim, act_bytes, 
     """
     bq, bk = np.minimum(block_q, q_len), np.minimum(block_kv, kv_len)
     steps = splash_grid_steps(q_heads, q_len, kv_len, block_q=bq, block_kv=bk)
-    shape = dict(q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim,
-                 act_bytes=act_bytes)
+    shape = dict(q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim, act_bytes=act_bytes)
     masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, block_q=bq, block_kv=bk, causal=causal)
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
     grids = FUSED_BACKWARD_GRIDS if fused_backward else SPLASH_BACKWARD_GRIDS
-    partials = hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk) \
-        if fused_backward else 0.0
+    partials = (
+        hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk)
+        if fused_backward
+        else 0.0
+    )
     fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
-    bwd = (steps * (grids * per_step_s + per_step_byte_s * backward_bytes) + grids * masked) / backward_core_share \
-        + per_call_byte_s[1] * backward_bytes + partials
+    bwd = (
+        (steps * (grids * per_step_s + per_step_byte_s * backward_bytes) + grids * masked) / backward_core_share
+        + per_call_byte_s[1] * backward_bytes
+        + partials
+    )
     return fwd, bwd
 
 
@@ -138,8 +161,10 @@ def splash_vmem_problem(block_q, block_kv, *, head_dim, act_bytes, chip) -> "str
     need = splash_vmem_bytes(block_q, block_kv, head_dim=head_dim, act_bytes=act_bytes)
     if need <= chip.scoped_vmem_max_bytes:
         return None
-    return (f"splash blocks {int(block_q)}×{int(block_kv)} need about {need / 2**20:.1f} MiB of scoped VMEM per grid "
-            f"step > the most {chip.name}'s compiler grants, {chip.scoped_vmem_max_bytes / 2**20:.0f} MiB")
+    return (
+        f"splash blocks {int(block_q)}×{int(block_kv)} need about {need / 2**20:.1f} MiB of scoped VMEM per grid "
+        f"step > the most {chip.name}'s compiler grants, {chip.scoped_vmem_max_bytes / 2**20:.0f} MiB"
+    )
 
 
 SCOPED_VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib"  # the TPU compiler's flag raising the limit

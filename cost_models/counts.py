@@ -2,6 +2,7 @@
 in (`validation.compiled_program`): matmul FLOPs, and the array bytes of each collective family. The bytes
 are the price's own, with every link at 1 byte/s and no latency, and the compiled program's collectives
 go through the same formulas (`link_bytes`), so the two sides compare like with like."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,11 +42,13 @@ def executed_matmul_flops(x: Candidates) -> np.ndarray:
 def priced_link_bytes(x: Candidates) -> dict[str, np.ndarray]:
     """Bytes per step of each collective family the price charges (fsdp_all_gather, fsdp_reduce_scatter,
     tensor, data_all_reduce, context), at 1 byte/s per link."""
+
     def unit(link: LinkColumns) -> LinkColumns:
         return LinkColumns(np.ones_like(link.bw), np.zeros_like(link.latency))
 
-    unit_x = dataclasses.replace(x, links={name: unit(link) for name, link in x.links.items()},
-                                 ring_link=unit(x.ring_link))
+    unit_x = dataclasses.replace(
+        x, links={name: unit(link) for name, link in x.links.items()}, ring_link=unit(x.ring_link)
+    )
     strategy = STRATEGIES[unit_x.strategy]
     attention = price_attention(unit_x, strategy)
     cost = strategy.cost(unit_x, attention.layout, attention.forward_s, attention.backward_s)

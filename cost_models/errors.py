@@ -1,4 +1,5 @@
 """User-facing errors: each names the bad value, the rule it broke and how to fix it."""
+
 from __future__ import annotations
 
 import difflib

@@ -2,6 +2,7 @@
 
 Times are seconds per step, bytes per device; `cost_models.pricing` computes the figures.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -94,15 +95,27 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "step_time_s": self.step_time_s, "mfu": self.mfu, "tokens_per_s_per_chip": self.tokens_per_s_per_chip,
-            "fits": self.fits, "bottleneck": self.bottleneck,
-            "compute_s": self.compute_s, "hbm_s": self.hbm_s, "comm_s": self.comm_s, "exposed_s": self.exposed_s,
-            "lower_bound_s": self.lower_bound_s, "upper_bound_s": self.upper_bound_s,
-            "hbm_bytes": self.hbm_bytes, "hbm_bytes_per_device": self.hbm_bytes_per_device,
-            "hbm_capacity_bytes": self.hbm_capacity_bytes, "smem_bytes": self.smem_bytes,
-            "smem_capacity_bytes": self.smem_capacity_bytes, "model_flops": self.model_flops,
+            "step_time_s": self.step_time_s,
+            "mfu": self.mfu,
+            "tokens_per_s_per_chip": self.tokens_per_s_per_chip,
+            "fits": self.fits,
+            "bottleneck": self.bottleneck,
+            "compute_s": self.compute_s,
+            "hbm_s": self.hbm_s,
+            "comm_s": self.comm_s,
+            "exposed_s": self.exposed_s,
+            "lower_bound_s": self.lower_bound_s,
+            "upper_bound_s": self.upper_bound_s,
+            "hbm_bytes": self.hbm_bytes,
+            "hbm_bytes_per_device": self.hbm_bytes_per_device,
+            "hbm_capacity_bytes": self.hbm_capacity_bytes,
+            "smem_bytes": self.smem_bytes,
+            "smem_capacity_bytes": self.smem_capacity_bytes,
+            "model_flops": self.model_flops,
             "executed_flops_per_device": self.executed_flops_per_device,
-            "tokens_per_step": self.tokens_per_step, "cp_collective": self.cp_collective, "notes": list(self.notes),
+            "tokens_per_step": self.tokens_per_step,
+            "cp_collective": self.cp_collective,
+            "notes": list(self.notes),
         }
 
 
@@ -114,11 +127,20 @@ def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
         return {k: float(np.broadcast_to(v, priced.step_time_s.shape)[i]) for k, v in d.items()}
 
     return Estimate(
-        step_time_s=float(priced.step_time_s[i]), compute_s=pick(priced.compute_s), hbm_s=pick(priced.hbm_s),
-        comm_s=pick(priced.comm_s), exposed_s=pick(priced.exposed_s), hbm_bytes=pick(priced.memory),
-        hbm_capacity_bytes=topo.hbm_bytes_per_device, smem_bytes=float(priced.smem_bytes[i]),
-        smem_capacity_bytes=topo.chip.smem_bytes, model_flops=priced.model_flops,
+        step_time_s=float(priced.step_time_s[i]),
+        compute_s=pick(priced.compute_s),
+        hbm_s=pick(priced.hbm_s),
+        comm_s=pick(priced.comm_s),
+        exposed_s=pick(priced.exposed_s),
+        hbm_bytes=pick(priced.memory),
+        hbm_capacity_bytes=topo.hbm_bytes_per_device,
+        smem_bytes=float(priced.smem_bytes[i]),
+        smem_capacity_bytes=topo.chip.smem_bytes,
+        model_flops=priced.model_flops,
         executed_flops_per_device=float(priced.executed_flops[i]),
-        tokens_per_step=x.case.tokens_per_step, num_devices=topo.num_devices, num_chips=topo.num_chips,
-        peak_flops_per_device=topo.peak_flops_per_device, cp_collective=STRATEGIES[x.strategy].collective,
+        tokens_per_step=x.case.tokens_per_step,
+        num_devices=topo.num_devices,
+        num_chips=topo.num_chips,
+        peak_flops_per_device=topo.peak_flops_per_device,
+        cp_collective=STRATEGIES[x.strategy].collective,
     )

@@ -2,6 +2,7 @@
 matmuls with learnable weights (the embedding is a gather), causal attention halved, the backward twice
 the forward. A full mask counts every query×key pair (MaxText's "4 for non-causal"), so MFU stays the
 share of peak doing the model's own work; remat recomputation is executed work, never model FLOPs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

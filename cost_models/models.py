@@ -4,6 +4,7 @@ The MLP is MaxText's `MlpBlock` (gated with two activations, plain with one); th
 MaxText's `llama2` (sequential, two norms) or `default` (parallel, one norm); the attention mask is causal
 or full (`causal=False`; `is_causal: false` in a config). Sources: docs/provenance/cost_models.md#models.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,14 @@ SWIGLU = ("silu", "linear")  # MaxText's default (base.yml) and every Llama's
 MAX_MLP_INPUTS = 2  # one input projection per activation: gated (2) or plain (1)
 # Hugging Face `hidden_act` → MaxText's name of the same function (flax's gelu is the tanh
 # approximation, as are these two of Hugging Face's; its plain "gelu" is the exact erf form)
-HF_ACTIVATIONS = {"silu": "silu", "swish": "silu", "relu": "relu", "sigmoid": "sigmoid", "gelu_pytorch_tanh": "gelu",
-                  "gelu_new": "gelu"}
+HF_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "relu": "relu",
+    "sigmoid": "sigmoid",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_new": "gelu",
+}
 
 
 class DecoderBlock(_Named):
@@ -84,20 +91,26 @@ class ModelSpec:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CpplanError(f"model {self.name!r}: {f}={value!r} must be a positive integer.")
         if self.num_heads % self.num_kv_heads:
-            raise CpplanError(f"model {self.name!r}: num_heads={self.num_heads} must be a multiple of "
-                              f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
+            raise CpplanError(
+                f"model {self.name!r}: num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
+            )
         for f in ("tie_embeddings", "qkv_bias", "causal"):
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
         object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))
         if not isinstance(self.decoder_block, str):
-            raise CpplanError(f"model {self.name!r}: decoder_block={self.decoder_block!r} must be a name: "
-                              f"{', '.join(b.value for b in DecoderBlock)}.")
+            raise CpplanError(
+                f"model {self.name!r}: decoder_block={self.decoder_block!r} must be a name: "
+                f"{', '.join(b.value for b in DecoderBlock)}."
+            )
         try:
             object.__setattr__(self, "decoder_block", DecoderBlock.parse(self.decoder_block))
         except CpplanError as err:
-            raise CpplanError(f"model {self.name!r}: {err} ({DecoderBlock.LLAMA2.value}: the sequential Llama "
-                              f"block; {DecoderBlock.DEFAULT.value}: MaxText's parallel block)") from None
+            raise CpplanError(
+                f"model {self.name!r}: {err} ({DecoderBlock.LLAMA2.value}: the sequential Llama "
+                f"block; {DecoderBlock.DEFAULT.value}: MaxText's parallel block)"
+            ) from None
 
     @property
     def mlp_inputs(self) -> int:
@@ -168,16 +181,22 @@ class ModelSpec:
         except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as err:
             raise CpplanError(f"cannot read model config {str(path)!r}: {err}") from None
         if not isinstance(cfg, dict):
-            raise CpplanError(f"{str(path)!r} holds a JSON {type(cfg).__name__}; a model config.json is an object "
-                              f"with model_type, hidden_size, num_attention_heads and the like.")
+            raise CpplanError(
+                f"{str(path)!r} holds a JSON {type(cfg).__name__}; a model config.json is an object "
+                f"with model_type, hidden_size, num_attention_heads and the like."
+            )
         model_type = cfg.get("model_type")
         if model_type not in HF_MODEL_TYPES:
-            raise CpplanError(f"{str(path)!r}: model_type={model_type!r} is not supported; "
-                              f"cpplan reads {', '.join(HF_MODEL_TYPES)} configs.")
+            raise CpplanError(
+                f"{str(path)!r}: model_type={model_type!r} is not supported; "
+                f"cpplan reads {', '.join(HF_MODEL_TYPES)} configs."
+            )
         required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
         missing = [k for k in required if k not in cfg]
         if missing:
-            raise CpplanError(f"{str(path)!r}: missing {', '.join(missing)}; a {model_type} config needs {', '.join(required)}.")
+            raise CpplanError(
+                f"{str(path)!r}: missing {', '.join(missing)}; a {model_type} config needs {', '.join(required)}."
+            )
         for key in (*required, "num_key_value_heads", "head_dim"):
             value = cfg.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -187,12 +206,16 @@ class ModelSpec:
                 raise CpplanError(f"{str(path)!r}: {key}={cfg[key]!r} must be true or false; fix the config.")
         heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
         if "head_dim" not in cfg and hidden % heads:
-            raise CpplanError(f"{str(path)!r}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}, "
-                              f"so the head size is not whole; give head_dim explicitly.")
+            raise CpplanError(
+                f"{str(path)!r}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}, "
+                f"so the head size is not whole; give head_dim explicitly."
+            )
         hidden_act = cfg.get("hidden_act", "silu")
         if not isinstance(hidden_act, str) or hidden_act not in HF_ACTIVATIONS:
-            raise CpplanError(f"{str(path)!r}: hidden_act={hidden_act!r} is not an activation cpplan runs; it runs "
-                              f"{', '.join(HF_ACTIVATIONS)} (a {model_type} MLP is gated: act(x·W_gate) · x·W_up).")
+            raise CpplanError(
+                f"{str(path)!r}: hidden_act={hidden_act!r} is not an activation cpplan runs; it runs "
+                f"{', '.join(HF_ACTIVATIONS)} (a {model_type} MLP is gated: act(x·W_gate) · x·W_up)."
+            )
         name = name or cfg.get("_name_or_path") or path.parent.name or model_type
         if not isinstance(name, str):
             raise CpplanError(f"{str(path)!r}: _name_or_path={name!r} must be a string.")
@@ -219,30 +242,39 @@ def _activations(model: str, value) -> tuple[str, ...]:
         CpplanError: not a list of names, no name or too many, or a name cpplan does not run.
     """
     if isinstance(value, str) or not isinstance(value, (tuple, list)) or not all(isinstance(a, str) for a in value):
-        raise CpplanError(f"model {model!r}: mlp_activations={value!r} must be a list of activation names, one per "
-                          f"MLP input projection, e.g. {list(SWIGLU)} (gated) or ['relu'] (plain).")
+        raise CpplanError(
+            f"model {model!r}: mlp_activations={value!r} must be a list of activation names, one per "
+            f"MLP input projection, e.g. {list(SWIGLU)} (gated) or ['relu'] (plain)."
+        )
     if not 1 <= len(value) <= MAX_MLP_INPUTS:
-        raise CpplanError(f"model {model!r}: mlp_activations={list(value)} has {len(value)} activations; cpplan runs "
-                          f"an MLP with 1 (plain) or 2 (gated) input projections, one per activation.")
+        raise CpplanError(
+            f"model {model!r}: mlp_activations={list(value)} has {len(value)} activations; cpplan runs "
+            f"an MLP with 1 (plain) or 2 (gated) input projections, one per activation."
+        )
     unknown = [a for a in value if a not in MLP_ACTIVATIONS]
     if unknown:
-        raise CpplanError(f"model {model!r}: mlp_activations={list(value)}: {', '.join(map(repr, unknown))} is not "
-                          f"an activation cpplan runs; use {', '.join(MLP_ACTIVATIONS)} (MaxText's names).")
+        raise CpplanError(
+            f"model {model!r}: mlp_activations={list(value)}: {', '.join(map(repr, unknown))} is not "
+            f"an activation cpplan runs; use {', '.join(MLP_ACTIVATIONS)} (MaxText's names)."
+        )
     return tuple(value)
 
 
 # Shapes from the models' published config.json files (meta-llama on Hugging Face).
-MODELS: dict[str, ModelSpec] = {m.name: m for m in (
-    ModelSpec("llama3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256),
-    ModelSpec("llama3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256),
-    ModelSpec("llama3.1-405b", 126, 16384, 128, 8, 128, 53248, 128256),
-    ModelSpec("llama2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
-    ModelSpec("llama2-70b", 80, 8192, 64, 8, 128, 28672, 32000),
-    # small configs for tests and CPU runs; byte-level vocabulary
-    ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
-    ModelSpec("tiny-mha", 2, 64, 4, 4, 16, 128, 256),
-    ModelSpec("small", 4, 256, 8, 4, 32, 512, 256),
-)}
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec("llama3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256),
+        ModelSpec("llama3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256),
+        ModelSpec("llama3.1-405b", 126, 16384, 128, 8, 128, 53248, 128256),
+        ModelSpec("llama2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
+        ModelSpec("llama2-70b", 80, 8192, 64, 8, 128, 28672, 32000),
+        # small configs for tests and CPU runs; byte-level vocabulary
+        ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
+        ModelSpec("tiny-mha", 2, 64, 4, 4, 16, 128, 256),
+        ModelSpec("small", 4, 256, 8, 4, 32, 512, 256),
+    )
+}
 
 
 def get_model(model: "str | ModelSpec | os.PathLike") -> ModelSpec:
@@ -254,8 +286,10 @@ def get_model(model: "str | ModelSpec | os.PathLike") -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if not isinstance(model, (str, os.PathLike)) or not os.fspath(model):
-        raise CpplanError(f"model={model!r}: give a model name (one of {', '.join(MODELS)}), a ModelSpec, "
-                          f"or the path of a config.json.")
+        raise CpplanError(
+            f"model={model!r}: give a model name (one of {', '.join(MODELS)}), a ModelSpec, "
+            f"or the path of a config.json."
+        )
     text = os.fspath(model)
     if text in MODELS:
         return MODELS[text]
@@ -264,8 +298,10 @@ def get_model(model: "str | ModelSpec | os.PathLike") -> ModelSpec:
         is_dir = path.is_dir()
         is_path = path.suffix == ".json" or is_dir or path.is_file()
     except OSError as err:  # e.g. a name longer than the file system allows
-        raise CpplanError(f"model {text[:80]!r}: not a known model, and not a usable path ({err.strerror}); "
-                          f"known models: {', '.join(MODELS)}.") from None
+        raise CpplanError(
+            f"model {text[:80]!r}: not a known model, and not a usable path ({err.strerror}); "
+            f"known models: {', '.join(MODELS)}."
+        ) from None
     if is_path:
         return ModelSpec.from_hf_config(path / "config.json" if is_dir else path)
     raise unknown_name("model", text, MODELS)

@@ -5,6 +5,7 @@ family, the fraction of bytes asynchronous with work scheduled between start and
 collective-permutes'. A chip or family without compiled data takes the row's `comm_overlaps_compute`:
 all or nothing (docs/provenance/cost_models.md#overlap).
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,11 @@ def overlap_for(chip_name: str, *, assumed_overlap: bool) -> Overlap:
     rows = _data()["chips"].get(chip_name)
     names = [spec.name for spec in STRATEGIES.values()]
     if rows is None:
-        return Overlap({f: fallback for f in FAMILIES}, {n: fallback for n in names},
-                       f"assumed: {chip_name} row's comm_overlaps_compute={assumed_overlap} (no compiled data)")
+        return Overlap(
+            {f: fallback for f in FAMILIES},
+            {n: fallback for n in names},
+            f"assumed: {chip_name} row's comm_overlaps_compute={assumed_overlap} (no compiled data)",
+        )
 
     def fraction(key: str, kind: str | None = None) -> float:
         row = rows.get(key)
@@ -64,13 +68,20 @@ def overlap_for(chip_name: str, *, assumed_overlap: bool) -> Overlap:
             return fallback
         value = float(row["overlapped_fraction"])
         if not 0.0 <= value <= 1.0:
-            raise CpplanError(f"cost_models/data/overlap.json: {chip_name} {key} overlapped_fraction={value} is not "
-                              f"within 0–1; regenerate it with regenerate/fit_overlap.py.")
+            raise CpplanError(
+                f"cost_models/data/overlap.json: {chip_name} {key} overlapped_fraction={value} is not "
+                f"within 0–1; regenerate it with regenerate/fit_overlap.py."
+            )
         return value
 
-    context = {spec.name: fraction(f"context:{spec.name}", RING_KIND if spec.hides_traffic_behind_attention else None)
-               for spec in STRATEGIES.values()}
+    context = {
+        spec.name: fraction(f"context:{spec.name}", RING_KIND if spec.hides_traffic_behind_attention else None)
+        for spec in STRATEGIES.values()
+    }
     made = _data()["provenance"][chip_name]
-    return Overlap({f: fraction(f) for f in FAMILIES}, context,
-                   f"compiled: {_data()['source']}; {chip_name}: compiler flags {made['compiler_flags']}, libtpu "
-                   f"{made['libtpu']} ({made['date']})")
+    return Overlap(
+        {f: fraction(f) for f in FAMILIES},
+        context,
+        f"compiled: {_data()['source']}; {chip_name}: compiler flags {made['compiler_flags']}, libtpu "
+        f"{made['libtpu']} ({made['date']})",
+    )

@@ -2,6 +2,7 @@
 order, flattened and reshaped to the logical sizes (both orders outermost first), is the mesh, as
 `numpy.reshape` and so the runtime realise it; walking both orders from the inside gives each logical
 axis its segments."""
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,9 @@ def axes_on_whole_dimensions(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, 
             return True
         for mask in range(1, 1 << len(free)):
             chosen = [free[j] for j in range(len(free)) if mask >> j & 1]
-            if math.prod(chosen) == axes[i] and assign(i + 1, tuple(
-                    free[j] for j in range(len(free)) if not mask >> j & 1)):
+            if math.prod(chosen) == axes[i] and assign(
+                i + 1, tuple(free[j] for j in range(len(free)) if not mask >> j & 1)
+            ):
                 return True
         return False
 

@@ -4,6 +4,7 @@ checkpoint policy derive. A policy saves some names on device, offloads some to 
 recomputes the rest from the layer input, which every policy keeps. Sources and how our names map onto
 MaxText's: docs/provenance/cost_models.md#remat.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -52,10 +53,16 @@ class Checkpoint:
     def width(self, model: ModelSpec) -> int:
         """Values per token of this checkpoint, before the tensor split."""
         kv = model.num_kv_heads * model.head_dim
-        return {"query_proj": model.num_heads * model.head_dim, "key_proj": kv, "value_proj": kv,
-                "out_proj": model.hidden, "mlpwi_0": model.intermediate,
-                "mlpwi_1": model.intermediate if model.gated else 0,
-                "mlpwo": model.hidden, ATTENTION_OUTPUT: model.num_heads * model.head_dim}[self.name]
+        return {
+            "query_proj": model.num_heads * model.head_dim,
+            "key_proj": kv,
+            "value_proj": kv,
+            "out_proj": model.hidden,
+            "mlpwi_0": model.intermediate,
+            "mlpwi_1": model.intermediate if model.gated else 0,
+            "mlpwo": model.hidden,
+            ATTENTION_OUTPUT: model.num_heads * model.head_dim,
+        }[self.name]
 
     def is_matmul(self) -> bool:
         return self.block is not Block.ATTENTION
@@ -94,16 +101,32 @@ def is_read(checkpoint: Checkpoint, model: "ModelSpec | None" = None) -> bool:
     parallel block the reduce-scattered outputs, like the MLP's, only enter the residual sum."""
     parallel = model is not None and model.decoder_block.parallel
     return checkpoint.read_by_backward and not (parallel and checkpoint.scattered_output)
+
+
 _MATMULS = tuple(c.name for c in CHECKPOINTS if c.is_matmul())  # MaxText's minimal_policy names
 
 # MaxText's checkpoint names → ours: fused projections spread over their parts; names of blocks a
 # dense Llama decoder lacks (MoE, MLA, ...) map to nothing.
 MAXTEXT_NAMES: dict[str, tuple[str, ...]] = {
     **{name: (name,) for name in CHECKPOINT_NAMES},
-    "qkv_proj": QKV_CHECKPOINTS, "kv_proj": QKV_CHECKPOINTS[1:], "mlpwi": MLP_INPUT_CHECKPOINTS,
+    "qkv_proj": QKV_CHECKPOINTS,
+    "kv_proj": QKV_CHECKPOINTS[1:],
+    "mlpwi": MLP_INPUT_CHECKPOINTS,
     "attention_out": (ATTENTION_OUTPUT,),
-    **{name: () for name in ("moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo", "query_wa_proj", "kv_wa_proj", "mla_q",
-                             "mla_kv", "engram", "indexer_cutoff_threshold")},
+    **{
+        name: ()
+        for name in (
+            "moe_mlpwi_0",
+            "moe_mlpwi_1",
+            "moe_mlpwo",
+            "query_wa_proj",
+            "kv_wa_proj",
+            "mla_q",
+            "mla_kv",
+            "engram",
+            "indexer_cutoff_threshold",
+        )
+    },
 }
 # MaxText's name for a layer's input, where every recomputation starts. Under remat jax keeps a
 # checkpointed function's own input all the same, so it is on device unless offloaded.
@@ -146,8 +169,9 @@ CustomPlacements = tuple
 CUSTOM_NAMES = (LAYER_INPUT, *CHECKPOINT_NAMES)
 
 
-def custom_placements(choices: "Mapping[str, object] | Iterable[tuple[str, object]]", *,
-                      maxtext_names: bool = False) -> CustomPlacements:
+def custom_placements(
+    choices: "Mapping[str, object] | Iterable[tuple[str, object]]", *, maxtext_names: bool = False
+) -> CustomPlacements:
     """A custom policy's placements in canonical form (as `Plan.remat_custom` holds them).
 
     Args:
@@ -168,19 +192,25 @@ def custom_placements(choices: "Mapping[str, object] | Iterable[tuple[str, objec
         name, where = pair[0], Placement.parse(pair[1])
         if name == LAYER_INPUT:
             if out.get(name, where) is not where:
-                raise CpplanError(f"{LAYER_INPUT} is given two placements, {out[name].value} and {where.value}; "
-                                  f"give it one.")
+                raise CpplanError(
+                    f"{LAYER_INPUT} is given two placements, {out[name].value} and {where.value}; give it one."
+                )
             out[name] = where
             continue
         if name not in known:
             raise unknown_name("checkpoint name", name, (LAYER_INPUT, *known))
         for ours in known[name]:
             if out.get(ours, where) is not where:
-                raise CpplanError(f"checkpoint {ours!r} is given two placements, {out[ours].value} and "
-                                  f"{where.value} (via {name!r}); give it one.")
+                raise CpplanError(
+                    f"checkpoint {ours!r} is given two placements, {out[ours].value} and "
+                    f"{where.value} (via {name!r}); give it one."
+                )
             out[ours] = where
-    return tuple((n, out[n]) for n in CUSTOM_NAMES if out.get(n, Placement.REMAT) is not Placement.REMAT
-                 and (n != LAYER_INPUT or out[n] is Placement.OFFLOAD))
+    return tuple(
+        (n, out[n])
+        for n in CUSTOM_NAMES
+        if out.get(n, Placement.REMAT) is not Placement.REMAT and (n != LAYER_INPUT or out[n] is Placement.OFFLOAD)
+    )
 
 
 def placements(policy: RematPolicy, custom: CustomPlacements = ()) -> dict[str, Placement]:
@@ -213,8 +243,9 @@ def offloaded_names(policy: RematPolicy, custom: CustomPlacements = ()) -> tuple
     return layer_input + names_at(policy, Placement.OFFLOAD, custom)
 
 
-def recomputed(policy: RematPolicy, custom: CustomPlacements = (), *, model: "ModelSpec | None" = None
-               ) -> tuple[str, ...]:
+def recomputed(
+    policy: RematPolicy, custom: CustomPlacements = (), *, model: "ModelSpec | None" = None
+) -> tuple[str, ...]:
     """The checkpoints the backward under `policy` computes again: those it reads (`is_read`, in
     `model`'s block; a sequential one when no model) and neither keeps nor offloads."""
     return tuple(n for n in names_at(policy, Placement.REMAT, custom) if is_read(_BY_NAME[n], model))
@@ -244,8 +275,11 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
     again = set(recomputed(policy, custom, model=model))
 
     def width(names, placement=None):
-        return sum(_BY_NAME[n].width(model) for n in names
-                   if is_read(_BY_NAME[n], model) and (placement is None or where[n] is placement))
+        return sum(
+            _BY_NAME[n].width(model)
+            for n in names
+            if is_read(_BY_NAME[n], model) and (placement is None or where[n] is placement)
+        )
 
     def fraction(block):  # of the block's matmul FLOPs
         sizes = {c.name: c.weight_size(model) for c in CHECKPOINTS if c.block is block}
@@ -258,13 +292,17 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
     layer_input = held(layer_input_placement(policy, custom))
-    return (model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
-            model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
-            width(attention_side, Placement.DEVICE), width(mlp_side, Placement.DEVICE),
-            model.hidden * (layer_input is Placement.OFFLOAD)
-            + width(READ_BY_ATTENTION_BACKWARD, Placement.OFFLOAD),
-            fraction(Block.ATTENTION_PROJECTIONS), fraction(Block.MLP), float(ATTENTION_OUTPUT in again),
-            gathers + scatters)
+    return (
+        model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
+        model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
+        width(attention_side, Placement.DEVICE),
+        width(mlp_side, Placement.DEVICE),
+        model.hidden * (layer_input is Placement.OFFLOAD) + width(READ_BY_ATTENTION_BACKWARD, Placement.OFFLOAD),
+        fraction(Block.ATTENTION_PROJECTIONS),
+        fraction(Block.MLP),
+        float(ATTENTION_OUTPUT in again),
+        gathers + scatters,
+    )
 
 
 def remat_table(model: ModelSpec, custom: CustomPlacements = (), *, offload_in_hbm: bool = False) -> RematCost:

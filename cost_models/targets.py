@@ -4,6 +4,7 @@ cpplan's own runtime (the default) and MaxText 0.2.5 run the same plan with diff
 changes memory, time or what can run, the difference is a trait; the price and the search read traits,
 never a target's name. Evidence per trait: docs/provenance/cost_models.md#targets.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,23 +98,37 @@ class TargetTraits:
 TRAITS: dict[Target, TargetTraits] = {
     # cpplan's runtime: a fused, chunked cross-entropy; one downcast metadata table shared by heads;
     # the head's gradient formed in the head's layout
-    Target.CPPLAN: TargetTraits(Target.CPPLAN, loss_splits_vocabulary=True, logit_bytes=4,
-                                layer_gradients_all_step=True,
-                                ring_dq_partials=False, smem_bytes_per_block_pair=None,
-                                per_head_metadata=False, maxtext_rules=False, head_gradient_in_head_layout=True),
+    Target.CPPLAN: TargetTraits(
+        Target.CPPLAN,
+        loss_splits_vocabulary=True,
+        logit_bytes=4,
+        layer_gradients_all_step=True,
+        ring_dq_partials=False,
+        smem_bytes_per_block_pair=None,
+        per_head_metadata=False,
+        maxtext_rules=False,
+        head_gradient_in_head_layout=True,
+    ),
     # MaxText 0.2.5, as its source and deviceless compiles show
-    Target.MAXTEXT: TargetTraits(Target.MAXTEXT, loss_splits_vocabulary=False, logit_bytes=4,
-                                 layer_gradients_all_step=False,
-                                 ring_dq_partials=True,
-                                 smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
-                                 per_head_metadata=True, maxtext_rules=True,
-                                 ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
-                                 offload_defers_head_gradient=True, offload_holds_mlp_backward=True,
-                                 head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
-                                 ring_hops_overlap_attention=False, tokamax_ring_kernel=True,
-                                 weight_gathers_all_reduce_split_axes=True,
-                                 context_gradients_all_reduced=True,
-                                 mlp_chunk_tokens=None),
+    Target.MAXTEXT: TargetTraits(
+        Target.MAXTEXT,
+        loss_splits_vocabulary=False,
+        logit_bytes=4,
+        layer_gradients_all_step=False,
+        ring_dq_partials=True,
+        smem_bytes_per_block_pair=MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR,
+        per_head_metadata=True,
+        maxtext_rules=True,
+        ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
+        offload_defers_head_gradient=True,
+        offload_holds_mlp_backward=True,
+        head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
+        ring_hops_overlap_attention=False,
+        tokamax_ring_kernel=True,
+        weight_gathers_all_reduce_split_axes=True,
+        context_gradients_all_reduced=True,
+        mlp_chunk_tokens=None,
+    ),
 }
 
 

@@ -4,6 +4,7 @@ as `v5p-256` (slice names count TensorCores), `v5p:4x4x8`, `tpu7x-128`, `v5e:16x
 model). A topology knows its physical dimensions, which of them wrap, and what links a logical mesh axis
 laid on them gets. Sources: docs/provenance/cost_models.md#topology.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -106,10 +107,18 @@ class Topology:
         if slices == 1:
             return ici
         n = ici.size * slices
-        seconds_per_byte = (received_share(ici) / ici.collective_bw_bytes_per_s
-                            + (slices - 1) / slices / ici.size / self.dcn_bw_per_device)
-        return AxisLinks(n, (n - 1) / n / seconds_per_byte, ici.collective_latency_s,
-                         ici.ring_bw_bytes_per_s, ici.ring_latency_s, False)
+        seconds_per_byte = (
+            received_share(ici) / ici.collective_bw_bytes_per_s
+            + (slices - 1) / slices / ici.size / self.dcn_bw_per_device
+        )
+        return AxisLinks(
+            n,
+            (n - 1) / n / seconds_per_byte,
+            ici.collective_latency_s,
+            ici.ring_bw_bytes_per_s,
+            ici.ring_latency_s,
+            False,
+        )
 
     def dcn_share(self, ici: AxisLinks, slices: int) -> float:
         """The fraction of a collective's bandwidth time (see `across_slices`) spent on DCN."""
@@ -194,13 +203,21 @@ def _physical_dims(topo: Topology) -> tuple[PhysicalDim, ...]:
     dims = []
     if chip.kind.has_torus:
         for name, size in zip(DIM_NAMES, topo.chip_dims):
-            dims.append(PhysicalDim(name, size, chip.wraparound.wraps(size),
-                                    chip.ici_link_bw_bytes_per_s, chip.ici_hop_latency_s))
+            dims.append(
+                PhysicalDim(
+                    name, size, chip.wraparound.wraps(size), chip.ici_link_bw_bytes_per_s, chip.ici_hop_latency_s
+                )
+            )
     if topo.devices_per_chip > 1 or not dims:
-        dims.append(PhysicalDim(CORE, topo.devices_per_chip,
-                                not chip.kind.has_torus and chip.wraparound.wraps(topo.devices_per_chip),
-                                chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s,
-                                chip.ici_hop_latency_s))
+        dims.append(
+            PhysicalDim(
+                CORE,
+                topo.devices_per_chip,
+                not chip.kind.has_torus and chip.wraparound.wraps(topo.devices_per_chip),
+                chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s,
+                chip.ici_hop_latency_s,
+            )
+        )
     return tuple(dims)
 
 
@@ -270,9 +287,15 @@ def _slice_shapes(chip: Chip) -> tuple[tuple[int, ...], ...]:
         shapes = [dims for dims in SHAPES_2D if not _valid_shape(chip, dims)]
     else:
         sides = sorted({d for shape in SMALL_3D_SHAPES for d in shape} | set(range(4, chip.max_chips + 1, 4)))
-        shapes = [(a, b, c) for a in sides if a ** 3 <= chip.max_chips
-                  for b in sides if a <= b and a * b * b <= chip.max_chips
-                  for c in sides if b <= c <= chip.max_chips // (a * b) and not _valid_shape(chip, (a, b, c))]
+        shapes = [
+            (a, b, c)
+            for a in sides
+            if a**3 <= chip.max_chips
+            for b in sides
+            if a <= b and a * b * b <= chip.max_chips
+            for c in sides
+            if b <= c <= chip.max_chips // (a * b) and not _valid_shape(chip, (a, b, c))
+        ]
     # sides of 1 last, as TPU names write them (v5p-8 is 2x2x1)
     named = [tuple(d for d in dims if d > 1) + tuple(d for d in dims if d == 1) for dims in shapes]
     return tuple(sorted(named, key=lambda dims: (math.prod(dims), sorted(dims))))
@@ -299,8 +322,10 @@ def _parse(name: str, chip_dir_marker: tuple) -> Topology:
         return _parse_slice(name, text)
     count, one = int(slices.group(1)), _parse_slice(name, slices.group(2))
     if not one.chip.kind.has_torus:
-        raise CpplanError(f"topology {name!r}: {one.chip.name} devices are one host with no DCN between slices; "
-                          f"write {one.name} without the '{slices.group(1)}x' prefix.")
+        raise CpplanError(
+            f"topology {name!r}: {one.chip.name} devices are one host with no DCN between slices; "
+            f"write {one.name} without the '{slices.group(1)}x' prefix."
+        )
     problem = _slice_count_problem(count)
     if problem:
         raise CpplanError(f"topology {name!r}: {problem}, e.g. 2x{one.name}.")
@@ -312,8 +337,10 @@ def _slice_count_problem(count: int) -> str | None:
     if count < 1:
         return "the number of slices must be at least 1"
     if count > MAX_SLICES:
-        return (f"{count} slices is more than the {MAX_SLICES} the planner searches (the largest published "
-                f"multi-slice run used 199)")
+        return (
+            f"{count} slices is more than the {MAX_SLICES} the planner searches (the largest published "
+            f"multi-slice run used 199)"
+        )
     return None
 
 
@@ -323,8 +350,10 @@ def _parse_slice(name: str, text: str) -> Topology:
     m = re.fullmatch(r"([a-z0-9]+?)(?:-(\d+)|:([\dx]+))", text)
     if not m:
         examples = "; ".join(_example_names(c) for c in chips.values())
-        raise CpplanError(f"cannot parse topology {name!r}: use CHIP-CORES or CHIP:AxBxC, e.g. {examples}; "
-                          f"NxNAME for N slices over DCN, e.g. 2xv5p-16.")
+        raise CpplanError(
+            f"cannot parse topology {name!r}: use CHIP-CORES or CHIP:AxBxC, e.g. {examples}; "
+            f"NxNAME for N slices over DCN, e.g. 2xv5p-16."
+        )
     chip_name, cores, shape = m.groups()
     if chip_name not in chips:
         raise unknown_name("chip", chip_name, chips)
@@ -335,9 +364,11 @@ def _parse_slice(name: str, text: str) -> Topology:
             raise CpplanError(f"topology {name!r}: write {chip.name}:N with N >= 1 devices, e.g. {chip.name}:8.")
         ceiling = max_host_devices()
         if count > ceiling:
-            raise CpplanError(f"topology {name!r}: {count} virtual devices is more than any catalogued pod has "
-                              f"({ceiling}); {chip.name}:N stands in for a slice to try plans on, so N is at most "
-                              f"{ceiling}.")
+            raise CpplanError(
+                f"topology {name!r}: {count} virtual devices is more than any catalogued pod has "
+                f"({ceiling}); {chip.name}:N stands in for a slice to try plans on, so N is at most "
+                f"{ceiling}."
+            )
         return Topology(chip, (1,), count)
     if shape is not None:
         try:
@@ -346,21 +377,26 @@ def _parse_slice(name: str, text: str) -> Topology:
             raise CpplanError(f"cannot parse the shape in {name!r}: write sides like 4x4x8.") from None
         problem = _valid_shape(chip, dims)
         if problem:
-            raise CpplanError(f"topology {name!r} does not exist: {problem}. "
-                              f"Examples that do: {_example_names(chip)}.")
+            raise CpplanError(f"topology {name!r} does not exist: {problem}. Examples that do: {_example_names(chip)}.")
         return Topology(chip, dims, chip.devices_per_chip)
     count = int(cores)
     most = chip.max_chips * chip.tensorcores_per_chip
     if count > most:
-        raise CpplanError(f"topology {name!r}: the largest {chip.name} pod has {chip.max_chips} chips "
-                          f"({chip.name}-{most}); ask for at most that many TensorCores.")
+        raise CpplanError(
+            f"topology {name!r}: the largest {chip.name} pod has {chip.max_chips} chips "
+            f"({chip.name}-{most}); ask for at most that many TensorCores."
+        )
     if count % chip.tensorcores_per_chip:
-        raise CpplanError(f"topology {name!r}: {chip.name} slice names count TensorCores, "
-                          f"{chip.tensorcores_per_chip} per chip; {count} is not a multiple of it.")
+        raise CpplanError(
+            f"topology {name!r}: {chip.name} slice names count TensorCores, "
+            f"{chip.tensorcores_per_chip} per chip; {count} is not a multiple of it."
+        )
     dims = shape_for_chips(chip, count // chip.tensorcores_per_chip)
     if dims is None:
-        raise CpplanError(f"topology {name!r}: no {chip.name} slice has {count // chip.tensorcores_per_chip} chips. "
-                          f"Examples that do: {_example_names(chip)}.")
+        raise CpplanError(
+            f"topology {name!r}: no {chip.name} slice has {count // chip.tensorcores_per_chip} chips. "
+            f"Examples that do: {_example_names(chip)}."
+        )
     return Topology(chip, dims, chip.devices_per_chip)
 
 
@@ -387,9 +423,13 @@ def get_topology(name: "str | Topology", num_slices: "int | None" = None) -> Top
     if problem:
         raise CpplanError(f"num_slices={num_slices}: {problem}.")
     if topo.num_slices > 1:
-        raise CpplanError(f"topology {topo.name} already has {topo.num_slices} slices but num_slices={num_slices}; "
-                          f"give the count once.")
+        raise CpplanError(
+            f"topology {topo.name} already has {topo.num_slices} slices but num_slices={num_slices}; "
+            f"give the count once."
+        )
     if not topo.chip.kind.has_torus and num_slices > 1:
-        raise CpplanError(f"num_slices={num_slices} on {topo.name}: a host's devices have no DCN between slices; "
-                          f"use a TPU slice, or num_slices=1.")
+        raise CpplanError(
+            f"num_slices={num_slices} on {topo.name}: a host's devices have no DCN between slices; "
+            f"use a TPU slice, or num_slices=1."
+        )
     return dataclasses.replace(topo, num_slices=num_slices)

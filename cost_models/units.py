@@ -1,4 +1,5 @@
 """Units and the one definition of model FLOPs utilisation, shared by prices and measurements."""
+
 from __future__ import annotations
 
 KiB = 2**10

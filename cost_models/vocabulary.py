@@ -1,5 +1,6 @@
 """The words plans are made of: mesh axes, context-parallel strategies, remat policies, load
 balancing, dtypes. Enums, not strings or booleans; each accepts MaxText's spelling too."""
+
 from __future__ import annotations
 
 import math

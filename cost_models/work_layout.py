@@ -1,5 +1,6 @@
 """How cpplan's runtime cuts work into pieces: one definition, read by the runtime and priced by the cost
 model, so a change of piece size moves the prediction with the program."""
+
 from __future__ import annotations
 
 from cost_models.models import ModelSpec

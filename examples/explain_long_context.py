@@ -2,6 +2,7 @@
 
 Run: python examples/explain_long_context.py [--full]
 """
+
 import sys
 
 import planner
@@ -18,6 +19,8 @@ for topology in ("v5p-256", "tpu7x-128"):
         if best is None:
             print(f"{topology:>10} {seq_len:>3}: nothing fits")
             continue
-        print(f"{topology:>10} {seq_len:>3}: {best.cp_strategy.value:<10} mesh {best.mesh_dict}  "
-              f"step {e.step_time_s:8.1f} s  MFU {e.mfu:.1%}  HBM {e.hbm_bytes_per_device / GiB:.1f} GiB  "
-              f"bottleneck: {e.bottleneck}")
+        print(
+            f"{topology:>10} {seq_len:>3}: {best.cp_strategy.value:<10} mesh {best.mesh_dict}  "
+            f"step {e.step_time_s:8.1f} s  MFU {e.mfu:.1%}  HBM {e.hbm_bytes_per_device / GiB:.1f} GiB  "
+            f"bottleneck: {e.bottleneck}"
+        )

@@ -6,6 +6,7 @@ collectives) into one mesh of all the devices. Process 0 prints and writes the r
 
     python examples/multihost_localhost.py --processes 2 --devices 8 --steps 4
 """
+
 import argparse
 import os
 import socket
@@ -36,12 +37,33 @@ def main(argv=None) -> int:
     coordinator = f"localhost:{free_port()}"
     # each process asks for its own share of the devices: no XLA_FLAGS from here
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    command = [sys.executable, "-m", "cli", "run", "--model", args.model, "--seq-len", args.seq_len,
-               "--topology", f"cpu:{args.devices}", "--steps", str(args.steps), "--run-dir", run_dir,
-               "--coordinator", coordinator, "--num-processes", str(args.processes)]
+    command = [
+        sys.executable,
+        "-m",
+        "cli",
+        "run",
+        "--model",
+        args.model,
+        "--seq-len",
+        args.seq_len,
+        "--topology",
+        f"cpu:{args.devices}",
+        "--steps",
+        str(args.steps),
+        "--run-dir",
+        run_dir,
+        "--coordinator",
+        coordinator,
+        "--num-processes",
+        str(args.processes),
+    ]
     print(" ".join(command[1:]) + " --process-id I", flush=True)
-    others = [subprocess.Popen([*command, "--process-id", str(i)], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True) for i in range(1, args.processes)]
+    others = [
+        subprocess.Popen(
+            [*command, "--process-id", str(i)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for i in range(1, args.processes)
+    ]
     leader = subprocess.run([*command, "--process-id", "0"], env=env)
     status = leader.returncode
     for proc in others:

@@ -3,6 +3,7 @@ curve with an uninterrupted run's, step for step.
 
     python examples/resume_after_kill.py --steps 12 --checkpoint-every 2
 """
+
 import argparse
 import json
 import os
@@ -34,16 +35,36 @@ def main(argv=None) -> int:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--checkpoint-every", type=int, default=2)
-    parser.add_argument("--data", default=str(ROOT / "tests" / "testdata" / "prose.txt"),
-                        help="text to train on (byte tokens), so that the loss moves")
+    parser.add_argument(
+        "--data",
+        default=str(ROOT / "tests" / "testdata" / "prose.txt"),
+        help="text to train on (byte tokens), so that the loss moves",
+    )
     args = parser.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     work = Path(tempfile.mkdtemp(prefix="cpplan-resume-"))
 
     def command(run_dir: Path) -> list[str]:
-        return [sys.executable, "-m", "cli", "run", "--model", args.model, "--seq-len", args.seq_len,
-                "--topology", f"cpu:{args.devices}", "--steps", str(args.steps),
-                "--checkpoint-every", str(args.checkpoint_every), "--data", args.data, "--run-dir", str(run_dir)]
+        return [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "--model",
+            args.model,
+            "--seq-len",
+            args.seq_len,
+            "--topology",
+            f"cpu:{args.devices}",
+            "--steps",
+            str(args.steps),
+            "--checkpoint-every",
+            str(args.checkpoint_every),
+            "--data",
+            args.data,
+            "--run-dir",
+            str(run_dir),
+        ]
 
     killed = work / "killed"
     proc = subprocess.Popen(command(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -60,7 +81,10 @@ def main(argv=None) -> int:
     resumed, reference = losses(killed), losses(whole)
     print(f"{'step':>4}  {'uninterrupted':>14}  {'killed+resumed':>14}")
     for step in sorted(reference):
-        print(f"{step:>4}  {reference[step]:>14.6f}  {resumed[step]:>14.6f}{'' if resumed[step] == reference[step] else '  differs'}")
+        print(
+            f"{step:>4}  {reference[step]:>14.6f}  {resumed[step]:>14.6f}"
+            f"{'' if resumed[step] == reference[step] else '  differs'}"
+        )
     same = resumed == reference
     print("the curves are equal step for step" if same else "the curves differ")
     return 0 if same else 1

@@ -5,6 +5,7 @@ Ulysses' all-to-alls and the all-gather's K/V are not overlapped; the ring hides
 attention and keeps memory O(S/N), so it wins as sequences grow; where others win at short
 lengths depends on the chip's measured kernel figures. Run: python examples/strategy_crossover.py
 """
+
 import planner
 from cost_models.vocabulary import CPStrategy
 from planner.options import format_tokens

@@ -5,6 +5,7 @@ of predicted against measured step time (markdown, JSON and two plots).
 
 The chip row written under OUT/chips is what the predictions use; the report is OUT/steps.
 """
+
 import argparse
 import os
 import sys
@@ -34,12 +35,23 @@ def main(argv=None) -> int:
     out = Path(args.out)
     model = get_model(args.model)
     # attention is measured with the model's own heads: the kernels the plans will run
-    row = calibrate("cpu:8", attention_heads=model.num_heads, attention_kv_heads=model.num_kv_heads,
-                    attention_head_dim=model.head_dim).write(out / "chips")
+    row = calibrate(
+        "cpu:8",
+        attention_heads=model.num_heads,
+        attention_kv_heads=model.num_kv_heads,
+        attention_head_dim=model.head_dim,
+    ).write(out / "chips")
     os.environ[CHIP_DIR_ENV] = str(row.parent)
     print(f"calibrated this host: {row}")
-    report = validate_step_times(model, args.seq_lens.split(","), "cpu:8", max_plans=args.max_plans, top=2,
-                                 steps=args.steps, compute_dtype="float32")
+    report = validate_step_times(
+        model,
+        args.seq_lens.split(","),
+        "cpu:8",
+        max_plans=args.max_plans,
+        top=2,
+        steps=args.steps,
+        compute_dtype="float32",
+    )
     paths = report.write(out / "steps")
     print(report.markdown())
     print("wrote", ", ".join(str(p) for p in paths))

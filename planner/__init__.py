@@ -1,5 +1,6 @@
 """cpplan's planner: search mesh shapes × context-parallel strategies × remat, price each with
 `cost_models`, and explain the choice. Never imports jax."""
+
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec
@@ -10,6 +11,23 @@ from planner.explanation import Explanation
 from planner.plan import Plan, make_mesh
 from planner.search import Rejection
 
-__all__ = ["AXES", "CPStrategy", "CpplanError", "Estimate", "Explanation", "LoadBalance", "LongestSequence",
-           "ModelSpec", "Plan", "Rejection", "RematPolicy", "candidates_of", "estimate", "evaluate", "explain",
-           "make_mesh", "max_seq_len", "plan"]
+__all__ = [
+    "AXES",
+    "CPStrategy",
+    "CpplanError",
+    "Estimate",
+    "Explanation",
+    "LoadBalance",
+    "LongestSequence",
+    "ModelSpec",
+    "Plan",
+    "Rejection",
+    "RematPolicy",
+    "candidates_of",
+    "estimate",
+    "evaluate",
+    "explain",
+    "make_mesh",
+    "max_seq_len",
+    "plan",
+]

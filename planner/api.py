@@ -1,4 +1,5 @@
 """The planner's public functions: plan, explain, evaluate, max_seq_len."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,8 +71,9 @@ def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *
     return Explanation(run_search(model, seq_len, topology, **options))
 
 
-def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *, strategy,
-             mesh: dict[str, int], **options) -> Estimate:
+def evaluate(
+    model: ModelArg, seq_len: "int | str", topology: "str | Topology", *, strategy, mesh: dict[str, int], **options
+) -> Estimate:
     """Prices a plan the user already has: its strategy and full mesh (missing axes are 1).
 
     The placement on the torus is the best realisable one for that mesh; remat and load
@@ -105,11 +107,15 @@ def evaluate(model: ModelArg, seq_len: "int | str", topology: "str | Topology", 
             balanced = full_mesh["context"] % 2 == 0
         options["load_balance"] = "zigzag" if balanced else "none"
     if options.get("global_batch_tokens") is not None:
-        tokens, batch_tokens = parse_seq_len(seq_len), parse_seq_len(options.pop("global_batch_tokens"),
-                                                                  what="global_batch_tokens")
+        tokens, batch_tokens = (
+            parse_seq_len(seq_len),
+            parse_seq_len(options.pop("global_batch_tokens"), what="global_batch_tokens"),
+        )
         if batch_tokens % tokens:
-            raise CpplanError(f"global_batch_tokens={batch_tokens} is not a whole number of {tokens}-token "
-                              f"sequences; use a multiple of {tokens}.")
+            raise CpplanError(
+                f"global_batch_tokens={batch_tokens} is not a whole number of {tokens}-token "
+                f"sequences; use a multiple of {tokens}."
+            )
         options["global_batch"] = batch_tokens // tokens
     result = run_search(model, seq_len, topo, mesh=full_mesh, strategies=[strategy], **options)
     if result.ranked:
@@ -142,14 +148,21 @@ class LongestSequence:
         from planner.explanation import describe_strategy, format_seconds
 
         per_step = "" if self.sequences == 1 else f" × {self.sequences} sequences per step"
-        line = (f"{self.plan.model.name} on {self.plan.topology}: up to {format_tokens(self.seq_len)} tokens "
-                f"({self.seq_len}) per sequence{per_step}, with {describe_strategy(self.plan)}, "
-                f"remat {self.plan.remat.value}; a step takes {format_seconds(self.estimate.step_time_s)}")
+        line = (
+            f"{self.plan.model.name} on {self.plan.topology}: up to {format_tokens(self.seq_len)} tokens "
+            f"({self.seq_len}) per sequence{per_step}, with {describe_strategy(self.plan)}, "
+            f"remat {self.plan.remat.value}; a step takes {format_seconds(self.estimate.step_time_s)}"
+        )
         return line + (f"\nNote: {self.note}." if self.note else "")
 
     def to_dict(self) -> dict:
-        return {"max_seq_len": self.seq_len, "sequences": self.sequences, "note": self.note,
-                "plan": self.plan.to_dict(), "estimate": self.estimate.to_dict()}
+        return {
+            "max_seq_len": self.seq_len,
+            "sequences": self.sequences,
+            "note": self.note,
+            "plan": self.plan.to_dict(),
+            "estimate": self.estimate.to_dict(),
+        }
 
 
 MAX_PROBE_TOKENS = 2**40  # a bound on the doubling that no memory reaches
@@ -177,13 +190,16 @@ def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> Longe
     model_spec, opts = get_model(model), SearchOptions.build(**options)
     found = longest_sequence(model_spec, topo, opts, target=target)
     if found is None:
-        raise CpplanError(f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number "
-                          f"of sequences per step; {longest_advice(model_spec, topo, opts, target=target)}.")
+        raise CpplanError(
+            f"no plan fits {model_spec.name} on {topo.name} at any sequence length, with any number "
+            f"of sequences per step; {longest_advice(model_spec, topo, opts, target=target)}."
+        )
     return found
 
 
-def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions, *,
-                     target: Target = Target.CPPLAN) -> LongestSequence | None:
+def longest_sequence(
+    model: ModelSpec, topo: Topology, opts: SearchOptions, *, target: Target = Target.CPPLAN
+) -> LongestSequence | None:
     """`max_seq_len` on parsed inputs (priced for `target`): the answer, or None where no length fits.
 
     The fewest sequences per step whose shards let some length split over the slice decide; more
@@ -200,18 +216,21 @@ def longest_sequence(model: ModelSpec, topo: Topology, opts: SearchOptions, *,
         if sequences == 1:
             note = None
         elif topo.num_slices > 1:
-            note = (f"a sequence stays inside one slice (only data and fsdp span the {topo.num_slices} slices of "
-                    f"{topo.name}, and each of their shards holds whole sequences); {sequences} sequences per step "
-                    f"is the fewest that split")
+            note = (
+                f"a sequence stays inside one slice (only data and fsdp span the {topo.num_slices} slices of "
+                f"{topo.name}, and each of their shards holds whole sequences); {sequences} sequences per step "
+                f"is the fewest that split"
+            )
         else:
-            note = (f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
-                    f"sequences per step is the fewest that split")
+            note = (
+                f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
+                f"sequences per step is the fewest that split"
+            )
         return LongestSequence(length, best.plan, best.estimate, sequences, note)
     return None
 
 
-def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int, grain: int,
-                  target: Target):
+def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int, grain: int, target: Target):
     """(longest length, its best `Ranked` plan) with `sequences` sequences per step, probing from
     `grain` (the shortest length that splits), or None when not even that fits."""
     exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
@@ -233,8 +252,14 @@ def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequenc
     return longest, space(longest).result(sequences).best
 
 
-def shortest_split(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int | None = None, *,
-                   target: Target = Target.CPPLAN) -> int | None:
+def shortest_split(
+    model: ModelSpec,
+    topo: Topology,
+    opts: SearchOptions,
+    sequences: int | None = None,
+    *,
+    target: Target = Target.CPPLAN,
+) -> int | None:
     """The shortest sequence length that some mesh splits over the slice (memory aside), or None.
 
     Every strategy splits a sequence into 128-token lanes over its context ranks (twice as many

@@ -1,4 +1,5 @@
 """The price of one `Plan`: the plan as one row of candidates, priced as the search prices them."""
+
 from __future__ import annotations
 
 from cost_models.candidates import Candidates, group_links, link_columns
@@ -22,15 +23,28 @@ def candidates_of(plan: Plan) -> Candidates:
     """
     mesh = plan.mesh_dict
     topology = plan.topology_spec
-    links, ring_link = link_columns({group: [links] for group, links in
-                                     group_links(topology.links, plan.segments()).items()})
+    links, ring_link = link_columns(
+        {group: [links] for group, links in group_links(topology.links, plan.segments()).items()}
+    )
     return Candidates(
-        case=plan.case, strategy=plan.cp_strategy, data=[mesh["data"]], fsdp=[mesh["fsdp"]], ring=[mesh["context"]],
-        ulysses=[mesh["context_ulysses"]], tensor=[mesh["tensor"]], remat=[remat_code(plan.remat)],
-        zigzag=[plan.load_balance is LoadBalance.ZIGZAG], block_q=[plan.block_q], block_kv=[plan.block_kv],
-        links=links, ring_link=ring_link, loss_chunk_tokens=plan.loss_chunk_tokens,
-        act_bytes=DTYPE_BYTES[plan.compute_dtype], param_bytes=DTYPE_BYTES[plan.param_dtype],
-        mu_bytes=DTYPE_BYTES[plan.mu_dtype], remat_custom=plan.remat_custom,
+        case=plan.case,
+        strategy=plan.cp_strategy,
+        data=[mesh["data"]],
+        fsdp=[mesh["fsdp"]],
+        ring=[mesh["context"]],
+        ulysses=[mesh["context_ulysses"]],
+        tensor=[mesh["tensor"]],
+        remat=[remat_code(plan.remat)],
+        zigzag=[plan.load_balance is LoadBalance.ZIGZAG],
+        block_q=[plan.block_q],
+        block_kv=[plan.block_kv],
+        links=links,
+        ring_link=ring_link,
+        loss_chunk_tokens=plan.loss_chunk_tokens,
+        act_bytes=DTYPE_BYTES[plan.compute_dtype],
+        param_bytes=DTYPE_BYTES[plan.param_dtype],
+        mu_bytes=DTYPE_BYTES[plan.mu_dtype],
+        remat_custom=plan.remat_custom,
         fused_attention_backward=plan.fused_attention_backward,
     )
 

@@ -1,4 +1,5 @@
 """`Explanation`: what the planner chose, why, what came close, and why the rest was rejected."""
+
 from __future__ import annotations
 
 import json
@@ -57,29 +58,48 @@ def dcn_traffic(plan: Plan, estimate: Estimate) -> list[dict]:
     links = group_links(topo.links, within)
     comm, exposed = estimate.comm_s, estimate.exposed_s
     families = (
-        ("fsdp all-gathers and reduce-scatters", plan.dcn_fsdp, links["weights"],
-         comm["fsdp_all_gather"] + comm["fsdp_reduce_scatter"], exposed["fsdp"]),
+        (
+            "fsdp all-gathers and reduce-scatters",
+            plan.dcn_fsdp,
+            links["weights"],
+            comm["fsdp_all_gather"] + comm["fsdp_reduce_scatter"],
+            exposed["fsdp"],
+        ),
         ("data all-reduce", plan.dcn_data, links["data"], comm["data_all_reduce"], exposed["data_all_reduce"]),
     )
-    return [{"collective": name, "slices": slices, "seconds": seconds,
-             "dcn_seconds": seconds * topo.dcn_share(ici, slices), "exposed_seconds": exposed_seconds}
-            for name, slices, ici, seconds, exposed_seconds in families if slices > 1]
+    return [
+        {
+            "collective": name,
+            "slices": slices,
+            "seconds": seconds,
+            "dcn_seconds": seconds * topo.dcn_share(ici, slices),
+            "exposed_seconds": exposed_seconds,
+        }
+        for name, slices, ici, seconds, exposed_seconds in families
+        if slices > 1
+    ]
 
 
 def dcn_text(plan: Plan, estimate: Estimate) -> str:
     """One line of the report: which collectives cross DCN and how much of them is hidden."""
     chip = plan.topology_spec.chip
-    parts = [f"{f['collective']} span {f['slices']} slices: {_s(f['seconds'])}, about {_s(f['dcn_seconds'])} "
-             f"of it on DCN; {_s(f['seconds'] - f['exposed_seconds'])} hidden under compute, "
-             f"{_s(f['exposed_seconds'])} exposed" for f in dcn_traffic(plan, estimate)]
-    return (f"{plan.num_slices} slices, {chip.dcn_bw_bytes_per_s / 1e9:g} GB/s of DCN per chip; context and "
-            f"tensor stay in a slice; " + ("; ".join(parts) or "no collective crosses slices"))
+    parts = [
+        f"{f['collective']} span {f['slices']} slices: {_s(f['seconds'])}, about {_s(f['dcn_seconds'])} "
+        f"of it on DCN; {_s(f['seconds'] - f['exposed_seconds'])} hidden under compute, "
+        f"{_s(f['exposed_seconds'])} exposed"
+        for f in dcn_traffic(plan, estimate)
+    ]
+    return (
+        f"{plan.num_slices} slices, {chip.dcn_bw_bytes_per_s / 1e9:g} GB/s of DCN per chip; context and "
+        f"tensor stay in a slice; " + ("; ".join(parts) or "no collective crosses slices")
+    )
 
 
 def describe_strategy(plan: Plan) -> str:
     """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64' (the strategy spec's words)."""
-    return plan.strategy_spec.describe(plan.axis_size("context"), plan.axis_size("context_ulysses"),
-                                       plan.load_balance is LoadBalance.ZIGZAG)
+    return plan.strategy_spec.describe(
+        plan.axis_size("context"), plan.axis_size("context_ulysses"), plan.load_balance is LoadBalance.ZIGZAG
+    )
 
 
 def short(plan: Plan) -> str:
@@ -119,10 +139,15 @@ def tie_breakers(alt: Ranked, best: Ranked) -> dict:
     """What tells a tied alternative from the chosen plan, beside a step time the model cannot
     separate: memory headroom, communication left exposed, and whether MaxText can run each."""
     alt_problems, best_problems = maxtext_problems(alt.plan), maxtext_problems(best.plan)
-    return {"headroom_bytes": alt.estimate.headroom_bytes, "chosen_headroom_bytes": best.estimate.headroom_bytes,
-            "exposed_s": sum(alt.estimate.exposed_s.values()), "chosen_exposed_s": sum(best.estimate.exposed_s.values()),
-            "maxtext_runs": not alt_problems, "chosen_maxtext_runs": not best_problems,
-            "maxtext_problems": alt_problems}
+    return {
+        "headroom_bytes": alt.estimate.headroom_bytes,
+        "chosen_headroom_bytes": best.estimate.headroom_bytes,
+        "exposed_s": sum(alt.estimate.exposed_s.values()),
+        "chosen_exposed_s": sum(best.estimate.exposed_s.values()),
+        "maxtext_runs": not alt_problems,
+        "chosen_maxtext_runs": not best_problems,
+        "maxtext_problems": alt_problems,
+    }
 
 
 def tie_text(breakers: dict) -> str:
@@ -130,14 +155,21 @@ def tie_text(breakers: dict) -> str:
     parts = []
     free, chosen_free = breakers["headroom_bytes"], breakers["chosen_headroom_bytes"]
     if abs(free - chosen_free) >= 0.05 * GiB:
-        parts.append(f"{'more' if free > chosen_free else 'less'} memory headroom ({_gib(free)} vs {_gib(chosen_free)} free)")
+        parts.append(
+            f"{'more' if free > chosen_free else 'less'} memory headroom ({_gib(free)} vs {_gib(chosen_free)} free)"
+        )
     exposed, chosen_exposed = breakers["exposed_s"], breakers["chosen_exposed_s"]
     if abs(exposed - chosen_exposed) > 0.01 * max(exposed, chosen_exposed, 1e-12):
-        parts.append(f"{'less' if exposed < chosen_exposed else 'more'} exposed communication "
-                     f"({_s(exposed)} vs {_s(chosen_exposed)})")
+        parts.append(
+            f"{'less' if exposed < chosen_exposed else 'more'} exposed communication "
+            f"({_s(exposed)} vs {_s(chosen_exposed)})"
+        )
     if breakers["maxtext_runs"] != breakers["chosen_maxtext_runs"]:
-        parts.append("MaxText can run it, not the chosen plan" if breakers["maxtext_runs"] else
-                     f"MaxText cannot run it ({breakers['maxtext_problems'][0]})")
+        parts.append(
+            "MaxText can run it, not the chosen plan"
+            if breakers["maxtext_runs"]
+            else f"MaxText cannot run it ({breakers['maxtext_problems'][0]})"
+        )
     elif breakers["maxtext_runs"]:
         parts.append("MaxText runs both")
     return ", ".join(parts) or "the same headroom and exposed communication, and MaxText runs neither"
@@ -161,7 +193,7 @@ class Explanation:
 
     @property
     def alternatives(self) -> list[Ranked]:
-        return self.result.ranked[1:1 + self.top]
+        return self.result.ranked[1 : 1 + self.top]
 
     @property
     def error_band(self) -> ErrorBand | None:
@@ -184,8 +216,10 @@ class Explanation:
         if band is None:
             return f"none measured for {self.result.case.topology.chip.name}: no plan is called a tie"
         ties = len(self.ties())
-        return (f"{band.describe()}; {ties} of the other {len(self.result.ranked) - 1} feasible plans lie within it "
-                f"(ties: the model cannot tell them from the choice, which stays as the search ranks it)")
+        return (
+            f"{band.describe()}; {ties} of the other {len(self.result.ranked) - 1} feasible plans lie within it "
+            f"(ties: the model cannot tell them from the choice, which stays as the search ranks it)"
+        )
 
     def best_per_strategy(self) -> dict[CPStrategy, Ranked]:
         return self.result.ranked.best_of_each_strategy()
@@ -212,18 +246,22 @@ class Explanation:
         m, topo = case.model, case.topology
         # billions as the model cards count them; a model under 10M parameters in millions, not "0.00B"
         params = f"{m.num_params / 1e9:.2f}B" if m.num_params >= 1e7 else f"{m.num_params / 1e6:.2f}M"
-        return (f"cpplan explain: {m.name} ({params} params, {m.num_layers} layers, "
-                f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(case.seq_len)} "
-                f"tokens × {case.global_batch} sequence{'s' if case.global_batch > 1 else ''} per step on {topo.name} "
-                f"({topo.num_chips} chips, {topo.num_devices} devices)")
+        return (
+            f"cpplan explain: {m.name} ({params} params, {m.num_layers} layers, "
+            f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(case.seq_len)} "
+            f"tokens × {case.global_batch} sequence{'s' if case.global_batch > 1 else ''} per step on {topo.name} "
+            f"({topo.num_chips} chips, {topo.num_devices} devices)"
+        )
 
     def mask_text(self) -> str | None:
         """One line for a model with a full (non-causal) mask, which changes what the plans do;
         None for a causal model (every model cpplan names)."""
         if self.result.case.model.causal:
             return None
-        return ("attention: full (non-causal) mask: every query sees every key, so the kernels compute every block "
-                "(up to twice a causal model's work), and zigzag balancing, with nothing to even out, is not searched")
+        return (
+            "attention: full (non-causal) mask: every query sees every key, so the kernels compute every block "
+            "(up to twice a causal model's work), and zigzag balancing, with nothing to even out, is not searched"
+        )
 
     def __str__(self) -> str:
         note = [f"Note: {self.result.batch_note}."] if self.result.batch_note else []
@@ -241,8 +279,13 @@ class Explanation:
             f"  placement      {placement}",
             f"  remat          {p.remat.value}",
             f"  splash blocks  {p.block_q}×{p.block_kv}"
-            + (f" (scoped VMEM raised: {SCOPED_VMEM_FLAG}={p.scoped_vmem_limit_kib}, which `cpplan run` and "
-               f"`cpplan compile` set)" if p.scoped_vmem_limit_kib else "") + "; loss "
+            + (
+                f" (scoped VMEM raised: {SCOPED_VMEM_FLAG}={p.scoped_vmem_limit_kib}, which `cpplan run` and "
+                f"`cpplan compile` set)"
+                if p.scoped_vmem_limit_kib
+                else ""
+            )
+            + "; loss "
             + (f"in chunks of {p.loss_chunk_tokens} tokens" if p.loss_chunk_tokens else "over full logits"),
             "",
             f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "
@@ -251,28 +294,41 @@ class Explanation:
             "  compute        " + ", ".join(f"{k} {_s(v)}" for k, v in e.compute_s.items()),
             "  HBM-bound      " + ", ".join(f"{k} {_s(v)}" for k, v in e.hbm_s.items() if v > 0),
             "  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
-            "  exposed        " + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
+            "  exposed        "
+            + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
             + " (the rest overlaps compute)",
             *([f"  across DCN     {dcn_text(p, e)}"] if p.num_slices > 1 else []),
             f"  bottleneck     {e.bottleneck}",
             f"  throughput     {e.tokens_per_s_per_chip:,.0f} tokens/s/chip, MFU {e.mfu:.1%} "
-            f"(model FLOPs as MaxText counts them; {e.executed_flops_per_device / 1e12:,.0f} TFLOP executed per device)",
+            f"(model FLOPs as MaxText counts them; {e.executed_flops_per_device / 1e12:,.0f} TFLOP executed "
+            f"per device)",
             "",
             f"HBM per device   {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)} "
             f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%}): held all step + the larger of a layer's "
             f"backward and the loss, or the optimizer's update at the step's end where that holds more",
-            *(f"  {phase:<10} " + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in keys)
-              for phase, keys in (("all step", STATIC_MEMORY), ("layer", LAYER_MEMORY), ("loss", LOSS_MEMORY),
-                                 ("update", tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)))),
+            *(
+                f"  {phase:<10} " + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in keys)
+                for phase, keys in (
+                    ("all step", STATIC_MEMORY),
+                    ("layer", LAYER_MEMORY),
+                    ("loss", LOSS_MEMORY),
+                    ("update", tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)),
+                )
+            ),
         ]
         if e.smem_capacity_bytes:
-            lines.append(f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB")
+            lines.append(
+                f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB"
+            )
         lines += ["", f"Alternatives (next {len(self.alternatives)} of {len(self.result.ranked)} feasible)"]
         band = self.error_band
         for i, alt in enumerate(self.alternatives, start=2):
             slower = alt.estimate.step_time_s / e.step_time_s - 1
-            detail = (f"tie within ±{band.relative:.1%}: {tie_text(tie_breakers(alt, self.result.best))}"
-                      if is_tie(alt.estimate, e, band) else why_slower(alt.estimate, e))
+            detail = (
+                f"tie within ±{band.relative:.1%}: {tie_text(tie_breakers(alt, self.result.best))}"
+                if is_tie(alt.estimate, e, band)
+                else why_slower(alt.estimate, e)
+            )
             lines.append(f"  #{i} {short(alt.plan)}: {_s(alt.estimate.step_time_s)} (+{slower:.1%}); {detail}")
         lines += ["", "Best of each strategy"]
         per = self.best_per_strategy()
@@ -289,8 +345,11 @@ class Explanation:
                 reasons = ", ".join(f"{c} ×{n}" for c, n in by_strategy.get(strategy, Counter()).most_common())
                 lines.append(f"  {strategy.value:<11} no feasible candidate (rejected: {reasons or 'none generated'})")
         groups = self.rejection_groups()
-        lines += ["", f"Rejected {len(self.result.rejections)} candidates "
-                      f"({self.result.candidates_priced} priced placements kept {len(self.result.ranked)} feasible)"]
+        lines += [
+            "",
+            f"Rejected {len(self.result.rejections)} candidates "
+            f"({self.result.candidates_priced} priced placements kept {len(self.result.ranked)} feasible)",
+        ]
         for category, (n, example) in groups.items():
             lines.append(f"  {category:<15} {n:>6}  e.g. {example}")
         lines += ["", "Why this plan", "  " + self.why_text()]
@@ -300,16 +359,20 @@ class Explanation:
         p, e = self.best, self.estimate
         math = e.t_math_s
         attn_share = e.compute_s["attention"] / math if math else 0.0
-        parts = [f"At {format_tokens(p.seq_len)} tokens attention is {attn_share:.0%} of the math, "
-                 f"and the step is bound by {e.bottleneck}."]
+        parts = [
+            f"At {format_tokens(p.seq_len)} tokens attention is {attn_share:.0%} of the math, "
+            f"and the step is bound by {e.bottleneck}."
+        ]
         ctx_total, ctx_exposed = e.comm_s["context"], e.exposed_s["context"]
         if p.strategy_spec.hides_traffic_behind_attention and ctx_total > 0:
             parts.append(f"The ring's K/V traffic ({_s(ctx_total)}) hides behind attention except {_s(ctx_exposed)}.")
         elif ctx_total > 0:
             parts.append(f"Its context traffic ({_s(ctx_total)}) is not overlapped.")
         if p.load_balance is LoadBalance.ZIGZAG:
-            parts.append("Zigzag balancing gives every context rank the same causal work; without it the last "
-                         "rank does nearly twice the average.")
+            parts.append(
+                "Zigzag balancing gives every context rank the same causal work; without it the last "
+                "rank does nearly twice the average."
+            )
         per = self.best_per_strategy()
         others = [f"{s.value} +{r.estimate.step_time_s / e.step_time_s - 1:.1%}" for s, r in per.items() if r.plan != p]
         if others:
@@ -329,15 +392,16 @@ class Explanation:
             if (tuple(rej.mesh.items()), rej.strategy, rej.load_balance) == same and rej.remat is not None:
                 notes.append(f"{rej.remat.value} {rej.reason}")
         tail = f" ({'; '.join(notes)})" if notes else ""
-        return (f"Remat {p.remat.value} uses {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)}"
-                f"{tail}.")
+        return f"Remat {p.remat.value} uses {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)}{tail}."
 
     def nothing_fits_text(self) -> str:
         """Per strategy why nothing fits, and what would."""
         res = self.result
         case = res.case
-        lines = [f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × {case.global_batch} "
-                 f"sequence{'s' if case.global_batch > 1 else ''} per step on {case.topology.name}."]
+        lines = [
+            f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × {case.global_batch} "
+            f"sequence{'s' if case.global_batch > 1 else ''} per step on {case.topology.name}."
+        ]
         by_strategy = self.rejections_by_strategy()
         least = {r.plan.cp_strategy: r for r in res.best_infeasible}
         for strategy in CPStrategy:
@@ -347,8 +411,10 @@ class Explanation:
             line = f"  {strategy.value:<11} rejected: {reasons or 'no candidate'}"
             if strategy in least:
                 e = least[strategy].estimate
-                line += (f"; the least memory any of its candidates needs is {_gib(e.hbm_bytes_per_device)} "
-                         f"of {_gib(e.hbm_capacity_bytes)} [{short(least[strategy].plan)}]")
+                line += (
+                    f"; the least memory any of its candidates needs is {_gib(e.hbm_bytes_per_device)} "
+                    f"of {_gib(e.hbm_capacity_bytes)} [{short(least[strategy].plan)}]"
+                )
             lines.append(line)
         lines.append("What would fit:")
         lines += [f"  - {s}" for s in self.suggestions()]
@@ -374,26 +440,49 @@ class Explanation:
         res = self.result
 
         def ranked(r: Ranked) -> dict:
-            return {"plan": r.plan.to_dict(), "estimate": r.estimate.to_dict(), "summary": short(r.plan),
-                    "scoped_vmem_limit_kib": r.plan.scoped_vmem_limit_kib}
+            return {
+                "plan": r.plan.to_dict(),
+                "estimate": r.estimate.to_dict(),
+                "summary": short(r.plan),
+                "scoped_vmem_limit_kib": r.plan.scoped_vmem_limit_kib,
+            }
 
         return {
-            "model": res.case.model.to_dict(), "seq_len": res.case.seq_len, "global_batch": res.case.global_batch,
-            "topology": res.case.topology.name, "num_devices": res.case.topology.num_devices,
+            "model": res.case.model.to_dict(),
+            "seq_len": res.case.seq_len,
+            "global_batch": res.case.global_batch,
+            "topology": res.case.topology.name,
+            "num_devices": res.case.topology.num_devices,
             "best": ranked(res.best) if res.best else None,
-            "alternatives": [dict(ranked(r), slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
-                                  why=why_slower(r.estimate, self.estimate),
-                                  tie=is_tie(r.estimate, self.estimate, self.error_band),
-                                  tie_breakers=tie_breakers(r, res.best)) for r in self.alternatives],
+            "alternatives": [
+                dict(
+                    ranked(r),
+                    slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
+                    why=why_slower(r.estimate, self.estimate),
+                    tie=is_tie(r.estimate, self.estimate, self.error_band),
+                    tie_breakers=tie_breakers(r, res.best),
+                )
+                for r in self.alternatives
+            ],
             "error_band": self.error_band.to_dict() if self.error_band else None,
             "ties": len(self.ties()),
             "best_per_strategy": {s.value: ranked(r) for s, r in self.best_per_strategy().items()},
-            "feasible": len(res.ranked), "priced": res.candidates_priced,
+            "feasible": len(res.ranked),
+            "priced": res.candidates_priced,
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
-            "why": self.why_text() if res.best else None, "batch_note": res.batch_note,
+            "why": self.why_text() if res.best else None,
+            "batch_note": res.batch_note,
             "nothing_fits": None if res.best else self.nothing_fits_text(),
-            "advice": [{"change": a.change, "seq_len": a.seq_len, "topology": a.topology, "options": a.options,
-                        "step_time_s": a.found.best.estimate.step_time_s} for a in self.advice()],
+            "advice": [
+                {
+                    "change": a.change,
+                    "seq_len": a.seq_len,
+                    "topology": a.topology,
+                    "options": a.options,
+                    "step_time_s": a.found.best.estimate.step_time_s,
+                }
+                for a in self.advice()
+            ],
         } | ({"dcn": dcn_traffic(self.best, self.estimate)} if self.best and self.best.num_slices > 1 else {})
 
     def to_json(self) -> str:

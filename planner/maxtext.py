@@ -19,6 +19,7 @@ attention of the decoder blocks cpplan models causal, whatever its `attention_ty
 changes the price, with MaxText's own defaults for what is unset, applies MaxText's rules, and
 names every flag it did not read.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,18 +38,39 @@ from cost_models.topology import get_topology
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner.plan import Plan, make_mesh
 
-SPLASH_BLOCK_FLAGS = ("sa_block_q", "sa_block_kv", "sa_block_kv_compute", "sa_block_q_dkv", "sa_block_kv_dkv",
-                      "sa_block_kv_dkv_compute", "sa_block_q_dq", "sa_block_kv_dq")
+SPLASH_BLOCK_FLAGS = (
+    "sa_block_q",
+    "sa_block_kv",
+    "sa_block_kv_compute",
+    "sa_block_q_dkv",
+    "sa_block_kv_dkv",
+    "sa_block_kv_dkv_compute",
+    "sa_block_q_dq",
+    "sa_block_kv_dq",
+)
 MAXTEXT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 # the models MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that cpplan knows by the same
 # name and shape; any other model travels as shape flags
 MAXTEXT_MODEL_NAMES = ("llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama2-7b", "llama2-70b")
 # MaxText's base.yml model defaults, for the shape flags a config leaves unset
-BASE_MODEL_DEFAULTS = {"base_num_decoder_layers": 16, "base_emb_dim": 2048, "base_num_query_heads": 16,
-                       "base_num_kv_heads": 16, "head_dim": 128, "base_mlp_dim": 7168, "vocab_size": 32000}
-SHAPE_FLAGS = {"base_num_decoder_layers": "num_layers", "base_emb_dim": "hidden", "base_num_query_heads": "num_heads",
-               "base_num_kv_heads": "num_kv_heads", "head_dim": "head_dim", "base_mlp_dim": "intermediate",
-               "vocab_size": "vocab"}
+BASE_MODEL_DEFAULTS = {
+    "base_num_decoder_layers": 16,
+    "base_emb_dim": 2048,
+    "base_num_query_heads": 16,
+    "base_num_kv_heads": 16,
+    "head_dim": 128,
+    "base_mlp_dim": 7168,
+    "vocab_size": 32000,
+}
+SHAPE_FLAGS = {
+    "base_num_decoder_layers": "num_layers",
+    "base_emb_dim": "hidden",
+    "base_num_query_heads": "num_heads",
+    "base_num_kv_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "base_mlp_dim": "intermediate",
+    "vocab_size": "vocab",
+}
 # ModelSpec's switches and the MaxText flags that carry them (base.yml default False)
 SWITCH_FLAGS = {"attention_bias": "qkv_bias", "logits_via_embedding": "tie_embeddings"}
 # the MLP's activations, one per input projection (base.yml: ["silu", "linear"], cpplan's `SWIGLU`)
@@ -102,8 +124,12 @@ def maxtext_block(plan: Plan) -> int:
     smem = get_topology(plan.topology).chip.smem_bytes
     traits = Target.MAXTEXT.traits
     block = plan.block_q
-    while smem and block < min(q_len, kv_len) and float(per_head_smem_bytes(
-            layout.q_heads, q_len, kv_len, block_q=block, block_kv=block, traits=traits)) > smem:
+    while (
+        smem
+        and block < min(q_len, kv_len)
+        and float(per_head_smem_bytes(layout.q_heads, q_len, kv_len, block_q=block, block_kv=block, traits=traits))
+        > smem
+    ):
         block *= 2
     return block
 
@@ -137,9 +163,11 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
     notes = []
     block = maxtext_block(plan)
     if (block, block) != (plan.block_q, plan.block_kv):
-        why = ("its ring kernel's dK/dV accumulators fit scoped VMEM only up to this block"
-               if plan.strategy_spec.maxtext_ring_kernel else
-               "MaxText keeps splash metadata per head and needs the larger block to fit SMEM")
+        why = (
+            "its ring kernel's dK/dV accumulators fit scoped VMEM only up to this block"
+            if plan.strategy_spec.maxtext_ring_kernel
+            else "MaxText keeps splash metadata per head and needs the larger block to fit SMEM"
+        )
         notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} → {block}×{block}: {why} (priced as changed)")
         plan = dataclasses.replace(plan, block_q=block, block_kv=block)
     mesh = plan.ici_mesh_dict
@@ -169,25 +197,39 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if offloaded_names(plan.remat, plan.remat_custom):
-        notes.append(f"remat_policy={plan.remat.value} offloads to pinned host memory, which MaxText runs without "
-                     f"compiler flags; priced as compiled without the {MAXTEXT_RECIPE_OFFLOAD_FLAGS} its recipes "
-                     f"put in LIBTPU_INIT_ARGS (they change the compiler's schedule, and with it the HBM it holds)")
+        notes.append(
+            f"remat_policy={plan.remat.value} offloads to pinned host memory, which MaxText runs without "
+            f"compiler flags; priced as compiled without the {MAXTEXT_RECIPE_OFFLOAD_FLAGS} its recipes "
+            f"put in LIBTPU_INIT_ARGS (they change the compiler's schedule, and with it the HBM it holds)"
+        )
     if plan.remat is RematPolicy.CUSTOM:
         # MaxText's per-name flags (base.yml: every name remat but the layer input): ours are its names,
         # but a plain MLP's one input, whose name differs, and whose `mlpwi_1` does not exist
         renamed = {} if plan.model.gated else PLAIN_MLP_CHECKPOINTS
-        flags.update({renamed.get(name, name): where.value for name, where in plan.remat_custom
-                      if plan.model.gated or name != "mlpwi_1"})
+        flags.update(
+            {
+                renamed.get(name, name): where.value
+                for name, where in plan.remat_custom
+                if plan.model.gated or name != "mlpwi_1"
+            }
+        )
     flags.update({f: block for f in SPLASH_BLOCK_FLAGS})
     model_flags, model_notes = _model_flags(plan.model)
     flags.update(model_flags)
     notes += model_notes
     if plan.num_slices > 1:
-        flags.update({"dcn_data_parallelism": plan.dcn_data, "dcn_fsdp_parallelism": plan.dcn_fsdp,
-                      "num_slices": plan.num_slices})
+        flags.update(
+            {
+                "dcn_data_parallelism": plan.dcn_data,
+                "dcn_fsdp_parallelism": plan.dcn_fsdp,
+                "num_slices": plan.num_slices,
+            }
+        )
     if plan.scoped_vmem_limit_kib is not None:
-        notes.append(f"splash blocks {plan.block_q}×{plan.block_kv} need more scoped VMEM than the compiler's "
-                     f"default: run with LIBTPU_INIT_ARGS={SCOPED_VMEM_FLAG}={plan.scoped_vmem_limit_kib}")
+        notes.append(
+            f"splash blocks {plan.block_q}×{plan.block_kv} need more scoped VMEM than the compiler's "
+            f"default: run with LIBTPU_INIT_ARGS={SCOPED_VMEM_FLAG}={plan.scoped_vmem_limit_kib}"
+        )
     compile_flags: dict[str, object] = {}
     slice_name = _slice_name(plan.topology)
     if slice_name:
@@ -204,10 +246,12 @@ def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
     # a list in MaxText's command-line form (OmegaConf reads `[relu]` as ["relu"])
     flags[ACTIVATIONS_FLAG] = "[" + ",".join(model.mlp_activations) + "]"
     flags[BLOCK_FLAG] = model.decoder_block.value
-    note = (f"model {model.name} is not one MaxText ships: its shape travels as flags; "
-            + ", ".join(f"{k}={v:g}" for k, v in UNCARRIED_MODEL_FLAGS.items())
-            + " are MaxText's defaults (cpplan's model holds no RoPE base or norm epsilon, which do not change "
-              "the price): set them to the model's")
+    note = (
+        f"model {model.name} is not one MaxText ships: its shape travels as flags; "
+        + ", ".join(f"{k}={v:g}" for k, v in UNCARRIED_MODEL_FLAGS.items())
+        + " are MaxText's defaults (cpplan's model holds no RoPE base or norm epsilon, which do not change "
+        "the price): set them to the model's"
+    )
     return flags, [note]
 
 
@@ -300,14 +344,16 @@ class MaxTextImport:
     notes: tuple[str, ...]
 
 
-def plan_from_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
-                      topology: str | None = None) -> Plan:
+def plan_from_maxtext(
+    flags: "dict | str", *, model: "str | ModelSpec | None" = None, topology: str | None = None
+) -> Plan:
     """The plan of MaxText flags (`read_maxtext(...).plan`)."""
     return read_maxtext(flags, model=model, topology=topology).plan
 
 
-def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
-                 topology: str | None = None) -> MaxTextImport:
+def read_maxtext(
+    flags: "dict | str", *, model: "str | ModelSpec | None" = None, topology: str | None = None
+) -> MaxTextImport:
     """Reads MaxText flags (a dict, or command-line text with ``key=value`` words).
 
     Args:
@@ -336,12 +382,16 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
         raise CpplanError(f"context_parallel_strategy: {err}") from None
     kernel = f.text("attention", "autoselected")
     if kernel not in SPLASH_KERNELS:
-        raise CpplanError(f"attention={kernel}: cpplan prices the splash kernel only (attention=flash); "
-                          f"{kernel} materialises other buffers. Use attention=flash.")
+        raise CpplanError(
+            f"attention={kernel}: cpplan prices the splash kernel only (attention=flash); "
+            f"{kernel} materialises other buffers. Use attention=flash."
+        )
     tokamax_splash = f.bool("use_tokamax_splash", False)
     if STRATEGIES[strategy].maxtext_tokamax_splash and not tokamax_splash:
-        notes.append(f"MaxText 0.2.5 runs context_parallel_strategy={strategy.value} on a TPU only with "
-                     f"use_tokamax_splash=True (configs/types.py): priced as it runs with it; set it")
+        notes.append(
+            f"MaxText 0.2.5 runs context_parallel_strategy={strategy.value} on a TPU only with "
+            f"use_tokamax_splash=True (configs/types.py): priced as it runs with it; set it"
+        )
     spec = STRATEGIES[strategy]
     # tokamax's splash has only the fused backward (layers/attention_op.py), jax's runs it on request;
     # the strategies MaxText runs on tokamax's splash imply it
@@ -355,8 +405,10 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
     given = {a: 1 if a in open_axes else f.int(f"ici_{a}_parallelism", 1) for a in defaults}
     usp_u = f.int("ici_context_usp_ulysses_parallelism", 1)
     if not spec.maxtext_takes_ulysses_degree and usp_u != 1:
-        raise CpplanError(f"ici_context_usp_ulysses_parallelism={usp_u} is for context_parallel_strategy=usp only "
-                          f"(MaxText refuses it with {strategy.value}); set it to 1.")
+        raise CpplanError(
+            f"ici_context_usp_ulysses_parallelism={usp_u} is for context_parallel_strategy=usp only "
+            f"(MaxText refuses it with {strategy.value}); set it to 1."
+        )
     if open_axes:
         given[open_axes[0]] = topo.devices_per_slice // (math.prod(given.values()) * usp_u)
     ring, uly = spec.from_maxtext_degrees(given.pop("context"), usp_u)
@@ -364,15 +416,19 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
         strategy, spec = CPStrategy.NONE, STRATEGIES[CPStrategy.NONE]
     sizes = {**given, "context": ring, "context_ulysses": uly}
     if math.prod(sizes.values()) != topo.devices_per_slice:
-        raise CpplanError(f"the MaxText mesh {sizes} covers {math.prod(sizes.values())} devices; "
-                          f"{'one slice of ' if topo.num_slices > 1 else ''}{topo.name} has {topo.devices_per_slice}.")
+        raise CpplanError(
+            f"the MaxText mesh {sizes} covers {math.prod(sizes.values())} devices; "
+            f"{'one slice of ' if topo.num_slices > 1 else ''}{topo.name} has {topo.devices_per_slice}."
+        )
     dcn_data, dcn_fsdp = _dcn_degrees(f, topo.num_slices)
     sizes["data"] *= dcn_data
     sizes["fsdp"] *= dcn_fsdp
     balanced = f.bool("context_parallel_load_balance", True)  # MaxText's default: balanced
     if balanced and spec.maxtext_refuses_load_balance:
-        raise CpplanError(f"MaxText refuses context_parallel_strategy={strategy.value} with "
-                          "context_parallel_load_balance=True (its default); set it to False.")
+        raise CpplanError(
+            f"MaxText refuses context_parallel_strategy={strategy.value} with "
+            "context_parallel_load_balance=True (its default); set it to False."
+        )
     load_balance = LoadBalance.ZIGZAG if balanced and spec.balances_load else LoadBalance.NONE
     seq_len = f.int("max_target_length", 2048)
     per_device_text = f.get("per_device_batch_size", 12.0)
@@ -384,7 +440,9 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
         raise CpplanError(f"MaxText flag per_device_batch_size={per_device!r} must be a positive, finite number.")
     global_batch = per_device * topo.num_devices
     if global_batch != int(global_batch) or global_batch < 1:
-        raise CpplanError(f"per_device_batch_size={per_device} × {topo.num_devices} devices is not a whole number of sequences.")
+        raise CpplanError(
+            f"per_device_batch_size={per_device} × {topo.num_devices} devices is not a whole number of sequences."
+        )
     tiling = f.int("num_vocab_tiling", 1)
     tokens_per_device = seq_len * global_batch / topo.num_devices * sizes["tensor"]
     block_q, block_kv = _blocks(f, notes)
@@ -392,16 +450,29 @@ def read_maxtext(flags: "dict | str", *, model: "str | ModelSpec | None" = None,
     param_dtype = f.text("weight_dtype", "float32")
     for flag, part in STATE_OFFLOAD_FLAGS.items():
         if f.bool(flag, False):
-            notes.append(f"{flag}=True: cpplan prices the {part} in HBM, not in host memory, so its HBM figure "
-                         f"includes what MaxText moves to the host")
+            notes.append(
+                f"{flag}=True: cpplan prices the {part} in HBM, not in host memory, so its HBM figure "
+                f"includes what MaxText moves to the host"
+            )
     plan = Plan(
-        model=model, topology=topo.name, seq_len=seq_len, global_batch=int(global_batch),
-        mesh=make_mesh(**sizes), cp_strategy=strategy, load_balance=load_balance,
-        remat=remat, remat_custom=_custom(f) if remat is RematPolicy.CUSTOM else (), block_q=block_q,
-        block_kv=block_kv, loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
-        param_dtype=param_dtype, compute_dtype=f.text("dtype", "bfloat16"),
+        model=model,
+        topology=topo.name,
+        seq_len=seq_len,
+        global_batch=int(global_batch),
+        mesh=make_mesh(**sizes),
+        cp_strategy=strategy,
+        load_balance=load_balance,
+        remat=remat,
+        remat_custom=_custom(f) if remat is RematPolicy.CUSTOM else (),
+        block_q=block_q,
+        block_kv=block_kv,
+        loss_chunk_tokens=math.ceil(tokens_per_device / tiling) if tiling > 1 else 0,
+        param_dtype=param_dtype,
+        compute_dtype=f.text("dtype", "bfloat16"),
         mu_dtype=f.text("mu_dtype", "") or param_dtype,  # MaxText's "" inherits weight_dtype
-        dcn_data=dcn_data, dcn_fsdp=dcn_fsdp, fused_attention_backward=fused_backward,
+        dcn_data=dcn_data,
+        dcn_fsdp=dcn_fsdp,
+        fused_attention_backward=fused_backward,
     )
     problems = maxtext_problems(plan)
     if problems:
@@ -423,13 +494,21 @@ def _read_model(f: _Flags) -> ModelSpec:
         base = get_model(name)
         return dataclasses.replace(base, **overrides) if overrides else base
     if not overrides:
-        raise CpplanError("the MaxText flags name no model: give model_name=..., the base_* shape flags, or pass model=.")
+        raise CpplanError(
+            "the MaxText flags name no model: give model_name=..., the base_* shape flags, or pass model=."
+        )
     shape = {field: f.int(flag, BASE_MODEL_DEFAULTS[flag]) for flag, field in SHAPE_FLAGS.items()}
     shape.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items()})
     shape["mlp_activations"] = overrides.get("mlp_activations", SWIGLU)
     shape["decoder_block"] = overrides.get("decoder_block", DecoderBlock.LLAMA2)
-    known = next((m for m in MODELS.values() if dataclasses.replace(m, name="maxtext-custom") ==
-                  ModelSpec("maxtext-custom", **shape)), None)
+    known = next(
+        (
+            m
+            for m in MODELS.values()
+            if dataclasses.replace(m, name="maxtext-custom") == ModelSpec("maxtext-custom", **shape)
+        ),
+        None,
+    )
     return known or ModelSpec("maxtext-custom", **shape)
 
 
@@ -444,14 +523,20 @@ def parse_activations(value) -> tuple[str, ...]:
     Raises:
         CpplanError: an activation cpplan does not run, or more input projections than it runs.
     """
-    words = value if isinstance(value, (list, tuple)) else \
-        str(value).strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
+    words = (
+        value
+        if isinstance(value, (list, tuple))
+        else str(value).strip().removeprefix("[").removesuffix("]").replace(",", " ").split()
+    )
     names = tuple(str(w).strip().strip("'\"") for w in words)
     refused = [n for n in names if n not in MLP_ACTIVATIONS]
     if refused or not 1 <= len(names) <= MAX_MLP_INPUTS:
-        why = (f"{', '.join(map(repr, refused))} {'is' if len(refused) == 1 else 'are'} not among the activations "
-               f"cpplan runs ({', '.join(MLP_ACTIVATIONS)})" if refused else
-               f"cpplan runs an MLP of 1 (plain) or {MAX_MLP_INPUTS} (gated) input projections, one per activation")
+        why = (
+            f"{', '.join(map(repr, refused))} {'is' if len(refused) == 1 else 'are'} not among the activations "
+            f"cpplan runs ({', '.join(MLP_ACTIVATIONS)})"
+            if refused
+            else f"cpplan runs an MLP of 1 (plain) or {MAX_MLP_INPUTS} (gated) input projections, one per activation"
+        )
         raise CpplanError(f"MaxText flag {ACTIVATIONS_FLAG}={value!r}: {why}; cpplan cannot price or run this model.")
     return names
 
@@ -466,9 +551,11 @@ def parse_decoder_block(value) -> DecoderBlock:
     """
     text = str(value).strip().strip("'\"")
     if text not in [b.value for b in DecoderBlock]:
-        raise CpplanError(f"MaxText flag {BLOCK_FLAG}={text!r}: cpplan runs {DecoderBlock.LLAMA2.value} (the "
-                          f"sequential Llama block) and {DecoderBlock.DEFAULT.value} (MaxText's parallel block) "
-                          f"only; it cannot price or run this model.")
+        raise CpplanError(
+            f"MaxText flag {BLOCK_FLAG}={text!r}: cpplan runs {DecoderBlock.LLAMA2.value} (the "
+            f"sequential Llama block) and {DecoderBlock.DEFAULT.value} (MaxText's parallel block) "
+            f"only; it cannot price or run this model."
+        )
     return DecoderBlock(text)
 
 
@@ -485,8 +572,10 @@ def _custom(f: _Flags):
     `query_proj`, `qkv_proj`, `mlpwi`, …), each device, offload or remat; unset names are remat
     (base.yml), and a name given as remat leaves the names it shares with another to that one."""
     given = {name: Placement.parse(f.text(name, "remat")) for name in (LAYER_INPUT, *MAXTEXT_NAMES) if name in f}
-    return custom_placements({name: where for name, where in given.items() if where is not Placement.REMAT
-                              or name == LAYER_INPUT}, maxtext_names=True)
+    return custom_placements(
+        {name: where for name, where in given.items() if where is not Placement.REMAT or name == LAYER_INPUT},
+        maxtext_names=True,
+    )
 
 
 def _blocks(f: _Flags, notes: list[str]) -> tuple[int, int]:
@@ -495,11 +584,16 @@ def _blocks(f: _Flags, notes: list[str]) -> tuple[int, int]:
     note says which were priced at the forward's."""
     sizes = {flag: f.int(flag, 512) for flag in SPLASH_BLOCK_FLAGS}
     block_q, block_kv = sizes["sa_block_q"], sizes["sa_block_kv"]
-    differing = [f"{flag}={size}" for flag, size in sizes.items()
-                 if size != (block_q if "_q" in flag.removeprefix("sa_block") else block_kv)]
+    differing = [
+        f"{flag}={size}"
+        for flag, size in sizes.items()
+        if size != (block_q if "_q" in flag.removeprefix("sa_block") else block_kv)
+    ]
     if differing:
-        notes.append(f"{', '.join(differing)} differ from sa_block_q={block_q}/sa_block_kv={block_kv}: cpplan prices "
-                     f"every splash kernel at the forward's blocks")
+        notes.append(
+            f"{', '.join(differing)} differ from sa_block_q={block_q}/sa_block_kv={block_kv}: cpplan prices "
+            f"every splash kernel at the forward's blocks"
+        )
     return block_q, block_kv
 
 
@@ -525,18 +619,27 @@ def _dcn_degrees(f: _Flags, slices: int) -> tuple[int, int]:
         CpplanError: a dcn axis other than data and fsdp spans slices, or the degrees do not
             multiply to the slice count.
     """
-    others = [key for key in f._flags if key.startswith("dcn_") and key.endswith("_parallelism")
-              and key not in ("dcn_data_parallelism", "dcn_fsdp_parallelism")]
+    others = [
+        key
+        for key in f._flags
+        if key.startswith("dcn_")
+        and key.endswith("_parallelism")
+        and key not in ("dcn_data_parallelism", "dcn_fsdp_parallelism")
+    ]
     crossing = sorted(key for key in others if f.text(key, "1") != "1")
     if crossing:
-        raise CpplanError(f"the planner keeps every axis but data and fsdp inside a slice; set "
-                          f"{', '.join(f'{k}=1' for k in crossing)} (got {', '.join(f.text(k, '1') for k in crossing)}).")
+        raise CpplanError(
+            f"the planner keeps every axis but data and fsdp inside a slice; set "
+            f"{', '.join(f'{k}=1' for k in crossing)} (got {', '.join(f.text(k, '1') for k in crossing)})."
+        )
     dcn_fsdp = slices if f.text("dcn_fsdp_parallelism", "1") == "-1" else f.int("dcn_fsdp_parallelism", 1)
     open_data = f.text("dcn_data_parallelism", "-1") == "-1"
     if open_data and dcn_fsdp and slices % dcn_fsdp == 0:
         return slices // dcn_fsdp, dcn_fsdp
     dcn_data = slices if open_data else f.int("dcn_data_parallelism", 1)
     if dcn_data * dcn_fsdp != slices:
-        raise CpplanError(f"dcn_data_parallelism={dcn_data} × dcn_fsdp_parallelism={dcn_fsdp} must equal the "
-                          f"{slices} slice{'s' if slices > 1 else ''} (compile_topology_num_slices).")
+        raise CpplanError(
+            f"dcn_data_parallelism={dcn_data} × dcn_fsdp_parallelism={dcn_fsdp} must equal the "
+            f"{slices} slice{'s' if slices > 1 else ''} (compile_topology_num_slices)."
+        )
     return dcn_data, dcn_fsdp

@@ -1,4 +1,5 @@
 """User options for a search: parsed, validated, with errors that say what is accepted."""
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,9 @@ def parse_seq_len(value: "int | str", *, what: str = "sequence length") -> int:
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*", str(value))
         if not m:
-            raise CpplanError(f"cannot read {what} {value!r}: write tokens as 131072, 128k, 1M or 4M "
-                              f"(k = 1024, M = 1024²).")
+            raise CpplanError(
+                f"cannot read {what} {value!r}: write tokens as 131072, 128k, 1M or 4M (k = 1024, M = 1024²)."
+            )
         tokens = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
         if tokens != int(tokens):
             raise CpplanError(f"{what} {value!r} is {tokens} tokens, not a whole number.")
@@ -93,17 +95,31 @@ class SearchOptions:
     mu_dtype: str = "float32"
 
     @classmethod
-    def build(cls, *, global_batch_tokens=None, global_batch=None, strategies=None, mesh=None, remat=None,
-              load_balance=None, loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS, param_dtype="float32",
-              compute_dtype="bfloat16", mu_dtype="float32", **unknown) -> "SearchOptions":
+    def build(
+        cls,
+        *,
+        global_batch_tokens=None,
+        global_batch=None,
+        strategies=None,
+        mesh=None,
+        remat=None,
+        load_balance=None,
+        loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS,
+        param_dtype="float32",
+        compute_dtype="bfloat16",
+        mu_dtype="float32",
+        **unknown,
+    ) -> "SearchOptions":
         """Validated options from keyword arguments (names as the attributes).
 
         Raises:
             CpplanError: an unknown option, or a value outside what the option accepts.
         """
         if unknown:
-            known = ("global_batch_tokens, global_batch, strategies, mesh, remat, load_balance, loss_chunk_tokens, "
-                     "param_dtype, compute_dtype, mu_dtype")
+            known = (
+                "global_batch_tokens, global_batch, strategies, mesh, remat, load_balance, loss_chunk_tokens, "
+                "param_dtype, compute_dtype, mu_dtype"
+            )
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
         if mesh is not None and not isinstance(mesh, dict):
             raise CpplanError(f"mesh={mesh!r} must be a dict of axis sizes, e.g. {{'context': 16}}.")
@@ -113,8 +129,7 @@ class SearchOptions:
                 raise CpplanError(f"mesh axis {axis!r} is not one of {AXES}.")
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise CpplanError(f"mesh[{axis!r}]={size!r} must be a positive integer.")
-        for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype),
-                            ("mu_dtype", mu_dtype)):
+        for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype), ("mu_dtype", mu_dtype)):
             if dtype not in DTYPE_BYTES:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
         if global_batch_tokens is not None:
@@ -123,22 +138,38 @@ class SearchOptions:
             if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
                 raise CpplanError(f"global_batch={global_batch!r} must be a positive number of sequences.")
             if global_batch_tokens is not None:
-                raise CpplanError(f"global_batch={global_batch} (exact sequences) and global_batch_tokens="
-                                  f"{global_batch_tokens} (a target) both set the batch; give one of them.")
+                raise CpplanError(
+                    f"global_batch={global_batch} (exact sequences) and global_batch_tokens="
+                    f"{global_batch_tokens} (a target) both set the batch; give one of them."
+                )
         if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
             raise CpplanError(f"loss_chunk_tokens={loss_chunk_tokens!r} must be 0 (full logits) or a positive integer.")
-        sets = {"strategies": _enum_set(CPStrategy, strategies),
-                "remat": _enum_set(RematPolicy, remat, SEARCHED_POLICIES),
-                "load_balance": _enum_set(LoadBalance, load_balance)}
+        sets = {
+            "strategies": _enum_set(CPStrategy, strategies),
+            "remat": _enum_set(RematPolicy, remat, SEARCHED_POLICIES),
+            "load_balance": _enum_set(LoadBalance, load_balance),
+        }
         for name, chosen in sets.items():
             if not chosen:
                 raise CpplanError(f"{name}=[] allows nothing; leave it out to allow every choice.")
         if RematPolicy.CUSTOM in sets["remat"]:
-            raise CpplanError("remat=custom cannot be searched: it needs a placement per checkpoint name. Write a "
-                              "plan with remat_custom (cpplan export --format json, then edit it), or allow the "
-                              f"named policies: {', '.join(p.value for p in NAMED_POLICIES)}.")
-        return cls(global_batch_tokens, global_batch, sets["strategies"], tuple(sorted(fixed.items())), sets["remat"],
-                   sets["load_balance"], loss_chunk_tokens, param_dtype, compute_dtype, mu_dtype)
+            raise CpplanError(
+                "remat=custom cannot be searched: it needs a placement per checkpoint name. Write a "
+                "plan with remat_custom (cpplan export --format json, then edit it), or allow the "
+                f"named policies: {', '.join(p.value for p in NAMED_POLICIES)}."
+            )
+        return cls(
+            global_batch_tokens,
+            global_batch,
+            sets["strategies"],
+            tuple(sorted(fixed.items())),
+            sets["remat"],
+            sets["load_balance"],
+            loss_chunk_tokens,
+            param_dtype,
+            compute_dtype,
+            mu_dtype,
+        )
 
     def target_sequences(self, seq_len: int, *, host: bool = False) -> float:
         """The sequences per step aimed for (a fraction where the target is not a whole number of them).
@@ -167,17 +198,23 @@ class SearchOptions:
         product = math.prod(fixed.values())
         given = " × ".join(f"{a}={s}" for a, s in fixed.items())
         if num_devices % product:
-            return (f"mesh {given} spans {product} devices; {topology_name} has {num_devices}, which {product} does "
-                    f"not divide: fix axes whose product divides {num_devices}, or pick a topology with a multiple "
-                    f"of {product} devices.")
+            return (
+                f"mesh {given} spans {product} devices; {topology_name} has {num_devices}, which {product} does "
+                f"not divide: fix axes whose product divides {num_devices}, or pick a topology with a multiple "
+                f"of {product} devices."
+            )
         if len(fixed) == len(AXES) and product != num_devices:
-            return (f"mesh {given} covers {product} of {topology_name}'s {num_devices} devices; every axis is fixed, "
-                    f"so their product must be {num_devices}.")
+            return (
+                f"mesh {given} covers {product} of {topology_name}'s {num_devices} devices; every axis is fixed, "
+                f"so their product must be {num_devices}."
+            )
         inside = math.prod(s for a, s in fixed.items() if a not in ("data", "fsdp"))
         if topo.num_slices > 1 and topo.devices_per_slice % inside:
-            return (f"mesh {given} puts {inside} devices on context, context_ulysses and tensor, which stay inside "
-                    f"one slice; a slice of {topology_name} has {topo.devices_per_slice}, which {inside} does not "
-                    f"divide: only data and fsdp span slices.")
+            return (
+                f"mesh {given} puts {inside} devices on context, context_ulysses and tensor, which stay inside "
+                f"one slice; a slice of {topology_name} has {topo.devices_per_slice}, which {inside} does not "
+                f"divide: only data and fsdp span slices."
+            )
         return None
 
 

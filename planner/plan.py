@@ -1,4 +1,5 @@
 """The contract between planner and runtime: a frozen, JSON round-trippable `Plan`."""
+
 from __future__ import annotations
 
 import json
@@ -88,20 +89,30 @@ class Plan:
                 raise CpplanError(f"plan {name}={value!r} must be a positive integer.")
         for name in ("block_q", "block_kv"):
             if getattr(self, name) % SPLASH_BLOCK_MULTIPLE:
-                raise CpplanError(f"plan {name}={getattr(self, name)} is not a multiple of {SPLASH_BLOCK_MULTIPLE}, "
-                                  f"as splash attention's blocks must be; use 512 (or 128, 256, 1024, 2048).")
+                raise CpplanError(
+                    f"plan {name}={getattr(self, name)} is not a multiple of {SPLASH_BLOCK_MULTIPLE}, "
+                    f"as splash attention's blocks must be; use 512 (or 128, 256, 1024, 2048)."
+                )
         if not isinstance(self.model, ModelSpec):
             raise CpplanError(f"plan model={self.model!r:.80} must be a ModelSpec (see cost_models.models.get_model).")
         if not isinstance(self.topology, str):
             raise CpplanError(f"plan topology={self.topology!r} must be a topology name, e.g. v5p:4x4x8 or cpu:8.")
         if not isinstance(self.mesh, tuple) or not all(
-                isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], int) and not isinstance(pair[1], bool)
-                and pair[1] >= 1 for pair in self.mesh):
+            isinstance(pair, tuple)
+            and len(pair) == 2
+            and isinstance(pair[1], int)
+            and not isinstance(pair[1], bool)
+            and pair[1] >= 1
+            for pair in self.mesh
+        ):
             raise CpplanError(f"plan mesh={self.mesh!r} must be (axis, positive size) pairs for {AXES}.")
         if not isinstance(self.fused_attention_backward, bool):
             raise CpplanError(f"plan fused_attention_backward={self.fused_attention_backward!r} must be true or false.")
-        if isinstance(self.loss_chunk_tokens, bool) or not isinstance(self.loss_chunk_tokens, int) \
-                or self.loss_chunk_tokens < 0:
+        if (
+            isinstance(self.loss_chunk_tokens, bool)
+            or not isinstance(self.loss_chunk_tokens, int)
+            or self.loss_chunk_tokens < 0
+        ):
             raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
         for name in ("param_dtype", "compute_dtype", "mu_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
@@ -113,8 +124,10 @@ class Plan:
             raise CpplanError(f"axis_order {self.axis_order} must be a permutation of {AXES}.")
         topo = get_topology(self.topology)
         if math.prod(self.mesh_sizes) != topo.num_devices:
-            raise CpplanError(f"mesh {self.mesh_dict} has {math.prod(self.mesh_sizes)} devices but "
-                              f"{topo.name} has {topo.num_devices}.")
+            raise CpplanError(
+                f"mesh {self.mesh_dict} has {math.prod(self.mesh_sizes)} devices but "
+                f"{topo.name} has {topo.num_devices}."
+            )
         self._check_slices(topo)
         dims = tuple(d.name for d in topo.physical_dims)
         if not self.physical_order:
@@ -129,23 +142,31 @@ class Plan:
             raise CpplanError(f"plan {problem}; plan with load_balance='none'.")
         object.__setattr__(self, "remat", RematPolicy.parse(self.remat))
         if not isinstance(self.remat_custom, (tuple, list, dict)):
-            raise CpplanError(f"plan remat_custom={self.remat_custom!r} must map checkpoint names "
-                              f"({', '.join(CHECKPOINT_NAMES)}) to device, offload or remat.")
+            raise CpplanError(
+                f"plan remat_custom={self.remat_custom!r} must map checkpoint names "
+                f"({', '.join(CHECKPOINT_NAMES)}) to device, offload or remat."
+            )
         object.__setattr__(self, "remat_custom", custom_placements(self.remat_custom))
         if self.remat_custom and self.remat is not RematPolicy.CUSTOM:
-            raise CpplanError(f"plan remat_custom places {', '.join(n for n, _ in self.remat_custom)} but remat="
-                              f"{self.remat.value}; per-name placements need remat=custom (or drop remat_custom).")
+            raise CpplanError(
+                f"plan remat_custom places {', '.join(n for n, _ in self.remat_custom)} but remat="
+                f"{self.remat.value}; per-name placements need remat=custom (or drop remat_custom)."
+            )
 
     def _check_slices(self, topo: Topology) -> None:
         """Only data and fsdp span slices, and together they span every slice."""
         if self.dcn_data * self.dcn_fsdp != topo.num_slices:
-            raise CpplanError(f"plan dcn_data={self.dcn_data} × dcn_fsdp={self.dcn_fsdp} must equal the "
-                              f"{topo.num_slices} slice{'s' if topo.num_slices > 1 else ''} of {topo.name}: only the "
-                              f"data and fsdp axes span slices.")
+            raise CpplanError(
+                f"plan dcn_data={self.dcn_data} × dcn_fsdp={self.dcn_fsdp} must equal the "
+                f"{topo.num_slices} slice{'s' if topo.num_slices > 1 else ''} of {topo.name}: only the "
+                f"data and fsdp axes span slices."
+            )
         for axis, slices in (("data", self.dcn_data), ("fsdp", self.dcn_fsdp)):
             if self.mesh_dict[axis] % slices:
-                raise CpplanError(f"plan {axis}={self.mesh_dict[axis]} cannot span dcn_{axis}={slices} slices: "
-                                  f"make {axis} a multiple of {slices}.")
+                raise CpplanError(
+                    f"plan {axis}={self.mesh_dict[axis]} cannot span dcn_{axis}={slices} slices: "
+                    f"make {axis} a multiple of {slices}."
+                )
 
     @property
     def num_slices(self) -> int:
@@ -155,8 +176,11 @@ class Plan:
     @property
     def ici_mesh_dict(self) -> dict[str, int]:
         """The mesh within one slice: data and fsdp divided by the slices they span."""
-        return {**self.mesh_dict, "data": self.mesh_dict["data"] // self.dcn_data,
-                "fsdp": self.mesh_dict["fsdp"] // self.dcn_fsdp}
+        return {
+            **self.mesh_dict,
+            "data": self.mesh_dict["data"] // self.dcn_data,
+            "fsdp": self.mesh_dict["fsdp"] // self.dcn_fsdp,
+        }
 
     # -- mesh --------------------------------------------------------------------------
     @property
@@ -179,15 +203,26 @@ class Plan:
     def scoped_vmem_limit_kib(self) -> int | None:
         """The `--xla_tpu_scoped_vmem_limit_kib` the TPU compiler needs for this plan's splash
         blocks (None: its default suffices); the runtime sets it and the MaxText export writes it."""
-        return scoped_vmem_limit_kib(self.block_q, self.block_kv, head_dim=self.model.head_dim,
-                                     act_bytes=DTYPE_BYTES[self.compute_dtype], chip=self.topology_spec.chip)
+        return scoped_vmem_limit_kib(
+            self.block_q,
+            self.block_kv,
+            head_dim=self.model.head_dim,
+            act_bytes=DTYPE_BYTES[self.compute_dtype],
+            chip=self.topology_spec.chip,
+        )
 
     @property
     def shape(self) -> Shape:
         """What the strategy specs judge and lay out: the plan's attention case, scalars only."""
-        return Shape(self.model, self.seq_len, self.axis_size("context"), self.axis_size("context_ulysses"),
-                     self.axis_size("tensor"), self.load_balance is LoadBalance.ZIGZAG,
-                     self.topology_spec.chip.kind.shares_cores)
+        return Shape(
+            self.model,
+            self.seq_len,
+            self.axis_size("context"),
+            self.axis_size("context_ulysses"),
+            self.axis_size("tensor"),
+            self.load_balance is LoadBalance.ZIGZAG,
+            self.topology_spec.chip.kind.shares_cores,
+        )
 
     @property
     def strategy_spec(self) -> StrategySpec:
@@ -206,8 +241,13 @@ class Plan:
         if violation:
             raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
         self._check_host_memory()
-        problem = splash_vmem_problem(self.block_q, self.block_kv, head_dim=self.model.head_dim,
-                                      act_bytes=DTYPE_BYTES[self.compute_dtype], chip=self.topology_spec.chip)
+        problem = splash_vmem_problem(
+            self.block_q,
+            self.block_kv,
+            head_dim=self.model.head_dim,
+            act_bytes=DTYPE_BYTES[self.compute_dtype],
+            chip=self.topology_spec.chip,
+        )
         if problem:
             raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
 
@@ -217,13 +257,21 @@ class Plan:
             return
         topo = self.topology_spec
         tokens = self.global_batch * self.seq_len / (self.axis_size("data") * self.axis_size("fsdp") * self.cp_degree)
-        need = host_bytes_needed(self.model, self.remat, self.remat_custom, tokens_per_device=tokens,
-                                 tensor=self.axis_size("tensor"), act_bytes=DTYPE_BYTES[self.compute_dtype])
+        need = host_bytes_needed(
+            self.model,
+            self.remat,
+            self.remat_custom,
+            tokens_per_device=tokens,
+            tensor=self.axis_size("tensor"),
+            act_bytes=DTYPE_BYTES[self.compute_dtype],
+        )
         have = host_capacity_bytes(topo)
         if need > have:
-            raise CpplanError(f"remat {self.remat.value} offloads {', '.join(self.offloaded)}: {need / GiB:.1f} GiB of "
-                              f"host memory per device > the {have / GiB:.1f} GiB a {topo.chip.name} host has per "
-                              f"device; offload fewer checkpoints, or split the tokens over more devices.")
+            raise CpplanError(
+                f"remat {self.remat.value} offloads {', '.join(self.offloaded)}: {need / GiB:.1f} GiB of "
+                f"host memory per device > the {have / GiB:.1f} GiB a {topo.chip.name} host has per "
+                f"device; offload fewer checkpoints, or split the tokens over more devices."
+            )
 
     @property
     def offloaded(self) -> tuple[str, ...]:
@@ -246,14 +294,19 @@ class Plan:
             names = [d.name for d in topo.physical_dims]
             order = [names.index(n) for n in self.physical_order]
             sizes = self.ici_mesh_dict
-            segs = axis_segments(tuple(sizes[a] for a in self.axis_order),
-                                 tuple(topo.physical_dims[i].size for i in order))
+            segs = axis_segments(
+                tuple(sizes[a] for a in self.axis_order), tuple(topo.physical_dims[i].size for i in order)
+            )
             if segs is None:
-                raise CpplanError(f"axis sizes {[sizes[a] for a in self.axis_order]} (order {self.axis_order}) "
-                                  f"do not tile the dimensions {self.physical_order} of {topo.name}.")
+                raise CpplanError(
+                    f"axis sizes {[sizes[a] for a in self.axis_order]} (order {self.axis_order}) "
+                    f"do not tile the dimensions {self.physical_order} of {topo.name}."
+                )
             # segment dims index the physical order; map them back to the topology's own indices
-            mapped = {axis: tuple(Segment(order[s.dim], s.size, s.stride) for s in axis_segs)
-                      for axis, axis_segs in zip(self.axis_order, segs)}
+            mapped = {
+                axis: tuple(Segment(order[s.dim], s.size, s.stride) for s in axis_segs)
+                for axis, axis_segs in zip(self.axis_order, segs)
+            }
             # data and fsdp span slices outermost, across DCN
             for axis, slices in (("data", self.dcn_data), ("fsdp", self.dcn_fsdp)):
                 if slices > 1:
@@ -264,21 +317,37 @@ class Plan:
     def axis_dims(self) -> dict[str, str]:
         """Human form of the placement, e.g. ``{'context': 'z(8)·y(2)'}``, innermost first."""
         names = {DCN_DIM: DCN, **{i: d.name for i, d in enumerate(self.topology_spec.physical_dims)}}
-        return {axis: "·".join(f"{names[s.dim]}({s.size}{'' if s.stride == 1 else f'/{s.stride}'})" for s in segs)
-                for axis, segs in self.segments().items() if segs}
+        return {
+            axis: "·".join(f"{names[s.dim]}({s.size}{'' if s.stride == 1 else f'/{s.stride}'})" for s in segs)
+            for axis, segs in self.segments().items()
+            if segs
+        }
 
     # -- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {
-            "model": self.model.to_dict(), "topology": self.topology, "seq_len": self.seq_len,
-            "global_batch": self.global_batch, "mesh": dict(self.mesh), "axis_order": list(self.axis_order),
-            "physical_order": list(self.physical_order), "cp_strategy": self.cp_strategy.value,
-            "load_balance": self.load_balance.value, "remat": self.remat.value,
-            "block_q": self.block_q, "block_kv": self.block_kv, "loss_chunk_tokens": self.loss_chunk_tokens,
-            "param_dtype": self.param_dtype, "compute_dtype": self.compute_dtype, "mu_dtype": self.mu_dtype,
-        } | ({"remat_custom": {n: p.value for n, p in self.remat_custom}} if self.remat is RematPolicy.CUSTOM else {}) \
-          | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {}) \
-          | ({"fused_attention_backward": True} if self.fused_attention_backward else {})
+        return (
+            {
+                "model": self.model.to_dict(),
+                "topology": self.topology,
+                "seq_len": self.seq_len,
+                "global_batch": self.global_batch,
+                "mesh": dict(self.mesh),
+                "axis_order": list(self.axis_order),
+                "physical_order": list(self.physical_order),
+                "cp_strategy": self.cp_strategy.value,
+                "load_balance": self.load_balance.value,
+                "remat": self.remat.value,
+                "block_q": self.block_q,
+                "block_kv": self.block_kv,
+                "loss_chunk_tokens": self.loss_chunk_tokens,
+                "param_dtype": self.param_dtype,
+                "compute_dtype": self.compute_dtype,
+                "mu_dtype": self.mu_dtype,
+            }
+            | ({"remat_custom": {n: p.value for n, p in self.remat_custom}} if self.remat is RematPolicy.CUSTOM else {})
+            | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
+            | ({"fused_attention_backward": True} if self.fused_attention_backward else {})
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -291,8 +360,9 @@ class Plan:
             CpplanError: not an object, a missing or unknown key, or a value of the wrong type or range.
         """
         if not isinstance(row, dict):
-            raise CpplanError(f"a plan is a JSON object (as `cpplan export --format json` writes), "
-                              f"not {type(row).__name__}.")
+            raise CpplanError(
+                f"a plan is a JSON object (as `cpplan export --format json` writes), not {type(row).__name__}."
+            )
         keys = [f.name for f in fields(cls) if f.init]
         required = [f.name for f in fields(cls) if f.init and f.default is MISSING]
         missing, extra = [k for k in required if k not in row], sorted(set(row) - set(keys))

@@ -9,6 +9,7 @@ each candidate keeps its best placement. Ranking: predicted step time per token,
 headroom, then a deterministic key. A pure function of its inputs (caches hold only what the
 inputs determine: placements per topology).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -143,8 +144,9 @@ class SearchResult(ReadsCase):
         return self.ranked[0] if self.ranked else None
 
 
-def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_dim: int,
-                   act_bytes: int, causal: bool) -> tuple[list[int], str | None]:
+def _block_options(
+    layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_dim: int, act_bytes: int, causal: bool
+) -> tuple[list[int], str | None]:
     """The splash blocks (in `BLOCK_PREFERENCE` order) a kernel call of (q × kv) tokens can use
     within the chip's SMEM (a causal mask's metadata; a full mask keeps none) and scoped VMEM,
     or none and the rule that fails."""
@@ -160,14 +162,17 @@ def _block_options(layout_q, layout_kv, topo: Topology, zigzag: bool, *, head_di
     options = [b for b in options if not vmem[b]]
     if not causal:
         return options, None
-    fitting = [b for b in options
-               if splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes]
+    fitting = [
+        b for b in options if splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b) <= topo.chip.smem_bytes
+    ]
     if fitting:
         return fitting, None
     b = max(options)
     need = float(splash_smem_bytes(layout_q, layout_kv, block_q=b, block_kv=b))
-    return [], (f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
-                f"{need / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
+    return [], (
+        f"splash mask metadata for a {int(layout_q)}×{int(layout_kv)} kernel call needs "
+        f"{need / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB"
+    )
 
 
 def _per_head_blocks(options: list[int], layout, topo: Topology, target: Target) -> tuple[list[int], str | None]:
@@ -176,16 +181,21 @@ def _per_head_blocks(options: list[int], layout, topo: Topology, target: Target)
     traits = target.traits
 
     def need(block: int) -> float:
-        return float(per_head_smem_bytes(layout.q_heads, layout.q_len, layout.kv_len, block_q=block, block_kv=block,
-                                         traits=traits))
+        return float(
+            per_head_smem_bytes(
+                layout.q_heads, layout.q_len, layout.kv_len, block_q=block, block_kv=block, traits=traits
+            )
+        )
 
     fitting = [b for b in options if need(b) <= topo.chip.smem_bytes]
     if fitting:
         return fitting, None
     b = max(options)
-    return [], (f"{target.value}'s splash metadata (per head, {int(traits.smem_bytes_per_block_pair)} bytes per block "
-                f"pair) for {float(layout.q_heads):g} heads of {int(layout.q_len)}×{int(layout.kv_len)} needs "
-                f"{need(b) / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB")
+    return [], (
+        f"{target.value}'s splash metadata (per head, {int(traits.smem_bytes_per_block_pair)} bytes per block "
+        f"pair) for {float(layout.q_heads):g} heads of {int(layout.q_len)}×{int(layout.kv_len)} needs "
+        f"{need(b) / MiB:.1f} MiB SMEM at block {b} > {topo.chip.smem_bytes / MiB:.0f} MiB"
+    )
 
 
 class _Placements:
@@ -215,8 +225,11 @@ class _Placements:
         out = []
         for dcn_data, dcn_fsdp in dcn_splits(sizes, self.topo.num_slices):
             for p in self._within_slice((sizes[0] // dcn_data, sizes[1] // dcn_fsdp) + sizes[2:]):
-                links = {**p.links, "data": self.topo.across_slices(p.links["data"], dcn_data),
-                         "weights": self.topo.across_slices(p.links["weights"], dcn_fsdp)}
+                links = {
+                    **p.links,
+                    "data": self.topo.across_slices(p.links["data"], dcn_data),
+                    "weights": self.topo.across_slices(p.links["weights"], dcn_fsdp),
+                }
                 out.append(p._replace(links=links, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp))
         return out
 
@@ -238,8 +251,10 @@ class _Placements:
                 if self._segments(axis_sizes, perm) is None:
                     continue
                 links = {group: self._group_links(axis_sizes, perm, at) for group, at in groups.items()}
-                key = tuple((l.collective_bw_bytes_per_s, l.collective_latency_s, l.ring_bw_bytes_per_s,
-                             l.ring_latency_s) for l in links.values())
+                key = tuple(
+                    (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
+                    for a in links.values()
+                )
                 if key not in seen:
                     seen.add(key)
                     out.append(Placement(order, tuple(dims[i].name for i in perm), links))
@@ -324,8 +339,16 @@ class SearchSpace:
     sound rows whose shards divide it.
     """
 
-    def __init__(self, model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions, *,
-                 shard_counts: "frozenset[int] | None" = None, target: Target = Target.CPPLAN):
+    def __init__(
+        self,
+        model: ModelSpec,
+        seq_len: int,
+        topo: Topology,
+        options: SearchOptions,
+        *,
+        shard_counts: "frozenset[int] | None" = None,
+        target: Target = Target.CPPLAN,
+    ):
         """Args:
             model, seq_len, topo, options: the search's inputs.
             shard_counts: only meshes whose data × fsdp is one of these (None: every mesh); a
@@ -380,15 +403,23 @@ class SearchSpace:
                 per_verdict = np.array([remats * len(placements.of(v.sizes)) for _, v in verdicts])
                 positions = np.repeat([position for position, _ in verdicts], per_verdict)
                 remat = np.concatenate([np.repeat(np.arange(remats), len(placements.of(v.sizes))) for _, v in verdicts])
-                placement = np.concatenate([np.tile(np.arange(len(placements.of(v.sizes))), remats)
-                                            for _, v in verdicts])
+                placement = np.concatenate(
+                    [np.tile(np.arange(len(placements.of(v.sizes))), remats) for _, v in verdicts]
+                )
                 x = self._group_columns(case, strategy, verdicts, per_verdict, remat, placements)
                 groups[strategy] = _Group(positions, remat, placement, x)
             self._groups[shards] = groups
         return self._groups[shards]
 
-    def _group_columns(self, case: Case, strategy: CPStrategy, verdicts: list, per_verdict: np.ndarray,
-                       remat: np.ndarray, placements: _Placements) -> Candidates:
+    def _group_columns(
+        self,
+        case: Case,
+        strategy: CPStrategy,
+        verdicts: list,
+        per_verdict: np.ndarray,
+        remat: np.ndarray,
+        placements: _Placements,
+    ) -> Candidates:
         """The columns of a group's rows, each with the splash block SMEM allows (`DEFAULT_BLOCK`
         where none does; the verdict's block rule then rejects it)."""
         opts = self.options
@@ -397,21 +428,31 @@ class SearchSpace:
         repeats = len(self._remats)
 
         def stacked(get) -> LinkColumns:
-            return LinkColumns(np.concatenate([np.tile(get(t).bw, repeats) for t in tables]),
-                               np.concatenate([np.tile(get(t).latency, repeats) for t in tables]))
+            return LinkColumns(
+                np.concatenate([np.tile(get(t).bw, repeats) for t in tables]),
+                np.concatenate([np.tile(get(t).latency, repeats) for t in tables]),
+            )
 
         blocks = [self._block_of(position, strategy) for position, _ in verdicts]
         block = np.repeat([float(b or DEFAULT_BLOCK) for b, _ in blocks], per_verdict)
         return Candidates(
-            case=case, strategy=strategy,
-            data=sizes[:, 0], fsdp=sizes[:, 1], ring=sizes[:, 2], ulysses=sizes[:, 3], tensor=sizes[:, 4],
+            case=case,
+            strategy=strategy,
+            data=sizes[:, 0],
+            fsdp=sizes[:, 1],
+            ring=sizes[:, 2],
+            ulysses=sizes[:, 3],
+            tensor=sizes[:, 4],
             remat=np.array([POLICIES.index(r) for r in self._remats])[remat],
             zigzag=np.repeat([v.load_balance is LoadBalance.ZIGZAG for _, v in verdicts], per_verdict),
-            block_q=block, block_kv=block,
+            block_q=block,
+            block_kv=block,
             links={group: stacked(lambda t, g=group: t[0][g]) for group in tables[0][0]},
             ring_link=stacked(lambda t: t[1]),
-            loss_chunk_tokens=opts.loss_chunk_tokens, act_bytes=DTYPE_BYTES[opts.compute_dtype],
-            param_bytes=DTYPE_BYTES[opts.param_dtype], mu_bytes=DTYPE_BYTES[opts.mu_dtype],
+            loss_chunk_tokens=opts.loss_chunk_tokens,
+            act_bytes=DTYPE_BYTES[opts.compute_dtype],
+            param_bytes=DTYPE_BYTES[opts.param_dtype],
+            mu_bytes=DTYPE_BYTES[opts.mu_dtype],
         )
 
     def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
@@ -422,14 +463,24 @@ class SearchSpace:
             ring, ulysses, tensor = (float(a) for a in v.sizes[2:])
             zigzag = v.load_balance is LoadBalance.ZIGZAG
             spec = STRATEGIES[strategy]
-            lay = spec.layout(Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag,
-                                    self.topology.chip.kind.shares_cores))
-            options, reason = _block_options(float(lay.q_len), float(lay.kv_len), self.topology, zigzag,
-                                             head_dim=self.model.head_dim,
-                                             act_bytes=DTYPE_BYTES[self.options.compute_dtype],
-                                             causal=self.model.causal)
-            if options and self.target.traits.per_head_metadata and spec.maxtext_per_head_metadata \
-                    and not self.topology.chip.kind.interprets_kernels:
+            lay = spec.layout(
+                Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag, self.topology.chip.kind.shares_cores)
+            )
+            options, reason = _block_options(
+                float(lay.q_len),
+                float(lay.kv_len),
+                self.topology,
+                zigzag,
+                head_dim=self.model.head_dim,
+                act_bytes=DTYPE_BYTES[self.options.compute_dtype],
+                causal=self.model.causal,
+            )
+            if (
+                options
+                and self.target.traits.per_head_metadata
+                and spec.maxtext_per_head_metadata
+                and not self.topology.chip.kind.interprets_kernels
+            ):
                 options, reason = _per_head_blocks(options, lay, self.topology, self.target)
             most = self.target.traits.ring_kernel_max_block
             if options and most and spec.maxtext_ring_kernel and not self.topology.chip.kind.interprets_kernels:
@@ -441,11 +492,21 @@ class SearchSpace:
                 # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
                 # which scales with the batch: the fastest for one sequence is the fastest for any
                 n = len(options)
-                trial = Candidates(case=Case(self.model, self.topology, self.seq_len, 1), strategy=strategy,
-                                   data=[1.0] * n, fsdp=[1.0] * n, ring=[ring] * n, ulysses=[ulysses] * n,
-                                   tensor=[tensor] * n, remat=[0] * n, zigzag=[zigzag] * n,
-                                   block_q=[float(b) for b in options], block_kv=[float(b) for b in options],
-                                   links={}, ring_link=LinkColumns([0.0] * n, [0.0] * n))
+                trial = Candidates(
+                    case=Case(self.model, self.topology, self.seq_len, 1),
+                    strategy=strategy,
+                    data=[1.0] * n,
+                    fsdp=[1.0] * n,
+                    ring=[ring] * n,
+                    ulysses=[ulysses] * n,
+                    tensor=[tensor] * n,
+                    remat=[0] * n,
+                    zigzag=[zigzag] * n,
+                    block_q=[float(b) for b in options],
+                    block_kv=[float(b) for b in options],
+                    links={},
+                    ring_link=LinkColumns([0.0] * n, [0.0] * n),
+                )
                 ring_kernel = self.target.traits.tokamax_ring_kernel
                 times = price_attention(trial, spec, tokamax_ring_kernel=ring_kernel).total_s
                 block = options[int(np.argmin(times))]  # the first of equals, in preference order
@@ -474,8 +535,10 @@ class SearchSpace:
             if inner not in judged:
                 judged[inner] = self._judge(*inner, load_balances)
             shards = sizes[0] * sizes[1]
-            out += [_Verdict(sizes, strategy, lb, shards, always, structural)
-                    for strategy, lb, always, structural in judged[inner]]
+            out += [
+                _Verdict(sizes, strategy, lb, shards, always, structural)
+                for strategy, lb, always, structural in judged[inner]
+            ]
         return out
 
     def _judge(self, ring: int, ulysses: int, tensor: int, load_balances: list) -> list[tuple]:
@@ -493,11 +556,18 @@ class SearchSpace:
                     if LoadBalance.NONE in opts.load_balance:
                         continue  # the unbalanced candidate is the same plan
                     what = "a full (non-causal) mask" if impl.balances_load else strategy.value
-                    out.append((strategy, lb, Violation(
-                        "load balance", f"only zigzag was allowed; {what} has nothing to balance"), None))
+                    out.append(
+                        (
+                            strategy,
+                            lb,
+                            Violation("load balance", f"only zigzag was allowed; {what} has nothing to balance"),
+                            None,
+                        )
+                    )
                     continue
-                shape = Shape(self.model, self.seq_len, ring, ulysses, tensor, zig,
-                              self.topology.chip.kind.shares_cores)
+                shape = Shape(
+                    self.model, self.seq_len, ring, ulysses, tensor, zig, self.topology.chip.kind.shares_cores
+                )
                 out.append((strategy, lb, None, impl.check(shape) or self._target_rule(impl, shape)))
         return out
 
@@ -526,9 +596,13 @@ class SearchSpace:
                 rows = groups[0]._replace(x=dataclasses.replace(groups[0].x, case=case))
             else:
                 order = np.argsort(np.concatenate([g.positions for g in groups]), kind="stable")
-                rows = _Group(*(np.concatenate([getattr(g, name) for g in groups])[order]
-                                for name in ("positions", "remat", "placement")),
-                              _stacked([g.x for g in groups], order, case))
+                rows = _Group(
+                    *(
+                        np.concatenate([getattr(g, name) for g in groups])[order]
+                        for name in ("positions", "remat", "placement")
+                    ),
+                    _stacked([g.x for g in groups], order, case),
+                )
             out.append(_Priced(strategy, rows, price(rows.x, target=self.target)))
         return out
 
@@ -546,8 +620,10 @@ class SearchSpace:
         key = (shards, per_shard)
         if key not in self._fits:
             cap = self.topology.hbm_bytes_per_device
-            self._fits[key] = any(bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap) & self._host_ok(p)))
-                                  for p in self._priced(shards * per_shard, shards))
+            self._fits[key] = any(
+                bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap) & self._host_ok(p)))
+                for p in self._priced(shards * per_shard, shards)
+            )
         return self._fits[key]
 
     def largest_fitting(self, shards: int, most: int) -> int:
@@ -598,21 +674,51 @@ class SearchSpace:
                     if reason:
                         rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason))
                     elif host[i] > host_cap:
-                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "host",
-                                                    f"offloads {host[i] / GiB:.1f} GiB of activations > "
-                                                    f"{host_cap / GiB:.1f} GiB host memory per device"))
+                        rejections.append(
+                            Rejection(
+                                mesh,
+                                p.strategy,
+                                row.load_balance,
+                                row.remat,
+                                "host",
+                                f"offloads {host[i] / GiB:.1f} GiB of activations > "
+                                f"{host_cap / GiB:.1f} GiB host memory per device",
+                            )
+                        )
                     else:
                         parts = {name: float(np.broadcast_to(v, mem.shape)[i]) for name, v in priced.memory.items()}
                         top = max(parts, key=parts.get)
-                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "hbm",
-                                                    f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
-                                                    f"(largest: {top} {parts[top] / GiB:.1f} GiB)"))
+                        rejections.append(
+                            Rejection(
+                                mesh,
+                                p.strategy,
+                                row.load_balance,
+                                row.remat,
+                                "hbm",
+                                f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                                f"(largest: {top} {parts[top] / GiB:.1f} GiB)",
+                            )
+                        )
                     if strategy_least is None or mems[i] < mems[strategy_least]:
                         strategy_least = i
                     continue
-                feasible.append((_rank_key(steps[i] / case.tokens_per_step, cap - mems[i], row.sizes, p.strategy,
-                                           row.load_balance, row.remat, row.placement.axis_order,
-                                           row.placement.physical_order), p.strategy, k, i))
+                feasible.append(
+                    (
+                        _rank_key(
+                            steps[i] / case.tokens_per_step,
+                            cap - mems[i],
+                            row.sizes,
+                            p.strategy,
+                            row.load_balance,
+                            row.remat,
+                            row.placement.axis_order,
+                            row.placement.physical_order,
+                        ),
+                        p.strategy,
+                        k,
+                        i,
+                    )
+                )
             if strategy_least is not None:
                 best_infeasible.append(self._ranked(p, strategy_least))
         feasible.sort(key=lambda entry: entry[0])
@@ -622,20 +728,41 @@ class SearchSpace:
             _, _, k, i = entry
             return self._ranked(batches[k], i)
 
-        return SearchResult(case, self.options, RankedList(feasible, build), lambda: self._unpriced_rejections(batch),
-                            rejections, priced_count, best_infeasible, target=self.target)
+        return SearchResult(
+            case,
+            self.options,
+            RankedList(feasible, build),
+            lambda: self._unpriced_rejections(batch),
+            rejections,
+            priced_count,
+            best_infeasible,
+            target=self.target,
+        )
 
     def _ranked(self, p: _Priced, i: int) -> Ranked:
         """Row `i` of a priced batch as a `Plan` with its `Estimate`."""
         row, case, opts = self.row(p.rows, i), p.x.case, self.options
         block = self._blocks[int(p.rows.positions[i])][0] or DEFAULT_BLOCK
-        plan = Plan(model=case.model, topology=case.topology.name, seq_len=case.seq_len,
-                    global_batch=case.global_batch, mesh=tuple(zip(AXES, row.sizes)),
-                    axis_order=row.placement.axis_order, physical_order=row.placement.physical_order,
-                    dcn_data=row.placement.dcn_data, dcn_fsdp=row.placement.dcn_fsdp, cp_strategy=p.strategy, load_balance=row.load_balance, remat=row.remat, block_q=int(block),
-                    block_kv=int(block), loss_chunk_tokens=opts.loss_chunk_tokens, param_dtype=opts.param_dtype,
-                    mu_dtype=opts.mu_dtype,
-                    compute_dtype=opts.compute_dtype)
+        plan = Plan(
+            model=case.model,
+            topology=case.topology.name,
+            seq_len=case.seq_len,
+            global_batch=case.global_batch,
+            mesh=tuple(zip(AXES, row.sizes)),
+            axis_order=row.placement.axis_order,
+            physical_order=row.placement.physical_order,
+            dcn_data=row.placement.dcn_data,
+            dcn_fsdp=row.placement.dcn_fsdp,
+            cp_strategy=p.strategy,
+            load_balance=row.load_balance,
+            remat=row.remat,
+            block_q=int(block),
+            block_kv=int(block),
+            loss_chunk_tokens=opts.loss_chunk_tokens,
+            param_dtype=opts.param_dtype,
+            mu_dtype=opts.mu_dtype,
+            compute_dtype=opts.compute_dtype,
+        )
         return Ranked(plan, estimate_row(p.priced, i, p.x))
 
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:
@@ -659,6 +786,7 @@ class SearchSpace:
         best ratio they could give, and the walk stops once none can come nearer. Counts above twice
         the target are considered only where no shard count up to it is sound.
         """
+
         def distance(count: int) -> float:
             return abs(math.log(count / target))
 
@@ -701,21 +829,28 @@ _TIE = 1e-12  # ratios this close are the same distance from the target
 
 def _stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidates:
     """The rows of several candidate columns of one strategy, stacked and reordered, at `case`."""
+
     def column(name):
         return np.concatenate([getattr(x, name) for x in parts])[order]
 
     def links(get) -> LinkColumns:
-        return LinkColumns(np.concatenate([get(x).bw for x in parts])[order],
-                           np.concatenate([get(x).latency for x in parts])[order])
+        return LinkColumns(
+            np.concatenate([get(x).bw for x in parts])[order], np.concatenate([get(x).latency for x in parts])[order]
+        )
 
     names = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
-    return dataclasses.replace(parts[0], case=case, **{name: column(name) for name in names},
-                               links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
-                               ring_link=links(lambda x: x.ring_link))
+    return dataclasses.replace(
+        parts[0],
+        case=case,
+        **{name: column(name) for name in names},
+        links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
+        ring_link=links(lambda x: x.ring_link),
+    )
 
 
-def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions, *,
-           target: Target = Target.CPPLAN) -> SearchResult:
+def search(
+    model: ModelSpec, seq_len: int, topo: Topology, options: SearchOptions, *, target: Target = Target.CPPLAN
+) -> SearchResult:
     """Prices every candidate at the chosen batch and ranks the feasible ones (see the module docstring).
 
     With `options.global_batch` the batch is that many sequences. Otherwise the batch is the
@@ -735,13 +870,19 @@ def search(model: ModelSpec, seq_len: int, topo: Topology, options: SearchOption
     counts = space.nearest_batches(target)
     if not counts:
         return space.result(max(1, round(target)))
-    result = min((space.result(count) for count in counts),
-                 key=lambda r: r.best.estimate.step_time_s / r.best.estimate.tokens_per_step)
+    result = min(
+        (space.result(count) for count in counts),
+        key=lambda r: r.best.estimate.step_time_s / r.best.estimate.tokens_per_step,
+    )
     # above twice the target only where no mesh within it splits the slice (see `nearest_batches`)
     split_within = any(shards <= 2 * target for shards in space.shard_counts)
-    result.batch_note = batch_note(target, result.global_batch, seq_len, tied=[c for c in counts
-                                                                               if c != result.global_batch],
-                                   devices=None if split_within else topo.num_devices)
+    result.batch_note = batch_note(
+        target,
+        result.global_batch,
+        seq_len,
+        tied=[c for c in counts if c != result.global_batch],
+        devices=None if split_within else topo.num_devices,
+    )
     return result
 
 
@@ -757,13 +898,17 @@ def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int], dev
     if chosen == target:
         return None
     target_tokens = round(target * seq_len)
-    note = (f"{chosen} sequence{'s' if chosen > 1 else ''} per step ({chosen * seq_len:,} tokens): the number "
-            f"nearest the target of {target_tokens:,} tokens that a plan fits")
+    note = (
+        f"{chosen} sequence{'s' if chosen > 1 else ''} per step ({chosen * seq_len:,} tokens): the number "
+        f"nearest the target of {target_tokens:,} tokens that a plan fits"
+    )
     if target == int(target):
         note += f" ({int(target)} sequence{'s fit' if target > 1 else ' fits'} no plan)"
     if devices is not None:
-        note += (f"; at this length no mesh splits up to twice the target's sequences over {devices} devices "
-                 f"(the sequences must carry the factors of {devices} that the length cannot)")
+        note += (
+            f"; at this length no mesh splits up to twice the target's sequences over {devices} devices "
+            f"(the sequences must carry the factors of {devices} that the length cannot)"
+        )
     elif not target / 2 <= chosen <= 2 * target:
         note += "; no count between half and twice the target fits"
     if tied:
@@ -771,9 +916,25 @@ def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int], dev
     return note
 
 
-def _rank_key(time_per_token: float, headroom_bytes: float, sizes, strategy: CPStrategy, load_balance: LoadBalance,
-              remat: RematPolicy, axis_order, physical_order) -> tuple:
+def _rank_key(
+    time_per_token: float,
+    headroom_bytes: float,
+    sizes,
+    strategy: CPStrategy,
+    load_balance: LoadBalance,
+    remat: RematPolicy,
+    axis_order,
+    physical_order,
+) -> tuple:
     """Ranking: step time per token, then memory headroom, then a deterministic order."""
     # 12 significant digits: equal plans computed along different paths still tie
-    return (float(f"{time_per_token:.12g}"), -headroom_bytes, sizes, strategy.value, load_balance.value, remat.value,
-            axis_order, physical_order)
+    return (
+        float(f"{time_per_token:.12g}"),
+        -headroom_bytes,
+        sizes,
+        strategy.value,
+        load_balance.value,
+        remat.value,
+        axis_order,
+        physical_order,
+    )

@@ -4,6 +4,7 @@ An `Advice` names one change (a batch, a length that splits, a remat policy, dro
 mesh, a shorter sequence, a larger slice that exists), the request with that change made, and
 what the search found for it; a change that was not checked, or did not fit, is never offered.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,10 @@ def lines(result: SearchResult, found: list[Advice]) -> list[str]:
     tried when there is none."""
     if found:
         return [str(a) for a in found]
-    return [f"nothing found: every remat policy, every batch, shorter sequences and every larger "
-            f"{result.topology.chip.name} slice up to the full pod were searched; use a smaller model"]
+    return [
+        f"nothing found: every remat policy, every batch, shorter sequences and every larger "
+        f"{result.topology.chip.name} slice up to the full pod were searched; use a smaller model"
+    ]
 
 
 def advice(result: SearchResult) -> list[Advice]:
@@ -77,11 +80,17 @@ def advice(result: SearchResult) -> list[Advice]:
 
 def as_kwargs(opts: SearchOptions) -> dict:
     """Search options as the keyword arguments of `planner.plan` that build them."""
-    return {"global_batch_tokens": opts.global_batch_tokens, "global_batch": opts.global_batch,
-            "strategies": sorted(s.value for s in opts.strategies), "mesh": dict(opts.mesh),
-            "remat": sorted(r.value for r in opts.remat), "load_balance": sorted(b.value for b in opts.load_balance),
-            "loss_chunk_tokens": opts.loss_chunk_tokens, "param_dtype": opts.param_dtype,
-            "compute_dtype": opts.compute_dtype}
+    return {
+        "global_batch_tokens": opts.global_batch_tokens,
+        "global_batch": opts.global_batch,
+        "strategies": sorted(s.value for s in opts.strategies),
+        "mesh": dict(opts.mesh),
+        "remat": sorted(r.value for r in opts.remat),
+        "load_balance": sorted(b.value for b in opts.load_balance),
+        "loss_chunk_tokens": opts.loss_chunk_tokens,
+        "param_dtype": opts.param_dtype,
+        "compute_dtype": opts.compute_dtype,
+    }
 
 
 def _with_target(kwargs: dict, target: Target) -> dict:
@@ -89,8 +98,9 @@ def _with_target(kwargs: dict, target: Target) -> dict:
     return kwargs if target is Target.CPPLAN else {**kwargs, "target": target.value}
 
 
-def _tried(change: str, model, seq_len: int, topo: Topology, opts: SearchOptions, target: Target,
-           **changes) -> list[Advice]:
+def _tried(
+    change: str, model, seq_len: int, topo: Topology, opts: SearchOptions, target: Target, **changes
+) -> list[Advice]:
     """[the advice] when the request with `changes` made fits (priced for `target`), else []."""
     options = dataclasses.replace(opts, **changes)
     found = search(model, seq_len, topo, options, target=target)
@@ -115,8 +125,15 @@ def _batches(result: SearchResult) -> list[Advice]:
         found = space.result(count)
         if count != result.global_batch and found.ranked:
             options = _with_target(as_kwargs(dataclasses.replace(opts, global_batch=count)), result.target)
-            out.append(Advice(f"global_batch={count} sequences ({count * result.seq_len:,} tokens per step)",
-                              result.seq_len, result.topology.name, options, found))
+            out.append(
+                Advice(
+                    f"global_batch={count} sequences ({count * result.seq_len:,} tokens per step)",
+                    result.seq_len,
+                    result.topology.name,
+                    options,
+                    found,
+                )
+            )
     return out
 
 
@@ -126,15 +143,22 @@ def _lengths_that_split(result: SearchResult) -> list[Advice]:
         return []
     from planner.api import shortest_split
 
-    grain = shortest_split(result.model, result.topology, result.options, result.options.global_batch,
-                           target=result.target)
+    grain = shortest_split(
+        result.model, result.topology, result.options, result.options.global_batch, target=result.target
+    )
     if grain is None:
         return []
     below, above = result.seq_len // grain * grain, -(-result.seq_len // grain) * grain
     out = []
     for tokens in sorted({t for t in (below, above) if t > 0 and t != result.seq_len}):
-        out += _tried(f"a length that splits over the slice, {_tokens(tokens)} tokens (a multiple of {grain})",
-                      result.model, tokens, result.topology, result.options, result.target)
+        out += _tried(
+            f"a length that splits over the slice, {_tokens(tokens)} tokens (a multiple of {grain})",
+            result.model,
+            tokens,
+            result.topology,
+            result.options,
+            result.target,
+        )
     return out
 
 
@@ -150,16 +174,31 @@ def _shorter(result: SearchResult) -> list[Advice]:
     n = longest.sequences
     per_step = "" if n == 1 else f" × {n} sequences"
     if longest.seq_len < seq_len:
-        return _tried(f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
-                      result.model, longest.seq_len, result.topology, opts, target, global_batch=n,
-                      global_batch_tokens=None)
+        return _tried(
+            f"a shorter sequence, the longest that fits: {_tokens(longest.seq_len)} tokens{per_step}",
+            result.model,
+            longest.seq_len,
+            result.topology,
+            opts,
+            target,
+            global_batch=n,
+            global_batch_tokens=None,
+        )
     grain = shortest_split(result.model, result.topology, opts, n, target=target)
     lengths = {seq_len // grain * grain, -(-seq_len // grain) * grain}
     out = []
     for tokens in sorted(t for t in lengths if 0 < t <= longest.seq_len and (t, n) != (seq_len, result.global_batch)):
         length = "" if tokens == seq_len else f" of {_tokens(tokens)} tokens (a length that splits over the slice)"
-        out += _tried(f"{n} sequence{'s' if n > 1 else ''} per step{length}", result.model, tokens, result.topology,
-                      opts, target, global_batch=n, global_batch_tokens=None)
+        out += _tried(
+            f"{n} sequence{'s' if n > 1 else ''} per step{length}",
+            result.model,
+            tokens,
+            result.topology,
+            opts,
+            target,
+            global_batch=n,
+            global_batch_tokens=None,
+        )
     return out
 
 
@@ -178,12 +217,12 @@ def _larger_slices(topo: Topology) -> list[Topology]:
     return [Topology(topo.chip, dims, topo.devices_per_chip, topo.num_slices) for dims in shapes if dims is not None]
 
 
-def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions,
-                            target: Target) -> list[Advice]:
+def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions, target: Target) -> list[Advice]:
     """The first larger slice (see `_larger_slices`) on which the same request fits, or []."""
     for bigger in _larger_slices(topo):
-        found = _tried(f"a larger slice, {bigger.name} ({bigger.num_chips} chips)", model, seq_len, bigger, opts,
-                       target, mesh=())
+        found = _tried(
+            f"a larger slice, {bigger.name} ({bigger.num_chips} chips)", model, seq_len, bigger, opts, target, mesh=()
+        )
         if found:
             return found
     return []
@@ -202,15 +241,17 @@ def longest_advice(model, topo: Topology, opts: SearchOptions, *, target: Target
 
     out = []
     if opts.remat != frozenset(NAMED_POLICIES):
-        longest = longest_sequence(model, topo, dataclasses.replace(opts, remat=frozenset(NAMED_POLICIES)),
-                                   target=target)
+        longest = longest_sequence(
+            model, topo, dataclasses.replace(opts, remat=frozenset(NAMED_POLICIES)), target=target
+        )
         if longest is not None:
             out.append(f"allow every remat policy: up to {_tokens(longest.seq_len)} tokens fit")
     for bigger in _larger_slices(topo):
         longest = longest_sequence(model, bigger, dataclasses.replace(opts, mesh=()), target=target)
         if longest is not None:
-            out.append(f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to "
-                       f"{_tokens(longest.seq_len)} tokens fit")
+            out.append(
+                f"a larger slice, {bigger.name} ({bigger.num_chips} chips): up to {_tokens(longest.seq_len)} tokens fit"
+            )
             break
     if out:
         return "what would fit: " + "; ".join(out)

@@ -12,6 +12,7 @@ of the tokamax 0.0.17 package (MaxText 0.2.5's, with the new grouped-matmul kern
     python regenerate/fit_kernels.py --tokamax /path/to/site-packages/tokamax \
         --out benchmarks/results/kernels/tokamax-0.0.17 [--write --only matmul_efficiency]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,23 +27,41 @@ from validation.kernel_fits import RESULTS_DIR, derive, installed_dir, report, w
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, action="append", default=[],
-                        help="a checkout of github.com/openxla/tokamax (repeatable; read after the installed package)")
-    parser.add_argument("--tokamax", type=Path,
-                        help="a tokamax package folder (.../site-packages/tokamax) to read instead of the importable one")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        action="append",
+        default=[],
+        help="a checkout of github.com/openxla/tokamax (repeatable; read after the installed package)",
+    )
+    parser.add_argument(
+        "--tokamax",
+        type=Path,
+        help="a tokamax package folder (.../site-packages/tokamax) to read instead of the importable one",
+    )
     parser.add_argument("--write", action="store_true", help="write the figures into cost_models/data/chips/*.json")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR,
-                        help=f"where to save comparison.txt and figures.json (default {RESULTS_DIR})")
-    parser.add_argument("--only", nargs="+", metavar="FIELD",
-                        help="with --write, the figures to write (e.g. matmul_efficiency); the rest stay as they are")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        help=f"where to save comparison.txt and figures.json (default {RESULTS_DIR})",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        metavar="FIELD",
+        help="with --write, the figures to write (e.g. matmul_efficiency); the rest stay as they are",
+    )
     args = parser.parse_args()
     derived = derive(args.data, installed_dir(args.tokamax))
     text = report(derived)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "comparison.txt").write_text(text)
-    (args.out / "figures.json").write_text(json.dumps(
-        {name: {"figures": d["figures"], "sources": d["sources"]} for name, d in derived.items()}, indent=2) + "\n")
+    (args.out / "figures.json").write_text(
+        json.dumps({name: {"figures": d["figures"], "sources": d["sources"]} for name, d in derived.items()}, indent=2)
+        + "\n"
+    )
     if args.write:
         write_rows(derived, only=args.only)
 

@@ -25,6 +25,7 @@ and tensor sums outweigh the small plans' by two orders of magnitude). The price
 overlapped fraction of a family. Each chip's provenance (plans, flags, libtpu, date) is kept
 with its rows.
 """
+
 import argparse
 import dataclasses
 import datetime
@@ -44,16 +45,31 @@ OUT = ROOT / "cost_models" / "data" / "overlap.json"
 
 # chip → its 8-device slice (v5p and tpu7x count 2 TensorCores a chip)
 TOPOLOGY = {"v5p": "v5p:2x2x2", "v5e": "v5e:2x4", "v6e": "v6e:2x4", "tpu7x": "tpu7x:2x2x1"}
-REPRESENTATIVE = dict(model="llama3.1-8b", num_layers=2, seq_len=8192, global_batch=4, block=512,
-                      strategy="none", mesh=dict(fsdp=4, tensor=2))
+REPRESENTATIVE = dict(
+    model="llama3.1-8b",
+    num_layers=2,
+    seq_len=8192,
+    global_batch=4,
+    block=512,
+    strategy="none",
+    mesh=dict(fsdp=4, tensor=2),
+)
 # the small model, 4096 tokens, 4 devices (v5p) or 8 (tpu7x): every context family appears and
 # each compiles in about a minute here
 _SMALL = dict(model="small", num_layers=4, seq_len=4096, global_batch=1, block=256)
 CONTEXT_PLANS = {
-    "v5p:2x2x1": {"all_gather": dict(context=2, tensor=2), "ring": dict(context=4),
-                  "ulysses": dict(context_ulysses=2, tensor=2), "usp": dict(context=2, context_ulysses=2)},
-    "tpu7x:2x2x1": {"all_gather": dict(context=4, tensor=2), "ring": dict(context=4, tensor=2),
-                    "ulysses": dict(context_ulysses=4, tensor=2), "usp": dict(context=2, context_ulysses=2, tensor=2)},
+    "v5p:2x2x1": {
+        "all_gather": dict(context=2, tensor=2),
+        "ring": dict(context=4),
+        "ulysses": dict(context_ulysses=2, tensor=2),
+        "usp": dict(context=2, context_ulysses=2),
+    },
+    "tpu7x:2x2x1": {
+        "all_gather": dict(context=4, tensor=2),
+        "ring": dict(context=4, tensor=2),
+        "ulysses": dict(context_ulysses=4, tensor=2),
+        "usp": dict(context=2, context_ulysses=2, tensor=2),
+    },
 }
 
 
@@ -68,8 +84,10 @@ def chip_plans(chip: str) -> list[tuple[str, dict]]:
 
 def describe(topology: str, settings: dict) -> str:
     mesh = " ".join(f"{a}={n}" for a, n in settings["mesh"].items())
-    return (f"{topology} {settings['strategy']} [{mesh}] {settings['model']} x{settings['num_layers']} layers, "
-            f"seq {settings['seq_len']}, {settings['global_batch']} sequences")
+    return (
+        f"{topology} {settings['strategy']} [{mesh}] {settings['model']} x{settings['num_layers']} layers, "
+        f"seq {settings['seq_len']}, {settings['global_batch']} sequences"
+    )
 
 
 def make_plan(topology: str, settings: dict):
@@ -79,10 +97,18 @@ def make_plan(topology: str, settings: dict):
     base = get_model(settings["model"])
     model = dataclasses.replace(base, num_layers=settings["num_layers"], name=f"{base.name}-{settings['num_layers']}l")
     strategy = settings["strategy"]
-    return Plan(model=model, topology=topology, seq_len=settings["seq_len"], global_batch=settings["global_batch"],
-                mesh=make_mesh(**settings["mesh"]), cp_strategy=strategy,
-                load_balance="none" if strategy in ("none", "ulysses") else "zigzag",
-                block_q=settings["block"], block_kv=settings["block"], loss_chunk_tokens=256)
+    return Plan(
+        model=model,
+        topology=topology,
+        seq_len=settings["seq_len"],
+        global_batch=settings["global_batch"],
+        mesh=make_mesh(**settings["mesh"]),
+        cp_strategy=strategy,
+        load_balance="none" if strategy in ("none", "ulysses") else "zigzag",
+        block_q=settings["block"],
+        block_kv=settings["block"],
+        loss_chunk_tokens=256,
+    )
 
 
 def chip_rows(chip: str) -> dict:
@@ -102,15 +128,24 @@ def chip_rows(chip: str) -> dict:
                 t["bytes"] += c.step_bytes
                 t["async"] += c.step_bytes * c.is_async
                 t["overlapped"] += c.step_bytes * c.overlapped
-        print(f"{describe(topology, settings)}: {len(program.collectives)} collectives, compiled in "
-              f"{step.compile_s:.0f} s", flush=True)
+        print(
+            f"{describe(topology, settings)}: {len(program.collectives)} collectives, compiled in "
+            f"{step.compile_s:.0f} s",
+            flush=True,
+        )
 
     def row(t):
-        return {"bytes_per_step": t["bytes"], "async_fraction": round(t["async"] / t["bytes"], 4),
-                "overlapped_fraction": round(t["overlapped"] / t["bytes"], 4)}
+        return {
+            "bytes_per_step": t["bytes"],
+            "async_fraction": round(t["async"] / t["bytes"], 4),
+            "overlapped_fraction": round(t["overlapped"] / t["bytes"], 4),
+        }
 
-    return {family: {**row(t), "by_kind": {kind: row(k) for kind, k in sorted(per_kind[family].items()) if k["bytes"]}}
-            for family, t in sorted(totals.items()) if t["bytes"]}
+    return {
+        family: {**row(t), "by_kind": {kind: row(k) for kind, k in sorted(per_kind[family].items()) if k["bytes"]}}
+        for family, t in sorted(totals.items())
+        if t["bytes"]
+    }
 
 
 def compile_chip(chip: str) -> dict:
@@ -131,7 +166,8 @@ def compile_chip(chip: str) -> dict:
     provenance = {
         "plans": [describe(t, s) for t, s in chip_plans(chip)],
         "compiler_flags": TPU_COMPILER_FLAGS.get(chip, "") or "libtpu's defaults",
-        "libtpu": getattr(libtpu, "__version__", "0.0.52"), "jax": jax.__version__,
+        "libtpu": getattr(libtpu, "__version__", "0.0.52"),
+        "jax": jax.__version__,
         "date": datetime.date.today().isoformat(),
     }
     return {"rows": rows, "provenance": provenance}
@@ -139,8 +175,12 @@ def compile_chip(chip: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chip", action="append", choices=sorted(TOPOLOGY),
-                        help="regenerate this chip's rows (repeatable; default every chip), keeping the others")
+    parser.add_argument(
+        "--chip",
+        action="append",
+        choices=sorted(TOPOLOGY),
+        help="regenerate this chip's rows (repeatable; default every chip), keeping the others",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print, do not write the data file")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # compile this chip's plans in this process
     parser.add_argument("--part", help=argparse.SUPPRESS)  # (child) write its rows to this JSON file
@@ -154,18 +194,25 @@ def main(argv=None) -> int:
         compiled = compile_chip(chip)
         data["chips"][chip], data["provenance"][chip] = compiled["rows"], compiled["provenance"]
         for family, row in compiled["rows"].items():
-            kinds = ", ".join(f"{kind} {k['async_fraction']:.2f}/{k['overlapped_fraction']:.2f}"
-                              for kind, k in row["by_kind"].items())
-            print(f"{chip:6s} {family:20s} async {row['async_fraction']:.2f} overlapped "
-                  f"{row['overlapped_fraction']:.2f}   ({kinds})")
-    data["source"] = ("cpplan's own training step compiled deviceless by XLA's TPU compiler with the flags cpplan's "
-                      "runtime uses on the chip (runtime/compile.py TPU_COMPILER_FLAGS); its scheduled module read by "
-                      "validation/compiled_program.py. Per chip: the plans, flags, libtpu and date under provenance")
-    data["derived"] = ("per chip and family: bytes per step (loop bodies times their trip counts) of the collectives "
-                       "that are asynchronous, and of those with matmul or kernel work scheduled between their last "
-                       "operand hand-over and their done ('overlapped'), as fractions of the family's bytes summed "
-                       "over the chip's plans; context families per strategy. Regenerate with "
-                       "regenerate/fit_overlap.py")
+            kinds = ", ".join(
+                f"{kind} {k['async_fraction']:.2f}/{k['overlapped_fraction']:.2f}" for kind, k in row["by_kind"].items()
+            )
+            print(
+                f"{chip:6s} {family:20s} async {row['async_fraction']:.2f} overlapped "
+                f"{row['overlapped_fraction']:.2f}   ({kinds})"
+            )
+    data["source"] = (
+        "cpplan's own training step compiled deviceless by XLA's TPU compiler with the flags cpplan's "
+        "runtime uses on the chip (runtime/compile.py TPU_COMPILER_FLAGS); its scheduled module read by "
+        "validation/compiled_program.py. Per chip: the plans, flags, libtpu and date under provenance"
+    )
+    data["derived"] = (
+        "per chip and family: bytes per step (loop bodies times their trip counts) of the collectives "
+        "that are asynchronous, and of those with matmul or kernel work scheduled between their last "
+        "operand hand-over and their done ('overlapped'), as fractions of the family's bytes summed "
+        "over the chip's plans; context families per strategy. Regenerate with "
+        "regenerate/fit_overlap.py"
+    )
     data = {key: data[key] for key in ("source", "derived", "provenance", "chips")}
     print(f"compiled in {time.perf_counter() - start:.0f} s")
     if not args.dry_run:

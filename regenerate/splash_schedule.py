@@ -22,6 +22,7 @@ figures; benchmarks/results/kernels/splash_schedule.txt holds a run.
     python regenerate/splash_schedule.py                        # v5p and tpu7x, B = 512, 1024, 2048 (about 15 min)
     python regenerate/splash_schedule.py --chips v5p --blocks 512  # 2 compiles, 15-40 s each (100-180 s at 2048)
 """
+
 import argparse
 import importlib.metadata
 import json
@@ -46,11 +47,11 @@ MXUS = {"v5p": 4, "tpu7x": 2}
 ROWS_PER_CYCLE = {"v5p": 1, "tpu7x": 2}
 CLOCK_DERIVATION = {
     "v5p": "4 MXUs per TensorCore (Cloud TPU v5p docs, https://cloud.google.com/tpu/docs/v5p-training: 'Each "
-           "TensorCore has four Matrix Multiply Units (MXU)'), one row per cycle; the schedule issues one 8-row f32 "
-           "vmatmul per MXU every 8 bundles",
+    "TensorCore has four Matrix Multiply Units (MXU)'), one row per cycle; the schedule issues one 8-row f32 "
+    "vmatmul per MXU every 8 bundles",
     "tpu7x": "2 MXUs per TensorCore (the bundles use mxu0 and mxu1 only, MATMUL capacity 2; jax's tpu_info.py TPU_7X "
-             "num_mxus=2), 2 rows per cycle: in steady state (dk/dv) the schedule issues one 16-row vmatmul per MXU "
-             "every 8 bundles; one row per cycle would give twice this clock",
+    "num_mxus=2), 2 rows per cycle: in steady state (dk/dv) the schedule issues one 16-row vmatmul per MXU "
+    "every 8 bundles; one row per cycle would give twice this clock",
 }
 # the chip-row figures these numbers back, printed beside them
 ROW_FIELDS = ("attention_backward_over_forward", "attention_unfused_backward_factor", "attention_backward_core_share")
@@ -93,7 +94,7 @@ def load_kernel(listing: Path, utilization: Path) -> list[Bundle]:
     """A kernel's bundles in address order, with the MATMUL column of its utilization file."""
     lines = utilization.read_text().splitlines()
     column = [u.strip() for u in lines[lines.index("== CAPACTIY:") + 1].split(",")].index("MATMUL")
-    matmul = [int(row.split()[column]) for row in lines[lines.index("== UTILIZATION:") + 1:] if row.strip()]
+    matmul = [int(row.split()[column]) for row in lines[lines.index("== UTILIZATION:") + 1 :] if row.strip()]
     starts, texts = [], []
     for line in listing.read_text().splitlines():
         match = BUNDLE.match(line)
@@ -128,7 +129,7 @@ def forward_branches(bundles: list[Bundle]) -> list[Branch]:
 
 def predicate_test(bundles: list[Bundle], at: int, predicate: str) -> str:
     """The instruction that sets `predicate`, searched back from the branch at `at`."""
-    for bundle in reversed(bundles[max(0, at - 40):at + 1]):
+    for bundle in reversed(bundles[max(0, at - 40) : at + 1]):
         match = re.search(rf"%{predicate} = ([^;}}]*)", bundle.text)
         if match:
             return match.group(1).strip()
@@ -142,7 +143,7 @@ def schedule(bundles: list[Bundle], last_block: int) -> KernelSchedule:
     first, last = loop[0], loop[-1]
     branches = forward_branches(bundles)
     inside = [b for b in branches if first <= b.at <= last]
-    busy = [b for b in inside if sum(x.matmul for x in bundles[b.first:b.last + 1])]
+    busy = [b for b in inside if sum(x.matmul for x in bundles[b.first : b.last + 1])]
     compute = min(busy, key=lambda b: b.last - b.first)
     idle = [b for b in inside if b not in busy]
     init = [b for b in idle if b.at < compute.at and re.search(r"scmp\.ne\S* %\w+, 0$", b.test)]
@@ -152,7 +153,8 @@ def schedule(bundles: list[Bundle], last_block: int) -> KernelSchedule:
     core = re.search(r"(%\w+) = sld \S+ /\* megacore core id", bundles[0].text)
     core0_only = core is not None and any(
         b.at < first and b.last >= last and b.test.startswith("scmp.ne") and b.test.endswith(f"{core.group(1)}, 0")
-        for b in branches)
+        for b in branches
+    )
     return KernelSchedule(step, step - (compute.last - compute.first + 1), bounds[-1] - 2, core0_only)
 
 
@@ -162,8 +164,11 @@ def kernel_files(dump: Path) -> dict[str, tuple[Path, Path]]:
     for utilization in dump.glob("*splash_mha_*-final_hlo-static-per-bundle-utilization.txt"):
         kernel = re.search(r"splash_mha_([a-z]+)_", utilization.name).group(1)
         prefix = utilization.name.split("-splash_mha_")[0]
-        [listing] = [p for p in dump.glob(f"{prefix}-splash_mha_{kernel}_*-final_bundles.txt")
-                     if re.search(r"-\d+-final_bundles\.txt$", p.name)]
+        [listing] = [
+            p
+            for p in dump.glob(f"{prefix}-splash_mha_{kernel}_*-final_bundles.txt")
+            if re.search(r"-\d+-final_bundles\.txt$", p.name)
+        ]
         assert kernel not in files, f"two {kernel} kernels in {dump}"
         files[kernel] = (listing, utilization)
     return files
@@ -181,27 +186,40 @@ def compile_splash(topology: str, block: int, backward: str) -> None:
 
     device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
     dq_block = block if backward == "unfused" else None
-    sizes = kernel.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                              block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=dq_block, block_kv_dq=dq_block,
-                              use_fused_bwd_kernel=backward == "fused")
-    splash = kernel.make_splash_mha(mask.MultiHeadMask([mask.CausalMask((SEQ, SEQ))] * HEADS), head_shards=1,
-                                    q_seq_shards=1, block_sizes=sizes)
+    sizes = kernel.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=dq_block,
+        block_kv_dq=dq_block,
+        use_fused_bwd_kernel=backward == "fused",
+    )
+    splash = kernel.make_splash_mha(
+        mask.MultiHeadMask([mask.CausalMask((SEQ, SEQ))] * HEADS), head_shards=1, q_seq_shards=1, block_sizes=sizes
+    )
     sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
     qkv = jax.ShapeDtypeStruct((HEADS, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
     step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(splash(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
     step.lower(qkv, qkv, qkv).compile()
 
 
-def dumped_schedules(chip: str, block: int, backward: str, flags: str
-                     ) -> tuple[dict[str, KernelSchedule] | None, str, float]:
+def dumped_schedules(
+    chip: str, block: int, backward: str, flags: str
+) -> tuple[dict[str, KernelSchedule] | None, str, float]:
     """Compiles in a child with `flags` and its kernels dumped to a temporary folder: the kernels'
     schedules (None when the compile fails), the child's stderr and the seconds it took."""
     with tempfile.TemporaryDirectory(prefix="cpplan-splash-") as dump:
         args = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --xla_jf_dump_to={dump} {flags}".strip()
         started = time.perf_counter()
-        child = subprocess.run([sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block), backward],
-                               env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", LIBTPU_INIT_ARGS=args),
-                               capture_output=True, text=True)
+        child = subprocess.run(
+            [sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block), backward],
+            env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", LIBTPU_INIT_ARGS=args),
+            capture_output=True,
+            text=True,
+        )
         seconds = time.perf_counter() - started
         if child.returncode:
             return None, child.stderr, seconds
@@ -231,8 +249,9 @@ def chip_row(chip: str) -> dict:
 def clock_hz(chip: str) -> float:
     """The clock the chip row's bf16 peak implies: peak / (cores × MXUs × rows per cycle × tile² × 2)."""
     row = chip_row(chip)
-    return row["peak_bf16_flops_per_s"] / (row["tensorcores_per_chip"] * MXUS[chip] * ROWS_PER_CYCLE[chip]
-                                           * row["mxu_tile"] ** 2 * 2)
+    return row["peak_bf16_flops_per_s"] / (
+        row["tensorcores_per_chip"] * MXUS[chip] * ROWS_PER_CYCLE[chip] * row["mxu_tile"] ** 2 * 2
+    )
 
 
 def cores_per_device(chip: str) -> int:
@@ -246,35 +265,53 @@ def report(chip: str, block: int, kernels: dict[str, KernelSchedule], clock: flo
     lines = []
     for name in KERNELS:
         k = kernels[name]
-        lines.append(f"{chip:6s} {block:5d}  {name:6s} {k.computed_step:9d} {k.masked_step:7d} "
-                     f"{1e6 * k.computed_step / clock:9.3f} {k.steps_per_core:7d}  {'yes' if k.core0_only else 'no'}")
+        lines.append(
+            f"{chip:6s} {block:5d}  {name:6s} {k.computed_step:9d} {k.masked_step:7d} "
+            f"{1e6 * k.computed_step / clock:9.3f} {k.steps_per_core:7d}  {'yes' if k.core0_only else 'no'}"
+        )
     step = {name: k.computed_step for name, k in kernels.items()}
     unfused, fused = (step["dq"] + step["dkv"]) / step["fwd"], step["fused"] / step["fwd"]
     cores = {name: 1 if k.core0_only else cores_per_device(chip) for name, k in kernels.items()}
     share = min(cores["dq"], cores["dkv"], cores["fused"]) / cores["fwd"]
-    lines.append(f"{chip:6s} {block:5d}  per computed step: (dq + dkv) / fwd {unfused:.2f}, fused / fwd {fused:.2f}, "
-                 f"(dq + dkv) / fused {unfused / fused:.2f}; backward core share {share:g}, so per chip "
-                 f"{unfused / share:.2f} and {fused / share:.2f}")
+    lines.append(
+        f"{chip:6s} {block:5d}  per computed step: (dq + dkv) / fwd {unfused:.2f}, fused / fwd {fused:.2f}, "
+        f"(dq + dkv) / fused {unfused / fused:.2f}; backward core share {share:g}, so per chip "
+        f"{unfused / share:.2f} and {fused / share:.2f}"
+    )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chips", nargs="+", default=list(TOPOLOGIES), choices=list(TOPOLOGIES),
-                        help="chips to compile for, each on a 2x2x1 topology")
-    parser.add_argument("--blocks", nargs="+", type=int, default=[512, 1024, 2048],
-                        help="block sizes B (every splash block size set to B)")
+    parser.add_argument(
+        "--chips",
+        nargs="+",
+        default=list(TOPOLOGIES),
+        choices=list(TOPOLOGIES),
+        help="chips to compile for, each on a 2x2x1 topology",
+    )
+    parser.add_argument(
+        "--blocks",
+        nargs="+",
+        type=int,
+        default=[512, 1024, 2048],
+        help="block sizes B (every splash block size set to B)",
+    )
     parser.add_argument("--compile", nargs=3, metavar=("TOPOLOGY", "BLOCK", "BACKWARD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.compile:
         compile_splash(args.compile[0], int(args.compile[1]), args.compile[2])
         return 0
-    print(f"jax {importlib.metadata.version('jax')}, libtpu {importlib.metadata.version('libtpu')}; "
-          f"q, k, v bf16 [{HEADS}, {SEQ}, {HEAD_DIM}], causal, every block = B")
+    print(
+        f"jax {importlib.metadata.version('jax')}, libtpu {importlib.metadata.version('libtpu')}; "
+        f"q, k, v bf16 [{HEADS}, {SEQ}, {HEAD_DIM}], causal, every block = B"
+    )
     for chip in args.chips:
         row = chip_row(chip)
-        print(f"{chip}: clock {clock_hz(chip) / 1e9:.3f} GHz from its row's peak, {CLOCK_DERIVATION[chip]}. Its row "
-              "holds " + ", ".join(f"{field} {row[field]:g}" for field in ROW_FIELDS))
+        print(
+            f"{chip}: clock {clock_hz(chip) / 1e9:.3f} GHz from its row's peak, {CLOCK_DERIVATION[chip]}. Its row "
+            "holds " + ", ".join(f"{field} {row[field]:g}" for field in ROW_FIELDS)
+        )
     print("\n                       bundles per step    µs per   steps  exits on")
     print("chip       B  kernel   computed  masked  computed  a core  cores != 0")
     for chip in args.chips:
@@ -283,8 +320,10 @@ def main(argv=None) -> int:
             for backward in BACKWARDS:
                 compiled, flags, seconds = compiled_schedules(chip, block, backward)
                 kernels.update(compiled if backward == "unfused" else {"fused": compiled["dkv"]})
-                notes.append(f"{backward} compiled in {seconds:.0f} s" + (f" with {flags} (the default scoped VMEM "
-                                                                           "refuses this block)" if flags else ""))
+                notes.append(
+                    f"{backward} compiled in {seconds:.0f} s"
+                    + (f" with {flags} (the default scoped VMEM refuses this block)" if flags else "")
+                )
             print(report(chip, block, kernels, clock_hz(chip)))
             print(f"{chip:6s} {block:5d}  " + "; ".join(notes), flush=True)
     return 0

@@ -1,6 +1,7 @@
 """cpplan's runtime: runs, trains and deviceless-compiles a `planner.Plan` on a JAX mesh with splash
 attention, and times kernels and collectives. Public names load lazily: `import runtime` imports no jax.
 """
+
 from importlib import import_module
 
 _PUBLIC = {

@@ -1,6 +1,7 @@
 """Orbax checkpoints of a run: sharded parameters and AdamW state, written asynchronously, and the
 step reached; the data at step k depends on (seed, k) alone, so the step is the data position.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,8 @@ class Checkpoints:
         self.identity = identity
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True))
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True)
+        )
 
     @property
     def latest_step(self) -> int | None:
@@ -48,9 +50,14 @@ class Checkpoints:
     def save(self, steps_done: int, params, opt_state) -> None:
         """Starts writing the state after `steps_done` steps (returns before the write ends)."""
         args = self._ocp.args
-        self._manager.save(steps_done, args=args.Composite(
-            state=args.StandardSave({"params": params, "opt_state": opt_state}),
-            run=args.JsonSave({**self.identity, "step": steps_done})), force=True)
+        self._manager.save(
+            steps_done,
+            args=args.Composite(
+                state=args.StandardSave({"params": params, "opt_state": opt_state}),
+                run=args.JsonSave({**self.identity, "step": steps_done}),
+            ),
+            force=True,
+        )
 
     def restore(self, abstract_params, abstract_opt_state) -> Restored:
         """The newest checkpoint, laid out on the shardings of the given `ShapeDtypeStruct` trees.
@@ -64,8 +71,10 @@ class Checkpoints:
         differ = {k: (run.get(k), v) for k, v in self.identity.items() if run.get(k) != v}
         if differ:
             what = ", ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in differ.items())
-            raise CpplanError(f"the checkpoint in {self.directory} is of another run ({what}); resume with the same "
-                              f"settings, or give another --run-dir (or --no-resume with an empty one).")
+            raise CpplanError(
+                f"the checkpoint in {self.directory} is of another run ({what}); resume with the same "
+                f"settings, or give another --run-dir (or --no-resume with an empty one)."
+            )
         target = {"params": abstract_params, "opt_state": abstract_opt_state}
         state = self._manager.restore(step, args=args.Composite(state=args.StandardRestore(target)))["state"]
         return Restored(state["params"], state["opt_state"], int(run["step"]))

@@ -3,6 +3,7 @@
 Nothing is allocated; `memory_analysis()` gives per-device bytes, and a `CompileTimeHbmOom` becomes a
 report with `fits=False` and the compiler's figures. `compile_step` also keeps the scheduled HLO.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,7 @@ from cost_models.errors import CpplanError
 from cost_models.units import GiB
 from planner.plan import Plan
 
-_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cpplan[runtime]'`)"
 
 # The TPU compiler flags of cpplan's runs and compiles, per chip row (others: libtpu's defaults);
@@ -25,10 +26,12 @@ LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cp
 # v5e: MaxText's asynchronous-collective set; v5p: none (libtpu 0.0.52 refuses that set's fusion).
 # evidence: docs/provenance/runtime.md#compiler-flags
 TPU_COMPILER_FLAGS: dict[str, str] = {
-    "v5e": ("--xla_tpu_enable_data_parallel_all_reduce_opt=true --xla_tpu_data_parallel_opt_different_sized_ops=true "
-            "--xla_tpu_enable_async_collective_fusion=true --xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
-            "--xla_tpu_enable_async_collective_fusion_multiple_steps=true --xla_tpu_overlap_compute_collective_tc=true "
-            "--xla_enable_async_all_gather=true"),
+    "v5e": (
+        "--xla_tpu_enable_data_parallel_all_reduce_opt=true --xla_tpu_data_parallel_opt_different_sized_ops=true "
+        "--xla_tpu_enable_async_collective_fusion=true --xla_tpu_enable_async_collective_fusion_fuse_all_gather=true "
+        "--xla_tpu_enable_async_collective_fusion_multiple_steps=true --xla_tpu_overlap_compute_collective_tc=true "
+        "--xla_enable_async_all_gather=true"
+    ),
 }
 
 
@@ -82,9 +85,13 @@ class CompiledMemory:
         mem = compiled.memory_analysis()
         if mem is None:
             return None
-        return cls(argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
-                   alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
-                   code_bytes=mem.generated_code_size_in_bytes)
+        return cls(
+            argument_bytes=mem.argument_size_in_bytes,
+            output_bytes=mem.output_size_in_bytes,
+            alias_bytes=mem.alias_size_in_bytes,
+            temp_bytes=mem.temp_size_in_bytes,
+            code_bytes=mem.generated_code_size_in_bytes,
+        )
 
     @property
     def hbm_bytes_per_device(self) -> int:
@@ -116,12 +123,16 @@ class CompileReport(CompiledMemory):
     def __str__(self) -> str:
         head = f"{self.plan.topology} {self.plan.cp_strategy.value} seq {self.plan.seq_len}"
         if not self.fits:
-            return (f"{head}: does not fit: needs {self.required_bytes / GiB:.1f} GiB > "
-                    f"{self.available_bytes / GiB:.1f} GiB per device (compiled in {self.compile_s:.0f} s)")
-        return (f"{head}: {self.required_gib:.2f} GiB per device (arguments {self.argument_bytes / GiB:.2f}, "
-                f"temporaries {self.temp_bytes / GiB:.2f}, outputs {self.output_bytes / GiB:.2f}, aliased "
-                f"{self.alias_bytes / GiB:.2f}, code {self.code_bytes / GiB:.2f}) of {self.available_bytes / GiB:.1f} "
-                f"GiB; compiled in {self.compile_s:.1f} s")
+            return (
+                f"{head}: does not fit: needs {self.required_bytes / GiB:.1f} GiB > "
+                f"{self.available_bytes / GiB:.1f} GiB per device (compiled in {self.compile_s:.0f} s)"
+            )
+        return (
+            f"{head}: {self.required_gib:.2f} GiB per device (arguments {self.argument_bytes / GiB:.2f}, "
+            f"temporaries {self.temp_bytes / GiB:.2f}, outputs {self.output_bytes / GiB:.2f}, aliased "
+            f"{self.alias_bytes / GiB:.2f}, code {self.code_bytes / GiB:.2f}) of {self.available_bytes / GiB:.1f} "
+            f"GiB; compiled in {self.compile_s:.1f} s"
+        )
 
 
 def _bytes(number: str, unit: str) -> int:
@@ -138,8 +149,9 @@ def parse_hbm_oom(message: str) -> tuple[int, int] | None:
     space = re.search(r"memory space hbm\. Used\s+" + size + r"\s+of\s+" + size + r"\s+hbm", message)
     if space:
         return _bytes(*space.groups()[:2]), _bytes(*space.groups()[2:])
-    need = (re.search(r"required[^(]*\(\s*" + size + r"\s*\)", message)
-            or re.search(r"(?:requires|[Uu]sed)\s+" + size, message))
+    need = re.search(r"required[^(]*\(\s*" + size + r"\s*\)", message) or re.search(
+        r"(?:requires|[Uu]sed)\s+" + size, message
+    )
     have = re.search(r"available HBM\s*\(\s*" + size + r"\s*\)", message)
     if not need or not have:
         return None
@@ -154,8 +166,9 @@ def tpu_devices(plan: Plan):
     """
     topo = plan.topology_spec
     if topo.chip.kind is not ChipKind.TPU:
-        raise CpplanError(f"compile_for compiles for TPU slices; {plan.topology} is not one. "
-                          f"Use runtime.run for cpu:N plans.")
+        raise CpplanError(
+            f"compile_for compiles for TPU slices; {plan.topology} is not one. Use runtime.run for cpu:N plans."
+        )
     # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     # the chip's flags and the scoped VMEM the plan's splash blocks need (a loaded libtpu keeps its own)
@@ -169,11 +182,11 @@ def tpu_devices(plan: Plan):
     try:
         topo = plan.topology_spec
         one_slice = dataclasses.replace(topo, num_slices=1).name
-        return topologies.get_topology_desc(topology_name=one_slice, platform="tpu",
-                                            num_slices=topo.num_slices).devices
+        return topologies.get_topology_desc(topology_name=one_slice, platform="tpu", num_slices=topo.num_slices).devices
     except Exception as err:  # libtpu present but unusable: say so with the cause
-        raise CpplanError(f"libtpu could not describe {plan.topology}: {err}. Check the libtpu install; "
-                          f"{LIBTPU_HINT}.") from None
+        raise CpplanError(
+            f"libtpu could not describe {plan.topology}: {err}. Check the libtpu install; {LIBTPU_HINT}."
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,22 +249,31 @@ def compile_step(plan: Plan) -> CompiledStep:
     except jax.errors.JaxRuntimeError as err:
         if parse_hbm_oom(str(err)) is None:
             raise
-        raise CpplanError(f"{plan.topology} {plan.cp_strategy.value} seq {plan.seq_len} does not fit in HBM, so it "
-                          f"has no compiled program to read: {str(err).splitlines()[0]}. Use a smaller plan.") from None
+        raise CpplanError(
+            f"{plan.topology} {plan.cp_strategy.value} seq {plan.seq_len} does not fit in HBM, so it "
+            f"has no compiled program to read: {str(err).splitlines()[0]}. Use a smaller plan."
+        ) from None
     elapsed = time.perf_counter() - start
     try:
         text = compiled.as_text()
     except Exception as err:  # libtpu 0.0.52 cannot print modules with async updates (tpu7x steps)
         text = _dumped_module(since=start)
         if text is None:
-            raise CpplanError(f"the TPU compiler could not print the scheduled module of {plan.topology} "
-                              f"{plan.cp_strategy.value} ({str(err).splitlines()[0]}); start the process with "
-                              f"{HLO_DUMP_ARGS.format(dir='DIR')} in LIBTPU_INIT_ARGS (before jax loads libtpu) "
-                              f"and compile_step reads the module the compiler writes there.") from None
+            raise CpplanError(
+                f"the TPU compiler could not print the scheduled module of {plan.topology} "
+                f"{plan.cp_strategy.value} ({str(err).splitlines()[0]}); start the process with "
+                f"{HLO_DUMP_ARGS.format(dir='DIR')} in LIBTPU_INIT_ARGS (before jax loads libtpu) "
+                f"and compile_step reads the module the compiler writes there."
+            ) from None
     analysis = compiled.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
-    return CompiledStep(plan=plan, hlo_text=text, cost_flops=float(analysis.get("flops", 0.0)), compile_s=elapsed,
-                        memory=CompiledMemory.of(compiled))
+    return CompiledStep(
+        plan=plan,
+        hlo_text=text,
+        cost_flops=float(analysis.get("flops", 0.0)),
+        compile_s=elapsed,
+        memory=CompiledMemory.of(compiled),
+    )
 
 
 def compile_for(plan: Plan) -> CompileReport:
@@ -272,8 +294,19 @@ def compile_for(plan: Plan) -> CompileReport:
         if parsed is None:
             raise
         need, have = parsed
-        return CompileReport(plan=plan, fits=False, compile_s=time.perf_counter() - start, available_bytes=have,
-                             oom_required_bytes=need, message=str(err).strip())
+        return CompileReport(
+            plan=plan,
+            fits=False,
+            compile_s=time.perf_counter() - start,
+            available_bytes=have,
+            oom_required_bytes=need,
+            message=str(err).strip(),
+        )
     elapsed = time.perf_counter() - start
-    return CompileReport(plan=plan, fits=True, compile_s=elapsed, available_bytes=available,
-                         **dataclasses.asdict(CompiledMemory.of(compiled)))
+    return CompileReport(
+        plan=plan,
+        fits=True,
+        compile_s=elapsed,
+        available_bytes=available,
+        **dataclasses.asdict(CompiledMemory.of(compiled)),
+    )

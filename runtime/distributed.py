@@ -1,6 +1,7 @@
 """Several processes, one run, through `jax.distributed`: one mesh spans every process's devices.
 TPU VMs find the coordinator from the slice; elsewhere it is given. CPU collectives go through gloo.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,12 +21,16 @@ class ProcessGroup:
         """Raises CpplanError unless the three are given together and agree."""
         given = [x is not None for x in (self.coordinator, self.num_processes, self.process_id)]
         if any(given) and not all(given):
-            raise CpplanError(f"--coordinator, --num-processes and --process-id go together (got coordinator="
-                              f"{self.coordinator!r}, num_processes={self.num_processes}, process_id="
-                              f"{self.process_id}); give all three, or none on a TPU VM.")
+            raise CpplanError(
+                f"--coordinator, --num-processes and --process-id go together (got coordinator="
+                f"{self.coordinator!r}, num_processes={self.num_processes}, process_id="
+                f"{self.process_id}); give all three, or none on a TPU VM."
+            )
         if all(given) and not 0 <= self.process_id < self.num_processes:
-            raise CpplanError(f"--process-id {self.process_id} is not one of the {self.num_processes} processes "
-                              f"(0..{self.num_processes - 1}).")
+            raise CpplanError(
+                f"--process-id {self.process_id} is not one of the {self.num_processes} processes "
+                f"(0..{self.num_processes - 1})."
+            )
         if self.coordinator is not None and ":" not in self.coordinator:
             raise CpplanError(f"--coordinator {self.coordinator!r} needs a port, e.g. localhost:12355.")
 
@@ -55,16 +60,19 @@ def initialize(group: ProcessGroup, *, platform: str) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
         if group.explicit:
-            jax.distributed.initialize(coordinator_address=group.coordinator, num_processes=group.num_processes,
-                                       process_id=group.process_id)
+            jax.distributed.initialize(
+                coordinator_address=group.coordinator, num_processes=group.num_processes, process_id=group.process_id
+            )
         else:
             jax.distributed.initialize()
     except (RuntimeError, ValueError) as err:
         if not group.explicit and "coordinator" in str(err).lower():
             return  # a TPU VM that is its slice's only host: nothing to join
-        raise CpplanError(f"could not join the run's processes ({str(err).strip().splitlines()[0]}); check that "
-                          f"every process got the same --coordinator and --num-processes and a distinct "
-                          f"--process-id, and that the coordinator's port is reachable.") from None
+        raise CpplanError(
+            f"could not join the run's processes ({str(err).strip().splitlines()[0]}); check that "
+            f"every process got the same --coordinator and --num-processes and a distinct "
+            f"--process-id, and that the coordinator's port is reachable."
+        ) from None
 
 
 def is_leader() -> bool:

@@ -1,5 +1,6 @@
 """A planned run on the devices present: join the processes, pre-flight the ranked plans (best
 first, falling back to the next that compiles and fits), open the data, and train."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -51,7 +52,7 @@ def prepare(plans: Sequence[Plan], group: ProcessGroup, launch: Launch, *, say: 
     """
     from runtime.distributed import initialize
 
-    plans = list(plans[:launch.max_fallbacks])
+    plans = list(plans[: launch.max_fallbacks])
     chip = plans[0].topology_spec.chip
     use_tpu_compiler_flags(chip, plans)
     initialize(group, platform=chip.kind.jax_platform)
@@ -61,12 +62,26 @@ def prepare(plans: Sequence[Plan], group: ProcessGroup, launch: Launch, *, say: 
     from runtime.preflight import preflight
 
     best = plans[0]  # every ranked plan has its model and sequence length
-    dataset = open_dataset(launch.data, seq_len=best.seq_len, vocab=best.model.vocab, seed=launch.seed,
-                           pack=launch.pack, dtype=launch.data_dtype, eos_id=launch.eos_id)
-    say(f"{jax.process_count()} process(es), {jax.device_count()} {jax.devices()[0].platform} devices; "
-        f"pre-flight compile of the planner's plans, best first:")
-    checked = preflight(plans, devices=jax.devices(), packed=launch.pack, max_attempts=launch.max_fallbacks,
-                        on_attempt=lambda attempt: say(f"  {attempt}"))
+    dataset = open_dataset(
+        launch.data,
+        seq_len=best.seq_len,
+        vocab=best.model.vocab,
+        seed=launch.seed,
+        pack=launch.pack,
+        dtype=launch.data_dtype,
+        eos_id=launch.eos_id,
+    )
+    say(
+        f"{jax.process_count()} process(es), {jax.device_count()} {jax.devices()[0].platform} devices; "
+        f"pre-flight compile of the planner's plans, best first:"
+    )
+    checked = preflight(
+        plans,
+        devices=jax.devices(),
+        packed=launch.pack,
+        max_attempts=launch.max_fallbacks,
+        on_attempt=lambda attempt: say(f"  {attempt}"),
+    )
     return checked, dataset
 
 
@@ -79,7 +94,17 @@ def train_checked(checked, dataset, launch: Launch, *, should_stop: Callable[[],
     from runtime.loop import Checkpointing, train
 
     checkpointing = Checkpointing(every=launch.checkpoint_every, keep=launch.keep_checkpoints, resume=launch.resume)
-    return train(checked.trainer, checked.compiled, steps=launch.steps, dataset=dataset, seed=launch.seed,
-                 run_dir=launch.run_dir, checkpointing=checkpointing, profile_steps=launch.profile_steps,
-                 should_stop=should_stop, memory=checked.memory,
-                 compile_s=sum(a.compile_s for a in checked.attempts), on_note=say)
+    return train(
+        checked.trainer,
+        checked.compiled,
+        steps=launch.steps,
+        dataset=dataset,
+        seed=launch.seed,
+        run_dir=launch.run_dir,
+        checkpointing=checkpointing,
+        profile_steps=launch.profile_steps,
+        should_stop=should_stop,
+        memory=checked.memory,
+        compile_s=sum(a.compile_s for a in checked.attempts),
+        on_note=say,
+    )

@@ -3,6 +3,7 @@ layer loop orders them: steps whose loop the compiler peels (offloading) or inli
 would otherwise reduce them at the step's end, against the memory price's phases.
 Evidence: docs/provenance/runtime.md#layer-gradients.
 """
+
 from __future__ import annotations
 
 import flax.linen as nn

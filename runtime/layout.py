@@ -2,6 +2,7 @@
 N chunks i and 2N−1−i of 2N, so every rank does the same causal work; it permutes the inputs, targets
 and positions once. The sequence splits over ('context', 'context_ulysses'), the ring index outer.
 """
+
 from __future__ import annotations
 
 import numpy as np

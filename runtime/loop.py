@@ -2,6 +2,7 @@
 Each process feeds its own rows (`process_rows`); after each step the processes agree whether any
 was asked to stop (SIGTERM, Ctrl-C), and if so save a checkpoint together and return.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,15 +43,28 @@ def process_rows(trainer) -> tuple[int, int, int]:
     covered = sorted({r for s in mine for r in range(*s.indices(rows))})
     first, count = covered[0], len(covered)
     if covered != list(range(first, first + count)) or rows % count or first % count:
-        raise CpplanError(f"process {jax.process_index()} holds rows {covered} of the batch, not one of equal "
-                          f"contiguous blocks; plan a mesh whose data axes split the batch evenly over processes.")
+        raise CpplanError(
+            f"process {jax.process_index()} holds rows {covered} of the batch, not one of equal "
+            f"contiguous blocks; plan a mesh whose data axes split the batch evenly over processes."
+        )
     return first // count, rows // count, first
 
 
-def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Path | None = None,
-          checkpointing: Checkpointing | None = None, profile_steps: tuple[int, int] | None = None,
-          should_stop: Callable[[], bool] = lambda: False, memory: CompiledMemory | None = None,
-          compile_s: float = 0.0, on_note: Callable[[str], None] | None = None) -> RunReport:
+def train(
+    trainer,
+    compiled,
+    *,
+    steps: int,
+    dataset,
+    seed: int = 0,
+    run_dir: Path | None = None,
+    checkpointing: Checkpointing | None = None,
+    profile_steps: tuple[int, int] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    memory: CompiledMemory | None = None,
+    compile_s: float = 0.0,
+    on_note: Callable[[str], None] | None = None,
+) -> RunReport:
     """Runs `trainer`'s `compiled` step to `steps` steps, from the newest checkpoint if any; returns the
     `RunReport` of the steps run here. `dataset.batch(step, ...)` gives a `Batch`; `run_dir` (None:
     nowhere) gets metrics, checkpoints and traces of `profile_steps` `(first, last)`; `should_stop` is
@@ -67,18 +81,20 @@ def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Pat
 
     plan = trainer.plan
     leader = jax.process_index() == 0
-    say = (on_note if on_note is not None and leader else lambda _text: None)
+    say = on_note if on_note is not None and leader else lambda _text: None
     checkpoints = None
     if checkpointing is not None:
-        identity = {"model": plan.model.name, "seq_len": plan.seq_len, "global_batch": plan.global_batch,
-                    "seed": seed}
-        checkpoints = Checkpoints(Path(run_dir) / CHECKPOINT_DIR, every=checkpointing.every,
-                                  keep=checkpointing.keep, identity=identity)
+        identity = {"model": plan.model.name, "seq_len": plan.seq_len, "global_batch": plan.global_batch, "seed": seed}
+        checkpoints = Checkpoints(
+            Path(run_dir) / CHECKPOINT_DIR, every=checkpointing.every, keep=checkpointing.keep, identity=identity
+        )
     first_step = 0
     if checkpoints is not None and checkpoints.latest_step is not None:
         if not checkpointing.resume:
-            raise CpplanError(f"{checkpoints.directory} holds a checkpoint at step {checkpoints.latest_step} and "
-                              f"resuming was refused (--no-resume); give another --run-dir, or drop --no-resume.")
+            raise CpplanError(
+                f"{checkpoints.directory} holds a checkpoint at step {checkpoints.latest_step} and "
+                f"resuming was refused (--no-resume); give another --run-dir, or drop --no-resume."
+            )
         abstract_params, abstract_opt, *_ = trainer.abstract_state()
         restored = checkpoints.restore(abstract_params, abstract_opt)
         params, opt_state, first_step = restored.params, restored.opt_state, restored.step
@@ -90,16 +106,22 @@ def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Pat
     topo = plan.topology_spec
     log = None
     if run_dir is not None:
-        log = StepLog(Path(run_dir), model_flops=flops, tokens_per_step=plan.global_batch * plan.seq_len,
-                      num_devices=topo.num_devices, peak_flops_per_device=topo.peak_flops_per_device,
-                      total_steps=steps, first_step=first_step, leader=leader)
+        log = StepLog(
+            Path(run_dir),
+            model_flops=flops,
+            tokens_per_step=plan.global_batch * plan.seq_len,
+            num_devices=topo.num_devices,
+            peak_flops_per_device=topo.peak_flops_per_device,
+            total_steps=steps,
+            first_step=first_step,
+            leader=leader,
+        )
     times, losses, stopped = [], [], False
     try:
         for step in range(first_step + 1, steps + 1):  # steps count from 1
             if profile_steps and step == profile_steps[0]:
                 jax.profiler.start_trace(str(Path(run_dir) / PROFILE_DIR))
-            batch = dataset.batch(step - 1, global_batch=plan.global_batch, process_index=block,
-                                  process_count=blocks)
+            batch = dataset.batch(step - 1, global_batch=plan.global_batch, process_index=block, process_count=blocks)
             inputs = trainer.prepare_batch(batch.tokens, batch.segment_ids, first_row=first_row)
             jax.block_until_ready(inputs)
             begin = time.perf_counter()
@@ -123,5 +145,14 @@ def train(trainer, compiled, *, steps: int, dataset, seed: int = 0, run_dir: Pat
             log.close()
     if checkpoints is not None and losses:
         say(f"checkpoint at step {first_step + len(losses)} in {checkpoints.directory}")
-    return RunReport(plan, compile_s, tuple(times), tuple(losses), flops, memory, first_step=first_step,
-                     stopped=stopped, peak_memory_bytes=peak_memory_bytes(jax.local_devices()))
+    return RunReport(
+        plan,
+        compile_s,
+        tuple(times),
+        tuple(losses),
+        flops,
+        memory,
+        first_step=first_step,
+        stopped=stopped,
+        peak_memory_bytes=peak_memory_bytes(jax.local_devices()),
+    )

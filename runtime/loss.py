@@ -4,6 +4,7 @@ Under `shard_map` the head is gathered one vocabulary piece at a time, each piec
 tokens in chunks with a running max, sum of exponentials and target logit; a custom VJP walks the
 pieces again. Negative targets (`IGNORED_TARGET`) count for nothing; the mean is over the rest.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -14,11 +15,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from cost_models.errors import CpplanError
-from cost_models.work_layout import vocab_pieces  # shared with the cost model
 from cost_models.vocabulary import AXES
+from cost_models.work_layout import vocab_pieces  # shared with the cost model
 from planner.plan import Plan
 from runtime.layout import ACTIVATIONS, TOKENS, WEIGHT_AXES
-
 
 
 def loss_chunk(plan: Plan) -> int:
@@ -30,15 +30,16 @@ def loss_chunk(plan: Plan) -> int:
     local = plan.global_batch * plan.seq_len // (plan.axis_size("data") * plan.axis_size("fsdp") * plan.cp_degree)
     chunk = min(plan.loss_chunk_tokens or local, local)
     if local % chunk:
-        raise CpplanError(f"loss_chunk_tokens={plan.loss_chunk_tokens} does not divide the {local} tokens each device "
-                          f"holds; use a divisor of {local}.")
+        raise CpplanError(
+            f"loss_chunk_tokens={plan.loss_chunk_tokens} does not divide the {local} tokens each device "
+            f"holds; use a divisor of {local}."
+        )
     return chunk
 
 
 def _piece(w, j, size):
     """Head columns `[j·size, (j+1)·size)` of the local vocabulary slice, gathered to full hidden."""
-    return jax.lax.all_gather(jax.lax.dynamic_slice_in_dim(w, j * size, size, axis=1), WEIGHT_AXES, axis=0,
-                              tiled=True)
+    return jax.lax.all_gather(jax.lax.dynamic_slice_in_dim(w, j * size, size, axis=1), WEIGHT_AXES, axis=0, tiled=True)
 
 
 def _targets_in_piece(targets, j, size, vocab_slice):
@@ -119,8 +120,9 @@ def _fused_bwd(pieces, residuals, g):
         # both moments into that layout for the update (evidence: docs/provenance/runtime.md#loss)
         return (dh + dh_piece, jax.lax.dynamic_update_slice_in_dim(dw, shard.astype(w.dtype), j * size, axis=1)), None
 
-    (dh, dw), _ = jax.lax.scan(piece_step, (_vary(jnp.zeros_like(h), ("tensor",)), jnp.zeros_like(w)),
-                               jnp.arange(pieces))
+    (dh, dw), _ = jax.lax.scan(
+        piece_step, (_vary(jnp.zeros_like(h), ("tensor",)), jnp.zeros_like(w)), jnp.arange(pieces)
+    )
     # every vocabulary slice ('tensor') contributed to dh; h is the same on all of them
     return jax.lax.psum(dh, "tensor"), dw, None
 
@@ -139,7 +141,8 @@ def cross_entropy(hidden: jax.Array, head: jax.Array, targets: jax.Array, *, pla
         total = _fused_loss(h, w, t.reshape(-1, chunk), pieces)
         return jax.lax.psum(total, TOKEN_AXES)
 
-    total = jax.shard_map(local_loss, mesh=mesh, in_specs=(ACTIVATIONS, P(WEIGHT_AXES, "tensor"), TOKENS),
-                          out_specs=P())(hidden, head, targets)
+    total = jax.shard_map(
+        local_loss, mesh=mesh, in_specs=(ACTIVATIONS, P(WEIGHT_AXES, "tensor"), TOKENS), out_specs=P()
+    )(hidden, head, targets)
     # at least one: a batch whose every target crosses a document has loss 0, not NaN
     return total / jnp.maximum(jnp.sum(targets >= 0), 1).astype(jnp.float32)

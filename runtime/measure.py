@@ -2,6 +2,7 @@
 device busy at once (`validation.calibration` chooses the shapes and fits the chip row). Other work on
 a shared host only adds time, so each figure is the fastest of its repeats (timeit's rule).
 """
+
 from __future__ import annotations
 
 import time
@@ -26,9 +27,11 @@ def device_mesh(topo: Topology):
 
     devices = jax.devices()
     if len(devices) != topo.num_devices:
-        raise CpplanError(f"{topo.name} has {topo.num_devices} devices but {len(devices)} are present; for cpu:N set "
-                          f"XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported (the cpplan "
-                          f"command does it for you).")
+        raise CpplanError(
+            f"{topo.name} has {topo.num_devices} devices but {len(devices)} are present; for cpu:N set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported (the cpplan "
+            f"command does it for you)."
+        )
     return Mesh(np.array(devices), ("d",))
 
 
@@ -51,13 +54,17 @@ def _per_device(mesh, fn, *shapes_dtypes):
     """`fn` run on every device at once on per-device arrays of the given (shape, dtype)."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     n = mesh.devices.size
-    arrays = [jax.device_put(jnp.ones((n * shape[0], *shape[1:]), dtype) * 0.01, NamedSharding(mesh, P("d")))
-              for shape, dtype in shapes_dtypes]
-    mapped = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=tuple(P("d") for _ in arrays), out_specs=P("d"),
-                                   check_vma=False))  # pallas kernels (splash) do not annotate varying axes
+    arrays = [
+        jax.device_put(jnp.ones((n * shape[0], *shape[1:]), dtype) * 0.01, NamedSharding(mesh, P("d")))
+        for shape, dtype in shapes_dtypes
+    ]
+    mapped = jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=tuple(P("d") for _ in arrays), out_specs=P("d"), check_vma=False)
+    )  # pallas kernels (splash) do not annotate varying axes
     return mapped, arrays
 
 
@@ -67,8 +74,17 @@ def measure_matmul(mesh, dtype: str, size: int, repeats: int) -> float:
     return mesh.devices.size * 2 * size**3 / best_time(mapped, *arrays, repeats=repeats)
 
 
-def time_attention(mesh, topo: Topology, dtype: str, shapes: Sequence[tuple[int, int, int, bool]], *, heads: int,
-                   kv_heads: int, head_dim: int, repeats: int) -> list[float]:
+def time_attention(
+    mesh,
+    topo: Topology,
+    dtype: str,
+    shapes: Sequence[tuple[int, int, int, bool]],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    repeats: int,
+) -> list[float]:
     """Seconds of one splash forward + backward per device (all devices busy) at each `(q_len, kv_len,
     block, causal)` shape, blocks square; `topo` says whether kernels run interpreted, and their SMEM."""
     import jax
@@ -78,8 +94,9 @@ def time_attention(mesh, topo: Topology, dtype: str, shapes: Sequence[tuple[int,
 
     times = []
     for q_len, kv_len, block, causal in shapes:
-        config = KernelConfig(block, block, interpret=topo.chip.kind.interprets_kernels,
-                              smem_bytes=topo.chip.smem_bytes)
+        config = KernelConfig(
+            block, block, interpret=topo.chip.kind.interprets_kernels, smem_bytes=topo.chip.smem_bytes
+        )
 
         def fwd_bwd(q, k, v, config=config, q_len=q_len, kv_len=kv_len, causal=causal):
             kernel = (causal_kernel if causal else full_kernel)(q_len, kv_len, config)
@@ -87,8 +104,13 @@ def time_attention(mesh, topo: Topology, dtype: str, shapes: Sequence[tuple[int,
             dq, dk, dv = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
             return dq + (jnp.sum(dk) + jnp.sum(dv)).astype(dq.dtype)
 
-        mapped, arrays = _per_device(mesh, fwd_bwd, ((1, heads, q_len, head_dim), dtype),
-                                     ((1, kv_heads, kv_len, head_dim), dtype), ((1, kv_heads, kv_len, head_dim), dtype))
+        mapped, arrays = _per_device(
+            mesh,
+            fwd_bwd,
+            ((1, heads, q_len, head_dim), dtype),
+            ((1, kv_heads, kv_len, head_dim), dtype),
+            ((1, kv_heads, kv_len, head_dim), dtype),
+        )
         times.append(best_time(mapped, *arrays, repeats=repeats))
     return times
 

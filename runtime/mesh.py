@@ -4,6 +4,7 @@ The physical grid (x, y, z[, core]: TPU devices by torus coordinates, CPU device
 transposed to `plan.physical_order`, reshaped to `plan.axis_order`'s sizes and transposed to `AXES`,
 the layout the planner priced. Slices are the outer part of data and fsdp, as in MaxText's meshes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -26,15 +27,19 @@ def device_grid(plan: Plan, devices: Sequence) -> np.ndarray:
     topo = plan.topology_spec
     dims = topo.physical_dims
     if len(devices) != topo.num_devices:
-        raise CpplanError(f"plan is for {topo.name} ({topo.num_devices} devices) but {len(devices)} devices are "
-                          f"present; plan for the devices you have, or on CPU set "
-                          f"XLA_FLAGS=--xla_force_host_platform_device_count={topo.num_devices} before importing jax.")
+        raise CpplanError(
+            f"plan is for {topo.name} ({topo.num_devices} devices) but {len(devices)} devices are "
+            f"present; plan for the devices you have, or on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={topo.num_devices} before importing jax."
+        )
     kind = topo.chip.kind
     platform = devices[0].platform
     if platform != kind.jax_platform:
-        raise CpplanError(f"plan is for {topo.name} ({kind.jax_platform} devices) but the devices are {platform} "
-                          f"devices; plan for {'cpu:' + str(len(devices)) if platform == 'cpu' else 'the slice'} "
-                          f"instead.")
+        raise CpplanError(
+            f"plan is for {topo.name} ({kind.jax_platform} devices) but the devices are {platform} "
+            f"devices; plan for {'cpu:' + str(len(devices)) if platform == 'cpu' else 'the slice'} "
+            f"instead."
+        )
     if not kind.has_torus:  # no coordinates to place by: the devices in list order
         return np.array(list(devices), dtype=object).reshape([d.size for d in dims])
     if topo.num_slices == 1:
@@ -42,12 +47,12 @@ def device_grid(plan: Plan, devices: Sequence) -> np.ndarray:
     from jax.experimental import mesh_utils
 
     try:
-        by_slice = mesh_utils.create_hybrid_device_mesh([topo.devices_per_slice], [topo.num_slices], devices,
-                                                        allow_split_physical_axes=True)
+        by_slice = mesh_utils.create_hybrid_device_mesh(
+            [topo.devices_per_slice], [topo.num_slices], devices, allow_split_physical_axes=True
+        )
     except ValueError as err:
         raise CpplanError(f"the {len(devices)} devices do not form {topo.name}: {err}") from None
-    return np.stack([_slice_grid(plan, list(one))
-                     for one in by_slice.reshape(topo.num_slices, topo.devices_per_slice)])
+    return np.stack([_slice_grid(plan, list(one)) for one in by_slice.reshape(topo.num_slices, topo.devices_per_slice)])
 
 
 def _slice_grid(plan: Plan, devices: Sequence) -> np.ndarray:
@@ -61,8 +66,9 @@ def _slice_grid(plan: Plan, devices: Sequence) -> np.ndarray:
         if topo.devices_per_chip > 1:
             index += (dev.core_on_chip,)
         if any(i >= s for i, s in zip(index, grid.shape)) or grid[index] is not None:
-            raise CpplanError(f"device {dev} (coords {dev.coords}) does not fit {topo.name}; "
-                              f"plan for the slice these devices form.")
+            raise CpplanError(
+                f"device {dev} (coords {dev.coords}) does not fit {topo.name}; plan for the slice these devices form."
+            )
         grid[index] = dev
     return grid
 

@@ -1,6 +1,7 @@
 """What a person watches during a run: a progress bar, per-step JSON lines, TensorBoard scalars.
 Only process 0 writes, each line flushed as made, so a killed run leaves every step it finished.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,18 @@ class StepLog:
     """Per-step metrics of one run in `run_dir`, written by the `leader` only; MFU is the planner's own
     (`cost_models.units.mfu`) against the chip row's `peak_flops_per_device`."""
 
-    def __init__(self, run_dir: Path, *, model_flops: float, tokens_per_step: int, num_devices: int,
-                 peak_flops_per_device: float, total_steps: int, first_step: int, leader: bool):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        model_flops: float,
+        tokens_per_step: int,
+        num_devices: int,
+        peak_flops_per_device: float,
+        total_steps: int,
+        first_step: int,
+        leader: bool,
+    ):
         self.model_flops, self.tokens_per_step = model_flops, tokens_per_step
         self.num_devices, self.peak = num_devices, peak_flops_per_device
         self.leader = leader
@@ -50,9 +61,13 @@ class StepLog:
     def step(self, step: int, *, loss: float, seconds: float) -> dict:
         """Records one finished step (counted from 1) and returns its record: loss, seconds, tokens/s per
         device, MFU."""
-        record = {"step": step, "loss": loss, "step_time_s": seconds,
-                  "tokens_per_s_per_device": self.tokens_per_step / seconds / self.num_devices,
-                  "mfu": mfu(self.model_flops, seconds, self.num_devices, self.peak)}
+        record = {
+            "step": step,
+            "loss": loss,
+            "step_time_s": seconds,
+            "tokens_per_s_per_device": self.tokens_per_step / seconds / self.num_devices,
+            "mfu": mfu(self.model_flops, seconds, self.num_devices, self.peak),
+        }
         if not self.leader:
             return record
         finite = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in record.items()}
@@ -60,8 +75,12 @@ class StepLog:
         for key in ("loss", "step_time_s", "tokens_per_s_per_device", "mfu"):
             if math.isfinite(record[key]):
                 self._board.add_scalar(f"train/{key}", record[key], step)
-        self._bar.set_postfix(loss=f"{loss:.4f}", tok_s_chip=f"{record['tokens_per_s_per_device']:,.0f}",
-                              mfu=f"{record['mfu']:.1%}", refresh=False)
+        self._bar.set_postfix(
+            loss=f"{loss:.4f}",
+            tok_s_chip=f"{record['tokens_per_s_per_device']:,.0f}",
+            mfu=f"{record['mfu']:.1%}",
+            refresh=False,
+        )
         self._bar.update(1)
         return record
 

@@ -3,6 +3,7 @@ blocks, gated or plain MLP, layers stacked with `nn.scan` and rematerialised und
 checkpoint names. Weights are ZeRO-3 sharded and gathered layer by layer; the residual stream is
 split over the sequence, 'tensor' included (sequence parallelism); attention is the plan's strategy.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,12 +17,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cost_models.remat import LAYER_INPUT, MLP_INPUT_CHECKPOINTS, QKV_CHECKPOINTS, kept_names, offloaded_names
-from cost_models.vocabulary import RematPolicy
+from cost_models.vocabulary import BATCH_AXES, SEQUENCE_AXES, RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
 from runtime.attention import sharded_attention
 from runtime.layer_gradients import gradients_finished_per_layer
-from cost_models.vocabulary import BATCH_AXES, SEQUENCE_AXES
 from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
 
 # the residual stream [batch, seq, embed]: sequence split over the context axes, then 'tensor'
@@ -30,13 +30,13 @@ RESIDUAL_TOKENS = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"))
 EMBED_GROUP = (*WEIGHT_AXES, "tensor")  # the embedding table's embed dimension is split over these
 
 # the MLP's activations by MaxText's names (linears._convert_to_activation_function)
-ACTIVATION_FUNCTIONS = {"silu": nn.silu, "gelu": nn.gelu, "relu": nn.relu, "sigmoid": nn.sigmoid,
-                        "linear": lambda x: x}
+ACTIVATION_FUNCTIONS = {"silu": nn.silu, "gelu": nn.gelu, "relu": nn.relu, "sigmoid": nn.sigmoid, "linear": lambda x: x}
 MLP_INPUT_WEIGHTS = {2: ("w_gate", "w_up"), 1: ("w_in",)}  # gated or plain MLP
 
 ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
+
 
 def remat_policy(policy: RematPolicy, custom: tuple = ()):
     """The `jax.checkpoint` policy of a plan's remat policy (`custom`: its `remat_custom`): keep on
@@ -44,8 +44,11 @@ def remat_policy(policy: RematPolicy, custom: tuple = ()):
     kept, offloaded = kept_names(policy, custom), offloaded_names(policy, custom)
     if offloaded:
         return jax.checkpoint_policies.save_and_offload_only_these_names(
-            names_which_can_be_saved=list(kept), names_which_can_be_offloaded=list(offloaded),
-            offload_src="device", offload_dst="pinned_host")
+            names_which_can_be_saved=list(kept),
+            names_which_can_be_offloaded=list(offloaded),
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
     return jax.checkpoint_policies.save_only_these_names(*kept) if kept else jax.checkpoint_policies.nothing_saveable
 
 
@@ -77,18 +80,23 @@ def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
     Each device looks up its group's tokens in its hidden slice and one all-to-all returns its own
     tokens' full vectors, so the table is never gathered and its gradient stays a shard.
     """
+
     def local(tab, tok):
         batch, length = tok.shape
         tok = jax.lax.all_gather(tok, "fsdp", axis=0, tiled=True)
         tok = jax.lax.all_gather(tok, (*SEQUENCE_AXES, "tensor"), axis=1, tiled=True)
         x = jnp.take(tab, tok, axis=0)  # [batch·fsdp, seq·cp·tensor, hidden/group]
         fsdp, shards = tok.shape[0] // batch, tok.shape[1] // length
-        x = x.reshape(fsdp, batch, shards, length, -1).transpose(0, 2, 1, 3, 4).reshape(
-            fsdp * shards, batch, length, -1)
+        x = (
+            x.reshape(fsdp, batch, shards, length, -1)
+            .transpose(0, 2, 1, 3, 4)
+            .reshape(fsdp * shards, batch, length, -1)
+        )
         return jax.lax.all_to_all(x, EMBED_GROUP, split_axis=0, concat_axis=3, tiled=True)[0]
 
     return jax.shard_map(local, mesh=mesh, in_specs=(P(None, EMBED_GROUP), RESIDUAL_TOKENS), out_specs=RESIDUAL)(
-        table, tokens)
+        table, tokens
+    )
 
 
 def mlp_chunk(plan: Plan) -> int:
@@ -100,17 +108,19 @@ def mlp_chunk(plan: Plan) -> int:
     return chunk
 
 
-def mlp_block(y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, activations: tuple[str, ...],
-              plan: Plan, mesh: Mesh) -> jax.Array:
+def mlp_block(
+    y: jax.Array, w_in: tuple[jax.Array, ...], w_out: jax.Array, *, activations: tuple[str, ...], plan: Plan, mesh: Mesh
+) -> jax.Array:
     """MaxText's MlpBlock, act_0(y·w_in[0]) · act_1(y·w_in[1]) ⋯ · w_out, on `RESIDUAL` in and out:
     tensor-parallel, `y` gathered over 'tensor' and the output reduce-scattered (sequence parallelism).
     Each token chunk is its own checkpoint, so a policy that keeps no MLP output holds one chunk's
     intermediates in the backward, not the sequence's."""
+
     def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
         return _scatter_tokens(_mlp_partial_sums(y, weights, activations=activations, plan=plan))
 
-    in_specs = (RESIDUAL, *MLP_WEIGHT_SPECS[:len(w_in)], MLP_WEIGHT_SPECS[-1])
+    in_specs = (RESIDUAL, *MLP_WEIGHT_SPECS[: len(w_in)], MLP_WEIGHT_SPECS[-1])
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(y, *w_in, w_out)
 
 
@@ -137,6 +147,7 @@ def _out_projection(ctx: jax.Array, wo: jax.Array) -> jax.Array:
 def attention_out_projection(ctx: jax.Array, wo: jax.Array, *, mesh: Mesh) -> jax.Array:
     """A sequential block's row-parallel out projection, `HEADS` to `RESIDUAL`, named `out_proj`
     outside the shard_map so that jax saves the residual by that name."""
+
     def local(ctx, wo):
         return _scatter_tokens(_out_projection(ctx, wo))
 
@@ -166,31 +177,49 @@ def _mlp_partial_sums(y: jax.Array, weights: tuple, *, activations: tuple[str, .
 GATHERED_COPIES = P("tensor", *ACTIVATIONS)
 
 
-def parallel_block_inputs(y: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, *, mesh: Mesh
-                          ) -> tuple[jax.Array, ...]:
+def parallel_block_inputs(
+    y: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, *, mesh: Mesh
+) -> tuple[jax.Array, ...]:
     """A parallel block's one all-gather over 'tensor' of its normed input `y` (`RESIDUAL`): returns
     `(q, k, v, gathered)`, q, k, v before RoPE as `HEADS` and the input as `GATHERED_COPIES`. Its
     backward sums both branches' gradients and reduce-scatters them once."""
+
     def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
-        q, k, v = (jnp.einsum("bsd,dhk->bshk", y, jax.lax.all_gather(w, WEIGHT_AXES, axis=0, tiled=True))
-                   for w in weights)
+        q, k, v = (
+            jnp.einsum("bsd,dhk->bshk", y, jax.lax.all_gather(w, WEIGHT_AXES, axis=0, tiled=True)) for w in weights
+        )
         return q, k, v, y[None]
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(RESIDUAL, QKV_WEIGHT, QKV_WEIGHT, QKV_WEIGHT),
-                         out_specs=(HEADS, HEADS, HEADS, GATHERED_COPIES))(y, wq, wk, wv)
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(RESIDUAL, QKV_WEIGHT, QKV_WEIGHT, QKV_WEIGHT),
+        out_specs=(HEADS, HEADS, HEADS, GATHERED_COPIES),
+    )(y, wq, wk, wv)
 
 
-def parallel_block_outputs(gathered: jax.Array, ctx: jax.Array, wo: jax.Array, w_in: tuple[jax.Array, ...],
-                           w_out: jax.Array, *, activations: tuple[str, ...], plan: Plan, mesh: Mesh) -> jax.Array:
+def parallel_block_outputs(
+    gathered: jax.Array,
+    ctx: jax.Array,
+    wo: jax.Array,
+    w_in: tuple[jax.Array, ...],
+    w_out: jax.Array,
+    *,
+    activations: tuple[str, ...],
+    plan: Plan,
+    mesh: Mesh,
+) -> jax.Array:
     """A parallel block's out projection of `ctx` plus its MLP of `gathered`, summed and
     reduce-scattered over 'tensor' once, laid out as `RESIDUAL`."""
+
     def local(gathered, ctx, wo, *weights):
         attention_out = checkpoint_name(_out_projection(ctx, wo), "out_proj")
-        return _scatter_tokens(attention_out + _mlp_partial_sums(gathered[0], weights, activations=activations,
-                                                                  plan=plan))
+        return _scatter_tokens(
+            attention_out + _mlp_partial_sums(gathered[0], weights, activations=activations, plan=plan)
+        )
 
-    in_specs = (GATHERED_COPIES, HEADS, OUT_WEIGHT, *MLP_WEIGHT_SPECS[:len(w_in)], MLP_WEIGHT_SPECS[-1])
+    in_specs = (GATHERED_COPIES, HEADS, OUT_WEIGHT, *MLP_WEIGHT_SPECS[: len(w_in)], MLP_WEIGHT_SPECS[-1])
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(gathered, ctx, wo, *w_in, w_out)
 
 
@@ -229,8 +258,10 @@ class DecoderLayer(nn.Module):
     def qkv_weights(self, w):
         """`(wq, wk, wv)` in the compute dtype, each `[hidden, heads, head_dim]` as `QKV_WEIGHT`."""
         m = self.plan.model
-        return tuple(w(name, (m.hidden, heads, m.head_dim), tuple(QKV_WEIGHT))
-                     for name, heads in (("wq", m.num_heads), ("wk", m.num_kv_heads), ("wv", m.num_kv_heads)))
+        return tuple(
+            w(name, (m.hidden, heads, m.head_dim), tuple(QKV_WEIGHT))
+            for name, heads in (("wq", m.num_heads), ("wk", m.num_kv_heads), ("wv", m.num_kv_heads))
+        )
 
     def attention(self, q, k, v, positions, segment_ids, *, constrain_heads: bool):
         """RoPE on q and k, then q, k, v named for the remat policy (after RoPE, as MaxText, so a kept
@@ -240,8 +271,10 @@ class DecoderLayer(nn.Module):
         parallel block's are `HEADS` already (docs/provenance/runtime.md#model).
         """
         lay_out = (lambda t: self.constrain(t, HEADS)) if constrain_heads else (lambda t: t)
-        q, k, v = (checkpoint_name(lay_out(t), name)
-                   for t, name in zip((rope(q, positions), rope(k, positions), v), QKV_CHECKPOINTS))
+        q, k, v = (
+            checkpoint_name(lay_out(t), name)
+            for t, name in zip((rope(q, positions), rope(k, positions), v), QKV_CHECKPOINTS)
+        )
         # the output stays unnamed: the kernel saves it as ATTENTION_OUTPUT, and naming this layout
         # too would keep a second copy (MaxText keeps one)
         return sharded_attention(q, k, v, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids)
@@ -259,11 +292,19 @@ class DecoderLayer(nn.Module):
         m, plan = self.plan.model, self.plan
         d, h, hd = m.hidden, m.num_heads, m.head_dim
         norm = _param(self, "attn_norm", (d,), (None,), init=nn.initializers.ones, dtype=jnp.dtype(plan.param_dtype))
-        q, k, v, gathered = parallel_block_inputs(self.constrain(rms_norm(x, norm), RESIDUAL), *self.qkv_weights(w),
-                                                  mesh=self.mesh)
+        q, k, v, gathered = parallel_block_inputs(
+            self.constrain(rms_norm(x, norm), RESIDUAL), *self.qkv_weights(w), mesh=self.mesh
+        )
         ctx = self.attention(q, k, v, positions, segment_ids, constrain_heads=False)
-        summed = parallel_block_outputs(gathered, ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), *self.mlp_weights(w),
-                                        activations=m.mlp_activations, plan=plan, mesh=self.mesh)
+        summed = parallel_block_outputs(
+            gathered,
+            ctx,
+            w("wo", (h, hd, d), tuple(OUT_WEIGHT)),
+            *self.mlp_weights(w),
+            activations=m.mlp_activations,
+            plan=plan,
+            mesh=self.mesh,
+        )
         return self.constrain(x + summed, RESIDUAL)
 
 
@@ -274,8 +315,9 @@ class Llama(nn.Module):
     mesh: Mesh
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    def __call__(
+        self, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array]:
         """`[batch, seq]` tokens, their positions (per document when packed) and segment ids (or None),
         in the plan's token order, to `(hidden [batch, seq, hidden], head [hidden, vocab])` in the compute dtype."""
         m, plan = self.plan.model, self.plan
@@ -288,9 +330,14 @@ class Llama(nn.Module):
             # no layer loop orders the gradients: the compiler peels an offloading step's layer loops,
             # and XLA inlines a loop of one trip
             layer = gradients_finished_per_layer(layer, wait_for_cotangent=not offloads)
-        stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                        in_axes=(nn.broadcast, nn.broadcast), length=m.num_layers,
-                        metadata_params={nn.PARTITION_NAME: None})
+        stack = nn.scan(
+            layer,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(nn.broadcast, nn.broadcast),
+            length=m.num_layers,
+            metadata_params={nn.PARTITION_NAME: None},
+        )
         x, _ = stack(plan, self.mesh, name="layers")(x, positions, segment_ids)
         x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
         if m.tie_embeddings:

@@ -2,6 +2,7 @@
 On TPUs a misfit fails in the compiler (`CompileTimeHbmOom`); elsewhere the compiler's figures are
 held against the chip row's memory. Each plan left behind says why.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,8 +32,10 @@ class Attempt:
         verdict = "fits" if self.fits else f"does not fit: {self.reason}"
         mesh = " ".join(f"{axis}={size}" for axis, size in self.plan.mesh if size > 1) or "one device"
         plan = f"{self.plan.cp_strategy.value} {mesh}, remat {self.plan.remat.value}"
-        return (f"#{self.rank} {plan}: {need} of {_size(self.available_bytes)} per device, "
-                f"compiled in {self.compile_s:.1f} s; {verdict}")
+        return (
+            f"#{self.rank} {plan}: {need} of {_size(self.available_bytes)} per device, "
+            f"compiled in {self.compile_s:.1f} s; {verdict}"
+        )
 
 
 @dataclass
@@ -49,8 +52,15 @@ class Preflight:
         return self.trainer.plan
 
 
-def preflight(plans: Sequence[Plan], *, devices, packed: bool = False, max_attempts: int = 4,
-              available_bytes: int | None = None, on_attempt=None) -> Preflight:
+def preflight(
+    plans: Sequence[Plan],
+    *,
+    devices,
+    packed: bool = False,
+    max_attempts: int = 4,
+    available_bytes: int | None = None,
+    on_attempt=None,
+) -> Preflight:
     """Compiles `plans` (ranked, best first) on `devices` until one fits `available_bytes` per device
     (default: the chip row's), trying at most `max_attempts`; `packed` compiles the step with segment
     ids; `on_attempt` gets each `Attempt` as it is made.
@@ -75,8 +85,15 @@ def preflight(plans: Sequence[Plan], *, devices, packed: bool = False, max_attem
             if parsed is None:
                 raise
             need, have = parsed
-            attempt = Attempt(plan, rank, False, time.perf_counter() - start, need, have,
-                              f"the compiler needs {_size(need)}, the device has {_size(have)}")
+            attempt = Attempt(
+                plan,
+                rank,
+                False,
+                time.perf_counter() - start,
+                need,
+                have,
+                f"the compiler needs {_size(need)}, the device has {_size(have)}",
+            )
             compiled = None
         else:
             memory = CompiledMemory.of(compiled)
@@ -90,9 +107,11 @@ def preflight(plans: Sequence[Plan], *, devices, packed: bool = False, max_attem
         if attempt.fits:
             result.trainer, result.compiled, result.memory = trainer, compiled, memory
             return result
-    raise CpplanError(f"none of the planner's first {len(result.attempts)} plans fits once compiled:\n"
-                      + "\n".join(f"  {a}" for a in result.attempts)
-                      + "\nPlan a shorter sequence or a smaller batch, or allow more plans (--max-fallbacks).")
+    raise CpplanError(
+        f"none of the planner's first {len(result.attempts)} plans fits once compiled:\n"
+        + "\n".join(f"  {a}" for a in result.attempts)
+        + "\nPlan a shorter sequence or a smaller batch, or allow more plans (--max-fallbacks)."
+    )
 
 
 def _size(nbytes: int) -> str:

@@ -2,6 +2,7 @@
 the chip row's peak, as the prediction's, so predicted and measured MFU differ only by step time (on
 `cpu:N`, the row `cpplan calibrate` measured, via `CPPLAN_CHIP_DIR`).
 """
+
 from __future__ import annotations
 
 import os
@@ -61,13 +62,14 @@ class RunReport:
         hbm = self.hbm_bytes_per_device
         mem = "" if hbm is None else f", {hbm / MiB:.1f} MiB per device"
         peak = self.plan.topology_spec.peak_flops_per_device
-        return (f"compiled in {self.compile_s:.1f} s; step {self.step_time_s * 1e3:.1f} ms (median of "
-                f"{max(len(self.step_times_s) - 1, 1)}), {self.tokens_per_s:,.0f} tokens/s, MFU {self.mfu:.1%} of "
-                f"{peak / 1e9:.1f} GFLOP/s per device{mem}; loss {losses}")
+        return (
+            f"compiled in {self.compile_s:.1f} s; step {self.step_time_s * 1e3:.1f} ms (median of "
+            f"{max(len(self.step_times_s) - 1, 1)}), {self.tokens_per_s:,.0f} tokens/s, MFU {self.mfu:.1%} of "
+            f"{peak / 1e9:.1f} GFLOP/s per device{mem}; loss {losses}"
+        )
 
 
-def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed: int = 0,
-        devices=None) -> RunReport:
+def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed: int = 0, devices=None) -> RunReport:
     """Runs `steps` training steps of a plan on `devices` (default: all of jax's; the plan's topology
     must be theirs), on byte tokens of the text file `data` or synthetic ones (None), seeded by `seed`.
 
@@ -87,5 +89,12 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
     start = time.perf_counter()
     compiled = trainer.train_step.lower(*trainer.abstract_state()).compile()
     compile_s = time.perf_counter() - start
-    return train(trainer, compiled, steps=steps, dataset=dataset, seed=seed, memory=CompiledMemory.of(compiled),
-                 compile_s=compile_s)
+    return train(
+        trainer,
+        compiled,
+        steps=steps,
+        dataset=dataset,
+        seed=seed,
+        memory=CompiledMemory.of(compiled),
+        compile_s=compile_s,
+    )

@@ -5,6 +5,7 @@ the chip's SMEM. `attend` is differentiable; `attend_with_lse` and `attend_bwd` 
 log-sum-exp. Splash does not scale logits: callers scale q. Arrays are `[heads, seq, head_dim]`, the
 heads a multiple of the kv heads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,18 +51,30 @@ class KernelConfig:
         """
         bq, bkv = min(self.block_q, q_len), min(self.block_kv, kv_len)
         if q_len % bq or kv_len % bkv:
-            raise CpplanError(f"splash blocks (block_q={bq}, block_kv={bkv}) must divide the local attention "
-                              f"lengths (q={q_len}, kv={kv_len}); choose block sizes that divide them.")
+            raise CpplanError(
+                f"splash blocks (block_q={bq}, block_kv={bkv}) must divide the local attention "
+                f"lengths (q={q_len}, kv={kv_len}); choose block sizes that divide them."
+            )
         if bkv % SPLASH_LANES:
-            raise CpplanError(f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {SPLASH_LANES}; "
-                              f"use a longer sequence per device or block_kv a multiple of {SPLASH_LANES}.")
+            raise CpplanError(
+                f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {SPLASH_LANES}; "
+                f"use a longer sequence per device or block_kv a multiple of {SPLASH_LANES}."
+            )
         return bq, bkv
 
     def block_sizes(self, q_len: int, kv_len: int) -> sk.BlockSizes:
         """Splash `BlockSizes` for a call, the same blocks for the forward, dq and dkv kernels."""
         bq, bkv = self.blocks(q_len, kv_len)
-        return sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
-                             block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+        return sk.BlockSizes(
+            block_q=bq,
+            block_kv=bkv,
+            block_kv_compute=bkv,
+            block_q_dkv=bq,
+            block_kv_dkv=bkv,
+            block_kv_dkv_compute=bkv,
+            block_q_dq=bq,
+            block_kv_dq=bkv,
+        )
 
 
 def _downcast(array: np.ndarray) -> np.ndarray:
@@ -89,8 +102,9 @@ def _next_data(any_blocks: np.ndarray, *, is_dkv: bool) -> np.ndarray:
     return (index.T if is_dkv else index).astype(np.int32)
 
 
-def causal_blocks(q_block_starts: np.ndarray, kv_len: int, bq: int, bkv: int) -> tuple[np.ndarray, np.ndarray,
-                                                                                        np.ndarray]:
+def causal_blocks(
+    q_block_starts: np.ndarray, kv_len: int, bq: int, bkv: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Causal metadata `(block_mask, data_next_fwd, data_next_dkv)`, each `[..., nq, nk]` int32, from each
     query block's first position `[..., nq]` (keys are 0..kv_len-1); block_mask is splash's 0 (empty),
     1 (partial) or 2 (full)."""
@@ -128,9 +142,18 @@ class Kernel:
     def splash(self, *, save_residuals: bool) -> sk.SplashAttentionKernel:
         """jax's kernel object for this mask."""
         return sk.SplashAttentionKernel(
-            self.fwd, self.dq, self.dkv, block_sizes=self.block_sizes, is_mqa=False,
-            save_residuals=save_residuals, mask_value=sk.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None,
-            residual_checkpoint_name=RESIDUALS_NAME, mask_function=self.mask_function, interpret=self.interpret)
+            self.fwd,
+            self.dq,
+            self.dkv,
+            block_sizes=self.block_sizes,
+            is_mqa=False,
+            save_residuals=save_residuals,
+            mask_value=sk.DEFAULT_MASK_VALUE,
+            attn_logits_soft_cap=None,
+            residual_checkpoint_name=RESIDUALS_NAME,
+            mask_function=self.mask_function,
+            interpret=self.interpret,
+        )
 
 
 def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
@@ -147,7 +170,8 @@ def check_smem(q_len: int, kv_len: int, config: KernelConfig) -> None:
         raise CpplanError(
             f"splash mask metadata for a {q_len}x{kv_len} attention with blocks {bq}x{bkv} needs {need} bytes "
             f"of scalar memory, more than the chip's {config.smem_bytes}; use larger block_q/block_kv or a "
-            f"strategy with shorter local attention (ring/USP).")
+            f"strategy with shorter local attention (ring/USP)."
+        )
 
 
 @lru_cache(maxsize=64)
@@ -168,8 +192,9 @@ def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     q_sequence = jnp.arange(q_len, dtype=jnp.int32)
     fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
     dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
-    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len),
-                  config.interpret)
+    return Kernel(
+        fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len), config.interpret
+    )
 
 
 def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, causal: bool) -> Kernel:
@@ -194,16 +219,19 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
     bq, bkv = config.blocks(q_len, kv_len)
     blocked = q_positions.reshape(ranks, q_len // bq, bq)
     if not (np.diff(blocked, axis=-1) == 1).all():
-        raise CpplanError(f"query block {bq} straddles two load-balancing chunks; use block_q dividing the chunk "
-                          f"length {q_len // 2}.")
+        raise CpplanError(
+            f"query block {bq} straddles two load-balancing chunks; use block_q dividing the chunk length {q_len // 2}."
+        )
     tables = causal_blocks(blocked[..., 0], kv_len, bq, bkv)
-    block_mask, fwd, dkv = (jax.lax.dynamic_index_in_dim(jnp.asarray(_downcast(t)), rank, axis=0, keepdims=True)
-                            for t in tables)
+    block_mask, fwd, dkv = (
+        jax.lax.dynamic_index_in_dim(jnp.asarray(_downcast(t)), rank, axis=0, keepdims=True) for t in tables
+    )
     q_sequence = jnp.asarray(q_positions, dtype=jnp.int32)[rank]
     fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
     dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
-    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len),
-                  config.interpret)
+    return Kernel(
+        fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len), config.interpret
+    )
 
 
 def _per_row(call, kernel: Kernel, *arrays):
@@ -216,20 +244,21 @@ def _per_row(call, kernel: Kernel, *arrays):
     split = lambda x: x.reshape(batch, x.shape[0] // batch, *x.shape[1:])
     merge = lambda x: x.reshape(-1, *x.shape[2:])
     out = jax.vmap(lambda ids_q, ids_kv, *xs: call(*xs, SegmentIds(ids_q, ids_kv)))(
-        segments.q, segments.kv, *(split(x) for x in arrays))
+        segments.q, segments.kv, *(split(x) for x in arrays)
+    )
     return jax.tree.map(merge, out)
 
 
 def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Attention output `[heads, q_len, d]`, differentiable (splash's own backward kernels)."""
-    return _per_row(lambda q, k, v, ids: kernel.splash(save_residuals=False)(q, k, v, segment_ids=ids),
-                    kernel, q, k, v)
+    return _per_row(lambda q, k, v, ids: kernel.splash(save_residuals=False)(q, k, v, segment_ids=ids), kernel, q, k, v)
 
 
 def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only.
     A query that sees no key (packed documents) gets a log-sum-exp near splash's mask value, so a
     log-sum-exp merge gives it no weight."""
+
     def call(q, k, v, ids):
         out, (lse,) = kernel.splash(save_residuals=True)(q, k, v, segment_ids=ids)
         return out, lse
@@ -241,11 +270,21 @@ def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax
     """`(dq, dk, dv)` of one block given the merged `out` and `lse` of all blocks: splash's backward
     then computes P = exp(s − lse), dS = P ⊙ (dP − rowsum(out ⊙ d_out)), the block's exact share of
     the merged gradient. Calls the private entry of splash's custom VJP (jax has no public one)."""
+
     def call(q, k, v, out, lse, d_out, ids):
         residuals = (q, k, v, ids, None, out, lse, kernel.dq, kernel.dkv)
         _, _, _, dq, dk, dv, _, _ = sk._splash_attention_bwd(
-            False, sk.DEFAULT_MASK_VALUE, False, kernel.block_sizes, None, kernel.mask_function, None,
-            kernel.interpret, residuals, d_out)
+            False,
+            sk.DEFAULT_MASK_VALUE,
+            False,
+            kernel.block_sizes,
+            None,
+            kernel.mask_function,
+            None,
+            kernel.interpret,
+            residuals,
+            d_out,
+        )
         return dq, dk, dv
 
     return _per_row(call, kernel, q, k, v, out, lse, d_out)

@@ -3,6 +3,7 @@
 Batches arrive in natural token order and are permuted once to the plan's order (`prepare_batch`);
 `abstract_state` gives shape-only inputs for deviceless compilation.
 """
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -55,37 +56,46 @@ class Trainer:
     @cached_property
     def param_shardings(self):
         boxed = jax.eval_shape(self._init_variables, jax.random.PRNGKey(0))
-        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), param_specs(boxed),
-                            is_leaf=lambda x: isinstance(x, P))
+        return jax.tree.map(
+            lambda spec: NamedSharding(self.mesh, spec), param_specs(boxed), is_leaf=lambda x: isinstance(x, P)
+        )
 
     @cached_property
     def abstract_params(self):
         shapes = jax.eval_shape(lambda r: _unbox(self._init_variables(r)), jax.random.PRNGKey(0))
-        return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                            shapes, self.param_shardings)
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, self.param_shardings
+        )
 
     @cached_property
     def opt_shardings(self):
         state = jax.eval_shape(self.optimizer.init, self.abstract_params)
         replicated = NamedSharding(self.mesh, P())
-        return optax.tree_map_params(self.optimizer, lambda _, sharding: sharding, state, self.param_shardings,
-                                     transform_non_params=lambda _: replicated,
-                                     is_leaf=lambda x: isinstance(x, NamedSharding))
+        return optax.tree_map_params(
+            self.optimizer,
+            lambda _, sharding: sharding,
+            state,
+            self.param_shardings,
+            transform_non_params=lambda _: replicated,
+            is_leaf=lambda x: isinstance(x, NamedSharding),
+        )
 
     def abstract_state(self, *, packed: bool = False):
         """Shape-only `(params, opt_state, tokens, targets, positions, segment_ids)` for `step.lower`;
         segment_ids is None unless the batches are `packed`."""
         opt = jax.eval_shape(self.optimizer.init, self.abstract_params)
         opt = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), opt, self.opt_shardings)
-        batch = jax.ShapeDtypeStruct((self.plan.global_batch, self.plan.seq_len), jnp.int32,
-                                     sharding=self.token_sharding)
+        batch = jax.ShapeDtypeStruct(
+            (self.plan.global_batch, self.plan.seq_len), jnp.int32, sharding=self.token_sharding
+        )
         return self.abstract_params, opt, batch, batch, batch, batch if packed else None
 
     # -- running ---------------------------------------------------------------------------
     def init(self, seed: int = 0):
         """`(params, opt_state)`, sharded and created on the devices (nothing whole on one device)."""
         params = jax.jit(lambda r: _unbox(self._init_variables(r)), out_shardings=self.param_shardings)(
-            jax.random.PRNGKey(seed))
+            jax.random.PRNGKey(seed)
+        )
         opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
         return params, opt_state
 
@@ -105,11 +115,17 @@ class Trainer:
         """`step(params, opt_state, tokens, targets, positions, segment_ids) -> (params, opt_state, loss, grads)`,
         jitted."""
         tokens = self.token_sharding
-        return jax.jit(self._step,
-                       in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens, tokens),
-                       out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P()),
-                                      self.param_shardings),
-                       donate_argnums=(0, 1))
+        return jax.jit(
+            self._step,
+            in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens, tokens),
+            out_shardings=(
+                self.param_shardings,
+                self.opt_shardings,
+                NamedSharding(self.mesh, P()),
+                self.param_shardings,
+            ),
+            donate_argnums=(0, 1),
+        )
 
     @cached_property
     def train_step(self):
@@ -120,16 +136,20 @@ class Trainer:
             params, opt_state, loss, _ = self._step(params, opt_state, tokens_, targets, positions, segment_ids)
             return params, opt_state, loss
 
-        return jax.jit(fn, in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens, tokens),
-                       out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P())),
-                       donate_argnums=(0, 1))
+        return jax.jit(
+            fn,
+            in_shardings=(self.param_shardings, self.opt_shardings, tokens, tokens, tokens, tokens),
+            out_shardings=(self.param_shardings, self.opt_shardings, NamedSharding(self.mesh, P())),
+            donate_argnums=(0, 1),
+        )
 
     def prepare_batch(self, sequences: np.ndarray, segment_ids: np.ndarray | None = None, *, first_row: int = 0):
         """`(tokens, targets, positions, segment_ids)`, `[global_batch, seq_len]` and sharded, of natural-order
         `[rows, seq_len+1]` rows from `first_row` on, permuted to the plan's order. Each process gives the
         rows its devices hold, so the batch never travels between processes; segment_ids None: unpacked."""
-        order = token_order(self.plan.seq_len, self.plan.axis_size("context"),
-                            self.plan.load_balance is LoadBalance.ZIGZAG)
+        order = token_order(
+            self.plan.seq_len, self.plan.axis_size("context"), self.plan.load_balance is LoadBalance.ZIGZAG
+        )
         shape = (self.plan.global_batch, self.plan.seq_len)
 
         def put(local):
@@ -141,7 +161,9 @@ class Trainer:
                 rows, columns = index
                 rows = slice((rows.start or 0) - first_row, (shape[0] if rows.stop is None else rows.stop) - first_row)
                 return local[rows, columns]
+
             return jax.make_array_from_callback(shape, self.token_sharding, shard)
+
         return tuple(put(x) for x in inputs_and_targets(sequences, segment_ids))
 
 

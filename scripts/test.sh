@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tests, exactly as CI runs them (.ci/run calls this script and nothing else), in three stages:
-#   1. Python 3.11 with `pip install -e '.[test]'` only: the pure tier passes without jax.
+#   1. Python 3.11 with `pip install -e '.[test]'` only: ruff's lint and format check, then the pure
+#      tier, which passes without jax.
 #   2. Python 3.11 with the runtime extra: the rest of the suite (cpu_mesh, tpu_compile, and the
 #      pure tests that mean something only with that extra installed, marked runtime_extra); the
 #      rest of the pure tier already ran in stage 1 and does not import jax, so it is not run twice.
@@ -62,7 +63,9 @@ stage() {
 }
 
 # The stages (set -e does not apply inside a function called from `||`, hence the && chains).
-pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test]' && tier py311-pure -m pure; }
+# ruff (configured in pyproject.toml) lints and checks the formatting of the whole tree first
+lint() { .venvs/py311-pure/bin/ruff check . && .venvs/py311-pure/bin/ruff format --check .; }
+pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test]' && lint && tier py311-pure -m pure; }
 runtime_tiers() { venv py311 "$(python_for 3.11)" '.[runtime,test]' && tier py311 -m "not pure or runtime_extra"; }
 beside_maxtext() {
     venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt &&

@@ -1,6 +1,7 @@
 """A bound on the work a call does, counted in Python lines run rather than in seconds, so that a test
 of "answers at once" gives the same verdict on a fast machine and on a loaded one (imported by pure
 tests; tests/conftest.py puts tests/ on the path)."""
+
 import sys
 from contextlib import contextmanager
 

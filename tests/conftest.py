@@ -6,6 +6,7 @@ helpers they share (small_candidates.py, runtime_steps.py, bounded_work.py) and 
 here, and this directory goes on sys.path so that a test imports a helper by its module name
 (`from small_candidates import one_candidate`) from any folder.
 """
+
 import os
 import sys
 from pathlib import Path

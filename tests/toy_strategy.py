@@ -1,5 +1,6 @@
 """A strategy registered in one place, for the tests that find it everywhere strategies are listed:
 all-gather's rules, layout and price under another name, which MaxText does not have."""
+
 from __future__ import annotations
 
 import contextlib

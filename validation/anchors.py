@@ -2,6 +2,7 @@
 chip on the context axes) and their price under the MaxText target, as `cpplan import` reads their flags.
 Evidence: docs/provenance/strategies_and_validation.md#anchors
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +14,10 @@ from planner.maxtext import read_maxtext
 
 SOURCE = "docs/measurements.md, 'MaxText 0.2.5 compiled deviceless'"
 # the flags of the compiles' command line that every row shares
-COMMON_FLAGS = ("compile_topology_num_slices=1 model_name=llama3.1-8b dataset_type=synthetic attention=flash "
-                "remat_policy=full ici_fsdp_parallelism=1")
+COMMON_FLAGS = (
+    "compile_topology_num_slices=1 model_name=llama3.1-8b dataset_type=synthetic attention=flash "
+    "remat_policy=full ici_fsdp_parallelism=1"
+)
 TOLERANCE = 0.10
 
 
@@ -44,9 +47,12 @@ class Anchor:
         mesh = f"ici_context_parallelism={self.ring}"
         if self.strategy == "usp":
             mesh += f" ici_context_usp_ulysses_parallelism={self.ulysses}"
-        return (f"{COMMON_FLAGS} compile_topology={self.topology} max_target_length={self.seq_len} "
-                f"per_device_batch_size={1 / get_topology(self.topology).num_devices} context_parallel_strategy={self.strategy} "
-                f"{mesh}{splash} {self.extra_flags}").strip()
+        return (
+            f"{COMMON_FLAGS} compile_topology={self.topology} max_target_length={self.seq_len} "
+            f"per_device_batch_size={1 / get_topology(self.topology).num_devices} "
+            f"context_parallel_strategy={self.strategy} "
+            f"{mesh}{splash} {self.extra_flags}"
+        ).strip()
 
 
 K = 1024
@@ -58,10 +64,18 @@ ANCHORS = [
     Anchor("v5p-16", "ring", 8, 1, 256 * K, 70.7, True),
     Anchor("v5p-16", "ring", 8, 1, 512 * K, 189.0, False),
     # default 512 blocks overflow SMEM; MaxText refuses Ulysses with load balancing on
-    Anchor("v5p-16", "ulysses", 8, 1, 128 * K, 26.2, True,
-           "context_parallel_load_balance=False sa_block_q=1024 sa_block_kv=1024 sa_block_kv_compute=1024 "
-           "sa_block_q_dkv=1024 sa_block_kv_dkv=1024 sa_block_kv_dkv_compute=1024 sa_block_q_dq=1024 "
-           "sa_block_kv_dq=1024"),
+    Anchor(
+        "v5p-16",
+        "ulysses",
+        8,
+        1,
+        128 * K,
+        26.2,
+        True,
+        "context_parallel_load_balance=False sa_block_q=1024 sa_block_kv=1024 sa_block_kv_compute=1024 "
+        "sa_block_q_dkv=1024 sa_block_kv_dkv=1024 sa_block_kv_dkv_compute=1024 sa_block_q_dq=1024 "
+        "sa_block_kv_dq=1024",
+    ),
     Anchor("v5p-16", "usp", 4, 2, 128 * K, 42.9, True),
     Anchor("v5p-16", "usp", 4, 2, 512 * K, 317.0, False),
     Anchor("tpu7x-16", "all_gather", 16, 1, 128 * K, 15.7, True),
@@ -80,6 +94,12 @@ def reprice(anchor: Anchor) -> dict:
     priced = predicted.hbm_bytes_per_device / GiB
     compiled = anchor.compiled_gib
     ratio = priced / compiled
-    return {"name": anchor.name, "priced_gib": priced, "compiled_gib": compiled, "ratio": ratio,
-            "priced_fits": predicted.fits, "compiled_fits": anchor.fits,
-            "ok": abs(ratio - 1) <= TOLERANCE and predicted.fits == anchor.fits}
+    return {
+        "name": anchor.name,
+        "priced_gib": priced,
+        "compiled_gib": compiled,
+        "ratio": ratio,
+        "priced_fits": predicted.fits,
+        "compiled_fits": anchor.fits,
+        "ok": abs(ratio - 1) <= TOLERANCE and predicted.fits == anchor.fits,
+    }

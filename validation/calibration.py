@@ -4,6 +4,7 @@ model's figures to the times, and write a chip row saying how each figure was me
 It fits only kernel and collective figures, never an efficiency to match an end-to-end step time.
 Method: docs/provenance/strategies_and_validation.md#calibration
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,15 @@ from validation.outputs import prepare_out_dir, write_atomic
 
 COLLECTIVE_SIZES = (2**16, 2**18, 2**20, 2**22)  # bytes per device
 # seq ÷ (q_len, kv_len, block), causal: varied independently so that the four fitted costs separate
-ATTENTION_SHAPES = ((4, 4, 4, False), (4, 4, 8, False), (4, 1, 4, False), (2, 2, 4, False), (8, 1, 8, False),
-                    (1, 1, 4, True), (2, 2, 4, True))
+ATTENTION_SHAPES = (
+    (4, 4, 4, False),
+    (4, 4, 8, False),
+    (4, 1, 4, False),
+    (2, 2, 4, False),
+    (8, 1, 8, False),
+    (1, 1, 4, True),
+    (2, 2, 4, True),
+)
 
 
 def row_path(out: "str | Path", chip_name: str) -> Path:
@@ -66,17 +74,35 @@ class AttentionFit:
         return float(np.mean([abs(fit / t - 1) for *_, t, fit in self.shapes]))
 
 
-def splash_terms(q_len: int, kv_len: int, block: int, causal: bool, *, heads: int, kv_heads: int, head_dim: int,
-                 act_bytes: int) -> tuple[float, float, float, float]:
+def splash_terms(
+    q_len: int, kv_len: int, block: int, causal: bool, *, heads: int, kv_heads: int, head_dim: int, act_bytes: int
+) -> tuple[float, float, float, float]:
     """(executed FLOPs, grid steps, operand bytes × steps, masked logits) of one call's forward +
     backward, as the cost model prices them."""
     flops = 4.0 * q_len * kv_len * heads * head_dim * (1 + SPLASH_BACKWARD_OVER_FORWARD)
     if causal:
         flops *= float(causal_block_fraction(q_len, block))
-    units = [float(sum(splash_step_costs(heads, kv_heads, q_len, kv_len, head_dim=head_dim, act_bytes=act_bytes,
-                                         block_q=block, block_kv=block, per_step_s=step, per_step_byte_s=byte,
-                                         per_masked_element_s=masked, causal=causal)))
-             for step, byte, masked in np.eye(3)]
+    units = [
+        float(
+            sum(
+                splash_step_costs(
+                    heads,
+                    kv_heads,
+                    q_len,
+                    kv_len,
+                    head_dim=head_dim,
+                    act_bytes=act_bytes,
+                    block_q=block,
+                    block_kv=block,
+                    per_step_s=step,
+                    per_step_byte_s=byte,
+                    per_masked_element_s=masked,
+                    causal=causal,
+                )
+            )
+        )
+        for step, byte, masked in np.eye(3)
+    ]
     return (flops, *units)
 
 
@@ -86,8 +112,9 @@ def fit_attention(shapes, terms, times) -> AttentionFit:
     rows, seconds = np.asarray(terms, float), np.asarray(times, float)
     coef, _ = nnls(rows / seconds[:, None], np.ones(len(seconds)))
     fitted = rows @ coef
-    return AttentionFit(*(float(c) for c in coef),
-                        tuple((*s, float(t), float(f)) for s, t, f in zip(shapes, seconds, fitted)))
+    return AttentionFit(
+        *(float(c) for c in coef), tuple((*s, float(t), float(f)) for s, t, f in zip(shapes, seconds, fitted))
+    )
 
 
 def fit_host_collectives(points: dict, n: int) -> tuple[dict[str, list[float]], dict[str, float]]:
@@ -100,8 +127,9 @@ def fit_host_collectives(points: dict, n: int) -> tuple[dict[str, list[float]], 
         volume = sizes * n if kind == "all_gather" else sizes
         unit = np.array([formula(v, n, 1.0, 0.0) for v in volume])  # seconds at 1 byte/s, no latency
         # relative error, so that small sizes (the plans' own) count as much
-        (lat, per_byte), _ = nnls(np.stack([np.ones_like(unit), unit], axis=1) / seconds[:, None],
-                                  np.ones_like(seconds))
+        (lat, per_byte), _ = nnls(
+            np.stack([np.ones_like(unit), unit], axis=1) / seconds[:, None], np.ones_like(seconds)
+        )
         if per_byte <= 0:  # too noisy to see the bandwidth: charge the largest size's time to it
             lat, per_byte = 0.0, seconds[-1] / unit[-1]
         bw = 1.0 / per_byte
@@ -145,15 +173,25 @@ def _measured_row(chip: Chip, measured: dict, topology: str) -> Chip:
     try:
         return Chip.from_dict({**chip.to_dict(), **measured}, origin=origin)
     except ChipRuleError as err:
-        raise CpplanError(f"{origin}: {err.rule}. The measured figures disagree with each other, as they do when "
-                          f"other work took the cores during a timing or a fit is too noisy to hold its figure in "
-                          f"range: nothing was written. Run `cpplan calibrate` again on an idle machine, with more "
-                          f"--repeats.") from None
+        raise CpplanError(
+            f"{origin}: {err.rule}. The measured figures disagree with each other, as they do when "
+            f"other work took the cores during a timing or a fit is too noisy to hold its figure in "
+            f"range: nothing was written. Run `cpplan calibrate` again on an idle machine, with more "
+            f"--repeats."
+        ) from None
 
 
-def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul_size: int = 1024,
-              attention_seq: int = 1024, attention_heads: int = 8, attention_kv_heads: int = 4,
-              attention_head_dim: int = 32) -> Calibration:
+def calibrate(
+    topology: str,
+    *,
+    dtype: str = "float32",
+    repeats: int = 5,
+    matmul_size: int = 1024,
+    attention_seq: int = 1024,
+    attention_heads: int = 8,
+    attention_kv_heads: int = 4,
+    attention_head_dim: int = 32,
+) -> Calibration:
     """Measures the devices present as `topology` and returns a chip row for them.
 
     Args:
@@ -174,8 +212,9 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     per_chip = 1.0 / topo.num_chips
     matmul = measure.measure_matmul(mesh, dtype, matmul_size, repeats)
     heads = dict(heads=attention_heads, kv_heads=attention_kv_heads, head_dim=attention_head_dim)
-    shapes = [(attention_seq // q, attention_seq // kv, attention_seq // b, causal)
-              for q, kv, b, causal in ATTENTION_SHAPES]
+    shapes = [
+        (attention_seq // q, attention_seq // kv, attention_seq // b, causal) for q, kv, b, causal in ATTENTION_SHAPES
+    ]
     times = measure.time_attention(mesh, topo, dtype, shapes, repeats=repeats, **heads)
     terms = [splash_terms(*s, act_bytes=jnp.dtype(dtype).itemsize, **heads) for s in shapes]
     fit = fit_attention(shapes, terms, times)
@@ -189,47 +228,83 @@ def calibrate(topology: str, *, dtype: str = "float32", repeats: int = 5, matmul
     how = f"measured by `cpplan calibrate --topology {topo.name}` on {when}, all {topo.num_devices} devices busy"
     link_field = "core_link_bw_bytes_per_s" if shares_cores else "ici_link_bw_bytes_per_s"
     sources = dict(chip.sources)
-    sources.update({
-        "peak_bf16_flops_per_s": (f"{how}: {matmul_size}³ {dtype} matmuls, fastest of at least {repeats} (more where "
-                                  f"{repeats} take under {measure.MIN_TIMED_S:g} s)"),
-        "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
-        "attention_efficiency": (f"{how}: splash forward + backward, {attention_heads} query and "
-                                 f"{attention_kv_heads} kv heads × {attention_head_dim}, (q, kv, block, causal) = "
-                                 f"{[s[:4] for s in fit.shapes]}: the FLOP rate of the fit that, with a cost per grid "
-                                 f"step, per operand byte per step and per masked logit, explains every time (mean "
-                                 f"error {fit.mean_error:.1%}); relative to the matmul peak"),
-        "attention_block_overhead_s": f"{how}: the same fit; the fixed cost per grid step of each kernel",
-        "attention_step_s_per_operand_byte": (f"{how}: the same fit; the cost per byte of a kernel's operand arrays "
-                                              f"per grid step (interpret mode copies them at every step)"),
-        "attention_masked_element_s": (f"{how}: the same fit; the cost per logit of the blocks a causal mask cuts "
-                                       f"through, per kernel (the mask rule is evaluated there)"),
-        "attention_backward_over_forward": (f"{how}: the fit prices the backward kernels at their FLOP ratio to the "
-                                            f"forward ({SPLASH_BACKWARD_OVER_FORWARD}), its other costs per grid step"),
-        "attention_backward_core_share": f"{how}: 1; the fit times the backward on the devices as they run it",
-        "attention_unfused_backward_factor": f"{how}: 1; the fit times the runtime's own backward kernels",
-        "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
-        "attention_backward_operand_passes": f"{how}: 0, as for the forward",
-        "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
-        link_field: (f"{how}: fitted so the model's all-gather over all devices matches at "
-                     f"{list(COLLECTIVE_SIZES)} bytes per device; with it the model predicts "
-                     + ", ".join(f"{k} within {v:.0%}" for k, v in errors.items()) + " on average"),
-        "ici_hop_latency_s": f"{how}: the intercept of the same all-gather fit",
-    })
+    sources.update(
+        {
+            "peak_bf16_flops_per_s": (
+                f"{how}: {matmul_size}³ {dtype} matmuls, fastest of at least {repeats} (more where "
+                f"{repeats} take under {measure.MIN_TIMED_S:g} s)"
+            ),
+            "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
+            "attention_efficiency": (
+                f"{how}: splash forward + backward, {attention_heads} query and "
+                f"{attention_kv_heads} kv heads × {attention_head_dim}, (q, kv, block, causal) = "
+                f"{[s[:4] for s in fit.shapes]}: the FLOP rate of the fit that, with a cost per grid "
+                f"step, per operand byte per step and per masked logit, explains every time (mean "
+                f"error {fit.mean_error:.1%}); relative to the matmul peak"
+            ),
+            "attention_block_overhead_s": f"{how}: the same fit; the fixed cost per grid step of each kernel",
+            "attention_step_s_per_operand_byte": (
+                f"{how}: the same fit; the cost per byte of a kernel's operand arrays "
+                f"per grid step (interpret mode copies them at every step)"
+            ),
+            "attention_masked_element_s": (
+                f"{how}: the same fit; the cost per logit of the blocks a causal mask cuts "
+                f"through, per kernel (the mask rule is evaluated there)"
+            ),
+            "attention_backward_over_forward": (
+                f"{how}: the fit prices the backward kernels at their FLOP ratio to the "
+                f"forward ({SPLASH_BACKWARD_OVER_FORWARD}), its other costs per grid step"
+            ),
+            "attention_backward_core_share": f"{how}: 1; the fit times the backward on the devices as they run it",
+            "attention_unfused_backward_factor": f"{how}: 1; the fit times the runtime's own backward kernels",
+            "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
+            "attention_backward_operand_passes": f"{how}: 0, as for the forward",
+            "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
+            link_field: (
+                f"{how}: fitted so the model's all-gather over all devices matches at "
+                f"{list(COLLECTIVE_SIZES)} bytes per device; with it the model predicts "
+                + ", ".join(f"{k} within {v:.0%}" for k, v in errors.items())
+                + " on average"
+            ),
+            "ici_hop_latency_s": f"{how}: the intercept of the same all-gather fit",
+        }
+    )
     if host:
         sources["host_collectives"] = (
             f"{how}: each kind over all {topo.num_devices} devices at {list(COLLECTIVE_SIZES)} bytes per device, its "
             f"bandwidth and latency fitted to its own times (the virtual devices copy through shared memory, and XLA's "
-            f"CPU collectives differ by kind); fit errors " + ", ".join(f"{k} {v:.0%}" for k, v in host_errors.items()))
-    row = _measured_row(chip, dict(
-        peak_bf16_flops_per_s=matmul * per_chip, matmul_efficiency=1.0,
-        attention_efficiency=attention / matmul, attention_block_overhead_s=fit.per_step_s,
-        attention_step_s_per_operand_byte=fit.per_step_byte_s, attention_masked_element_s=fit.per_masked_element_s,
-        attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD, attention_backward_core_share=1.0,
-        attention_unfused_backward_factor=1.0,
-        attention_operand_passes=0.0,
-        attention_backward_operand_passes=0.0, hbm_bw_bytes_per_s=memory * per_chip,
-        ici_hop_latency_s=hop, host_collectives=host, sources=sources, **{link_field: link}), topology)
-    raw = {"matmul_flops_per_s": matmul, "attention_flops_per_s": attention, "attention_fit": dataclasses.asdict(fit),
-           "attention_fit_mean_error": fit.mean_error, "memory_bytes_per_s": memory,
-           "collectives": points, "collective_model_errors": errors, "host_collective_errors": host_errors}
+            f"CPU collectives differ by kind); fit errors " + ", ".join(f"{k} {v:.0%}" for k, v in host_errors.items())
+        )
+    row = _measured_row(
+        chip,
+        dict(
+            peak_bf16_flops_per_s=matmul * per_chip,
+            matmul_efficiency=1.0,
+            attention_efficiency=attention / matmul,
+            attention_block_overhead_s=fit.per_step_s,
+            attention_step_s_per_operand_byte=fit.per_step_byte_s,
+            attention_masked_element_s=fit.per_masked_element_s,
+            attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD,
+            attention_backward_core_share=1.0,
+            attention_unfused_backward_factor=1.0,
+            attention_operand_passes=0.0,
+            attention_backward_operand_passes=0.0,
+            hbm_bw_bytes_per_s=memory * per_chip,
+            ici_hop_latency_s=hop,
+            host_collectives=host,
+            sources=sources,
+            **{link_field: link},
+        ),
+        topology,
+    )
+    raw = {
+        "matmul_flops_per_s": matmul,
+        "attention_flops_per_s": attention,
+        "attention_fit": dataclasses.asdict(fit),
+        "attention_fit_mean_error": fit.mean_error,
+        "memory_bytes_per_s": memory,
+        "collectives": points,
+        "collective_model_errors": errors,
+        "host_collective_errors": host_errors,
+    }
     return Calibration(row, raw)

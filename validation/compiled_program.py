@@ -46,6 +46,7 @@ weight gradient).
 too) times its executions per step: XLA's `cost_analysis()` counts a while body once, and leaves
 out Mosaic kernels, so neither gives a step's executed matmul work.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,17 +57,51 @@ from dataclasses import dataclass, field
 import numpy as np
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
-CATEGORIES = ("fsdp_all_gather", "fsdp_reduce_scatter", "tensor", "data_all_reduce", "context", "embedding",
-              "other")
-DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8,
-               "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1,
-               "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "token": 0}
+CATEGORIES = ("fsdp_all_gather", "fsdp_reduce_scatter", "tensor", "data_all_reduce", "context", "embedding", "other")
+DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "s32": 4,
+    "u32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "f32": 4,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3b11fnuz": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "token": 0,
+}
 _ARRAY = re.compile(r"\b(" + "|".join(sorted(DTYPE_BYTES, key=len, reverse=True)) + r")\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 # ops whose time is compute: what can hide a collective scheduled around it
-_COMPUTE_OPS = {"fusion", "convolution", "dot", "custom-call", "while", "conditional", "call", "reduce",
-                "reduce-window", "scatter", "gather", "sort", "select-and-scatter"}
+_COMPUTE_OPS = {
+    "fusion",
+    "convolution",
+    "dot",
+    "custom-call",
+    "while",
+    "conditional",
+    "call",
+    "reduce",
+    "reduce-window",
+    "scatter",
+    "gather",
+    "sort",
+    "select-and-scatter",
+}
 
 
 @dataclass(frozen=True)
@@ -166,8 +201,11 @@ class CompiledProgram:
 
     def of(self, *, kind: str | None = None, category: str | None = None) -> list[Collective]:
         """The collectives of one kind and/or category."""
-        return [c for c in self.collectives if (kind is None or c.kind == kind)
-                and (category is None or c.category == category)]
+        return [
+            c
+            for c in self.collectives
+            if (kind is None or c.kind == kind) and (category is None or c.category == category)
+        ]
 
 
 # -- text → computations ---------------------------------------------------------------------
@@ -181,7 +219,7 @@ def _balanced(text: str, start: int, open_char: str = "(", close_char: str = ")"
             depth -= 1
             if depth == 0:
                 return i + 1
-    raise ValueError(f"unbalanced {open_char}{close_char} in HLO: {text[start:start + 80]!r}")
+    raise ValueError(f"unbalanced {open_char}{close_char} in HLO: {text[start : start + 80]!r}")
 
 
 def _attribute(attributes: str, key: str) -> str | None:
@@ -207,7 +245,7 @@ def _parse_instruction(line: str) -> Instruction | None:
     head = _INSTRUCTION.match(line)
     if not head:
         return None
-    rest = line[head.end():]
+    rest = line[head.end() :]
     if rest.startswith("("):  # a tuple shape
         end = _balanced(rest, 0)
     else:
@@ -220,7 +258,7 @@ def _parse_instruction(line: str) -> Instruction | None:
     close = _balanced(rest, paren)
     operands = tuple(re.findall(r"%([\w.\-]+)", rest[paren:close]))
     if not operands:  # unprefixed operand names (older printers)
-        operands = tuple(o.strip().split(" ")[-1] for o in rest[paren + 1:close - 1].split(",") if o.strip())
+        operands = tuple(o.strip().split(" ")[-1] for o in rest[paren + 1 : close - 1].split(",") if o.strip())
     return Instruction(head.group(2), shape, opcode, operands, rest[close:].lstrip(", "))
 
 
@@ -257,8 +295,12 @@ def parse_computations(text: str) -> tuple[dict[str, Computation], str]:
 def shape_bytes(shape: str) -> float:
     """Bytes of every array in a shape text (a tuple's elements summed; layouts ignored)."""
     shape = re.sub(r"\{[^{}]*\}", "", shape)  # layouts and memory spaces
-    return float(sum(DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-                     for dtype, dims in _ARRAY.findall(shape)))
+    return float(
+        sum(
+            DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+            for dtype, dims in _ARRAY.findall(shape)
+        )
+    )
 
 
 def _arrays(shape: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -274,8 +316,8 @@ def group_size(instruction: Instruction) -> int:
     if groups is None:
         return 1
     if groups.startswith("mesh["):
-        sizes = dict((k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", groups[:groups.index("]")]))
-        chosen = re.findall(r"'([^']+)'", groups[groups.index("]"):])
+        sizes = dict((k, int(v)) for k, v in re.findall(r"'([^']+)'=(\d+)", groups[: groups.index("]")]))
+        chosen = re.findall(r"'([^']+)'", groups[groups.index("]") :])
         return math.prod(sizes[a] for a in chosen) if chosen else math.prod(sizes.values())
     iota = re.match(r"\[([0-9,]+)\]<=", groups)
     if iota:
@@ -293,12 +335,13 @@ def replica_groups(instruction: Instruction) -> frozenset[frozenset[int]] | None
     if text is None:
         return None
     if text.startswith("mesh["):
-        head, tail = text[:text.index("]")], text[text.index("]"):]
+        head, tail = text[: text.index("]")], text[text.index("]") :]
         axes = re.findall(r"'([^']+)'=(\d+)", head)
         chosen = re.findall(r"'([^']+)'", tail) or [a for a, _ in axes]
         ids = np.arange(math.prod(int(n) for _, n in axes)).reshape([int(n) for _, n in axes])
         order = [i for i, (a, _) in enumerate(axes) if a not in chosen] + [
-            [a for a, _ in axes].index(a) for a in chosen]
+            [a for a, _ in axes].index(a) for a in chosen
+        ]
         size = math.prod(int(dict(axes)[a]) for a in chosen)
         rows = ids.transpose(order).reshape(-1, size)
     elif re.match(r"\[[0-9,]+\]<=", text):
@@ -354,13 +397,17 @@ def instruction_flops(instruction: Instruction, shapes: dict[str, str]) -> float
     window = _window(instruction.attribute("window") or "")
     taps = 1
     for n, digit in enumerate(sorted(d for d in lhs_labels if d.isdigit())):
-        size, stride, (low, _), lhs_dilate, rhs_dilate = (w[n] if n < len(w) else d for w, d in
-                                                          zip(window, (1, 1, (0, 0), 1, 1)))
+        size, stride, (low, _), lhs_dilate, rhs_dilate = (
+            w[n] if n < len(w) else d for w, d in zip(window, (1, 1, (0, 0), 1, 1))
+        )
         length = lhs[0][1][lhs_labels.index(digit)]
         positions = out_dims[out_labels.index(digit)]
-        taps *= sum(1 for o in range(positions) for k in range(size)
-                    if (p := o * stride + k * rhs_dilate - low) >= 0 and p % lhs_dilate == 0
-                    and p // lhs_dilate < length)
+        taps *= sum(
+            1
+            for o in range(positions)
+            for k in range(size)
+            if (p := o * stride + k * rhs_dilate - low) >= 0 and p % lhs_dilate == 0 and p // lhs_dilate < length
+        )
     batch = _dims_of(out_labels, out_dims, "b")
     features = _dims_of(out_labels, out_dims, "f")
     return 2.0 * batch * features * _dims_of(rhs_labels, rhs[0][1], "i") * taps
@@ -472,12 +519,26 @@ class _Stacks:
                 current = None
                 continue
             current[int(row.group(1))] = row.group(2)
-        loc = {k: (int(re.search(r"file_name_id=(\d+)", v).group(1)),
-                   int(re.search(r"function_name_id=(\d+)", v).group(1))) for k, v in tables["FileLocations"].items()}
-        frames = {k: (int(re.search(r"file_location_id=(\d+)", v).group(1)),
-                      int(re.search(r"parent_frame_id=(\d+)", v).group(1))) for k, v in tables["StackFrames"].items()}
-        return cls({k: v.strip('"') for k, v in tables["FileNames"].items()},
-                   {k: v.strip('"') for k, v in tables["FunctionNames"].items()}, loc, frames)
+        loc = {
+            k: (
+                int(re.search(r"file_name_id=(\d+)", v).group(1)),
+                int(re.search(r"function_name_id=(\d+)", v).group(1)),
+            )
+            for k, v in tables["FileLocations"].items()
+        }
+        frames = {
+            k: (
+                int(re.search(r"file_location_id=(\d+)", v).group(1)),
+                int(re.search(r"parent_frame_id=(\d+)", v).group(1)),
+            )
+            for k, v in tables["StackFrames"].items()
+        }
+        return cls(
+            {k: v.strip('"') for k, v in tables["FileNames"].items()},
+            {k: v.strip('"') for k, v in tables["FunctionNames"].items()},
+            loc,
+            frames,
+        )
 
     def stack(self, frame_id: int | None) -> list[tuple[str, str]]:
         """(file, function) of every frame from `frame_id` up to the root."""
@@ -491,8 +552,15 @@ class _Stacks:
         return out
 
 
-def attribute(kind: str, *, op_name: str, stack: list[tuple[str, str]], dtypes: set[str],
-              groups: frozenset | None = None, mesh_groups: dict[str, frozenset] | None = None) -> str:
+def attribute(
+    kind: str,
+    *,
+    op_name: str,
+    stack: list[tuple[str, str]],
+    dtypes: set[str],
+    groups: frozenset | None = None,
+    mesh_groups: dict[str, frozenset] | None = None,
+) -> str:
     """The price category of a collective (rules in the module docstring).
 
     Args:
@@ -551,7 +619,7 @@ def _wrapped(instruction: Instruction, computations: dict[str, Computation]):
         return None
     for name in instruction.called:
         wrapped = computations.get(name)
-        for inner in (wrapped.instructions if wrapped else ()):
+        for inner in wrapped.instructions if wrapped else ():
             if inner.opcode in _SYNC:
                 return inner, wrapped
     return None
@@ -584,8 +652,11 @@ def _chain_link(instruction: Instruction, computations: dict[str, Computation]):
         inner = next((i for i in (fused.instructions if fused else ()) if i.opcode in _SYNC), None)
         if inner is None or inner.attribute("channel_id") is None:
             continue
-        targets = {(i.attribute("custom_call_target") or "").strip('"') for i in fused.instructions
-                   if i.opcode == "custom-call"}
+        targets = {
+            (i.attribute("custom_call_target") or "").strip('"')
+            for i in fused.instructions
+            if i.opcode == "custom-call"
+        }
         role = "start" if _CHAIN_START in targets else "done" if _CHAIN_DONE in targets else "step"
         if role == "step" and not name.startswith("async_collective_fusion"):
             return None  # a fusion that merely holds a collective
@@ -593,8 +664,9 @@ def _chain_link(instruction: Instruction, computations: dict[str, Computation]):
     return None
 
 
-def _chain_done(start: Instruction, inner: Instruction, following: tuple[Instruction, ...],
-                computations: dict[str, Computation]) -> Instruction | None:
+def _chain_done(
+    start: Instruction, inner: Instruction, following: tuple[Instruction, ...], computations: dict[str, Computation]
+) -> Instruction | None:
     """The `AsyncCollectiveDone` fusion of the chain a start begins (same channel_id)."""
     channel = inner.attribute("channel_id")
     for instruction in following:
@@ -635,15 +707,21 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
 
     def trip_count(body: str) -> int:
         if body not in trips_of:
-            raise ValueError(f"while body {body}: its condition is not a `counter < N` loop from a constant "
-                             f"start by a constant step; cannot count its trips")
+            raise ValueError(
+                f"while body {body}: its condition is not a `counter < N` loop from a constant "
+                f"start by a constant step; cannot count its trips"
+            )
         return trips_of[body]
 
     mesh_groups = None
     if mesh_axes:
         from cost_models.vocabulary import WEIGHT_SHARDING_AXES
-        mesh_groups = {"tensor": axis_groups(mesh_axes, ("tensor",)), "data": axis_groups(mesh_axes, ("data",)),
-                       "weights": axis_groups(mesh_axes, WEIGHT_SHARDING_AXES)}
+
+        mesh_groups = {
+            "tensor": axis_groups(mesh_axes, ("tensor",)),
+            "data": axis_groups(mesh_axes, ("data",)),
+            "weights": axis_groups(mesh_axes, WEIGHT_SHARDING_AXES),
+        }
     collectives: list[Collective] = []
     custom_calls: dict[str, int] = defaultdict(int)
     flops_cache: dict[str, float] = {}
@@ -684,9 +762,12 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
             link = _chain_link(instruction, computations)
             if link is not None:  # one collective per chain, at its start; its steps are compute
                 if link[0] == "start":
-                    done = _chain_done(instruction, link[1], comp.instructions[n + 1:], computations)
-                    collectives.append(_collective(instruction, link[1].opcode, comp, order, n, executions,
-                                                   wrapped=link[1:], chain_done=done))
+                    done = _chain_done(instruction, link[1], comp.instructions[n + 1 :], computations)
+                    collectives.append(
+                        _collective(
+                            instruction, link[1].opcode, comp, order, n, executions, wrapped=link[1:], chain_done=done
+                        )
+                    )
                 continue
             if instruction.opcode in ("conditional", "call", "fusion"):
                 for called in instruction.called:
@@ -704,7 +785,7 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
         if chain_done is not None:
             pair = (instruction, chain_done)
         else:
-            pair = _done_of(instruction, comp.instructions[n + 1:]) if is_async else None
+            pair = _done_of(instruction, comp.instructions[n + 1 :]) if is_async else None
         launched, done = pair if pair else (instruction, None)
         operand_shapes = [inner_comp.shapes.get(o, "") for o in inner.operands]
         operand_bytes = sum(shape_bytes(s) for s in operand_shapes)
@@ -714,27 +795,38 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
             array_bytes = shape_bytes(inner.shape)
         else:  # all-gather-start: its done holds the gathered array
             array_bytes = shape_bytes(done.shape)
-        between = comp.instructions[order[launched.name] + 1:order[done.name]] if done is not None else ()
+        between = comp.instructions[order[launched.name] + 1 : order[done.name]] if done is not None else ()
         compute = [i for i in between if i.opcode in _COMPUTE_OPS]
-        kernels = tuple((i.attribute("custom_call_target") or "").strip('"') for i in compute
-                        if i.opcode == "custom-call")
+        kernels = tuple(
+            (i.attribute("custom_call_target") or "").strip('"') for i in compute if i.opcode == "custom-call"
+        )
         flops = sum(_instruction_work(i, comp) for i in compute)
         metadata = inner.attribute("metadata") or instruction.attribute("metadata") or ""
         op_name = (re.search(r'op_name="([^"]*)"', metadata) or [None, ""])[1]
         frame = re.search(r"stack_frame_id=(\d+)", metadata)
         stack = stacks.stack(int(frame.group(1))) if frame else []
         dtypes = {d for s in operand_shapes for d, _ in _arrays(s)}
-        return Collective(kind=kind, name=instruction.name, computation=comp.name, array_bytes=array_bytes,
-                          group_size=group_size(inner), executions=executions, is_async=is_async,
-                          category=attribute(kind, op_name=op_name, stack=stack, dtypes=dtypes,
-                                            groups=replica_groups(inner), mesh_groups=mesh_groups),
-                          op_name=op_name,
-                          compute_between=tuple(i.name for i in compute), flops_between=flops,
-                          kernels_between=kernels)
+        return Collective(
+            kind=kind,
+            name=instruction.name,
+            computation=comp.name,
+            array_bytes=array_bytes,
+            group_size=group_size(inner),
+            executions=executions,
+            is_async=is_async,
+            category=attribute(
+                kind, op_name=op_name, stack=stack, dtypes=dtypes, groups=replica_groups(inner), mesh_groups=mesh_groups
+            ),
+            op_name=op_name,
+            compute_between=tuple(i.name for i in compute),
+            flops_between=flops,
+            kernels_between=kernels,
+        )
 
     visit(entry, 1)
-    return CompiledProgram(collectives=tuple(collectives), matmul_flops=computation_flops(entry),
-                           custom_calls=dict(custom_calls))
+    return CompiledProgram(
+        collectives=tuple(collectives), matmul_flops=computation_flops(entry), custom_calls=dict(custom_calls)
+    )
 
 
 # -- counts against the price ----------------------------------------------------------------
@@ -810,8 +902,14 @@ def count_check(plan, program: CompiledProgram) -> CountCheck:
         else:
             compiled[c.category] += charged
     priced = {k: float(v[0]) for k, v in priced_link_bytes(x).items()}
-    return CountCheck(compiled_flops=program.matmul_flops, priced_flops=float(executed_matmul_flops(x)[0]),
-                      compiled_bytes=dict(compiled), priced_bytes=priced, wasted_bytes=wasted, other_bytes=other)
+    return CountCheck(
+        compiled_flops=program.matmul_flops,
+        priced_flops=float(executed_matmul_flops(x)[0]),
+        compiled_bytes=dict(compiled),
+        priced_bytes=priced,
+        wasted_bytes=wasted,
+        other_bytes=other,
+    )
 
 
 # the names XLA's rematerialization gives the instructions it clones
@@ -855,5 +953,10 @@ def module_matmuls(hlo_text: str) -> dict:
             if REMAT.search(owner) or REMAT.search(instruction.name):
                 shape = instruction.shape.split("{")[0]
                 cloned[f"{owner} {shape} × {runs[name]}"] += flops
-    return {"matmul_flops": total, "remat_matmul_flops": sum(cloned.values()), "remat_matmuls": dict(cloned),
-            "remat_instructions": len(remat_names), "loop_trip_counts": trips}
+    return {
+        "matmul_flops": total,
+        "remat_matmul_flops": sum(cloned.values()),
+        "remat_matmuls": dict(cloned),
+        "remat_instructions": len(remat_names),
+        "loop_trip_counts": trips,
+    }

@@ -4,6 +4,7 @@ MaxText flags into a Plan, with a step time derived from the figure its source q
 Settings cpplan cannot represent are priced at the nearest it has, and the run's notes say so. The
 corpus is a test set: nothing is fitted to it. Columns: docs/provenance/strategies_and_validation.md#corpus
 """
+
 from __future__ import annotations
 
 import csv
@@ -15,18 +16,38 @@ from pathlib import Path
 from cost_models.compute import splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.models import SWIGLU, DecoderBlock, ModelSpec
+from cost_models.targets import Target
 from cost_models.units import mfu
 from cost_models.vocabulary import DTYPE_BYTES
-from planner.maxtext import (ACTIVATIONS_FLAG, BLOCK_FLAG, parse_flags, parse_activations, parse_decoder_block,
-                             read_maxtext)
-from cost_models.targets import Target
 from planner.estimate import estimate
+from planner.maxtext import (
+    ACTIVATIONS_FLAG,
+    BLOCK_FLAG,
+    parse_activations,
+    parse_decoder_block,
+    parse_flags,
+    read_maxtext,
+)
 from planner.plan import Plan
 from validation.report import CorpusReport, StepResult
 from validation.stats import spearman
 
-CORPUS_COLUMNS = ("id", "maxtext_flags", "maxtext_defaults", "metric", "value", "peak_tflops", "flop_rule", "figure",
-                  "repository", "path", "commit", "date", "derivation", "notes")
+CORPUS_COLUMNS = (
+    "id",
+    "maxtext_flags",
+    "maxtext_defaults",
+    "metric",
+    "value",
+    "peak_tflops",
+    "flop_rule",
+    "figure",
+    "repository",
+    "path",
+    "commit",
+    "date",
+    "derivation",
+    "notes",
+)
 CITATION_COLUMNS = ("figure", "repository", "path", "commit", "date", "derivation")
 METRICS = ("seconds", "tokens_per_s_per_device", "mfu")
 
@@ -41,9 +62,20 @@ FLOP_RULES = {
 CAUSAL_FLASH_SINCE = "2023-11-07"
 
 # The flags the synthetic shape is built from here (`synthetic_shape`), not by the MaxText import.
-SHAPE_FLAGS = ("global_parameter_scale", "base_emb_dim", "base_num_heads", "base_num_query_heads", "base_num_kv_heads",
-               "base_mlp_dim", "base_num_decoder_layers", "head_dim", "vocab_size", "mlp_activations",
-               "logits_via_embedding", BLOCK_FLAG)
+SHAPE_FLAGS = (
+    "global_parameter_scale",
+    "base_emb_dim",
+    "base_num_heads",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "base_mlp_dim",
+    "base_num_decoder_layers",
+    "head_dim",
+    "vocab_size",
+    "mlp_activations",
+    "logits_via_embedding",
+    BLOCK_FLAG,
+)
 # before this date MaxText's default decoder block was the parallel one (decoder_block="default"), not llama2
 LLAMA2_BLOCK_DEFAULT_SINCE = "2024-02-14"
 
@@ -108,12 +140,14 @@ class SyntheticShape:
     @property
     def params(self) -> int:
         """MaxText's parameter count (its pytree's matrices; norm scales, under 0.01%, left out)."""
-        per_layer = 2 * self.emb * self.head_dim * (self.heads + self.kv_heads) + self.mlp_matrices * self.emb * self.mlp
+        per_layer = (
+            2 * self.emb * self.head_dim * (self.heads + self.kv_heads) + self.mlp_matrices * self.emb * self.mlp
+        )
         return self.vocab * self.emb * (1 if self.tied else 2) + self.layers * per_layer
 
     def step_flops_per_device(self, *, rule: str, seq_len: int, per_device_batch: float) -> float:
         """MaxText's training FLOPs per device per step under `rule` (see `FLOP_RULES`)."""
-        attention = FLOP_RULES[rule] * self.heads * self.layers * self.head_dim * seq_len ** 2 * per_device_batch
+        attention = FLOP_RULES[rule] * self.heads * self.layers * self.head_dim * seq_len**2 * per_device_batch
         return 6 * self.params * seq_len * per_device_batch + attention
 
     def model_spec(self, name: str) -> ModelSpec:
@@ -122,8 +156,19 @@ class SyntheticShape:
         Raises:
             CpplanError: an MLP activation cpplan does not run.
         """
-        return ModelSpec(name, self.layers, self.emb, self.heads, self.kv_heads, self.head_dim, self.mlp, self.vocab,
-                         tie_embeddings=self.tied, mlp_activations=self.activations, decoder_block=self.block)
+        return ModelSpec(
+            name,
+            self.layers,
+            self.emb,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.mlp,
+            self.vocab,
+            tie_embeddings=self.tied,
+            mlp_activations=self.activations,
+            decoder_block=self.block,
+        )
 
 
 def synthetic_shape(flags: dict, *, date: str | None = None) -> SyntheticShape:
@@ -133,12 +178,14 @@ def synthetic_shape(flags: dict, *, date: str | None = None) -> SyntheticShape:
     Raises:
         CpplanError: a base_* flag is missing or not a whole number, or a decoder block cpplan does not run.
     """
+
     def whole(key):
         try:
             return int(flags[key])
         except KeyError:
-            raise CpplanError(f"a synthetic MaxText model needs {key} (base.yml's value at the run's commit, in "
-                              f"maxtext_defaults).") from None
+            raise CpplanError(
+                f"a synthetic MaxText model needs {key} (base.yml's value at the run's commit, in maxtext_defaults)."
+            ) from None
         except ValueError:
             raise CpplanError(f"MaxText flag {key}={flags[key]!r} is not a whole number.") from None
 
@@ -150,11 +197,18 @@ def synthetic_shape(flags: dict, *, date: str | None = None) -> SyntheticShape:
         block = parse_decoder_block(flags[BLOCK_FLAG])
     else:
         block = DecoderBlock.DEFAULT if date and date < LLAMA2_BLOCK_DEFAULT_SINCE else DecoderBlock.LLAMA2
-    return SyntheticShape(emb=whole("base_emb_dim") << emb_s, heads=heads << heads_s, kv_heads=kv << heads_s,
-                          head_dim=whole("head_dim"), mlp=whole("base_mlp_dim") << mlp_s,
-                          layers=whole("base_num_decoder_layers") << layer_s, vocab=whole("vocab_size"),
-                          activations=activations,
-                          tied=str(flags.get("logits_via_embedding", "false")).lower() == "true", block=block)
+    return SyntheticShape(
+        emb=whole("base_emb_dim") << emb_s,
+        heads=heads << heads_s,
+        kv_heads=kv << heads_s,
+        head_dim=whole("head_dim"),
+        mlp=whole("base_mlp_dim") << mlp_s,
+        layers=whole("base_num_decoder_layers") << layer_s,
+        vocab=whole("vocab_size"),
+        activations=activations,
+        tied=str(flags.get("logits_via_embedding", "false")).lower() == "true",
+        block=block,
+    )
 
 
 def _words(text: str, where: str) -> dict[str, str]:
@@ -180,8 +234,9 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
     transpose = flags.pop("ici_fsdp_transpose_parallelism", "1")
     if transpose != "1":
         if str(flags.get("ici_fsdp_parallelism", "1")) not in ("1",):
-            raise CpplanError(f"{where}: ici_fsdp_transpose_parallelism and ici_fsdp_parallelism both > 1; cpplan has "
-                              "one fsdp axis.")
+            raise CpplanError(
+                f"{where}: ici_fsdp_transpose_parallelism and ici_fsdp_parallelism both > 1; cpplan has one fsdp axis."
+            )
         flags["ici_fsdp_parallelism"] = transpose
         notes.append("ici_fsdp_transpose_parallelism (FSDP with the weights' other dimension sharded) priced as fsdp")
     attention = flags.pop("attention", "flash")
@@ -216,11 +271,15 @@ def _blocks_within_vmem(plan: Plan) -> tuple[Plan, list[str]]:
     problem = splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes, chip=chip)
     if problem is None:
         return plan, []
-    while splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes, chip=chip) and \
-            max(block_q, block_kv) > 128:
+    while (
+        splash_vmem_problem(block_q, block_kv, head_dim=plan.model.head_dim, act_bytes=act_bytes, chip=chip)
+        and max(block_q, block_kv) > 128
+    ):
         block_q, block_kv = max(128, block_q // 2), max(128, block_kv // 2)
-    return (dataclasses.replace(plan, block_q=block_q, block_kv=block_kv),
-            [f"{problem}: priced at blocks {block_q}×{block_kv}"])
+    return (
+        dataclasses.replace(plan, block_q=block_q, block_kv=block_kv),
+        [f"{problem}: priced at blocks {block_q}×{block_kv}"],
+    )
 
 
 def step_seconds(row: dict, plan: Plan, shape: SyntheticShape | None, where: str) -> float:
@@ -239,11 +298,15 @@ def step_seconds(row: dict, plan: Plan, shape: SyntheticShape | None, where: str
     if metric == "mfu":
         rule = (row.get("flop_rule") or "").strip()
         if rule not in FLOP_RULES:
-            raise CpplanError(f"{where}: flop_rule={rule!r}; an mfu row needs the FLOP count of its MaxText version, "
-                              f"one of {', '.join(FLOP_RULES)}.")
+            raise CpplanError(
+                f"{where}: flop_rule={rule!r}; an mfu row needs the FLOP count of its MaxText version, "
+                f"one of {', '.join(FLOP_RULES)}."
+            )
         if shape is None:
-            raise CpplanError(f"{where}: an mfu row needs a synthetic model (global_parameter_scale) whose FLOPs the "
-                              "reader counts as that MaxText version did; give a logged step time instead.")
+            raise CpplanError(
+                f"{where}: an mfu row needs a synthetic model (global_parameter_scale) whose FLOPs the "
+                "reader counts as that MaxText version did; give a logged step time instead."
+            )
         achieved = value / 100 * _number(row, "peak_tflops", where) * 1e12
         return shape.step_flops_per_device(rule=rule, seq_len=plan.seq_len, per_device_batch=per_device) / achieved
     raise CpplanError(f"{where}: metric={metric!r} is not one of {', '.join(METRICS)}.")
@@ -317,9 +380,16 @@ def choices(report: CorpusReport) -> list[Choice]:
         fastest = min(rs, key=lambda r: r.measured_step_s)
         rho = spearman([r.predicted.step_time_s for r in rs], [r.measured_step_s for r in rs])
         where = source.split(":", 1)[0]  # the citation's repository@commit
-        out.append(Choice(f"{model} {topology} {seq_len} tokens, batch {batch}, {where}", chosen.run_id, fastest.run_id,
-                          chosen.measured_step_s / fastest.measured_step_s - 1,
-                          rho if math.isfinite(rho) else None, len(rs)))
+        out.append(
+            Choice(
+                f"{model} {topology} {seq_len} tokens, batch {batch}, {where}",
+                chosen.run_id,
+                fastest.run_id,
+                chosen.measured_step_s / fastest.measured_step_s - 1,
+                rho if math.isfinite(rho) else None,
+                len(rs),
+            )
+        )
     return out
 
 
@@ -336,7 +406,15 @@ def compare_corpus(runs: "list[CorpusRun]", *, title: str = "cpplan vs published
             e = estimate(run.plan, target=Target.MAXTEXT)  # the runs are MaxText's
         except CpplanError as err:
             raise CpplanError(f"corpus run {run.run_id}: {err}") from None
-        report.results.append(StepResult(run.plan, e, run.step_seconds,
-                                         mfu(e.model_flops, run.step_seconds, e.num_devices, e.peak_flops_per_device),
-                                         source=run.citation, run_id=run.run_id, notes=run.notes))
+        report.results.append(
+            StepResult(
+                run.plan,
+                e,
+                run.step_seconds,
+                mfu(e.model_flops, run.step_seconds, e.num_devices, e.peak_flops_per_device),
+                source=run.citation,
+                run_id=run.run_id,
+                notes=run.notes,
+            )
+        )
     return report

@@ -7,6 +7,7 @@ and its VJP) this fits, per chip, the attention figures `cost_models/pricing/att
 with; the matmul efficiency is the best rate tokamax's grouped-matmul kernels reached on calls of
 dense-layer shapes (`dense_matmul_efficiency`). TPU7x entries are per TensorCore: `per_core_note`.
 """
+
 from __future__ import annotations
 
 import json
@@ -89,8 +90,9 @@ def installed_dir(package: Path | None = None) -> Path:
     if package is None:
         spec = importlib.util.find_spec("tokamax")
         if spec is None or not spec.submodule_search_locations:
-            raise SystemExit("tokamax is not installed: give --tokamax or --data with a checkout of "
-                             "github.com/openxla/tokamax")
+            raise SystemExit(
+                "tokamax is not installed: give --tokamax or --data with a checkout of github.com/openxla/tokamax"
+            )
         package = Path(next(iter(spec.submodule_search_locations)))
     return package / "data" / "autotuning"
 
@@ -151,8 +153,11 @@ def _shape(operand) -> tuple[str, list[int]]:
 
 
 def _fastest(configs: dict) -> tuple[float, dict] | None:
-    timed = [(statistics.median(c["evaluation_times_ms"]) * 1e-3, json.loads(cfg))
-             for cfg, c in configs.items() if c.get("evaluation_times_ms")]
+    timed = [
+        (statistics.median(c["evaluation_times_ms"]) * 1e-3, json.loads(cfg))
+        for cfg, c in configs.items()
+        if c.get("evaluation_times_ms")
+    ]
     return min(timed, key=lambda t: t[0]) if timed else None
 
 
@@ -164,8 +169,14 @@ def read_attention(path: Path, *, backward: bool) -> list[AttentionTiming]:
         call, fastest = json.loads(key), _fastest(configs)
         mask = call.get("mask") or {}
         bounded = any(mask.get(k) is not None for k in ("q_start", "q_end", "k_start", "k_end"))
-        if fastest is None or call.get("bias") or mask.get("bool_mask") or call.get("dropout_rate") \
-                or call.get("logits_soft_cap") or bounded:
+        if (
+            fastest is None
+            or call.get("bias")
+            or mask.get("bool_mask")
+            or call.get("dropout_rate")
+            or call.get("logits_soft_cap")
+            or bounded
+        ):
             continue
         if ("dout" in call) != backward or (not backward and not call.get("return_residuals")):
             continue
@@ -174,11 +185,22 @@ def read_attention(path: Path, *, backward: bool) -> list[AttentionTiming]:
             continue
         seconds, config = fastest
         # the VJP's configs name the dk/dv kernel's blocks
-        block_q, block_kv = (config["block_q_dkv"], config["block_kv_dkv"]) if backward else \
-            (config["block_q"], config["block_kv"])
-        timings.append(AttentionTiming(batch=q[0], seq=q[1], q_heads=q[2], kv_heads=k[2], head_dim=q[3],
-                                       causal=bool(mask.get("is_causal")), block_q=min(block_q, q[1]),
-                                       block_kv=min(block_kv, q[1]), seconds=seconds))
+        block_q, block_kv = (
+            (config["block_q_dkv"], config["block_kv_dkv"]) if backward else (config["block_q"], config["block_kv"])
+        )
+        timings.append(
+            AttentionTiming(
+                batch=q[0],
+                seq=q[1],
+                q_heads=q[2],
+                kv_heads=k[2],
+                head_dim=q[3],
+                causal=bool(mask.get("is_causal")),
+                block_q=min(block_q, q[1]),
+                block_kv=min(block_kv, q[1]),
+                seconds=seconds,
+            )
+        )
     return timings
 
 
@@ -187,16 +209,33 @@ def model_attention(chip: Chip, t: AttentionTiming, fit: AttentionFit, backward_
     peak = chip.peak_bf16_flops_per_s / chip.devices_per_chip
     hbm_bw = chip.hbm_bw_bytes_per_s / chip.devices_per_chip
     extent = attention_extent(t.seq, 1, False, block_q=t.block_q, block_kv=t.block_kv, causal=t.causal)
-    math = 4.0 * t.batch * t.q_heads * t.head_dim * extent / (
-        peak * fit.efficiency * tile_efficiency(t.head_dim, chip.mxu_tile))
+    math = (
+        4.0
+        * t.batch
+        * t.q_heads
+        * t.head_dim
+        * extent
+        / (peak * fit.efficiency * tile_efficiency(t.head_dim, chip.mxu_tile))
+    )
     # tokamax's VJP is splash's fused backward (its configs set only the dk/dv kernel's blocks): one
     # grid, and the sum of its dq partials, as the price has them
     fwd, bwd = splash_step_costs(
-        t.batch * t.q_heads, t.batch * t.kv_heads, t.seq, t.seq, head_dim=t.head_dim, act_bytes=2,
-        block_q=t.block_q, block_kv=t.block_kv, per_step_s=fit.step_s, per_step_byte_s=0.0,
+        t.batch * t.q_heads,
+        t.batch * t.kv_heads,
+        t.seq,
+        t.seq,
+        head_dim=t.head_dim,
+        act_bytes=2,
+        block_q=t.block_q,
+        block_kv=t.block_kv,
+        per_step_s=fit.step_s,
+        per_step_byte_s=0.0,
         per_masked_element_s=fit.masked_element_s,
-        per_call_byte_s=(fit.operand_passes / hbm_bw, fit.backward_operand_passes / hbm_bw), causal=t.causal,
-        fused_backward=True, hbm_s_per_byte=1 / hbm_bw)
+        per_call_byte_s=(fit.operand_passes / hbm_bw, fit.backward_operand_passes / hbm_bw),
+        causal=t.causal,
+        fused_backward=True,
+        hbm_s_per_byte=1 / hbm_bw,
+    )
     return float(math + fwd), float(backward_over_forward * math + bwd)
 
 
@@ -215,6 +254,7 @@ def fit_forward(chip: Chip, timings: list[AttentionTiming]) -> tuple[AttentionFi
 def fit_backward(chip: Chip, fit: AttentionFit, timings: list[AttentionTiming]) -> tuple[float, float, float]:
     """The backward/forward MXU-time ratio and the backward's operand passes, per-step and masked
     costs held at the forward's; returns them and the RMS relative error."""
+
     def residuals(p):
         backward = AttentionFit(fit.efficiency, fit.step_s, fit.masked_element_s, fit.operand_passes, p[1])
         return [model_attention(chip, t, backward, p[0])[1] / t.seconds - 1 for t in timings]
@@ -260,9 +300,22 @@ def read_dense_matmuls(path: Path) -> list[MatmulTiming]:
     out = []
     for key, configs in json.loads(path.read_text()).items():
         call, fastest = json.loads(key), _fastest(configs)
-        if fastest is None or call.get("return_residuals") or any(call.get(k) for k in (
-                "rhs_scale", "lhs_scale", "lhs_quantization_dtype", "rhs_quantization_dtype", "activation",
-                "fuse_gateup_activation", "rhs_bias")):
+        if (
+            fastest is None
+            or call.get("return_residuals")
+            or any(
+                call.get(k)
+                for k in (
+                    "rhs_scale",
+                    "lhs_scale",
+                    "lhs_quantization_dtype",
+                    "rhs_quantization_dtype",
+                    "activation",
+                    "fuse_gateup_activation",
+                    "rhs_bias",
+                )
+            )
+        ):
             continue
         (ldt, lhs), (rdt, rhs) = _shape(call["lhs"]), _shape(call["rhs"])
         numbers = call["ragged_dot_dimension_numbers"]
@@ -276,12 +329,23 @@ def read_dense_matmuls(path: Path) -> list[MatmulTiming]:
         else:
             filled = [g for g in groups if g]
             rows, group_rows = sum(filled), min(filled, default=0)
-            described = f"{len(filled)} of {len(groups)} groups of {group_rows} rows" if len(set(filled)) == 1 \
+            described = (
+                f"{len(filled)} of {len(groups)} groups of {group_rows} rows"
+                if len(set(filled)) == 1
                 else f"{len(filled)} groups of {group_rows}-{max(filled, default=0)} rows"
+            )
         out_dim = [d for i, d in enumerate(rhs) if i not in (rhs_contract[0], *numbers["rhs_group_dimensions"])][0]
-        timing = MatmulTiming(kernel=path.stem, lhs=call["lhs"], rhs=call["rhs"], groups=described,
-                              group_rows=group_rows, rows=rows, contract=lhs[lhs_contract[0]], out=out_dim,
-                              seconds=fastest[0])
+        timing = MatmulTiming(
+            kernel=path.stem,
+            lhs=call["lhs"],
+            rhs=call["rhs"],
+            groups=described,
+            group_rows=group_rows,
+            rows=rows,
+            contract=lhs[lhs_contract[0]],
+            out=out_dim,
+            seconds=fastest[0],
+        )
         if group_rows >= DENSE_GROUP_ROWS and min(timing.contract, timing.out) >= DENSE_DIM:
             out.append(timing)
     return out
@@ -300,8 +364,7 @@ def read_glu(path: Path) -> list[tuple[str, float, int, int]]:
     return out
 
 
-def dense_matmul_efficiency(chip: Chip, timings: list[MatmulTiming]
-                            ) -> tuple[float, MatmulTiming | None, list[float]]:
+def dense_matmul_efficiency(chip: Chip, timings: list[MatmulTiming]) -> tuple[float, MatmulTiming | None, list[float]]:
     """The efficiency of a dense XLA matmul on `chip`: the best rate of the dense-size timings over the
     device's peak. A rate a kernel reached is one the MXU sustains, so the best needs no filter; the
     spread is that of the matmul-bound timings (arithmetic intensity at least MATMUL_BOUND times the
@@ -338,8 +401,9 @@ def mape(pairs) -> float:
     return float(np.mean([abs(m / t - 1) for m, t in pairs]) * 100) if pairs else float("nan")
 
 
-def per_core_note(chip: Chip, timings: list[AttentionTiming], matmul: MatmulTiming | None,
-                  elsewhere: dict[str, float]) -> str:
+def per_core_note(
+    chip: Chip, timings: list[AttentionTiming], matmul: MatmulTiming | None, elsewhere: dict[str, float]
+) -> str:
     """Whether a TPU7x entry is one TensorCore's or the whole chip's, from the achieved FLOP/s.
 
     Args:
@@ -350,18 +414,25 @@ def per_core_note(chip: Chip, timings: list[AttentionTiming], matmul: MatmulTimi
     """
     chip_peak = chip.peak_bf16_flops_per_s
     core_peak = chip_peak / chip.tensorcores_per_chip
-    best_attention = max(4.0 * t.batch * t.q_heads * t.head_dim * t.seq**2 / t.seconds
-                         for t in timings if not t.causal and t.head_dim % chip.mxu_tile == 0)
+    best_attention = max(
+        4.0 * t.batch * t.q_heads * t.head_dim * t.seq**2 / t.seconds
+        for t in timings
+        if not t.causal and t.head_dim % chip.mxu_tile == 0
+    )
     same_shape = ""
     if matmul is not None:
         others = ", ".join(f"{name} {value:.0%}" for name, value in sorted(elsewhere.items()))
-        same_shape = (f"the dense matmul {matmul.label} ({matmul.kernel}) reaches {matmul.flops_per_s / core_peak:.0%} "
-                      f"of one TensorCore's {core_peak / 1e12:.0f} TFLOP/s ({matmul.flops_per_s / chip_peak:.0%} of "
-                      f"the chip's) where the same call reaches, of the whole chip, {others}; ")
-    return (f"per TensorCore: {same_shape}full attention at head_dim {chip.mxu_tile} reaches "
-            f"{best_attention / core_peak:.0%} of one TensorCore ({best_attention / chip_peak:.0%} of the chip); "
-            f"a chip-level reading would put TPU7x at half of every other generation. JAX shows each TensorCore "
-            f"as a device (the row's devices_per_chip={chip.devices_per_chip}), and tokamax times one device")
+        same_shape = (
+            f"the dense matmul {matmul.label} ({matmul.kernel}) reaches {matmul.flops_per_s / core_peak:.0%} "
+            f"of one TensorCore's {core_peak / 1e12:.0f} TFLOP/s ({matmul.flops_per_s / chip_peak:.0%} of "
+            f"the chip's) where the same call reaches, of the whole chip, {others}; "
+        )
+    return (
+        f"per TensorCore: {same_shape}full attention at head_dim {chip.mxu_tile} reaches "
+        f"{best_attention / core_peak:.0%} of one TensorCore ({best_attention / chip_peak:.0%} of the chip); "
+        f"a chip-level reading would put TPU7x at half of every other generation. JAX shows each TensorCore "
+        f"as a device (the row's devices_per_chip={chip.devices_per_chip}), and tokamax times one device"
+    )
 
 
 def _round(value: float) -> float:
@@ -389,19 +460,27 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
         fit, rms = fit_forward(chips[name], timings)
         attention_fits[name], forward_timings[name] = fit, timings
         shapes = ", ".join(sorted({t.label for t in timings}))
-        how = (f"fitted to {forward.cite} ({len(timings)} bf16 forward calls with residuals, fastest config each: "
-               f"{shapes}) by least squares on relative error (scipy least_squares), with the other attention "
-               f"figures of this row; RMS error {rms:.1%}")
+        how = (
+            f"fitted to {forward.cite} ({len(timings)} bf16 forward calls with residuals, fastest config each: "
+            f"{shapes}) by least squares on relative error (scipy least_squares), with the other attention "
+            f"figures of this row; RMS error {rms:.1%}"
+        )
         d = derived[name]
-        d["figures"].update(attention_efficiency=_round(fit.efficiency), attention_block_overhead_s=_round(fit.step_s),
-                            attention_masked_element_s=_round(fit.masked_element_s),
-                            attention_operand_passes=_round(fit.operand_passes))
+        d["figures"].update(
+            attention_efficiency=_round(fit.efficiency),
+            attention_block_overhead_s=_round(fit.step_s),
+            attention_masked_element_s=_round(fit.masked_element_s),
+            attention_operand_passes=_round(fit.operand_passes),
+        )
         d["sources"].update(
             attention_efficiency=f"{how}. Against the MXU-padded peak per device (head_dim padded to mxu_tile)",
             attention_block_overhead_s=f"{how}. Seconds per (q block × kv block × head) grid step",
             attention_masked_element_s=f"{how}. Seconds per logit of the blocks the causal diagonal cuts",
-            attention_operand_passes=(f"{how}. Passes over the call's q, k, v, o at the device's HBM bandwidth, "
-                                      f"once per call (the copies and residuals around the kernel)"))
+            attention_operand_passes=(
+                f"{how}. Passes over the call's q, k, v, o at the device's HBM bandwidth, "
+                f"once per call (the copies and residuals around the kernel)"
+            ),
+        )
 
     backward_ratios: dict[str, float] = {}
     for name, (_, backward, _) in found.items():
@@ -410,15 +489,21 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
         timings = read_attention(backward.path, backward=True)
         ratio, passes, rms = fit_backward(chips[name], attention_fits[name], timings)
         backward_ratios[name] = ratio
-        derived[name]["figures"].update(attention_backward_over_forward=_round(ratio),
-                                        attention_backward_operand_passes=_round(passes))
-        how = (f"fitted to {backward.cite} ({len(timings)} bf16 VJP calls, fastest config each, dk/dv blocks) by "
-               f"least squares on relative error with the backward operand passes, the per-step and masked-logit "
-               f"figures held at the forward's (paid by the fused backward's one grid); RMS error {rms:.1%}")
+        derived[name]["figures"].update(
+            attention_backward_over_forward=_round(ratio), attention_backward_operand_passes=_round(passes)
+        )
+        how = (
+            f"fitted to {backward.cite} ({len(timings)} bf16 VJP calls, fastest config each, dk/dv blocks) by "
+            f"least squares on relative error with the backward operand passes, the per-step and masked-logit "
+            f"figures held at the forward's (paid by the fused backward's one grid); RMS error {rms:.1%}"
+        )
         derived[name]["sources"].update(
-            attention_backward_over_forward=(f"{how}. Splash's fused backward's MXU time over the forward's, per "
-                                             f"core (tokamax's VJP configs set only the dk/dv kernel's blocks)"),
-            attention_backward_operand_passes=f"{how}. Passes over the backward's operand arrays, once per call")
+            attention_backward_over_forward=(
+                f"{how}. Splash's fused backward's MXU time over the forward's, per "
+                f"core (tokamax's VJP configs set only the dk/dv kernel's blocks)"
+            ),
+            attention_backward_operand_passes=f"{how}. Passes over the backward's operand arrays, once per call",
+        )
 
     matmul_efficiency: dict[str, float] = {}
     matmul_timings: dict[str, list[MatmulTiming]] = {}
@@ -433,16 +518,30 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
         by_kernel = {}
         for t in timings:
             by_kernel[t.kernel] = max(by_kernel.get(t.kernel, 0.0), t.flops_per_s / peak)
-        spread_text = (f"{spread[0]:.2f}-{spread[-1]:.2f}, median {statistics.median(spread):.2f}, "
-                       f"{sum(e >= 0.95 * efficiency for e in spread)} within 5% of the best") if spread else "none"
-        derived[name]["matmul_summary"] = (f"{efficiency:.3f} from {best.label} by {best.kernel} "
-                                           f"({best.seconds * 1e3:.3f} ms); {len(timings)} dense-size timings, "
-                                           f"matmul-bound spread {spread_text}")
+        spread_text = (
+            (
+                f"{spread[0]:.2f}-{spread[-1]:.2f}, median {statistics.median(spread):.2f}, "
+                f"{sum(e >= 0.95 * efficiency for e in spread)} within 5% of the best"
+            )
+            if spread
+            else "none"
+        )
+        derived[name]["matmul_summary"] = (
+            f"{efficiency:.3f} from {best.label} by {best.kernel} "
+            f"({best.seconds * 1e3:.3f} ms); {len(timings)} dense-size timings, "
+            f"matmul-bound spread {spread_text}"
+        )
         glu = glu_found[name] and read_glu(glu_found[name].path)
-        glu_note = (f" tokamax's gated_linear_unit (an XLA dense GLU, {len(glu)} calls in {glu_found[name].cite}) "
-                    f"reaches at most {max(g[1] for g in glu) / peak:.2f} ({max(glu, key=lambda g: g[1])[0]}): "
-                    f"widths of at most {max(g[2] for g in glu)} in and {max(g[3] for g in glu)} out leave it "
-                    f"bound by its epilogue and weight loads, not the MXU, so it is not used") if glu else ""
+        glu_note = (
+            (
+                f" tokamax's gated_linear_unit (an XLA dense GLU, {len(glu)} calls in {glu_found[name].cite}) "
+                f"reaches at most {max(g[1] for g in glu) / peak:.2f} ({max(glu, key=lambda g: g[1])[0]}): "
+                f"widths of at most {max(g[2] for g in glu)} in and {max(g[3] for g in glu)} out leave it "
+                f"bound by its epilogue and weight loads, not the MXU, so it is not used"
+            )
+            if glu
+            else ""
+        )
         matmul_efficiency[name] = efficiency
         derived[name]["figures"]["matmul_efficiency"] = _round(efficiency)
         derived[name]["sources"]["matmul_efficiency"] = (
@@ -451,17 +550,23 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
             f"{'; '.join(s.cite for s in matmuls)}: {best.label} by {best.kernel}, {best.seconds * 1e3:.3f} ms, "
             f"{best.flops_per_s / 1e12:.0f} TFLOP/s of {peak / 1e12:.0f} per device. Spread over the "
             f"{len(spread)} matmul-bound ones (arithmetic intensity ≥{MATMUL_BOUND:g}× the ridge point of "
-            f"{ridge:.0f} FLOP/B): {spread_text}; best per kernel {', '.join(f'{k} {v:.2f}' for k, v in sorted(by_kernel.items()))}. The best, not the median: "
+            f"{ridge:.0f} FLOP/B): {spread_text}; best per kernel "
+            f"{', '.join(f'{k} {v:.2f}' for k, v in sorted(by_kernel.items()))}. The best, not the median: "
             f"cpplan prices XLA's dense dot, which has no groups to walk; the grouped kernels' shortfalls are "
-            f"their tiling (see dense_matmul_efficiency in validation/kernel_fits.py).{glu_note}")
+            f"their tiling (see dense_matmul_efficiency in validation/kernel_fits.py).{glu_note}"
+        )
 
     for name in DEVICE_DIRS:
         d = derived[name]
         stand_in = ATTENTION_STAND_IN.get(name)
         if name not in attention_fits and stand_in and stand_in[0] in attention_fits:
             other, why = stand_in
-            for field in ("attention_efficiency", "attention_block_overhead_s", "attention_masked_element_s",
-                          "attention_operand_passes"):
+            for field in (
+                "attention_efficiency",
+                "attention_block_overhead_s",
+                "attention_masked_element_s",
+                "attention_operand_passes",
+            ):
                 d["figures"][field] = derived[other]["figures"][field]
                 d["sources"][field] = f"no attention timings for {name} in tokamax: assumed {other}'s ({why})"
         stand_in = BACKWARD_STAND_IN.get(name)
@@ -474,24 +579,41 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
         if name not in matmul_efficiency and stand_in and stand_in[0] in matmul_efficiency:
             other, why = stand_in
             d["figures"]["matmul_efficiency"] = derived[other]["figures"]["matmul_efficiency"]
-            d["sources"]["matmul_efficiency"] = (f"no dense matmul timings for {name} in tokamax: "
-                                                 f"assumed {other}'s ({why})")
+            d["sources"]["matmul_efficiency"] = (
+                f"no dense matmul timings for {name} in tokamax: assumed {other}'s ({why})"
+            )
 
     for name, timings in forward_timings.items():
         fitted = derived[name]["figures"]
-        fit = AttentionFit(fitted["attention_efficiency"], fitted["attention_block_overhead_s"],
-                           fitted["attention_masked_element_s"], fitted["attention_operand_passes"],
-                           fitted["attention_backward_operand_passes"])
+        fit = AttentionFit(
+            fitted["attention_efficiency"],
+            fitted["attention_block_overhead_s"],
+            fitted["attention_masked_element_s"],
+            fitted["attention_operand_passes"],
+            fitted["attention_backward_operand_passes"],
+        )
         ratio = fitted.get("attention_backward_over_forward", chips[name].attention_backward_over_forward)
         before = AttentionFit(1.0, 0.0, 0.0, 0.0)  # every TPU row before these fits
         for t in timings:
-            derived[name]["comparison"].append(("forward", t, model_attention(chips[name], t, fit, ratio)[0],
-                                                model_attention(chips[name], t, before, 2.5)[0]))
+            derived[name]["comparison"].append(
+                (
+                    "forward",
+                    t,
+                    model_attention(chips[name], t, fit, ratio)[0],
+                    model_attention(chips[name], t, before, 2.5)[0],
+                )
+            )
         _, backward, _ = found[name]
         if backward is not None:
             for t in read_attention(backward.path, backward=True):
-                derived[name]["comparison"].append(("backward", t, model_attention(chips[name], t, fit, ratio)[1],
-                                                    model_attention(chips[name], t, before, 2.5)[1]))
+                derived[name]["comparison"].append(
+                    (
+                        "backward",
+                        t,
+                        model_attention(chips[name], t, fit, ratio)[1],
+                        model_attention(chips[name], t, before, 2.5)[1],
+                    )
+                )
         if chips[name].devices_per_chip > 1:
             best_elsewhere: dict[str, dict[str, float]] = {}  # label -> chip -> best efficiency of the whole chip
             for other, other_timings in matmul_timings.items():
@@ -501,11 +623,19 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
                         shape[other] = max(shape.get(other, 0.0), t.flops_per_s / chips[other].peak_bf16_flops_per_s)
             shared = [t for t in matmul_timings.get(name, []) if t.label in best_elsewhere]
             # the shape the most chips time, and of those the one they run best: the cleanest comparison
-            matmul = max(shared, key=lambda t: (len(best_elsewhere[t.label]),
-                                                statistics.mean(best_elsewhere[t.label].values()), t.flops_per_s),
-                         default=None)
-            note = (f"; tokamax's {name} timings are "
-                    f"{per_core_note(chips[name], timings, matmul, best_elsewhere[matmul.label] if matmul else {})}")
+            matmul = max(
+                shared,
+                key=lambda t: (
+                    len(best_elsewhere[t.label]),
+                    statistics.mean(best_elsewhere[t.label].values()),
+                    t.flops_per_s,
+                ),
+                default=None,
+            )
+            note = (
+                f"; tokamax's {name} timings are "
+                f"{per_core_note(chips[name], timings, matmul, best_elsewhere[matmul.label] if matmul else {})}"
+            )
             derived[name]["per_core_note"] = note
             for field in ("attention_efficiency", "matmul_efficiency"):
                 derived[name]["sources"][field] += note
@@ -514,41 +644,63 @@ def derive(checkouts: list[Path], base: Path) -> dict[str, dict]:
 
 def report(derived: dict[str, dict]) -> str:
     """The kernel-level comparison: per call, then MAPE per chip, direction and length band."""
-    lines = ["# cpplan kernel time vs tokamax's measured TPU flash attention (fastest config per call)",
-             "# model: the fitted chip row; before: attention efficiency 1, no step/call/mask costs, "
-             "backward 2.5×", ""]
+    lines = [
+        "# cpplan kernel time vs tokamax's measured TPU flash attention (fastest config per call)",
+        "# model: the fitted chip row; before: attention efficiency 1, no step/call/mask costs, backward 2.5×",
+        "",
+    ]
     summary = [f"{'chip':6} {'pass':8} {'band':7} {'calls':>5} {'MAPE':>7} {'before':>7} {'median signed':>13}"]
     for name, d in derived.items():
         if not d["comparison"]:
             continue
         lines.append(f"## {name}")
         for direction, t, model, before in d["comparison"]:
-            lines.append(f"{direction:8} {t.label:32} blocks {t.block_q}/{t.block_kv}  "
-                         f"measured {t.seconds * 1e3:8.3f} ms  model {model * 1e3:8.3f} ms "
-                         f"({model / t.seconds - 1:+6.1%})  before {before / t.seconds - 1:+6.1%}")
+            lines.append(
+                f"{direction:8} {t.label:32} blocks {t.block_q}/{t.block_kv}  "
+                f"measured {t.seconds * 1e3:8.3f} ms  model {model * 1e3:8.3f} ms "
+                f"({model / t.seconds - 1:+6.1%})  before {before / t.seconds - 1:+6.1%}"
+            )
         for direction in ("forward", "backward"):
             for band, keep in ((f"≥{LONG}", lambda t: t.seq >= LONG), (f"<{LONG}", lambda t: t.seq < LONG)):
                 rows = [(m, t.seconds, b) for dr, t, m, b in d["comparison"] if dr == direction and keep(t)]
                 if rows:
                     signed = statistics.median(m / t - 1 for m, t, _ in rows)
                     error = mape([(m, t) for m, t, _ in rows])
-                    summary.append(f"{name:6} {direction:8} {band:7} {len(rows):5d} {error:6.1f}%"
-                                   f" {mape([(b, t) for _, t, b in rows]):6.1f}% {signed:+12.1%}")
-        full = {(dr, t.batch, t.seq, t.q_heads, t.head_dim): (t.seconds, m) for dr, t, m, _ in d["comparison"]
-                if not t.causal}
-        ratios = [(t.seconds / full[key][0], m / full[key][1]) for dr, t, m, _ in d["comparison"]
-                  if t.causal and (key := (dr, t.batch, t.seq, t.q_heads, t.head_dim)) in full]
+                    summary.append(
+                        f"{name:6} {direction:8} {band:7} {len(rows):5d} {error:6.1f}%"
+                        f" {mape([(b, t) for _, t, b in rows]):6.1f}% {signed:+12.1%}"
+                    )
+        full = {
+            (dr, t.batch, t.seq, t.q_heads, t.head_dim): (t.seconds, m)
+            for dr, t, m, _ in d["comparison"]
+            if not t.causal
+        }
+        ratios = [
+            (t.seconds / full[key][0], m / full[key][1])
+            for dr, t, m, _ in d["comparison"]
+            if t.causal and (key := (dr, t.batch, t.seq, t.q_heads, t.head_dim)) in full
+        ]
         if ratios:
             measured, modelled = zip(*ratios)
-            lines.append(f"causal/full time ratio over {len(ratios)} pairs: measured {min(measured):.2f}-"
-                         f"{max(measured):.2f}, model {min(modelled):.2f}-{max(modelled):.2f}")
+            lines.append(
+                f"causal/full time ratio over {len(ratios)} pairs: measured {min(measured):.2f}-"
+                f"{max(measured):.2f}, model {min(modelled):.2f}-{max(modelled):.2f}"
+            )
         if "per_core_note" in d:
             lines.append(d["per_core_note"].lstrip("; ") + ".")
         lines.append("")
     matmul = [f"{name}: {d['matmul_summary']}" for name, d in derived.items() if "matmul_summary" in d]
-    return "\n".join(lines + ["## MAPE (model vs measured; 'before' is the previous row)", *summary, "",
-                              "## Matmul efficiency (best dense-size grouped matmul over the per-device peak)",
-                              *matmul, ""])
+    return "\n".join(
+        lines
+        + [
+            "## MAPE (model vs measured; 'before' is the previous row)",
+            *summary,
+            "",
+            "## Matmul efficiency (best dense-size grouped matmul over the per-device peak)",
+            *matmul,
+            "",
+        ]
+    )
 
 
 def write_rows(derived: dict[str, dict], *, only: list[str] | None = None) -> None:

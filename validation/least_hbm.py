@@ -1,5 +1,6 @@
 """The least HBM cap a step compiles under, found by bisection on the TPU compiler's HBM cap
 (`xla_tpu_max_hbm_size_mib`): what bench_memory stores beside the unconstrained figure."""
+
 from __future__ import annotations
 
 import time
@@ -35,8 +36,11 @@ def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
         start = time.perf_counter()
         fits, reported = compile_under(cap)
         probes.append({"cap_mib": cap, "fits": fits, "bytes": reported, "compile_s": time.perf_counter() - start})
-        print(f"    cap {cap} MiB: {'fits, holds' if fits else 'does not fit, needs'} {reported / GiB:.2f}G "
-              f"({probes[-1]['compile_s']:.0f} s)", flush=True)
+        print(
+            f"    cap {cap} MiB: {'fits, holds' if fits else 'does not fit, needs'} {reported / GiB:.2f}G "
+            f"({probes[-1]['compile_s']:.0f} s)",
+            flush=True,
+        )
         hint = -(-reported // MiB)
         step = LEAST_HBM_RESOLUTION * fits_at
         if fits:
@@ -55,8 +59,13 @@ def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
             cap = hint
         else:
             cap = (fails_at + fits_at) // 2 if fails_at else int(0.9 * fits_at)
-    return {"cap_mib": fits_at, "failed_cap_mib": fails_at or None, "compiled_bytes": fitted_bytes,
-            "verified": fitted_bytes is not None, "probes": probes}
+    return {
+        "cap_mib": fits_at,
+        "failed_cap_mib": fails_at or None,
+        "compiled_bytes": fitted_bytes,
+        "verified": fitted_bytes is not None,
+        "probes": probes,
+    }
 
 
 def least_hbm(plan, *, unconstrained_bytes: int) -> dict:

@@ -1,4 +1,5 @@
 """Step times measured elsewhere: a CSV of plans and seconds, or MaxText log lines with its flags."""
+
 from __future__ import annotations
 
 import csv
@@ -13,8 +14,21 @@ from cost_models.models import get_model
 from planner.options import parse_seq_len
 from planner.plan import Plan, make_mesh
 
-CSV_COLUMNS = ("model", "topology", "seq_len", "global_batch", "strategy", "data", "fsdp", "context",
-               "context_ulysses", "tensor", "remat", "load_balance", "step_seconds")
+CSV_COLUMNS = (
+    "model",
+    "topology",
+    "seq_len",
+    "global_batch",
+    "strategy",
+    "data",
+    "fsdp",
+    "context",
+    "context_ulysses",
+    "tensor",
+    "remat",
+    "load_balance",
+    "step_seconds",
+)
 MAXTEXT_STEP = re.compile(r"completed step:\s*(\d+),\s*seconds:\s*(\S+?),\s*TFLOP/s/device:\s*(\S+)")
 
 
@@ -67,8 +81,10 @@ def read_csv(path: "str | Path") -> list[MeasuredStep]:
         raise CpplanError(f"cannot read {str(path)!r}: {err}") from None
     needed = {"model", "topology", "seq_len", "global_batch", "strategy", "step_seconds"}
     if not rows or not needed <= set(rows[0]):
-        raise CpplanError(f"{str(path)!r}: a measured-steps CSV needs a header with at least {sorted(needed)} and "
-                          f"one row per plan; all columns: {', '.join(CSV_COLUMNS)}.")
+        raise CpplanError(
+            f"{str(path)!r}: a measured-steps CSV needs a header with at least {sorted(needed)} and "
+            f"one row per plan; all columns: {', '.join(CSV_COLUMNS)}."
+        )
     unknown = sorted(str(c) for c in set(rows[0]) - set(CSV_COLUMNS) - {None})
     if unknown:
         raise CpplanError(f"{str(path)!r}: unknown columns {unknown}; the columns are {', '.join(CSV_COLUMNS)}.")
@@ -76,13 +92,22 @@ def read_csv(path: "str | Path") -> list[MeasuredStep]:
     for line, row in enumerate(rows, start=2):
         where = f"{path.name} line {line}"
         if None in row or None in row.values():
-            raise CpplanError(f"{where}: {'more' if None in row else 'fewer'} cells than the header's "
-                              f"{len(rows[0]) - (None in rows[0])} columns; give one cell per column.")
+            raise CpplanError(
+                f"{where}: {'more' if None in row else 'fewer'} cells than the header's "
+                f"{len(rows[0]) - (None in rows[0])} columns; give one cell per column."
+            )
         try:
             mesh = make_mesh(**{a: _count(row, a, 1) for a in ("data", "fsdp", "context", "context_ulysses", "tensor")})
-            plan = Plan(model=get_model(row["model"]), topology=row["topology"], seq_len=parse_seq_len(row["seq_len"]),
-                        global_batch=_count(row, "global_batch"), mesh=mesh, cp_strategy=row["strategy"],
-                        load_balance=row.get("load_balance") or "none", remat=row.get("remat") or "full")
+            plan = Plan(
+                model=get_model(row["model"]),
+                topology=row["topology"],
+                seq_len=parse_seq_len(row["seq_len"]),
+                global_batch=_count(row, "global_batch"),
+                mesh=mesh,
+                cp_strategy=row["strategy"],
+                load_balance=row.get("load_balance") or "none",
+                remat=row.get("remat") or "full",
+            )
         except CpplanError as err:
             raise CpplanError(f"{where}: {err}") from None
         out.append(MeasuredStep(plan, _step_seconds(row["step_seconds"], where), f"{path.name}:{line}"))
@@ -104,11 +129,16 @@ def read_maxtext_log(log: "str | Path", flags: str) -> MeasuredStep:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as err:
         raise CpplanError(f"cannot read MaxText log {str(path)!r}: {err}") from None
-    timed = [_step_seconds(m.group(2), f"{path.name} step {m.group(1)}")
-             for m in MAXTEXT_STEP.finditer(text) if int(m.group(1)) > 0]
+    timed = [
+        _step_seconds(m.group(2), f"{path.name} step {m.group(1)}")
+        for m in MAXTEXT_STEP.finditer(text)
+        if int(m.group(1)) > 0
+    ]
     if not timed:
         raise CpplanError(f"{str(path)!r} has no 'completed step: N, seconds: X, TFLOP/s/device: Y' line after step 0.")
-    return MeasuredStep(Plan.from_maxtext(_flag_text(flags)), statistics.median(timed), f"{path.name} ({len(timed)} steps)")
+    return MeasuredStep(
+        Plan.from_maxtext(_flag_text(flags)), statistics.median(timed), f"{path.name} ({len(timed)} steps)"
+    )
 
 
 def _flag_text(flags: str) -> str:
@@ -118,5 +148,7 @@ def _flag_text(flags: str) -> str:
     try:
         return Path(flags).read_text()
     except (OSError, UnicodeDecodeError) as err:
-        raise CpplanError(f"--maxtext-flags {flags[:80]!r} holds no key=value flag and is not a readable file "
-                          f"({err.strerror if isinstance(err, OSError) else err}); give the flags or their file.") from None
+        raise CpplanError(
+            f"--maxtext-flags {flags[:80]!r} holds no key=value flag and is not a readable file "
+            f"({err.strerror if isinstance(err, OSError) else err}); give the flags or their file."
+        ) from None

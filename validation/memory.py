@@ -4,6 +4,7 @@ Real model shapes with fewer layers (compile time grows with layers; memory per 
 uniform, so a layer count that compiles in seconds checks the same formulas). Every plan is
 compared at the same reduced layer count in the prediction and in the compiler.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,14 +13,22 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from cost_models.errors import CpplanError
-from planner.estimate import estimate
 from cost_models.models import get_model
 from planner.api import run_search
+from planner.estimate import estimate
 from validation.report import MemoryReport, MemoryResult
 
 
-def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, layers: int = 2,
-                    per_strategy: int = 1, sequences: int = 1, **options) -> MemoryReport:
+def validate_memory(
+    model,
+    seq_lens: Sequence,
+    topologies: Sequence[str],
+    *,
+    layers: int = 2,
+    per_strategy: int = 1,
+    sequences: int = 1,
+    **options,
+) -> MemoryReport:
     """Compiles the best plan of each strategy per (topology, length) and compares memory.
 
     Args:
@@ -41,8 +50,7 @@ def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, lay
     plans = []
     for topology in topologies:
         for seq_len in seq_lens:
-            result = run_search(reduced, seq_len, topology, global_batch=sequences,
-                                **options)
+            result = run_search(reduced, seq_len, topology, global_batch=sequences, **options)
             picked = []
             for strategy in {r.plan.cp_strategy for r in result.ranked}:
                 picked += [r for r in result.ranked if r.plan.cp_strategy is strategy][:per_strategy]
@@ -60,7 +68,14 @@ def validate_memory(model, seq_lens: Sequence, topologies: Sequence[str], *, lay
             reason = str(err).strip().splitlines()[0][:300]
             report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=f"compiler: {reason}"))
             continue
-        report.results.append(MemoryResult(
-            plan, estimate(plan), compiled.required_bytes if compiled.fits else None, compiled.fits,
-            required_bytes=compiled.required_bytes, layers_compiled=layers))
+        report.results.append(
+            MemoryResult(
+                plan,
+                estimate(plan),
+                compiled.required_bytes if compiled.fits else None,
+                compiled.fits,
+                required_bytes=compiled.required_bytes,
+                layers_compiled=layers,
+            )
+        )
     return report

@@ -1,5 +1,6 @@
 """Output files that survive faults: directories checked before any work, reports replaced
 atomically, measurements appended as they finish, and nothing followed through a symlink."""
+
 from __future__ import annotations
 
 import json
@@ -29,12 +30,14 @@ def prepare_out_dir(outdir: "str | Path", names: tuple[str, ...] = ()) -> Path:
         with tempfile.TemporaryFile(dir=outdir):
             pass
     except OSError as err:
-        raise CpplanError(f"--out {str(outdir)!r} cannot be written ({err.strerror}); give a directory you can "
-                          f"write to.") from None
+        raise CpplanError(
+            f"--out {str(outdir)!r} cannot be written ({err.strerror}); give a directory you can write to."
+        ) from None
     for name in names:
         if (outdir / name).is_dir() and not (outdir / name).is_symlink():
-            raise CpplanError(f"{str(outdir / name)!r} is a directory where cpplan writes a file; move it away "
-                              f"or give another --out.")
+            raise CpplanError(
+                f"{str(outdir / name)!r} is a directory where cpplan writes a file; move it away or give another --out."
+            )
     return outdir
 
 
@@ -74,8 +77,10 @@ def append_record(path: "str | Path", record: dict) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as err:
-        raise CpplanError(f"cannot append to {str(path)!r} ({err.strerror}); cpplan never writes through a "
-                          f"symlink: remove it, or give another --out.") from None
+        raise CpplanError(
+            f"cannot append to {str(path)!r} ({err.strerror}); cpplan never writes through a "
+            f"symlink: remove it, or give another --out."
+        ) from None
     with os.fdopen(fd, "a") as f:
         f.write(json.dumps(record, allow_nan=False, default=str) + "\n")
         f.flush()

@@ -16,6 +16,7 @@ allocation) and `*-live-range.txt` (each value's first and last position in the 
 of one buffer share an offset (a loop's carry and its body's parameter): at each point of the
 schedule a live offset counts once. The allocation can exceed the live peak (the heap's gaps).
 """
+
 import argparse
 import re
 from pathlib import Path
@@ -33,9 +34,11 @@ STEP = re.compile(r"^\s+(\d+):(\S+)$", re.M)
 def one_file(directory: Path, suffix: str, module: str) -> Path:
     paths = sorted(directory.glob(f"*{module}*{suffix}"))
     if len(paths) != 1:
-        raise CpplanError(f"{directory} holds {len(paths)} files matching *{module}*{suffix}, not one; compile with "
-                          f"XLA_FLAGS='--xla_dump_to={directory} --xla_dump_hlo_as_text' into an empty directory, or "
-                          f"name the module with --module.")
+        raise CpplanError(
+            f"{directory} holds {len(paths)} files matching *{module}*{suffix}, not one; compile with "
+            f"XLA_FLAGS='--xla_dump_to={directory} --xla_dump_hlo_as_text' into an empty directory, or "
+            f"name the module with --module."
+        )
     return paths[0]
 
 
@@ -45,8 +48,10 @@ def temp_values(assignment: str) -> tuple[int, list[tuple[str, int, int, str]]]:
         head = block.split("\n", 1)[0]
         if "preallocated-temp" in head and "color" not in head:
             size = int(re.search(r"size (\d+)", head).group(1))
-            return size, [(m.group(1) + (m.group(2) or "{}"), int(m.group(3)), int(m.group(4)), m.group(5))
-                          for m in VALUE.finditer(block)]
+            return size, [
+                (m.group(1) + (m.group(2) or "{}"), int(m.group(3)), int(m.group(4)), m.group(5))
+                for m in VALUE.finditer(block)
+            ]
     raise CpplanError("the buffer assignment has no temporary allocation in the default memory space.")
 
 
@@ -77,22 +82,28 @@ def main():
 
     totals = np.array([sum(v[1] for v in live_at(t)) for t in range(length)])
     peak = int(totals.argmax())
-    print(f"temporary allocation {size / GiB:.3f} GiB; live peak {totals[peak] / GiB:.3f} GiB at step {peak} "
-          f"({steps.get(peak)}); the heap's gaps {(size - totals[peak]) / GiB:.3f} GiB")
+    print(
+        f"temporary allocation {size / GiB:.3f} GiB; live peak {totals[peak] / GiB:.3f} GiB at step {peak} "
+        f"({steps.get(peak)}); the heap's gaps {(size - totals[peak]) / GiB:.3f} GiB"
+    )
     if args.timeline:
         for start in range(0, length, args.timeline):
-            window = totals[start:start + args.timeline]
+            window = totals[start : start + args.timeline]
             t = start + int(window.argmax())
-            print(f"  steps {start:>6}-{start + len(window) - 1:<6} live peak {window.max() / GiB:.3f} GiB at {t} "
-                  f"({steps.get(t)})")
+            print(
+                f"  steps {start:>6}-{start + len(window) - 1:<6} live peak {window.max() / GiB:.3f} GiB at {t} "
+                f"({steps.get(t)})"
+            )
     at = peak if args.at is None else args.at
     rows = live_at(at)
     print(f"\nlive at step {at} ({steps.get(at)}): {sum(v[1] for v in rows) / GiB:.3f} GiB")
     for name, nbytes, offset, shape in rows:
         if nbytes >= args.min_mib * MiB:
             # the instruction at the end of a value's live range is its last reader: what holds it
-            print(f"  {nbytes / MiB:9.1f} MiB  steps {live[name][0]:>6}-{live[name][1]:<6} {name:<48} "
-                  f"{shape[:60]:<60} until {steps.get(live[name][1])}")
+            print(
+                f"  {nbytes / MiB:9.1f} MiB  steps {live[name][0]:>6}-{live[name][1]:<6} {name:<48} "
+                f"{shape[:60]:<60} until {steps.get(live[name][1])}"
+            )
 
 
 if __name__ == "__main__":

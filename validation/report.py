@@ -1,5 +1,6 @@
 """Validation reports: per-plan rows, summary figures, and the files a person reads (markdown,
 JSON, plots)."""
+
 from __future__ import annotations
 
 import io
@@ -17,13 +18,11 @@ from planner.plan import Plan
 from validation.outputs import prepare_out_dir, write_atomic
 from validation.stats import mape, regret, spearman
 
-
 # the files each report writes under --out; the runs' measurements go to MEASUREMENTS_FILE as they finish
 MEASUREMENTS_FILE = "measurements.jsonl"
 STEP_REPORT_FILES = ("report.json", "report.md", "predicted_vs_measured.png", "winners.png", MEASUREMENTS_FILE)
 MEMORY_REPORT_FILES = ("memory.json", "memory.md")
 CORPUS_REPORT_FILES = ("report.json", "report.md", "predicted_vs_measured.png", "errors.png")
-
 
 
 def _pyplot():
@@ -35,8 +34,10 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise CpplanError("plots need matplotlib, which is not installed; pip install matplotlib "
-                          "(or write the report without plots: --no-plots).") from None
+        raise CpplanError(
+            "plots need matplotlib, which is not installed; pip install matplotlib "
+            "(or write the report without plots: --no-plots)."
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -60,6 +61,7 @@ def _predicted_vs_measured(plt, done: list, *, group, xlabel: str, title: str, p
     _save_figure(fig, path)
     plt.close(fig)
     return path
+
 
 def _save_figure(fig, path: Path) -> None:
     """A figure as PNG, written atomically like every report file."""
@@ -105,12 +107,24 @@ class StepResult:
         return self.predicted.step_time_s / self.measured_step_s - 1
 
     def to_dict(self) -> dict:
-        return {"plan": self.plan.to_dict(), "label": _plan_label(self.plan), "seq_len": self.plan.seq_len,
-                "strategy": self.plan.cp_strategy.value, "predicted_step_s": self.predicted.step_time_s,
-                "measured_step_s": self.measured_step_s, "error": self.error, "predicted_mfu": self.predicted.mfu,
-                "measured_mfu": self.measured_mfu, "measured_median_s": self.measured_median_s,
-                "source": self.source, "failure": self.failure, "run_id": self.run_id, "notes": list(self.notes),
-                "chip": get_topology(self.plan.topology).chip.name, "fits": self.predicted.fits}
+        return {
+            "plan": self.plan.to_dict(),
+            "label": _plan_label(self.plan),
+            "seq_len": self.plan.seq_len,
+            "strategy": self.plan.cp_strategy.value,
+            "predicted_step_s": self.predicted.step_time_s,
+            "measured_step_s": self.measured_step_s,
+            "error": self.error,
+            "predicted_mfu": self.predicted.mfu,
+            "measured_mfu": self.measured_mfu,
+            "measured_median_s": self.measured_median_s,
+            "source": self.source,
+            "failure": self.failure,
+            "run_id": self.run_id,
+            "notes": list(self.notes),
+            "chip": get_topology(self.plan.topology).chip.name,
+            "fits": self.predicted.fits,
+        }
 
 
 @dataclass
@@ -135,48 +149,79 @@ class StepTimeReport:
         done = self.measured
         pred = [r.predicted.step_time_s for r in done]
         meas = [r.measured_step_s for r in done]
-        regrets = {s: regret([r.predicted.step_time_s for r in g], [r.measured_step_s for r in g])
-                   for s, g in self.by_seq_len().items()}
+        regrets = {
+            s: regret([r.predicted.step_time_s for r in g], [r.measured_step_s for r in g])
+            for s, g in self.by_seq_len().items()
+        }
         winners = {}
         for s, g in self.by_seq_len().items():
-            winners[s] = {"predicted": min(g, key=lambda r: r.predicted.step_time_s).plan.cp_strategy.value,
-                          "measured": min(g, key=lambda r: r.measured_step_s).plan.cp_strategy.value}
-        return {"mape": _finite(mape(pred, meas)), "spearman": _finite(spearman(pred, meas)),
-                "regret": _finite(max(regrets.values())) if regrets else None,
-                "regret_per_seq_len": {s: _finite(r) for s, r in regrets.items()}, "winners": winners, "plans_measured": len(done),
-                "plans_failed": sum(r.failure is not None for r in self.results),
-                "strategies": sorted({r.plan.cp_strategy.value for r in done}), "interrupted": self.interrupted}
+            winners[s] = {
+                "predicted": min(g, key=lambda r: r.predicted.step_time_s).plan.cp_strategy.value,
+                "measured": min(g, key=lambda r: r.measured_step_s).plan.cp_strategy.value,
+            }
+        return {
+            "mape": _finite(mape(pred, meas)),
+            "spearman": _finite(spearman(pred, meas)),
+            "regret": _finite(max(regrets.values())) if regrets else None,
+            "regret_per_seq_len": {s: _finite(r) for s, r in regrets.items()},
+            "winners": winners,
+            "plans_measured": len(done),
+            "plans_failed": sum(r.failure is not None for r in self.results),
+            "strategies": sorted({r.plan.cp_strategy.value for r in done}),
+            "interrupted": self.interrupted,
+        }
 
     def to_dict(self) -> dict:
         s = self.summary()
-        return {"title": self.title, "mape": s["mape"], "spearman": s["spearman"], "regret": s["regret"],
-                "summary": s, "plans": [r.to_dict() for r in self.results]}
+        return {
+            "title": self.title,
+            "mape": s["mape"],
+            "spearman": s["spearman"],
+            "regret": s["regret"],
+            "summary": s,
+            "plans": [r.to_dict() for r in self.results],
+        }
 
     def markdown(self, *, plots: bool = True) -> str:
         """The report for people; `plots` links the figures `write` draws beside it."""
         s = self.summary()
-        lines = [f"# {self.title}", "",
-                 f"- plans measured: {s['plans_measured']} ({', '.join(s['strategies'])}); failed: {s['plans_failed']}"
-                 + ("; **interrupted**, partial results" if s["interrupted"] else ""),
-                 f"- step time MAPE: **{_shown(s['mape'], '.1%')}**",
-                 f"- Spearman rank correlation: **{_shown(s['spearman'], '.3f')}**",
-                 f"- regret (measured time of the predicted-best plan ÷ best measured), worst over lengths: "
-                 f"**{_shown(s['regret'], '.3f')}**", "",
-                 "| seq_len | predicted winner | measured winner | regret |", "|---|---|---|---|"]
+        lines = [
+            f"# {self.title}",
+            "",
+            f"- plans measured: {s['plans_measured']} ({', '.join(s['strategies'])}); failed: {s['plans_failed']}"
+            + ("; **interrupted**, partial results" if s["interrupted"] else ""),
+            f"- step time MAPE: **{_shown(s['mape'], '.1%')}**",
+            f"- Spearman rank correlation: **{_shown(s['spearman'], '.3f')}**",
+            f"- regret (measured time of the predicted-best plan ÷ best measured), worst over lengths: "
+            f"**{_shown(s['regret'], '.3f')}**",
+            "",
+            "| seq_len | predicted winner | measured winner | regret |",
+            "|---|---|---|---|",
+        ]
         for seq, w in s["winners"].items():
-            lines.append(f"| {seq} | {w['predicted']} | {w['measured']} | {_shown(s['regret_per_seq_len'][seq], '.3f')} |")
-        lines += ["", "Measured: a run's fastest step after the first (calibration keeps its fastest run too: work "
-                  "sharing the host only ever adds time); the median is in the JSON.", "",
-                  "| plan | seq_len | predicted s | measured s | error | predicted MFU | measured MFU |",
-                  "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {seq} | {w['predicted']} | {w['measured']} | {_shown(s['regret_per_seq_len'][seq], '.3f')} |"
+            )
+        lines += [
+            "",
+            "Measured: a run's fastest step after the first (calibration keeps its fastest run too: work "
+            "sharing the host only ever adds time); the median is in the JSON.",
+            "",
+            "| plan | seq_len | predicted s | measured s | error | predicted MFU | measured MFU |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in sorted(self.results, key=lambda r: (r.plan.seq_len, r.predicted.step_time_s)):
             if r.measured_step_s is None:
-                lines.append(f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
-                             f"failed: {r.failure} | | | |")
+                lines.append(
+                    f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
+                    f"failed: {r.failure} | | | |"
+                )
                 continue
             mfu = f"{r.measured_mfu:.2%}" if r.measured_mfu is not None else "–"
-            lines.append(f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
-                         f"{r.measured_step_s:.4f} | {r.error:+.1%} | {r.predicted.mfu:.2%} | {mfu} |")
+            lines.append(
+                f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
+                f"{r.measured_step_s:.4f} | {r.error:+.1%} | {r.predicted.mfu:.2%} | {mfu} |"
+            )
         if plots:
             lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "", "![winners](winners.png)"]
         return "\n".join(lines + [""])
@@ -193,14 +238,23 @@ class StepTimeReport:
         """
         plt = _pyplot()
         done = self.measured
-        paths = [_predicted_vs_measured(plt, done, group=lambda r: r.plan.cp_strategy.value, xlabel="measured",
-                                        title="cpplan: predicted vs measured, one point per plan",
-                                        path=outdir / "predicted_vs_measured.png")]
+        paths = [
+            _predicted_vs_measured(
+                plt,
+                done,
+                group=lambda r: r.plan.cp_strategy.value,
+                xlabel="measured",
+                title="cpplan: predicted vs measured, one point per plan",
+                path=outdir / "predicted_vs_measured.png",
+            )
+        ]
 
         fig, ax = plt.subplots(figsize=(7, 4))
         groups = self.by_seq_len()
-        for offset, kind, key, marker in ((-0.1, "predicted", lambda r: r.predicted.step_time_s, "o"),
-                                          (0.1, "measured", lambda r: r.measured_step_s, "s")):
+        for offset, kind, key, marker in (
+            (-0.1, "predicted", lambda r: r.predicted.step_time_s, "o"),
+            (0.1, "measured", lambda r: r.measured_step_s, "s"),
+        ):
             xs = [i + offset for i in range(len(groups))]
             ys = [min(g, key=key).plan.cp_strategy.value for g in groups.values()]
             ax.scatter(xs, ys, label=kind, s=80, marker=marker)
@@ -244,59 +298,84 @@ class CorpusReport(StepTimeReport):
         by_chip: dict[str, list[StepResult]] = defaultdict(list)
         for r in done:
             by_chip[self.chip_of(r)].append(r)
-        worst = sorted(done, key=lambda r: -abs(r.error))[:self.worst]
+        worst = sorted(done, key=lambda r: -abs(r.error))[: self.worst]
         errors = [abs(r.error) for r in done]
-        return {"runs": len(done), "mape": _finite(mape([r.predicted.step_time_s for r in done],
-                                                         [r.measured_step_s for r in done])),
-                "max_abs_error": max(errors) if errors else None,
-                "within_15pct": sum(e <= 0.15 for e in errors),
-                "spearman_mfu": _finite(spearman([r.predicted.mfu for r in done], [r.measured_mfu for r in done])),
-                "mean_signed_error": sum(r.error for r in done) / len(done) if done else None,
-                "per_chip": {chip: {"runs": len(g), "mape": _finite(mape([r.predicted.step_time_s for r in g],
-                                                                          [r.measured_step_s for r in g])),
-                                    "max_abs_error": max(abs(r.error) for r in g),
-                                    "mean_signed_error": sum(r.error for r in g) / len(g),
-                                    "spearman_mfu": _finite(spearman([r.predicted.mfu for r in g],
-                                                                     [r.measured_mfu for r in g]))}
-                             for chip, g in sorted(by_chip.items())},
-                "worst": [{"run": r.run_id, "error": r.error} for r in worst],
-                "do_not_fit": [r.run_id for r in done if not r.predicted.fits],
-                "approximated": sum(bool(r.notes) for r in done),
-                "plans_measured": len(done), "plans_failed": sum(r.failure is not None for r in self.results),
-                "interrupted": self.interrupted}
+        return {
+            "runs": len(done),
+            "mape": _finite(mape([r.predicted.step_time_s for r in done], [r.measured_step_s for r in done])),
+            "max_abs_error": max(errors) if errors else None,
+            "within_15pct": sum(e <= 0.15 for e in errors),
+            "spearman_mfu": _finite(spearman([r.predicted.mfu for r in done], [r.measured_mfu for r in done])),
+            "mean_signed_error": sum(r.error for r in done) / len(done) if done else None,
+            "per_chip": {
+                chip: {
+                    "runs": len(g),
+                    "mape": _finite(mape([r.predicted.step_time_s for r in g], [r.measured_step_s for r in g])),
+                    "max_abs_error": max(abs(r.error) for r in g),
+                    "mean_signed_error": sum(r.error for r in g) / len(g),
+                    "spearman_mfu": _finite(spearman([r.predicted.mfu for r in g], [r.measured_mfu for r in g])),
+                }
+                for chip, g in sorted(by_chip.items())
+            },
+            "worst": [{"run": r.run_id, "error": r.error} for r in worst],
+            "do_not_fit": [r.run_id for r in done if not r.predicted.fits],
+            "approximated": sum(bool(r.notes) for r in done),
+            "plans_measured": len(done),
+            "plans_failed": sum(r.failure is not None for r in self.results),
+            "interrupted": self.interrupted,
+        }
 
     def to_dict(self) -> dict:
         s = self.summary()
-        return {"title": self.title, "mape": s["mape"], "spearman_mfu": s["spearman_mfu"], "summary": s,
-                "plans": [r.to_dict() for r in self.results]}
+        return {
+            "title": self.title,
+            "mape": s["mape"],
+            "spearman_mfu": s["spearman_mfu"],
+            "summary": s,
+            "plans": [r.to_dict() for r in self.results],
+        }
 
     def markdown(self, *, plots: bool = True) -> str:
         s = self.summary()
-        lines = [f"# {self.title}", "",
-                 f"- runs: {s['runs']}; step-time MAPE **{_shown(s['mape'], '.1%')}**; largest |error| "
-                 f"**{_shown(s['max_abs_error'], '.1%')}**; within 15%: **{s['within_15pct']} of {s['runs']}**; "
-                 f"mean signed error {_shown(s['mean_signed_error'], '+.1%')}",
-                 f"- Spearman rank correlation of MFU (predicted vs measured): **{_shown(s['spearman_mfu'], '.3f')}**",
-                 f"- priced at a nearest setting (see notes): {s['approximated']}; cpplan says do not fit: "
-                 f"{len(s['do_not_fit'])}" + (f" ({', '.join(s['do_not_fit'])})" if s["do_not_fit"] else ""),
-                 "", "| chip | runs | MAPE | largest abs. error | mean signed | Spearman of MFU |",
-                 "|---|---|---|---|---|---|"]
+        lines = [
+            f"# {self.title}",
+            "",
+            f"- runs: {s['runs']}; step-time MAPE **{_shown(s['mape'], '.1%')}**; largest |error| "
+            f"**{_shown(s['max_abs_error'], '.1%')}**; within 15%: **{s['within_15pct']} of {s['runs']}**; "
+            f"mean signed error {_shown(s['mean_signed_error'], '+.1%')}",
+            f"- Spearman rank correlation of MFU (predicted vs measured): **{_shown(s['spearman_mfu'], '.3f')}**",
+            f"- priced at a nearest setting (see notes): {s['approximated']}; cpplan says do not fit: "
+            f"{len(s['do_not_fit'])}" + (f" ({', '.join(s['do_not_fit'])})" if s["do_not_fit"] else ""),
+            "",
+            "| chip | runs | MAPE | largest abs. error | mean signed | Spearman of MFU |",
+            "|---|---|---|---|---|---|",
+        ]
         for chip, c in s["per_chip"].items():
-            lines.append(f"| {chip} | {c['runs']} | {_shown(c['mape'], '.1%')} | {c['max_abs_error']:.1%} | "
-                         f"{c['mean_signed_error']:+.1%} | {_shown(c['spearman_mfu'], '.3f')} |")
-        lines += ["", "Worst runs: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]), "",
-                  "| run | plan | predicted s | measured s | error | predicted MFU | measured MFU | fits | notes |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {chip} | {c['runs']} | {_shown(c['mape'], '.1%')} | {c['max_abs_error']:.1%} | "
+                f"{c['mean_signed_error']:+.1%} | {_shown(c['spearman_mfu'], '.3f')} |"
+            )
+        lines += [
+            "",
+            "Worst runs: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]),
+            "",
+            "| run | plan | predicted s | measured s | error | predicted MFU | measured MFU | fits | notes |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in self.results:
             notes = "; ".join(r.notes).replace("|", "/")
             if r.measured_step_s is None:
-                lines.append(f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | failed: "
-                             f"{r.failure} | | | | | {notes} |")
+                lines.append(
+                    f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | failed: "
+                    f"{r.failure} | | | | | {notes} |"
+                )
                 continue
-            lines.append(f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | {r.measured_step_s:.3f} "
-                         f"| {r.error:+.1%} | {r.predicted.mfu:.1%} | {r.measured_mfu:.1%} | "
-                         f"{'yes' if r.predicted.fits else 'no: ' + format(r.predicted.hbm_bytes_per_device / GiB, '.0f') + ' GiB'} "
-                         f"| {notes} |")
+            lines.append(
+                f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | {r.measured_step_s:.3f} "
+                f"| {r.error:+.1%} | {r.predicted.mfu:.1%} | {r.measured_mfu:.1%} | "
+                f"{'yes' if r.predicted.fits else f'no: {r.predicted.hbm_bytes_per_device / GiB:.0f} GiB'} "
+                f"| {notes} |"
+            )
         if plots:
             lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "", "![errors](errors.png)"]
         return "\n".join(lines + [""])
@@ -309,13 +388,23 @@ class CorpusReport(StepTimeReport):
         """
         plt = _pyplot()
         done = self.measured
-        paths = [_predicted_vs_measured(plt, done, group=self.chip_of, xlabel="published",
-                                        title="cpplan vs published runs, one point per run",
-                                        path=outdir / "predicted_vs_measured.png")]
+        paths = [
+            _predicted_vs_measured(
+                plt,
+                done,
+                group=self.chip_of,
+                xlabel="published",
+                title="cpplan vs published runs, one point per run",
+                path=outdir / "predicted_vs_measured.png",
+            )
+        ]
 
         fig, ax = plt.subplots(figsize=(8, max(3, 0.18 * len(done))))
-        ax.barh([r.run_id for r in done], [100 * r.error for r in done],
-                color=["tab:red" if abs(r.error) > 0.15 else "tab:blue" for r in done])
+        ax.barh(
+            [r.run_id for r in done],
+            [100 * r.error for r in done],
+            color=["tab:red" if abs(r.error) > 0.15 else "tab:blue" for r in done],
+        )
         ax.axvline(0, color="k", linewidth=1)
         ax.set_xlabel("predicted / published step time − 1 (%)"), ax.invert_yaxis()
         ax.set_title("error per run (red: beyond 15%)")
@@ -354,12 +443,21 @@ class MemoryResult:
         return None if actual is None else self.predicted.hbm_bytes_per_device / actual - 1
 
     def to_dict(self) -> dict:
-        return {"plan": self.plan.to_dict(), "label": _plan_label(self.plan), "topology": self.plan.topology,
-                "seq_len": self.plan.seq_len, "layers": self.plan.model.num_layers,
-                "predicted_bytes": self.predicted.hbm_bytes_per_device, "predicted_breakdown": self.predicted.hbm_bytes,
-                "predicted_fits": self.predicted.fits, "compiled_bytes": self.compiled_bytes,
-                "compiled_fits": self.compiled_fits, "required_bytes": self.required_bytes, "error": self.error,
-                "failure": self.failure}
+        return {
+            "plan": self.plan.to_dict(),
+            "label": _plan_label(self.plan),
+            "topology": self.plan.topology,
+            "seq_len": self.plan.seq_len,
+            "layers": self.plan.model.num_layers,
+            "predicted_bytes": self.predicted.hbm_bytes_per_device,
+            "predicted_breakdown": self.predicted.hbm_bytes,
+            "predicted_fits": self.predicted.fits,
+            "compiled_bytes": self.compiled_bytes,
+            "compiled_fits": self.compiled_fits,
+            "required_bytes": self.required_bytes,
+            "error": self.error,
+            "failure": self.failure,
+        }
 
 
 @dataclass
@@ -372,31 +470,40 @@ class MemoryReport:
     def summary(self) -> dict:
         done = [r for r in self.results if r.failure is None and r.error is not None]
         agree = [r.predicted.fits == r.compiled_fits for r in self.results if r.failure is None]
-        return {"plans": len(self.results), "compared": len(done),
-                "within_10pct": sum(abs(r.error) <= 0.10 for r in done),
-                "mean_abs_error": sum(abs(r.error) for r in done) / len(done) if done else None,
-                "fit_agreement": sum(agree) / len(agree) if agree else None,
-                "topologies": sorted({r.plan.topology for r in self.results})}
+        return {
+            "plans": len(self.results),
+            "compared": len(done),
+            "within_10pct": sum(abs(r.error) <= 0.10 for r in done),
+            "mean_abs_error": sum(abs(r.error) for r in done) / len(done) if done else None,
+            "fit_agreement": sum(agree) / len(agree) if agree else None,
+            "topologies": sorted({r.plan.topology for r in self.results}),
+        }
 
     def to_dict(self) -> dict:
         return {"title": self.title, **self.summary(), "plans": [r.to_dict() for r in self.results]}
 
     def markdown(self) -> str:
         s = self.summary()
-        lines = [f"# {self.title}", "",
-                 f"- plans: {s['plans']} on {', '.join(s['topologies'])}; within 10% of the compiler: "
-                 f"**{s['within_10pct']} of {s['compared']}**; mean |error| {_shown(s['mean_abs_error'], '.1%')}",
-                 f"- fit / no-fit agreement with the compiler: **{_shown(s['fit_agreement'], '.0%')}**", "",
-                 "| plan | topology | seq_len | layers | predicted GiB | compiler GiB | error | fits (pred/compiler) |",
-                 "|---|---|---|---|---|---|---|---|"]
+        lines = [
+            f"# {self.title}",
+            "",
+            f"- plans: {s['plans']} on {', '.join(s['topologies'])}; within 10% of the compiler: "
+            f"**{s['within_10pct']} of {s['compared']}**; mean |error| {_shown(s['mean_abs_error'], '.1%')}",
+            f"- fit / no-fit agreement with the compiler: **{_shown(s['fit_agreement'], '.0%')}**",
+            "",
+            "| plan | topology | seq_len | layers | predicted GiB | compiler GiB | error | fits (pred/compiler) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in self.results:
             actual = r.compiled_bytes if r.compiled_fits else r.required_bytes
             actual_text = "–" if actual is None else f"{actual / GiB:.2f}"
             err = "–" if r.error is None else f"{r.error:+.1%}"
             note = f" ({r.failure})" if r.failure else ""
-            lines.append(f"| {_plan_label(r.plan)} | {r.plan.topology} | {r.plan.seq_len} | {r.plan.model.num_layers} | "
-                         f"{r.predicted.hbm_bytes_per_device / GiB:.2f} | {actual_text} | {err} | "
-                         f"{r.predicted.fits}/{r.compiled_fits}{note} |")
+            lines.append(
+                f"| {_plan_label(r.plan)} | {r.plan.topology} | {r.plan.seq_len} | {r.plan.model.num_layers} | "
+                f"{r.predicted.hbm_bytes_per_device / GiB:.2f} | {actual_text} | {err} | "
+                f"{r.predicted.fits}/{r.compiled_fits}{note} |"
+            )
         return "\n".join(lines) + "\n"
 
     def write(self, outdir: "str | Path") -> list[Path]:

@@ -1,4 +1,5 @@
 """The figures a validation reports: error, rank agreement, and the planner's regret."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -5,6 +5,7 @@ the rest, up to `max_plans` per sequence length. Runs go one after another under
 bar, each result appended to a journal file as it finishes; Ctrl-C (and SIGTERM, which the CLI
 turns into it) stops them keeping what was measured.
 """
+
 from __future__ import annotations
 
 import random
@@ -13,9 +14,9 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 from cost_models.errors import CpplanError
-from planner.estimate import estimate
 from cost_models.units import mfu
 from planner.api import run_search
+from planner.estimate import estimate
 from planner.search import Ranked
 from validation.measured import MeasuredStep
 from validation.outputs import append_record
@@ -43,9 +44,21 @@ def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: in
     return chosen[:max_plans]
 
 
-def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: int = 1, max_plans: int = 16,
-                        top: int = 3, steps: int = 3, seed: int = 0, data=None, journal=None,
-                        stop: "Callable[[], bool] | None" = None, **options) -> StepTimeReport:
+def validate_step_times(
+    model,
+    seq_lens: Sequence,
+    topology: str,
+    *,
+    sequences: int = 1,
+    max_plans: int = 16,
+    top: int = 3,
+    steps: int = 3,
+    seed: int = 0,
+    data=None,
+    journal=None,
+    stop: "Callable[[], bool] | None" = None,
+    **options,
+) -> StepTimeReport:
     """Runs a selection of feasible plans per sequence length and compares with their prices.
 
     Args:
@@ -68,11 +81,12 @@ def validate_step_times(model, seq_lens: Sequence, topology: str, *, sequences: 
 
     plans = []
     for seq_len in seq_lens:
-        result = run_search(model, seq_len, topology, global_batch=sequences,
-                            **options)
+        result = run_search(model, seq_len, topology, global_batch=sequences, **options)
         if not result.ranked:
-            raise CpplanError(f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
-                              "see `cpplan explain` for why.")
+            raise CpplanError(
+                f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
+                "see `cpplan explain` for why."
+            )
         plans += select_plans(result.ranked, max_plans=max_plans, top=top, seed=seed)
     report = StepTimeReport(f"Step-time validation: {plans[0].plan.model.name} on {plans[0].plan.topology}")
     progress = tqdm(plans, desc="validate", unit="plan")
@@ -116,6 +130,5 @@ def compare_measured(steps: Sequence[MeasuredStep]) -> StepTimeReport:
     report = StepTimeReport("Predicted vs imported measurements")
     for s in steps:
         e = estimate(s.plan)
-        report.results.append(StepResult(s.plan, e, s.step_seconds, _measured_mfu(e, s.step_seconds),
-                                          source=s.source))
+        report.results.append(StepResult(s.plan, e, s.step_seconds, _measured_mfu(e, s.step_seconds), source=s.source))
     return report

@@ -2,16 +2,26 @@
 implementation serves the search (thousands of rows) and a single plan (one row). Terms follow the
 scaling book (T_math, T_hbm, T_comms) with explicit overlap; each part is a builder returning a frozen
 dataclass (`matmul`, `attention`, `elementwise`, `head`, `memory`, `communication`), composed by `step.price`."""
+
 from cost_models.pricing.memory import (
-                                         LAYER_MEMORY,
-                                         LOSS_MEMORY,
-                                         STATIC_MEMORY,
-                                         UPDATE_MEMORY,
-                                         backward_bytes,
-                                         peak_bytes,
-                                         update_bytes,
+    LAYER_MEMORY,
+    LOSS_MEMORY,
+    STATIC_MEMORY,
+    UPDATE_MEMORY,
+    backward_bytes,
+    peak_bytes,
+    update_bytes,
 )
 from cost_models.pricing.step import Priced, price
 
-__all__ = ["LAYER_MEMORY", "LOSS_MEMORY", "STATIC_MEMORY", "UPDATE_MEMORY", "Priced", "backward_bytes", "peak_bytes",
-           "price", "update_bytes"]
+__all__ = [
+    "LAYER_MEMORY",
+    "LOSS_MEMORY",
+    "STATIC_MEMORY",
+    "UPDATE_MEMORY",
+    "Priced",
+    "backward_bytes",
+    "peak_bytes",
+    "price",
+    "update_bytes",
+]

@@ -1,6 +1,7 @@
 """The attention of one decoder layer on one device: splash's MXU work over the blocks it computes (whole
 blocks across the causal diagonal), what its grids pay per step and each call once, the backward at the
 chip's measured ratio to the forward, and the merge in HBM of several calls' results (the ring's hops)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,8 +57,9 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
     layout = strategy.layout(x)
     # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
     # so the step costs the average rank's work (the balanced extent), not the busiest rank's
-    extent = attention_extent(x.seq_len, layout.ring, x.zigzag | x.shared_cores,
-                              block_q=x.block_q, block_kv=x.block_kv, causal=model.causal)
+    extent = attention_extent(
+        x.seq_len, layout.ring, x.zigzag | x.shared_cores, block_q=x.block_q, block_kv=x.block_kv, causal=model.causal
+    )
     efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
     forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
@@ -67,15 +69,26 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
     hbm_s_per_byte = 1.0 / x.topology.hbm_bw_per_device
     for call in calls:
         fwd, bwd = splash_step_costs(
-            x.sequences_per_device * layout.q_heads, x.sequences_per_device * layout.kv_heads, call.q_len, call.kv_len,
-            head_dim=model.head_dim, act_bytes=x.act_bytes,
-            block_q=np.minimum(x.block_q, call.q_block_cap), block_kv=x.block_kv,
-            per_step_s=chip.attention_block_overhead_s, per_step_byte_s=chip.attention_step_s_per_operand_byte,
+            x.sequences_per_device * layout.q_heads,
+            x.sequences_per_device * layout.kv_heads,
+            call.q_len,
+            call.kv_len,
+            head_dim=model.head_dim,
+            act_bytes=x.act_bytes,
+            block_q=np.minimum(x.block_q, call.q_block_cap),
+            block_kv=x.block_kv,
+            per_step_s=chip.attention_block_overhead_s,
+            per_step_byte_s=chip.attention_step_s_per_operand_byte,
             per_masked_element_s=chip.attention_masked_element_s,
-            per_call_byte_s=(chip.attention_operand_passes * hbm_s_per_byte,
-                             chip.attention_backward_operand_passes * hbm_s_per_byte),
-            causal=call.causal, fused_backward=call.fused_backward, hbm_s_per_byte=hbm_s_per_byte,
-            backward_core_share=chip.attention_backward_core_share)
+            per_call_byte_s=(
+                chip.attention_operand_passes * hbm_s_per_byte,
+                chip.attention_backward_operand_passes * hbm_s_per_byte,
+            ),
+            causal=call.causal,
+            fused_backward=call.fused_backward,
+            hbm_s_per_byte=hbm_s_per_byte,
+            backward_core_share=chip.attention_backward_core_share,
+        )
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     merge_forward_bytes, merge_backward_bytes = strategy.merge_bytes(x, layout, calls)
@@ -83,12 +96,20 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
     forward_s = math_forward_s + grid_forward_s + merge_forward_s
     recomputed = x.remat_columns.recompute_attention
     return AttentionTimes(
-        layout=layout, forward_flops=forward_flops, math_forward_s=math_forward_s, grid_forward_s=grid_forward_s,
-        grid_backward_s=grid_backward_s, merge_forward_s=merge_forward_s, merge_backward_s=merge_backward_s,
+        layout=layout,
+        forward_flops=forward_flops,
+        math_forward_s=math_forward_s,
+        grid_forward_s=grid_forward_s,
+        grid_backward_s=grid_backward_s,
+        merge_forward_s=merge_forward_s,
+        merge_backward_s=merge_backward_s,
         forward_s=forward_s,
         backward_s=(backward_over_forward(chip, calls) * math_forward_s + grid_backward_s + merge_backward_s),
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
-        smem_bytes=(splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)
-                    if model.causal else np.zeros_like(forward_flops)),
+        smem_bytes=(
+            splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)
+            if model.causal
+            else np.zeros_like(forward_flops)
+        ),
     )

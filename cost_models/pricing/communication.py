@@ -1,6 +1,7 @@
 """Collective traffic per device, and how much of it the step waits for: each family priced as XLA's
 compiled steps make it; only the fraction the compiler overlaps (`cost_models.overlap`) can hide, in one
 window shared by FSDP and the strategy, the layer's compute (docs/provenance/cost_models.md#communication)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,30 +72,39 @@ class Exposure:
     context: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        return {"fsdp": self.fsdp, "embedding": self.embedding, "tensor": self.tensor,
-                "data_all_reduce": self.data_all_reduce, "context": self.context}
+        return {
+            "fsdp": self.fsdp,
+            "embedding": self.embedding,
+            "tensor": self.tensor,
+            "data_all_reduce": self.data_all_reduce,
+            "context": self.context,
+        }
 
 
-def context_traffic(cost: CPCost, recompute_attention, overlapped: float, *, hides_behind_attention: bool
-                    ) -> ContextTraffic:
+def context_traffic(
+    cost: CPCost, recompute_attention, overlapped: float, *, hides_behind_attention: bool
+) -> ContextTraffic:
     """The strategy's per-layer traffic, the recomputed forward's added to the backward. Where the spec
     `hides_behind_attention` (the ring's hops) the `overlapped` fraction of what it hides is hidden;
     otherwise that fraction of all its traffic may hide in the layer's compute window (`price_exposure`)."""
     backward_s = cost.backward_s + recompute_attention * (cost.forward_s - cost.recompute_reuses_s)
     if hides_behind_attention:
         # the traffic a recompute makes unnecessary leaves the exposed part first
-        spec_exposed_backward_s = np.clip(cost.exposed_backward_s + recompute_attention * (
-            cost.exposed_forward_s - cost.recompute_reuses_s), 0.0, backward_s)
+        spec_exposed_backward_s = np.clip(
+            cost.exposed_backward_s + recompute_attention * (cost.exposed_forward_s - cost.recompute_reuses_s),
+            0.0,
+            backward_s,
+        )
         hidden_forward_s = overlapped * (cost.forward_s - cost.exposed_forward_s)
         hidden_backward_s = overlapped * (backward_s - spec_exposed_backward_s)
     else:
         hidden_forward_s, hidden_backward_s = overlapped * cost.forward_s, overlapped * backward_s
-    return ContextTraffic(cost.forward_s, backward_s, cost.forward_s - hidden_forward_s,
-                          backward_s - hidden_backward_s)
+    return ContextTraffic(cost.forward_s, backward_s, cost.forward_s - hidden_forward_s, backward_s - hidden_backward_s)
 
 
-def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic, *,
-                  traits: TargetTraits = TRAITS[Target.CPPLAN]) -> Traffic:
+def price_traffic(
+    x: Candidates, weight_bytes, context: ContextTraffic, *, traits: TargetTraits = TRAITS[Target.CPPLAN]
+) -> Traffic:
     """Prices every collective of a step for every candidate; `weight_bytes` is one layer's weights on a
     device in the compute dtype, `traits` the runtime's (which collectives its compiler makes of them)."""
     m, comm, tensor = x.model, x.comm, x.tensor
@@ -123,8 +133,9 @@ def price_traffic(x: Candidates, weight_bytes, context: ContextTraffic, *,
     tensor_s = m.num_layers * one_tensor_gather_s * (tensor_collectives_per_layer(m) + repeated) + loss_sum_s
     # gradients cross the data axis in the compute dtype, as they cross the weight group (compiled steps)
     data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, *x.links["data"])
-    return Traffic(gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s,
-                   context)
+    return Traffic(
+        gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s, context
+    )
 
 
 def _weight_axes_split(x: Candidates) -> np.ndarray:
@@ -142,20 +153,30 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
     forward hops and again after the backward hops. Only where the TPU compiler builds the step, and not
     in a parallel block, which keeps them across the hops (docs/provenance/cost_models.md#communication)."""
     regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
-    if x.topology.chip.kind.interprets_kernels or not STRATEGIES[x.strategy].hides_traffic_behind_attention \
-            or x.model.decoder_block.parallel:
+    if (
+        x.topology.chip.kind.interprets_kernels
+        or not STRATEGIES[x.strategy].hides_traffic_behind_attention
+        or x.model.decoder_block.parallel
+    ):
         return regather_s
     # the projections made before the attention (q, k, v), the ones whose input is gathered
     for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
-        recomputed_weights = np.array([projection.weight_size(x.model) * (projection.name in recomputed(
-            policy, x.remat_custom)) for policy in POLICIES], dtype=float)[x.remat]
-        regather_s = regather_s + np.where(recomputed_weights > 0, x.comm.all_gather(
-            recomputed_weights * x.act_bytes / x.tensor, group, *weights), 0.0)
+        recomputed_weights = np.array(
+            [
+                projection.weight_size(x.model) * (projection.name in recomputed(policy, x.remat_custom))
+                for policy in POLICIES
+            ],
+            dtype=float,
+        )[x.remat]
+        regather_s = regather_s + np.where(
+            recomputed_weights > 0, x.comm.all_gather(recomputed_weights * x.act_bytes / x.tensor, group, *weights), 0.0
+        )
     return regather_s
 
 
-def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_layers: int,
-                   overlap: Overlap) -> Exposure:
+def price_exposure(
+    traffic: Traffic, *, layer_forward_s, layer_backward_s, num_layers: int, overlap: Overlap
+) -> Exposure:
     """The communication each step waits for.
 
     Of each family only the fraction the compiler overlaps can hide. FSDP's and the strategy's hidden
@@ -168,11 +189,21 @@ def price_exposure(traffic: Traffic, *, layer_forward_s, layer_backward_s, num_l
     hidden_gather, hidden_scatter = overlap.of("fsdp_all_gather") * gather, overlap.of("fsdp_reduce_scatter") * scatter
     hidden_regather = overlap.of("fsdp_all_gather") * regather
     hidden_tensor_layer = overlap.of("tensor") * traffic.tensor_s / num_layers
-    fsdp_layer_s = (2 * (gather - hidden_gather) + (regather - hidden_regather) + (scatter - hidden_scatter)
-                    + np.maximum(0.0, hidden_gather + context.hidden_forward_s + hidden_tensor_layer / 2
-                                 - layer_forward_s)
-                    + np.maximum(0.0, hidden_gather + hidden_regather + hidden_scatter + context.hidden_backward_s
-                                 + hidden_tensor_layer / 2 - layer_backward_s))
+    fsdp_layer_s = (
+        2 * (gather - hidden_gather)
+        + (regather - hidden_regather)
+        + (scatter - hidden_scatter)
+        + np.maximum(0.0, hidden_gather + context.hidden_forward_s + hidden_tensor_layer / 2 - layer_forward_s)
+        + np.maximum(
+            0.0,
+            hidden_gather
+            + hidden_regather
+            + hidden_scatter
+            + context.hidden_backward_s
+            + hidden_tensor_layer / 2
+            - layer_backward_s,
+        )
+    )
     return Exposure(
         fsdp=num_layers * fsdp_layer_s + traffic.head_gather_s + traffic.head_scatter_s,
         embedding=traffic.embedding_s,

@@ -1,5 +1,6 @@
 """HBM-bound work: a decoder layer's elementwise ops (norms, residual adds, RoPE, the MLP's
 activation) and the AdamW update."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

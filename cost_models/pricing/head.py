@@ -1,5 +1,6 @@
 """The output head and the loss on one device: the projection to the vocabulary on the MXU and
 the fp32 cross-entropy over its logits (HBM bound)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """The matmuls of one decoder layer on one device: the projections (q/k/v and out) and the MLP
 on the MXU with its tile padding, bounded below by reading the layer's weights from HBM."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,14 +46,20 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     hbm_bw = x.topology.hbm_bw_per_device
     weight_bytes = model.params_per_layer * x.act_bytes / tensor
     forward_s = np.maximum(projections_s + mlp_s, weight_bytes / hbm_bw)
-    backward_s = np.maximum(2 * (projections_s + mlp_s),
-                            (2 * weight_bytes + model.params_per_layer * x.param_bytes / tensor) / hbm_bw)
+    backward_s = np.maximum(
+        2 * (projections_s + mlp_s), (2 * weight_bytes + model.params_per_layer * x.param_bytes / tensor) / hbm_bw
+    )
     remat = x.remat_columns
     return MatmulTimes(
-        projections_s=projections_s, mlp_s=mlp_s, weight_bytes=weight_bytes, forward_s=forward_s,
+        projections_s=projections_s,
+        mlp_s=mlp_s,
+        weight_bytes=weight_bytes,
+        forward_s=forward_s,
         backward_s=backward_s,
         recompute_s=remat.recompute_qkv_out * projections_s + remat.recompute_mlp * mlp_s,
         math_s=projections_s * (1 + 2 + remat.recompute_qkv_out) + mlp_s * (1 + 2 + remat.recompute_mlp),
-        executed_flops=((flops.qkv + flops.out_proj) / tensor * (3 + remat.recompute_qkv_out)
-                        + flops.mlp / tensor * (3 + remat.recompute_mlp)),
+        executed_flops=(
+            (flops.qkv + flops.out_proj) / tensor * (3 + remat.recompute_qkv_out)
+            + flops.mlp / tensor * (3 + remat.recompute_mlp)
+        ),
     )

@@ -4,6 +4,7 @@ Phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's back
 itself the larger of its attention and MLP sides) and the loss (`LOSS_MEMORY`), and at the step's end
 the optimizer's update (`UPDATE_MEMORY`). Evidence: docs/provenance/cost_models.md#memory.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,10 @@ UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_
 
 def layer_bytes(memory: dict):
     """A layer's backward: the larger of its attention side (with the collectives' buffers) and its MLP side."""
-    return np.maximum(memory["attention_working_set"] + memory["attention_buffers"] + memory["collective_buffers"],
-                      memory["mlp_working_set"])
+    return np.maximum(
+        memory["attention_working_set"] + memory["attention_buffers"] + memory["collective_buffers"],
+        memory["mlp_working_set"],
+    )
 
 
 def backward_bytes(memory: dict):
@@ -76,9 +79,14 @@ def layer_gradient_bytes(x: Candidates) -> np.ndarray:
     return x.model.num_layers * x.model.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
 
 
-def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
-                 mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
-                 head_gradient_in_head_layout: bool) -> MemoryBytes:
+def price_memory(
+    x: Candidates,
+    layout: Layout,
+    context_buffer_bytes,
+    *,
+    mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
+    head_gradient_in_head_layout: bool,
+) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context_buffer_bytes` is what the strategy's
     traffic holds at a layer's peak, the keyword arguments the target's traits of the same names."""
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
@@ -91,8 +99,10 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     # one layer's backward: the gradient of every value, and the values not kept on device; the
     # attention side for every token, the MLP's for one chunk (each chunk is its own checkpoint)
     residual_values = 1 if m.decoder_block.parallel else 2
-    attention_values = (tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
-                        + residual_tokens(tokens, tensor) * residual_values * m.hidden)
+    attention_values = (
+        tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
+        + residual_tokens(tokens, tensor) * residual_values * m.hidden
+    )
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
@@ -110,15 +120,20 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
     # kept MLP values are not read in place: the layer's backward copies its layer's slice of the
     # stacked residuals, the chunk loop each chunk's slice of that copy (one slice with one chunk)
     kept_mlp_copy = np.where(tokens > mlp_tokens, tokens * remat.kept_mlp_side / tensor, 0.0)
-    attention_early = (attention_before_mlp_backward(x, layout) * x.sequences_per_device * m.head_dim
-                       * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads))
+    attention_early = (
+        attention_before_mlp_backward(x, layout)
+        * x.sequences_per_device
+        * m.head_dim
+        * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads)
+    )
     # offloaded values the attention's backward reads, fetched an iteration ahead (`READ_BY_ATTENTION_BACKWARD`)
     fetched_ahead = tokens * remat.fetched_ahead / tensor
     # where the MLP's input is recomputed through the attention, what the attention's backward reads (less
     # what is kept or fetched ahead) is held through the MLP's, with the lane-wide log-sum-exp on some chips
     rerun = attention_values_through_mlp_backward(x)
     attention_first = rerun * np.maximum(
-        attention_values - tokens * (remat.kept_attention_side + remat.fetched_ahead) / tensor, 0.0)
+        attention_values - tokens * (remat.kept_attention_side + remat.fetched_ahead) / tensor, 0.0
+    )
     lse_first = rerun * x.topology.chip.splash_lse_lanes_held * lse_lane_bytes(x, layout)
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
@@ -132,13 +147,20 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         activations=m.num_layers * tokens * saved,
         # every layer's weight shards cast to the compute dtype once, outside the layer loop, and held
         # until the last layer's backward (none when the dtypes match; norm scales are cast in the norm)
-        weight_casts=m.num_layers * (m.params_per_layer - m.decoder_block.norms * m.hidden) / shards * a
-        * (pb != a),
+        weight_casts=m.num_layers * (m.params_per_layer - m.decoder_block.norms * m.hidden) / shards * a * (pb != a),
         attention_working_set=(2 * attention_values - tokens * remat.kept_attention_side / tensor) * a,
         # the MLP's input and gradients for every token; one chunk's values and gradients; kept MLP values
         # copied; the chunk loop's matrices and sums; attention values run early; values fetched ahead
-        mlp_working_set=((2 + (tensor > 1)) * tokens * m.hidden + mlp_tokens * 2 * mlp_side + kept_mlp_copy
-                         + mlp_loop_matrices * mlp_matrix + attention_early + attention_first + fetched_ahead) * a
+        mlp_working_set=(
+            (2 + (tensor > 1)) * tokens * m.hidden
+            + mlp_tokens * 2 * mlp_side
+            + kept_mlp_copy
+            + mlp_loop_matrices * mlp_matrix
+            + attention_early
+            + attention_first
+            + fetched_ahead
+        )
+        * a
         + lse_first,
         # the strategy's buffers, and one fp32 value per local query and head
         attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
@@ -149,8 +171,10 @@ def price_memory(x: Candidates, layout: Layout, context_buffer_bytes, *,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
         # layout moves read from TPU compiles (a host lays arrays out otherwise); none in the head's layout
-        optimizer_update=head_shard * optimizer_update_bytes_per_head_weight(
-            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=x.topology.chip.relayout_off_tensorcore)
+        optimizer_update=head_shard
+        * optimizer_update_bytes_per_head_weight(
+            param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=x.topology.chip.relayout_off_tensorcore
+        )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
     )
 

@@ -2,6 +2,7 @@
 each layer's input where `custom` offloads it), the host memory they take, and the time their copies
 add. XLA runs the copies asynchronously while the layer computes, so a layer's copies cost the step only
 what they take beyond that layer's compute."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,13 +33,22 @@ def host_link_bw(topology: Topology) -> float:
     return topology.chip.host_link_bw_bytes_per_s / topology.devices_per_chip
 
 
-def host_bytes_needed(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, *, tokens_per_device: float,
-                      tensor: int, act_bytes: int) -> float:
+def host_bytes_needed(
+    model: ModelSpec,
+    policy: RematPolicy,
+    custom: CustomPlacements,
+    *,
+    tokens_per_device: float,
+    tensor: int,
+    act_bytes: int,
+) -> float:
     """Host memory one device's offloaded activations take over a step (every layer's), for
     `tokens_per_device` tokens outside attention."""
     per_token = remat_table(model, custom).saved_on_host[remat_code(policy)]
-    return float(model.num_layers * offloaded_bytes_per_layer(per_token, tokens_per_device=tokens_per_device,
-                                                               tensor=tensor, act_bytes=act_bytes))
+    return float(
+        model.num_layers
+        * offloaded_bytes_per_layer(per_token, tokens_per_device=tokens_per_device, tensor=tensor, act_bytes=act_bytes)
+    )
 
 
 @dataclass(frozen=True)
@@ -52,10 +62,10 @@ class OffloadTimes:
 
 def price_offload(x: Candidates, *, layer_forward_s, layer_backward_s) -> OffloadTimes:
     """What the candidates' offloaded checkpoints cost, given one layer's forward and backward compute."""
-    layer_bytes = offloaded_bytes_per_layer(x.remat_columns.saved_on_host, tokens_per_device=x.tokens_per_device,
-                                            tensor=x.tensor, act_bytes=x.act_bytes)
+    layer_bytes = offloaded_bytes_per_layer(
+        x.remat_columns.saved_on_host, tokens_per_device=x.tokens_per_device, tensor=x.tensor, act_bytes=x.act_bytes
+    )
     one_way_s = layer_bytes / host_link_bw(x.topology)
     layers = x.model.num_layers
     exposed = np.maximum(0.0, one_way_s - layer_forward_s) + np.maximum(0.0, one_way_s - layer_backward_s)
-    return OffloadTimes(host_bytes=layers * layer_bytes, transfer_s=layers * 2 * one_way_s,
-                        exposed_s=layers * exposed)
+    return OffloadTimes(host_bytes=layers * layer_bytes, transfer_s=layers * 2 * one_way_s, exposed_s=layers * exposed)

@@ -1,5 +1,6 @@
 """`price`: one training step's time, traffic and memory for columns of candidates, composed
 from the builders of this package."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -52,20 +53,39 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     elementwise = price_elementwise(x)
     head = price_head(x)
     layer_forward_s = matmuls.forward_s + attention.forward_s + elementwise.forward_s
-    layer_backward_s = (matmuls.backward_s + attention.backward_s + elementwise.backward_s
-                        + matmuls.recompute_s + attention.recompute_s + elementwise.recompute_s)
+    layer_backward_s = (
+        matmuls.backward_s
+        + attention.backward_s
+        + elementwise.backward_s
+        + matmuls.recompute_s
+        + attention.recompute_s
+        + elementwise.recompute_s
+    )
 
-    cost = strategy.cost(x, attention.layout, attention.forward_s, attention.backward_s,
-                         gradients_all_reduced=target.traits.context_gradients_all_reduced)
+    cost = strategy.cost(
+        x,
+        attention.layout,
+        attention.forward_s,
+        attention.backward_s,
+        gradients_all_reduced=target.traits.context_gradients_all_reduced,
+    )
     # a target that waits for the ring's hops hides none of them
     waits_for_hops = strategy.hides_traffic_behind_attention and not target.traits.ring_hops_overlap_attention
     context_overlap = 0.0 if waits_for_hops else overlap.of_context(strategy.name)
-    traffic = price_traffic(x, matmuls.weight_bytes,
-                            context_traffic(cost, x.remat_columns.recompute_attention, context_overlap,
-                                            hides_behind_attention=strategy.hides_traffic_behind_attention),
-                            traits=target.traits)
-    exposed = price_exposure(traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s,
-                             num_layers=layers, overlap=overlap).as_dict()
+    traffic = price_traffic(
+        x,
+        matmuls.weight_bytes,
+        context_traffic(
+            cost,
+            x.remat_columns.recompute_attention,
+            context_overlap,
+            hides_behind_attention=strategy.hides_traffic_behind_attention,
+        ),
+        traits=target.traits,
+    )
+    exposed = price_exposure(
+        traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s, num_layers=layers, overlap=overlap
+    ).as_dict()
     offload = price_offload(x, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s)
     exposed["host_offload"] = offload.exposed_s
     optimizer_s = optimizer_seconds(x)
@@ -75,16 +95,31 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         "matmul_weight_reads": layers * matmuls.weight_read_excess_s,
         "optimizer": optimizer_s,
     }
-    step = (layers * (layer_forward_s + layer_backward_s) + head.matmul_s + head.cross_entropy_s + optimizer_s
-            + sum(exposed.values()))
+    step = (
+        layers * (layer_forward_s + layer_backward_s)
+        + head.matmul_s
+        + head.cross_entropy_s
+        + optimizer_s
+        + sum(exposed.values())
+    )
     return Priced(
-        step_time_s=step, compute_s=compute, hbm_s=hbm,
-        comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s}, exposed_s=exposed,
-        memory=target_memory(x, price_memory(x, attention.layout, cost.buffer_bytes,
-                                             mlp_chunk_tokens=target.traits.mlp_chunk_tokens,
-                                             head_gradient_in_head_layout=target.traits.head_gradient_in_head_layout
-                                             ).as_dict(),
-                             attention.layout, target.traits),
+        step_time_s=step,
+        compute_s=compute,
+        hbm_s=hbm,
+        comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s},
+        exposed_s=exposed,
+        memory=target_memory(
+            x,
+            price_memory(
+                x,
+                attention.layout,
+                cost.buffer_bytes,
+                mlp_chunk_tokens=target.traits.mlp_chunk_tokens,
+                head_gradient_in_head_layout=target.traits.head_gradient_in_head_layout,
+            ).as_dict(),
+            attention.layout,
+            target.traits,
+        ),
         smem_bytes=target_smem_bytes(x, attention.layout, attention.smem_bytes, target.traits),
         model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
         executed_flops=layers * (matmuls.executed_flops + attention.executed_flops) + head.executed_flops,

@@ -1,6 +1,7 @@
 """What a runtime target changes in a step's memory (`cost_models.targets`): the loss's logits, where
 the layer gradients live, the ring kernel's dq partials, and what its compiler holds through the layers'
 backward (a deferred head gradient, offloaded MLP values)."""
+
 from __future__ import annotations
 
 import math
@@ -26,12 +27,18 @@ def vocab_tiles(tokens_per_device: float, loss_chunk_tokens: int) -> int:
     return next((n for n in range(least, tokens + 1) if tokens % n == 0), 1)
 
 
-def target_memory(x: Candidates, memory: dict[str, np.ndarray], layout: Layout,
-                  traits: TargetTraits) -> dict[str, np.ndarray]:
+def target_memory(
+    x: Candidates, memory: dict[str, np.ndarray], layout: Layout, traits: TargetTraits
+) -> dict[str, np.ndarray]:
     """The memory components of `price_memory` (cpplan's runtime) as the target's runtime holds them."""
-    if (traits.loss_splits_vocabulary and traits.layer_gradients_all_step and not traits.ring_dq_partials
-            and not traits.offload_defers_head_gradient and not traits.offload_holds_mlp_backward
-            and traits.head_gradient_loop_devices is None):
+    if (
+        traits.loss_splits_vocabulary
+        and traits.layer_gradients_all_step
+        and not traits.ring_dq_partials
+        and not traits.offload_defers_head_gradient
+        and not traits.offload_holds_mlp_backward
+        and traits.head_gradient_loop_devices is None
+    ):
         return memory
     out = dict(memory)
     m = x.model
@@ -75,18 +82,27 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     offloads = np.asarray(columns.saved_on_host) > 0
     head = tokens * (m.vocab / x.tensor + m.hidden) * x.act_bytes
-    offloads_mlp = np.array([any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD
-                                 for n in MLP_INPUT_CHECKPOINTS) for policy in POLICIES])
+    offloads_mlp = np.array(
+        [
+            any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD for n in MLP_INPUT_CHECKPOINTS)
+            for policy in POLICIES
+        ]
+    )
     mlp_offloaded = offloads & offloads_mlp[np.asarray(x.remat)]
     mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
     one_tile = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens) == 1
-    loop = (np.asarray(x.weight_group) >= traits.head_gradient_loop_devices
-            if traits.head_gradient_loop_devices is not None else np.zeros_like(tokens, dtype=bool))
+    loop = (
+        np.asarray(x.weight_group) >= traits.head_gradient_loop_devices
+        if traits.head_gradient_loop_devices is not None
+        else np.zeros_like(tokens, dtype=bool)
+    )
     deferred = one_tile & ((offloads & traits.offload_defers_head_gradient) | loop)
-    return {"head_gradient": np.where(deferred, head, 0.0),
-            "mlp_backward": np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0)}
+    return {
+        "head_gradient": np.where(deferred, head, 0.0),
+        "mlp_backward": np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0),
+    }
 
 
 def target_smem_bytes(x: Candidates, layout: Layout, shared_bytes: np.ndarray, traits: TargetTraits) -> np.ndarray:
@@ -94,8 +110,9 @@ def target_smem_bytes(x: Candidates, layout: Layout, shared_bytes: np.ndarray, t
     heads × q blocks × kv blocks × the target's bytes per block pair."""
     if not traits.per_head_metadata or not STRATEGIES[x.strategy].maxtext_per_head_metadata:
         return shared_bytes
-    return per_head_smem_bytes(layout.q_heads, layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv,
-                               traits=traits)
+    return per_head_smem_bytes(
+        layout.q_heads, layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv, traits=traits
+    )
 
 
 def per_head_smem_bytes(heads, q_len, kv_len, *, block_q, block_kv, traits: TargetTraits):

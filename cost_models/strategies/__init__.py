@@ -5,6 +5,7 @@ kernel lies on a device and which splash calls it makes, what its own communicat
 layer and how much of it hides behind attention, how to describe it, and what it is in MaxText.
 `cost_models.pricing` prices the rest, the same for all; the runtime makes the calls listed.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,5 +26,14 @@ def strategies_for(ring: int, ulysses: int) -> tuple[CPStrategy, ...]:
     return tuple(s for s, spec in STRATEGIES.items() if spec.axes.accepts(ring, ulysses))
 
 
-__all__ = ["CPCost", "KernelCall", "Layout", "STRATEGIES", "Shape", "StrategySpec", "Violation", "register",
-           "strategies_for"]
+__all__ = [
+    "CPCost",
+    "KernelCall",
+    "Layout",
+    "STRATEGIES",
+    "Shape",
+    "StrategySpec",
+    "Violation",
+    "register",
+    "strategies_for",
+]

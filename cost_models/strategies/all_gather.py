@@ -6,6 +6,7 @@ full-length K, V and their gradients (in the compute dtype, as splash returns th
 call per device: its local queries (at their global positions) against all keys, causal unless
 the model's mask is full.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,11 +29,19 @@ class AllGather(StrategySpec):
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """One call of the local queries against the gathered keys, causal as the model's mask is;
         under zigzag a query block must stay inside one of the rank's two chunks."""
-        return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal,
-                           q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf)),)
+        return (
+            KernelCall(
+                1.0,
+                layout.q_len,
+                layout.kv_len,
+                causal=x.model.causal,
+                q_block_cap=np.where(x.zigzag, layout.q_len / 2, np.inf),
+            ),
+        )
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
-             gradients_all_reduced: bool = False) -> CPCost:
+    def cost(
+        self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
+    ) -> CPCost:
         kv_full = 2 * x.sequences_per_device * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
         gather = x.comm.all_gather(kv_full, x.ring, *x.context_link)
         scatter = (2 if gradients_all_reduced else 1) * x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)

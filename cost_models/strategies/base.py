@@ -4,6 +4,7 @@ A spec is the one jax-free statement of a strategy (axes, rules, splash calls, o
 name) that search, price, export and runtime all consult. Layouts and kernel calls take a scalar
 `Shape` or numpy-column `Candidates` alike, so one formula serves both.
 """
+
 from __future__ import annotations
 
 import math
@@ -91,8 +92,10 @@ class AxisRule:
         return (ring > 1) == self.context and (ulysses > 1) == self.context_ulysses
 
     def describe(self) -> str:
-        return " and ".join(f"{axis} {'> 1' if used else '= 1'}" for axis, used in
-                            (("context", self.context), ("context_ulysses", self.context_ulysses)))
+        return " and ".join(
+            f"{axis} {'> 1' if used else '= 1'}"
+            for axis, used in (("context", self.context), ("context_ulysses", self.context_ulysses))
+        )
 
 
 class StrategySpec:
@@ -111,8 +114,15 @@ class StrategySpec:
 
     def check(self, shape: Shape) -> Violation | None:
         """None when the strategy runs this case, else the first rule it breaks, with its numbers."""
-        return (self.axes_check(shape) or full_mask_balance_check(shape) or self.load_balance_check(shape)
-                or heads_check(shape) or self.heads_rule(shape) or self.sequence_rule(shape) or lane_check(self, shape))
+        return (
+            self.axes_check(shape)
+            or full_mask_balance_check(shape)
+            or self.load_balance_check(shape)
+            or heads_check(shape)
+            or self.heads_rule(shape)
+            or self.sequence_rule(shape)
+            or lane_check(self, shape)
+        )
 
     def balances(self, model: ModelSpec) -> bool:
         """Whether zigzag changes this strategy's work for `model` (never under a full mask)."""
@@ -121,13 +131,16 @@ class StrategySpec:
     def axes_check(self, shape: Shape) -> Violation | None:
         if self.axes.accepts(shape.ring, shape.ulysses):
             return None
-        return Violation("mesh", f"{self.name} needs {self.axes.describe()} "
-                                 f"(got context={shape.ring}, context_ulysses={shape.ulysses})")
+        return Violation(
+            "mesh",
+            f"{self.name} needs {self.axes.describe()} (got context={shape.ring}, context_ulysses={shape.ulysses})",
+        )
 
     def load_balance_check(self, shape: Shape) -> Violation | None:
         if shape.zigzag and not self.balances_load:
-            return Violation("load balance", f"zigzag does nothing for {self.name}: "
-                                             f"each device attends over the whole sequence")
+            return Violation(
+                "load balance", f"zigzag does nothing for {self.name}: each device attends over the whole sequence"
+            )
         return None
 
     def heads_rule(self, shape: Shape) -> Violation | None:
@@ -138,8 +151,12 @@ class StrategySpec:
         """The sequence splits evenly over the context ranks (twice as finely under zigzag)."""
         pieces = shape.ring * shape.ulysses * (2 if shape.zigzag else 1)
         if shape.seq_len % pieces:
-            ranks = {(False, False): "", (True, False): " context ranks", (False, True): " Ulysses ranks",
-                     (True, True): " context × context_ulysses ranks"}[(shape.ring > 1, shape.ulysses > 1)]
+            ranks = {
+                (False, False): "",
+                (True, False): " context ranks",
+                (False, True): " Ulysses ranks",
+                (True, True): " context × context_ulysses ranks",
+            }[(shape.ring > 1, shape.ulysses > 1)]
             zig = " (2 × ring degree chunks for zigzag)" if shape.zigzag else ""
             return Violation("sequence split", f"seq_len={shape.seq_len} not divisible by {pieces}{ranks}{zig}")
         return None
@@ -165,8 +182,9 @@ class StrategySpec:
         """(forward, backward) HBM bytes per layer of merging several calls' results outside the kernels."""
         return 0.0, 0.0
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
-             gradients_all_reduced: bool = False) -> CPCost:
+    def cost(
+        self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
+    ) -> CPCost:
         """Per-layer traffic of `Candidates` x; `attention_*_s` is what a ring's hops can hide behind;
         `gradients_all_reduced`: gathered tensors' gradients are all-reduced, not reduce-scattered."""
         raise NotImplementedError(f"{type(self).__name__} must define cost")
@@ -203,16 +221,20 @@ class StrategySpec:
     def maxtext_rules(self, shape: Shape) -> list[str]:
         """Every MaxText rule `shape` breaks, each with the fix: the mask's, then the strategy's own."""
         if self.maxtext_name is None:
-            return [f"MaxText 0.2.5 has no {self.strategy.value} strategy (context_parallel_strategy); plan with "
-                    f"one it has, or price for cpplan's runtime"]
+            return [
+                f"MaxText 0.2.5 has no {self.strategy.value} strategy (context_parallel_strategy); plan with "
+                f"one it has, or price for cpplan's runtime"
+            ]
         return maxtext_mask_problems(shape.model) + self.maxtext_problems(shape)
 
 
 def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
     """The problem of zigzag under a full mask (every rank does the same work), else None."""
     if zigzag and not model.causal:
-        return (f"load_balance=zigzag: zigzag evens out causal attention's uneven work, but model {model.name!r} "
-                f"attends with a full (non-causal) mask (causal=False), which gives every context rank the same work")
+        return (
+            f"load_balance=zigzag: zigzag evens out causal attention's uneven work, but model {model.name!r} "
+            f"attends with a full (non-causal) mask (causal=False), which gives every context rank the same work"
+        )
     return None
 
 
@@ -227,9 +249,11 @@ def maxtext_mask_problems(model: ModelSpec) -> list[str]:
     `attention_type` says. Evidence: docs/provenance/strategies_and_validation.md#base"""
     if model.causal:
         return []
-    return [f"model {model.name!r} attends with a full (non-causal) mask, and MaxText 0.2.5 runs its llama2 and "
-            f"default decoder blocks causal whatever attention_type says (the blocks pass their own, global, "
-            f"type); run the plan on cpplan's runtime, or plan a causal model (causal=True) to export"]
+    return [
+        f"model {model.name!r} attends with a full (non-causal) mask, and MaxText 0.2.5 runs its llama2 and "
+        f"default decoder blocks causal whatever attention_type says (the blocks pass their own, global, "
+        f"type); run the plan on cpplan's runtime, or plan a causal model (causal=True) to export"
+    ]
 
 
 def kv_heads_per_tensor_shard(model: ModelSpec, tensor):
@@ -261,7 +285,10 @@ def lane_check(spec: StrategySpec, shape: Shape) -> Violation | None:
         for what, length in (("query", min(call.q_len, call.q_block_cap)), ("key", call.kv_len)):
             if length % SPLASH_LANES:
                 need = SPLASH_LANES * shape.seq_len // math.gcd(shape.seq_len, int(length) or 1)
-                return Violation("sequence split", f"{spec.name} gives splash calls of {int(length)} {what} tokens, "
-                                                   f"not a multiple of {SPLASH_LANES} (the TPU lane width splash "
-                                                   f"blocks need); use a seq_len that is a multiple of {need}")
+                return Violation(
+                    "sequence split",
+                    f"{spec.name} gives splash calls of {int(length)} {what} tokens, "
+                    f"not a multiple of {SPLASH_LANES} (the TPU lane width splash "
+                    f"blocks need); use a seq_len that is a multiple of {need}",
+                )
     return None

@@ -1,4 +1,5 @@
 """No context parallelism: each device's kernel sees whole sequences; no traffic of its own."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,9 @@ class NoContext(StrategySpec):
         s = np.full_like(np.asarray(x.ring, dtype=float), x.seq_len)
         return Layout(*tensor_shard_heads(x), np.ones_like(s), s, s)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
-             gradients_all_reduced: bool = False) -> CPCost:
+    def cost(
+        self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
+    ) -> CPCost:
         zero = np.zeros_like(attention_fwd_s)
         return CPCost(zero, zero, zero, zero, zero)
 

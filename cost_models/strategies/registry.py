@@ -1,5 +1,6 @@
 """The registered strategy specs: a spec module registers its spec, and every list of strategies
 (the search, the CLI, the MaxText import and export, the runtime) is read from here."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

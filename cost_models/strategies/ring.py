@@ -3,6 +3,7 @@ block in hand's attention when that takes longer. Backward sends K/V and fp32 dK
 one hop home; a recomputed forward's hops are reused. Holds two blocks, never the full length.
 Evidence: docs/provenance/strategies_and_validation.md#ring
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,18 +27,23 @@ def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
     if not x.model.causal:
         return (KernelCall(1.0, length, length, causal=False), KernelCall(hops, length, length, causal=False))
     plain_hops = np.where(x.shared_cores, hops / 2, hops)
-    return (KernelCall(1.0, length, length),
-            KernelCall(np.where(x.zigzag, hops / 2, plain_hops), length, np.where(x.zigzag, length / 2, length),
-                       causal=False),
-            KernelCall(np.where(x.zigzag, hops / 2, 0.0), length / 2, length, causal=False))
+    return (
+        KernelCall(1.0, length, length),
+        KernelCall(
+            np.where(x.zigzag, hops / 2, plain_hops), length, np.where(x.zigzag, length / 2, length), causal=False
+        ),
+        KernelCall(np.where(x.zigzag, hops / 2, 0.0), length / 2, length, causal=False),
+    )
 
 
 def tokamax_ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
     """MaxText's ring (tokamax's kernel): every call spans the whole local grid, so zigzag hops visit
     the blocks they skip; backward is splash's fused kernel."""
     hops = layout.ring - 1
-    return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal, fused_backward=True),
-            KernelCall(hops, layout.q_len, layout.kv_len, causal=False, fused_backward=True))
+    return (
+        KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal, fused_backward=True),
+        KernelCall(hops, layout.q_len, layout.kv_len, causal=False, fused_backward=True),
+    )
 
 
 def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
@@ -99,8 +105,9 @@ class Ring(StrategySpec):
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         return ring_merge_bytes(x, layout, calls)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
-             gradients_all_reduced: bool = False) -> CPCost:
+    def cost(
+        self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
+    ) -> CPCost:
         return ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
@@ -109,8 +116,10 @@ class Ring(StrategySpec):
     def maxtext_problems(self, shape: Shape) -> list[str]:
         problems = []
         if shape.seq_len % (shape.ring * shape.ring):
-            problems.append(f"MaxText's ring needs max_target_length={shape.seq_len} divisible by "
-                            f"context²={shape.ring * shape.ring}")
+            problems.append(
+                f"MaxText's ring needs max_target_length={shape.seq_len} divisible by "
+                f"context²={shape.ring * shape.ring}"
+            )
         if shape.zigzag and shape.ring % 2:
             problems.append(f"MaxText's load balancing needs an even context degree, not {shape.ring}")
         return problems

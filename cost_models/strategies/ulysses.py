@@ -4,6 +4,7 @@ Forward: q, k, v in, output back; backward repeats those four (unless a recomput
 plus d_out in and dq, dk, dv back; none overlapped. KV heads are replicated to lcm(count, degree),
 and that is priced. Evidence: docs/provenance/strategies_and_validation.md#ulysses
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,11 @@ def ulysses_heads_rule(shape: Shape) -> Violation | None:
     """Query heads per tensor shard must split over the Ulysses degree."""
     q_heads = shape.model.num_heads // shape.tensor
     if q_heads % shape.ulysses:
-        return Violation("heads", f"num_heads/tensor={shape.model.num_heads}/{shape.tensor}={q_heads} not divisible by "
-                                  f"context_ulysses={shape.ulysses}")
+        return Violation(
+            "heads",
+            f"num_heads/tensor={shape.model.num_heads}/{shape.tensor}={q_heads} not divisible by "
+            f"context_ulysses={shape.ulysses}",
+        )
     return None
 
 
@@ -45,8 +49,13 @@ def ulysses_layout(x, ring, seq_len_in_kernel) -> Layout:
     ulysses = np.asarray(x.ulysses, dtype=float)
     per_shard = kv_heads_per_tensor_shard(x.model, x.tensor)
     kv = replicated_kv_heads(per_shard, ulysses) / ulysses
-    return Layout(x.model.num_heads / (np.asarray(x.tensor, dtype=float) * ulysses), kv, ring, seq_len_in_kernel,
-                  seq_len_in_kernel)
+    return Layout(
+        x.model.num_heads / (np.asarray(x.tensor, dtype=float) * ulysses),
+        kv,
+        ring,
+        seq_len_in_kernel,
+        seq_len_in_kernel,
+    )
 
 
 def all_to_all_cost(x, layout: Layout):
@@ -55,8 +64,9 @@ def all_to_all_cost(x, layout: Layout):
     local_tokens = x.sequences_per_device * x.seq_len / (x.ring * x.ulysses)
 
     def a2a(heads):  # one array of `heads` heads per device after the exchange
-        return x.comm.all_to_all(local_tokens * heads * x.ulysses * x.model.head_dim * x.act_bytes,
-                                 x.ulysses, *x.ulysses_link)
+        return x.comm.all_to_all(
+            local_tokens * heads * x.ulysses * x.model.head_dim * x.act_bytes, x.ulysses, *x.ulysses_link
+        )
 
     q, kv = a2a(layout.q_heads), a2a(layout.kv_heads)
     qkv_in = q + 2 * kv
@@ -71,13 +81,17 @@ def maxtext_ulysses_problems(shape: Shape) -> list[str]:
     problems = []
     model = shape.model
     if model.num_heads % shape.ulysses:
-        problems.append(f"MaxText's Ulysses needs num_heads={model.num_heads} divisible by its degree {shape.ulysses}; "
-                        f"use a smaller context_ulysses")
+        problems.append(
+            f"MaxText's Ulysses needs num_heads={model.num_heads} divisible by its degree {shape.ulysses}; "
+            f"use a smaller context_ulysses"
+        )
     if model.num_kv_heads == 1:
         problems.append("MaxText's Ulysses refuses MQA (num_kv_heads=1); use ring or all_gather")
     elif model.num_kv_heads % shape.ulysses:
-        problems.append(f"MaxText's Ulysses needs num_kv_heads={model.num_kv_heads} divisible by its degree "
-                        f"{shape.ulysses} (it does not replicate KV heads); use a smaller context_ulysses")
+        problems.append(
+            f"MaxText's Ulysses needs num_kv_heads={model.num_kv_heads} divisible by its degree "
+            f"{shape.ulysses} (it does not replicate KV heads); use a smaller context_ulysses"
+        )
     return problems
 
 
@@ -98,11 +112,17 @@ class Ulysses(StrategySpec):
         ones = np.ones_like(np.asarray(x.ring, dtype=float))
         return ulysses_layout(x, ones, ones * x.seq_len)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
-             gradients_all_reduced: bool = False) -> CPCost:
+    def cost(
+        self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
+    ) -> CPCost:
         fwd, bwd = all_to_all_cost(x, layout)
-        full = x.sequences_per_device * x.seq_len * (2 * layout.q_heads + 2 * layout.kv_heads) * x.model.head_dim \
+        full = (
+            x.sequences_per_device
+            * x.seq_len
+            * (2 * layout.q_heads + 2 * layout.kv_heads)
+            * x.model.head_dim
             * x.act_bytes
+        )
         # q, k, v, out at full length, and their gradients
         return CPCost(fwd, bwd, fwd, bwd, 2 * full, recompute_reuses_s=fwd)
 
@@ -118,8 +138,10 @@ class Ulysses(StrategySpec):
     def maxtext_problems(self, shape: Shape) -> list[str]:
         problems = maxtext_ulysses_problems(shape)
         if shape.zigzag:
-            problems.append("MaxText's ulysses requires context_parallel_load_balance=False (after the all-to-all "
-                            "each device attends over the whole sequence); plan with load_balance='none'")
+            problems.append(
+                "MaxText's ulysses requires context_parallel_load_balance=False (after the all-to-all "
+                "each device attends over the whole sequence); plan with load_balance='none'"
+            )
         return problems
 
 

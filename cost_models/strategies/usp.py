@@ -3,6 +3,7 @@
 The all-to-all gathers one ring block (S/ring tokens) per Ulysses group onto head shards; the
 ring then passes those blocks around the `context` axis. Costs are the two strategies' sums.
 """
+
 from __future__ import annotations
 
 from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
@@ -36,16 +37,27 @@ class USP(StrategySpec):
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         return ring_merge_bytes(x, layout, calls)
 
-    def cost(self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *,
-             gradients_all_reduced: bool = False) -> CPCost:
+    def cost(
+        self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
+    ) -> CPCost:
         a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
-        block = x.sequences_per_device * x.seq_len / x.ring * (2 * layout.q_heads + 2 * layout.kv_heads) \
-            * x.model.head_dim * x.act_bytes
-        return CPCost(a2a_fwd + ring.forward_s, a2a_bwd + ring.backward_s,
-                      a2a_fwd + ring.exposed_forward_s, a2a_bwd + ring.exposed_backward_s,
-                      ring.buffer_bytes + 2 * block,
-                      recompute_reuses_s=a2a_fwd + ring.recompute_reuses_s)
+        block = (
+            x.sequences_per_device
+            * x.seq_len
+            / x.ring
+            * (2 * layout.q_heads + 2 * layout.kv_heads)
+            * x.model.head_dim
+            * x.act_bytes
+        )
+        return CPCost(
+            a2a_fwd + ring.forward_s,
+            a2a_bwd + ring.backward_s,
+            a2a_fwd + ring.exposed_forward_s,
+            a2a_bwd + ring.exposed_backward_s,
+            ring.buffer_bytes + 2 * block,
+            recompute_reuses_s=a2a_fwd + ring.recompute_reuses_s,
+        )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return f"usp: ulysses {ulysses} inside × ring {ring} across{', zigzag' if zigzag else ''}"
@@ -61,11 +73,14 @@ class USP(StrategySpec):
         by ring², and load balancing only over an even ring degree (which it accepts)."""
         problems = maxtext_ulysses_problems(shape)
         if shape.seq_len % (shape.ring * shape.ring):
-            problems.append(f"MaxText's usp needs max_target_length={shape.seq_len} divisible by "
-                            f"context²={shape.ring * shape.ring}")
+            problems.append(
+                f"MaxText's usp needs max_target_length={shape.seq_len} divisible by context²={shape.ring * shape.ring}"
+            )
         if shape.zigzag and shape.ring % 2:
-            problems.append(f"MaxText's usp balances load only over an even ring degree, not context={shape.ring}; "
-                            f"plan with load_balance='none' or an even context")
+            problems.append(
+                f"MaxText's usp balances load only over an even ring degree, not context={shape.ring}; "
+                f"plan with load_balance='none' or an even context"
+            )
         return problems
 
 

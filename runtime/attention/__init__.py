@@ -3,6 +3,7 @@
 `context_attention` takes tokens in natural order, `sharded_attention` (the model's entry) in the
 plan's order; both scale q once and accept `segment_ids` of packed documents.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,18 +36,24 @@ def implementation(strategy: CPStrategy) -> ModuleType:
         try:
             IMPLEMENTATIONS[strategy] = importlib.import_module(f"{__name__}.{strategy.value}")
         except ModuleNotFoundError:
-            raise CpplanError(f"cpplan's runtime has no attention for strategy {strategy.value!r} (no module "
-                              f"runtime/attention/{strategy.value}.py); plan with another strategy.") from None
+            raise CpplanError(
+                f"cpplan's runtime has no attention for strategy {strategy.value!r} (no module "
+                f"runtime/attention/{strategy.value}.py); plan with another strategy."
+            ) from None
     return IMPLEMENTATIONS[strategy]
 
 
 def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
     """The static attention layout of a plan (splash in interpret mode on CPU)."""
     smem = plan.topology_spec.chip.smem_bytes if not interpret else 0
-    return AttentionLayout(seq_len=plan.seq_len, ring=plan.axis_size("context"),
-                           ulysses=plan.axis_size("context_ulysses"),
-                           zigzag=plan.load_balance is LoadBalance.ZIGZAG,
-                           kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem), causal=plan.model.causal)
+    return AttentionLayout(
+        seq_len=plan.seq_len,
+        ring=plan.axis_size("context"),
+        ulysses=plan.axis_size("context_ulysses"),
+        zigzag=plan.load_balance is LoadBalance.ZIGZAG,
+        kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem),
+        causal=plan.model.causal,
+    )
 
 
 def is_interpret(mesh: Mesh) -> bool:
@@ -54,8 +61,9 @@ def is_interpret(mesh: Mesh) -> bool:
     return mesh.devices.flat[0].platform != ChipKind.TPU.jax_platform
 
 
-def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
-                      segment_ids: jax.Array | None = None) -> jax.Array:
+def sharded_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh, segment_ids: jax.Array | None = None
+) -> jax.Array:
     """Attention of global `[batch, seq, heads, head_dim]` q (k/v: kv_heads) already in the plan's
     token order, on `runtime.build_mesh(plan)`; `segment_ids` `[batch, seq]` or None. Sharded like q.
     """
@@ -63,24 +71,36 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, m
     module = implementation(plan.cp_strategy)
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     if segment_ids is None:
-        fn = jax.shard_map(lambda a, b, c: module.attention(a, b, c, layout), mesh=mesh,
-                           in_specs=(HEADS, HEADS, HEADS), out_specs=HEADS, check_vma=False)
+        fn = jax.shard_map(
+            lambda a, b, c: module.attention(a, b, c, layout),
+            mesh=mesh,
+            in_specs=(HEADS, HEADS, HEADS),
+            out_specs=HEADS,
+            check_vma=False,
+        )
         return fn(q, k, v)
-    fn = jax.shard_map(lambda a, b, c, ids: module.attention(a, b, c, layout, ids), mesh=mesh,
-                       in_specs=(HEADS, HEADS, HEADS, TOKENS), out_specs=HEADS, check_vma=False)
+    fn = jax.shard_map(
+        lambda a, b, c, ids: module.attention(a, b, c, layout, ids),
+        mesh=mesh,
+        in_specs=(HEADS, HEADS, HEADS, TOKENS),
+        out_specs=HEADS,
+        check_vma=False,
+    )
     return fn(q, k, v, segment_ids.astype(jnp.int32))
 
 
-def context_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh,
-                      segment_ids: jax.Array | None = None) -> jax.Array:
+def context_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh, segment_ids: jax.Array | None = None
+) -> jax.Array:
     """Like `sharded_attention`, for arrays (and `segment_ids`) in natural token order; returns natural order.
 
     Raises:
         CpplanError: the arrays do not match the plan, or the plan cannot run.
     """
     if q.shape[1] != plan.seq_len or k.shape[1] != plan.seq_len:
-        raise CpplanError(f"arrays have {q.shape[1]} tokens but the plan has seq_len={plan.seq_len}; "
-                          f"make a plan for this length.")
+        raise CpplanError(
+            f"arrays have {q.shape[1]} tokens but the plan has seq_len={plan.seq_len}; make a plan for this length."
+        )
     plan.check()
     order = token_order(plan.seq_len, plan.axis_size("context"), plan.load_balance is LoadBalance.ZIGZAG)
     inverse = jnp.asarray(order.argsort())

@@ -3,6 +3,7 @@
 Gathered keys return to natural order and queries carry global positions, so one causal splash call
 per rank suffices (its rank's block-table row picked at run time); autodiff makes dK/dV a reduce-scatter.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,9 @@ def _natural_order(x: jax.Array, n: int, seq: int) -> jax.Array:
     return jnp.take(chunks, jnp.asarray(natural_chunk_slots(n)), axis=1).reshape(x.shape)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
-              segment_ids: jax.Array | None = None) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout, segment_ids: jax.Array | None = None
+) -> jax.Array:
     """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled); `segment_ids` `[batch, seq/N]` or None."""
     n, seq = layout.ring, layout.seq_len
     gathered = [jax.lax.all_gather(x, "context", axis=1, tiled=True) for x in (k, v, segment_ids) if x is not None]
@@ -37,6 +39,5 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
         kernel = splash.causal_kernel_per_rank(positions, seq, jax.lax.axis_index("context"), config)
     else:  # every local query sees every gathered key, wherever the rank sits
         kernel = splash.full_kernel(q.shape[1], seq, config)
-    out = splash.attend(kernel.with_segments(segment_ids, kv_ids), fold_heads(q), fold_heads(k_all),
-                        fold_heads(v_all))
+    out = splash.attend(kernel.with_segments(segment_ids, kv_ids), fold_heads(q), fold_heads(k_all), fold_heads(v_all))
     return unfold_heads(out, q.shape[0])

@@ -1,4 +1,5 @@
 """Shared by every strategy: the static attention layout, head folding for splash, Ulysses' KV replication."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,9 +30,11 @@ class AttentionLayout:
 
     def __post_init__(self):
         if self.zigzag and not self.causal:
-            raise CpplanError("zigzag order balances causal attention; with a full (non-causal) mask every rank does "
-                              "the same work, and the ring's hops attend whole blocks: lay tokens out in natural "
-                              "order (load_balance='none').")
+            raise CpplanError(
+                "zigzag order balances causal attention; with a full (non-causal) mask every rank does "
+                "the same work, and the ring's hops attend whole blocks: lay tokens out in natural "
+                "order (load_balance='none')."
+            )
 
     @property
     def ring_block(self) -> int:

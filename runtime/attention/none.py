@@ -1,5 +1,6 @@
 """No context parallelism: each device holds whole sequences and runs one splash call (causal, or
 full where the model's mask is)."""
+
 from __future__ import annotations
 
 import jax
@@ -8,8 +9,9 @@ from runtime import splash
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
-              segment_ids: jax.Array | None = None) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout, segment_ids: jax.Array | None = None
+) -> jax.Array:
     """Attention of local `[batch, seq, heads, d]` blocks holding whole sequences (q pre-scaled);
     `segment_ids` `[batch, seq]` (packed documents) or None."""
     kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, causal=layout.causal)

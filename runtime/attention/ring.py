@@ -17,6 +17,7 @@ with log-sum-exp. The backward is a custom VJP that walks the ring again:
 splash's backward kernels get the merged output and log-sum-exp, and dK/dV accumulators travel
 with K/V, arriving home after the N-th step.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -84,8 +85,7 @@ def _hop_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, layout: AttentionLayo
         pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
         return dq, pad(dk), pad(dv)
     kernel = splash.full_kernel(half, length, cfg).with_segments(_slice(q_ids, second), kv_ids)
-    dq, dk, dv = f32(*splash.attend_bwd(kernel, q[:, second], k, v, out[:, second], lse[:, second],
-                                        d_out[:, second]))
+    dq, dk, dv = f32(*splash.attend_bwd(kernel, q[:, second], k, v, out[:, second], lse[:, second], d_out[:, second]))
     return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dk, dv
 
 
@@ -99,8 +99,12 @@ def _hop(step, hop: int, layout: AttentionLayout, *args):
     under a causal mask; whole (as from an earlier rank) under a full one."""
     if not layout.causal:
         return step(*args, layout=layout, past=True)
-    return jax.lax.cond(_source_is_past(hop, layout.ring), partial(step, layout=layout, past=True),
-                        partial(step, layout=layout, past=False), *args)
+    return jax.lax.cond(
+        _source_is_past(hop, layout.ring),
+        partial(step, layout=layout, past=True),
+        partial(step, layout=layout, past=False),
+        *args,
+    )
 
 
 def _local_kernel(length: int, ids, layout: AttentionLayout) -> splash.Kernel:
@@ -121,8 +125,9 @@ def _forward(q, k, v, ids, layout: AttentionLayout):
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4,))
-def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
-                   layout: AttentionLayout) -> jax.Array:
+def ring_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, layout: AttentionLayout
+) -> jax.Array:
     """Ring attention of folded `[heads, ring_block, d]` blocks (q pre-scaled); `segment_ids` or None."""
     return _forward(q, k, v, segment_ids, layout)[0]
 
@@ -154,8 +159,9 @@ def _ring_bwd(layout, residuals, d_out):
 ring_attention.defvjp(_ring_fwd, _ring_bwd)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
-              segment_ids: jax.Array | None = None) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout, segment_ids: jax.Array | None = None
+) -> jax.Array:
     """Attention of local `[batch, seq/N, heads, d]` blocks (q pre-scaled); `segment_ids` `[batch, seq/N]` or None."""
     out = ring_attention(fold_heads(q), fold_heads(k), fold_heads(v), segment_ids, layout)
     return unfold_heads(out, q.shape[0])

@@ -1,6 +1,7 @@
 """Ulysses context parallelism over 'context_ulysses': an all-to-all trades the sequence split for a
 head split (kv heads replicated first when fewer than the degree), a second one restores it. USP reuses both.
 """
+
 from __future__ import annotations
 
 import jax
@@ -28,8 +29,9 @@ def scatter_sequence(out: jax.Array) -> jax.Array:
     return jax.lax.all_to_all(out, AXIS, split_axis=1, concat_axis=2, tiled=True)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
-              segment_ids: jax.Array | None = None) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout, segment_ids: jax.Array | None = None
+) -> jax.Array:
     """Attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled); `segment_ids` `[batch, seq/u]` or None."""
     q, k, v = gather_sequence(q, k, v, layout)
     ids = gather_segment_ids(segment_ids)

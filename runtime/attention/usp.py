@@ -1,5 +1,6 @@
 """USP: Ulysses all-to-all over 'context_ulysses' gathers each ring block for heads/u heads, then
 `ring.py` runs over 'context' on those blocks; a second all-to-all restores the sequence split."""
+
 from __future__ import annotations
 
 import jax
@@ -8,8 +9,9 @@ from runtime.attention import ring, ulysses
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout,
-              segment_ids: jax.Array | None = None) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, layout: AttentionLayout, segment_ids: jax.Array | None = None
+) -> jax.Array:
     """Attention of local `[batch, seq/(r·u), heads, d]` blocks (q pre-scaled); `segment_ids` likewise or None."""
     q, k, v = ulysses.gather_sequence(q, k, v, layout)
     ids = ulysses.gather_segment_ids(segment_ids)

@@ -2,6 +2,7 @@
 data position is the step. A corpus is one token stream cut into `seq_len+1`-token rows at stride
 `seq_len`, reshuffled each epoch; each process reads only its rows; `pack` adds segment ids.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -32,11 +33,15 @@ def _local_rows(step: int, *, global_batch: int, process_index: int, process_cou
     if step < 0:
         raise CpplanError(f"step={step}: data steps count from 0.")
     if process_count < 1 or not 0 <= process_index < process_count:
-        raise CpplanError(f"process_index={process_index} with process_count={process_count}: the index must be "
-                          f"in [0, process_count).")
+        raise CpplanError(
+            f"process_index={process_index} with process_count={process_count}: the index must be "
+            f"in [0, process_count)."
+        )
     if global_batch < 1 or global_batch % process_count:
-        raise CpplanError(f"global_batch={global_batch} does not split over {process_count} processes; use a "
-                          f"multiple of {process_count}.")
+        raise CpplanError(
+            f"global_batch={global_batch} does not split over {process_count} processes; use a "
+            f"multiple of {process_count}."
+        )
     local = global_batch // process_count
     return step * global_batch + process_index * local + np.arange(local, dtype=np.int64)
 
@@ -50,8 +55,9 @@ class SyntheticDataset:
     def batch(self, step: int, *, global_batch: int, process_index: int = 0, process_count: int = 1) -> Batch:
         """This process's rows of a step (see `Batch`)."""
         rows = _local_rows(step, global_batch=global_batch, process_index=process_index, process_count=process_count)
-        tokens = np.stack([np.random.default_rng([self.seed, int(row)]).integers(0, self.vocab, self.seq_len + 1)
-                           for row in rows]).astype(np.int32)
+        tokens = np.stack(
+            [np.random.default_rng([self.seed, int(row)]).integers(0, self.vocab, self.seq_len + 1) for row in rows]
+        ).astype(np.int32)
         return Batch(tokens, None)
 
 
@@ -67,20 +73,27 @@ class TokenDataset:
         CpplanError: data shorter than one row, or packing without document boundaries.
     """
 
-    def __init__(self, stream: TokenStream, *, seq_len: int, vocab: int, seed: int, pack: bool,
-                 eos_id: int | None = None):
+    def __init__(
+        self, stream: TokenStream, *, seq_len: int, vocab: int, seed: int, pack: bool, eos_id: int | None = None
+    ):
         if seq_len < 1:
             raise CpplanError(f"seq_len={seq_len}: a sequence needs at least one token.")
         self.num_rows = (len(stream) - 1) // seq_len
         if self.num_rows < 1:
-            raise CpplanError(f"data {stream.name!r} has {len(stream)} tokens, fewer than one sequence of "
-                              f"seq_len+1={seq_len + 1}; use more data or a shorter seq_len.")
+            raise CpplanError(
+                f"data {stream.name!r} has {len(stream)} tokens, fewer than one sequence of "
+                f"seq_len+1={seq_len + 1}; use more data or a shorter seq_len."
+            )
         if pack and eos_id is None and stream.doc_starts is None:
-            raise CpplanError(f"packing {stream.name!r} needs its document boundaries: pass eos_id (the token that "
-                              f"ends each document) or an offsets file of document starts, or do not pack.")
+            raise CpplanError(
+                f"packing {stream.name!r} needs its document boundaries: pass eos_id (the token that "
+                f"ends each document) or an offsets file of document starts, or do not pack."
+            )
         if eos_id is not None and not 0 <= eos_id < vocab:
-            raise CpplanError(f"eos_id={eos_id} is not a token of the model's vocabulary of {vocab}; give the "
-                              f"tokenizer's end-of-document id.")
+            raise CpplanError(
+                f"eos_id={eos_id} is not a token of the model's vocabulary of {vocab}; give the "
+                f"tokenizer's end-of-document id."
+            )
         self.stream, self.seq_len, self.vocab, self.seed = stream, seq_len, vocab, seed
         self.pack, self.eos_id = pack, eos_id
         # a step's rows span at most two epochs unless the batch outnumbers the rows
@@ -100,19 +113,32 @@ class TokenDataset:
         bad = (tokens < 0) | (tokens >= self.vocab)
         if bad.any():
             row, col = np.argwhere(bad)[0]
-            raise CpplanError(f"data {self.stream.name!r} has token {tokens[row, col]} at offset "
-                              f"{starts[row] + col}, outside the model's vocabulary of {self.vocab}; tokenize with "
-                              f"the model's tokenizer or use a model with a larger vocabulary.")
+            raise CpplanError(
+                f"data {self.stream.name!r} has token {tokens[row, col]} at offset "
+                f"{starts[row] + col}, outside the model's vocabulary of {self.vocab}; tokenize with "
+                f"the model's tokenizer or use a model with a larger vocabulary."
+            )
         segment_ids = None
         if self.pack:
-            segment_ids = (segments_from_eos(tokens, self.eos_id) if self.eos_id is not None
-                           else segments_from_starts(starts, length, self.stream.doc_starts))
+            segment_ids = (
+                segments_from_eos(tokens, self.eos_id)
+                if self.eos_id is not None
+                else segments_from_starts(starts, length, self.stream.doc_starts)
+            )
         return Batch(tokens.astype(np.int32), segment_ids)
 
 
-def open_dataset(source: "str | os.PathLike | None" = None, *, seq_len: int, vocab: int, seed: int = 0,
-                 pack: bool = False, dtype: str | None = None, eos_id: int | None = None,
-                 offsets: "str | os.PathLike | None" = None) -> "SyntheticDataset | TokenDataset":
+def open_dataset(
+    source: "str | os.PathLike | None" = None,
+    *,
+    seq_len: int,
+    vocab: int,
+    seed: int = 0,
+    pack: bool = False,
+    dtype: str | None = None,
+    eos_id: int | None = None,
+    offsets: "str | os.PathLike | None" = None,
+) -> "SyntheticDataset | TokenDataset":
     """Opens `source` (None or "synthetic": random tokens; else a file as `sources.open_stream` reads it);
     `.batch(step, global_batch=..., process_index=..., process_count=...)` gives a `Batch`.
 
@@ -122,8 +148,9 @@ def open_dataset(source: "str | os.PathLike | None" = None, *, seq_len: int, voc
     """
     if source is None or str(source) == SYNTHETIC:
         if pack or dtype is not None or eos_id is not None or offsets is not None:
-            raise CpplanError("synthetic data has no documents or files: drop pack, dtype, eos_id and offsets, "
-                              "or give a data file.")
+            raise CpplanError(
+                "synthetic data has no documents or files: drop pack, dtype, eos_id and offsets, or give a data file."
+            )
         return SyntheticDataset(seq_len=seq_len, vocab=vocab, seed=seed)
     if is_text(source, dtype=dtype):
         check_byte_vocab(vocab)
@@ -150,8 +177,7 @@ def text_batches(tokens: np.ndarray, *, batch: int, seq_len: int, seed: int = 0)
     """Endless one-process `[batch, seq_len+1]` rows of a token stream, step after step (the
     `open_dataset` rows of an in-memory stream)."""
     stream = TokenStream("tokens", np.asarray(tokens))
-    return _steps(TokenDataset(stream, seq_len=seq_len, vocab=int(np.max(tokens)) + 1, seed=seed, pack=False),
-                  batch)
+    return _steps(TokenDataset(stream, seq_len=seq_len, vocab=int(np.max(tokens)) + 1, seed=seed, pack=False), batch)
 
 
 def synthetic_batches(*, vocab: int, batch: int, seq_len: int, seed: int = 0) -> Iterator[np.ndarray]:

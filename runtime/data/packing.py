@@ -1,6 +1,7 @@
 """Packed rows: segment ids numbering a row's documents 1, 2, … (a document cut by the row's edge
 is its own), positions restarting at each, and targets learned only inside their segment.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,8 +52,10 @@ def inputs_and_targets(rows: np.ndarray, segment_ids: np.ndarray | None):
         return tokens, targets, positions, None
     segment_ids = np.asarray(segment_ids, dtype=np.int32)
     if segment_ids.shape != rows.shape:
-        raise CpplanError(f"segment ids shaped {segment_ids.shape} do not match the rows {rows.shape}; give one id "
-                          f"per token of each row (`runtime.data.Batch.segment_ids`).")
+        raise CpplanError(
+            f"segment ids shaped {segment_ids.shape} do not match the rows {rows.shape}; give one id "
+            f"per token of each row (`runtime.data.Batch.segment_ids`)."
+        )
     inputs_ids = segment_ids[:, :-1]
     targets = np.where(inputs_ids == segment_ids[:, 1:], targets, IGNORED_TARGET).astype(np.int32)
     return tokens, targets, positions_in_segments(inputs_ids), inputs_ids

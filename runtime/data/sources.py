@@ -4,6 +4,7 @@ Reads `.npy` arrays and raw little-endian uint16/uint32 files (nanoGPT/Megatron 
 ArrayRecord shards (one document per record, via grain); and text (bytes as tokens). Boundaries are the
 records, an `eos_id` token or an offsets `.npy`; tokens are checked against the vocabulary per batch.
 """
+
 from __future__ import annotations
 
 import glob
@@ -50,9 +51,11 @@ class RecordStream:
         for index in range(len(self.source)):
             size = len(self.source[index])
             if size % dtype.itemsize:
-                raise CpplanError(f"ArrayRecord record {index} of {paths} has {size} bytes, not a multiple of "
-                                  f"{dtype.itemsize} ({dtype.name} tokens); pass the dtype the records were "
-                                  f"written with ({' or '.join(RAW_DTYPES)}).")
+                raise CpplanError(
+                    f"ArrayRecord record {index} of {paths} has {size} bytes, not a multiple of "
+                    f"{dtype.itemsize} ({dtype.name} tokens); pass the dtype the records were "
+                    f"written with ({' or '.join(RAW_DTYPES)})."
+                )
             lengths[index] = size // dtype.itemsize
         self.doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
         self.length = int(lengths.sum())
@@ -67,13 +70,15 @@ class RecordStream:
         pieces = [np.frombuffer(self.source[i], dtype=self.dtype) for i in range(max(first, 0), last)]
         joined = np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
         base = int(self.doc_starts[first]) if first >= 0 else 0
-        return joined[start - base:stop - base]
+        return joined[start - base : stop - base]
 
 
 def _raw_dtype(dtype: str | None, *, path: str) -> np.dtype:
     if dtype not in RAW_DTYPES:
-        raise CpplanError(f"token dtype {dtype!r} for {path!r} is not supported; pass one of "
-                          f"{', '.join(RAW_DTYPES)} (the width the token ids were written with).")
+        raise CpplanError(
+            f"token dtype {dtype!r} for {path!r} is not supported; pass one of "
+            f"{', '.join(RAW_DTYPES)} (the width the token ids were written with)."
+        )
     return np.dtype(dtype).newbyteorder("<")
 
 
@@ -90,11 +95,15 @@ def _npy(path: str, dtype: str | None) -> np.ndarray:
     except (OSError, ValueError) as err:
         raise CpplanError(f"cannot read {path!r} as a .npy token array: {err}") from None
     if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-        raise CpplanError(f"{path!r} holds a {tokens.ndim}-D {tokens.dtype} array; token files must be 1-D "
-                          f"integer arrays of token ids (flatten it, or save the ids with an integer dtype).")
+        raise CpplanError(
+            f"{path!r} holds a {tokens.ndim}-D {tokens.dtype} array; token files must be 1-D "
+            f"integer arrays of token ids (flatten it, or save the ids with an integer dtype)."
+        )
     if dtype is not None and np.dtype(dtype) != tokens.dtype:
-        raise CpplanError(f"{path!r} holds {tokens.dtype} tokens but dtype={dtype!r} was given; drop the dtype "
-                          f"(a .npy file records its own) or give {tokens.dtype.name}.")
+        raise CpplanError(
+            f"{path!r} holds {tokens.dtype} tokens but dtype={dtype!r} was given; drop the dtype "
+            f"(a .npy file records its own) or give {tokens.dtype.name}."
+        )
     return tokens
 
 
@@ -103,8 +112,10 @@ def _raw(path: str, dtype: str | None) -> np.ndarray:
     width = _raw_dtype(dtype, path=path)
     size = file.stat().st_size
     if size % width.itemsize:
-        raise CpplanError(f"{path!r} has {size} bytes, not a multiple of {width.itemsize}: it does not hold "
-                          f"{width.name} tokens; pass the dtype it was written with ({' or '.join(RAW_DTYPES)}).")
+        raise CpplanError(
+            f"{path!r} has {size} bytes, not a multiple of {width.itemsize}: it does not hold "
+            f"{width.name} tokens; pass the dtype it was written with ({' or '.join(RAW_DTYPES)})."
+        )
     if size == 0:
         raise CpplanError(f"{path!r} is empty; give a file of token ids.")
     return np.memmap(file, dtype=width, mode="r")
@@ -127,8 +138,10 @@ def _array_record_paths(path: str) -> list[str]:
 def _offsets(path: "str | os.PathLike", *, length: int) -> np.ndarray:
     starts = _npy(str(path), None).astype(np.int64)
     if len(starts) == 0 or starts[0] != 0 or (np.diff(starts) <= 0).any() or starts[-1] >= length:
-        raise CpplanError(f"document offsets {str(path)!r} must start at 0, increase strictly and stay below the "
-                          f"{length} tokens of the data; write the start offset of every document.")
+        raise CpplanError(
+            f"document offsets {str(path)!r} must start at 0, increase strictly and stay below the "
+            f"{length} tokens of the data; write the start offset of every document."
+        )
     return np.asarray(starts)
 
 
@@ -149,8 +162,9 @@ def check_byte_vocab(vocab: int) -> None:
         raise CpplanError(f"byte-level text needs a vocabulary of at least {BYTE_VOCAB}; the model has {vocab}.")
 
 
-def open_stream(path: "str | os.PathLike", *, dtype: str | None = None,
-                offsets: "str | os.PathLike | None" = None) -> TokenStream:
+def open_stream(
+    path: "str | os.PathLike", *, dtype: str | None = None, offsets: "str | os.PathLike | None" = None
+) -> TokenStream:
     """A `.npy` file, a raw token file or ArrayRecord shards (a file or a glob) with `dtype` "uint16" or
     "uint32", or a text file, as a `TokenStream`; `offsets`: a `.npy` of document starts.
 
@@ -160,8 +174,10 @@ def open_stream(path: "str | os.PathLike", *, dtype: str | None = None,
     """
     path = str(path)
     if dtype is None and path.endswith(RAW_SUFFIXES):
-        raise CpplanError(f"{path!r} looks like a raw token file; pass its dtype ({' or '.join(RAW_DTYPES)}), the "
-                          f"width its token ids were written with.")
+        raise CpplanError(
+            f"{path!r} looks like a raw token file; pass its dtype ({' or '.join(RAW_DTYPES)}), the "
+            f"width its token ids were written with."
+        )
     if is_array_record(path):
         if offsets is not None:
             raise CpplanError(f"ArrayRecord data {path!r} has one document per record; drop the offsets file.")

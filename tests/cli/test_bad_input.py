@@ -1,6 +1,7 @@
 """Bad input at every boundary: CLI flags, model configs, chip rows, Plan JSON, measured CSVs and
 logs, MaxText flags. Each is refused with exit 2 and one line naming the value, never a traceback,
 before any work (so each case takes well under a second)."""
+
 import json
 import math
 
@@ -35,69 +36,78 @@ def refused(argv, capsys) -> str:
 
 
 # -- CLI flags --------------------------------------------------------------------------------
-FLAG_CASES = [
-    ["explain", *PLAN, "--top", "-3"],
-    ["explain", *PLAN, "--top", "x"],
-    ["explain", *PLAN, "--top", "1.5"],
-    ["export", *PLAN, "--top", "1"],  # not an abbreviation of --topology
-    ["explain", "--model", "tiny", "--seq-len", "4k", "--topo", "cpu:8"],
-    ["explain", "--mod", "tiny", "--seq-len", "4k", "--topology", "cpu:8"],
-    ["explain", *PLAN, "--mesh", "context=4,context=2"],
-    ["explain", *PLAN, "--mesh", "context=²"],
-    ["explain", *PLAN, "--mesh", "context"],
-    ["explain", *PLAN, "--mesh", "context=-2"],
-    ["explain", *PLAN, "--mesh", "context=0"],
-    ["explain", *PLAN, "--mesh", "context=3"],
-    ["explain", *PLAN, "--mesh", "kontext=2"],
-    ["explain", *PLAN, "--mesh", ","],
-    ["explain", *PLAN, "--mesh", ""],
-    ["explain", *PLAN, "--mesh", "context=1e3"],
-    ["explain", *PLAN, "--strategies", ","],
-    ["explain", *PLAN, "--strategies", "rign"],
-    ["explain", *PLAN, "--remat", "some"],
-    ["explain", *PLAN, "--load-balance", "zagzig"],
-    ["explain", *PLAN, "--global-batch-tokens", "-1"],
-    ["explain", *PLAN, "--global-batch-tokens", "nan"],
-    ["explain", *PLAN, "--global-batch-tokens", "4k", "--exact-batch", "2"],
-    ["explain", *PLAN, "--exact-batch", "0"],
-    ["explain", *PLAN, "--exact-batch", "-1"],
-    ["explain", *PLAN, "--loss-chunk-tokens", "-1"],
-    ["explain", *PLAN, "--loss-chunk-tokens", "inf"],
-    ["explain", *PLAN, "--unknown-flag"],
-    ["explain", "--model", "tiny", "--topology", "cpu:8"],
-    ["explain", "--model", "tiny", "--seq-len", "4k"],
-    ["nonsense-command"],
-    [],
-    ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", ","],
-    ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", ""],
-    ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", "1k,,x"],
-    ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", "0"],
-    ["max-seq-len", "--model", "tiny", "--topology", "cpu:7x"],
-    ["export", *PLAN, "--format", "yaml"],
-    ["calibrate", "--topology", "cpu:8", "--repeats", "0"],
-    ["calibrate", "--topology", "cpu:8", "--repeats", "-2"],
-    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--max-plans", "0"],
-    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--steps", "1"],
-    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--top", "-1"],
-    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--seed", "-1"],
-    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--sequences", "0"],
-    ["validate", "--model", "tiny", "--seq-lens", ",", "--topology", "cpu:8"],
-    ["validate", "--model", "tiny", "--topology", "cpu:8"],
-    ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "cpu:8"],
-    ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", ","],
-    ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2", "--layers", "0"],
-    ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2", "--per-strategy", "0"],
-    ["run", *PLAN[:-1], "v5p-8"],
-    ["run", *PLAN, "--steps", "0"],
-    ["run", *PLAN, "--data", "/nonexistent.txt"],
-    ["run", *PLAN, "--data", "/"],
-    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--data", "/nonexistent.txt"],
-] + [["explain", "--model", "tiny", "--seq-len", text, "--topology", "cpu:8"]
-     for text in ("0", "-4k", "4x", "1.5", "nan", "inf", "1e400", "", "4 k k", "0.3k", "²", "4M4")] \
-  + [["explain", "--model", "tiny", "--seq-len", "4k", "--topology", text]
-     for text in ("", "cpu:0", "cpu:-8", "v5p-7", "v5p:4x4", "tpu9-8", "v5p:0x2x2", "cpu:8x")] \
-  + [["explain", "--model", text, "--seq-len", "4k", "--topology", "cpu:8"]
-     for text in ("", "lama3.1-8b", "/nonexistent/config.json", "x" * 300 + ".json")]
+FLAG_CASES = (
+    [
+        ["explain", *PLAN, "--top", "-3"],
+        ["explain", *PLAN, "--top", "x"],
+        ["explain", *PLAN, "--top", "1.5"],
+        ["export", *PLAN, "--top", "1"],  # not an abbreviation of --topology
+        ["explain", "--model", "tiny", "--seq-len", "4k", "--topo", "cpu:8"],
+        ["explain", "--mod", "tiny", "--seq-len", "4k", "--topology", "cpu:8"],
+        ["explain", *PLAN, "--mesh", "context=4,context=2"],
+        ["explain", *PLAN, "--mesh", "context=²"],
+        ["explain", *PLAN, "--mesh", "context"],
+        ["explain", *PLAN, "--mesh", "context=-2"],
+        ["explain", *PLAN, "--mesh", "context=0"],
+        ["explain", *PLAN, "--mesh", "context=3"],
+        ["explain", *PLAN, "--mesh", "kontext=2"],
+        ["explain", *PLAN, "--mesh", ","],
+        ["explain", *PLAN, "--mesh", ""],
+        ["explain", *PLAN, "--mesh", "context=1e3"],
+        ["explain", *PLAN, "--strategies", ","],
+        ["explain", *PLAN, "--strategies", "rign"],
+        ["explain", *PLAN, "--remat", "some"],
+        ["explain", *PLAN, "--load-balance", "zagzig"],
+        ["explain", *PLAN, "--global-batch-tokens", "-1"],
+        ["explain", *PLAN, "--global-batch-tokens", "nan"],
+        ["explain", *PLAN, "--global-batch-tokens", "4k", "--exact-batch", "2"],
+        ["explain", *PLAN, "--exact-batch", "0"],
+        ["explain", *PLAN, "--exact-batch", "-1"],
+        ["explain", *PLAN, "--loss-chunk-tokens", "-1"],
+        ["explain", *PLAN, "--loss-chunk-tokens", "inf"],
+        ["explain", *PLAN, "--unknown-flag"],
+        ["explain", "--model", "tiny", "--topology", "cpu:8"],
+        ["explain", "--model", "tiny", "--seq-len", "4k"],
+        ["nonsense-command"],
+        [],
+        ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", ","],
+        ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", ""],
+        ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", "1k,,x"],
+        ["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", "0"],
+        ["max-seq-len", "--model", "tiny", "--topology", "cpu:7x"],
+        ["export", *PLAN, "--format", "yaml"],
+        ["calibrate", "--topology", "cpu:8", "--repeats", "0"],
+        ["calibrate", "--topology", "cpu:8", "--repeats", "-2"],
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--max-plans", "0"],
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--steps", "1"],
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--top", "-1"],
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--seed", "-1"],
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--sequences", "0"],
+        ["validate", "--model", "tiny", "--seq-lens", ",", "--topology", "cpu:8"],
+        ["validate", "--model", "tiny", "--topology", "cpu:8"],
+        ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "cpu:8"],
+        ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", ","],
+        ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2", "--layers", "0"],
+        ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2", "--per-strategy", "0"],
+        ["run", *PLAN[:-1], "v5p-8"],
+        ["run", *PLAN, "--steps", "0"],
+        ["run", *PLAN, "--data", "/nonexistent.txt"],
+        ["run", *PLAN, "--data", "/"],
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8", "--data", "/nonexistent.txt"],
+    ]
+    + [
+        ["explain", "--model", "tiny", "--seq-len", text, "--topology", "cpu:8"]
+        for text in ("0", "-4k", "4x", "1.5", "nan", "inf", "1e400", "", "4 k k", "0.3k", "²", "4M4")
+    ]
+    + [
+        ["explain", "--model", "tiny", "--seq-len", "4k", "--topology", text]
+        for text in ("", "cpu:0", "cpu:-8", "v5p-7", "v5p:4x4", "tpu9-8", "v5p:0x2x2", "cpu:8x")
+    ]
+    + [
+        ["explain", "--model", text, "--seq-len", "4k", "--topology", "cpu:8"]
+        for text in ("", "lama3.1-8b", "/nonexistent/config.json", "x" * 300 + ".json")
+    ]
+)
 
 
 @pytest.mark.parametrize("argv", FLAG_CASES, ids=lambda a: " ".join(a)[:70])
@@ -106,11 +116,21 @@ def test_bad_flags_are_refused_in_one_line(argv, capsys):
 
 
 # -- model configs ----------------------------------------------------------------------------
-GOOD_CONFIG = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+GOOD_CONFIG = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 256,
+}
 BAD_NUMBERS = ["x", None, 0, -1, 1.5, True, [], {}]
-CONFIG_CASES = [{**GOOD_CONFIG, key: bad} for key in (*sorted(GOOD_CONFIG.keys() - {"model_type"}), "head_dim")
-                for bad in BAD_NUMBERS] + [
+CONFIG_CASES = [
+    {**GOOD_CONFIG, key: bad}
+    for key in (*sorted(GOOD_CONFIG.keys() - {"model_type"}), "head_dim")
+    for bad in BAD_NUMBERS
+] + [
     {**GOOD_CONFIG, "num_attention_heads": 3},  # 64 / 3 is no whole head size
     {**GOOD_CONFIG, "num_key_value_heads": 3},  # does not divide 4 heads
     {**GOOD_CONFIG, "num_key_value_heads": 8},
@@ -120,11 +140,19 @@ CONFIG_CASES = [{**GOOD_CONFIG, key: bad} for key in (*sorted(GOOD_CONFIG.keys()
     {**GOOD_CONFIG, "attention_bias": 1},
     {**GOOD_CONFIG, "_name_or_path": 5},
     {k: v for k, v in GOOD_CONFIG.items() if k != "hidden_size"},
-    [GOOD_CONFIG], None, "llama", 7,
+    [GOOD_CONFIG],
+    None,
+    "llama",
+    7,
 ]
-RAW_CONFIGS = [b"\xff\xfe\x00bad", b"{", b"", b"[" * 100000 + b"]" * 100000,
-               json.dumps(GOOD_CONFIG).replace('"vocab_size": 256', '"vocab_size": 1e400').encode(),
-               json.dumps(GOOD_CONFIG).replace('"vocab_size": 256', '"vocab_size": NaN').encode()]
+RAW_CONFIGS = [
+    b"\xff\xfe\x00bad",
+    b"{",
+    b"",
+    b"[" * 100000 + b"]" * 100000,
+    json.dumps(GOOD_CONFIG).replace('"vocab_size": 256', '"vocab_size": 1e400').encode(),
+    json.dumps(GOOD_CONFIG).replace('"vocab_size": 256', '"vocab_size": NaN').encode(),
+]
 
 
 @pytest.mark.parametrize("config", CONFIG_CASES + RAW_CONFIGS, ids=lambda c: repr(c)[:60])
@@ -153,22 +181,39 @@ def test_model_names_from_files_are_printed_escaped(tmp_path, capsys):
 CPU_ROW = json.loads((CHIP_DIR / "cpu.json").read_text())
 NUMBER_FIELDS = [k for k, v in CPU_ROW.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
 CHIP_CASES = [{**CPU_ROW, name: bad} for name in NUMBER_FIELDS for bad in ("5", None, -1, math.nan, math.inf)] + [
-    {**CPU_ROW, "matmul_efficiency": 1.5}, {**CPU_ROW, "matmul_efficiency": 0}, {**CPU_ROW, "attention_efficiency": 0},
-    {**CPU_ROW, "tensorcores_per_chip": 0}, {**CPU_ROW, "devices_per_chip": 0}, {**CPU_ROW, "torus_rank": 4},
-    {**CPU_ROW, "devices_per_chip": 2.5}, {**CPU_ROW, "core_link_bw_bytes_per_s": 0},
-    {**CPU_ROW, "comm_overlaps_compute": "no"}, {**CPU_ROW, "name": ""}, {**CPU_ROW, "name": 3},
-    {**CPU_ROW, "kind": "fpga"}, {**CPU_ROW, "kind": ["cpu"]}, {**CPU_ROW, "wraparound": "sometimes"},
-    {**CPU_ROW, "host_collectives": [[1, 2]]}, {**CPU_ROW, "host_collectives": {"all_gather": 5}},
-    {**CPU_ROW, "host_collectives": {"all_gather": [1e9]}}, {**CPU_ROW, "host_collectives": {"broadcast": [1e9, 1e-5]}},
+    {**CPU_ROW, "matmul_efficiency": 1.5},
+    {**CPU_ROW, "matmul_efficiency": 0},
+    {**CPU_ROW, "attention_efficiency": 0},
+    {**CPU_ROW, "tensorcores_per_chip": 0},
+    {**CPU_ROW, "devices_per_chip": 0},
+    {**CPU_ROW, "torus_rank": 4},
+    {**CPU_ROW, "devices_per_chip": 2.5},
+    {**CPU_ROW, "core_link_bw_bytes_per_s": 0},
+    {**CPU_ROW, "comm_overlaps_compute": "no"},
+    {**CPU_ROW, "name": ""},
+    {**CPU_ROW, "name": 3},
+    {**CPU_ROW, "kind": "fpga"},
+    {**CPU_ROW, "kind": ["cpu"]},
+    {**CPU_ROW, "wraparound": "sometimes"},
+    {**CPU_ROW, "host_collectives": [[1, 2]]},
+    {**CPU_ROW, "host_collectives": {"all_gather": 5}},
+    {**CPU_ROW, "host_collectives": {"all_gather": [1e9]}},
+    {**CPU_ROW, "host_collectives": {"broadcast": [1e9, 1e-5]}},
     {**CPU_ROW, "host_collectives": {"all_gather": [-1e9, 1e-5]}},
     {**CPU_ROW, "host_collectives": {"all_gather": [1e9, math.nan]}},
-    {**CPU_ROW, "sources": ["a"]}, {**CPU_ROW, "extra_field": 1},
-    {k: v for k, v in CPU_ROW.items() if k != "hbm_bw_bytes_per_s"}, [CPU_ROW], None,
+    {**CPU_ROW, "sources": ["a"]},
+    {**CPU_ROW, "extra_field": 1},
+    {k: v for k, v in CPU_ROW.items() if k != "hbm_bw_bytes_per_s"},
+    [CPU_ROW],
+    None,
 ]
 
 
-@pytest.mark.parametrize("row", CHIP_CASES, ids=lambda r: repr({k: v for k, v in r.items() if CPU_ROW.get(k) != v}
-                                                                if isinstance(r, dict) else r)[:70])
+@pytest.mark.parametrize(
+    "row",
+    CHIP_CASES,
+    ids=lambda r: repr({k: v for k, v in r.items() if CPU_ROW.get(k) != v} if isinstance(r, dict) else r)[:70],
+)
 def test_bad_chip_rows_are_refused(row, tmp_path, monkeypatch, capsys):
     (tmp_path / "cpu.json").write_text(json.dumps(row))  # NaN and Infinity as Python's json writes them
     monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path))
@@ -188,15 +233,32 @@ def test_a_chip_dir_that_is_not_a_directory_is_refused(where, tmp_path, monkeypa
 # -- measured CSVs, MaxText logs and flags ----------------------------------------------------
 HEADER = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
 CSV_CASES = [
-    "", HEADER, "model,step_seconds\ntiny,1.0", HEADER + ",colour\ntiny,cpu:8,4k,1,ring,8,1.0,red",
-    HEADER + "\ntiny,cpu:8,4k,1,ring,8", HEADER + "\ntiny,cpu:8,4k,1,ring,8,1.0,extra",
-] + [HEADER + "\n" + row for row in (
-    "tiny,cpu:8,4k,1,ring,8,-1", "tiny,cpu:8,4k,1,ring,8,0", "tiny,cpu:8,4k,1,ring,8,nan",
-    "tiny,cpu:8,4k,1,ring,8,inf", "tiny,cpu:8,4k,1,ring,8,fast", "tiny,cpu:8,4k,1,ring,8,",
-    "tiny,cpu:8,4x,1,ring,8,1.0", "tiny,cpu:8,0,1,ring,8,1.0", "tiny,cpu:8,4k,0,ring,8,1.0",
-    "tiny,cpu:8,4k,1.5,ring,8,1.0", "tiny,cpu:8,4k,1,rign,8,1.0", "tiny,cpu:8,4k,1,ring,3,1.0",
-    "tiny,cpu:8,4k,1,ring,-8,1.0", "nomodel,cpu:8,4k,1,ring,8,1.0", "tiny,v5p-7,4k,1,ring,8,1.0",
-)]
+    "",
+    HEADER,
+    "model,step_seconds\ntiny,1.0",
+    HEADER + ",colour\ntiny,cpu:8,4k,1,ring,8,1.0,red",
+    HEADER + "\ntiny,cpu:8,4k,1,ring,8",
+    HEADER + "\ntiny,cpu:8,4k,1,ring,8,1.0,extra",
+] + [
+    HEADER + "\n" + row
+    for row in (
+        "tiny,cpu:8,4k,1,ring,8,-1",
+        "tiny,cpu:8,4k,1,ring,8,0",
+        "tiny,cpu:8,4k,1,ring,8,nan",
+        "tiny,cpu:8,4k,1,ring,8,inf",
+        "tiny,cpu:8,4k,1,ring,8,fast",
+        "tiny,cpu:8,4k,1,ring,8,",
+        "tiny,cpu:8,4x,1,ring,8,1.0",
+        "tiny,cpu:8,0,1,ring,8,1.0",
+        "tiny,cpu:8,4k,0,ring,8,1.0",
+        "tiny,cpu:8,4k,1.5,ring,8,1.0",
+        "tiny,cpu:8,4k,1,rign,8,1.0",
+        "tiny,cpu:8,4k,1,ring,3,1.0",
+        "tiny,cpu:8,4k,1,ring,-8,1.0",
+        "nomodel,cpu:8,4k,1,ring,8,1.0",
+        "tiny,v5p-7,4k,1,ring,8,1.0",
+    )
+]
 
 
 @pytest.mark.parametrize("text", CSV_CASES, ids=lambda t: t.splitlines()[-1][:50] if t else "empty")
@@ -209,31 +271,48 @@ def test_bad_measured_csvs_are_refused(text, tmp_path, capsys):
 def test_a_measured_csv_takes_lengths_as_the_cli_does(tmp_path, capsys):
     path = tmp_path / "measured.csv"
     path.write_text(HEADER + "\ntiny,cpu:8,4k,1,ring,8,0.5\ntiny,cpu:8,4k,1,ulysses,8,-1\n")
-    assert "measured.csv line 3" in refused(["validate", "--measured", str(path), "--no-plots",
-                                             "--out", str(tmp_path / "out")], capsys)
+    assert "measured.csv line 3" in refused(
+        ["validate", "--measured", str(path), "--no-plots", "--out", str(tmp_path / "out")], capsys
+    )
 
 
 FLAGS = "model_name=tiny compile_topology=cpu:8 max_target_length=4096 per_device_batch_size=0.125"
-LOG_CASES = ["", "completed step: 0, seconds: 1.0, TFLOP/s/device: 1.0",
-             "completed step: 1, seconds: 1.2.3, TFLOP/s/device: 1.0",
-             "completed step: 1, seconds: 0.0, TFLOP/s/device: 1.0",
-             "completed step: 1, seconds: nan, TFLOP/s/device: 1.0",
-             "completed step: 1, seconds: inf, TFLOP/s/device: 1.0"]
+LOG_CASES = [
+    "",
+    "completed step: 0, seconds: 1.0, TFLOP/s/device: 1.0",
+    "completed step: 1, seconds: 1.2.3, TFLOP/s/device: 1.0",
+    "completed step: 1, seconds: 0.0, TFLOP/s/device: 1.0",
+    "completed step: 1, seconds: nan, TFLOP/s/device: 1.0",
+    "completed step: 1, seconds: inf, TFLOP/s/device: 1.0",
+]
 GOOD_LOG = "completed step: 1, seconds: 1.0, TFLOP/s/device: 1.0"
-FLAG_TEXT_CASES = [FLAGS + " model_name='tiny", FLAGS.replace("4096", "nan"), FLAGS.replace("4096", "1e400"),
-                   FLAGS.replace("0.125", "nan"), FLAGS.replace("0.125", "1e400"), FLAGS.replace("0.125", "-1"),
-                   FLAGS + " max_target_length=8192", FLAGS.replace("tiny", "nomodel"),
-                   FLAGS + " ici_context_parallelism=3", FLAGS + " sa_block_q=3",
-                   FLAGS + " context_parallel_strategy=rign", "x" * 5000, "/nonexistent/flags.txt"]
+FLAG_TEXT_CASES = [
+    FLAGS + " model_name='tiny",
+    FLAGS.replace("4096", "nan"),
+    FLAGS.replace("4096", "1e400"),
+    FLAGS.replace("0.125", "nan"),
+    FLAGS.replace("0.125", "1e400"),
+    FLAGS.replace("0.125", "-1"),
+    FLAGS + " max_target_length=8192",
+    FLAGS.replace("tiny", "nomodel"),
+    FLAGS + " ici_context_parallelism=3",
+    FLAGS + " sa_block_q=3",
+    FLAGS + " context_parallel_strategy=rign",
+    "x" * 5000,
+    "/nonexistent/flags.txt",
+]
 
 
-@pytest.mark.parametrize("log, flags", [(log, FLAGS) for log in LOG_CASES] + [(GOOD_LOG, f) for f in FLAG_TEXT_CASES],
-                         ids=lambda v: v[:50])
+@pytest.mark.parametrize(
+    "log, flags", [(log, FLAGS) for log in LOG_CASES] + [(GOOD_LOG, f) for f in FLAG_TEXT_CASES], ids=lambda v: v[:50]
+)
 def test_bad_maxtext_logs_and_flags_are_refused(log, flags, tmp_path, capsys):
     path = tmp_path / "run.log"
     path.write_text(log)
-    refused(["validate", "--measured", str(path), "--maxtext-flags", flags, "--no-plots",
-             "--out", str(tmp_path / "out")], capsys)
+    refused(
+        ["validate", "--measured", str(path), "--maxtext-flags", flags, "--no-plots", "--out", str(tmp_path / "out")],
+        capsys,
+    )
 
 
 def test_exported_flags_are_read_as_text_not_as_a_path(tmp_path, capsys):
@@ -241,8 +320,12 @@ def test_exported_flags_are_read_as_text_not_as_a_path(tmp_path, capsys):
     flags = capsys.readouterr().out.strip()
     log = tmp_path / "run.log"
     log.write_text(GOOD_LOG)
-    assert main(["validate", "--measured", str(log), "--maxtext-flags", flags, "--no-plots",
-                 "--out", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            ["validate", "--measured", str(log), "--maxtext-flags", flags, "--no-plots", "--out", str(tmp_path / "out")]
+        )
+        == 0
+    )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["summary"]["plans_measured"] == 1
 
@@ -255,14 +338,28 @@ def _good_plan() -> dict:
 
 
 PLAN_EDITS = [
-    lambda p: p.pop("model"), lambda p: p.pop("mesh"), lambda p: p.update(colour="red"),
-    lambda p: p.update(seq_len="4k"), lambda p: p.update(seq_len=-1), lambda p: p.update(seq_len=True),
-    lambda p: p.update(global_batch=0), lambda p: p.update(block_q=3), lambda p: p.update(block_kv=100),
-    lambda p: p.update(mesh=[1, 2]), lambda p: p.update(mesh={"kontext": 8}), lambda p: p.update(mesh={"context": "8"}),
-    lambda p: p.update(mesh={"context": 3}), lambda p: p.update(cp_strategy="rign"), lambda p: p.update(remat=None),
-    lambda p: p.update(axis_order="context"), lambda p: p.update(physical_order=[1]),
-    lambda p: p.update(model=None), lambda p: p.update(model={"name": "x"}), lambda p: p["model"].update(hidden=-1),
-    lambda p: p.update(topology=None), lambda p: p.update(compute_dtype="float7"),
+    lambda p: p.pop("model"),
+    lambda p: p.pop("mesh"),
+    lambda p: p.update(colour="red"),
+    lambda p: p.update(seq_len="4k"),
+    lambda p: p.update(seq_len=-1),
+    lambda p: p.update(seq_len=True),
+    lambda p: p.update(global_batch=0),
+    lambda p: p.update(block_q=3),
+    lambda p: p.update(block_kv=100),
+    lambda p: p.update(mesh=[1, 2]),
+    lambda p: p.update(mesh={"kontext": 8}),
+    lambda p: p.update(mesh={"context": "8"}),
+    lambda p: p.update(mesh={"context": 3}),
+    lambda p: p.update(cp_strategy="rign"),
+    lambda p: p.update(remat=None),
+    lambda p: p.update(axis_order="context"),
+    lambda p: p.update(physical_order=[1]),
+    lambda p: p.update(model=None),
+    lambda p: p.update(model={"name": "x"}),
+    lambda p: p["model"].update(hidden=-1),
+    lambda p: p.update(topology=None),
+    lambda p: p.update(compute_dtype="float7"),
     lambda p: p.update(loss_chunk_tokens=-1),
 ]
 
@@ -282,9 +379,21 @@ def test_plan_json_that_is_not_an_object_is_refused(text):
         Plan.from_json(text)
 
 
-@pytest.mark.parametrize("kwargs", [dict(model=None), dict(topology=None), dict(seq_len=None), dict(mesh=[1]),
-                                    dict(model=3), dict(seq_len=math.nan), dict(seq_len=-4096),
-                                    dict(strategies=[]), dict(mesh={"context": 1.5}), dict(colour="red")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(model=None),
+        dict(topology=None),
+        dict(seq_len=None),
+        dict(mesh=[1]),
+        dict(model=3),
+        dict(seq_len=math.nan),
+        dict(seq_len=-4096),
+        dict(strategies=[]),
+        dict(mesh={"context": 1.5}),
+        dict(colour="red"),
+    ],
+)
 def test_bad_api_arguments_are_refused(kwargs):
     from planner import api
 
@@ -293,10 +402,15 @@ def test_bad_api_arguments_are_refused(kwargs):
         api.plan(args.pop("model"), args.pop("seq_len"), args.pop("topology"), **args)
 
 
-@pytest.mark.parametrize("flags", [{"model_name": "tiny", "compile_topology": "cpu:8", "max_target_length": math.nan},
-                                   {"model_name": "tiny", "compile_topology": "cpu:8", "max_target_length": 1e400},
-                                   {"model_name": "tiny", "compile_topology": "cpu:8", "per_device_batch_size": 1e400},
-                                   {"base_emb_dim": 0, "compile_topology": "cpu:8"}])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"model_name": "tiny", "compile_topology": "cpu:8", "max_target_length": math.nan},
+        {"model_name": "tiny", "compile_topology": "cpu:8", "max_target_length": 1e400},
+        {"model_name": "tiny", "compile_topology": "cpu:8", "per_device_batch_size": 1e400},
+        {"base_emb_dim": 0, "compile_topology": "cpu:8"},
+    ],
+)
 def test_bad_maxtext_dicts_are_refused(flags):
     with pytest.raises(CpplanError):
         plan_from_maxtext(flags)

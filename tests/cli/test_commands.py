@@ -1,4 +1,5 @@
 """The cpplan command line, run as a user runs it."""
+
 import argparse
 import json
 import subprocess
@@ -37,32 +38,107 @@ def test_max_seq_len_and_export(capsys):
     assert main(["max-seq-len", "--model", "llama3.1-8b", "--topology", "v5p-16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["max_seq_len"] >= 2**20
     # ring: the best plan here is a zigzag USP, which MaxText refuses (its USP takes no load balancing)
-    assert main(["export", "--format", "maxtext", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology",
-                 "v5p-16", "--global-batch-tokens", "128k", "--strategies", "ring"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--format",
+                "maxtext",
+                "--model",
+                "llama3.1-8b",
+                "--seq-len",
+                "128k",
+                "--topology",
+                "v5p-16",
+                "--global-batch-tokens",
+                "128k",
+                "--strategies",
+                "ring",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "ici_context_parallelism=" in out and "max_target_length=131072" in out and "model_name=llama3.1-8b" in out
 
 
 def test_a_batch_target_or_an_exact_batch(capsys):
     """--global-batch-tokens is a target the search moves to a count that fits; --exact-batch is kept."""
-    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
-                 "--exact-batch", "3", "--json"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--model",
+                "llama3.1-8b",
+                "--seq-len",
+                "128k",
+                "--topology",
+                "v5p-16",
+                "--exact-batch",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["global_batch"] == 3
-    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
-                 "--global-batch-tokens", "384k", "--json"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--model",
+                "llama3.1-8b",
+                "--seq-len",
+                "128k",
+                "--topology",
+                "v5p-16",
+                "--global-batch-tokens",
+                "384k",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["global_batch"] in (2, 3, 4, 6)
-    assert main(["explain", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-16",
-                 "--exact-batch", "3", "--global-batch-tokens", "384k"]) == 2
+    assert (
+        main(
+            [
+                "explain",
+                "--model",
+                "llama3.1-8b",
+                "--seq-len",
+                "128k",
+                "--topology",
+                "v5p-16",
+                "--exact-batch",
+                "3",
+                "--global-batch-tokens",
+                "384k",
+            ]
+        )
+        == 2
+    )
     assert "global_batch" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["explain", "--model", "lama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256"], "Did you mean 'llama3.1-8b'"),
-    (["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p:3x3x3"], "does not exist"),
-    (["explain", "--model", "llama3.1-8b", "--seq-len", "-4", "--topology", "v5p-16"], "cannot read sequence length"),
-    (["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p-16", "--mesh", "context"],
-     "AXIS=SIZE"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ["explain", "--model", "lama3.1-8b", "--seq-len", "4M", "--topology", "v5p-256"],
+            "Did you mean 'llama3.1-8b'",
+        ),
+        (["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p:3x3x3"], "does not exist"),
+        (
+            ["explain", "--model", "llama3.1-8b", "--seq-len", "-4", "--topology", "v5p-16"],
+            "cannot read sequence length",
+        ),
+        (
+            ["explain", "--model", "llama3.1-8b", "--seq-len", "4M", "--topology", "v5p-16", "--mesh", "context"],
+            "AXIS=SIZE",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_not_a_traceback(capsys, argv, words):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -79,8 +155,9 @@ COMMANDS = ("explain", "sweep", "max-seq-len", "export", "run", "compile", "cali
 
 
 def test_help_lists_every_command_with_its_line():
-    out = subprocess.run([sys.executable, "-m", "cli", "--help"], capture_output=True, text=True, check=True,
-                         cwd=ROOT).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "cli", "--help"], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
     listed = {line.split()[0] for line in out.splitlines() if line.startswith("    ") and line.split()}
     assert listed >= set(COMMANDS), out
     assert "the longest sequence any plan fits" in out and "write a chip row" in out
@@ -114,4 +191,3 @@ def test_every_flag_has_help_stating_its_default(command):
         assert action.help, f"{command} {action.option_strings[0]} has no help"
         if action.default not in (None, False, argparse.SUPPRESS):
             assert f"(default: {action.default})" in formatter._expand_help(action), (command, action.option_strings)
-

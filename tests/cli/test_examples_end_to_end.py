@@ -1,5 +1,6 @@
 """The examples and the `cpplan run` / `cpplan compile` commands, run end to end at small sizes, as a
 new user runs them: the planner's examples (pure tier), and the runtime's examples and commands."""
+
 import os
 import subprocess
 import sys
@@ -19,14 +20,18 @@ def run_script(*args, timeout=300):
 
 
 @pytest.mark.pure
-@pytest.mark.parametrize("script, words", [
-    ("explain_long_context.py", ["v5p-256", "tpu7x-128", "8M", "MFU"]),
-    ("strategy_crossover.py", ["seq_len", "ring", "nothing fits"]),
-    ("maxtext_config.py", ["your config", "cpplan's plan", "ici_context_parallelism="]),
-])
+@pytest.mark.parametrize(
+    "script, words",
+    [
+        ("explain_long_context.py", ["v5p-256", "tpu7x-128", "8M", "MFU"]),
+        ("strategy_crossover.py", ["seq_len", "ring", "nothing fits"]),
+        ("maxtext_config.py", ["your config", "cpplan's plan", "ici_context_parallelism="]),
+    ],
+)
 def test_example_runs(script, words):
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True,
-                         check=True, cwd=ROOT, env=ENV).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script)], capture_output=True, text=True, check=True, cwd=ROOT, env=ENV
+    ).stdout
     for w in words:
         assert w in out
 
@@ -48,8 +53,23 @@ def test_compile_llama_v5p_example():
 
 @pytest.mark.cpu_mesh
 def test_cli_run_prints_measured_next_to_predicted(tmp_path):
-    out = run_script("-m", "cli", "run", "--model", "tiny", "--seq-len", "2048", "--topology", "cpu:8",
-                     "--steps", "2", "--data", "tests/testdata/prose.txt", "--run-dir", str(tmp_path / "run"))
+    out = run_script(
+        "-m",
+        "cli",
+        "run",
+        "--model",
+        "tiny",
+        "--seq-len",
+        "2048",
+        "--topology",
+        "cpu:8",
+        "--steps",
+        "2",
+        "--data",
+        "tests/testdata/prose.txt",
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     assert "predicted" in out and "measured" in out
     assert "MFU" in out and "HBM/dev" in out
 
@@ -57,16 +77,45 @@ def test_cli_run_prints_measured_next_to_predicted(tmp_path):
 @pytest.mark.tpu_compile
 def test_cli_compile_tiny_on_v5p():
     pytest.importorskip("libtpu")
-    out = run_script("-m", "cli", "compile", "--model", "tiny", "--seq-len", "4096", "--topology",
-                     "v5p:2x2x1", "--global-batch-tokens", "4096")
+    out = run_script(
+        "-m",
+        "cli",
+        "compile",
+        "--model",
+        "tiny",
+        "--seq-len",
+        "4096",
+        "--topology",
+        "v5p:2x2x1",
+        "--global-batch-tokens",
+        "4096",
+    )
     assert "compiled:" in out and "predicted:" in out and "fits" in out
 
 
 @pytest.mark.pure
 def test_cli_run_refuses_a_tpu_topology():
-    proc = subprocess.run([sys.executable, "-m", "cli", "run", "--model", "tiny", "--seq-len", "4096",
-                           "--topology", "v5p:2x2x1", "--global-batch-tokens", "4096"], cwd=ROOT,
-                          env=ENV, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "run",
+            "--model",
+            "tiny",
+            "--seq-len",
+            "4096",
+            "--topology",
+            "v5p:2x2x1",
+            "--global-batch-tokens",
+            "4096",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Use `cpplan compile`" in proc.stderr
 
@@ -75,10 +124,36 @@ def test_cli_run_refuses_a_tpu_topology():
 def test_cli_validate_sets_up_the_virtual_devices_itself(tmp_path):
     """No XLA_FLAGS from the caller: `cpplan validate --topology cpu:8` must still find 8 devices."""
     env = {k: v for k, v in ENV.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    proc = subprocess.run([sys.executable, "-m", "cli", "validate", "--model", "tiny", "--seq-lens", "1k",
-                           "--topology", "cpu:8", "--strategies", "ring", "--max-plans", "1", "--top", "1", "--steps",
-                           "2", "--no-plots", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "validate",
+            "--model",
+            "tiny",
+            "--seq-lens",
+            "1k",
+            "--topology",
+            "cpu:8",
+            "--strategies",
+            "ring",
+            "--max-plans",
+            "1",
+            "--top",
+            "1",
+            "--steps",
+            "2",
+            "--no-plots",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = (tmp_path / "report.md").read_text()
     assert "plans measured: 1 (ring); failed: 0" in report
@@ -87,7 +162,9 @@ def test_cli_validate_sets_up_the_virtual_devices_itself(tmp_path):
 @pytest.mark.cpu_mesh
 def test_host_commands_ask_for_the_topologys_virtual_devices():
     """`cpplan validate/calibrate --topology cpu:4` without XLA_FLAGS get 4 devices, not 1."""
-    code = ("from cli.devices import use_host_devices; use_host_devices('cpu:4'); import jax; "
-            "import sys; sys.exit(0 if jax.device_count() == 4 else f'{jax.device_count()} devices')")
+    code = (
+        "from cli.devices import use_host_devices; use_host_devices('cpu:4'); import jax; "
+        "import sys; sys.exit(0 if jax.device_count() == 4 else f'{jax.device_count()} devices')"
+    )
     env = {k: v for k, v in ENV.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)

@@ -1,6 +1,7 @@
 """Faults lose nothing: SIGTERM or Ctrl-C mid-measurement keeps what was measured and writes the
 report; outputs that cannot be written are refused before any work; no file is written through a
 symlink. Each test asserts what is on disk afterwards."""
+
 import json
 import os
 import signal
@@ -17,16 +18,24 @@ ROOT = Path(__file__).resolve().parents[2]
 HEADER = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
 
 
-_AS_FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                       "sys.argv = ['cpplan', *sys.argv[1:]]; runpy.run_module('cli', run_name='__main__')")
+_AS_FROM_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv = ['cpplan', *sys.argv[1:]]; runpy.run_module('cli', run_name='__main__')"
+)
 
 
 def _cpplan(*argv: str, cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a user runs it
     # Ctrl-C as in a terminal, even where the test runner's parent ignores SIGINT (a background job);
     # the child restores it itself, so the runner (with jax's threads) spawns rather than forks
-    return subprocess.Popen([sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv], cwd=cwd,
-                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -44,8 +53,23 @@ def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: f
 def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
     out = tmp_path / "out"
     # more plans than can run before the signal lands, even on a loaded host
-    proc = _cpplan("validate", "--model", "tiny", "--seq-lens", "1k,2k,4k", "--topology", "cpu:8", "--max-plans", "4",
-                   "--steps", "2", "--no-plots", "--out", str(out), cwd=tmp_path)
+    proc = _cpplan(
+        "validate",
+        "--model",
+        "tiny",
+        "--seq-lens",
+        "1k,2k,4k",
+        "--topology",
+        "cpu:8",
+        "--max-plans",
+        "4",
+        "--steps",
+        "2",
+        "--no-plots",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     journal = out / "measurements.jsonl"
     _wait_for_lines(journal, 1, proc, timeout_s=120)
     proc.send_signal(signum)
@@ -66,8 +90,20 @@ def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
 def test_ctrl_c_before_the_first_step_prints_one_line(tmp_path):
     """Interrupted while it compiles, before the first step: one line, no files.
     (Interrupted during the steps, a run saves a checkpoint: tests/runtime/test_resume.py.)"""
-    proc = _cpplan("run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "50",
-                   "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    proc = _cpplan(
+        "run",
+        "--model",
+        "tiny",
+        "--seq-len",
+        "1k",
+        "--topology",
+        "cpu:8",
+        "--steps",
+        "50",
+        "--run-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     assert "pre-flight compile" in proc.stdout.readline()  # the run's first line: jax is up, compiling starts
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
@@ -85,11 +121,14 @@ def _measured_csv(tmp_path: Path) -> Path:
 
 
 @pure
-@pytest.mark.parametrize("command", [
-    ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8"],
-    ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2"],
-    ["calibrate", "--topology", "cpu:8"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "cpu:8"],
+        ["validate-memory", "--model", "tiny", "--seq-lens", "1k", "--topologies", "v5p:2x2x2"],
+        ["calibrate", "--topology", "cpu:8"],
+    ],
+)
 @pytest.mark.parametrize("kind", ["a file", "under a file", "report names a directory"])
 def test_unusable_outputs_are_refused_before_any_work(command, kind, tmp_path, capsys, monkeypatch):
     from cost_models.errors import CpplanError
@@ -164,8 +203,14 @@ def test_a_json_report_never_holds_nan(tmp_path, capsys):
 
 
 @pytest.mark.cpu_mesh
-@pytest.mark.parametrize("command", [["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "v5p-8"],
-                                     ["calibrate", "--topology", "v5p-8"], ["calibrate", "--topology", "cpu:16"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["validate", "--model", "tiny", "--seq-lens", "1k", "--topology", "v5p-8"],
+        ["calibrate", "--topology", "v5p-8"],
+        ["calibrate", "--topology", "cpu:16"],
+    ],
+)
 def test_commands_refuse_devices_that_are_absent(command, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([*command, "--out", str(out)]) == 2
@@ -177,8 +222,25 @@ def test_commands_refuse_devices_that_are_absent(command, tmp_path, capsys):
 @pytest.mark.cpu_mesh
 def test_run_json_prints_json_alone(capsys, tmp_path):
     """No text around the JSON, so that a killed or piped run is still read by machines."""
-    assert main(["run", "--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--steps", "2", "--json",
-                 "--run-dir", str(tmp_path / "run")]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--model",
+                "tiny",
+                "--seq-len",
+                "1k",
+                "--topology",
+                "cpu:8",
+                "--steps",
+                "2",
+                "--json",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["plan"]["seq_len"] == 1024 and data["measured"]["step_time_s"] > 0
     assert data["predicted"]["step_time_s"] > 0

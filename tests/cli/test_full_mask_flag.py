@@ -1,6 +1,7 @@
 """A full (non-causal) mask reaches the planner from every entry point a user has: the CLI's
 `--full-mask` on each command that takes a model, and a Hugging Face config's `is_causal: false`;
 the flag combinations a full mask cannot have are refused up front, naming the rule and the fix."""
+
 import json
 
 import pytest
@@ -15,8 +16,24 @@ pytestmark = pytest.mark.pure
 
 # `small`: 4 layers, hidden 256, 8 query heads / 4 KV heads × 32, MLP 512, vocabulary 256; one
 # sequence of 4096 tokens on one fixed plan (ring over 4, no balancing, full remat)
-PLAN_FLAGS = ["--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1", "--strategies", "ring", "--mesh",
-              "context=4", "--exact-batch", "1", "--remat", "full", "--load-balance", "none"]
+PLAN_FLAGS = [
+    "--model",
+    "small",
+    "--seq-len",
+    "4k",
+    "--topology",
+    "v5p:2x2x1",
+    "--strategies",
+    "ring",
+    "--mesh",
+    "context=4",
+    "--exact-batch",
+    "1",
+    "--remat",
+    "full",
+    "--load-balance",
+    "none",
+]
 S, LAYERS, HEADS, HEAD_DIM, HIDDEN = 4096, 4, 8, 32, 256
 # per layer forward, by hand: q, k, v 2·S·256·(8 + 2·4)·32; out 2·S·256·8·32; MLP 2·S·3·256·512;
 # causal attention 4·S²·8·32 / 2 (MaxText's count: half the pairs); the head 2·S·256·256
@@ -60,26 +77,34 @@ def test_the_flag_reaches_the_plan_json(capsys):
     assert not plan.model.causal and plan.model == ModelSpec(**{**MODELS["small"].to_dict(), "causal": False})
 
 
-@pytest.mark.parametrize("argv", [
-    ["explain", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"],
-    ["sweep", "--model", "small", "--seq-lens", "4k", "--topology", "v5p:2x2x1"],
-    ["max-seq-len", "--model", "small", "--topology", "v5p:2x2x1"],
-    ["export", "--format", "json", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"],
-    ["run", "--model", "small", "--seq-len", "4k", "--topology", "cpu:8"],
-    ["compile", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"],
-    ["validate", "--model", "small", "--seq-lens", "4k", "--topology", "cpu:8"],
-    ["validate-memory", "--model", "small", "--seq-lens", "4k", "--topologies", "v5p:2x2x1"],
-], ids=lambda argv: argv[0])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["explain", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"],
+        ["sweep", "--model", "small", "--seq-lens", "4k", "--topology", "v5p:2x2x1"],
+        ["max-seq-len", "--model", "small", "--topology", "v5p:2x2x1"],
+        ["export", "--format", "json", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"],
+        ["run", "--model", "small", "--seq-len", "4k", "--topology", "cpu:8"],
+        ["compile", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"],
+        ["validate", "--model", "small", "--seq-lens", "4k", "--topology", "cpu:8"],
+        ["validate-memory", "--model", "small", "--seq-lens", "4k", "--topologies", "v5p:2x2x1"],
+    ],
+    ids=lambda argv: argv[0],
+)
 def test_every_command_that_takes_a_model_takes_the_flag(argv):
     assert model_of(build_parser().parse_args(argv)).causal
     assert not model_of(build_parser().parse_args([*argv, "--full-mask"])).causal
 
 
-@pytest.mark.parametrize("argv, planner_call", [
-    (["sweep", "--model", "small", "--seq-lens", "4k", "--topology", "v5p:2x2x1"], "run_search"),
-    (["max-seq-len", "--model", "small", "--topology", "v5p:2x2x1"], "max_seq_len"),
-    (["explain", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"], "run_search"),
-], ids=lambda a: a[0] if isinstance(a, list) else a)
+@pytest.mark.parametrize(
+    "argv, planner_call",
+    [
+        (["sweep", "--model", "small", "--seq-lens", "4k", "--topology", "v5p:2x2x1"], "run_search"),
+        (["max-seq-len", "--model", "small", "--topology", "v5p:2x2x1"], "max_seq_len"),
+        (["explain", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1"], "run_search"),
+    ],
+    ids=lambda a: a[0] if isinstance(a, list) else a,
+)
 def test_the_commands_plan_the_full_mask_model(monkeypatch, capsys, argv, planner_call):
     # the model each command hands the planner, not only what the parser accepts
     from planner import api
@@ -97,21 +122,49 @@ def test_the_commands_plan_the_full_mask_model(monkeypatch, capsys, argv, planne
     assert [m.causal for m in seen[:1] + seen[-1:]] == [True, False]
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["explain", *PLAN_FLAGS[:-2], "--load-balance", "zigzag", "--full-mask"],
-     ["--load-balance zigzag with --full-mask", "gives every context rank the same work", "allow none"]),
-    (["explain", *PLAN_FLAGS[:-2], "--load-balance", "dual_chunk", "--full-mask"],  # zigzag by another name
-     ["--load-balance dual_chunk with --full-mask", "allow none"]),
-    (["explain", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1", "--target", "maxtext",
-      "--full-mask"], ["--target maxtext with --full-mask", "runs its llama2 and default decoder blocks causal",
-                       "leave out --target maxtext"]),
-    (["max-seq-len", "--model", "small", "--topology", "v5p:2x2x1", "--target", "maxtext", "--full-mask"],
-     ["--target maxtext with --full-mask"]),
-    # export's default format is MaxText's flags
-    (["export", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1", "--full-mask"],
-     ["--format maxtext with --full-mask", "--format json writes the plan"]),
-    (["validate", "--measured", "steps.csv", "--full-mask"], ["--full-mask", "drop --full-mask"]),
-], ids=["zigzag", "zigzag-alias", "explain-maxtext", "max-seq-len-maxtext", "export-maxtext", "validate-measured"])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ["explain", *PLAN_FLAGS[:-2], "--load-balance", "zigzag", "--full-mask"],
+            ["--load-balance zigzag with --full-mask", "gives every context rank the same work", "allow none"],
+        ),
+        (
+            ["explain", *PLAN_FLAGS[:-2], "--load-balance", "dual_chunk", "--full-mask"],  # zigzag by another name
+            ["--load-balance dual_chunk with --full-mask", "allow none"],
+        ),
+        (
+            [
+                "explain",
+                "--model",
+                "small",
+                "--seq-len",
+                "4k",
+                "--topology",
+                "v5p:2x2x1",
+                "--target",
+                "maxtext",
+                "--full-mask",
+            ],
+            [
+                "--target maxtext with --full-mask",
+                "runs its llama2 and default decoder blocks causal",
+                "leave out --target maxtext",
+            ],
+        ),
+        (
+            ["max-seq-len", "--model", "small", "--topology", "v5p:2x2x1", "--target", "maxtext", "--full-mask"],
+            ["--target maxtext with --full-mask"],
+        ),
+        # export's default format is MaxText's flags
+        (
+            ["export", "--model", "small", "--seq-len", "4k", "--topology", "v5p:2x2x1", "--full-mask"],
+            ["--format maxtext with --full-mask", "--format json writes the plan"],
+        ),
+        (["validate", "--measured", "steps.csv", "--full-mask"], ["--full-mask", "drop --full-mask"]),
+    ],
+    ids=["zigzag", "zigzag-alias", "explain-maxtext", "max-seq-len-maxtext", "export-maxtext", "validate-measured"],
+)
 def test_conflicting_flags_are_refused_with_the_rule_and_the_fix(capsys, argv, words):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -121,14 +174,23 @@ def test_conflicting_flags_are_refused_with_the_rule_and_the_fix(capsys, argv, w
 
 
 def test_zigzag_among_other_choices_is_not_a_conflict(capsys):
-    assert main(["explain", *PLAN_FLAGS[:-2], "--load-balance", "zigzag,none", "--full-mask", "--top", "0",
-                 "--json"]) == 0
+    assert (
+        main(["explain", *PLAN_FLAGS[:-2], "--load-balance", "zigzag,none", "--full-mask", "--top", "0", "--json"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["best"]["plan"]["load_balance"] == "none"
 
 
 def _config(tmp_path, **fields) -> str:
-    cfg = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
-           "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 256, **fields}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "intermediate_size": 512,
+        "vocab_size": 256,
+        **fields,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     return str(path)

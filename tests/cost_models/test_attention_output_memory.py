@@ -3,6 +3,7 @@ kernel's (or ring's) residual is named `context` (cpplan's `runtime.model.Decode
 leaves the layer's layout of it unnamed, as MaxText's attention op does). Behind Ulysses' and USP's
 all-to-all the backward then sends the kept output back to the layer's layout again, for the out
 projection's weight gradient: `cost_models.strategies.ulysses.all_to_all_cost`."""
+
 import numpy as np
 import pytest
 
@@ -15,15 +16,27 @@ pytestmark = pytest.mark.pure
 MODEL = MODELS["llama3.1-8b"]
 
 
-MESHES = {"none": make_mesh(fsdp=8), "ulysses": make_mesh(context_ulysses=8), "ring": make_mesh(context=8),
-          "usp": make_mesh(context=2, context_ulysses=4)}
+MESHES = {
+    "none": make_mesh(fsdp=8),
+    "ulysses": make_mesh(context_ulysses=8),
+    "ring": make_mesh(context=8),
+    "usp": make_mesh(context=2, context_ulysses=4),
+}
 CASES = [(target, strategy) for target in ("cpplan", "maxtext") for strategy in MESHES]
 
 
 def _estimate(target, strategy, **custom):
     # 8 sequences of 8K over 8 devices: 8192 tokens a device; the attention output 32 heads × 128 wide
-    plan = Plan(model=MODEL, topology="v5p-16", seq_len=8192, global_batch=8, mesh=MESHES[strategy],
-                cp_strategy=strategy, remat="custom", remat_custom=tuple(custom.items()))
+    plan = Plan(
+        model=MODEL,
+        topology="v5p-16",
+        seq_len=8192,
+        global_batch=8,
+        mesh=MESHES[strategy],
+        cp_strategy=strategy,
+        remat="custom",
+        remat_custom=tuple(custom.items()),
+    )
     return estimate(plan, target=target)
 
 
@@ -38,8 +51,9 @@ def test_a_kept_attention_output_costs_one_copy_in_every_layer(target, strategy)
 def test_an_offloaded_attention_output_comes_back_once(target, strategy):
     # against the output kept on device (recomputed, the whole attention would run again ahead of
     # the MLP's backward): one layer's copy back from the host, held on the MLP's side
-    offloaded, kept = (_estimate(target, strategy, context=p).hbm_bytes["mlp_working_set"]
-                       for p in ("offload", "device"))
+    offloaded, kept = (
+        _estimate(target, strategy, context=p).hbm_bytes["mlp_working_set"] for p in ("offload", "device")
+    )
     assert offloaded - kept == pytest.approx(64 * MiB)
 
 

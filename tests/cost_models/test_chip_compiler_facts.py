@@ -1,5 +1,6 @@
 """The chip rows' compiler-schedule facts (`COMPILER_SCHEDULE_FIELDS`): each cited with the compile
 it was read from, refused when not a boolean, and read by the memory price from the row alone."""
+
 import dataclasses
 import json
 
@@ -35,11 +36,17 @@ def test_the_facts_read_from_compiles():
     # compiles, v5p none of them (the same plans compiled for v5p:2x2x2); both peel the layer loops
     # of an offloading step
     assert {name: getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
-        "relayout_off_tensorcore": True, "attention_before_mlp_backward": True, "offload_peels_layer_loops": True,
-        "splash_lse_lanes_held": True}
+        "relayout_off_tensorcore": True,
+        "attention_before_mlp_backward": True,
+        "offload_peels_layer_loops": True,
+        "splash_lse_lanes_held": True,
+    }
     assert {name: getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
-        "relayout_off_tensorcore": False, "attention_before_mlp_backward": False, "offload_peels_layer_loops": True,
-        "splash_lse_lanes_held": False}
+        "relayout_off_tensorcore": False,
+        "attention_before_mlp_backward": False,
+        "offload_peels_layer_loops": True,
+        "splash_lse_lanes_held": False,
+    }
 
 
 @pytest.mark.parametrize("name", COMPILER_SCHEDULE_FIELDS)
@@ -67,22 +74,42 @@ def test_the_price_reads_the_facts_from_the_row(monkeypatch, tmp_path):
     # the MLP side holds the recomputed attention only where the row says the compiler runs it first;
     # the head's update (with its gradient stacked by vocabulary piece, as priced for MaxText) holds
     # new buffers only where the row says layouts move off the TensorCore; cpplan's moves none
-    plan = Plan(model=get_model("llama3.1-8b"), topology="v5p:2x2x2", seq_len=32 * 1024, global_batch=2,
-                mesh=make_mesh(context=4, fsdp=2), cp_strategy="all_gather", remat="minimal", load_balance="zigzag")
+    plan = Plan(
+        model=get_model("llama3.1-8b"),
+        topology="v5p:2x2x2",
+        seq_len=32 * 1024,
+        global_batch=2,
+        mesh=make_mesh(context=4, fsdp=2),
+        cp_strategy="all_gather",
+        remat="minimal",
+        load_balance="zigzag",
+    )
     base = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=False, attention_before_mlp_backward=False)
     early = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=False, attention_before_mlp_backward=True)
     moved = _hbm_with(monkeypatch, tmp_path, plan, relayout_off_tensorcore=True, attention_before_mlp_backward=False)
     assert early["mlp_working_set"] > base["mlp_working_set"]
     assert moved["optimizer_update"] == base["optimizer_update"] == 0
-    stacked = {facts: _hbm_with(monkeypatch, tmp_path, plan, "maxtext", relayout_off_tensorcore=facts,
-                                attention_before_mlp_backward=False)["optimizer_update"] for facts in (False, True)}
+    stacked = {
+        facts: _hbm_with(
+            monkeypatch, tmp_path, plan, "maxtext", relayout_off_tensorcore=facts, attention_before_mlp_backward=False
+        )["optimizer_update"]
+        for facts in (False, True)
+    }
     assert stacked[True] > stacked[False] > 0
     # the lane-wide log-sum-exp is held only where the attention runs again ahead of the MLP's
     # backward because the policy recomputes the out projection too (full), not under minimal
     for remat, grows in (("full", True), ("minimal", False)):
         policy = dataclasses.replace(plan, remat=remat)
-        sliced, lanes = (_hbm_with(monkeypatch, tmp_path, policy, relayout_off_tensorcore=False,
-                                   attention_before_mlp_backward=False, splash_lse_lanes_held=held,
-                                   )["mlp_working_set"] for held in (False, True))
+        sliced, lanes = (
+            _hbm_with(
+                monkeypatch,
+                tmp_path,
+                policy,
+                relayout_off_tensorcore=False,
+                attention_before_mlp_backward=False,
+                splash_lse_lanes_held=held,
+            )["mlp_working_set"]
+            for held in (False, True)
+        )
         assert (lanes > sliced) is grows and lanes >= sliced
     assert early["optimizer_update"] == base["optimizer_update"] and moved["mlp_working_set"] == base["mlp_working_set"]

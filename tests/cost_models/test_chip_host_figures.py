@@ -1,4 +1,5 @@
 """The TPU rows' host and network figures: each cited with its address, and stating the figure the row holds."""
+
 import pytest
 
 from cost_models.chips import known_chips

@@ -6,6 +6,7 @@ twice in its backward under full remat, and the sequential block's attention out
 context × tensor mesh, where XLA gathers `wo` over its weight axes, as the price says, not the
 attention output over context (which it did while the projection was left to the partitioner:
 weight gathers -81%, tensor bytes +22%, FLOPs -3.4% against the price)."""
+
 import dataclasses
 
 import pytest
@@ -19,9 +20,19 @@ BF16, FP32 = 2, 4
 
 
 def _plan(strategy: str, mesh: dict, remat: str, batch: int = 1) -> Plan:
-    return Plan(model=get_model("small"), topology="v5p:2x2x1", seq_len=4096, global_batch=batch,
-                mesh=make_mesh(**mesh), cp_strategy=strategy, load_balance="none", remat=remat,
-                block_q=256, block_kv=256, loss_chunk_tokens=256)
+    return Plan(
+        model=get_model("small"),
+        topology="v5p:2x2x1",
+        seq_len=4096,
+        global_batch=batch,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        load_balance="none",
+        remat=remat,
+        block_q=256,
+        block_kv=256,
+        loss_chunk_tokens=256,
+    )
 
 
 @pytest.mark.pure
@@ -38,18 +49,28 @@ def test_head_gathers_in_the_compute_dtype_and_scatters_its_gradient_in_fp32():
 
 
 @pytest.mark.pure
-@pytest.mark.parametrize("strategy, remat, regathered", [
-    ("ring", "full", True), ("usp", "full", True),  # attention as loops of hops, q/k/v recomputed
-    ("ring", "minimal_with_context", False),  # q/k/v kept: their weights are gathered once in the backward
-    ("all_gather", "full", False), ("ulysses", "full", False),  # attention is one kernel call
-])
+@pytest.mark.parametrize(
+    "strategy, remat, regathered",
+    [
+        ("ring", "full", True),
+        ("usp", "full", True),  # attention as loops of hops, q/k/v recomputed
+        ("ring", "minimal_with_context", False),  # q/k/v kept: their weights are gathered once in the backward
+        ("all_gather", "full", False),
+        ("ulysses", "full", False),  # attention is one kernel call
+    ],
+)
 def test_ring_and_usp_backward_gathers_recomputed_qkv_weights_twice(strategy, remat, regathered):
     """Compiled ring and USP steps under full remat gather wq, wk and wv twice in the backward
     (before the recomputed forward hops and after the backward hops): 75.5 MB more than two
     gathers a layer for two Llama-3.1-8B layers on v5p:2x2x1, matched by the price to 0.00%."""
     m = get_model("small")
-    mesh = {"context": 2, "context_ulysses": 2} if strategy == "usp" else {
-        "context_ulysses": 4} if strategy == "ulysses" else {"context": 4}
+    mesh = (
+        {"context": 2, "context_ulysses": 2}
+        if strategy == "usp"
+        else {"context_ulysses": 4}
+        if strategy == "ulysses"
+        else {"context": 4}
+    )
     bytes_ = priced_link_bytes(candidates_of(_plan(strategy, mesh, remat)))
     qkv = m.hidden * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
     layers = 2 * m.params_per_layer + (qkv if regathered else 0)
@@ -61,10 +82,22 @@ def test_ring_and_usp_backward_gathers_recomputed_qkv_weights_twice(strategy, re
 def test_a_host_gathers_ring_weights_once_whatever_the_policy():
     """XLA's CPU compiler does not gather the q/k/v weights twice: a cpu:8 ring step has as many
     weight gathers under full remat as under minimal_with_context."""
+
     def gathers(remat):
-        plan = Plan(model=get_model("small"), topology="cpu:8", seq_len=4096, global_batch=2,
-                    mesh=make_mesh(context=4, fsdp=2), cp_strategy="ring", load_balance="zigzag", remat=remat,
-                    block_q=512, block_kv=512, compute_dtype="float32", param_dtype="float32")
+        plan = Plan(
+            model=get_model("small"),
+            topology="cpu:8",
+            seq_len=4096,
+            global_batch=2,
+            mesh=make_mesh(context=4, fsdp=2),
+            cp_strategy="ring",
+            load_balance="zigzag",
+            remat=remat,
+            block_q=512,
+            block_kv=512,
+            compute_dtype="float32",
+            param_dtype="float32",
+        )
         return priced_link_bytes(candidates_of(plan))["fsdp_all_gather"][0]
 
     assert gathers("full") == pytest.approx(gathers("minimal_with_context"))
@@ -87,9 +120,19 @@ PARALLEL = dataclasses.replace(SMALL, name="small-default", decoder_block="defau
 
 
 def _ring_bytes(model) -> dict:
-    plan = Plan(model=model, topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(context=2, tensor=2),
-                cp_strategy="ring", load_balance="zigzag", remat="full", block_q=256, block_kv=256,
-                loss_chunk_tokens=256)
+    plan = Plan(
+        model=model,
+        topology="v5p:2x2x1",
+        seq_len=4096,
+        global_batch=1,
+        mesh=make_mesh(context=2, tensor=2),
+        cp_strategy="ring",
+        load_balance="zigzag",
+        remat="full",
+        block_q=256,
+        block_kv=256,
+        loss_chunk_tokens=256,
+    )
     return {family: float(b[0]) for family, b in priced_link_bytes(candidates_of(plan)).items()}
 
 
@@ -120,9 +163,19 @@ def _compiled_check(plan: Plan):
 
 @pytest.mark.tpu_compile
 def test_ring_full_remat_weight_gathers_match_the_compiled_step():
-    plan = Plan(model=get_model("small"), topology="v5p:2x2x1", seq_len=4096, global_batch=1,
-                mesh=make_mesh(context=4), cp_strategy="ring", load_balance="zigzag", remat="full",
-                block_q=256, block_kv=256, loss_chunk_tokens=256)
+    plan = Plan(
+        model=get_model("small"),
+        topology="v5p:2x2x1",
+        seq_len=4096,
+        global_batch=1,
+        mesh=make_mesh(context=4),
+        cp_strategy="ring",
+        load_balance="zigzag",
+        remat="full",
+        block_q=256,
+        block_kv=256,
+        loss_chunk_tokens=256,
+    )
     check = _compiled_check(plan)
     # without the second q/k/v gather the price is 8.6% short of the compiled weight gathers
     assert abs(check.bytes_error("fsdp_all_gather")) <= 0.05, check
@@ -131,9 +184,19 @@ def test_ring_full_remat_weight_gathers_match_the_compiled_step():
 
 @pytest.mark.tpu_compile
 def test_context_by_tensor_step_gathers_weights_not_the_attention_output():
-    plan = Plan(model=get_model("small"), topology="v5p:2x2x1", seq_len=4096, global_batch=1,
-                mesh=make_mesh(context=2, tensor=2), cp_strategy="all_gather", load_balance="none",
-                remat="minimal_with_context", block_q=256, block_kv=256, loss_chunk_tokens=256)
+    plan = Plan(
+        model=get_model("small"),
+        topology="v5p:2x2x1",
+        seq_len=4096,
+        global_batch=1,
+        mesh=make_mesh(context=2, tensor=2),
+        cp_strategy="all_gather",
+        load_balance="none",
+        remat="minimal_with_context",
+        block_q=256,
+        block_kv=256,
+        loss_chunk_tokens=256,
+    )
     check = _compiled_check(plan)
     for family in ("fsdp_all_gather", "fsdp_reduce_scatter", "tensor", "context"):
         assert abs(check.bytes_error(family)) <= 0.05, (family, check)

@@ -8,6 +8,7 @@ fsdp shard of every gradient in bf16: four all-reduces per layer, issued at the 
 layer's backward iteration and awaited at its end, plus seven per step (embedding, output head,
 norm scales, two scalars). cpplan prices the same bytes as one all-reduce.
 """
+
 import pytest
 
 from cost_models.models import ModelSpec
@@ -30,8 +31,14 @@ def _small(layers: int) -> ModelSpec:
 @pytest.mark.parametrize("layers, slices", sorted(COMPILED))
 def test_dcn_bytes_match_maxtexts_compiled_step(layers, slices):
     compiled_bytes = COMPILED[(layers, slices)]
-    plan = Plan(model=_small(layers), topology=f"{slices}xv5e-16", seq_len=512, global_batch=16 * slices,
-                mesh=make_mesh(data=slices, fsdp=16), dcn_data=slices)
+    plan = Plan(
+        model=_small(layers),
+        topology=f"{slices}xv5e-16",
+        seq_len=512,
+        global_batch=16 * slices,
+        mesh=make_mesh(data=slices, fsdp=16),
+        dcn_data=slices,
+    )
     seconds = estimate(plan).comm_s["data_all_reduce"]
     # an all-reduce over n slices sends 2·(n-1)/n of the shard; the DCN carries it at the chip's line rate
     priced_bytes = seconds * V5E_DCN / (2 * (slices - 1) / slices)

@@ -1,6 +1,7 @@
 """The elementwise price under tensor parallelism, computed by hand: norms and residual adds on the
 residual stream's tensor-th of the tokens (sequence parallelism), RoPE and the MLP's activation on
 every token with heads and columns split, and the parallel block's branch sum read on every token."""
+
 import dataclasses
 
 import pytest
@@ -21,8 +22,16 @@ TOKENS = 8192  # one sequence per batch shard
 
 def plan(model, *, tensor, remat="full"):
     """Llama 3.1 8B widths at 8192 tokens on 8 v5p chips: fsdp × tensor, one sequence per batch shard."""
-    return Plan(model=model, topology="v5p:2x2x2", seq_len=TOKENS, global_batch=8 // tensor,
-                mesh=make_mesh(fsdp=8 // tensor, tensor=tensor), remat=remat, block_q=512, block_kv=512)
+    return Plan(
+        model=model,
+        topology="v5p:2x2x2",
+        seq_len=TOKENS,
+        global_batch=8 // tensor,
+        mesh=make_mesh(fsdp=8 // tensor, tensor=tensor),
+        remat=remat,
+        block_q=512,
+        block_kv=512,
+    )
 
 
 def forward_by_hand(*, tensor, parallel):
@@ -68,4 +77,5 @@ def test_the_step_prices_what_the_builder_says():
         x = candidates_of(plan(model, tensor=4))
         layers = model.num_layers * 4 * forward_by_hand(tensor=4, parallel=model.decoder_block.parallel)
         assert estimate(plan(model, tensor=4)).hbm_s["elementwise"] == pytest.approx(
-            layers + price_head(x).cross_entropy_s[0])
+            layers + price_head(x).cross_entropy_s[0]
+        )

@@ -1,4 +1,5 @@
 """The cost model's formulas against numbers worked out by hand."""
+
 import json
 
 import pytest
@@ -56,8 +57,17 @@ def test_derived_efficiencies():
 
 
 def _plan(**kw):
-    base = dict(model=L8B, topology="v5p:2x2x2", seq_len=131072, global_batch=1, mesh=make_mesh(context=8),
-                cp_strategy="ring", load_balance="zigzag", remat="full", loss_chunk_tokens=8192)
+    base = dict(
+        model=L8B,
+        topology="v5p:2x2x2",
+        seq_len=131072,
+        global_batch=1,
+        mesh=make_mesh(context=8),
+        cp_strategy="ring",
+        load_balance="zigzag",
+        remat="full",
+        loss_chunk_tokens=8192,
+    )
     base.update(kw)
     return Plan(**base)
 
@@ -91,8 +101,10 @@ def test_memory_components_by_hand():
     # the MLP's gathered input and its gradient for every token, one chunk's values, and the chunk
     # loop's three gathered matrices, their three gradient sums and a chunk's new sum; under full
     # remat the attention's forward runs again first, and its values are held through it too
-    assert e.hbm_bytes["mlp_working_set"] == (2 * tokens * 4096 + 2 * 4096 * mlp_side + 7 * 4096 * 14336
-                                              + tokens * attention_side) * 2
+    assert (
+        e.hbm_bytes["mlp_working_set"]
+        == (2 * tokens * 4096 + 2 * 4096 * mlp_side + 7 * 4096 * 14336 + tokens * attention_side) * 2
+    )
     # the fused loss: fp32 logits of 8192 tokens (all 16384 are not held) against one vocabulary
     # piece (128256 = 8 pieces of 16032), and that head piece gathered in bf16 with its fp32 gradient
     assert e.hbm_bytes["logits"] == 8192 * 16032 * 4
@@ -122,7 +134,8 @@ def test_ring_holds_blocks_all_gather_holds_full_length():
     q_block = block * 32 * 128
     lse128 = block * 32 * 128 * 4
     assert ring.hbm_bytes["attention_buffers"] == pytest.approx(
-        2 * kv_block * 3 + q_block * (4 + 2 + 4) + 2 * lse128 + block * 32 * 4)
+        2 * kv_block * 3 + q_block * (4 + 2 + 4) + 2 * lse128 + block * 32 * 4
+    )
     # ring memory is O(S/N): doubling the sequence and the ring keeps it
     ring16 = estimate(_plan(topology="v5p:2x2x4", seq_len=262144, mesh=make_mesh(context=16)))
     assert ring16.hbm_bytes["attention_buffers"] == pytest.approx(ring.hbm_bytes["attention_buffers"])
@@ -151,8 +164,16 @@ def test_zigzag_balances_ring_work():
 
 
 def test_from_hf_config(tmp_path):
-    cfg = {"model_type": "qwen2", "num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
-           "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": True}
+    cfg = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "tie_word_embeddings": True,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     spec = get_model(str(path))
@@ -179,8 +200,9 @@ def test_interpreted_splash_pays_per_grid_step_and_operand_byte():
     # 8 query heads × 256 tokens, 4 kv heads × 1024 tokens, blocks of 256: 8 × 1 × 4 = 32 steps.
     # q-shaped array 8·256·32·2 = 131072 B, k-shaped 4·1024·32·2 = 262144 B; the forward
     # touches q, o, k, v (786432 B), the backward q, dO, dq, q, dO | k, v, k, v, dk, dv (2228224 B)
-    fwd, bwd = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
-                                 per_step_s=1e-4, per_step_byte_s=1e-9)
+    fwd, bwd = splash_step_costs(
+        8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256, per_step_s=1e-4, per_step_byte_s=1e-9
+    )
     assert fwd == pytest.approx(32 * (1e-4 + 786432e-9))
     assert bwd == pytest.approx(32 * (2e-4 + 2228224e-9))
 
@@ -195,8 +217,14 @@ def test_ring_kernel_calls_as_the_runtime_makes_them():
     def calls(topology, zigzag):
         x = one_candidate(CPStrategy.RING, topology, ring=4, zigzag=zigzag)
         ring = STRATEGIES[CPStrategy.RING]
-        return [(float(c.count[0] if np.ndim(c.count) else c.count), float(np.ravel(c.q_len)[0]),
-                 float(np.ravel(c.kv_len)[0])) for c in ring.kernel_calls(x, ring.layout(x))]
+        return [
+            (
+                float(c.count[0] if np.ndim(c.count) else c.count),
+                float(np.ravel(c.q_len)[0]),
+                float(np.ravel(c.kv_len)[0]),
+            )
+            for c in ring.kernel_calls(x, ring.layout(x))
+        ]
 
     # a 512-token block, causal; three hops: under zigzag half attend all queries to the source's
     # first chunk, half the second query chunk to all of it
@@ -221,8 +249,16 @@ def test_maxtext_ring_visits_every_block_of_every_hop_with_the_fused_backward():
         layout = spec.layout(x)
         calls = spec.maxtext_kernel_calls(x, layout)
         # tokamax's ring kernel: the local call and three hops, each over the whole 512 × 512 grid
-        shape = [(float(np.ravel(c.count)[0]), float(np.ravel(c.q_len)[0]), float(np.ravel(c.kv_len)[0]),
-                  c.causal, c.fused_backward) for c in calls]
+        shape = [
+            (
+                float(np.ravel(c.count)[0]),
+                float(np.ravel(c.q_len)[0]),
+                float(np.ravel(c.kv_len)[0]),
+                c.causal,
+                c.fused_backward,
+            )
+            for c in calls
+        ]
         assert shape == [(1, 512, 512, True, True), (3, 512, 512, False, True)], strategy
         # both runtimes merge the three hops into the local call's results
         fwd, bwd = spec.merge_bytes(x, layout, calls)
@@ -237,10 +273,23 @@ def test_maxtext_ring_visits_every_block_of_every_hop_with_the_fused_backward():
     # the fused backward: one grid instead of two, and the fp32 dq partials of 4 key blocks read
     # back by their sum, plus its result: 4 B × 8·256·32 × (4 + 1) = 1310720 B at 1e-12 s/B
     assert dq_partial_bytes(8, 256, 1024, head_dim=32, block_kv=256) == 4 * 8 * 256 * 32 * 5
-    _, two_grids = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
-                                     per_step_s=1e-4, per_step_byte_s=0.0)
-    _, fused = splash_step_costs(8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256,
-                                 per_step_s=1e-4, per_step_byte_s=0.0, fused_backward=True, hbm_s_per_byte=1e-12)
+    _, two_grids = splash_step_costs(
+        8, 4, 256, 1024, head_dim=32, act_bytes=2, block_q=256, block_kv=256, per_step_s=1e-4, per_step_byte_s=0.0
+    )
+    _, fused = splash_step_costs(
+        8,
+        4,
+        256,
+        1024,
+        head_dim=32,
+        act_bytes=2,
+        block_q=256,
+        block_kv=256,
+        per_step_s=1e-4,
+        per_step_byte_s=0.0,
+        fused_backward=True,
+        hbm_s_per_byte=1e-12,
+    )
     assert two_grids == pytest.approx(32 * 2e-4) and fused == pytest.approx(32 * 1e-4 + 1310720e-12)
 
 
@@ -259,8 +308,16 @@ def test_host_collectives_use_their_measured_rates():
 
 def _one_sequence_per_device(**kw):
     """Llama 3.1 8B, 8192 tokens, one sequence on each of 4 v5p chips, no context parallelism."""
-    base = dict(model=L8B, topology="v5p:2x2x1", seq_len=8192, global_batch=4, mesh=make_mesh(fsdp=4),
-                remat="full", block_q=512, block_kv=512)
+    base = dict(
+        model=L8B,
+        topology="v5p:2x2x1",
+        seq_len=8192,
+        global_batch=4,
+        mesh=make_mesh(fsdp=4),
+        remat="full",
+        block_q=512,
+        block_kv=512,
+    )
     base.update(kw)
     return Plan(**base)
 
@@ -282,8 +339,7 @@ def test_block_kv_is_priced():
     backward = 1 / chip.attention_backward_core_share
     assert backward == 2
     unfused_ratio = chip.attention_backward_over_forward * chip.attention_unfused_backward_factor
-    extra_math_s = (2 + unfused_ratio * backward) * 4 * 32 * 128 * extra_pairs / (
-        459e12 * chip.attention_efficiency)
+    extra_math_s = (2 + unfused_ratio * backward) * 4 * 32 * 128 * extra_pairs / (459e12 * chip.attention_efficiency)
     extra_steps_s = (2 + 2 * backward) * chip.attention_block_overhead_s * 32 * (16 * 4 - 16 * 16)
     extra_masked_s = (2 + 2 * backward) * chip.attention_masked_element_s * 32 * 8192 * (2048 - 512)
     extra_s = 32 * (extra_math_s + extra_steps_s + extra_masked_s)
@@ -354,8 +410,17 @@ def test_communication_hides_in_one_window_per_layer():
         return Overlap({f: fraction for f in FAMILIES}, {}, "test")
 
     context = ContextTraffic(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0)
-    traffic = Traffic(weight_gather_s=3.0, weight_regather_s=0.0, gradient_scatter_s=2.0, head_gather_s=0.25,
-                      head_scatter_s=0.25, embedding_s=0.25, tensor_s=0.25, data_all_reduce_s=0.125, context=context)
+    traffic = Traffic(
+        weight_gather_s=3.0,
+        weight_regather_s=0.0,
+        gradient_scatter_s=2.0,
+        head_gather_s=0.25,
+        head_scatter_s=0.25,
+        embedding_s=0.25,
+        tensor_s=0.25,
+        data_all_reduce_s=0.125,
+        context=context,
+    )
     exposed = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlap=overlap(1.0))
     # forward: gather 3 + hidden ring 1.5 in a 4 s window → 0.5 out; backward: gather 3 + scatter 2
     # + hidden ring 3 in 6 s → 2 out, the tensor traffic (2.5 ms a layer) hiding beside them; ten
@@ -363,8 +428,7 @@ def test_communication_hides_in_one_window_per_layer():
     assert exposed.fsdp == pytest.approx(10 * (0.5 + 0.0125 + 2.0 + 0.0125) + 0.5)
     assert exposed.context == pytest.approx(10 * (0.5 + 1.0))
     assert (exposed.embedding, exposed.tensor, exposed.data_all_reduce) == (0.25, pytest.approx(0.0), 0.125)
-    no_window = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10,
-                               overlap=overlap(0.0))
+    no_window = price_exposure(traffic, layer_forward_s=4.0, layer_backward_s=6.0, num_layers=10, overlap=overlap(0.0))
     assert no_window.fsdp == pytest.approx(10 * (3.0 + 5.0) + 0.5) and no_window.tensor == 0.25
     # what the compiler does not overlap hides nowhere: half of each gather (twice a layer) and of
     # the scatter is exposed; the other half fits the windows beside the strategy's hidden traffic
@@ -372,8 +436,14 @@ def test_communication_hides_in_one_window_per_layer():
     assert half.fsdp == pytest.approx(10 * (2 * 1.5 + 1.0) + 0.5)
     # a recomputed forward sends its traffic again, less what it makes unnecessary; only the
     # overlapped fraction of what the spec hides is hidden
-    cost = CPCost(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0, buffer_bytes=0.0,
-                  recompute_reuses_s=0.5)
+    cost = CPCost(
+        forward_s=2.0,
+        backward_s=4.0,
+        exposed_forward_s=0.5,
+        exposed_backward_s=1.0,
+        buffer_bytes=0.0,
+        recompute_reuses_s=0.5,
+    )
     assert context_traffic(cost, 1.0, 0.0, hides_behind_attention=True) == ContextTraffic(2.0, 5.5, 2.0, 5.5)
     assert context_traffic(cost, 1.0, 1.0, hides_behind_attention=True) == ContextTraffic(2.0, 5.5, 0.5, 1.0)
     # a strategy whose spec hides nothing offers the overlapped fraction of all its traffic to the window
@@ -393,8 +463,10 @@ def test_splash_vmem_rule_follows_what_each_compiler_grants():
     from cost_models.topology import get_topology
 
     v5p, tpu7x = get_topology("v5p-16").chip, get_topology("tpu7x-16").chip
-    assert splash_vmem_bytes(2048, 2048, head_dim=128, act_bytes=2) == 2048 * 2048 * 6 + 2048 * 384 * 4 \
-        + 2 * 8192 * 128 * 2
+    assert (
+        splash_vmem_bytes(2048, 2048, head_dim=128, act_bytes=2)
+        == 2048 * 2048 * 6 + 2048 * 384 * 4 + 2 * 8192 * 128 * 2
+    )
     for chip in (v5p, tpu7x):
         assert splash_vmem_problem(2048, 2048, head_dim=128, act_bytes=2, chip=chip) is None
         problem = splash_vmem_problem(4096, 4096, head_dim=128, act_bytes=2, chip=chip)

@@ -1,6 +1,7 @@
 """A model with a full (non-causal) mask (`ModelSpec.causal=False`), against numbers worked out by
 hand: its FLOPs, the kernel calls and attention extent of every strategy, the zigzag refusal,
 the explain line, the MaxText export refusal, and the corpus runs that ran so."""
+
 import dataclasses
 import json
 from pathlib import Path
@@ -29,8 +30,9 @@ def test_the_mask_is_a_validated_model_field():
     with pytest.raises(CpplanError, match="causal='no' must be true or false"):
         dataclasses.replace(CAUSAL, causal="no")
     assert ModelSpec.from_dict(FULL.to_dict()) == FULL and FULL.to_dict()["causal"] is False
-    plan = Plan(model=FULL, topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(context=4),
-                cp_strategy="ring")
+    plan = Plan(
+        model=FULL, topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(context=4), cp_strategy="ring"
+    )
     assert Plan.from_json(plan.to_json()) == plan and not Plan.from_json(plan.to_json()).model.causal
     row = {k: v for k, v in CAUSAL.to_dict().items() if k != "causal"}  # models written before the field
     assert ModelSpec.from_dict(row) == CAUSAL
@@ -67,8 +69,16 @@ CASES = [
 @pytest.mark.parametrize("topology", ["v5p:2x2x1", "cpu:4"])
 @pytest.mark.parametrize("strategy,mesh,calls,q_heads,pairs", CASES, ids=[c[0] for c in CASES])
 def test_every_strategy_computes_every_block(strategy, mesh, calls, q_heads, pairs, topology):
-    plan = Plan(model=FULL, topology=topology, seq_len=4096, global_batch=4, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, block_q=512, block_kv=512)
+    plan = Plan(
+        model=FULL,
+        topology=topology,
+        seq_len=4096,
+        global_batch=4,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        block_q=512,
+        block_kv=512,
+    )
     plan.check()
     spec, shape = plan.strategy_spec, plan.shape
     layout = spec.layout(shape)
@@ -89,20 +99,38 @@ def test_every_strategy_computes_every_block(strategy, mesh, calls, q_heads, pai
 
 
 def test_zigzag_is_refused_for_a_full_mask():
-    with pytest.raises(CpplanError, match=r"load_balance=zigzag: .*'small-encoder' attends with a full \(non-causal\) "
-                                          r"mask .*same work; plan with load_balance='none'"):
-        Plan(model=FULL, topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(context=4),
-             cp_strategy="ring", load_balance="zigzag")
-    zigzag = Plan(model=CAUSAL, topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(context=4),
-                  cp_strategy="all_gather", load_balance="zigzag")
+    with pytest.raises(
+        CpplanError,
+        match=r"load_balance=zigzag: .*'small-encoder' attends with a full \(non-causal\) "
+        r"mask .*same work; plan with load_balance='none'",
+    ):
+        Plan(
+            model=FULL,
+            topology="v5p:2x2x1",
+            seq_len=4096,
+            global_batch=1,
+            mesh=make_mesh(context=4),
+            cp_strategy="ring",
+            load_balance="zigzag",
+        )
+    zigzag = Plan(
+        model=CAUSAL,
+        topology="v5p:2x2x1",
+        seq_len=4096,
+        global_batch=1,
+        mesh=make_mesh(context=4),
+        cp_strategy="all_gather",
+        load_balance="zigzag",
+    )
     shape = dataclasses.replace(zigzag.shape, model=FULL)
     violation = zigzag.strategy_spec.check(shape)
     assert violation.category == "load balance" and "full (non-causal) mask" in violation.reason
     # the search does not offer it, and says why when only zigzag is allowed
     found = explain(FULL, 4096, "v5p:2x2x1", global_batch=4, load_balance="zigzag", strategies=["ring"])
     assert found.best is None
-    assert {r.reason for r in found.result.rejections} == {"only zigzag was allowed; a full (non-causal) mask has "
-                                                           "nothing to balance"}
+    assert {r.reason for r in found.result.rejections} == {
+        "only zigzag was allowed; a full (non-causal) mask has nothing to balance"
+    }
 
 
 def test_evaluate_defaults_to_no_balancing_under_a_full_mask():
@@ -130,16 +158,29 @@ def test_explain_says_the_mask_and_lists_no_zigzag_ties():
 
 def test_maxtext_export_refuses_a_full_mask():
     plan = Plan(model=FULL, topology="v5p:2x2x1", seq_len=4096, global_batch=4, mesh=make_mesh(fsdp=4))
-    with pytest.raises(CpplanError, match=r"MaxText cannot run this plan: model 'small-encoder' attends with a full "
-                                          r"\(non-causal\) mask.*runs its llama2 and default decoder blocks causal"):
+    with pytest.raises(
+        CpplanError,
+        match=r"MaxText cannot run this plan: model 'small-encoder' attends with a full "
+        r"\(non-causal\) mask.*runs its llama2 and default decoder blocks causal",
+    ):
         export_maxtext(plan)
     export_maxtext(dataclasses.replace(plan, model=CAUSAL))
 
 
 def test_full_mask_prices_more_attention_time():
     # a balanced causal ring does about half of a full one's work on each rank
-    plans = [Plan(model=m, topology="v5p:2x2x1", seq_len=32768, global_batch=1, mesh=make_mesh(context=4),
-                  cp_strategy="ring", load_balance=balance) for m, balance in ((CAUSAL, "zigzag"), (FULL, "none"))]
+    plans = [
+        Plan(
+            model=m,
+            topology="v5p:2x2x1",
+            seq_len=32768,
+            global_batch=1,
+            mesh=make_mesh(context=4),
+            cp_strategy="ring",
+            load_balance=balance,
+        )
+        for m, balance in ((CAUSAL, "zigzag"), (FULL, "none"))
+    ]
     causal, full = (estimate(p) for p in plans)
     assert full.compute_s["attention"] > 1.5 * causal.compute_s["attention"]
     assert full.compute_s["matmul"] == pytest.approx(causal.compute_s["matmul"])
@@ -153,6 +194,10 @@ def test_corpus_runs_before_causal_flash_are_priced_with_a_full_mask():
     assert len(early) == 24 and all(r.run_id.startswith("v5e-") and not r.plan.model.causal for r in early)
     assert all(r.plan.model.causal for r in runs if r not in early)
     # the attention path without flash (a dot product under MaxText's causal decoder mask) stays causal
-    row = dict(early[0].row, maxtext_flags=early[0].row["maxtext_flags"].replace("enable_flash_attention=true",
-                                                                                "enable_flash_attention=false"))
+    row = dict(
+        early[0].row,
+        maxtext_flags=early[0]
+        .row["maxtext_flags"]
+        .replace("enable_flash_attention=true", "enable_flash_attention=false"),
+    )
     assert plan_of(row, "test")[0].model.causal

@@ -1,11 +1,12 @@
 """Chips, topologies and the collective formulas on them, checked by hand."""
+
 import json
 import math
 
 import pytest
 
 from cost_models import collectives
-from cost_models.chips import CHIP_DIR_ENV, get_chip, load_chip, known_chips
+from cost_models.chips import CHIP_DIR_ENV, get_chip, known_chips, load_chip
 from cost_models.errors import CpplanError
 from cost_models.placement import axis_segments
 from cost_models.topology import Segment, get_topology
@@ -18,17 +19,36 @@ def test_every_cited_figure_has_a_source():
         row = chip.to_dict()
         if not chip.kind.has_torus:
             continue
-        for name in ("peak_bf16_flops_per_s", "hbm_bytes_per_device", "hbm_bw_bytes_per_s", "ici_link_bw_bytes_per_s",
-                     "wraparound", "devices_per_chip", "dcn_bw_bytes_per_s", "matmul_efficiency"):
+        for name in (
+            "peak_bf16_flops_per_s",
+            "hbm_bytes_per_device",
+            "hbm_bw_bytes_per_s",
+            "ici_link_bw_bytes_per_s",
+            "wraparound",
+            "devices_per_chip",
+            "dcn_bw_bytes_per_s",
+            "matmul_efficiency",
+        ):
             assert chip.sources.get(name), f"{chip.name}.{name}={row[name]} has no source"
 
 
-@pytest.mark.parametrize("name, canonical, devices", [
-    ("v5p-8", "v5p:2x2x1", 4), ("v5p-16", "v5p:2x2x2", 8), ("v5p-128", "v5p:4x4x4", 64),
-    ("v5p-256", "v5p:4x4x8", 128), ("v5p-1024", "v5p:8x8x8", 512), ("tpu7x-8", "tpu7x:2x2x1", 8),
-    ("tpu7x-128", "tpu7x:4x4x4", 128), ("tpu7x:4x4x4", "tpu7x:4x4x4", 128), ("v5p:16x20x28", "v5p:16x20x28", 8960),
-    ("tpu7x:16x24x24", "tpu7x:16x24x24", 18432), ("v5e-256", "v5e:16x16", 256), ("cpu:8", "cpu:8", 8),
-])
+@pytest.mark.parametrize(
+    "name, canonical, devices",
+    [
+        ("v5p-8", "v5p:2x2x1", 4),
+        ("v5p-16", "v5p:2x2x2", 8),
+        ("v5p-128", "v5p:4x4x4", 64),
+        ("v5p-256", "v5p:4x4x8", 128),
+        ("v5p-1024", "v5p:8x8x8", 512),
+        ("tpu7x-8", "tpu7x:2x2x1", 8),
+        ("tpu7x-128", "tpu7x:4x4x4", 128),
+        ("tpu7x:4x4x4", "tpu7x:4x4x4", 128),
+        ("v5p:16x20x28", "v5p:16x20x28", 8960),
+        ("tpu7x:16x24x24", "tpu7x:16x24x24", 18432),
+        ("v5e-256", "v5e:16x16", 256),
+        ("cpu:8", "cpu:8", 8),
+    ],
+)
 def test_slice_names(name, canonical, devices):
     topo = get_topology(name)
     assert topo.name == canonical
@@ -43,16 +63,19 @@ def test_wraparound_per_dimension():
     assert [d.name for d in tpu7x] == ["x", "y", "z", "core"] and tpu7x[-1].size == 2
 
 
-@pytest.mark.parametrize("bad, words", [
-    ("v5p:3x3x3", ["does not exist", "multiple of 4", "2x2x1"]),
-    ("v5p:4x4", ["3D torus"]),
-    ("v5q-8", ["unknown chip", "Did you mean 'v5p'"]),
-    ("v5p-12", ["no v5p slice has 6 chips"]),
-    ("v5p-7", ["not a multiple"]),
-    ("v5p:32x32x32", ["exceed the largest v5p pod"]),
-    ("cpu:0", ["cpu:N"]),
-    ("banana", ["cannot parse topology", "v5p:4x4x8"]),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("v5p:3x3x3", ["does not exist", "multiple of 4", "2x2x1"]),
+        ("v5p:4x4", ["3D torus"]),
+        ("v5q-8", ["unknown chip", "Did you mean 'v5p'"]),
+        ("v5p-12", ["no v5p slice has 6 chips"]),
+        ("v5p-7", ["not a multiple"]),
+        ("v5p:32x32x32", ["exceed the largest v5p pod"]),
+        ("cpu:0", ["cpu:N"]),
+        ("banana", ["cannot parse topology", "v5p:4x4x8"]),
+    ],
+)
 def test_bad_topologies_say_what_exists(bad, words):
     with pytest.raises(CpplanError) as err:
         get_topology(bad)

@@ -1,6 +1,7 @@
 """Offload of each layer's input (MaxText's `decoder_layer_input=offload` under `remat_policy=custom`):
 the remat table moves it from HBM to host memory, the price moves its bytes and its copies, and
 the search and `Plan.check` refuse plans whose offloaded activations overflow the host."""
+
 import pytest
 
 from cost_models.errors import CpplanError
@@ -18,8 +19,15 @@ OFFLOADED = {LAYER_INPUT: "offload", "query_proj": "device"}
 
 
 def plan(custom, *, tensor=1, seq_len=8192):
-    return Plan(model=MODEL, topology="v5p-16", seq_len=seq_len, global_batch=8,
-                mesh=make_mesh(fsdp=8 // tensor, tensor=tensor), remat="custom", remat_custom=custom)
+    return Plan(
+        model=MODEL,
+        topology="v5p-16",
+        seq_len=seq_len,
+        global_batch=8,
+        mesh=make_mesh(fsdp=8 // tensor, tensor=tensor),
+        remat="custom",
+        remat_custom=custom,
+    )
 
 
 def test_table_moves_the_layer_input_to_the_host():
@@ -50,8 +58,10 @@ def test_host_memory_overflow_is_refused_by_plan_and_search():
     # 1M tokens on 8 v5p chips: 32 layers × 128K tokens × 4096 × 2 bytes = 32 GiB of layer inputs per
     # device, plus the minimal policy's matmul outputs: more than a v5p host's 104 GiB per chip
     with pytest.raises(CpplanError, match="host memory per device"):
-        plan({LAYER_INPUT: "offload", "mlpwi_0": "offload", "mlpwi_1": "offload", "query_proj": "offload"},
-             seq_len=131072).check()
+        plan(
+            {LAYER_INPUT: "offload", "mlpwi_0": "offload", "mlpwi_1": "offload", "query_proj": "offload"},
+            seq_len=131072,
+        ).check()
     result = run_search(MODEL, 131072, "v5p-16", global_batch=8, remat="minimal_offloaded")
     host = [r for r in result.rejections if r.category == "host"]
     assert host and all(r.remat is RematPolicy.MINIMAL_OFFLOADED for r in host)

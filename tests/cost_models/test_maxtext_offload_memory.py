@@ -1,4 +1,5 @@
 """What MaxText's compiler holds longer when a remat policy offloads to the host, as the MaxText target prices it."""
+
 import pytest
 
 from cost_models.pricing.target import held_through_backward_bytes
@@ -9,8 +10,10 @@ from planner.maxtext import read_maxtext
 pytestmark = pytest.mark.pure
 
 # llama3.1-8b, ring 4 over 128K on v5p-8: 32768 tokens per device, no tensor parallelism
-RING_V5P_8 = ("compile_topology=v5p-8 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.25 "
-              "ici_fsdp_parallelism=1 ici_context_parallelism=4 context_parallel_strategy=ring use_tokamax_splash=True ")
+RING_V5P_8 = (
+    "compile_topology=v5p-8 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.25 "
+    "ici_fsdp_parallelism=1 ici_context_parallelism=4 context_parallel_strategy=ring use_tokamax_splash=True "
+)
 TOKENS, VOCAB, HIDDEN, INTERMEDIATE = 32768, 128256, 4096, 14336
 # the loss's bf16 logit gradient and the final norm's bf16 output, held until the head's deferred gradient
 HEAD_GRADIENT = TOKENS * (VOCAB + HIDDEN) * 2
@@ -20,38 +23,52 @@ MLP_BACKWARD = 2 * 2 * TOKENS * INTERMEDIATE * 2
 # and held through its MLP's backward (the remat table's `fetched_ahead`): q, k and
 # v (32 + 2 · 8 heads of 128), or the layer's input, bf16, every token
 FETCHED_QKV, FETCHED_INPUT = TOKENS * (32 + 2 * 8) * 128 * 2, TOKENS * HIDDEN * 2
-FETCHED = {"minimal_offloaded": FETCHED_QKV, "qkv_proj_offloaded": FETCHED_QKV, "custom mlpwi=offload": 0,
-           "custom decoder_layer_input=offload": FETCHED_INPUT}
+FETCHED = {
+    "minimal_offloaded": FETCHED_QKV,
+    "qkv_proj_offloaded": FETCHED_QKV,
+    "custom mlpwi=offload": 0,
+    "custom decoder_layer_input=offload": FETCHED_INPUT,
+}
 # where the out projection is recomputed (all but minimal_offloaded, which offloads it) the attention's
 # forward runs again ahead of the MLP's backward and what its backward reads is held through the MLP's:
 # the normed input, q and the output (32 heads), K and V (8), the layer input and the out projection,
 # bf16, every token; less what is fetched ahead (held as such)
 RERUN = TOKENS * (HIDDEN + (2 * 32 + 2 * 8) * 128 + 2 * HIDDEN) * 2
-HELD_RERUN = {"minimal_offloaded": 0, "qkv_proj_offloaded": RERUN - FETCHED_QKV, "custom mlpwi=offload": RERUN,
-              "custom decoder_layer_input=offload": RERUN - FETCHED_INPUT}
+HELD_RERUN = {
+    "minimal_offloaded": 0,
+    "qkv_proj_offloaded": RERUN - FETCHED_QKV,
+    "custom mlpwi=offload": RERUN,
+    "custom decoder_layer_input=offload": RERUN - FETCHED_INPUT,
+}
 
 
 def _parts(policy, target):
     return estimate(read_maxtext(RING_V5P_8 + f"remat_policy={policy}").plan, target=target).hbm_bytes
 
 
-@pytest.mark.parametrize("policy, head, mlp", [("minimal_offloaded", HEAD_GRADIENT, MLP_BACKWARD),
-                                               ("qkv_proj_offloaded", HEAD_GRADIENT, 0),
-                                               ("custom mlpwi=offload", HEAD_GRADIENT, MLP_BACKWARD),
-                                               ("custom decoder_layer_input=offload", HEAD_GRADIENT, 0)])
-def test_maxtext_holds_the_deferred_head_gradient_and_offloaded_mlp_values_through_a_layers_backward(policy, head,
-                                                                                                    mlp):
+@pytest.mark.parametrize(
+    "policy, head, mlp",
+    [
+        ("minimal_offloaded", HEAD_GRADIENT, MLP_BACKWARD),
+        ("qkv_proj_offloaded", HEAD_GRADIENT, 0),
+        ("custom mlpwi=offload", HEAD_GRADIENT, MLP_BACKWARD),
+        ("custom decoder_layer_input=offload", HEAD_GRADIENT, 0),
+    ],
+)
+def test_maxtext_holds_the_deferred_head_gradient_and_offloaded_mlp_values_through_a_layers_backward(policy, head, mlp):
     full, offloading = _parts("full", "maxtext"), _parts(policy, "maxtext")
     assert offloading["attention_working_set"] - full["attention_working_set"] == pytest.approx(head + mlp)
     assert offloading["mlp_working_set"] - full["mlp_working_set"] == pytest.approx(
-        head + FETCHED[policy] + HELD_RERUN[policy] - RERUN)
+        head + FETCHED[policy] + HELD_RERUN[policy] - RERUN
+    )
     # nothing else moves: the loss phase and the state are the full twin's, and the kept
     # activations less what goes to the host (each layer's input, where offloaded)
     for part in ("params", "grads", "optimizer", "logits", "head_buffers"):
         assert offloading[part] == pytest.approx(full[part])
     layer_inputs = 32 * TOKENS * HIDDEN * 2
     assert full["activations"] - offloading["activations"] == pytest.approx(
-        layer_inputs if "decoder_layer_input" in policy else 0)
+        layer_inputs if "decoder_layer_input" in policy else 0
+    )
 
 
 @pytest.mark.parametrize("policy", ["minimal_offloaded", "custom mlpwi=offload"])
@@ -62,9 +79,16 @@ def test_cpplans_runtime_finishes_each_layers_gradients_so_offload_holds_nothing
     assert offloading["mlp_working_set"] <= full["mlp_working_set"] + FETCHED[policy]
 
 
-@pytest.mark.parametrize("policy, head, mlp", [("full", 0, 0), ("minimal", 0, 0), ("save_qkv_proj", 0, 0),
-                                               ("minimal_offloaded", HEAD_GRADIENT, MLP_BACKWARD),
-                                               ("qkv_proj_offloaded", HEAD_GRADIENT, 0)])
+@pytest.mark.parametrize(
+    "policy, head, mlp",
+    [
+        ("full", 0, 0),
+        ("minimal", 0, 0),
+        ("save_qkv_proj", 0, 0),
+        ("minimal_offloaded", HEAD_GRADIENT, MLP_BACKWARD),
+        ("qkv_proj_offloaded", HEAD_GRADIENT, 0),
+    ],
+)
 def test_only_policies_that_offload_hold_more(policy, head, mlp):
     x = candidates_of(read_maxtext(RING_V5P_8 + f"remat_policy={policy}").plan)
     held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
@@ -75,20 +99,35 @@ def test_only_policies_that_offload_hold_more(policy, head, mlp):
 # full remat, one sequence over the whole topology: (flags, tokens per device, whether the head's
 # weight gradient is a windowed-einsum loop: over 8 devices or more, in MaxText's dumped compiles)
 FULL_REMAT = [
-    ("compile_topology=tpu7x-8 max_target_length=65536 per_device_batch_size=0.125 ici_context_parallelism=2 "
-     "ici_context_usp_ulysses_parallelism=4 context_parallel_strategy=usp use_tokamax_splash=True", 8192, True),
-    ("compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
-     "context_parallel_strategy=ring use_tokamax_splash=True", 16384, True),
-    ("compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
-     "context_parallel_strategy=all_gather", 16384, True),
-    ("compile_topology=v5p-8 max_target_length=65536 per_device_batch_size=0.25 ici_context_parallelism=4 "
-     "context_parallel_strategy=ring use_tokamax_splash=True", 16384, False),
+    (
+        "compile_topology=tpu7x-8 max_target_length=65536 per_device_batch_size=0.125 ici_context_parallelism=2 "
+        "ici_context_usp_ulysses_parallelism=4 context_parallel_strategy=usp use_tokamax_splash=True",
+        8192,
+        True,
+    ),
+    (
+        "compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
+        "context_parallel_strategy=ring use_tokamax_splash=True",
+        16384,
+        True,
+    ),
+    (
+        "compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
+        "context_parallel_strategy=all_gather",
+        16384,
+        True,
+    ),
+    (
+        "compile_topology=v5p-8 max_target_length=65536 per_device_batch_size=0.25 ici_context_parallelism=4 "
+        "context_parallel_strategy=ring use_tokamax_splash=True",
+        16384,
+        False,
+    ),
 ]
 
 
 @pytest.mark.parametrize("flags, tokens, loop", FULL_REMAT)
-def test_maxtext_holds_the_head_gradient_wherever_it_is_a_windowed_einsum_loop_whatever_the_policy(flags, tokens,
-                                                                                                   loop):
+def test_maxtext_holds_the_head_gradient_wherever_it_is_a_windowed_einsum_loop_whatever_the_policy(flags, tokens, loop):
     x = candidates_of(read_maxtext(f"model_name=llama3.1-8b ici_fsdp_parallelism=1 remat_policy=full {flags}").plan)
     assert int(x.weight_group[0]) == (8 if loop else 4)
     held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
@@ -107,8 +146,10 @@ def test_a_vocabulary_tiled_loss_sums_the_head_gradient_itself_so_nothing_is_def
 def test_the_update_reads_every_gradient_under_either_target(policy):
     # MaxText holds its layers' gradients only in the backward, but AdamW reads them all at the end
     cpplan, maxtext = _parts(policy, "cpplan"), _parts(policy, "maxtext")
-    every = {target: parts["grads"] + parts["update_gradients"] for target, parts in (("cpplan", cpplan),
-                                                                                       ("maxtext", maxtext))}
+    every = {
+        target: parts["grads"] + parts["update_gradients"]
+        for target, parts in (("cpplan", cpplan), ("maxtext", maxtext))
+    }
     assert every["maxtext"] == pytest.approx(every["cpplan"])
     # fp32 gradients of every parameter, sharded over the 4 devices' weight group
     assert every["maxtext"] == pytest.approx(8_030_261_248 * 4 / 4, rel=1e-3)

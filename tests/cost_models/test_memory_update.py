@@ -9,6 +9,7 @@ into the gradient's layout, the two gradient terms and the three results. cpplan
 gradient in the head's layout and the update aliases the head and its moments; MaxText, whose
 update was not read in its compiles, is priced with the moves.
 """
+
 import dataclasses
 
 import pytest
@@ -18,15 +19,25 @@ from cost_models.pricing.memory import optimizer_update_bytes_per_head_weight
 from planner import Plan, estimate, make_mesh
 
 pytestmark = pytest.mark.pure
-MiB = 2 ** 20
+MiB = 2**20
 TWO_LAYERS = dataclasses.replace(MODELS["llama3.1-8b"], name="llama3.1-8b-2l", num_layers=2)
 HEAD_SHARD = 4096 * 128256 // 8  # hidden over ulysses 4, vocabulary over tensor 2
 
 
 def _plan(topology: str, **fields) -> Plan:
-    return Plan(model=TWO_LAYERS, topology=topology, seq_len=32768, global_batch=1,
-                mesh=make_mesh(context_ulysses=4, tensor=2), cp_strategy="ulysses", remat="save_qkv_proj",
-                block_q=512, block_kv=512, loss_chunk_tokens=8192, **fields)
+    return Plan(
+        model=TWO_LAYERS,
+        topology=topology,
+        seq_len=32768,
+        global_batch=1,
+        mesh=make_mesh(context_ulysses=4, tensor=2),
+        cp_strategy="ulysses",
+        remat="save_qkv_proj",
+        block_q=512,
+        block_kv=512,
+        loss_chunk_tokens=8192,
+        **fields,
+    )
 
 
 def test_bytes_per_head_weight():
@@ -61,9 +72,19 @@ def test_cpplan_updates_the_head_in_place():
 
 def _all_gather_plan(topology: str, remat: str, *, seq_len: int = 32768) -> Plan:
     # bench_memory's row "tpu7x all_gather4 fsdp2 minimal": 8192 tokens per device, two MLP chunks
-    return Plan(model=TWO_LAYERS, topology=topology, seq_len=seq_len, global_batch=2,
-                mesh=make_mesh(context=4, fsdp=2), cp_strategy="all_gather", load_balance="zigzag", remat=remat,
-                block_q=512, block_kv=512, loss_chunk_tokens=8192)
+    return Plan(
+        model=TWO_LAYERS,
+        topology=topology,
+        seq_len=seq_len,
+        global_batch=2,
+        mesh=make_mesh(context=4, fsdp=2),
+        cp_strategy="all_gather",
+        load_balance="zigzag",
+        remat=remat,
+        block_q=512,
+        block_kv=512,
+        loss_chunk_tokens=8192,
+    )
 
 
 def test_mlp_backward_copies_the_kept_values():
@@ -91,17 +112,22 @@ def test_tpu7x_runs_the_attention_before_the_mlp_backward():
     early = 128 * 2 * (3 * 8192 * 32 + 2 * 32768 * 8)
     assert early / MiB == 320
     assert tpu7x.hbm_bytes["mlp_working_set"] - v5p.hbm_bytes["mlp_working_set"] == early
-    # the compiler: 6.42 GiB (6.38 recompiled on 2026-12-01 and again on 2026-12-03); before these terms cpplan said 5.30 GiB
-    assert tpu7x.hbm_bytes_per_device / 2 ** 30 == pytest.approx(5.96, abs=0.01)
+    # the compiler: 6.42 GiB (6.38 recompiled on 2026-12-01 and 2026-12-03); before these terms cpplan said
+    # 5.30 GiB
+    assert tpu7x.hbm_bytes_per_device / 2**30 == pytest.approx(5.96, abs=0.01)
     # a kept attention output is not run again; without out_proj kept the MLP waits for the attention
     # on both chips, and only tpu7x's compiler keeps the kernel's log-sum-exp lane-wide (1 sequence of
     # 8192 local queries × 32 heads × 128 lanes, fp32)
     for remat, lse in (("minimal_with_context", 0), ("full", 8192 * 32 * 128 * 4), ("save_qkv_proj", 128 * MiB)):
-        assert (estimate(_all_gather_plan("tpu7x:2x2x1", remat)).hbm_bytes["mlp_working_set"]
-                - estimate(_all_gather_plan("v5p:2x2x2", remat)).hbm_bytes["mlp_working_set"]) == lse
+        assert (
+            estimate(_all_gather_plan("tpu7x:2x2x1", remat)).hbm_bytes["mlp_working_set"]
+            - estimate(_all_gather_plan("v5p:2x2x2", remat)).hbm_bytes["mlp_working_set"]
+        ) == lse
     # a ring's hops stay after the MLP's loop (the tpu7x compile of ring 4 × fsdp 2, minimal)
-    ring = {topology: estimate(dataclasses.replace(_all_gather_plan(topology, "minimal"), cp_strategy="ring"))
-            for topology in ("tpu7x:2x2x1", "v5p:2x2x2")}
+    ring = {
+        topology: estimate(dataclasses.replace(_all_gather_plan(topology, "minimal"), cp_strategy="ring"))
+        for topology in ("tpu7x:2x2x1", "v5p:2x2x2")
+    }
     assert ring["tpu7x:2x2x1"].hbm_bytes["mlp_working_set"] == ring["v5p:2x2x2"].hbm_bytes["mlp_working_set"]
 
 
@@ -119,9 +145,18 @@ def test_a_recomputed_attention_is_held_through_the_mlp_backward():
     tokens, chunk, hidden, inter, head_dim = 16384, 4096, 4096, 14336 // 2, 128
 
     def on(topology):
-        return Plan(model=dataclasses.replace(MODELS["llama3.1-8b"], name="llama3.1-8b-1l", num_layers=1),
-                    topology=topology, seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=4, tensor=2),
-                    cp_strategy="none", remat="full", block_q=512, block_kv=512, loss_chunk_tokens=8192)
+        return Plan(
+            model=dataclasses.replace(MODELS["llama3.1-8b"], name="llama3.1-8b-1l", num_layers=1),
+            topology=topology,
+            seq_len=8192,
+            global_batch=8,
+            mesh=make_mesh(fsdp=4, tensor=2),
+            cp_strategy="none",
+            remat="full",
+            block_q=512,
+            block_kv=512,
+            loss_chunk_tokens=8192,
+        )
 
     plan = on("tpu7x:2x2x1")
     # the MLP's input gathered, its output's gradient gathered, its input's gradient; one chunk's
@@ -139,7 +174,7 @@ def test_a_recomputed_attention_is_held_through_the_mlp_backward():
     assert full["mlp_working_set"] / MiB == 1608
     # the compiler (libtpu 0.0.52): 3.71 GiB; at its peak, in the MLP's chunk loop, the attention's
     # normed input gathered, q, K, V, the kernel's output and log-sum-exp and two stream values are live
-    assert estimate(plan).hbm_bytes_per_device / 2 ** 30 == pytest.approx(3.68, abs=0.01)
+    assert estimate(plan).hbm_bytes_per_device / 2**30 == pytest.approx(3.68, abs=0.01)
     # v5p's compiler slices the log-sum-exp as the kernel writes it
     v5p = estimate(on("v5p:2x2x2")).hbm_bytes
     assert v5p["mlp_working_set"] == (mlp + attention) * 2

@@ -2,6 +2,7 @@
 off each loop to pipeline the host transfers and inlines the one-trip loops left), and there its
 offloaded values stay in HBM: the memory price holds them as kept values
 (cost_models.remat: `FLAT_OFFLOAD_MAX_LAYERS`, `offloads_leave_hbm`)."""
+
 import dataclasses
 
 import pytest
@@ -19,8 +20,18 @@ BASE = MODELS["llama3.1-8b"]
 
 def priced(layers, remat, topology="v5p-16", target=None, **fields):
     model = dataclasses.replace(BASE, name=f"{BASE.name}-{layers}l", num_layers=layers)
-    return estimate(Plan(model=model, topology=topology, seq_len=8192, global_batch=8,
-                         mesh=make_mesh(fsdp=4, tensor=2), remat=remat, **fields), target=target)
+    return estimate(
+        Plan(
+            model=model,
+            topology=topology,
+            seq_len=8192,
+            global_batch=8,
+            mesh=make_mesh(fsdp=4, tensor=2),
+            remat=remat,
+            **fields,
+        ),
+        target=target,
+    )
 
 
 def test_the_rule_reads_the_chip_row():
@@ -35,8 +46,10 @@ def test_the_rule_reads_the_chip_row():
 def test_the_maxtext_target_holds_a_flat_programs_offloads_as_its_twin_does_too():
     offloading, twin = priced(2, "minimal_offloaded", target="maxtext"), priced(2, "minimal", target="maxtext")
     assert offloading.hbm_bytes == pytest.approx(twin.hbm_bytes)
-    assert priced(3, "minimal_offloaded", target="maxtext").hbm_bytes["activations"] < \
-        priced(3, "minimal", target="maxtext").hbm_bytes["activations"]
+    assert (
+        priced(3, "minimal_offloaded", target="maxtext").hbm_bytes["activations"]
+        < priced(3, "minimal", target="maxtext").hbm_bytes["activations"]
+    )
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -59,7 +72,10 @@ def test_a_layer_loop_frees_what_it_offloads():
 def test_custom_placements_follow_the_same_rule_and_plans_that_offload_nothing_do_not_move():
     custom = {"query_proj": "offload", "mlpwi_0": "offload", "mlpwi_1": "offload"}
     in_hbm = {name: "device" for name in custom}
-    assert priced(2, "custom", remat_custom=custom).hbm_bytes == \
-        pytest.approx(priced(2, "custom", remat_custom=in_hbm).hbm_bytes)
-    assert priced(3, "custom", remat_custom=custom).hbm_bytes_per_device < \
-        priced(3, "custom", remat_custom=in_hbm).hbm_bytes_per_device
+    assert priced(2, "custom", remat_custom=custom).hbm_bytes == pytest.approx(
+        priced(2, "custom", remat_custom=in_hbm).hbm_bytes
+    )
+    assert (
+        priced(3, "custom", remat_custom=custom).hbm_bytes_per_device
+        < priced(3, "custom", remat_custom=in_hbm).hbm_bytes_per_device
+    )

@@ -2,6 +2,7 @@
 validated by name, priced from one place (one norm, no out-projection value for a second norm,
 one gather and one reduce-scatter over tensor per layer forward, a lighter elementwise pass),
 read and written as MaxText's flag, and the block the corpus's 2023 synthetic models ran."""
+
 import dataclasses
 from pathlib import Path
 
@@ -54,8 +55,7 @@ def test_remat_table_keeps_no_out_projection_for_a_second_norm():
     assert seq.saved_on_device[minimal] - par.saved_on_device[minimal] == SEQUENTIAL.hidden
     assert seq.saved_on_device[full] == par.saved_on_device[full] == SEQUENTIAL.hidden  # the layer input
     # full remat does not run the out projection again: nothing reads it
-    assert "out_proj" in recomputed(RematPolicy.FULL) and "out_proj" not in recomputed(RematPolicy.FULL,
-                                                                                           model=PARALLEL)
+    assert "out_proj" in recomputed(RematPolicy.FULL) and "out_proj" not in recomputed(RematPolicy.FULL, model=PARALLEL)
     h, k = SEQUENTIAL.num_heads * SEQUENTIAL.head_dim, SEQUENTIAL.num_kv_heads * SEQUENTIAL.head_dim
     assert par.recompute_qkv_out[full] == pytest.approx((h + 2 * k) / (h + 2 * k + h))
     assert seq.recompute_qkv_out[full] == 1.0 and seq.recompute_mlp[full] == par.recompute_mlp[full]
@@ -73,8 +73,11 @@ def plan(model, remat, **mesh):
 
 def test_tensor_traffic_is_four_collectives_a_layer_not_eight():
     assert tensor_collectives_per_layer(SEQUENTIAL) == 8 and tensor_collectives_per_layer(PARALLEL) == 4
-    t = {(m.name, r): estimate(plan(m, r, fsdp=2, tensor=4)).comm_s["tensor"]
-         for m in (SEQUENTIAL, PARALLEL) for r in ("full", "minimal")}
+    t = {
+        (m.name, r): estimate(plan(m, r, fsdp=2, tensor=4)).comm_s["tensor"]
+        for m in (SEQUENTIAL, PARALLEL)
+        for r in ("full", "minimal")
+    }
     # per layer a gather costs g: sequential 8g (+3g again under full, +2g under minimal), parallel
     # 4g (+1g under either: its one normed input gathered again); the loss's all-reduce cancels
     saved_full = t[SEQUENTIAL.name, "full"] - t[PARALLEL.name, "full"]
@@ -89,7 +92,8 @@ def test_memory_and_elementwise_work_of_the_parallel_block():
     seq, par = estimate(plan(SEQUENTIAL, "minimal", fsdp=8)), estimate(plan(PARALLEL, "minimal", fsdp=8))
     tokens = 8192  # one sequence per device
     assert seq.hbm_bytes["activations"] - par.hbm_bytes["activations"] == pytest.approx(
-        SEQUENTIAL.num_layers * tokens * SEQUENTIAL.hidden * 2)  # bf16, one hidden value per token per layer
+        SEQUENTIAL.num_layers * tokens * SEQUENTIAL.hidden * 2
+    )  # bf16, one hidden value per token per layer
     assert par.hbm_bytes["attention_working_set"] < seq.hbm_bytes["attention_working_set"]
     full_seq, full_par = estimate(plan(SEQUENTIAL, "full", fsdp=8)), estimate(plan(PARALLEL, "full", fsdp=8))
     assert full_seq.hbm_bytes["activations"] == full_par.hbm_bytes["activations"]
@@ -115,9 +119,17 @@ def test_maxtext_reads_and_writes_decoder_block():
             read_maxtext(f"model_name=llama3.1-8b decoder_block={refused} {FLAGS}")
 
 
-SYNTHETIC = {"global_parameter_scale": "32", "base_emb_dim": "2560", "base_num_heads": "8", "base_mlp_dim": "8192",
-             "base_num_decoder_layers": "16", "head_dim": "256", "vocab_size": "32768", "mlp_activations": "relu",
-             "logits_via_embedding": "true"}
+SYNTHETIC = {
+    "global_parameter_scale": "32",
+    "base_emb_dim": "2560",
+    "base_num_heads": "8",
+    "base_mlp_dim": "8192",
+    "base_num_decoder_layers": "16",
+    "head_dim": "256",
+    "vocab_size": "32768",
+    "mlp_activations": "relu",
+    "logits_via_embedding": "true",
+}
 
 
 def test_synthetic_models_take_the_block_of_their_maxtext_commit():

@@ -1,6 +1,7 @@
 """A plain (non-gated) MLP, `ModelSpec.mlp_activations`: counted from one place by parameters,
 FLOPs, weight arrays, the remat table, memory and elementwise work; read and written as MaxText's
 `mlp_activations`; and the synthetic MaxText models of the public corpus built with it."""
+
 import dataclasses
 import json
 from pathlib import Path
@@ -41,16 +42,27 @@ def test_the_default_is_gated_and_a_plain_mlp_has_two_matrices():
 def test_activations_are_checked_and_travel_through_json():
     assert ModelSpec.from_dict(json.loads(json.dumps(PLAIN.to_dict()))) == PLAIN
     assert dataclasses.replace(GATED, mlp_activations=["gelu", "linear"]).mlp_activations == ("gelu", "linear")
-    for bad, match in (("relu", "must be a list of activation names"), (["tanh"], "'tanh' is not an activation"),
-                       ([], "has 0 activations"), (["silu", "linear", "relu"], "has 3 activations"),
-                       ([1], "must be a list")):
+    for bad, match in (
+        ("relu", "must be a list of activation names"),
+        (["tanh"], "'tanh' is not an activation"),
+        ([], "has 0 activations"),
+        (["silu", "linear", "relu"], "has 3 activations"),
+        ([1], "must be a list"),
+    ):
         with pytest.raises(CpplanError, match=match):
             dataclasses.replace(GATED, mlp_activations=bad)
 
 
 def test_hugging_face_hidden_act_sets_the_gated_activation(tmp_path):
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+    }
     path = tmp_path / "config.json"
     for act, want in ((None, SWIGLU), ("relu", ("relu", "linear")), ("gelu_pytorch_tanh", ("gelu", "linear"))):
         path.write_text(json.dumps({**cfg, **({"hidden_act": act} if act else {})}))
@@ -71,8 +83,9 @@ def test_remat_table_has_one_mlp_input_for_a_plain_mlp():
 
 
 def plan(model, **fields):
-    return Plan(model=model, topology="v5p-16", seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=4, tensor=2),
-                **fields)
+    return Plan(
+        model=model, topology="v5p-16", seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=4, tensor=2), **fields
+    )
 
 
 def test_a_plain_mlp_prices_its_own_activations_and_recomputation():
@@ -101,16 +114,19 @@ def test_maxtext_reads_and_writes_mlp_activations():
         read = read_maxtext(f"model_name=llama3.1-8b mlp_activations={text} {FLAGS}")
         assert read.plan.model.mlp_activations == ("relu",) and "mlp_activations" not in read.unread
     assert read.plan.model.num_params == PLAIN.num_params
-    assert read_maxtext({"base_emb_dim": 1024, "mlp_activations": ["gelu", "linear"],
-                         "compile_topology": "v5p-16"}).plan.model.mlp_activations == ("gelu", "linear")
+    assert read_maxtext(
+        {"base_emb_dim": 1024, "mlp_activations": ["gelu", "linear"], "compile_topology": "v5p-16"}
+    ).plan.model.mlp_activations == ("gelu", "linear")
     exported = export_maxtext(read.plan)
     assert exported.flags["mlp_activations"] == "[relu]"
     again = read_maxtext(format_flags({**exported.flags, **exported.compile_flags})).plan.model
     assert dataclasses.replace(again, name=PLAIN.name) == PLAIN
     # a gated model MaxText ships travels by name; its activations are MaxText's default
     assert "mlp_activations" not in export_maxtext(read_maxtext(f"model_name=llama3.1-8b {FLAGS}").plan).flags
-    for bad, match in (("[tanh]", "'tanh' is not among the activations cpplan runs"),
-                       ("[silu,linear,relu]", "1 \\(plain\\) or 2 \\(gated\\) input projections")):
+    for bad, match in (
+        ("[tanh]", "'tanh' is not among the activations cpplan runs"),
+        ("[silu,linear,relu]", "1 \\(plain\\) or 2 \\(gated\\) input projections"),
+    ):
         with pytest.raises(CpplanError, match=f"mlp_activations='\\{bad[0]}.*{match}"):
             read_maxtext(f"model_name=llama3.1-8b mlp_activations={bad} {FLAGS}")
 
@@ -125,9 +141,19 @@ def test_custom_remat_exports_a_plain_mlps_input_by_maxtexts_name():
 
 
 def test_corpus_synthetic_models_have_maxtexts_plain_mlp():
-    shape = synthetic_shape({"global_parameter_scale": "32", "base_emb_dim": "2560", "base_num_heads": "8",
-                             "base_mlp_dim": "8192", "base_num_decoder_layers": "16", "head_dim": "256",
-                             "vocab_size": "32768", "mlp_activations": "relu", "logits_via_embedding": "true"})
+    shape = synthetic_shape(
+        {
+            "global_parameter_scale": "32",
+            "base_emb_dim": "2560",
+            "base_num_heads": "8",
+            "base_mlp_dim": "8192",
+            "base_num_decoder_layers": "16",
+            "head_dim": "256",
+            "vocab_size": "32768",
+            "mlp_activations": "relu",
+            "logits_via_embedding": "true",
+        }
+    )
     model = shape.model_spec("synthetic-32x")
     assert (model.intermediate, model.mlp_activations, shape.mlp_matrices) == (32768, ("relu",), 2)
     # MaxText's count leaves out the norm scales: two per layer and the final one
@@ -138,8 +164,14 @@ def test_maxtexts_v5p_table_fits_with_its_plain_mlp():
     """MaxText's v5p table ran 32B and 64B at fsdp 16 × tensor 4 and 256B at fsdp 64 × tensor 8
     under minimal remat; priced as a gated MLP they needed 99-105 GiB."""
     runs = {r.run_id: r for r in read_corpus(ROOT / "benchmarks" / "public_runs.csv")}
-    for run_id in ("v5p-32b-1x128", "v5p-32b-2x128", "v5p-64b-1x128", "v5p-64b-2x128", "v5p-256b-1x1024",
-                   "v5p-256b-2x1024"):
+    for run_id in (
+        "v5p-32b-1x128",
+        "v5p-32b-2x128",
+        "v5p-64b-1x128",
+        "v5p-64b-2x128",
+        "v5p-256b-1x1024",
+        "v5p-256b-2x1024",
+    ):
         run = runs[run_id]
         assert run.plan.remat is RematPolicy.MINIMAL and run.plan.model.mlp_activations == ("relu",)
         assert estimate(run.plan).fits, run_id

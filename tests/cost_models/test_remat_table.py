@@ -1,13 +1,23 @@
 """The remat vocabulary: MaxText's policies by name, custom placements per checkpoint, the Plan
 fields and options that carry them, and what the table says each keeps and recomputes."""
+
 import dataclasses
 
 import pytest
 
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS
-from cost_models.remat import (CHECKPOINT_NAMES, POLICIES, SEARCHED_POLICIES, custom_placements, kept_names,
-                               offloaded_names, recomputed, remat_code, remat_table)
+from cost_models.remat import (
+    CHECKPOINT_NAMES,
+    POLICIES,
+    SEARCHED_POLICIES,
+    custom_placements,
+    kept_names,
+    offloaded_names,
+    recomputed,
+    remat_code,
+    remat_table,
+)
 from cost_models.vocabulary import Placement, RematPolicy
 from planner import Plan, make_mesh
 from planner.estimate import estimate
@@ -19,9 +29,19 @@ MATMULS = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi
 
 
 def test_every_maxtext_policy_parses_by_its_name():
-    for name in ("full", "minimal", "minimal_with_context", "save_dot_except_mlp", "save_dot_except_mlpwi",
-                 "save_qkv_proj", "save_out_proj", "qkv_proj_offloaded", "minimal_offloaded", "custom",
-                 "save_dot_with_context_except_mlp"):
+    for name in (
+        "full",
+        "minimal",
+        "minimal_with_context",
+        "save_dot_except_mlp",
+        "save_dot_except_mlpwi",
+        "save_qkv_proj",
+        "save_out_proj",
+        "qkv_proj_offloaded",
+        "minimal_offloaded",
+        "custom",
+        "save_dot_with_context_except_mlp",
+    ):
         assert RematPolicy.parse(name).value == name
     assert RematPolicy.parse("minimal_flash") is RematPolicy.MINIMAL_WITH_CONTEXT  # MaxText's old name
 
@@ -29,8 +49,13 @@ def test_every_maxtext_policy_parses_by_its_name():
 def test_policies_place_what_maxtext_saves_and_offloads():
     assert kept_names(RematPolicy.MINIMAL) == MATMULS
     assert kept_names(RematPolicy.MINIMAL_WITH_CONTEXT) == MATMULS[:3] + ("context",) + MATMULS[3:]
-    assert kept_names(RematPolicy.SAVE_DOT_EXCEPT_MLPWI) == ("query_proj", "key_proj", "value_proj", "out_proj",
-                                                             "mlpwo")
+    assert kept_names(RematPolicy.SAVE_DOT_EXCEPT_MLPWI) == (
+        "query_proj",
+        "key_proj",
+        "value_proj",
+        "out_proj",
+        "mlpwo",
+    )
     assert kept_names(RematPolicy.SAVE_OUT_PROJ) == ("out_proj",)
     assert offloaded_names(RematPolicy.QKV_PROJ_OFFLOADED) == ("query_proj", "key_proj", "value_proj")
     assert offloaded_names(RematPolicy.MINIMAL_OFFLOADED) == MATMULS and not kept_names(RematPolicy.MINIMAL_OFFLOADED)
@@ -41,15 +66,33 @@ def test_policies_place_what_maxtext_saves_and_offloads():
 
 
 def test_custom_placements_read_maxtext_names_and_refuse_bad_ones():
-    placed = custom_placements({"qkv_proj": "offload", "mlpwi": "device", "out_proj": "remat",
-                                "decoder_layer_input": "device", "moe_mlpwo": "device"}, maxtext_names=True)
-    assert placed == (("query_proj", Placement.OFFLOAD), ("key_proj", Placement.OFFLOAD),
-                      ("value_proj", Placement.OFFLOAD), ("mlpwi_0", Placement.DEVICE), ("mlpwi_1", Placement.DEVICE))
+    placed = custom_placements(
+        {
+            "qkv_proj": "offload",
+            "mlpwi": "device",
+            "out_proj": "remat",
+            "decoder_layer_input": "device",
+            "moe_mlpwo": "device",
+        },
+        maxtext_names=True,
+    )
+    assert placed == (
+        ("query_proj", Placement.OFFLOAD),
+        ("key_proj", Placement.OFFLOAD),
+        ("value_proj", Placement.OFFLOAD),
+        ("mlpwi_0", Placement.DEVICE),
+        ("mlpwi_1", Placement.DEVICE),
+    )
     # the layer input is recorded only when offloaded: remat keeps it on device, as jax does
     assert custom_placements({"decoder_layer_input": "offload", "context": "device"}) == (
-        ("decoder_layer_input", Placement.OFFLOAD), ("context", Placement.DEVICE))
-    assert custom_placements({"decoder_layer_input": "remat"}) == () == custom_placements(
-        {"decoder_layer_input": "device"})
+        ("decoder_layer_input", Placement.OFFLOAD),
+        ("context", Placement.DEVICE),
+    )
+    assert (
+        custom_placements({"decoder_layer_input": "remat"})
+        == ()
+        == custom_placements({"decoder_layer_input": "device"})
+    )
     with pytest.raises(CpplanError, match="two placements"):
         custom_placements({"qkv_proj": "offload", "query_proj": "device"}, maxtext_names=True)
     with pytest.raises(CpplanError, match="unknown checkpoint name 'qkv_proj'"):
@@ -59,8 +102,7 @@ def test_custom_placements_read_maxtext_names_and_refuse_bad_ones():
 
 
 def plan(**fields):
-    return Plan(model=MODEL, topology="v5p-16", seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=8),
-                **fields)
+    return Plan(model=MODEL, topology="v5p-16", seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=8), **fields)
 
 
 def test_plan_carries_custom_placements_and_mu_dtype_through_json():
@@ -76,8 +118,9 @@ def test_plan_carries_custom_placements_and_mu_dtype_through_json():
 
 def test_custom_policy_prices_as_the_named_policy_it_spells():
     named = estimate(plan(remat="save_qkv_proj"))
-    spelled = estimate(plan(remat="custom", remat_custom={n: "device" for n in ("query_proj", "key_proj",
-                                                                                "value_proj")}))
+    spelled = estimate(
+        plan(remat="custom", remat_custom={n: "device" for n in ("query_proj", "key_proj", "value_proj")})
+    )
     assert spelled.hbm_bytes == named.hbm_bytes and spelled.step_time_s == named.step_time_s
 
 
@@ -97,7 +140,8 @@ def test_recompute_fractions_follow_the_table():
     offloaded = remat_code(RematPolicy.MINIMAL_OFFLOADED)
     assert table.saved_on_device[offloaded] == MODEL.hidden  # only the layer input stays on device
     assert table.saved_on_host[offloaded] == sum(
-        w for w in (4096, 1024, 1024, 4096, 14336, 14336))  # every matmul output the backward reads
+        w for w in (4096, 1024, 1024, 4096, 14336, 14336)
+    )  # every matmul output the backward reads
 
 
 def test_search_tries_the_named_set_and_refuses_custom():

@@ -1,6 +1,7 @@
 """tpu_compile tier: sequence parallelism over tensor, priced per checkpoint, checked against the
 XLA TPU compiler deviceless. (benchmarks/bench_memory.py checks many more plans, offload among
 them; this is the representative one.)"""
+
 import dataclasses
 
 import pytest
@@ -20,8 +21,17 @@ MODEL = dataclasses.replace(get_model("llama3.1-8b"), name="llama3.1-8b-2l", num
 def test_tensor_parallel_memory_is_priced_as_it_compiles():
     """Tensor 2 with sequence parallelism (bench_memory's first row): the compiler holds what the
     price says, within 10%."""
-    plan = Plan(model=MODEL, topology="v5p:2x2x2", seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=4, tensor=2),
-                block_q=512, block_kv=512, loss_chunk_tokens=8192, remat="full")
+    plan = Plan(
+        model=MODEL,
+        topology="v5p:2x2x2",
+        seq_len=8192,
+        global_batch=8,
+        mesh=make_mesh(fsdp=4, tensor=2),
+        block_q=512,
+        block_kv=512,
+        loss_chunk_tokens=8192,
+        remat="full",
+    )
     predicted, compiled = estimate(plan), compile_for(plan)
     assert compiled.fits and predicted.fits
     assert predicted.hbm_bytes_per_device == pytest.approx(compiled.required_bytes, rel=0.10)

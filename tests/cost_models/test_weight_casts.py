@@ -4,6 +4,7 @@ layers, 64K tokens over context 8). Its deviceless compile (docs/weight_casts.md
 holds at its peak the bf16 casts of both layers' stacked weight shards (`convert.301-307`, 104 MiB),
 the layers' fp32 gradient sums (208 MiB) and no gradient of the input embedding or the output head.
 """
+
 import dataclasses
 
 import pytest
@@ -18,9 +19,20 @@ HIDDEN, INTER, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 128256, 32, 8, 12
 
 
 def _plan(**fields) -> Plan:
-    return Plan(model=TWO_LAYERS, topology="v5p:2x2x2", seq_len=65536, global_batch=1, mesh=make_mesh(context=8),
-                cp_strategy="all_gather", load_balance="zigzag", remat="save_dot_except_mlp", block_q=512,
-                block_kv=512, loss_chunk_tokens=8192, **fields)
+    return Plan(
+        model=TWO_LAYERS,
+        topology="v5p:2x2x2",
+        seq_len=65536,
+        global_batch=1,
+        mesh=make_mesh(context=8),
+        cp_strategy="all_gather",
+        load_balance="zigzag",
+        remat="save_dot_except_mlp",
+        block_q=512,
+        block_kv=512,
+        loss_chunk_tokens=8192,
+        **fields,
+    )
 
 
 def test_weight_casts_by_hand():

@@ -2,6 +2,7 @@
 
 Regenerate on purpose with CPPLAN_REGENERATE_GOLDEN=1 pytest tests/planner/test_golden_explanations.py.
 """
+
 import os
 from pathlib import Path
 

@@ -1,4 +1,5 @@
 """MaxText as a target: its price, its rules in the search, and its flags out and in."""
+
 import dataclasses
 
 import numpy as np
@@ -21,11 +22,13 @@ from planner.plan import make_mesh
 
 pytestmark = pytest.mark.pure
 
-ANCHOR_USP = ("python -m maxtext.trainers.pre_train.train_compile base.yml compile_topology=v5p-16 "
-              "compile_topology_num_slices=1 model_name=llama3.1-8b max_target_length=131072 "
-              "per_device_batch_size=0.125 dataset_type=synthetic attention=flash remat_policy=full "
-              "ici_fsdp_parallelism=1 ici_context_parallelism=4 ici_context_usp_ulysses_parallelism=2 "
-              "context_parallel_strategy=usp context_parallel_load_balance=False use_tokamax_splash=True")
+ANCHOR_USP = (
+    "python -m maxtext.trainers.pre_train.train_compile base.yml compile_topology=v5p-16 "
+    "compile_topology_num_slices=1 model_name=llama3.1-8b max_target_length=131072 "
+    "per_device_batch_size=0.125 dataset_type=synthetic attention=flash remat_policy=full "
+    "ici_fsdp_parallelism=1 ici_context_parallelism=4 ici_context_usp_ulysses_parallelism=2 "
+    "context_parallel_strategy=usp context_parallel_load_balance=False use_tokamax_splash=True"
+)
 
 
 def test_reads_a_maxtext_command_line():
@@ -46,9 +49,16 @@ def test_prices_the_maxtext_config_and_the_chosen_plan_beats_it():
 
 
 def test_maxtext_defaults_and_errors():
-    plan = Plan.from_maxtext({"model_name": "tiny", "compile_topology": "v5p-8", "max_target_length": 1024,
-                              "per_device_batch_size": 1, "ici_context_parallelism": 2,
-                              "context_parallel_strategy": "ring"})
+    plan = Plan.from_maxtext(
+        {
+            "model_name": "tiny",
+            "compile_topology": "v5p-8",
+            "max_target_length": 1024,
+            "per_device_batch_size": 1,
+            "ici_context_parallelism": 2,
+            "context_parallel_strategy": "ring",
+        }
+    )
     assert plan.mesh_dict["fsdp"] == 2  # MaxText's ici_fsdp_parallelism=-1 takes the rest
     assert plan.load_balance is LoadBalance.ZIGZAG  # MaxText balances by default
     with pytest.raises(CpplanError, match="no topology"):
@@ -68,8 +78,15 @@ def test_export_grows_splash_blocks_where_maxtext_metadata_needs_it():
 
 
 def test_maxtext_context_minus_one_and_unbalanced_ulysses():
-    flags = {"model_name": "tiny", "compile_topology": "v5p-8", "max_target_length": 1024, "per_device_batch_size": 1,
-             "ici_fsdp_parallelism": 1, "ici_context_parallelism": -1, "context_parallel_strategy": "ring"}
+    flags = {
+        "model_name": "tiny",
+        "compile_topology": "v5p-8",
+        "max_target_length": 1024,
+        "per_device_batch_size": 1,
+        "ici_fsdp_parallelism": 1,
+        "ici_context_parallelism": -1,
+        "context_parallel_strategy": "ring",
+    }
     assert Plan.from_maxtext(flags).axis_size("context") == 4
     flags.update(context_parallel_strategy="ulysses")
     with pytest.raises(CpplanError, match="set it to False"):
@@ -82,9 +99,18 @@ def test_maxtext_context_minus_one_and_unbalanced_ulysses():
 
 def _ring_plan(**changes) -> Plan:
     """llama3.1-8b, ring 4 over v5p-8 at 64K, one sequence, remat full, full logits."""
-    base = dict(model=MODELS["llama3.1-8b"], topology="v5p-8", seq_len=65536, global_batch=1,
-                mesh=make_mesh(context=4), cp_strategy="ring", load_balance="zigzag", remat="full", block_q=1024,
-                block_kv=1024)
+    base = dict(
+        model=MODELS["llama3.1-8b"],
+        topology="v5p-8",
+        seq_len=65536,
+        global_batch=1,
+        mesh=make_mesh(context=4),
+        cp_strategy="ring",
+        load_balance="zigzag",
+        remat="full",
+        block_q=1024,
+        block_kv=1024,
+    )
     return Plan(**{**base, **changes})
 
 
@@ -123,18 +149,23 @@ def test_maxtext_layer_gradients_are_held_in_the_backward_only():
     layer_grads = model.num_layers * model.params_per_layer / 4 * 4  # fp32, sharded over the 4 context ranks
     assert ours.hbm_bytes["grads"] - theirs.hbm_bytes["grads"] == pytest.approx(layer_grads)
     # held whichever side of the layer is live
-    assert theirs.hbm_bytes["attention_working_set"] - ours.hbm_bytes["attention_working_set"] == \
-        pytest.approx(layer_grads)
+    assert theirs.hbm_bytes["attention_working_set"] - ours.hbm_bytes["attention_working_set"] == pytest.approx(
+        layer_grads
+    )
     # and MaxText's MLP runs on all 16384 tokens of a device at once, where cpplan's chunk loop runs
     # 4096 at a time (each chunk's input-projection outputs and the MLP input, and their gradients,
     # bf16) and carries one more matrix, a bf16 gradient sum over the chunks
     tokens, chunk = 16384, 4096
-    unchunked = (tokens - chunk) * 2 * (2 * model.intermediate + model.hidden) * 2 - model.hidden * model.intermediate * 2
-    assert theirs.hbm_bytes["mlp_working_set"] - ours.hbm_bytes["mlp_working_set"] == \
-        pytest.approx(layer_grads + unchunked)
+    unchunked = (tokens - chunk) * 2 * (
+        2 * model.intermediate + model.hidden
+    ) * 2 - model.hidden * model.intermediate * 2
+    assert theirs.hbm_bytes["mlp_working_set"] - ours.hbm_bytes["mlp_working_set"] == pytest.approx(
+        layer_grads + unchunked
+    )
     # MaxText compiled this plan (blocks of 512) to 47.3 GiB per device (train_compile; bench_maxtext)
-    assert estimate(_ring_plan(block_q=512, block_kv=512), target="maxtext").hbm_bytes_per_device / GiB == \
-        pytest.approx(47.3, rel=0.10)
+    assert estimate(
+        _ring_plan(block_q=512, block_kv=512), target="maxtext"
+    ).hbm_bytes_per_device / GiB == pytest.approx(47.3, rel=0.10)
 
 
 def test_vocab_tiles_divide_the_tokens():
@@ -150,8 +181,9 @@ def test_maxtext_target_offers_only_what_maxtext_runs():
     ours = run_search("llama3.1-8b", "256k", "v5p:2x4x4", **options)
     theirs = run_search("llama3.1-8b", "256k", "v5p:2x4x4", target="maxtext", **options)
     assert ours.ranked and not theirs.ranked
-    assert any(r.category == "maxtext" and "num_kv_heads=8 divisible by its degree 16" in r.reason
-               for r in theirs.rejections)
+    assert any(
+        r.category == "maxtext" and "num_kv_heads=8 divisible by its degree 16" in r.reason for r in theirs.rejections
+    )
 
 
 def test_usp_with_load_balance_over_an_even_ring_is_accepted():
@@ -160,17 +192,26 @@ def test_usp_with_load_balance_over_an_even_ring_is_accepted():
     plan = Plan.from_maxtext(flags)
     assert plan.cp_strategy is CPStrategy.USP and plan.load_balance is LoadBalance.ZIGZAG
     assert Plan.from_maxtext(plan.to_maxtext()) == plan
-    odd = Plan(MODELS["tiny-mha"], "cpu:12", 9216, 1, make_mesh(context=3, context_ulysses=4), cp_strategy="usp",
-               load_balance="zigzag")
+    odd = Plan(
+        MODELS["tiny-mha"],
+        "cpu:12",
+        9216,
+        1,
+        make_mesh(context=3, context_ulysses=4),
+        cp_strategy="usp",
+        load_balance="zigzag",
+    )
     assert any("even ring degree" in p for p in maxtext_problems(odd))
     with pytest.raises(CpplanError, match="even ring degree"):
         odd.to_maxtext()
 
 
 def test_ulysses_16_over_8_kv_heads_is_refused_on_import():
-    flags = ("compile_topology=v5p-32 model_name=llama3.1-8b max_target_length=262144 per_device_batch_size=0.0625 "
-             "ici_fsdp_parallelism=1 ici_context_parallelism=16 context_parallel_strategy=ulysses "
-             "context_parallel_load_balance=False use_tokamax_splash=True")
+    flags = (
+        "compile_topology=v5p-32 model_name=llama3.1-8b max_target_length=262144 per_device_batch_size=0.0625 "
+        "ici_fsdp_parallelism=1 ici_context_parallelism=16 context_parallel_strategy=ulysses "
+        "context_parallel_load_balance=False use_tokamax_splash=True"
+    )
     with pytest.raises(CpplanError, match="num_kv_heads=8 divisible by its degree 16"):
         Plan.from_maxtext(flags)
 
@@ -186,8 +227,16 @@ def test_import_reads_model_overrides_over_maxtext_defaults():
     base = "compile_topology=v5p-8 max_target_length=8192 per_device_batch_size=1 "
     shaped = read_maxtext(base + "base_emb_dim=1024 base_num_decoder_layers=4 attention_bias=true").plan.model
     # the rest are MaxText's base.yml defaults: 16 heads of 128, 16 KV heads, MLP 7168, vocabulary 32000
-    assert (shaped.hidden, shaped.num_layers, shaped.num_heads, shaped.num_kv_heads, shaped.head_dim,
-            shaped.intermediate, shaped.vocab, shaped.qkv_bias) == (1024, 4, 16, 16, 128, 7168, 32000, True)
+    assert (
+        shaped.hidden,
+        shaped.num_layers,
+        shaped.num_heads,
+        shaped.num_kv_heads,
+        shaped.head_dim,
+        shaped.intermediate,
+        shaped.vocab,
+        shaped.qkv_bias,
+    ) == (1024, 4, 16, 16, 128, 7168, 32000, True)
     overridden = read_maxtext(base + "model_name=llama3.1-8b base_num_decoder_layers=2").plan.model
     assert overridden == dataclasses.replace(MODELS["llama3.1-8b"], num_layers=2)
     with pytest.raises(CpplanError, match="attention=dot_product"):
@@ -195,9 +244,11 @@ def test_import_reads_model_overrides_over_maxtext_defaults():
 
 
 def test_import_reads_every_splash_block_and_dcn_flags():
-    flags = ("compile_topology=v5p-8 compile_topology_num_slices=2 model_name=llama3.1-8b max_target_length=8192 "
-             "per_device_batch_size=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 sa_block_q=1024 "
-             "sa_block_kv=1024 sa_block_q_dkv=512")
+    flags = (
+        "compile_topology=v5p-8 compile_topology_num_slices=2 model_name=llama3.1-8b max_target_length=8192 "
+        "per_device_batch_size=1 dcn_data_parallelism=1 dcn_fsdp_parallelism=2 sa_block_q=1024 "
+        "sa_block_kv=1024 sa_block_q_dkv=512"
+    )
     found = read_maxtext(flags)
     assert (found.plan.dcn_data, found.plan.dcn_fsdp, found.plan.num_slices) == (1, 2, 2)
     assert (found.plan.block_q, found.plan.block_kv) == (1024, 1024)
@@ -249,8 +300,11 @@ def test_export_carries_model_switches_or_names_what_it_cannot():
 
 
 @settings(max_examples=25, deadline=None)
-@given(model=st.sampled_from(["llama3.1-8b", "tiny", "small", "llama2-7b"]), exponent=st.integers(12, 20),
-       topology=st.sampled_from(["v5p:2x2x2", "tpu7x:2x2x1", "v5p:2x2x1", "v5p:4x4x4"]))
+@given(
+    model=st.sampled_from(["llama3.1-8b", "tiny", "small", "llama2-7b"]),
+    exponent=st.integers(12, 20),
+    topology=st.sampled_from(["v5p:2x2x2", "tpu7x:2x2x1", "v5p:2x2x1", "v5p:4x4x4"]),
+)
 def test_search_under_maxtext_never_yields_a_plan_export_refuses(model, exponent, topology):
     result = run_search(model, 2**exponent, topology, target="maxtext")
     best = list(result.ranked[:8])
@@ -263,24 +317,39 @@ def test_search_under_maxtext_never_yields_a_plan_export_refuses(model, exponent
         back = read_maxtext({**exported.flags, **exported.compile_flags}).plan
         # the round trip keeps the plan but its placement (MaxText picks the device order) and the loss
         # chunk, which MaxText knows only as a number of token tiles: both price the same
-        assert dataclasses.replace(back, axis_order=ranked.plan.axis_order, physical_order=ranked.plan.physical_order,
-                                   loss_chunk_tokens=ranked.plan.loss_chunk_tokens) == ranked.plan
+        assert (
+            dataclasses.replace(
+                back,
+                axis_order=ranked.plan.axis_order,
+                physical_order=ranked.plan.physical_order,
+                loss_chunk_tokens=ranked.plan.loss_chunk_tokens,
+            )
+            == ranked.plan
+        )
         assert estimate(back, target="maxtext").hbm_bytes["logits"] == ranked.estimate.hbm_bytes["logits"]
 
 
-RING_V5P_16 = ("compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.125 "
-               "ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring use_tokamax_splash=True ")
+RING_V5P_16 = (
+    "compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.125 "
+    "ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring use_tokamax_splash=True "
+)
 
 
 def test_import_reads_custom_remat_per_checkpoint_name_and_offload():
     # a tpu-recipes style custom policy: MaxText's fused names spread over ours
-    found = read_maxtext(RING_V5P_16 + "remat_policy=custom decoder_layer_input=device qkv_proj=offload "
-                                      "context=device mlpwi=remat out_proj=device")
+    found = read_maxtext(
+        RING_V5P_16 + "remat_policy=custom decoder_layer_input=device qkv_proj=offload "
+        "context=device mlpwi=remat out_proj=device"
+    )
     plan = found.plan
     assert plan.remat is RematPolicy.CUSTOM and found.unread == ()
-    assert dict(plan.remat_custom) == {"query_proj": Placement.OFFLOAD, "key_proj": Placement.OFFLOAD,
-                                       "value_proj": Placement.OFFLOAD, "context": Placement.DEVICE,
-                                       "out_proj": Placement.DEVICE}
+    assert dict(plan.remat_custom) == {
+        "query_proj": Placement.OFFLOAD,
+        "key_proj": Placement.OFFLOAD,
+        "value_proj": Placement.OFFLOAD,
+        "context": Placement.DEVICE,
+        "out_proj": Placement.DEVICE,
+    }
     assert plan.offloaded == ("query_proj", "key_proj", "value_proj")
     exported = export_maxtext(plan)
     assert exported.flags["remat_policy"] == "custom" and exported.flags["query_proj"] == "offload"
@@ -293,16 +362,18 @@ def test_import_reads_custom_remat_per_checkpoint_name_and_offload():
     assert read_maxtext(RING_V5P_16 + "remat_policy=full query_proj=device").unread == ("query_proj",)
 
 
-@pytest.mark.parametrize("policy", ["qkv_proj_offloaded", "minimal_offloaded", "custom decoder_layer_input=offload",
-                                    "full", "minimal"])
+@pytest.mark.parametrize(
+    "policy", ["qkv_proj_offloaded", "minimal_offloaded", "custom decoder_layer_input=offload", "full", "minimal"]
+)
 def test_export_of_an_offloading_plan_says_it_is_priced_without_the_recipes_compiler_flags(policy):
     exported = export_maxtext(read_maxtext(RING_V5P_16 + f"remat_policy={policy}").plan)
     said = [note for note in exported.notes if "LIBTPU_INIT_ARGS" in note]
     assert len(said) == (1 if "offload" in policy else 0)
     assert all("HOST_OFFLOAD_FLAGS" in note and "priced as compiled without" in note for note in said)
     # compiler flags never travel with the training flags or the compile_topology ones
-    assert not any("xla" in str(k).lower() or "libtpu" in str(k).lower()
-                   for k in {**exported.flags, **exported.compile_flags})
+    assert not any(
+        "xla" in str(k).lower() or "libtpu" in str(k).lower() for k in {**exported.flags, **exported.compile_flags}
+    )
 
 
 @pytest.mark.parametrize("policy", ["minimal", "save_qkv_proj", "qkv_proj_offloaded", "full"])
@@ -313,8 +384,10 @@ def test_import_reads_maxtexts_named_remat_policies(policy):
 
 
 def test_kept_projections_cost_hbm_and_offloaded_ones_do_not():
-    full, minimal, saved, offloaded = (estimate(read_maxtext(RING_V5P_16 + f"remat_policy={p}").plan, target="maxtext")
-                                       for p in ("full", "minimal", "save_qkv_proj", "qkv_proj_offloaded"))
+    full, minimal, saved, offloaded = (
+        estimate(read_maxtext(RING_V5P_16 + f"remat_policy={p}").plan, target="maxtext")
+        for p in ("full", "minimal", "save_qkv_proj", "qkv_proj_offloaded")
+    )
     # q, k, v per token and layer: (32 + 8 + 8) heads × 128 × 2 bytes, 16384 tokens per device, 32 layers
     qkv = 48 * 128 * 2 * 16384 * 32
     assert saved.hbm_bytes["activations"] - full.hbm_bytes["activations"] == pytest.approx(qkv)
@@ -331,8 +404,10 @@ def test_import_reads_mu_dtype_and_state_offload_flags():
 
 
 # PR #4893's scale: 64 v5p chips, all of them on the context axes, as its rows import
-PR_SCALE = ("model_name=llama3.1-8b max_target_length=65536 per_device_batch_size=0.015625 attention=flash "
-            "compile_topology=v5p-128 ici_fsdp_parallelism=1 remat_policy=full use_tokamax_splash=True ")
+PR_SCALE = (
+    "model_name=llama3.1-8b max_target_length=65536 per_device_batch_size=0.015625 attention=flash "
+    "compile_topology=v5p-128 ici_fsdp_parallelism=1 remat_policy=full use_tokamax_splash=True "
+)
 
 
 @pytest.mark.parametrize("ring, ulysses, split", [(16, 4, False), (8, 8, True), (32, 2, True)])
@@ -341,8 +416,10 @@ def test_maxtext_gathers_weights_by_all_reduce_where_the_context_axes_split_a_di
     axes, and MaxText's compiler gathers their weights as all-reduces (twice the bytes); 16 × 4
     lays each axis on whole dimensions and gathers them. cpplan's own runtime is priced with
     gathers throughout."""
-    plan = Plan.from_maxtext(PR_SCALE + f"context_parallel_strategy=usp ici_context_parallelism={ring} "
-                                        f"ici_context_usp_ulysses_parallelism={ulysses}")
+    plan = Plan.from_maxtext(
+        PR_SCALE + f"context_parallel_strategy=usp ici_context_parallelism={ring} "
+        f"ici_context_usp_ulysses_parallelism={ulysses}"
+    )
     ours, theirs = (_weight_traffic(plan, target) for target in (Target.CPPLAN, Target.MAXTEXT))
     assert theirs.weight_gather_s == pytest.approx((2 if split else 1) * ours.weight_gather_s, rel=1e-12)
     assert theirs.weight_regather_s == pytest.approx((2 if split else 1) * ours.weight_regather_s, rel=1e-12)
@@ -357,8 +434,7 @@ def _weight_traffic(plan: Plan, target: Target):
 
     x = candidates_of(plan)
     zero = np.zeros(1)
-    return price_traffic(x, price_matmuls(x).weight_bytes, ContextTraffic(zero, zero, zero, zero),
-                         traits=target.traits)
+    return price_traffic(x, price_matmuls(x).weight_bytes, ContextTraffic(zero, zero, zero, zero), traits=target.traits)
 
 
 @pytest.mark.parametrize("strategy", ["all_gather", "ring"])
@@ -381,8 +457,10 @@ def test_import_reads_which_splash_backward_maxtext_runs():
     """tokamax's splash has only the fused backward; jax's runs it with sa_use_fused_bwd_kernel.
     The strategies MaxText runs on tokamax's splash imply it, so the plan says it only for
     all-gather, and the export writes it back."""
-    base = PR_SCALE.replace("use_tokamax_splash=True ", "") + "context_parallel_strategy=all_gather " \
-                                                               "ici_context_parallelism=64 "
+    base = (
+        PR_SCALE.replace("use_tokamax_splash=True ", "") + "context_parallel_strategy=all_gather "
+        "ici_context_parallelism=64 "
+    )
     assert not Plan.from_maxtext(base).fused_attention_backward
     for flag in ("use_tokamax_splash=True", "sa_use_fused_bwd_kernel=true"):
         plan = Plan.from_maxtext(base + flag)
@@ -392,8 +470,10 @@ def test_import_reads_which_splash_backward_maxtext_runs():
         assert Plan.from_maxtext(plan.to_maxtext()) == plan
         # fewer backward kernels under MaxText; cpplan's runtime runs its two whatever the plan says
         unfused = dataclasses.replace(plan, fused_attention_backward=False)
-        assert estimate(plan, target="maxtext").compute_s["attention"] < \
-               estimate(unfused, target="maxtext").compute_s["attention"]
+        assert (
+            estimate(plan, target="maxtext").compute_s["attention"]
+            < estimate(unfused, target="maxtext").compute_s["attention"]
+        )
         assert estimate(plan).compute_s["attention"] == estimate(unfused).compute_s["attention"]
     ring = Plan.from_maxtext(PR_SCALE + "context_parallel_strategy=ring ici_context_parallelism=64")
     assert not ring.fused_attention_backward and "sa_use_fused_bwd_kernel" not in export_maxtext(ring).flags

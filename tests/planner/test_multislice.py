@@ -1,5 +1,6 @@
 """Multi-slice plans: data and fsdp span slices over DCN, context and tensor stay inside a slice;
 DCN traffic is priced hierarchically at the chip row's per-chip DCN bandwidth."""
+
 import json
 
 import pytest
@@ -18,10 +19,16 @@ pytestmark = pytest.mark.pure
 V5P_DCN = 6.25e9  # v5p's chip row: How to Scale Your Model, ch. TPUs, per chip
 
 
-@pytest.mark.parametrize("name, canonical, slices, devices", [
-    ("2xv5p-16", "2xv5p:2x2x2", 2, 16), ("2xv5p:2x2x2", "2xv5p:2x2x2", 2, 16),
-    ("4xtpu7x-128", "4xtpu7x:4x4x4", 4, 512), ("1xv5p-16", "v5p:2x2x2", 1, 8), ("3xv5e:16x16", "3xv5e:16x16", 3, 768),
-])
+@pytest.mark.parametrize(
+    "name, canonical, slices, devices",
+    [
+        ("2xv5p-16", "2xv5p:2x2x2", 2, 16),
+        ("2xv5p:2x2x2", "2xv5p:2x2x2", 2, 16),
+        ("4xtpu7x-128", "4xtpu7x:4x4x4", 4, 512),
+        ("1xv5p-16", "v5p:2x2x2", 1, 8),
+        ("3xv5e:16x16", "3xv5e:16x16", 3, 768),
+    ],
+)
 def test_multi_slice_names_parse_and_print_round_trip(name, canonical, slices, devices):
     topo = get_topology(name)
     assert (topo.name, topo.num_slices, topo.num_devices) == (canonical, slices, devices)
@@ -30,12 +37,19 @@ def test_multi_slice_names_parse_and_print_round_trip(name, canonical, slices, d
     assert get_topology(name.split("x", 1)[1] if name[0].isdigit() else name, num_slices=slices) == topo
 
 
-@pytest.mark.parametrize("name, kwargs, message", [
-    ("2xcpu:8", {}, "no DCN"), ("0xv5p-16", {}, "at least 1"), ("cpu:8", {"num_slices": 2}, "no DCN"),
-    ("2xv5p-16", {"num_slices": 3}, "give the count once"), ("v5p-16", {"num_slices": 0}, "at least 1"),
-    ("v5p-16", {"num_slices": 2.0}, "whole number"), ("99999999999999999xv5p-16", {}, "more than the 256"),
-    ("v5p-16", {"num_slices": 257}, "more than the 256"),
-])
+@pytest.mark.parametrize(
+    "name, kwargs, message",
+    [
+        ("2xcpu:8", {}, "no DCN"),
+        ("0xv5p-16", {}, "at least 1"),
+        ("cpu:8", {"num_slices": 2}, "no DCN"),
+        ("2xv5p-16", {"num_slices": 3}, "give the count once"),
+        ("v5p-16", {"num_slices": 0}, "at least 1"),
+        ("v5p-16", {"num_slices": 2.0}, "whole number"),
+        ("99999999999999999xv5p-16", {}, "more than the 256"),
+        ("v5p-16", {"num_slices": 257}, "more than the 256"),
+    ],
+)
 def test_bad_slice_counts_are_refused_at_once_with_the_fix(name, kwargs, message):
     # at once: before any walk over the slices or their chips (reading the chip rows cold is a few
     # thousand lines of Python; a walk over 10^17 slices would be billions)
@@ -51,8 +65,9 @@ def test_across_slices_is_the_hierarchical_time_by_hand():
     # ICI: 3/4 of the array at 9e10; DCN: half of this device's quarter at 6.25e9 per chip
     by_hand = gathered * 3 / 4 / 9e10 + gathered / 4 / 2 / V5P_DCN + 2e-6
     assert crossing.size == 8
-    assert float(all_gather(gathered, 8, crossing.collective_bw_bytes_per_s, crossing.collective_latency_s)) \
-        == pytest.approx(by_hand, rel=1e-12)
+    assert float(
+        all_gather(gathered, 8, crossing.collective_bw_bytes_per_s, crossing.collective_latency_s)
+    ) == pytest.approx(by_hand, rel=1e-12)
     dcn_part = gathered / 4 / 2 / V5P_DCN
     assert topo.dcn_share(ici, 2) == pytest.approx(dcn_part / (by_hand - 2e-6), rel=1e-12)
     assert topo.across_slices(ici, 1) is ici and topo.dcn_share(ici, 1) == 0.0
@@ -78,8 +93,9 @@ def test_a_data_all_reduce_over_dcn_alone_takes_the_dcn_time_by_hand():
 
 
 def test_the_same_mesh_inside_one_slice_is_faster_than_over_dcn():
-    one = Plan(model=get_model("llama3.1-8b"), topology="v5p-32", seq_len=8192, global_batch=16,
-               mesh=make_mesh(data=2, fsdp=8))
+    one = Plan(
+        model=get_model("llama3.1-8b"), topology="v5p-32", seq_len=8192, global_batch=16, mesh=make_mesh(data=2, fsdp=8)
+    )
     two = _plan(mesh=make_mesh(data=2, fsdp=8), dcn_data=2)
     assert one.num_slices == 1 and get_topology(one.topology).num_devices == 16
     assert estimate(two).comm_s["data_all_reduce"] > 3 * estimate(one).comm_s["data_all_reduce"]
@@ -94,11 +110,14 @@ def test_fsdp_over_dcn_shows_in_the_segments_and_the_explanation():
     assert family["exposed_seconds"] == e.exposed_s["fsdp"]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"mesh": make_mesh(data=2, fsdp=8)}, "must equal the 2 slices"),
-    ({"mesh": make_mesh(data=2, fsdp=8), "dcn_fsdp": 2, "dcn_data": 2}, "must equal the 2 slices"),
-    ({"mesh": make_mesh(fsdp=8, context=2), "dcn_data": 2}, "data=1 cannot span dcn_data=2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mesh": make_mesh(data=2, fsdp=8)}, "must equal the 2 slices"),
+        ({"mesh": make_mesh(data=2, fsdp=8), "dcn_fsdp": 2, "dcn_data": 2}, "must equal the 2 slices"),
+        ({"mesh": make_mesh(fsdp=8, context=2), "dcn_data": 2}, "data=1 cannot span dcn_data=2"),
+    ],
+)
 def test_a_plan_spans_every_slice_with_data_and_fsdp_only(kwargs, message):
     with pytest.raises(CpplanError, match=message):
         _plan(**kwargs)
@@ -109,8 +128,7 @@ def test_plan_json_round_trips_its_slices_and_one_slice_json_is_unchanged():
     row = json.loads(plan.to_json())
     assert (row["topology"], row["dcn_data"], row["dcn_fsdp"]) == ("2xv5p:2x2x2", 2, 1)
     assert Plan.from_json(plan.to_json()) == plan
-    one = Plan(model=get_model("llama3.1-8b"), topology="v5p-16", seq_len=8192, global_batch=8,
-               mesh=make_mesh(fsdp=8))
+    one = Plan(model=get_model("llama3.1-8b"), topology="v5p-16", seq_len=8192, global_batch=8, mesh=make_mesh(fsdp=8))
     assert "dcn_data" not in one.to_dict()
 
 
@@ -142,8 +160,10 @@ def test_maxtext_flags_carry_the_slices_both_ways():
 def test_a_maxtext_two_slice_run_is_priced_over_both_slices():
     # MaxText's multi-slice AOT example: the defaults put the slices on data (dcn_data_parallelism=-1)
     # and one slice's devices on fsdp (ici_fsdp_parallelism=-1); per_device_batch_size counts every device
-    flags = ("python3 -m MaxText.train_compile MaxText/configs/base.yml compile_topology=v5e-256 "
-             "compile_topology_num_slices=2 model_name=llama3.1-8b per_device_batch_size=4 max_target_length=2048")
+    flags = (
+        "python3 -m MaxText.train_compile MaxText/configs/base.yml compile_topology=v5e-256 "
+        "compile_topology_num_slices=2 model_name=llama3.1-8b per_device_batch_size=4 max_target_length=2048"
+    )
     plan = Plan.from_maxtext(flags)
     assert plan.topology == "2xv5e:16x16" and (plan.dcn_data, plan.dcn_fsdp) == (2, 1)
     assert plan.mesh_dict["data"] == 2 and plan.mesh_dict["fsdp"] == 256
@@ -152,10 +172,13 @@ def test_a_maxtext_two_slice_run_is_priced_over_both_slices():
     assert fsdp_across.mesh_dict["fsdp"] == 512 and fsdp_across.dcn_fsdp == 2
 
 
-@pytest.mark.parametrize("extra, message", [
-    ("dcn_tensor_parallelism=2", "dcn_tensor_parallelism=1"),
-    ("dcn_data_parallelism=4", "must equal the 2 slices"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("dcn_tensor_parallelism=2", "dcn_tensor_parallelism=1"),
+        ("dcn_data_parallelism=4", "must equal the 2 slices"),
+    ],
+)
 def test_maxtext_dcn_axes_that_the_planner_does_not_span_are_refused(extra, message):
     flags = f"compile_topology=v5e-256 compile_topology_num_slices=2 model_name=llama3.1-8b {extra}"
     with pytest.raises(CpplanError, match=message):
@@ -174,8 +197,23 @@ def test_max_seq_len_over_two_slices_takes_a_sequence_per_slice():
 def test_the_cli_flag_plans_over_several_slices(capsys):
     import cli
 
-    assert cli.main(["export", "--model", "llama3.1-8b", "--seq-len", "128k", "--topology", "v5p-128",
-                     "--num-slices", "2", "--json"]) == 0
+    assert (
+        cli.main(
+            [
+                "export",
+                "--model",
+                "llama3.1-8b",
+                "--seq-len",
+                "128k",
+                "--topology",
+                "v5p-128",
+                "--num-slices",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     flags, compile_flags = out["flags"], out["compile_flags"]
     assert compile_flags["compile_topology"] == "v5p-128" and compile_flags["compile_topology_num_slices"] == 2

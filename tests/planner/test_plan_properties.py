@@ -1,4 +1,5 @@
 """Properties that hold for every plan: monotone costs, JSON and MaxText round trips."""
+
 import dataclasses
 
 import pytest
@@ -6,13 +7,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cost_models.errors import CpplanError
-from cost_models.pricing import backward_bytes
-from planner.estimate import estimate
 from cost_models.models import MODELS
+from cost_models.pricing import backward_bytes
 from cost_models.strategies import STRATEGIES, strategies_for
 from cost_models.topology import get_topology
 from cost_models.vocabulary import AXES, LoadBalance, RematPolicy
 from planner import Plan, make_mesh
+from planner.estimate import estimate
 from planner.maxtext import maxtext_block, maxtext_problems
 from planner.options import ordered_factorizations
 
@@ -30,12 +31,20 @@ def plans(draw, topologies=TOPOLOGIES):
     balanced = STRATEGIES[strategy].balances_load
     cp = mesh["context"] * mesh["context_ulysses"]
     seq_len = 2 * cp * draw(st.sampled_from([128, 256, 1024, 4096]))
-    return Plan(model=MODELS[draw(st.sampled_from(MODEL_NAMES))], topology=topo.name, seq_len=seq_len,
-                global_batch=mesh["data"] * mesh["fsdp"] * draw(st.integers(1, 3)), mesh=make_mesh(**mesh),
-                axis_order=tuple(draw(st.permutations(AXES))), cp_strategy=strategy,
-                load_balance=draw(st.sampled_from(list(LoadBalance))) if balanced else LoadBalance.NONE,
-                remat=draw(st.sampled_from(list(RematPolicy))), block_q=128, block_kv=128,
-                loss_chunk_tokens=draw(st.sampled_from([0, 1024])))
+    return Plan(
+        model=MODELS[draw(st.sampled_from(MODEL_NAMES))],
+        topology=topo.name,
+        seq_len=seq_len,
+        global_batch=mesh["data"] * mesh["fsdp"] * draw(st.integers(1, 3)),
+        mesh=make_mesh(**mesh),
+        axis_order=tuple(draw(st.permutations(AXES))),
+        cp_strategy=strategy,
+        load_balance=draw(st.sampled_from(list(LoadBalance))) if balanced else LoadBalance.NONE,
+        remat=draw(st.sampled_from(list(RematPolicy))),
+        block_q=128,
+        block_kv=128,
+        loss_chunk_tokens=draw(st.sampled_from([0, 1024])),
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -67,28 +76,45 @@ def test_maxtext_round_trip(plan):
     devices = plan.topology_spec.num_devices
     tokens_per_device = plan.seq_len * plan.global_batch // devices * plan.axis_size("tensor")
     block = maxtext_block(plan)
-    plan = dataclasses.replace(plan, axis_order=AXES, physical_order=(), block_q=block, block_kv=block,
-                               loss_chunk_tokens=tokens_per_device // 2 if plan.loss_chunk_tokens else 0)
+    plan = dataclasses.replace(
+        plan,
+        axis_order=AXES,
+        physical_order=(),
+        block_q=block,
+        block_kv=block,
+        loss_chunk_tokens=tokens_per_device // 2 if plan.loss_chunk_tokens else 0,
+    )
     plan = Plan.from_dict(plan.to_dict())  # re-derive the default physical order
     assert Plan.from_maxtext(plan.to_maxtext()) == plan
 
 
 def test_maxtext_refuses_what_maxtext_refuses():
     # MaxText 0.2.5 balances USP's load over an even ring degree only
-    plan = Plan(MODELS["tiny-mha"], "cpu:12", 9216, 1, make_mesh(context=3, context_ulysses=4), cp_strategy="usp",
-                load_balance="zigzag")
+    plan = Plan(
+        MODELS["tiny-mha"],
+        "cpu:12",
+        9216,
+        1,
+        make_mesh(context=3, context_ulysses=4),
+        cp_strategy="usp",
+        load_balance="zigzag",
+    )
     with pytest.raises(CpplanError, match="even ring degree"):
         plan.to_maxtext()
     # cpplan replicates KV heads for Ulysses; MaxText does not
-    plan = Plan(MODELS["llama3.1-8b"], "v5p:2x4x4", 262144, 1, make_mesh(context_ulysses=16, fsdp=2),
-                cp_strategy="ulysses")
+    plan = Plan(
+        MODELS["llama3.1-8b"], "v5p:2x4x4", 262144, 1, make_mesh(context_ulysses=16, fsdp=2), cp_strategy="ulysses"
+    )
     with pytest.raises(CpplanError, match="num_kv_heads=8 divisible by its degree 16"):
         plan.to_maxtext()
 
 
 @settings(max_examples=40, deadline=None)
-@given(model=st.sampled_from(MODEL_NAMES), exponent=st.integers(10, 22),
-       topology=st.sampled_from(["cpu:8", "v5p:2x2x2", "tpu7x:2x2x1", "v5p:4x4x4"]))
+@given(
+    model=st.sampled_from(MODEL_NAMES),
+    exponent=st.integers(10, 22),
+    topology=st.sampled_from(["cpu:8", "v5p:2x2x2", "tpu7x:2x2x1", "v5p:4x4x4"]),
+)
 def test_a_rejected_candidate_never_ranks(model, exponent, topology):
     from planner.api import run_search
 

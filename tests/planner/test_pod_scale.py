@@ -1,4 +1,5 @@
 """Plans at pod scale: every slice and batch gets a plan or checked advice."""
+
 import pytest
 from bounded_work import at_most_lines
 from hypothesis import HealthCheck, given, settings
@@ -22,8 +23,10 @@ def test_full_pods_plan_at_4m_tokens(topology, odd):
     assert e.best is not None
     mesh = e.best.mesh_dict
     assert e.result.global_batch % odd == 0 and (mesh["data"] * mesh["fsdp"]) % odd == 0
-    assert f"no mesh splits up to twice the target's sequences over {e.result.topology.num_devices} devices" \
+    assert (
+        f"no mesh splits up to twice the target's sequences over {e.result.topology.num_devices} devices"
         in e.result.batch_note
+    )
 
 
 def test_a_target_the_pod_cannot_split_takes_the_nearest_count_that_it_can():
@@ -68,15 +71,19 @@ def test_a_fixed_mesh_that_does_not_cover_the_devices_is_refused_first():
     with pytest.raises(CpplanError, match=r"mesh context=16 spans 16 devices; cpu:8 has 8"):
         planner.explain("tiny", 1024, "cpu:8", mesh={"context": 16})
     with pytest.raises(CpplanError, match=r"covers 8 of v5p:2x2x4's 16 devices"):
-        planner.explain("tiny", 1024, "v5p:2x2x4", mesh={"data": 1, "fsdp": 2, "context": 4, "context_ulysses": 1,
-                                                          "tensor": 1})
+        planner.explain(
+            "tiny", 1024, "v5p:2x2x4", mesh={"data": 1, "fsdp": 2, "context": 4, "context_ulysses": 1, "tensor": 1}
+        )
 
 
-@pytest.mark.parametrize("name, words", [
-    ("v5p-99999999999998", "the largest v5p pod has 8960 chips (v5p-17920)"),
-    ("tpu7x-10000000000000000000000", "the largest tpu7x pod has 9216 chips"),
-    ("cpu:999999999999", f"N is at most {max_host_devices()}"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        ("v5p-99999999999998", "the largest v5p pod has 8960 chips (v5p-17920)"),
+        ("tpu7x-10000000000000000000000", "the largest tpu7x pod has 9216 chips"),
+        ("cpu:999999999999", f"N is at most {max_host_devices()}"),
+    ],
+)
 def test_topology_names_answer_at_once(name, words):
     # at once: before any walk over the divisors of the count (reading the chip rows cold is a few
     # thousand lines of Python; the divisors of 10^13 chips would take millions)
@@ -93,12 +100,14 @@ def test_every_slice_of_the_catalogue_is_a_name_that_parses_to_itself():
 
 
 def test_evaluate_prices_the_batch_it_is_given():
-    e = planner.evaluate("llama3.1-8b", "256k", "v5p:2x2x2", strategy="ring", mesh={"context": 8},
-                         global_batch_tokens="1M")
+    e = planner.evaluate(
+        "llama3.1-8b", "256k", "v5p:2x2x2", strategy="ring", mesh={"context": 8}, global_batch_tokens="1M"
+    )
     assert e.tokens_per_step == 2**20  # four sequences, not the count nearest some target
     with pytest.raises(CpplanError, match="not a whole number of 262144-token sequences"):
-        planner.evaluate("llama3.1-8b", "256k", "v5p:2x2x2", strategy="ring", mesh={"context": 8},
-                         global_batch_tokens="300k")
+        planner.evaluate(
+            "llama3.1-8b", "256k", "v5p:2x2x2", strategy="ring", mesh={"context": 8}, global_batch_tokens="300k"
+        )
 
 
 def _chains():
@@ -131,8 +140,15 @@ def requests(draw):
     model = draw(st.sampled_from(sorted(MODELS)))
     exponent = draw(st.integers(10, 25))
     seq_len = min(2**exponent * draw(st.sampled_from([1, 3, 5])), 32 * 2**20)
-    batch = draw(st.sampled_from([{}, {"global_batch_tokens": seq_len * draw(st.sampled_from([1, 2, 3, 35, 64]))},
-                                  {"global_batch": draw(st.sampled_from([1, 2, 9, 35]))}]))
+    batch = draw(
+        st.sampled_from(
+            [
+                {},
+                {"global_batch_tokens": seq_len * draw(st.sampled_from([1, 2, 3, 35, 64]))},
+                {"global_batch": draw(st.sampled_from([1, 2, 9, 35]))},
+            ]
+        )
+    )
     # 1–4 slices over DCN (a host has one)
     slices = 1 if topology.startswith("cpu") else draw(st.integers(1, 4))
     return model, seq_len, topology, dict(batch, num_slices=slices)

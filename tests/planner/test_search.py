@@ -1,4 +1,5 @@
 """The search and the explanation: ranking, rejections with numbers, options, determinism."""
+
 import pytest
 
 import planner
@@ -48,17 +49,31 @@ def test_rejections_name_the_numbers():
 
 def test_ulysses_replicates_kv_heads_but_needs_query_heads_to_split():
     # 8 KV heads, Ulysses 16: KV heads replicate, query heads 32/16 split — feasible
-    e = planner.evaluate("llama3.1-8b", "256k", "v5p:2x2x4", strategy="ulysses", mesh={"context_ulysses": 16},
-                         global_batch_tokens="256k")
+    e = planner.evaluate(
+        "llama3.1-8b", "256k", "v5p:2x2x4", strategy="ulysses", mesh={"context_ulysses": 16}, global_batch_tokens="256k"
+    )
     assert e.step_time_s > 0
     with pytest.raises(CpplanError, match="num_heads/tensor=32/1=32 not divisible by context_ulysses=64"):
-        planner.evaluate("llama3.1-8b", "256k", "v5p:4x4x4", strategy="ulysses", mesh={"context_ulysses": 64},
-                         global_batch_tokens="256k")
+        planner.evaluate(
+            "llama3.1-8b",
+            "256k",
+            "v5p:4x4x4",
+            strategy="ulysses",
+            mesh={"context_ulysses": 64},
+            global_batch_tokens="256k",
+        )
 
 
 def test_options_restrict_the_search():
-    e = planner.explain("llama3.1-8b", "1M", "v5p-256", strategies=["ulysses", "usp"], mesh={"tensor": 1},
-                        remat="full", load_balance="none")
+    e = planner.explain(
+        "llama3.1-8b",
+        "1M",
+        "v5p-256",
+        strategies=["ulysses", "usp"],
+        mesh={"tensor": 1},
+        remat="full",
+        load_balance="none",
+    )
     assert e.result.ranked
     for r in e.result.ranked:
         assert r.plan.cp_strategy in (CPStrategy.ULYSSES, CPStrategy.USP)
@@ -85,12 +100,20 @@ def test_nothing_fits_still_answers_with_what_would():
 
 
 def test_evaluate_returns_unfit_plans_with_the_numbers():
-    e = planner.evaluate("llama3.1-8b", "2M", "v5p-16", strategy="ring", mesh={"context": 8}, remat="full",
-                         global_batch_tokens="2M")
+    e = planner.evaluate(
+        "llama3.1-8b", "2M", "v5p-16", strategy="ring", mesh={"context": 8}, remat="full", global_batch_tokens="2M"
+    )
     assert not e.fits and e.hbm_bytes_per_device > e.hbm_capacity_bytes
     # the splash kernel's mask metadata must fit SMEM too: all-gather at 8M on 8 chips does not
-    e = planner.evaluate("llama3.1-8b", "8M", "v5p-16", strategy="all_gather", mesh={"context": 8}, remat="full",
-                         global_batch_tokens="8M")
+    e = planner.evaluate(
+        "llama3.1-8b",
+        "8M",
+        "v5p-16",
+        strategy="all_gather",
+        mesh={"context": 8},
+        remat="full",
+        global_batch_tokens="8M",
+    )
     assert not e.fits and e.smem_bytes > e.smem_capacity_bytes
 
 
@@ -99,37 +122,64 @@ def test_max_seq_len_fits_and_double_does_not():
     tokens, plan = longest.seq_len, longest.plan
     assert (longest.sequences, longest.note) == (1, None)
     assert tokens >= 1 << 20  # the issue's target: 1M tokens on v5p-16 (MaxText: 512K)
-    assert plan.seq_len == tokens and planner.evaluate(
-        plan.model, tokens, plan.topology, strategy=plan.cp_strategy, mesh=plan.mesh_dict, remat=plan.remat,
-        load_balance=plan.load_balance, global_batch_tokens=tokens).fits
+    assert (
+        plan.seq_len == tokens
+        and planner.evaluate(
+            plan.model,
+            tokens,
+            plan.topology,
+            strategy=plan.cp_strategy,
+            mesh=plan.mesh_dict,
+            remat=plan.remat,
+            load_balance=plan.load_balance,
+            global_batch_tokens=tokens,
+        ).fits
+    )
     assert planner.explain("llama3.1-8b", 2 * tokens, "v5p-16", global_batch_tokens=2 * tokens).best is None
 
 
 def test_explanation_sections(v5p256_4m):
     text = str(v5p256_4m)
-    for heading in ("Chosen plan", "Predicted step", "bottleneck", "MFU", "HBM per device", "Alternatives",
-                    "Best of each strategy", "Rejected", "Why this plan"):
+    for heading in (
+        "Chosen plan",
+        "Predicted step",
+        "bottleneck",
+        "MFU",
+        "HBM per device",
+        "Alternatives",
+        "Best of each strategy",
+        "Rejected",
+        "Why this plan",
+    ):
         assert heading in text
     d = v5p256_4m.to_dict()
     assert planner.Plan.from_dict(d["best"]["plan"]) == v5p256_4m.best
     assert d["best"]["estimate"]["step_time_s"] == v5p256_4m.estimate.step_time_s
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(model="llama3.1-8b", seq_len="4X", topology="v5p-16"), ["128k, 1M or 4M"]),
-    (dict(model="llama3.1-8b", seq_len=0, topology="v5p-16"), ["at least 1 token"]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", strategies=["rings"]),
-     ["unknown strategy 'rings'", "Did you mean 'ring'", "Known: all_gather, none, ring, ulysses, usp."]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", mesh={"sequence": 2}), ["mesh axis 'sequence'"]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", colour="red"), ["unknown option(s) colour"]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=0), ["positive number of sequences"]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch_tokens="-5"),
-     ["cannot read global_batch_tokens '-5'"]),
-    (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=2, global_batch_tokens="8M"),
-     ["give one of them"]),
-    (dict(model="tiny", seq_len=1024, topology="cpu:8", mesh={"context": 16}),
-     ["spans 16 devices; cpu:8 has 8"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(model="llama3.1-8b", seq_len="4X", topology="v5p-16"), ["128k, 1M or 4M"]),
+        (dict(model="llama3.1-8b", seq_len=0, topology="v5p-16"), ["at least 1 token"]),
+        (
+            dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", strategies=["rings"]),
+            ["unknown strategy 'rings'", "Did you mean 'ring'", "Known: all_gather, none, ring, ulysses, usp."],
+        ),
+        (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", mesh={"sequence": 2}), ["mesh axis 'sequence'"]),
+        (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", colour="red"), ["unknown option(s) colour"]),
+        (dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=0), ["positive number of sequences"]),
+        (
+            dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch_tokens="-5"),
+            ["cannot read global_batch_tokens '-5'"],
+        ),
+        (
+            dict(model="llama3.1-8b", seq_len="4M", topology="v5p-16", global_batch=2, global_batch_tokens="8M"),
+            ["give one of them"],
+        ),
+        (dict(model="tiny", seq_len=1024, topology="cpu:8", mesh={"context": 16}), ["spans 16 devices; cpu:8 has 8"]),
+    ],
+)
 def test_bad_input(kwargs, words):
     with pytest.raises(CpplanError) as err:
         planner.explain(**kwargs)

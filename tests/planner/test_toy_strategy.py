@@ -1,6 +1,7 @@
 """A strategy registered in one place is found wherever strategies are listed: the search, the
 explanation, the CLI, the plan's JSON and the MaxText export's refusal (its runtime conformance is
 in tests/runtime/test_conformance.py)."""
+
 import dataclasses
 
 import pytest
@@ -19,8 +20,7 @@ pytestmark = pytest.mark.pure
 def test_a_registered_strategy_is_searched_explained_listed_and_refused_by_maxtext():
     with registered_toy() as toy:
         assert toy in list(CPStrategy) and CPStrategy.parse(NAME) is toy
-        explanation = planner.explain("llama3.1-8b", "128k", "v5p-16", strategies=[NAME],
-                                      global_batch_tokens="128k")
+        explanation = planner.explain("llama3.1-8b", "128k", "v5p-16", strategies=[NAME], global_batch_tokens="128k")
         plan = explanation.best
         assert plan.cp_strategy is toy and "toy gather over context=" in str(explanation)
         # all-gather's price under another name; how much of its traffic hides is read from
@@ -34,6 +34,10 @@ def test_a_registered_strategy_is_searched_explained_listed_and_refused_by_maxte
         with pytest.raises(CpplanError, match=f"MaxText 0.2.5 has no {NAME} strategy"):
             export_maxtext(plan)
         # the MaxText target never offers it
-        assert planner.explain("llama3.1-8b", "128k", "v5p-16", strategies=[NAME], target="maxtext",
-                               global_batch_tokens="128k").best is None
+        assert (
+            planner.explain(
+                "llama3.1-8b", "128k", "v5p-16", strategies=[NAME], target="maxtext", global_batch_tokens="128k"
+            ).best
+            is None
+        )
     assert NAME not in [s.value for s in CPStrategy]

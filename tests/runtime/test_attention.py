@@ -1,4 +1,5 @@
 """cpu_mesh tier: every context-parallel strategy against a dense single-device causal reference."""
+
 import os
 
 import numpy as np
@@ -35,9 +36,19 @@ def model(kv_heads):
 
 
 def make_plan(strategy, mesh, seq_len, *, kv_heads=HEADS, zigzag=False, batch=1):
-    return Plan(model=model(kv_heads), topology="cpu:8", seq_len=seq_len, global_batch=batch, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none", block_q=128, block_kv=128,
-                param_dtype="float32", compute_dtype="float32")
+    return Plan(
+        model=model(kv_heads),
+        topology="cpu:8",
+        seq_len=seq_len,
+        global_batch=batch,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        load_balance="zigzag" if zigzag else "none",
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def inputs(seq_len, kv_heads, batch=1):
@@ -55,8 +66,9 @@ def reference(q, k, v, d_out):
     return out, vjp(d_out)
 
 
-@pytest.mark.parametrize("shape", [(512, 512, 128, 128), (512, 512, 128, 256), (512, 512, 256, 128),
-                                   (1024, 1024, 64, 128)])
+@pytest.mark.parametrize(
+    "shape", [(512, 512, 128, 128), (512, 512, 128, 256), (512, 512, 256, 128), (1024, 1024, 64, 128)]
+)
 def test_causal_metadata_equals_splash_own(shape):
     """The O(blocks) metadata equals what splash derives by evaluating the mask element by element."""
     q_len, kv_len, bq, bkv = shape
@@ -81,11 +93,18 @@ def test_zigzag_order_gives_each_rank_chunks_i_and_2n_minus_1_minus_i():
 # identity (same computation as without), so its zigzag cases are left out. On MaxText's jax one
 # case of each layout runs (zigzag where the layout has it, GQA), the others being the same calls.
 ATTENTION_CASES = [
-    pytest.param(strategy, mesh, seq_len, zigzag, kv_heads,
-                 id=f"{name}-{'zigzag' if zigzag else 'plain'}-{'gqa' if kv_heads < HEADS else 'mha'}",
-                 marks=() if (zigzag or strategy == "ulysses") and kv_heads < HEADS else pytest.mark.release_repeat)
+    pytest.param(
+        strategy,
+        mesh,
+        seq_len,
+        zigzag,
+        kv_heads,
+        id=f"{name}-{'zigzag' if zigzag else 'plain'}-{'gqa' if kv_heads < HEADS else 'mha'}",
+        marks=() if (zigzag or strategy == "ulysses") and kv_heads < HEADS else pytest.mark.release_repeat,
+    )
     for (strategy, mesh, seq_len), name in zip(CASES, ["all_gather8", "ulysses8", "ring8", "usp2x4", "usp4x2"])
-    for zigzag in (False, True) if not (zigzag and strategy == "ulysses")
+    for zigzag in (False, True)
+    if not (zigzag and strategy == "ulysses")
     for kv_heads in (HEADS, 2)
 ]
 
@@ -116,19 +135,45 @@ def test_ring_with_batch_and_tensor_shards():
     assert float(jnp.abs(out - reference(q, k, v, d_out)[0]).max()) <= 1e-4
 
 
-@pytest.mark.parametrize("strategy,mesh,seq_len,heads,kv_heads,zigzag,needle", [
-    ("ulysses", dict(context_ulysses=8), 1024, 4, 4, False, "num_heads/tensor=4/1=4 not divisible by context_ulysses=8"),
-    ("ulysses", dict(context_ulysses=8), 1024, 8, 8, True, "zigzag does nothing for ulysses"),
-    ("ring", dict(context=8), 1000, 8, 8, True, "seq_len=1000 not divisible by 16 context ranks"),
-    ("ring", dict(context=8), 1024, 8, 8, True, "64 key tokens, not a multiple of 128"),
-    ("ring", dict(context=4, context_ulysses=2), 1024, 8, 8, True, "ring needs context > 1 and context_ulysses = 1"),
-    ("all_gather", dict(context=2, tensor=4), 1024, 8, 2, True, "num_kv_heads=2 not divisible by tensor=4"),
-])
+@pytest.mark.parametrize(
+    "strategy,mesh,seq_len,heads,kv_heads,zigzag,needle",
+    [
+        (
+            "ulysses",
+            dict(context_ulysses=8),
+            1024,
+            4,
+            4,
+            False,
+            "num_heads/tensor=4/1=4 not divisible by context_ulysses=8",
+        ),
+        ("ulysses", dict(context_ulysses=8), 1024, 8, 8, True, "zigzag does nothing for ulysses"),
+        ("ring", dict(context=8), 1000, 8, 8, True, "seq_len=1000 not divisible by 16 context ranks"),
+        ("ring", dict(context=8), 1024, 8, 8, True, "64 key tokens, not a multiple of 128"),
+        (
+            "ring",
+            dict(context=4, context_ulysses=2),
+            1024,
+            8,
+            8,
+            True,
+            "ring needs context > 1 and context_ulysses = 1",
+        ),
+        ("all_gather", dict(context=2, tensor=4), 1024, 8, 2, True, "num_kv_heads=2 not divisible by tensor=4"),
+    ],
+)
 def test_bad_plans_fail_before_compiling(strategy, mesh, seq_len, heads, kv_heads, zigzag, needle):
     """The runtime refuses with its strategy spec's rule (the one the planner prices by)."""
     spec = ModelSpec("bad", 1, 64, heads, kv_heads, HEAD_DIM, 128, 256)
-    plan = Plan(model=spec, topology="cpu:8", seq_len=seq_len, global_batch=1, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none")
+    plan = Plan(
+        model=spec,
+        topology="cpu:8",
+        seq_len=seq_len,
+        global_batch=1,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        load_balance="zigzag" if zigzag else "none",
+    )
     q = jnp.zeros((1, seq_len, heads, HEAD_DIM))
     kv = jnp.zeros((1, seq_len, kv_heads, HEAD_DIM))
     with pytest.raises(CpplanError, match=needle):
@@ -136,15 +181,23 @@ def test_bad_plans_fail_before_compiling(strategy, mesh, seq_len, heads, kv_head
 
 
 def test_plan_for_other_topology_than_devices_present():
-    plan = Plan(model=model(HEADS), topology="cpu:4", seq_len=1024, global_batch=1, mesh=make_mesh(context=4),
-                cp_strategy="ring")
+    plan = Plan(
+        model=model(HEADS),
+        topology="cpu:4",
+        seq_len=1024,
+        global_batch=1,
+        mesh=make_mesh(context=4),
+        cp_strategy="ring",
+    )
     with pytest.raises(CpplanError, match="cpu:4 \\(4 devices\\) but 8 devices are present"):
         build_mesh(plan)
     assert len(jax.devices()) == 8 and os.environ["JAX_PLATFORMS"] == "cpu"
 
 
-@pytest.mark.parametrize("q_len,kv_len,bq,bkv", [(1024, 1024, 128, 128), (65536, 1024, 128, 128),
-                                                 (1024, 65536, 128, 256), (4096, 40960, 128, 128)])
+@pytest.mark.parametrize(
+    "q_len,kv_len,bq,bkv",
+    [(1024, 1024, 128, 128), (65536, 1024, 128, 128), (1024, 65536, 128, 256), (4096, 40960, 128, 128)],
+)
 def test_the_cost_model_smem_formula_is_the_size_of_the_runtime_tables(q_len, kv_len, bq, bkv):
     """The SMEM the planner prices bounds what the runtime's tables take (the block mask and the
     data_next table of the larger of the forward and dK/dV kernels, each in its downcast dtype),

@@ -1,5 +1,6 @@
 """cpplan's TPU compiler flags merged into a user's LIBTPU_INIT_ARGS (`runtime.compile`): the
 user's flags win, cpplan's fill in the rest, and a real run's process gets them before libtpu starts."""
+
 import os
 
 import pytest
@@ -71,8 +72,10 @@ def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wi
     narrow = dataclasses.replace(plan, block_q=1024, block_kv=1024)
     assert scoped_vmem_flag(narrow.scoped_vmem_limit_kib) == ""
     assert merged_compiler_args("", "v5p", extra) == extra
-    assert merged_compiler_args("--xla_tpu_scoped_vmem_limit_kib=61440", "v5p", extra) == \
-        "--xla_tpu_scoped_vmem_limit_kib=61440"
+    assert (
+        merged_compiler_args("--xla_tpu_scoped_vmem_limit_kib=61440", "v5p", extra)
+        == "--xla_tpu_scoped_vmem_limit_kib=61440"
+    )
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
     use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow, wide])

@@ -1,6 +1,7 @@
 """The runtime conforms to the cost model's specs: it makes the splash calls each strategy spec
 lists (count per device, query/key lengths, heads, mask, query block), accepts what the spec
 accepts, refuses what it refuses, and keeps exactly what the remat table says each policy keeps."""
+
 import collections
 import contextlib
 import io
@@ -39,9 +40,19 @@ def attention_model(heads, kv_heads):
 
 
 def make_plan(strategy, mesh, seq_len, *, heads=8, kv_heads=8, zigzag=False, batch=1, block=128):
-    return Plan(model=attention_model(heads, kv_heads), topology="cpu:8", seq_len=seq_len, global_batch=batch,
-                mesh=make_mesh(**mesh), cp_strategy=strategy, load_balance="zigzag" if zigzag else "none",
-                block_q=block, block_kv=block, param_dtype="float32", compute_dtype="float32")
+    return Plan(
+        model=attention_model(heads, kv_heads),
+        topology="cpu:8",
+        seq_len=seq_len,
+        global_batch=batch,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        load_balance="zigzag" if zigzag else "none",
+        block_q=block,
+        block_kv=block,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def arrays(plan):
@@ -53,8 +64,14 @@ def arrays(plan):
 
 def call_key(kernel, q, k):
     """What a splash call is, as the spec describes one: lengths, heads (batch folded in), mask, query block."""
-    return (q.shape[1], k.shape[1], q.shape[0], k.shape[0], kernel.mask_function is not None,
-            kernel.block_sizes.block_q)
+    return (
+        q.shape[1],
+        k.shape[1],
+        q.shape[0],
+        k.shape[0],
+        kernel.mask_function is not None,
+        kernel.block_sizes.block_q,
+    )
 
 
 @pytest.fixture
@@ -69,6 +86,7 @@ def recorded(monkeypatch):
             device = jax.lax.axis_index(AXES)
             jax.debug.callback(lambda d: ran.append((int(d), key)), device)
             return fn(kernel, q, k, v)
+
         return recording
 
     monkeypatch.setattr(splash, "attend", wrap(splash.attend))
@@ -88,8 +106,9 @@ def spec_calls(plan, *, shared_cores):
         if count:
             q_len, kv_len = int(call.q_len), int(call.kv_len)
             block_q = int(min(plan.block_q, q_len, float(call.q_block_cap)))
-            calls[(q_len, kv_len, int(sequences * layout.q_heads), int(sequences * layout.kv_heads), call.causal,
-                   block_q)] += count
+            calls[
+                (q_len, kv_len, int(sequences * layout.q_heads), int(sequences * layout.kv_heads), call.causal, block_q)
+            ] += count
     return calls
 
 
@@ -108,8 +127,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("strategy,mesh,seq_len,options", CASES,
-                         ids=[f"{s}-{'x'.join(map(str, m.values()))}-{n}" for s, m, n, _ in CASES])
+@pytest.mark.parametrize(
+    "strategy,mesh,seq_len,options", CASES, ids=[f"{s}-{'x'.join(map(str, m.values()))}-{n}" for s, m, n, _ in CASES]
+)
 def test_runtime_makes_the_spec_kernel_calls(recorded, strategy, mesh, seq_len, options):
     assert_conforms(recorded, make_plan(strategy, mesh, seq_len, **options))
 
@@ -155,8 +175,7 @@ def _corpus_plan(draw):
     kv_heads = draw(st.sampled_from([h for h in (1, 2, 3, 4, 6, 8, 12, 16, 24) if heads % h == 0]))
     seq_len = draw(st.sampled_from([256, 512, 768, 1024, 2048, 1000]))
     batch = mesh["data"] * mesh["fsdp"] * draw(st.sampled_from([1, 2]))
-    return make_plan(strategy, mesh, seq_len, heads=heads, kv_heads=kv_heads, zigzag=draw(st.booleans()),
-                     batch=batch)
+    return make_plan(strategy, mesh, seq_len, heads=heads, kv_heads=kv_heads, zigzag=draw(st.booleans()), batch=batch)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -169,7 +188,8 @@ def test_spec_and_runtime_accept_and_refuse_the_same_cases(recorded, data):
     plan = _corpus_plan(data.draw)
     violation = plan.strategy_spec.check(plan.shape)
     trace = lambda: jax.make_jaxpr(  # noqa: E731
-        lambda q, k, v: context_attention(q, k, v, plan=plan, mesh=build_mesh(plan)))(*arrays(plan))
+        lambda q, k, v: context_attention(q, k, v, plan=plan, mesh=build_mesh(plan))
+    )(*arrays(plan))
     if violation is None and plan.global_batch % (plan.axis_size("data") * plan.axis_size("fsdp")) == 0:
         trace()
         listed = set(spec_calls(plan, shared_cores=True)) | set(spec_calls(plan, shared_cores=False))
@@ -206,14 +226,22 @@ def test_every_strategy_runtime_module_has_a_spec():
 # and per name. The rest are rows of the same table, checked by tests/cost_models/test_remat_table.py; each
 # case here traces and compiles a layer (about 12 s), so CI runs these five behind the ring and two
 # behind Ulysses.
-RUNTIME_POLICIES = (RematPolicy.FULL, RematPolicy.SAVE_QKV_PROJ, RematPolicy.MINIMAL_WITH_CONTEXT,
-                    RematPolicy.MINIMAL_OFFLOADED, RematPolicy.CUSTOM)
+RUNTIME_POLICIES = (
+    RematPolicy.FULL,
+    RematPolicy.SAVE_QKV_PROJ,
+    RematPolicy.MINIMAL_WITH_CONTEXT,
+    RematPolicy.MINIMAL_OFFLOADED,
+    RematPolicy.CUSTOM,
+)
 
 
 # every policy behind the ring; behind Ulysses' all-to-all, one that keeps the attention output and
 # one that recomputes it
-RESIDUAL_CASES = [*((p, "ring") for p in RUNTIME_POLICIES),
-                  (RematPolicy.MINIMAL_WITH_CONTEXT, "ulysses"), (RematPolicy.FULL, "ulysses")]
+RESIDUAL_CASES = [
+    *((p, "ring") for p in RUNTIME_POLICIES),
+    (RematPolicy.MINIMAL_WITH_CONTEXT, "ulysses"),
+    (RematPolicy.FULL, "ulysses"),
+]
 RESIDUAL_MESHES = {"ring": (make_mesh(context=8), 1), "ulysses": (make_mesh(context_ulysses=4, fsdp=2), 2)}
 
 
@@ -229,8 +257,17 @@ def test_runtime_keeps_what_the_remat_table_says(policy, strategy):
     from runtime.model import DecoderLayer, remat_policy
 
     mesh, batch = RESIDUAL_MESHES[strategy]
-    plan = Plan(model=MODELS["tiny"], topology="cpu:8", seq_len=1024, global_batch=batch, mesh=mesh,
-                cp_strategy=strategy, remat=policy, param_dtype="float32", compute_dtype="float32")
+    plan = Plan(
+        model=MODELS["tiny"],
+        topology="cpu:8",
+        seq_len=1024,
+        global_batch=batch,
+        mesh=mesh,
+        cp_strategy=strategy,
+        remat=policy,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
     layer = nn.remat(DecoderLayer, policy=remat_policy(policy), prevent_cse=False)(plan, build_mesh(plan))
     x, positions = jnp.zeros((batch, plan.seq_len, plan.model.hidden)), jnp.zeros((batch, plan.seq_len), jnp.int32)
     params = layer.init(jax.random.PRNGKey(0), x, positions)
@@ -271,12 +308,24 @@ def layer_gradients():
 
     def grads(policy):
         if policy not in cache:
-            plan = Plan(model=MODELS["tiny"], topology="cpu:8", seq_len=256, global_batch=4,
-                        mesh=make_mesh(fsdp=4, tensor=2), remat=policy or "full", block_q=128, block_kv=128,
-                        remat_custom=custom if policy is RematPolicy.CUSTOM else (), param_dtype="float32",
-                        compute_dtype="float32")
-            layer = DecoderLayer if policy is None else nn.remat(
-                DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
+            plan = Plan(
+                model=MODELS["tiny"],
+                topology="cpu:8",
+                seq_len=256,
+                global_batch=4,
+                mesh=make_mesh(fsdp=4, tensor=2),
+                remat=policy or "full",
+                block_q=128,
+                block_kv=128,
+                remat_custom=custom if policy is RematPolicy.CUSTOM else (),
+                param_dtype="float32",
+                compute_dtype="float32",
+            )
+            layer = (
+                DecoderLayer
+                if policy is None
+                else nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
+            )
             module = layer(plan, build_mesh(plan))
             params = module.init(jax.random.PRNGKey(0), x, positions)
             loss = lambda p, x: (module.apply(p, x, positions)[0] ** 2).sum()  # noqa: E731

@@ -1,4 +1,5 @@
 """pure tier: the token readers, packing, determinism, process sharding and bad input of `runtime.data`."""
+
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ STREAM = np.concatenate(DOCUMENTS)  # 21 tokens
 def windows(stream, seq_len):
     """Every row of an epoch, in stream order: seq_len+1 tokens with stride seq_len."""
     count = (len(stream) - 1) // seq_len
-    return np.stack([stream[i * seq_len:i * seq_len + seq_len + 1] for i in range(count)])
+    return np.stack([stream[i * seq_len : i * seq_len + seq_len + 1] for i in range(count)])
 
 
 def all_rows(dataset, steps, batch):
@@ -49,8 +50,12 @@ def test_each_epoch_visits_every_row_once_in_a_fresh_order(files, form):
 
 
 def test_the_three_forms_give_the_same_batches(files):
-    batches = [open_dataset(files[f], seq_len=4, vocab=VOCAB, seed=3, dtype=None if f == "npy" else f)
-               .batch(2, global_batch=3).tokens for f in ("npy", "uint16", "uint32")]
+    batches = [
+        open_dataset(files[f], seq_len=4, vocab=VOCAB, seed=3, dtype=None if f == "npy" else f)
+        .batch(2, global_batch=3)
+        .tokens
+        for f in ("npy", "uint16", "uint32")
+    ]
     np.testing.assert_array_equal(batches[0], batches[1])
     np.testing.assert_array_equal(batches[0], batches[2])
 
@@ -107,8 +112,7 @@ def test_same_step_same_batch_from_a_fresh_open(files):
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_array_equal(a.segment_ids, b.segment_ids)
     other_seed = np.concatenate([open_(6).batch(s, global_batch=5).tokens for s in range(3)])
-    assert not np.array_equal(np.concatenate([open_(5).batch(s, global_batch=5).tokens for s in range(3)]),
-                              other_seed)
+    assert not np.array_equal(np.concatenate([open_(5).batch(s, global_batch=5).tokens for s in range(3)]), other_seed)
 
 
 @pytest.mark.parametrize("source", ["npy", None])
@@ -118,8 +122,9 @@ def test_process_batches_concatenate_to_the_global_batch(files, source, processe
     dataset = open_dataset(path, seq_len=4, vocab=VOCAB, seed=1, pack=bool(source), eos_id=EOS if source else None)
     for step in (0, 3):
         whole = dataset.batch(step, global_batch=8)
-        parts = [dataset.batch(step, global_batch=8, process_index=p, process_count=processes)
-                 for p in range(processes)]
+        parts = [
+            dataset.batch(step, global_batch=8, process_index=p, process_count=processes) for p in range(processes)
+        ]
         assert all(p.tokens.shape == (8 // processes, 5) for p in parts)
         np.testing.assert_array_equal(np.concatenate([p.tokens for p in parts]), whole.tokens)
         if source:
@@ -130,11 +135,13 @@ def test_synthetic_is_the_default_and_deterministic():
     dataset = open_dataset(None, seq_len=16, vocab=50, seed=2)
     a = dataset.batch(4, global_batch=3)
     assert a.segment_ids is None and a.tokens.shape == (3, 17) and a.tokens.max() < 50
-    np.testing.assert_array_equal(a.tokens, open_dataset("synthetic", seq_len=16, vocab=50, seed=2)
-                                  .batch(4, global_batch=3).tokens)
+    np.testing.assert_array_equal(
+        a.tokens, open_dataset("synthetic", seq_len=16, vocab=50, seed=2).batch(4, global_batch=3).tokens
+    )
     assert not np.array_equal(a.tokens, dataset.batch(5, global_batch=3).tokens)
-    np.testing.assert_array_equal(next(synthetic_batches(vocab=50, batch=3, seq_len=16, seed=2)),
-                                  dataset.batch(0, global_batch=3).tokens)
+    np.testing.assert_array_equal(
+        next(synthetic_batches(vocab=50, batch=3, seq_len=16, seed=2)), dataset.batch(0, global_batch=3).tokens
+    )
 
 
 def test_text_is_bytes(tmp_path):
@@ -173,8 +180,12 @@ BAD = [
     (lambda f, t: open_dataset(f["npy"], seq_len=21, vocab=VOCAB), "fewer than one sequence"),
     (lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=VOCAB, pack=True), "needs its document boundaries"),
     (lambda f, t: open_dataset(None, seq_len=4, vocab=VOCAB, pack=True), "synthetic data has no documents"),
-    (lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=VOCAB).batch(0, global_batch=3, process_index=0,
-                                                                         process_count=2), "does not split"),
+    (
+        lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=VOCAB).batch(
+            0, global_batch=3, process_index=0, process_count=2
+        ),
+        "does not split",
+    ),
     (lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=VOCAB).batch(-1, global_batch=2), "step=-1"),
     (lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=VOCAB, pack=True, eos_id=VOCAB), "eos_id=1000"),
     (lambda f, t: open_dataset(f["npy"], seq_len=4, vocab=100), None),  # fine until a batch is read
@@ -196,12 +207,13 @@ def test_bad_files(tmp_path):
     (tmp_path / "odd.bin").write_bytes(b"\x01\x02\x03")
     np.save(tmp_path / "tokens.npy", STREAM)
     np.save(tmp_path / "bad_starts.npy", np.array([0, 5, 3]))
-    cases = [(dict(source=tmp_path / "floats.npy"), "1-D float32"),
-             (dict(source=tmp_path / "matrix.npy"), "2-D int32"),
-             (dict(source=tmp_path / "odd.bin", dtype="uint16"), "not a multiple of 2"),
-             (dict(source=tmp_path / "tokens.npy", offsets=tmp_path / "bad_starts.npy", pack=True),
-              "increase strictly"),
-             (dict(source=tmp_path), "cannot read training text")]
+    cases = [
+        (dict(source=tmp_path / "floats.npy"), "1-D float32"),
+        (dict(source=tmp_path / "matrix.npy"), "2-D int32"),
+        (dict(source=tmp_path / "odd.bin", dtype="uint16"), "not a multiple of 2"),
+        (dict(source=tmp_path / "tokens.npy", offsets=tmp_path / "bad_starts.npy", pack=True), "increase strictly"),
+        (dict(source=tmp_path), "cannot read training text"),
+    ]
     for kwargs, needle in cases:
         with pytest.raises(CpplanError, match=needle):
             open_dataset(**kwargs, seq_len=2, vocab=VOCAB)

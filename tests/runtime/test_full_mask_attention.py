@@ -3,6 +3,7 @@ its spec prices it — the ring's local block and every hop whole, the all-gathe
 matches a dense one-device reference without a mask, forward and backward; deviceless for a TPU
 slice (tpu_compile tier) its all-gather step (each device's 1024 queries against all 4096 keys)
 compiles and fits."""
+
 import dataclasses
 import os
 
@@ -26,8 +27,18 @@ ENCODER = ModelSpec("encoder-test", 1, 64, HEADS, KV_HEADS, HEAD_DIM, 128, 256, 
 
 
 def make_plan(strategy, mesh):
-    return Plan(model=ENCODER, topology="cpu:8", seq_len=SEQ, global_batch=1, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, block_q=128, block_kv=128, param_dtype="float32", compute_dtype="float32")
+    return Plan(
+        model=ENCODER,
+        topology="cpu:8",
+        seq_len=SEQ,
+        global_batch=1,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 @pytest.mark.cpu_mesh
@@ -40,6 +51,7 @@ def test_full_mask_matches_dense_and_makes_the_spec_calls(strategy, monkeypatch)
         def call(kernel, *arrays):
             masks.append(kernel.mask_function is not None)
             return fn(kernel, *arrays)
+
         return call
 
     for name in ("attend", "attend_with_lse"):
@@ -77,7 +89,16 @@ def test_the_runtime_refuses_zigzag_order_under_a_full_mask():
 def test_full_mask_all_gather_compiles_for_tpu():
     pytest.importorskip("libtpu")
     encoder = dataclasses.replace(get_model("tiny"), name="tiny-encoder", causal=False)
-    plan = Plan(model=encoder, topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(context=4),
-                cp_strategy="all_gather", block_q=256, block_kv=256, loss_chunk_tokens=256)
+    plan = Plan(
+        model=encoder,
+        topology="v5p:2x2x1",
+        seq_len=4096,
+        global_batch=1,
+        mesh=make_mesh(context=4),
+        cp_strategy="all_gather",
+        block_q=256,
+        block_kv=256,
+        loss_chunk_tokens=256,
+    )
     report = compile_for(plan)
     assert report.fits and report.temp_bytes > 0

@@ -2,6 +2,7 @@
 the one that keeps it on device, and the runtime's jax policy offloads the layer's named input.
 (On CPU jax lowers the offload to no copy; the deviceless TPU compile in bench_memory shows the
 host-memory stacks and the HBM they free.)"""
+
 import numpy as np
 import pytest
 
@@ -11,8 +12,8 @@ from cost_models.models import ModelSpec  # noqa: E402
 from cost_models.remat import LAYER_INPUT  # noqa: E402
 from cost_models.vocabulary import RematPolicy  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
-from runtime.model import remat_policy  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
+from runtime.model import remat_policy  # noqa: E402
 from runtime.train import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
@@ -22,9 +23,19 @@ STEPS = 2
 
 
 def make_plan(placement: str) -> Plan:
-    return Plan(model=MODEL, topology="cpu:8", seq_len=SEQ, global_batch=4, mesh=make_mesh(fsdp=4, tensor=2),
-                remat="custom", remat_custom={LAYER_INPUT: placement, "query_proj": "device"}, block_q=128,
-                block_kv=128, param_dtype="float32", compute_dtype="float32")
+    return Plan(
+        model=MODEL,
+        topology="cpu:8",
+        seq_len=SEQ,
+        global_batch=4,
+        mesh=make_mesh(fsdp=4, tensor=2),
+        remat="custom",
+        remat_custom={LAYER_INPUT: placement, "query_proj": "device"},
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def losses(placement: str) -> list[float]:

@@ -2,6 +2,7 @@
 sharded MLP (fsdp, tensor with sequence parallelism, token chunks, remat) equals a dense
 one-device reference; a plain-MLP training step equals the one-device step; the parameters the
 runtime creates are the ones the cost model counts."""
+
 import dataclasses
 import math
 
@@ -10,6 +11,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from runtime_steps import one_step  # noqa: E402
 
 from cost_models.models import ModelSpec  # noqa: E402
 from cost_models.work_layout import weight_arrays_per_layer  # noqa: E402
@@ -17,7 +19,6 @@ from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import ACTIVATION_FUNCTIONS, RESIDUAL, mlp_block  # noqa: E402
 from runtime.train import Trainer  # noqa: E402
-from runtime_steps import one_step  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
@@ -27,9 +28,19 @@ PLAIN = dataclasses.replace(GATED, name="mlp-test-plain", mlp_activations=("relu
 
 
 def make_plan(model, mesh, *, remat="full", topology="cpu:8", strategy="none", batch=2, seq_len=SEQ):
-    return Plan(model=model, topology=topology, seq_len=seq_len, global_batch=batch, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, remat=remat, block_q=128, block_kv=128, param_dtype="float32",
-                compute_dtype="float32")
+    return Plan(
+        model=model,
+        topology=topology,
+        seq_len=seq_len,
+        global_batch=batch,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        remat=remat,
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def test_every_activation_cpplan_accepts_runs():
@@ -38,8 +49,9 @@ def test_every_activation_cpplan_accepts_runs():
     assert set(ACTIVATION_FUNCTIONS) == set(MLP_ACTIVATIONS)
 
 
-@pytest.mark.parametrize("activations,remat", [(("relu",), "minimal"), (("gelu",), "full"),
-                                               (("gelu", "linear"), "save_dot_except_mlp")])
+@pytest.mark.parametrize(
+    "activations,remat", [(("relu",), "minimal"), (("gelu",), "full"), (("gelu", "linear"), "save_dot_except_mlp")]
+)
 def test_sharded_mlp_equals_the_dense_mlp(monkeypatch, activations, remat):
     """Output and gradients (input and weights) of the MLP over fsdp 2 × tensor 2 × data 2, in
     chunks of 64 tokens, against act_0(x·wi_0) · ... · wo on one device."""

@@ -6,6 +6,7 @@ covers the strategies in sequence. The meshes are cut so that some axes span the
 ring over all eight devices (every process holds part of every row), and the batch or the
 parameters split between them.
 """
+
 import json
 import os
 import socket
@@ -37,9 +38,21 @@ CASES = {
 
 def make_plan(name: str) -> Plan:
     strategy, mesh, zigzag = CASES[name]
-    return Plan(model=MODEL, topology="cpu:8", seq_len=SEQ, global_batch=2, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none", remat="full", block_q=128,
-                block_kv=128, loss_chunk_tokens=0, param_dtype="float32", compute_dtype="float32")
+    return Plan(
+        model=MODEL,
+        topology="cpu:8",
+        seq_len=SEQ,
+        global_batch=2,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        load_balance="zigzag" if zigzag else "none",
+        remat="full",
+        block_q=128,
+        block_kv=128,
+        loss_chunk_tokens=0,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def losses_of_every_case() -> dict[str, list[float]]:
@@ -70,8 +83,16 @@ def _worker(process_id: int, num_processes: int, coordinator: str) -> None:
 def test_two_processes_train_as_one():
     coordinator = f"localhost:{_free_port()}"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    procs = [subprocess.Popen([sys.executable, __file__, str(i), "2", coordinator], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(i), "2", coordinator],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
     single = losses_of_every_case()  # meanwhile, this process: 8 devices, one controller
     outputs = []
     for proc in procs:

@@ -1,6 +1,7 @@
 """cpu_mesh tier: the runtime's norms run on the tokens the elementwise price says they do
 (`work_layout.residual_tokens`): one decoder layer's forward compiled over fsdp × tensor on the
 8 virtual CPU devices normalises a tensor-th of its batch shard's tokens, in both blocks."""
+
 import re
 
 import pytest
@@ -37,9 +38,18 @@ def normed_shapes(plan) -> set[tuple[int, ...]]:
 def test_norms_run_on_the_residual_tokens(block, tensor):
     model = ModelSpec("norm-probe", 1, HIDDEN, 4, 4, 16, 96, 256, decoder_block=block)
     mesh = MESHES[tensor]
-    plan = Plan(model=model, topology="cpu:8", seq_len=SEQ, global_batch=mesh.get("data", 1) * mesh["fsdp"],
-                mesh=make_mesh(**mesh),
-                remat="full", block_q=128, block_kv=128, param_dtype="float32", compute_dtype="float32")
+    plan = Plan(
+        model=model,
+        topology="cpu:8",
+        seq_len=SEQ,
+        global_batch=mesh.get("data", 1) * mesh["fsdp"],
+        mesh=make_mesh(**mesh),
+        remat="full",
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
     x = candidates_of(plan)
     priced = residual_tokens(x.tokens_per_device, x.tensor)[0]
     assert priced == SEQ / tensor  # one sequence per batch shard

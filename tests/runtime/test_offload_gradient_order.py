@@ -3,6 +3,7 @@ gradient on only with their weights' gradients (runtime/layer_gradients.py), and
 plan that offloads nothing starts its backward only with its cotangent, without changing the
 parameters or the gradients; a plan of more layers that offloads nothing is built as before. (The
 HBM this saves shows only in a deviceless TPU compile: docs/memory_offload.md.)"""
+
 import dataclasses
 from collections import Counter
 
@@ -24,8 +25,18 @@ MODEL = ModelSpec("gradient-order-test", 2, 64, 8, 2, 16, 128, 256)
 
 
 def trainer_for(remat: str, model: ModelSpec = MODEL) -> Trainer:
-    plan = Plan(model=model, topology="cpu:8", seq_len=SEQ, global_batch=4, mesh=make_mesh(fsdp=4, tensor=2),
-                remat=remat, block_q=128, block_kv=128, param_dtype="float32", compute_dtype="float32")
+    plan = Plan(
+        model=model,
+        topology="cpu:8",
+        seq_len=SEQ,
+        global_batch=4,
+        mesh=make_mesh(fsdp=4, tensor=2),
+        remat=remat,
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
     return Trainer(plan, build_mesh(plan, jax.devices()))
 
 

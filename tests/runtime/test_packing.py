@@ -5,6 +5,7 @@ causal mask (output and gradients); the model's loss on packed rows must not dep
 order of the documents in a row (it would, if attention, positions or targets crossed them);
 and the packed step must compile for a TPU (tpu_compile tier).
 """
+
 import numpy as np
 import pytest
 
@@ -23,10 +24,17 @@ pytestmark = pytest.mark.cpu_mesh
 HEADS, KV_HEADS, HEAD_DIM, BATCH = 8, 2, 16, 2
 TOLERANCE = 1e-4  # fp32, as the unpacked attention tests
 
+
 def attention_case(strategy, mesh, seq_len, zigzag, marks=()):
     """One case of `ATTENTION_CASES`, named by its strategy, mesh sizes and balancing."""
-    return pytest.param(strategy, mesh, seq_len, zigzag, marks=marks,
-                        id=f"{strategy}-{'x'.join(map(str, mesh.values())) or '1'}-{'zigzag' if zigzag else 'plain'}")
+    return pytest.param(
+        strategy,
+        mesh,
+        seq_len,
+        zigzag,
+        marks=marks,
+        id=f"{strategy}-{'x'.join(map(str, mesh.values())) or '1'}-{'zigzag' if zigzag else 'plain'}",
+    )
 
 
 # strategy, mesh, seq_len, zigzag: every strategy, with batch rows split over 'data' so that
@@ -43,13 +51,23 @@ ATTENTION_CASES = [
 
 def make_plan(strategy, mesh, seq_len, zigzag, *, model, batch=BATCH):
     topology = "cpu:1" if not mesh else "cpu:8"
-    return Plan(model=model, topology=topology, seq_len=seq_len, global_batch=batch, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="zigzag" if zigzag else "none", block_q=128, block_kv=128,
-                param_dtype="float32", compute_dtype="float32")
+    return Plan(
+        model=model,
+        topology=topology,
+        seq_len=seq_len,
+        global_batch=batch,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        load_balance="zigzag" if zigzag else "none",
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def devices_for(plan):
-    return jax.devices()[:plan.topology_spec.num_devices]
+    return jax.devices()[: plan.topology_spec.num_devices]
 
 
 def document_ids(seq_len, *, seed):
@@ -124,11 +142,14 @@ def rows():
     return swapped_rows(seed=0)
 
 
-@pytest.mark.parametrize("strategy,mesh,zigzag", [
-    pytest.param("none", {}, False, marks=pytest.mark.release_repeat),
-    ("usp", dict(context=2, context_ulysses=2, data=2), True),
-    pytest.param("ring", dict(context=4, fsdp=2), True, marks=pytest.mark.release_repeat),
-])
+@pytest.mark.parametrize(
+    "strategy,mesh,zigzag",
+    [
+        pytest.param("none", {}, False, marks=pytest.mark.release_repeat),
+        ("usp", dict(context=2, context_ulysses=2, data=2), True),
+        pytest.param("ring", dict(context=4, fsdp=2), True, marks=pytest.mark.release_repeat),
+    ],
+)
 def test_packed_loss_does_not_depend_on_document_order(rows, strategy, mesh, zigzag, tmp_path):
     """Each document's loss is its own: swapping the two documents of every row leaves the
     mean loss unchanged, while the same rows unpacked (attention across) change it. Then the
@@ -149,8 +170,9 @@ def test_packed_loss_does_not_depend_on_document_order(rows, strategy, mesh, zig
     stream = np.random.default_rng(1).integers(0, eos, 4 * batch * TRAIN_SEQ)
     stream[np.random.default_rng(2).choice(stream.size, 40, replace=False)] = eos  # ~40 documents
     np.save(tmp_path / "tokens.npy", stream.astype(np.uint16))
-    dataset = open_dataset(tmp_path / "tokens.npy", seq_len=TRAIN_SEQ, vocab=TRAIN_MODEL.vocab, seed=0, pack=True,
-                           eos_id=eos)
+    dataset = open_dataset(
+        tmp_path / "tokens.npy", seq_len=TRAIN_SEQ, vocab=TRAIN_MODEL.vocab, seed=0, pack=True, eos_id=eos
+    )
     step = dataset.batch(1, global_batch=batch)
     assert (step.segment_ids.max(axis=1) > 1).all(), "every row should hold several documents"
     from_data = float(loss(params, *trainer.prepare_batch(step.tokens, step.segment_ids)))
@@ -158,21 +180,33 @@ def test_packed_loss_does_not_depend_on_document_order(rows, strategy, mesh, zig
 
 
 @pytest.mark.tpu_compile
-@pytest.mark.parametrize("strategy,mesh", [
-    pytest.param("all_gather", dict(context=4), marks=pytest.mark.release_repeat),
-    pytest.param("ring", dict(context=4), marks=pytest.mark.release_repeat),
-    pytest.param("ulysses", dict(context_ulysses=4), marks=pytest.mark.release_repeat),
-    ("usp", dict(context=2, context_ulysses=2)),  # its layout has the others' all-to-all and ring
-])
+@pytest.mark.parametrize(
+    "strategy,mesh",
+    [
+        pytest.param("all_gather", dict(context=4), marks=pytest.mark.release_repeat),
+        pytest.param("ring", dict(context=4), marks=pytest.mark.release_repeat),
+        pytest.param("ulysses", dict(context_ulysses=4), marks=pytest.mark.release_repeat),
+        ("usp", dict(context=2, context_ulysses=2)),  # its layout has the others' all-to-all and ring
+    ],
+)
 def test_packed_step_compiles_for_tpu(strategy, mesh):
     """Splash with segment ids (mapped over the batch) lowers through Mosaic for a TPU, deviceless."""
     pytest.importorskip("libtpu")
     from cost_models.models import get_model
     from runtime.compile import tpu_devices
 
-    plan = Plan(model=get_model("tiny"), topology="v5p:2x2x1", seq_len=4096, global_batch=1, mesh=make_mesh(**mesh),
-                cp_strategy=strategy, load_balance="none" if strategy == "ulysses" else "zigzag", block_q=256,
-                block_kv=256, loss_chunk_tokens=256)
+    plan = Plan(
+        model=get_model("tiny"),
+        topology="v5p:2x2x1",
+        seq_len=4096,
+        global_batch=1,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        load_balance="none" if strategy == "ulysses" else "zigzag",
+        block_q=256,
+        block_kv=256,
+        loss_chunk_tokens=256,
+    )
     trainer = Trainer(plan, build_mesh(plan, tpu_devices(plan)))
     compiled = trainer.train_step.lower(*trainer.abstract_state(packed=True)).compile()
     assert "tpu_custom_call" in compiled.as_text()  # the splash kernels, not a fallback

@@ -2,6 +2,7 @@
 A layer over fsdp × tensor (sequence parallelism) equals a dense one-device parallel block, output
 and gradients, under remat; a training step equals the one-device step; and the tensor-parallel
 collectives one layer makes, forward and backward, are the ones the cost model prices."""
+
 import dataclasses
 import math
 import re
@@ -12,6 +13,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from runtime_steps import one_step  # noqa: E402
 
 from cost_models.models import DecoderBlock, ModelSpec  # noqa: E402
 from cost_models.remat import remat_code, remat_table  # noqa: E402
@@ -21,7 +23,6 @@ from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import DecoderLayer, remat_policy, rms_norm, rope  # noqa: E402
 from runtime.train import Trainer  # noqa: E402
-from runtime_steps import one_step  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
@@ -31,13 +32,23 @@ PARALLEL = dataclasses.replace(SEQUENTIAL, name="block-test-parallel", decoder_b
 
 
 def make_plan(model, mesh, *, remat="full", topology="cpu:8", batch=4, seq_len=SEQ):
-    return Plan(model=model, topology=topology, seq_len=seq_len, global_batch=batch, mesh=make_mesh(**mesh),
-                remat=remat, block_q=128, block_kv=128, param_dtype="float32", compute_dtype="float32")
+    return Plan(
+        model=model,
+        topology=topology,
+        seq_len=seq_len,
+        global_batch=batch,
+        mesh=make_mesh(**mesh),
+        remat=remat,
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def layer_of(plan, *, remat=True):
     layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat), prevent_cse=False) if remat else DecoderLayer
-    return layer(plan, build_mesh(plan, jax.devices()[:math.prod(plan.mesh_sizes)]))
+    return layer(plan, build_mesh(plan, jax.devices()[: math.prod(plan.mesh_sizes)]))
 
 
 def dense_layer(params, x, positions, *, parallel):
@@ -156,8 +167,18 @@ def test_compiled_parallel_layer_adds_no_tensor_collectives():
     activations, the whole tensor group each."""
     step, params, x = one_layer(PARALLEL, None)
     hlo = jax.jit(step).lower(params, x).compile().as_text()
-    kinds = [m.group(1) for line in hlo.splitlines() if over_more_than_one_device(line)
-             for m in [re.search(r"= \S+ (all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)"
-                                 r"(?:-start)?\(", line)] if m]
+    kinds = [
+        m.group(1)
+        for line in hlo.splitlines()
+        if over_more_than_one_device(line)
+        for m in [
+            re.search(
+                r"= \S+ (all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)"
+                r"(?:-start)?\(",
+                line,
+            )
+        ]
+        if m
+    ]
     assert sorted(kinds) == ["all-gather"] * 2 + ["reduce-scatter"] * 2
     assert DecoderBlock.parse("parallel") is PARALLEL.decoder_block

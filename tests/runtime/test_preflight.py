@@ -1,5 +1,6 @@
 """cpu_mesh tier: the pre-flight compiles the planner's plans best first and moves past a plan
 whose compiled step does not fit, saying why."""
+
 import pytest
 
 jax = pytest.importorskip("jax")

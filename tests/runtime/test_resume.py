@@ -5,6 +5,7 @@ Each test starts `cpplan run` as a user would (no XLA_FLAGS: the command asks fo
 and reads what the run left on disk: metrics.jsonl (one line per step, written as it is made)
 and the Orbax checkpoints.
 """
+
 import json
 import os
 import signal
@@ -27,14 +28,22 @@ PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls a
 RUN = ("--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--data", str(PROSE))
 STEPS = 12
 # a terminal's Ctrl-C, even where the test runner's parent ignores SIGINT (see tests/cli/test_faults.py)
-_AS_FROM_A_TERMINAL = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                       "sys.argv = ['cpplan', *sys.argv[1:]]; runpy.run_module('cli', run_name='__main__')")
+_AS_FROM_A_TERMINAL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv = ['cpplan', *sys.argv[1:]]; runpy.run_module('cli', run_name='__main__')"
+)
 
 
 def _cpplan(*argv: str, cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    return subprocess.Popen([sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv], cwd=cwd,
-                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _steps_logged(run_dir: Path) -> list[dict]:
@@ -78,8 +87,16 @@ def test_killed_run_resumes_exactly(tmp_path):
     curve = {r["step"]: r["loss"] for r in logged}  # a step run twice: the resumed run's line
     plan = api.plan("tiny", "1k", "cpu:8")
     uninterrupted = run(plan, steps=STEPS, data=PROSE, seed=0).losses
-    print(json.dumps({"uninterrupted": uninterrupted, "killed_then_resumed": [curve[s] for s in sorted(curve)],
-                      "killed_after_step": len(before), "resumed_from": resumed_from}))
+    print(
+        json.dumps(
+            {
+                "uninterrupted": uninterrupted,
+                "killed_then_resumed": [curve[s] for s in sorted(curve)],
+                "killed_after_step": len(before),
+                "resumed_from": resumed_from,
+            }
+        )
+    )
     assert [curve[s] for s in range(1, STEPS + 1)] == list(uninterrupted)  # exactly, step for step
     assert all(curve[r["step"]] == r["loss"] for r in before)  # steps run twice gave the same loss
     assert all(r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and r["tokens_per_s_per_device"] > 0 for r in logged)

@@ -1,5 +1,6 @@
 """The reader of XLA's scheduled HLO, on hand-written modules (pure; the price's counts against
 compiled steps are in tests/runtime/test_compile.py)."""
+
 import math
 
 import pytest
@@ -7,8 +8,7 @@ import pytest
 from cost_models.counts import link_bytes
 from cost_models.overlap import FAMILIES, overlap_for
 from cost_models.strategies import STRATEGIES
-from validation.compiled_program import (axis_groups, read_compiled_program, replica_groups,
-                                         parse_computations)
+from validation.compiled_program import axis_groups, parse_computations, read_compiled_program, replica_groups
 
 # A layer loop of 4 trips: a weight all-gather (sync, made in runtime/model.py), a ring
 # collective-permute (async) with a matmul fusion scheduled between its start and done, and the
@@ -122,7 +122,10 @@ def test_async_permute_sees_the_matmul_scheduled_before_its_done():
     assert permute.array_bytes == 4 * 2048 * 32 * 2 and permute.group_size == 2
     assert permute.flops_between == 2 * 2048 * 512 * 256  # the fusion's convolution, once per trip
     assert program.matmul_flops == 4 * 2 * 2048 * 512 * 256
-    assert program.step_bytes(by="kind") == {"all-gather": 4 * 256 * 512 * 2, "collective-permute": 4 * 4 * 2048 * 32 * 2}
+    assert program.step_bytes(by="kind") == {
+        "all-gather": 4 * 256 * 512 * 2,
+        "collective-permute": 4 * 4 * 2048 * 32 * 2,
+    }
     assert program.step_bytes() == {"fsdp_all_gather": 4 * 256 * 512 * 2, "context": 4 * 4 * 2048 * 32 * 2}
 
 
@@ -156,7 +159,8 @@ def replica_groups_of(text, name):
 
 def test_replica_group_forms():
     assert replica_groups_of(SPARSECORE_MODULE, "reduce-scatter.1") == frozenset(
-        {frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})})
+        {frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})}
+    )
     assert replica_groups_of(LOOP_MODULE, "all-gather.1") == frozenset({frozenset({0, 1, 2, 3})})
 
 
@@ -201,7 +205,6 @@ def test_overlap_file_covers_the_tpus_and_falls_back_on_the_chip_row():
     assert overlap_for("v6e", assumed_overlap=True).of("data_all_reduce") == 1.0
     assert overlap_for("v6e", assumed_overlap=False).of("data_all_reduce") == 0.0
     assert not math.isnan(overlap_for("tpu7x", assumed_overlap=True).of_context("ring"))
-
 
 
 # An asynchronous all-gather (the start/done pair XLA's continuation fusion makes) with only a
@@ -251,7 +254,8 @@ def test_async_gather_overlaps_only_with_compute_between_its_start_and_done():
     # the fractions fit_overlap writes: bytes asynchronous, and overlapped, of all moved
     moved = sum(c.step_bytes for c in program.collectives)
     assert sum(c.step_bytes for c in program.collectives if c.overlapped) / moved == pytest.approx(
-        256 * 256 * 2 / (2 * 256 * 256 * 2 + 512 * 256 * 2))
+        256 * 256 * 2 / (2 * 256 * 256 * 2 + 512 * 256 * 2)
+    )
 
 
 def test_overlap_data_was_compiled_with_the_flags_the_runtime_compiles_with():
@@ -336,5 +340,7 @@ def test_continuation_fusion_chain_is_one_async_gather_hidden_by_the_matmul_carr
     assert not plain.is_async and not plain.overlapped
     assert program.matmul_flops == 2 * 512 * 256 * 256  # the step's matmul counted once
     # half the gathered bytes of the step overlap: the fraction fit_overlap writes for this family
-    assert sum(c.step_bytes for c in program.collectives if c.overlapped) / sum(
-        c.step_bytes for c in program.collectives) == 0.5
+    assert (
+        sum(c.step_bytes for c in program.collectives if c.overlapped) / sum(c.step_bytes for c in program.collectives)
+        == 0.5
+    )

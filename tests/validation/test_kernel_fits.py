@@ -1,4 +1,5 @@
 """The kernel fits: recovered from timings built by hand, reproduced by the rows, host unchanged."""
+
 import json
 from pathlib import Path
 
@@ -14,8 +15,12 @@ PEAK, HBM_BW = 459e12, 2.76e12
 EFFICIENCY, STEP_S, MASKED_S, PASSES = 0.8, 2e-7, 5e-13, 3.0
 BACKWARD_RATIO, BACKWARD_PASSES = 2.2, 2.0
 BLOCK = 512
-SHAPES = [(batch, seq, heads, dim, causal) for batch, seq in ((32, 512), (8, 2048), (2, 8192))
-          for heads, dim in ((16, 128), (8, 256), (32, 64)) for causal in (False, True)]
+SHAPES = [
+    (batch, seq, heads, dim, causal)
+    for batch, seq in ((32, 512), (8, 2048), (2, 8192))
+    for heads, dim in ((16, 128), (8, 256), (32, 64))
+    for causal in (False, True)
+]
 
 
 def _hand_times(batch, seq, heads, dim, causal):
@@ -32,24 +37,32 @@ def _hand_times(batch, seq, heads, dim, causal):
     # the dq kernel's q, dO, dq | k, v and the dk/dv kernel's q, dO | k, v, dk, dv; its fp32 dq
     # partials, one per key block, are read back by their sum, which it writes (in bf16 units, 2×)
     partials = (blocks + 1) * 2 * array
-    backward = (BACKWARD_RATIO * math + STEP_S * steps + MASKED_S * masked
-                + (BACKWARD_PASSES * 11 * array + partials) / HBM_BW)
+    backward = (
+        BACKWARD_RATIO * math + STEP_S * steps + MASKED_S * masked + (BACKWARD_PASSES * 11 * array + partials) / HBM_BW
+    )
     return forward, backward
 
 
 def _timing_file(path: Path, *, backward: bool) -> None:
     entries = {}
     for batch, seq, heads, dim, causal in SHAPES:
-        call = {"q": f"bf16[{batch},{seq},{heads},{dim}]", "k": f"bf16[{batch},{seq},{heads},{dim}]",
-                "v": f"bf16[{batch},{seq},{heads},{dim}]", "bias": None, "mask": {"is_causal": causal},
-                "return_residuals": not backward}
+        call = {
+            "q": f"bf16[{batch},{seq},{heads},{dim}]",
+            "k": f"bf16[{batch},{seq},{heads},{dim}]",
+            "v": f"bf16[{batch},{seq},{heads},{dim}]",
+            "bias": None,
+            "mask": {"is_causal": causal},
+            "return_residuals": not backward,
+        }
         config = {"block_q_dkv": BLOCK, "block_kv_dkv": BLOCK} if backward else {"block_q": BLOCK, "block_kv": BLOCK}
         if backward:
             call["dout"] = call["q"]
         seconds = _hand_times(batch, seq, heads, dim, causal)[backward]
         # a slower config alongside: the fit takes each call's fastest
-        entries[json.dumps(call)] = {json.dumps(config): {"evaluation_times_ms": [seconds * 1e3] * 3},
-                                     json.dumps({**config, "slow": 1}): {"evaluation_times_ms": [seconds * 2e3]}}
+        entries[json.dumps(call)] = {
+            json.dumps(config): {"evaluation_times_ms": [seconds * 1e3] * 3},
+            json.dumps({**config, "slow": 1}): {"evaluation_times_ms": [seconds * 2e3]},
+        }
     path.write_text(json.dumps(entries))
 
 
@@ -62,18 +75,30 @@ def test_the_fit_recovers_figures_from_timings_made_by_hand(tmp_path):
     fit, rms = fit_kernels.fit_forward(chip, forward)
     assert rms < 1e-6
     assert (fit.efficiency, fit.step_s, fit.masked_element_s, fit.operand_passes) == pytest.approx(
-        (EFFICIENCY, STEP_S, MASKED_S, PASSES), rel=1e-4)
-    ratio, passes, rms = fit_kernels.fit_backward(chip, fit, fit_kernels.read_attention(tmp_path / "backward.json",
-                                                                                          backward=True))
+        (EFFICIENCY, STEP_S, MASKED_S, PASSES), rel=1e-4
+    )
+    ratio, passes, rms = fit_kernels.fit_backward(
+        chip, fit, fit_kernels.read_attention(tmp_path / "backward.json", backward=True)
+    )
     assert rms < 1e-6
     assert (ratio, passes) == pytest.approx((BACKWARD_RATIO, BACKWARD_PASSES), rel=1e-4)
 
 
 def _ragged_dot(lhs, rhs, groups, **extra):
-    return json.dumps({"lhs": lhs, "rhs": rhs, "group_sizes": groups, "return_residuals": False,
-                       "ragged_dot_dimension_numbers": {"dot_dimension_numbers": [[[1], [1]], [[], []]],
-                                                        "lhs_ragged_dimensions": [0], "rhs_group_dimensions": [0]},
-                       **extra})
+    return json.dumps(
+        {
+            "lhs": lhs,
+            "rhs": rhs,
+            "group_sizes": groups,
+            "return_residuals": False,
+            "ragged_dot_dimension_numbers": {
+                "dot_dimension_numbers": [[[1], [1]], [[], []]],
+                "lhs_ragged_dimensions": [0],
+                "rhs_group_dimensions": [0],
+            },
+            **extra,
+        }
+    )
 
 
 def test_dense_matmul_rates_by_hand(tmp_path):
@@ -83,12 +108,15 @@ def test_dense_matmul_rates_by_hand(tmp_path):
         _ragged_dot("bf16[8192,4096]", "bf16[8,4096,14336]", [1024] * 8): [2.0, 1.0, 4.0],
         _ragged_dot("bf16[4096,4096]", "bf16[8,4096,4096]", [4096] + [0] * 7): [0.5],  # one group: a dense matmul
         _ragged_dot("bf16[8192,4096]", "bf16[8,4096,14336]", [512] * 16): [0.1],  # groups too small
-        _ragged_dot("bf16[131072,4096]", "bf16[128,4096,512]", {"num_groups": 128, "total_size": 131072}): [0.1],  # narrow
+        _ragged_dot("bf16[131072,4096]", "bf16[128,4096,512]", {"num_groups": 128, "total_size": 131072}): [
+            0.1
+        ],  # narrow
         _ragged_dot("bf16[8192,4096]", "bf16[8,4096,14336]", [1024] * 8, return_residuals=True): [0.1],
         _ragged_dot("bf16[8192,4096]", "bf16[8,4096,14336]", [1024] * 8, rhs_scale="bf16[8,1,1,14336]"): [0.1],
     }
-    (tmp_path / "pallas_mosaic_tpu_ragged_dot.json").write_text(json.dumps(
-        {key: {"{}": {"evaluation_times_ms": times}} for key, times in entries.items()}))
+    (tmp_path / "pallas_mosaic_tpu_ragged_dot.json").write_text(
+        json.dumps({key: {"{}": {"evaluation_times_ms": times}} for key, times in entries.items()})
+    )
     equal, single = fit_kernels.read_dense_matmuls(tmp_path / "pallas_mosaic_tpu_ragged_dot.json")
     assert equal.flops_per_s == pytest.approx(2 * 8192 * 4096 * 14336 / 2e-3)  # the median of three times
     assert single.flops_per_s == pytest.approx(2 * 4096**3 / 0.5e-3)
@@ -97,9 +125,20 @@ def test_dense_matmul_rates_by_hand(tmp_path):
 
 def test_matmul_efficiency_is_the_best_rate_and_the_spread_the_matmul_bound_ones():
     chip = load_chip(CHIP_DIR / "v5p.json")  # 459 TFLOP/s over 2.76 TB/s: a ridge of 166 FLOP/B
+
     def timing(rows, width, seconds):
-        return fit_kernels.MatmulTiming(kernel="k", lhs="", rhs="", groups="", group_rows=rows, rows=rows,
-                                        contract=width, out=width, seconds=seconds)
+        return fit_kernels.MatmulTiming(
+            kernel="k",
+            lhs="",
+            rhs="",
+            groups="",
+            group_rows=rows,
+            rows=rows,
+            contract=width,
+            out=width,
+            seconds=seconds,
+        )
+
     bound = [timing(4096, 4096, 2 * 4096**3 / (e * PEAK)) for e in (0.5, 0.9)]
     # 512 rows by 1024²: 256 FLOP/B, under twice the ridge: it sets the best but is not in the spread
     shallow = timing(512, 1024, 2 * 512 * 1024**2 / (0.95 * PEAK))
@@ -151,8 +190,11 @@ def test_fitted_rows_meet_the_kernel_target():
     _installed_tokamax_as_cited()
     derived = fit_kernels.derive([], fit_kernels.installed_dir())
     for direction in ("forward", "backward"):
-        pairs = [(model, t.seconds) for d, t, model, _ in derived["tpu7x"]["comparison"]
-                 if d == direction and t.seq >= fit_kernels.LONG]
+        pairs = [
+            (model, t.seconds)
+            for d, t, model, _ in derived["tpu7x"]["comparison"]
+            if d == direction and t.seq >= fit_kernels.LONG
+        ]
         assert pairs and fit_kernels.mape(pairs) <= 10.0, direction
 
 
@@ -171,16 +213,30 @@ def test_host_predictions_are_unchanged():
     from planner.api import run_search
     from planner.estimate import estimate
 
-    before = {"ring": ({"context": 4, "fsdp": 2}, 10.121329387520001),
-              "ulysses": ({"context_ulysses": 4, "fsdp": 2}, 10.12085166592),
-              "all_gather": ({"context": 4, "fsdp": 2}, 10.11869166592),
-              "usp": ({"context": 2, "context_ulysses": 4}, 10.12414881792)}
+    before = {
+        "ring": ({"context": 4, "fsdp": 2}, 10.121329387520001),
+        "ulysses": ({"context_ulysses": 4, "fsdp": 2}, 10.12085166592),
+        "all_gather": ({"context": 4, "fsdp": 2}, 10.11869166592),
+        "usp": ({"context": 2, "context_ulysses": 4}, 10.12414881792),
+    }
     merges = {"ring": 0.1107296256, "usp": 0.0184549376}
     for strategy, (mesh, step_s) in before.items():
         full = {axis: mesh.get(axis, 1) for axis in ("data", "fsdp", "context", "context_ulysses", "tensor")}
         balance = "zigzag" if strategy in ("ring", "all_gather") else "none"
-        plan = run_search("small", 4096, "cpu:8", mesh=full, strategies=[strategy], global_batch=2, remat="full",
-                          load_balance=balance).ranked[0].plan
+        plan = (
+            run_search(
+                "small",
+                4096,
+                "cpu:8",
+                mesh=full,
+                strategies=[strategy],
+                global_batch=2,
+                remat="full",
+                load_balance=balance,
+            )
+            .ranked[0]
+            .plan
+        )
         priced = estimate(dataclasses.replace(plan, block_q=512, block_kv=512))
         merge_s = merges.get(strategy, 0.0)
         assert priced.step_time_s == pytest.approx(step_s + merge_s, rel=1e-12), strategy

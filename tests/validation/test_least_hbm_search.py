@@ -1,12 +1,13 @@
 """The search for the least HBM cap a step compiles under: the bisection against a
 compiler stand-in whose least cap is known, and the reading of the TPU compiler's two
 out-of-memory messages."""
+
 from __future__ import annotations
 
 import pytest
 
-from validation.least_hbm import LEAST_HBM_PROBES, LEAST_HBM_RESOLUTION, hbm_needed, least_cap
 from cost_models.units import GiB, MiB
+from validation.least_hbm import LEAST_HBM_PROBES, LEAST_HBM_RESOLUTION, hbm_needed, least_cap
 
 pytestmark = pytest.mark.pure
 
@@ -23,11 +24,14 @@ def compiler_needing(least_mib: int, *, holds_mib: int, says_mib: int):
     return compile_under, caps
 
 
-@pytest.mark.parametrize("least_mib, holds_mib, says_mib", [
-    (4300, 4250, 4290),  # the compiler's figures a little off the true least, as measured
-    (3000, 2950, 2400),  # far below the unconstrained figure, the error's figure too low to help
-    (4505, 4480, 4505),  # the least is the unconstrained figure itself
-])
+@pytest.mark.parametrize(
+    "least_mib, holds_mib, says_mib",
+    [
+        (4300, 4250, 4290),  # the compiler's figures a little off the true least, as measured
+        (3000, 2950, 2400),  # far below the unconstrained figure, the error's figure too low to help
+        (4505, 4480, 4505),  # the least is the unconstrained figure itself
+    ],
+)
 def test_the_bracket_closes_on_the_least_cap(least_mib, holds_mib, says_mib):
     compile_under, caps = compiler_needing(least_mib, holds_mib=holds_mib, says_mib=says_mib)
     found = least_cap(compile_under, unconstrained_bytes=4505 * MiB - 100)
@@ -46,11 +50,17 @@ def test_a_step_that_needs_more_than_its_unconstrained_figure_is_probed_above_it
 
 def test_both_out_of_memory_messages_are_read():
     # the buffer-assignment error, and the memory-space assignment's under a cap close to the need
-    assert hbm_needed("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
-                       "required for HLO temporaries (1.00G) exceeds available HBM (500.00M).") == GiB
-    assert hbm_needed("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of "
-                       "memory in memory space hbm. Used 4.24G of 4.23G hbm. Exceeded hbm capacity by 4.45M.") == int(
-        4.24 * GiB)
+    assert (
+        hbm_needed(
+            "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total memory "
+            "required for HLO temporaries (1.00G) exceeds available HBM (500.00M)."
+        )
+        == GiB
+    )
+    assert hbm_needed(
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of "
+        "memory in memory space hbm. Used 4.24G of 4.23G hbm. Exceeded hbm capacity by 4.45M."
+    ) == int(4.24 * GiB)
     assert hbm_needed("INTERNAL: Mosaic failed to compile") is None
 
 

@@ -1,12 +1,13 @@
 """MaxText 0.2.5's deviceless compiles of llama3.1-8b with the whole mesh on the context axes (the
 anchors: their flags and compiled HBM per device, as `ANCHORS` lists them), read as `cpplan import`
 reads their flags and priced by the MaxText target."""
+
 import pytest
 
-from validation.anchors import ANCHORS, TOLERANCE, reprice
 from cost_models.topology import get_topology
 from cost_models.units import GiB
 from planner.maxtext import read_maxtext
+from validation.anchors import ANCHORS, TOLERANCE, reprice
 
 pytestmark = pytest.mark.pure
 

@@ -1,6 +1,7 @@
 """`validation.compiled_program.module_matmuls`, the module-text reading: matmul FLOPs of dots and of the
 windowed convolutions the TPU compiler writes, times nested loop trip counts (stepped by 1 or
 2), and the FLOPs of the instructions XLA's rematerialization cloned."""
+
 from __future__ import annotations
 
 import pytest
@@ -85,8 +86,10 @@ def test_module_matmuls_multiply_nested_loops_and_find_remat_clones():
 
 
 def _convolution_flops(lhs: str, rhs: str, out: str, attributes: str) -> float:
-    module = (f"HloModule m\n\nENTRY %main (lhs: {lhs}, rhs: {rhs}) -> {out} {{\n  %lhs = {lhs} parameter(0)\n"
-              f"  %rhs = {rhs} parameter(1)\n  ROOT %conv = {out} convolution(%lhs, %rhs), {attributes}\n}}\n")
+    module = (
+        f"HloModule m\n\nENTRY %main (lhs: {lhs}, rhs: {rhs}) -> {out} {{\n  %lhs = {lhs} parameter(0)\n"
+        f"  %rhs = {rhs} parameter(1)\n  ROOT %conv = {out} convolution(%lhs, %rhs), {attributes}\n}}\n"
+    )
     computations, entry = parse_computations(module)
     conv = computations[entry].by_name("conv")
     return instruction_flops(conv, computations[entry].shapes)
@@ -95,8 +98,22 @@ def _convolution_flops(lhs: str, rhs: str, out: str, attributes: str) -> float:
 def test_padded_window_counts_only_real_inputs():
     # the TPU compiler's windowed reduce-scatter step: an input spatial size of 1 padded 1 each
     # side under a window of 2 gives 2 outputs, each reading the one real element once
-    assert _convolution_flops("bf16[6,7,1]", "bf16[2,5,7]", "bf16[6,5,2]",
-                              "window={size=2 pad=1_1 rhs_reversal=1}, dim_labels=bf0_0oi->bf0") == 2 * 6 * 5 * 7 * 2
+    assert (
+        _convolution_flops(
+            "bf16[6,7,1]",
+            "bf16[2,5,7]",
+            "bf16[6,5,2]",
+            "window={size=2 pad=1_1 rhs_reversal=1}, dim_labels=bf0_0oi->bf0",
+        )
+        == 2 * 6 * 5 * 7 * 2
+    )
     # the heads broadcast: input spatial size 1 padded 7 each side under a window of 8 → 8 outputs
-    assert _convolution_flops("bf16[3,10,1]", "bf16[10,8,4]", "bf16[3,8,4]",
-                              "window={size=8 pad=7_7 rhs_reversal=1}, dim_labels=bf0_i0o->b0f") == 2 * 3 * 4 * 10 * 8
+    assert (
+        _convolution_flops(
+            "bf16[3,10,1]",
+            "bf16[10,8,4]",
+            "bf16[3,8,4]",
+            "window={size=8 pad=7_7 rhs_reversal=1}, dim_labels=bf0_i0o->b0f",
+        )
+        == 2 * 3 * 4 * 10 * 8
+    )

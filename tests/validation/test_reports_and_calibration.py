@@ -1,4 +1,5 @@
 """Validation pieces: the summary statistics, imported measurements, reports, the calibration fits."""
+
 import json
 
 import numpy as np
@@ -7,8 +8,14 @@ import pytest
 from cost_models import collectives
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
-from validation.calibration import ATTENTION_SHAPES, COLLECTIVE_SIZES, fit_attention, fit_host_collectives, fit_links, \
-    splash_terms
+from validation.calibration import (
+    ATTENTION_SHAPES,
+    COLLECTIVE_SIZES,
+    fit_attention,
+    fit_host_collectives,
+    fit_links,
+    splash_terms,
+)
 from validation.measured import MeasuredStep, read_csv, read_maxtext_log
 from validation.stats import mape, regret, spearman
 from validation.steptime import compare_measured
@@ -76,8 +83,10 @@ def test_regret_is_the_predicted_best_plans_measured_time_over_the_best(tmp_path
     path.write_text("\n".join([header, *rows, *(r.replace(",131072,", ",262144,") for r in rows)]) + "\n")
     steps = []
     for seq_len, ratio in ((131072, 1.2), (262144, 1.0)):
-        results = sorted((r for r in compare_measured(read_csv(path)).results if r.plan.seq_len == seq_len),
-                         key=lambda r: r.predicted.step_time_s)
+        results = sorted(
+            (r for r in compare_measured(read_csv(path)).results if r.plan.seq_len == seq_len),
+            key=lambda r: r.predicted.step_time_s,
+        )
         assert len(results) == 3
         steps += [MeasuredStep(r.plan, t, "test") for r, t in zip(results, (10.0 * ratio, 10.0, 15.0))]
     summary = compare_measured(steps).summary()
@@ -100,12 +109,16 @@ def test_validate_measured_from_the_command_line(tmp_path, capsys):
 @pytest.mark.pure
 def test_maxtext_log(tmp_path):
     log = tmp_path / "train.log"
-    log.write_text("completed step: 0, seconds: 95.1, TFLOP/s/device: 10.0, loss: 11.0\n"
-                   "completed step: 1, seconds: 9.0, TFLOP/s/device: 200.0, loss: 10.5\n"
-                   "noise\ncompleted step: 2, seconds: 9.4, TFLOP/s/device: 190.0, loss: 10.1\n"
-                   "completed step: 3, seconds: 9.2, TFLOP/s/device: 195.0, loss: 9.9\n")
-    flags = ("compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.125 "
-             "ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring")
+    log.write_text(
+        "completed step: 0, seconds: 95.1, TFLOP/s/device: 10.0, loss: 11.0\n"
+        "completed step: 1, seconds: 9.0, TFLOP/s/device: 200.0, loss: 10.5\n"
+        "noise\ncompleted step: 2, seconds: 9.4, TFLOP/s/device: 190.0, loss: 10.1\n"
+        "completed step: 3, seconds: 9.2, TFLOP/s/device: 195.0, loss: 9.9\n"
+    )
+    flags = (
+        "compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.125 "
+        "ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring"
+    )
     step = read_maxtext_log(log, flags)
     assert step.step_seconds == 9.2  # median of steps 1..3; step 0 includes compilation
     assert step.plan.cp_strategy.value == "ring" and step.plan.axis_size("context") == 8
@@ -133,8 +146,12 @@ def test_link_fit_recovers_the_models_own_figures():
 @pytest.mark.pure
 def test_host_collective_fit_recovers_each_kinds_rate():
     # four kinds at four different (bytes/s, latency), timed as the host formulas say; 8 devices
-    truth = {"all_gather": (1.5e9, 2.5e-4), "reduce_scatter": (2e9, 2e-4), "all_to_all": (5e8, 3e-4),
-             "ppermute": (2.1e9, 2e-4)}
+    truth = {
+        "all_gather": (1.5e9, 2.5e-4),
+        "reduce_scatter": (2e9, 2e-4),
+        "all_to_all": (5e8, 3e-4),
+        "ppermute": (2.1e9, 2e-4),
+    }
     times = {
         "all_gather": lambda b, bw, lat: 8 * b * 7 / 8 / bw + lat,  # gathers 8·b, copies in 7/8 of it
         "reduce_scatter": lambda b, bw, lat: b * 7 / 8 / bw + lat,
@@ -163,8 +180,9 @@ def test_attention_fit_recovers_known_costs():
     terms = [splash_terms(*s, **HEADS) for s in shapes]
     truth = np.array([2e-10, 3e-5, 4e-12, 5e-9])
     fit = fit_attention(shapes, terms, np.array(terms) @ truth)
-    assert [fit.per_flop_s, fit.per_step_s, fit.per_step_byte_s, fit.per_masked_element_s] == \
-        pytest.approx(truth, rel=1e-6)
+    assert [fit.per_flop_s, fit.per_step_s, fit.per_step_byte_s, fit.per_masked_element_s] == pytest.approx(
+        truth, rel=1e-6
+    )
     assert fit.mean_error < 1e-9 and len(fit.shapes) == len(ATTENTION_SHAPES)
     no_masking = truth * [1, 1, 1, 0]
     # the masked-logit cost pulled below zero by noise is clamped at 0
@@ -186,12 +204,17 @@ def test_a_measured_row_that_breaks_a_chip_rule_is_refused_before_it_is_written(
     with pytest.raises(CpplanError) as refused:
         _measured_row(chip, {"attention_efficiency": 2.5}, "cpu:8")
     message = str(refused.value)
-    assert message.startswith("the row measured on cpu:8: attention_efficiency=2.5 must be > 0 and ≤ 2 (a fraction "
-                              "of the matmul peak). The measured figures disagree")
+    assert message.startswith(
+        "the row measured on cpu:8: attention_efficiency=2.5 must be > 0 and ≤ 2 (a fraction "
+        "of the matmul peak). The measured figures disagree"
+    )
     assert "nothing was written" in message and message.endswith("on an idle machine, with more --repeats.")
     assert "fix the row" not in message  # the advice for a hand-written row is not this one
-    with pytest.raises(CpplanError, match=r"^the row measured on cpu:8: host_collectives\['all_gather'\] bandwidth="
-                                          r"inf must be finite \(a bandwidth\)\. The measured figures disagree"):
+    with pytest.raises(
+        CpplanError,
+        match=r"^the row measured on cpu:8: host_collectives\['all_gather'\] bandwidth="
+        r"inf must be finite \(a bandwidth\)\. The measured figures disagree",
+    ):
         _measured_row(chip, {"host_collectives": {"all_gather": [float("inf"), 1e-6]}}, "cpu:8")
     # the same figure in a chip file: the same rule, with the advice for a file
     with pytest.raises(ChipRuleError) as in_file:
@@ -233,8 +256,15 @@ def test_calibrate_and_validate_on_virtual_devices(tmp_path, monkeypatch):
     from validation.steptime import validate_step_times
 
     heads = dict(heads=2, kv_heads=1, head_dim=16, act_bytes=4)
-    result = calibrate("cpu:8", repeats=1, matmul_size=256, attention_seq=1024, attention_heads=2,
-                       attention_kv_heads=1, attention_head_dim=16)
+    result = calibrate(
+        "cpu:8",
+        repeats=1,
+        matmul_size=256,
+        attention_seq=1024,
+        attention_heads=2,
+        attention_kv_heads=1,
+        attention_head_dim=16,
+    )
     path = result.write(tmp_path / "chips")
     row = load_chip(path)
     topo = get_topology("cpu:8")
@@ -243,8 +273,12 @@ def test_calibrate_and_validate_on_virtual_devices(tmp_path, monkeypatch):
 
     # the row's four attention figures, back in seconds per unit, predict each timed kernel
     per_flop_s = topo.num_devices / (row.attention_efficiency * row.peak_bf16_flops_per_s * topo.num_chips)
-    coef = [per_flop_s, row.attention_block_overhead_s, row.attention_step_s_per_operand_byte,
-            row.attention_masked_element_s]
+    coef = [
+        per_flop_s,
+        row.attention_block_overhead_s,
+        row.attention_step_s_per_operand_byte,
+        row.attention_masked_element_s,
+    ]
     runs = result.raw["attention_fit"]["shapes"]
     terms = np.array([splash_terms(q, kv, block, causal, **heads) for q, kv, block, causal, _, _ in runs])
     measured = np.array([t for *_, t, _ in runs])
@@ -259,10 +293,12 @@ def test_calibrate_and_validate_on_virtual_devices(tmp_path, monkeypatch):
     assert np.sum((predicted / measured - 1) ** 2) <= best_flops_only + 1e-12
 
     monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path / "chips"))
-    report = validate_step_times("tiny", [1024], "cpu:8", max_plans=1, top=1, steps=3, strategies=["ring"],
-                                 compute_dtype="float32")
+    report = validate_step_times(
+        "tiny", [1024], "cpu:8", max_plans=1, top=1, steps=3, strategies=["ring"], compute_dtype="float32"
+    )
     (only,) = report.measured
     assert only.plan.cp_strategy.value == "ring" and 0 < only.measured_step_s <= only.measured_median_s
     e = only.predicted
-    assert only.measured_mfu == pytest.approx(mfu(e.model_flops, only.measured_step_s, topo.num_devices,
-                                                 row.peak_bf16_flops_per_s / topo.devices_per_chip))
+    assert only.measured_mfu == pytest.approx(
+        mfu(e.model_flops, only.measured_step_s, topo.num_devices, row.peak_bf16_flops_per_s / topo.devices_per_chip)
+    )
