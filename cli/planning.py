@@ -115,10 +115,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     """MaxText flags read into a plan, priced as MaxText runs it; every flag not read named."""
     from planner.estimate import estimate
 
-    text = args.flags
-    if os.path.isfile(text):
-        with open(text, encoding="utf-8") as handle:
-            text = handle.read()
+    text = read_flags_file(args.flags) if os.path.isfile(args.flags) else args.flags
     found = read_maxtext(text, topology=args.topology)
     predicted = estimate(found.plan, target="maxtext")
     if args.json:
@@ -132,7 +129,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 }
             )
         )
-        return 0
+        return 0 if predicted.fits else 1
     print(
         f"{describe_strategy(found.plan)}; mesh {found.plan.mesh_dict}; remat {found.plan.remat.value}; "
         f"{found.plan.global_batch} × {found.plan.seq_len} tokens on {found.plan.topology}"
@@ -145,7 +142,28 @@ def cmd_import(args: argparse.Namespace) -> int:
     for note in found.notes:
         print(f"note: {note}")
     print(f"not read ({len(found.unread)}): {', '.join(found.unread) if found.unread else 'none'}")
-    return 0
+    return 0 if predicted.fits else 1
+
+
+# a MaxText command line or flags file is a few KiB; more is not one
+MAX_FLAGS_FILE_BYTES = 1 << 20
+
+
+def read_flags_file(path: str) -> str:
+    """The text of a file of MaxText flags, refused when it is not text or too long to be one."""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_FLAGS_FILE_BYTES + 1)
+    if len(data) > MAX_FLAGS_FILE_BYTES:
+        raise CpplanError(
+            f"--flags {path!r} is over {MAX_FLAGS_FILE_BYTES >> 20} MiB: not a file of MaxText flags; "
+            f"give the key=value text of a MaxText command line."
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise CpplanError(
+            f"--flags {path!r} is not UTF-8 text (byte {err.start}); give the key=value text of a MaxText command line."
+        ) from None
 
 
 def register(sub) -> None:

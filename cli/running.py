@@ -40,9 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     explanation = Explanation(search)
     if explanation.best is None:
         raise CpplanError(explanation.nothing_fits_text())
-    import_runtime()
-    from runtime.distributed import is_leader
-    from runtime.launch import Launch, prepare, train_checked
+    from runtime.launch import Launch, check_world
 
     request = Launch(
         steps=args.steps,
@@ -58,6 +56,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         profile_steps=profile,
     )
+    check_world(search.ranked[0].plan, group, request)
+    import_runtime()
+    from runtime.distributed import is_leader
+    from runtime.launch import prepare, train_checked
+
     notes = sys.stderr if args.json else sys.stdout
 
     def say(text: str) -> None:  # the leader speaks for every process

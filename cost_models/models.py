@@ -60,6 +60,11 @@ class DecoderBlock(_Named):
         return 1 if self.parallel else 2
 
 
+# a config.json is a few KiB; and no model dimension comes near 2**31
+MAX_CONFIG_BYTES = 16 << 20
+MAX_CONFIG_INTEGER = 2**31
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, a gated (SwiGLU by default) or
@@ -177,8 +182,14 @@ class ModelSpec:
         """
         path = Path(path)
         try:
-            cfg = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as err:
+            with open(path, "rb") as handle:  # a bounded read: the path may name a device or a pipe
+                data = handle.read(MAX_CONFIG_BYTES + 1)
+            if len(data) > MAX_CONFIG_BYTES:
+                raise CpplanError(
+                    f"model config {str(path)!r} is over {MAX_CONFIG_BYTES >> 20} MiB: not a config.json."
+                )
+            cfg = json.loads(data.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, RecursionError, ValueError) as err:
             raise CpplanError(f"cannot read model config {str(path)!r}: {err}") from None
         if not isinstance(cfg, dict):
             raise CpplanError(
@@ -199,8 +210,11 @@ class ModelSpec:
             )
         for key in (*required, "num_key_value_heads", "head_dim"):
             value = cfg.get(key, 1)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CpplanError(f"{str(path)!r}: {key}={value!r} must be a positive integer; fix the config.")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONFIG_INTEGER:
+                raise CpplanError(
+                    f"{str(path)!r}: {key}={str(value)[:40]!r} must be a positive integer of at most 2**31; "
+                    f"fix the config."
+                )
         for key in ("tie_word_embeddings", "attention_bias", "is_causal"):
             if not isinstance(cfg.get(key, False), bool):
                 raise CpplanError(f"{str(path)!r}: {key}={cfg[key]!r} must be true or false; fix the config.")
@@ -216,7 +230,9 @@ class ModelSpec:
                 f"{str(path)!r}: hidden_act={hidden_act!r} is not an activation cpplan runs; it runs "
                 f"{', '.join(HF_ACTIVATIONS)} (a {model_type} MLP is gated: act(x·W_gate) · x·W_up)."
             )
-        name = name or cfg.get("_name_or_path") or path.parent.name or model_type
+        architectures = cfg.get("architectures")
+        named = architectures[0] if isinstance(architectures, list) and architectures else None
+        name = name or cfg.get("_name_or_path") or named or model_type
         if not isinstance(name, str):
             raise CpplanError(f"{str(path)!r}: _name_or_path={name!r} must be a string.")
         return cls(

@@ -83,6 +83,9 @@ PLAIN_MLP_CHECKPOINTS = {"mlpwi_0": "mlpwi"}
 # an export of a model MaxText does not ship leaves them at MaxText's defaults and says so
 UNCARRIED_MODEL_FLAGS = {"rope_max_timescale": 10_000, "normalization_layer_epsilon": 1e-5}
 # MaxText's attention kernels: cpplan prices splash ("flash"; "autoselected" is flash on a TPU)
+# the largest integer flag read: beyond it a float no longer holds every integer, so counts derived
+# from it would be priced inexactly
+MAX_FLAG_INTEGER = 2**53
 SPLASH_KERNELS = ("flash", "autoselected")
 # The compiler flags MaxText's own offload recipes add to LIBTPU_INIT_ARGS (`HOST_OFFLOAD_FLAGS`,
 # benchmarks/xla_flags_library.py of AI-Hypercomputer/maxtext, used by its trillium model configs).
@@ -272,7 +275,13 @@ def format_flags(flags: dict[str, object]) -> str:
 
 
 def parse_flags(text: str) -> dict[str, str]:
-    """`key=value` words of a MaxText command line; a key given twice is refused (which would win?).
+    """`key=value` words of a MaxText command line (`split_flags` without the other words)."""
+    return split_flags(text)[0]
+
+
+def split_flags(text: str) -> tuple[dict[str, str], list[str]]:
+    """The `key=value` words of a MaxText command line, and its other words (the program, its config
+    file, and anything else) in order; a key given twice is refused (which would win?).
 
     Raises:
         CpplanError: an unclosed quote, or a key given twice.
@@ -282,18 +291,24 @@ def parse_flags(text: str) -> dict[str, str]:
     except ValueError as err:
         raise CpplanError(f"cannot split the MaxText flags into words ({err}); close every quote.") from None
     flags: dict[str, str] = {}
-    for key, _, value in (w.partition("=") for w in words if "=" in w):
+    others = []
+    for word in words:
+        if "=" not in word:
+            others.append(word)
+            continue
+        key, _, value = word.partition("=")
         if key in flags:
             raise CpplanError(f"MaxText flag {key} is given twice ({flags[key]!r} and {value!r}); give it once.")
         flags[key] = value
-    return flags
+    return flags, others
 
 
 class _Flags:
     """MaxText flags that remember which were read, so the rest can be named."""
 
-    def __init__(self, flags: dict):
+    def __init__(self, flags: dict, others: list[str] = ()):
         self._flags = dict(flags)
+        self.others = list(others)  # words that are not key=value: never read, always listed
         self.read: set[str] = set()
 
     def __contains__(self, key: str) -> bool:
@@ -308,12 +323,18 @@ class _Flags:
 
     def int(self, key: str, default: int) -> int:
         value = self.get(key, default)
-        try:
-            number = float(value)
+        text = str(value).strip()
+        try:  # an integer's digits exactly; a float only where it is a whole number (1e6)
+            number = int(text) if text.lstrip("+-").isdigit() else float(text)
         except (TypeError, ValueError):
             raise CpplanError(f"MaxText flag {key}={value!r} is not a number.") from None
         if not math.isfinite(number) or number != int(number) or number < 0:
             raise CpplanError(f"MaxText flag {key}={value!r} must be a whole number.")
+        if int(number) > MAX_FLAG_INTEGER:
+            raise CpplanError(
+                f"MaxText flag {key}={value!r} is beyond 2**53 ({MAX_FLAG_INTEGER}), past which a "
+                f"count is not priced exactly; give a realistic value."
+            )
         return int(number)
 
     def bool(self, key: str, default: bool) -> bool:
@@ -326,7 +347,17 @@ class _Flags:
         raise CpplanError(f"MaxText flag {key}={value!r} must be true or false.")
 
     def unread(self) -> tuple[str, ...]:
-        return tuple(k for k in self._flags if k not in self.read)
+        return tuple(k for k in self._flags if k not in self.read) + tuple(self.others)
+
+    def check_words(self) -> None:
+        """Refuses a flag cpplan reads written without `=` (`ici_fsdp_parallelism 2`): its value
+        would be silently lost."""
+        misplaced = [w for w in self.others if w in self.read]
+        if misplaced:
+            raise CpplanError(
+                f"MaxText flag {misplaced[0]} is written without '=': MaxText reads key=value words; "
+                f"write {misplaced[0]}=VALUE."
+            )
 
 
 @dataclass(frozen=True)
@@ -369,7 +400,7 @@ def read_maxtext(
             does not cover the topology, a strategy or remat policy MaxText does not have, an
             attention kernel cpplan does not price, or a rule MaxText 0.2.5 enforces (named).
     """
-    f = _Flags(parse_flags(flags) if isinstance(flags, str) else flags)
+    f = _Flags(*split_flags(flags)) if isinstance(flags, str) else _Flags(flags)
     notes: list[str] = []
     model = get_model(model) if model is not None else _read_model(f)
     topology = topology or f.get("compile_topology")
@@ -443,6 +474,11 @@ def read_maxtext(
         raise CpplanError(
             f"per_device_batch_size={per_device} × {topo.num_devices} devices is not a whole number of sequences."
         )
+    if seq_len * global_batch > MAX_FLAG_INTEGER:
+        raise CpplanError(
+            f"max_target_length={seq_len} × {global_batch:.6g} sequences is {seq_len * global_batch:.3g} tokens a "
+            f"step, beyond 2**53, past which the price is not exact; give a realistic length and batch."
+        )
     tiling = f.int("num_vocab_tiling", 1)
     tokens_per_device = seq_len * global_batch / topo.num_devices * sizes["tensor"]
     block_q, block_kv = _blocks(f, notes)
@@ -474,6 +510,7 @@ def read_maxtext(
         dcn_fsdp=dcn_fsdp,
         fused_attention_backward=fused_backward,
     )
+    f.check_words()
     problems = maxtext_problems(plan)
     if problems:
         raise CpplanError("MaxText 0.2.5 refuses these flags: " + "; ".join(problems) + ".")

@@ -23,6 +23,9 @@ class Restored:
     step: int
 
 
+CHECKPOINT_DIR = "checkpoints"  # under the run directory
+
+
 class Checkpoints:
     """The checkpoints of one run `directory`, saved every `every` steps, the `keep` newest kept, each
     stamped with the run's `identity` (`SAME_RUN_KEYS`), which a resume checks."""

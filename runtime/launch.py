@@ -3,11 +3,17 @@ first, falling back to the next that compiles and fits), open the data, and trai
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.chips import ChipKind
+from cost_models.errors import CpplanError
+from cost_models.units import GiB
+from cost_models.vocabulary import DTYPE_BYTES
 from planner.plan import Plan
 from runtime.distributed import ProcessGroup
 
@@ -28,6 +34,68 @@ class Launch:
     keep_checkpoints: int = 3
     resume: bool = True
     profile_steps: tuple[int, int] | None = None
+
+
+def check_world(plan: Plan, group: ProcessGroup, launch: Launch) -> None:
+    """Refuses, before any compile, a run whose directory, checkpoints, disk or coordinator cannot
+    serve it: each a one-line refusal naming the path or flag and the fix.
+
+    Raises:
+        CpplanError: the first problem found.
+    """
+    from runtime.checkpoint import CHECKPOINT_DIR
+
+    run_dir = launch.run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CpplanError(f"--run-dir {str(run_dir)!r} is a file; give a directory (it is created when missing).")
+    existing = next(p for p in (run_dir, *run_dir.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise CpplanError(
+            f"--run-dir {str(run_dir)!r}: {str(existing)!r} is not a directory this process can write "
+            f"to; give a --run-dir under a writable directory."
+        )
+    checkpoints = run_dir / CHECKPOINT_DIR
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise CpplanError(
+            f"{str(checkpoints)!r} is a file where the run keeps its checkpoints; move it away or give "
+            f"another --run-dir."
+        )
+    if not launch.resume and checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+        raise CpplanError(
+            f"{str(checkpoints)!r} holds checkpoints and resuming was refused (--no-resume); give "
+            f"another --run-dir, or drop --no-resume."
+        )
+    # one checkpoint: the weights and AdamW's two moments (the first in mu_dtype, the second as the weights)
+    need = plan.model.num_params * (2 * DTYPE_BYTES[plan.param_dtype] + DTYPE_BYTES[plan.mu_dtype])
+    free = shutil.disk_usage(existing).free
+    if free < need:
+        raise CpplanError(
+            f"--run-dir {str(run_dir)!r}: {free / GiB:.2f} GiB free on its disk, and one checkpoint "
+            f"of this plan takes {need / GiB:.2f} GiB; free some space or give a --run-dir on a larger "
+            f"disk."
+        )
+    if group.coordinator is not None:
+        check_coordinator(group.coordinator)
+
+
+def check_coordinator(address: str) -> None:
+    """Refuses a --coordinator whose port is not a port or whose host does not resolve.
+
+    Raises:
+        CpplanError: naming the address and the fix.
+    """
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise CpplanError(
+            f"--coordinator {address!r}: write HOST:PORT with a port from 1 to 65535, e.g. localhost:12355."
+        )
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port))
+    except OSError as err:
+        raise CpplanError(
+            f"--coordinator {address!r}: host {host!r} does not resolve ({err.strerror or err}); give "
+            f"process 0's host name or address."
+        ) from None
 
 
 def use_tpu_compiler_flags(chip, plans: Sequence[Plan] = ()) -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from cost_models.errors import CpplanError
 from cost_models.flops import model_flops_per_step
+from runtime.checkpoint import CHECKPOINT_DIR
 from runtime.compile import CompiledMemory
 from runtime.runner import RunReport
 
-CHECKPOINT_DIR = "checkpoints"
 PROFILE_DIR = "profile"
 
 

@@ -29,6 +29,7 @@ from planner.maxtext import (
     read_maxtext,
 )
 from planner.plan import Plan
+from validation.measured import read_csv_rows
 from validation.report import CorpusReport, StepResult
 from validation.stats import spearman
 
@@ -315,9 +316,9 @@ def step_seconds(row: dict, plan: Plan, shape: SyntheticShape | None, where: str
 def is_corpus(path: "str | Path") -> bool:
     """Whether a measured-steps file is a corpus (its header has the corpus's columns)."""
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             header = next(csv.reader(f), [])
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, csv.Error):
         return False
     return "maxtext_flags" in header
 
@@ -330,10 +331,7 @@ def read_corpus(path: "str | Path") -> list[CorpusRun]:
             and derivation, or a row that is not a plan (each naming its line).
     """
     path = Path(path)
-    try:
-        rows = list(csv.DictReader(path.read_text().splitlines()))
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise CpplanError(f"cannot read {str(path)!r}: {err}") from None
+    rows = read_csv_rows(path)
     if not rows or set(rows[0]) != set(CORPUS_COLUMNS):
         raise CpplanError(f"{str(path)!r}: a corpus needs the header {', '.join(CORPUS_COLUMNS)} and one row per run.")
     runs, seen = [], set()

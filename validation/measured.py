@@ -62,6 +62,24 @@ def _count(row: dict, column: str, default: "int | None" = None) -> int:
     return int(text)
 
 
+def read_csv_rows(path: Path) -> list[dict]:
+    """The rows of a CSV file under its header, a UTF-8 byte-order mark ignored.
+
+    Raises:
+        CpplanError: unreadable or not UTF-8 text, or a column named twice (which cell would count?).
+    """
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        header = next(csv.reader(lines[:1]), [])
+        rows = list(csv.DictReader(lines))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise CpplanError(f"cannot read {str(path)!r}: {err}") from None
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise CpplanError(f"{str(path)!r}: the header names {', '.join(twice)} more than once; name each column once.")
+    return rows
+
+
 def read_csv(path: "str | Path") -> list[MeasuredStep]:
     """Rows of `CSV_COLUMNS` (a header line first); axis sizes default to 1, remat to full.
 
@@ -75,10 +93,7 @@ def read_csv(path: "str | Path") -> list[MeasuredStep]:
             with a positive, finite step time (naming its line).
     """
     path = Path(path)
-    try:
-        rows = list(csv.DictReader(path.read_text().splitlines()))
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise CpplanError(f"cannot read {str(path)!r}: {err}") from None
+    rows = read_csv_rows(path)
     needed = {"model", "topology", "seq_len", "global_batch", "strategy", "step_seconds"}
     if not rows or not needed <= set(rows[0]):
         raise CpplanError(

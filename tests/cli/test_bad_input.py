@@ -439,3 +439,97 @@ def test_any_mesh_text_is_a_mesh_or_a_cpplan_error(text):
         assert "\n" not in str(err)
     else:
         assert all(isinstance(size, int) for size in mesh.values())
+
+
+# -- the run's world, checked before any compile ----------------------------------------------
+def test_a_run_directory_that_cannot_serve_the_run_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert "is a file" in refused(["run", *PLAN, "--run-dir", "afile"], capsys)
+    (tmp_path / "run" / "checkpoints").parent.mkdir()
+    (tmp_path / "run" / "checkpoints").write_text("x")
+    assert "where the run keeps its checkpoints" in refused(["run", *PLAN, "--run-dir", "run"], capsys)
+    (tmp_path / "old" / "checkpoints" / "4").mkdir(parents=True)
+    assert "--no-resume" in refused(["run", *PLAN, "--run-dir", "old", "--no-resume"], capsys)
+
+
+@pytest.mark.parametrize(
+    "address, says",
+    [
+        ("nohost.invalid:1234", "does not resolve"),
+        ("localhost:99999", "port from 1 to 65535"),
+        (":1234", "HOST:PORT"),
+        ("localhost:port", "HOST:PORT"),
+        ("localhost:0", "port from 1 to 65535"),
+    ],
+)
+def test_a_coordinator_that_cannot_be_reached_is_refused_before_anything_runs(address, says, capsys, tmp_path):
+    argv = [
+        "run",
+        *PLAN,
+        "--run-dir",
+        str(tmp_path / "r"),
+        "--coordinator",
+        address,
+        "--num-processes",
+        "2",
+        "--process-id",
+        "1",
+    ]
+    assert says in refused(argv, capsys)
+
+
+# -- MaxText flags: every word read or named, nothing guessed ---------------------------------
+IMPORT_BASE = "compile_topology=v5p-8 model_name=llama3.1-8b "
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (IMPORT_BASE + "ici_fsdp_parallelism 2", "written without '='"),
+        (IMPORT_BASE + "max_target_length=9007199254740993", "beyond 2**53"),
+        (IMPORT_BASE + "max_target_length=99999999999999999999999999", "beyond 2**53"),
+        (IMPORT_BASE + "per_device_batch_size=1e300", "beyond 2**53"),
+    ],
+)
+def test_maxtext_flags_are_never_guessed(flags, says, capsys):
+    assert says in refused(["import", "--flags", flags], capsys)
+
+
+def test_maxtext_words_that_are_not_flags_are_named_and_a_misfit_exits_1(capsys):
+    assert main(["import", "--flags", "python -m train base.yml " + IMPORT_BASE + "per_device_batch_size=1"]) == 0
+    out = capsys.readouterr().out
+    assert "not read (4): python, -m, train, base.yml" in out
+    assert main(["import", "--flags", IMPORT_BASE + "max_target_length=131072 per_device_batch_size=8"]) == 1
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_a_flags_file_that_is_not_text_is_refused(tmp_path, capsys):
+    path = tmp_path / "flags.bin"
+    path.write_bytes(bytes(range(256)))
+    assert "not UTF-8 text" in refused(["import", "--flags", str(path)], capsys)
+
+
+def test_a_measured_csv_with_a_byte_order_mark_is_read_and_one_with_a_column_twice_refused(tmp_path, capsys):
+    from validation.measured import read_csv
+
+    header = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(("\ufeff" + header + "\ntiny,cpu:8,2k,1,ring,8,0.5\n").encode())
+    assert [step.step_seconds for step in read_csv(bom)] == [0.5]
+    twice = tmp_path / "twice.csv"
+    twice.write_text(header + ",step_seconds\ntiny,cpu:8,2k,1,ring,8,0.5,0.7\n")
+    assert "names step_seconds more than once" in refused(["validate", "--measured", str(twice)], capsys)
+
+
+def test_a_config_with_a_huge_integer_is_refused_and_its_name_comes_from_the_config(tmp_path, capsys):
+    path = tmp_path / "some-folder" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({**GOOD_CONFIG, "hidden_size": 10**308}))
+    assert "at most 2**31" in refused(
+        ["explain", "--model", str(path), "--seq-len", "1k", "--topology", "cpu:8"], capsys
+    )
+    path.write_text(json.dumps({k: v for k, v in GOOD_CONFIG.items() if k != "_name_or_path"}))
+    from cost_models.models import get_model
+
+    assert get_model(str(path)).name != "some-folder"

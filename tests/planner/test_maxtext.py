@@ -218,7 +218,17 @@ def test_ulysses_16_over_8_kv_heads_is_refused_on_import():
 
 def test_import_names_every_flag_it_did_not_read():
     found = read_maxtext(ANCHOR_USP + " steps=20 enable_checkpointing=false base_output_directory=/tmp/x")
-    assert found.unread == ("dataset_type", "steps", "enable_checkpointing", "base_output_directory")
+    # the flags, then the command line's other words: the program and its config file
+    assert found.unread == (
+        "dataset_type",
+        "steps",
+        "enable_checkpointing",
+        "base_output_directory",
+        "python",
+        "-m",
+        "maxtext.trainers.pre_train.train_compile",
+        "base.yml",
+    )
     assert found.notes == ()
     assert "use_tokamax_splash" not in found.unread and "attention" not in found.unread
 
