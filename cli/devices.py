@@ -4,8 +4,10 @@ TPU compiler, jax itself, readable data, and the devices a measurement runs on."
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
+from cost_models.chips import CHIP_DIR_ENV, measured_here
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 
@@ -86,3 +88,19 @@ def check_devices(topo, command: str) -> None:
 def on_a_tpu_vm() -> bool:
     """Whether this host has TPU chips (their device files), judged without importing jax."""
     return any(Path("/dev").glob("accel*")) or any(Path("/dev/vfio").glob("[0-9]*"))
+
+
+def note_uncalibrated_host(topology: str) -> None:
+    """Says on stderr, once a command has answered, that a host's virtual devices were priced with
+    the packaged generic row rather than a calibration of this machine."""
+    try:
+        topo = get_topology(topology)
+    except CpplanError:
+        return
+    if topo.chip.kind.shares_cores and not measured_here(topo.chip.name):
+        print(
+            f"cpplan: note: {topo.name} is priced with cpplan's generic host row, not this machine's (rough defaults: "
+            f"predicted step times can be off many times over); measure it with `cpplan calibrate --topology "
+            f"{topo.name}` and export {CHIP_DIR_ENV}=cpplan-chips",
+            file=sys.stderr,
+        )

@@ -7,10 +7,13 @@ import sys
 
 from cli import planning, running, validating
 from cli.args import Parser
+from cli.devices import note_uncalibrated_host
 from cli.signals import INTERRUPTS
 from cost_models.errors import CpplanError
 
 FAMILIES = (planning, running, validating)
+# the commands whose answer is a predicted step time
+PREDICTING = ("explain", "sweep", "run", "validate")
 
 
 def build_parser() -> Parser:
@@ -38,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     with INTERRUPTS.handled():
         try:
-            return args.func(args)
+            status = args.func(args)
+            if args.command in PREDICTING and args.command != "run" and getattr(args, "topology", None):
+                note_uncalibrated_host(args.topology)
+            return status
         except CpplanError as err:
             print(f"cpplan: error: {err}", file=sys.stderr)
             return 2

@@ -9,13 +9,20 @@ import sys
 from pathlib import Path
 
 from cli.args import add_command, add_search_options, at_least, model_of, plan_of, search_options, to_json
-from cli.devices import check_data, import_runtime, on_a_tpu_vm, use_deviceless_tpu, use_host_devices
+from cli.devices import (
+    check_data,
+    import_runtime,
+    note_uncalibrated_host,
+    on_a_tpu_vm,
+    use_deviceless_tpu,
+    use_host_devices,
+)
 from cli.signals import INTERRUPTS
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
 from planner import api
-from planner.explanation import Explanation
+from planner.explanation import Explanation, describe_strategy
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -57,6 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         profile_steps=profile,
     )
     check_world(search.ranked[0].plan, group, request)
+    note_uncalibrated_host(args.topology)  # before the run, which takes a while
     import_runtime()
     from runtime.distributed import is_leader
     from runtime.launch import prepare, train_checked
@@ -85,7 +93,7 @@ def _report_run(args: argparse.Namespace, checked, report, leader: bool) -> int:
             print(
                 to_json({"plan": plan.to_dict(), "preflight": [attempt_dict(a) for a in checked.attempts]})
                 if args.json
-                else f"{plan.to_json()}\ndry run: plan #{checked.attempts[-1].rank} compiles and fits; "
+                else f"{plan_line(plan)}\ndry run: plan #{checked.attempts[-1].rank} compiles and fits; "
                 f"stopping before the first step"
             )
         return 0
@@ -138,7 +146,7 @@ def _report_run(args: argparse.Namespace, checked, report, leader: bool) -> int:
             )
         )
         return 0
-    print(plan.to_json())
+    print(plan_line(plan))
     print(f"measured:  {report}")
     source = "compiler" if peak is None else "device peak"
     hbm = "n/a" if measured_hbm is None else f"{measured_hbm / MiB:.1f} MiB"
@@ -148,6 +156,14 @@ def _report_run(args: argparse.Namespace, checked, report, leader: bool) -> int:
     print(f"{'HBM/dev':10}{predicted.hbm_bytes_per_device / MiB:>11.1f}MiB{hbm:>14}  ({source})")
     print(f"metrics in {Path(args.run_dir) / 'metrics.jsonl'}, TensorBoard in {Path(args.run_dir) / 'tensorboard'}")
     return 0
+
+
+def plan_line(plan) -> str:
+    """The plan in one line for people (`--json` gives it whole)."""
+    return (
+        f"plan: {describe_strategy(plan)}; mesh {plan.mesh_dict}; remat {plan.remat.value}; splash blocks "
+        f"{plan.block_q}×{plan.block_kv}; {plan.global_batch} × {plan.seq_len} tokens on {plan.topology}"
+    )
 
 
 def attempt_dict(attempt) -> dict:
@@ -190,7 +206,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"cpplan: the XLA TPU compiler refused the plan: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     predicted = estimate(plan)
-    print(plan.to_json())
+    print(plan_line(plan))
     print(f"compiled:  {report}")
     print(
         f"predicted: {predicted.hbm_bytes_per_device / GiB:.2f} GiB per device "

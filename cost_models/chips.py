@@ -304,6 +304,12 @@ def _chips_in(dirs: tuple[str, ...]) -> dict[str, Chip]:
     return chips
 
 
+def measured_here(name: str) -> bool:
+    """Whether the row of chip `name` is one `cpplan calibrate` wrote (in $CPPLAN_CHIP_DIR), not a cited one."""
+    extra = os.environ.get(CHIP_DIR_ENV)
+    return bool(extra) and any(load_chip(p).name == name for p in Path(extra).glob("*.json"))
+
+
 def known_chips() -> dict[str, Chip]:
     """All chip rows: the cited ones, then any in $CPPLAN_CHIP_DIR (which may override)."""
     dirs = [str(CHIP_DIR)]

@@ -235,20 +235,23 @@ class ModelSpec:
         name = name or cfg.get("_name_or_path") or named or model_type
         if not isinstance(name, str):
             raise CpplanError(f"{str(path)!r}: _name_or_path={name!r} must be a string.")
-        return cls(
-            name=name,
-            num_layers=cfg["num_hidden_layers"],
-            hidden=hidden,
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim", hidden // heads),
-            intermediate=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"],
-            tie_embeddings=cfg.get("tie_word_embeddings", False),
-            qkv_bias=cfg.get("attention_bias", model_type == "qwen2"),
-            mlp_activations=(HF_ACTIVATIONS[hidden_act], "linear"),
-            causal=cfg.get("is_causal", True),
-        )
+        try:
+            return cls(
+                name=name,
+                num_layers=cfg["num_hidden_layers"],
+                hidden=hidden,
+                num_heads=heads,
+                num_kv_heads=cfg.get("num_key_value_heads", heads),
+                head_dim=cfg.get("head_dim", hidden // heads),
+                intermediate=cfg["intermediate_size"],
+                vocab=cfg["vocab_size"],
+                tie_embeddings=cfg.get("tie_word_embeddings", False),
+                qkv_bias=cfg.get("attention_bias", model_type == "qwen2"),
+                mlp_activations=(HF_ACTIVATIONS[hidden_act], "linear"),
+                causal=cfg.get("is_causal", True),
+            )
+        except CpplanError as err:  # a shape the model refuses: say which file holds it
+            raise CpplanError(f"{str(path)!r}: {err}") from None
 
 
 def _activations(model: str, value) -> tuple[str, ...]:

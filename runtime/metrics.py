@@ -54,6 +54,7 @@ class StepLog:
         from tqdm import tqdm
 
         run_dir.mkdir(parents=True, exist_ok=True)
+        _keep_steps_up_to(run_dir / METRICS_FILE, first_step)  # a resumed run replays the steps after it
         self._lines = open(run_dir / METRICS_FILE, "a", buffering=1)  # line-buffered: each step on disk
         self._board = SummaryWriter(str(run_dir / TENSORBOARD_DIR), flush_secs=10)
         self._bar = tqdm(total=total_steps, initial=first_step, unit="step", dynamic_ncols=True)
@@ -94,3 +95,17 @@ class StepLog:
             self._bar.close()
             self._board.close()
             self._lines.close()
+
+
+def _keep_steps_up_to(path: Path, last: int) -> None:
+    """Drops from a metrics file the records of steps after `last` (and a line a kill cut short)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    path.write_text("".join(f"{line}\n" for line in kept))

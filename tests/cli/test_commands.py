@@ -191,3 +191,19 @@ def test_every_flag_has_help_stating_its_default(command):
         assert action.help, f"{command} {action.option_strings[0]} has no help"
         if action.default not in (None, False, argparse.SUPPRESS):
             assert f"(default: {action.default})" in formatter._expand_help(action), (command, action.option_strings)
+
+
+def test_a_host_priced_with_the_generic_row_says_how_to_calibrate(tmp_path, capsys, monkeypatch):
+    """cpu:N is priced with the packaged rough row until `cpplan calibrate` writes this machine's."""
+    import shutil
+
+    from cost_models.chips import CHIP_DIR, CHIP_DIR_ENV
+
+    argv = ["explain", "--model", "tiny", "--seq-len", "4k", "--topology", "cpu:8", "--top", "0"]
+    monkeypatch.delenv(CHIP_DIR_ENV, raising=False)
+    assert main(argv) == 0
+    assert "cpplan calibrate --topology cpu:8" in capsys.readouterr().err
+    shutil.copy(CHIP_DIR / "cpu.json", tmp_path / "cpu.json")  # as calibrate would write it
+    monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path))
+    assert main(argv) == 0
+    assert "calibrate" not in capsys.readouterr().err
