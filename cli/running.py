@@ -75,7 +75,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         if is_leader():
             print(text, file=notes, flush=True)
 
-    checked, dataset = prepare([r.plan for r in search.ranked], group, request, say=say)
+    # a signal during a compile is recorded and acted on between compiles: raised inside the
+    # compiler it would not unwind cleanly
+    with INTERRUPTS.deferred():
+        checked, dataset = prepare(
+            [r.plan for r in search.ranked], group, request, say=say, should_stop=lambda: INTERRUPTS.stopped
+        )
+    if INTERRUPTS.stopped:
+        name = signal.Signals(INTERRUPTS.received[-1]).name
+        print(f"cpplan: stopped by {name} during the pre-flight compile; nothing was trained", file=sys.stderr)
+        return INTERRUPTS.exit_status()
     if args.dry_run:
         return _report_run(args, checked, None, is_leader())
     with INTERRUPTS.deferred():  # stop after the step in hand and save, rather than raise inside jax

@@ -109,7 +109,14 @@ def use_tpu_compiler_flags(chip, plans: Sequence[Plan] = ()) -> None:
         use_compiler_flags(chip.name, scoped_vmem_flag(max(limits) if limits else None))
 
 
-def prepare(plans: Sequence[Plan], group: ProcessGroup, launch: Launch, *, say: Callable[[str], None]):
+def prepare(
+    plans: Sequence[Plan],
+    group: ProcessGroup,
+    launch: Launch,
+    *,
+    say: Callable[[str], None],
+    should_stop: Callable[[], bool] = lambda: False,
+):
     """Joins the processes, opens the data, and pre-flights `plans` (ranked, best first): the first
     of the first `max_fallbacks` that compiles and fits on this process's devices wins.
 
@@ -149,6 +156,7 @@ def prepare(plans: Sequence[Plan], group: ProcessGroup, launch: Launch, *, say: 
         packed=launch.pack,
         max_attempts=launch.max_fallbacks,
         on_attempt=lambda attempt: say(f"  {attempt}"),
+        should_stop=should_stop,
     )
     return checked, dataset
 

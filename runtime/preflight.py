@@ -60,10 +60,12 @@ def preflight(
     max_attempts: int = 4,
     available_bytes: int | None = None,
     on_attempt=None,
+    should_stop=None,
 ) -> Preflight:
     """Compiles `plans` (ranked, best first) on `devices` until one fits `available_bytes` per device
     (default: the chip row's), trying at most `max_attempts`; `packed` compiles the step with segment
-    ids; `on_attempt` gets each `Attempt` as it is made.
+    ids; `on_attempt` gets each `Attempt` as it is made; `should_stop` (asked after each) ends it early,
+    returning what was tried with no plan chosen.
 
     Raises:
         CpplanError: none of the first `max_attempts` plans fits.
@@ -106,6 +108,8 @@ def preflight(
             on_attempt(attempt)
         if attempt.fits:
             result.trainer, result.compiled, result.memory = trainer, compiled, memory
+            return result
+        if should_stop is not None and should_stop():
             return result
     raise CpplanError(
         f"none of the planner's first {len(result.attempts)} plans fits once compiled:\n"
