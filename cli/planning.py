@@ -136,7 +136,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     )
     print(
         f"MaxText needs {predicted.hbm_bytes_per_device / GiB:.1f} GiB of {predicted.hbm_capacity_bytes / GiB:.1f} "
-        f"GiB HBM per device ({'fits' if predicted.fits else 'does not fit'}); a step takes "
+        f"GiB HBM per device ({predicted.verdict}); a step takes "
         f"{predicted.step_time_s:.2f} s, MFU {predicted.mfu:.1%}"
     )
     for note in found.notes:

@@ -219,7 +219,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"compiled:  {report}")
     print(
         f"predicted: {predicted.hbm_bytes_per_device / GiB:.2f} GiB per device "
-        f"({'fits' if predicted.fits else 'does not fit'}); compiler: {report.required_gib:.2f} GiB "
+        f"({predicted.verdict}); compiler: {report.required_gib:.2f} GiB "
         f"({'fits' if report.fits else 'does not fit'})"
     )
     return 0 if report.fits else 1

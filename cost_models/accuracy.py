@@ -14,6 +14,7 @@ from pathlib import Path
 from cost_models.errors import CpplanError
 
 ACCURACY_FILE = Path(__file__).parent / "data" / "accuracy.json"
+MEMORY_ACCURACY_FILE = Path(__file__).parent / "data" / "memory_accuracy.json"
 
 
 @dataclass(frozen=True)
@@ -99,3 +100,56 @@ def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:
     if kernels:
         return ErrorBand(chip, kernels["mape"], "kernels", kernels["calls"], kernels["source"], context_parallel)
     return None
+
+
+@dataclass(frozen=True)
+class MemoryBand:
+    """How much more HBM the compiler has held than the memory price said, at most, on one chip
+    for one target (`regenerate/memory_bands.py` measures it over stored compiles).
+
+    Attributes:
+        under: the largest excess, as a fraction of the price (0.07: the compiler held up to 7% more).
+        rows: the compiles it was measured over.
+        source: where they are.
+    """
+
+    chip: str
+    target: str
+    under: float
+    rows: int
+    source: str
+
+    def describe(self) -> str:
+        return (
+            f"the compiler has held up to {self.under:.1%} more than priced over {self.rows} {self.chip} compiles "
+            f"({self.target} target)"
+        )
+
+
+@lru_cache(maxsize=1)
+def _memory_table() -> dict:
+    try:
+        return json.loads(MEMORY_ACCURACY_FILE.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CpplanError(
+            f"cannot read the memory bands {str(MEMORY_ACCURACY_FILE)!r} ({err}); regenerate it with "
+            "python regenerate/memory_bands.py."
+        ) from None
+
+
+def memory_band(chip: str, target: str) -> MemoryBand | None:
+    """The memory price's measured error on `chip` for `target` ("cpplan" or "maxtext"); where no
+    compile of that chip was measured, the largest measured on another chip; None with no data at all.
+
+    Raises:
+        CpplanError: the memory accuracy file is unreadable.
+    """
+    chips = _memory_table().get(target, {})
+    entry = chips.get(chip)
+    if entry is not None:
+        return MemoryBand(chip, target, entry["under"], entry["rows"], entry["source"])
+    if not chips:
+        return None
+    # no compile of this chip measured: the largest excess measured on any chip stands in
+    other, entry = max(chips.items(), key=lambda item: item[1]["under"])
+    return MemoryBand(chip, target, entry["under"], entry["rows"], f"{other}'s, standing in: {entry['source']}")

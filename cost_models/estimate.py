@@ -38,6 +38,7 @@ class Estimate:
     peak_flops_per_device: float
     cp_collective: str
     notes: tuple[str, ...] = field(default=())
+    memory_margin: float = 0.0  # the memory price's measured excess on this chip (`accuracy.memory_band`)
 
     @property
     def hbm_bytes_per_device(self) -> float:
@@ -53,6 +54,17 @@ class Estimate:
     def fits(self) -> bool:
         smem_ok = self.smem_capacity_bytes == 0 or self.smem_bytes <= self.smem_capacity_bytes
         return self.hbm_bytes_per_device <= self.hbm_capacity_bytes and smem_ok
+
+    @property
+    def marginal(self) -> bool:
+        """Fits as priced, but not once the compiler's largest measured excess over the price is added:
+        the pre-flight compile settles it."""
+        return self.fits and self.hbm_bytes_per_device * (1 + self.memory_margin) > self.hbm_capacity_bytes
+
+    @property
+    def verdict(self) -> str:
+        """'fits', 'fits, marginally' or 'does not fit'."""
+        return ("fits, marginally" if self.marginal else "fits") if self.fits else "does not fit"
 
     @property
     def mfu(self) -> float:
@@ -99,6 +111,7 @@ class Estimate:
             "mfu": self.mfu,
             "tokens_per_s_per_chip": self.tokens_per_s_per_chip,
             "fits": self.fits,
+            "marginal": self.marginal,
             "bottleneck": self.bottleneck,
             "compute_s": self.compute_s,
             "hbm_s": self.hbm_s,
@@ -119,8 +132,9 @@ class Estimate:
         }
 
 
-def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
-    """Row `i` of the candidates `x` priced as `priced` (`cost_models.pricing.price(x)`), as an `Estimate`."""
+def estimate_row(priced: Priced, i: int, x: Candidates, *, memory_margin: float = 0.0) -> Estimate:
+    """Row `i` of the candidates `x` priced as `priced` (`cost_models.pricing.price(x)`), as an
+    `Estimate`; `memory_margin` is the memory price's measured excess for its chip and target."""
     topo = x.topology
 
     def pick(d):
@@ -143,4 +157,5 @@ def estimate_row(priced: Priced, i: int, x: Candidates) -> Estimate:
         num_chips=topo.num_chips,
         peak_flops_per_device=topo.peak_flops_per_device,
         cp_collective=STRATEGIES[x.strategy].collective,
+        memory_margin=memory_margin,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cost_models.accuracy import memory_band
 from cost_models.candidates import Candidates, group_links, link_columns
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.pricing import price
@@ -64,4 +65,5 @@ def estimate(plan: Plan, *, target: "str | Target | None" = None) -> Estimate:
     target = get_target(target)
     plan.check()
     x = candidates_of(plan)
-    return estimate_row(price(x, target=target), 0, x)
+    band = memory_band(x.topology.chip.name, target.value)
+    return estimate_row(price(x, target=target), 0, x, memory_margin=band.under if band else 0.0)

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from cost_models.accuracy import memory_band
 from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, link_columns
 from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import splash_smem_bytes, splash_vmem_problem
@@ -763,7 +764,8 @@ class SearchSpace:
             mu_dtype=opts.mu_dtype,
             compute_dtype=opts.compute_dtype,
         )
-        return Ranked(plan, estimate_row(p.priced, i, p.x))
+        band = memory_band(p.x.topology.chip.name, self.target.value)
+        return Ranked(plan, estimate_row(p.priced, i, p.x, memory_margin=band.under if band else 0.0))
 
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:
         """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,

@@ -1,0 +1,51 @@
+"""How far the memory price is from the compiler's figure, per target and chip: the margin `explain`
+keeps from the HBM capacity before it calls a plan's fit sure (`cost_models.accuracy.memory_band`).
+
+cpplan's runtime: bench_memory's plans priced now against the deviceless compiles it stored.
+MaxText 0.2.5: the compiles of `validation.anchors` priced as `cpplan import` reads their flags.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cost_models.units import GiB
+from planner.estimate import estimate
+from planner.plan import Plan
+from validation.anchors import ANCHORS, reprice
+from validation.anchors import SOURCE as ANCHORS_SOURCE
+
+BENCH_MEMORY = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "bench_memory.json"
+
+
+def _band(pairs: list[tuple[float, float]], source: str) -> dict:
+    """{under, mape, rows, source} of (priced, compiled) pairs: `under` the most the compiler held
+    beyond the price, as a fraction of the price (0 where it never held more)."""
+    return {
+        "under": max(0.0, max(compiled / priced - 1 for priced, compiled in pairs)),
+        "mape": sum(abs(priced / compiled - 1) for priced, compiled in pairs) / len(pairs),
+        "rows": len(pairs),
+        "source": source,
+    }
+
+
+def memory_bands() -> dict[str, dict[str, dict]]:
+    """target → chip → its band, from the stored compiles."""
+    by_chip: dict[str, list] = {}
+    for row in json.loads(BENCH_MEMORY.read_text()):
+        plan = Plan.from_dict(row["plan"])
+        by_chip.setdefault(plan.topology_spec.chip.name, []).append(
+            (estimate(plan).hbm_bytes_per_device, float(row["compiled_bytes"]))
+        )
+    ours = {
+        chip: _band(pairs, "benchmarks/results/bench_memory.json: deviceless compiles of cpplan's step, priced now")
+        for chip, pairs in sorted(by_chip.items())
+    }
+    by_chip = {}
+    for anchor in ANCHORS:
+        row = reprice(anchor)
+        chip = anchor.topology.split("-")[0]
+        by_chip.setdefault(chip, []).append((row["priced_gib"] * GiB, row["compiled_gib"] * GiB))
+    theirs = {chip: _band(pairs, ANCHORS_SOURCE + ", priced now") for chip, pairs in sorted(by_chip.items())}
+    return {"cpplan": ours, "maxtext": theirs}
