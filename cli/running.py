@@ -61,6 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
+        resume_from=args.resume_from,
         profile_steps=profile,
     )
     check_world(search.ranked[0].plan, group, request)
@@ -271,6 +272,13 @@ def register(sub) -> None:
         default=True,
         help="continue from the newest checkpoint in --run-dir when there is one; --no-resume refuses a "
         "directory that has one",
+    )
+    p.add_argument(
+        "--resume-from",
+        type=at_least(1),
+        metavar="STEP",
+        help="resume from the checkpoint of this step rather than the newest that reads whole (an unreadable "
+        "newer one is set aside)",
     )
     p.add_argument("--dry-run", action="store_true", help="stop after the pre-flight compile and print its report")
     p.add_argument(

@@ -33,6 +33,7 @@ class Launch:
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     resume: bool = True
+    resume_from: int | None = None
     profile_steps: tuple[int, int] | None = None
 
 
@@ -60,6 +61,8 @@ def check_world(plan: Plan, group: ProcessGroup, launch: Launch) -> None:
             f"{str(checkpoints)!r} is a file where the run keeps its checkpoints; move it away or give "
             f"another --run-dir."
         )
+    if not launch.resume and launch.resume_from is not None:
+        raise CpplanError(f"--resume-from {launch.resume_from} with --no-resume: give one of them.")
     if not launch.resume and checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
         raise CpplanError(
             f"{str(checkpoints)!r} holds checkpoints and resuming was refused (--no-resume); give "
@@ -169,7 +172,12 @@ def train_checked(checked, dataset, launch: Launch, *, should_stop: Callable[[],
     """
     from runtime.loop import Checkpointing, train
 
-    checkpointing = Checkpointing(every=launch.checkpoint_every, keep=launch.keep_checkpoints, resume=launch.resume)
+    checkpointing = Checkpointing(
+        every=launch.checkpoint_every,
+        keep=launch.keep_checkpoints,
+        resume=launch.resume,
+        resume_from=launch.resume_from,
+    )
     return train(
         checked.trainer,
         checked.compiled,

@@ -26,6 +26,7 @@ class Checkpointing:
     every: int = 100  # save every this many steps (0: only at the end and when stopped)
     keep: int = 3  # checkpoints kept, newest first
     resume: bool = True  # resume from the newest checkpoint; False refuses a directory that has one
+    resume_from: int | None = None  # resume from this step's checkpoint rather than the newest
 
 
 def process_rows(trainer) -> tuple[int, int, int]:
@@ -89,6 +90,11 @@ def train(
             Path(run_dir) / CHECKPOINT_DIR, every=checkpointing.every, keep=checkpointing.keep, identity=identity
         )
     first_step = 0
+    if checkpointing is not None and checkpointing.resume_from is not None and checkpoints.latest_step is None:
+        raise CpplanError(
+            f"--resume-from {checkpointing.resume_from}: {checkpoints.directory} holds no checkpoint; drop "
+            f"--resume-from to start, or give the --run-dir of the run to resume."
+        )
     if checkpoints is not None and checkpoints.latest_step is not None:
         if not checkpointing.resume:
             raise CpplanError(
@@ -96,7 +102,7 @@ def train(
                 f"resuming was refused (--no-resume); give another --run-dir, or drop --no-resume."
             )
         abstract_params, abstract_opt, *_ = trainer.abstract_state()
-        restored = checkpoints.restore(abstract_params, abstract_opt)
+        restored = checkpoints.restore(abstract_params, abstract_opt, step=checkpointing.resume_from, on_note=say)
         params, opt_state, first_step = restored.params, restored.opt_state, restored.step
         say(f"resumed from the checkpoint at step {first_step} in {checkpoints.directory}")
     else:

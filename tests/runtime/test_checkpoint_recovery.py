@@ -1,0 +1,50 @@
+"""A run resumes from what is intact: a checkpoint a kill or a bad disk left unreadable is set aside
+and the one before it taken; --resume-from takes the one asked for, or says which there are."""
+
+import pytest
+
+jax = pytest.importorskip("jax")
+pytest.importorskip("orbax.checkpoint")
+
+import jax.numpy as jnp  # noqa: E402
+
+from cost_models.errors import CpplanError  # noqa: E402
+from runtime.checkpoint import Checkpoints  # noqa: E402
+
+pytestmark = pytest.mark.cpu_mesh
+IDENTITY = {"model": "tiny", "seq_len": 8, "global_batch": 1, "seed": 0}
+
+
+def _state(value: float):
+    return {"w": jnp.full((4,), value)}, {"m": jnp.full((4,), -value)}
+
+
+def _saved(directory, steps) -> Checkpoints:
+    checkpoints = Checkpoints(directory, every=1, keep=5, identity=IDENTITY)
+    for step in steps:
+        checkpoints.save(step, *_state(float(step)))
+    checkpoints.close()
+    return Checkpoints(directory, every=1, keep=5, identity=IDENTITY)
+
+
+def _abstract():
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _state(0.0))
+
+
+def test_an_unreadable_newest_checkpoint_is_set_aside_and_the_one_before_it_resumed(tmp_path):
+    checkpoints = _saved(tmp_path / "ckpt", [2, 4])
+    for path in (tmp_path / "ckpt" / "4").rglob("*"):  # what a save cut short leaves: names, no contents
+        if path.is_file():
+            path.write_bytes(b"")
+    notes = []
+    restored = checkpoints.restore(*_abstract(), on_note=notes.append)
+    assert restored.step == 2 and float(restored.params["w"][0]) == 2.0 and float(restored.opt_state["m"][0]) == -2.0
+    assert len(notes) == 1 and "step 4" in notes[0] and "4.unreadable" in notes[0]
+    assert (tmp_path / "ckpt" / "4.unreadable").is_dir() and checkpoints.latest_step == 2
+
+
+def test_resume_from_takes_the_step_asked_for_or_names_those_there_are(tmp_path):
+    checkpoints = _saved(tmp_path / "ckpt", [2, 4])
+    assert checkpoints.restore(*_abstract(), step=2).step == 2
+    with pytest.raises(CpplanError, match="--resume-from 3: .* holds checkpoints at steps 2, 4; give one of them"):
+        checkpoints.restore(*_abstract(), step=3)
