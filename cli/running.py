@@ -62,6 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         keep_checkpoints=args.keep_checkpoints,
         resume=args.resume,
         resume_from=args.resume_from,
+        join_timeout_s=args.join_timeout,
         profile_steps=profile,
     )
     check_world(search.ranked[0].plan, group, request)
@@ -289,6 +290,13 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--coordinator", help="host:port of process 0, for several processes off a TPU VM (on TPU VMs jax finds it)"
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=at_least(1),
+        default=120,
+        metavar="SECONDS",
+        help="how long a process waits for the coordinator and its peers before it gives up with one line",
     )
     p.add_argument("--num-processes", type=at_least(1), help="processes in the run (with --coordinator)")
     p.add_argument("--process-id", type=at_least(0), help="this process's index (with --coordinator)")

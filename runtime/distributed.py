@@ -44,7 +44,7 @@ class ProcessGroup:
         return self.num_processes or 1
 
 
-def initialize(group: ProcessGroup, *, platform: str) -> None:
+def initialize(group: ProcessGroup, *, platform: str, timeout_s: int = 300) -> None:
     """Joins the run's processes before jax touches a device (a no-op for one process on a CPU host);
     on `platform` "cpu" collectives use gloo, on "tpu" with nothing given jax reads the slice's metadata.
 
@@ -61,7 +61,10 @@ def initialize(group: ProcessGroup, *, platform: str) -> None:
     try:
         if group.explicit:
             jax.distributed.initialize(
-                coordinator_address=group.coordinator, num_processes=group.num_processes, process_id=group.process_id
+                coordinator_address=group.coordinator,
+                num_processes=group.num_processes,
+                process_id=group.process_id,
+                initialization_timeout=timeout_s,
             )
         else:
             jax.distributed.initialize()

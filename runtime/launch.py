@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ class Launch:
     keep_checkpoints: int = 3
     resume: bool = True
     resume_from: int | None = None
+    join_timeout_s: int = 120
     profile_steps: tuple[int, int] | None = None
 
 
@@ -79,6 +81,8 @@ def check_world(plan: Plan, group: ProcessGroup, launch: Launch) -> None:
         )
     if group.coordinator is not None:
         check_coordinator(group.coordinator)
+        if group.process_id != 0:  # process 0 serves the address; the others wait for it, boundedly
+            wait_for_coordinator(group.coordinator, launch.join_timeout_s)
 
 
 def check_coordinator(address: str) -> None:
@@ -99,6 +103,29 @@ def check_coordinator(address: str) -> None:
             f"--coordinator {address!r}: host {host!r} does not resolve ({err.strerror or err}); give "
             f"process 0's host name or address."
         ) from None
+
+
+def wait_for_coordinator(address: str, timeout_s: float) -> None:
+    """Waits until process 0's coordination service accepts connections at `address`, at most
+    `timeout_s` seconds (jax's own wait ends in an abort, not an error).
+
+    Raises:
+        CpplanError: nothing answered in time, naming the address and what to check.
+    """
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout_s)):
+                return
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise CpplanError(
+                    f"--coordinator {address!r}: nothing answered there for {timeout_s:g} s ({err.strerror or err}); "
+                    f"start process 0 (--process-id 0) with the same --coordinator, check that this host reaches "
+                    f"its port, or wait longer with --join-timeout."
+                ) from None
+            time.sleep(0.5)
 
 
 def use_tpu_compiler_flags(chip, plans: Sequence[Plan] = ()) -> None:
@@ -133,7 +160,7 @@ def prepare(
     plans = list(plans[: launch.max_fallbacks])
     chip = plans[0].topology_spec.chip
     use_tpu_compiler_flags(chip, plans)
-    initialize(group, platform=chip.kind.jax_platform)
+    initialize(group, platform=chip.kind.jax_platform, timeout_s=launch.join_timeout_s)
     import jax
 
     from runtime.data import open_dataset

@@ -533,3 +533,14 @@ def test_a_config_with_a_huge_integer_is_refused_and_its_name_comes_from_the_con
     from cost_models.models import get_model
 
     assert get_model(str(path)).name != "some-folder"
+
+
+def test_a_peer_whose_coordinator_never_answers_gives_up_after_its_join_timeout(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    argv = ["run", *PLAN, "--run-dir", str(tmp_path / "r"), "--coordinator", f"localhost:{port}", "--num-processes"]
+    line = refused([*argv, "2", "--process-id", "1", "--join-timeout", "1"], capsys)
+    assert f"localhost:{port}" in line and "nothing answered there for 1 s" in line and "--join-timeout" in line
