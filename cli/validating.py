@@ -114,8 +114,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not args.measured:
         files.append(outdir / MEASUREMENTS_FILE)
     summary = report.to_dict()
-    print(to_json({k: v for k, v in summary.items() if k != "plans"}))
-    print("wrote " + ", ".join(str(f) for f in files))
+    if args.json:
+        print(to_json({k: v for k, v in summary.items() if k != "plans"}))
+    else:
+        print("\n".join(_summary_lines(summary)))
+    for result in getattr(report, "impossible", []):
+        print(
+            f"cpplan: warning: {result.plan.topology} {result.plan.cp_strategy.value} at {result.plan.seq_len} "
+            f"tokens measured {result.measured_step_s:g} s, MFU {result.measured_mfu:.0%}: faster than the chip's "
+            f"peak allows; left out of the statistics (check the figure)",
+            file=sys.stderr,
+        )
+    print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr if args.json else sys.stdout)
     if report.interrupted:
         print(
             f"cpplan: interrupted after {summary['summary']['plans_measured']} measured plans; "
@@ -124,6 +134,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
         return INTERRUPTS.exit_status()
     return 0 if summary["summary"]["plans_measured"] else 1
+
+
+def _summary_lines(report: dict) -> list[str]:
+    """A validation report's figures for people (the JSON has them all: --json, report.json)."""
+    s = report["summary"]
+    shown = lambda value, spec: "n/a" if value is None else format(value, spec)  # noqa: E731
+    lines = [report["title"], f"  plans measured   {s.get('plans_measured', s.get('runs'))}"]
+    lines.append(f"  step-time MAPE   {shown(report.get('mape'), '.1%')} (mean |predicted / measured − 1|)")
+    if "spearman" in report:
+        lines.append(f"  Spearman         {shown(report['spearman'], '.3f')} (rank correlation of the step times)")
+    if report.get("regret") is not None:
+        lines.append(
+            f"  regret           {report['regret']:.3f} (measured time of the plan ranked first ÷ the fastest)"
+        )
+    if s.get("plans_impossible"):
+        lines.append(f"  left out         {s['plans_impossible']} measured faster than the chip's peak allows")
+    if s.get("interrupted"):
+        lines.append("  interrupted: partial results")
+    return lines
 
 
 def cmd_validate_memory(args: argparse.Namespace) -> int:
@@ -199,6 +228,7 @@ def register(sub) -> None:
         default="validation-report",
         help="directory for report.md, report.json, plots and measurements.jsonl (each plan as it is measured)",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable output: the report's summary as strict JSON")
     p.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
 
     p = add_command(sub, "validate-memory", cmd_validate_memory, "predicted vs compiled HBM per device")

@@ -106,6 +106,12 @@ class StepResult:
             return None
         return self.predicted.step_time_s / self.measured_step_s - 1
 
+    @property
+    def impossible(self) -> bool:
+        """A measured step faster than the chip's peak allows (MFU above 100%): a wrong figure, not a
+        fast plan; flagged and left out of the statistics."""
+        return self.measured_mfu is not None and self.measured_mfu > 1
+
     def to_dict(self) -> dict:
         return {
             "plan": self.plan.to_dict(),
@@ -124,6 +130,7 @@ class StepResult:
             "notes": list(self.notes),
             "chip": get_topology(self.plan.topology).chip.name,
             "fits": self.predicted.fits,
+            "impossible": self.impossible,
         }
 
 
@@ -137,7 +144,12 @@ class StepTimeReport:
 
     @property
     def measured(self) -> list[StepResult]:
-        return [r for r in self.results if r.measured_step_s is not None]
+        """The plans measured with a figure the chip can reach (`StepResult.impossible` left out)."""
+        return [r for r in self.results if r.measured_step_s is not None and not r.impossible]
+
+    @property
+    def impossible(self) -> list[StepResult]:
+        return [r for r in self.results if r.impossible]
 
     def by_seq_len(self) -> dict[int, list[StepResult]]:
         groups: dict[int, list[StepResult]] = defaultdict(list)
@@ -167,6 +179,7 @@ class StepTimeReport:
             "winners": winners,
             "plans_measured": len(done),
             "plans_failed": sum(r.failure is not None for r in self.results),
+            "plans_impossible": len(self.impossible),
             "strategies": sorted({r.plan.cp_strategy.value for r in done}),
             "interrupted": self.interrupted,
         }
@@ -190,6 +203,14 @@ class StepTimeReport:
             "",
             f"- plans measured: {s['plans_measured']} ({', '.join(s['strategies'])}); failed: {s['plans_failed']}"
             + ("; **interrupted**, partial results" if s["interrupted"] else ""),
+            *(
+                [
+                    "- **left out as impossible** (measured MFU above 100%: check the figure): "
+                    + ", ".join(f"{_plan_label(r.plan)} at {r.measured_mfu:.0%}" for r in self.impossible)
+                ]
+                if self.impossible
+                else []
+            ),
             f"- step time MAPE: **{_shown(s['mape'], '.1%')}**",
             f"- Spearman rank correlation: **{_shown(s['spearman'], '.3f')}**",
             f"- regret (measured time of the predicted-best plan ÷ best measured), worst over lengths: "

@@ -214,9 +214,14 @@ def test_the_drifts_are_settled():
 
 
 def test_every_strategy_runtime_module_has_a_spec():
-    from runtime.attention import STRATEGIES as RUNTIME
+    import pkgutil
 
-    assert set(RUNTIME) == set(STRATEGIES)
+    import runtime.attention
+    from runtime.attention import implementation
+
+    modules = {m.name for m in pkgutil.iter_modules(runtime.attention.__path__)} - {"base"}
+    assert modules == {s.value for s in STRATEGIES}
+    assert all(implementation(s).__name__ == f"runtime.attention.{s.value}" for s in STRATEGIES)
     for r in range(1, 9):
         for u in range(1, 9):
             assert len(strategies_for(r, u)) == (2 if r > 1 and u == 1 else 1)

@@ -88,7 +88,8 @@ def test_regret_is_the_predicted_best_plans_measured_time_over_the_best(tmp_path
             key=lambda r: r.predicted.step_time_s,
         )
         assert len(results) == 3
-        steps += [MeasuredStep(r.plan, t, "test") for r, t in zip(results, (10.0 * ratio, 10.0, 15.0))]
+        slowest = max(r.predicted.step_time_s for r in results)  # times a chip can reach
+        steps += [MeasuredStep(r.plan, t * slowest, "test") for r, t in zip(results, (ratio, 1.0, 1.5))]
     summary = compare_measured(steps).summary()
     assert summary["regret_per_seq_len"] == {131072: pytest.approx(1.2), 262144: pytest.approx(1.0)}
     assert summary["regret"] == pytest.approx(1.2)
@@ -102,7 +103,9 @@ def test_validate_measured_from_the_command_line(tmp_path, capsys):
     path.write_text(CSV)
     assert main(["validate", "--measured", str(path), "--out", str(tmp_path / "report"), "--no-plots"]) == 0
     out = capsys.readouterr().out
-    assert '"mape"' in out and (tmp_path / "report" / "report.md").exists()
+    assert "step-time MAPE" in out and (tmp_path / "report" / "report.md").exists()
+    assert main(["validate", "--measured", str(path), "--out", str(tmp_path / "again"), "--no-plots", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mape"] >= 0
     assert not list((tmp_path / "report").glob("*.png"))
 
 
@@ -302,3 +305,19 @@ def test_calibrate_and_validate_on_virtual_devices(tmp_path, monkeypatch):
     assert only.measured_mfu == pytest.approx(
         mfu(e.model_flops, only.measured_step_s, topo.num_devices, row.peak_bf16_flops_per_s / topo.devices_per_chip)
     )
+
+
+@pytest.mark.pure
+def test_a_measurement_faster_than_the_chip_allows_is_flagged_not_averaged(tmp_path, capsys):
+    """8 × 128K tokens of Llama 3.1 8B on v5p-16 in 3.2 s would be an MFU far above 100%: a wrong
+    figure, left out of the statistics with a warning."""
+    from cli import main
+
+    header = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
+    path = tmp_path / "steps.csv"
+    path.write_text(f"{header}\nllama3.1-8b,v5p-16,128k,8,ring,8,3.2\nllama3.1-8b,v5p-16,128k,8,ring,8,168\n")
+    assert main(["validate", "--measured", str(path), "--out", str(tmp_path / "report"), "--no-plots"]) == 0
+    captured = capsys.readouterr()
+    assert "faster than the chip's peak allows" in captured.err and "left out         1" in captured.out
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["summary"]["plans_measured"] == 1 and report["summary"]["plans_impossible"] == 1
