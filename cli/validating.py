@@ -133,6 +133,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return INTERRUPTS.exit_status()
+    if INTERRUPTS.stopped:  # the signal came with the last plan: nothing was left unmeasured
+        print(f"cpplan: stopped after the last plan; every plan was measured, results in {outdir}", file=sys.stderr)
+        return INTERRUPTS.exit_status()
     return 0 if summary["summary"]["plans_measured"] else 1
 
 

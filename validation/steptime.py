@@ -105,7 +105,8 @@ def validate_step_times(
             if journal is not None:
                 append_record(journal, result.to_dict())
             if stop is not None and stop():
-                report.interrupted = True
+                # interrupted only if plans were left unmeasured
+                report.interrupted = len(report.results) < len(plans)
                 break
     except KeyboardInterrupt:
         report.interrupted = True
