@@ -224,6 +224,16 @@ class ModelSpec:
                 f"{str(path)!r}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}, "
                 f"so the head size is not whole; give head_dim explicitly."
             )
+        window = cfg.get("sliding_window")
+        windowed = window is not None and cfg.get("use_sliding_window", True) is not False
+        local_layers = [t for t in cfg.get("layer_types") or () if t != "full_attention"]
+        if windowed or local_layers:
+            what = f"sliding_window={window!r}" if windowed else f"layer_types with {local_layers[0]!r} layers"
+            raise CpplanError(
+                f"{str(path)!r}: {what}: cpplan prices and runs attention over the whole causal context only, "
+                f"and a windowed layer needs a fraction of that work and traffic, so the price would be wrong; "
+                f"it is refused rather than mispriced (with use_sliding_window: false it is priced as full causal)."
+            )
         hidden_act = cfg.get("hidden_act", "silu")
         if not isinstance(hidden_act, str) or hidden_act not in HF_ACTIVATIONS:
             raise CpplanError(

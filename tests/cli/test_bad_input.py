@@ -544,3 +544,27 @@ def test_a_peer_whose_coordinator_never_answers_gives_up_after_its_join_timeout(
     argv = ["run", *PLAN, "--run-dir", str(tmp_path / "r"), "--coordinator", f"localhost:{port}", "--num-processes"]
     line = refused([*argv, "2", "--process-id", "1", "--join-timeout", "1"], capsys)
     assert f"localhost:{port}" in line and "nothing answered there for 1 s" in line and "--join-timeout" in line
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        ({"sliding_window": 4096}, "sliding_window=4096"),
+        ({"sliding_window": 4096, "use_sliding_window": True}, "sliding_window=4096"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "'sliding_attention' layers"),
+    ],
+)
+def test_a_windowed_attention_config_is_refused_not_priced_as_full(extra, says, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**GOOD_CONFIG, **extra}))
+    line = refused(["explain", "--model", str(path), "--seq-len", "128k", "--topology", "v5p-16"], capsys)
+    assert says in line and "refused rather than mispriced" in line
+
+
+def test_a_config_whose_window_is_off_or_null_is_priced_as_full_causal(tmp_path, capsys):
+    from cost_models.models import get_model
+
+    path = tmp_path / "config.json"
+    for extra in ({"sliding_window": None}, {"sliding_window": 4096, "use_sliding_window": False}):
+        path.write_text(json.dumps({**GOOD_CONFIG, **extra}))
+        assert get_model(str(path)).causal
