@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     with INTERRUPTS.handled():
         try:
             status = args.func(args)
-            if args.command in PREDICTING and args.command != "run" and getattr(args, "topology", None):
+            answered = status in (0, 1) and args.command in PREDICTING and args.command != "run"
+            if answered and getattr(args, "topology", None):
                 note_uncalibrated_host(args.topology)
             return status
         except CpplanError as err:

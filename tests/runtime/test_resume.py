@@ -82,9 +82,10 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert again.returncode == 0, stderr[-3000:]
     assert f"resumed from the checkpoint at step {resumed_from}" in stdout
     logged = _steps_logged(run_dir)
-    # the killed run's lines, then the resumed run's from the step after its checkpoint
-    assert [r["step"] for r in logged] == [r["step"] for r in before] + list(range(resumed_from + 1, STEPS + 1))
-    curve = {r["step"]: r["loss"] for r in logged}  # a step run twice: the resumed run's line
+    # each step once: the killed run's lines up to its checkpoint, then the resumed run's
+    assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
+    assert logged[:resumed_from] == before[:resumed_from]
+    curve = {r["step"]: r["loss"] for r in logged}
     plan = api.plan("tiny", "1k", "cpu:8")
     uninterrupted = run(plan, steps=STEPS, data=PROSE, seed=0).losses
     print(
@@ -98,7 +99,7 @@ def test_killed_run_resumes_exactly(tmp_path):
         )
     )
     assert [curve[s] for s in range(1, STEPS + 1)] == list(uninterrupted)  # exactly, step for step
-    assert all(curve[r["step"]] == r["loss"] for r in before)  # steps run twice gave the same loss
+    assert all(curve[r["step"]] == r["loss"] for r in before)  # the steps run again gave the same loss
     assert all(r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and r["tokens_per_s_per_device"] > 0 for r in logged)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
