@@ -20,8 +20,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's code, not an installed one
 
-OUT = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else Path("benchmarks/results")
-WHAT = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("--") else "all"
+OUT = Path("benchmarks/results")  # --out
 
 
 def steps() -> None:
@@ -63,7 +62,14 @@ def memory() -> None:
 
 
 if __name__ == "__main__":
-    if WHAT in ("steps", "all"):
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", nargs="?", choices=["steps", "memory", "all"], default="all")
+    parser.add_argument("--out", type=Path, default=OUT, help="where the reports go (default %(default)s)")
+    args = parser.parse_args()
+    OUT = args.out
+    if args.what in ("steps", "all"):
         steps()
-    if WHAT in ("memory", "all"):
+    if args.what in ("memory", "all"):
         memory()
