@@ -70,15 +70,19 @@ class ErrorBand:
         }
 
 
-@lru_cache(maxsize=1)
-def _table() -> dict:
+@lru_cache(maxsize=2)
+def _read(path: Path, what: str, regenerator: str) -> dict:
+    """A data file of measured errors, read once; unreadable, it says which script writes it."""
     try:
-        return json.loads(ACCURACY_FILE.read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise CpplanError(
-            f"cannot read the error bands {str(ACCURACY_FILE)!r} ({err}); regenerate it with "
-            "python benchmarks/bench_corpus.py."
+            f"cannot read the {what} {str(path)!r} ({err}); regenerate it with python {regenerator}."
         ) from None
+
+
+def _table() -> dict:
+    return _read(ACCURACY_FILE, "error bands", "benchmarks/bench_corpus.py")
 
 
 def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:
@@ -126,15 +130,8 @@ class MemoryBand:
         )
 
 
-@lru_cache(maxsize=1)
 def _memory_table() -> dict:
-    try:
-        return json.loads(MEMORY_ACCURACY_FILE.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise CpplanError(
-            f"cannot read the memory bands {str(MEMORY_ACCURACY_FILE)!r} ({err}); regenerate it with "
-            "python regenerate/memory_bands.py."
-        ) from None
+    return _read(MEMORY_ACCURACY_FILE, "memory bands", "regenerate/memory_bands.py")
 
 
 def memory_band(chip: str, target: str) -> MemoryBand | None:
@@ -153,3 +150,10 @@ def memory_band(chip: str, target: str) -> MemoryBand | None:
     # no compile of this chip measured: the largest excess measured on any chip stands in
     other, entry = max(chips.items(), key=lambda item: item[1]["under"])
     return MemoryBand(chip, target, entry["under"], entry["rows"], f"{other}'s, standing in: {entry['source']}")
+
+
+def memory_margin(chip: str, target: str) -> float:
+    """The fraction an estimate keeps from the HBM capacity before its fit is sure (`memory_band`'s
+    `under`; 0 with no data)."""
+    band = memory_band(chip, target)
+    return band.under if band else 0.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cost_models.accuracy import memory_band
+from cost_models.accuracy import memory_margin
 from cost_models.candidates import Candidates, group_links, link_columns
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.pricing import price
@@ -65,5 +65,5 @@ def estimate(plan: Plan, *, target: "str | Target | None" = None) -> Estimate:
     target = get_target(target)
     plan.check()
     x = candidates_of(plan)
-    band = memory_band(x.topology.chip.name, target.value)
-    return estimate_row(price(x, target=target), 0, x, memory_margin=band.under if band else 0.0)
+    margin = memory_margin(x.topology.chip.name, target.value)
+    return estimate_row(price(x, target=target), 0, x, memory_margin=margin)
