@@ -33,6 +33,19 @@ class ProcessGroup:
             )
         if self.coordinator is not None and ":" not in self.coordinator:
             raise CpplanError(f"--coordinator {self.coordinator!r} needs a port, e.g. localhost:12355.")
+        if self.coordinator is not None:
+            host, port = self.address
+            if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise CpplanError(
+                    f"--coordinator {self.coordinator!r}: write HOST:PORT with a port from 1 to 65535, e.g. "
+                    f"localhost:12355."
+                )
+
+    @property
+    def address(self) -> tuple[str, str]:
+        """The coordinator's (host, port) as written, an IPv6 host without its brackets."""
+        host, _, port = self.coordinator.rpartition(":")
+        return host.strip("[]"), port
 
     @property
     def explicit(self) -> bool:

@@ -80,50 +80,38 @@ def check_world(plan: Plan, group: ProcessGroup, launch: Launch) -> None:
             f"disk."
         )
     if group.coordinator is not None:
-        check_coordinator(group.coordinator)
-        if group.process_id != 0:  # process 0 serves the address; the others wait for it, boundedly
-            wait_for_coordinator(group.coordinator, launch.join_timeout_s)
+        check_coordinator(group, launch.join_timeout_s)
 
 
-def check_coordinator(address: str) -> None:
-    """Refuses a --coordinator whose port is not a port or whose host does not resolve.
+def check_coordinator(group: ProcessGroup, timeout_s: float) -> None:
+    """Refuses a --coordinator whose host does not resolve; a process other than 0 (process 0 serves
+    the address) then waits until the coordination service accepts connections there, at most
+    `timeout_s` seconds (jax's own wait ends in an abort, not an error).
 
     Raises:
         CpplanError: naming the address and the fix.
     """
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise CpplanError(
-            f"--coordinator {address!r}: write HOST:PORT with a port from 1 to 65535, e.g. localhost:12355."
-        )
+    host, port = group.address
     try:
-        socket.getaddrinfo(host.strip("[]"), int(port))
+        socket.getaddrinfo(host, int(port))
     except OSError as err:
         raise CpplanError(
-            f"--coordinator {address!r}: host {host!r} does not resolve ({err.strerror or err}); give "
+            f"--coordinator {group.coordinator!r}: host {host!r} does not resolve ({err.strerror or err}); give "
             f"process 0's host name or address."
         ) from None
-
-
-def wait_for_coordinator(address: str, timeout_s: float) -> None:
-    """Waits until process 0's coordination service accepts connections at `address`, at most
-    `timeout_s` seconds (jax's own wait ends in an abort, not an error).
-
-    Raises:
-        CpplanError: nothing answered in time, naming the address and what to check.
-    """
-    host, _, port = address.rpartition(":")
+    if group.process_id == 0:
+        return
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=min(5.0, timeout_s)):
+            with socket.create_connection((host, int(port)), timeout=min(5.0, timeout_s)):
                 return
         except OSError as err:
             if time.monotonic() >= deadline:
                 raise CpplanError(
-                    f"--coordinator {address!r}: nothing answered there for {timeout_s:g} s ({err.strerror or err}); "
-                    f"start process 0 (--process-id 0) with the same --coordinator, check that this host reaches "
-                    f"its port, or wait longer with --join-timeout."
+                    f"--coordinator {group.coordinator!r}: nothing answered there for {timeout_s:g} s "
+                    f"({err.strerror or err}); start process 0 (--process-id 0) with the same --coordinator, check "
+                    f"that this host reaches its port, or wait longer with --join-timeout."
                 ) from None
             time.sleep(0.5)
 
