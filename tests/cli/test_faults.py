@@ -3,7 +3,6 @@ report; outputs that cannot be written are refused before any work; no file is w
 symlink. Each test asserts what is on disk afterwards."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,31 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_process import cpplan
 
 from cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
-
-
-_AS_FROM_A_TERMINAL = (
-    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "sys.argv = ['cpplan', *sys.argv[1:]]; runpy.run_module('cli', run_name='__main__')"
-)
-
-
-def _cpplan(*argv: str, cwd: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}  # as a user runs it
-    # Ctrl-C as in a terminal, even where the test runner's parent ignores SIGINT (a background job);
-    # the child restores it itself, so the runner (with jax's threads) spawns rather than forks
-    return subprocess.Popen(
-        [sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
 
 
 def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -53,7 +33,7 @@ def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: f
 def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
     out = tmp_path / "out"
     # more plans than can run before the signal lands, even on a loaded host
-    proc = _cpplan(
+    proc = cpplan(
         "validate",
         "--model",
         "tiny",
@@ -92,7 +72,7 @@ def test_a_signal_during_the_preflight_compile_stops_cleanly_with_one_line(signu
     """Interrupted while it compiles, before the first step: the compile in hand ends, then one line
     and 128 + the signal, no files. (Interrupted during the steps, a run saves a checkpoint:
     tests/runtime/test_resume.py.)"""
-    proc = _cpplan(
+    proc = cpplan(
         "run",
         "--model",
         "tiny",

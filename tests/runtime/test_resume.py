@@ -7,14 +7,13 @@ and the Orbax checkpoints.
 """
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_process import cpplan
 
 jax = pytest.importorskip("jax")
 
@@ -27,23 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls and depends on every update
 RUN = ("--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--data", str(PROSE))
 STEPS = 12
-# a terminal's Ctrl-C, even where the test runner's parent ignores SIGINT (see tests/cli/test_faults.py)
-_AS_FROM_A_TERMINAL = (
-    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "sys.argv = ['cpplan', *sys.argv[1:]]; runpy.run_module('cli', run_name='__main__')"
-)
-
-
-def _cpplan(*argv: str, cwd: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    return subprocess.Popen(
-        [sys.executable, "-c", _AS_FROM_A_TERMINAL, *argv],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
 
 
 def _steps_logged(run_dir: Path) -> list[dict]:
@@ -70,14 +52,14 @@ def _wait(condition, proc: subprocess.Popen, timeout_s: float, what: str) -> Non
 def test_killed_run_resumes_exactly(tmp_path):
     run_dir = tmp_path / "run"
     argv = (*RUN, "--steps", str(STEPS), "--checkpoint-every", "2", "--run-dir", str(run_dir))
-    proc = _cpplan("run", *argv, cwd=tmp_path)
+    proc = cpplan("run", *argv, cwd=tmp_path)
     _wait(lambda: _checkpoints(run_dir) and len(_steps_logged(run_dir)) >= 3, proc, 240, "a checkpoint")
     proc.kill()  # SIGKILL: nothing of the run's own runs after this
     proc.communicate()
     before = _steps_logged(run_dir)
     assert len(before) < STEPS, "the run ended before it was killed"
     resumed_from = max(_checkpoints(run_dir))
-    again = _cpplan("run", *argv, cwd=tmp_path)
+    again = cpplan("run", *argv, cwd=tmp_path)
     stdout, stderr = again.communicate(timeout=240)
     assert again.returncode == 0, stderr[-3000:]
     assert f"resumed from the checkpoint at step {resumed_from}" in stdout
@@ -107,7 +89,7 @@ def test_killed_run_resumes_exactly(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_a_checkpoint_and_stops_in_one_line(signum, tmp_path):
     run_dir = tmp_path / "run"
-    proc = _cpplan("run", *RUN, "--steps", "400", "--checkpoint-every", "0", "--run-dir", str(run_dir), cwd=tmp_path)
+    proc = cpplan("run", *RUN, "--steps", "400", "--checkpoint-every", "0", "--run-dir", str(run_dir), cwd=tmp_path)
     _wait(lambda: len(_steps_logged(run_dir)) >= 2, proc, 240, "two steps")
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)

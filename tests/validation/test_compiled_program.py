@@ -16,8 +16,8 @@ from validation.compiled_program import axis_groups, parse_computations, read_co
 LOOP_MODULE = """HloModule jit_fn, is_scheduled=true
 
 FileNames
-1 "/path/to/cpplan/runtime/model.py"
-2 "/path/to/cpplan/runtime/attention/ring.py"
+1 "cpplan/runtime/model.py"
+2 "cpplan/runtime/attention/ring.py"
 
 FunctionNames
 1 "swiglu.<locals>.local"
