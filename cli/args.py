@@ -97,7 +97,7 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> N
     p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
     p.add_argument("--strategies", help=f"allowed strategies: {','.join(s.value for s in CPStrategy)}")
     p.add_argument("--mesh", help="fixed axis sizes, e.g. context=16,tensor=2")
-    others = [p.value for p in RematPolicy if p not in SEARCHED_POLICIES and p is not RematPolicy.CUSTOM]
+    others = [r.value for r in RematPolicy if r not in SEARCHED_POLICIES and r is not RematPolicy.CUSTOM]
     p.add_argument(
         "--remat",
         help=f"allowed remat policies, MaxText's names (default "

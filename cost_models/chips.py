@@ -307,7 +307,7 @@ def _chips_in(dirs: tuple[str, ...]) -> dict[str, Chip]:
 def measured_here(name: str) -> bool:
     """Whether the row of chip `name` is one `cpplan calibrate` wrote (in $CPPLAN_CHIP_DIR), not a cited one."""
     extra = os.environ.get(CHIP_DIR_ENV)
-    return bool(extra) and any(load_chip(p).name == name for p in Path(extra).glob("*.json"))
+    return bool(extra) and Path(extra).is_dir() and name in _chips_in((extra,))
 
 
 def known_chips() -> dict[str, Chip]:
