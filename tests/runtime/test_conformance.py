@@ -229,7 +229,7 @@ def test_every_strategy_runtime_module_has_a_spec():
 
 # Policies that cover each way of placing a checkpoint: none kept, some kept, all kept, offloaded,
 # and per name. The rest are rows of the same table, checked by tests/cost_models/test_remat_table.py; each
-# case here traces and compiles a layer (about 12 s), so CI runs these five behind the ring and two
+# case here traces a layer and its backward (about 8 s), so CI runs these five behind the ring and two
 # behind Ulysses.
 RUNTIME_POLICIES = (
     RematPolicy.FULL,
@@ -247,7 +247,7 @@ RESIDUAL_CASES = [
     (RematPolicy.MINIMAL_WITH_CONTEXT, "ulysses"),
     (RematPolicy.FULL, "ulysses"),
 ]
-RESIDUAL_MESHES = {"ring": (make_mesh(context=8), 1), "ulysses": (make_mesh(context_ulysses=4, fsdp=2), 2)}
+RESIDUAL_MESHES = {"ring": (make_mesh(context=2, fsdp=4), 4), "ulysses": (make_mesh(context_ulysses=4, fsdp=2), 2)}
 
 
 @pytest.mark.parametrize("policy, strategy", RESIDUAL_CASES)
