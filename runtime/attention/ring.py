@@ -47,46 +47,51 @@ def _slice(ids, part: slice):
     return None if ids is None else ids[:, part]
 
 
-def _hop_forward(q, k, v, q_ids, kv_ids, layout: AttentionLayout, past):
-    """Output (fp32) and lse of a hop whose source is before (`past`) or after this rank."""
+def _hop_forward(q, k, v, q_ids, kv_ids, out, lse, layout: AttentionLayout, past):
+    """`out` (fp32) and `lse` merged with a hop whose source is before (`past`) or after this rank.
+
+    A hop merges into the accumulators in place, rather than returning a padded output for a merge
+    outside: the padding (zeros, −inf) depends only on the rank, so the compiler hoists every hop's
+    out of the layer loop and holds them all through it (docs/provenance/strategies_and_validation.md#ring)."""
     length, half = q.shape[1], q.shape[1] // 2
     first, second = slice(None, half), slice(half, None)
     cfg = layout.kernel
     if not layout.zigzag:
         if not past:
-            return jnp.zeros(q.shape, jnp.float32), jnp.full(q.shape[:2], -jnp.inf, jnp.float32)
+            return out, lse
         kernel = splash.full_kernel(length, length, cfg).with_segments(q_ids, kv_ids)
-        out, lse = splash.attend_with_lse(kernel, q, k, v)
-        return out.astype(jnp.float32), lse
+        return _merge(out, lse, *splash.attend_with_lse(kernel, q, k, v))
     if past:
         kernel = splash.full_kernel(length, half, cfg).with_segments(q_ids, _slice(kv_ids, first))
-        out, lse = splash.attend_with_lse(kernel, q, k[:, first], v[:, first])
-        return out.astype(jnp.float32), lse
+        return _merge(out, lse, *splash.attend_with_lse(kernel, q, k[:, first], v[:, first]))
     kernel = splash.full_kernel(half, length, cfg).with_segments(_slice(q_ids, second), kv_ids)
-    out, lse = splash.attend_with_lse(kernel, q[:, second], k, v)
-    out = jnp.concatenate([jnp.zeros_like(out, jnp.float32), out.astype(jnp.float32)], axis=1)
-    return out, jnp.concatenate([jnp.full_like(lse, -jnp.inf), lse], axis=1)
+    out_2, lse_2 = _merge(out[:, second], lse[:, second], *splash.attend_with_lse(kernel, q[:, second], k, v))
+    return out.at[:, second].set(out_2), lse.at[:, second].set(lse_2)
 
 
-def _hop_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, layout: AttentionLayout, past):
-    """dq, dk, dv (fp32) of a hop whose source is before (`past`) or after this rank."""
+def _hop_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, grads, layout: AttentionLayout, past):
+    """The fp32 accumulators `grads` = (dq, dk, dv) plus a hop whose source is before (`past`) or
+    after this rank; added in place for the reason `_hop_forward` merges in place."""
     length, half = q.shape[1], q.shape[1] // 2
     first, second = slice(None, half), slice(half, None)
     cfg = layout.kernel
-    f32 = lambda *xs: tuple(x.astype(jnp.float32) for x in xs)
+    dq, dk, dv = grads
     if not layout.zigzag:
         if not past:
-            return f32(jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
+            return grads
         kernel = splash.full_kernel(length, length, cfg).with_segments(q_ids, kv_ids)
-        return f32(*splash.attend_bwd(kernel, q, k, v, out, lse, d_out))
+        return tuple(
+            g + h.astype(jnp.float32) for g, h in zip(grads, splash.attend_bwd(kernel, q, k, v, out, lse, d_out))
+        )
     if past:
         kernel = splash.full_kernel(length, half, cfg).with_segments(q_ids, _slice(kv_ids, first))
-        dq, dk, dv = f32(*splash.attend_bwd(kernel, q, k[:, first], v[:, first], out, lse, d_out))
-        pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x)], axis=1)
-        return dq, pad(dk), pad(dv)
+        dq_h, dk_h, dv_h = splash.attend_bwd(kernel, q, k[:, first], v[:, first], out, lse, d_out)
+        add_first = lambda g, h: g.at[:, first].add(h.astype(jnp.float32))
+        return dq + dq_h.astype(jnp.float32), add_first(dk, dk_h), add_first(dv, dv_h)
     kernel = splash.full_kernel(half, length, cfg).with_segments(_slice(q_ids, second), kv_ids)
-    dq, dk, dv = f32(*splash.attend_bwd(kernel, q[:, second], k, v, out[:, second], lse[:, second], d_out[:, second]))
-    return jnp.concatenate([jnp.zeros_like(dq), dq], axis=1), dk, dv
+    dq_h, dk_h, dv_h = splash.attend_bwd(kernel, q[:, second], k, v, out[:, second], lse[:, second], d_out[:, second])
+    f32 = jnp.float32
+    return dq.at[:, second].add(dq_h.astype(f32)), dk + dk_h.astype(f32), dv + dv_h.astype(f32)
 
 
 def _source_is_past(hop: int, n: int):
@@ -107,6 +112,17 @@ def _hop(step, hop: int, layout: AttentionLayout, *args):
     )
 
 
+def _after_previous_hop(*values):
+    """`values`, each ready only once all are. A hop's kernel and the next hop's transfer take their
+    inputs through it with the previous hop's accumulators, so one hop's fp32 results and two hops'
+    K/V are live at a time, and the backward's K/V are sent again rather than kept from the forward.
+    Without it the compiler ran every hop's kernel as soon as its K/V arrived, holding each result
+    until the chain of merges reached it, and under full remat reused the recomputed forward's
+    transfers in the backward, holding every hop's K/V through it
+    (docs/provenance/strategies_and_validation.md#ring)."""
+    return jax.lax.optimization_barrier(values)
+
+
 def _local_kernel(length: int, ids, layout: AttentionLayout) -> splash.Kernel:
     """The kernel of the rank's own block: causal, or full under the model's full mask."""
     return splash.block_kernel(length, length, layout.kernel, causal=layout.causal).with_segments(ids, ids)
@@ -116,11 +132,12 @@ def _forward(q, k, v, ids, layout: AttentionLayout):
     n, length = layout.ring, q.shape[1]
     out, lse = splash.attend_with_lse(_local_kernel(length, ids, layout), q, k, v)
     out = out.astype(jnp.float32)
-    kv = (k, v, ids)
+    arriving = _shift((k, v, ids), n)
     for hop in range(1, n):
-        kv = _shift(kv, n)
-        out_h, lse_h = _hop(_hop_forward, hop, layout, q, kv[0], kv[1], ids, kv[2])
-        out, lse = _merge(out, lse, out_h, lse_h)
+        q_now, out, lse, (k_now, v_now, kv_ids) = _after_previous_hop(q, out, lse, arriving)
+        if hop < n - 1:
+            arriving = _shift((k_now, v_now, kv_ids), n)  # travels during this hop's kernel
+        out, lse = _hop(_hop_forward, hop, layout, q_now, k_now, v_now, ids, kv_ids, out, lse)
     return out.astype(q.dtype), lse
 
 
@@ -144,13 +161,13 @@ def _ring_bwd(layout, residuals, d_out):
     n, length = layout.ring, q.shape[1]
     local = _local_kernel(length, ids, layout)
     dq, dk, dv = (x.astype(jnp.float32) for x in splash.attend_bwd(local, q, k, v, out, lse, d_out))
-    kv_ids = ids
-    kv = (k, v)
+    arriving = _shift(_after_previous_hop(k, v, ids, d_out)[:3], n)
     for hop in range(1, n):
-        kv, kv_ids = _shift((kv, kv_ids), n)
+        q_now, dq, (k_now, v_now, kv_ids) = _after_previous_hop(q, dq, arriving)
+        if hop < n - 1:
+            arriving = _shift((k_now, v_now, kv_ids), n)
         dk, dv = _shift((dk, dv), n)
-        dq_h, dk_h, dv_h = _hop(_hop_backward, hop, layout, q, *kv, ids, kv_ids, out, lse, d_out)
-        dq, dk, dv = dq + dq_h, dk + dk_h, dv + dv_h
+        dq, dk, dv = _hop(_hop_backward, hop, layout, q_now, k_now, v_now, ids, kv_ids, out, lse, d_out, (dq, dk, dv))
     if n > 1:
         dk, dv = _shift((dk, dv), n)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
