@@ -13,7 +13,6 @@ from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
 
 GRAD_BYTES = 4  # dK/dV accumulate in fp32
-SPLASH_LSE_LANES = 128  # splash's log-sum-exp output is [heads, q_len, 128] fp32
 
 
 def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
@@ -74,12 +73,11 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     exposed_fwd = hops * np.maximum(0.0, hop_fwd - compute_per_hop_fwd)
     exposed_bwd = hops * np.maximum(0.0, hop_bwd - compute_per_hop_bwd) + np.where(r > 1, grads_home, 0.0)
     q_block = block_tokens * layout.q_heads * x.model.head_dim
-    # the block in hand and the one arriving, each with its dK/dV; the merged output (fp32), the
-    # hop's output and the dq accumulator (fp32); the merged and the hop's log-sum-exp, which
-    # splash writes 128 lanes wide in fp32
-    lse = block_tokens * layout.q_heads * SPLASH_LSE_LANES * 4
-    buffers = 2 * kv_block * (1 + GRAD_BYTES / x.act_bytes) + q_block * (4 + x.act_bytes + 4) + 2 * lse
-    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_reuses_s=fwd)
+    # what a hop of the backward holds beyond the working set (whose gradients of q, K, V are the hop's
+    # own): dq's fp32 sum and the one being formed, dK/dV's arriving and the ones being formed (fp32),
+    # and the next hop's K/V arriving (docs/provenance/strategies_and_validation.md#ring)
+    buffers = q_block * 2 * GRAD_BYTES + kv_block * (1 + 2 * GRAD_BYTES / x.act_bytes)
+    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers)
 
 
 class Ring(StrategySpec):

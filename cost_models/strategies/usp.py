@@ -56,7 +56,7 @@ class USP(StrategySpec):
             a2a_fwd + ring.exposed_forward_s,
             a2a_bwd + ring.exposed_backward_s,
             ring.buffer_bytes + 2 * block,
-            recompute_reuses_s=a2a_fwd + ring.recompute_reuses_s,
+            recompute_reuses_s=a2a_fwd,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

@@ -21,7 +21,8 @@ def test_every_anchor_is_read_whole_and_priced_within_tolerance_with_its_verdict
     assert mesh["context"] * mesh["context_ulysses"] == found.plan.topology_spec.num_devices
     assert set(found.unread) <= {"dataset_type"}
     row = reprice(anchor)
-    assert abs(row["ratio"] - 1) <= TOLERANCE and row["priced_fits"] == anchor.fits, row
+    assert row["ok"] and abs(row["ratio"] - 1) <= TOLERANCE, row
+    assert row["priced_fits"] == anchor.fits or row["priced_marginal"], row
 
 
 def test_out_of_memory_figures_are_gib_as_their_verdicts_need():
