@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
@@ -69,9 +70,18 @@ class RunReport:
         )
 
 
-def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed: int = 0, devices=None) -> RunReport:
+def run(
+    plan: Plan,
+    *,
+    steps: int,
+    data: "str | os.PathLike | None" = None,
+    seed: int = 0,
+    devices=None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> RunReport:
     """Runs `steps` training steps of a plan on `devices` (default: all of jax's; the plan's topology
-    must be theirs), on byte tokens of the text file `data` or synthetic ones (None), seeded by `seed`.
+    must be theirs), on byte tokens of the text file `data` or synthetic ones (None), seeded by `seed`;
+    `should_stop`, asked after each step, ends it early (the report says `stopped`).
 
     Raises:
         CpplanError: bad step count, devices that do not match the plan, or a plan that cannot run.
@@ -97,4 +107,5 @@ def run(plan: Plan, *, steps: int, data: "str | os.PathLike | None" = None, seed
         seed=seed,
         memory=CompiledMemory.of(compiled),
         compile_s=compile_s,
+        should_stop=should_stop,
     )

@@ -70,7 +70,8 @@ def validate_step_times(
         data: text file for the runs (synthetic tokens when None).
         journal: a file each plan's result is appended to (one JSON line) as soon as it is
             measured, so that a killed run keeps them; None keeps them in memory only.
-        stop: asked after each plan; True ends the run as an interrupt does (the CLI's signal
+        stop: asked after each step; True abandons the plan in hand (kept as a failure that says so)
+            and ends the run as an interrupt does (the CLI's signal
             handler sets it rather than raising inside jax).
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
@@ -94,11 +95,16 @@ def validate_step_times(
         for ranked in progress:
             progress.set_postfix_str(f"{ranked.plan.cp_strategy.value} seq {ranked.plan.seq_len}")
             result = StepResult(ranked.plan, ranked.estimate)
+            abandoned = False
             try:
-                measured = run(ranked.plan, steps=steps, data=data, seed=seed)
-                result.measured_step_s = measured.best_step_s
-                result.measured_median_s = measured.step_time_s
-                result.measured_mfu = _measured_mfu(ranked.estimate, measured.best_step_s)
+                measured = run(ranked.plan, steps=steps, data=data, seed=seed, should_stop=stop or (lambda: False))
+                abandoned = measured.stopped  # the plan in hand is abandoned, not measured on fewer steps
+                if abandoned:
+                    result.failure = f"abandoned: interrupted after {len(measured.step_times_s)} of {steps} steps"
+                else:
+                    result.measured_step_s = measured.best_step_s
+                    result.measured_median_s = measured.step_time_s
+                    result.measured_mfu = _measured_mfu(ranked.estimate, measured.best_step_s)
             except CpplanError as err:
                 result.failure = str(err)
             report.results.append(result)
@@ -106,7 +112,7 @@ def validate_step_times(
                 append_record(journal, result.to_dict())
             if stop is not None and stop():
                 # interrupted only if plans were left unmeasured
-                report.interrupted = len(report.results) < len(plans)
+                report.interrupted = abandoned or len(report.results) < len(plans)
                 break
     except KeyboardInterrupt:
         report.interrupted = True
