@@ -1,4 +1,4 @@
-"""cpu_mesh tier: a run killed after a checkpoint and run again continues exactly; SIGTERM and
+"""cpu_mesh tier: a run killed at random moments and run again continues exactly; SIGTERM and
 Ctrl-C stop a run after the step in hand with a checkpoint and one line.
 
 Each test starts `cpplan run` as a user would (no XLA_FLAGS: the command asks for its devices)
@@ -19,24 +19,14 @@ jax = pytest.importorskip("jax")
 
 from planner import api  # noqa: E402
 from runtime import run  # noqa: E402
+from validation.chaos import chaos_run, checkpoints, logged  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
 ROOT = Path(__file__).resolve().parents[2]
 PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls and depends on every update
 RUN = ("--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--data", str(PROSE))
-STEPS = 12
-
-
-def _steps_logged(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _checkpoints(run_dir: Path) -> list[int]:
-    """Steps of the complete checkpoints (Orbax renames a finished one into place)."""
-    folder = run_dir / "checkpoints"
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+CHAOS_STEPS = 24  # room for three kills, each up to a few steps after the last
 
 
 def _wait(condition, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
@@ -49,40 +39,31 @@ def _wait(condition, proc: subprocess.Popen, timeout_s: float, what: str) -> Non
     pytest.fail(f"{what} did not happen in {timeout_s} s; stderr: {proc.communicate()[1][-2000:]}")
 
 
-def test_killed_run_resumes_exactly(tmp_path):
+@pytest.mark.release_repeat  # on MaxText's stack its saves, restores and steps are the signal and recovery tests'
+def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_curve(tmp_path):
+    """Three SIGKILLs at moments drawn at random (a save, the start-up, the steps:
+    validation/chaos.py; benchmarks/bench_chaos.py makes twenty), a restart after each, and the
+    finished run's curve is the uninterrupted one's, each step logged once."""
     run_dir = tmp_path / "run"
-    argv = (*RUN, "--steps", str(STEPS), "--checkpoint-every", "2", "--run-dir", str(run_dir))
-    proc = cpplan("run", *argv, cwd=tmp_path)
-    _wait(lambda: _checkpoints(run_dir) and len(_steps_logged(run_dir)) >= 3, proc, 240, "a checkpoint")
-    proc.kill()  # SIGKILL: nothing of the run's own runs after this
-    proc.communicate()
-    before = _steps_logged(run_dir)
-    assert len(before) < STEPS, "the run ended before it was killed"
-    resumed_from = max(_checkpoints(run_dir))
-    again = cpplan("run", *argv, cwd=tmp_path)
-    stdout, stderr = again.communicate(timeout=240)
-    assert again.returncode == 0, stderr[-3000:]
-    assert f"resumed from the checkpoint at step {resumed_from}" in stdout
-    logged = _steps_logged(run_dir)
-    # each step once: the killed run's lines up to its checkpoint, then the resumed run's
-    assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
-    assert logged[:resumed_from] == before[:resumed_from]
-    curve = {r["step"]: r["loss"] for r in logged}
-    plan = api.plan("tiny", "1k", "cpu:8")
-    uninterrupted = run(plan, steps=STEPS, data=PROSE, seed=0).losses
-    print(
-        json.dumps(
-            {
-                "uninterrupted": uninterrupted,
-                "killed_then_resumed": [curve[s] for s in sorted(curve)],
-                "killed_after_step": len(before),
-                "resumed_from": resumed_from,
-            }
-        )
+    uninterrupted = list(run(api.plan("tiny", "1k", "cpu:8"), steps=CHAOS_STEPS, data=PROSE, seed=0).losses)
+    report = chaos_run(
+        list(RUN),
+        run_dir,
+        steps=CHAOS_STEPS,
+        kills=3,
+        seed=1,
+        uninterrupted=uninterrupted,
+        start=lambda argv: cpplan(*argv, cwd=tmp_path),
+        ceiling_s=240,
     )
-    assert [curve[s] for s in range(1, STEPS + 1)] == list(uninterrupted)  # exactly, step for step
-    assert all(curve[r["step"]] == r["loss"] for r in before)  # the steps run again gave the same loss
-    assert all(r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and r["tokens_per_s_per_device"] > 0 for r in logged)
+    print(json.dumps(report.to_dict()))
+    assert len(report.kills) == 3
+    assert report.logged_steps == list(range(1, CHAOS_STEPS + 1))  # each step once
+    assert report.curve == uninterrupted  # exactly, step for step
+    last = report.kills[-1].checkpoints
+    assert not last or f"resumed from the checkpoint at step {max(last)}" in report.last_stdout
+    records = logged(run_dir)
+    assert all(r["step_time_s"] > 0 and 0 < r["mfu"] < 1 and r["tokens_per_s_per_device"] > 0 for r in records)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
@@ -90,7 +71,7 @@ def test_killed_run_resumes_exactly(tmp_path):
 def test_a_signal_saves_a_checkpoint_and_stops_in_one_line(signum, tmp_path):
     run_dir = tmp_path / "run"
     proc = cpplan("run", *RUN, "--steps", "400", "--checkpoint-every", "0", "--run-dir", str(run_dir), cwd=tmp_path)
-    _wait(lambda: len(_steps_logged(run_dir)) >= 2, proc, 240, "two steps")
+    _wait(lambda: len(logged(run_dir)) >= 2, proc, 240, "two steps")
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, stderr[-3000:]
@@ -98,4 +79,4 @@ def test_a_signal_saves_a_checkpoint_and_stops_in_one_line(signum, tmp_path):
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"cpplan: stopped by {signal.Signals(signum).name} after step "), last
     stopped_at = int(last.split("after step ")[1].split(";")[0])
-    assert _checkpoints(run_dir) == [stopped_at] and len(_steps_logged(run_dir)) == stopped_at < 400
+    assert checkpoints(run_dir) == (stopped_at,) and len(logged(run_dir)) == stopped_at < 400
