@@ -42,8 +42,20 @@ class HelpWithDefaults(argparse.HelpFormatter):
         return text
 
 
+# the largest count a flag takes: steps, checkpoints, process ids and token counts reach the runtime
+# as jax's 32-bit integers, where a larger one wraps round
+LARGEST_COUNT = 2**31 - 1
+
+
+def directory(text: str) -> str:
+    """An argparse type: a directory's path, not empty (an empty one would name no place to write)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no directory: give one, e.g. cpplan-run")
+    return text
+
+
 def at_least(low: int):
-    """An argparse type: an integer of at least `low`."""
+    """An argparse type: an integer of at least `low` and at most `LARGEST_COUNT`."""
 
     def parse(text: str) -> int:
         try:
@@ -52,6 +64,8 @@ def at_least(low: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        if value > LARGEST_COUNT:
+            raise argparse.ArgumentTypeError(f"{value} must be at most {LARGEST_COUNT} (2**31 - 1)")
         return value
 
     parse.__name__ = f"integer ≥ {low}"

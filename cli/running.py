@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cli.args import add_command, add_search_options, at_least, model_of, plan_of, search_options, to_json
+from cli.args import add_command, add_search_options, at_least, directory, model_of, plan_of, search_options, to_json
 from cli.devices import (
     check_data,
     import_runtime,
@@ -257,6 +257,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--run-dir",
+        type=directory,
         default="cpplan-run",
         help="directory for metrics.jsonl, TensorBoard events, checkpoints/ and profile/",
     )

@@ -36,6 +36,58 @@ def refused(argv, capsys) -> str:
 
 
 # -- CLI flags --------------------------------------------------------------------------------
+RUN_FLAGS = [  # counts, steps, ids beyond what the runtime keeps in 32 bits, multi-process flags
+    *(["--steps", v] for v in ("-1", "x", "1.5", "99999999999999999999")),
+    *(["--checkpoint-every", v] for v in ("-1", "x", "4294967296")),
+    *(["--keep-checkpoints", v] for v in ("0", "-1")),
+    *(["--resume-from", v] for v in ("-1", "x", "0")),
+    ["--resume-from", "5", "--no-resume"],
+    *(["--seed", v] for v in ("-1", "x", "99999999999")),
+    ["--data-dtype", "int8"],
+    *(["--eos-id", v] for v in ("-1", "x")),
+    ["--max-fallbacks", "-1"],
+    *(["--profile-steps", v] for v in ("3", "5:2", "x:y", "0:2", "1:1000")),
+    *(["--coordinator", v] for v in ("localhost", "localhost:99999", ":1234")),
+    *(["--join-timeout", v] for v in ("0", "-5", "x")),
+    *(["--num-processes", v] for v in ("0", "-1")),
+    ["--process-id", "2", "--num-processes", "2"],
+    ["--process-id", "-1"],
+    ["--mesh", "context=16"],
+    ["--run-dir", ""],
+]
+MAXTEXT_RUN = (
+    "ici_context_parallelism=8 max_target_length=131072 per_device_batch_size=0.125 model_name=llama3.1-8b "
+    "compile_topology=v5p-16 context_parallel_strategy=ring"
+)
+IMPORT_FLAGS = [  # MaxText command lines, each wrong in one token
+    ("", ()),
+    ("=", ()),
+    *(
+        (MAXTEXT_RUN.replace(old, new), ())
+        for old, new in (
+            ("ici_context_parallelism=8", "ici_context_parallelism=x"),
+            ("131072", "-1"),
+            ("131072", "0"),
+            ("0.125", "-1"),
+            ("0.125", "nan"),
+            ("=ring", "=spiral"),
+            ("v5p-16", "v5p-7"),
+            ("llama3.1-8b", "nonexistent"),
+            ("compile_topology=v5p-16", ""),
+        )
+    ),
+    *(
+        (f"{MAXTEXT_RUN} {extra}", ())
+        for extra in (
+            "remat_policy=sometimes",
+            "ici_fsdp_parallelism=0",
+            "dtype=float8",
+            "max_target_length=4096",
+            "context_parallel_load_balance=maybe",
+        )
+    ),
+    (MAXTEXT_RUN.replace("compile_topology=v5p-16", ""), ("--topology", "cpu:0")),
+]
 FLAG_CASES = (
     [
         ["explain", *PLAN, "--top", "-3"],
@@ -107,6 +159,8 @@ FLAG_CASES = (
         ["explain", "--model", text, "--seq-len", "4k", "--topology", "cpu:8"]
         for text in ("", "lama3.1-8b", "/nonexistent/config.json", "x" * 300 + ".json")
     ]
+    + [["run", *PLAN, *flags] for flags in RUN_FLAGS]
+    + [["import", "--flags", text, *rest] for text, rest in IMPORT_FLAGS]
 )
 
 
