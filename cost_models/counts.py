@@ -52,6 +52,8 @@ def priced_link_bytes(x: Candidates) -> dict[str, np.ndarray]:
     strategy = STRATEGIES[unit_x.strategy]
     attention = price_attention(unit_x, strategy)
     cost = strategy.cost(unit_x, attention.layout, attention.forward_s, attention.backward_s)
-    context = context_traffic(cost, unit_x.remat_columns.recompute_attention, 0.0, hides_behind_attention=False)
+    context = context_traffic(
+        cost, unit_x.remat_columns.recompute_attention, 0.0, hides_behind_attention=False, shares_hops=False
+    )
     traffic = price_traffic(unit_x, price_matmuls(unit_x).weight_bytes, context)
     return traffic.per_step(x.model.num_layers)

@@ -68,6 +68,8 @@ class TargetTraits:
             windowed-einsum loop, priced as deferred past the layers (the safe side); None: never.
         head_gradient_in_head_layout: the loss writes the head's gradient in the head's layout (no moves at the update).
         ring_hops_overlap_attention: a ring's K/V transfers overlap the attention of the block in hand.
+        backward_shares_recomputed_hops: under a recomputed forward the backward's ring K/V hops are the
+            recomputed forward's (its compiler shares them); cpplan's runtime sends them again.
         tokamax_ring_kernel: splash calls are the strategies' `maxtext_kernel_calls` (tokamax's kernels).
         weight_gathers_all_reduce_split_axes: where the weight group's axes split a physical dimension,
             weights are gathered as an all-reduce of zero-padded shards (twice the bytes).
@@ -89,6 +91,7 @@ class TargetTraits:
     head_gradient_loop_devices: int | None = None
     head_gradient_in_head_layout: bool = False
     ring_hops_overlap_attention: bool = True
+    backward_shares_recomputed_hops: bool = False
     tokamax_ring_kernel: bool = False
     weight_gathers_all_reduce_split_axes: bool = False
     context_gradients_all_reduced: bool = False
@@ -124,6 +127,7 @@ TRAITS: dict[Target, TargetTraits] = {
         offload_holds_mlp_backward=True,
         head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
         ring_hops_overlap_attention=False,
+        backward_shares_recomputed_hops=True,
         tokamax_ring_kernel=True,
         weight_gathers_all_reduce_split_axes=True,
         context_gradients_all_reduced=True,

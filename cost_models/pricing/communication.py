@@ -82,16 +82,18 @@ class Exposure:
 
 
 def context_traffic(
-    cost: CPCost, recompute_attention, overlapped: float, *, hides_behind_attention: bool
+    cost: CPCost, recompute_attention, overlapped: float, *, hides_behind_attention: bool, shares_hops: bool
 ) -> ContextTraffic:
-    """The strategy's per-layer traffic, the recomputed forward's added to the backward. Where the spec
+    """The strategy's per-layer traffic, the recomputed forward's added to the backward (less what the
+    backward reuses of it, the ring's hops too where the target `shares_hops`). Where the spec
     `hides_behind_attention` (the ring's hops) the `overlapped` fraction of what it hides is hidden;
     otherwise that fraction of all its traffic may hide in the layer's compute window (`price_exposure`)."""
-    backward_s = cost.backward_s + recompute_attention * (cost.forward_s - cost.recompute_reuses_s)
+    reuses_s = cost.recompute_reuses_s + shares_hops * cost.recompute_shared_hops_s
+    backward_s = cost.backward_s + recompute_attention * (cost.forward_s - reuses_s)
     if hides_behind_attention:
         # the traffic a recompute makes unnecessary leaves the exposed part first
         spec_exposed_backward_s = np.clip(
-            cost.exposed_backward_s + recompute_attention * (cost.exposed_forward_s - cost.recompute_reuses_s),
+            cost.exposed_backward_s + recompute_attention * (cost.exposed_forward_s - reuses_s),
             0.0,
             backward_s,
         )

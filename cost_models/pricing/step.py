@@ -80,6 +80,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
             x.remat_columns.recompute_attention,
             context_overlap,
             hides_behind_attention=strategy.hides_traffic_behind_attention,
+            shares_hops=target.traits.backward_shares_recomputed_hops,
         ),
         traits=target.traits,
     )

@@ -79,6 +79,9 @@ class CPCost:
     buffer_bytes: Any  # attention buffers held at the peak of one layer
     # backward traffic a recomputed forward makes unnecessary (e.g. re-gathered K/V); never hidden traffic
     recompute_reuses_s: Any = 0.0
+    # the ring's K/V hops, which a target whose compiler shares them takes from a recomputed forward
+    # (`TargetTraits.backward_shares_recomputed_hops`)
+    recompute_shared_hops_s: Any = 0.0
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     # own): dq's fp32 sum and the one being formed, dK/dV's arriving and the ones being formed (fp32),
     # and the next hop's K/V arriving (docs/provenance/strategies_and_validation.md#ring)
     buffers = q_block * 2 * GRAD_BYTES + kv_block * (1 + 2 * GRAD_BYTES / x.act_bytes)
-    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers)
+    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd)
 
 
 class Ring(StrategySpec):

@@ -57,6 +57,7 @@ class USP(StrategySpec):
             a2a_bwd + ring.exposed_backward_s,
             ring.buffer_bytes + 2 * block,
             recompute_reuses_s=a2a_fwd,
+            recompute_shared_hops_s=ring.recompute_shared_hops_s,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

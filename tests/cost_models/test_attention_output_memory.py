@@ -86,5 +86,7 @@ def test_ulysses_context_traffic_is_the_same_whether_the_attention_is_kept_or_re
     from cost_models.pricing.communication import context_traffic
 
     cost = _ulysses_cost()
-    kept, recomputed = (context_traffic(cost, r, 0.0, hides_behind_attention=False) for r in (0.0, 1.0))
+    kept, recomputed = (
+        context_traffic(cost, r, 0.0, hides_behind_attention=False, shares_hops=False) for r in (0.0, 1.0)
+    )
     assert np.ravel(kept.backward_s)[0] == pytest.approx(np.ravel(recomputed.backward_s)[0])

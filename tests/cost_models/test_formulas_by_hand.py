@@ -1,5 +1,6 @@
 """The cost model's formulas against numbers worked out by hand."""
 
+import dataclasses
 import json
 
 import pytest
@@ -443,10 +444,24 @@ def test_communication_hides_in_one_window_per_layer():
         buffer_bytes=0.0,
         recompute_reuses_s=0.5,
     )
-    assert context_traffic(cost, 1.0, 0.0, hides_behind_attention=True) == ContextTraffic(2.0, 5.5, 2.0, 5.5)
-    assert context_traffic(cost, 1.0, 1.0, hides_behind_attention=True) == ContextTraffic(2.0, 5.5, 0.5, 1.0)
+    assert context_traffic(cost, 1.0, 0.0, hides_behind_attention=True, shares_hops=False) == ContextTraffic(
+        2.0, 5.5, 2.0, 5.5
+    )
+    assert context_traffic(cost, 1.0, 1.0, hides_behind_attention=True, shares_hops=False) == ContextTraffic(
+        2.0, 5.5, 0.5, 1.0
+    )
     # a strategy whose spec hides nothing offers the overlapped fraction of all its traffic to the window
-    assert context_traffic(cost, 1.0, 0.5, hides_behind_attention=False) == ContextTraffic(2.0, 5.5, 1.0, 2.75)
+    assert context_traffic(cost, 1.0, 0.5, hides_behind_attention=False, shares_hops=False) == ContextTraffic(
+        2.0, 5.5, 1.0, 2.75
+    )
+    # where the target's compiler shares the ring's hops with the recomputed forward, they are reused too
+    shared = dataclasses.replace(cost, recompute_shared_hops_s=1.0)
+    assert context_traffic(shared, 1.0, 0.0, hides_behind_attention=True, shares_hops=True) == ContextTraffic(
+        2.0, 4.5, 2.0, 4.5
+    )
+    assert context_traffic(shared, 1.0, 0.0, hides_behind_attention=True, shares_hops=False) == ContextTraffic(
+        2.0, 5.5, 2.0, 5.5
+    )
 
 
 def test_splash_vmem_rule_follows_what_each_compiler_grants():
