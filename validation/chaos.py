@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cost_models.errors import CpplanError
+from runtime.checkpoint import CHECKPOINT_DIR
+from runtime.metrics import METRICS_FILE
 
 POLL_S = 0.005  # how often the run's files are looked at while waiting for a moment
 SAVING = "writing a checkpoint"
@@ -75,7 +77,7 @@ class ChaosReport:
 
 def logged(run_dir: Path) -> list[dict]:
     """The run's step records (`metrics.jsonl`), the last line left out if a kill cut it short."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if not path.exists():
         return []
     records = []
@@ -89,13 +91,13 @@ def logged(run_dir: Path) -> list[dict]:
 
 def checkpoints(run_dir: Path) -> tuple[int, ...]:
     """Steps of the complete checkpoints (Orbax renames a finished one into place)."""
-    folder = run_dir / "checkpoints"
+    folder = run_dir / CHECKPOINT_DIR
     return tuple(sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())) if folder.exists() else ()
 
 
 def saving(run_dir: Path) -> bool:
     """Whether a checkpoint is being written (Orbax's temporary folder is there)."""
-    folder = run_dir / "checkpoints"
+    folder = run_dir / CHECKPOINT_DIR
     return folder.exists() and any(not p.name.isdigit() and "tmp" in p.name for p in folder.iterdir())
 
 
@@ -106,7 +108,7 @@ def start_cli(argv: list[str]) -> subprocess.Popen:
     )
 
 
-def _wait_for(condition: Callable[[], bool], proc: subprocess.Popen, ceiling_s: float) -> bool:
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, ceiling_s: float) -> bool:
     """Waits for `condition` while the run lives; False if it ended first or `ceiling_s` passed."""
     deadline = time.monotonic() + ceiling_s
     while proc.poll() is None and time.monotonic() < deadline:
@@ -121,17 +123,17 @@ def _kill_at_a_random_moment(proc: subprocess.Popen, run_dir: Path, rng: random.
     before = len(logged(run_dir))
     aim = rng.choice((SAVING, STARTING, STEPPING))
     if aim == SAVING:  # a save too quick to be seen: the third step on
-        _wait_for(
+        wait_for(
             lambda: (len(logged(run_dir)) > before and saving(run_dir)) or len(logged(run_dir)) >= before + 3,
             proc,
             ceiling_s,
         )
     elif aim == STARTING:
-        _wait_for(lambda: False, proc, rng.uniform(0.0, 3.0))
+        wait_for(lambda: False, proc, rng.uniform(0.0, 3.0))
     else:
         target = before + rng.randint(1, 3)
-        _wait_for(lambda: len(logged(run_dir)) >= target, proc, ceiling_s)
-        _wait_for(lambda: False, proc, rng.uniform(0.0, 0.2))
+        wait_for(lambda: len(logged(run_dir)) >= target, proc, ceiling_s)
+        wait_for(lambda: False, proc, rng.uniform(0.0, 0.2))
     if proc.poll() is not None:
         return None
     moment = SAVING if saving(run_dir) else STARTING if len(logged(run_dir)) == before else STEPPING

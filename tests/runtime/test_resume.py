@@ -9,7 +9,6 @@ and the Orbax checkpoints.
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ jax = pytest.importorskip("jax")
 
 from planner import api  # noqa: E402
 from runtime import run  # noqa: E402
-from validation.chaos import chaos_run, checkpoints, logged  # noqa: E402
+from validation.chaos import chaos_run, checkpoints, logged, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
@@ -30,11 +29,8 @@ CHAOS_STEPS = 24  # room for three kills, each up to a few steps after the last
 
 
 def _wait(condition, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if condition():
-            return
-        time.sleep(0.05)
+    if wait_for(condition, proc, timeout_s):
+        return
     proc.kill()
     pytest.fail(f"{what} did not happen in {timeout_s} s; stderr: {proc.communicate()[1][-2000:]}")
 
