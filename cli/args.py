@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import re
+import sys
 
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec, get_model
@@ -161,6 +162,35 @@ def search_options(args: argparse.Namespace) -> dict:
     if getattr(args, "target", None):
         opts["target"] = args.target
     return {k: v for k, v in opts.items() if v is not None}
+
+
+def add_html(p: argparse.ArgumentParser) -> None:
+    """The --html flag of the commands that draw a report."""
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report (opens offline; needs the report extra: "
+        "pip install 'cpplan[report]')",
+    )
+
+
+def html_target(args: argparse.Namespace):
+    """--html's path, proved writable (and plotly importable) before any work; None without --html."""
+    if getattr(args, "html", None) is None:
+        return None
+    from validation.html_report.page import check_writable
+
+    return check_writable(args.html)
+
+
+def write_html(data, path, source: str | None = None, **options) -> None:
+    """Draws the report of `data` (a dict or rows as --json prints them; `source` names it in errors)
+    into `path`."""
+    from validation.html_report.draw import page_of
+    from validation.html_report.page import write
+
+    write(page_of(data, source or f"--html {str(path)!r}", **options), path)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def add_target(p: argparse.ArgumentParser, default_text: str = "cpplan") -> None:

@@ -8,14 +8,17 @@ import sys
 
 from cli.args import (
     add_command,
+    add_html,
     add_search_options,
     add_target,
     at_least,
+    html_target,
     model_of,
     plan_of,
     search_options,
     seq_lens,
     to_json,
+    write_html,
 )
 from cost_models.errors import CpplanError
 from cost_models.units import GiB
@@ -28,17 +31,47 @@ from planner.options import format_tokens
 
 def cmd_explain(args: argparse.Namespace) -> int:
     """The best plan, why, what came close, what was rejected."""
+    html = html_target(args)
     explanation = Explanation(
         api.run_search(model_of(args), args.seq_len, args.topology, **search_options(args)), top=args.top
     )
     if args.target == "maxtext" and not args.json:
         print("Priced for MaxText 0.2.5 (--target maxtext): its memory, and only plans it accepts.\n")
     print(explanation.to_json() if args.json else explanation)
+    if html:
+        write_html(explanation.to_dict(), html)
     return 0 if explanation.best else 1
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Best strategy and MFU per sequence length."""
+    html = html_target(args)
+    rows = sweep_rows(args)
+    print(to_json(rows) if args.json else sweep_table(rows))
+    if html:
+        write_html(rows, html, longest=longest_or_none(args), title=f"cpplan sweep: {args.model} on {args.topology}")
+    return 0
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """The sweep for people: a line per length, each strategy's MFU beside the best plan."""
+    names = [s.value for s in CPStrategy if s is not CPStrategy.NONE]
+    lines = [f"{'seq_len':>8}  {'best':<42} {'step':>9} {'MFU':>6} {'HBM':>8}  " + "  ".join(f"{n:>10}" for n in names)]
+    for row in rows:
+        if not row["fits"]:
+            lines.append(f"{format_tokens(row['seq_len']):>8}  nothing fits")
+            continue
+        per = row["per_strategy"]
+        cells = "  ".join(f"{per[n]['mfu']:>10.1%}" if n in per else f"{'—':>10}" for n in names)
+        lines.append(
+            f"{format_tokens(row['seq_len']):>8}  {row['plan']:<42} {row['step_time_s']:>8.2f}s {row['mfu']:>6.1%} "
+            f"{row['hbm_gib']:>6.1f}Gi  {cells}"
+        )
+    return "\n".join([*lines, "(per-strategy columns: MFU of that strategy's best plan)"])
+
+
+def sweep_rows(args: argparse.Namespace) -> list[dict]:
+    """One row per swept length: its best plan, and each strategy's best step time and MFU."""
     rows, model = [], model_of(args)
     for tokens in seq_lens(args.seq_lens):
         e = Explanation(api.run_search(model, tokens, args.topology, **search_options(args)))
@@ -58,23 +91,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 },
             )
         rows.append(row)
-    if args.json:
-        print(to_json(rows))
-        return 0
-    names = [s.value for s in CPStrategy if s is not CPStrategy.NONE]
-    print(f"{'seq_len':>8}  {'best':<42} {'step':>9} {'MFU':>6} {'HBM':>8}  " + "  ".join(f"{n:>10}" for n in names))
-    for row in rows:
-        if not row["fits"]:
-            print(f"{format_tokens(row['seq_len']):>8}  nothing fits")
-            continue
-        per = row["per_strategy"]
-        cells = "  ".join(f"{per[n]['mfu']:>10.1%}" if n in per else f"{'—':>10}" for n in names)
-        print(
-            f"{format_tokens(row['seq_len']):>8}  {row['plan']:<42} {row['step_time_s']:>8.2f}s {row['mfu']:>6.1%} "
-            f"{row['hbm_gib']:>6.1f}Gi  {cells}"
-        )
-    print("(per-strategy columns: MFU of that strategy's best plan)")
-    return 0
+    return rows
+
+
+def longest_or_none(args: argparse.Namespace) -> dict | None:
+    """`max-seq-len`'s answer for the sweep's model and slice (one sequence per step, so the sweep's
+    batch options are left out), or None where no length fits."""
+    options = {k: v for k, v in search_options(args).items() if k not in ("global_batch_tokens", "global_batch")}
+    try:
+        return api.max_seq_len(model_of(args), args.topology, **options).to_dict()
+    except CpplanError:
+        return None
 
 
 def cmd_max_seq_len(args: argparse.Namespace) -> int:
@@ -171,10 +198,12 @@ def register(sub) -> None:
     p = add_command(sub, "explain", cmd_explain, "the best plan, why, what came close, what was rejected")
     add_search_options(p)
     add_target(p)
+    add_html(p)
     p.add_argument("--top", type=at_least(0), default=5, help="alternatives to show")
     p = add_command(sub, "sweep", cmd_sweep, "best strategy and MFU per sequence length")
     add_search_options(p, seq_len=False)
     p.add_argument("--seq-lens", required=True, help="comma-separated lengths, e.g. 128k,512k,1M,4M")
+    add_html(p)
     p = add_command(sub, "max-seq-len", cmd_max_seq_len, "the longest sequence any plan fits")
     add_search_options(p, seq_len=False)
     add_target(p)

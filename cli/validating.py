@@ -7,7 +7,18 @@ import argparse
 import os
 import sys
 
-from cli.args import FULL_MASK_HELP, add_command, at_least, csv_words, model_of, seq_lens, to_json
+from cli.args import (
+    FULL_MASK_HELP,
+    add_command,
+    add_html,
+    at_least,
+    csv_words,
+    html_target,
+    model_of,
+    seq_lens,
+    to_json,
+    write_html,
+)
 from cli.devices import check_data, check_devices, import_runtime, use_deviceless_tpu, use_host_devices
 from cli.signals import INTERRUPTS
 from cost_models.errors import CpplanError
@@ -56,6 +67,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from validation.outputs import prepare_out_dir, write_atomic
     from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES
 
+    html = html_target(args)
     if args.measured:
         if args.full_mask:
             raise CpplanError(
@@ -126,6 +138,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print("wrote " + ", ".join(str(f) for f in files), file=sys.stderr if args.json else sys.stdout)
+    if html:
+        write_html(summary, html)
     if report.interrupted:
         print(
             f"cpplan: interrupted after {summary['summary']['plans_measured']} measured plans; "
@@ -233,6 +247,7 @@ def register(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="machine-readable output: the report's summary as strict JSON")
     p.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
+    add_html(p)
 
     p = add_command(sub, "validate-memory", cmd_validate_memory, "predicted vs compiled HBM per device")
     p.add_argument("--model", required=True, help="model name or config.json path")

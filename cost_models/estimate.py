@@ -122,6 +122,7 @@ class Estimate:
             "hbm_bytes": self.hbm_bytes,
             "hbm_bytes_per_device": self.hbm_bytes_per_device,
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
+            "memory_margin": self.memory_margin,
             "smem_bytes": self.smem_bytes,
             "smem_capacity_bytes": self.smem_capacity_bytes,
             "model_flops": self.model_flops,

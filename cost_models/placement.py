@@ -39,6 +39,18 @@ def axis_segments(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> tu
     return tuple(reversed(result))
 
 
+def positions_along(segments: tuple[Segment, ...], coords):
+    """Each device's index along one logical axis, read off its segments (innermost first): its share of
+    each dimension is one digit, the innermost least significant. `coords[..., d]` is a device's
+    position on dimension `d`; a `DCN_DIM` (-1) segment reads the last entry, its slice's index along
+    the axis. Works on numpy arrays of coordinates."""
+    index, weight = 0 * coords[..., 0], 1
+    for seg in segments:
+        index = index + coords[..., seg.dim] // seg.stride % seg.size * weight
+        weight *= seg.size
+    return index
+
+
 def axes_on_whole_dimensions(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> bool:
     """Whether each axis of more than one device (`axis_sizes`, any order) can span whole physical
     dimensions of its own, none split between two axes (true for fewer than two such axes)."""

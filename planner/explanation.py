@@ -175,6 +175,17 @@ def tie_text(breakers: dict) -> str:
     return ", ".join(parts) or "the same headroom and exposed communication, and MaxText runs neither"
 
 
+def feasible_row(r: Ranked) -> dict:
+    """One feasible plan as the plan space lists it: what tells it apart, its step time and HBM."""
+    return {
+        "strategy": r.plan.cp_strategy.value,
+        "summary": short(r.plan),
+        "blocks": f"{r.plan.block_q}×{r.plan.block_kv}",
+        "step_time_s": r.estimate.step_time_s,
+        "hbm_bytes_per_device": r.estimate.hbm_bytes_per_device,
+    }
+
+
 class Explanation:
     """The answer to `planner.explain`: `str()` for people, `to_dict()`/`to_json()` for machines."""
 
@@ -473,6 +484,7 @@ class Explanation:
             "ties": len(self.ties()),
             "best_per_strategy": {s.value: ranked(r) for s, r in self.best_per_strategy().items()},
             "feasible": len(res.ranked),
+            "feasible_plans": [feasible_row(r) for r in res.ranked],
             "priced": res.candidates_priced,
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
             "why": self.why_text() if res.best else None,

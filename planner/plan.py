@@ -6,11 +6,13 @@ import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
 
+import numpy as np
+
 from cost_models.case import Case, batch_split_violation
 from cost_models.compute import scoped_vmem_limit_kib, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
-from cost_models.placement import axis_segments
+from cost_models.placement import axis_segments, positions_along
 from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
@@ -322,6 +324,20 @@ class Plan:
             for axis, segs in self.segments().items()
             if segs
         }
+
+    def device_positions(self) -> np.ndarray:
+        """Each device's index along every axis of `AXES`, by where the device lies: an array of shape
+        (slices, *physical dimension sizes, len(AXES)), read off `segments`. Slice s is data's DCN
+        index s // dcn_fsdp and fsdp's s % dcn_fsdp, the order in which the runtime's mesh stacks slices."""
+        where = np.indices([self.num_slices, *(d.size for d in self.topology_spec.physical_dims)])
+        dcn = {"data": where[0] // self.dcn_fsdp, "fsdp": where[0] % self.dcn_fsdp}
+        return np.stack(
+            [
+                positions_along(self.segments()[axis], np.stack([*where[1:], dcn.get(axis, 0 * where[0])], axis=-1))
+                for axis in AXES
+            ],
+            axis=-1,
+        )
 
     # -- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:

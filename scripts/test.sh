@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tests, exactly as CI runs them (.ci/run calls this script and nothing else), in three stages:
-#   1. Python 3.11 with `pip install -e '.[test]'` only: ruff's lint and format check, then the pure
-#      tier, which passes without jax.
+#   1. Python 3.11 with `pip install -e '.[test,report]'` (no jax): ruff's lint and format check, then
+#      the pure tier, which passes without jax (the HTML reports and their browser test included).
 #   2. Python 3.11 with the runtime extra: the rest of the suite (cpu_mesh, tpu_compile, and the
 #      pure tests that mean something only with that extra installed, marked runtime_extra); the
 #      rest of the pure tier already ran in stage 1 and does not import jax, so it is not run twice.
@@ -62,11 +62,25 @@ stage() {
     [ "$status" -eq 0 ] || failed=1
 }
 
+# The HTML reports' browser test (tests/cli/test_report_browser.py) needs Debian's chromium and its
+# chromedriver: installed here where missing and possible (root, apt); otherwise that test skips and says why.
+browser() {
+    if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then return 0; fi
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 ||
+            { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } ||
+            echo "chromium could not be installed with apt-get: the browser test will skip" >&2
+    else
+        echo "chromium is missing and cannot be installed here (not root, or no apt-get): the browser test will skip" >&2
+    fi
+    return 0
+}
+
 # The stages (set -e does not apply inside a function called from `||`, hence the && chains).
 # ruff (configured in pyproject.toml) lints and checks the formatting of the whole tree first
 lint() { .venvs/py311-pure/bin/ruff check . && .venvs/py311-pure/bin/ruff format --check .; }
-pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test]' && lint && tier py311-pure -m pure; }
-runtime_tiers() { venv py311 "$(python_for 3.11)" '.[runtime,test]' && tier py311 -m "not pure or runtime_extra"; }
+pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test,report]' && lint && browser && tier py311-pure -m pure; }
+runtime_tiers() { venv py311 "$(python_for 3.11)" '.[runtime,test,report]' && tier py311 -m "not pure or runtime_extra"; }
 beside_maxtext() {
     venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt &&
         tier py312-maxtext -m "(cpu_mesh or runtime_extra) and not release_repeat" "${STAGE3_IGNORE[@]}"
