@@ -43,7 +43,8 @@ def run(argv: list[str]) -> tuple[float, str]:
 
 
 def measure(name: str, argv: list[str] | None, out: Path) -> str:
-    html, saved = out / f"{name.split()[0]}-{len(list(out.iterdir()))}.html", out / "saved.json"
+    slug = "-".join(name.replace("×", "x").split()).replace(":", "-")
+    html, saved = out / f"{slug}.html", out / "saved.json"
     if argv is None:  # validate: its report.json, as `cpplan validate` writes it
         shutil.copy(VALIDATE_JSON, saved)
         whole = None

@@ -9,7 +9,7 @@ from cost_models.units import GiB
 from planner.explanation import format_seconds
 from planner.options import format_tokens
 from planner.plan import Plan
-from validation.html_report.page import STRATEGY_COLOURS, Page, esc, figure, table
+from validation.html_report.page import Page, by_strategy, esc, figure, table
 from validation.html_report.torus import picture
 
 PHASE_COLOURS = {"all step": "#9ecae1", "layer": "#3182bd", "loss": "#e6550d", "update": "#31a354"}
@@ -30,22 +30,14 @@ def plan_space(d: dict) -> dict:
     """Step time against HBM per device for every feasible plan, one colour per strategy, with the
     capacity, the tie band around the choice and the choice marked."""
     rows, best = d["feasible_plans"], d["best"]["estimate"]
-    data = []
-    for strategy in dict.fromkeys(r["strategy"] for r in rows):
-        mine = [r for r in rows if r["strategy"] == strategy]
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": strategy,
-                "x": [round(r["hbm_bytes_per_device"] / GiB, 3) for r in mine],
-                "y": [float(f"{r['step_time_s']:.5g}") for r in mine],
-                "customdata": [[r["summary"], r["blocks"]] for r in mine],
-                "hovertemplate": "%{customdata[0]}<br>splash blocks %{customdata[1]}<br>"
-                "step %{y:.4g} s, HBM %{x:.1f} GiB<extra></extra>",
-                "marker": {"color": STRATEGY_COLOURS.get(strategy), "size": 7, "opacity": 0.75},
-            }
-        )
+    data = by_strategy(
+        rows,
+        x=lambda r: round(r["hbm_bytes_per_device"] / GiB, 3),
+        y=lambda r: float(f"{r['step_time_s']:.5g}"),
+        custom=lambda r: [r["summary"], r["blocks"]],
+        hover="%{customdata[0]}<br>splash blocks %{customdata[1]}<br>step %{y:.4g} s, HBM %{x:.1f} GiB<extra></extra>",
+        size=7,
+    )
     x, y = best["hbm_bytes_per_device"] / GiB, best["step_time_s"]
     data.append(
         {
@@ -142,8 +134,9 @@ def step_breakdown(d: dict) -> dict:
             "barmode": "stack",
             "xaxis": {"title": {"text": "seconds per step"}},
             "yaxis": {"categoryorder": "array", "categoryarray": order[::-1], "automargin": True},
-            "legend": {"orientation": "h", "y": -0.2},
-            "height": 140 + 60 * len(rows),
+            "legend": {"orientation": "h", "yanchor": "top", "y": -0.3},
+            "margin": {"l": 60, "r": 20, "t": 50, "b": 120},
+            "height": 200 + 60 * len(rows),
         },
     }
 
@@ -216,8 +209,9 @@ def memory_figure(d: dict) -> dict:
             },
             "shapes": [_line(x0=capacity, x1=capacity, y0=0, y1=1, yref="paper", colour="black")],
             "annotations": [_note(capacity, 1, f"capacity {capacity:.1f} GiB", yref="paper", xanchor="right")],
-            "legend": {"orientation": "h", "y": -0.15},
-            "height": 160 + 28 * len(rows),
+            "legend": {"orientation": "h", "yanchor": "top", "y": -0.12},
+            "margin": {"l": 60, "r": 20, "t": 50, "b": 110},
+            "height": 220 + 28 * len(rows),
         },
     }
 

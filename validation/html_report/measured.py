@@ -4,7 +4,7 @@ the table `report.md` holds; from the report's dict (`report.json`)."""
 from __future__ import annotations
 
 from cost_models.accuracy import error_band
-from validation.html_report.page import STRATEGY_COLOURS, Page, esc, figure, number, table
+from validation.html_report.page import Page, by_strategy, esc, figure, number, table
 
 
 def measured_rows(d: dict) -> list[dict]:
@@ -29,22 +29,15 @@ def band(d: dict) -> tuple[float | None, str]:
 
 def predicted_vs_measured(d: dict) -> dict:
     done = measured_rows(d)
-    data = []
-    for strategy in dict.fromkeys(p["strategy"] for p in done):
-        mine = [p for p in done if p["strategy"] == strategy]
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "markers",
-                "name": strategy,
-                "x": [p["measured_step_s"] for p in mine],
-                "y": [p["predicted_step_s"] for p in mine],
-                "customdata": [[p["run_id"] or p["label"], p["seq_len"], f"{p['error']:+.1%}"] for p in mine],
-                "hovertemplate": "%{customdata[0]} at %{customdata[1]} tokens<br>"
-                "measured %{x:.4g} s, predicted %{y:.4g} s (%{customdata[2]})<extra></extra>",
-                "marker": {"color": STRATEGY_COLOURS.get(strategy), "size": 10},
-            }
-        )
+    data = by_strategy(
+        done,
+        x=lambda p: p["measured_step_s"],
+        y=lambda p: p["predicted_step_s"],
+        custom=lambda p: [p["run_id"] or p["label"], p["seq_len"], f"{p['error']:+.1%}"],
+        hover="%{customdata[0]} at %{customdata[1]} tokens<br>"
+        "measured %{x:.4g} s, predicted %{y:.4g} s (%{customdata[2]})<extra></extra>",
+        size=10,
+    )
     lo = min(min(p["measured_step_s"], p["predicted_step_s"]) for p in done) * 0.7
     hi = max(max(p["measured_step_s"], p["predicted_step_s"]) for p in done) * 1.4
     data.append(

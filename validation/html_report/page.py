@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,8 +33,8 @@ h3{font-size:1rem;margin:1em 0 .3em}p{margin:.35em 0;line-height:1.4}
 table{border-collapse:collapse;font-size:.85rem;margin:.4em 0}
 th,td{border:1px solid #d5d5d5;padding:2px 7px;text-align:right}th{background:#eee}
 td.l,th.l{text-align:left}.key{font-size:1.05rem;background:#fff;border:1px solid #ccc;padding:8px 12px}
-.row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}.grow{flex:1 1 600px;min-width:0}
-.side{flex:0 0 560px;max-width:100%}.rejections{flex:0 1 420px}.rejections td.l{white-space:normal}
+.row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}.grow{flex:1 1 500px;min-width:0;overflow:hidden}
+.side{flex:0 0 560px;max-width:100%}.rejections{flex:0 0 380px}.rejections td.l{white-space:normal}
 .fig{background:#fff;border:1px solid #ddd}details{margin:.3em 0}summary{cursor:pointer;color:#333}
 .torus{display:flex;gap:10px;flex-wrap:wrap;align-items:flex-start;margin:.3em 0 .8em}
 .layer{font-size:.72rem;text-align:center}.layer table{margin:2px 0}
@@ -112,6 +113,7 @@ def figure(fig: dict, name: str) -> str:
     """A plotly figure (a dict of data and layout) as a div and the script that draws it."""
     pio, _ = plotly_parts()
     layout = {**LAYOUT, **fig.get("layout", {})}
+    layout["title"] = {"x": 0.01, "xanchor": "left", **layout.get("title", {})}  # clear of the toolbar
     for axis in ("xaxis", "yaxis"):
         layout[axis] = {**AXIS, **layout.get(axis, {})}
     return (
@@ -130,6 +132,27 @@ def figure(fig: dict, name: str) -> str:
     )
 
 
+def by_strategy(rows: list[dict], *, x, y, custom, hover: str, size: int) -> list[dict]:
+    """One marker trace per strategy, in the order the rows first name them, coloured as every report
+    colours that strategy; `x`, `y` and `custom` read a row."""
+    traces = []
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == strategy]
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": strategy,
+                "x": [x(r) for r in mine],
+                "y": [y(r) for r in mine],
+                "customdata": [custom(r) for r in mine],
+                "hovertemplate": hover,
+                "marker": {"color": STRATEGY_COLOURS.get(strategy), "size": size, "opacity": 0.8},
+            }
+        )
+    return traces
+
+
 def check_writable(path: "str | Path") -> Path:
     """Refuses an --html path that cannot be written before any work is done.
 
@@ -142,16 +165,10 @@ def check_writable(path: "str | Path") -> Path:
     parent = path.parent
     if not parent.is_dir():
         raise CpplanError(f"--html {str(path)!r}: the directory {str(parent)!r} does not exist; create it first.")
-    if not _writable(parent):
+    if not os.access(parent, os.W_OK | os.X_OK):
         raise CpplanError(f"--html {str(path)!r}: the directory {str(parent)!r} cannot be written; give another path.")
     plotly_parts()
     return path
-
-
-def _writable(directory: Path) -> bool:
-    import os
-
-    return os.access(directory, os.W_OK | os.X_OK)
 
 
 def write(page: Page, path: "str | Path") -> Path:
