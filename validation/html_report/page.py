@@ -33,7 +33,7 @@ h3{font-size:1rem;margin:1em 0 .3em}p{margin:.35em 0;line-height:1.4}
 table{border-collapse:collapse;font-size:.85rem;margin:.4em 0}
 th,td{border:1px solid #d5d5d5;padding:2px 7px;text-align:right}th{background:#eee}
 td.l,th.l{text-align:left}.key{font-size:1.05rem;background:#fff;border:1px solid #ccc;padding:8px 12px}
-.row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}.grow{flex:1 1 500px;min-width:0;overflow:hidden}
+.row{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}.grow{flex:1 1 500px;min-width:0;overflow-x:auto}
 .side{flex:0 0 560px;max-width:100%}.rejections{flex:0 0 380px}.rejections td.l{white-space:normal}
 .fig{background:#fff;border:1px solid #ddd}details{margin:.3em 0}summary{cursor:pointer;color:#333}
 .torus{display:flex;gap:10px;flex-wrap:wrap;align-items:flex-start;margin:.3em 0 .8em}
