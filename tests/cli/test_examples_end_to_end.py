@@ -46,7 +46,7 @@ def test_run_cpu_best_plan_example():
 @pytest.mark.tpu_compile
 def test_compile_llama_v5p_example():
     pytest.importorskip("libtpu")
-    out = run_script("examples/compile_llama_v5p.py", "--seq-len", "4k", "--layers", "1")
+    out = run_script("examples/compile_llama_v5p.py", "--model", "small", "--seq-len", "4k", "--layers", "1")
     assert "v5p:2x2x2" in out and "GiB per device" in out
     assert "predicted" in out and "compiler" in out
 
