@@ -63,7 +63,12 @@ def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_curve(tmp_p
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum",
+    # on MaxText's stack SIGINT's case makes SIGTERM's jax calls (only the handler's signal differs)
+    [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.release_repeat)],
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_a_signal_saves_a_checkpoint_and_stops_in_one_line(signum, tmp_path):
     run_dir = tmp_path / "run"
     proc = cpplan("run", *RUN, "--steps", "400", "--checkpoint-every", "0", "--run-dir", str(run_dir), cwd=tmp_path)
