@@ -2,7 +2,8 @@
 
 The MLP is MaxText's `MlpBlock` (gated with two activations, plain with one); the decoder block is
 MaxText's `llama2` (sequential, two norms) or `default` (parallel, one norm); the attention mask is causal
-or full (`causal=False`; `is_causal: false` in a config). Sources: docs/provenance/cost_models.md#models.
+or full (`causal=False`; `is_causal: false` in a config), and local layers may see only a sliding window
+or a chunk of it (`window`, `layer_pattern`). Sources: docs/provenance/cost_models.md#models.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.errors import CpplanError, unknown_name
+from cost_models.masks import CAUSAL, FULL, AttentionMask, MaskKind
 from cost_models.vocabulary import _Named
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -69,7 +71,8 @@ MAX_CONFIG_INTEGER = 2**31
 class ModelSpec:
     """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, a gated (SwiGLU by default) or
     plain MLP (`mlp_activations`), in a sequential or parallel block (`decoder_block`), with a causal or
-    full attention mask (`causal`)."""
+    full attention mask (`causal`); local layers (`layer_pattern` 'L', repeated over the layers; "" with
+    a window: every layer) see only a sliding window of `window` tokens, or their `window`-token chunk."""
 
     name: str
     num_layers: int
@@ -84,6 +87,9 @@ class ModelSpec:
     mlp_activations: tuple[str, ...] = SWIGLU
     decoder_block: DecoderBlock = DecoderBlock.LLAMA2
     causal: bool = True
+    window: int = 0  # a local layer's window or chunk in tokens; 0: every layer attends globally
+    local_kind: str = MaskKind.SLIDING.value  # or "chunked"
+    layer_pattern: str = ""  # 'L' local, 'G' global, repeated over the layers
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -104,6 +110,7 @@ class ModelSpec:
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
         object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))
+        self._check_local_layers()
         if not isinstance(self.decoder_block, str):
             raise CpplanError(
                 f"model {self.name!r}: decoder_block={self.decoder_block!r} must be a name: "
@@ -116,6 +123,56 @@ class ModelSpec:
                 f"model {self.name!r}: {err} ({DecoderBlock.LLAMA2.value}: the sequential Llama "
                 f"block; {DecoderBlock.DEFAULT.value}: MaxText's parallel block)"
             ) from None
+
+    def _check_local_layers(self) -> None:
+        name, window, pattern = self.name, self.window, self.layer_pattern
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise CpplanError(
+                f"model {name!r}: window={window!r} must be a whole number of tokens (0: no local layers)."
+            )
+        if not isinstance(pattern, str) or set(pattern) - {"L", "G"}:
+            raise CpplanError(
+                f"model {name!r}: layer_pattern={pattern!r} must be a string of 'L' (local) and 'G' (global), "
+                f"repeated over the layers, e.g. 'LLLLLG' for five local layers to each global one."
+            )
+        if self.local_kind not in (MaskKind.SLIDING, MaskKind.CHUNKED):
+            raise CpplanError(
+                f"model {name!r}: local_kind={self.local_kind!r} must be {MaskKind.SLIDING.value!r} or "
+                f"{MaskKind.CHUNKED.value!r}."
+            )
+        if window and pattern and "L" not in pattern:
+            raise CpplanError(f"model {name!r}: window={window} but layer_pattern={pattern!r} has no local layer.")
+        if not window and "L" in pattern:
+            raise CpplanError(f"model {name!r}: layer_pattern={pattern!r} has local layers: give their window.")
+        if window and not self.causal:
+            raise CpplanError(
+                f"model {name!r}: a local window looks back from each query, so it needs a causal mask; "
+                f"a full (non-causal) mask with a window is not a mask cpplan prices or runs."
+            )
+
+    @property
+    def global_mask(self) -> AttentionMask:
+        """The mask of a global layer: causal, or full for an encoder."""
+        return CAUSAL if self.causal else FULL
+
+    @property
+    def local_mask(self) -> AttentionMask | None:
+        """The mask of a local layer, or None where the model has none."""
+        return AttentionMask(self.local_kind, self.window) if self.window else None
+
+    def layer_mask(self, layer: int) -> AttentionMask:
+        """The mask of decoder layer `layer` (from 0)."""
+        pattern = self.layer_pattern or ("L" if self.window else "G")
+        return self.local_mask if pattern[layer % len(pattern)] == "L" else self.global_mask
+
+    @property
+    def layer_masks(self) -> tuple[tuple[AttentionMask, int], ...]:
+        """Each distinct mask of the layers with how many layers have it, global first."""
+        counts = {}
+        for layer in range(self.num_layers):
+            mask = self.layer_mask(layer)
+            counts[mask] = counts.get(mask, 0) + 1
+        return tuple(sorted(counts.items(), key=lambda item: item[0].local))
 
     @property
     def mlp_inputs(self) -> int:
@@ -153,7 +210,11 @@ class ModelSpec:
         return self.num_layers * self.params_per_layer + self.embedding_params
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "decoder_block": self.decoder_block.value}
+        row = {**dataclasses.asdict(self), "decoder_block": self.decoder_block.value}
+        if not self.window:  # a model of global layers only reads as it always has
+            for key in ("window", "local_kind", "layer_pattern"):
+                row.pop(key)
+        return row
 
     @classmethod
     def from_dict(cls, row: dict) -> "ModelSpec":
