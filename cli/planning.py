@@ -32,9 +32,7 @@ from planner.options import format_tokens
 def cmd_explain(args: argparse.Namespace) -> int:
     """The best plan, why, what came close, what was rejected."""
     html = html_target(args)
-    explanation = Explanation(
-        api.run_search(model_of(args), args.seq_len, args.topology, **search_options(args)), top=args.top
-    )
+    explanation = api.explain(model_of(args), args.seq_len, args.topology, top=args.top, **search_options(args))
     if args.target == "maxtext" and not args.json:
         print("Priced for MaxText 0.2.5 (--target maxtext): its memory, and only plans it accepts.\n")
     print(explanation.to_json() if args.json else explanation)

@@ -15,6 +15,7 @@ import numpy as np
 
 from cost_models.case import Case, ReadsCase
 from cost_models.collectives import Collectives
+from cost_models.masks import AttentionMask
 from cost_models.remat import RematCost, offloads_leave_hbm, remat_table
 from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
@@ -58,6 +59,7 @@ class Candidates(ReadsCase):
     mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
     fused_attention_backward: bool = False  # splash's fused backward where the target can run it (MaxText)
+    mask: AttentionMask | None = None  # the layers priced: those with this mask (None: the global layers)
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__
@@ -67,6 +69,11 @@ class Candidates(ReadsCase):
         object.__setattr__(self, "remat", np.asarray(self.remat, dtype=int))
         object.__setattr__(self, "links", {name: _float_link(link) for name, link in self.links.items()})
         object.__setattr__(self, "ring_link", _float_link(self.ring_link))
+
+    @property
+    def attention_mask(self) -> AttentionMask:
+        """The mask of the layers these columns price."""
+        return self.mask or self.model.global_mask
 
     @cached_property
     def sequences_per_device(self) -> np.ndarray:

@@ -112,6 +112,7 @@ def splash_step_costs(
     fused_backward=False,
     hbm_s_per_byte=0.0,
     backward_core_share=1.0,
+    local_blocks=None,
 ):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
@@ -120,14 +121,23 @@ def splash_step_costs(
     rule is evaluated; forward and backward each pay `per_call_byte_s` once per operand byte. The backward's
     grids run on `backward_core_share` of the device's cores, and a fused backward also moves its dq
     partials at `hbm_s_per_byte`. Blocks are clamped to the lengths; heads have the batch folded in.
+    Under a local mask `local_blocks` (`masks.CallBlocks` columns) gives the shrunk grids and the blocks
+    where the rule is evaluated.
     """
     bq, bk = np.minimum(block_q, q_len), np.minimum(block_kv, kv_len)
     steps = splash_grid_steps(q_heads, q_len, kv_len, block_q=bq, block_kv=bk)
     shape = dict(q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim, act_bytes=act_bytes)
     masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, block_q=bq, block_kv=bk, causal=causal)
+    grids = FUSED_BACKWARD_GRIDS if fused_backward else SPLASH_BACKWARD_GRIDS
+    backward_steps = grids * steps
+    if local_blocks is not None:  # grids shrunk to the blocks the mask leaves (splash's process_mask)
+        heads = np.asarray(q_heads, dtype=float)
+        steps = heads * np.floor(q_len / bq) * local_blocks.row_width
+        dkv_steps = heads * np.floor(kv_len / bk) * local_blocks.column_width
+        backward_steps = dkv_steps if fused_backward else steps + dkv_steps
+        masked = per_masked_element_s * heads * local_blocks.partial * bq * bk
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
-    grids = FUSED_BACKWARD_GRIDS if fused_backward else SPLASH_BACKWARD_GRIDS
     partials = (
         hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk)
         if fused_backward
@@ -135,7 +145,8 @@ def splash_step_costs(
     )
     fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
     bwd = (
-        (steps * (grids * per_step_s + per_step_byte_s * backward_bytes) + grids * masked) / backward_core_share
+        (backward_steps * (per_step_s + per_step_byte_s * backward_bytes / grids) + grids * masked)
+        / backward_core_share
         + per_call_byte_s[1] * backward_bytes
         + partials
     )

@@ -1,12 +1,17 @@
 """FLOPs of a training step as MaxText counts them (maxtext_utils.calculate_tflops_training_per_device):
 matmuls with learnable weights (the embedding is a gather), causal attention halved, the backward twice
 the forward. A full mask counts every query×key pair (MaxText's "4 for non-causal"), so MFU stays the
-share of peak doing the model's own work; remat recomputation is executed work, never model FLOPs."""
+share of peak doing the model's own work; remat recomputation is executed work, never model FLOPs. A local
+layer counts each query against its window or chunk (capped at the sequence), halved as causal, as MaxText
+counts Gemma 3's sliding-window layers (`calculate_gemma3_tflops_training_per_device`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
 
 
@@ -28,14 +33,17 @@ class LayerFlops:
         return self.matmul + self.attention
 
 
-def layer_forward_flops(model: ModelSpec, seq_len, tokens) -> LayerFlops:
-    """Forward FLOPs of one layer; `seq_len` and `tokens` may be numpy arrays."""
+def layer_forward_flops(model: ModelSpec, seq_len, tokens, mask: AttentionMask | None = None) -> LayerFlops:
+    """Forward FLOPs of one layer with `mask` (default: a global layer's); `seq_len` and `tokens` may be
+    numpy arrays."""
     d, h, k, hd = model.hidden, model.num_heads, model.num_kv_heads, model.head_dim
+    mask = mask or model.global_mask
+    keys = np.minimum(mask.size, seq_len) if mask.local else seq_len
     return LayerFlops(
         qkv=2.0 * tokens * d * (h + 2 * k) * hd,
         out_proj=2.0 * tokens * d * h * hd,
         mlp=2.0 * tokens * model.mlp_matrices * d * model.intermediate,
-        attention=4.0 * tokens * seq_len * h * hd / (2 if model.causal else 1),
+        attention=4.0 * tokens * keys * h * hd / (2 if mask.causal else 1),
     )
 
 
@@ -47,5 +55,5 @@ def head_forward_flops(model: ModelSpec, tokens) -> float:
 def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int) -> float:
     """Model FLOPs of one training step (forward + backward) over the whole batch."""
     tokens = seq_len * global_batch
-    layer = layer_forward_flops(model, seq_len, tokens)
-    return 3.0 * (model.num_layers * layer.total + head_forward_flops(model, tokens))
+    layers = sum(count * layer_forward_flops(model, seq_len, tokens, mask).total for mask, count in model.layer_masks)
+    return 3.0 * (layers + head_forward_flops(model, tokens))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import lru_cache
 
 import numpy as np
 
@@ -130,3 +131,69 @@ def hops_needed(mask: AttentionMask, block_tokens, ring, zigzag=False):
     if mask.kind is MaskKind.CHUNKED:
         back = np.where(block % mask.size == 0, 0.0, back)
     return np.where(np.asarray(zigzag) & (ring > 1), ring - 1, np.minimum(ring - 1, back))
+
+
+def _bounds(mask: AttentionMask, first, last):
+    """For queries at positions first..last: the earliest key some of them sees, and the earliest key
+    all of them see (the latest key each sees is itself, or any under a full mask)."""
+    if mask.kind is MaskKind.SLIDING:
+        return first - mask.size + 1, last - mask.size + 1
+    if mask.kind is MaskKind.CHUNKED:
+        start = first // mask.size * mask.size
+        return start, np.where(first // mask.size == last // mask.size, start, np.iinfo(np.int64).max // 4)
+    return np.full_like(first, np.iinfo(np.int64).min // 4), np.full_like(first, np.iinfo(np.int64).min // 4)
+
+
+@dataclass(frozen=True)
+class CallBlocks:
+    """What splash does for one call's mask: blocks computed (some pair visible), blocks where the rule
+    is evaluated (partly visible), and the widths of its shrunk grids (the most computed key blocks of
+    any query row: forward and dq; the most query blocks of any key column: dK/dV)."""
+
+    computed: int
+    partial: int
+    row_width: int
+    column_width: int
+
+
+@lru_cache(maxsize=4096)
+def call_blocks(mask: AttentionMask, q_start: int, q_len: int, kv_start: int, kv_len: int, bq: int, bkv: int):
+    """`CallBlocks` of a call of queries at positions q_start.. (`q_len`) against keys at kv_start..
+    (`kv_len`), in blocks of `bq` × `bkv` consecutive positions; one row per query block, so it never
+    builds the blocks² table."""
+    nq, nk = q_len // bq, kv_len // bkv
+    q0 = q_start + np.arange(nq, dtype=np.int64) * bq
+    q1 = q0 + bq - 1
+    some, every = _bounds(mask, q0, q1)
+    full = mask.kind is MaskKind.FULL
+    last_key = kv_start + kv_len - 1
+    # key blocks some query of the row sees: from the one holding max(some, first key) to min(q1, last key)
+    lo = (np.maximum(some, kv_start) - kv_start) // bkv
+    hi = np.full(nq, nk - 1) if full else (np.minimum(q1, last_key) - kv_start) // bkv
+    computed = np.where(hi >= lo, hi - lo + 1, 0)
+    # key blocks every query sees: they start at or after `every` and end at or before q0
+    a_lo = -((kv_start - np.maximum(every, kv_start)) // bkv)  # ceil
+    a_hi = np.full(nq, nk - 1) if full else (q0 + 1 - kv_start) // bkv - 1
+    a_hi = np.minimum(a_hi, nk - 1)
+    whole = np.where(a_hi >= a_lo, a_hi - a_lo + 1, 0)
+    # query blocks that see some key of a column: from the block holding its first key to the latest query
+    # that sees its last key
+    k0 = kv_start + np.arange(nk, dtype=np.int64) * bkv
+    k1 = k0 + bkv - 1
+    if full:
+        latest = np.full(nk, q_start + q_len - 1)
+    elif mask.kind is MaskKind.SLIDING:
+        latest = k1 + mask.size - 1
+    elif mask.kind is MaskKind.CHUNKED:
+        latest = k1 // mask.size * mask.size + mask.size - 1
+    else:
+        latest = np.full(nk, q_start + q_len - 1)
+    c_lo = (np.maximum(k0 if not full else q_start, q_start) - q_start) // bq
+    c_hi = (np.minimum(latest, q_start + q_len - 1) - q_start) // bq
+    column = np.where(c_hi >= c_lo, c_hi - c_lo + 1, 0)
+    return CallBlocks(
+        computed=int(computed.sum()),
+        partial=int((computed - whole).sum()),
+        row_width=int(computed.max(initial=0)),
+        column_width=int(column.max(initial=0)),
+    )

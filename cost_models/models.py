@@ -285,16 +285,7 @@ class ModelSpec:
                 f"{str(path)!r}: hidden_size={hidden} is not a multiple of num_attention_heads={heads}, "
                 f"so the head size is not whole; give head_dim explicitly."
             )
-        window = cfg.get("sliding_window")
-        windowed = window is not None and cfg.get("use_sliding_window", True) is not False
-        local_layers = [t for t in cfg.get("layer_types") or () if t != "full_attention"]
-        if windowed or local_layers:
-            what = f"sliding_window={window!r}" if windowed else f"layer_types with {local_layers[0]!r} layers"
-            raise CpplanError(
-                f"{str(path)!r}: {what}: cpplan prices and runs attention over the whole causal context only, "
-                f"and a windowed layer needs a fraction of that work and traffic, so the price would be wrong; "
-                f"it is refused rather than mispriced (with use_sliding_window: false it is priced as full causal)."
-            )
+        local = _hf_local_layers(path, cfg)
         hidden_act = cfg.get("hidden_act", "silu")
         if not isinstance(hidden_act, str) or hidden_act not in HF_ACTIVATIONS:
             raise CpplanError(
@@ -320,9 +311,53 @@ class ModelSpec:
                 qkv_bias=cfg.get("attention_bias", model_type == "qwen2"),
                 mlp_activations=(HF_ACTIVATIONS[hidden_act], "linear"),
                 causal=cfg.get("is_causal", True),
+                **local,
             )
         except CpplanError as err:  # a shape the model refuses: say which file holds it
             raise CpplanError(f"{str(path)!r}: {err}") from None
+
+
+HF_LAYER_TYPES = {"full_attention": "G", "sliding_attention": "L", "chunked_attention": "L"}
+
+
+def _hf_local_layers(path: Path, cfg: dict) -> dict:
+    """The `window`, `local_kind` and `layer_pattern` of a config's local layers: `layer_types`, else
+    `sliding_window` (unless `use_sliding_window` is false) on every layer, on every `sliding_window_pattern`-th
+    but the last, or (Qwen2) on the layers from `max_window_layers` on; none without them.
+
+    Raises:
+        CpplanError: a layer type cpplan does not run, or a window that is not a positive integer.
+    """
+    types = cfg.get("layer_types")
+    chunked = "chunked_attention" in (types or ())
+    key = "attention_chunk_size" if chunked else "sliding_window"
+    window = cfg.get(key)
+    if types is not None:
+        unknown = [t for t in types if t not in HF_LAYER_TYPES] if isinstance(types, list) else [types]
+        if unknown or (chunked and "sliding_attention" in types):
+            raise CpplanError(
+                f"{str(path)!r}: layer_types holds {(unknown or ['sliding and chunked layers'])[0]!r}; cpplan runs "
+                f"full_attention layers with sliding_attention or chunked_attention ones (not both)."
+            )
+        pattern = "".join(HF_LAYER_TYPES[t] for t in types)
+    elif window is None or cfg.get("use_sliding_window", True) is False:
+        return {}
+    elif isinstance(cfg.get("sliding_window_pattern"), int) and cfg["sliding_window_pattern"] > 1:
+        pattern = "L" * (cfg["sliding_window_pattern"] - 1) + "G"
+    elif isinstance(cfg.get("max_window_layers"), int) and cfg["max_window_layers"] > 0:
+        layers = cfg["num_hidden_layers"]
+        pattern = "G" * min(cfg["max_window_layers"], layers) + "L" * max(layers - cfg["max_window_layers"], 0)
+    else:
+        pattern = "L"
+    if "L" not in pattern:
+        return {}
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_CONFIG_INTEGER:
+        raise CpplanError(
+            f"{str(path)!r}: {key}={str(window)[:40]!r} must be a positive integer of at most 2**31 for its "
+            f"local layers; fix the config."
+        )
+    kind = MaskKind.CHUNKED if chunked else MaskKind.SLIDING
+    return {"window": window, "local_kind": kind.value, "layer_pattern": pattern}
 
 
 def _activations(model: str, value) -> tuple[str, ...]:
@@ -359,6 +394,24 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("llama3.1-405b", 126, 16384, 128, 8, 128, 53248, 128256),
         ModelSpec("llama2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
         ModelSpec("llama2-70b", 80, 8192, 64, 8, 128, 28672, 32000),
+        # models with local layers, shaped as google/gemma-3-12b-pt's and mistralai/Mistral-7B-v0.1's
+        # config.json (Gemma's extra norms, q/k norms and embedding scaling are not modelled:
+        # docs/provenance/cost_models.md#models)
+        ModelSpec(
+            "gemma3-12b",
+            48,
+            3840,
+            16,
+            8,
+            256,
+            15360,
+            262208,
+            tie_embeddings=True,
+            mlp_activations=("gelu", "linear"),
+            window=1024,
+            layer_pattern="LLLLLG",
+        ),
+        ModelSpec("mistral-7b-v0.1", 32, 4096, 32, 8, 128, 14336, 32000, window=4096),
         # small configs for tests and CPU runs; byte-level vocabulary
         ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
         ModelSpec("tiny-mha", 2, 64, 4, 4, 16, 128, 256),

@@ -59,7 +59,7 @@ def plan(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **op
     return explanation.best
 
 
-def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", **options):
+def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *, top: int | None = None, **options):
     """What the planner chose, why, what came close, and why everything else was rejected.
 
     Returns:
@@ -68,7 +68,15 @@ def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *
     """
     from planner.explanation import Explanation
 
-    return Explanation(run_search(model, seq_len, topology, **options))
+    result = run_search(model, seq_len, topology, **dict(options))
+    local = result.case.model
+    # with local layers, the same request priced as if every layer attended globally: what the masks change
+    global_only = (
+        run_search(dataclasses.replace(local, window=0, layer_pattern=""), seq_len, topology, **dict(options))
+        if local.window
+        else None
+    )
+    return Explanation(result, global_only=global_only, **({} if top is None else {"top": top}))
 
 
 def evaluate(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter, defaultdict
 
@@ -13,6 +14,7 @@ from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
+from planner.estimate import estimate
 from planner.maxtext import maxtext_problems
 from planner.options import format_tokens
 from planner.plan import Plan
@@ -189,9 +191,10 @@ def feasible_row(r: Ranked) -> dict:
 class Explanation:
     """The answer to `planner.explain`: `str()` for people, `to_dict()`/`to_json()` for machines."""
 
-    def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP):
+    def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP, global_only: SearchResult | None = None):
         self.result = result
         self.top = top
+        self.global_only = global_only  # the request with every layer global, for a model with local layers
         self._advice = None  # searched on first use: only a search in which nothing fits needs it
 
     @property
@@ -264,9 +267,46 @@ class Explanation:
             f"({topo.num_chips} chips, {topo.num_devices} devices)"
         )
 
+    def local_layers(self) -> dict | None:
+        """For a model with local layers: its layers by mask, the choice's attention seconds as priced and
+        as if every layer attended globally, and the plan the global-only price would choose."""
+        model = self.result.case.model
+        if not model.window or self.global_only is None:
+            return None
+        out = {"layers": {mask.describe(): count for mask, count in model.layer_masks}}
+        if self.best is not None:
+            as_global = estimate(dataclasses.replace(self.best, model=self.global_only.case.model))
+            out["attention_s"] = self.estimate.compute_s["attention"]
+            out["attention_s_if_global"] = as_global.compute_s["attention"]
+        other = self.global_only.best
+        out["global_only_choice"] = (
+            {"summary": short(other.plan), "step_time_s": other.estimate.step_time_s} if other else None
+        )
+        return out
+
     def mask_text(self) -> str | None:
-        """One line for a model with a full (non-causal) mask, which changes what the plans do;
-        None for a causal model (every model cpplan names)."""
+        """One line for a model with a full (non-causal) mask or with local layers, which change what the
+        plans do; None for a causal model of global layers."""
+        local = self.local_layers()
+        if local:
+            layers = ", ".join(f"{count} {mask}" for mask, count in local["layers"].items())
+            text = f"attention: layers {layers}"
+            if "attention_s" in local:
+                text += (
+                    f"; priced by the blocks each mask leaves, the choice's attention takes "
+                    f"{format_seconds(local['attention_s'])} a step, {format_seconds(local['attention_s_if_global'])} "
+                    f"if every layer attended globally"
+                )
+            other = local["global_only_choice"]
+            if other is None:
+                return text + "; priced as all global, nothing would fit"
+            same = self.best is not None and other["summary"] == short(self.best)
+            return text + (
+                "; priced as all global, the search chooses the same plan"
+                if same
+                else f"; priced as all global, it would choose {other['summary']} "
+                f"at {format_seconds(other['step_time_s'])}"
+            )
         if self.result.case.model.causal:
             return None
         return (
@@ -488,6 +528,7 @@ class Explanation:
             "priced": res.candidates_priced,
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
             "why": self.why_text() if res.best else None,
+            "local_layers": self.local_layers(),
             "batch_note": res.batch_note,
             "nothing_fits": None if res.best else self.nothing_fits_text(),
             "advice": [

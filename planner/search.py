@@ -475,7 +475,8 @@ class SearchSpace:
                 zigzag,
                 head_dim=self.model.head_dim,
                 act_bytes=DTYPE_BYTES[self.options.compute_dtype],
-                causal=self.model.causal,
+                # local layers' tables are shrunk to their window: only global causal layers hold the whole table
+                causal=any(mask.causal and not mask.local for mask, _ in self.model.layer_masks),
             )
             if (
                 options

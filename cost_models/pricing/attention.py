@@ -4,6 +4,7 @@ chip's measured ratio to the forward, and the merge in HBM of several calls' res
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,8 @@ from cost_models.compute import (
     splash_step_costs,
     tile_efficiency,
 )
-from cost_models.strategies import Layout, StrategySpec
+from cost_models.masks import CallBlocks, call_blocks
+from cost_models.strategies import KernelCall, Layout, StrategySpec
 
 
 @dataclass(frozen=True)
@@ -55,19 +57,31 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
     runtime runs the ring on tokamax's ring kernel (MaxText), so the calls are the spec's `maxtext_kernel_calls`."""
     model, chip = x.model, x.topology.chip
     layout = strategy.layout(x)
-    # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
-    # so the step costs the average rank's work (the balanced extent), not the busiest rank's
-    extent = attention_extent(
-        x.seq_len, layout.ring, x.zigzag | x.shared_cores, block_q=x.block_q, block_kv=x.block_kv, causal=model.causal
-    )
+    calls = strategy.maxtext_kernel_calls(x, layout) if tokamax_ring_kernel else strategy.kernel_calls(x, layout)
+    blocks = [local_blocks(x, call) if call.local else None for call in calls]
+    if x.attention_mask.local:  # the pairs of the blocks the mask leaves, call by call
+        extent = sum(
+            call.count * b.computed * np.minimum(x.block_q, call.q_len) * np.minimum(x.block_kv, call.kv_len)
+            for call, b in zip(calls, blocks)
+        )
+    else:
+        # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
+        # so the step costs the average rank's work (the balanced extent), not the busiest rank's
+        extent = attention_extent(
+            x.seq_len,
+            layout.ring,
+            x.zigzag | x.shared_cores,
+            block_q=x.block_q,
+            block_kv=x.block_kv,
+            causal=model.causal,
+        )
     efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
     forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
     # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
     grid_forward_s = grid_backward_s = 0.0
-    calls = strategy.maxtext_kernel_calls(x, layout) if tokamax_ring_kernel else strategy.kernel_calls(x, layout)
     hbm_s_per_byte = 1.0 / x.topology.hbm_bw_per_device
-    for call in calls:
+    for call, call_blocks_ in zip(calls, blocks):
         fwd, bwd = splash_step_costs(
             x.sequences_per_device * layout.q_heads,
             x.sequences_per_device * layout.kv_heads,
@@ -88,6 +102,7 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
             fused_backward=call.fused_backward,
             hbm_s_per_byte=hbm_s_per_byte,
             backward_core_share=chip.attention_backward_core_share,
+            local_blocks=call_blocks_,
         )
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
@@ -107,9 +122,37 @@ def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kerne
         backward_s=(backward_over_forward(chip, calls) * math_forward_s + grid_backward_s + merge_backward_s),
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
-        smem_bytes=(
-            splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)
-            if model.causal
-            else np.zeros_like(forward_flops)
-        ),
+        smem_bytes=smem_bytes(x, layout, calls, blocks),
     )
+
+
+def smem_bytes(x: Candidates, layout: Layout, calls, blocks) -> np.ndarray:
+    """SMEM of the largest call's mask tables: a causal call's whole table, a local call's shrunk one
+    (its widest row of key blocks), none for a full mask."""
+    if x.attention_mask.local:
+        return np.max(
+            [
+                splash_smem_bytes(c.q_len, b.row_width * x.block_kv, block_q=x.block_q, block_kv=x.block_kv)
+                for c, b in zip(calls, blocks)
+            ],
+            axis=0,
+        )
+    if x.model.causal:
+        return splash_smem_bytes(layout.q_len, layout.kv_len, block_q=x.block_q, block_kv=x.block_kv)
+    return np.zeros(np.shape(x.ring))
+
+
+def local_blocks(x: Candidates, call: KernelCall) -> CallBlocks:
+    """`call_blocks` of a local-mask call for every candidate, as columns (computed once per distinct
+    call shape: a search prices many candidates over few shapes)."""
+    n = np.shape(x.ring)
+    bq = np.broadcast_to(np.minimum(np.minimum(x.block_q, call.q_block_cap), call.q_len), n)
+    bk = np.broadcast_to(np.minimum(x.block_kv, call.kv_len), n)
+    columns = [
+        np.broadcast_to(np.asarray(v, dtype=float), n) for v in (call.q_start, call.q_len, call.kv_start, call.kv_len)
+    ]
+    shapes = np.stack([*columns, bq, bk], axis=-1).reshape(-1, 6).astype(np.int64)
+    unique, which = np.unique(shapes, axis=0, return_inverse=True)
+    found = np.array([dataclasses.astuple(call_blocks(call.mask, *map(int, row))) for row in unique], dtype=float)
+    per_candidate = found[which.reshape(-1)].reshape(*n, 4)
+    return CallBlocks(*np.moveaxis(per_candidate, -1, 0))

@@ -3,6 +3,7 @@ from the builders of this package."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.flops import model_flops_per_step
 from cost_models.overlap import overlap_for
-from cost_models.pricing.attention import price_attention
+from cost_models.pricing.attention import AttentionTimes, price_attention
 from cost_models.pricing.communication import context_traffic, price_exposure, price_traffic
 from cost_models.pricing.elementwise import optimizer_seconds, price_elementwise
 from cost_models.pricing.head import price_head
@@ -18,7 +19,7 @@ from cost_models.pricing.matmul import price_matmuls
 from cost_models.pricing.memory import peak_bytes, price_memory
 from cost_models.pricing.offload import price_offload
 from cost_models.pricing.target import target_memory, target_smem_bytes
-from cost_models.strategies import STRATEGIES
+from cost_models.strategies import STRATEGIES, CPCost
 from cost_models.targets import Target
 
 
@@ -42,6 +43,42 @@ class Priced:
         return peak_bytes(self.memory)
 
 
+def price_layer_attention(x: Candidates, strategy, target: Target) -> tuple[AttentionTimes, CPCost]:
+    """One decoder layer's attention and its strategy's traffic; where the layers' masks differ (local and
+    global layers), their average over the layers (buffers and SMEM: the largest)."""
+    priced = []
+    for mask, count in x.model.layer_masks:
+        xm = x if mask == x.model.global_mask else dataclasses.replace(x, mask=mask)
+        attention = price_attention(xm, strategy, tokamax_ring_kernel=target.traits.tokamax_ring_kernel)
+        cost = strategy.cost(
+            xm,
+            attention.layout,
+            attention.forward_s,
+            attention.backward_s,
+            gradients_all_reduced=target.traits.context_gradients_all_reduced,
+        )
+        priced.append((count / x.model.num_layers, attention, cost))
+    if len(priced) == 1:
+        return priced[0][1:]
+    shares = [share for share, _, _ in priced]
+    return (
+        _layer_average([a for _, a, _ in priced], shares, largest={"smem_bytes"}),
+        _layer_average([c for _, _, c in priced], shares, largest={"buffer_bytes"}),
+    )
+
+
+def _layer_average(items: list, shares: list[float], *, largest: set[str]):
+    """One record whose fields are the `shares`-weighted sum of `items`' (those named in `largest`: their
+    largest); the layout, the same for every mask, is the first's."""
+    values = {}
+    for f in dataclasses.fields(items[0]):
+        if f.name == "layout":
+            continue
+        column = [getattr(item, f.name) for item in items]
+        values[f.name] = np.max(column, axis=0) if f.name in largest else sum(s * c for s, c in zip(shares, column))
+    return dataclasses.replace(items[0], **values)
+
+
 def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     """Prices every candidate in `x` (all of one strategy) as the runtime `target` runs them."""
     layers = x.model.num_layers
@@ -49,7 +86,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     chip = x.topology.chip
     overlap = overlap_for(chip.name, assumed_overlap=chip.comm_overlaps_compute)
     matmuls = price_matmuls(x)
-    attention = price_attention(x, strategy, tokamax_ring_kernel=target.traits.tokamax_ring_kernel)
+    attention, cost = price_layer_attention(x, strategy, target)
     elementwise = price_elementwise(x)
     head = price_head(x)
     layer_forward_s = matmuls.forward_s + attention.forward_s + elementwise.forward_s
@@ -62,13 +99,6 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         + elementwise.recompute_s
     )
 
-    cost = strategy.cost(
-        x,
-        attention.layout,
-        attention.forward_s,
-        attention.backward_s,
-        gradients_all_reduced=target.traits.context_gradients_all_reduced,
-    )
     # a target that waits for the ring's hops hides none of them
     waits_for_hops = strategy.hides_traffic_behind_attention and not target.traits.ring_hops_overlap_attention
     context_overlap = 0.0 if waits_for_hops else overlap.of_context(strategy.name)

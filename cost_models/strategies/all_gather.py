@@ -28,7 +28,11 @@ class AllGather(StrategySpec):
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """One call of the local queries against the gathered keys, causal as the model's mask is;
-        under zigzag a query block must stay inside one of the rank's two chunks."""
+        under zigzag a query block must stay inside one of the rank's two chunks. Under a local mask, the
+        last rank's (in natural order: every rank past the first does the same work)."""
+        mask = x.attention_mask
+        if mask.local:
+            return (KernelCall(1.0, layout.q_len, layout.kv_len, mask=mask, q_start=layout.kv_len - layout.q_len),)
         return (
             KernelCall(
                 1.0,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import CPStrategy
 
@@ -33,6 +34,11 @@ class Shape:
     tensor: int
     zigzag: bool
     shared_cores: bool = False
+    mask: AttentionMask | None = None  # the layers it stands for: those with this mask (None: the global ones)
+
+    @property
+    def attention_mask(self) -> AttentionMask:
+        return self.mask or self.model.global_mask
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,9 @@ class Layout:
 class KernelCall:
     """`count` splash calls per layer forward of `q_len` × `kv_len` tokens; backward by the dq and
     dk/dv kernels, or the fused one (fp32 dq partials summed after) where `fused_backward`. Query
-    blocks stay within `q_block_cap` (not straddling zigzag chunks)."""
+    blocks stay within `q_block_cap` (not straddling zigzag chunks). Under a local `mask` the call's
+    queries start at position `q_start` and its keys at `kv_start`, and splash computes and visits only
+    the blocks the mask leaves (`cost_models.masks.call_blocks`)."""
 
     count: Any
     q_len: Any
@@ -66,6 +74,13 @@ class KernelCall:
     causal: bool = True
     q_block_cap: Any = float("inf")
     fused_backward: bool = False
+    mask: AttentionMask | None = None
+    q_start: Any = 0
+    kv_start: Any = 0
+
+    @property
+    def local(self) -> bool:
+        return self.mask is not None and self.mask.local
 
 
 @dataclass(frozen=True)
@@ -129,7 +144,7 @@ class StrategySpec:
 
     def balances(self, model: ModelSpec) -> bool:
         """Whether zigzag changes this strategy's work for `model` (never under a full mask)."""
-        return self.balances_load and model.causal
+        return self.balances_load and model.causal and not model.window
 
     def axes_check(self, shape: Shape) -> Violation | None:
         if self.axes.accepts(shape.ring, shape.ulysses):
@@ -171,6 +186,9 @@ class StrategySpec:
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """The splash calls one device makes per layer forward, as the runtime makes them (the busiest
         device's on chips, the average one's where devices share cores)."""
+        mask = x.attention_mask
+        if mask.local:  # the whole sequence's queries and keys in one call
+            return (KernelCall(1.0, layout.q_len, layout.kv_len, mask=mask),)
         return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),)
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
@@ -232,11 +250,19 @@ class StrategySpec:
 
 
 def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
-    """The problem of zigzag under a full mask (every rank does the same work), else None."""
+    """The problem of zigzag under a full mask (every rank does the same work) or with local layers,
+    else None."""
     if zigzag and not model.causal:
         return (
             f"load_balance=zigzag: zigzag evens out causal attention's uneven work, but model {model.name!r} "
             f"attends with a full (non-causal) mask (causal=False), which gives every context rank the same work"
+        )
+    if zigzag and model.window:
+        return (
+            f"load_balance=zigzag: model {model.name!r} has local layers ({model.local_mask.describe()}), whose "
+            f"work is the same on every context rank; zigzag would put each window's keys on ranks a ring "
+            f"reaches last, so every local layer would walk the whole ring: lay tokens out in natural order "
+            f"(load_balance='none')"
         )
     return None
 
@@ -250,6 +276,12 @@ def full_mask_balance_check(shape: Shape) -> Violation | None:
 def maxtext_mask_problems(model: ModelSpec) -> list[str]:
     """A full-mask model cannot be exported: MaxText 0.2.5 runs its decoder blocks causal whatever
     `attention_type` says. Evidence: docs/provenance/strategies_and_validation.md#base"""
+    if model.window:
+        return [
+            f"model {model.name!r} has local layers ({model.local_mask.describe()}), and MaxText 0.2.5's llama2 and "
+            f"default decoder blocks, the ones cpplan exports, attend globally (the blocks pass their own, global, "
+            f"attention type); run the plan on cpplan's runtime"
+        ]
     if model.causal:
         return []
     return [

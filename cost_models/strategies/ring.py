@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cost_models.masks import AttentionMask, hops_needed
 from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, tensor_shard_heads
 from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
@@ -23,6 +24,8 @@ def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
     half on average, as shared cores pay). Under a full mask every hop is whole.
     """
     length, hops = layout.q_len, layout.ring - 1
+    if x.attention_mask.local:
+        return local_ring_calls(x.attention_mask, layout)
     if not x.model.causal:
         return (KernelCall(1.0, length, length, causal=False), KernelCall(hops, length, length, causal=False))
     plain_hops = np.where(x.shared_cores, hops / 2, hops)
@@ -33,6 +36,22 @@ def ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
         ),
         KernelCall(np.where(x.zigzag, hops / 2, 0.0), length / 2, length, causal=False),
     )
+
+
+def local_ring_calls(mask: AttentionMask, layout: Layout) -> tuple[KernelCall, ...]:
+    """Under a local mask (natural order), the last rank's calls: its own block, then one per hop the
+    mask reaches (`hops_needed`; a hop past a candidate's reach has count 0 there)."""
+    length, ring = layout.q_len, np.asarray(layout.ring, dtype=float)
+    hops = hops_needed(mask, length, ring)
+    last = (ring - 1) * length
+    calls = [KernelCall(1.0, length, length, mask=mask, q_start=last, kv_start=last)]
+    for hop in range(1, int(np.max(hops, initial=0)) + 1):
+        calls.append(
+            KernelCall(
+                (hops >= hop).astype(float), length, length, mask=mask, q_start=last, kv_start=last - hop * length
+            )
+        )
+    return tuple(calls)
 
 
 def tokamax_ring_calls(x, layout: Layout) -> tuple[KernelCall, ...]:
@@ -64,14 +83,17 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     kv_block = 2 * block_tokens * heads_in_kernel_kv * x.model.head_dim * x.act_bytes
     hop_fwd = x.comm.ppermute(kv_block, *x.ring_link)
     hop_bwd = x.comm.ppermute(kv_block * (1 + GRAD_BYTES / x.act_bytes), *x.ring_link)
-    hops = r - 1
-    compute_per_hop_fwd = attention_fwd_s / r
-    compute_per_hop_bwd = attention_bwd_s / r
-    grads_home = x.comm.ppermute(kv_block, *x.ring_link)
+    # a local mask's hops stop at its reach, and dK/dV come back over as many links; the whole ring's
+    # come home in one more hop
+    mask = x.attention_mask
+    hops = hops_needed(mask, x.seq_len / r, r)
+    compute_per_hop_fwd = attention_fwd_s / (hops + 1)
+    compute_per_hop_bwd = attention_bwd_s / (hops + 1)
+    grads_home = (hops if mask.local else np.minimum(hops, 1)) * x.comm.ppermute(kv_block, *x.ring_link)
     fwd = hops * hop_fwd
-    bwd = hops * hop_bwd + np.where(r > 1, grads_home, 0.0)
+    bwd = hops * hop_bwd + grads_home
     exposed_fwd = hops * np.maximum(0.0, hop_fwd - compute_per_hop_fwd)
-    exposed_bwd = hops * np.maximum(0.0, hop_bwd - compute_per_hop_bwd) + np.where(r > 1, grads_home, 0.0)
+    exposed_bwd = hops * np.maximum(0.0, hop_bwd - compute_per_hop_bwd) + grads_home
     q_block = block_tokens * layout.q_heads * x.model.head_dim
     # what a hop of the backward holds beyond the working set (whose gradients of q, K, V are the hop's
     # own): dq's fp32 sum and the one being formed, dK/dV's arriving and the ones being formed (fp32),
