@@ -353,7 +353,7 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
         return {}
     if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_CONFIG_INTEGER:
         raise CpplanError(
-            f"{str(path)!r}: {key}={str(window)[:40]!r} must be a positive integer of at most 2**31 for its "
+            f"{str(path)!r}: {key}={window!r:.40} must be a positive integer of at most 2**31 for its "
             f"local layers; fix the config."
         )
     kind = MaskKind.CHUNKED if chunked else MaskKind.SLIDING

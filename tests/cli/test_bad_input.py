@@ -603,16 +603,19 @@ def test_a_peer_whose_coordinator_never_answers_gives_up_after_its_join_timeout(
 @pytest.mark.parametrize(
     "extra, says",
     [
-        ({"sliding_window": 4096}, "sliding_window=4096"),
-        ({"sliding_window": 4096, "use_sliding_window": True}, "sliding_window=4096"),
-        ({"layer_types": ["sliding_attention", "full_attention"]}, "'sliding_attention' layers"),
+        ({"sliding_window": 4096}, "attention: layers 2 sliding_window of 4096 tokens"),
+        ({"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 512}, "1 sliding_window of 512"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_window=None must be a positive integer"),
     ],
 )
-def test_a_windowed_attention_config_is_refused_not_priced_as_full(extra, says, tmp_path, capsys):
+def test_a_windowed_attention_config_is_priced_by_its_window_or_refused(extra, says, tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**GOOD_CONFIG, **extra}))
-    line = refused(["explain", "--model", str(path), "--seq-len", "128k", "--topology", "v5p-16"], capsys)
-    assert says in line and "refused rather than mispriced" in line
+    argv = ["explain", "--model", str(path), "--seq-len", "32k", "--topology", "v5p-16"]
+    if "must be" in says:
+        assert says in refused(argv, capsys)
+    else:
+        assert main(argv) == 0 and says in capsys.readouterr().out
 
 
 def test_a_config_whose_window_is_off_or_null_is_priced_as_full_causal(tmp_path, capsys):
@@ -621,4 +624,4 @@ def test_a_config_whose_window_is_off_or_null_is_priced_as_full_causal(tmp_path,
     path = tmp_path / "config.json"
     for extra in ({"sliding_window": None}, {"sliding_window": 4096, "use_sliding_window": False}):
         path.write_text(json.dumps({**GOOD_CONFIG, **extra}))
-        assert get_model(str(path)).causal
+        assert get_model(str(path)).causal and not get_model(str(path)).window
