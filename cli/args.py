@@ -107,6 +107,13 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> N
     """The flags every command that plans takes."""
     p.add_argument("--model", required=True, help="model name (e.g. llama3.1-8b) or path to a config.json")
     p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)
+    p.add_argument(
+        "--doc-lengths",
+        metavar="TOKENS",
+        help="rows packed from documents of this many tokens each (e.g. 8k), no query seeing another "
+        "document: priced and run as attention causal within each document (splash skips blocks by its "
+        "static mask, not by segment ids, so documents of other lengths are priced as whole rows)",
+    )
     if seq_len:
         p.add_argument("--seq-len", required=True, help="tokens per sequence: 131072, 128k, 4M")
     p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
@@ -214,6 +221,8 @@ def model_of(args: argparse.Namespace) -> ModelSpec:
     model, full_mask = get_model(args.model), getattr(args, "full_mask", False)
     if full_mask:
         model = dataclasses.replace(model, causal=False)
+    if getattr(args, "doc_lengths", None) is not None:
+        model = dataclasses.replace(model, documents=parse_seq_len(args.doc_lengths, what="--doc-lengths"))
     if model.causal:
         return model
     source = "--full-mask" if full_mask else f"--model {args.model} (is_causal: false)"

@@ -90,6 +90,8 @@ class ModelSpec:
     window: int = 0  # a local layer's window or chunk in tokens; 0: every layer attends globally
     local_kind: str = MaskKind.SLIDING.value  # or "chunked"
     layer_pattern: str = ""  # 'L' local, 'G' global, repeated over the layers
+    # rows packed from documents of this many tokens, aligned, no query seeing another document (0: none)
+    documents: int = 0
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -144,6 +146,15 @@ class ModelSpec:
             raise CpplanError(f"model {name!r}: window={window} but layer_pattern={pattern!r} has no local layer.")
         if not window and "L" in pattern:
             raise CpplanError(f"model {name!r}: layer_pattern={pattern!r} has local layers: give their window.")
+        if isinstance(self.documents, bool) or not isinstance(self.documents, int) or self.documents < 0:
+            raise CpplanError(
+                f"model {name!r}: documents={self.documents!r} must be a whole number of tokens (0: unpacked rows)."
+            )
+        if self.documents and not self.causal:
+            raise CpplanError(
+                f"model {name!r}: packed documents are priced as causal attention within each document; a full "
+                f"(non-causal) mask with documents is not a mask cpplan prices or runs."
+            )
         if window and not self.causal:
             raise CpplanError(
                 f"model {name!r}: a local window looks back from each query, so it needs a causal mask; "
@@ -152,13 +163,30 @@ class ModelSpec:
 
     @property
     def global_mask(self) -> AttentionMask:
-        """The mask of a global layer: causal, or full for an encoder."""
+        """The mask of a global layer: causal, full for an encoder, causal within each packed document."""
+        if self.documents:
+            return AttentionMask(MaskKind.CHUNKED, self.documents)
         return CAUSAL if self.causal else FULL
 
     @property
     def local_mask(self) -> AttentionMask | None:
-        """The mask of a local layer, or None where the model has none."""
-        return AttentionMask(self.local_kind, self.window) if self.window else None
+        """The mask of a local layer, or None where the model has none. Within packed documents a window
+        longer than a document is the document; a shorter one is priced whole (an upper bound: it is cut at
+        each document's start)."""
+        if not self.window:
+            return None
+        if self.documents and self.window >= self.documents:
+            return AttentionMask(MaskKind.CHUNKED, self.documents)
+        return AttentionMask(self.local_kind, self.window)
+
+    @property
+    def has_local_layers(self) -> bool:
+        """Whether some layer's queries see a bounded stretch of keys (a window, a chunk, a document)."""
+        return any(mask.local for mask, _ in self.layer_masks)
+
+    def all_global(self) -> "ModelSpec":
+        """This model with every layer attending over the whole (causal or full) context, unpacked."""
+        return dataclasses.replace(self, window=0, layer_pattern="", documents=0)
 
     def layer_mask(self, layer: int) -> AttentionMask:
         """The mask of decoder layer `layer` (from 0)."""
@@ -214,6 +242,8 @@ class ModelSpec:
         if not self.window:  # a model of global layers only reads as it always has
             for key in ("window", "local_kind", "layer_pattern"):
                 row.pop(key)
+        if not self.documents:
+            row.pop("documents")
         return row
 
     @classmethod

@@ -71,11 +71,7 @@ def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *
     result = run_search(model, seq_len, topology, **dict(options))
     local = result.case.model
     # with local layers, the same request priced as if every layer attended globally: what the masks change
-    global_only = (
-        run_search(dataclasses.replace(local, window=0, layer_pattern=""), seq_len, topology, **dict(options))
-        if local.window
-        else None
-    )
+    global_only = run_search(local.all_global(), seq_len, topology, **dict(options)) if local.has_local_layers else None
     return Explanation(result, global_only=global_only, **({} if top is None else {"top": top}))
 
 

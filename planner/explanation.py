@@ -271,7 +271,7 @@ class Explanation:
         """For a model with local layers: its layers by mask, the choice's attention seconds as priced and
         as if every layer attended globally, and the plan the global-only price would choose."""
         model = self.result.case.model
-        if not model.window or self.global_only is None:
+        if not model.has_local_layers or self.global_only is None:
             return None
         out = {"layers": {mask.describe(): count for mask, count in model.layer_masks}}
         if self.best is not None:
@@ -290,7 +290,9 @@ class Explanation:
         local = self.local_layers()
         if local:
             layers = ", ".join(f"{count} {mask}" for mask, count in local["layers"].items())
-            text = f"attention: layers {layers}"
+            documents = self.result.case.model.documents
+            packed = f"rows packed from documents of {format_tokens(documents)} tokens; " if documents else ""
+            text = f"attention: {packed}layers {layers}"
             if "attention_s" in local:
                 text += (
                     f"; priced by the blocks each mask leaves, the choice's attention takes "

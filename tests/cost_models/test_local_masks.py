@@ -220,3 +220,22 @@ def test_explain_says_what_the_masks_change():
     assert local["attention_s"] < local["attention_s_if_global"] / 3
     assert e.best.load_balance.value == "none"  # zigzag is refused with local layers
     assert "if every layer attended globally" in str(e).splitlines()[1]
+
+
+def test_packed_documents_make_every_layer_causal_within_its_document():
+    packed = dataclasses.replace(GEMMA, documents=8192)
+    assert packed.layer_masks == ((sliding_window(1024), 40), (chunked(8192), 8))
+    assert dataclasses.replace(GEMMA, documents=512).local_mask == chunked(512)  # the window spans documents
+    assert packed.all_global() == dataclasses.replace(GEMMA, window=0, layer_pattern="")
+    with pytest.raises(CpplanError, match="documents=-1 must be a whole number"):
+        dataclasses.replace(SMALL, documents=-1)
+    with pytest.raises(CpplanError, match="full .* mask with documents"):
+        dataclasses.replace(SMALL, documents=512, causal=False)
+
+
+def test_explain_prices_8k_documents_in_a_million_token_row():
+    e = explain(dataclasses.replace(MODELS["llama3.1-8b"], documents=8192), "1M", "v5p-256")
+    local = e.to_dict()["local_layers"]
+    assert local["layers"] == {"chunked of 8192 tokens": 32}
+    assert local["attention_s"] < local["attention_s_if_global"] / 50  # a hundredth of the pairs, in blocks
+    assert "rows packed from documents of 8K tokens" in str(e).splitlines()[1]
