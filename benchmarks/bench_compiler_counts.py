@@ -1,11 +1,13 @@
-"""Counts against the compiler: compiles 25 small plans deviceless (every strategy, zigzag and
+"""Counts against the compiler: compiles 31 small plans deviceless (every strategy, zigzag and
 none, the three remat policies, tensor > 1, fsdp > 1, the sequential and the parallel decoder
-block, v5p and tpu7x) and prints per plan the compiled step's matmul FLOPs and the link bytes of
-each collective family next to the price's.
+block, local layers and packed documents, v5p and tpu7x) and prints per plan the compiled step's
+matmul FLOPs and the link bytes of each collective family next to the price's, and for the plans
+with local layers also HBM per device.
 
     python benchmarks/bench_compiler_counts.py              # all plans (11-20 minutes on the shared 2 cores)
     python benchmarks/bench_compiler_counts.py --only ring  # plans whose label ("ring context=4") matches
     python benchmarks/bench_compiler_counts.py --only parallel  # the parallel-block plans
+    python benchmarks/bench_compiler_counts.py --only local     # the plans with local layers
     python benchmarks/bench_compiler_counts.py --hlo-dir D  # keeps each compiled module in D; a later
                                                             # run with D re-prices them without compiling
 
@@ -13,7 +15,7 @@ FLOPs: `validation.compiled_program` counts every convolution and dot of the sch
 times its loop trip counts (splash runs as a Mosaic kernel and is left out, as attention is on
 the price's side); XLA's `cost_analysis()` flops are printed beside it, but count a while body
 once. Bytes: both sides through the `cost_models.collectives` formulas at 1 byte/s (see
-`cost_models.counts`). Targets: FLOPs within 3%, each family's bytes within 5%.
+`cost_models.counts`). Targets: FLOPs within 3%, each family's bytes within 5%; HBM within 10%.
 """
 
 import argparse
@@ -30,8 +32,11 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-FLOPS_TARGET, BYTES_TARGET = 0.03, 0.05
+FLOPS_TARGET, BYTES_TARGET, HBM_TARGET = 0.03, 0.05, 0.10
 V5P, TPU7X = "v5p:2x2x1", "tpu7x:2x2x1"
+WINDOW_700 = dict(window=700, layer_pattern="LG")
+CHUNKS_512 = dict(window=512, local_kind="chunked")
+DOCUMENTS_1K = dict(documents=1024)
 FULL, DOTS, MINIMAL = "full", "save_dot_except_mlp", "minimal_with_context"
 SEQUENTIAL, PARALLEL = "llama2", "default"  # ModelSpec.decoder_block
 
@@ -46,6 +51,7 @@ class Row(NamedTuple):
     remat: str
     batch: int  # sequences per step
     block: str = SEQUENTIAL
+    local: dict | None = None  # ModelSpec fields of local layers or packed documents
 
 
 PLANS = [
@@ -78,6 +84,14 @@ PLANS = [
         (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2, PARALLEL),
         (V5P, "ring", dict(context=2, tensor=2), True, FULL, 1, PARALLEL),
         (TPU7X, "all_gather", dict(context=4, tensor=2), True, MINIMAL, 1, PARALLEL),
+        # local layers (natural order): a ring block of 1024 (v5p) or 512 (tpu7x) tokens; windows of one
+        # and two hops, chunks within a block, every other layer global
+        (V5P, "ring", dict(context=4), False, FULL, 1, SEQUENTIAL, WINDOW_700),
+        (V5P, "all_gather", dict(context=4), False, DOTS, 1, SEQUENTIAL, WINDOW_700),
+        (V5P, "usp", dict(context=2, context_ulysses=2), False, MINIMAL, 1, SEQUENTIAL, DOCUMENTS_1K),
+        (TPU7X, "ring", dict(context=8), False, DOTS, 1, SEQUENTIAL, WINDOW_700),
+        (TPU7X, "ulysses", dict(context_ulysses=4, fsdp=2), False, FULL, 2, SEQUENTIAL, CHUNKS_512),
+        (TPU7X, "none", dict(fsdp=8), False, FULL, 8, SEQUENTIAL, WINDOW_700),
     ]
 ]
 MODEL, SEQ_LEN, BLOCK = "small", 4096, 256
@@ -90,6 +104,8 @@ def make_plan(row: Row):
     model = get_model(MODEL)
     if row.block != SEQUENTIAL:
         model = dataclasses.replace(model, name=f"{MODEL}-{row.block}", decoder_block=row.block)
+    if row.local:
+        model = dataclasses.replace(model, name=f"{MODEL}-local", **row.local)
     return Plan(
         model=model,
         topology=row.topology,
@@ -109,7 +125,8 @@ def plan_label(row: Row) -> str:
     """A plan row's strategy and mesh, and "parallel" for a parallel block, as `--only` matches
     them: "ring context=2,tensor=2", "ring context=2,tensor=2 parallel"."""
     label = f"{row.strategy} " + ",".join(f"{k}={v}" for k, v in row.mesh.items())
-    return label + (" parallel" if row.block == PARALLEL else "")
+    local = " local " + ",".join(f"{k}={v}" for k, v in row.local.items()) if row.local else ""
+    return label + (" parallel" if row.block == PARALLEL else "") + local
 
 
 def _pct(error) -> str:
@@ -138,7 +155,7 @@ def main(argv=None) -> int:
         return run_children(args)
     from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program
 
-    worst_flops, worst_bytes, over_bytes, compared, misses = 0.0, {}, {}, {}, []
+    worst_flops, worst_hbm, worst_bytes, over_bytes, compared, misses = 0.0, 0.0, {}, {}, {}, []
     rows = [row for row in PLANS if (not args.only or args.only in plan_label(row)) and row.topology == args.topology]
     for row in rows:
         plan = make_plan(row)
@@ -170,6 +187,18 @@ def main(argv=None) -> int:
             if math.isinf(error) or abs(error) > BYTES_TARGET:
                 over_bytes[category] = over_bytes.get(category, 0) + 1
                 misses.append(f"{name} {row.remat}: {category} {_pct(error)}")
+        if row.local:
+            from planner.estimate import estimate
+
+            priced = estimate(plan).hbm_bytes_per_device
+            hbm_error = priced / step["hbm_bytes"] - 1
+            print(
+                f"  HBM per device    compiled {step['hbm_bytes'] / 2**30:.3f} GiB  priced {priced / 2**30:.3f} GiB  "
+                f"{_pct(hbm_error)}"
+            )
+            worst_hbm = max(worst_hbm, abs(hbm_error))
+            if abs(hbm_error) > HBM_TARGET:
+                misses.append(f"{name} {row.remat}: HBM {_pct(hbm_error)}")
         if check.wasted_bytes or check.other_bytes:
             print(
                 f"  beyond the price: {check.wasted_bytes:.0f} B of weight gradients all-reduced whole (a "
@@ -183,6 +212,8 @@ def main(argv=None) -> int:
             for k, v in worst_bytes.items()
         )
     )
+    if any(row.local for row in rows):
+        print(f"HBM of the plans with local layers: worst {100 * worst_hbm:.1f}% (target {100 * HBM_TARGET:.0f}%)")
     print(f"{len(misses)} misses" + "".join(f"\n  {m}" for m in misses))
     return 0
 
@@ -202,6 +233,7 @@ def compiled_module(plan, row: Row, hlo_dir: str | None) -> dict:
             row.remat,
             f"batch{row.batch}",
             *([] if row.block == SEQUENTIAL else [row.block]),
+            *(f"{k}{v}" for k, v in (row.local or {}).items()),
         ]
     )
     path = Path(hlo_dir, name + ".json.gz") if hlo_dir else None
@@ -212,7 +244,12 @@ def compiled_module(plan, row: Row, hlo_dir: str | None) -> dict:
 
     step = compile_step(plan)
     clear_dump()
-    module = {"hlo_text": step.hlo_text, "compile_s": step.compile_s, "cost_flops": step.cost_flops}
+    module = {
+        "hlo_text": step.hlo_text,
+        "compile_s": step.compile_s,
+        "cost_flops": step.cost_flops,
+        "hbm_bytes": step.memory.hbm_bytes_per_device,
+    }
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with gzip.open(path, "wt") as f:
