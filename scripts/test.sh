@@ -25,10 +25,18 @@ python_for() {
     command -v "python$1" || { echo "Python $1 not found: install it (e.g. 'pyenv install $1')" >&2; exit 1; }
 }
 
+# uv installs a stage's packages in seconds where pip takes a minute or more (most of a stage's set-up);
+# pip installs uv where it is missing, and where it cannot, pip installs the packages itself.
+UV=$(command -v uv || { python3 -m pip install -q uv >/dev/null 2>&1 && command -v uv; } || true)
+
 # venv NAME PYTHON PIP-ARGS...: (re)uses .venvs/NAME and installs this checkout into it.
 venv() {
     local dir=".venvs/$1"
-    { [ -x "$dir/bin/python" ] || "$2" -m venv "$dir"; } && "$dir/bin/python" -m pip install -q -e "${@:3}"
+    if [ -n "$UV" ]; then
+        { [ -x "$dir/bin/python" ] || "$UV" venv -q -p "$2" "$dir"; } && VIRTUAL_ENV="$dir" "$UV" pip install -q -e "${@:3}"
+    else
+        { [ -x "$dir/bin/python" ] || "$2" -m venv "$dir"; } && "$dir/bin/python" -m pip install -q -e "${@:3}"
+    fi
 }
 
 # tier NAME PYTEST-ARGS...: runs pytest in .venvs/NAME; collecting no test is a failure, not a pass.
