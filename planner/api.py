@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -70,8 +71,13 @@ def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *
 
     result = run_search(model, seq_len, topology, **dict(options))
     local = result.case.model
-    # with local layers, the same request priced as if every layer attended globally: what the masks change
-    global_only = run_search(local.all_global(), seq_len, topology, **dict(options)) if local.has_local_layers else None
+    # with local layers, the same request priced as if every layer attended globally (searched when asked
+    # for): what the masks change
+    global_only = (
+        functools.partial(run_search, local.all_global(), seq_len, topology, **dict(options))
+        if local.has_local_layers
+        else None
+    )
     return Explanation(result, global_only=global_only, **({} if top is None else {"top": top}))
 
 

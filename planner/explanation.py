@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections import Counter, defaultdict
 
@@ -191,10 +192,10 @@ def feasible_row(r: Ranked) -> dict:
 class Explanation:
     """The answer to `planner.explain`: `str()` for people, `to_dict()`/`to_json()` for machines."""
 
-    def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP, global_only: SearchResult | None = None):
+    def __init__(self, result: SearchResult, *, top: int = DEFAULT_TOP, global_only=None):
         self.result = result
         self.top = top
-        self.global_only = global_only  # the request with every layer global, for a model with local layers
+        self._global_only = global_only  # searches the request with every layer global (local layers only)
         self._advice = None  # searched on first use: only a search in which nothing fits needs it
 
     @property
@@ -267,18 +268,23 @@ class Explanation:
             f"({topo.num_chips} chips, {topo.num_devices} devices)"
         )
 
+    @functools.cached_property
+    def global_only(self) -> SearchResult | None:
+        """The same request searched with every layer global, where the model has local layers."""
+        return self._global_only() if self._global_only else None
+
     def local_layers(self) -> dict | None:
         """For a model with local layers: its layers by mask, the choice's attention seconds as priced and
         as if every layer attended globally, and the plan the global-only price would choose."""
-        model = self.result.case.model
-        if not model.has_local_layers or self.global_only is None:
+        model, global_only = self.result.case.model, self.global_only
+        if not model.has_local_layers or global_only is None:
             return None
         out = {"layers": {mask.describe(): count for mask, count in model.layer_masks}}
         if self.best is not None:
-            as_global = estimate(dataclasses.replace(self.best, model=self.global_only.case.model))
+            as_global = estimate(dataclasses.replace(self.best, model=global_only.case.model))
             out["attention_s"] = self.estimate.compute_s["attention"]
             out["attention_s_if_global"] = as_global.compute_s["attention"]
-        other = self.global_only.best
+        other = global_only.best
         out["global_only_choice"] = (
             {"summary": short(other.plan), "step_time_s": other.estimate.step_time_s} if other else None
         )
