@@ -9,13 +9,15 @@ hop's attention so the two can overlap. Each hop attends with a small local mask
 - with zigzag (rank i holds chunks i and 2N−1−i): s < r, every query sees the source's first
   chunk only (full); s > r, only the second query chunk sees the source, and sees all of it;
 - under a model's full mask (`ModelSpec.causal=False`, never zigzag): every step full, the local
-  block included, on every rank.
+  block included, on every rank;
+- under a local mask (sliding window, chunks): only the first `hops_needed` hops
+  (`AttentionLayout.hops`), each with the mask at its offset (`ring_local.py`); no K/V travel further.
 
 Packed documents: segment ids travel round the ring with K/V, and each hop's splash call masks
 by them too; a query that sees no key of a hop gets no weight in the merge. Hops are merged
 with log-sum-exp. The backward is a custom VJP that walks the ring again:
 splash's backward kernels get the merged output and log-sum-exp, and dK/dV accumulators travel
-with K/V, arriving home after the N-th step.
+with K/V, and one more transfer over the rest of the ring brings them home.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from runtime import splash
+from runtime.attention import ring_local
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
 
 AXIS = "context"
 
 
-def _shift(tree, n: int):
-    """Sends every array to the next rank of the ring."""
-    return jax.lax.ppermute(tree, AXIS, [(i, (i + 1) % n) for i in range(n)])
+def _shift(tree, n: int, distance: int = 1):
+    """Sends every array `distance` ranks on round the ring."""
+    return jax.lax.ppermute(tree, AXIS, [(i, (i + distance) % n) for i in range(n)])
 
 
 def _merge(out, lse, out_h, lse_h):
@@ -100,8 +103,11 @@ def _source_is_past(hop: int, n: int):
 
 
 def _hop(step, hop: int, layout: AttentionLayout, *args):
-    """`_hop_forward` or `_hop_backward` of one hop: chosen at run time by where the source sits
-    under a causal mask; whole (as from an earlier rank) under a full one."""
+    """`_hop_forward` or `_hop_backward` of one hop (their `ring_local` namesakes under a local mask):
+    chosen at run time by where the source sits under a causal mask; whole (as from an earlier rank)
+    under a full one."""
+    if layout.mask.local:
+        step = partial({_hop_forward: ring_local.forward, _hop_backward: ring_local.backward}[step], hop=hop)
     if not layout.causal:
         return step(*args, layout=layout, past=True)
     return jax.lax.cond(
@@ -125,17 +131,32 @@ def _after_previous_hop(*values):
 
 def _local_kernel(length: int, ids, layout: AttentionLayout) -> splash.Kernel:
     """The kernel of the rank's own block: causal, or full under the model's full mask."""
-    return splash.block_kernel(length, length, layout.kernel, causal=layout.causal).with_segments(ids, ids)
+    return splash.block_kernel(length, length, layout.kernel, mask=layout.mask).with_segments(ids, ids)
+
+
+def _own_forward(q, k, v, ids, layout: AttentionLayout):
+    """The rank's own block: fp32 output and log-sum-exp."""
+    if layout.mask.local:
+        return ring_local.own_forward(q, k, v, ids, layout)
+    out, lse = splash.attend_with_lse(_local_kernel(q.shape[1], ids, layout), q, k, v)
+    return out.astype(jnp.float32), lse
+
+
+def _own_backward(q, k, v, ids, out, lse, d_out, layout: AttentionLayout):
+    """The rank's own block's (dq, dk, dv), fp32."""
+    if layout.mask.local:
+        return ring_local.own_backward(q, k, v, ids, out, lse, d_out, layout)
+    local = _local_kernel(q.shape[1], ids, layout)
+    return tuple(x.astype(jnp.float32) for x in splash.attend_bwd(local, q, k, v, out, lse, d_out))
 
 
 def _forward(q, k, v, ids, layout: AttentionLayout):
-    n, length = layout.ring, q.shape[1]
-    out, lse = splash.attend_with_lse(_local_kernel(length, ids, layout), q, k, v)
-    out = out.astype(jnp.float32)
-    arriving = _shift((k, v, ids), n)
-    for hop in range(1, n):
+    n, hops = layout.ring, layout.hops
+    out, lse = _own_forward(q, k, v, ids, layout)
+    arriving = _shift((k, v, ids), n) if hops else None
+    for hop in range(1, hops + 1):
         q_now, out, lse, (k_now, v_now, kv_ids) = _after_previous_hop(q, out, lse, arriving)
-        if hop < n - 1:
+        if hop < hops:
             arriving = _shift((k_now, v_now, kv_ids), n)  # travels during this hop's kernel
         out, lse = _hop(_hop_forward, hop, layout, q_now, k_now, v_now, ids, kv_ids, out, lse)
     return out.astype(q.dtype), lse
@@ -158,18 +179,17 @@ def _ring_fwd(q, k, v, ids, layout):
 
 def _ring_bwd(layout, residuals, d_out):
     q, k, v, ids, out, lse = residuals
-    n, length = layout.ring, q.shape[1]
-    local = _local_kernel(length, ids, layout)
-    dq, dk, dv = (x.astype(jnp.float32) for x in splash.attend_bwd(local, q, k, v, out, lse, d_out))
-    arriving = _shift(_after_previous_hop(k, v, ids, d_out)[:3], n)
-    for hop in range(1, n):
+    n, hops = layout.ring, layout.hops
+    dq, dk, dv = _own_backward(q, k, v, ids, out, lse, d_out, layout)
+    arriving = _shift(_after_previous_hop(k, v, ids, d_out)[:3], n) if hops else None
+    for hop in range(1, hops + 1):
         q_now, dq, (k_now, v_now, kv_ids) = _after_previous_hop(q, dq, arriving)
-        if hop < n - 1:
+        if hop < hops:
             arriving = _shift((k_now, v_now, kv_ids), n)
         dk, dv = _shift((dk, dv), n)
         dq, dk, dv = _hop(_hop_backward, hop, layout, q_now, k_now, v_now, ids, kv_ids, out, lse, d_out, (dq, dk, dv))
-    if n > 1:
-        dk, dv = _shift((dk, dv), n)
+    if n > 1 and hops:  # dK/dV of the source `hops` ranks back: home over the rest of the ring
+        dk, dv = _shift((dk, dv), n, n - hops)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
