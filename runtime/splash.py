@@ -1,10 +1,10 @@
 """The splash attention kernel (jax's Pallas TPU kernel) behind one small interface.
 
 Causal or full block metadata is built arithmetically (O(blocks), never O(S²)) and checked against
-the chip's SMEM; a local mask's (sliding window, chunks) comes from `cost_models.masks`, its tables shrunk
-to the blocks it visits as splash's `process_mask` shrinks them. `attend` is differentiable; `attend_with_lse` and `attend_bwd` serve blocks merged by
-log-sum-exp. Splash does not scale logits: callers scale q. Arrays are `[heads, seq, head_dim]`, the
-heads a multiple of the kv heads.
+the chip's SMEM; a local mask's (sliding window, chunks) comes from `cost_models.masks`, its tables
+shrunk to the blocks it visits as splash's `process_mask` shrinks them. `attend` is differentiable;
+`attend_with_lse` and `attend_bwd` serve blocks merged by log-sum-exp. Splash does not scale logits:
+callers scale q. Arrays are `[heads, seq, head_dim]`, the heads a multiple of the kv heads.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
-from cost_models.compute import splash_smem_bytes
 from cost_models import masks
+from cost_models.compute import splash_smem_bytes
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
 from cost_models.strategies.base import SPLASH_LANES
@@ -297,18 +297,12 @@ def mask_kernel(
     Raises:
         CpplanError: bad block sizes, a query block straddling two runs of positions, or SMEM overflow.
     """
-    ranks, q_len = q_positions.shape
-    check_smem(q_len, kv_len, config)
-    bq, bkv = config.blocks(q_len, kv_len)
-    blocked = q_positions.reshape(ranks, q_len // bq, bq)
-    if not (np.diff(blocked, axis=-1) == 1).all():
-        raise CpplanError(
-            f"query block {bq} straddles two runs of query positions (zigzag chunks); the {mask.describe()} "
-            f"mask's block tables need consecutive positions in a block: use block_q dividing the chunk length."
-        )
+    q_len = q_positions.shape[1]
+    starts, bq, bkv = _query_block_starts(q_positions, kv_len, config)
     kv_blocks = kv_first[:, None] + np.arange(kv_len // bkv) * bkv
-    table = mask.block_mask(blocked[..., 0][..., None], kv_blocks[:, None, :], bq, bkv)
-    fwd_mask, fwd_next, dkv_mask, dkv_next = (_rank_row(_downcast(t), rank, keep_dim=True) for t in shrunk_tables(table))
+    table = mask.block_mask(starts[..., None], kv_blocks[:, None, :], bq, bkv)
+    tables = shrunk_tables(table)
+    fwd_mask, fwd_next, dkv_mask, dkv_next = (_rank_row(_downcast(t), rank, keep_dim=True) for t in tables)
     q_sequence = _rank_row((q_positions - kv_first[:, None]).astype(np.int32), rank, keep_dim=False)
     fwd = MaskInfo(fwd_next, None, fwd_mask, None, q_sequence)
     dkv = MaskInfo(dkv_next, None, dkv_mask, None, q_sequence)
@@ -326,6 +320,25 @@ def mask_kernel(
     return Kernel(fwd, fwd, dkv, function, config.block_sizes(q_len, kv_len), config.interpret, chunks=chunks)
 
 
+def _query_block_starts(q_positions: np.ndarray, kv_len: int, config: KernelConfig):
+    """`(first position of each query block [ranks, nq], block_q, block_kv)` of a call whose queries sit at
+    `q_positions` `[ranks, q_len]`, after the SMEM check.
+
+    Raises:
+        CpplanError: a query block straddles two runs of positions, bad blocks, or SMEM overflow.
+    """
+    ranks, q_len = q_positions.shape
+    check_smem(q_len, kv_len, config)
+    bq, bkv = config.blocks(q_len, kv_len)
+    blocked = q_positions.reshape(ranks, q_len // bq, bq)
+    if not (np.diff(blocked, axis=-1) == 1).all():
+        raise CpplanError(
+            f"query block {bq} straddles two load-balancing chunks (two runs of query positions): block "
+            f"tables need consecutive positions in a block; use block_q dividing the chunk length {q_len // 2}."
+        )
+    return blocked[..., 0], bq, bkv
+
+
 def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: KernelConfig) -> Kernel:
     """A causal kernel whose queries sit at different positions on each rank: `q_positions` `[ranks,
     q_len]` (consecutive within a query block), keys 0..kv_len-1; the tables' row is picked by `rank`
@@ -334,15 +347,9 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
     Raises:
         CpplanError: a query block straddles two runs of positions, or the metadata overflows SMEM.
     """
-    ranks, q_len = q_positions.shape
-    check_smem(q_len, kv_len, config)
-    bq, bkv = config.blocks(q_len, kv_len)
-    blocked = q_positions.reshape(ranks, q_len // bq, bq)
-    if not (np.diff(blocked, axis=-1) == 1).all():
-        raise CpplanError(
-            f"query block {bq} straddles two load-balancing chunks; use block_q dividing the chunk length {q_len // 2}."
-        )
-    tables = causal_blocks(blocked[..., 0], kv_len, bq, bkv)
+    q_len = q_positions.shape[1]
+    starts, bq, bkv = _query_block_starts(q_positions, kv_len, config)
+    tables = causal_blocks(starts, kv_len, bq, bkv)
     block_mask, fwd, dkv = (
         jax.lax.dynamic_index_in_dim(jnp.asarray(_downcast(t)), rank, axis=0, keepdims=True) for t in tables
     )

@@ -156,7 +156,7 @@ def test_zigzag_ring_walks_every_hop_in_half_block_calls(monkeypatch):
 def test_bad_input_is_refused_with_the_rule_and_the_fix():
     config = splash.KernelConfig(128, 128, interpret=True)
     zigzag_positions = np.concatenate([np.arange(128), np.arange(384, 512)])[None]
-    with pytest.raises(CpplanError, match="straddles two runs of query positions.*block_q dividing"):
+    with pytest.raises(CpplanError, match="straddles two load-balancing chunks.*block_q dividing"):
         wide = splash.KernelConfig(256, 128, interpret=True)
         splash.mask_kernel(masks.sliding_window(64), zigzag_positions, np.zeros(1, int), 256, None, wide)
     with pytest.raises(CpplanError, match="needs the sequence's length"):

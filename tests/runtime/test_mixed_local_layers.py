@@ -9,11 +9,12 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
+from runtime_steps import one_step  # noqa: E402
+
 from cost_models import masks  # noqa: E402
 from cost_models.models import ModelSpec  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.model import layer_masks, mask_indices  # noqa: E402
-from runtime_steps import one_step  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
