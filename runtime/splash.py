@@ -167,10 +167,12 @@ def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     return Kernel(empty, empty, empty, None, config.block_sizes(q_len, kv_len), config.interpret)
 
 
-def check_smem(q_len: int, kv_len: int, config: KernelConfig) -> None:
-    """Raises CpplanError when a causal kernel's metadata would not fit the chip's scalar memory."""
+def check_smem(q_len: int, kv_len: int, config: KernelConfig, need: int | None = None) -> None:
+    """Raises CpplanError when a kernel's metadata would not fit the chip's scalar memory: a causal
+    kernel's whole tables, or `need` bytes (a local mask's shrunk tables)."""
     bq, bkv = config.blocks(q_len, kv_len)
-    need = int(splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv))
+    if need is None:
+        need = int(splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv))
     if config.smem_bytes and need > config.smem_bytes:
         raise CpplanError(
             f"splash mask metadata for a {q_len}x{kv_len} attention with blocks {bq}x{bkv} needs {need} bytes "
@@ -301,8 +303,12 @@ def mask_kernel(
     starts, bq, bkv = _query_block_starts(q_positions, kv_len, config)
     kv_blocks = kv_first[:, None] + np.arange(kv_len // bkv) * bkv
     table = mask.block_mask(starts[..., None], kv_blocks[:, None, :], bq, bkv)
-    tables = shrunk_tables(table)
-    fwd_mask, fwd_next, dkv_mask, dkv_next = (_rank_row(_downcast(t), rank, keep_dim=True) for t in tables)
+    tables = [_downcast(t) for t in shrunk_tables(table)]
+    # one rank's tables in scalar memory: the forward's (or dq's) pair, then dK/dV's
+    check_smem(
+        q_len, kv_len, config, max(tables[0][0].nbytes + tables[1][0].nbytes, tables[2][0].nbytes + tables[3][0].nbytes)
+    )
+    fwd_mask, fwd_next, dkv_mask, dkv_next = (_rank_row(t, rank, keep_dim=True) for t in tables)
     q_sequence = _rank_row((q_positions - kv_first[:, None]).astype(np.int32), rank, keep_dim=False)
     fwd = MaskInfo(fwd_next, None, fwd_mask, None, q_sequence)
     dkv = MaskInfo(dkv_next, None, dkv_mask, None, q_sequence)
@@ -322,13 +328,12 @@ def mask_kernel(
 
 def _query_block_starts(q_positions: np.ndarray, kv_len: int, config: KernelConfig):
     """`(first position of each query block [ranks, nq], block_q, block_kv)` of a call whose queries sit at
-    `q_positions` `[ranks, q_len]`, after the SMEM check.
+    `q_positions` `[ranks, q_len]`.
 
     Raises:
-        CpplanError: a query block straddles two runs of positions, bad blocks, or SMEM overflow.
+        CpplanError: a query block straddles two runs of positions, or bad blocks.
     """
     ranks, q_len = q_positions.shape
-    check_smem(q_len, kv_len, config)
     bq, bkv = config.blocks(q_len, kv_len)
     blocked = q_positions.reshape(ranks, q_len // bq, bq)
     if not (np.diff(blocked, axis=-1) == 1).all():
@@ -348,6 +353,7 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
         CpplanError: a query block straddles two runs of positions, or the metadata overflows SMEM.
     """
     q_len = q_positions.shape[1]
+    check_smem(q_len, kv_len, config)
     starts, bq, bkv = _query_block_starts(q_positions, kv_len, config)
     tables = causal_blocks(starts, kv_len, bq, bkv)
     block_mask, fwd, dkv = (

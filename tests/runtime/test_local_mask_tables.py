@@ -10,6 +10,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mask_info  # noqa: E402
 
 from cost_models import masks  # noqa: E402
+from cost_models.errors import CpplanError  # noqa: E402
 from runtime import splash  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
@@ -65,3 +66,16 @@ def test_shrunk_tables_equal_splash_process_mask(mask, q_len, kv_len, bq, bkv, o
     np.testing.assert_array_equal(dkv_mask, dkv.block_mask)
     np.testing.assert_array_equal(dkv_next, dkv.data_next)
     assert fwd_mask.shape[-1] < kv_len // bkv or mask.size >= kv_len  # a small window shrinks the grid
+
+
+def test_scalar_memory_is_checked_on_the_shrunk_tables():
+    """A small window over a long sequence fits the SMEM its whole tables would overflow; a window as
+    long as the sequence does not."""
+    config = splash.KernelConfig(128, 128, interpret=True, smem_bytes=100_000)
+    positions, start = np.arange(1 << 16)[None], np.zeros(1, dtype=np.int64)
+    with pytest.raises(CpplanError, match="scalar memory"):
+        splash.causal_kernel(1 << 16, 1 << 16, config)
+    kernel = splash.mask_kernel(masks.sliding_window(256), positions, start, 1 << 16, None, config)
+    assert kernel.fwd.block_mask.shape == (1, 512, 3)  # three key blocks per query row
+    with pytest.raises(CpplanError, match=r"needs \d+ bytes of scalar memory.*larger block_q/block_kv"):
+        splash.mask_kernel(masks.sliding_window(1 << 16), positions, start, 1 << 16, None, config)
