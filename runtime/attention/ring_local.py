@@ -41,8 +41,8 @@ def calls(layout: AttentionLayout, hop: int, past: bool) -> list[Call]:
     n, block = layout.ring, layout.ring_block
     order = token_order(layout.seq_len, n, layout.zigzag).reshape(n, block)
     source = (np.arange(n) - hop) % n
-    if not layout.zigzag:
-        return [Call(ALL, ALL, order, order[source, 0])] if past else []
+    if not layout.zigzag:  # keys `hop` blocks back on every rank that runs it: one static table
+        return [Call(ALL, ALL, order, order[:, 0] - hop * block)] if past else []
     half = block // 2
     first, second = slice(None, half), slice(half, None)
     key_runs = order[source, 0], order[source, half]
