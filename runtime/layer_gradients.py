@@ -11,7 +11,7 @@ import jax
 
 
 def gradients_finished_per_layer(layer: type[nn.Module], *, wait_for_cotangent: bool) -> type[nn.Module]:
-    """`layer` (called as `layer(plan, mesh)(x, positions, segment_ids)`), same call and parameters,
+    """`layer` (called as `layer(plan, mesh)(x, positions, segment_ids, mask_index)`), same call and parameters,
     whose backward hands on its input's gradient only with its weights' gradients; with
     `wait_for_cotangent` (one-layer steps that offload nothing) the backward also starts only once
     its output's gradient arrives, so its weight gathers are not hoisted to the step's top."""
@@ -21,9 +21,9 @@ def gradients_finished_per_layer(layer: type[nn.Module], *, wait_for_cotangent: 
         mesh: object
 
         @nn.compact
-        def __call__(self, x, positions, segment_ids=None):
+        def __call__(self, x, positions, segment_ids=None, mask_index=None):
             def apply(module, x):
-                return module(x, positions, segment_ids)
+                return module(x, positions, segment_ids, mask_index)
 
             def forward(module, x):
                 return nn.vjp(apply, module, x)

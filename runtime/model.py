@@ -1,7 +1,9 @@
 """A Llama-style decoder in flax, sized by a `ModelSpec`: sequential (Llama) or parallel (MaxText)
 blocks, gated or plain MLP, layers stacked with `nn.scan` and rematerialised under MaxText's
 checkpoint names. Weights are ZeRO-3 sharded and gathered layer by layer; the residual stream is
-split over the sequence, 'tensor' included (sequence parallelism); attention is the plan's strategy.
+split over the sequence, 'tensor' included (sequence parallelism); attention is the plan's strategy,
+with each layer's mask: a model whose layers mix masks (local and global) scans each layer's mask
+index with it and switches to that mask's attention; a model of one mask runs it unconditionally.
 """
 
 from __future__ import annotations
@@ -223,6 +225,20 @@ def parallel_block_outputs(
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(gathered, ctx, wo, *w_in, w_out)
 
 
+def layer_masks(plan: Plan) -> tuple:
+    """The distinct masks of the model's layers, global first; a layer's mask index points into it."""
+    return tuple(mask for mask, _ in plan.model.layer_masks)
+
+
+def mask_indices(plan: Plan) -> jax.Array | None:
+    """Each layer's index into `layer_masks`, scanned with the layers; None when every layer has one mask
+    (so such a model's program has no switch)."""
+    masks = layer_masks(plan)
+    if len(masks) == 1:
+        return None
+    return jnp.asarray([masks.index(plan.model.layer_mask(i)) for i in range(plan.model.num_layers)], jnp.int32)
+
+
 class DecoderLayer(nn.Module):
     """One pre-norm decoder layer, sequential or parallel; returns `(x, None)` for `nn.scan`."""
 
@@ -233,7 +249,7 @@ class DecoderLayer(nn.Module):
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     @nn.compact
-    def __call__(self, x, positions, segment_ids=None):
+    def __call__(self, x, positions, segment_ids=None, mask_index=None):
         m, plan = self.plan.model, self.plan
         # MaxText's name for the layer input: a policy that offloads it keeps only the host copy
         x = checkpoint_name(x, LAYER_INPUT)
@@ -242,12 +258,12 @@ class DecoderLayer(nn.Module):
         ones = nn.initializers.ones
         d, h, hd = m.hidden, m.num_heads, m.head_dim
         if m.decoder_block.parallel:
-            return self.parallel_block(x, positions, segment_ids, w), None
+            return self.parallel_block(x, positions, segment_ids, w, mask_index), None
 
         # the normed tokens of every tensor shard, gathered for the column-parallel projections
         y = self.constrain(rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt)), ACTIVATIONS)
         q, k, v = (jnp.einsum("bsd,dhk->bshk", y, weight) for weight in self.qkv_weights(w))
-        ctx = self.attention(q, k, v, positions, segment_ids, constrain_heads=True)
+        ctx = self.attention(q, k, v, positions, segment_ids, mask_index, constrain_heads=True)
         out = attention_out_projection(ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), mesh=self.mesh)
         x = self.constrain(x + out, RESIDUAL)
 
@@ -263,7 +279,7 @@ class DecoderLayer(nn.Module):
             for name, heads in (("wq", m.num_heads), ("wk", m.num_kv_heads), ("wv", m.num_kv_heads))
         )
 
-    def attention(self, q, k, v, positions, segment_ids, *, constrain_heads: bool):
+    def attention(self, q, k, v, positions, segment_ids, mask_index, *, constrain_heads: bool):
         """RoPE on q and k, then q, k, v named for the remat policy (after RoPE, as MaxText, so a kept
         q or k needs no RoPE again) and the plan's context-parallel attention, laid out as `HEADS`.
 
@@ -277,7 +293,13 @@ class DecoderLayer(nn.Module):
         )
         # the output stays unnamed: the kernel saves it as ATTENTION_OUTPUT, and naming this layout
         # too would keep a second copy (MaxText keeps one)
-        return sharded_attention(q, k, v, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids)
+        by_mask = [
+            functools.partial(sharded_attention, plan=self.plan, mesh=self.mesh, segment_ids=segment_ids, mask=mask)
+            for mask in layer_masks(self.plan)
+        ]
+        if len(by_mask) == 1:
+            return by_mask[0](q, k, v)
+        return jax.lax.switch(mask_index, by_mask, q, k, v)
 
     def mlp_weights(self, w):
         """`(input projections, w_down)` in the compute dtype, laid out as `MLP_WEIGHT_SPECS`."""
@@ -286,7 +308,7 @@ class DecoderLayer(nn.Module):
         w_in = tuple(w(name, (d, f), tuple(spec)) for name, spec in zip(names, MLP_WEIGHT_SPECS))
         return w_in, w("w_down", (f, d), tuple(MLP_WEIGHT_SPECS[-1]))
 
-    def parallel_block(self, x, positions, segment_ids, w):
+    def parallel_block(self, x, positions, segment_ids, w, mask_index):
         """MaxText's parallel block: `x + attention(y) + mlp(y)`, `y = norm(x)` gathered over 'tensor'
         once and the sum reduce-scattered once."""
         m, plan = self.plan.model, self.plan
@@ -295,7 +317,7 @@ class DecoderLayer(nn.Module):
         q, k, v, gathered = parallel_block_inputs(
             self.constrain(rms_norm(x, norm), RESIDUAL), *self.qkv_weights(w), mesh=self.mesh
         )
-        ctx = self.attention(q, k, v, positions, segment_ids, constrain_heads=False)
+        ctx = self.attention(q, k, v, positions, segment_ids, mask_index, constrain_heads=False)
         summed = parallel_block_outputs(
             gathered,
             ctx,
@@ -330,15 +352,17 @@ class Llama(nn.Module):
             # no layer loop orders the gradients: the compiler peels an offloading step's layer loops,
             # and XLA inlines a loop of one trip
             layer = gradients_finished_per_layer(layer, wait_for_cotangent=not offloads)
+        indices = mask_indices(plan)
+        scanned = () if indices is None else (indices,)  # a mixed model's layers carry their mask index
         stack = nn.scan(
             layer,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast),
+            in_axes=(nn.broadcast, nn.broadcast, *(0 for _ in scanned)),
             length=m.num_layers,
             metadata_params={nn.PARTITION_NAME: None},
         )
-        x, _ = stack(plan, self.mesh, name="layers")(x, positions, segment_ids)
+        x, _ = stack(plan, self.mesh, name="layers")(x, positions, segment_ids, *scanned)
         x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
         if m.tie_embeddings:
             head = embed.T

@@ -1,9 +1,10 @@
 """The splash attention kernel (jax's Pallas TPU kernel) behind one small interface.
 
 Causal or full block metadata is built arithmetically (O(blocks), never O(S²)) and checked against
-the chip's SMEM. `attend` is differentiable; `attend_with_lse` and `attend_bwd` serve blocks merged by
-log-sum-exp. Splash does not scale logits: callers scale q. Arrays are `[heads, seq, head_dim]`, the
-heads a multiple of the kv heads.
+the chip's SMEM; a local mask's (sliding window, chunks) comes from `cost_models.masks`, its tables
+shrunk to the blocks it visits as splash's `process_mask` shrinks them. `attend` is differentiable;
+`attend_with_lse` and `attend_bwd` serve blocks merged by log-sum-exp. Splash does not scale logits:
+callers scale q. Arrays are `[heads, seq, head_dim]`, the heads a multiple of the kv heads.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
+from cost_models import masks
 from cost_models.compute import splash_smem_bytes
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
@@ -129,12 +131,15 @@ class Kernel:
     mask_function: object  # None for a full mask
     block_sizes: sk.BlockSizes
     interpret: bool
-    segments: SegmentIds | None = None  # packed documents' ids, batched
+    segments: SegmentIds | None = None  # packed documents' ids, batched (or one row for every sequence)
+    chunks: "ChunkIds | None" = None  # a chunked mask's chunk of each query and key, masked as segments
 
     def with_segments(self, q_ids: jax.Array | None, kv_ids: jax.Array | None) -> "Kernel":
         """This kernel also masked by document (`[batch, q_len]`, `[batch, kv_len]` ids; None: unpacked).
         Splash's dK/dV kernel reads query ids across lanes, so query blocks must be multiples of 128,
         which every strategy's calls already are."""
+        if self.chunks is not None:
+            q_ids, kv_ids = self.chunks.combined(q_ids, kv_ids)
         if q_ids is None:
             return self
         return dataclasses.replace(self, segments=SegmentIds(q_ids, kv_ids))
@@ -162,10 +167,12 @@ def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     return Kernel(empty, empty, empty, None, config.block_sizes(q_len, kv_len), config.interpret)
 
 
-def check_smem(q_len: int, kv_len: int, config: KernelConfig) -> None:
-    """Raises CpplanError when a causal kernel's metadata would not fit the chip's scalar memory."""
+def check_smem(q_len: int, kv_len: int, config: KernelConfig, need: int | None = None) -> None:
+    """Raises CpplanError when a kernel's metadata would not fit the chip's scalar memory: a causal
+    kernel's whole tables, or `need` bytes (a local mask's shrunk tables)."""
     bq, bkv = config.blocks(q_len, kv_len)
-    need = int(splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv))
+    if need is None:
+        need = int(splash_smem_bytes(q_len, kv_len, block_q=bq, block_kv=bkv))
     if config.smem_bytes and need > config.smem_bytes:
         raise CpplanError(
             f"splash mask metadata for a {q_len}x{kv_len} attention with blocks {bq}x{bkv} needs {need} bytes "
@@ -197,13 +204,144 @@ def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     )
 
 
-def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, causal: bool) -> Kernel:
-    """`causal_kernel`, or `full_kernel` for a model with a full mask.
+def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, mask: masks.AttentionMask) -> Kernel:
+    """A kernel of queries and keys both at positions 0.. under a layer's mask: `causal_kernel`,
+    `full_kernel`, or `mask_kernel` for a sliding window or chunks.
 
     Raises:
-        CpplanError: bad block sizes, or causal metadata that overflows SMEM.
+        CpplanError: bad block sizes, or metadata that overflows SMEM.
     """
-    return (causal_kernel if causal else full_kernel)(q_len, kv_len, config)
+    if mask.local:
+        return mask_kernel(mask, np.arange(q_len)[None], np.zeros(1, dtype=np.int64), kv_len, None, config)
+    return (causal_kernel if mask.causal else full_kernel)(q_len, kv_len, config)
+
+
+@dataclass(frozen=True)
+class MaskFunction:
+    """A layer's mask evaluated inside the kernel on partial blocks. Splash hands it the queries'
+    `q_sequence` (position − the call's first key position) and the keys' index in the call: a window
+    and causality depend only on that difference; a chunk boundary does too when keys start at a
+    multiple of the chunk (else the kernel masks chunks by segment ids, `ChunkIds`)."""
+
+    mask: masks.AttentionMask
+
+    def __call__(self, q_ids, kv_ids):
+        return self.mask.allows(q_ids, kv_ids)
+
+
+@dataclass(frozen=True)
+class ChunkIds:
+    """The chunk of each query `[q_len]` and key `[kv_len]` of a call whose keys start off a chunk
+    boundary, and the chunks in the sequence (`count`): the kernel masks causally and by these as segment
+    ids, combined with documents' ids as `document · count + chunk`, equal exactly when both are."""
+
+    q: jax.Array
+    kv: jax.Array
+    count: int
+
+    def combined(self, q_ids, kv_ids):
+        """Segment ids masking by chunk and, where rows are packed (`[batch, len]` ids), by document."""
+        if q_ids is None:
+            return self.q, self.kv
+        # documents are numbered from 1 in each row, so at most one per token: ids stay under (len+1)·count
+        if (q_ids.shape[1] + kv_ids.shape[1] + 1) * self.count >= np.iinfo(np.int32).max:
+            raise CpplanError(
+                f"packed rows with a chunked mask whose chunks straddle the ring's blocks combine document and "
+                f"chunk ids as document·{self.count} + chunk, which overflows int32 at this length; use a chunk "
+                f"that divides the ring block, or fewer, longer chunks."
+            )
+        return q_ids * self.count + self.q, kv_ids * self.count + self.kv
+
+
+def shrunk_tables(block_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Splash's shrunk grid of `[ranks, nq, nk]` block-mask entries: forward/dq `(block_mask, data_next)`
+    `[ranks, nq, width]` listing each query row's non-empty key blocks (width: the most in any row,
+    padded with 0s after), and dK/dV's `[ranks, height, nk]` listing each key column's non-empty query
+    blocks (padded with 0s before), as `splash_attention_mask_info.process_mask` shrinks them."""
+    nonzero = block_mask != 0
+    counts = nonzero.sum(-1)
+    width = max(int(counts.max()), 1)
+    cols = np.argsort(~nonzero, axis=-1, kind="stable")[..., :width]
+    valid = np.arange(width) < counts[..., None]
+    fwd_mask = np.where(valid, np.take_along_axis(block_mask, cols, -1), 0)
+    fwd_next = np.where(valid, cols, 0)
+    counts = nonzero.sum(-2)
+    height = max(int(counts.max()), 1)
+    rows = np.argsort(~nonzero, axis=-2, kind="stable")
+    index = np.arange(height)[:, None] - (height - counts[..., None, :])  # front padding
+    rows = np.take_along_axis(rows, np.maximum(index, 0), -2)
+    dkv_mask = np.where(index >= 0, np.take_along_axis(block_mask, rows, -2), 0)
+    dkv_next = np.where(index >= 0, rows, 0)
+    return fwd_mask, fwd_next, dkv_mask, dkv_next
+
+
+def _rank_row(table: np.ndarray, rank, *, keep_dim: bool):
+    """The row of a per-rank table for `rank` (traced inside `shard_map`), static where every rank's is the same."""
+    if rank is None or (table == table[:1]).all():
+        return jnp.asarray(table[:1] if keep_dim else table[0])
+    return jax.lax.dynamic_index_in_dim(jnp.asarray(table), rank, axis=0, keepdims=keep_dim)
+
+
+def mask_kernel(
+    mask: masks.AttentionMask,
+    q_positions: np.ndarray,
+    kv_first: np.ndarray,
+    kv_len: int,
+    rank,
+    config: KernelConfig,
+    *,
+    seq_len: int = 0,
+) -> Kernel:
+    """A kernel of a local `mask` for queries at `q_positions` `[ranks, q_len]` (consecutive within a
+    query block) and `kv_len` keys from position `kv_first` `[ranks]`; the row for `rank` (traced, or
+    None for one row). `seq_len` (the sequence's length) numbers chunks where keys start off a chunk boundary.
+
+    Raises:
+        CpplanError: bad block sizes, a query block straddling two runs of positions, or SMEM overflow.
+    """
+    q_len = q_positions.shape[1]
+    starts, bq, bkv = _query_block_starts(q_positions, kv_len, config)
+    kv_blocks = kv_first[:, None] + np.arange(kv_len // bkv) * bkv
+    table = mask.block_mask(starts[..., None], kv_blocks[:, None, :], bq, bkv)
+    tables = [_downcast(t) for t in shrunk_tables(table)]
+    # one rank's tables in scalar memory: the forward's (or dq's) pair, then dK/dV's
+    check_smem(
+        q_len, kv_len, config, max(tables[0][0].nbytes + tables[1][0].nbytes, tables[2][0].nbytes + tables[3][0].nbytes)
+    )
+    fwd_mask, fwd_next, dkv_mask, dkv_next = (_rank_row(t, rank, keep_dim=True) for t in tables)
+    q_sequence = _rank_row((q_positions - kv_first[:, None]).astype(np.int32), rank, keep_dim=False)
+    fwd = MaskInfo(fwd_next, None, fwd_mask, None, q_sequence)
+    dkv = MaskInfo(dkv_next, None, dkv_mask, None, q_sequence)
+    exact = mask.kind is not masks.MaskKind.CHUNKED or not (kv_first % mask.size).any()
+    chunks = None
+    if not exact:
+        if not seq_len:
+            raise CpplanError("a chunked mask whose keys start off a chunk boundary needs the sequence's length.")
+        keys = kv_first[:, None] + np.arange(kv_len)
+        count = -(-seq_len // mask.size)
+        chunks = ChunkIds(
+            *(_rank_row((x // mask.size).astype(np.int32), rank, keep_dim=False) for x in (q_positions, keys)), count
+        )
+    function = MaskFunction(mask if exact else masks.CAUSAL)
+    return Kernel(fwd, fwd, dkv, function, config.block_sizes(q_len, kv_len), config.interpret, chunks=chunks)
+
+
+def _query_block_starts(q_positions: np.ndarray, kv_len: int, config: KernelConfig):
+    """`(first position of each query block [ranks, nq], block_q, block_kv)` of a call whose queries sit at
+    `q_positions` `[ranks, q_len]`.
+
+    Raises:
+        CpplanError: a query block straddles two runs of positions, or bad blocks.
+    """
+    ranks, q_len = q_positions.shape
+    bq, bkv = config.blocks(q_len, kv_len)
+    blocked = q_positions.reshape(ranks, q_len // bq, bq)
+    if not (np.diff(blocked, axis=-1) == 1).all():
+        raise CpplanError(
+            f"query block {bq} straddles two load-balancing chunks (two runs of query positions): block "
+            f"tables need consecutive positions in a block; use block_q dividing the chunk length {q_len // 2}."
+        )
+    return blocked[..., 0], bq, bkv
 
 
 def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: KernelConfig) -> Kernel:
@@ -214,15 +352,10 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
     Raises:
         CpplanError: a query block straddles two runs of positions, or the metadata overflows SMEM.
     """
-    ranks, q_len = q_positions.shape
+    q_len = q_positions.shape[1]
     check_smem(q_len, kv_len, config)
-    bq, bkv = config.blocks(q_len, kv_len)
-    blocked = q_positions.reshape(ranks, q_len // bq, bq)
-    if not (np.diff(blocked, axis=-1) == 1).all():
-        raise CpplanError(
-            f"query block {bq} straddles two load-balancing chunks; use block_q dividing the chunk length {q_len // 2}."
-        )
-    tables = causal_blocks(blocked[..., 0], kv_len, bq, bkv)
+    starts, bq, bkv = _query_block_starts(q_positions, kv_len, config)
+    tables = causal_blocks(starts, kv_len, bq, bkv)
     block_mask, fwd, dkv = (
         jax.lax.dynamic_index_in_dim(jnp.asarray(_downcast(t)), rank, axis=0, keepdims=True) for t in tables
     )
@@ -238,8 +371,8 @@ def _per_row(call, kernel: Kernel, *arrays):
     """`call(*arrays, segment_ids)` with folded `[batch·heads, …]` arrays, mapped over the batch
     when the kernel has segment ids (one row of ids per kernel call)."""
     segments = kernel.segments
-    if segments is None:
-        return call(*arrays, None)
+    if segments is None or segments.q.ndim == 1:  # unpacked, or one row of (chunk) ids for every sequence
+        return call(*arrays, segments)
     batch = segments.q.shape[0]
     split = lambda x: x.reshape(batch, x.shape[0] // batch, *x.shape[1:])
     merge = lambda x: x.reshape(-1, *x.shape[2:])

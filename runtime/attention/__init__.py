@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
+from cost_models.masks import AttentionMask
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.plan import Plan
 from runtime.attention.base import AttentionLayout
@@ -43,8 +44,24 @@ def implementation(strategy: CPStrategy) -> ModuleType:
     return IMPLEMENTATIONS[strategy]
 
 
-def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
-    """The static attention layout of a plan (splash in interpret mode on CPU)."""
+def model_mask(plan: Plan) -> AttentionMask:
+    """The mask every layer of the plan's model has.
+
+    Raises:
+        CpplanError: the layers' masks differ (local and global layers): the caller names the layer's.
+    """
+    masks = [mask for mask, _ in plan.model.layer_masks]
+    if len(masks) > 1:
+        raise CpplanError(
+            f"model {plan.model.name!r} mixes layer masks ({', '.join(m.describe() for m in masks)}); "
+            f"pass the layer's mask (`plan.model.layer_mask(i)`)."
+        )
+    return masks[0]
+
+
+def attention_layout(plan: Plan, *, interpret: bool, mask: AttentionMask | None = None) -> AttentionLayout:
+    """The static attention layout of a plan (splash in interpret mode on CPU) for a layer with `mask`
+    (None: the mask all the model's layers have)."""
     smem = plan.topology_spec.chip.smem_bytes if not interpret else 0
     return AttentionLayout(
         seq_len=plan.seq_len,
@@ -52,7 +69,7 @@ def attention_layout(plan: Plan, *, interpret: bool) -> AttentionLayout:
         ulysses=plan.axis_size("context_ulysses"),
         zigzag=plan.load_balance is LoadBalance.ZIGZAG,
         kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem),
-        causal=plan.model.causal,
+        mask=mask or model_mask(plan),
     )
 
 
@@ -62,12 +79,20 @@ def is_interpret(mesh: Mesh) -> bool:
 
 
 def sharded_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh, segment_ids: jax.Array | None = None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    plan: Plan,
+    mesh: Mesh,
+    segment_ids: jax.Array | None = None,
+    mask: AttentionMask | None = None,
 ) -> jax.Array:
     """Attention of global `[batch, seq, heads, head_dim]` q (k/v: kv_heads) already in the plan's
-    token order, on `runtime.build_mesh(plan)`; `segment_ids` `[batch, seq]` or None. Sharded like q.
+    token order, on `runtime.build_mesh(plan)`; `segment_ids` `[batch, seq]` or None; the layer's
+    `mask` (None: the one every layer of the model has). Sharded like q.
     """
-    layout = attention_layout(plan, interpret=is_interpret(mesh))
+    layout = attention_layout(plan, interpret=is_interpret(mesh), mask=mask)
     module = implementation(plan.cp_strategy)
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     if segment_ids is None:
@@ -90,7 +115,14 @@ def sharded_attention(
 
 
 def context_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, plan: Plan, mesh: Mesh, segment_ids: jax.Array | None = None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    plan: Plan,
+    mesh: Mesh,
+    segment_ids: jax.Array | None = None,
+    mask: AttentionMask | None = None,
 ) -> jax.Array:
     """Like `sharded_attention`, for arrays (and `segment_ids`) in natural token order; returns natural order.
 
@@ -108,5 +140,5 @@ def context_attention(
     q, k, v = (jnp.take(x, order, axis=1) for x in (q, k, v))
     if segment_ids is not None:
         segment_ids = jnp.take(segment_ids, order, axis=1)
-    out = sharded_attention(q, k, v, plan=plan, mesh=mesh, segment_ids=segment_ids)
+    out = sharded_attention(q, k, v, plan=plan, mesh=mesh, segment_ids=segment_ids, mask=mask)
     return jnp.take(out, inverse, axis=1)

@@ -1,7 +1,7 @@
 """All-gather context parallelism: gather K/V (and segment ids) over 'context', attend local queries to all.
 
-Gathered keys return to natural order and queries carry global positions, so one causal splash call
-per rank suffices (its rank's block-table row picked at run time); autodiff makes dK/dV a reduce-scatter.
+Gathered keys return to natural order and queries carry global positions, so one splash call with the
+layer's mask per rank suffices (its rank's block-table row picked at run time); autodiff makes dK/dV a reduce-scatter.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from runtime import splash
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
@@ -34,9 +35,12 @@ def attention(
     config = layout.kernel
     if layout.zigzag and n > 1:  # a query block must not straddle the rank's two chunks
         config = dataclasses.replace(config, block_q=min(config.block_q, seq // (2 * n)))
-    if layout.causal:
-        positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
-        kernel = splash.causal_kernel_per_rank(positions, seq, jax.lax.axis_index("context"), config)
+    positions = token_order(seq, n, layout.zigzag).reshape(n, seq // n)
+    rank = jax.lax.axis_index("context")
+    if layout.mask.local:  # the gathered keys start at position 0 on every rank
+        kernel = splash.mask_kernel(layout.mask, positions, np.zeros(n, dtype=np.int64), seq, rank, config)
+    elif layout.causal:
+        kernel = splash.causal_kernel_per_rank(positions, seq, rank, config)
     else:  # every local query sees every gathered key, wherever the rank sits
         kernel = splash.full_kernel(q.shape[1], seq, config)
     out = splash.attend(kernel.with_segments(segment_ids, kv_ids), fold_heads(q), fold_heads(k_all), fold_heads(v_all))

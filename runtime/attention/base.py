@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from cost_models.errors import CpplanError
+from cost_models.masks import CAUSAL, AttentionMask, hops_needed
 from cost_models.strategies.ulysses import replicated_kv_heads
 from runtime.splash import KernelConfig
 
@@ -15,7 +16,7 @@ from runtime.splash import KernelConfig
 @dataclass(frozen=True)
 class AttentionLayout:
     """Static facts about one attention call inside `shard_map`: global `seq_len`, the 'context'
-    (`ring`) and 'context_ulysses' (`ulysses`) degrees, zigzag order, splash `kernel`, the model's mask.
+    (`ring`) and 'context_ulysses' (`ulysses`) degrees, zigzag order, splash `kernel`, the layer's mask.
 
     Raises:
         CpplanError: zigzag order under a full mask (`Plan` refuses it too).
@@ -26,10 +27,10 @@ class AttentionLayout:
     ulysses: int
     zigzag: bool
     kernel: KernelConfig
-    causal: bool = True
+    mask: AttentionMask = CAUSAL
 
     def __post_init__(self):
-        if self.zigzag and not self.causal:
+        if self.zigzag and not self.mask.causal:
             raise CpplanError(
                 "zigzag order balances causal attention; with a full (non-causal) mask every rank does "
                 "the same work, and the ring's hops attend whole blocks: lay tokens out in natural "
@@ -40,6 +41,16 @@ class AttentionLayout:
     def ring_block(self) -> int:
         """Tokens of one ring rank (a Ulysses group gathers exactly this)."""
         return self.seq_len // self.ring
+
+    @property
+    def causal(self) -> bool:
+        """Whether a query sees no key after it (every mask but the full one)."""
+        return self.mask.causal
+
+    @property
+    def hops(self) -> int:
+        """Ring hops that bring each rank every key its queries see (`cost_models.masks.hops_needed`)."""
+        return int(hops_needed(self.mask, self.ring_block, self.ring, self.zigzag))
 
 
 def fold_heads(x: jax.Array) -> jax.Array:

@@ -1,5 +1,5 @@
-"""No context parallelism: each device holds whole sequences and runs one splash call (causal, or
-full where the model's mask is)."""
+"""No context parallelism: each device holds whole sequences and runs one splash call with the layer's
+mask (causal, full, a sliding window or chunks)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def attention(
 ) -> jax.Array:
     """Attention of local `[batch, seq, heads, d]` blocks holding whole sequences (q pre-scaled);
     `segment_ids` `[batch, seq]` (packed documents) or None."""
-    kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, causal=layout.causal)
+    kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, mask=layout.mask)
     kernel = kernel.with_segments(segment_ids, segment_ids)
     out = splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v))
     return unfold_heads(out, q.shape[0])

@@ -9,32 +9,38 @@ hop's attention so the two can overlap. Each hop attends with a small local mask
 - with zigzag (rank i holds chunks i and 2N−1−i): s < r, every query sees the source's first
   chunk only (full); s > r, only the second query chunk sees the source, and sees all of it;
 - under a model's full mask (`ModelSpec.causal=False`, never zigzag): every step full, the local
-  block included, on every rank.
+  block included, on every rank;
+- under a local mask (sliding window, chunks): only the first `hops_needed` hops
+  (`AttentionLayout.hops`), each with the mask at its offset (below); no K/V travel further.
 
 Packed documents: segment ids travel round the ring with K/V, and each hop's splash call masks
 by them too; a query that sees no key of a hop gets no weight in the merge. Hops are merged
 with log-sum-exp. The backward is a custom VJP that walks the ring again:
 splash's backward kernels get the merged output and log-sum-exp, and dK/dV accumulators travel
-with K/V, arriving home after the N-th step.
+with K/V, and one more transfer over the rest of the ring brings them home.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from runtime import splash
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
+from runtime.layout import token_order
 
 AXIS = "context"
 
 
-def _shift(tree, n: int):
-    """Sends every array to the next rank of the ring."""
-    return jax.lax.ppermute(tree, AXIS, [(i, (i + 1) % n) for i in range(n)])
+def _shift(tree, n: int, distance: int = 1):
+    """Sends every array `distance` ranks on round the ring."""
+    return jax.lax.ppermute(tree, AXIS, [(i, (i + distance) % n) for i in range(n)])
 
 
 def _merge(out, lse, out_h, lse_h):
@@ -94,14 +100,111 @@ def _hop_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, grads, layout: Attent
     return dq.at[:, second].add(dq_h.astype(f32)), dk + dk_h.astype(f32), dv + dv_h.astype(f32)
 
 
+# -- under a local mask (sliding window, chunks) ---------------------------------------------------
+# Each call attends some of the rank's queries to one contiguous run of a block's keys, its tables and
+# in-kernel mask from `cost_models.masks` at the call's offsets (`splash.mask_kernel`). Natural order: one
+# call per step (own block, then each past source). Zigzag: a call per run of keys, the rank's queries in
+# one call where both chunks may see it: own block, all queries × own first chunk and second × second; a
+# past source, all × its first chunk (its second lies after every query); a later source, the second
+# query chunk × each of its chunks. A query that sees no key of a call gets no weight in the merge.
+
+ALL = slice(None)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One splash call of a step: which local queries and keys, and per rank the queries' positions
+    `[ranks, len]` and the first key's `[ranks]`."""
+
+    q_part: slice
+    kv_part: slice
+    q_positions: np.ndarray
+    kv_first: np.ndarray
+
+
+def _windowed_calls(layout: AttentionLayout, hop: int, past: bool) -> list[_Call]:
+    """The calls of step `hop` (0: the rank's own block) for ranks whose source is before them (`past`) or not."""
+    n, block = layout.ring, layout.ring_block
+    order = token_order(layout.seq_len, n, layout.zigzag).reshape(n, block)
+    source = (np.arange(n) - hop) % n
+    if not layout.zigzag:  # keys `hop` blocks back on every rank that runs it: one static table
+        return [_Call(ALL, ALL, order, order[:, 0] - hop * block)] if past else []
+    half = block // 2
+    first, second = slice(None, half), slice(half, None)
+    key_runs = order[source, 0], order[source, half]
+    if hop == 0:
+        return [_Call(ALL, first, order, key_runs[0]), _Call(second, second, order[:, half:], key_runs[1])]
+    if past:
+        return [_Call(ALL, first, order, key_runs[0])]
+    return [_Call(second, part, order[:, half:], start) for part, start in zip((first, second), key_runs)]
+
+
+def _windowed_kernel(call: _Call, kv_len: int, q_ids, kv_ids, layout: AttentionLayout) -> splash.Kernel:
+    config = layout.kernel
+    if layout.zigzag:  # a query block must not straddle the rank's two chunks
+        config = dataclasses.replace(config, block_q=min(config.block_q, layout.ring_block // 2))
+    rank = jax.lax.axis_index("context")
+    kernel = splash.mask_kernel(
+        layout.mask, call.q_positions, call.kv_first, kv_len, rank, config, seq_len=layout.seq_len
+    )
+    return kernel.with_segments(_slice(q_ids, call.q_part), _slice(kv_ids, call.kv_part))
+
+
+def _merge_seen(out, lse, out_h, lse_h):
+    """`out`, `lse` merged by log-sum-exp with a call's; rows that saw no key (`lse` −inf, output NaN
+    from splash's 0/0) add nothing."""
+    new = jnp.logaddexp(lse, lse_h)
+    safe = jnp.where(jnp.isfinite(new), new, 0.0)
+    seen = jnp.where(jnp.isfinite(lse_h)[..., None], out_h.astype(jnp.float32), 0.0)
+    return out * jnp.exp(lse - safe)[..., None] + seen * jnp.exp(lse_h - safe)[..., None], new
+
+
+def _windowed_forward(q, k, v, q_ids, kv_ids, out, lse, *, layout: AttentionLayout, hop: int, past: bool):
+    """`out` (fp32) and `lse` merged with step `hop`'s calls."""
+    for call in _windowed_calls(layout, hop, past):
+        qp, kp = call.q_part, call.kv_part
+        kernel = _windowed_kernel(call, k[:, kp].shape[1], q_ids, kv_ids, layout)
+        merged = _merge_seen(out[:, qp], lse[:, qp], *splash.attend_with_lse(kernel, q[:, qp], k[:, kp], v[:, kp]))
+        out, lse = out.at[:, qp].set(merged[0]), lse.at[:, qp].set(merged[1])
+    return out, lse
+
+
+def _windowed_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, grads, *, layout: AttentionLayout, hop, past):
+    """The fp32 accumulators `grads` = (dq, dk, dv) plus step `hop`'s calls' shares."""
+    dq, dk, dv = grads
+    for call in _windowed_calls(layout, hop, past):
+        qp, kp = call.q_part, call.kv_part
+        kernel = _windowed_kernel(call, k[:, kp].shape[1], q_ids, kv_ids, layout)
+        parts = splash.attend_bwd(kernel, q[:, qp], k[:, kp], v[:, kp], out[:, qp], lse[:, qp], d_out[:, qp])
+        f32 = [h.astype(jnp.float32) for h in parts]
+        dq, dk, dv = dq.at[:, qp].add(f32[0]), dk.at[:, kp].add(f32[1]), dv.at[:, kp].add(f32[2])
+    return dq, dk, dv
+
+
+def _windowed_own_forward(q, k, v, ids, layout: AttentionLayout):
+    """The rank's own block: fp32 output and log-sum-exp."""
+    out = jnp.zeros(q.shape, jnp.float32)
+    lse = jnp.full(q.shape[:2], -jnp.inf, jnp.float32)
+    return _windowed_forward(q, k, v, ids, ids, out, lse, layout=layout, hop=0, past=True)
+
+
+def _windowed_own_backward(q, k, v, ids, out, lse, d_out, layout: AttentionLayout):
+    """The rank's own block's (dq, dk, dv), fp32."""
+    zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
+    return _windowed_backward(q, k, v, ids, ids, out, lse, d_out, zeros, layout=layout, hop=0, past=True)
+
+
 def _source_is_past(hop: int, n: int):
     rank = jax.lax.axis_index(AXIS)
     return (rank - hop) % n < rank
 
 
 def _hop(step, hop: int, layout: AttentionLayout, *args):
-    """`_hop_forward` or `_hop_backward` of one hop: chosen at run time by where the source sits
-    under a causal mask; whole (as from an earlier rank) under a full one."""
+    """`_hop_forward` or `_hop_backward` of one hop (their `_windowed_` namesakes under a local mask):
+    chosen at run time by where the source sits under a causal mask; whole (as from an earlier rank)
+    under a full one."""
+    if layout.mask.local:
+        step = partial({_hop_forward: _windowed_forward, _hop_backward: _windowed_backward}[step], hop=hop)
     if not layout.causal:
         return step(*args, layout=layout, past=True)
     return jax.lax.cond(
@@ -125,17 +228,32 @@ def _after_previous_hop(*values):
 
 def _local_kernel(length: int, ids, layout: AttentionLayout) -> splash.Kernel:
     """The kernel of the rank's own block: causal, or full under the model's full mask."""
-    return splash.block_kernel(length, length, layout.kernel, causal=layout.causal).with_segments(ids, ids)
+    return splash.block_kernel(length, length, layout.kernel, mask=layout.mask).with_segments(ids, ids)
+
+
+def _own_forward(q, k, v, ids, layout: AttentionLayout):
+    """The rank's own block: fp32 output and log-sum-exp."""
+    if layout.mask.local:
+        return _windowed_own_forward(q, k, v, ids, layout)
+    out, lse = splash.attend_with_lse(_local_kernel(q.shape[1], ids, layout), q, k, v)
+    return out.astype(jnp.float32), lse
+
+
+def _own_backward(q, k, v, ids, out, lse, d_out, layout: AttentionLayout):
+    """The rank's own block's (dq, dk, dv), fp32."""
+    if layout.mask.local:
+        return _windowed_own_backward(q, k, v, ids, out, lse, d_out, layout)
+    local = _local_kernel(q.shape[1], ids, layout)
+    return tuple(x.astype(jnp.float32) for x in splash.attend_bwd(local, q, k, v, out, lse, d_out))
 
 
 def _forward(q, k, v, ids, layout: AttentionLayout):
-    n, length = layout.ring, q.shape[1]
-    out, lse = splash.attend_with_lse(_local_kernel(length, ids, layout), q, k, v)
-    out = out.astype(jnp.float32)
-    arriving = _shift((k, v, ids), n)
-    for hop in range(1, n):
+    n, hops = layout.ring, layout.hops
+    out, lse = _own_forward(q, k, v, ids, layout)
+    arriving = _shift((k, v, ids), n) if hops else None
+    for hop in range(1, hops + 1):
         q_now, out, lse, (k_now, v_now, kv_ids) = _after_previous_hop(q, out, lse, arriving)
-        if hop < n - 1:
+        if hop < hops:
             arriving = _shift((k_now, v_now, kv_ids), n)  # travels during this hop's kernel
         out, lse = _hop(_hop_forward, hop, layout, q_now, k_now, v_now, ids, kv_ids, out, lse)
     return out.astype(q.dtype), lse
@@ -158,18 +276,17 @@ def _ring_fwd(q, k, v, ids, layout):
 
 def _ring_bwd(layout, residuals, d_out):
     q, k, v, ids, out, lse = residuals
-    n, length = layout.ring, q.shape[1]
-    local = _local_kernel(length, ids, layout)
-    dq, dk, dv = (x.astype(jnp.float32) for x in splash.attend_bwd(local, q, k, v, out, lse, d_out))
-    arriving = _shift(_after_previous_hop(k, v, ids, d_out)[:3], n)
-    for hop in range(1, n):
+    n, hops = layout.ring, layout.hops
+    dq, dk, dv = _own_backward(q, k, v, ids, out, lse, d_out, layout)
+    arriving = _shift(_after_previous_hop(k, v, ids, d_out)[:3], n) if hops else None
+    for hop in range(1, hops + 1):
         q_now, dq, (k_now, v_now, kv_ids) = _after_previous_hop(q, dq, arriving)
-        if hop < n - 1:
+        if hop < hops:
             arriving = _shift((k_now, v_now, kv_ids), n)
         dk, dv = _shift((dk, dv), n)
         dq, dk, dv = _hop(_hop_backward, hop, layout, q_now, k_now, v_now, ids, kv_ids, out, lse, d_out, (dq, dk, dv))
-    if n > 1:
-        dk, dv = _shift((dk, dv), n)
+    if n > 1 and hops:  # dK/dV of the source `hops` ranks back: home over the rest of the ring
+        dk, dv = _shift((dk, dv), n, n - hops)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 

@@ -35,6 +35,6 @@ def attention(
     """Attention of local `[batch, seq/u, heads, d]` blocks (q pre-scaled); `segment_ids` `[batch, seq/u]` or None."""
     q, k, v = gather_sequence(q, k, v, layout)
     ids = gather_segment_ids(segment_ids)
-    kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, causal=layout.causal).with_segments(ids, ids)
+    kernel = splash.block_kernel(q.shape[1], k.shape[1], layout.kernel, mask=layout.mask).with_segments(ids, ids)
     out = unfold_heads(splash.attend(kernel, fold_heads(q), fold_heads(k), fold_heads(v)), q.shape[0])
     return scatter_sequence(out)
