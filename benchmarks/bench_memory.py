@@ -593,6 +593,38 @@ ROWS = [
         8,
         dict(remat="full", load_balance="zigzag"),
     ),
+    # local layers (Llama 3.1 8B's shapes with a window, chunks or packed documents; `model` holds the
+    # ModelSpec fields): the ring's one hop, a layer switch between a local and a global mask
+    (
+        "v5p local ring context8 128K x4 window4096 full 4l",
+        "v5p:2x2x2",
+        dict(context=8),
+        "ring",
+        128 * K,
+        4,
+        4,
+        dict(remat="full", model=dict(window=4 * K)),
+    ),
+    (
+        "tpu7x local ulysses context_ulysses8 128K x4 window1024 LG save_dot_except_mlp 4l",
+        "tpu7x:2x2x1",
+        dict(context_ulysses=8),
+        "ulysses",
+        128 * K,
+        4,
+        4,
+        dict(remat="save_dot_except_mlp", model=dict(window=K, layer_pattern="LG")),
+    ),
+    (
+        "v5p local usp context2context_ulysses4 64K x8 documents8K full 4l",
+        "v5p:2x2x2",
+        dict(context=2, context_ulysses=4),
+        "usp",
+        64 * K,
+        8,
+        4,
+        dict(remat="full", model=dict(documents=8 * K)),
+    ),
 ]
 
 
@@ -601,8 +633,9 @@ def plan_of(row):
     from planner import Plan, make_mesh
 
     label, topology, mesh, strategy, seq_len, sequences, layers, fields = row
+    fields = dict(fields)
     base = get_model("llama3.1-8b")
-    model = dataclasses.replace(base, name=f"{base.name}-{layers}l", num_layers=layers)
+    model = dataclasses.replace(base, name=f"{base.name}-{layers}l", num_layers=layers, **fields.pop("model", {}))
     return Plan(
         model=model,
         topology=topology,

@@ -19,7 +19,7 @@ class AttentionLayout:
     (`ring`) and 'context_ulysses' (`ulysses`) degrees, zigzag order, splash `kernel`, the layer's mask.
 
     Raises:
-        CpplanError: zigzag order under a full mask (`Plan` refuses it too).
+        CpplanError: zigzag order under a full or a local mask (`Plan` refuses both too).
     """
 
     seq_len: int
@@ -35,6 +35,12 @@ class AttentionLayout:
                 "zigzag order balances causal attention; with a full (non-causal) mask every rank does "
                 "the same work, and the ring's hops attend whole blocks: lay tokens out in natural "
                 "order (load_balance='none')."
+            )
+        if self.zigzag and self.mask.local:
+            raise CpplanError(
+                f"zigzag order under a local mask ({self.mask.describe()}) puts each window's keys on the ranks a "
+                f"one-way ring reaches last, and a local layer's work is the same on every rank: lay tokens out "
+                f"in natural order (load_balance='none')."
             )
 
     @property

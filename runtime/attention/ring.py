@@ -22,8 +22,6 @@ with K/V, and one more transfer over the rest of the ring brings them home.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from functools import partial
 
 import jax
@@ -33,7 +31,6 @@ from jax.ad_checkpoint import checkpoint_name
 
 from runtime import splash
 from runtime.attention.base import AttentionLayout, fold_heads, unfold_heads
-from runtime.layout import token_order
 
 AXIS = "context"
 
@@ -101,53 +98,20 @@ def _hop_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, grads, layout: Attent
 
 
 # -- under a local mask (sliding window, chunks) ---------------------------------------------------
-# Each call attends some of the rank's queries to one contiguous run of a block's keys, its tables and
-# in-kernel mask from `cost_models.masks` at the call's offsets (`splash.mask_kernel`). Natural order: one
-# call per step (own block, then each past source). Zigzag: a call per run of keys, the rank's queries in
-# one call where both chunks may see it: own block, all queries × own first chunk and second × second; a
-# past source, all × its first chunk (its second lies after every query); a later source, the second
-# query chunk × each of its chunks. A query that sees no key of a call gets no weight in the merge.
-
-ALL = slice(None)
+# Natural order only (a local mask refuses zigzag): each step attends the rank's queries to one block
+# `hop` blocks back, its tables and in-kernel mask from `cost_models.masks` at that offset
+# (`splash.mask_kernel`; one static table, as every rank that runs the step has the same offset). A
+# query that sees no key of a step gets no weight in the merge.
 
 
-@dataclass(frozen=True)
-class _Call:
-    """One splash call of a step: which local queries and keys, and per rank the queries' positions
-    `[ranks, len]` and the first key's `[ranks]`."""
-
-    q_part: slice
-    kv_part: slice
-    q_positions: np.ndarray
-    kv_first: np.ndarray
-
-
-def _windowed_calls(layout: AttentionLayout, hop: int, past: bool) -> list[_Call]:
-    """The calls of step `hop` (0: the rank's own block) for ranks whose source is before them (`past`) or not."""
+def _windowed_kernel(hop: int, q_ids, kv_ids, layout: AttentionLayout) -> splash.Kernel:
     n, block = layout.ring, layout.ring_block
-    order = token_order(layout.seq_len, n, layout.zigzag).reshape(n, block)
-    source = (np.arange(n) - hop) % n
-    if not layout.zigzag:  # keys `hop` blocks back on every rank that runs it: one static table
-        return [_Call(ALL, ALL, order, order[:, 0] - hop * block)] if past else []
-    half = block // 2
-    first, second = slice(None, half), slice(half, None)
-    key_runs = order[source, 0], order[source, half]
-    if hop == 0:
-        return [_Call(ALL, first, order, key_runs[0]), _Call(second, second, order[:, half:], key_runs[1])]
-    if past:
-        return [_Call(ALL, first, order, key_runs[0])]
-    return [_Call(second, part, order[:, half:], start) for part, start in zip((first, second), key_runs)]
-
-
-def _windowed_kernel(call: _Call, kv_len: int, q_ids, kv_ids, layout: AttentionLayout) -> splash.Kernel:
-    config = layout.kernel
-    if layout.zigzag:  # a query block must not straddle the rank's two chunks
-        config = dataclasses.replace(config, block_q=min(config.block_q, layout.ring_block // 2))
+    positions = np.arange(layout.seq_len).reshape(n, block)
     rank = jax.lax.axis_index("context")
     kernel = splash.mask_kernel(
-        layout.mask, call.q_positions, call.kv_first, kv_len, rank, config, seq_len=layout.seq_len
+        layout.mask, positions, positions[:, 0] - hop * block, block, rank, layout.kernel, seq_len=layout.seq_len
     )
-    return kernel.with_segments(_slice(q_ids, call.q_part), _slice(kv_ids, call.kv_part))
+    return kernel.with_segments(q_ids, kv_ids)
 
 
 def _merge_seen(out, lse, out_h, lse_h):
@@ -160,25 +124,19 @@ def _merge_seen(out, lse, out_h, lse_h):
 
 
 def _windowed_forward(q, k, v, q_ids, kv_ids, out, lse, *, layout: AttentionLayout, hop: int, past: bool):
-    """`out` (fp32) and `lse` merged with step `hop`'s calls."""
-    for call in _windowed_calls(layout, hop, past):
-        qp, kp = call.q_part, call.kv_part
-        kernel = _windowed_kernel(call, k[:, kp].shape[1], q_ids, kv_ids, layout)
-        merged = _merge_seen(out[:, qp], lse[:, qp], *splash.attend_with_lse(kernel, q[:, qp], k[:, kp], v[:, kp]))
-        out, lse = out.at[:, qp].set(merged[0]), lse.at[:, qp].set(merged[1])
-    return out, lse
+    """`out` (fp32) and `lse` merged with step `hop` (0: the rank's own block); nothing from a later source."""
+    if not past:
+        return out, lse
+    kernel = _windowed_kernel(hop, q_ids, kv_ids, layout)
+    return _merge_seen(out, lse, *splash.attend_with_lse(kernel, q, k, v))
 
 
 def _windowed_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, grads, *, layout: AttentionLayout, hop, past):
-    """The fp32 accumulators `grads` = (dq, dk, dv) plus step `hop`'s calls' shares."""
-    dq, dk, dv = grads
-    for call in _windowed_calls(layout, hop, past):
-        qp, kp = call.q_part, call.kv_part
-        kernel = _windowed_kernel(call, k[:, kp].shape[1], q_ids, kv_ids, layout)
-        parts = splash.attend_bwd(kernel, q[:, qp], k[:, kp], v[:, kp], out[:, qp], lse[:, qp], d_out[:, qp])
-        f32 = [h.astype(jnp.float32) for h in parts]
-        dq, dk, dv = dq.at[:, qp].add(f32[0]), dk.at[:, kp].add(f32[1]), dv.at[:, kp].add(f32[2])
-    return dq, dk, dv
+    """The fp32 accumulators `grads` = (dq, dk, dv) plus step `hop`'s share."""
+    if not past:
+        return grads
+    parts = splash.attend_bwd(_windowed_kernel(hop, q_ids, kv_ids, layout), q, k, v, out, lse, d_out)
+    return tuple(g + h.astype(jnp.float32) for g, h in zip(grads, parts))
 
 
 def _windowed_own_forward(q, k, v, ids, layout: AttentionLayout):

@@ -17,6 +17,7 @@ from cost_models.models import ModelSpec  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime import splash  # noqa: E402
 from runtime.attention import attention_layout, context_attention  # noqa: E402
+from runtime.attention.base import AttentionLayout  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
@@ -26,10 +27,8 @@ DOCUMENT_STARTS = (150, 380)  # packed rows: three documents
 MESHES = {  # ring blocks: 128 tokens (ring of 4), 256 (ring of 2)
     "none": ("none", {}, False),
     "all_gather": ("all_gather", dict(context=4), False),
-    "all_gather-zigzag": ("all_gather", dict(context=2), True),
     "ulysses": ("ulysses", dict(context_ulysses=2), False),
     "ring": ("ring", dict(context=4), False),
-    "ring-zigzag": ("ring", dict(context=2), True),
     "usp": ("usp", dict(context=2, context_ulysses=2), False),
 }
 # (mask, packed): a window shorter than a 128-token ring block (the ring of 4 skips 2 of 3 hops), one
@@ -44,7 +43,13 @@ EXTRA = [  # the ring's other regimes: every hop, none, chunk ids combined with 
     ("ring", "chunk128", masks.chunked(128), False),
     ("ring", "packed-chunk192", masks.chunked(192), True),
 ]
-CASES = [(m, name, *MASKS[name]) for m in MESHES for name in MASKS] + EXTRA
+# on MaxText's stack the ring's and USP's cases make every other strategy's splash calls and masks
+STAGE3 = ("ring", "usp")
+CASES = [
+    pytest.param(m, name, *MASKS[name], marks=() if m in STAGE3 else pytest.mark.release_repeat, id=f"{m}-{name}")
+    for m in MESHES
+    for name in MASKS
+] + [pytest.param(*case, id=f"{case[0]}-{case[1]}") for case in EXTRA]
 
 
 def make_plan(mesh_name, mask):
@@ -95,7 +100,7 @@ def run(fn, q, k, v, d_out):
     return jax.jit(both)(q, k, v, d_out)
 
 
-@pytest.mark.parametrize("mesh_name,mask_name,mask,packed", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+@pytest.mark.parametrize("mesh_name,mask_name,mask,packed", CASES)
 def test_local_attention_equals_the_dense_masked_reference(data, mesh_name, mask_name, mask, packed):
     q, k, v, d_out, ids = data
     ids = ids if packed else None
@@ -144,13 +149,12 @@ def test_ring_makes_the_hops_the_mask_needs(monkeypatch, mesh_name, mask):
     assert transfers == 2 * hops  # K and V sent only to the hops that use them
 
 
-def test_zigzag_ring_walks_every_hop_in_half_block_calls(monkeypatch):
-    plan = make_plan("ring-zigzag", masks.sliding_window(100))
-    block, half = SEQ // 2, SEQ // 4
-    calls, transfers = traced_calls(monkeypatch, plan, plan.model.local_mask)
-    assert int(masks.hops_needed(plan.model.local_mask, block, 2, True)) == transfers // 2 == 1
-    # own block: all queries × first chunk, second × second; a past hop all × first; a later one second × each
-    assert calls == [(block, half), (half, half), (block, half), (half, half), (half, half)]
+def test_zigzag_order_is_refused_under_a_local_mask():
+    config = splash.KernelConfig(128, 128, interpret=True)
+    with pytest.raises(CpplanError, match="zigzag order under a local mask .* natural order"):
+        AttentionLayout(SEQ, 2, 1, True, config, masks.sliding_window(100))
+    with pytest.raises(CpplanError, match="has local layers .* natural order"):
+        dataclasses.replace(make_plan("ring", masks.sliding_window(100)), load_balance="zigzag")
 
 
 def test_bad_input_is_refused_with_the_rule_and_the_fix():

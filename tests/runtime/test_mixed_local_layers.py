@@ -53,7 +53,13 @@ def test_each_layer_gets_its_mask():
 
 
 @pytest.mark.parametrize(
-    "strategy,mesh", [("ring", dict(context=4)), ("ulysses", dict(context_ulysses=2))], ids=["ring4", "ulysses2"]
+    "strategy,mesh",
+    [
+        ("ring", dict(context=4)),
+        # on MaxText's stack the ring's case makes its layer switch and masks' jax calls
+        pytest.param("ulysses", dict(context_ulysses=2), marks=pytest.mark.release_repeat),
+    ],
+    ids=["ring4", "ulysses2"],
 )
 def test_mixed_model_step_equals_one_device_step(single_device_step, strategy, mesh):
     want_loss, want_grads = single_device_step
