@@ -154,7 +154,7 @@ def requests(draw):
     return model, seq_len, topology, dict(batch, num_slices=slices)
 
 
-@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(requests())
 def test_every_request_gets_a_plan_or_advice_that_yields_one(request):
     model, seq_len, topology, batch = request
