@@ -4,7 +4,8 @@
 #      the pure tier, which passes without jax (the HTML reports and their browser test included).
 #   2. Python 3.11 with the runtime extra: the rest of the suite (cpu_mesh, tpu_compile, and the
 #      pure tests that mean something only with that extra installed, marked runtime_extra); the
-#      rest of the pure tier already ran in stage 1 and does not import jax, so it is not run twice.
+#      rest of the pure tier already ran in stage 1 and does not import jax, so it is not run twice;
+#      the cases marked release_subset are stage 3's smaller stand-ins, left out here.
 #   3. Python 3.12 with MaxText 0.2.5's stack (constraints/maxtext-0.2.5.txt): cpu_mesh and
 #      runtime_extra (less six files whose outcome does not depend on the jax release, see STAGE3_IGNORE,
 #      and the cases marked release_repeat, whose jax calls another case of their test makes).
@@ -88,7 +89,10 @@ browser() {
 # ruff (configured in pyproject.toml) lints and checks the formatting of the whole tree first
 lint() { .venvs/py311-pure/bin/ruff check . && .venvs/py311-pure/bin/ruff format --check .; }
 pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test,report]' && lint && browser && tier py311-pure -m pure; }
-runtime_tiers() { venv py311 "$(python_for 3.11)" '.[runtime,test,report]' && tier py311 -m "not pure or runtime_extra"; }
+runtime_tiers() {
+    venv py311 "$(python_for 3.11)" '.[runtime,test,report]' &&
+        tier py311 -m "(not pure or runtime_extra) and not release_subset"
+}
 beside_maxtext() {
     venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt &&
         tier py312-maxtext -m "(cpu_mesh or runtime_extra) and not release_repeat" "${STAGE3_IGNORE[@]}"

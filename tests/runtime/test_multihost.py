@@ -1,8 +1,8 @@
 """cpu_mesh tier: two processes of four virtual CPU devices each, joined by `jax.distributed`
 (gloo collectives), train every strategy to the same losses as this process's eight devices.
 
-The test starts the two processes itself (this file, run as a script, is the worker), one launch
-per case. Each case cuts the mesh so that what a process feeds differs from a
+The test starts the two processes itself (this file, run as a script, is the worker); one launch
+covers its cases in sequence. Each case cuts the mesh so that what a process feeds differs from a
 single controller's: the sequence split between the processes (USP's ring over them, zigzag, the
 all-to-all inside each), or the batch and the parameters split between them (all-gather's K/V
 inside each).
@@ -55,10 +55,10 @@ def make_plan(name: str) -> Plan:
     )
 
 
-def losses_of(name: str) -> list[float]:
+def losses_of(names: list[str]) -> dict[str, list[float]]:
     from runtime import run
 
-    return list(run(make_plan(name), steps=STEPS, data=PROSE, seed=0).losses)
+    return {name: list(run(make_plan(name), steps=STEPS, data=PROSE, seed=0).losses) for name in names}
 
 
 def _free_port() -> int:
@@ -67,7 +67,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(process_id: int, num_processes: int, coordinator: str, name: str) -> None:
+def _worker(process_id: int, num_processes: int, coordinator: str, names: list[str]) -> None:
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // num_processes}"
     os.environ["JAX_PLATFORMS"] = "cpu"
     from runtime.distributed import ProcessGroup, initialize
@@ -76,20 +76,24 @@ def _worker(process_id: int, num_processes: int, coordinator: str, name: str) ->
     import jax
 
     assert jax.device_count() == 8 and jax.local_device_count() == 8 // num_processes
-    print(json.dumps({"process": jax.process_index(), "losses": losses_of(name)}), flush=True)
+    print(json.dumps({"process": jax.process_index(), "losses": losses_of(names)}), flush=True)
 
 
 @pytest.mark.parametrize(
-    "name",
-    # on MaxText's stack the USP case's launch makes the other's jax.distributed calls and collectives
-    ["usp4x2", pytest.param("all_gather4-fsdp2", marks=pytest.mark.release_repeat)],
+    "names",
+    # one launch for every case; on MaxText's stack the USP case's alone, which makes the other's
+    # jax.distributed calls and collectives
+    [
+        pytest.param(list(CASES), marks=pytest.mark.release_repeat, id="every-case"),
+        pytest.param(["usp4x2"], marks=pytest.mark.release_subset, id="usp4x2"),
+    ],
 )
-def test_two_processes_train_as_one(name):
+def test_two_processes_train_as_one(names):
     coordinator = f"localhost:{_free_port()}"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, str(i), "2", coordinator, name],
+            [sys.executable, __file__, str(i), "2", coordinator, *names],
             env=env,
             text=True,
             stdout=subprocess.PIPE,
@@ -97,7 +101,7 @@ def test_two_processes_train_as_one(name):
         )
         for i in range(2)
     ]
-    single = losses_of(name)  # meanwhile, this process: 8 devices, one controller
+    single = losses_of(names)  # meanwhile, this process: 8 devices, one controller
     outputs = []
     for proc in procs:
         try:
@@ -109,10 +113,12 @@ def test_two_processes_train_as_one(name):
         assert proc.returncode == 0, stderr[-3000:]
         outputs.append(json.loads(stdout.strip().splitlines()[-1]))
     print(json.dumps({"single": single, "two_processes": outputs[0]["losses"]}))
-    assert len(single) == STEPS and single[0] > 5.0 and single[-1] < single[0]  # ~ln(256) at first, then learning
     for out in outputs:
-        assert out["losses"] == pytest.approx(single, rel=1e-5)
+        assert out["losses"].keys() == single.keys()
+        for name, want in single.items():
+            assert len(want) == STEPS and want[0] > 5.0 and want[-1] < want[0]  # ~ln(256) at first, then learning
+            assert out["losses"][name] == pytest.approx(want, rel=1e-5), name
 
 
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:])
