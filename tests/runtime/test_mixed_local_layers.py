@@ -52,18 +52,11 @@ def test_each_layer_gets_its_mask():
     assert mask_indices(dataclasses.replace(plan, model=dataclasses.replace(MIXED, window=0, layer_pattern=""))) is None
 
 
-@pytest.mark.parametrize(
-    "strategy,mesh",
-    [
-        ("ring", dict(context=4)),
-        # on MaxText's stack the ring's case makes its layer switch and masks' jax calls
-        pytest.param("ulysses", dict(context_ulysses=2), marks=pytest.mark.release_repeat),
-    ],
-    ids=["ring4", "ulysses2"],
-)
-def test_mixed_model_step_equals_one_device_step(single_device_step, strategy, mesh):
+def test_mixed_model_step_equals_one_device_step(single_device_step):
+    # the layer switch does not depend on the strategy (each strategy's local attention has its own
+    # equivalence test); the ring's is the one whose hops differ between the two masks
     want_loss, want_grads = single_device_step
-    loss, grads = one_step(make_plan(mesh, strategy))
+    loss, grads = one_step(make_plan(dict(context=4), "ring"))
     assert abs(loss - want_loss) <= 1e-4 * abs(want_loss)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-9
