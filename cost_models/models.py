@@ -180,9 +180,14 @@ class ModelSpec:
         return AttentionMask(self.local_kind, self.window)
 
     @property
+    def first_local_mask(self) -> AttentionMask | None:
+        """The first layer mask whose queries see a bounded stretch of keys (a window, a chunk, a
+        document), or None where every layer attends over the whole context."""
+        return next((mask for mask, _ in self.layer_masks if mask.local), None)
+
+    @property
     def has_local_layers(self) -> bool:
-        """Whether some layer's queries see a bounded stretch of keys (a window, a chunk, a document)."""
-        return any(mask.local for mask, _ in self.layer_masks)
+        return self.first_local_mask is not None
 
     def all_global(self) -> "ModelSpec":
         """This model with every layer attending over the whole (causal or full) context, unpacked."""

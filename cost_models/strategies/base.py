@@ -258,9 +258,8 @@ def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
             f"attends with a full (non-causal) mask (causal=False), which gives every context rank the same work"
         )
     if zigzag and model.has_local_layers:
-        local = next(mask for mask, _ in model.layer_masks if mask.local)
         return (
-            f"load_balance=zigzag: model {model.name!r} has local layers ({local.describe()}), whose "
+            f"load_balance=zigzag: model {model.name!r} has local layers ({model.first_local_mask.describe()}), whose "
             f"work is the same on every context rank; zigzag would put each window's keys on ranks a ring "
             f"reaches last, so every local layer would walk the whole ring: lay tokens out in natural order "
             f"(load_balance='none')"
@@ -278,11 +277,10 @@ def maxtext_mask_problems(model: ModelSpec) -> list[str]:
     """A full-mask model cannot be exported: MaxText 0.2.5 runs its decoder blocks causal whatever
     `attention_type` says. Evidence: docs/provenance/strategies_and_validation.md#base"""
     if model.has_local_layers:
-        local = next(mask for mask, _ in model.layer_masks if mask.local)
         return [
-            f"model {model.name!r} has local layers ({local.describe()}), and MaxText 0.2.5's llama2 and "
-            f"default decoder blocks, the ones cpplan exports, attend globally (the blocks pass their own, global, "
-            f"attention type); run the plan on cpplan's runtime"
+            f"model {model.name!r} has local layers ({model.first_local_mask.describe()}), and MaxText 0.2.5's "
+            f"llama2 and default decoder blocks, the ones cpplan exports, attend globally (the blocks pass their "
+            f"own, global, attention type); run the plan on cpplan's runtime"
         ]
     if model.causal:
         return []
