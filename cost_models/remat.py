@@ -260,6 +260,7 @@ class RematCost:
     saved_on_host: np.ndarray  # values offloaded to host memory per token per layer, the layer input where offloaded
     kept_attention_side: np.ndarray  # of the attention side's checkpoints, values kept on device per token
     kept_mlp_side: np.ndarray  # of the MLP's checkpoints the backward reads, values kept on device per token
+    kept_attention_operands: np.ndarray  # of `READ_BY_ATTENTION_BACKWARD`, values kept on device per token
     fetched_ahead: np.ndarray  # of the offloaded values, the layer input and `READ_BY_ATTENTION_BACKWARD`, per token
     recompute_qkv_out: np.ndarray  # fraction of the q/k/v and out projections' FLOPs recomputed
     recompute_mlp: np.ndarray  # fraction of the MLP matmuls' FLOPs recomputed
@@ -297,6 +298,7 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
         model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
         width(attention_side, Placement.DEVICE),
         width(mlp_side, Placement.DEVICE),
+        width(READ_BY_ATTENTION_BACKWARD, Placement.DEVICE),
         model.hidden * (layer_input is Placement.OFFLOAD) + width(READ_BY_ATTENTION_BACKWARD, Placement.OFFLOAD),
         fraction(Block.ATTENTION_PROJECTIONS),
         fraction(Block.MLP),

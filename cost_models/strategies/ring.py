@@ -96,9 +96,11 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     exposed_bwd = hops * np.maximum(0.0, hop_bwd - compute_per_hop_bwd) + grads_home
     q_block = block_tokens * layout.q_heads * x.model.head_dim
     # what a hop of the backward holds beyond the working set (whose gradients of q, K, V are the hop's
-    # own): dq's fp32 sum and the one being formed, dK/dV's arriving and the ones being formed (fp32),
-    # and the next hop's K/V arriving (docs/provenance/strategies_and_validation.md#ring)
-    buffers = q_block * 2 * GRAD_BYTES + kv_block * (1 + 2 * GRAD_BYTES / x.act_bytes)
+    # own): dq's fp32 sum and the one being formed, the next hop's K/V and dK/dV's fp32 sums arriving,
+    # and while a later hop follows, the sums being formed; a mask that needs no hop holds none of
+    # them (docs/provenance/strategies_and_validation.md#ring)
+    kv_sums = 1 + (hops > 1)
+    buffers = (hops > 0) * (q_block * 2 * GRAD_BYTES + kv_block * (1 + kv_sums * GRAD_BYTES / x.act_bytes))
     return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd)
 
 

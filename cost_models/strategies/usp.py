@@ -42,20 +42,16 @@ class USP(StrategySpec):
     ) -> CPCost:
         a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
-        block = (
-            x.sequences_per_device
-            * x.seq_len
-            / x.ring
-            * (2 * layout.q_heads + 2 * layout.kv_heads)
-            * x.model.head_dim
-            * x.act_bytes
-        )
+        # the all-to-all lays the working set's q/K/V/out out anew for the kernel; only the values the
+        # policy keeps (counted in the activations, not the working set) are held twice, once per layout
+        # (docs/provenance/strategies_and_validation.md#usp)
+        kept_copies = x.tokens_per_device * x.held_remat_columns.kept_attention_operands / x.tensor * x.act_bytes
         return CPCost(
             a2a_fwd + ring.forward_s,
             a2a_bwd + ring.backward_s,
             a2a_fwd + ring.exposed_forward_s,
             a2a_bwd + ring.exposed_backward_s,
-            ring.buffer_bytes + 2 * block,
+            ring.buffer_bytes + kept_copies,
             recompute_reuses_s=a2a_fwd,
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
         )
