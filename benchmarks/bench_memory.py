@@ -625,6 +625,38 @@ ROWS = [
         4,
         dict(remat="full", model=dict(documents=8 * K)),
     ),
+    # added before they were compiled, as a held-out check of the local-layer price: all-gather's
+    # layer switch, a ring over 32K chunks (one hop), USP's ring under an 8K window (one hop)
+    (
+        "tpu7x local all_gather context8 128K x4 window4096 LG minimal_with_context 4l",
+        "tpu7x:2x2x1",
+        dict(context=8),
+        "all_gather",
+        128 * K,
+        4,
+        4,
+        dict(remat="minimal_with_context", model=dict(window=4 * K, layer_pattern="LG")),
+    ),
+    (
+        "v5p local ring context8 128K x8 chunks32K save_dot_except_mlp 4l",
+        "v5p:2x2x2",
+        dict(context=8),
+        "ring",
+        128 * K,
+        8,
+        4,
+        dict(remat="save_dot_except_mlp", model=dict(window=32 * K, local_kind="chunked")),
+    ),
+    (
+        "tpu7x local usp context4context_ulysses2 128K x8 window8192 minimal_with_context 4l",
+        "tpu7x:2x2x1",
+        dict(context=4, context_ulysses=2),
+        "usp",
+        128 * K,
+        8,
+        4,
+        dict(remat="minimal_with_context", model=dict(window=8 * K)),
+    ),
 ]
 
 

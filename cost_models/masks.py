@@ -117,12 +117,11 @@ def chunked(size: int) -> AttentionMask:
     return AttentionMask(MaskKind.CHUNKED, size)
 
 
-def hops_needed(mask: AttentionMask, block_tokens, ring, zigzag=False):
-    """Ring hops (K/V passed one rank on, `ring` ranks of `block_tokens` positions each) that bring a
-    rank's queries every key they see, its own block aside (arrays broadcast). An unbounded mask needs
-    all N−1; a window the blocks it reaches back into; chunks none where each block holds whole chunks.
-    Under zigzag (rank i holds chunks i and 2N−1−i) a window's keys for the second chunk lie on the
-    ranks after it, which a ring passing one way reaches last: all N−1 again."""
+def hops_needed(mask: AttentionMask, block_tokens, ring):
+    """Ring hops (K/V passed one rank on, `ring` ranks of `block_tokens` positions each, in natural
+    order) that bring a rank's queries every key they see, its own block aside (arrays broadcast). An
+    unbounded mask needs all N−1; a window the blocks it reaches back into; chunks none where each
+    block holds whole chunks. (Zigzag order is refused under a local mask: `AttentionLayout`.)"""
     ring = np.asarray(ring, dtype=float)
     block = np.asarray(block_tokens, dtype=float)
     if not mask.local:
@@ -130,7 +129,7 @@ def hops_needed(mask: AttentionMask, block_tokens, ring, zigzag=False):
     back = np.ceil(mask.reach / block)
     if mask.kind is MaskKind.CHUNKED:
         back = np.where(block % mask.size == 0, 0.0, back)
-    return np.where(np.asarray(zigzag) & (ring > 1), ring - 1, np.minimum(ring - 1, back))
+    return np.minimum(ring - 1, back)
 
 
 def _bounds(mask: AttentionMask, first, last):

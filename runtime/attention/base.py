@@ -56,7 +56,7 @@ class AttentionLayout:
     @property
     def hops(self) -> int:
         """Ring hops that bring each rank every key its queries see (`cost_models.masks.hops_needed`)."""
-        return int(hops_needed(self.mask, self.ring_block, self.ring, self.zigzag))
+        return int(hops_needed(self.mask, self.ring_block, self.ring))
 
 
 def fold_heads(x: jax.Array) -> jax.Array:

@@ -72,7 +72,6 @@ def test_hops_needed_by_hand():
     assert hops_needed(sliding_window(20000), 8192, 2) == 1  # never past the ring
     assert hops_needed(chunked(8192), 16384, 8) == 0  # each block holds whole chunks
     assert hops_needed(chunked(8192), 4096, 8) == 2  # ceil(8191 / 4096)
-    assert hops_needed(sliding_window(1024), 8192, 8, zigzag=True) == 7
     assert hops_needed(CAUSAL, 8192, 8) == 7 and hops_needed(FULL, 8192, 1) == 0
 
 
