@@ -153,14 +153,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.topology is None:
         return run_children(args)
-    from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program
+    from validation.compiled_program import COMPARED, count_check, read_plan_program
 
     worst_flops, worst_hbm, worst_bytes, over_bytes, compared, misses = 0.0, 0.0, {}, {}, {}, []
     rows = [row for row in PLANS if (not args.only or args.only in plan_label(row)) and row.topology == args.topology]
     for row in rows:
         plan = make_plan(row)
         step = compiled_module(plan, row, args.hlo_dir)
-        check = count_check(plan, read_compiled_program(step["hlo_text"], mesh_axes=plan_mesh_axes(plan)))
+        check = count_check(plan, read_plan_program(step["hlo_text"], plan))
         name = f"{row.topology} {plan_label(row)}"
         print(
             f"\n{name} {'zigzag' if row.zigzag else 'none'} {row.remat} batch {row.batch} "

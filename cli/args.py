@@ -212,22 +212,28 @@ def add_target(p: argparse.ArgumentParser, default_text: str = "cpplan") -> None
 
 def model_of(args: argparse.Namespace) -> ModelSpec:
     """The model a command plans: `--model`, with a full (non-causal) mask under `--full-mask`,
-    refused up front where another flag asks for what a full mask cannot have.
+    refused up front where another flag asks for what a full mask cannot have, or for MaxText where
+    no strategy of MaxText's runs the model's masks.
 
     Raises:
-        CpplanError: an unknown model; a full-mask model with only zigzag balancing allowed, or
-            priced or exported for MaxText.
+        CpplanError: an unknown model; a full-mask model with only zigzag balancing allowed; a model
+            whose masks MaxText runs under no strategy, priced or exported for MaxText.
     """
     model, full_mask = get_model(args.model), getattr(args, "full_mask", False)
     if full_mask:
         model = dataclasses.replace(model, causal=False)
     if getattr(args, "doc_lengths", None) is not None:
         model = dataclasses.replace(model, documents=parse_seq_len(args.doc_lengths, what="--doc-lengths"))
-    if model.causal:
+    unexportable = maxtext_mask_problems(model)  # what no strategy lifts: a full mask, local layers no block has
+    if model.causal and not unexportable:
         return model
-    source = "--full-mask" if full_mask else f"--model {args.model} (is_causal: false)"
+    source = "--full-mask" if full_mask else f"--model {args.model}" + ("" if model.causal else " (is_causal: false)")
     balancing = getattr(args, "load_balance", None)
-    if balancing is not None and {LoadBalance.parse(w) for w in csv_words(balancing)} == {LoadBalance.ZIGZAG}:
+    if (
+        not model.causal
+        and balancing is not None
+        and {LoadBalance.parse(w) for w in csv_words(balancing)} == {LoadBalance.ZIGZAG}
+    ):
         raise CpplanError(
             f"--load-balance {balancing} with {source}: {full_mask_balance_problem(model, True)}; "
             f"allow none (--load-balance none, or leave the flag out)."
@@ -237,7 +243,7 @@ def model_of(args: argparse.Namespace) -> ModelSpec:
         ("--target", getattr(args, "target", None), "leave out --target maxtext to price it"),
     ):
         if value == "maxtext":
-            raise CpplanError(f"{flag} maxtext with {source}: {maxtext_mask_problems(model)[0]}; {fix}.")
+            raise CpplanError(f"{flag} maxtext with {source}: {unexportable[0]}; {fix}.")
     return model
 
 

@@ -11,11 +11,12 @@ import numpy as np
 
 from cost_models import collectives
 from cost_models.candidates import Candidates, LinkColumns
-from cost_models.pricing.attention import price_attention
 from cost_models.pricing.communication import context_traffic, price_traffic
 from cost_models.pricing.head import price_head
 from cost_models.pricing.matmul import price_matmuls
+from cost_models.pricing.step import price_layer_attention
 from cost_models.strategies import STRATEGIES
+from cost_models.targets import Target
 
 # kind of a compiled collective → its formula, with the array it is priced by
 _FORMULAS = {
@@ -49,9 +50,8 @@ def priced_link_bytes(x: Candidates) -> dict[str, np.ndarray]:
     unit_x = dataclasses.replace(
         x, links={name: unit(link) for name, link in x.links.items()}, ring_link=unit(x.ring_link)
     )
-    strategy = STRATEGIES[unit_x.strategy]
-    attention = price_attention(unit_x, strategy)
-    cost = strategy.cost(unit_x, attention.layout, attention.forward_s, attention.backward_s)
+    # a layer's traffic as the price has it: its masks' averaged over the layers (local and global differ)
+    _, cost = price_layer_attention(unit_x, STRATEGIES[unit_x.strategy], Target.CPPLAN)
     context = context_traffic(
         cost, unit_x.remat_columns.recompute_attention, 0.0, hides_behind_attention=False, shares_hops=False
     )

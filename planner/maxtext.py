@@ -13,11 +13,12 @@ other `dcn_*` axes must be 1, as the planner keeps context and tensor inside a s
 Export (`export_maxtext`) describes the plan that was explained, priced for MaxText
 (`cost_models.targets`): where MaxText needs other splash blocks the plan exported has them and
 says so. The training flags and the ahead-of-time `compile_topology*` flags (train_compile only)
-are kept apart. A model with a full (non-causal) mask is refused by name: MaxText 0.2.5 runs the
-attention of the decoder blocks cpplan models causal, whatever its `attention_type` flag says
-(`cost_models.strategies.base.maxtext_mask_problems`). Import (`read_maxtext`) reads what
-changes the price, with MaxText's own defaults for what is unset, applies MaxText's rules, and
-names every flag it did not read.
+are kept apart. Masks travel where MaxText runs them (`cost_models.strategies.base.maxtext_mask_problems`
+refuses the rest by name): sliding-window layers five in six through its gemma3 block
+(`decoder_block=gemma3 sliding_window_size=W`), packed documents as `packing=True` under Ulysses, whose
+kernel skips other documents' blocks as the price does; the documents' length is the data's, which no
+flag carries. Import (`read_maxtext`) reads what changes the price, with MaxText's own defaults for what
+is unset, applies MaxText's rules, and names every flag it did not read.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from dataclasses import dataclass
 
 from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.errors import CpplanError
+from cost_models.masks import MaskKind
 from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
 from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements, offloaded_names
 from cost_models.strategies import STRATEGIES
+from cost_models.strategies.base import MAXTEXT_LOCAL_BLOCK, MAXTEXT_LOCAL_MODEL_NAME, MAXTEXT_LOCAL_PATTERN
 from cost_models.targets import Target
 from cost_models.topology import get_topology
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
@@ -75,8 +78,13 @@ SHAPE_FLAGS = {
 SWITCH_FLAGS = {"attention_bias": "qkv_bias", "logits_via_embedding": "tie_embeddings"}
 # the MLP's activations, one per input projection (base.yml: ["silu", "linear"], cpplan's `SWIGLU`)
 ACTIVATIONS_FLAG = "mlp_activations"
-# the decoder block (base.yml: "llama2", cpplan's default); cpplan runs llama2 and MaxText's parallel "default"
+# the decoder block (base.yml: "llama2", cpplan's default); cpplan runs llama2 and MaxText's parallel "default",
+# and prices MaxText's gemma3 block, whose layers have a sliding window of `sliding_window_size` five times in six,
+# as llama2 with those layers (cost_models.strategies.base.MAXTEXT_LOCAL_BLOCK)
 BLOCK_FLAG = "decoder_block"
+WINDOW_FLAG = "sliding_window_size"
+# base.yml: true; the data's own documents, marked by segment ids, which every kernel masks
+PACKING_FLAG = "packing"
 # a plain MLP's one input projection: MaxText's checkpoint name for cpplan's `mlpwi_0` (cost_models.remat)
 PLAIN_MLP_CHECKPOINTS = {"mlpwi_0": "mlpwi"}
 # model-defining flags whose value cpplan's ModelSpec does not hold (they do not change the price);
@@ -241,21 +249,54 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
 
 
 def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
-    """The flags that define `model` in MaxText, and what they leave at MaxText's defaults."""
-    if model.name in MAXTEXT_MODEL_NAMES and MODELS[model.name] == model:
-        return {"model_name": model.name}, []
+    """The flags that define `model` in MaxText, and what they leave at MaxText's defaults (the plan
+    has passed `maxtext_problems`, so MaxText runs its masks)."""
+    notes = []
+    if model.name in MAXTEXT_MODEL_NAMES and MODELS[model.name] == dataclasses.replace(model, documents=0):
+        flags: dict[str, object] = {"model_name": model.name}
+    elif model.window:
+        # the gemma3 block comes with its model name (MaxText reads the block's query scale by it), whose
+        # config the shape flags then override
+        flags = {
+            "model_name": MAXTEXT_LOCAL_MODEL_NAME,
+            "override_model_config": True,
+            **_shape_flags(model),
+            BLOCK_FLAG: MAXTEXT_LOCAL_BLOCK,
+            WINDOW_FLAG: model.window,
+        }
+        notes.append(
+            f"model {model.name}'s layers with a {model.local_mask.describe()}, five of every six, run in "
+            f"MaxText's {MAXTEXT_LOCAL_BLOCK} block, chosen by model_name={MAXTEXT_LOCAL_MODEL_NAME} with its "
+            f"shape given by flags (override_model_config=True); the block adds what cpplan does not price "
+            f"(norms after attention and after the MLP, query and key norms, the embedding's scaling), and its "
+            f"RoPE bases and norm epsilon are {MAXTEXT_LOCAL_MODEL_NAME}.yml's"
+        )
+    else:
+        flags = _shape_flags(model)
+        notes.append(
+            f"model {model.name} is not one MaxText ships: its shape travels as flags; "
+            + ", ".join(f"{k}={v:g}" for k, v in UNCARRIED_MODEL_FLAGS.items())
+            + " are MaxText's defaults (cpplan's model holds no RoPE base or norm epsilon, which do not change "
+            "the price): set them to the model's"
+        )
+    if model.documents:
+        flags[PACKING_FLAG] = True
+        notes.append(
+            f"{PACKING_FLAG}=True packs the data's own documents, marked by segment ids (MaxText has no flag "
+            f"for their length): the price holds for documents of {model.documents} tokens each, starting "
+            f"every {model.documents} tokens of a row"
+        )
+    return flags, notes
+
+
+def _shape_flags(model: ModelSpec) -> dict[str, object]:
+    """The shape, switch, activation and block flags of `model`."""
     flags: dict[str, object] = {flag: getattr(model, field) for flag, field in SHAPE_FLAGS.items()}
     flags.update({flag: getattr(model, field) for flag, field in SWITCH_FLAGS.items()})
     # a list in MaxText's command-line form (OmegaConf reads `[relu]` as ["relu"])
     flags[ACTIVATIONS_FLAG] = "[" + ",".join(model.mlp_activations) + "]"
     flags[BLOCK_FLAG] = model.decoder_block.value
-    note = (
-        f"model {model.name} is not one MaxText ships: its shape travels as flags; "
-        + ", ".join(f"{k}={v:g}" for k, v in UNCARRIED_MODEL_FLAGS.items())
-        + " are MaxText's defaults (cpplan's model holds no RoPE base or norm epsilon, which do not change "
-        "the price): set them to the model's"
-    )
-    return flags, [note]
+    return flags
 
 
 def plan_to_maxtext(plan: Plan) -> dict[str, object]:
@@ -402,7 +443,12 @@ def read_maxtext(
     """
     f = _Flags(*split_flags(flags)) if isinstance(flags, str) else _Flags(flags)
     notes: list[str] = []
-    model = get_model(model) if model is not None else _read_model(f)
+    model = get_model(model) if model is not None else _read_model(f, notes)
+    if model.documents and not f.bool(PACKING_FLAG, True):
+        raise CpplanError(
+            f"MaxText flag {PACKING_FLAG}=False attends across each whole row, but model {model.name!r} packs "
+            f"documents of {model.documents} tokens; set {PACKING_FLAG}=True, or pass the unpacked model."
+        )
     topology = topology or f.get("compile_topology")
     if not topology:
         raise CpplanError("the MaxText flags name no topology: give compile_topology=... or pass topology=.")
@@ -517,20 +563,28 @@ def read_maxtext(
     return MaxTextImport(plan, f.unread(), tuple(notes))
 
 
-def _read_model(f: _Flags) -> ModelSpec:
+def _read_model(f: _Flags, notes: list[str]) -> ModelSpec:
     """The model of the flags: `model_name` (a model cpplan knows), with any shape flags given
-    overriding it, or the shape flags over MaxText's base.yml defaults."""
+    overriding it, or the shape flags over MaxText's base.yml defaults; its layers local as MaxText's
+    block makes them (`_layers`). MaxText has no flag for a document's length, so its rows are whole
+    documents; `packing=True`, where given, is named as not priced."""
     name = f.text("model_name", "default")
     overrides = {field: f.int(flag, 0) for flag, field in SHAPE_FLAGS.items() if flag in f}
     overrides.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items() if flag in f})
     if ACTIVATIONS_FLAG in f:
         overrides["mlp_activations"] = parse_activations(f.get(ACTIVATIONS_FLAG))
-    if BLOCK_FLAG in f:
+    f.bool("override_model_config", False)  # read: it lets the shape flags above win over the model's config
+    # MaxText's block: the flag, else the model config's (gemma3's for its gemma3 names)
+    local_block = f.text(BLOCK_FLAG, MAXTEXT_LOCAL_BLOCK if name == MAXTEXT_LOCAL_MODEL_NAME else "")
+    local_block = local_block.strip("'\"") == MAXTEXT_LOCAL_BLOCK
+    if BLOCK_FLAG in f and not local_block:
         overrides["decoder_block"] = parse_decoder_block(f.get(BLOCK_FLAG))
     if name != "default":
         base = get_model(name)
-        return dataclasses.replace(base, **overrides) if overrides else base
-    if not overrides:
+        model = dataclasses.replace(base, **overrides) if overrides else base
+        _packing_note(f, notes)
+        return _layers(f, model, local_block, notes)
+    if not overrides and not local_block:
         raise CpplanError(
             "the MaxText flags name no model: give model_name=..., the base_* shape flags, or pass model=."
         )
@@ -538,15 +592,58 @@ def _read_model(f: _Flags) -> ModelSpec:
     shape.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items()})
     shape["mlp_activations"] = overrides.get("mlp_activations", SWIGLU)
     shape["decoder_block"] = overrides.get("decoder_block", DecoderBlock.LLAMA2)
-    known = next(
-        (
-            m
-            for m in MODELS.values()
-            if dataclasses.replace(m, name="maxtext-custom") == ModelSpec("maxtext-custom", **shape)
-        ),
-        None,
+    _packing_note(f, notes)
+    model = _layers(f, ModelSpec("maxtext-custom", **shape), local_block, notes)
+    known = next((m for m in MODELS.values() if dataclasses.replace(m, name=model.name) == model), None)
+    return known or model
+
+
+def _layers(f: _Flags, model: ModelSpec, local_block: bool, notes: list[str]) -> ModelSpec:
+    """`model` with the layers MaxText's block gives it: under gemma3, a sliding window of
+    `sliding_window_size` (its model config's where unset) on five layers of every six, priced in
+    cpplan's sequential block; under any other, global layers, whatever the window flag says.
+
+    Raises:
+        CpplanError: the gemma3 block without one of its model names, or without a positive window.
+    """
+    if not local_block:
+        window = f.int(WINDOW_FLAG, 0)
+        if window or model.window:
+            notes.append(
+                f"MaxText's {model.decoder_block.value} block attends globally in every layer "
+                f"(only its {MAXTEXT_LOCAL_BLOCK} block reads {WINDOW_FLAG}): priced with global layers"
+                + (f", not model {model.name}'s {model.local_mask.describe()} ones" if model.window else "")
+            )
+        return model.all_global() if model.window else model
+    if model.name != MAXTEXT_LOCAL_MODEL_NAME:
+        raise CpplanError(
+            f"MaxText flag {BLOCK_FLAG}={MAXTEXT_LOCAL_BLOCK} with model_name={f.text('model_name', 'default')}: "
+            f"MaxText's {MAXTEXT_LOCAL_BLOCK} block reads its query scale by model name and knows its own only "
+            f"(models/gemma3.py); give model_name={MAXTEXT_LOCAL_MODEL_NAME} (cpplan's of them) with the shape flags."
+        )
+    window = f.int(WINDOW_FLAG, model.window)
+    if window < 1:
+        raise CpplanError(
+            f"MaxText flag {WINDOW_FLAG}={window}: the {MAXTEXT_LOCAL_BLOCK} block's local layers need a window "
+            f"of at least one token; give the model's ({MODELS[MAXTEXT_LOCAL_MODEL_NAME].window} for "
+            f"{MAXTEXT_LOCAL_MODEL_NAME})."
+        )
+    return dataclasses.replace(
+        model,
+        window=window,
+        local_kind=MaskKind.SLIDING.value,
+        layer_pattern=MAXTEXT_LOCAL_PATTERN,
+        decoder_block=DecoderBlock.LLAMA2,
     )
-    return known or ModelSpec("maxtext-custom", **shape)
+
+
+def _packing_note(f: _Flags, notes: list[str]) -> None:
+    """Names `packing=True` (base.yml's default), where given, as not priced."""
+    if PACKING_FLAG in f and f.bool(PACKING_FLAG, True):
+        notes.append(
+            f"{PACKING_FLAG}=True packs the data's own documents, which MaxText's flags do not describe: priced "
+            f"as rows of one document each (pass a model with documents= to price documents of one length)"
+        )
 
 
 def parse_activations(value) -> tuple[str, ...]:
@@ -580,8 +677,9 @@ def parse_activations(value) -> tuple[str, ...]:
 
 def parse_decoder_block(value) -> DecoderBlock:
     """MaxText's `decoder_block` flag: `llama2` (the sequential Llama block, base.yml's default) or
-    `default` (MaxText's parallel block); MaxText's others (mistral, gemma, deepseek, ...) add what
-    cpplan neither prices nor runs (sliding windows, soft caps, MoE) and are refused by name.
+    `default` (MaxText's parallel block); its gemma3 block is read apart (`_layers`), and its others
+    (mistral, gemma2, deepseek, ...) add what cpplan neither prices nor runs (soft caps, MoE) and are
+    refused by name.
 
     Raises:
         CpplanError: a block cpplan does not run.

@@ -114,14 +114,14 @@ def make_plan(topology: str, settings: dict):
 def chip_rows(chip: str) -> dict:
     """Compiles one chip's plans and sums each family's bytes: all, asynchronous, overlapped."""
     from runtime.compile import compile_step
-    from validation.compiled_program import plan_mesh_axes, read_compiled_program
+    from validation.compiled_program import read_plan_program
 
     totals = defaultdict(lambda: defaultdict(float))
     per_kind = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     for topology, settings in chip_plans(chip):
         plan = make_plan(topology, settings)
         step = compile_step(plan)
-        program = read_compiled_program(step.hlo_text, mesh_axes=plan_mesh_axes(plan))
+        program = read_plan_program(step.hlo_text, plan)
         for c in program.collectives:
             family = f"context:{plan.cp_strategy.value}" if c.category == "context" else c.category
             for t in (totals[family], per_kind[family][c.kind]):

@@ -19,7 +19,8 @@ conditionals, calls and fusions) it finds:
 - how many times a step runs it: the product of the trip counts of the while loops it sits in
   (`loop_trip_counts`: the bound its condition compares the counter with, `direction=LT`, less the
   counter's constant start, over the constant its body adds: XLA peels loops by starting at 1, and
-  a windowed einsum's loop steps by 2; a branch of a conditional counts once);
+  a windowed einsum's loop steps by 2; a branch of a conditional counts once, but for the runtime's
+  layer switch between a model's masks (`layer_shares`), whose branch runs in its share of the layers);
 - whether it is asynchronous, and which compute is scheduled between its start and its done:
   fusions, convolutions and dots (with their FLOPs), custom-calls such as the Mosaic splash
   kernels (by name), and loops or conditionals (with the FLOPs inside them).
@@ -151,7 +152,8 @@ class Collective:
         computation: the computation it is scheduled in.
         array_bytes: the array the cost model prices it by (see the module docstring).
         group_size: devices in each of its groups (2 for a collective-permute).
-        executions: times a step runs it (product of enclosing loops' trip counts).
+        executions: times a step runs it (product of enclosing loops' trip counts; inside a branch of
+            the layer switch, times the share of layers that take it, so it may be fractional).
         is_async: scheduled as a start/done pair.
         category: its price category (`CATEGORIES`).
         op_name: jax's op_name path.
@@ -165,7 +167,7 @@ class Collective:
     computation: str
     array_bytes: float
     group_size: int
-    executions: int
+    executions: float
     is_async: bool
     category: str
     op_name: str = ""
@@ -190,7 +192,7 @@ class CompiledProgram:
 
     collectives: tuple[Collective, ...]
     matmul_flops: float
-    custom_calls: dict[str, int] = field(default_factory=dict)  # target → executions per step
+    custom_calls: dict[str, float] = field(default_factory=dict)  # target → executions per step
 
     def step_bytes(self, *, by: str = "category") -> dict[str, float]:
         """Array bytes per step summed by `category` or by `kind`."""
@@ -613,6 +615,18 @@ _STARTS = {f"{k}-start": k for k in ("all-gather", "all-reduce", "collective-per
 _WRAPPERS = ("async-start", "call-start", "custom-call-start")
 
 
+# the runtime's switch between a layer's masks (`runtime.model.DecoderLayer.attention`): jax names a
+# two-branch switch `cond`, a longer one `switch`; conditionals inside its branches (the ring's hop
+# directions) carry longer paths
+_LAYER_SWITCH_OP_NAME = re.compile(r"\battention/(cond|switch)$")
+
+
+def _is_layer_switch(instruction: Instruction) -> bool:
+    metadata = instruction.attribute("metadata") or ""
+    op_name = (re.search(r'op_name="([^"]*)"', metadata) or [None, ""])[1]
+    return bool(_LAYER_SWITCH_OP_NAME.search(op_name))
+
+
 def _wrapped(instruction: Instruction, computations: dict[str, Computation]):
     """(collective, its computation) that an `async-start`/`call-start` runs, or None."""
     if instruction.opcode not in _WRAPPERS:
@@ -688,18 +702,24 @@ def _done_of(start: Instruction, following: tuple[Instruction, ...]) -> tuple[In
     return None
 
 
-def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None) -> CompiledProgram:
+def read_compiled_program(
+    text: str, *, mesh_axes: dict[str, int] | None = None, layer_shares: tuple[float, ...] | None = None
+) -> CompiledProgram:
     """Reads the collectives and the matmul FLOPs of a scheduled HLO module.
 
     Args:
         text: `compiled.as_text()` of a compiled step (or an HLO dump of the scheduled module).
         mesh_axes: the plan's mesh, axis name → size in mesh order (`cost_models.vocabulary.AXES`),
             so that all-reduces are attributed by the axes they run over; without it, by op_name.
+        layer_shares: the share of layers that take each branch of the layer switch (the conditional
+            jax names `…attention/cond` or `…attention/switch`), in branch order (`plan_layer_shares`):
+            what a branch runs counts that share of the switch's executions, and its FLOPs that share
+            of the switch's; without it every branch counts whole (the FLOPs: the costliest branch's).
     Returns:
         Its `CompiledProgram`.
     Raises:
-        ValueError: the text is not an HLO module with an ENTRY computation, or a loop's trip
-            count cannot be read.
+        ValueError: the text is not an HLO module with an ENTRY computation, a loop's trip count
+            cannot be read, or a layer switch has another number of branches than `layer_shares`.
     """
     computations, entry = parse_computations(text)
     stacks = _Stacks.read(text)
@@ -723,8 +743,19 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
             "weights": axis_groups(mesh_axes, WEIGHT_SHARDING_AXES),
         }
     collectives: list[Collective] = []
-    custom_calls: dict[str, int] = defaultdict(int)
+    custom_calls: dict[str, float] = defaultdict(float)
     flops_cache: dict[str, float] = {}
+
+    def branch_shares(instruction: Instruction) -> tuple[float, ...] | None:
+        """Each branch's share of a conditional's executions, where it is the layer switch."""
+        if layer_shares is None or not _is_layer_switch(instruction):
+            return None
+        if len(instruction.called) != len(layer_shares):
+            raise ValueError(
+                f"layer switch {instruction.name} has {len(instruction.called)} branches, but the plan's model "
+                f"has {len(layer_shares)} layer masks (layer_shares={layer_shares}); read it with its own plan"
+            )
+        return layer_shares
 
     def computation_flops(name: str) -> float:
         """FLOPs of one run of a computation, loops inside it times their trip counts."""
@@ -739,13 +770,15 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
             body = instruction.attribute("body")
             return trip_count(body.lstrip("%")) * computation_flops(body.lstrip("%"))
         if instruction.opcode == "conditional":
-            branches = instruction.called
+            branches, shares = instruction.called, branch_shares(instruction)
+            if shares is not None:
+                return sum(share * computation_flops(b) for b, share in zip(branches, shares))
             return max((computation_flops(b) for b in branches), default=0.0)
         if instruction.opcode in ("fusion", "call", "async-start"):
             return sum(computation_flops(c) for c in instruction.called)
         return instruction_flops(instruction, comp.shapes)
 
-    def visit(name: str, executions: int, seen: tuple[str, ...] = ()) -> None:
+    def visit(name: str, executions: float, seen: tuple[str, ...] = ()) -> None:
         comp = computations.get(name)
         if comp is None or name in seen:
             return
@@ -770,8 +803,9 @@ def read_compiled_program(text: str, *, mesh_axes: dict[str, int] | None = None)
                     )
                 continue
             if instruction.opcode in ("conditional", "call", "fusion"):
-                for called in instruction.called:
-                    visit(called, executions, seen)
+                shares = branch_shares(instruction) if instruction.opcode == "conditional" else None
+                for called, share in zip(instruction.called, shares or (1.0,) * len(instruction.called)):
+                    visit(called, executions * share, seen)
             kind = _collective_kind(instruction, computations)
             if kind is None:
                 continue
@@ -876,12 +910,24 @@ def plan_mesh_axes(plan) -> dict[str, int]:
     return {axis: plan.axis_size(axis) for axis in AXES}
 
 
+def plan_layer_shares(plan) -> tuple[float, ...] | None:
+    """The share of a plan's layers under each of its model's masks, in the order of the runtime's layer
+    switch (`ModelSpec.layer_masks`, global first); None where every layer has one mask (no switch)."""
+    masks = plan.model.layer_masks
+    return tuple(count / plan.model.num_layers for _, count in masks) if len(masks) > 1 else None
+
+
+def read_plan_program(text: str, plan) -> CompiledProgram:
+    """`read_compiled_program` of a plan's compiled step, told the plan's mesh and layer shares."""
+    return read_compiled_program(text, mesh_axes=plan_mesh_axes(plan), layer_shares=plan_layer_shares(plan))
+
+
 def count_check(plan, program: CompiledProgram) -> CountCheck:
     """Compares a plan's compiled program with its price.
 
     Args:
         plan: the `planner.plan.Plan` compiled.
-        program: `read_compiled_program(text, mesh_axes=plan_mesh_axes(plan))` of its scheduled step.
+        program: `read_plan_program(text, plan)` of its scheduled step.
     Returns:
         The `CountCheck`.
     """

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cost_models.masks import AttentionMask
+from cost_models.masks import AttentionMask, MaskKind
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import CPStrategy
 
@@ -221,6 +221,10 @@ class StrategySpec:
     maxtext_ring_kernel = False  # MaxText runs it with tokamax's ring kernel over `context` (ring, USP)
     # MaxText's kernel keeps splash metadata per head (Ulysses' multi-head mask), not one shared table
     maxtext_per_head_metadata = False
+    # MaxText runs only global layers under it: its attention refuses a layer of another type
+    maxtext_global_layers_only = False
+    # MaxText's kernel skips the key blocks of other packed documents, as the price of `documents` does
+    maxtext_skips_other_documents = False
 
     def maxtext_degrees(self, ring: int, ulysses: int) -> tuple[int, int]:
         """(ici_context_parallelism, ici_context_usp_ulysses_parallelism) for these degrees."""
@@ -246,7 +250,7 @@ class StrategySpec:
                 f"MaxText 0.2.5 has no {self.strategy.value} strategy (context_parallel_strategy); plan with "
                 f"one it has, or price for cpplan's runtime"
             ]
-        return maxtext_mask_problems(shape.model) + self.maxtext_problems(shape)
+        return maxtext_mask_problems(shape.model, self) + self.maxtext_problems(shape)
 
 
 def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
@@ -273,22 +277,85 @@ def full_mask_balance_check(shape: Shape) -> Violation | None:
     return Violation("load balance", problem) if problem else None
 
 
-def maxtext_mask_problems(model: ModelSpec) -> list[str]:
-    """A full-mask model cannot be exported: MaxText 0.2.5 runs its decoder blocks causal whatever
-    `attention_type` says. Evidence: docs/provenance/strategies_and_validation.md#base"""
-    if model.has_local_layers:
+# MaxText 0.2.5's gemma3 decoder block: the one block of a dense model that gives layers a sliding window,
+# fixed at five such layers to one global, cycled over the layers; it reads its query scale by model name
+MAXTEXT_LOCAL_BLOCK = "gemma3"
+MAXTEXT_LOCAL_PATTERN = "LLLLLG"
+MAXTEXT_LOCAL_MODEL_NAME = "gemma3-12b"
+
+
+def _window(model: ModelSpec) -> AttentionMask:
+    """A local layer's own mask, before any packed documents cut it."""
+    return AttentionMask(model.local_kind, model.window)
+
+
+def maxtext_local_layers_problem(model: ModelSpec) -> str | None:
+    """Why MaxText 0.2.5's gemma3 block cannot run `model`'s local layers (None when it can, or when
+    the model has none). Evidence: docs/provenance/strategies_and_validation.md#base"""
+    if not model.window:
+        return None
+    local = f"model {model.name!r} has local layers ({_window(model).describe()})"
+    if model.local_kind != MaskKind.SLIDING:
+        return (
+            f"{local}, and MaxText 0.2.5 runs chunked layers only in its llama4 block, a mixture-of-experts "
+            f"block cpplan does not model; run the plan on cpplan's runtime"
+        )
+    ours = "".join("L" if model.layer_mask(i).local else "G" for i in range(model.num_layers))
+    theirs = "".join(MAXTEXT_LOCAL_PATTERN[i % len(MAXTEXT_LOCAL_PATTERN)] for i in range(model.num_layers))
+    if ours != theirs:
+        where = "on every layer" if "G" not in ours else f"in the pattern {model.layer_pattern!r}"
+        return (
+            f"{local} {where}, and MaxText 0.2.5 gives a dense model's layers a sliding window only in its "
+            f"{MAXTEXT_LOCAL_BLOCK} block, at five layers of every six ({MAXTEXT_LOCAL_PATTERN!r}); its llama2, "
+            f"mistral and default blocks attend globally whatever attention_type and sliding_window_size say "
+            f"(the block's own global type wins); run the plan on cpplan's runtime (where no row is longer than "
+            f"the window, the model without it has the same mask and exports)"
+        )
+    if model.decoder_block.parallel:
+        return (
+            f"{local}, and MaxText 0.2.5's {MAXTEXT_LOCAL_BLOCK} block, its one block with such layers, is "
+            f"sequential, not the parallel block (decoder_block={model.decoder_block.value}) this model has; "
+            f"run the plan on cpplan's runtime"
+        )
+    return None
+
+
+def maxtext_mask_problems(model: ModelSpec, spec: "StrategySpec | None" = None) -> list[str]:
+    """Why MaxText 0.2.5 cannot run `model`'s masks under `spec`'s strategy (under none: the reasons no
+    strategy lifts), each with the fix. A full mask: its decoder blocks run causal whatever
+    `attention_type` says. Local layers: only its gemma3 block has them (`maxtext_local_layers_problem`),
+    and its ring, ulysses and usp run global layers only. Packed documents: only a kernel that skips
+    other documents' key blocks does the work priced. Evidence: docs/provenance/strategies_and_validation.md#base"""
+    if not model.causal:
         return [
-            f"model {model.name!r} has local layers ({model.first_local_mask.describe()}), and MaxText 0.2.5's "
-            f"llama2 and default decoder blocks, the ones cpplan exports, attend globally (the blocks pass their "
-            f"own, global, attention type); run the plan on cpplan's runtime"
+            f"model {model.name!r} attends with a full (non-causal) mask, and MaxText 0.2.5 runs its llama2 and "
+            f"default decoder blocks causal whatever attention_type says (the blocks pass their own, global, "
+            f"type); run the plan on cpplan's runtime, or plan a causal model (causal=True) to export"
         ]
-    if model.causal:
-        return []
-    return [
-        f"model {model.name!r} attends with a full (non-causal) mask, and MaxText 0.2.5 runs its llama2 and "
-        f"default decoder blocks causal whatever attention_type says (the blocks pass their own, global, "
-        f"type); run the plan on cpplan's runtime, or plan a causal model (causal=True) to export"
-    ]
+    problems = []
+    local = maxtext_local_layers_problem(model)
+    if local:
+        problems.append(local)
+    elif model.window and spec is not None and spec.maxtext_global_layers_only:
+        problems.append(
+            f"model {model.name!r} has local layers ({_window(model).describe()}), and MaxText 0.2.5's "
+            f"{spec.maxtext_name} runs global layers only (its attention refuses any other layer type under "
+            f"ring, ulysses and usp); plan all_gather or no context parallelism to export"
+        )
+    if model.documents and spec is not None and not spec.maxtext_skips_other_documents:
+        more = (
+            "passes K/V around the whole ring (tokamax's ring kernel), where the price stops each hop at "
+            "the documents' reach"
+            if spec.maxtext_ring_kernel
+            else "runs jax's splash, which masks other documents' keys by segment ids inside the causal "
+            "mask's blocks and skips none of them: the unpacked rows' attention work"
+        )
+        problems.append(
+            f"model {model.name!r} packs documents of {model.documents} tokens, priced with the work across "
+            f"documents skipped, and MaxText 0.2.5's {spec.maxtext_name} {more}; plan ulysses (whose tokamax "
+            f"splash skips other documents' blocks), or the unpacked model (documents=0) to price what MaxText does"
+        )
+    return problems
 
 
 def kv_heads_per_tensor_shard(model: ModelSpec, tensor):

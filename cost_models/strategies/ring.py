@@ -111,6 +111,7 @@ class Ring(StrategySpec):
     maxtext_name = "ring"
     maxtext_tokamax_splash = True
     maxtext_ring_kernel = True
+    maxtext_global_layers_only = True
     hides_traffic_behind_attention = True
 
     def layout(self, x) -> Layout:

@@ -104,6 +104,8 @@ class Ulysses(StrategySpec):
     maxtext_tokamax_splash = True
     maxtext_refuses_load_balance = True
     maxtext_per_head_metadata = True
+    maxtext_global_layers_only = True
+    maxtext_skips_other_documents = True  # tokamax's splash prunes tiles whose segment ids do not meet
 
     def heads_rule(self, shape: Shape) -> Violation | None:
         return ulysses_heads_rule(shape)

@@ -20,6 +20,7 @@ class USP(StrategySpec):
     maxtext_name = "usp"
     maxtext_tokamax_splash = True
     maxtext_ring_kernel = True
+    maxtext_global_layers_only = True
     hides_traffic_behind_attention = True
 
     def heads_rule(self, shape: Shape) -> Violation | None:

@@ -201,3 +201,20 @@ def test_context_by_tensor_step_gathers_weights_not_the_attention_output():
     for family in ("fsdp_all_gather", "fsdp_reduce_scatter", "tensor", "context"):
         assert abs(check.bytes_error(family)) <= 0.05, (family, check)
     assert abs(check.flops_error) <= 0.03, check
+
+
+@pytest.mark.pure
+def test_a_mixed_models_ring_bytes_are_its_layers_each_at_its_own_mask():
+    """Ring over 4 (blocks of 1024 tokens), full remat, K and V each 1024 × 4 heads × 32 in bf16 a hop.
+    A global layer: 3 hops forward, again in the recomputed forward, and in the backward 3 hops of K/V
+    with fp32 dK/dV plus one link home: 1.5 + 1.5 + 4.5 + 0.5 = 8 MiB; a local layer (window 700: one
+    hop) 0.5 + 0.5 + 1.5 + 0.5 = 3 MiB. Every other layer local: 2 × 8 + 2 × 3 MiB, as the compiled
+    step moves."""
+    hop = 2 * 1024 * 4 * 32 * BF16  # K and V
+    global_layer = 3 * hop + 3 * hop + 3 * hop * (1 + FP32 / BF16) + hop
+    local_layer = hop + hop + hop * (1 + FP32 / BF16) + hop
+    assert global_layer == 8 * 2**20 and local_layer == 3 * 2**20
+    plan = _plan("ring", dict(context=4), "full")
+    mixed = dataclasses.replace(plan, model=dataclasses.replace(plan.model, window=700, layer_pattern="LG"))
+    assert priced_link_bytes(candidates_of(plan))["context"][0] == pytest.approx(4 * global_layer)
+    assert priced_link_bytes(candidates_of(mixed))["context"][0] == pytest.approx(2 * global_layer + 2 * local_layer)

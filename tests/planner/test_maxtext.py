@@ -17,7 +17,7 @@ from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPoli
 from planner import Plan
 from planner.api import run_search
 from planner.estimate import estimate
-from planner.maxtext import export_maxtext, maxtext_problems, read_maxtext
+from planner.maxtext import export_maxtext, format_flags, maxtext_problems, read_maxtext
 from planner.plan import make_mesh
 
 pytestmark = pytest.mark.pure
@@ -504,3 +504,120 @@ def test_a_fit_inside_the_memory_price_s_measured_error_is_marginal():
     assert best.marginal and best.verdict == "fits, marginally"
     roomy = dataclasses.replace(best, memory_margin=0.0)
     assert not roomy.marginal and roomy.verdict == "fits"
+
+
+def _masked_plan(model, strategy: str, mesh: dict, *, seq_len: int = 32768) -> Plan:
+    return Plan(model, "v5p-16", seq_len, 8, make_mesh(**mesh), cp_strategy=strategy, load_balance="none")
+
+
+WINDOWLESS = "max_target_length=32768 per_device_batch_size=1"
+GEMMA_FLAGS = (
+    "model_name=gemma3-12b override_model_config=True base_num_decoder_layers=48 base_emb_dim=3840 "
+    "base_num_query_heads=16 base_num_kv_heads=8 head_dim=256 base_mlp_dim=15360 vocab_size=262208 "
+    "attention_bias=False logits_via_embedding=True mlp_activations='[gelu,linear]' decoder_block=gemma3 "
+    "sliding_window_size=1024"
+)
+
+
+def test_gemma3_style_layers_travel_as_maxtexts_gemma3_block_and_back():
+    plan = _masked_plan(MODELS["gemma3-12b"], "all_gather", dict(context=2, fsdp=4))
+    exported = export_maxtext(plan)
+    line = format_flags(exported.flags)
+    # cpplan's vocabulary is the published config's 262208, not gemma3-12b.yml's 262144: the flags override it
+    assert line.endswith(GEMMA_FLAGS)
+    assert "context_parallel_strategy=all_gather context_parallel_load_balance=False" in line
+    assert any("gemma3 block" in n and "norms after attention" in n for n in exported.notes)
+    found = read_maxtext({**exported.flags, **exported.compile_flags})
+    assert found.plan == dataclasses.replace(plan, axis_order=found.plan.axis_order, physical_order=())
+    assert found.unread == () and found.notes == ()
+    # MaxText's gemma3-12b.yml gives the block and the window when the flags leave them out
+    short = read_maxtext(f"model_name=gemma3-12b compile_topology=v5p-16 ici_fsdp_parallelism=8 {WINDOWLESS}")
+    assert short.plan.model == MODELS["gemma3-12b"]
+    assert read_maxtext(f"{GEMMA_FLAGS.replace('=1024', '=512')} compile_topology=v5p-16").plan.model.window == 512
+
+
+def test_search_under_maxtext_offers_gemma3_only_what_its_block_runs():
+    result = run_search("gemma3-12b", 2**15, "v5p:2x2x2", target="maxtext")
+    assert result.ranked
+    for ranked in result.ranked[:4]:
+        assert ranked.plan.cp_strategy in (CPStrategy.NONE, CPStrategy.ALL_GATHER)
+        back = read_maxtext(ranked.plan.to_maxtext()).plan
+        assert back.model == ranked.plan.model
+    assert any(r.category == "maxtext" and "runs global layers only" in r.reason for r in result.rejections)
+
+
+MISTRAL = MODELS["mistral-7b-v0.1"]
+GEMMA = MODELS["gemma3-12b"]
+
+
+@pytest.mark.parametrize(
+    "model, strategy, mesh, match",
+    [
+        (
+            MISTRAL,
+            "all_gather",
+            dict(context=2, fsdp=4),
+            r"sliding_window of 4096 tokens\) on every layer.*only in its gemma3",
+        ),
+        (dataclasses.replace(GEMMA, layer_pattern="LG"), "none", dict(fsdp=8), r"in the pattern 'LG'.*'LLLLLG'"),
+        (dataclasses.replace(GEMMA, local_kind="chunked"), "none", dict(fsdp=8), "chunked layers only in its llama4"),
+        (dataclasses.replace(GEMMA, decoder_block="default"), "none", dict(fsdp=8), "is sequential, not the parallel"),
+        (GEMMA, "ring", dict(context=8), "ring runs global layers only"),
+        (GEMMA, "ulysses", dict(context_ulysses=8), "ulysses runs global layers only"),
+        (GEMMA, "usp", dict(context=2, context_ulysses=4), "usp runs global layers only"),
+        (dataclasses.replace(MODELS["llama3.1-8b"], documents=8192), "all_gather", dict(context=8), "jax's splash"),
+        (dataclasses.replace(MODELS["llama3.1-8b"], documents=8192), "ring", dict(context=8), "around the whole ring"),
+    ],
+)
+def test_export_refuses_masks_maxtext_does_not_run_and_says_why(model, strategy, mesh, match):
+    plan = _masked_plan(model, strategy, mesh)
+    with pytest.raises(CpplanError, match=match):
+        export_maxtext(plan)
+    # the same rule the search applies under the MaxText target
+    assert maxtext_problems(plan)
+
+
+def test_packed_documents_travel_as_packing_under_ulysses():
+    packed = dataclasses.replace(MODELS["llama3.1-8b"], documents=8192)
+    plan = _masked_plan(packed, "ulysses", dict(context_ulysses=8))
+    exported = export_maxtext(plan)
+    assert exported.flags["model_name"] == "llama3.1-8b" and exported.flags["packing"] is True
+    assert "base_emb_dim" not in exported.flags  # MaxText ships the model: the documents are the data's
+    assert any("documents of 8192 tokens each" in n for n in exported.notes)
+    flags = {**exported.flags, **exported.compile_flags}
+    # no flag holds the documents' length: the model given holds it, the flags alone read whole rows
+    assert read_maxtext(flags, model=packed).plan == dataclasses.replace(plan, physical_order=())
+    alone = read_maxtext(flags)
+    assert alone.plan.model == MODELS["llama3.1-8b"]
+    assert any("packing=True packs the data's own documents" in n for n in alone.notes)
+    with pytest.raises(CpplanError, match="packing=False attends across each whole row"):
+        read_maxtext({**flags, "packing": False}, model=packed)
+
+
+def test_import_reads_the_window_where_maxtexts_block_runs_it():
+    base = "compile_topology=v5p-16 ici_fsdp_parallelism=8 " + WINDOWLESS
+    # llama2's block passes its own global type: the window flag changes nothing, and is read as such
+    found = read_maxtext(f"model_name=llama3.1-8b sliding_window_size=4096 {base}")
+    assert found.plan.model == MODELS["llama3.1-8b"] and "sliding_window_size" not in found.unread
+    assert any("attends globally in every layer" in n for n in found.notes)
+    # gemma3-12b under MaxText's llama2 block: its layers attend globally
+    plain = read_maxtext(f"model_name=gemma3-12b decoder_block=llama2 override_model_config=True {base}")
+    assert plain.plan.model == MODELS["gemma3-12b"].all_global()
+    with pytest.raises(CpplanError, match="decoder_block=gemma3 with model_name=default"):
+        read_maxtext(f"decoder_block=gemma3 base_emb_dim=1024 {base}")
+    with pytest.raises(CpplanError, match="sliding_window_size=0: the gemma3 block's local layers"):
+        read_maxtext(f"model_name=gemma3-12b sliding_window_size=0 {base}")
+    with pytest.raises(CpplanError, match="ring runs global layers only"):
+        read_maxtext(
+            f"model_name=gemma3-12b compile_topology=v5p-16 ici_fsdp_parallelism=1 ici_context_parallelism=8 "
+            f"context_parallel_strategy=ring context_parallel_load_balance=False use_tokamax_splash=True {WINDOWLESS}"
+        )
+
+
+def test_cli_refuses_up_front_a_model_no_maxtext_block_runs(capsys):
+    from cli import main
+
+    assert main(["export", "--model", "mistral-7b-v0.1", "--seq-len", "4k", "--topology", "v5p:2x2x1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cpplan: error: --format maxtext with --model mistral-7b-v0.1: ")
+    assert "on every layer" in err and "--format json writes the plan" in err

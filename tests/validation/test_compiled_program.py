@@ -1,6 +1,7 @@
 """The reader of XLA's scheduled HLO, on hand-written modules (pure; the price's counts against
 compiled steps are in tests/runtime/test_compile.py)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,7 +9,13 @@ import pytest
 from cost_models.counts import link_bytes
 from cost_models.overlap import FAMILIES, overlap_for
 from cost_models.strategies import STRATEGIES
-from validation.compiled_program import axis_groups, parse_computations, read_compiled_program, replica_groups
+from validation.compiled_program import (
+    axis_groups,
+    parse_computations,
+    plan_layer_shares,
+    read_compiled_program,
+    replica_groups,
+)
 
 # A layer loop of 4 trips: a weight all-gather (sync, made in runtime/model.py), a ring
 # collective-permute (async) with a matmul fusion scheduled between its start and done, and the
@@ -344,3 +351,101 @@ def test_continuation_fusion_chain_is_one_async_gather_hidden_by_the_matmul_carr
         sum(c.step_bytes for c in program.collectives if c.overlapped) / sum(c.step_bytes for c in program.collectives)
         == 0.5
     )
+
+
+# A layer loop of 6 trips around the runtime's switch between a layer's masks: the global branch makes three
+# ring hops (collective-permutes of 4 × 1024 × 32 bf16), a matmul and a nested per-hop `cond` (the ring's
+# hop direction) of two kernels; the local branch one hop and a smaller matmul.
+SWITCH_MODULE = """HloModule jit_fn, is_scheduled=true
+
+%past_kernel (a.p: bf16[4,1024,32]) -> bf16[4,1024,32] {
+  %a.p = bf16[4,1024,32]{2,1,0} parameter(0)
+  ROOT %kernel.p = bf16[4,1024,32]{2,1,0} custom-call(%a.p), custom_call_target="tpu_custom_call"
+}
+
+%future_kernel (a.f: bf16[4,1024,32]) -> bf16[4,1024,32] {
+  %a.f = bf16[4,1024,32]{2,1,0} parameter(0)
+  ROOT %kernel.f = bf16[4,1024,32]{2,1,0} custom-call(%a.f), custom_call_target="tpu_custom_call"
+}
+
+%global_branch (p.g: (bf16[4,1024,32], bf16[1024,256], bf16[256,512])) -> bf16[4,1024,32] {
+  %p.g = (bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) parameter(0)
+  %kv.g = bf16[4,1024,32]{2,1,0} get-tuple-element(%p.g), index=0
+  %x.g = bf16[1024,256]{1,0} get-tuple-element(%p.g), index=1
+  %w.g = bf16[256,512]{1,0} get-tuple-element(%p.g), index=2
+  %mm.g = bf16[1024,512]{1,0} convolution(%x.g, %w.g), dim_labels=bf_io->bf
+  %cp.1 = bf16[4,1024,32]{2,1,0} collective-permute(%kv.g), channel_id=1, source_target_pairs={{0,1},{1,0}}, metadata={op_name="jit(fn)/layers/layers.attention/cond/branch_0_fun/shard_map/ppermute"}
+  %cp.2 = bf16[4,1024,32]{2,1,0} collective-permute(%cp.1), channel_id=2, source_target_pairs={{0,1},{1,0}}, metadata={op_name="jit(fn)/layers/layers.attention/cond/branch_0_fun/shard_map/ppermute"}
+  %cp.3 = bf16[4,1024,32]{2,1,0} collective-permute(%cp.2), channel_id=3, source_target_pairs={{0,1},{1,0}}, metadata={op_name="jit(fn)/layers/layers.attention/cond/branch_0_fun/shard_map/ppermute"}
+  %past = s32[] constant(0)
+  ROOT %hop = bf16[4,1024,32]{2,1,0} conditional(%past, %cp.3, %cp.3), branch_computations={%past_kernel, %future_kernel}, metadata={op_name="jit(fn)/layers/layers.attention/cond/branch_0_fun/shard_map/cond"}
+}
+
+%local_branch (p.l: (bf16[4,1024,32], bf16[1024,256], bf16[256,512])) -> bf16[4,1024,32] {
+  %p.l = (bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) parameter(0)
+  %kv.l = bf16[4,1024,32]{2,1,0} get-tuple-element(%p.l), index=0
+  %x.l = bf16[1024,256]{1,0} get-tuple-element(%p.l), index=1
+  %w.l = bf16[256,128]{1,0} constant({...})
+  %mm.l = bf16[1024,128]{1,0} convolution(%x.l, %w.l), dim_labels=bf_io->bf
+  ROOT %cp.4 = bf16[4,1024,32]{2,1,0} collective-permute(%kv.l), channel_id=4, source_target_pairs={{0,1},{1,0}}, metadata={op_name="jit(fn)/layers/layers.attention/cond/branch_1_fun/shard_map/ppermute"}
+}
+
+%body (p: (s32[], bf16[4,1024,32], bf16[1024,256], bf16[256,512])) -> (s32[], bf16[4,1024,32], bf16[1024,256], bf16[256,512]) {
+  %p = (s32[], bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %kv = bf16[4,1024,32]{2,1,0} get-tuple-element(%p), index=1
+  %x = bf16[1024,256]{1,0} get-tuple-element(%p), index=2
+  %w = bf16[256,512]{1,0} get-tuple-element(%p), index=3
+  %args = (bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) tuple(%kv, %x, %w)
+  %switch = bf16[4,1024,32]{2,1,0} conditional(%i, %args, %args), branch_computations={%global_branch, %local_branch}, metadata={op_name="jit(fn)/jvp(Llama)/while/body/closed_call/layers/layers.attention/cond"}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  ROOT %t = (s32[], bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) tuple(%next, %switch, %x, %w)
+}
+
+%cond (p.1: (s32[], bf16[4,1024,32], bf16[1024,256], bf16[256,512])) -> pred[] {
+  %p.1 = (s32[], bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) parameter(0)
+  %counter = s32[] get-tuple-element(%p.1), index=0
+  %six = s32[] constant(6)
+  ROOT %lt = pred[] compare(%counter, %six), direction=LT
+}
+
+ENTRY %main (a: bf16[4,1024,32], b: bf16[1024,256], c: bf16[256,512]) -> bf16[4,1024,32] {
+  %a = bf16[4,1024,32]{2,1,0} parameter(0)
+  %b = bf16[1024,256]{1,0} parameter(1)
+  %c = bf16[256,512]{1,0} parameter(2)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) tuple(%zero, %a, %b, %c)
+  %while.1 = (s32[], bf16[4,1024,32]{2,1,0}, bf16[1024,256]{1,0}, bf16[256,512]{1,0}) while(%init), condition=%cond, body=%body
+  ROOT %out = bf16[4,1024,32]{2,1,0} get-tuple-element(%while.1), index=1
+}
+"""
+HOP_BYTES = 4 * 1024 * 32 * 2
+GLOBAL_FLOPS, LOCAL_FLOPS = 2 * 1024 * 512 * 256, 2 * 1024 * 128 * 256
+
+
+def test_the_layer_switch_counts_each_branch_in_its_share_of_the_layers():
+    # two of six layers global (three hops each), four local (one hop each)
+    program = read_compiled_program(SWITCH_MODULE, layer_shares=(1 / 3, 2 / 3))
+    assert [c.executions for c in program.of(kind="collective-permute")] == pytest.approx([2, 2, 2, 4])
+    assert program.step_bytes()["context"] == pytest.approx((2 * 3 + 4 * 1) * HOP_BYTES)
+    assert program.matmul_flops == pytest.approx(2 * GLOBAL_FLOPS + 4 * LOCAL_FLOPS)
+    # the ring's per-hop cond inside the global branch: one of its kernels a hop, counted as before
+    assert program.custom_calls["tpu_custom_call"] == pytest.approx(2 * 2)
+    # without the shares every branch counts whole, as every layer took both; the FLOPs the costlier's
+    whole = read_compiled_program(SWITCH_MODULE)
+    assert whole.step_bytes()["context"] == 6 * (3 + 1) * HOP_BYTES
+    assert whole.matmul_flops == 6 * GLOBAL_FLOPS
+    with pytest.raises(ValueError, match="layer switch switch has 2 branches, but the plan's model has 3"):
+        read_compiled_program(SWITCH_MODULE, layer_shares=(0.2, 0.3, 0.5))
+
+
+def test_a_plans_layer_shares_follow_its_models_layer_masks():
+    from types import SimpleNamespace
+
+    from cost_models.models import MODELS
+
+    mixed = dataclasses.replace(MODELS["small"], num_layers=6, window=300, layer_pattern="LLG")
+    assert plan_layer_shares(SimpleNamespace(model=mixed)) == pytest.approx((1 / 3, 2 / 3))  # global first
+    assert plan_layer_shares(SimpleNamespace(model=MODELS["gemma3-12b"])) == pytest.approx((1 / 6, 5 / 6))
+    assert plan_layer_shares(SimpleNamespace(model=MODELS["small"])) is None  # one mask: no switch
