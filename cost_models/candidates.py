@@ -17,6 +17,7 @@ from cost_models.case import Case, ReadsCase
 from cost_models.collectives import Collectives
 from cost_models.masks import AttentionMask
 from cost_models.remat import RematCost, offloads_leave_hbm, remat_table
+from cost_models.strategies.base import layer_strategy
 from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
 
@@ -60,6 +61,7 @@ class Candidates(ReadsCase):
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
     fused_attention_backward: bool = False  # splash's fused backward where the target can run it (MaxText)
     mask: AttentionMask | None = None  # the layers priced: those with this mask (None: the global layers)
+    local_strategy: CPStrategy | None = None  # the local layers' own strategy (None: `strategy` for every layer)
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__
@@ -74,6 +76,15 @@ class Candidates(ReadsCase):
     def attention_mask(self) -> AttentionMask:
         """The mask of the layers these columns price."""
         return self.mask or self.model.global_mask
+
+    def layer_kinds(self) -> list[tuple[float, AttentionMask, CPStrategy]]:
+        """Each distinct mask of the model's layers: the share of layers with it, the mask, and the
+        strategy those layers run (`layer_strategy`)."""
+        m = self.model
+        return [
+            (count / m.num_layers, mask, layer_strategy(m, mask, self.strategy, self.local_strategy))
+            for mask, count in m.layer_masks
+        ]
 
     @cached_property
     def sequences_per_device(self) -> np.ndarray:

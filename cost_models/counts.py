@@ -15,7 +15,6 @@ from cost_models.pricing.communication import context_traffic, price_traffic
 from cost_models.pricing.head import price_head
 from cost_models.pricing.matmul import price_matmuls
 from cost_models.pricing.step import price_layer_attention
-from cost_models.strategies import STRATEGIES
 from cost_models.targets import Target
 
 # kind of a compiled collective → its formula, with the array it is priced by
@@ -51,7 +50,7 @@ def priced_link_bytes(x: Candidates) -> dict[str, np.ndarray]:
         x, links={name: unit(link) for name, link in x.links.items()}, ring_link=unit(x.ring_link)
     )
     # a layer's traffic as the price has it: its masks' averaged over the layers (local and global differ)
-    _, cost = price_layer_attention(unit_x, STRATEGIES[unit_x.strategy], Target.CPPLAN)
+    _, cost = price_layer_attention(unit_x, Target.CPPLAN)
     context = context_traffic(
         cost, unit_x.remat_columns.recompute_attention, 0.0, hides_behind_attention=False, shares_hops=False
     )

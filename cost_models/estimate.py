@@ -157,6 +157,6 @@ def estimate_row(priced: Priced, i: int, x: Candidates, *, memory_margin: float 
         num_devices=topo.num_devices,
         num_chips=topo.num_chips,
         peak_flops_per_device=topo.peak_flops_per_device,
-        cp_collective=STRATEGIES[x.strategy].collective,
+        cp_collective=" + ".join(dict.fromkeys(STRATEGIES[name].collective for _, _, name in x.layer_kinds())),
         memory_margin=memory_margin,
     )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from cost_models.accuracy import memory_margin
 from cost_models.candidates import Candidates, group_links, link_columns
+from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.pricing import price
 from cost_models.remat import remat_code
 from cost_models.targets import Target, get_target
 from cost_models.vocabulary import DTYPE_BYTES, LoadBalance
+from planner.maxtext import maxtext_problems
 from planner.plan import Plan
 
 
@@ -30,6 +32,7 @@ def candidates_of(plan: Plan) -> Candidates:
     return Candidates(
         case=plan.case,
         strategy=plan.cp_strategy,
+        local_strategy=plan.local_strategy,
         data=[mesh["data"]],
         fsdp=[mesh["fsdp"]],
         ring=[mesh["context"]],
@@ -64,6 +67,8 @@ def estimate(plan: Plan, *, target: "str | Target | None" = None) -> Estimate:
     """
     target = get_target(target)
     plan.check()
+    if target.traits.maxtext_rules and plan.local_strategy is not None:
+        raise CpplanError("MaxText cannot run this plan: " + "; ".join(maxtext_problems(plan)) + ".")
     x = candidates_of(plan)
     margin = memory_margin(x.topology.chip.name, target.value)
     return estimate_row(price(x, target=target), 0, x, memory_margin=margin)

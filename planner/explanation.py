@@ -12,6 +12,7 @@ from cost_models.candidates import group_links
 from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.estimate import Estimate
 from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
+from cost_models.strategies import STRATEGIES
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
@@ -99,10 +100,13 @@ def dcn_text(plan: Plan, estimate: Estimate) -> str:
 
 
 def describe_strategy(plan: Plan) -> str:
-    """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64' (the strategy spec's words)."""
-    return plan.strategy_spec.describe(
-        plan.axis_size("context"), plan.axis_size("context_ulysses"), plan.load_balance is LoadBalance.ZIGZAG
-    )
+    """E.g. 'ring over context=128, zigzag' or 'usp: ulysses 2 × ring 64' (the strategy spec's words); with
+    a local layers' own strategy, each with the layers it runs."""
+    degrees = plan.axis_size("context"), plan.axis_size("context_ulysses"), plan.load_balance is LoadBalance.ZIGZAG
+    text = plan.strategy_spec.describe(*degrees)
+    if plan.local_strategy is None:
+        return text
+    return f"{text} (global layers), {STRATEGIES[plan.local_strategy].describe(*degrees)} (local layers)"
 
 
 def short(plan: Plan) -> str:
@@ -281,9 +285,12 @@ class Explanation:
             return None
         out = {"layers": {mask.describe(): count for mask, count in model.layer_masks}}
         if self.best is not None:
-            as_global = estimate(dataclasses.replace(self.best, model=global_only.case.model))
+            as_global = estimate(dataclasses.replace(self.best, model=global_only.case.model, local_strategy=None))
             out["attention_s"] = self.estimate.compute_s["attention"]
             out["attention_s_if_global"] = as_global.compute_s["attention"]
+            if self.best.local_strategy is not None:
+                one = estimate(dataclasses.replace(self.best, local_strategy=None))
+                out["one_strategy"] = {"strategy": self.best.cp_strategy.value, "step_time_s": one.step_time_s}
         other = global_only.best
         out["global_only_choice"] = (
             {"summary": short(other.plan), "step_time_s": other.estimate.step_time_s} if other else None
@@ -304,6 +311,13 @@ class Explanation:
                     f"; priced by the blocks each mask leaves, the choice's attention takes "
                     f"{format_seconds(local['attention_s'])} a step, {format_seconds(local['attention_s_if_global'])} "
                     f"if every layer attended globally"
+                )
+            one = local.get("one_strategy")
+            if one:
+                text += (
+                    f"; the local layers run {self.best.local_strategy.value} beside {one['strategy']} on one mesh, "
+                    f"where {one['strategy']} for every layer would take {format_seconds(one['step_time_s'])} a step "
+                    f"({one['step_time_s'] / self.estimate.step_time_s - 1:+.1%})"
                 )
             other = local["global_only_choice"]
             if other is None:

@@ -119,7 +119,15 @@ def _slice_name(topology: str) -> str | None:
 def maxtext_problems(plan: Plan) -> list[str]:
     """MaxText's own rules for the plan's model (its attention mask) and strategy (its spec's
     `maxtext_problems`, from MaxText's configs/types.py), each with the fix."""
-    return plan.strategy_spec.maxtext_rules(plan.shape)
+    problems = plan.strategy_spec.maxtext_rules(plan.shape)
+    if plan.local_strategy is not None:
+        problems.append(
+            f"the plan runs its local layers under {plan.local_strategy.value} and its global layers under "
+            f"{plan.cp_strategy.value}, and MaxText 0.2.5 runs one context_parallel_strategy for every layer; "
+            f"export the plan with local_strategy unset (every layer under {plan.cp_strategy.value}), or "
+            f"search with --target maxtext"
+        )
+    return problems
 
 
 def maxtext_block(plan: Plan) -> int:

@@ -11,12 +11,13 @@ import numpy as np
 from cost_models.case import Case, batch_split_violation
 from cost_models.compute import scoped_vmem_limit_kib, splash_vmem_problem
 from cost_models.errors import CpplanError
+from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments, positions_along
 from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
-from cost_models.strategies.base import full_mask_balance_problem
+from cost_models.strategies.base import full_mask_balance_problem, layer_strategy, local_strategy_problem
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.units import GiB
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
@@ -40,6 +41,9 @@ class Plan:
         axis_order: the logical axes from outermost to innermost as laid on the devices.
         physical_order: the topology's physical dimension names from outermost to innermost.
         cp_strategy: how attention spans the sequence shards.
+        local_strategy: for a model mixing masks, the strategy of the layers whose mask is not the
+            global one (sliding-window or chunked layers), on the same mesh; None: `cp_strategy` for
+            every layer.
         load_balance: causal load balancing over the context axes (none for a model with a full mask,
             whose ranks all do the same work).
         remat: what the forward pass keeps for the backward pass (MaxText's policy names).
@@ -70,6 +74,7 @@ class Plan:
     axis_order: tuple[str, ...] = AXES
     physical_order: tuple[str, ...] = ()
     cp_strategy: CPStrategy = CPStrategy.NONE
+    local_strategy: CPStrategy | None = None
     load_balance: LoadBalance = LoadBalance.NONE
     remat: RematPolicy = RematPolicy.FULL
     remat_custom: tuple = ()
@@ -138,6 +143,11 @@ class Plan:
             raise CpplanError(f"physical_order {self.physical_order} must be a permutation of {dims}.")
         object.__setattr__(self, "topology", topo.name)
         object.__setattr__(self, "cp_strategy", CPStrategy.parse(self.cp_strategy))
+        if self.local_strategy is not None:
+            object.__setattr__(self, "local_strategy", CPStrategy.parse(self.local_strategy))
+        problem = local_strategy_problem(self.model, self.cp_strategy, self.local_strategy)
+        if problem:
+            raise CpplanError(f"plan {problem}.")
         object.__setattr__(self, "load_balance", LoadBalance.parse(self.load_balance))
         problem = full_mask_balance_problem(self.model, self.load_balance is LoadBalance.ZIGZAG)
         if problem:
@@ -231,6 +241,10 @@ class Plan:
         """The spec of the plan's context-parallel strategy."""
         return STRATEGIES[self.cp_strategy]
 
+    def strategy_for(self, mask: AttentionMask) -> CPStrategy:
+        """The strategy of the model's layers with `mask` (`local_strategy` for the local ones where set)."""
+        return layer_strategy(self.model, mask, self.cp_strategy, self.local_strategy)
+
     def check(self) -> None:
         """Raises `CpplanError` when the plan cannot run: its strategy's spec refuses the case (the
         rule and its numbers), or its batch does not split over data × fsdp. The price and the
@@ -238,6 +252,13 @@ class Plan:
         violation = self.strategy_spec.check(self.shape)
         if violation:
             raise CpplanError(f"{self.cp_strategy.value} cannot run this plan: {violation.reason}.")
+        if self.local_strategy is not None:
+            violation = STRATEGIES[self.local_strategy].check(self.shape)
+            if violation:
+                raise CpplanError(
+                    f"local_strategy={self.local_strategy.value} cannot run this plan's local layers: "
+                    f"{violation.reason}; the local layers share the plan's mesh."
+                )
         shards = self.axis_size("data") * self.axis_size("fsdp")
         violation = batch_split_violation(self.global_batch, shards)
         if violation:
@@ -363,6 +384,7 @@ class Plan:
             | ({"remat_custom": {n: p.value for n, p in self.remat_custom}} if self.remat is RematPolicy.CUSTOM else {})
             | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
             | ({"fused_attention_backward": True} if self.fused_attention_backward else {})
+            | ({"local_strategy": self.local_strategy.value} if self.local_strategy is not None else {})
         )
 
     def to_json(self) -> str:

@@ -30,7 +30,7 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments
-from cost_models.pricing import Priced, price
+from cost_models.pricing import Priced, choose_rows, price
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
 from cost_models.pricing.target import per_head_smem_bytes
@@ -320,11 +320,13 @@ class _Group(NamedTuple):
 
 
 class _Priced(NamedTuple):
-    """One strategy's rows priced at one batch."""
+    """One strategy's rows priced at one batch; `local` holds each row's local-layer strategy (None: the
+    strategy runs every layer), for models mixing masks."""
 
     strategy: CPStrategy
     rows: _Group
     priced: Priced
+    local: np.ndarray | None = None
 
     @property
     def x(self) -> Candidates:
@@ -606,8 +608,43 @@ class SearchSpace:
                     ),
                     _stacked([g.x for g in groups], order, case),
                 )
-            out.append(_Priced(strategy, rows, price(rows.x, target=self.target)))
+            out.append(self._with_local_strategies(_Priced(strategy, rows, price(rows.x, target=self.target))))
         return out
+
+    def _with_local_strategies(self, p: _Priced) -> _Priced:
+        """For a model mixing masks, each row's local layers under whichever allowed strategy of the same
+        mesh makes its step faster (or alone makes it fit); MaxText runs one strategy for every layer."""
+        if len(self.model.layer_masks) < 2 or self.target.traits.maxtext_rules:
+            return p
+        local = np.full(len(p.rows.positions), None, dtype=object)
+        priced, cap = p.priced, self.topology.hbm_bytes_per_device
+        for other in self.options.strategies:
+            runs = self._local_strategy_runs(p, other)
+            if not runs.any():
+                continue
+            alternative = price(dataclasses.replace(p.x, local_strategy=other), target=self.target)
+            fits, fits_other = priced.hbm_total <= cap, alternative.hbm_total <= cap
+            faster = alternative.step_time_s < priced.step_time_s
+            take = runs & ((fits_other & ~fits) | ((fits_other == fits) & faster))
+            if take.any():
+                priced, local = choose_rows(take, alternative, priced), np.where(take, other, local)
+        return p._replace(priced=priced, local=local)
+
+    def _local_strategy_runs(self, p: _Priced, other: CPStrategy) -> np.ndarray:
+        """Per row, whether `other` can run the local layers on the row's mesh beside `p.strategy`."""
+        if other is p.strategy:
+            return np.zeros(len(p.rows.positions), dtype=bool)
+        spec, shares_cores = STRATEGIES[other], self.topology.chip.kind.shares_cores
+        verdicts = [self.verdicts[int(position)] for position in p.rows.positions]
+        judged = {}
+        for v in verdicts:
+            key = (v.sizes[2:], v.load_balance)
+            if key not in judged:
+                ring, ulysses, tensor = v.sizes[2:]
+                zigzag = v.load_balance is LoadBalance.ZIGZAG
+                shape = Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag, shares_cores)
+                judged[key] = spec.axes.accepts(ring, ulysses) and spec.check(shape) is None
+        return np.array([judged[(v.sizes[2:], v.load_balance)] for v in verdicts], dtype=bool)
 
     def _block_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its splash block fits SMEM."""
@@ -757,6 +794,7 @@ class SearchSpace:
             dcn_data=row.placement.dcn_data,
             dcn_fsdp=row.placement.dcn_fsdp,
             cp_strategy=p.strategy,
+            local_strategy=None if p.local is None else p.local[i],
             load_balance=row.load_balance,
             remat=row.remat,
             block_q=int(block),
@@ -766,7 +804,8 @@ class SearchSpace:
             mu_dtype=opts.mu_dtype,
             compute_dtype=opts.compute_dtype,
         )
-        return Ranked(plan, estimate_row(p.priced, i, p.x, memory_margin=self._memory_margin))
+        x = p.x if plan.local_strategy is None else dataclasses.replace(p.x, local_strategy=plan.local_strategy)
+        return Ranked(plan, estimate_row(p.priced, i, x, memory_margin=self._memory_margin))
 
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:
         """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,

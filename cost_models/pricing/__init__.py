@@ -12,7 +12,7 @@ from cost_models.pricing.memory import (
     peak_bytes,
     update_bytes,
 )
-from cost_models.pricing.step import Priced, price
+from cost_models.pricing.step import Priced, choose_rows, price
 
 __all__ = [
     "LAYER_MEMORY",
@@ -21,6 +21,7 @@ __all__ = [
     "UPDATE_MEMORY",
     "Priced",
     "backward_bytes",
+    "choose_rows",
     "peak_bytes",
     "price",
     "update_bytes",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -12,14 +13,14 @@ from cost_models.candidates import Candidates
 from cost_models.flops import model_flops_per_step
 from cost_models.overlap import overlap_for
 from cost_models.pricing.attention import AttentionTimes, price_attention
-from cost_models.pricing.communication import context_traffic, price_exposure, price_traffic
+from cost_models.pricing.communication import ContextTraffic, context_traffic, price_exposure, price_traffic
 from cost_models.pricing.elementwise import optimizer_seconds, price_elementwise
 from cost_models.pricing.head import price_head
 from cost_models.pricing.matmul import price_matmuls
 from cost_models.pricing.memory import peak_bytes, price_memory
 from cost_models.pricing.offload import price_offload
 from cost_models.pricing.target import target_memory, target_smem_bytes
-from cost_models.strategies import STRATEGIES, CPCost
+from cost_models.strategies import STRATEGIES, CPCost, StrategySpec
 from cost_models.targets import Target
 
 
@@ -43,12 +44,39 @@ class Priced:
         return peak_bytes(self.memory)
 
 
-def price_layer_attention(x: Candidates, strategy, target: Target) -> tuple[AttentionTimes, CPCost]:
-    """One decoder layer's attention and its strategy's traffic; where the layers' masks differ (local and
-    global layers), their average over the layers (buffers and SMEM: the largest)."""
-    priced = []
-    for mask, count in x.model.layer_masks:
+def choose_rows(take: np.ndarray, chosen: Priced, other: Priced) -> Priced:
+    """Per candidate, `chosen`'s columns where `take`, else `other`'s (two prices of the same rows)."""
+
+    def pick(a, b):
+        if isinstance(a, dict):
+            return {name: pick(a[name], b[name]) for name in a}
+        return np.where(take, a, b)
+
+    return Priced(
+        **{
+            f.name: getattr(other, f.name)
+            if f.name == "model_flops"
+            else pick(getattr(chosen, f.name), getattr(other, f.name))
+            for f in dataclasses.fields(Priced)
+        }
+    )
+
+
+class LayerKind(NamedTuple):
+    """The layers with one mask: their share of the layers, the strategy they run, its attention and traffic."""
+
+    share: float
+    strategy: StrategySpec
+    attention: AttentionTimes
+    cost: CPCost
+
+
+def price_layer_kinds(x: Candidates, target: Target) -> list[LayerKind]:
+    """Each kind of layer (a distinct mask) priced under the strategy it runs (`Candidates.layer_kinds`)."""
+    kinds = []
+    for share, mask, name in x.layer_kinds():
         xm = x if mask == x.model.global_mask else dataclasses.replace(x, mask=mask)
+        strategy = STRATEGIES[name]
         attention = price_attention(xm, strategy, tokamax_ring_kernel=target.traits.tokamax_ring_kernel)
         cost = strategy.cost(
             xm,
@@ -57,19 +85,29 @@ def price_layer_attention(x: Candidates, strategy, target: Target) -> tuple[Atte
             attention.backward_s,
             gradients_all_reduced=target.traits.context_gradients_all_reduced,
         )
-        priced.append((count / x.model.num_layers, attention, cost))
-    if len(priced) == 1:
-        return priced[0][1:]
-    shares = [share for share, _, _ in priced]
+        kinds.append(LayerKind(share, strategy, attention, cost))
+    return kinds
+
+
+def price_layer_attention(x: Candidates, target: Target) -> tuple[AttentionTimes, CPCost]:
+    """One decoder layer's attention and its strategy's traffic; where the layers' masks differ (local and
+    global layers), their average over the layers (buffers and SMEM: the largest)."""
+    return _layer_attention(price_layer_kinds(x, target))
+
+
+def _layer_attention(kinds: list[LayerKind]) -> tuple[AttentionTimes, CPCost]:
+    shares = [k.share for k in kinds]
     return (
-        _layer_average([a for _, a, _ in priced], shares, largest={"smem_bytes"}),
-        _layer_average([c for _, _, c in priced], shares, largest={"buffer_bytes"}),
+        _layer_average([k.attention for k in kinds], shares, largest=frozenset({"smem_bytes"})),
+        _layer_average([k.cost for k in kinds], shares, largest=frozenset({"buffer_bytes"})),
     )
 
 
-def _layer_average(items: list, shares: list[float], *, largest: set[str]):
+def _layer_average(items: list, shares: list[float], *, largest: frozenset[str] = frozenset()):
     """One record whose fields are the `shares`-weighted sum of `items`' (those named in `largest`: their
-    largest); the layout, the same for every mask, is the first's."""
+    largest); the layout is the first's (the global layers')."""
+    if len(items) == 1:
+        return items[0]
     values = {}
     for f in dataclasses.fields(items[0]):
         if f.name == "layout":
@@ -79,14 +117,28 @@ def _layer_average(items: list, shares: list[float], *, largest: set[str]):
     return dataclasses.replace(items[0], **values)
 
 
+def _context_traffic(x: Candidates, kind: LayerKind, overlap, target: Target) -> ContextTraffic:
+    """A kind of layer's own strategy traffic, with what of it the chip overlaps."""
+    strategy = kind.strategy
+    # a target that waits for the ring's hops hides none of them
+    waits_for_hops = strategy.hides_traffic_behind_attention and not target.traits.ring_hops_overlap_attention
+    return context_traffic(
+        kind.cost,
+        x.remat_columns.recompute_attention,
+        0.0 if waits_for_hops else overlap.of_context(strategy.name),
+        hides_behind_attention=strategy.hides_traffic_behind_attention,
+        shares_hops=target.traits.backward_shares_recomputed_hops,
+    )
+
+
 def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     """Prices every candidate in `x` (all of one strategy) as the runtime `target` runs them."""
     layers = x.model.num_layers
-    strategy = STRATEGIES[x.strategy]
     chip = x.topology.chip
     overlap = overlap_for(chip.name, assumed_overlap=chip.comm_overlaps_compute)
     matmuls = price_matmuls(x)
-    attention, cost = price_layer_attention(x, strategy, target)
+    kinds = price_layer_kinds(x, target)
+    attention, cost = _layer_attention(kinds)
     elementwise = price_elementwise(x)
     head = price_head(x)
     layer_forward_s = matmuls.forward_s + attention.forward_s + elementwise.forward_s
@@ -99,19 +151,10 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         + elementwise.recompute_s
     )
 
-    # a target that waits for the ring's hops hides none of them
-    waits_for_hops = strategy.hides_traffic_behind_attention and not target.traits.ring_hops_overlap_attention
-    context_overlap = 0.0 if waits_for_hops else overlap.of_context(strategy.name)
     traffic = price_traffic(
         x,
         matmuls.weight_bytes,
-        context_traffic(
-            cost,
-            x.remat_columns.recompute_attention,
-            context_overlap,
-            hides_behind_attention=strategy.hides_traffic_behind_attention,
-            shares_hops=target.traits.backward_shares_recomputed_hops,
-        ),
+        _layer_average([_context_traffic(x, k, overlap, target) for k in kinds], [k.share for k in kinds]),
         traits=target.traits,
     )
     exposed = price_exposure(

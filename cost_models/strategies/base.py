@@ -253,6 +253,26 @@ class StrategySpec:
         return maxtext_mask_problems(shape.model, self) + self.maxtext_problems(shape)
 
 
+def layer_strategy(model: ModelSpec, mask: AttentionMask, strategy: CPStrategy, local: CPStrategy | None) -> CPStrategy:
+    """The strategy a layer of `model` with `mask` runs: `local` for the layers whose mask is not the
+    global one where a plan gives one, else `strategy` (the price and the runtime both ask this)."""
+    return local if local is not None and mask != model.global_mask else strategy
+
+
+def local_strategy_problem(model: ModelSpec, strategy: CPStrategy, local: CPStrategy | None) -> str | None:
+    """Why `local` cannot be the local layers' own strategy beside `strategy` (None: it can, or is unset)."""
+    if local is None:
+        return None
+    if len(model.layer_masks) < 2:
+        return (
+            f"local_strategy={local.value}: model {model.name!r} has one kind of layer "
+            f"({model.layer_masks[0][0].describe()}); set cp_strategy alone"
+        )
+    if local is strategy:
+        return f"local_strategy={local.value} is cp_strategy already; leave local_strategy unset"
+    return None
+
+
 def full_mask_balance_problem(model: ModelSpec, zigzag: bool) -> str | None:
     """The problem of zigzag under a full mask (every rank does the same work) or with local layers,
     else None."""

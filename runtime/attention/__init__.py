@@ -93,7 +93,7 @@ def sharded_attention(
     `mask` (None: the one every layer of the model has). Sharded like q.
     """
     layout = attention_layout(plan, interpret=is_interpret(mesh), mask=mask)
-    module = implementation(plan.cp_strategy)
+    module = implementation(plan.strategy_for(layout.mask))
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     if segment_ids is None:
         fn = jax.shard_map(

@@ -1,6 +1,6 @@
 """cpu_mesh tier: a model mixing sliding-window and global layers (`layer_pattern="LG"`) trains each
-layer with its own mask: its sharded step equals the one-device step, and its local layers differ from
-a global-only model's."""
+layer with its own mask, and where the plan gives one, its local layers under their own strategy: its
+sharded step equals the one-device step, and its local layers differ from a global-only model's."""
 
 import dataclasses
 
@@ -22,7 +22,7 @@ SEQ = 512
 MIXED = ModelSpec("mixed-test", 2, 64, 4, 2, 16, 128, 256, window=100, layer_pattern="LG")
 
 
-def make_plan(mesh, strategy, *, model=MIXED, zigzag=False):
+def make_plan(mesh, strategy, *, model=MIXED, zigzag=False, local_strategy=None):
     devices = int(np.prod(list(mesh.values()))) if mesh else 1
     return Plan(
         model=model,
@@ -31,6 +31,7 @@ def make_plan(mesh, strategy, *, model=MIXED, zigzag=False):
         global_batch=1,
         mesh=make_mesh(**mesh),
         cp_strategy=strategy,
+        local_strategy=local_strategy,
         load_balance="zigzag" if zigzag else "none",
         remat="full",
         block_q=128,
@@ -52,11 +53,17 @@ def test_each_layer_gets_its_mask():
     assert mask_indices(dataclasses.replace(plan, model=dataclasses.replace(MIXED, window=0, layer_pattern=""))) is None
 
 
-def test_mixed_model_step_equals_one_device_step(single_device_step):
+@pytest.mark.parametrize(
+    "strategy, local_strategy",
+    [("ring", None), ("all_gather", "ring")],
+    ids=["ring", "all_gather global, ring local"],
+)
+def test_mixed_model_step_equals_one_device_step(single_device_step, strategy, local_strategy):
     # the layer switch does not depend on the strategy (each strategy's local attention has its own
-    # equivalence test); the ring's is the one whose hops differ between the two masks
+    # equivalence test); the ring's is the one whose hops differ between the two masks, and a plan may
+    # run the global layers under all-gather and the local ones under the ring on one mesh
     want_loss, want_grads = single_device_step
-    loss, grads = one_step(make_plan(dict(context=4), "ring"))
+    loss, grads = one_step(make_plan(dict(context=4), strategy, local_strategy=local_strategy))
     assert abs(loss - want_loss) <= 1e-4 * abs(want_loss)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-9
@@ -66,3 +73,8 @@ def test_the_local_layers_mask_matters(single_device_step):
     global_only = dataclasses.replace(MIXED, window=0, layer_pattern="")
     loss, _ = one_step(make_plan({}, "none", model=global_only))
     assert abs(loss - single_device_step[0]) > 1e-6
+
+
+def test_each_layer_runs_its_strategy():
+    plan = make_plan(dict(context=4), "all_gather", local_strategy="ring")
+    assert [plan.strategy_for(mask).value for mask in layer_masks(plan)] == ["all_gather", "ring"]
