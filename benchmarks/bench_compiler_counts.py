@@ -1,4 +1,4 @@
-"""Counts against the compiler: compiles 31 small plans deviceless (every strategy, zigzag and
+"""Counts against the compiler: compiles 33 small plans deviceless (every strategy, zigzag and
 none, the three remat policies, tensor > 1, fsdp > 1, the sequential and the parallel decoder
 block, local layers and packed documents, v5p and tpu7x) and prints per plan the compiled step's
 matmul FLOPs and the link bytes of each collective family next to the price's, and for the plans
@@ -52,6 +52,7 @@ class Row(NamedTuple):
     batch: int  # sequences per step
     block: str = SEQUENTIAL
     local: dict | None = None  # ModelSpec fields of local layers or packed documents
+    local_strategy: str | None = None  # the local layers' own strategy (`Plan.local_strategy`)
 
 
 PLANS = [
@@ -92,6 +93,9 @@ PLANS = [
         (TPU7X, "ring", dict(context=8), False, DOTS, 1, SEQUENTIAL, WINDOW_700),
         (TPU7X, "ulysses", dict(context_ulysses=4, fsdp=2), False, FULL, 2, SEQUENTIAL, CHUNKS_512),
         (TPU7X, "none", dict(fsdp=8), False, FULL, 8, SEQUENTIAL, WINDOW_700),
+        # the local layers under a strategy of their own: the ring's hops beside all-gather's global layers
+        (V5P, "all_gather", dict(context=4), False, FULL, 1, SEQUENTIAL, WINDOW_700, "ring"),
+        (TPU7X, "all_gather", dict(context=8), False, DOTS, 1, SEQUENTIAL, WINDOW_700, "ring"),
     ]
 ]
 MODEL, SEQ_LEN, BLOCK = "small", 4096, 256
@@ -113,6 +117,7 @@ def make_plan(row: Row):
         global_batch=row.batch,
         mesh=make_mesh(**row.mesh),
         cp_strategy=row.strategy,
+        local_strategy=row.local_strategy,
         load_balance="zigzag" if row.zigzag else "none",
         remat=row.remat,
         block_q=BLOCK,
@@ -126,6 +131,7 @@ def plan_label(row: Row) -> str:
     them: "ring context=2,tensor=2", "ring context=2,tensor=2 parallel"."""
     label = f"{row.strategy} " + ",".join(f"{k}={v}" for k, v in row.mesh.items())
     local = " local " + ",".join(f"{k}={v}" for k, v in row.local.items()) if row.local else ""
+    local += f" under {row.local_strategy}" if row.local_strategy else ""
     return label + (" parallel" if row.block == PARALLEL else "") + local
 
 
@@ -234,6 +240,7 @@ def compiled_module(plan, row: Row, hlo_dir: str | None) -> dict:
             f"batch{row.batch}",
             *([] if row.block == SEQUENTIAL else [row.block]),
             *(f"{k}{v}" for k, v in (row.local or {}).items()),
+            *([f"local{row.local_strategy}"] if row.local_strategy else []),
         ]
     )
     path = Path(hlo_dir, name + ".json.gz") if hlo_dir else None
