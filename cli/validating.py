@@ -132,7 +132,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print("\n".join(_summary_lines(summary)))
     for result in getattr(report, "impossible", []):
         print(
-            f"cpplan: warning: {result.plan.topology} {result.plan.cp_strategy.value} at {result.plan.seq_len} "
+            f"cpplan: warning: {result.plan.topology} {result.plan.strategy_label} at {result.plan.seq_len} "
             f"tokens measured {result.measured_step_s:g} s, MFU {result.measured_mfu:.0%}: faster than the chip's "
             f"peak allows; left out of the statistics (check the figure)",
             file=sys.stderr,

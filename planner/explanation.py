@@ -186,6 +186,7 @@ def feasible_row(r: Ranked) -> dict:
     """One feasible plan as the plan space lists it: what tells it apart, its step time and HBM."""
     return {
         "strategy": r.plan.cp_strategy.value,
+        "local_strategy": r.plan.local_strategy.value if r.plan.local_strategy is not None else None,
         "summary": short(r.plan),
         "blocks": f"{r.plan.block_q}×{r.plan.block_kv}",
         "step_time_s": r.estimate.step_time_s,

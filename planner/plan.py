@@ -241,6 +241,12 @@ class Plan:
         """The spec of the plan's context-parallel strategy."""
         return STRATEGIES[self.cp_strategy]
 
+    @property
+    def strategy_label(self) -> str:
+        """The strategy's name, and the local layers' own where set: "all_gather", "all_gather+ring(local)"."""
+        local = f"+{self.local_strategy.value}(local)" if self.local_strategy is not None else ""
+        return self.cp_strategy.value + local
+
     def strategy_for(self, mask: AttentionMask) -> CPStrategy:
         """The strategy of the model's layers with `mask` (`local_strategy` for the local ones where set)."""
         return layer_strategy(self.model, mask, self.cp_strategy, self.local_strategy)

@@ -121,7 +121,7 @@ class CompileReport(CompiledMemory):
         return self.required_bytes / GiB
 
     def __str__(self) -> str:
-        head = f"{self.plan.topology} {self.plan.cp_strategy.value} seq {self.plan.seq_len}"
+        head = f"{self.plan.topology} {self.plan.strategy_label} seq {self.plan.seq_len}"
         if not self.fits:
             return (
                 f"{head}: does not fit: needs {self.required_bytes / GiB:.1f} GiB > "
@@ -250,7 +250,7 @@ def compile_step(plan: Plan) -> CompiledStep:
         if parse_hbm_oom(str(err)) is None:
             raise
         raise CpplanError(
-            f"{plan.topology} {plan.cp_strategy.value} seq {plan.seq_len} does not fit in HBM, so it "
+            f"{plan.topology} {plan.strategy_label} seq {plan.seq_len} does not fit in HBM, so it "
             f"has no compiled program to read: {str(err).splitlines()[0]}. Use a smaller plan."
         ) from None
     elapsed = time.perf_counter() - start
@@ -261,7 +261,7 @@ def compile_step(plan: Plan) -> CompiledStep:
         if text is None:
             raise CpplanError(
                 f"the TPU compiler could not print the scheduled module of {plan.topology} "
-                f"{plan.cp_strategy.value} ({str(err).splitlines()[0]}); start the process with "
+                f"{plan.strategy_label} ({str(err).splitlines()[0]}); start the process with "
                 f"{HLO_DUMP_ARGS.format(dir='DIR')} in LIBTPU_INIT_ARGS (before jax loads libtpu) "
                 f"and compile_step reads the module the compiler writes there."
             ) from None

@@ -83,7 +83,7 @@ def _shown(value: float | None, spec: str) -> str:
 def _plan_label(plan: Plan) -> str:
     mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "1 device"
     zig = " zigzag" if plan.load_balance.value == "zigzag" else ""
-    return f"{plan.cp_strategy.value}{zig} [{mesh}] {plan.remat.value}"
+    return f"{plan.strategy_label}{zig} [{mesh}] {plan.remat.value}"
 
 
 @dataclass

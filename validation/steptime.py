@@ -93,7 +93,7 @@ def validate_step_times(
     progress = tqdm(plans, desc="validate", unit="plan")
     try:
         for ranked in progress:
-            progress.set_postfix_str(f"{ranked.plan.cp_strategy.value} seq {ranked.plan.seq_len}")
+            progress.set_postfix_str(f"{ranked.plan.strategy_label} seq {ranked.plan.seq_len}")
             result = StepResult(ranked.plan, ranked.estimate)
             abandoned = False
             try:

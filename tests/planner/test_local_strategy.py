@@ -40,6 +40,7 @@ def test_each_kind_of_layer_runs_its_strategy():
     assert [plan.strategy_for(mask).value for mask, _ in GEMMA.layer_masks] == ["all_gather", "ring"]
     single = dataclasses.replace(plan, local_strategy=None)
     assert [single.strategy_for(mask).value for mask, _ in GEMMA.layer_masks] == ["all_gather", "all_gather"]
+    assert (plan.strategy_label, single.strategy_label) == ("all_gather+ring(local)", "all_gather")
     assert Plan.from_json(plan.to_json()) == plan
     assert json.loads(plan.to_json())["local_strategy"] == "ring"
     assert "local_strategy" not in json.loads(gemma_plan(local_strategy=None).to_json())
