@@ -33,7 +33,9 @@ records (`stack_frame_id` → file and function) and the `op_name` path jax writ
 - `embedding`: made inside `embed_lookup` (the token gathers and the all-to-all that hands each
   device its tokens' embeddings), forward or transposed.
 - `fsdp_all_gather` / `fsdp_reduce_scatter`: every other all-gather (weights: the layers' and the
-  output head's, by `shard_map` or by the SPMD partitioner) and reduce-scatter (their gradients);
+  output head's, by `shard_map` or by the SPMD partitioner) and reduce-scatter (their gradients),
+  and the collective-permutes of a windowed einsum, which XLA makes of a projection's matmul to
+  gather its weight or scatter its gradient piece by piece;
   an all-reduce over the weight-sharding axes is a weight gradient reduced whole (the SPMD
   partitioner's way with the attention projections) and counts as `fsdp_reduce_scatter` too.
 - `tensor`: an all-reduce over the `tensor` axis (the tensor-parallel partial sums, and the loss's).
@@ -562,6 +564,7 @@ def attribute(
     dtypes: set[str],
     groups: frozenset | None = None,
     mesh_groups: dict[str, frozenset] | None = None,
+    computation: str = "",
 ) -> str:
     """The price category of a collective (rules in the module docstring).
 
@@ -574,13 +577,18 @@ def attribute(
         mesh_groups: the groups of the plan's collective families (`tensor`, `weights`, `data`;
             `axis_groups`), where known: an all-reduce over the tensor axis is tensor-parallel,
             one over the weight-sharding axes a weight gradient, one over data the data all-reduce.
+        computation: the computation it is scheduled in (a windowed einsum's loop body says which
+            collective its permutes stand for).
     Returns:
         One of `CATEGORIES`.
     """
     files = [f.replace("\\", "/") for f, _ in stack]
     functions = [fn for _, fn in stack]
     last = op_name.rsplit("/", 1)[-1]
-    if any("runtime/attention/" in f for f in files) or last == "ppermute" or kind == "collective-permute":
+    in_attention = any("runtime/attention/" in f for f in files)
+    if kind == "collective-permute" and last == "dot_general" and not in_attention:
+        return _windowed_einsum_category(op_name, computation)
+    if in_attention or last == "ppermute" or kind == "collective-permute":
         return "context"
     if any(fn.startswith("embed_lookup") for fn in functions) or (dtypes and dtypes <= {"s32", "u32", "s64"}):
         return "embedding"
@@ -619,6 +627,19 @@ _WRAPPERS = ("async-start", "call-start", "custom-call-start")
 # two-branch switch `cond`, a longer one `switch`; conditionals inside its branches (the ring's hop
 # directions) carry longer paths
 _LAYER_SWITCH_OP_NAME = re.compile(r"\battention/(cond|switch)$")
+
+
+def _windowed_einsum_category(op_name: str, computation: str) -> str:
+    """A collective-permute XLA made of a projection's matmul: a windowed einsum, which gathers the
+    weight (`windowed_dot_general_body_ag`) or scatters its gradient (`_rs`) in a loop of permutes
+    beside the matmul's pieces; outside its loop body (a peeled step), the backward's weight gradient
+    scatters, and a forward or recomputed projection gathers."""
+    if "windowed_dot_general_body_ag" in computation:
+        return "fsdp_all_gather"
+    if "windowed_dot_general_body_rs" in computation:
+        return "fsdp_reduce_scatter"
+    backward = "transpose(" in op_name and "rematted_computation" not in op_name
+    return "fsdp_reduce_scatter" if backward else "fsdp_all_gather"
 
 
 def _is_layer_switch(instruction: Instruction) -> bool:
@@ -849,7 +870,13 @@ def read_compiled_program(
             executions=executions,
             is_async=is_async,
             category=attribute(
-                kind, op_name=op_name, stack=stack, dtypes=dtypes, groups=replica_groups(inner), mesh_groups=mesh_groups
+                kind,
+                op_name=op_name,
+                stack=stack,
+                dtypes=dtypes,
+                groups=replica_groups(inner),
+                mesh_groups=mesh_groups,
+                computation=comp.name,
             ),
             op_name=op_name,
             compute_between=tuple(i.name for i in compute),

@@ -153,11 +153,15 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
     """Per layer and candidate, the backward's second gather of the q/k/v weights where the attention runs
     as loops of hops (ring, USP) and the policy recomputes those projections: XLA gathers them before the
     forward hops and again after the backward hops. Only where the TPU compiler builds the step, and not
-    in a parallel block, which keeps them across the hops (docs/provenance/cost_models.md#communication).
-    Only the layers whose strategy runs such loops pay it."""
+    in a parallel block, which keeps them across the hops, nor in a model mixing masks, whose attention
+    is one conditional between the projections and their gradients (docs/provenance/cost_models.md#communication)."""
     regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
-    looping = sum(share for share, _, name in x.layer_kinds() if STRATEGIES[name].hides_traffic_behind_attention)
-    if x.topology.chip.kind.interprets_kernels or not looping or x.model.decoder_block.parallel:
+    if (
+        x.topology.chip.kind.interprets_kernels
+        or not STRATEGIES[x.strategy].hides_traffic_behind_attention
+        or x.model.decoder_block.parallel
+        or len(x.model.layer_masks) > 1
+    ):
         return regather_s
     # the projections made before the attention (q, k, v), the ones whose input is gathered
     for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
@@ -171,7 +175,7 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
         regather_s = regather_s + np.where(
             recomputed_weights > 0, x.comm.all_gather(recomputed_weights * x.act_bytes / x.tensor, group, *weights), 0.0
         )
-    return looping * regather_s
+    return regather_s
 
 
 def price_exposure(

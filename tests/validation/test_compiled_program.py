@@ -10,6 +10,7 @@ from cost_models.counts import link_bytes
 from cost_models.overlap import FAMILIES, overlap_for
 from cost_models.strategies import STRATEGIES
 from validation.compiled_program import (
+    attribute,
     axis_groups,
     parse_computations,
     plan_layer_shares,
@@ -449,3 +450,44 @@ def test_a_plans_layer_shares_follow_its_models_layer_masks():
     assert plan_layer_shares(SimpleNamespace(model=mixed)) == pytest.approx((1 / 3, 2 / 3))  # global first
     assert plan_layer_shares(SimpleNamespace(model=MODELS["gemma3-12b"])) == pytest.approx((1 / 6, 5 / 6))
     assert plan_layer_shares(SimpleNamespace(model=MODELS["small"])) is None  # one mask: no switch
+
+
+@pytest.mark.parametrize(
+    "op_name, computation, category",
+    [
+        # the loop bodies of XLA's windowed einsum say which collective their permutes stand for
+        (
+            "jit(fn)/jvp(Llama)/layers/bsd,dhk->bshk/dot_general",
+            "wide.windowed_dot_general_body_ag.1.clone.sunk",
+            "fsdp_all_gather",
+        ),
+        (
+            "jit(fn)/transpose(jvp(Llama))/layers/bsd,dhk->bshk/dot_general",
+            "wide.windowed_dot_general_body_rs.2.clone",
+            "fsdp_reduce_scatter",
+        ),
+        # a peeled step: the backward's weight gradient scatters, a forward or recomputed projection gathers
+        (
+            "jit(fn)/transpose(jvp(Llama))/checkpoint/layers/bsd,dhk->bshk/dot_general",
+            "wide.region_18.48_spmd",
+            "fsdp_reduce_scatter",
+        ),
+        (
+            "jit(fn)/transpose(jvp(Llama))/checkpoint/rematted_computation/layers/dot_general",
+            "region_18",
+            "fsdp_all_gather",
+        ),
+        ("jit(fn)/jvp(Llama)/layers/bsd,dhk->bshk/dot_general", "region_1.12", "fsdp_all_gather"),
+        # the ring's own permutes stay the strategy's
+        ("jit(fn)/jvp(Llama)/layers/shard_map/ppermute", "region_1.12", "context"),
+    ],
+)
+def test_a_windowed_einsums_permutes_count_as_the_weight_collective_they_replace(op_name, computation, category):
+    assert (
+        attribute("collective-permute", op_name=op_name, stack=[], dtypes={"bf16"}, computation=computation) == category
+    )
+    ring = [("/repo/runtime/attention/ring.py", "_shift")]
+    assert (
+        attribute("collective-permute", op_name=op_name, stack=ring, dtypes={"bf16"}, computation=computation)
+        == "context"
+    )
