@@ -15,7 +15,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
-from cost_models.strategies import STRATEGIES, Layout
+from cost_models.strategies import Layout
 from cost_models.strategies.base import SPLASH_LANES
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
@@ -118,10 +118,11 @@ def price_memory(
     layer_grads = layer_gradient_bytes(x)
     head_shard = m.hidden * m.vocab / shards
     # kept MLP values are not read in place: the layer's backward copies its layer's slice of the
-    # stacked residuals, the chunk loop each chunk's slice of that copy (one slice with one chunk)
-    kept_mlp_copy = np.where(tokens > mlp_tokens, tokens * remat.kept_mlp_side / tensor, 0.0)
+    # stacked residuals, the chunk loop each chunk's slice of that copy (one slice with one chunk); a
+    # step of one layer has no layer loop and no stack, and its chunk loop slices the kept values directly
+    kept_mlp_copy = np.where((tokens > mlp_tokens) & (m.num_layers > 1), tokens * remat.kept_mlp_side / tensor, 0.0)
     attention_early = (
-        attention_before_mlp_backward(x, layout)
+        attention_before_mlp_backward(x)
         * x.sequences_per_device
         * m.head_dim
         * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads)
@@ -149,10 +150,13 @@ def price_memory(
         # until the last layer's backward (none when the dtypes match; norm scales are cast in the norm)
         weight_casts=m.num_layers * (m.params_per_layer - m.decoder_block.norms * m.hidden) / shards * a * (pb != a),
         attention_working_set=(2 * attention_values - tokens * remat.kept_attention_side / tensor) * a,
-        # the MLP's input and gradients for every token; one chunk's values and gradients; kept MLP values
-        # copied; the chunk loop's matrices and sums; attention values run early; values fetched ahead
+        # the MLP's input and gradients for every token; on the residual stream's tokens, the layer output's
+        # gradient and (sequential block) the residual the MLP's norm read, both needed after the chunk loop;
+        # one chunk's values and gradients; kept MLP values copied; the chunk loop's matrices and sums;
+        # attention values run early; values fetched ahead
         mlp_working_set=(
             (2 + (tensor > 1)) * tokens * m.hidden
+            + residual_tokens(tokens, tensor) * residual_values * m.hidden
             + mlp_tokens * 2 * mlp_side
             + kept_mlp_copy
             + mlp_loop_matrices * mlp_matrix
@@ -179,17 +183,16 @@ def price_memory(
     )
 
 
-def attention_before_mlp_backward(x: Candidates, layout: Layout) -> np.ndarray:
+def attention_before_mlp_backward(x: Candidates) -> np.ndarray:
     """Per candidate, 1.0 where its layer backward holds the attention's recomputed forward (q, K, V,
     output) and its output's gradient through the MLP's backward, else 0.0: where the chip schedules that
-    work first (`attention_before_mlp_backward`), the attention is one kernel call (no loop of ring hops),
-    the policy recomputes it and the MLP's input does not wait for it (out_proj kept).
+    work first (`attention_before_mlp_backward`; a ring's forward hops too, its backward hops after), the
+    policy recomputes the attention and the MLP's input does not wait for it (out_proj kept).
     """
     if not x.topology.chip.attention_before_mlp_backward:
         return np.zeros(np.shape(x.remat))
-    one_call = sum(np.asarray(call.count, dtype=float) for call in STRATEGIES[x.strategy].kernel_calls(x, layout)) == 1
     free = recomputed_checkpoint(x, ATTENTION_OUTPUT) & ~recomputed_checkpoint(x, "out_proj")
-    return (free & one_call).astype(float)
+    return free.astype(float)
 
 
 def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:

@@ -99,12 +99,13 @@ def test_memory_components_by_hand():
     attention_side = 3 * 4096 + (2 * 32 + 2 * 8) * 128
     mlp_side = 2 * 14336 + 4096
     assert e.hbm_bytes["attention_working_set"] == 2 * tokens * attention_side * 2
-    # the MLP's gathered input and its gradient for every token, one chunk's values, and the chunk
-    # loop's three gathered matrices, their three gradient sums and a chunk's new sum; under full
+    # the MLP's gathered input and its gradient for every token, the layer output's gradient and the
+    # residual the MLP's norm read (on the residual stream's tokens: every token here), one chunk's
+    # values, and the chunk loop's three gathered matrices, their three gradient sums and a chunk's new sum; under full
     # remat the attention's forward runs again first, and its values are held through it too
     assert (
         e.hbm_bytes["mlp_working_set"]
-        == (2 * tokens * 4096 + 2 * 4096 * mlp_side + 7 * 4096 * 14336 + tokens * attention_side) * 2
+        == (4 * tokens * 4096 + 2 * 4096 * mlp_side + 7 * 4096 * 14336 + tokens * attention_side) * 2
     )
     # the fused loss: fp32 logits of 8192 tokens (all 16384 are not held) against one vocabulary
     # piece (128256 = 8 pieces of 16032), and that head piece gathered in bf16 with its fp32 gradient

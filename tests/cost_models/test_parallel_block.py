@@ -102,8 +102,9 @@ def test_memory_and_elementwise_work_of_the_parallel_block():
     assert np.isfinite(full_par.step_time_s) and full_par.model_flops == full_seq.model_flops  # the same matmuls
     # under full remat the sequential block's MLP input waits for the attention run again, whose values
     # (the normed input, q/out of 32 heads, K/V of 8, the residual and out projection: 14336 a token)
-    # are held through the MLP's backward; the parallel block's MLP reads the layer input's norm only
-    held = tokens * (4096 + (2 * 32 + 2 * 8) * 128 + 2 * 4096) * 2
+    # are held through the MLP's backward, and so is the residual the MLP's norm read (4096 a token);
+    # the parallel block's MLP reads the layer input's norm only
+    held = tokens * (4096 + (2 * 32 + 2 * 8) * 128 + 2 * 4096 + 4096) * 2
     assert full_seq.hbm_bytes["mlp_working_set"] - full_par.hbm_bytes["mlp_working_set"] == held
 
 

@@ -64,5 +64,7 @@ def test_mlp_chunk_loop_holds_its_matrices():
     # 4096 tokens: one chunk, each gradient formed once
     one = estimate(dataclasses.replace(_plan(), seq_len=32768)).hbm_bytes["mlp_working_set"]
     chunk = 4096 * 2 * (2 * INTER + HIDDEN) * 2
-    assert two == 2 * 8192 * HIDDEN * 2 + chunk + 7 * HIDDEN * INTER * 2
-    assert one == 2 * 4096 * HIDDEN * 2 + chunk + 6 * HIDDEN * INTER * 2
+    # beside them the MLP's input and its gradient, the layer output's gradient and the residual the
+    # MLP's norm read, for every token (no tensor axis)
+    assert two == 4 * 8192 * HIDDEN * 2 + chunk + 7 * HIDDEN * INTER * 2
+    assert one == 4 * 4096 * HIDDEN * 2 + chunk + 6 * HIDDEN * INTER * 2
