@@ -278,6 +278,7 @@ class Explanation:
         """The same request searched with every layer global, where the model has local layers."""
         return self._global_only() if self._global_only else None
 
+    @functools.cached_property
     def local_layers(self) -> dict | None:
         """For a model with local layers: its layers by mask, the choice's attention seconds as priced and
         as if every layer attended globally, and the plan the global-only price would choose."""
@@ -301,7 +302,7 @@ class Explanation:
     def mask_text(self) -> str | None:
         """One line for a model with a full (non-causal) mask or with local layers, which change what the
         plans do; None for a causal model of global layers."""
-        local = self.local_layers()
+        local = self.local_layers
         if local:
             layers = ", ".join(f"{count} {mask}" for mask, count in local["layers"].items())
             documents = self.result.case.model.documents
@@ -551,7 +552,7 @@ class Explanation:
             "priced": res.candidates_priced,
             "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
             "why": self.why_text() if res.best else None,
-            "local_layers": self.local_layers(),
+            "local_layers": self.local_layers,
             "batch_note": res.batch_note,
             "nothing_fits": None if res.best else self.nothing_fits_text(),
             "advice": [

@@ -631,20 +631,23 @@ class SearchSpace:
         return p._replace(priced=priced, local=local)
 
     def _local_strategy_runs(self, p: _Priced, other: CPStrategy) -> np.ndarray:
-        """Per row, whether `other` can run the local layers on the row's mesh beside `p.strategy`."""
+        """Per row, whether `other` can run the local layers on the row's mesh beside `p.strategy`: its own
+        verdict on the same context and tensor axes and balancing breaks no rule."""
         if other is p.strategy:
             return np.zeros(len(p.rows.positions), dtype=bool)
-        spec, shares_cores = STRATEGIES[other], self.topology.chip.kind.shares_cores
-        verdicts = [self.verdicts[int(position)] for position in p.rows.positions]
-        judged = {}
-        for v in verdicts:
-            key = (v.sizes[2:], v.load_balance)
-            if key not in judged:
-                ring, ulysses, tensor = v.sizes[2:]
-                zigzag = v.load_balance is LoadBalance.ZIGZAG
-                shape = Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag, shares_cores)
-                judged[key] = spec.axes.accepts(ring, ulysses) and spec.check(shape) is None
-        return np.array([judged[(v.sizes[2:], v.load_balance)] for v in verdicts], dtype=bool)
+        sound = self._sound_verdicts
+        rows = (self.verdicts[int(position)] for position in p.rows.positions)
+        return np.array([(v.sizes[2:], other, v.load_balance) in sound for v in rows], dtype=bool)
+
+    @cached_property
+    def _sound_verdicts(self) -> frozenset[tuple]:
+        """(context, context_ulysses and tensor sizes, strategy, balancing) of the verdicts that break no rule
+        whatever the batch, nor a structural one."""
+        return frozenset(
+            (v.sizes[2:], v.strategy, v.load_balance)
+            for v in self.verdicts
+            if v.always is None and v.structural is None
+        )
 
     def _block_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its splash block fits SMEM."""

@@ -486,7 +486,7 @@ def test_a_windowed_einsums_permutes_count_as_the_weight_collective_they_replace
     assert (
         attribute("collective-permute", op_name=op_name, stack=[], dtypes={"bf16"}, computation=computation) == category
     )
-    ring = [("/repo/runtime/attention/ring.py", "_shift")]
+    ring = [("runtime/attention/ring.py", "_shift")]
     assert (
         attribute("collective-permute", op_name=op_name, stack=ring, dtypes={"bf16"}, computation=computation)
         == "context"
