@@ -98,10 +98,11 @@ def price_memory(
     saved = remat.saved_on_device / tensor * a
     # one layer's backward: the gradient of every value, and the values not kept on device; the
     # attention side for every token, the MLP's for one chunk (each chunk is its own checkpoint)
-    residual_values = 1 if m.decoder_block.parallel else 2
+    # the residual stream's values (a parallel block's one, a sequential block's two) on its tokens
+    residual_stream = residual_tokens(tokens, tensor) * (1 if m.decoder_block.parallel else 2) * m.hidden
     attention_values = (
         tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
-        + residual_tokens(tokens, tensor) * residual_values * m.hidden
+        + residual_stream
     )
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
@@ -156,7 +157,7 @@ def price_memory(
         # attention values run early; values fetched ahead
         mlp_working_set=(
             (2 + (tensor > 1)) * tokens * m.hidden
-            + residual_tokens(tokens, tensor) * residual_values * m.hidden
+            + residual_stream
             + mlp_tokens * 2 * mlp_side
             + kept_mlp_copy
             + mlp_loop_matrices * mlp_matrix
