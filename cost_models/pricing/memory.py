@@ -101,8 +101,7 @@ def price_memory(
     # the residual stream's values (a parallel block's one, a sequential block's two) on its tokens
     residual_stream = residual_tokens(tokens, tensor) * (1 if m.decoder_block.parallel else 2) * m.hidden
     attention_values = (
-        tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor)
-        + residual_stream
+        tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor) + residual_stream
     )
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
