@@ -642,10 +642,13 @@ def _windowed_einsum_category(op_name: str, computation: str) -> str:
     return "fsdp_reduce_scatter" if backward else "fsdp_all_gather"
 
 
+def _op_name(metadata: str) -> str:
+    """The `op_name` path jax writes in an instruction's metadata ("" where there is none)."""
+    return (re.search(r'op_name="([^"]*)"', metadata) or [None, ""])[1]
+
+
 def _is_layer_switch(instruction: Instruction) -> bool:
-    metadata = instruction.attribute("metadata") or ""
-    op_name = (re.search(r'op_name="([^"]*)"', metadata) or [None, ""])[1]
-    return bool(_LAYER_SWITCH_OP_NAME.search(op_name))
+    return bool(_LAYER_SWITCH_OP_NAME.search(_op_name(instruction.attribute("metadata") or "")))
 
 
 def _wrapped(instruction: Instruction, computations: dict[str, Computation]):
@@ -857,7 +860,7 @@ def read_compiled_program(
         )
         flops = sum(_instruction_work(i, comp) for i in compute)
         metadata = inner.attribute("metadata") or instruction.attribute("metadata") or ""
-        op_name = (re.search(r'op_name="([^"]*)"', metadata) or [None, ""])[1]
+        op_name = _op_name(metadata)
         frame = re.search(r"stack_frame_id=(\d+)", metadata)
         stack = stacks.stack(int(frame.group(1))) if frame else []
         dtypes = {d for s in operand_shapes for d, _ in _arrays(s)}
