@@ -16,12 +16,12 @@ from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import Layout
-from cost_models.strategies.base import SPLASH_LANES
+from cost_models.strategies.base import SPLASH_LANES, CPCost
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations", "weight_casts")
-LAYER_MEMORY = ("attention_working_set", "attention_buffers", "mlp_working_set", "collective_buffers")
+LAYER_MEMORY = ("attention_working_set", "attention_buffers", "lse_relayout", "mlp_working_set", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
 UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
 
@@ -29,7 +29,10 @@ UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_
 def layer_bytes(memory: dict):
     """A layer's backward: the larger of its attention side (with the collectives' buffers) and its MLP side."""
     return np.maximum(
-        memory["attention_working_set"] + memory["attention_buffers"] + memory["collective_buffers"],
+        memory["attention_working_set"]
+        + memory["attention_buffers"]
+        + memory["lse_relayout"]
+        + memory["collective_buffers"],
         memory["mlp_working_set"],
     )
 
@@ -62,6 +65,8 @@ class MemoryBytes:
     weight_casts: np.ndarray  # every layer's weight shards in the compute dtype, through the forward and backward
     attention_working_set: np.ndarray  # one layer's backward, attention side
     attention_buffers: np.ndarray
+    # where the log-sum-exp's relayout before the backward's kernels holds more than the attention side, the excess
+    lse_relayout: np.ndarray
     mlp_working_set: np.ndarray  # one layer's backward, one MLP chunk
     collective_buffers: np.ndarray
     logits: np.ndarray
@@ -82,13 +87,13 @@ def layer_gradient_bytes(x: Candidates) -> np.ndarray:
 def price_memory(
     x: Candidates,
     layout: Layout,
-    context_buffer_bytes,
+    context: CPCost,
     *,
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
     head_gradient_in_head_layout: bool,
 ) -> MemoryBytes:
-    """HBM each candidate holds per device, by component; `context_buffer_bytes` is what the strategy's
-    traffic holds at a layer's peak, the keyword arguments the target's traits of the same names."""
+    """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
+    at a layer's peak), the keyword arguments the target's traits of the same names."""
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     a, pb = x.act_bytes, x.param_bytes
     remat = x.held_remat_columns  # an offload that does not leave HBM is held as a kept value
@@ -136,6 +141,27 @@ def price_memory(
         attention_values - tokens * (remat.kept_attention_side + remat.fetched_ahead) / tensor, 0.0
     )
     lse_first = rerun * x.topology.chip.splash_lse_lanes_held * lse_lane_bytes(x, layout)
+    attention_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
+    # the strategy's buffers, and one fp32 value per local query and head
+    per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
+    attention_buffers = context.buffer_bytes + per_query
+    # on a chip that holds splash's log-sum-exp lane-wide, the copy that slices it for the backward's kernels
+    # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, nor the strategy's
+    # gradient buffers, nor the residual stream's gradients (docs/provenance/cost_models.md#memory)
+    qkv_gradients = tokens * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor * a
+    lse_point = (
+        attention_working_set
+        - qkv_gradients
+        - residual_stream * a
+        + context.buffer_bytes_before_backward
+        + per_query
+        + 2 * lse_lane_bytes(x, layout)
+    )
+    lse_relayout = (
+        x.topology.chip.splash_lse_lanes_held
+        * (np.asarray(context.reads_own_lse) > 0)
+        * np.maximum(lse_point - attention_working_set - attention_buffers, 0.0)
+    )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
         params=m.num_params / shards * pb,
@@ -145,11 +171,11 @@ def price_memory(
         update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
         optimizer=m.num_params / shards * (x.mu_bytes + pb),
-        activations=m.num_layers * tokens * saved,
+        activations=m.num_layers * tokens * saved + lse_lanes_kept(x) * lse_lane_bytes(x, layout),
         # every layer's weight shards cast to the compute dtype once, outside the layer loop, and held
         # until the last layer's backward (none when the dtypes match; norm scales are cast in the norm)
         weight_casts=m.num_layers * (m.params_per_layer - m.decoder_block.norms * m.hidden) / shards * a * (pb != a),
-        attention_working_set=(2 * attention_values - tokens * remat.kept_attention_side / tensor) * a,
+        attention_working_set=attention_working_set,
         # the MLP's input and gradients for every token; on the residual stream's tokens, the layer output's
         # gradient and (sequential block) the residual the MLP's norm read, both needed after the chunk loop;
         # one chunk's values and gradients; kept MLP values copied; the chunk loop's matrices and sums;
@@ -166,8 +192,8 @@ def price_memory(
         )
         * a
         + lse_first,
-        # the strategy's buffers, and one fp32 value per local query and head
-        attention_buffers=context_buffer_bytes + x.sequences_per_device * layout.q_len * layout.q_heads * 4,
+        attention_buffers=attention_buffers,
+        lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter
         collective_buffers=largest_matrix * (2 * a + pb),
         # fp32 logits of one chunk of tokens against one vocabulary piece (the gradient formed in place)
@@ -181,6 +207,17 @@ def price_memory(
         )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
     )
+
+
+def lse_lanes_kept(x: Candidates) -> np.ndarray:
+    """Per candidate, 1.0 where the attention's log-sum-exp is kept for the backward lane-wide, as the
+    kernel writes it (`lse_lane_bytes`), else 0.0: on a chip that holds the kernel's lane-wide output
+    (`splash_lse_lanes_held`), a step of one layer whose policy keeps the attention output on device
+    has no layer loop whose stack would slice it, so it stays so from the forward through the loss."""
+    if not x.topology.chip.splash_lse_lanes_held:
+        return np.zeros(np.shape(x.remat))
+    kept = np.array([placements(p, x.remat_custom)[ATTENTION_OUTPUT] is Placement.DEVICE for p in POLICIES])
+    return (kept[x.remat] & (x.model.num_layers == 1)).astype(float)
 
 
 def attention_before_mlp_backward(x: Candidates) -> np.ndarray:

@@ -99,7 +99,9 @@ def _layer_attention(kinds: list[LayerKind]) -> tuple[AttentionTimes, CPCost]:
     shares = [k.share for k in kinds]
     return (
         _layer_average([k.attention for k in kinds], shares, largest=frozenset({"smem_bytes"})),
-        _layer_average([k.cost for k in kinds], shares, largest=frozenset({"buffer_bytes"})),
+        _layer_average(
+            [k.cost for k in kinds], shares, largest=frozenset({"buffer_bytes", "buffer_bytes_before_backward"})
+        ),
     )
 
 
@@ -113,7 +115,11 @@ def _layer_average(items: list, shares: list[float], *, largest: frozenset[str] 
         if f.name == "layout":
             continue
         column = [getattr(item, f.name) for item in items]
-        values[f.name] = np.max(column, axis=0) if f.name in largest else sum(s * c for s, c in zip(shares, column))
+        values[f.name] = (
+            np.max(np.broadcast_arrays(*column), axis=0)
+            if f.name in largest
+            else sum(s * c for s, c in zip(shares, column))
+        )
     return dataclasses.replace(items[0], **values)
 
 
@@ -187,7 +193,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
             price_memory(
                 x,
                 attention.layout,
-                cost.buffer_bytes,
+                cost,
                 mlp_chunk_tokens=target.traits.mlp_chunk_tokens,
                 head_gradient_in_head_layout=target.traits.head_gradient_in_head_layout,
             ).as_dict(),

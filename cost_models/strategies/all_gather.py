@@ -50,7 +50,17 @@ class AllGather(StrategySpec):
         gather = x.comm.all_gather(kv_full, x.ring, *x.context_link)
         scatter = (2 if gradients_all_reduced else 1) * x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)
         bwd = gather + scatter
-        return CPCost(gather, bwd, gather, bwd, 2 * kv_full, recompute_reuses_s=gather)
+        # the gathered K/V, then their gradients before the scatter
+        return CPCost(
+            gather,
+            bwd,
+            gather,
+            bwd,
+            2 * kv_full,
+            recompute_reuses_s=gather,
+            reads_own_lse=1.0,
+            buffer_bytes_before_backward=kv_full,
+        )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return f"all-gather K/V over context={ring}{', zigzag' if zigzag else ''}"

@@ -97,6 +97,11 @@ class CPCost:
     # the ring's K/V hops, which a target whose compiler shares them takes from a recomputed forward
     # (`TargetTraits.backward_shares_recomputed_hops`)
     recompute_shared_hops_s: Any = 0.0
+    # 1.0 where the backward's kernels read the log-sum-exp their own recomputed forward wrote (splash's
+    # backward of one call), 0.0 where it reads one merged over blocks (a ring's); over layer kinds, the share
+    reads_own_lse: Any = 0.0
+    # of `buffer_bytes`, those already held when that backward starts (none of the gradients it forms)
+    buffer_bytes_before_backward: Any = 0.0
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,13 @@ def all_to_all_cost(x, layout: Layout):
     return forward, backward
 
 
+def kept_operand_copies(x):
+    """Bytes per device the all-to-all adds to a layer's peak: it lays the working set's q/K/V/out out
+    anew for the kernel, so only the values the policy keeps (counted in the activations, not the
+    working set) are held twice, once per layout (docs/provenance/strategies_and_validation.md#usp)."""
+    return x.tokens_per_device * x.held_remat_columns.kept_attention_operands / x.tensor * x.act_bytes
+
+
 def maxtext_ulysses_problems(shape: Shape) -> list[str]:
     """MaxText 0.2.5's all-to-all head rules (configs/types.py): query and KV heads divisible by the
     degree, no MQA; it never replicates KV heads."""
@@ -118,15 +125,10 @@ class Ulysses(StrategySpec):
         self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
     ) -> CPCost:
         fwd, bwd = all_to_all_cost(x, layout)
-        full = (
-            x.sequences_per_device
-            * x.seq_len
-            * (2 * layout.q_heads + 2 * layout.kv_heads)
-            * x.model.head_dim
-            * x.act_bytes
+        copies = kept_operand_copies(x)
+        return CPCost(
+            fwd, bwd, fwd, bwd, copies, recompute_reuses_s=fwd, reads_own_lse=1.0, buffer_bytes_before_backward=copies
         )
-        # q, k, v, out at full length, and their gradients
-        return CPCost(fwd, bwd, fwd, bwd, 2 * full, recompute_reuses_s=fwd)
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
         return f"ulysses (all-to-all) over context_ulysses={ulysses}"

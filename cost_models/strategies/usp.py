@@ -9,7 +9,13 @@ from __future__ import annotations
 from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
 from cost_models.strategies.registry import register
 from cost_models.strategies.ring import ring_calls, ring_cost, ring_merge_bytes, tokamax_ring_calls
-from cost_models.strategies.ulysses import all_to_all_cost, maxtext_ulysses_problems, ulysses_heads_rule, ulysses_layout
+from cost_models.strategies.ulysses import (
+    all_to_all_cost,
+    kept_operand_copies,
+    maxtext_ulysses_problems,
+    ulysses_heads_rule,
+    ulysses_layout,
+)
 from cost_models.vocabulary import CPStrategy
 
 
@@ -43,16 +49,12 @@ class USP(StrategySpec):
     ) -> CPCost:
         a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
-        # the all-to-all lays the working set's q/K/V/out out anew for the kernel; only the values the
-        # policy keeps (counted in the activations, not the working set) are held twice, once per layout
-        # (docs/provenance/strategies_and_validation.md#usp)
-        kept_copies = x.tokens_per_device * x.held_remat_columns.kept_attention_operands / x.tensor * x.act_bytes
         return CPCost(
             a2a_fwd + ring.forward_s,
             a2a_bwd + ring.backward_s,
             a2a_fwd + ring.exposed_forward_s,
             a2a_bwd + ring.exposed_backward_s,
-            ring.buffer_bytes + kept_copies,
+            ring.buffer_bytes + kept_operand_copies(x),
             recompute_reuses_s=a2a_fwd,
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
         )

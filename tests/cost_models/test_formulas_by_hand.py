@@ -506,3 +506,54 @@ def test_axes_on_whole_dimensions_by_hand():
     assert not axes_on_whole_dimensions((32, 2), torus)
     assert axes_on_whole_dimensions((8,), torus)  # one axis splits nothing between axes
     assert axes_on_whole_dimensions((8, 2), (8, 2, 1)) and not axes_on_whole_dimensions((4, 4), (8, 2, 1))
+
+
+def test_ulysses_holds_only_kept_values_in_both_layouts():
+    # the all-to-all lays the working set's own q/K/V/out out for the kernel; what the policy keeps (q, K
+    # and V under save_qkv_proj: 32 + 2·8 heads of 128 per token) is held in both layouts, as under USP
+    tokens = 8 * 16384 / 8
+    kw = dict(topology="v5p:2x2x2", seq_len=16384, global_batch=8, mesh=make_mesh(context_ulysses=8))
+    kept = estimate(_plan(cp_strategy="ulysses", load_balance="none", remat="save_qkv_proj", **kw))
+    recomputed = estimate(_plan(cp_strategy="ulysses", load_balance="none", remat="full", **kw))
+    # one fp32 value per query (8 sequences of 16384 after the exchange) and local head (32 / 8)
+    per_query = 8 * 16384 * (32 / 8) * 4
+    assert kept.hbm_bytes["attention_buffers"] == tokens * (32 + 2 * 8) * 128 * 2 + per_query
+    assert recomputed.hbm_bytes["attention_buffers"] == per_query
+
+
+def test_log_sum_exp_held_lane_wide_on_tpu7x():
+    # Ulysses over 2 (fsdp 4) on tpu7x, full remat: per token of the device, the working set is twice the
+    # attention side's values (hidden 4096, q/k/v/out (2·32 + 2·8)·128, the residual stream's 2·4096),
+    # bf16: 90112 bytes; one fp32 value per local query (seq 16384 of them) and head (32/2): 2·16·4 = 128
+    # bytes. Before the kernels, the lane-wide log-sum-exp (128 fp32 lanes, 2·16·512 = 16384 bytes) and its
+    # slicing copy are live beside the recomputed values but no q/k/v gradient (48·128·2) and no residual
+    # stream gradient (8192·2): 90112 − 12288 − 16384 + 128 + 2·16384 = 94336 bytes, 4096 over the kernels'
+    tokens = 8 * 16384 / 8
+    kw = dict(seq_len=16384, global_batch=8, mesh=make_mesh(fsdp=4, context_ulysses=2), remat="full")
+    tpu7x = estimate(_plan(topology="tpu7x:2x2x1", cp_strategy="ulysses", load_balance="none", **kw))
+    assert tpu7x.hbm_bytes["attention_working_set"] == tokens * 90112
+    assert tpu7x.hbm_bytes["attention_buffers"] == tokens * 128
+    assert tpu7x.hbm_bytes["lse_relayout"] == tokens * 4096
+    # v5p's compiler slices it as the kernel writes it; a ring's backward reads the merged one
+    assert (
+        estimate(_plan(topology="v5p:2x2x2", cp_strategy="ulysses", load_balance="none", **kw)).hbm_bytes[
+            "lse_relayout"
+        ]
+        == 0
+    )
+    ring = dict(kw, mesh=make_mesh(fsdp=4, context=2))
+    assert estimate(_plan(topology="tpu7x:2x2x1", **ring)).hbm_bytes["lse_relayout"] == 0
+
+
+def test_one_layer_step_keeps_the_log_sum_exp_lane_wide_on_tpu7x():
+    # with no layer loop to stack (and slice) the kept values, a one-layer step that keeps the attention
+    # output keeps the kernel's lane-wide log-sum-exp: 128 fp32 lanes per query (16384) and head (32)
+    def activations(layers, remat):
+        model = dataclasses.replace(L8B, name=f"l8b-{layers}l", num_layers=layers)
+        mesh = make_mesh(fsdp=8)
+        plan = _plan(model=model, topology="tpu7x:2x2x1", seq_len=16384, global_batch=8, mesh=mesh, remat=remat)
+        return estimate(dataclasses.replace(plan, cp_strategy="none", load_balance="none")).hbm_bytes["activations"]
+
+    lanes = 16384 * 32 * 128 * 4
+    assert activations(1, "minimal_with_context") == activations(2, "minimal_with_context") / 2 + lanes
+    assert activations(1, "full") == activations(2, "full") / 2
