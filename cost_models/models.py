@@ -193,10 +193,14 @@ class ModelSpec:
         """This model with every layer attending over the whole (causal or full) context, unpacked."""
         return dataclasses.replace(self, window=0, layer_pattern="", documents=0)
 
+    def layer_type(self, layer: int) -> str:
+        """"L" where decoder layer `layer` (from 0) is a local one (a window or chunks), else "G"."""
+        pattern = self.layer_pattern or ("L" if self.window else "G")
+        return pattern[layer % len(pattern)]
+
     def layer_mask(self, layer: int) -> AttentionMask:
         """The mask of decoder layer `layer` (from 0)."""
-        pattern = self.layer_pattern or ("L" if self.window else "G")
-        return self.local_mask if pattern[layer % len(pattern)] == "L" else self.global_mask
+        return self.local_mask if self.layer_type(layer) == "L" else self.global_mask
 
     @property
     def layer_masks(self) -> tuple[tuple[AttentionMask, int], ...]:

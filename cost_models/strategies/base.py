@@ -325,7 +325,7 @@ def maxtext_local_layers_problem(model: ModelSpec) -> str | None:
             f"{local}, and MaxText 0.2.5 runs chunked layers only in its llama4 block, a mixture-of-experts "
             f"block cpplan does not model; run the plan on cpplan's runtime"
         )
-    ours = "".join("L" if model.layer_mask(i).local else "G" for i in range(model.num_layers))
+    ours = "".join(model.layer_type(i) for i in range(model.num_layers))
     theirs = "".join(MAXTEXT_LOCAL_PATTERN[i % len(MAXTEXT_LOCAL_PATTERN)] for i in range(model.num_layers))
     if ours != theirs:
         where = "on every layer" if "G" not in ours else f"in the pattern {model.layer_pattern!r}"

@@ -11,6 +11,7 @@ import planner
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS
 from cost_models.pricing.target import vocab_tiles
+from cost_models.strategies.base import maxtext_local_layers_problem
 from cost_models.targets import Target
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
@@ -575,6 +576,17 @@ def test_export_refuses_masks_maxtext_does_not_run_and_says_why(model, strategy,
         export_maxtext(plan)
     # the same rule the search applies under the MaxText target
     assert maxtext_problems(plan)
+
+
+def test_packed_documents_leave_the_layer_pattern_maxtexts_block_runs():
+    # packed, a global layer is causal within each document (a chunk) but still a global layer: the
+    # gemma3 block runs the pattern, and what MaxText's kernel lacks is only the documents
+    packed = dataclasses.replace(GEMMA, documents=8192)
+    assert packed.global_mask.local and packed.layer_type(5) == "G"
+    assert maxtext_local_layers_problem(packed) is None
+    with pytest.raises(CpplanError, match="jax's splash") as refused:
+        export_maxtext(_masked_plan(packed, "all_gather", dict(context=8)))
+    assert "pattern" not in str(refused.value) and "every layer" not in str(refused.value)
 
 
 def test_packed_documents_travel_as_packing_under_ulysses():
