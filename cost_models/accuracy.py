@@ -108,11 +108,11 @@ def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:
 
 @dataclass(frozen=True)
 class MemoryBand:
-    """How much more HBM the compiler has held than the memory price said, at most, on one chip
+    """How much more HBM the compiler has needed than the memory price said, at most, on one chip
     for one target (`regenerate/memory_bands.py` measures it over stored compiles).
 
     Attributes:
-        under: the largest excess, as a fraction of the price (0.07: the compiler held up to 7% more).
+        under: the largest excess, as a fraction of the price (0.07: the compiler needed up to 7% more).
         rows: the compiles it was measured over.
         source: where they are.
     """
@@ -125,7 +125,7 @@ class MemoryBand:
 
     def describe(self) -> str:
         return (
-            f"the compiler has held up to {self.under:.1%} more than priced over {self.rows} {self.chip} compiles "
+            f"the compiler has needed up to {self.under:.1%} more than priced over {self.rows} {self.chip} compiles "
             f"({self.target} target)"
         )
 

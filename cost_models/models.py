@@ -194,7 +194,7 @@ class ModelSpec:
         return dataclasses.replace(self, window=0, layer_pattern="", documents=0)
 
     def layer_type(self, layer: int) -> str:
-        """"L" where decoder layer `layer` (from 0) is a local one (a window or chunks), else "G"."""
+        """`L` where decoder layer `layer` (from 0) is a local one (a window or chunks), else `G`."""
         pattern = self.layer_pattern or ("L" if self.window else "G")
         return pattern[layer % len(pattern)]
 

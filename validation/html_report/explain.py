@@ -191,7 +191,7 @@ def memory_figure(d: dict) -> dict:
                 "array": [t * e["memory_margin"] for t, (_, _, e) in zip(totals, rows)],
                 "arrayminus": [0] * len(rows),
             },
-            "hovertemplate": "%{x:.2f} GiB priced; the compiler has held up to %{error_x.array:.2f} GiB more"
+            "hovertemplate": "%{x:.2f} GiB priced; the compiler has needed up to %{error_x.array:.2f} GiB more"
             "<extra></extra>",
         }
     )
