@@ -367,7 +367,8 @@ def maxtext_mask_problems(model: ModelSpec, spec: "StrategySpec | None" = None) 
             f"{spec.maxtext_name} runs global layers only (its attention refuses any other layer type under "
             f"ring, ulysses and usp); plan all_gather or no context parallelism to export"
         )
-    if model.documents and spec is not None and not spec.maxtext_skips_other_documents:
+    # documents of varying length are priced as whole rows wherever the kernel does not prune
+    if model.fixed_documents and spec is not None and not spec.maxtext_skips_other_documents:
         more = (
             "passes K/V around the whole ring (tokamax's ring kernel), where the price stops each hop at "
             "the documents' reach"
