@@ -15,7 +15,7 @@ from cost_models.strategies.base import full_mask_balance_problem, maxtext_mask_
 from cost_models.targets import Target
 from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 from planner import api
-from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, parse_seq_len
+from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, DOC_LENGTHS_FORMS, parse_doc_lengths, parse_seq_len
 
 FULL_MASK_HELP = (
     "plan the model with a full (non-causal) attention mask: every query sees every key, as in an "
@@ -109,11 +109,20 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> N
     p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)
     p.add_argument(
         "--doc-lengths",
-        metavar="TOKENS",
-        help="rows packed from documents of this many tokens each (e.g. 8k), no query seeing another "
-        "document: priced and run as attention causal within each document (splash skips blocks by its "
-        "static mask, not by segment ids, so documents of other lengths are priced as whole rows)",
+        metavar="LENGTHS",
+        help=f"rows packed from documents, no query seeing another: {DOC_LENGTHS_FORMS}, or data (the "
+        "documents cpplan's packer marks in --data, with --eos-id unless ArrayRecord). A fixed length is a "
+        "static mask every kernel skips blocks by; documents of varying length are marked by segment ids "
+        "only, which MaxText's ulysses (tokamax's splash) prunes tiles by, priced as the expected tiles "
+        "left, and every other kernel (cpplan's runtime: jax's splash) computes as whole rows",
     )
+    p.add_argument(
+        "--data",
+        help="tokens: a text file (bytes), a .npy or raw token file, ArrayRecord; `run` trains on them "
+        "(default synthetic tokens), and --doc-lengths data measures their documents",
+    )
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], help="token type of raw and ArrayRecord --data")
+    p.add_argument("--eos-id", type=at_least(0), help="the token that ends each document of --data")
     if seq_len:
         p.add_argument("--seq-len", required=True, help="tokens per sequence: 131072, 128k, 4M")
     p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
@@ -223,7 +232,7 @@ def model_of(args: argparse.Namespace) -> ModelSpec:
     if full_mask:
         model = dataclasses.replace(model, causal=False)
     if getattr(args, "doc_lengths", None) is not None:
-        model = dataclasses.replace(model, documents=parse_seq_len(args.doc_lengths, what="--doc-lengths"))
+        model = dataclasses.replace(model, documents=doc_lengths_of(args))
     unexportable = maxtext_mask_problems(model)  # what no strategy lifts: a full mask, local layers no block has
     if model.causal and not unexportable:
         return model
@@ -245,6 +254,27 @@ def model_of(args: argparse.Namespace) -> ModelSpec:
         if value == "maxtext":
             raise CpplanError(f"{flag} maxtext with {source}: {unexportable[0]}; {fix}.")
     return model
+
+
+MEASURED = "data"  # --doc-lengths data: the documents of --data
+
+
+def doc_lengths_of(args: argparse.Namespace):
+    """--doc-lengths as `ModelSpec.documents`: parsed, or measured from --data by the runtime's packer.
+
+    Raises:
+        CpplanError: a form not listed, or `data` without a data file whose documents are marked.
+    """
+    if args.doc_lengths.strip().lower() != MEASURED:
+        return parse_doc_lengths(args.doc_lengths)
+    if not args.data:
+        raise CpplanError(
+            "--doc-lengths data measures the documents of --data: give --data FILE (with --eos-id unless it is "
+            "ArrayRecord), or give the lengths themselves: " + DOC_LENGTHS_FORMS + "."
+        )
+    from runtime.data import measure_documents
+
+    return measure_documents(args.data, dtype=args.data_dtype, eos_id=args.eos_id)
 
 
 def plan_of(args: argparse.Namespace):

@@ -243,13 +243,7 @@ def register(sub) -> None:
         default=5,
         help="train until this many steps are done (a resumed run does the rest; the median skips the first)",
     )
-    p.add_argument(
-        "--data",
-        help="tokens to train on: a text file (bytes), a .npy or raw token file, ArrayRecord; default synthetic tokens",
-    )
     p.add_argument("--seed", type=at_least(0), default=0, help="parameter and data seed")
-    p.add_argument("--data-dtype", choices=["uint16", "uint32"], help="token type of raw and ArrayRecord --data")
-    p.add_argument("--eos-id", type=at_least(0), help="the token that ends each document of --data")
     p.add_argument(
         "--pack",
         action="store_true",

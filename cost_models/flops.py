@@ -3,7 +3,9 @@ matmuls with learnable weights (the embedding is a gather), causal attention hal
 the forward. A full mask counts every query×key pair (MaxText's "4 for non-causal"), so MFU stays the
 share of peak doing the model's own work; remat recomputation is executed work, never model FLOPs. A local
 layer counts each query against its window or chunk (capped at the sequence), halved as causal, as MaxText
-counts Gemma 3's sliding-window layers (`calculate_gemma3_tflops_training_per_device`)."""
+counts Gemma 3's sliding-window layers (`calculate_gemma3_tflops_training_per_device`); packed documents
+of varying length, on a global layer, count each query against twice the keys it is expected to see in its
+document (halved as causal, as a fixed length's chunk is)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ def layer_forward_flops(model: ModelSpec, seq_len, tokens, mask: AttentionMask |
     d, h, k, hd = model.hidden, model.num_heads, model.num_kv_heads, model.head_dim
     mask = mask or model.global_mask
     keys = np.minimum(mask.size, seq_len) if mask.local else seq_len
+    if model.varying_documents and mask.causal and not mask.local:
+        keys = np.vectorize(lambda s: 2 * model.varying_documents.keys_seen(s), otypes=[float])(seq_len)
     return LayerFlops(
         qkv=2.0 * tokens * d * (h + 2 * k) * hd,
         out_proj=2.0 * tokens * d * h * hd,

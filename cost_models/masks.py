@@ -143,6 +143,21 @@ def _bounds(mask: AttentionMask, first, last):
     return np.full_like(first, np.iinfo(np.int64).min // 4), np.full_like(first, np.iinfo(np.int64).min // 4)
 
 
+def row_key_blocks(mask: AttentionMask, q_start: int, q_len: int, kv_start: int, kv_len: int, bq: int, bkv: int):
+    """(first, last) key block some query of each query block sees, in a call of queries at positions
+    q_start.. (`q_len`) against keys at kv_start.. (`kv_len`) in blocks of `bq` × `bkv`; a row whose last
+    is before its first sees none."""
+    nq, nk = q_len // bq, kv_len // bkv
+    q0 = q_start + np.arange(nq, dtype=np.int64) * bq
+    q1 = q0 + bq - 1
+    some, _ = _bounds(mask, q0, q1)
+    # from the block holding max(some, first key) to the one holding min(q1, last key)
+    lo = (np.maximum(some, kv_start) - kv_start) // bkv
+    if mask.kind is MaskKind.FULL:
+        return lo, np.full(nq, nk - 1)
+    return lo, (np.minimum(q1, kv_start + kv_len - 1) - kv_start) // bkv
+
+
 @dataclass(frozen=True)
 class CallBlocks:
     """What splash does for one call's mask: blocks computed (some pair visible), blocks where the rule
@@ -163,12 +178,9 @@ def call_blocks(mask: AttentionMask, q_start: int, q_len: int, kv_start: int, kv
     nq, nk = q_len // bq, kv_len // bkv
     q0 = q_start + np.arange(nq, dtype=np.int64) * bq
     q1 = q0 + bq - 1
-    some, every = _bounds(mask, q0, q1)
+    _, every = _bounds(mask, q0, q1)
     full = mask.kind is MaskKind.FULL
-    last_key = kv_start + kv_len - 1
-    # key blocks some query of the row sees: from the one holding max(some, first key) to min(q1, last key)
-    lo = (np.maximum(some, kv_start) - kv_start) // bkv
-    hi = np.full(nq, nk - 1) if full else (np.minimum(q1, last_key) - kv_start) // bkv
+    lo, hi = row_key_blocks(mask, q_start, q_len, kv_start, kv_len, bq, bkv)
     computed = np.where(hi >= lo, hi - lo + 1, 0)
     # key blocks every query sees: they start at or after `every` and end at or before q0
     a_lo = -((kv_start - np.maximum(every, kv_start)) // bkv)  # ceil

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from cost_models.documents import DocumentLengths
 from cost_models.errors import CpplanError, unknown_name
 from cost_models.masks import CAUSAL, FULL, AttentionMask, MaskKind
 from cost_models.vocabulary import _Named
@@ -90,8 +91,9 @@ class ModelSpec:
     window: int = 0  # a local layer's window or chunk in tokens; 0: every layer attends globally
     local_kind: str = MaskKind.SLIDING.value  # or "chunked"
     layer_pattern: str = ""  # 'L' local, 'G' global, repeated over the layers
-    # rows packed from documents of this many tokens, aligned, no query seeing another document (0: none)
-    documents: int = 0
+    # rows packed from documents, no query seeing another document: of this many tokens, aligned at its
+    # multiples; or of varying lengths (`DocumentLengths`; marked by segment ids only); 0: unpacked rows
+    documents: int | DocumentLengths = 0
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -146,9 +148,13 @@ class ModelSpec:
             raise CpplanError(f"model {name!r}: window={window} but layer_pattern={pattern!r} has no local layer.")
         if not window and "L" in pattern:
             raise CpplanError(f"model {name!r}: layer_pattern={pattern!r} has local layers: give their window.")
-        if isinstance(self.documents, bool) or not isinstance(self.documents, int) or self.documents < 0:
+        if isinstance(self.documents, dict):  # the JSON form of varying lengths
+            object.__setattr__(self, "documents", DocumentLengths.from_dict(self.documents))
+        fixed = isinstance(self.documents, int) and not isinstance(self.documents, bool) and self.documents >= 0
+        if not fixed and not isinstance(self.documents, DocumentLengths):
             raise CpplanError(
-                f"model {name!r}: documents={self.documents!r} must be a whole number of tokens (0: unpacked rows)."
+                f"model {name!r}: documents={self.documents!r} must be a whole number of tokens (0: unpacked rows) "
+                f"or document lengths (cost_models.documents: lognormal, histogram)."
             )
         if self.documents and not self.causal:
             raise CpplanError(
@@ -162,10 +168,27 @@ class ModelSpec:
             )
 
     @property
+    def fixed_documents(self) -> int:
+        """The length of packed documents of one length, aligned at its multiples (0: none, or varying)."""
+        return self.documents if isinstance(self.documents, int) else 0
+
+    @property
+    def varying_documents(self) -> DocumentLengths | None:
+        """The lengths of packed documents that vary, marked by segment ids only (None: none, or fixed)."""
+        return self.documents if isinstance(self.documents, DocumentLengths) else None
+
+    def describe_documents(self) -> str:
+        """The packed documents, as a phrase ("" for unpacked rows)."""
+        if self.varying_documents:
+            return self.varying_documents.describe()
+        return f"documents of {self.documents} tokens" if self.documents else ""
+
+    @property
     def global_mask(self) -> AttentionMask:
-        """The mask of a global layer: causal, full for an encoder, causal within each packed document."""
-        if self.documents:
-            return AttentionMask(MaskKind.CHUNKED, self.documents)
+        """The mask of a global layer: causal, full for an encoder, causal within each packed document of
+        a fixed length (documents of varying length leave the static mask causal)."""
+        if self.fixed_documents:
+            return AttentionMask(MaskKind.CHUNKED, self.fixed_documents)
         return CAUSAL if self.causal else FULL
 
     @property
@@ -175,8 +198,8 @@ class ModelSpec:
         each document's start)."""
         if not self.window:
             return None
-        if self.documents and self.window >= self.documents:
-            return AttentionMask(MaskKind.CHUNKED, self.documents)
+        if self.fixed_documents and self.window >= self.fixed_documents:
+            return AttentionMask(MaskKind.CHUNKED, self.fixed_documents)
         return AttentionMask(self.local_kind, self.window)
 
     @property
@@ -253,6 +276,8 @@ class ModelSpec:
                 row.pop(key)
         if not self.documents:
             row.pop("documents")
+        elif self.varying_documents:
+            row["documents"] = self.varying_documents.to_dict()
         return row
 
     @classmethod

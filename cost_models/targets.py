@@ -75,6 +75,9 @@ class TargetTraits:
             weights are gathered as an all-reduce of zero-padded shards (twice the bytes).
         context_gradients_all_reduced: gradients of what is gathered over context are all-reduced, not scattered.
         mlp_chunk_tokens: tokens per device of one MLP chunk in a layer's backward (None: all at once).
+        tokamax_splash_prunes_documents: the strategies it runs on tokamax's splash
+            (`StrategySpec.maxtext_skips_other_documents`) skip the tiles whose segment ids do not meet
+            (`cost_models.document_tiles`); elsewhere documents of varying length are computed as whole rows.
     """
 
     target: Target
@@ -96,6 +99,12 @@ class TargetTraits:
     weight_gathers_all_reduce_split_axes: bool = False
     context_gradients_all_reduced: bool = False
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
+    tokamax_splash_prunes_documents: bool = False
+
+    def prunes_documents(self, spec) -> bool:
+        """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
+        varying length (a fixed length is a static mask every kernel skips by)."""
+        return self.tokamax_splash_prunes_documents and spec.maxtext_skips_other_documents
 
 
 TRAITS: dict[Target, TargetTraits] = {
@@ -132,6 +141,7 @@ TRAITS: dict[Target, TargetTraits] = {
         weight_gathers_all_reduce_split_axes=True,
         context_gradients_all_reduced=True,
         mlp_chunk_tokens=None,
+        tokamax_splash_prunes_documents=True,
     ),
 }
 

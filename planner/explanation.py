@@ -5,14 +5,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from collections import Counter, defaultdict
 
 from cost_models.accuracy import ErrorBand, error_band
 from cost_models.candidates import group_links
 from cost_models.compute import SCOPED_VMEM_FLAG
+from cost_models.document_tiles import row_fraction_computed
 from cost_models.estimate import Estimate
 from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.strategies import STRATEGIES
+from cost_models.targets import Target
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB
 from cost_models.vocabulary import CPStrategy, LoadBalance
@@ -299,13 +302,57 @@ class Explanation:
         )
         return out
 
+    @functools.cached_property
+    def documents(self) -> dict | None:
+        """For rows packed from documents of varying length: their lengths, whether the choice's kernel
+        skips the tiles of other documents, and the expected share of the causal mask's tiles it computes
+        in a whole row's call (what that kernel computes; the share the mask saved is the rest)."""
+        model = self.result.case.model
+        documents = model.varying_documents
+        if documents is None:
+            return None
+        out = {"lengths": documents.to_dict(), "mean_tokens": documents.mean_tokens}
+        if self.best is not None:
+            p = self.best
+            rows = max(1, math.ceil(p.global_batch / (p.axis_size("data") * p.axis_size("fsdp"))))
+            out["prunes"] = self.result.target.traits.prunes_documents(STRATEGIES[p.cp_strategy])
+            out["computed_fraction"] = row_fraction_computed(
+                model.global_mask, p.seq_len, min(p.block_q, p.seq_len), min(p.block_kv, p.seq_len), documents, rows
+            )
+            out["rows_per_call"] = rows
+        return out
+
+    def documents_text(self) -> str | None:
+        """One line for rows packed from documents of varying length: what the mask saved, or that the
+        choice's kernel computes whole rows; None otherwise."""
+        docs = self.documents
+        if docs is None:
+            return None
+        text = f"attention: rows packed from {self.result.case.model.describe_documents()}, marked by segment ids"
+        if "prunes" not in docs:
+            return text
+        share = f"{docs['computed_fraction']:.1%} of the causal mask's tiles"  # a whole row's call
+        rows = docs["rows_per_call"]
+        over = f" (a device's {rows} rows share one schedule)" if rows > 1 else ""
+        if docs["prunes"]:
+            return (
+                f"{text}; {self.best.cp_strategy.value}'s kernel (tokamax's splash) skips the tiles whose documents "
+                f"do not meet: priced at the expected {share}{over}, saving {1 - docs['computed_fraction']:.1%}"
+            )
+        runtime = "cpplan's runtime (jax's splash)" if self.result.target is Target.CPPLAN else "its kernel"
+        return (
+            f"{text}; under {self.best.cp_strategy.value} {runtime} skips blocks by the static mask only, so "
+            f"attention is priced as whole rows; a kernel that prunes by segment ids would compute {share} of a "
+            f"whole row's call"
+        )
+
     def mask_text(self) -> str | None:
         """One line for a model with a full (non-causal) mask or with local layers, which change what the
         plans do; None for a causal model of global layers."""
         local = self.local_layers
         if local:
             layers = ", ".join(f"{count} {mask}" for mask, count in local["layers"].items())
-            documents = self.result.case.model.documents
+            documents = self.result.case.model.fixed_documents
             packed = f"rows packed from documents of {format_tokens(documents)} tokens; " if documents else ""
             text = f"attention: {packed}layers {layers}"
             if "attention_s" in local:
@@ -340,8 +387,8 @@ class Explanation:
 
     def __str__(self) -> str:
         note = [f"Note: {self.result.batch_note}."] if self.result.batch_note else []
-        mask = self.mask_text()
-        lines = [self.header(), *([mask] if mask else []), *note, ""]
+        mask, documents = self.mask_text(), self.documents_text()
+        lines = [self.header(), *([mask] if mask else []), *([documents] if documents else []), *note, ""]
         if self.best is None:
             lines.append(self.nothing_fits_text())
             return "\n".join(lines)
@@ -527,45 +574,49 @@ class Explanation:
                 "scoped_vmem_limit_kib": r.plan.scoped_vmem_limit_kib,
             }
 
-        return {
-            "model": res.case.model.to_dict(),
-            "seq_len": res.case.seq_len,
-            "global_batch": res.case.global_batch,
-            "topology": res.case.topology.name,
-            "num_devices": res.case.topology.num_devices,
-            "best": ranked(res.best) if res.best else None,
-            "alternatives": [
-                dict(
-                    ranked(r),
-                    slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
-                    why=why_slower(r.estimate, self.estimate),
-                    tie=is_tie(r.estimate, self.estimate, self.error_band),
-                    tie_breakers=tie_breakers(r, res.best),
-                )
-                for r in self.alternatives
-            ],
-            "error_band": self.error_band.to_dict() if self.error_band else None,
-            "ties": len(self.ties()),
-            "best_per_strategy": {s.value: ranked(r) for s, r in self.best_per_strategy().items()},
-            "feasible": len(res.ranked),
-            "feasible_plans": [feasible_row(r) for r in res.ranked],
-            "priced": res.candidates_priced,
-            "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
-            "why": self.why_text() if res.best else None,
-            "local_layers": self.local_layers,
-            "batch_note": res.batch_note,
-            "nothing_fits": None if res.best else self.nothing_fits_text(),
-            "advice": [
-                {
-                    "change": a.change,
-                    "seq_len": a.seq_len,
-                    "topology": a.topology,
-                    "options": a.options,
-                    "step_time_s": a.found.best.estimate.step_time_s,
-                }
-                for a in self.advice()
-            ],
-        } | ({"dcn": dcn_traffic(self.best, self.estimate)} if self.best and self.best.num_slices > 1 else {})
+        return (
+            {
+                "model": res.case.model.to_dict(),
+                "seq_len": res.case.seq_len,
+                "global_batch": res.case.global_batch,
+                "topology": res.case.topology.name,
+                "num_devices": res.case.topology.num_devices,
+                "best": ranked(res.best) if res.best else None,
+                "alternatives": [
+                    dict(
+                        ranked(r),
+                        slower_than_best=r.estimate.step_time_s / self.estimate.step_time_s - 1,
+                        why=why_slower(r.estimate, self.estimate),
+                        tie=is_tie(r.estimate, self.estimate, self.error_band),
+                        tie_breakers=tie_breakers(r, res.best),
+                    )
+                    for r in self.alternatives
+                ],
+                "error_band": self.error_band.to_dict() if self.error_band else None,
+                "ties": len(self.ties()),
+                "best_per_strategy": {s.value: ranked(r) for s, r in self.best_per_strategy().items()},
+                "feasible": len(res.ranked),
+                "feasible_plans": [feasible_row(r) for r in res.ranked],
+                "priced": res.candidates_priced,
+                "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
+                "why": self.why_text() if res.best else None,
+                "local_layers": self.local_layers,
+                "batch_note": res.batch_note,
+                "nothing_fits": None if res.best else self.nothing_fits_text(),
+                "advice": [
+                    {
+                        "change": a.change,
+                        "seq_len": a.seq_len,
+                        "topology": a.topology,
+                        "options": a.options,
+                        "step_time_s": a.found.best.estimate.step_time_s,
+                    }
+                    for a in self.advice()
+                ],
+            }
+            | ({"dcn": dcn_traffic(self.best, self.estimate)} if self.best and self.best.num_slices > 1 else {})
+            | ({"documents": self.documents} if self.documents else {})
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

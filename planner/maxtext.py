@@ -289,10 +289,14 @@ def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
         )
     if model.documents:
         flags[PACKING_FLAG] = True
+        where = (
+            f"documents of {model.documents} tokens each, starting every {model.documents} tokens of a row"
+            if model.fixed_documents
+            else f"{model.describe_documents()}, packed back to back with rows cut anywhere among them"
+        )
         notes.append(
             f"{PACKING_FLAG}=True packs the data's own documents, marked by segment ids (MaxText has no flag "
-            f"for their length): the price holds for documents of {model.documents} tokens each, starting "
-            f"every {model.documents} tokens of a row"
+            f"for their length): the price holds for {where}"
         )
     return flags, notes
 
@@ -455,7 +459,7 @@ def read_maxtext(
     if model.documents and not f.bool(PACKING_FLAG, True):
         raise CpplanError(
             f"MaxText flag {PACKING_FLAG}=False attends across each whole row, but model {model.name!r} packs "
-            f"documents of {model.documents} tokens; set {PACKING_FLAG}=True, or pass the unpacked model."
+            f"{model.describe_documents()}; set {PACKING_FLAG}=True, or pass the unpacked model."
         )
     topology = topology or f.get("compile_topology")
     if not topology:

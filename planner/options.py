@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cost_models.documents import HISTOGRAM_FORMAT, DocumentLengths, DocumentsKind, lognormal, read_histogram
 from cost_models.errors import CpplanError
 from cost_models.remat import NAMED_POLICIES, SEARCHED_POLICIES
 from cost_models.topology import Topology, divisors
@@ -45,6 +46,40 @@ def parse_seq_len(value: "int | str", *, what: str = "sequence length") -> int:
     if tokens < 1:
         raise CpplanError(f"{what} {value!r} must be at least 1 token.")
     return tokens
+
+
+DOC_LENGTHS_FORMS = (
+    "a fixed length (8k: documents aligned at its multiples), lognormal:MEAN:SIGMA (e.g. lognormal:8k:1, "
+    "lengths lognormal with mean MEAN tokens and log-length standard deviation SIGMA), or @FILE (a "
+    "histogram: " + HISTOGRAM_FORMAT + ")"
+)
+
+
+def parse_doc_lengths(value: "int | str | DocumentLengths") -> "int | DocumentLengths":
+    """Packed documents' lengths from their text (`DOC_LENGTHS_FORMS`): a fixed length as an int, a
+    lognormal or a histogram file as `DocumentLengths`; an int or `DocumentLengths` passes through.
+
+    Raises:
+        CpplanError: a form not listed, a bad length, sigma or file.
+    """
+    if isinstance(value, DocumentLengths) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    text = str(value).strip()
+    if text.startswith("@"):
+        return read_histogram(text[1:])
+    kind, _, rest = text.partition(":")
+    if kind.strip().lower() == DocumentsKind.LOGNORMAL.value:
+        mean, _, sigma = rest.partition(":")
+        try:
+            spread = float(sigma)
+        except ValueError:
+            raise CpplanError(
+                f"--doc-lengths {text!r}: write lognormal:MEAN:SIGMA, e.g. lognormal:8k:1 (SIGMA a number)."
+            ) from None
+        return lognormal(parse_seq_len(mean, what=f"--doc-lengths {text!r}: the mean"), spread)
+    if ":" in text:
+        raise CpplanError(f"--doc-lengths {text!r} is not one of the forms: {DOC_LENGTHS_FORMS}.")
+    return parse_seq_len(text, what="--doc-lengths")
 
 
 def format_tokens(tokens: int) -> str:

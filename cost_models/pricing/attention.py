@@ -1,5 +1,6 @@
 """The attention of one decoder layer on one device: splash's MXU work over the blocks it computes (whole
-blocks across the causal diagonal), what its grids pay per step and each call once, the backward at the
+blocks across the causal diagonal; under a kernel that prunes by segment ids, the expected tiles that
+documents of varying length leave), what its grids pay per step and each call once, the backward at the
 chip's measured ratio to the forward, and the merge in HBM of several calls' results (the ring's hops)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from cost_models.compute import (
     splash_step_costs,
     tile_efficiency,
 )
+from cost_models.document_tiles import expected_computed_tiles
 from cost_models.masks import CallBlocks, call_blocks
 from cost_models.strategies import KernelCall, Layout, StrategySpec
 
@@ -52,14 +54,27 @@ def backward_over_forward(chip, calls) -> float:
     return chip.attention_backward_over_forward * factor / chip.attention_backward_core_share
 
 
-def price_attention(x: Candidates, strategy: StrategySpec, *, tokamax_ring_kernel: bool = False) -> AttentionTimes:
+def price_attention(
+    x: Candidates, strategy: StrategySpec, *, tokamax_ring_kernel: bool = False, prunes_documents: bool = False
+) -> AttentionTimes:
     """Prices one decoder layer's attention for every candidate of `strategy`; `tokamax_ring_kernel`: the
-    runtime runs the ring on tokamax's ring kernel (MaxText), so the calls are the spec's `maxtext_kernel_calls`."""
+    runtime runs the ring on tokamax's ring kernel (MaxText), so the calls are the spec's `maxtext_kernel_calls`;
+    `prunes_documents`: its kernel skips the tiles of other documents (`TargetTraits.prunes_documents`), so
+    documents of varying length cost the tiles they leave, not whole rows."""
     model, chip = x.model, x.topology.chip
     layout = strategy.layout(x)
     calls = strategy.maxtext_kernel_calls(x, layout) if tokamax_ring_kernel else strategy.kernel_calls(x, layout)
     blocks = [local_blocks(x, call) if call.local else None for call in calls]
-    if x.attention_mask.local:  # the pairs of the blocks the mask leaves, call by call
+    documents = model.varying_documents if prunes_documents else None
+    if documents is not None:  # the pairs of the tiles the documents are expected to leave, call by call
+        extent = sum(
+            call.count
+            * pruned_tiles(x, call)
+            * np.minimum(np.minimum(x.block_q, call.q_block_cap), call.q_len)
+            * np.minimum(x.block_kv, call.kv_len)
+            for call in calls
+        )
+    elif x.attention_mask.local:  # the pairs of the blocks the mask leaves, call by call
         extent = sum(
             call.count * b.computed * np.minimum(x.block_q, call.q_len) * np.minimum(x.block_kv, call.kv_len)
             for call, b in zip(calls, blocks)
@@ -142,17 +157,36 @@ def smem_bytes(x: Candidates, layout: Layout, calls, blocks) -> np.ndarray:
     return np.zeros(np.shape(x.ring))
 
 
-def local_blocks(x: Candidates, call: KernelCall) -> CallBlocks:
-    """`call_blocks` of a local-mask call for every candidate, as columns (computed once per distinct
-    call shape: a search prices many candidates over few shapes)."""
+def per_call_shape(x: Candidates, call: KernelCall, count, *extra) -> np.ndarray:
+    """`count(q_start, q_len, kv_start, kv_len, block_q, block_kv, *extra)` (a tuple of numbers) for every
+    candidate, as `[..., fields]` columns, computed once per distinct call shape (a search prices many
+    candidates over few shapes); `extra` are further per-candidate integer columns."""
     n = np.shape(x.ring)
-    bq = np.broadcast_to(np.minimum(np.minimum(x.block_q, call.q_block_cap), call.q_len), n)
-    bk = np.broadcast_to(np.minimum(x.block_kv, call.kv_len), n)
+    bq = np.minimum(np.minimum(x.block_q, call.q_block_cap), call.q_len)
+    bk = np.minimum(x.block_kv, call.kv_len)
     columns = [
-        np.broadcast_to(np.asarray(v, dtype=float), n) for v in (call.q_start, call.q_len, call.kv_start, call.kv_len)
+        np.broadcast_to(np.asarray(v, dtype=float), n)
+        for v in (call.q_start, call.q_len, call.kv_start, call.kv_len, bq, bk, *extra)
     ]
-    shapes = np.stack([*columns, bq, bk], axis=-1).reshape(-1, 6).astype(np.int64)
+    shapes = np.stack(columns, axis=-1).reshape(-1, len(columns)).astype(np.int64)
     unique, which = np.unique(shapes, axis=0, return_inverse=True)
-    found = np.array([dataclasses.astuple(call_blocks(call.mask, *map(int, row))) for row in unique], dtype=float)
-    per_candidate = found[which.reshape(-1)].reshape(*n, 4)
-    return CallBlocks(*np.moveaxis(per_candidate, -1, 0))
+    found = np.array([count(*map(int, row)) for row in unique], dtype=float)
+    return found[which.reshape(-1)].reshape(*n, found.shape[-1])
+
+
+def local_blocks(x: Candidates, call: KernelCall) -> CallBlocks:
+    """`call_blocks` of a local-mask call for every candidate, as columns."""
+    found = per_call_shape(x, call, lambda *shape: dataclasses.astuple(call_blocks(call.mask, *shape)))
+    return CallBlocks(*np.moveaxis(found, -1, 0))
+
+
+def pruned_tiles(x: Candidates, call: KernelCall) -> np.ndarray:
+    """The tiles a kernel that prunes by segment ids is expected to compute in `call`, for every candidate:
+    its rows are a device's sequences, vmapped into one call that shares one schedule."""
+    mask, documents = call.mask or x.attention_mask, x.model.varying_documents
+    rows = np.maximum(np.ceil(x.sequences_per_device), 1)
+
+    def count(*shape):
+        return (expected_computed_tiles(mask, *shape[:6], documents, shape[6]),)
+
+    return per_call_shape(x, call, count, rows)[..., 0]

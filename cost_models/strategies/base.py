@@ -349,8 +349,9 @@ def maxtext_mask_problems(model: ModelSpec, spec: "StrategySpec | None" = None) 
     """Why MaxText 0.2.5 cannot run `model`'s masks under `spec`'s strategy (under none: the reasons no
     strategy lifts), each with the fix. A full mask: its decoder blocks run causal whatever
     `attention_type` says. Local layers: only its gemma3 block has them (`maxtext_local_layers_problem`),
-    and its ring, ulysses and usp run global layers only. Packed documents: only a kernel that skips
-    other documents' key blocks does the work priced. Evidence: docs/provenance/strategies_and_validation.md#base"""
+    and its ring, ulysses and usp run global layers only. Packed documents of a fixed length: only a kernel
+    that skips other documents' key blocks does the work priced (varying ones are priced as whole rows
+    wherever the kernel does not prune). Evidence: docs/provenance/strategies_and_validation.md#base"""
     if not model.causal:
         return [
             f"model {model.name!r} attends with a full (non-causal) mask, and MaxText 0.2.5 runs its llama2 and "
@@ -367,7 +368,8 @@ def maxtext_mask_problems(model: ModelSpec, spec: "StrategySpec | None" = None) 
             f"{spec.maxtext_name} runs global layers only (its attention refuses any other layer type under "
             f"ring, ulysses and usp); plan all_gather or no context parallelism to export"
         )
-    if model.documents and spec is not None and not spec.maxtext_skips_other_documents:
+    # documents of varying length are priced as whole rows wherever the kernel does not prune
+    if model.fixed_documents and spec is not None and not spec.maxtext_skips_other_documents:
         more = (
             "passes K/V around the whole ring (tokamax's ring kernel), where the price stops each hop at "
             "the documents' reach"

@@ -1,6 +1,7 @@
 """Training data: a batch is a pure function of (source, seed, step, process), so the checkpointed
 data position is the step. A corpus is one token stream cut into `seq_len+1`-token rows at stride
-`seq_len`, reshuffled each epoch; each process reads only its rows; `pack` adds segment ids.
+`seq_len`, reshuffled each epoch; each process reads only its rows; `pack` adds segment ids, whose
+documents `measure_documents` reads into the histogram the price takes.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from functools import lru_cache, partial
 
 import numpy as np
 
+from cost_models.documents import DocumentLengths, histogram
 from cost_models.errors import CpplanError
 from runtime.data.packing import segments_from_eos, segments_from_starts
 from runtime.data.sources import TokenStream, check_byte_vocab, is_text, open_stream
 
 SYNTHETIC = "synthetic"
+MEASURED_TOKENS = 1 << 24  # the stream's first this many tokens hold plenty of documents, and fit in memory
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,49 @@ def open_dataset(
         check_byte_vocab(vocab)
     stream = open_stream(source, dtype=dtype, offsets=offsets)
     return TokenDataset(stream, seq_len=seq_len, vocab=vocab, seed=seed, pack=pack, eos_id=eos_id)
+
+
+def measure_documents(
+    source: "str | os.PathLike | None",
+    *,
+    dtype: str | None = None,
+    eos_id: int | None = None,
+    offsets: "str | os.PathLike | None" = None,
+    max_tokens: int = MEASURED_TOKENS,
+) -> DocumentLengths:
+    """The lengths of the documents the packer marks (`TokenDataset` with `pack`: after each `eos_id`, or
+    at the ArrayRecord records or `offsets`) in the first `max_tokens` tokens of `source`, as a histogram;
+    a document those tokens' end cuts short is left out.
+
+    Raises:
+        CpplanError: no data file, data without document boundaries, or no whole document in the tokens read.
+    """
+    if source is None or str(source) == SYNTHETIC:
+        raise CpplanError(
+            "measuring documents needs a data file (--data) whose documents are marked: synthetic tokens have none."
+        )
+    stream = open_stream(source, dtype=dtype, offsets=offsets)
+    if eos_id is None and stream.doc_starts is None:
+        raise CpplanError(
+            f"the documents of {stream.name!r} are not marked: pass eos_id (--eos-id, the token that ends each "
+            f"document) or an offsets file, or give ArrayRecord data (one document per record)."
+        )
+    n = min(len(stream), max_tokens)
+    if eos_id is not None:
+        tokens = stream.read(0, n)
+        ids = segments_from_eos(tokens[None], eos_id)[0]
+        whole_end = n == len(stream) or tokens[-1] == eos_id
+    else:
+        ids = segments_from_starts(np.zeros(1, dtype=np.int64), n, stream.doc_starts)[0]
+        whole_end = n == len(stream) or bool(np.isin(n, stream.doc_starts))
+    lengths = np.bincount(ids)[1:]
+    lengths = lengths if whole_end else lengths[:-1]
+    if not len(lengths):
+        raise CpplanError(
+            f"the first {n} tokens of {stream.name!r} hold no whole document; check the document marks (eos_id)."
+        )
+    values, counts = np.unique(lengths, return_counts=True)
+    return histogram(values.tolist(), counts.tolist(), source=f"{os.path.basename(stream.name)} (measured)")
 
 
 def text_tokens(path: "str | os.PathLike", *, vocab: int) -> np.ndarray:
