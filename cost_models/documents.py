@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import ndtr
 
-from cost_models.errors import CpplanError
+from cost_models.errors import CpplanError, member
 
 MAX_SIGMA = 3.0  # beyond it a lognormal's mean rests on a few huge documents
 MAX_HISTOGRAM_BYTES = 16 << 20
@@ -53,13 +53,9 @@ class DocumentLengths:
     source: str = ""
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "kind", DocumentsKind(self.kind))
-        except ValueError:
-            raise CpplanError(
-                f"document lengths of kind {self.kind!r}: the kinds are "
-                f"{', '.join(k.value for k in DocumentsKind)} (a fixed length is a whole number of tokens)."
-            ) from None
+        lead = f"document lengths of kind {self.kind!r}: the kinds are"
+        tail = " (a fixed length is a whole number of tokens)."
+        object.__setattr__(self, "kind", member(DocumentsKind, self.kind, lead=lead, tail=tail))
         if self.kind is DocumentsKind.LOGNORMAL:
             self._check_lognormal()
         else:

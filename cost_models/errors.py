@@ -26,3 +26,12 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> CpplanError:
     did_you_mean = f" Did you mean {hint!r}?" if hint else ""
     # "Known:" rather than a plural made from `kind`, which would misspell "strategy" and "remat policy"
     return CpplanError(f"unknown {kind} {name!r}.{did_you_mean} Known: {', '.join(known)}.")
+
+
+def member(enum_type, value, *, lead: str, tail: str = "."):
+    """`value` as a member of `enum_type`; where it is none, a CpplanError of `lead`, the members' values
+    and `tail` (e.g. lead "… the masks are", tail ".")."""
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise CpplanError(f"{lead} {', '.join(m.value for m in enum_type)}{tail}") from None

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from cost_models.errors import CpplanError
+from cost_models.errors import CpplanError, member
 
 
 class MaskKind(StrEnum):
@@ -34,13 +34,8 @@ class AttentionMask:
     size: int = 0
 
     def __post_init__(self):
-        try:
-            object.__setattr__(self, "kind", MaskKind(self.kind))
-        except ValueError:
-            raise CpplanError(
-                f"attention mask {self.kind!r} is not one cpplan knows; the masks are "
-                f"{', '.join(k.value for k in MaskKind)}."
-            ) from None
+        lead = f"attention mask {self.kind!r} is not one cpplan knows; the masks are"
+        object.__setattr__(self, "kind", member(MaskKind, self.kind, lead=lead))
         local = self.kind in (MaskKind.SLIDING, MaskKind.CHUNKED)
         size_ok = isinstance(self.size, int) and not isinstance(self.size, bool)
         if local and not (size_ok and self.size >= 1):
