@@ -10,8 +10,10 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from packed_layouts import packed_ids  # noqa: E402
 
 from cost_models import masks  # noqa: E402
+from cost_models.documents import histogram  # noqa: E402
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import ModelSpec  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
@@ -23,7 +25,7 @@ from runtime.mesh import build_mesh  # noqa: E402
 pytestmark = pytest.mark.cpu_mesh
 
 SEQ, HEADS, HEAD_DIM = 512, 2, 16
-DOCUMENT_STARTS = (150, 380)  # packed rows: three documents
+DOCUMENTS = histogram([40, 100, 300], [3, 2, 1])  # packed rows: documents of varying length
 MESHES = {  # ring blocks: 128 tokens (ring of 4), 256 (ring of 2)
     "none": ("none", {}, False),
     "all_gather": ("all_gather", dict(context=4), False),
@@ -75,7 +77,7 @@ def make_plan(mesh_name, mask):
 def data():
     keys = jax.random.split(jax.random.PRNGKey(7), 4)
     q, k, v, d_out = (jax.random.normal(key, (1, SEQ, HEADS, HEAD_DIM)) for key in keys)
-    ids = jnp.asarray(1 + np.searchsorted(DOCUMENT_STARTS, np.arange(SEQ), side="right"), jnp.int32)[None]
+    ids = jnp.asarray(packed_ids(DOCUMENTS, rows=1, length=SEQ, seed=7), jnp.int32)
     return q, k, v, d_out, ids
 
 
