@@ -110,9 +110,9 @@ def test_local_attention_equals_the_dense_masked_reference(data, mesh_name, mask
     mesh = build_mesh(plan, jax.devices()[: int(np.prod(plan.mesh_sizes))])
     got = run(lambda a, b, c: context_attention(a, b, c, plan=plan, mesh=mesh, segment_ids=ids), q, k, v, d_out)
     want = run(lambda a, b, c: reference(a, b, c, mask, ids), q, k, v, d_out)
-    errors = [float(jnp.abs(g - w).max()) for g, w in zip(got, want)]
+    errors = [float(np.abs(np.asarray(g - w)).max()) for g, w in zip(got, want)]  # numpy's max: NaN fails
     print(f"max abs error {mesh_name} {mask_name} (out, dq, dk, dv): {errors}")
-    assert max(errors) <= 1e-4, errors
+    assert all(e <= 1e-4 for e in errors), errors
 
 
 def traced_calls(monkeypatch, plan, mask):
