@@ -113,8 +113,8 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> N
         help=f"rows packed from documents, no query seeing another: {DOC_LENGTHS_FORMS}, or data (the "
         "documents cpplan's packer marks in --data, with --eos-id unless ArrayRecord). A fixed length is a "
         "static mask every kernel skips blocks by; documents of varying length are marked by segment ids "
-        "only, which MaxText's ulysses (tokamax's splash) prunes tiles by, priced as the expected tiles "
-        "left, and every other kernel (cpplan's runtime: jax's splash) computes as whole rows",
+        "only, which cpplan's runtime (every strategy) and MaxText's ulysses (tokamax's splash) prune tiles "
+        "by, priced as the expected tiles left, and MaxText's other strategies compute as whole rows",
     )
     p.add_argument(
         "--data",

@@ -1,8 +1,8 @@
 """The splash tiles a kernel that prunes by segment ids computes: tokamax 0.0.17's splash
 (`_refine_mask_info_with_segments`) runs a tile (query block × key block) that its static mask leaves
 only where the two blocks' [min, max] segment-id ranges meet in some row of the call (vmapped rows share
-one schedule: `_segment_block_overlap` reduces over the batch with any). jax's splash, which cpplan's
-runtime runs, applies segment ids inside the tiles only and prunes none.
+one schedule: `_segment_block_overlap` reduces over the batch with any). jax's splash applies segment
+ids inside the tiles only, so cpplan's runtime prunes its tables by `computed_tiles` in the graph.
 
 Counted exactly for given ids (`computed_tiles`, operators and array methods only, so numpy and jax
 arrays alike evaluate it) and as an expectation over documents packed back to back
@@ -31,7 +31,8 @@ def computed_tiles(static, q_ids, kv_ids, bq: int, bkv: int):
     """`[q blocks, key blocks]` booleans: the tiles a pruning kernel computes in one call.
 
     Args:
-        static: `[q blocks, key blocks]` booleans, the tiles the static mask leaves (splash's block_mask > 0).
+        static: `[q blocks, key blocks]` booleans, the tiles the static mask leaves (splash's block_mask > 0),
+            or True for every tile.
         q_ids, kv_ids: `[rows, q_len]` and `[rows, kv_len]` segment ids of the call's rows, in kernel order.
         bq, bkv: the query and key blocks.
     """

@@ -78,6 +78,8 @@ class TargetTraits:
         tokamax_splash_prunes_documents: the strategies it runs on tokamax's splash
             (`StrategySpec.maxtext_skips_other_documents`) skip the tiles whose segment ids do not meet
             (`cost_models.document_tiles`); elsewhere documents of varying length are computed as whole rows.
+        kernels_prune_documents: every strategy's splash calls skip the tiles whose segment ids do not meet
+            (cpplan's runtime prunes its tables by them, `runtime.splash.Kernel.with_segments`).
     """
 
     target: Target
@@ -100,16 +102,19 @@ class TargetTraits:
     context_gradients_all_reduced: bool = False
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
     tokamax_splash_prunes_documents: bool = False
+    kernels_prune_documents: bool = False
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
         varying length (a fixed length is a static mask every kernel skips by)."""
-        return self.tokamax_splash_prunes_documents and spec.maxtext_skips_other_documents
+        return self.kernels_prune_documents or (
+            self.tokamax_splash_prunes_documents and spec.maxtext_skips_other_documents
+        )
 
 
 TRAITS: dict[Target, TargetTraits] = {
     # cpplan's runtime: a fused, chunked cross-entropy; one downcast metadata table shared by heads;
-    # the head's gradient formed in the head's layout
+    # the head's gradient formed in the head's layout; splash tables pruned by segment ids
     Target.CPPLAN: TargetTraits(
         Target.CPPLAN,
         loss_splits_vocabulary=True,
@@ -120,6 +125,7 @@ TRAITS: dict[Target, TargetTraits] = {
         per_head_metadata=False,
         maxtext_rules=False,
         head_gradient_in_head_layout=True,
+        kernels_prune_documents=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

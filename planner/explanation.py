@@ -335,13 +335,13 @@ class Explanation:
         rows = docs["rows_per_call"]
         over = f" (a device's {rows} rows share one schedule)" if rows > 1 else ""
         if docs["prunes"]:
+            kernel = "cpplan's runtime" if self.result.target is Target.CPPLAN else "tokamax's splash"
             return (
-                f"{text}; {self.best.cp_strategy.value}'s kernel (tokamax's splash) skips the tiles whose documents "
+                f"{text}; {self.best.cp_strategy.value}'s kernel ({kernel}) skips the tiles whose documents "
                 f"do not meet: priced at the expected {share}{over}, saving {1 - docs['computed_fraction']:.1%}"
             )
-        runtime = "cpplan's runtime (jax's splash)" if self.result.target is Target.CPPLAN else "its kernel"
         return (
-            f"{text}; under {self.best.cp_strategy.value} {runtime} skips blocks by the static mask only, so "
+            f"{text}; under {self.best.cp_strategy.value} its kernel skips blocks by the static mask only, so "
             f"attention is priced as whole rows; a kernel that prunes by segment ids would compute {share} of a "
             f"whole row's call"
         )

@@ -21,6 +21,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info
 
 from cost_models import masks
 from cost_models.compute import splash_smem_bytes
+from cost_models.document_tiles import computed_tiles
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
 from cost_models.strategies.base import SPLASH_LANES
@@ -133,16 +134,39 @@ class Kernel:
     interpret: bool
     segments: SegmentIds | None = None  # packed documents' ids, batched (or one row for every sequence)
     chunks: "ChunkIds | None" = None  # a chunked mask's chunk of each query and key, masked as segments
+    smem_bytes: int = 0  # a full kernel's: the chip's scalar memory, for the tables segment ids give it
 
     def with_segments(self, q_ids: jax.Array | None, kv_ids: jax.Array | None) -> "Kernel":
-        """This kernel also masked by document (`[batch, q_len]`, `[batch, kv_len]` ids; None: unpacked).
-        Splash's dK/dV kernel reads query ids across lanes, so query blocks must be multiples of 128,
-        which every strategy's calls already are."""
+        """This kernel also masked by document (`[batch, q_len]`, `[batch, kv_len]` ids; None: unpacked),
+        its tables pruned to the tiles whose ids may meet in some row (`_pruned`). Splash's dK/dV kernel
+        reads query ids across lanes, so query blocks must be multiples of 128, which every strategy's
+        calls already are."""
         if self.chunks is not None:
             q_ids, kv_ids = self.chunks.combined(q_ids, kv_ids)
         if q_ids is None:
             return self
-        return dataclasses.replace(self, segments=SegmentIds(q_ids, kv_ids))
+        segments = SegmentIds(q_ids, kv_ids)
+        kernel = self if self.fwd.block_mask is not None else self._with_full_tables(q_ids.shape[-1], kv_ids.shape[-1])
+        meet = _meeting_tiles(segments, self.block_sizes)
+        return dataclasses.replace(
+            kernel,
+            fwd=_pruned(kernel.fwd, meet, is_dkv=False),
+            dq=_pruned(kernel.dq, meet, is_dkv=False),
+            dkv=_pruned(kernel.dkv, meet, is_dkv=True),
+            segments=segments,
+        )
+
+    def _with_full_tables(self, q_len: int, kv_len: int) -> "Kernel":
+        """A full kernel with the tables of every tile, for segment ids to prune.
+
+        Raises:
+            CpplanError: the tables overflow the chip's SMEM.
+        """
+        bq, bkv = self.block_sizes.block_q, self.block_sizes.block_kv
+        check_smem(q_len, kv_len, KernelConfig(bq, bkv, self.interpret, self.smem_bytes))
+        block_mask, fwd, dkv = (jnp.asarray(t) for t in _static_full(q_len // bq, kv_len // bkv))
+        fwd_info = MaskInfo(fwd, None, block_mask, None, None)
+        return dataclasses.replace(self, fwd=fwd_info, dq=fwd_info, dkv=MaskInfo(dkv, None, block_mask, None, None))
 
     def splash(self, *, save_residuals: bool) -> sk.SplashAttentionKernel:
         """jax's kernel object for this mask."""
@@ -162,9 +186,12 @@ class Kernel:
 
 
 def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
-    """A kernel where every query sees every key (no metadata: splash visits every block)."""
+    """A kernel where every query sees every key (no metadata: splash visits every block; packed rows
+    give it tables to prune, `Kernel.with_segments`)."""
     empty = MaskInfo(None, None, None, None, None)
-    return Kernel(empty, empty, empty, None, config.block_sizes(q_len, kv_len), config.interpret)
+    return Kernel(
+        empty, empty, empty, None, config.block_sizes(q_len, kv_len), config.interpret, smem_bytes=config.smem_bytes
+    )
 
 
 def check_smem(q_len: int, kv_len: int, config: KernelConfig, need: int | None = None) -> None:
@@ -185,6 +212,30 @@ def check_smem(q_len: int, kv_len: int, config: KernelConfig, need: int | None =
 def _static_causal(q_len: int, kv_len: int, bq: int, bkv: int):
     block_mask, fwd, dkv = causal_blocks(np.arange(q_len // bq) * bq, kv_len, bq, bkv)
     return _downcast(block_mask[None]), _downcast(fwd[None]), _downcast(dkv[None])
+
+
+@lru_cache(maxsize=64)
+def _static_full(nq: int, nk: int):
+    every = np.ones((nq, nk), dtype=bool)
+    tables = (np.full((nq, nk), 2), _next_data(every, is_dkv=False), _next_data(every, is_dkv=True))
+    return tuple(_downcast(t[None]) for t in tables)
+
+
+def _meeting_tiles(segments: SegmentIds, block_sizes: sk.BlockSizes) -> jax.Array:
+    """`[q blocks, key blocks]`: the tiles whose segment ids may meet in some row of the call, by the
+    rule the price counts (`cost_models.document_tiles.computed_tiles`), in the graph."""
+    rows = lambda ids: ids.reshape(-1, ids.shape[-1])  # one row of (chunk) ids serves every sequence
+    return computed_tiles(True, rows(segments.q), rows(segments.kv), block_sizes.block_q, block_sizes.block_kv)
+
+
+def _pruned(info: MaskInfo, meet: jax.Array, *, is_dkv: bool) -> MaskInfo:
+    """`info` with the entries of tiles outside `meet` zeroed. An entry's tile is its query row and its
+    data_next's key block (forward, dq), or data_next's query block and its key column (dK/dV), shrunk
+    or not. data_next stays: splash still fetches the skipped tile's block but computes nothing."""
+    mask, following = info.block_mask, info.data_next.astype(jnp.int32)
+    slots = jnp.arange(mask.shape[-1 if is_dkv else -2])
+    q, kv = (following, slots[None, None, :]) if is_dkv else (slots[None, :, None], following)
+    return info._replace(block_mask=jnp.where(meet[q, kv], mask, 0).astype(mask.dtype))
 
 
 def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
@@ -389,8 +440,9 @@ def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
 
 def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Output `[heads, q_len, d]` and natural-log log-sum-exp `[heads, q_len]` (fp32); forward only.
-    A query that sees no key (packed documents) gets a log-sum-exp near splash's mask value, so a
-    log-sum-exp merge gives it no weight."""
+    Packed rows: a query that sees no key in the tiles computed gets a log-sum-exp near splash's mask
+    value, and one whose every tile is pruned a log-sum-exp of −inf and a NaN output (0/0); a merge must
+    give both no weight."""
 
     def call(q, k, v, ids):
         out, (lse,) = kernel.splash(save_residuals=True)(q, k, v, segment_ids=ids)

@@ -41,9 +41,12 @@ def _shift(tree, n: int, distance: int = 1):
 
 
 def _merge(out, lse, out_h, lse_h):
+    """`out`, `lse` merged by log-sum-exp with a call's; rows that saw no key (`lse` −inf, output NaN
+    from splash's 0/0: every tile of theirs pruned, or masked out of a window) add nothing."""
     new = jnp.logaddexp(lse, lse_h)
-    out = out * jnp.exp(lse - new)[..., None] + out_h.astype(jnp.float32) * jnp.exp(lse_h - new)[..., None]
-    return out, new
+    safe = jnp.where(jnp.isfinite(new), new, 0.0)
+    seen = jnp.where(jnp.isfinite(lse_h)[..., None], out_h.astype(jnp.float32), 0.0)
+    return out * jnp.exp(lse - safe)[..., None] + seen * jnp.exp(lse_h - safe)[..., None], new
 
 
 def _slice(ids, part: slice):
@@ -114,21 +117,12 @@ def _windowed_kernel(hop: int, q_ids, kv_ids, layout: AttentionLayout) -> splash
     return kernel.with_segments(q_ids, kv_ids)
 
 
-def _merge_seen(out, lse, out_h, lse_h):
-    """`out`, `lse` merged by log-sum-exp with a call's; rows that saw no key (`lse` −inf, output NaN
-    from splash's 0/0) add nothing."""
-    new = jnp.logaddexp(lse, lse_h)
-    safe = jnp.where(jnp.isfinite(new), new, 0.0)
-    seen = jnp.where(jnp.isfinite(lse_h)[..., None], out_h.astype(jnp.float32), 0.0)
-    return out * jnp.exp(lse - safe)[..., None] + seen * jnp.exp(lse_h - safe)[..., None], new
-
-
 def _windowed_forward(q, k, v, q_ids, kv_ids, out, lse, *, layout: AttentionLayout, hop: int, past: bool):
     """`out` (fp32) and `lse` merged with step `hop` (0: the rank's own block); nothing from a later source."""
     if not past:
         return out, lse
     kernel = _windowed_kernel(hop, q_ids, kv_ids, layout)
-    return _merge_seen(out, lse, *splash.attend_with_lse(kernel, q, k, v))
+    return _merge(out, lse, *splash.attend_with_lse(kernel, q, k, v))
 
 
 def _windowed_backward(q, k, v, q_ids, kv_ids, out, lse, d_out, grads, *, layout: AttentionLayout, hop, past):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from packed_layouts import packed_ids
 
 from cost_models.document_tiles import (
     computed_chance,
@@ -24,22 +25,6 @@ pytestmark = pytest.mark.pure
 SHORT = histogram([40, 100, 300, 1000], [4, 3, 2, 1])
 LONG = lognormal(600, 1.0)
 SPREAD = lognormal(200, 2.0)
-
-
-def packed_ids(documents, *, rows: int, length: int, seed: int) -> np.ndarray:
-    """`[rows, length]` segment ids of rows cut at random offsets from a stream of documents drawn from
-    `documents`, numbered as cpplan's packer numbers them (from 1 at each row's first token)."""
-    rng = np.random.default_rng(seed)
-    if documents.kind == "histogram":
-        p = np.asarray(documents.counts) / sum(documents.counts)
-        lengths = rng.choice(documents.lengths, size=4 * length, p=p)
-    else:
-        mu = np.log(documents.mean) - documents.sigma**2 / 2
-        lengths = np.maximum(1, np.round(rng.lognormal(mu, documents.sigma, size=4 * length))).astype(int)
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    offsets = rng.integers(0, starts[-1] - length, size=rows)[:, None] + np.arange(length)
-    ids = np.searchsorted(starts, offsets, side="right")
-    return ids - ids[:, :1] + 1
 
 
 def kernel_order(length: int, ranks: int | None, rank: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,8 @@ import jax.numpy as jnp  # noqa: E402
 splash = pytest.importorskip("tokamax._src.ops.experimental.tpu.splash_attention.splash_attention_kernel")
 if not hasattr(splash, "_refine_mask_info_with_segments"):
     pytest.skip("this tokamax's splash does not prune by segment ids (0.0.17 does)", allow_module_level=True)
-from test_document_tiles import SHAPES, packed_ids, static_tiles  # noqa: E402
+from packed_layouts import packed_ids  # noqa: E402
+from test_document_tiles import SHAPES, static_tiles  # noqa: E402
 from tokamax._src.ops.experimental.tpu.splash_attention import base  # noqa: E402
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask as mask_lib  # noqa: E402
 from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_mask_info as mask_info  # noqa: E402

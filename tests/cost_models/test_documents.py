@@ -1,6 +1,7 @@
 """Packed documents of varying length in the request: the forms `--doc-lengths` and the API take, their
 errors, their JSON round trip, the renewal chances the price rests on, and the price itself: the expected
-tiles where the kernel prunes by segment ids (MaxText's ulysses), whole rows where it does not."""
+tiles where the kernel prunes by segment ids (cpplan's runtime, MaxText's ulysses), whole rows where it
+does not (MaxText's other strategies)."""
 
 import dataclasses
 import json
@@ -102,12 +103,28 @@ def test_maxtext_ulysses_prices_the_tiles_left_and_says_so():
     assert json.loads(e.to_json())["documents"]["computed_fraction"] == pytest.approx(docs["computed_fraction"])
 
 
-def test_cpplans_runtime_computes_whole_rows_and_says_so():
-    e = explain(dataclasses.replace(LLAMA, documents=lognormal(4096, 1.0)), "64k", "v5p-16", strategies=["ulysses"])
-    unpacked = explain(LLAMA, "64k", "v5p-16", strategies=["ulysses"])
+@pytest.mark.parametrize("strategy,mesh", [("ulysses", dict(context_ulysses=2)), ("ring", dict(context=2))])
+def test_cpplans_runtime_prices_the_tiles_left_under_every_strategy(strategy, mesh):
+    packed = dataclasses.replace(LLAMA, documents=lognormal(4096, 1.0))
+    e, unpacked = (explain(m, "64k", "v5p-16", strategies=[strategy], mesh=mesh) for m in (packed, LLAMA))
+    assert e.estimate.compute_s["attention"] < 0.6 * unpacked.estimate.compute_s["attention"]
+    assert e.documents["prunes"]
+    assert f"{strategy}'s kernel (cpplan's runtime) skips the tiles whose documents do not meet" in str(e)
+
+
+def test_maxtexts_ring_computes_whole_rows_and_says_so():
+    e = explain(
+        dataclasses.replace(LLAMA, documents=lognormal(4096, 1.0)),
+        "64k",
+        "v5p-16",
+        strategies=["ring"],
+        target="maxtext",
+        mesh=dict(context=2),
+    )
+    unpacked = explain(LLAMA, "64k", "v5p-16", strategies=["ring"], target="maxtext", mesh=dict(context=2))
     assert e.estimate.compute_s["attention"] == unpacked.estimate.compute_s["attention"]
     assert not e.documents["prunes"]
-    assert "cpplan's runtime (jax's splash) skips blocks by the static mask only" in str(e)
+    assert "under ring its kernel skips blocks by the static mask only" in str(e)
 
 
 def test_the_cli_takes_each_form(tmp_path, capsys):
@@ -119,7 +136,7 @@ def test_the_cli_takes_each_form(tmp_path, capsys):
     for form, extra in (("lognormal:1k:1", []), (f"@{path}", []), ("data", ["--data", str(tokens), "--eos-id", "0"])):
         assert main(["explain", *flags, "--doc-lengths", form, *extra]) == 0
         out = json.loads(capsys.readouterr().out)
-        assert 0 < out["documents"]["computed_fraction"] <= 1 and out["documents"]["prunes"] is False
+        assert 0 < out["documents"]["computed_fraction"] <= 1 and out["documents"]["prunes"] is True
     measured = {"kind": "histogram", "lengths": [301], "counts": [40], "source": "tokens.npy (measured)"}
     assert out["documents"]["lengths"] == measured
     assert main(["explain", *flags, "--doc-lengths", "data"]) == 2
