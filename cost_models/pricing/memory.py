@@ -146,21 +146,19 @@ def price_memory(
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
     attention_buffers = context.buffer_bytes + per_query
     # on a chip that holds splash's log-sum-exp lane-wide, the copy that slices it for the backward's kernels
-    # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, nor the strategy's
-    # gradient buffers, nor the residual stream's gradients (docs/provenance/cost_models.md#memory)
-    qkv_gradients = tokens * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor * a
-    lse_point = (
-        attention_working_set
-        - qkv_gradients
-        - residual_stream * a
-        + context.buffer_bytes_before_backward
-        + per_query
-        + 2 * lse_lane_bytes(x, layout)
+    # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, the residual
+    # stream's, nor the strategy's gradient buffers; that moment's excess over the kernels'
+    # (docs/provenance/cost_models.md#memory)
+    not_yet_formed = (
+        tokens * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor * a
+        + residual_stream * a
+        + context.buffer_bytes
+        - context.buffer_bytes_before_backward
     )
     lse_relayout = (
         x.topology.chip.splash_lse_lanes_held
         * (np.asarray(context.reads_own_lse) > 0)
-        * np.maximum(lse_point - attention_working_set - attention_buffers, 0.0)
+        * np.maximum(2 * lse_lane_bytes(x, layout) - not_yet_formed, 0.0)
     )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
@@ -216,8 +214,7 @@ def lse_lanes_kept(x: Candidates) -> np.ndarray:
     has no layer loop whose stack would slice it, so it stays so from the forward through the loss."""
     if not x.topology.chip.splash_lse_lanes_held:
         return np.zeros(np.shape(x.remat))
-    kept = np.array([placements(p, x.remat_custom)[ATTENTION_OUTPUT] is Placement.DEVICE for p in POLICIES])
-    return (kept[x.remat] & (x.model.num_layers == 1)).astype(float)
+    return (checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & (x.model.num_layers == 1)).astype(float)
 
 
 def attention_before_mlp_backward(x: Candidates) -> np.ndarray:
@@ -241,10 +238,15 @@ def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
     return (recomputed_checkpoint(x, ATTENTION_OUTPUT) & recomputed_checkpoint(x, "out_proj")).astype(float)
 
 
+def checkpoint_placed(x: Candidates, name: str, placement: Placement) -> np.ndarray:
+    """Per candidate, whether its policy (`custom` placements included) puts the checkpoint `name` at `placement`."""
+    table = np.array([placements(policy, x.remat_custom)[name] is placement for policy in POLICIES])
+    return table[x.remat]
+
+
 def recomputed_checkpoint(x: Candidates, name: str) -> np.ndarray:
     """Per candidate, whether its policy (`custom` placements included) recomputes the checkpoint `name`."""
-    remat = np.array([placements(policy, x.remat_custom)[name] is Placement.REMAT for policy in POLICIES])
-    return remat[x.remat]
+    return checkpoint_placed(x, name, Placement.REMAT)
 
 
 def lse_lane_bytes(x: Candidates, layout: Layout) -> np.ndarray:

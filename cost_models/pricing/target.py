@@ -9,8 +9,8 @@ import math
 import numpy as np
 
 from cost_models.candidates import Candidates
-from cost_models.pricing.memory import layer_gradient_bytes
-from cost_models.remat import MLP_INPUT_CHECKPOINTS, POLICIES, placements
+from cost_models.pricing.memory import checkpoint_placed, layer_gradient_bytes
+from cost_models.remat import MLP_INPUT_CHECKPOINTS
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
 from cost_models.vocabulary import Placement
@@ -82,13 +82,8 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     offloads = np.asarray(columns.saved_on_host) > 0
     head = tokens * (m.vocab / x.tensor + m.hidden) * x.act_bytes
-    offloads_mlp = np.array(
-        [
-            any(placements(policy, x.remat_custom)[n] is Placement.OFFLOAD for n in MLP_INPUT_CHECKPOINTS)
-            for policy in POLICIES
-        ]
-    )
-    mlp_offloaded = offloads & offloads_mlp[np.asarray(x.remat)]
+    offloads_mlp = np.any([checkpoint_placed(x, n, Placement.OFFLOAD) for n in MLP_INPUT_CHECKPOINTS], axis=0)
+    mlp_offloaded = offloads & offloads_mlp
     mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
