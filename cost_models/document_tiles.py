@@ -45,12 +45,10 @@ def computed_tiles(static, q_ids, kv_ids, bq: int, bkv: int):
     return static & meet.any(axis=0)
 
 
-def tile_gaps(q_first, kv_first, bq: int, bkv: int):
-    """Positions a document start must fall in to part a query block of `bq` positions from `q_first`
-    and a key block of `bkv` from `kv_first` (arrays broadcast): after the earlier block's last token up
-    to the later one's first; 0 where the blocks overlap."""
-    q_first, kv_first = np.asarray(q_first, dtype=np.int64), np.asarray(kv_first, dtype=np.int64)
-    return np.maximum(np.maximum(q_first - (kv_first + bkv - 1), kv_first - (q_first + bq - 1)), 0)
+def rows_per_call(sequences_per_device):
+    """The rows of a device's splash call: its sequences, vmapped into one call (a shard's fraction of a
+    sequence is one row; arrays broadcast)."""
+    return np.maximum(np.ceil(sequences_per_device), 1)
 
 
 def computed_chance(documents: DocumentLengths, gap, rows: int):

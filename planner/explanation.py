@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 from collections import Counter, defaultdict
 
 from cost_models.accuracy import ErrorBand, error_band
 from cost_models.candidates import group_links
 from cost_models.compute import SCOPED_VMEM_FLAG
-from cost_models.document_tiles import row_fraction_computed
+from cost_models.document_tiles import row_fraction_computed, rows_per_call
 from cost_models.estimate import Estimate
 from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.strategies import STRATEGIES
@@ -314,7 +313,7 @@ class Explanation:
         out = {"lengths": documents.to_dict(), "mean_tokens": documents.mean_tokens}
         if self.best is not None:
             p = self.best
-            rows = max(1, math.ceil(p.global_batch / (p.axis_size("data") * p.axis_size("fsdp"))))
+            rows = int(rows_per_call(p.global_batch / (p.axis_size("data") * p.axis_size("fsdp"))))
             out["prunes"] = self.result.target.traits.prunes_documents(STRATEGIES[p.cp_strategy])
             out["computed_fraction"] = row_fraction_computed(
                 model.global_mask, p.seq_len, min(p.block_q, p.seq_len), min(p.block_kv, p.seq_len), documents, rows

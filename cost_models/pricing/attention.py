@@ -18,7 +18,7 @@ from cost_models.compute import (
     splash_step_costs,
     tile_efficiency,
 )
-from cost_models.document_tiles import expected_computed_tiles
+from cost_models.document_tiles import expected_computed_tiles, rows_per_call
 from cost_models.masks import CallBlocks, call_blocks
 from cost_models.strategies import KernelCall, Layout, StrategySpec
 
@@ -184,7 +184,7 @@ def pruned_tiles(x: Candidates, call: KernelCall) -> np.ndarray:
     """The tiles a kernel that prunes by segment ids is expected to compute in `call`, for every candidate:
     its rows are a device's sequences, vmapped into one call that shares one schedule."""
     mask, documents = call.mask or x.attention_mask, x.model.varying_documents
-    rows = np.maximum(np.ceil(x.sequences_per_device), 1)
+    rows = rows_per_call(x.sequences_per_device)
 
     def count(*shape):
         return (expected_computed_tiles(mask, *shape[:6], documents, shape[6]),)

@@ -15,7 +15,6 @@ from cost_models.document_tiles import (
     computed_tiles,
     expected_computed_tiles,
     row_fraction_computed,
-    tile_gaps,
 )
 from cost_models.documents import histogram, lognormal
 from cost_models.masks import CAUSAL, call_blocks, sliding_window
@@ -116,6 +115,14 @@ def test_a_hand_counted_row():
     assert static.sum() == 10
     kept = computed_tiles(static, ids, ids, 2, 2)
     assert kept.sum() == 8 and not kept[2, 0] and not kept[3, 0] and kept[3, 1]
+
+
+def tile_gaps(q_first, kv_first, bq: int, bkv: int):
+    """Positions a document start must fall in to part a query block of `bq` positions from `q_first`
+    and a key block of `bkv` from `kv_first` (arrays broadcast): after the earlier block's last token up
+    to the later one's first; 0 where the blocks overlap."""
+    q_first, kv_first = np.asarray(q_first, dtype=np.int64), np.asarray(kv_first, dtype=np.int64)
+    return np.maximum(np.maximum(q_first - (kv_first + bkv - 1), kv_first - (q_first + bq - 1)), 0)
 
 
 def table_expectation(mask, length, bq, bkv, documents, rows) -> float:
