@@ -1,5 +1,5 @@
-"""Counts against the compiler: compiles 33 small plans deviceless (every strategy, zigzag and
-none, the three remat policies, tensor > 1, fsdp > 1, the sequential and the parallel decoder
+"""Counts against the compiler: compiles 35 small plans deviceless (every strategy, zigzag and
+none, the three remat policies, tensor > 1, fsdp > 1 up to 8, the sequential and the parallel decoder
 block, local layers and packed documents, v5p and tpu7x) and prints per plan the compiled step's
 matmul FLOPs and the link bytes of each collective family next to the price's, and for the plans
 with local layers also HBM per device.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 FLOPS_TARGET, BYTES_TARGET, HBM_TARGET = 0.03, 0.05, 0.10
-V5P, TPU7X = "v5p:2x2x1", "tpu7x:2x2x1"
+V5P, V5P_8, TPU7X = "v5p:2x2x1", "v5p:2x2x2", "tpu7x:2x2x1"
 WINDOW_700 = dict(window=700, layer_pattern="LG")
 CHUNKS_512 = dict(window=512, local_kind="chunked")
 DOCUMENTS_1K = dict(documents=1024)
@@ -80,6 +80,9 @@ PLANS = [
         (TPU7X, "ulysses", dict(context_ulysses=4, fsdp=2), False, DOTS, 2),
         (TPU7X, "usp", dict(context=4, context_ulysses=2), True, FULL, 1),
         (TPU7X, "usp", dict(context=2, context_ulysses=2, tensor=2), False, MINIMAL, 1),
+        # fsdp over 8: the q/k/v projections as windowed einsums (the backward's too where they are kept)
+        (V5P_8, "none", dict(fsdp=8), False, FULL, 8),
+        (TPU7X, "none", dict(fsdp=8), False, DOTS, 16),
         # the parallel block: its tensor collectives (4 per layer, 5 under full remat) are priced from
         # the runtime's traced program; these check them against what XLA compiles
         (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2, PARALLEL),

@@ -44,6 +44,14 @@ def ppermute(bytes_per_device, ring_bw, ring_lat):
     return bytes_per_device / ring_bw + ring_lat
 
 
+def windowed_einsum(gathered_bytes, n, bw, lat):
+    """A matmul XLA splits into a loop that passes one operand's shards round the ring both ways
+    (a windowed einsum), where the whole operand is `gathered_bytes`: n/2 steps each way and the
+    first, V/W · (n+1)/n, where a ring all-gather of it moves (n−1)/n."""
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 1, gathered_bytes * (n + 1) / np.maximum(n, 1) / bw + lat, 0.0)
+
+
 def host_all_to_all(bytes_per_device, n, bw, lat):
     """All-to-all in shared memory: each device copies in the (n-1)/n of A it does not keep."""
     return _safe(bytes_per_device, n, bw) + np.where(np.asarray(n) > 1, lat, 0.0)
@@ -55,8 +63,9 @@ HOST_FORMULAS = {
     "all_to_all": host_all_to_all,
     "ppermute": lambda bytes_per_device, n, bw, lat: ppermute(bytes_per_device, bw, lat),
 }
-# over links every kind has the same formula as on a host but the all-to-all (A·n/4W on a torus)
-TORUS_FORMULAS = {**HOST_FORMULAS, "all_to_all": all_to_all}
+# over links every kind has the same formula as on a host but the all-to-all (A·n/4W on a torus); the
+# windowed einsum is the TPU compiler's alone
+TORUS_FORMULAS = {**HOST_FORMULAS, "all_to_all": all_to_all, "windowed_einsum": windowed_einsum}
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,9 @@ class Collectives:
 
     def all_to_all(self, bytes_per_device, n, bw, lat):
         return self._price("all_to_all", bytes_per_device, n, bw, lat)
+
+    def windowed_einsum(self, gathered_bytes, n, bw, lat):
+        return self._price("windowed_einsum", gathered_bytes, n, bw, lat)
 
     def ppermute(self, bytes_per_device, ring_bw, ring_lat):
         return self._price("ppermute", bytes_per_device, 2, ring_bw, ring_lat)  # a ring step: n plays no part

@@ -26,6 +26,12 @@ MAXTEXT_RING_MAX_BLOCK = 512
 MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES = 8
 
 
+# from this many devices on the fsdp axis the TPU compiler forms the q/k/v projections (which cpplan's
+# runtime leaves to the SPMD partitioner) as windowed einsums: with fsdp 8 on v5p and tpu7x, batch
+# 8 and 16; not with fsdp 4, where context made the weight group 8 (docs/provenance/cost_models.md#communication)
+WINDOWED_PROJECTION_FSDP = 8
+
+
 class Target(_Named):
     """The runtime that runs a plan: cpplan's own, or MaxText 0.2.5 (its exported flags)."""
 
@@ -80,6 +86,8 @@ class TargetTraits:
             (`cost_models.document_tiles`); elsewhere documents of varying length are computed as whole rows.
         kernels_prune_documents: every strategy's splash calls skip the tiles whose segment ids do not meet
             (cpplan's runtime prunes its tables by them, `runtime.splash.Kernel.with_segments`).
+        windowed_projection_fsdp: the fsdp size from which a sequential block's q/k/v projections gather
+            their weights and scatter their gradients as windowed einsums; None: never seen compiled.
     """
 
     target: Target
@@ -103,6 +111,7 @@ class TargetTraits:
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS
     tokamax_splash_prunes_documents: bool = False
     kernels_prune_documents: bool = False
+    windowed_projection_fsdp: int | None = None
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -126,6 +135,7 @@ TRAITS: dict[Target, TargetTraits] = {
         maxtext_rules=False,
         head_gradient_in_head_layout=True,
         kernels_prune_documents=True,
+        windowed_projection_fsdp=WINDOWED_PROJECTION_FSDP,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

@@ -39,8 +39,8 @@ class ContextTraffic:
 class Traffic:
     """Collective seconds on one device (arrays over candidates)."""
 
-    weight_gather_s: np.ndarray  # per layer: all-gather of its weights
-    weight_regather_s: np.ndarray  # per layer: the backward's second gather of recomputed q/k/v weights (ring, USP)
+    weight_gather_s: np.ndarray  # per layer: the forward's gathers of its weights
+    backward_gather_s: np.ndarray  # per layer: the backward's (again, and recomputed q/k/v weights a second time)
     gradient_scatter_s: np.ndarray  # per layer: reduce-scatter of its gradients
     head_gather_s: np.ndarray  # per step: the output head gathered twice (forward, backward), compute dtype
     head_scatter_s: np.ndarray  # per step: its gradient reduce-scattered once, in the parameter dtype
@@ -52,7 +52,7 @@ class Traffic:
     def per_step(self, num_layers: int) -> dict[str, np.ndarray]:
         """Seconds per step of each collective family; names as `Estimate.comm_s` has them."""
         return {
-            "fsdp_all_gather": num_layers * (2 * self.weight_gather_s + self.weight_regather_s) + self.head_gather_s,
+            "fsdp_all_gather": num_layers * (self.weight_gather_s + self.backward_gather_s) + self.head_gather_s,
             "fsdp_reduce_scatter": num_layers * self.gradient_scatter_s + self.head_scatter_s,
             "embedding": self.embedding_s,
             "tensor": self.tensor_s,
@@ -122,6 +122,7 @@ def price_traffic(
     scatter_factor = np.where(traits.context_gradients_all_reduced & (x.ring * x.ulysses > 1), 2.0, 1.0)
     scatter_s = scatter_factor * arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
     regather_s = gather_factor * _qkv_regather_s(x, group, weights)
+    windows = _windowed_projections(x, group, weights, traits)
     head_params = m.vocab * m.hidden
     head_gather_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights)
     head_scatter_s = comm.reduce_scatter(head_params * x.param_bytes / tensor, group, *weights)
@@ -136,7 +137,15 @@ def price_traffic(
     # gradients cross the data axis in the compute dtype, as they cross the weight group (compiled steps)
     data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, *x.links["data"])
     return Traffic(
-        gather_s, regather_s, scatter_s, head_gather_s, head_scatter_s, embedding_s, tensor_s, data_s, context
+        gather_s + windows.forward_s,
+        gather_s + regather_s + windows.backward_s,
+        scatter_s + windows.scatter_s,
+        head_gather_s,
+        head_scatter_s,
+        embedding_s,
+        tensor_s,
+        data_s,
+        context,
     )
 
 
@@ -178,6 +187,43 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
     return regather_s
 
 
+@dataclass(frozen=True)
+class Windows:
+    """Per layer, what the q/k/v projections' windowed einsums move beyond the ring collectives of the
+    same weights: the forward's gather, the backward's (where it does not recompute them: a recompute
+    gathers them whole) and the gradients' scatter."""
+
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    scatter_s: np.ndarray
+
+
+def _windowed_projections(x: Candidates, group, weights, traits: TargetTraits) -> Windows:
+    """The windowed einsums' excess (`Windows`) where the target's TPU compiler forms a sequential block's
+    q/k/v projections that way (`TargetTraits.windowed_projection_fsdp`), zero elsewhere."""
+    zero = np.zeros_like(x.tokens_per_device, dtype=float)
+    if (
+        traits.windowed_projection_fsdp is None
+        or x.topology.chip.kind.interprets_kernels
+        or x.model.decoder_block.parallel
+    ):
+        return Windows(zero, zero, zero)
+    windowed = x.fsdp >= traits.windowed_projection_fsdp
+    forward_s, backward_s = zero, zero
+    for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
+        weight = projection.weight_size(x.model) * x.act_bytes / x.tensor
+        excess = np.where(
+            windowed,
+            x.comm.windowed_einsum(weight, group, *weights) - x.comm.all_gather(weight, group, *weights),
+            0.0,
+        )
+        kept = np.array([projection.name not in recomputed(policy, x.remat_custom) for policy in POLICIES])[x.remat]
+        forward_s = forward_s + excess
+        backward_s = backward_s + kept * excess
+    # a reduce-scatter costs what an all-gather of the same bytes does: the scatter's excess is the forward's
+    return Windows(forward_s, backward_s, forward_s)
+
+
 def price_exposure(
     traffic: Traffic, *, layer_forward_s, layer_backward_s, num_layers: int, overlap: Overlap
 ) -> Exposure:
@@ -189,19 +235,18 @@ def price_exposure(
     data all-reduce (no compiled schedule says how much of it hides) are exposed.
     """
     context = traffic.context
-    gather, regather, scatter = traffic.weight_gather_s, traffic.weight_regather_s, traffic.gradient_scatter_s
+    gather, backward_gather, scatter = traffic.weight_gather_s, traffic.backward_gather_s, traffic.gradient_scatter_s
     hidden_gather, hidden_scatter = overlap.of("fsdp_all_gather") * gather, overlap.of("fsdp_reduce_scatter") * scatter
-    hidden_regather = overlap.of("fsdp_all_gather") * regather
+    hidden_backward_gather = overlap.of("fsdp_all_gather") * backward_gather
     hidden_tensor_layer = overlap.of("tensor") * traffic.tensor_s / num_layers
     fsdp_layer_s = (
-        2 * (gather - hidden_gather)
-        + (regather - hidden_regather)
+        (gather - hidden_gather)
+        + (backward_gather - hidden_backward_gather)
         + (scatter - hidden_scatter)
         + np.maximum(0.0, hidden_gather + context.hidden_forward_s + hidden_tensor_layer / 2 - layer_forward_s)
         + np.maximum(
             0.0,
-            hidden_gather
-            + hidden_regather
+            hidden_backward_gather
             + hidden_scatter
             + context.hidden_backward_s
             + hidden_tensor_layer / 2

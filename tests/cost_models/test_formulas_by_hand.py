@@ -413,7 +413,7 @@ def test_communication_hides_in_one_window_per_layer():
     context = ContextTraffic(forward_s=2.0, backward_s=4.0, exposed_forward_s=0.5, exposed_backward_s=1.0)
     traffic = Traffic(
         weight_gather_s=3.0,
-        weight_regather_s=0.0,
+        backward_gather_s=3.0,
         gradient_scatter_s=2.0,
         head_gather_s=0.25,
         head_scatter_s=0.25,
