@@ -135,7 +135,7 @@ def main() -> None:
     for r in report.measured:
         print(
             f"  {r.run_id:30} predicted {r.predicted.step_time_s:9.3f} s  published {r.measured_step_s:9.3f} s  "
-            f"{r.error:+7.1%}{'' if r.predicted.fits else '  (cpplan: does not fit)'}"
+            f"{r.error:+7.1%}{'' if r.predicted.fits else f'  (cpplan: {r.predicted.verdict})'}"
         )
     print("worst: " + ", ".join(f"{w['run']} {w['error']:+.1%}" for w in s["worst"]))
     print("step growth from one slice to N (the same run on one slice): published, priced, unpriced per layer")

@@ -164,6 +164,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         f"GiB HBM per device ({predicted.verdict}); a step takes "
         f"{predicted.step_time_s:.2f} s, MFU {predicted.mfu:.1%}"
     )
+    if predicted.marginal:
+        print(f"marginal: {predicted.marginal_reason}")
     for note in found.notes:
         print(f"note: {note}")
     print(f"not read ({len(found.unread)}): {', '.join(found.unread) if found.unread else 'none'}")

@@ -108,11 +108,13 @@ def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:
 
 @dataclass(frozen=True)
 class MemoryBand:
-    """How much more HBM the compiler has needed than the memory price said, at most, on one chip
-    for one target (`regenerate/memory_bands.py` measures it over stored compiles).
+    """How far the HBM the compiler needed has been from the memory price, at most, each way, on one
+    chip for one target (`regenerate/memory_bands.py` measures it over stored compiles).
 
     Attributes:
-        under: the largest excess, as a fraction of the price (0.07: the compiler needed up to 7% more).
+        under: the compiler's largest excess, as a fraction of the price (0.07: it needed up to 7% more).
+        over: the price's largest excess, as a fraction of what the compiler needed (0.05: the price
+            said up to 5% more).
         rows: the compiles it was measured over.
         source: where they are.
     """
@@ -120,13 +122,14 @@ class MemoryBand:
     chip: str
     target: str
     under: float
+    over: float
     rows: int
     source: str
 
     def describe(self) -> str:
         return (
-            f"the compiler has needed up to {self.under:.1%} more than priced over {self.rows} {self.chip} compiles "
-            f"({self.target} target)"
+            f"the compiler has needed up to {self.under:.1%} more and up to {self.over:.1%} less than priced over "
+            f"{self.rows} {self.chip} compiles ({self.target} target)"
         )
 
 
@@ -134,26 +137,39 @@ def _memory_table() -> dict:
     return _read(MEMORY_ACCURACY_FILE, "memory bands", "regenerate/memory_bands.py")
 
 
+# a chip's own band needs this many compiles; with fewer, each side is the larger of its own and the
+# largest measured on any chip (one compile says little about how far the price can be off)
+MEMORY_BAND_MIN_ROWS = 3
+
+
 def memory_band(chip: str, target: str) -> MemoryBand | None:
-    """The memory price's measured error on `chip` for `target` ("cpplan" or "maxtext"); where no
-    compile of that chip was measured, the largest measured on another chip; None with no data at all.
+    """The memory price's measured error on `chip` for `target` ("cpplan" or "maxtext"); where fewer than
+    `MEMORY_BAND_MIN_ROWS` compiles of that chip were measured, each side the largest measured on any
+    chip where that is larger; None with no data at all.
 
     Raises:
         CpplanError: the memory accuracy file is unreadable.
     """
     chips = _memory_table().get(target, {})
     entry = chips.get(chip)
-    if entry is not None:
-        return MemoryBand(chip, target, entry["under"], entry["rows"], entry["source"])
+    if entry is not None and entry["rows"] >= MEMORY_BAND_MIN_ROWS:
+        return MemoryBand(chip, target, entry["under"], entry["over"], entry["rows"], entry["source"])
     if not chips:
         return None
-    # no compile of this chip measured: the largest excess measured on any chip stands in
-    other, entry = max(chips.items(), key=lambda item: item[1]["under"])
-    return MemoryBand(chip, target, entry["under"], entry["rows"], f"{other}'s, standing in: {entry['source']}")
+    under, over = (max(chips.items(), key=lambda item: item[1][side]) for side in ("under", "over"))
+    used = {name: chips[name] for name in dict.fromkeys((under[0], over[0], *([chip] if entry else [])))}
+    return MemoryBand(
+        chip,
+        target,
+        under[1]["under"],
+        over[1]["over"],
+        sum(e["rows"] for e in used.values()),
+        "; ".join(f"{name}'s: {e['source']}" for name, e in used.items()) + " (the largest each way standing in)",
+    )
 
 
-def memory_margin(chip: str, target: str) -> float:
-    """The fraction an estimate keeps from the HBM capacity before its fit is sure (`memory_band`'s
-    `under`; 0 with no data)."""
+def memory_margins(chip: str, target: str) -> tuple[float, float]:
+    """(under, over): the fractions around the HBM capacity within which an estimate's fit, or its misfit,
+    is not sure (`memory_band`'s; 0 with no data)."""
     band = memory_band(chip, target)
-    return band.under if band else 0.0
+    return (band.under, band.over) if band else (0.0, 0.0)

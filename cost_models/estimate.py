@@ -38,7 +38,8 @@ class Estimate:
     peak_flops_per_device: float
     cp_collective: str
     notes: tuple[str, ...] = field(default=())
-    memory_margin: float = 0.0  # the memory price's measured excess on this chip (`accuracy.memory_band`)
+    memory_margin: float = 0.0  # the compiler's measured excess over the memory price (`accuracy.memory_band`)
+    memory_overprice: float = 0.0  # the memory price's measured excess over what the compiler needed
 
     @property
     def hbm_bytes_per_device(self) -> float:
@@ -57,14 +58,36 @@ class Estimate:
 
     @property
     def marginal(self) -> bool:
-        """Fits as priced, but not once the compiler's largest measured excess over the price is added:
-        the pre-flight compile settles it."""
-        return self.fits and self.hbm_bytes_per_device * (1 + self.memory_margin) > self.hbm_capacity_bytes
+        """Within the memory price's measured error of the capacity: fits as priced, but not once the
+        compiler's largest measured excess over the price is added, or does not fit as priced (HBM),
+        but would with the price's largest measured excess over the compiler taken off. The pre-flight
+        compile settles it."""
+        hbm = self.hbm_bytes_per_device
+        if self.fits:
+            return hbm * (1 + self.memory_margin) > self.hbm_capacity_bytes
+        smem_ok = self.smem_capacity_bytes == 0 or self.smem_bytes <= self.smem_capacity_bytes
+        return smem_ok and hbm / (1 + self.memory_overprice) <= self.hbm_capacity_bytes
+
+    @property
+    def marginal_reason(self) -> str:
+        """Why the verdict is marginal ('' where it is not)."""
+        if not self.marginal:
+            return ""
+        if self.fits:
+            return (
+                "within the memory price's measured error of the capacity (the compiler has needed up to "
+                f"{self.memory_margin:.1%} more than priced); `cpplan run`'s pre-flight compile settles it"
+            )
+        return (
+            "over the capacity as priced, but within the memory price's measured error of it (the price has said "
+            f"up to {self.memory_overprice:.1%} more than the compiler needed); a compile settles it"
+        )
 
     @property
     def verdict(self) -> str:
-        """'fits', 'fits, marginally' or 'does not fit'."""
-        return ("fits, marginally" if self.marginal else "fits") if self.fits else "does not fit"
+        """'fits', 'fits, marginally', 'does not fit, marginally' or 'does not fit'."""
+        verdict = "fits" if self.fits else "does not fit"
+        return verdict + ", marginally" if self.marginal else verdict
 
     @property
     def mfu(self) -> float:
@@ -123,6 +146,7 @@ class Estimate:
             "hbm_bytes_per_device": self.hbm_bytes_per_device,
             "hbm_capacity_bytes": self.hbm_capacity_bytes,
             "memory_margin": self.memory_margin,
+            "memory_overprice": self.memory_overprice,
             "smem_bytes": self.smem_bytes,
             "smem_capacity_bytes": self.smem_capacity_bytes,
             "model_flops": self.model_flops,
@@ -133,9 +157,12 @@ class Estimate:
         }
 
 
-def estimate_row(priced: Priced, i: int, x: Candidates, *, memory_margin: float = 0.0) -> Estimate:
+def estimate_row(
+    priced: Priced, i: int, x: Candidates, *, memory_margins: tuple[float, float] = (0.0, 0.0)
+) -> Estimate:
     """Row `i` of the candidates `x` priced as `priced` (`cost_models.pricing.price(x)`), as an
-    `Estimate`; `memory_margin` is the memory price's measured excess for its chip and target."""
+    `Estimate`; `memory_margins` are the memory price's measured errors each way for its chip and
+    target (`accuracy.memory_margins`)."""
     topo = x.topology
 
     def pick(d):
@@ -158,5 +185,6 @@ def estimate_row(priced: Priced, i: int, x: Candidates, *, memory_margin: float 
         num_chips=topo.num_chips,
         peak_flops_per_device=topo.peak_flops_per_device,
         cp_collective=" + ".join(dict.fromkeys(STRATEGIES[name].collective for _, _, name in x.layer_kinds())),
-        memory_margin=memory_margin,
+        memory_margin=memory_margins[0],
+        memory_overprice=memory_margins[1],
     )

@@ -21,9 +21,9 @@ MAXTEXT_SMEM_BYTES_PER_BLOCK_PAIR = 4 + 4 + 1
 # the 16 MiB scoped VMEM at 1024
 MAXTEXT_RING_MAX_BLOCK = 512
 
-# from this many devices in the weight group MaxText's compiler forms the head's weight gradient
-# as a windowed-einsum loop (with 4: one matmul and an all-reduce; 5-7 never compiled)
-MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES = 8
+# the weight-group sizes over which MaxText's compiler forms the head's weight gradient as a
+# windowed-einsum loop: 8 to 32 (with 4, 64 or 128: one matmul and an all-reduce; 5-7 never compiled)
+MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES = (8, 32)
 
 
 # from this many devices on the fsdp axis the TPU compiler forms the q/k/v projections (which cpplan's
@@ -70,8 +70,8 @@ class TargetTraits:
             layers' backward, holding the logit gradient and the final norm's output through it.
         offload_holds_mlp_backward: under MLP-input offload a layer's backward holds the MLP's input
             projections and their gradients, all tokens, through the attention's backward.
-        head_gradient_loop_devices: the weight-group size from which the head's weight gradient is a
-            windowed-einsum loop, priced as deferred past the layers (the safe side); None: never.
+        head_gradient_loop_devices: the weight-group sizes (least, most) over which the head's weight gradient
+            is a windowed-einsum loop, priced as deferred past the layers (the safe side); None: never.
         head_gradient_in_head_layout: the loss writes the head's gradient in the head's layout (no moves at the update).
         ring_hops_overlap_attention: a ring's K/V transfers overlap the attention of the block in hand.
         backward_shares_recomputed_hops: under a recomputed forward the backward's ring K/V hops are the
@@ -101,7 +101,7 @@ class TargetTraits:
     ring_kernel_max_block: int | None = None
     offload_defers_head_gradient: bool = False
     offload_holds_mlp_backward: bool = False
-    head_gradient_loop_devices: int | None = None
+    head_gradient_loop_devices: tuple[int, int] | None = None
     head_gradient_in_head_layout: bool = False
     ring_hops_overlap_attention: bool = True
     backward_shares_recomputed_hops: bool = False

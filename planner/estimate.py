@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cost_models.accuracy import memory_margin
+from cost_models.accuracy import memory_margins
 from cost_models.candidates import Candidates, group_links, link_columns
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
@@ -70,5 +70,5 @@ def estimate(plan: Plan, *, target: "str | Target | None" = None) -> Estimate:
     if target.traits.maxtext_rules and plan.local_strategy is not None:
         raise CpplanError("MaxText cannot run this plan: " + "; ".join(maxtext_problems(plan)) + ".")
     x = candidates_of(plan)
-    margin = memory_margin(x.topology.chip.name, target.value)
-    return estimate_row(price(x, target=target), 0, x, memory_margin=margin)
+    margins = memory_margins(x.topology.chip.name, target.value)
+    return estimate_row(price(x, target=target), 0, x, memory_margins=margins)

@@ -442,10 +442,7 @@ class Explanation:
                 f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB"
             )
         if e.marginal:
-            lines.append(
-                f"  marginal: within the memory price's measured error of the capacity (the compiler has held "
-                f"up to {e.memory_margin:.1%} more than priced); `cpplan run`'s pre-flight compile settles it"
-            )
+            lines.append(f"  marginal: {e.marginal_reason}")
         lines += ["", f"Alternatives (next {len(self.alternatives)} of {len(self.result.ranked)} feasible)"]
         band = self.error_band
         for i, alt in enumerate(self.alternatives, start=2):

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cost_models.accuracy import memory_margin
+from cost_models.accuracy import memory_margins
 from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, link_columns
 from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import splash_smem_bytes, splash_vmem_problem
@@ -366,7 +366,7 @@ class SearchSpace:
             raise CpplanError(problem)
         self.model, self.seq_len, self.topology, self.options = model, seq_len, topo, options
         self.target = target
-        self._memory_margin = memory_margin(topo.chip.name, target.value)
+        self._memory_margins = memory_margins(topo.chip.name, target.value)
         fixed = options.axes_fixed()
         meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
         if shard_counts is not None:
@@ -813,7 +813,7 @@ class SearchSpace:
             compute_dtype=opts.compute_dtype,
         )
         x = p.x if plan.local_strategy is None else dataclasses.replace(p.x, local_strategy=plan.local_strategy)
-        return Ranked(plan, estimate_row(p.priced, i, x, memory_margin=self._memory_margin))
+        return Ranked(plan, estimate_row(p.priced, i, x, memory_margins=self._memory_margins))
 
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:
         """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,

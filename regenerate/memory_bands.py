@@ -20,8 +20,9 @@ def main() -> None:
     for target, chips in bands.items():
         for chip, band in chips.items():
             print(
-                f"{target:8} {chip:6} under {band['under']:6.1%}  MAPE {band['mape']:5.1%}  over {band['rows']} "
-                f"compiles ({band['source']})"
+                f"{target:8} {chip:6} compiler up to {band['under']:5.1%} over the price, price up to "
+                f"{band['over']:5.1%} over the compiler, MAPE {band['mape']:5.1%}; {band['rows']} compiles "
+                f"({band['source']})"
             )
     MEMORY_ACCURACY_FILE.write_text(json.dumps(bands, indent=2) + "\n")
     print(f"wrote {MEMORY_ACCURACY_FILE.relative_to(ROOT)}")

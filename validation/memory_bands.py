@@ -1,10 +1,12 @@
-"""How far the memory price is from the compiler's figure, per target and chip: the margin `explain`
-keeps from the HBM capacity before it calls a plan's fit sure (`cost_models.accuracy.memory_band`).
+"""How far the memory price is from the compiler's figure, per target and chip, each way: the margins
+around the HBM capacity within which `explain` calls a plan's fit, or its misfit, marginal
+(`cost_models.accuracy.memory_band`).
 
 cpplan's runtime: bench_memory's plans priced now against the HBM each step needs: the least cap it
 compiles under where the row measured one (`bench_memory.py --least-hbm`: with HBM to spare the compiler
 leaves gaps in its heap that it packs away under a cap), else its unconstrained figure, which is never
-less. MaxText 0.2.5: the compiles of `validation.anchors` priced as `cpplan import` reads their flags.
+less. MaxText 0.2.5: the compiles of `validation.anchors` priced as `cpplan import` reads their flags, and
+compiles of published runs' own flags (`PUBLISHED_RUN_COMPILES`) priced as the corpus reads them.
 """
 
 from __future__ import annotations
@@ -17,15 +19,22 @@ from planner.estimate import estimate
 from planner.plan import Plan
 from validation.anchors import ANCHORS, reprice
 from validation.anchors import SOURCE as ANCHORS_SOURCE
+from validation.corpus import read_corpus
 
-BENCH_MEMORY = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "bench_memory.json"
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_MEMORY = ROOT / "benchmarks" / "results" / "bench_memory.json"
+# MaxText 0.2.5's deviceless compiles of published runs' own flags (benchmarks/public_runs.csv): run id →
+# HBM per device, GiB (docs/maxtext_offload.md, "Where the loop stops")
+PUBLISHED_RUN_COMPILES = {"v6e-llama3.1-70b-v6e-128": 26.76}
 
 
 def _band(pairs: list[tuple[float, float]], source: str) -> dict:
-    """{under, mape, rows, source} of (priced, compiled) pairs: `under` the most the compiler needed
-    beyond the price, as a fraction of the price (0 where it never needed more)."""
+    """{under, over, mape, rows, source} of (priced, compiled) pairs: `under` the most the compiler needed
+    beyond the price, as a fraction of the price; `over` the most the price said beyond what the compiler
+    needed, as a fraction of that (each 0 where it never happened)."""
     return {
         "under": max(0.0, max(compiled / priced - 1 for priced, compiled in pairs)),
+        "over": max(0.0, max(priced / compiled - 1 for priced, compiled in pairs)),
         "mape": sum(abs(priced / compiled - 1) for priced, compiled in pairs) / len(pairs),
         "rows": len(pairs),
         "source": source,
@@ -57,10 +66,19 @@ def memory_bands() -> dict[str, dict[str, dict]]:
         )
         for chip, pairs in sorted(by_chip.items())
     }
-    by_chip = {}
+    by_chip, sources = {}, {}
     for anchor in ANCHORS:
         row = reprice(anchor)
         chip = anchor.topology.split("-")[0]
         by_chip.setdefault(chip, []).append((row["priced_gib"] * GiB, row["compiled_gib"] * GiB))
-    theirs = {chip: _band(pairs, ANCHORS_SOURCE + ", priced now") for chip, pairs in sorted(by_chip.items())}
+        sources[chip] = ANCHORS_SOURCE
+    for run in read_corpus(ROOT / "benchmarks" / "public_runs.csv"):
+        if run.run_id in PUBLISHED_RUN_COMPILES:
+            chip = run.plan.topology_spec.chip.name
+            priced = estimate(run.plan, target="maxtext").hbm_bytes_per_device
+            by_chip.setdefault(chip, []).append((priced, PUBLISHED_RUN_COMPILES[run.run_id] * GiB))
+            sources[chip] = "; ".join(
+                filter(None, [sources.get(chip), "docs/maxtext_offload.md, a published run's flags compiled"])
+            )
+    theirs = {chip: _band(pairs, sources[chip] + ", priced now") for chip, pairs in sorted(by_chip.items())}
     return {"cpplan": ours, "maxtext": theirs}

@@ -130,6 +130,7 @@ class StepResult:
             "notes": list(self.notes),
             "chip": get_topology(self.plan.topology).chip.name,
             "fits": self.predicted.fits,
+            "verdict": self.predicted.verdict,
             "impossible": self.impossible,
         }
 
@@ -339,7 +340,8 @@ class CorpusReport(StepTimeReport):
                 for chip, g in sorted(by_chip.items())
             },
             "worst": [{"run": r.run_id, "error": r.error} for r in worst],
-            "do_not_fit": [r.run_id for r in done if not r.predicted.fits],
+            "do_not_fit": [r.run_id for r in done if not r.predicted.fits and not r.predicted.marginal],
+            "do_not_fit_marginally": [r.run_id for r in done if not r.predicted.fits and r.predicted.marginal],
             "approximated": sum(bool(r.notes) for r in done),
             "plans_measured": len(done),
             "plans_failed": sum(r.failure is not None for r in self.results),
@@ -366,7 +368,11 @@ class CorpusReport(StepTimeReport):
             f"mean signed error {_shown(s['mean_signed_error'], '+.1%')}",
             f"- Spearman rank correlation of MFU (predicted vs measured): **{_shown(s['spearman_mfu'], '.3f')}**",
             f"- priced at a nearest setting (see notes): {s['approximated']}; cpplan says do not fit: "
-            f"{len(s['do_not_fit'])}" + (f" ({', '.join(s['do_not_fit'])})" if s["do_not_fit"] else ""),
+            f"{len(s['do_not_fit'])}"
+            + (f" ({', '.join(s['do_not_fit'])})" if s["do_not_fit"] else "")
+            + "; do not fit as priced, but within the memory price's measured error of the capacity: "
+            f"{len(s['do_not_fit_marginally'])}"
+            + (f" ({', '.join(s['do_not_fit_marginally'])})" if s["do_not_fit_marginally"] else ""),
             "",
             "| chip | runs | MAPE | largest abs. error | mean signed | Spearman of MFU |",
             "|---|---|---|---|---|---|",
@@ -391,11 +397,11 @@ class CorpusReport(StepTimeReport):
                     f"{r.failure} | | | | | {notes} |"
                 )
                 continue
+            priced_gib = r.predicted.hbm_bytes_per_device / GiB
+            fits = "yes" if r.predicted.fits else f"{r.predicted.verdict}: {priced_gib:.0f} GiB"
             lines.append(
                 f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | {r.measured_step_s:.3f} "
-                f"| {r.error:+.1%} | {r.predicted.mfu:.1%} | {r.measured_mfu:.1%} | "
-                f"{'yes' if r.predicted.fits else f'no: {r.predicted.hbm_bytes_per_device / GiB:.0f} GiB'} "
-                f"| {notes} |"
+                f"| {r.error:+.1%} | {r.predicted.mfu:.1%} | {r.measured_mfu:.1%} | {fits} | {notes} |"
             )
         if plots:
             lines += ["", "![predicted vs measured](predicted_vs_measured.png)", "", "![errors](errors.png)"]

@@ -88,11 +88,12 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
     one_tile = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens) == 1
-    loop = (
-        np.asarray(x.weight_group) >= traits.head_gradient_loop_devices
-        if traits.head_gradient_loop_devices is not None
-        else np.zeros_like(tokens, dtype=bool)
-    )
+    if traits.head_gradient_loop_devices is None:
+        loop = np.zeros_like(tokens, dtype=bool)
+    else:
+        least, most = traits.head_gradient_loop_devices
+        group = np.asarray(x.weight_group)
+        loop = (group >= least) & (group <= most)
     deferred = one_tile & ((offloads & traits.offload_defers_head_gradient) | loop)
     return {
         "head_gradient": np.where(deferred, head, 0.0),

@@ -96,40 +96,58 @@ def test_only_policies_that_offload_hold_more(policy, head, mlp):
     assert not any(v.any() for v in held_through_backward_bytes(x, Target.CPPLAN.traits).values())
 
 
-# full remat, one sequence over the whole topology: (flags, tokens per device, whether the head's
-# weight gradient is a windowed-einsum loop: over 8 devices or more, in MaxText's dumped compiles)
+# full remat: (flags, tokens per device, devices in the weight group, whether the head's weight
+# gradient is a windowed-einsum loop: over 8 to 32 devices, in MaxText's dumped compiles)
 FULL_REMAT = [
     (
+        "ici_fsdp_parallelism=1 "
         "compile_topology=tpu7x-8 max_target_length=65536 per_device_batch_size=0.125 ici_context_parallelism=2 "
         "ici_context_usp_ulysses_parallelism=4 context_parallel_strategy=usp use_tokamax_splash=True",
         8192,
+        8,
         True,
     ),
     (
+        "ici_fsdp_parallelism=1 "
         "compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
         "context_parallel_strategy=ring use_tokamax_splash=True",
         16384,
+        8,
         True,
     ),
     (
+        "ici_fsdp_parallelism=1 "
         "compile_topology=v5p-16 max_target_length=131072 per_device_batch_size=0.125 ici_context_parallelism=8 "
         "context_parallel_strategy=all_gather",
         16384,
+        8,
         True,
     ),
     (
+        "ici_fsdp_parallelism=1 "
         "compile_topology=v5p-8 max_target_length=65536 per_device_batch_size=0.25 ici_context_parallelism=4 "
         "context_parallel_strategy=ring use_tokamax_splash=True",
         16384,
+        4,
+        False,
+    ),
+    # the whole slice on fsdp, 8K tokens a device: a loop over 32 (v5p-64), an all-reduce over 64
+    ("compile_topology=v5p-64 max_target_length=8192 per_device_batch_size=1 ici_fsdp_parallelism=-1", 8192, 32, True),
+    (
+        "compile_topology=v5p-128 max_target_length=8192 per_device_batch_size=1 ici_fsdp_parallelism=-1",
+        8192,
+        64,
         False,
     ),
 ]
 
 
-@pytest.mark.parametrize("flags, tokens, loop", FULL_REMAT)
-def test_maxtext_holds_the_head_gradient_wherever_it_is_a_windowed_einsum_loop_whatever_the_policy(flags, tokens, loop):
-    x = candidates_of(read_maxtext(f"model_name=llama3.1-8b ici_fsdp_parallelism=1 remat_policy=full {flags}").plan)
-    assert int(x.weight_group[0]) == (8 if loop else 4)
+@pytest.mark.parametrize("flags, tokens, group, loop", FULL_REMAT)
+def test_maxtext_holds_the_head_gradient_wherever_it_is_a_windowed_einsum_loop_whatever_the_policy(
+    flags, tokens, group, loop
+):
+    x = candidates_of(read_maxtext(f"model_name=llama3.1-8b remat_policy=full {flags}").plan)
+    assert int(x.weight_group[0]) == group
     held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
     assert float(held["head_gradient"][0]) == (tokens * (VOCAB + HIDDEN) * 2 if loop else 0)
     assert float(held["mlp_backward"][0]) == 0

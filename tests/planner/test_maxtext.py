@@ -507,6 +507,23 @@ def test_a_fit_inside_the_memory_price_s_measured_error_is_marginal():
     assert not roomy.marginal and roomy.verdict == "fits"
 
 
+def test_a_misfit_inside_the_memory_price_s_measured_error_is_marginal():
+    """The other side of the band: a plan priced over the capacity by less than the most the price has
+    said beyond what the compiler needed (on v5p, MaxText's anchors) may fit, and is reported as
+    marginal, not as failing; priced further over, it does not fit."""
+    from cost_models.accuracy import memory_band
+
+    best = planner.explain("llama3.1-8b", "128k", "v5p-16", strategies=["all_gather"], target="maxtext").estimate
+    over = memory_band("v5p", "maxtext").over
+    assert best.memory_overprice == over > 0
+    priced = best.hbm_bytes_per_device
+    near = dataclasses.replace(best, hbm_capacity_bytes=priced / (1 + over / 2))
+    assert not near.fits and near.marginal and near.verdict == "does not fit, marginally"
+    assert f"{over:.1%} more than the compiler needed" in near.marginal_reason
+    far = dataclasses.replace(best, hbm_capacity_bytes=priced / (1 + 2 * over))
+    assert not far.marginal and far.verdict == "does not fit" and far.marginal_reason == ""
+
+
 def _masked_plan(model, strategy: str, mesh: dict, *, seq_len: int = 32768) -> Plan:
     return Plan(model, "v5p-16", seq_len, 8, make_mesh(**mesh), cp_strategy=strategy, load_balance="none")
 
