@@ -88,7 +88,9 @@ CHECKPOINTS = (
 CHECKPOINT_NAMES = tuple(c.name for c in CHECKPOINTS)
 # the projections whose input is gathered over tensor, in order: the attention's q, k, v, and the
 # MLP's inputs (a plain MLP has the first only)
-QKV_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input)
+# the projections made before the attention (q, k, v): the ones whose input is gathered
+QKV_PROJECTIONS = tuple(c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input)
+QKV_CHECKPOINTS = tuple(c.name for c in QKV_PROJECTIONS)
 MLP_INPUT_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input)
 _BY_NAME = {c.name: c for c in CHECKPOINTS}
 # The offloaded values a layer's attention backward reads: fetched an iteration ahead, they are held

@@ -11,7 +11,8 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
 from cost_models.placement import axes_on_whole_dimensions
-from cost_models.remat import CHECKPOINTS, POLICIES, Block, recomputed
+from cost_models.pricing.memory import recomputed_checkpoint
+from cost_models.remat import QKV_PROJECTIONS
 from cost_models.strategies import STRATEGIES, CPCost
 from cost_models.targets import TRAITS, Target, TargetTraits
 from cost_models.work_layout import tensor_collectives_per_layer, weight_arrays_per_layer
@@ -172,17 +173,10 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
         or len(x.model.layer_masks) > 1
     ):
         return regather_s
-    # the projections made before the attention (q, k, v), the ones whose input is gathered
-    for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
-        recomputed_weights = np.array(
-            [
-                projection.weight_size(x.model) * (projection.name in recomputed(policy, x.remat_custom))
-                for policy in POLICIES
-            ],
-            dtype=float,
-        )[x.remat]
+    for projection in QKV_PROJECTIONS:
+        weight = projection.weight_size(x.model) * x.act_bytes / x.tensor
         regather_s = regather_s + np.where(
-            recomputed_weights > 0, x.comm.all_gather(recomputed_weights * x.act_bytes / x.tensor, group, *weights), 0.0
+            recomputed_checkpoint(x, projection.name), x.comm.all_gather(weight, group, *weights), 0.0
         )
     return regather_s
 
@@ -210,16 +204,15 @@ def _windowed_projections(x: Candidates, group, weights, traits: TargetTraits) -
         return Windows(zero, zero, zero)
     windowed = x.fsdp >= traits.windowed_projection_fsdp
     forward_s, backward_s = zero, zero
-    for projection in (c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input):
+    for projection in QKV_PROJECTIONS:
         weight = projection.weight_size(x.model) * x.act_bytes / x.tensor
         excess = np.where(
             windowed,
             x.comm.windowed_einsum(weight, group, *weights) - x.comm.all_gather(weight, group, *weights),
             0.0,
         )
-        kept = np.array([projection.name not in recomputed(policy, x.remat_custom) for policy in POLICIES])[x.remat]
         forward_s = forward_s + excess
-        backward_s = backward_s + kept * excess
+        backward_s = backward_s + np.where(recomputed_checkpoint(x, projection.name), 0.0, excess)
     # a reduce-scatter costs what an all-gather of the same bytes does: the scatter's excess is the forward's
     return Windows(forward_s, backward_s, forward_s)
 
