@@ -1,4 +1,4 @@
-"""Counts against the compiler: compiles 35 small plans deviceless (every strategy, zigzag and
+"""Counts against the compiler: compiles 38 small plans deviceless (every strategy, zigzag and
 none, the three remat policies, tensor > 1, fsdp > 1 up to 8, the sequential and the parallel decoder
 block, local layers and packed documents, v5p and tpu7x) and prints per plan the compiled step's
 matmul FLOPs and the link bytes of each collective family next to the price's, and for the plans
@@ -83,6 +83,10 @@ PLANS = [
         # fsdp over 8: the q/k/v projections as windowed einsums (the backward's too where they are kept)
         (V5P_8, "none", dict(fsdp=8), False, FULL, 8),
         (TPU7X, "none", dict(fsdp=8), False, DOTS, 16),
+        # a ring of two (one hop) under full remat: the q/k/v weights gathered once in the backward
+        (V5P, "ring", dict(context=2, fsdp=2), False, FULL, 2),
+        (V5P, "ring", dict(context=2, tensor=2), True, FULL, 1),
+        (TPU7X, "ring", dict(context=2, fsdp=4), True, FULL, 4),
         # the parallel block: its tensor collectives (4 per layer, 5 under full remat) are priced from
         # the runtime's traced program; these check them against what XLA compiles
         (V5P, "none", dict(fsdp=2, tensor=2), False, DOTS, 2, PARALLEL),

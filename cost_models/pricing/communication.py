@@ -162,9 +162,10 @@ def _weight_axes_split(x: Candidates) -> np.ndarray:
 def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
     """Per layer and candidate, the backward's second gather of the q/k/v weights where the attention runs
     as loops of hops (ring, USP) and the policy recomputes those projections: XLA gathers them before the
-    forward hops and again after the backward hops. Only where the TPU compiler builds the step, and not
-    in a parallel block, which keeps them across the hops, nor in a model mixing masks, whose attention
-    is one conditional between the projections and their gradients (docs/provenance/cost_models.md#communication)."""
+    forward hops and again after the backward hops. Only where the TPU compiler builds the step, not for a
+    ring of two (one hop) without Ulysses, and not in a parallel block, which keeps them across the hops,
+    nor in a model mixing masks, whose attention is one conditional between the projections and their
+    gradients (docs/provenance/cost_models.md#communication)."""
     regather_s = np.zeros_like(x.tokens_per_device, dtype=float)
     if (
         x.topology.chip.kind.interprets_kernels
@@ -173,10 +174,14 @@ def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:
         or len(x.model.layer_masks) > 1
     ):
         return regather_s
+    # a plain ring of two (one hop) keeps them; USP's ring of two, between its all-to-alls, does not
+    regathers = (x.ring > 2) | (x.ulysses > 1)
     for projection in QKV_PROJECTIONS:
         weight = projection.weight_size(x.model) * x.act_bytes / x.tensor
         regather_s = regather_s + np.where(
-            recomputed_checkpoint(x, projection.name), x.comm.all_gather(weight, group, *weights), 0.0
+            recomputed_checkpoint(x, projection.name) & regathers,
+            x.comm.all_gather(weight, group, *weights),
+            0.0,
         )
     return regather_s
 
