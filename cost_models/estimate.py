@@ -52,9 +52,13 @@ class Estimate:
         return self.hbm_capacity_bytes - self.hbm_bytes_per_device
 
     @property
+    def smem_fits(self) -> bool:
+        """The splash metadata fits the chip's SMEM (always where the chip has none to count)."""
+        return self.smem_capacity_bytes == 0 or self.smem_bytes <= self.smem_capacity_bytes
+
+    @property
     def fits(self) -> bool:
-        smem_ok = self.smem_capacity_bytes == 0 or self.smem_bytes <= self.smem_capacity_bytes
-        return self.hbm_bytes_per_device <= self.hbm_capacity_bytes and smem_ok
+        return self.hbm_bytes_per_device <= self.hbm_capacity_bytes and self.smem_fits
 
     @property
     def marginal(self) -> bool:
@@ -65,8 +69,7 @@ class Estimate:
         hbm = self.hbm_bytes_per_device
         if self.fits:
             return hbm * (1 + self.memory_margin) > self.hbm_capacity_bytes
-        smem_ok = self.smem_capacity_bytes == 0 or self.smem_bytes <= self.smem_capacity_bytes
-        return smem_ok and hbm / (1 + self.memory_overprice) <= self.hbm_capacity_bytes
+        return self.smem_fits and hbm / (1 + self.memory_overprice) <= self.hbm_capacity_bytes
 
     @property
     def marginal_reason(self) -> str:
