@@ -512,13 +512,7 @@ class SearchSpace:
                     links={},
                     ring_link=LinkColumns([0.0] * n, [0.0] * n),
                 )
-                traits = self.target.traits
-                times = price_attention(
-                    trial,
-                    spec,
-                    tokamax_ring_kernel=traits.tokamax_ring_kernel,
-                    prunes_documents=traits.prunes_documents(spec),
-                ).total_s
+                times = price_attention(trial, spec, traits=self.target.traits).total_s
                 block = options[int(np.argmin(times))]  # the first of equals, in preference order
             self._blocks[position] = (block, reason)
             self._block_fits[position] = reason is None

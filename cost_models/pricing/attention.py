@@ -6,6 +6,7 @@ chip's measured ratio to the forward, and the merge in HBM of several calls' res
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ from cost_models.compute import (
 from cost_models.document_tiles import expected_computed_tiles, rows_per_call
 from cost_models.masks import CallBlocks, call_blocks
 from cost_models.strategies import KernelCall, Layout, StrategySpec
+from cost_models.targets import TRAITS, Target, TargetTraits
 
 
 @dataclass(frozen=True)
@@ -55,30 +57,24 @@ def backward_over_forward(chip, calls) -> float:
 
 
 def price_attention(
-    x: Candidates, strategy: StrategySpec, *, tokamax_ring_kernel: bool = False, prunes_documents: bool = False
+    x: Candidates, strategy: StrategySpec, *, traits: TargetTraits = TRAITS[Target.CPPLAN]
 ) -> AttentionTimes:
-    """Prices one decoder layer's attention for every candidate of `strategy`; `tokamax_ring_kernel`: the
-    runtime runs the ring on tokamax's ring kernel (MaxText), so the calls are the spec's `maxtext_kernel_calls`;
-    `prunes_documents`: its kernel skips the tiles of other documents (`TargetTraits.prunes_documents`), so
+    """Prices one decoder layer's attention for every candidate of `strategy` as the runtime of `traits`
+    runs it: on tokamax's ring kernel (`tokamax_ring_kernel`, MaxText) the calls are the spec's
+    `maxtext_kernel_calls`; where its kernel skips the tiles of other documents (`prunes_documents`),
     documents of varying length cost the tiles they leave, not whole rows."""
     model, chip = x.model, x.topology.chip
     layout = strategy.layout(x)
-    calls = strategy.maxtext_kernel_calls(x, layout) if tokamax_ring_kernel else strategy.kernel_calls(x, layout)
+    if traits.tokamax_ring_kernel:
+        calls = strategy.maxtext_kernel_calls(x, layout)
+    else:
+        calls = strategy.kernel_calls(x, layout)
     blocks = [local_blocks(x, call) if call.local else None for call in calls]
-    documents = model.varying_documents if prunes_documents else None
+    documents = model.varying_documents if traits.prunes_documents(strategy) else None
     if documents is not None:  # the pairs of the tiles the documents are expected to leave, call by call
-        extent = sum(
-            call.count
-            * pruned_tiles(x, call)
-            * np.minimum(np.minimum(x.block_q, call.q_block_cap), call.q_len)
-            * np.minimum(x.block_kv, call.kv_len)
-            for call in calls
-        )
+        extent = sum(call.count * pruned_tiles(x, call) * math.prod(call_tile(x, call)) for call in calls)
     elif x.attention_mask.local:  # the pairs of the blocks the mask leaves, call by call
-        extent = sum(
-            call.count * b.computed * np.minimum(x.block_q, call.q_len) * np.minimum(x.block_kv, call.kv_len)
-            for call, b in zip(calls, blocks)
-        )
+        extent = sum(call.count * b.computed * math.prod(call_tile(x, call)) for call, b in zip(calls, blocks))
     else:
         # the virtual devices of a host share its cores: an idle rank's share goes to the busy ones,
         # so the step costs the average rank's work (the balanced extent), not the busiest rank's
@@ -157,13 +153,18 @@ def smem_bytes(x: Candidates, layout: Layout, calls, blocks) -> np.ndarray:
     return np.zeros(np.shape(x.ring))
 
 
+def call_tile(x: Candidates, call: KernelCall) -> tuple[np.ndarray, np.ndarray]:
+    """The query and key blocks of `call`'s tiles for every candidate: the plan's, within the call's
+    lengths, the query block within `q_block_cap` too."""
+    return np.minimum(np.minimum(x.block_q, call.q_block_cap), call.q_len), np.minimum(x.block_kv, call.kv_len)
+
+
 def per_call_shape(x: Candidates, call: KernelCall, count, *extra) -> np.ndarray:
     """`count(q_start, q_len, kv_start, kv_len, block_q, block_kv, *extra)` (a tuple of numbers) for every
     candidate, as `[..., fields]` columns, computed once per distinct call shape (a search prices many
     candidates over few shapes); `extra` are further per-candidate integer columns."""
     n = np.shape(x.ring)
-    bq = np.minimum(np.minimum(x.block_q, call.q_block_cap), call.q_len)
-    bk = np.minimum(x.block_kv, call.kv_len)
+    bq, bk = call_tile(x, call)
     columns = [
         np.broadcast_to(np.asarray(v, dtype=float), n)
         for v in (call.q_start, call.q_len, call.kv_start, call.kv_len, bq, bk, *extra)

@@ -77,12 +77,7 @@ def price_layer_kinds(x: Candidates, target: Target) -> list[LayerKind]:
     for share, mask, name in x.layer_kinds():
         xm = x if mask == x.model.global_mask else dataclasses.replace(x, mask=mask)
         strategy = STRATEGIES[name]
-        attention = price_attention(
-            xm,
-            strategy,
-            tokamax_ring_kernel=target.traits.tokamax_ring_kernel,
-            prunes_documents=target.traits.prunes_documents(strategy),
-        )
+        attention = price_attention(xm, strategy, traits=target.traits)
         cost = strategy.cost(
             xm,
             attention.layout,
