@@ -313,7 +313,7 @@ class Explanation:
         out = {"lengths": documents.to_dict(), "mean_tokens": documents.mean_tokens}
         if self.best is not None:
             p = self.best
-            rows = int(rows_per_call(p.global_batch / (p.axis_size("data") * p.axis_size("fsdp"))))
+            rows = int(rows_per_call(p.global_batch / p.batch_shards))
             out["prunes"] = self.result.target.traits.prunes_documents(STRATEGIES[p.cp_strategy])
             out["computed_fraction"] = row_fraction_computed(
                 model.global_mask, p.seq_len, min(p.block_q, p.seq_len), min(p.block_kv, p.seq_len), documents, rows

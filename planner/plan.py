@@ -212,6 +212,16 @@ class Plan:
         return self.axis_size("context") * self.axis_size("context_ulysses")
 
     @property
+    def batch_shards(self) -> int:
+        """Shards the batch's sequences are split into: data × fsdp."""
+        return self.axis_size("data") * self.axis_size("fsdp")
+
+    @property
+    def tokens_per_device(self) -> int:
+        """Tokens each device holds outside attention: its shard's sequences split over the context axes."""
+        return self.global_batch * self.seq_len // (self.batch_shards * self.cp_degree)
+
+    @property
     def scoped_vmem_limit_kib(self) -> int | None:
         """The `--xla_tpu_scoped_vmem_limit_kib` the TPU compiler needs for this plan's splash
         blocks (None: its default suffices); the runtime sets it and the MaxText export writes it."""
@@ -265,7 +275,7 @@ class Plan:
                     f"local_strategy={self.local_strategy.value} cannot run this plan's local layers: "
                     f"{violation.reason}; the local layers share the plan's mesh."
                 )
-        shards = self.axis_size("data") * self.axis_size("fsdp")
+        shards = self.batch_shards
         violation = batch_split_violation(self.global_batch, shards)
         if violation:
             raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
@@ -285,7 +295,7 @@ class Plan:
         if not self.offloaded:
             return
         topo = self.topology_spec
-        tokens = self.global_batch * self.seq_len / (self.axis_size("data") * self.axis_size("fsdp") * self.cp_degree)
+        tokens = self.global_batch * self.seq_len / (self.batch_shards * self.cp_degree)
         need = host_bytes_needed(
             self.model,
             self.remat,

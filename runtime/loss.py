@@ -27,7 +27,7 @@ def loss_chunk(plan: Plan) -> int:
     Raises:
         CpplanError: the chunk does not divide the device's tokens.
     """
-    local = plan.global_batch * plan.seq_len // (plan.axis_size("data") * plan.axis_size("fsdp") * plan.cp_degree)
+    local = plan.tokens_per_device
     chunk = min(plan.loss_chunk_tokens or local, local)
     if local % chunk:
         raise CpplanError(

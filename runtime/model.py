@@ -103,7 +103,7 @@ def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
 
 def mlp_chunk(plan: Plan) -> int:
     """Tokens per MLP chunk on one device: `MLP_CHUNK_TOKENS`, or the device's tokens if fewer."""
-    local = plan.global_batch * plan.seq_len // (plan.axis_size("data") * plan.axis_size("fsdp") * plan.cp_degree)
+    local = plan.tokens_per_device
     chunk = min(MLP_CHUNK_TOKENS, local)
     while local % chunk:
         chunk //= 2
