@@ -80,6 +80,11 @@ def _shown(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _counted(run_ids: list[str]) -> str:
+    """'2 (a, b)', or '0'."""
+    return f"{len(run_ids)}" + (f" ({', '.join(run_ids)})" if run_ids else "")
+
+
 def _plan_label(plan: Plan) -> str:
     mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "1 device"
     zig = " zigzag" if plan.load_balance.value == "zigzag" else ""
@@ -368,11 +373,8 @@ class CorpusReport(StepTimeReport):
             f"mean signed error {_shown(s['mean_signed_error'], '+.1%')}",
             f"- Spearman rank correlation of MFU (predicted vs measured): **{_shown(s['spearman_mfu'], '.3f')}**",
             f"- priced at a nearest setting (see notes): {s['approximated']}; cpplan says do not fit: "
-            f"{len(s['do_not_fit'])}"
-            + (f" ({', '.join(s['do_not_fit'])})" if s["do_not_fit"] else "")
-            + "; do not fit as priced, but within the memory price's measured error of the capacity: "
-            f"{len(s['do_not_fit_marginally'])}"
-            + (f" ({', '.join(s['do_not_fit_marginally'])})" if s["do_not_fit_marginally"] else ""),
+            f"{_counted(s['do_not_fit'])}; do not fit as priced, but within the memory price's measured error "
+            f"of the capacity: {_counted(s['do_not_fit_marginally'])}",
             "",
             "| chip | runs | MAPE | largest abs. error | mean signed | Spearman of MFU |",
             "|---|---|---|---|---|---|",
