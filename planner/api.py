@@ -146,6 +146,8 @@ class LongestSequence:
         estimate: its predicted step.
         sequences: sequences per step (1 unless one sequence cannot be split over the slice).
         note: why more than one sequence, else None.
+        surely_seq_len: the longest length some plan fits with the compiler's largest measured excess
+            over the memory price to spare (`Estimate.marginal`'s margin); None where none does.
     """
 
     seq_len: int
@@ -153,6 +155,7 @@ class LongestSequence:
     estimate: Estimate
     sequences: int
     note: str | None
+    surely_seq_len: int | None
 
     def __str__(self) -> str:
         from planner.explanation import describe_strategy, format_seconds
@@ -163,11 +166,25 @@ class LongestSequence:
             f"({self.seq_len}) per sequence{per_step}, with {describe_strategy(self.plan)}, "
             f"remat {self.plan.remat.value}; a step takes {format_seconds(self.estimate.step_time_s)}"
         )
+        if self.surely_seq_len != self.seq_len:
+            surely = (
+                f"{format_tokens(self.surely_seq_len)} tokens ({self.surely_seq_len})"
+                if self.surely_seq_len
+                else "no length"
+            )
+            line += (
+                f"\nMarginal: {surely} fit with the memory price's measured error "
+                f"({self.estimate.memory_margin:.1%}) to spare; longer ones fit as priced, and `cpplan run`'s "
+                "pre-flight compile settles them"
+            )
+        elif self.estimate.marginal:
+            line += f"\nMarginal: this plan is {self.estimate.marginal_reason}; a slower plan fits with the margin"
         return line + (f"\nNote: {self.note}." if self.note else "")
 
     def to_dict(self) -> dict:
         return {
             "max_seq_len": self.seq_len,
+            "max_seq_len_surely": self.surely_seq_len,
             "sequences": self.sequences,
             "note": self.note,
             "plan": self.plan.to_dict(),
@@ -223,6 +240,7 @@ def longest_sequence(
         if found is None:
             return None
         length, best = found
+        surely = _longest_with(model, topo, opts, sequences, grain, target, surely=True)
         if sequences == 1:
             note = None
         elif topo.num_slices > 1:
@@ -236,13 +254,23 @@ def longest_sequence(
                 f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
                 f"sequences per step is the fewest that split"
             )
-        return LongestSequence(length, best.plan, best.estimate, sequences, note)
+        return LongestSequence(length, best.plan, best.estimate, sequences, note, surely and surely[0])
     return None
 
 
-def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequences: int, grain: int, target: Target):
+def _longest_with(
+    model: ModelSpec,
+    topo: Topology,
+    opts: SearchOptions,
+    sequences: int,
+    grain: int,
+    target: Target,
+    *,
+    surely: bool = False,
+):
     """(longest length, its best `Ranked` plan) with `sequences` sequences per step, probing from
-    `grain` (the shortest length that splits), or None when not even that fits."""
+    `grain` (the shortest length that splits), or None when not even that fits; `surely`: fits with
+    the memory price's measured error to spare (`SearchSpace.fits`)."""
     exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
 
     def space(tokens: int) -> SearchSpace:
@@ -250,7 +278,7 @@ def _longest_with(model: ModelSpec, topo: Topology, opts: SearchOptions, sequenc
 
     def fits(tokens: int) -> bool:
         probe = space(tokens)
-        return any(probe.fits(s, sequences // s) for s in probe.shard_counts)
+        return any(probe.fits(s, sequences // s, surely=surely) for s in probe.shard_counts)
 
     if not fits(grain):
         return None

@@ -379,7 +379,7 @@ class SearchSpace:
             if v.always is None and v.structural is None:
                 self._sound.setdefault(v.shards, []).append((position, v))
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
-        self._fits: dict[tuple[int, int], bool] = {}
+        self._fits: dict[tuple[int, int, bool], bool] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
         self._block_fits = np.zeros(len(self.verdicts), dtype=bool)  # by verdict position, once judged
         self._remats = as_list(options.remat)
@@ -657,11 +657,12 @@ class SearchSpace:
         device (`Plan.check` asks the same of one plan)."""
         return p.priced.host_bytes <= host_capacity_bytes(self.topology)
 
-    def fits(self, shards: int, per_shard: int) -> bool:
-        """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each."""
-        key = (shards, per_shard)
+    def fits(self, shards: int, per_shard: int, *, surely: bool = False) -> bool:
+        """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each; `surely`:
+        with the compiler's largest measured excess over the memory price to spare (not marginal)."""
+        key = (shards, per_shard, surely)
         if key not in self._fits:
-            cap = self.topology.hbm_bytes_per_device
+            cap = self.topology.hbm_bytes_per_device / (1 + self._memory_margins[0] if surely else 1)
             self._fits[key] = any(
                 bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap) & self._host_ok(p)))
                 for p in self._priced(shards * per_shard, shards)

@@ -5,6 +5,7 @@ import pytest
 import planner
 from cost_models.errors import CpplanError
 from cost_models.vocabulary import CPStrategy, LoadBalance
+from planner.options import format_tokens
 
 pytestmark = pytest.mark.pure
 
@@ -136,6 +137,19 @@ def test_max_seq_len_fits_and_double_does_not():
         ).fits
     )
     assert planner.explain("llama3.1-8b", 2 * tokens, "v5p-16", global_batch_tokens=2 * tokens).best is None
+
+
+def test_max_seq_len_marks_lengths_within_the_memory_error():
+    """The longest length is priced near the capacity, so within the memory price's measured error of it;
+    the length that fits with that error to spare has a plan that is not marginal, and is said."""
+    longest = planner.max_seq_len("llama3.1-8b", "v5p-16")
+    surely, margin = longest.surely_seq_len, longest.estimate.memory_margin
+    assert longest.estimate.marginal and margin > 0
+    assert 0 < surely < longest.seq_len
+    ranked = planner.explain("llama3.1-8b", surely, "v5p-16", global_batch_tokens=surely).result.ranked
+    assert any(r.estimate.fits and not r.estimate.marginal for r in ranked)
+    assert f"Marginal: {format_tokens(surely)} tokens ({surely}) fit" in str(longest)
+    assert longest.to_dict()["max_seq_len_surely"] == surely
 
 
 def test_explanation_sections(v5p256_4m):
