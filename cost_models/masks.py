@@ -138,19 +138,30 @@ def _bounds(mask: AttentionMask, first, last):
     return np.full_like(first, np.iinfo(np.int64).min // 4), np.full_like(first, np.iinfo(np.int64).min // 4)
 
 
+def _query_rows(mask: AttentionMask, q_start: int, q_len: int, bq: int):
+    """(first position, last position, first key some query sees, first key every query sees) of each
+    block of `bq` queries from q_start.. (`q_len`)."""
+    q0 = q_start + np.arange(q_len // bq, dtype=np.int64) * bq
+    q1 = q0 + bq - 1
+    some, every = _bounds(mask, q0, q1)
+    return q0, q1, some, every
+
+
+def _seen_key_blocks(mask: AttentionMask, q1, some, kv_start: int, kv_len: int, bkv: int):
+    """(first, last) key block some query of each row sees, from the rows' last positions and first seen keys."""
+    # from the block holding max(some, first key) to the one holding min(q1, last key)
+    lo = (np.maximum(some, kv_start) - kv_start) // bkv
+    if mask.kind is MaskKind.FULL:
+        return lo, np.full(len(q1), kv_len // bkv - 1)
+    return lo, (np.minimum(q1, kv_start + kv_len - 1) - kv_start) // bkv
+
+
 def row_key_blocks(mask: AttentionMask, q_start: int, q_len: int, kv_start: int, kv_len: int, bq: int, bkv: int):
     """(first, last) key block some query of each query block sees, in a call of queries at positions
     q_start.. (`q_len`) against keys at kv_start.. (`kv_len`) in blocks of `bq` × `bkv`; a row whose last
     is before its first sees none."""
-    nq, nk = q_len // bq, kv_len // bkv
-    q0 = q_start + np.arange(nq, dtype=np.int64) * bq
-    q1 = q0 + bq - 1
-    some, _ = _bounds(mask, q0, q1)
-    # from the block holding max(some, first key) to the one holding min(q1, last key)
-    lo = (np.maximum(some, kv_start) - kv_start) // bkv
-    if mask.kind is MaskKind.FULL:
-        return lo, np.full(nq, nk - 1)
-    return lo, (np.minimum(q1, kv_start + kv_len - 1) - kv_start) // bkv
+    _, q1, some, _ = _query_rows(mask, q_start, q_len, bq)
+    return _seen_key_blocks(mask, q1, some, kv_start, kv_len, bkv)
 
 
 @dataclass(frozen=True)
@@ -171,11 +182,9 @@ def call_blocks(mask: AttentionMask, q_start: int, q_len: int, kv_start: int, kv
     (`kv_len`), in blocks of `bq` × `bkv` consecutive positions; one row per query block, so it never
     builds the blocks² table."""
     nq, nk = q_len // bq, kv_len // bkv
-    q0 = q_start + np.arange(nq, dtype=np.int64) * bq
-    q1 = q0 + bq - 1
-    _, every = _bounds(mask, q0, q1)
+    q0, q1, some, every = _query_rows(mask, q_start, q_len, bq)
     full = mask.kind is MaskKind.FULL
-    lo, hi = row_key_blocks(mask, q_start, q_len, kv_start, kv_len, bq, bkv)
+    lo, hi = _seen_key_blocks(mask, q1, some, kv_start, kv_len, bkv)
     computed = np.where(hi >= lo, hi - lo + 1, 0)
     # key blocks every query sees: they start at or after `every` and end at or before q0
     a_lo = -((kv_start - np.maximum(every, kv_start)) // bkv)  # ceil
