@@ -98,6 +98,13 @@ def test_sweep_crossovers_are_where_the_best_strategy_changes():
     assert sweep.crossovers(rows) == [(1 << 17, 1 << 19, "ring", "usp")]
 
 
+def test_the_sweep_key_gives_the_length_that_fits_with_the_memory_error_to_spare():
+    longest = {"max_seq_len": 13 << 17, "max_seq_len_surely": 12 << 17, "estimate": {"memory_margin": 0.036}}
+    assert sweep._surely(longest) == "; 1536K tokens with the memory price's measured error (3.6%) to spare"
+    assert sweep._surely({**longest, "max_seq_len_surely": None}).startswith("; no length with")
+    assert sweep._surely({**longest, "max_seq_len_surely": 13 << 17}) == ""
+
+
 def test_the_validate_report_plots_every_measured_plan_with_a_band():
     d = json.loads(VALIDATE_JSON.read_text())
     fig = measured.predicted_vs_measured(d)

@@ -112,6 +112,16 @@ def sweep_figure(rows: list[dict], longest: dict | None) -> dict:
     }
 
 
+def _surely(longest: dict) -> str:
+    """What `max_seq_len` said fits with the memory price's measured error to spare, where less."""
+    surely = longest["max_seq_len_surely"]
+    if surely == longest["max_seq_len"]:
+        return ""
+    margin = longest["estimate"]["memory_margin"]
+    length = f"{format_tokens(surely)} tokens" if surely else "no length"
+    return f"; {length} with the memory price's measured error ({margin:.1%}) to spare"
+
+
 def _vline(x: float, colour: str) -> dict:
     return {
         "type": "line",
@@ -136,6 +146,7 @@ def draw(rows: list[dict], longest: dict | None = None, *, title: str = "cpplan 
         + esc(
             f"Longest sequence that fits: {format_tokens(longest['max_seq_len'])} tokens "
             f"({longest['plan']['cp_strategy']}, one step {format_seconds(longest['estimate']['step_time_s'])})"
+            + _surely(longest)
             if longest
             else f"Longest swept length that fits: {format_tokens(longest_swept)} tokens"
         )
