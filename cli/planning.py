@@ -166,6 +166,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     )
     if predicted.marginal:
         print(f"marginal: {predicted.marginal_reason}")
+    for note in predicted.notes:
+        print(f"not priced: {note}")
     for note in found.notes:
         print(f"note: {note}")
     print(f"not read ({len(found.unread)}): {', '.join(found.unread) if found.unread else 'none'}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import signal
 import sys
@@ -217,6 +218,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"cpplan: the XLA TPU compiler refused the plan: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     predicted = estimate(plan)
+    if args.json:
+        compiled = {f.name: getattr(report, f.name) for f in dataclasses.fields(report) if f.name != "plan"}
+        print(
+            to_json(
+                {
+                    "plan": plan.to_dict(),
+                    "compiled": {**compiled, "required_bytes": report.required_bytes},
+                    "predicted": predicted.to_dict(),
+                }
+            )
+        )
+        return 0 if report.fits else 1
     print(plan_line(plan))
     print(f"compiled:  {report}")
     print(
@@ -224,6 +237,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         f"({predicted.verdict}); compiler: {report.required_gib:.2f} GiB "
         f"({'fits' if report.fits else 'does not fit'})"
     )
+    for note in predicted.notes:
+        print(f"not priced: {note}")
     return 0 if report.fits else 1
 
 

@@ -24,6 +24,7 @@ from cli.signals import INTERRUPTS
 from cost_models.errors import CpplanError
 from cost_models.models import get_model
 from cost_models.topology import get_topology
+from cost_models.vocabulary import DTYPE_BYTES
 from runtime.measure import MIN_TIMED_S
 
 
@@ -205,7 +206,9 @@ def register(sub) -> None:
     """Adds calibrate, validate and validate-memory to the subparsers `sub`."""
     p = add_command(sub, "calibrate", cmd_calibrate, "measure this machine's devices and write a chip row")
     p.add_argument("--topology", required=True, help="the devices present, e.g. cpu:8")
-    p.add_argument("--dtype", default="float32", help="compute dtype measured (float32 on a CPU host)")
+    p.add_argument(
+        "--dtype", default="float32", choices=sorted(DTYPE_BYTES), help="compute dtype measured (float32 on a CPU host)"
+    )
     p.add_argument(
         "--repeats",
         type=at_least(1),

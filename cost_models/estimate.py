@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.chips import ChipKind
 from cost_models.pricing import Priced, peak_bytes
 from cost_models.strategies import STRATEGIES
+from cost_models.strategies.base import SPLASH_LANES
 from cost_models.units import mfu
 
 
@@ -188,6 +190,21 @@ def estimate_row(
         num_chips=topo.num_chips,
         peak_flops_per_device=topo.peak_flops_per_device,
         cp_collective=" + ".join(dict.fromkeys(STRATEGIES[name].collective for _, _, name in x.layer_kinds())),
+        notes=unpriced_memory_notes(x),
         memory_margin=memory_margins[0],
         memory_overprice=memory_margins[1],
+    )
+
+
+def unpriced_memory_notes(x: Candidates) -> tuple[str, ...]:
+    """What the memory price is known to leave out for these candidates' model and chip."""
+    head_dim = x.model.head_dim
+    if x.topology.chip.kind is not ChipKind.TPU or head_dim % SPLASH_LANES == 0:
+        return ()
+    padded = -(-head_dim // SPLASH_LANES) * SPLASH_LANES
+    return (
+        f"head_dim {head_dim} is not a multiple of the TPU's {SPLASH_LANES} lanes: values the compiler lays out "
+        f"with the head dimension minor-most (splash's q and output, some kept for the backward) take up to "
+        f"{padded / head_dim:.3g}× their bytes, which the memory price does not count (docs/measurements.md, "
+        '"Heads narrower than a lane"); compile the plan (`cpplan compile`) before trusting its fit',
     )

@@ -12,7 +12,8 @@ from cost_models.candidates import group_links
 from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.document_tiles import row_fraction_computed, rows_per_call
 from cost_models.estimate import Estimate
-from cost_models.pricing import LAYER_MEMORY, LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
+from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
+from cost_models.pricing.memory import ATTENTION_SIDE, layer_bytes
 from cost_models.strategies import STRATEGIES
 from cost_models.targets import Target
 from cost_models.topology import DCN_DIM
@@ -39,6 +40,15 @@ def format_seconds(seconds: float) -> str:
 
 
 _s = format_seconds  # the short name the report's many f-strings use
+
+
+def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
+    """One phase of the HBM section: its total, then each component."""
+    return (
+        f"  {phase:<10} {_gib(sum(e.hbm_bytes[k] for k in keys))} ("
+        + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in keys)
+        + ")"
+    )
 
 
 def _gib(nbytes: float) -> str:
@@ -427,15 +437,12 @@ class Explanation:
             f"HBM per device   {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)} "
             f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%}): held all step + the larger of a layer's "
             f"backward and the loss, or the optimizer's update at the step's end where that holds more",
-            *(
-                f"  {phase:<10} " + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in keys)
-                for phase, keys in (
-                    ("all step", STATIC_MEMORY),
-                    ("layer", LAYER_MEMORY),
-                    ("loss", LOSS_MEMORY),
-                    ("update", tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)),
-                )
-            ),
+            _memory_line("all step", e, STATIC_MEMORY),
+            f"  {'layer':<10} {_gib(layer_bytes(e.hbm_bytes))}: the larger of its attention side, "
+            + _memory_line("", e, ATTENTION_SIDE).strip()
+            + f", and its MLP side, mlp_working_set {_gib(e.hbm_bytes['mlp_working_set'])}",
+            _memory_line("loss", e, LOSS_MEMORY),
+            _memory_line("update", e, tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)),
         ]
         if e.smem_capacity_bytes:
             lines.append(
@@ -443,6 +450,7 @@ class Explanation:
             )
         if e.marginal:
             lines.append(f"  marginal: {e.marginal_reason}")
+        lines += [f"  not priced: {note}" for note in e.notes]
         lines += ["", f"Alternatives (next {len(self.alternatives)} of {len(self.result.ranked)} feasible)"]
         band = self.error_band
         for i, alt in enumerate(self.alternatives, start=2):

@@ -22,6 +22,7 @@ from cost_models.compute import SPLASH_BACKWARD_OVER_FORWARD, causal_block_fract
 from cost_models.errors import CpplanError
 from cost_models.placement import axis_segments
 from cost_models.topology import Topology, get_topology
+from cost_models.vocabulary import DTYPE_BYTES
 from validation.outputs import prepare_out_dir, write_atomic
 
 COLLECTIVE_SIZES = (2**16, 2**18, 2**20, 2**22)  # bytes per device
@@ -206,6 +207,10 @@ def calibrate(
 
     from runtime import measure
 
+    if dtype not in DTYPE_BYTES:
+        raise CpplanError(
+            f"calibrate dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)} (the chip row's peak is a float matmul's)."
+        )
     topo = get_topology(topology)
     mesh = measure.device_mesh(topo)
     chip = topo.chip

@@ -4,7 +4,6 @@ scaling book (T_math, T_hbm, T_comms) with explicit overlap; each part is a buil
 dataclass (`matmul`, `attention`, `elementwise`, `head`, `memory`, `communication`), composed by `step.price`."""
 
 from cost_models.pricing.memory import (
-    LAYER_MEMORY,
     LOSS_MEMORY,
     STATIC_MEMORY,
     UPDATE_MEMORY,
@@ -15,7 +14,6 @@ from cost_models.pricing.memory import (
 from cost_models.pricing.step import Priced, choose_rows, price
 
 __all__ = [
-    "LAYER_MEMORY",
     "LOSS_MEMORY",
     "STATIC_MEMORY",
     "UPDATE_MEMORY",

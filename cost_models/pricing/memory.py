@@ -1,8 +1,8 @@
 """HBM held per device over a step, by component, and its peak.
 
-Phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's backward (`LAYER_MEMORY`,
-itself the larger of its attention and MLP sides) and the loss (`LOSS_MEMORY`), and at the step's end
-the optimizer's update (`UPDATE_MEMORY`). Evidence: docs/provenance/cost_models.md#memory.
+Phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's backward (`layer_bytes`:
+the larger of its attention side, `ATTENTION_SIDE`, and its MLP side) and the loss (`LOSS_MEMORY`), and
+at the step's end the optimizer's update (`UPDATE_MEMORY`). Evidence: docs/provenance/cost_models.md#memory.
 """
 
 from __future__ import annotations
@@ -21,20 +21,14 @@ from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations", "weight_casts")
-LAYER_MEMORY = ("attention_working_set", "attention_buffers", "lse_relayout", "mlp_working_set", "collective_buffers")
+ATTENTION_SIDE = ("attention_working_set", "attention_buffers", "lse_relayout", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
 UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
 
 
 def layer_bytes(memory: dict):
     """A layer's backward: the larger of its attention side (with the collectives' buffers) and its MLP side."""
-    return np.maximum(
-        memory["attention_working_set"]
-        + memory["attention_buffers"]
-        + memory["lse_relayout"]
-        + memory["collective_buffers"],
-        memory["mlp_working_set"],
-    )
+    return np.maximum(sum(memory[k] for k in ATTENTION_SIDE), memory["mlp_working_set"])
 
 
 def backward_bytes(memory: dict):

@@ -1,6 +1,7 @@
 """The examples and the `cpplan run` / `cpplan compile` commands, run end to end at small sizes, as a
 new user runs them: the planner's examples (pure tier), and the runtime's examples and commands."""
 
+import json
 import os
 import subprocess
 import sys
@@ -91,6 +92,23 @@ def test_cli_compile_tiny_on_v5p():
         "4096",
     )
     assert "compiled:" in out and "predicted:" in out and "fits" in out
+    assert "not priced: head_dim 16 is not a multiple of the TPU's 128 lanes" in out
+
+
+@pytest.mark.tpu_compile
+def test_cli_compile_json_is_strict_json_with_the_compiler_and_the_price():
+    pytest.importorskip("libtpu")
+    out = run_script(
+        *("-m", "cli", "compile", "--model", "tiny", "--seq-len", "4096", "--topology", "v5p:2x2x1"),
+        *("--global-batch-tokens", "4096", "--json"),
+    )
+    d = json.loads(out)
+    c = d["compiled"]
+    assert c["fits"] and c["required_bytes"] == (
+        c["argument_bytes"] + c["output_bytes"] - c["alias_bytes"] + c["temp_bytes"] + c["code_bytes"]
+    )
+    assert d["plan"]["seq_len"] == 4096 and d["predicted"]["fits"]
+    assert d["predicted"]["notes"][0].startswith("head_dim 16 is not a multiple")
 
 
 @pytest.mark.pure

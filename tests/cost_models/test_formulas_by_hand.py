@@ -557,3 +557,14 @@ def test_one_layer_step_keeps_the_log_sum_exp_lane_wide_on_tpu7x():
     lanes = 16384 * 32 * 128 * 4
     assert activations(1, "minimal_with_context") == activations(2, "minimal_with_context") / 2 + lanes
     assert activations(1, "full") == activations(2, "full") / 2
+
+
+def test_a_tpu_estimate_says_it_does_not_price_heads_narrower_than_a_lane():
+    from planner import plan
+
+    def notes(model, topology):
+        return estimate(plan(model, "4k", topology, global_batch_tokens="4k")).notes
+
+    (note,) = notes("small", "v5p:2x2x1")  # head_dim 32: a 128-lane tile holds 4× its bytes
+    assert note.startswith("head_dim 32 is not a multiple of the TPU's 128 lanes") and "up to 4× their bytes" in note
+    assert notes("llama3.1-8b", "v5p:2x2x1") == () and notes("small", "cpu:8") == ()
