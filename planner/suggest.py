@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from cost_models.remat import NAMED_POLICIES
 from cost_models.targets import Target
 from cost_models.topology import Topology, shape_for_chips
+from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.explanation import format_seconds, short
 from planner.options import SearchOptions, format_tokens
 from planner.search import Ranked, SearchResult, SearchSpace, search
@@ -48,10 +49,29 @@ def lines(result: SearchResult, found: list[Advice]) -> list[str]:
     tried when there is none."""
     if found:
         return [str(a) for a in found]
+    given = restrictions(result.options)
     return [
         f"nothing found: every remat policy, every batch, shorter sequences and every larger "
-        f"{result.topology.chip.name} slice up to the full pod were searched; use a smaller model"
+        f"{result.topology.chip.name} slice up to the full pod were searched"
+        + (f" with {given} as given; drop them or use a smaller model" if given else "; use a smaller model")
     ]
+
+
+def restrictions(opts: SearchOptions) -> str:
+    """The search's own limits the request set (strategies, load balancing, a fixed mesh), in words, or ''."""
+    given = []
+    if opts.strategies != frozenset(CPStrategy):
+        given.append(f"the strategies {sorted(s.value for s in opts.strategies)}")
+    if opts.load_balance != frozenset(LoadBalance):
+        given.append(f"load balancing {sorted(b.value for b in opts.load_balance)}")
+    if opts.mesh:
+        given.append(f"the mesh axes {dict(opts.mesh)}")
+    return ", ".join(given)
+
+
+def _unrestricted(opts: SearchOptions) -> SearchOptions:
+    """`opts` without the limits `restrictions` names."""
+    return dataclasses.replace(opts, strategies=frozenset(CPStrategy), load_balance=frozenset(LoadBalance), mesh=())
 
 
 def advice(result: SearchResult) -> list[Advice]:
@@ -71,6 +91,18 @@ def advice(result: SearchResult) -> list[Advice]:
         out += _tried("allow every remat policy", model, seq_len, topo, opts, target, remat=frozenset(NAMED_POLICIES))
     if opts.mesh:
         out += _tried(f"drop the fixed mesh axes {dict(opts.mesh)}", model, seq_len, topo, opts, target, mesh=())
+    given = restrictions(opts)
+    if given and not out and given != f"the mesh axes {dict(opts.mesh)}":
+        loosened = _unrestricted(opts)
+        out += _tried(
+            f"drop {given}",
+            model,
+            seq_len,
+            topo,
+            opts,
+            target,
+            **{k: getattr(loosened, k) for k in ("strategies", "load_balance", "mesh")},
+        )
     out += _batches(result)
     out += _lengths_that_split(result)
     out += _shorter(result)
@@ -246,6 +278,11 @@ def longest_advice(model, topo: Topology, opts: SearchOptions, *, target: Target
         )
         if longest is not None:
             out.append(f"allow every remat policy: up to {_tokens(longest.seq_len)} tokens fit")
+    given = restrictions(opts)
+    if given:
+        longest = longest_sequence(model, topo, _unrestricted(opts), target=target)
+        if longest is not None:
+            out.append(f"drop {given}: up to {_tokens(longest.seq_len)} tokens fit")
     for bigger in _larger_slices(topo):
         longest = longest_sequence(model, bigger, dataclasses.replace(opts, mesh=()), target=target)
         if longest is not None:
@@ -255,4 +292,6 @@ def longest_advice(model, topo: Topology, opts: SearchOptions, *, target: Target
             break
     if out:
         return "what would fit: " + "; ".join(out)
-    return "nothing fits with every remat policy or on any larger slice up to the full pod; use a smaller model"
+    return "nothing fits with every remat policy or on any larger slice up to the full pod" + (
+        f" with {given} as given; drop them or use a smaller model" if given else "; use a smaller model"
+    )

@@ -139,6 +139,15 @@ def test_max_seq_len_fits_and_double_does_not():
     assert planner.explain("llama3.1-8b", 2 * tokens, "v5p-16", global_batch_tokens=2 * tokens).best is None
 
 
+def test_where_the_request_limits_the_search_the_advice_drops_the_limits():
+    # no context parallelism has nothing to balance, so zigzag alone leaves no plan at all
+    e = planner.explain("small", "64k", "v5p-16", strategies=["none"], load_balance=["zigzag"])
+    assert e.best is None
+    assert "  - drop the strategies ['none'], load balancing ['zigzag']: " in str(e)
+    with pytest.raises(CpplanError, match=r"drop the strategies \['none'\], load balancing \['zigzag'\]: up to"):
+        planner.max_seq_len("llama3.1-8b", "v5p-16", strategies=["none"], load_balance=["zigzag"])
+
+
 def test_max_seq_len_marks_lengths_within_the_memory_error():
     """The longest length is priced near the capacity, so within the memory price's measured error of it;
     the length that fits with that error to spare has a plan that is not marginal, and is said."""
