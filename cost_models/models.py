@@ -403,11 +403,22 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
                 f"{str(path)!r}: layer_types holds {(unknown or ['sliding and chunked layers'])[0]!r}; cpplan runs "
                 f"full_attention layers with sliding_attention or chunked_attention ones (not both)."
             )
+        if len(types) != cfg["num_hidden_layers"]:
+            raise CpplanError(
+                f"{str(path)!r}: layer_types names {len(types)} layers but num_hidden_layers is "
+                f"{cfg['num_hidden_layers']}; give one type per layer."
+            )
         pattern = "".join(HF_LAYER_TYPES[t] for t in types)
     elif window is None or cfg.get("use_sliding_window", True) is False:
         return {}
-    elif isinstance(cfg.get("sliding_window_pattern"), int) and cfg["sliding_window_pattern"] > 1:
-        pattern = "L" * (cfg["sliding_window_pattern"] - 1) + "G"
+    elif cfg.get("sliding_window_pattern") is not None:
+        every = cfg["sliding_window_pattern"]
+        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_CONFIG_INTEGER:
+            raise CpplanError(
+                f"{str(path)!r}: sliding_window_pattern={every!r:.40} must be a positive integer (every that many "
+                f"layers one attends globally, the rest in the window); fix the config."
+            )
+        pattern = "L" * (every - 1) + "G"
     elif isinstance(cfg.get("max_window_layers"), int) and cfg["max_window_layers"] > 0:
         layers = cfg["num_hidden_layers"]
         pattern = "G" * min(cfg["max_window_layers"], layers) + "L" * max(layers - cfg["max_window_layers"], 0)

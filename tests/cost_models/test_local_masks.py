@@ -175,6 +175,7 @@ CONFIG = {
         ({"sliding_window": 4096, "use_sliding_window": False}, 0, "sliding_window", ""),
         ({"sliding_window": None}, 0, "sliding_window", ""),
         ({"sliding_window": 512, "sliding_window_pattern": 3}, 512, "sliding_window", "LLG"),
+        ({"sliding_window": 512, "sliding_window_pattern": 1}, 0, "sliding_window", ""),  # every layer global
         ({"sliding_window": 512, "use_sliding_window": True, "max_window_layers": 1}, 512, "sliding_window", "GLLL"),
         (
             {"sliding_window": 1024, "layer_types": ["sliding_attention", "full_attention"] * 2},
@@ -203,6 +204,11 @@ def test_hugging_face_configs_give_their_local_layers(extra, window, kind, patte
         ({"layer_types": ["linear_attention"] * 4}, "'linear_attention'"),
         ({"sliding_window": "4k"}, "sliding_window='4k' must be a positive integer"),
         ({"layer_types": ["chunked_attention", "sliding_attention"] * 2}, "not both"),
+        (
+            {"sliding_window": 512, "layer_types": ["sliding_attention"] * 3},
+            "names 3 layers but num_hidden_layers is 4",
+        ),
+        ({"sliding_window": 512, "sliding_window_pattern": 0}, "sliding_window_pattern=0 must be a positive integer"),
     ],
 )
 def test_hugging_face_local_layers_that_cannot_be_priced_are_refused(extra, says, tmp_path):
