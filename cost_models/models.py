@@ -212,6 +212,25 @@ class ModelSpec:
     def has_local_layers(self) -> bool:
         return self.first_local_mask is not None
 
+    def within(self, seq_len: int) -> "tuple[ModelSpec, str | None]":
+        """This model over sequences of `seq_len` tokens, and what that changed (None: nothing): a window or
+        chunk of the whole sequence or more bounds nothing, so its layers attend globally; documents of
+        one length that long are the whole row, so it is not packed."""
+        changes, dropped = {}, []
+        if self.window and self.window >= seq_len:
+            changes.update(window=0, layer_pattern="")
+            kind = "window" if self.local_kind == MaskKind.SLIDING.value else "chunks"
+            dropped.append(f"the local layers' {kind} of {self.window} tokens")
+        if self.fixed_documents and self.fixed_documents >= seq_len:
+            changes.update(documents=0)
+            dropped.append(f"documents of {self.fixed_documents} tokens")
+        if not changes:
+            return self, None
+        return dataclasses.replace(self, **changes), (
+            f"as long as the whole {seq_len}-token sequence or longer: {' and '.join(dropped)}; every layer is "
+            "priced and run as attending over all of it"
+        )
+
     def all_global(self) -> "ModelSpec":
         """This model with every layer attending over the whole (causal or full) context, unpacked."""
         return dataclasses.replace(self, window=0, layer_pattern="", documents=0)

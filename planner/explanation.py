@@ -395,7 +395,7 @@ class Explanation:
         )
 
     def __str__(self) -> str:
-        note = [f"Note: {self.result.batch_note}."] if self.result.batch_note else []
+        note = [f"Note: {n}." for n in (self.result.mask_note, self.result.batch_note) if n]
         mask, documents = self.mask_text(), self.documents_text()
         lines = [self.header(), *([mask] if mask else []), *([documents] if documents else []), *note, ""]
         if self.best is None:
@@ -606,6 +606,7 @@ class Explanation:
                 "why": self.why_text() if res.best else None,
                 "local_layers": self.local_layers,
                 "batch_note": res.batch_note,
+                "mask_note": res.mask_note,
                 "nothing_fits": None if res.best else self.nothing_fits_text(),
                 "advice": [
                     {

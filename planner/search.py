@@ -134,6 +134,7 @@ class SearchResult(ReadsCase):
     candidates_priced: int = 0
     best_infeasible: list[Ranked] = field(default_factory=list)  # per strategy, the unfit one needing least HBM
     batch_note: str | None = None  # set when the sequences per step differ from the target
+    mask_note: str | None = None  # set when a window or documents as long as the sequence bound nothing
     target: Target = Target.CPPLAN  # the runtime the plans are priced for
 
     @cached_property
@@ -364,7 +365,8 @@ class SearchSpace:
         problem = options.mesh_problem(topo)
         if problem:
             raise CpplanError(problem)
-        self.model, self.seq_len, self.topology, self.options = model, seq_len, topo, options
+        self.model, self.mask_note = model.within(seq_len)
+        self.seq_len, self.topology, self.options = seq_len, topo, options
         self.target = target
         self._memory_margins = memory_margins(topo.chip.name, target.value)
         fixed = options.axes_fixed()
@@ -780,6 +782,7 @@ class SearchSpace:
             priced_count,
             best_infeasible,
             target=self.target,
+            mask_note=self.mask_note,
         )
 
     def _ranked(self, p: _Priced, i: int) -> Ranked:

@@ -244,3 +244,17 @@ def test_explain_prices_8k_documents_in_a_million_token_row():
     assert local["layers"] == {"chunked of 8192 tokens": 32}
     assert local["attention_s"] < local["attention_s_if_global"] / 50  # a hundredth of the pairs, in blocks
     assert "rows packed from documents of 8K tokens" in str(e).splitlines()[1]
+
+
+def test_a_window_or_documents_as_long_as_the_sequence_bound_nothing():
+    mistral = MODELS["mistral-7b-v0.1"]  # a 4096-token window on every layer
+    assert mistral.within(4097) == (mistral, None)
+    unbounded, note = mistral.within(4096)
+    assert unbounded == dataclasses.replace(mistral, window=0, layer_pattern="") and not unbounded.has_local_layers
+    assert "the local layers' window of 4096 tokens" in note
+    packed = dataclasses.replace(SMALL, documents=65536)
+    assert packed.within(65536)[0] == SMALL
+    # priced as the unpacked row: the same plan, at the same price, and the explanation says why
+    e, plain = explain(packed, "64k", "v5p-16"), explain(SMALL, "64k", "v5p-16")
+    assert (e.best, e.estimate.step_time_s) == (plain.best, plain.estimate.step_time_s)
+    assert "Note: as long as the whole 65536-token sequence or longer: documents of 65536 tokens" in str(e)
