@@ -140,6 +140,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     """MaxText flags read into a plan, priced as MaxText runs it; every flag not read named."""
     from planner.estimate import estimate
 
+    if not os.path.isfile(args.flags) and "=" not in args.flags:
+        raise CpplanError(
+            f"--flags {args.flags!r} is neither a file nor MaxText key=value flags; give the flags file's "
+            f'path, or the flags themselves, e.g. --flags "model_name=llama3.1-8b compile_topology=v5p-16".'
+        )
     text = read_flags_file(args.flags) if os.path.isfile(args.flags) else args.flags
     found = read_maxtext(text, topology=args.topology)
     predicted = estimate(found.plan, target="maxtext")

@@ -350,6 +350,11 @@ def split_flags(text: str) -> tuple[dict[str, str], list[str]]:
             others.append(word)
             continue
         key, _, value = word.partition("=")
+        if key.startswith("-"):
+            raise CpplanError(
+                f"MaxText flag {word!r}: MaxText reads its flags as key=value, without dashes; write "
+                f"{key.lstrip('-')}={value}."
+            )
         if key in flags:
             raise CpplanError(f"MaxText flag {key} is given twice ({flags[key]!r} and {value!r}); give it once.")
         flags[key] = value
@@ -461,9 +466,18 @@ def read_maxtext(
             f"MaxText flag {PACKING_FLAG}=False attends across each whole row, but model {model.name!r} packs "
             f"{model.describe_documents()}; set {PACKING_FLAG}=True, or pass the unpacked model."
         )
-    topology = topology or f.get("compile_topology")
+    named = f.get("compile_topology")
+    if topology and named and get_topology(str(topology)).name != get_topology(str(named)).name:
+        raise CpplanError(
+            f"the topology given, {topology}, is not the flags' compile_topology={named}; give one of them "
+            f"(`cpplan import --topology` is for flags without compile_topology)."
+        )
+    topology = topology or named
     if not topology:
-        raise CpplanError("the MaxText flags name no topology: give compile_topology=... or pass topology=.")
+        raise CpplanError(
+            "the MaxText flags name no topology: give compile_topology=... (or the topology: "
+            "`cpplan import --topology`, read_maxtext(topology=...))."
+        )
     topo = get_topology(str(topology), _slices(f))
     try:
         strategy = CPStrategy.parse(f.text("context_parallel_strategy", "all_gather"))
@@ -598,7 +612,8 @@ def _read_model(f: _Flags, notes: list[str]) -> ModelSpec:
         return _layers(f, model, local_block, notes)
     if not overrides and not local_block:
         raise CpplanError(
-            "the MaxText flags name no model: give model_name=..., the base_* shape flags, or pass model=."
+            "the MaxText flags name no model: give model_name=... or the base_* shape flags (or, from Python, "
+            "read_maxtext(model=...))."
         )
     shape = {field: f.int(flag, BASE_MODEL_DEFAULTS[flag]) for flag, field in SHAPE_FLAGS.items()}
     shape.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items()})

@@ -544,10 +544,19 @@ IMPORT_BASE = "compile_topology=v5p-8 model_name=llama3.1-8b "
         (IMPORT_BASE + "max_target_length=9007199254740993", "beyond 2**53"),
         (IMPORT_BASE + "max_target_length=99999999999999999999999999", "beyond 2**53"),
         (IMPORT_BASE + "per_device_batch_size=1e300", "beyond 2**53"),
+        (IMPORT_BASE + "--max_target_length=131072", "without dashes; write max_target_length=131072"),
+        ("/no/such/flags.txt", "is neither a file nor MaxText key=value flags"),
     ],
 )
 def test_maxtext_flags_are_never_guessed(flags, says, capsys):
     assert says in refused(["import", "--flags", flags], capsys)
+
+
+def test_a_topology_given_beside_another_compile_topology_is_refused(capsys):
+    says = refused(["import", "--flags", IMPORT_BASE, "--topology", "v5p-32"], capsys)
+    assert "the topology given, v5p-32, is not the flags' compile_topology=v5p-8" in says
+    assert main(["import", "--flags", IMPORT_BASE, "--topology", "v5p:2x2x1"]) == 0  # the same slice
+    assert "not read (0)" in capsys.readouterr().out
 
 
 def test_maxtext_words_that_are_not_flags_are_named_and_a_misfit_exits_1(capsys):
