@@ -103,8 +103,9 @@ def to_json(data) -> str:
     return json.dumps(data, indent=2, allow_nan=False, default=str)
 
 
-def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> None:
-    """The flags every command that plans takes."""
+def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True, batch: bool = True) -> None:
+    """The flags every command that plans takes (`batch`: the batch flags, for a command that does not
+    choose the sequences per step itself)."""
     p.add_argument("--model", required=True, help="model name (e.g. llama3.1-8b) or path to a config.json")
     p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)
     p.add_argument(
@@ -141,13 +142,16 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True) -> N
         help="AdamW's first moment (MaxText's mu_dtype; default float32); the second is in --param-dtype",
     )
     p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
-    p.add_argument(
-        "--global-batch-tokens",
-        help="tokens per step to aim for: the search picks the number of sequences "
-        "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
-        "cpu:N)",
-    )
-    p.add_argument("--exact-batch", type=at_least(1), help="exactly this many sequences per step (instead of a target)")
+    if batch:
+        p.add_argument(
+            "--global-batch-tokens",
+            help="tokens per step to aim for: the search picks the number of sequences "
+            "nearest it that a plan fits (default max(seq_len, 4M); one sequence on "
+            "cpu:N)",
+        )
+        p.add_argument(
+            "--exact-batch", type=at_least(1), help="exactly this many sequences per step (instead of a target)"
+        )
     p.add_argument(
         "--loss-chunk-tokens",
         type=at_least(0),
@@ -168,8 +172,8 @@ def search_options(args: argparse.Namespace) -> dict:
         "mesh": mesh_sizes(args.mesh),
         "remat": csv_words(args.remat),
         "load_balance": csv_words(args.load_balance),
-        "global_batch_tokens": args.global_batch_tokens,
-        "global_batch": args.exact_batch,
+        "global_batch_tokens": getattr(args, "global_batch_tokens", None),
+        "global_batch": getattr(args, "exact_batch", None),
         "loss_chunk_tokens": args.loss_chunk_tokens,
         "num_slices": args.num_slices,
         "param_dtype": args.param_dtype,

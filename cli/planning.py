@@ -212,7 +212,7 @@ def register(sub) -> None:
     p.add_argument("--seq-lens", required=True, help="comma-separated lengths, e.g. 128k,512k,1M,4M")
     add_html(p)
     p = add_command(sub, "max-seq-len", cmd_max_seq_len, "the longest sequence any plan fits")
-    add_search_options(p, seq_len=False)
+    add_search_options(p, seq_len=False, batch=False)  # it chooses the sequences per step itself
     add_target(p)
     p = add_command(sub, "export", cmd_export, "the best plan as MaxText flags (or plan JSON)")
     add_search_options(p)

@@ -19,6 +19,7 @@ from cli.devices import (
     use_host_devices,
 )
 from cli.signals import INTERRUPTS
+from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
@@ -197,13 +198,18 @@ def profile_steps(text: str | None, steps: int) -> tuple[int, int] | None:
     match = re.fullmatch(r"\s*([0-9]+)\s*:\s*([0-9]+)\s*", text)
     if not match or not 1 <= int(match[1]) <= int(match[2]) <= steps:
         raise CpplanError(
-            f"--profile-steps {text!r}: write FIRST:LAST with 1 <= FIRST <= LAST <= --steps ({steps}), e.g. 3:5."
+            f"--profile-steps {text!r}: write FIRST:LAST with 1 <= FIRST <= LAST <= --steps ({steps}), e.g. 2:{steps}."
         )
     return int(match[1]), int(match[2])
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """Plans, compiles deviceless for the TPU slice, and prints memory against the prediction."""
+    if get_topology(args.topology).chip.kind is not ChipKind.TPU:
+        raise CpplanError(
+            f"cpplan compile compiles for TPU slices (deviceless, with libtpu); {args.topology} is not one: "
+            f"`cpplan run --topology {args.topology}` runs a plan on a host's devices."
+        )
     use_deviceless_tpu()
     plan = plan_of(args)
     import_runtime()

@@ -152,7 +152,8 @@ def open_dataset(
     if source is None or str(source) == SYNTHETIC:
         if pack or dtype is not None or eos_id is not None or offsets is not None:
             raise CpplanError(
-                "synthetic data has no documents or files: drop pack, dtype, eos_id and offsets, or give a data file."
+                "synthetic data has no documents or files: drop pack, dtype, eos_id and offsets (`cpplan run`'s "
+                "--pack, --data-dtype, --eos-id), or give a data file (--data)."
             )
         return SyntheticDataset(seq_len=seq_len, vocab=vocab, seed=seed)
     if is_text(source, dtype=dtype):

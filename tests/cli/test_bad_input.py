@@ -552,6 +552,11 @@ def test_maxtext_flags_are_never_guessed(flags, says, capsys):
     assert says in refused(["import", "--flags", flags], capsys)
 
 
+def test_compile_refuses_a_host_topology_and_names_the_command_that_runs_it(capsys):
+    says = refused(["compile", "--model", "tiny", "--seq-len", "4k", "--topology", "cpu:8"], capsys)
+    assert "cpplan compile compiles for TPU slices" in says and "`cpplan run --topology cpu:8`" in says
+
+
 def test_a_topology_given_beside_another_compile_topology_is_refused(capsys):
     says = refused(["import", "--flags", IMPORT_BASE, "--topology", "v5p-32"], capsys)
     assert "the topology given, v5p-32, is not the flags' compile_topology=v5p-8" in says
