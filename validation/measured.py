@@ -103,6 +103,8 @@ def read_csv(path: "str | Path") -> list[MeasuredStep]:
     unknown = sorted(str(c) for c in set(rows[0]) - set(CSV_COLUMNS) - {None})
     if unknown:
         raise CpplanError(f"{str(path)!r}: unknown columns {unknown}; the columns are {', '.join(CSV_COLUMNS)}.")
+    axes = ("data", "fsdp", "context", "context_ulysses", "tensor")
+    no_mesh = "" if set(axes) & set(rows[0]) else f" (the file gives no mesh columns, {', '.join(axes)}: each is 1)"
     out = []
     for line, row in enumerate(rows, start=2):
         where = f"{path.name} line {line}"
@@ -111,8 +113,9 @@ def read_csv(path: "str | Path") -> list[MeasuredStep]:
                 f"{where}: {'more' if None in row else 'fewer'} cells than the header's "
                 f"{len(rows[0]) - (None in rows[0])} columns; give one cell per column."
             )
+        seconds = _step_seconds(row["step_seconds"], where)
         try:
-            mesh = make_mesh(**{a: _count(row, a, 1) for a in ("data", "fsdp", "context", "context_ulysses", "tensor")})
+            mesh = make_mesh(**{a: _count(row, a, 1) for a in axes})
             plan = Plan(
                 model=get_model(row["model"]),
                 topology=row["topology"],
@@ -124,8 +127,8 @@ def read_csv(path: "str | Path") -> list[MeasuredStep]:
                 remat=row.get("remat") or "full",
             )
         except CpplanError as err:
-            raise CpplanError(f"{where}: {err}") from None
-        out.append(MeasuredStep(plan, _step_seconds(row["step_seconds"], where), f"{path.name}:{line}"))
+            raise CpplanError(f"{where}: {str(err).rstrip('.')}{no_mesh}.") from None
+        out.append(MeasuredStep(plan, seconds, f"{path.name}:{line}"))
     return out
 
 

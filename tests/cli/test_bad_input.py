@@ -330,6 +330,13 @@ def test_a_measured_csv_takes_lengths_as_the_cli_does(tmp_path, capsys):
     )
 
 
+def test_a_measured_csv_without_mesh_columns_says_every_axis_was_taken_as_one(tmp_path, capsys):
+    path = tmp_path / "measured.csv"
+    path.write_text("model,topology,seq_len,global_batch,strategy,step_seconds\ntiny,cpu:8,4k,1,ring,0.5\n")
+    says = refused(["validate", "--measured", str(path), "--no-plots", "--out", str(tmp_path / "out")], capsys)
+    assert "has 1 devices but cpu:8 has 8 (the file gives no mesh columns, data, fsdp, context" in says
+
+
 FLAGS = "model_name=tiny compile_topology=cpu:8 max_target_length=4096 per_device_batch_size=0.125"
 LOG_CASES = [
     "",
