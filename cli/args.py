@@ -154,8 +154,7 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True, batc
         )
     p.add_argument(
         "--loss-chunk-tokens",
-        type=at_least(0),
-        help=f"cross-entropy chunk; 0 = full logits (default {DEFAULT_LOSS_CHUNK_TOKENS})",
+        help=f"cross-entropy chunk in tokens (8192, 8k); 0 = full logits (default {DEFAULT_LOSS_CHUNK_TOKENS})",
     )
     p.add_argument(
         "--num-slices",

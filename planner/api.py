@@ -16,7 +16,7 @@ from cost_models.strategies.base import SPLASH_LANES
 from cost_models.targets import Target, get_target
 from cost_models.topology import Topology, divisors, get_topology
 from cost_models.vocabulary import AXES, CPStrategy
-from planner.options import SearchOptions, format_tokens, parse_seq_len
+from planner.options import MAX_TOKENS, SearchOptions, format_tokens, parse_seq_len
 from planner.plan import Plan
 from planner.search import SearchResult, SearchSpace, search
 
@@ -192,7 +192,6 @@ class LongestSequence:
         }
 
 
-MAX_PROBE_TOKENS = 2**40  # a bound on the doubling that no memory reaches
 
 
 def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> LongestSequence:
@@ -283,7 +282,7 @@ def _longest_with(
     if not fits(grain):
         return None
     low = grain
-    while 2 * low <= MAX_PROBE_TOKENS and fits(2 * low):
+    while 2 * low <= MAX_TOKENS and fits(2 * low):
         low *= 2
     step = max(grain, low // 16 // grain * grain)
     longest = next((tokens for tokens in range(2 * low - step, low, -step) if fits(tokens)), low)

@@ -20,6 +20,9 @@ DEFAULT_LOSS_CHUNK_TOKENS = 8192
 _SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
+MAX_TOKENS = 2**40  # a trillion tokens: beyond any memory a step could hold, and what max_seq_len probes to
+
+
 def parse_seq_len(value: "int | str", *, what: str = "sequence length") -> int:
     """Tokens from an int or a string like ``4M``, ``128k``, ``131072`` (k/M are powers of 1024).
 
@@ -27,7 +30,7 @@ def parse_seq_len(value: "int | str", *, what: str = "sequence length") -> int:
         value: the token count.
         what: what the count is, as error messages name it (the batch's tokens are read here too).
     Raises:
-        CpplanError: unparsable or not positive.
+        CpplanError: unparsable, not positive, or over `MAX_TOKENS`.
     """
     if isinstance(value, bool):
         raise CpplanError(f"{what} {value!r} is not a number of tokens.")
@@ -45,6 +48,8 @@ def parse_seq_len(value: "int | str", *, what: str = "sequence length") -> int:
         tokens = int(tokens)
     if tokens < 1:
         raise CpplanError(f"{what} {value!r} must be at least 1 token.")
+    if tokens > MAX_TOKENS:
+        raise CpplanError(f"{what} {value!r} is {tokens} tokens, over 2**40 (1T), more than any step could hold.")
     return tokens
 
 
@@ -177,6 +182,10 @@ class SearchOptions:
                     f"global_batch={global_batch} (exact sequences) and global_batch_tokens="
                     f"{global_batch_tokens} (a target) both set the batch; give one of them."
                 )
+        if isinstance(loss_chunk_tokens, str) and loss_chunk_tokens.strip() != "0":
+            loss_chunk_tokens = parse_seq_len(loss_chunk_tokens, what="loss_chunk_tokens")
+        elif isinstance(loss_chunk_tokens, str):
+            loss_chunk_tokens = 0
         if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 0:
             raise CpplanError(f"loss_chunk_tokens={loss_chunk_tokens!r} must be 0 (full logits) or a positive integer.")
         sets = {

@@ -148,6 +148,12 @@ def test_where_the_request_limits_the_search_the_advice_drops_the_limits():
         planner.max_seq_len("llama3.1-8b", "v5p-16", strategies=["none"], load_balance=["zigzag"])
 
 
+def test_the_loss_chunk_is_read_as_tokens_like_the_lengths():
+    chunked = planner.plan("tiny", "8k", "cpu:8", loss_chunk_tokens="4k")
+    assert chunked.loss_chunk_tokens == 4096
+    assert planner.plan("tiny", "8k", "cpu:8", loss_chunk_tokens="0").loss_chunk_tokens == 0
+
+
 def test_max_seq_len_marks_lengths_within_the_memory_error():
     """The longest length is priced near the capacity, so within the memory price's measured error of it;
     the length that fits with that error to spare has a plan that is not marginal, and is said."""
