@@ -198,9 +198,10 @@ class SearchOptions:
                 raise CpplanError(f"{name}=[] allows nothing; leave it out to allow every choice.")
         if RematPolicy.CUSTOM in sets["remat"]:
             raise CpplanError(
-                "remat=custom cannot be searched: it needs a placement per checkpoint name. Write a "
-                "plan with remat_custom (cpplan export --format json, then edit it), or allow the "
-                f"named policies: {', '.join(p.value for p in NAMED_POLICIES)}."
+                "remat=custom cannot be searched: it needs a placement per checkpoint name. From Python, "
+                "give a plan its remat_custom (`cpplan export --format json`, edit it, `Plan.from_json`, then "
+                "`planner.estimate` or `runtime.run`), or allow the named policies: "
+                f"{', '.join(p.value for p in NAMED_POLICIES)}."
             )
         return cls(
             global_batch_tokens,
