@@ -192,8 +192,6 @@ class LongestSequence:
         }
 
 
-
-
 def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> LongestSequence:
     """The longest sequence that some plan fits, with one sequence per step where the slice can
     split one sequence over all its devices, else with the fewest sequences that can.

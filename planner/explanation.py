@@ -51,6 +51,11 @@ def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
     )
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 chip', '8 chips'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
 
@@ -281,8 +286,8 @@ class Explanation:
         return (
             f"cpplan explain: {m.name} ({params} params, {m.num_layers} layers, "
             f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(case.seq_len)} "
-            f"tokens × {case.global_batch} sequence{'s' if case.global_batch > 1 else ''} per step on {topo.name} "
-            f"({topo.num_chips} chips, {topo.num_devices} devices)"
+            f"tokens × {counted(case.global_batch, 'sequence')} per step on {topo.name} "
+            f"({counted(topo.num_chips, 'chip')}, {counted(topo.num_devices, 'device')})"
         )
 
     @functools.cached_property
@@ -478,7 +483,7 @@ class Explanation:
         groups = self.rejection_groups()
         lines += [
             "",
-            f"Rejected {len(self.result.rejections)} candidates "
+            f"Rejected {counted(len(self.result.rejections), 'candidate')} "
             f"({self.result.candidates_priced} priced placements kept {len(self.result.ranked)} feasible)",
         ]
         for category, (n, example) in groups.items():
@@ -530,8 +535,8 @@ class Explanation:
         res = self.result
         case = res.case
         lines = [
-            f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × {case.global_batch} "
-            f"sequence{'s' if case.global_batch > 1 else ''} per step on {case.topology.name}."
+            f"No plan fits {case.model.name} at {format_tokens(case.seq_len)} tokens × "
+            f"{counted(case.global_batch, 'sequence')} per step on {case.topology.name}."
         ]
         by_strategy = self.rejections_by_strategy()
         least = {r.plan.cp_strategy: r for r in res.best_infeasible}
