@@ -175,7 +175,8 @@ def measure_documents(
     a document those tokens' end cuts short is left out.
 
     Raises:
-        CpplanError: no data file, data without document boundaries, or no whole document in the tokens read.
+        CpplanError: no data file, data without document boundaries (an `eos_id` that does not occur), or no
+            whole document in the tokens read.
     """
     if source is None or str(source) == SYNTHETIC:
         raise CpplanError(
@@ -190,6 +191,11 @@ def measure_documents(
     n = min(len(stream), max_tokens)
     if eos_id is not None:
         tokens = stream.read(0, n)
+        if not np.any(tokens == eos_id):
+            raise CpplanError(
+                f"eos_id {eos_id} does not occur in the first {n} tokens of {stream.name!r} ({tokens.dtype} tokens), "
+                f"so nothing marks a document; check --eos-id (the token that ends each document)."
+            )
         ids = segments_from_eos(tokens[None], eos_id)[0]
         whole_end = n == len(stream) or tokens[-1] == eos_id
     else:

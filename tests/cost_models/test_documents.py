@@ -141,3 +141,5 @@ def test_the_cli_takes_each_form(tmp_path, capsys):
     assert out["documents"]["lengths"] == measured
     assert main(["explain", *flags, "--doc-lengths", "data"]) == 2
     assert "--doc-lengths data measures the documents of --data" in capsys.readouterr().err
+    assert main(["explain", *flags, "--doc-lengths", "data", "--data", str(tokens), "--eos-id", "99999"]) == 2
+    assert "eos_id 99999 does not occur in the first 12040 tokens" in capsys.readouterr().err
