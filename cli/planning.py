@@ -54,7 +54,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def sweep_table(rows: list[dict]) -> str:
     """The sweep for people: a line per length, each strategy's MFU beside the best plan."""
     names = [s.value for s in CPStrategy if s is not CPStrategy.NONE]
-    lines = [f"{'seq_len':>8}  {'best':<42} {'step':>9} {'MFU':>6} {'HBM':>8}  " + "  ".join(f"{n:>10}" for n in names)]
+    width = max([len("best"), *(len(row["plan"]) for row in rows if row["fits"])])  # the longest plan's column
+    lines = [
+        f"{'seq_len':>8}  {'best':<{width}} {'step':>9} {'MFU':>6} {'HBM':>8}  " + "  ".join(f"{n:>10}" for n in names)
+    ]
     for row in rows:
         if not row["fits"]:
             lines.append(f"{format_tokens(row['seq_len']):>8}  nothing fits")
@@ -62,8 +65,8 @@ def sweep_table(rows: list[dict]) -> str:
         per = row["per_strategy"]
         cells = "  ".join(f"{per[n]['mfu']:>10.1%}" if n in per else f"{'—':>10}" for n in names)
         lines.append(
-            f"{format_tokens(row['seq_len']):>8}  {row['plan']:<42} {row['step_time_s']:>8.2f}s {row['mfu']:>6.1%} "
-            f"{row['hbm_gib']:>6.1f}Gi  {cells}"
+            f"{format_tokens(row['seq_len']):>8}  {row['plan']:<{width}} {row['step_time_s']:>8.2f}s "
+            f"{row['mfu']:>6.1%} {row['hbm_gib']:>6.1f}Gi  {cells}"
         )
     return "\n".join([*lines, "(per-strategy columns: MFU of that strategy's best plan)"])
 

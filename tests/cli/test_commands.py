@@ -29,6 +29,9 @@ def test_sweep_shows_each_length(capsys):
     assert main(["sweep", "--model", "llama3.1-8b", "--topology", "tpu7x:2x2x4", "--seq-lens", "64k,256k,8M"]) == 0
     out = capsys.readouterr().out
     assert "64K" in out and "256K" in out and "8M  nothing fits" in out
+    lines = out.splitlines()
+    step_ends = {line.index("s ", line.index("  ", 10) + 2) for line in lines[1:3]}  # each row's step time
+    assert step_ends == {lines[0].index("step") + len("step") - 1}  # ends where its header does, however long the plan
     assert main(["sweep", "--model", "tiny", "--topology", "cpu:8", "--seq-lens", "1k,4k", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["seq_len"] for r in rows] == [1024, 4096] and all(r["fits"] for r in rows)
