@@ -66,9 +66,18 @@ def sweep_table(rows: list[dict]) -> str:
         cells = "  ".join(f"{per[n]['mfu']:>10.1%}" if n in per else f"{'—':>10}" for n in names)
         lines.append(
             f"{format_tokens(row['seq_len']):>8}  {row['plan']:<{width}} {row['step_time_s']:>8.2f}s "
-            f"{row['mfu']:>6.1%} {row['hbm_gib']:>6.1f}Gi  {cells}"
+            f"{row['mfu']:>6.1%} {row['hbm_gib']:>6.1f}Gi{'*' if row['marginal'] else ' '} {cells}"
         )
-    return "\n".join([*lines, "(per-strategy columns: MFU of that strategy's best plan)"])
+    marginal = any(row.get("marginal") for row in rows)
+    notes = [
+        "(per-strategy columns: MFU of that strategy's best plan)",
+        *(
+            ["(*: fits within the memory price's measured error of the capacity; a compile settles it)"]
+            if marginal
+            else []
+        ),
+    ]
+    return "\n".join([*lines, *notes])
 
 
 def sweep_rows(args: argparse.Namespace) -> list[dict]:
@@ -86,6 +95,7 @@ def sweep_rows(args: argparse.Namespace) -> list[dict]:
                 step_time_s=e.estimate.step_time_s,
                 mfu=e.estimate.mfu,
                 hbm_gib=e.estimate.hbm_bytes_per_device / GiB,
+                marginal=e.estimate.marginal,
                 per_strategy={
                     s.value: {"step_time_s": r.estimate.step_time_s, "mfu": r.estimate.mfu}
                     for s, r in e.best_per_strategy().items()

@@ -37,6 +37,14 @@ def test_sweep_shows_each_length(capsys):
     assert [r["seq_len"] for r in rows] == [1024, 4096] and all(r["fits"] for r in rows)
 
 
+def test_sweep_marks_a_plan_within_the_memory_error_of_the_capacity(capsys):
+    # 1664K tokens: max-seq-len's answer on v5p-16, priced at 95.5 of 95.7 GiB
+    assert main(["sweep", "--model", "llama3.1-8b", "--topology", "v5p-16", "--seq-lens", "1M,1664k"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "Gi*" in out[2] and "Gi*" not in out[1]
+    assert out[-1].startswith("(*: fits within the memory price's measured error of the capacity")
+
+
 def test_max_seq_len_and_export(capsys):
     assert main(["max-seq-len", "--model", "llama3.1-8b", "--topology", "v5p-16", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["max_seq_len"] >= 2**20
