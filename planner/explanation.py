@@ -228,6 +228,19 @@ class Explanation:
     def estimate(self) -> Estimate | None:
         return self.result.best.estimate if self.result.best else None
 
+    def surely_fitting_text(self) -> str:
+        """For a choice that fits only within the memory price's measured error: the fastest plan that fits
+        with that error to spare, or that none does."""
+        e = self.estimate
+        for rank, r in enumerate(self.result.ranked, start=1):
+            if not r.estimate.marginal:
+                return (
+                    f"the fastest plan with the margin to spare: #{rank} {short(r.plan)}, "
+                    f"{_s(r.estimate.step_time_s)} ({r.estimate.step_time_s / e.step_time_s - 1:+.1%}), "
+                    f"{_gib(r.estimate.hbm_bytes_per_device)}"
+                )
+        return "no feasible plan fits with the margin to spare"
+
     @property
     def alternatives(self) -> list[Ranked]:
         return self.result.ranked[1 : 1 + self.top]
@@ -455,6 +468,8 @@ class Explanation:
             )
         if e.marginal:
             lines.append(f"  marginal: {e.marginal_reason}")
+            if e.fits:
+                lines.append(f"  {self.surely_fitting_text()}")
         lines += [f"  not priced: {note}" for note in e.notes]
         lines += ["", f"Alternatives (next {len(self.alternatives)} of {len(self.result.ranked)} feasible)"]
         band = self.error_band

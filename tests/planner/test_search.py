@@ -154,6 +154,14 @@ def test_the_loss_chunk_is_read_as_tokens_like_the_lengths():
     assert planner.plan("tiny", "8k", "cpu:8", loss_chunk_tokens="0").loss_chunk_tokens == 0
 
 
+def test_a_marginal_choice_names_the_fastest_plan_with_the_margin_to_spare():
+    e = planner.explain("llama3.1-8b", "512k", "tpu7x-16")
+    assert e.estimate.fits and e.estimate.marginal
+    rank, sure = next((i, r) for i, r in enumerate(e.result.ranked, start=1) if not r.estimate.marginal)
+    assert rank > 1 and sure.estimate.step_time_s >= e.estimate.step_time_s
+    assert f"  the fastest plan with the margin to spare: #{rank} " in str(e)
+
+
 def test_max_seq_len_marks_lengths_within_the_memory_error():
     """The longest length is priced near the capacity, so within the memory price's measured error of it;
     the length that fits with that error to spare has a plan that is not marginal, and is said."""
