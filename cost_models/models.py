@@ -405,8 +405,9 @@ HF_LAYER_TYPES = {"full_attention": "G", "sliding_attention": "L", "chunked_atte
 
 def _hf_local_layers(path: Path, cfg: dict) -> dict:
     """The `window`, `local_kind` and `layer_pattern` of a config's local layers: `layer_types`, else
-    `sliding_window` (unless `use_sliding_window` is false) on every layer, on every `sliding_window_pattern`-th
-    but the last, or (Qwen2) on the layers from `max_window_layers` on; none without them.
+    `sliding_window` (unless `use_sliding_window` is false, as a Qwen2 config has it where unset) on every
+    layer, on every `sliding_window_pattern`-th but the last, or (Qwen2) on the layers from
+    `max_window_layers` on; none without them.
 
     Raises:
         CpplanError: a layer type cpplan does not run, or a window that is not a positive integer.
@@ -428,7 +429,7 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
                 f"{cfg['num_hidden_layers']}; give one type per layer."
             )
         pattern = "".join(HF_LAYER_TYPES[t] for t in types)
-    elif window is None or cfg.get("use_sliding_window", True) is False:
+    elif window is None or cfg.get("use_sliding_window", cfg["model_type"] != "qwen2") is False:
         return {}
     elif cfg.get("sliding_window_pattern") is not None:
         every = cfg["sliding_window_pattern"]

@@ -173,6 +173,7 @@ CONFIG = {
     [
         ({"sliding_window": 4096}, 4096, "sliding_window", "L"),
         ({"sliding_window": 4096, "use_sliding_window": False}, 0, "sliding_window", ""),
+        ({"model_type": "qwen2", "sliding_window": 4096}, 0, "sliding_window", ""),  # Qwen2's default: off
         ({"sliding_window": None}, 0, "sliding_window", ""),
         ({"sliding_window": 512, "sliding_window_pattern": 3}, 512, "sliding_window", "LLG"),
         ({"sliding_window": 512, "sliding_window_pattern": 1}, 0, "sliding_window", ""),  # every layer global
