@@ -72,7 +72,10 @@ def price_attention(
     blocks = [local_blocks(x, call) if call.local else None for call in calls]
     documents = model.varying_documents if traits.prunes_documents(strategy) else None
     if documents is not None:  # the pairs of the tiles the documents are expected to leave, call by call
-        extent = sum(call.count * pruned_tiles(x, call) * math.prod(call_tile(x, call)) for call in calls)
+        # a local call is placed in the row already; a global one's tiles are counted where its rank's
+        # queries lie (`rank_query_calls`)
+        counted = calls if x.attention_mask.local else rank_query_calls(x, layout)
+        extent = sum(call.count * pruned_tiles(x, call) * math.prod(call_tile(x, call)) for call in counted)
     elif x.attention_mask.local:  # the pairs of the blocks the mask leaves, call by call
         extent = sum(call.count * b.computed * math.prod(call_tile(x, call)) for call, b in zip(calls, blocks))
     else:
@@ -179,6 +182,27 @@ def local_blocks(x: Candidates, call: KernelCall) -> CallBlocks:
     """`call_blocks` of a local-mask call for every candidate, as columns."""
     found = per_call_shape(x, call, lambda *shape: dataclasses.astuple(call_blocks(call.mask, *shape)))
     return CallBlocks(*np.moveaxis(found, -1, 0))
+
+
+def rank_query_calls(x: Candidates, layout: Layout) -> tuple[KernelCall, ...]:
+    """Calls whose tiles are one context rank's queries against every key of the row (a causal mask keeps
+    the earlier ones), for counting what documents leave: however a strategy splits them into calls
+    (one gathered call, a ring's hops), a rank computes the pairs of its own queries. The rank the step
+    waits for: in natural order the last; under zigzag (balanced) the first, whose two chunks are the
+    row's first and last; where the devices share a host's cores, the average rank (the row over the
+    ranks)."""
+    row, ring = x.seq_len, np.asarray(layout.ring, dtype=float)
+    chunk = row / ring
+    zigzag = np.asarray(x.zigzag & ~x.shared_cores, dtype=float)
+    shared = np.asarray(x.shared_cores, dtype=float) * np.ones_like(ring)
+    natural = (1.0 - zigzag) * (1.0 - shared)
+    half = chunk / 2
+    return (
+        KernelCall(natural, chunk, row, q_start=row - chunk),
+        KernelCall(zigzag, half, row, q_block_cap=half),
+        KernelCall(zigzag, half, row, q_block_cap=half, q_start=row - half),
+        KernelCall(shared / ring, row, row),
+    )
 
 
 def pruned_tiles(x: Candidates, call: KernelCall) -> np.ndarray:

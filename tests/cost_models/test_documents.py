@@ -143,3 +143,29 @@ def test_the_cli_takes_each_form(tmp_path, capsys):
     assert "--doc-lengths data measures the documents of --data" in capsys.readouterr().err
     assert main(["explain", *flags, "--doc-lengths", "data", "--data", str(tokens), "--eos-id", "99999"]) == 2
     assert "eos_id 99999 does not occur in the first 12040 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "strategy, mesh, balance",
+    [
+        ("all_gather", {"context": 8}, "none"),
+        ("all_gather", {"context": 8}, "zigzag"),
+        ("ring", {"context": 8}, "none"),
+        ("ring", {"context": 8}, "zigzag"),
+        ("ulysses", {"context_ulysses": 8}, "none"),
+        ("usp", {"context": 2, "context_ulysses": 4}, "none"),
+    ],
+)
+def test_documents_no_row_cuts_cost_what_the_unpacked_row_costs(strategy, mesh, balance):
+    """Every strategy prices a rank's own queries against the keys before them: with documents far longer
+    than the row (almost never cut), each costs its unpacked price, the busiest rank's in natural order."""
+    from planner import evaluate
+
+    def attention_s(model):
+        e = evaluate(model, 131072, "v5p-16", strategy=strategy, mesh=mesh, global_batch=1, load_balance=balance)
+        return e.compute_s["attention"]
+
+    endless = dataclasses.replace(LLAMA, documents=histogram([1 << 30], [1]))
+    assert attention_s(endless) == pytest.approx(attention_s(LLAMA), rel=0.01)
+    cut = dataclasses.replace(LLAMA, documents=histogram([8192], [1]))
+    assert attention_s(cut) < attention_s(LLAMA) / 4
