@@ -25,7 +25,9 @@ class _Named(str, Enum):
     def parse(cls, value: "str | _Named"):
         if isinstance(value, cls):
             return value
-        text = str(value).strip().lower().replace("-", "_")
+        if not isinstance(value, str):  # str(None) would read as the member named "none"
+            raise unknown_name(cls.kind(), repr(value), [m.value for m in cls])
+        text = value.strip().lower().replace("-", "_")
         for member in cls:
             if text in (member.value, member.name.lower(), *member.aliases):
                 return member
@@ -100,7 +102,9 @@ class CPStrategy(str, metaclass=_Registry):
         """A strategy by its value, name or an alias (case-insensitive)."""
         if isinstance(value, cls):
             return value
-        text = str(value).strip().lower().replace("-", "_")
+        if not isinstance(value, str):  # str(None) would read as the strategy named "none"
+            raise unknown_name("strategy", repr(value), [m.value for m in cls])
+        text = value.strip().lower().replace("-", "_")
         for member in cls:
             if text in (member.value, *member.aliases):
                 return member

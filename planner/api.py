@@ -12,11 +12,11 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec, get_model
 from cost_models.strategies import STRATEGIES
-from cost_models.strategies.base import SPLASH_LANES
+from cost_models.strategies.base import SPLASH_LANES, Shape
 from cost_models.targets import Target, get_target
 from cost_models.topology import Topology, divisors, get_topology
-from cost_models.vocabulary import AXES, CPStrategy
-from planner.options import MAX_TOKENS, SearchOptions, format_tokens, parse_seq_len
+from cost_models.vocabulary import AXES, CPStrategy, LoadBalance
+from planner.options import MAX_TOKENS, SearchOptions, check_mesh, format_tokens, parse_seq_len
 from planner.plan import Plan
 from planner.search import SearchResult, SearchSpace, search
 
@@ -99,10 +99,15 @@ def evaluate(
     """
     target = get_target(options.get("target"))
     topo = get_topology(topology, options.pop("num_slices", None))
-    full_mesh = {a: int(mesh.get(a, 1)) for a in AXES}
-    unknown = set(mesh) - set(AXES)
-    if unknown:
-        raise CpplanError(f"unknown mesh axes {sorted(unknown)}; the axes are {AXES}.")
+    for name in ("strategies", "mesh"):
+        if name in options:
+            raise CpplanError(f"evaluate prices one strategy on one mesh (strategy=, mesh=); drop {name}.")
+    if options.get("global_batch") is not None and options.get("global_batch_tokens") is not None:
+        raise CpplanError(
+            f"global_batch={options['global_batch']} (sequences) and global_batch_tokens="
+            f"{options['global_batch_tokens']} both set the batch; give one of them."
+        )
+    full_mesh = {a: 1 for a in AXES} | check_mesh(mesh)
     total = math.prod(full_mesh.values())
     if total != topo.num_devices:
         raise CpplanError(f"mesh {full_mesh} covers {total} devices; {topo.name} has {topo.num_devices}.")
@@ -132,7 +137,20 @@ def evaluate(
         return result.ranked[0].estimate
     if result.best_infeasible:
         return result.best_infeasible[0].estimate
-    reasons = "; ".join(sorted({r.reason for r in result.rejections})) or "no candidate"
+    reasons = "; ".join(sorted({r.reason for r in result.rejections}))
+    if not reasons:  # refused before pricing: the strategy's own rule for this mesh says why
+        mask_model = get_model(model).within(parse_seq_len(seq_len))[0]
+        shape = Shape(
+            mask_model,
+            parse_seq_len(seq_len),
+            full_mesh["context"],
+            full_mesh["context_ulysses"],
+            full_mesh["tensor"],
+            options["load_balance"] in ("zigzag", LoadBalance.ZIGZAG),
+            topo.chip.kind.shares_cores,
+        )
+        violation = spec.check(shape)
+        reasons = violation.reason if violation else "no candidate"
     raise CpplanError(f"{strategy.value} cannot run mesh {full_mesh}: {reasons}.")
 
 

@@ -174,8 +174,10 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
     """MaxText flags for `plan`; splash blocks grow where MaxText's per-head metadata needs it.
 
     Raises:
-        CpplanError: the plan breaks a MaxText rule (`maxtext_problems`), each named with its fix.
+        CpplanError: the plan breaks one of cpplan's rules (`Plan.check`) or a MaxText rule
+            (`maxtext_problems`), each named with its fix.
     """
+    plan.check()
     problems = maxtext_problems(plan)
     if problems:
         raise CpplanError("MaxText cannot run this plan: " + "; ".join(problems) + ".")

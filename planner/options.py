@@ -20,6 +20,22 @@ DEFAULT_LOSS_CHUNK_TOKENS = 8192
 _SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
+def check_mesh(mesh) -> dict[str, int]:
+    """`mesh` as a dict of axis sizes, each a positive integer of a known axis.
+
+    Raises:
+        CpplanError: not a dict, an unknown axis, or a size that is not a positive integer.
+    """
+    if not isinstance(mesh, dict):
+        raise CpplanError(f"mesh={mesh!r} must be a dict of axis sizes, e.g. {{'context': 16}}.")
+    for axis, size in mesh.items():
+        if axis not in AXES:
+            raise CpplanError(f"mesh axis {axis!r} is not one of {AXES}.")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise CpplanError(f"mesh[{axis!r}]={size!r} must be a positive integer.")
+    return dict(mesh)
+
+
 MAX_TOKENS = 2**40  # a trillion tokens: beyond any memory a step could hold, and what max_seq_len probes to
 
 
@@ -161,14 +177,7 @@ class SearchOptions:
                 "param_dtype, compute_dtype, mu_dtype"
             )
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
-        if mesh is not None and not isinstance(mesh, dict):
-            raise CpplanError(f"mesh={mesh!r} must be a dict of axis sizes, e.g. {{'context': 16}}.")
-        fixed = dict(mesh or {})
-        for axis, size in fixed.items():
-            if axis not in AXES:
-                raise CpplanError(f"mesh axis {axis!r} is not one of {AXES}.")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise CpplanError(f"mesh[{axis!r}]={size!r} must be a positive integer.")
+        fixed = check_mesh(mesh or {})
         for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype), ("mu_dtype", mu_dtype)):
             if dtype not in DTYPE_BYTES:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")

@@ -73,6 +73,10 @@ def test_cost_and_memory_grow_with_sequence_length(plan):
 @given(plans(topologies=["v5p:2x2x2", "v5p:4x4x4", "tpu7x:2x2x1", "v5p:2x2x1"]))
 def test_maxtext_round_trip(plan):
     assume(not maxtext_problems(plan))  # plans MaxText refuses are refused by to_maxtext (tested elsewhere)
+    try:
+        plan.check()
+    except CpplanError:
+        assume(False)  # a plan cpplan itself cannot run is refused by to_maxtext too
     devices = plan.topology_spec.num_devices
     tokens_per_device = plan.seq_len * plan.global_batch // devices * plan.axis_size("tensor")
     block = maxtext_block(plan)
@@ -86,6 +90,12 @@ def test_maxtext_round_trip(plan):
     )
     plan = Plan.from_dict(plan.to_dict())  # re-derive the default physical order
     assert Plan.from_maxtext(plan.to_maxtext()) == plan
+
+
+def test_a_plan_cpplan_cannot_run_is_not_exported():
+    plan = Plan(MODELS["llama3.1-8b"], "v5p:2x2x2", 131072, 1, make_mesh(context=8), cp_strategy="none")
+    with pytest.raises(CpplanError, match="none cannot run this plan: none needs context = 1"):
+        plan.to_maxtext()
 
 
 def test_maxtext_refuses_what_maxtext_refuses():
@@ -103,7 +113,7 @@ def test_maxtext_refuses_what_maxtext_refuses():
         plan.to_maxtext()
     # cpplan replicates KV heads for Ulysses; MaxText does not
     plan = Plan(
-        MODELS["llama3.1-8b"], "v5p:2x4x4", 262144, 1, make_mesh(context_ulysses=16, fsdp=2), cp_strategy="ulysses"
+        MODELS["llama3.1-8b"], "v5p:2x4x4", 262144, 2, make_mesh(context_ulysses=16, fsdp=2), cp_strategy="ulysses"
     )
     with pytest.raises(CpplanError, match="num_kv_heads=8 divisible by its degree 16"):
         plan.to_maxtext()

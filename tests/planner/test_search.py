@@ -162,6 +162,22 @@ def test_a_marginal_choice_names_the_fastest_plan_with_the_margin_to_spare():
     assert f"  the fastest plan with the margin to spare: #{rank} " in str(e)
 
 
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (dict(strategy="ring", mesh={"context": 8}, global_batch=4, global_batch_tokens="256k"), "both set the batch"),
+        (dict(strategy="ring", mesh=None), "mesh=None must be a dict of axis sizes"),
+        (dict(strategy="ring", mesh={"context": 8.7}), r"mesh\['context'\]=8.7 must be a positive integer"),
+        (dict(strategy="ring", mesh={"fsdp": 8}), "ring needs context > 1 and context_ulysses = 1"),
+        (dict(strategy="ring", mesh={"context": 8}, strategies=["usp"]), "drop strategies"),
+        (dict(strategy=None, mesh={"context": 8}), "unknown strategy 'None'"),
+    ],
+)
+def test_evaluate_refuses_what_it_cannot_price_and_names_the_rule(options, says):
+    with pytest.raises(CpplanError, match=says):
+        planner.evaluate("llama3.1-8b", "128k", "v5p-16", **options)
+
+
 def test_max_seq_len_marks_lengths_within_the_memory_error():
     """The longest length is priced near the capacity, so within the memory price's measured error of it;
     the length that fits with that error to spare has a plan that is not marginal, and is said."""
