@@ -69,6 +69,8 @@ def explain(model: ModelArg, seq_len: "int | str", topology: "str | Topology", *
     """
     from planner.explanation import Explanation
 
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+        raise CpplanError(f"top={top!r} must be a whole number of alternatives to show, 0 or more.")
     result = run_search(model, seq_len, topology, **dict(options))
     local = result.case.model
     # with local layers, the same request priced as if every layer attended globally (searched when asked

@@ -65,6 +65,11 @@ def estimate(plan: Plan, *, target: "str | Target | None" = None) -> Estimate:
         CpplanError: the plan's mesh does not tile its topology, its strategy cannot run it (the
             rule and its numbers), its batch does not split over data × fsdp, or the target is unknown.
     """
+    if not isinstance(plan, Plan):
+        raise CpplanError(
+            f"estimate takes a Plan, not {type(plan).__name__}; build one with planner.plan, Plan.from_dict or "
+            f"Plan.from_json."
+        )
     target = get_target(target)
     plan.check()
     if target.traits.maxtext_rules and plan.local_strategy is not None:

@@ -460,6 +460,8 @@ def read_maxtext(
             does not cover the topology, a strategy or remat policy MaxText does not have, an
             attention kernel cpplan does not price, or a rule MaxText 0.2.5 enforces (named).
     """
+    if not isinstance(flags, (str, dict)):
+        raise CpplanError(f"MaxText flags are key=value text or a dict, not {type(flags).__name__}.")
     f = _Flags(*split_flags(flags)) if isinstance(flags, str) else _Flags(flags)
     notes: list[str] = []
     model = get_model(model) if model is not None else _read_model(f, notes)

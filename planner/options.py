@@ -116,6 +116,8 @@ def _enum_set(kind, values, default=None) -> frozenset:
         return frozenset(kind if default is None else default)
     if isinstance(values, (str, kind)):
         values = [values]
+    if not isinstance(values, (list, tuple, set, frozenset)):
+        raise CpplanError(f"{values!r} is not a list of {kind.__name__} names; give a name or a list of them.")
     return frozenset(kind.parse(v) for v in values)
 
 
@@ -179,7 +181,7 @@ class SearchOptions:
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
         fixed = check_mesh(mesh or {})
         for name, dtype in (("param_dtype", param_dtype), ("compute_dtype", compute_dtype), ("mu_dtype", mu_dtype)):
-            if dtype not in DTYPE_BYTES:
+            if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
                 raise CpplanError(f"{name}={dtype!r} is not one of {sorted(DTYPE_BYTES)}.")
         if global_batch_tokens is not None:
             global_batch_tokens = parse_seq_len(global_batch_tokens, what="global_batch_tokens")

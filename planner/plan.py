@@ -442,6 +442,10 @@ class Plan:
         Raises:
             CpplanError: text that is not JSON, or not a plan (see `from_dict`).
         """
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise CpplanError(
+                f"Plan.from_json takes JSON text, not {type(text).__name__}; a dict goes to Plan.from_dict."
+            )
         try:
             row = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as err:

@@ -91,8 +91,8 @@ def run(
     from runtime.mesh import build_mesh
     from runtime.train import Trainer
 
-    if steps < 1:
-        raise CpplanError(f"steps={steps}: run at least 1 step.")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise CpplanError(f"steps={steps!r}: give a whole number of steps, at least 1.")
     mesh = build_mesh(plan, devices)
     trainer = Trainer(plan, mesh)
     dataset = open_dataset(data, seq_len=plan.seq_len, vocab=plan.model.vocab, seed=seed)

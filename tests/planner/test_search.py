@@ -178,6 +178,22 @@ def test_evaluate_refuses_what_it_cannot_price_and_names_the_rule(options, says)
         planner.evaluate("llama3.1-8b", "128k", "v5p-16", **options)
 
 
+@pytest.mark.parametrize(
+    "call, says",
+    [
+        (lambda: planner.estimate({"seq_len": 4096}), "estimate takes a Plan, not dict"),
+        (lambda: planner.Plan.from_json({}), "takes JSON text, not dict"),
+        (lambda: planner.Plan.from_maxtext(None), "key=value text or a dict, not NoneType"),
+        (lambda: planner.explain("tiny", "4k", "cpu:8", top="3"), "top='3' must be a whole number"),
+        (lambda: planner.plan("tiny", "4k", "cpu:8", strategies=3), "3 is not a list of CPStrategy names"),
+        (lambda: planner.plan("tiny", "4k", "cpu:8", mu_dtype=["float32"]), r"mu_dtype=\['float32'\] is not one of"),
+    ],
+)
+def test_api_inputs_of_the_wrong_kind_are_refused_by_name(call, says):
+    with pytest.raises(CpplanError, match=says):
+        call()
+
+
 def test_max_seq_len_marks_lengths_within_the_memory_error():
     """The longest length is priced near the capacity, so within the memory price's measured error of it;
     the length that fits with that error to spare has a plan that is not marginal, and is said."""
