@@ -416,8 +416,13 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
     chunked = "chunked_attention" in (types or ())
     key = "attention_chunk_size" if chunked else "sliding_window"
     window = cfg.get(key)
+    if types is not None and not isinstance(types, list):
+        raise CpplanError(
+            f"{str(path)!r}: layer_types={types!r:.60} must be a list of one type per layer, e.g. "
+            f"['sliding_attention', 'full_attention', ...]; fix the config."
+        )
     if types is not None:
-        unknown = [t for t in types if t not in HF_LAYER_TYPES] if isinstance(types, list) else [types]
+        unknown = [t for t in types if t not in HF_LAYER_TYPES]
         if unknown or (chunked and "sliding_attention" in types):
             raise CpplanError(
                 f"{str(path)!r}: layer_types holds {(unknown or ['sliding and chunked layers'])[0]!r}; cpplan runs "
@@ -439,7 +444,13 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
                 f"layers one attends globally, the rest in the window); fix the config."
             )
         pattern = "L" * (every - 1) + "G"
-    elif isinstance(cfg.get("max_window_layers"), int) and cfg["max_window_layers"] > 0:
+    elif cfg.get("max_window_layers") is not None:
+        first = cfg["max_window_layers"]
+        if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first <= MAX_CONFIG_INTEGER:
+            raise CpplanError(
+                f"{str(path)!r}: max_window_layers={first!r:.40} must be a whole number of layers (those before "
+                f"it attend globally); fix the config."
+            )
         layers = cfg["num_hidden_layers"]
         pattern = "G" * min(cfg["max_window_layers"], layers) + "L" * max(layers - cfg["max_window_layers"], 0)
     else:

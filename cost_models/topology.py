@@ -415,10 +415,10 @@ def get_topology(name: "str | Topology", num_slices: "int | None" = None) -> Top
         topo = _parse(name, tuple(sorted(known_chips().items())))
     else:
         raise CpplanError(f"topology must be a name like 'v5p-256' or 'cpu:8', got {name!r}.")
+    if num_slices is not None and (isinstance(num_slices, bool) or not isinstance(num_slices, int)):
+        raise CpplanError(f"num_slices={num_slices!r} must be a whole number of slices, e.g. 2.")
     if num_slices is None or num_slices == topo.num_slices:
         return topo
-    if isinstance(num_slices, bool) or not isinstance(num_slices, int):
-        raise CpplanError(f"num_slices={num_slices!r} must be a whole number of slices, e.g. 2.")
     problem = _slice_count_problem(num_slices)
     if problem:
         raise CpplanError(f"num_slices={num_slices}: {problem}.")

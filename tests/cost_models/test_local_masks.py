@@ -210,6 +210,8 @@ def test_hugging_face_configs_give_their_local_layers(extra, window, kind, patte
             "names 3 layers but num_hidden_layers is 4",
         ),
         ({"sliding_window": 512, "sliding_window_pattern": 0}, "sliding_window_pattern=0 must be a positive integer"),
+        ({"sliding_window": 512, "layer_types": "sliding_attention"}, "must be a list of one type per layer"),
+        ({"sliding_window": 512, "max_window_layers": 1.5}, "max_window_layers=1.5 must be a whole number"),
     ],
 )
 def test_hugging_face_local_layers_that_cannot_be_priced_are_refused(extra, says, tmp_path):

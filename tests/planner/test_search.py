@@ -185,6 +185,7 @@ def test_evaluate_refuses_what_it_cannot_price_and_names_the_rule(options, says)
         (lambda: planner.Plan.from_json({}), "takes JSON text, not dict"),
         (lambda: planner.Plan.from_maxtext(None), "key=value text or a dict, not NoneType"),
         (lambda: planner.explain("tiny", "4k", "cpu:8", top="3"), "top='3' must be a whole number"),
+        (lambda: planner.plan("tiny", "4k", "v5p-16", num_slices=True), "num_slices=True must be a whole number"),
         (lambda: planner.plan("tiny", "4k", "cpu:8", strategies=3), "3 is not a list of CPStrategy names"),
         (lambda: planner.plan("tiny", "4k", "cpu:8", mu_dtype=["float32"]), r"mu_dtype=\['float32'\] is not one of"),
     ],
