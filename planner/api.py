@@ -253,11 +253,18 @@ def longest_sequence(
         grain = shortest_split(model, topo, opts, sequences, target=target)
         if grain is None:
             continue
-        found = _longest_with(model, topo, opts, sequences, grain, target)
-        if found is None:
+        exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
+        shards = frozenset(divisors(sequences))
+
+        @functools.cache  # the two probes below ask many of the same lengths
+        def space(tokens: int) -> SearchSpace:
+            return SearchSpace(model, tokens, topo, exact, shard_counts=shards, target=target)
+
+        length = _longest_with(space, sequences, grain)
+        if length is None:
             return None
-        length, best = found
-        surely = _longest_with(model, topo, opts, sequences, grain, target, surely=True)
+        best = space(length).result(sequences).best
+        surely = _longest_with(space, sequences, grain, surely=True)
         if sequences == 1:
             note = None
         elif topo.num_slices > 1:
@@ -271,27 +278,14 @@ def longest_sequence(
                 f"no plan splits one sequence over all {topo.num_devices} devices of {topo.name}; {sequences} "
                 f"sequences per step is the fewest that split"
             )
-        return LongestSequence(length, best.plan, best.estimate, sequences, note, surely and surely[0])
+        return LongestSequence(length, best.plan, best.estimate, sequences, note, surely)
     return None
 
 
-def _longest_with(
-    model: ModelSpec,
-    topo: Topology,
-    opts: SearchOptions,
-    sequences: int,
-    grain: int,
-    target: Target,
-    *,
-    surely: bool = False,
-):
-    """(longest length, its best `Ranked` plan) with `sequences` sequences per step, probing from
-    `grain` (the shortest length that splits), or None when not even that fits; `surely`: fits with
-    the memory price's measured error to spare (`SearchSpace.fits`)."""
-    exact = dataclasses.replace(opts, global_batch=sequences, global_batch_tokens=None)
-
-    def space(tokens: int) -> SearchSpace:
-        return SearchSpace(model, tokens, topo, exact, shard_counts=frozenset(divisors(sequences)), target=target)
+def _longest_with(space, sequences: int, grain: int, *, surely: bool = False) -> int | None:
+    """The longest length some plan fits with `sequences` sequences per step, probing from `grain` (the
+    shortest length that splits), or None when not even that fits; `space(tokens)` is the search at a
+    length; `surely`: fits with the memory price's measured error to spare (`SearchSpace.fits`)."""
 
     def fits(tokens: int) -> bool:
         probe = space(tokens)
@@ -303,8 +297,7 @@ def _longest_with(
     while 2 * low <= MAX_TOKENS and fits(2 * low):
         low *= 2
     step = max(grain, low // 16 // grain * grain)
-    longest = next((tokens for tokens in range(2 * low - step, low, -step) if fits(tokens)), low)
-    return longest, space(longest).result(sequences).best
+    return next((tokens for tokens in range(2 * low - step, low, -step) if fits(tokens)), low)
 
 
 def shortest_split(

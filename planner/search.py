@@ -381,7 +381,7 @@ class SearchSpace:
             if v.always is None and v.structural is None:
                 self._sound.setdefault(v.shards, []).append((position, v))
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
-        self._fits: dict[tuple[int, int, bool], bool] = {}
+        self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
         self._block_fits = np.zeros(len(self.verdicts), dtype=bool)  # by verdict position, once judged
         self._remats = as_list(options.remat)
@@ -662,14 +662,22 @@ class SearchSpace:
     def fits(self, shards: int, per_shard: int, *, surely: bool = False) -> bool:
         """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each; `surely`:
         with the compiler's largest measured excess over the memory price to spare (not marginal)."""
-        key = (shards, per_shard, surely)
-        if key not in self._fits:
-            cap = self.topology.hbm_bytes_per_device / (1 + self._memory_margins[0] if surely else 1)
-            self._fits[key] = any(
-                bool(np.any(self._block_ok(p) & (p.priced.hbm_total <= cap) & self._host_ok(p)))
-                for p in self._priced(shards * per_shard, shards)
+        cap = self.topology.hbm_bytes_per_device / (1 + self._memory_margins[0] if surely else 1)
+        return self._least_hbm(shards, per_shard) <= cap
+
+    def _least_hbm(self, shards: int, per_shard: int) -> float:
+        """The least HBM a candidate with `shards` batch shards needs for `per_shard` sequences in each,
+        of those whose splash block fits SMEM and whose offloads fit the host (inf where none do)."""
+        key = (shards, per_shard)
+        if key not in self._least:
+            self._least[key] = min(
+                (
+                    float(np.min(p.priced.hbm_total[self._block_ok(p) & self._host_ok(p)], initial=np.inf))
+                    for p in self._priced(shards * per_shard, shards)
+                ),
+                default=np.inf,
             )
-        return self._fits[key]
+        return self._least[key]
 
     def largest_fitting(self, shards: int, most: int) -> int:
         """The most sequences per shard, at most `most`, that fit (0 when not even one does).
