@@ -437,33 +437,39 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
     elif window is None or cfg.get("use_sliding_window", cfg["model_type"] != "qwen2") is False:
         return {}
     elif cfg.get("sliding_window_pattern") is not None:
-        every = cfg["sliding_window_pattern"]
-        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= MAX_CONFIG_INTEGER:
-            raise CpplanError(
-                f"{str(path)!r}: sliding_window_pattern={every!r:.40} must be a positive integer (every that many "
-                f"layers one attends globally, the rest in the window); fix the config."
-            )
+        every = _config_count(
+            path,
+            cfg,
+            "sliding_window_pattern",
+            1,
+            "a positive integer (every that many layers one attends globally, the rest in the window)",
+        )
         pattern = "L" * (every - 1) + "G"
     elif cfg.get("max_window_layers") is not None:
-        first = cfg["max_window_layers"]
-        if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first <= MAX_CONFIG_INTEGER:
-            raise CpplanError(
-                f"{str(path)!r}: max_window_layers={first!r:.40} must be a whole number of layers (those before "
-                f"it attend globally); fix the config."
-            )
+        first = _config_count(
+            path, cfg, "max_window_layers", 0, "a whole number of layers (those before it attend globally)"
+        )
         layers = cfg["num_hidden_layers"]
-        pattern = "G" * min(cfg["max_window_layers"], layers) + "L" * max(layers - cfg["max_window_layers"], 0)
+        pattern = "G" * min(first, layers) + "L" * max(layers - first, 0)
     else:
         pattern = "L"
     if "L" not in pattern:
         return {}
-    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_CONFIG_INTEGER:
-        raise CpplanError(
-            f"{str(path)!r}: {key}={window!r:.40} must be a positive integer of at most 2**31 for its "
-            f"local layers; fix the config."
-        )
+    window = _config_count(path, cfg, key, 1, "a positive integer of at most 2**31 for its local layers")
     kind = MaskKind.CHUNKED if chunked else MaskKind.SLIDING
     return {"window": window, "local_kind": kind.value, "layer_pattern": pattern}
+
+
+def _config_count(path: Path, cfg: dict, key: str, low: int, rule: str) -> int:
+    """The config's `key`, an integer from `low` to `MAX_CONFIG_INTEGER`.
+
+    Raises:
+        CpplanError: anything else, saying what it must be (`rule`).
+    """
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_CONFIG_INTEGER:
+        raise CpplanError(f"{str(path)!r}: {key}={value!r:.40} must be {rule}; fix the config.")
+    return value
 
 
 def _activations(model: str, value) -> tuple[str, ...]:

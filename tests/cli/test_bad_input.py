@@ -554,7 +554,7 @@ IMPORT_BASE = "compile_topology=v5p-8 model_name=llama3.1-8b "
         (IMPORT_BASE + "max_target_length=99999999999999999999999999", "beyond 2**53"),
         (IMPORT_BASE + "per_device_batch_size=1e300", "beyond 2**53"),
         (IMPORT_BASE + "--max_target_length=131072", "without dashes; write max_target_length=131072"),
-        ("/no/such/flags.txt", "is neither a file nor MaxText key=value flags"),
+        ("no-such-flags.txt", "is neither a file nor MaxText key=value flags"),
     ],
 )
 def test_maxtext_flags_are_never_guessed(flags, says, capsys):
