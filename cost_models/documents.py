@@ -21,6 +21,7 @@ import numpy as np
 from scipy.special import ndtr
 
 from cost_models.errors import CpplanError, member
+from cost_models.units import counted
 
 MAX_SIGMA = 3.0  # beyond it a lognormal's mean rests on a few huge documents
 MAX_HISTOGRAM_BYTES = 16 << 20
@@ -132,7 +133,7 @@ class DocumentLengths:
             return f"lognormal document lengths (mean {_tokens(self.mean)} tokens, sigma {self.sigma:g})"
         n = sum(self.counts)
         where = f" from {self.source}" if self.source else ""
-        return f"document lengths{where} ({n} document{'s' if n > 1 else ''}, mean {_tokens(self.mean_tokens)} tokens)"
+        return f"document lengths{where} ({counted(n, 'document')}, mean {_tokens(self.mean_tokens)} tokens)"
 
     def to_dict(self) -> dict:
         if self.kind is DocumentsKind.LOGNORMAL:

@@ -7,6 +7,11 @@ MiB = 2**20
 GiB = 2**30
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 chip', '8 chips': a count with its noun in the number it takes."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def mfu(model_flops: float, step_time_s: float, num_devices: int, peak_flops_per_device: float) -> float:
     """Model FLOPs utilisation: the step's model FLOPs (as MaxText counts them, all devices together) over
     what the devices could do at peak in the step time."""

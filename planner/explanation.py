@@ -17,7 +17,7 @@ from cost_models.pricing.memory import ATTENTION_SIDE, layer_bytes
 from cost_models.strategies import STRATEGIES
 from cost_models.targets import Target
 from cost_models.topology import DCN_DIM
-from cost_models.units import GiB
+from cost_models.units import GiB, counted
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.estimate import estimate
 from planner.maxtext import maxtext_problems
@@ -49,11 +49,6 @@ def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
         + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in keys)
         + ")"
     )
-
-
-def counted(n: int, noun: str) -> str:
-    """'1 chip', '8 chips'."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _gib(nbytes: float) -> str:

@@ -38,6 +38,7 @@ from cost_models.strategies import STRATEGIES
 from cost_models.strategies.base import MAXTEXT_LOCAL_BLOCK, MAXTEXT_LOCAL_MODEL_NAME, MAXTEXT_LOCAL_PATTERN
 from cost_models.targets import Target
 from cost_models.topology import get_topology
+from cost_models.units import counted
 from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
 from planner.plan import Plan, make_mesh
 
@@ -806,6 +807,6 @@ def _dcn_degrees(f: _Flags, slices: int) -> tuple[int, int]:
     if dcn_data * dcn_fsdp != slices:
         raise CpplanError(
             f"dcn_data_parallelism={dcn_data} × dcn_fsdp_parallelism={dcn_fsdp} must equal the "
-            f"{slices} slice{'s' if slices > 1 else ''} (compile_topology_num_slices)."
+            f"{counted(slices, 'slice')} (compile_topology_num_slices)."
         )
     return dcn_data, dcn_fsdp

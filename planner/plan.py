@@ -19,7 +19,7 @@ from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_nam
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.strategies.base import full_mask_balance_problem, layer_strategy, local_strategy_problem
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
-from cost_models.units import GiB
+from cost_models.units import GiB, counted
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
@@ -170,7 +170,7 @@ class Plan:
         if self.dcn_data * self.dcn_fsdp != topo.num_slices:
             raise CpplanError(
                 f"plan dcn_data={self.dcn_data} × dcn_fsdp={self.dcn_fsdp} must equal the "
-                f"{topo.num_slices} slice{'s' if topo.num_slices > 1 else ''} of {topo.name}: only the "
+                f"{counted(topo.num_slices, 'slice')} of {topo.name}: only the "
                 f"data and fsdp axes span slices."
             )
         for axis, slices in (("data", self.dcn_data), ("fsdp", self.dcn_fsdp)):

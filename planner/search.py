@@ -38,7 +38,7 @@ from cost_models.remat import POLICIES
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
 from cost_models.targets import Target
 from cost_models.topology import AxisLinks, Topology, divisors
-from cost_models.units import GiB, MiB
+from cost_models.units import GiB, MiB, counted
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 from planner.options import SearchOptions, as_list, ordered_factorizations
 from planner.plan import DEFAULT_BLOCK, Plan
@@ -955,7 +955,7 @@ def batch_note(target: float, chosen: int, seq_len: int, *, tied: list[int], dev
         return None
     target_tokens = round(target * seq_len)
     note = (
-        f"{chosen} sequence{'s' if chosen > 1 else ''} per step ({chosen * seq_len:,} tokens): the number "
+        f"{counted(chosen, 'sequence')} per step ({chosen * seq_len:,} tokens): the number "
         f"nearest the target of {target_tokens:,} tokens that a plan fits"
     )
     if target == int(target):

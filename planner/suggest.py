@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from cost_models.remat import NAMED_POLICIES
 from cost_models.targets import Target
 from cost_models.topology import Topology, shape_for_chips
+from cost_models.units import counted
 from cost_models.vocabulary import CPStrategy, LoadBalance
 from planner.explanation import format_seconds, short
 from planner.options import SearchOptions, format_tokens
@@ -222,7 +223,7 @@ def _shorter(result: SearchResult) -> list[Advice]:
     for tokens in sorted(t for t in lengths if 0 < t <= longest.seq_len and (t, n) != (seq_len, result.global_batch)):
         length = "" if tokens == seq_len else f" of {_tokens(tokens)} tokens (a length that splits over the slice)"
         out += _tried(
-            f"{n} sequence{'s' if n > 1 else ''} per step{length}",
+            f"{counted(n, 'sequence')} per step{length}",
             result.model,
             tokens,
             result.topology,
