@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from cost_models.placement import axis_segments, positions_along
 from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
-from cost_models.strategies.base import full_mask_balance_problem, layer_strategy, local_strategy_problem
+from cost_models.strategies.base import block_check, full_mask_balance_problem, layer_strategy, local_strategy_problem
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.units import GiB, counted
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
@@ -289,6 +289,11 @@ class Plan:
         )
         if problem:
             raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
+        for mask, _ in self.model.layer_masks:
+            strategy = self.strategy_for(mask)
+            problem = block_check(STRATEGIES[strategy], replace(self.shape, mask=mask), self.block_q, self.block_kv)
+            if problem:
+                raise CpplanError(f"{strategy.value}'s splash calls on this plan: {problem}.")
 
     def _check_host_memory(self) -> None:
         """The activations the remat policy offloads fit in the host memory of a device."""

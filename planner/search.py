@@ -36,6 +36,7 @@ from cost_models.pricing.offload import host_capacity_bytes
 from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.remat import POLICIES
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
+from cost_models.strategies.base import splash_blocks
 from cost_models.targets import Target
 from cost_models.topology import AxisLinks, Topology, divisors
 from cost_models.units import GiB, MiB, counted
@@ -153,7 +154,9 @@ def _block_options(
     within the chip's SMEM (a causal mask's metadata; a full mask keeps none) and scoped VMEM,
     or none and the rule that fails."""
     q = layout_q / (2 if zigzag else 1)
-    options = [b for b in BLOCK_PREFERENCE if q % b == 0 and layout_kv % b == 0 and b <= q]
+    options = [
+        b for b in BLOCK_PREFERENCE if b <= q and splash_blocks(int(layout_q), int(layout_kv), b, b, q)[0] is not None
+    ]
     if not options:
         return [], f"no splash block in {BLOCK_PREFERENCE} divides the {int(q)}-token kernel block"
     if topo.chip.kind.interprets_kernels:  # an interpreted kernel has no SMEM or VMEM limit

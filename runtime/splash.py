@@ -24,7 +24,7 @@ from cost_models.compute import splash_smem_bytes
 from cost_models.document_tiles import computed_tiles
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
-from cost_models.strategies.base import SPLASH_LANES
+from cost_models.strategies.base import splash_blocks
 
 # the kernel's saved output and log-sum-exp go by the attention output's checkpoint name, so a
 # policy that keeps "context" does not run the forward kernel again in the backward
@@ -47,23 +47,15 @@ class KernelConfig:
     smem_bytes: int = 0  # the chip's scalar memory; 0 skips the check (CPU)
 
     def blocks(self, q_len: int, kv_len: int) -> tuple[int, int]:
-        """Block sizes for a `q_len` × `kv_len` call.
+        """Block sizes for a `q_len` × `kv_len` call (`splash_blocks`' rule).
 
         Raises:
             CpplanError: a length is not a multiple of its block, or a key block is not a multiple of 128.
         """
-        bq, bkv = min(self.block_q, q_len), min(self.block_kv, kv_len)
-        if q_len % bq or kv_len % bkv:
-            raise CpplanError(
-                f"splash blocks (block_q={bq}, block_kv={bkv}) must divide the local attention "
-                f"lengths (q={q_len}, kv={kv_len}); choose block sizes that divide them."
-            )
-        if bkv % SPLASH_LANES:
-            raise CpplanError(
-                f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {SPLASH_LANES}; "
-                f"use a longer sequence per device or block_kv a multiple of {SPLASH_LANES}."
-            )
-        return bq, bkv
+        blocks, problem = splash_blocks(q_len, kv_len, self.block_q, self.block_kv)
+        if problem:
+            raise CpplanError(f"{problem}.")
+        return blocks
 
     def block_sizes(self, q_len: int, kv_len: int) -> sk.BlockSizes:
         """Splash `BlockSizes` for a call, the same blocks for the forward, dq and dkv kernels."""

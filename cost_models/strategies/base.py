@@ -405,6 +405,39 @@ def heads_check(shape: Shape) -> Violation | None:
     return None
 
 
+def splash_blocks(q_len: int, kv_len: int, block_q: int, block_kv: int, q_run: float = float("inf")):
+    """The blocks splash uses in a `q_len` × `kv_len` call (each capped at its length), or the rule they
+    break as a sentence: each divides its length, the key block is a multiple of `SPLASH_LANES`, and a
+    query block lies within one run of consecutive query positions of `q_run` tokens (a zigzag chunk)."""
+    bq, bkv = min(block_q, q_len), min(block_kv, kv_len)
+    if q_len % bq or kv_len % bkv:
+        return None, (
+            f"splash blocks (block_q={bq}, block_kv={bkv}) must divide the local attention lengths "
+            f"(q={q_len}, kv={kv_len}); choose block sizes that divide them"
+        )
+    if bkv % SPLASH_LANES:
+        return None, (
+            f"splash key block {bkv} (local kv length {kv_len}) must be a multiple of {SPLASH_LANES}; use a "
+            f"longer sequence per device or block_kv a multiple of {SPLASH_LANES}"
+        )
+    if q_run < q_len and q_run % bq:
+        return None, (
+            f"query block {bq} straddles two load-balancing chunks of {int(q_run)} tokens; use block_q "
+            f"dividing the chunk length {int(q_run)}"
+        )
+    return (bq, bkv), None
+
+
+def block_check(spec: StrategySpec, shape: Shape, block_q: int, block_kv: int) -> str | None:
+    """The first of `spec`'s splash calls on `shape` whose blocks break `splash_blocks`' rule, as its sentence."""
+    for call in spec.kernel_calls(shape, spec.layout(shape)):
+        if np.all(np.asarray(call.count) > 0):
+            _, problem = splash_blocks(int(call.q_len), int(call.kv_len), block_q, block_kv, call.q_block_cap)
+            if problem:
+                return problem
+    return None
+
+
 def lane_check(spec: StrategySpec, shape: Shape) -> Violation | None:
     """Every splash call's shortest query run and key length must be a multiple of `SPLASH_LANES`."""
     layout = spec.layout(shape)

@@ -98,6 +98,29 @@ def test_a_plan_cpplan_cannot_run_is_not_exported():
         plan.to_maxtext()
 
 
+def test_splash_blocks_the_runtime_cannot_use_are_refused_before_pricing():
+    def gathered(block_q, load_balance):
+        return Plan(
+            MODELS["llama3.1-8b"],
+            "v5p:2x2x2",
+            16384,
+            1,
+            make_mesh(context=8),
+            cp_strategy="all_gather",
+            block_q=block_q,
+            load_balance=load_balance,
+        )
+
+    # each device's 2048 queries against the gathered 16384 keys
+    with pytest.raises(CpplanError, match=r"block_q=384, block_kv=512\) must divide .* \(q=2048, kv=16384\)"):
+        estimate(gathered(384, "none"))
+    # zigzag gives each device two runs of 1024 positions; a block of 2048 would straddle them
+    with pytest.raises(CpplanError, match="query block 2048 straddles two load-balancing chunks of 1024 tokens"):
+        gathered(2048, "zigzag").check()
+    gathered(1024, "zigzag").check()
+    gathered(2048, "none").check()
+
+
 def test_maxtext_refuses_what_maxtext_refuses():
     # MaxText 0.2.5 balances USP's load over an even ring degree only
     plan = Plan(
