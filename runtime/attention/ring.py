@@ -41,12 +41,16 @@ def _shift(tree, n: int, distance: int = 1):
 
 
 def _merge(out, lse, out_h, lse_h):
-    """`out`, `lse` merged by log-sum-exp with a call's; rows that saw no key (`lse` −inf, output NaN
-    from splash's 0/0: every tile of theirs pruned, or masked out of a window) add nothing."""
+    """`out`, `lse` merged by log-sum-exp with a call's. Rows that saw no key of the call (`lse_h` −inf,
+    output NaN from splash's 0/0: every tile of theirs pruned, or masked out of a window) keep their
+    accumulators; those are finite from the start, as a query always sees itself in its own block.
+    Both choices are of computed values: a constant in a hop's branch (a zero for the unseen rows) is
+    hoisted out of the layer loop by the compiler and held through it, one full-size fp32 buffer per hop
+    (docs/provenance/strategies_and_validation.md#ring)."""
+    seen = jnp.isfinite(lse_h)
     new = jnp.logaddexp(lse, lse_h)
-    safe = jnp.where(jnp.isfinite(new), new, 0.0)
-    seen = jnp.where(jnp.isfinite(lse_h)[..., None], out_h.astype(jnp.float32), 0.0)
-    return out * jnp.exp(lse - safe)[..., None] + seen * jnp.exp(lse_h - safe)[..., None], new
+    merged = out * jnp.exp(lse - new)[..., None] + out_h.astype(jnp.float32) * jnp.exp(lse_h - new)[..., None]
+    return jnp.where(seen[..., None], merged, out), jnp.where(seen, new, lse)
 
 
 def _slice(ids, part: slice):
