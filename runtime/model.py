@@ -66,14 +66,39 @@ def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
     return (normed * scale.astype(jnp.float32)).astype(x.dtype)
 
 
+def _rotation(positions: jax.Array, half: int) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of RoPE's angles at integer `positions` `[b, s]`, fp32 `[b, s, 1, half]`."""
+    freq = ROPE_THETA ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = positions.astype(jnp.float32)[..., None, None] * freq
+    return jnp.cos(angle), jnp.sin(angle)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x's halves rotated by the angles (rotate-half form), computed in cos's dtype, returned in x's."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].astype(cos.dtype), x[..., half:].astype(cos.dtype)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+@jax.custom_vjp
 def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
     """Rotary embedding (rotate-half form) of `[b, s, heads, d]` at integer `positions` `[b, s]`."""
-    half = x.shape[-1] // 2
-    freq = ROPE_THETA ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = positions.astype(jnp.float32)[..., None, None] * freq  # [b, s, 1, half]
-    cos, sin = jnp.cos(angle), jnp.sin(angle)
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+    return _rotate(x, *_rotation(positions, x.shape[-1] // 2))
+
+
+def _rope_forward(x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return rope(x, positions), positions
+
+
+def _rope_backward(positions: jax.Array, grad: jax.Array) -> tuple[jax.Array, None]:
+    # A rotation's transpose is the rotation by minus the angle. It runs in the gradient's dtype: autodiff
+    # of the fp32 forward casts dq to fp32 first, and on tpu7x the relayout after Ulysses' all-to-all then
+    # holds that fp32 copy at the heap's top (docs/provenance/cost_models.md#memory).
+    cos, sin = _rotation(positions, grad.shape[-1] // 2)
+    return _rotate(grad, cos.astype(grad.dtype), -sin.astype(grad.dtype)), None
+
+
+rope.defvjp(_rope_forward, _rope_backward)
 
 
 def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
