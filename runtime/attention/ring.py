@@ -43,7 +43,7 @@ def _shift(tree, n: int, distance: int = 1):
 def _merge(out, lse, out_h, lse_h):
     """`out`, `lse` merged by log-sum-exp with a call's. Rows that saw no key of the call (`lse_h` −inf,
     output NaN from splash's 0/0: every tile of theirs pruned, or masked out of a window) keep their
-    accumulators; those are finite from the start, as a query always sees itself in its own block.
+    accumulators, which the rank's own block, merged first, makes finite (a query sees itself).
     Both choices are of computed values: a constant in a hop's branch (a zero for the unseen rows) is
     hoisted out of the layer loop by the compiler and held through it, one full-size fp32 buffer per hop
     (docs/provenance/strategies_and_validation.md#ring)."""
