@@ -18,20 +18,27 @@ BATCH_AXES = ("data", "fsdp")
 SEQUENCE_AXES = ("context", "context_ulysses")
 
 
+def _member_named(value, members: list, kind: str):
+    """The member of `members` whose value, name or alias is `value` (case-insensitive, - as _).
+
+    Raises:
+        CpplanError: `value` is not a string (str(None) would read as the member named "none") or names none.
+    """
+    if not isinstance(value, str):
+        raise unknown_name(kind, repr(value), [m.value for m in members])
+    text = value.strip().lower().replace("-", "_")
+    for member in members:
+        if text in (member.value, member.name.lower(), *member.aliases):
+            return member
+    raise unknown_name(kind, value, [m.value for m in members])
+
+
 class _Named(str, Enum):
     """An enum whose members parse from their value, their name, or an alias (case-insensitive)."""
 
     @classmethod
     def parse(cls, value: "str | _Named"):
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, str):  # str(None) would read as the member named "none"
-            raise unknown_name(cls.kind(), repr(value), [m.value for m in cls])
-        text = value.strip().lower().replace("-", "_")
-        for member in cls:
-            if text in (member.value, member.name.lower(), *member.aliases):
-                return member
-        raise unknown_name(cls.kind(), str(value), [m.value for m in cls])
+        return value if isinstance(value, cls) else _member_named(value, list(cls), cls.kind())
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -100,15 +107,7 @@ class CPStrategy(str, metaclass=_Registry):
     @classmethod
     def parse(cls, value: "str | CPStrategy") -> "CPStrategy":
         """A strategy by its value, name or an alias (case-insensitive)."""
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, str):  # str(None) would read as the strategy named "none"
-            raise unknown_name("strategy", repr(value), [m.value for m in cls])
-        text = value.strip().lower().replace("-", "_")
-        for member in cls:
-            if text in (member.value, *member.aliases):
-                return member
-        raise unknown_name("strategy", str(value), [m.value for m in cls])
+        return value if isinstance(value, cls) else _member_named(value, list(cls), "strategy")
 
 
 def _register_built_ins() -> None:
