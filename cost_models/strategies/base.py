@@ -428,22 +428,23 @@ def splash_blocks(q_len: int, kv_len: int, block_q: int, block_kv: int, q_run: f
     return (bq, bkv), None
 
 
+def _calls_made(spec: StrategySpec, shape: Shape):
+    """`spec`'s splash calls on `shape` that it makes (a count above 0)."""
+    return (c for c in spec.kernel_calls(shape, spec.layout(shape)) if np.all(np.asarray(c.count) > 0))
+
+
 def block_check(spec: StrategySpec, shape: Shape, block_q: int, block_kv: int) -> str | None:
     """The first of `spec`'s splash calls on `shape` whose blocks break `splash_blocks`' rule, as its sentence."""
-    for call in spec.kernel_calls(shape, spec.layout(shape)):
-        if np.all(np.asarray(call.count) > 0):
-            _, problem = splash_blocks(int(call.q_len), int(call.kv_len), block_q, block_kv, call.q_block_cap)
-            if problem:
-                return problem
+    for call in _calls_made(spec, shape):
+        _, problem = splash_blocks(int(call.q_len), int(call.kv_len), block_q, block_kv, call.q_block_cap)
+        if problem:
+            return problem
     return None
 
 
 def lane_check(spec: StrategySpec, shape: Shape) -> Violation | None:
     """Every splash call's shortest query run and key length must be a multiple of `SPLASH_LANES`."""
-    layout = spec.layout(shape)
-    for call in spec.kernel_calls(shape, layout):
-        if not np.all(np.asarray(call.count) > 0):
-            continue
+    for call in _calls_made(spec, shape):
         for what, length in (("query", min(call.q_len, call.q_block_cap)), ("key", call.kv_len)):
             if length % SPLASH_LANES:
                 need = SPLASH_LANES * shape.seq_len // math.gcd(shape.seq_len, int(length) or 1)
