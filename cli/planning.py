@@ -68,16 +68,10 @@ def sweep_table(rows: list[dict]) -> str:
             f"{format_tokens(row['seq_len']):>8}  {row['plan']:<{width}} {row['step_time_s']:>8.2f}s "
             f"{row['mfu']:>6.1%} {row['hbm_gib']:>6.1f}Gi{'*' if row['marginal'] else ' '} {cells}"
         )
-    marginal = any(row.get("marginal") for row in rows)
-    notes = [
-        "(per-strategy columns: MFU of that strategy's best plan)",
-        *(
-            ["(*: fits within the memory price's measured error of the capacity; a compile settles it)"]
-            if marginal
-            else []
-        ),
-    ]
-    return "\n".join([*lines, *notes])
+    lines.append("(per-strategy columns: MFU of that strategy's best plan)")
+    if any(row.get("marginal") for row in rows):  # a length where nothing fits has no plan to mark
+        lines.append("(*: fits within the memory price's measured error of the capacity; a compile settles it)")
+    return "\n".join(lines)
 
 
 def sweep_rows(args: argparse.Namespace) -> list[dict]:
