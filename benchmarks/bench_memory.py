@@ -6,6 +6,7 @@ next to the XLA TPU compiler's, with the fit verdict of each.
     python benchmarks/bench_memory.py --only offload --reuse  # those compiled, the rest re-priced on the
                                                                # compiler figures stored in the results
     python benchmarks/bench_memory.py --only offload --reuse --least-hbm  # also the least HBM each needs
+    python benchmarks/bench_memory.py --only offload --keep-dumps /tmp/dumps  # and keep each row's dump
 
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
@@ -22,13 +23,21 @@ bisection on the compiler's HBM cap (`xla_tpu_max_hbm_size_mib`, passed as a com
 least cap under which the step still compiles, to `LEAST_HBM_RESOLUTION`, and stores it beside the
 unconstrained figure (`least_hbm` in the results: the cap, the largest cap that failed, every
 probe). The unconstrained figure stays the one the errors are measured on.
+
+Each row that fits is compiled with its module dumped into a temporary directory, and the dump's
+buffer assignment read (`validation.peak_buffers.read_heap`): the temporary allocation, its live peak
+and so the heap's gaps (allocated but holding no live value at the peak) are stored beside the
+figure (`heap` in the results).
 """
 
 import argparse
 import dataclasses
 import json
 import os
+import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from validation.least_hbm import LEAST_HBM_RESOLUTION, least_hbm  # noqa: E402
+from validation.peak_buffers import read_heap  # noqa: E402
 
 K = 1024
 TARGET_ERROR = 0.10
@@ -682,6 +692,36 @@ def plan_of(row):
     )
 
 
+def heap_gaps(heap: dict | None) -> str:
+    """The heap's gaps as a share of its temporary allocation, or "" where none was read."""
+    return f"{1 - heap['live_peak_bytes'] / heap['temp_bytes']:.1%}" if heap else ""
+
+
+def compile_with_heap(plan, keep_dump: Path | None = None):
+    """The plan's `compile_for` report and, where it fits, its temporary allocation's size and live
+    peak read from the compile's own dump (None where it does not fit); the dump is written into
+    `keep_dump` where given (for `python -m validation.peak_buffers`), else into a temporary directory."""
+    from runtime.compile import compile_for
+
+    with tempfile.TemporaryDirectory() as scratch:
+        dump = keep_dump or Path(scratch)
+        options = {"xla_dump_to": str(dump), "xla_dump_hlo_as_text": True, "xla_dump_hlo_module_re": "jit_fn.*"}
+        report = compile_for(plan, compiler_options=options)
+        if not report.fits:
+            return report, None
+        heap = read_heap(dump)
+    return report, {"temp_bytes": heap.size, "live_peak_bytes": heap.live_peak_bytes}
+
+
+def dump_directory(root: Path | None, label: str) -> Path | None:
+    """A row's own directory under `root` (its label with spaces and separators as underscores), emptied."""
+    if root is None:
+        return None
+    directory = root / re.sub(r"[^A-Za-z0-9.]+", "_", label)
+    shutil.rmtree(directory, ignore_errors=True)
+    return directory
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="rows whose label contains this text")
@@ -698,6 +738,12 @@ def main():
         help="for each selected row that fits, find the least HBM cap under which it compiles "
         f"(bisection to {LEAST_HBM_RESOLUTION * 100:g}%% of the cap) and store it beside the unconstrained figure",
     )
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        help="keep each compiled row's module dump in its own directory under this one, to read with "
+        "`python -m validation.peak_buffers DIR/ROW`",
+    )
     args = parser.parse_args()
     if args.least_hbm and args.only and not args.reuse:
         # without --reuse a run of some rows writes no results, and the bisection's compiles would be lost
@@ -708,37 +754,40 @@ def main():
 
     from cost_models.units import GiB, MiB
     from planner.estimate import estimate
-    from runtime.compile import compile_for
 
     stored = {r["label"]: r for r in json.loads(RESULTS.read_text())} if args.reuse and RESULTS.exists() else {}
     rows = [r for r in ROWS if not args.only or args.only in r[0] or r[0] in stored]
     out = []
     width = max((len(r[0]) for r in rows), default=0)
-    print(f"{'plan':<{width}} {'cpplan':>8} {'XLA':>8} {'error':>7}  fits (cpplan/XLA)  compile")
+    print(f"{'plan':<{width}} {'cpplan':>8} {'XLA':>8} {'error':>7} {'gaps':>7}  fits (cpplan/XLA)  compile")
     for row in rows:
         plan = plan_of(row)
         predicted = estimate(plan)
         selected = not args.only or args.only in row[0]
         reused = row[0] in stored and (not selected or args.least_hbm)
-        least = stored[row[0]].get("least_hbm") if reused else None  # a new compile makes a stored one stale
+        least = stored[row[0]].get("least_hbm") if reused else None  # a new compile makes a stored one stale (below)
         if reused:  # stored: the compiler's figures as measured then
             old = stored[row[0]]
-            compiled_bytes, compiled_fits, compiled_text, seconds = (
+            compiled_bytes, compiled_fits, compiled_text, seconds, heap = (
                 old["compiled_bytes"],
                 old["compiled_fits"],
                 old["compiled"],
                 old["compile_s"],
+                old.get("heap"),
             )
         else:
             start = time.perf_counter()
-            compiled = compile_for(plan)
+            compiled, heap = compile_with_heap(plan, dump_directory(args.keep_dumps, row[0]))
             seconds = time.perf_counter() - start
             compiled_bytes, compiled_fits, compiled_text = compiled.required_bytes, compiled.fits, str(compiled)
+            if compiled_bytes == stored.get(row[0], {}).get("compiled_bytes"):  # the same program: its cap holds
+                least = stored[row[0]].get("least_hbm")
         error = predicted.hbm_bytes_per_device / compiled_bytes - 1
         agree = predicted.fits == compiled_fits
         print(
             f"{row[0]:<{width}} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
-            f"{error:>+7.1%}  {'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
+            f"{error:>+7.1%} {heap_gaps(heap):>7}  "
+            f"{'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
             f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if reused else ''}",
             flush=True,
         )
@@ -763,6 +812,7 @@ def main():
                 "error": error,
                 "compile_s": seconds,
                 **({"least_hbm": least} if least else {}),
+                **({"heap": heap} if heap else {}),
             }
         )
         if not args.only or args.reuse:  # row by row, so a long run interrupted keeps what it measured

@@ -276,9 +276,10 @@ def compile_step(plan: Plan) -> CompiledStep:
     )
 
 
-def compile_for(plan: Plan) -> CompileReport:
+def compile_for(plan: Plan, *, compiler_options: dict | None = None) -> CompileReport:
     """Compiles the plan's full training step for its TPU topology, deviceless; HBM overflow gives a
-    `CompileReport` with `fits=False`, not an exception.
+    `CompileReport` with `fits=False`, not an exception. `compiler_options`: XLA debug options for this
+    compile alone (e.g. `xla_dump_to`).
 
     Raises:
         CpplanError: the plan cannot run as laid out, the topology is not a TPU, or libtpu is missing.
@@ -288,7 +289,7 @@ def compile_for(plan: Plan) -> CompileReport:
     available = plan.topology_spec.hbm_bytes_per_device
     start = time.perf_counter()
     try:
-        compiled = lowered_step(plan).compile()
+        compiled = lowered_step(plan).compile(compiler_options=compiler_options)
     except jax.errors.JaxRuntimeError as err:
         parsed = parse_hbm_oom(str(err))
         if parsed is None:

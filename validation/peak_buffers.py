@@ -19,6 +19,7 @@ schedule a live offset counts once. The allocation can exceed the live peak (the
 
 import argparse
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,62 @@ def temp_values(assignment: str) -> tuple[int, list[tuple[str, int, int, str]]]:
     raise CpplanError("the buffer assignment has no temporary allocation in the default memory space.")
 
 
+@dataclass(frozen=True)
+class Heap:
+    """A compiled module's temporary allocation: its values, their live ranges and the live bytes at
+    every position of the schedule."""
+
+    size: int  # bytes of the temporary allocation: the live peak plus the heap's gaps
+    values: list[tuple[str, int, int, str]]  # (value, bytes, offset, shape), those with a live range
+    live: dict[str, tuple[int, int]]  # value → first and last position in the schedule
+    steps: dict[int, str]  # position → instruction
+    totals: np.ndarray  # live bytes at each position
+
+    @property
+    def peak(self) -> int:
+        """The position of the live peak."""
+        return int(self.totals.argmax())
+
+    @property
+    def live_peak_bytes(self) -> int:
+        return int(self.totals.max())
+
+    def live_at(self, t: int) -> list[tuple[str, int, int, str]]:
+        """The values live at position `t`, one per offset (the largest), largest first."""
+        by_offset = {}
+        for value in self.values:
+            start, end = self.live[value[0]]
+            if start <= t <= end and value[1] > by_offset.get(value[2], (None, 0))[1]:
+                by_offset[value[2]] = value
+        return sorted(by_offset.values(), key=lambda v: -v[1])
+
+
+def read_heap(directory: Path, module: str = "jit_fn") -> Heap:
+    """The temporary allocation of the module `module` dumped into `directory`.
+
+    Raises:
+        CpplanError: the directory holds no single dump of that module, or it has no temporary allocation.
+    """
+    assignment = one_file(directory, "after_optimizations-buffer-assignment.txt", module).read_text()
+    size, values = temp_values(assignment)
+    ranges = one_file(directory, "after_optimizations-live-range.txt", module).read_text()
+    live = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in LIVE.finditer(ranges)}
+    steps = dict((int(i), name) for i, name in STEP.findall(ranges.split("BufferLiveRange")[0]))
+    values = [v for v in values if v[0] in live]
+    length = max((end for _, end in live.values()), default=0) + 1
+    totals = np.zeros(length)
+    by_offset = {}
+    for value in values:
+        by_offset.setdefault(value[2], []).append(value)
+    for sharing in by_offset.values():  # an offset counts once at a position: its largest live value
+        held = np.zeros(length)
+        for name, nbytes, _, _ in sharing:
+            start, end = live[name]
+            np.maximum(held[start : end + 1], nbytes, out=held[start : end + 1])
+        totals += held
+    return Heap(size, values, live, steps, totals)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dump", type=Path, help="the --xla_dump_to directory")
@@ -64,30 +121,14 @@ def main():
     parser.add_argument("--min-mib", type=float, default=1.0, help="list buffers of at least this many MiB")
     args = parser.parse_args()
 
-    assignment = one_file(args.dump, "after_optimizations-buffer-assignment.txt", args.module).read_text()
-    size, values = temp_values(assignment)
-    ranges = one_file(args.dump, "after_optimizations-live-range.txt", args.module).read_text()
-    live = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in LIVE.finditer(ranges)}
-    steps = dict((int(i), name) for i, name in STEP.findall(ranges.split("BufferLiveRange")[0]))
-    values = [v for v in values if v[0] in live]
-    length = max(end for _, end in live.values()) + 1
-
-    def live_at(t: int):
-        by_offset = {}
-        for value in values:
-            start, end = live[value[0]]
-            if start <= t <= end and value[1] > by_offset.get(value[2], (None, 0))[1]:
-                by_offset[value[2]] = value
-        return sorted(by_offset.values(), key=lambda v: -v[1])
-
-    totals = np.array([sum(v[1] for v in live_at(t)) for t in range(length)])
-    peak = int(totals.argmax())
+    heap = read_heap(args.dump, args.module)
+    totals, peak, steps, live = heap.totals, heap.peak, heap.steps, heap.live
     print(
-        f"temporary allocation {size / GiB:.3f} GiB; live peak {totals[peak] / GiB:.3f} GiB at step {peak} "
-        f"({steps.get(peak)}); the heap's gaps {(size - totals[peak]) / GiB:.3f} GiB"
+        f"temporary allocation {heap.size / GiB:.3f} GiB; live peak {totals[peak] / GiB:.3f} GiB at step {peak} "
+        f"({steps.get(peak)}); the heap's gaps {(heap.size - totals[peak]) / GiB:.3f} GiB"
     )
     if args.timeline:
-        for start in range(0, length, args.timeline):
+        for start in range(0, len(totals), args.timeline):
             window = totals[start : start + args.timeline]
             t = start + int(window.argmax())
             print(
@@ -95,7 +136,7 @@ def main():
                 f"({steps.get(t)})"
             )
     at = peak if args.at is None else args.at
-    rows = live_at(at)
+    rows = heap.live_at(at)
     print(f"\nlive at step {at} ({steps.get(at)}): {sum(v[1] for v in rows) / GiB:.3f} GiB")
     for name, nbytes, offset, shape in rows:
         if nbytes >= args.min_mib * MiB:

@@ -16,6 +16,7 @@ from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.compile import compile_for, compile_step, parse_hbm_oom, tpu_devices  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from validation.compiled_program import COMPARED, count_check, plan_mesh_axes, read_compiled_program  # noqa: E402
+from validation.peak_buffers import read_heap  # noqa: E402
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -59,6 +60,17 @@ def test_tiny_model_compiles_for_tpu(topology, strategy):
     )
     assert report.available_bytes > 90 * GiB  # v5p 95.7 GiB, tpu7x 94.7 GiB per device
     assert "GiB per device" in str(report)
+
+
+def test_the_heap_read_from_a_compiles_dump_is_the_compilers_temporary_allocation(tmp_path):
+    options = {"xla_dump_to": str(tmp_path), "xla_dump_hlo_as_text": True, "xla_dump_hlo_module_re": "jit_fn.*"}
+    report = compile_for(tiny_plan("tpu7x:2x2x1", "ring"), compiler_options=options)
+    heap = read_heap(tmp_path)
+    assert heap.size == report.temp_bytes
+    assert 0 < heap.live_peak_bytes <= heap.size
+    # the live bytes counted for the whole schedule are those listed value by value at each step
+    for t in [heap.peak, *range(0, len(heap.totals), max(1, len(heap.totals) // 16))]:
+        assert sum(v[1] for v in heap.live_at(t)) == heap.totals[t]
 
 
 @pytest.mark.parametrize("topology, devices", [("v5p:2x2x1", 4), ("tpu7x:2x2x1", 8)])
