@@ -7,7 +7,9 @@ stored, without compiling again (seconds instead of an hour on a 2-core machine)
 The compiler figures are only as current as the runtime that produced them: re-run
 `bench_memory.py` after a change to the runtime, re-price after a change to the price. Where a row
 stores the least HBM cap it compiled under (`bench_memory.py --least-hbm`), two more columns give
-that cap and today's price against it; the errors counted are those against the unconstrained figure.
+that cap and today's price against it; where it stores its heap (`heap`), two more give the heap's
+gaps and today's price against the live peak. The errors counted are those against the unconstrained
+figure.
 """
 
 import argparse
@@ -22,6 +24,18 @@ from bench_memory import RESULTS, ROWS, TARGET_ERROR, plan_of  # noqa: E402
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.units import GiB, MiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
+
+
+def live_columns(stored: dict, now) -> str:
+    """The heap's gaps a stored row's compile left (share of its temporary allocation) and today's
+    price against the compiler's figure less them (what the step held live at its peak, with its
+    arguments and code), or blanks where the row stores no heap."""
+    heap = stored.get("heap")
+    if not heap:
+        return f"{'':>6} {'':>9}"
+    gaps = heap["temp_bytes"] - heap["live_peak_bytes"]
+    live = stored["compiled_bytes"] - gaps
+    return f"{gaps / heap['temp_bytes']:>6.1%} {now.hbm_bytes_per_device / live - 1:>+9.1%}"
 
 
 def least_columns(stored: dict, now) -> str:
@@ -59,7 +73,7 @@ def main():
     width = max(len(r[0]) for r in rows)
     print(
         f"{'plan':<{width}} {'XLA':>8} {'stored':>8} {'now':>8} {'error stored → now':>20}  fits now/XLA"
-        f"{'least':>9} {'now/least':>10}"
+        f" {'gaps':>6} {'now/live':>9}{'least':>9} {'now/least':>10}"
     )
     within = agree = 0
     for row in rows:
@@ -70,7 +84,8 @@ def main():
         print(
             f"{row[0]:<{width}} {old['compiled_bytes'] / GiB:>7.2f}G {old['predicted_bytes'] / GiB:>7.2f}G "
             f"{now.hbm_bytes_per_device / GiB:>7.2f}G {old['error']:>+9.1%} → {error:>+7.1%}  "
-            f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}{least_columns(old, now)}"
+            f"{'fits' if now.fits else 'no'}/{'fits' if old['compiled_fits'] else 'no'}"
+            f"{'':>3}{live_columns(old, now)}{least_columns(old, now)}"
         )
     print(f"\n{within} of {len(rows)} within {TARGET_ERROR:.0%}; fit verdicts agree on {agree} of {len(rows)}")
 

@@ -13,7 +13,7 @@ from planner.options import format_tokens
 STRATEGIES = [s.value for s in CPStrategy if s is not CPStrategy.NONE]
 previous = None
 print(f"{'seq_len':>8}  {'best':<10}  " + "  ".join(f"{s:>10}" for s in STRATEGIES))
-for exponent in range(15, 24):
+for exponent in range(15, 25):
     seq_len = 2**exponent
     explanation = planner.explain("llama3.1-8b", seq_len, "tpu7x:2x2x4")
     if explanation.best is None:

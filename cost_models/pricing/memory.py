@@ -85,6 +85,7 @@ def price_memory(
     *,
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
     head_gradient_in_head_layout: bool,
+    ring_hop_working_set: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
     at a layer's peak), the keyword arguments the target's traits of the same names."""
@@ -136,6 +137,10 @@ def price_memory(
     )
     lse_first = rerun * x.topology.chip.splash_lse_lanes_held * lse_lane_bytes(x, layout)
     attention_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
+    if ring_hop_working_set:
+        attention_working_set = np.where(
+            np.asarray(context.backward_whole) > 0, attention_working_set, hop_working_set(x) * a
+        )
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
     attention_buffers = context.buffer_bytes + per_query
@@ -199,6 +204,18 @@ def price_memory(
         )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
     )
+
+
+def hop_working_set(x: Candidates) -> np.ndarray:
+    """Values per device a ring's backward hop holds beside the strategy's buffers: what its kernels
+    read (q, the attention's output and its gradient; K/V travel in the buffers), the hop's dq, the
+    residual stream's gradient, and where q is recomputed, the attention's input, which the projections'
+    weight gradients read after the hops. The gradients of K, V and the input are not formed yet
+    (docs/provenance/strategies_and_validation.md#ring)."""
+    m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
+    q_width = m.num_heads * m.head_dim / tensor
+    input_held = recomputed_checkpoint(x, "query_proj")
+    return tokens * (4 * q_width + input_held * m.hidden) + residual_tokens(tokens, tensor) * m.hidden
 
 
 def lse_lanes_kept(x: Candidates) -> np.ndarray:

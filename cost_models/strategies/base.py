@@ -102,6 +102,9 @@ class CPCost:
     reads_own_lse: Any = 0.0
     # of `buffer_bytes`, those already held when that backward starts (none of the gradients it forms)
     buffer_bytes_before_backward: Any = 0.0
+    # 1.0 where the attention's backward runs as one call's, holding every value of the attention side and
+    # its gradient at once; 0.0 where it runs in hops (a ring's), each holding less (`price_memory`)
+    backward_whole: Any = 1.0
 
 
 @dataclass(frozen=True)

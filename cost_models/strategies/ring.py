@@ -101,7 +101,9 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     # them (docs/provenance/strategies_and_validation.md#ring)
     kv_sums = 1 + (hops > 1)
     buffers = (hops > 0) * (q_block * 2 * GRAD_BYTES + kv_block * (1 + kv_sums * GRAD_BYTES / x.act_bytes))
-    return CPCost(fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd)
+    return CPCost(
+        fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd, backward_whole=(hops == 0) * 1.0
+    )
 
 
 class Ring(StrategySpec):

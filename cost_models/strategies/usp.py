@@ -19,6 +19,15 @@ from cost_models.strategies.ulysses import (
 from cost_models.vocabulary import CPStrategy
 
 
+def zigzag_hop_excess(x, layout: Layout):
+    """Bytes per device a backward hop of USP under zigzag holds beyond the ring's hop (whose dq is a whole
+    block's): the later sources' hops slice q's and the output gradient's second halves out anew and form
+    half a dq, beside the hop's dK/dV (docs/provenance/strategies_and_validation.md#usp)."""
+    q_values = x.sequences_per_device * layout.q_len * layout.q_heads * x.model.head_dim
+    kv_values = x.sequences_per_device * layout.kv_len * layout.kv_heads * x.model.head_dim
+    return x.zigzag * (q_values / 2 + 2 * kv_values) * x.act_bytes
+
+
 class USP(StrategySpec):
     strategy = CPStrategy.register("usp", aliases=("hybrid",), rank=4)
     axes = AxisRule(context=True, context_ulysses=True)
@@ -54,9 +63,10 @@ class USP(StrategySpec):
             a2a_bwd + ring.backward_s,
             a2a_fwd + ring.exposed_forward_s,
             a2a_bwd + ring.exposed_backward_s,
-            ring.buffer_bytes + kept_operand_copies(x),
+            ring.buffer_bytes + kept_operand_copies(x) + (1 - ring.backward_whole) * zigzag_hop_excess(x, layout),
             recompute_reuses_s=a2a_fwd,
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
+            backward_whole=ring.backward_whole,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

@@ -26,9 +26,9 @@ def test_explain_human_and_json(capsys):
 
 
 def test_sweep_shows_each_length(capsys):
-    assert main(["sweep", "--model", "llama3.1-8b", "--topology", "tpu7x:2x2x4", "--seq-lens", "64k,256k,8M"]) == 0
+    assert main(["sweep", "--model", "llama3.1-8b", "--topology", "tpu7x:2x2x4", "--seq-lens", "64k,256k,16M"]) == 0
     out = capsys.readouterr().out
-    assert "64K" in out and "256K" in out and "8M  nothing fits" in out
+    assert "64K" in out and "256K" in out and "16M  nothing fits" in out
     lines = out.splitlines()
     step_ends = {line.index("s ", line.index("  ", 10) + 2) for line in lines[1:3]}  # each row's step time
     assert step_ends == {lines[0].index("step") + len("step") - 1}  # ends where its header does, however long the plan

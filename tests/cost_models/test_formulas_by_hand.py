@@ -95,10 +95,14 @@ def test_memory_components_by_hand():
     assert e.hbm_bytes["activations"] == 32 * tokens * 4096 * 2
     assert e2.hbm_bytes["activations"] == 32 * (131072 / 4) * 4096 / 2 * 2
     # one layer's backward, with gradients: attention-side values (residual, normed input, q/k/v,
-    # context, out) for every token; the MLP's (gate, up, down) for one 4096-token chunk
+    # context, out) for every token (all-gather's one call); the MLP's (gate, up, down) for one 4096-token chunk
     attention_side = 3 * 4096 + (2 * 32 + 2 * 8) * 128
     mlp_side = 2 * 14336 + 4096
-    assert e.hbm_bytes["attention_working_set"] == 2 * tokens * attention_side * 2
+    gathered = estimate(_plan(cp_strategy="all_gather"))
+    assert gathered.hbm_bytes["attention_working_set"] == 2 * tokens * attention_side * 2
+    # the ring's backward runs in hops, each holding q, the output, its gradient and the hop's dq
+    # (32·128 each), the residual's gradient and (q recomputed) the normed input (4096 each)
+    assert e.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 2 * 4096) * 2
     # the MLP's gathered input and its gradient for every token, the layer output's gradient and the
     # residual the MLP's norm read (on the residual stream's tokens: every token here), one chunk's
     # values, and the chunk loop's three gathered matrices, their three gradient sums and a chunk's new sum; under full
@@ -140,6 +144,29 @@ def test_ring_holds_blocks_all_gather_holds_full_length():
     # ring memory is O(S/N): doubling the sequence and the ring keeps it
     ring16 = estimate(_plan(topology="v5p:2x2x4", seq_len=262144, mesh=make_mesh(context=16)))
     assert ring16.hbm_bytes["attention_buffers"] == pytest.approx(ring.hbm_bytes["attention_buffers"])
+
+
+def test_ring_hop_holds_what_the_hop_reads_and_forms():
+    tokens = 131072 / 8
+    # q kept (save_dot_except_mlp): the hop holds no normed input, which the projections' weight
+    # gradients recompute after the hops
+    kept = estimate(_plan(remat="save_dot_except_mlp"))
+    assert kept.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 4096) * 2
+    # USP's hops are the ring's; chunks of a ring block (16K of 8 blocks) need no hop, leaving one call,
+    # whose backward holds the whole working set
+    usp = estimate(_plan(cp_strategy="usp", mesh=make_mesh(context=4, context_ulysses=2)))
+    assert usp.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 2 * 4096) * 2
+    # under zigzag USP's later sources' hops slice q's and the output gradient's halves anew and form
+    # half a dq (32·128 / 2 beyond the ring's whole dq), beside the hop's bf16 dK/dV (2·8·128)
+    plain = estimate(_plan(cp_strategy="usp", mesh=make_mesh(context=4, context_ulysses=2), load_balance="none"))
+    excess = usp.hbm_bytes["attention_buffers"] - plain.hbm_bytes["attention_buffers"]
+    assert excess == tokens * (32 * 128 / 2 + 2 * 8 * 128) * 2
+    chunks = dataclasses.replace(L8B, window=16384, local_kind="chunked")
+    no_hop = estimate(_plan(model=chunks, load_balance="none"))
+    assert no_hop.hbm_bytes["attention_working_set"] == 2 * tokens * (3 * 4096 + (2 * 32 + 2 * 8) * 128) * 2
+    # MaxText's ring (tokamax's kernel), whose hops have not been read, is priced with the whole set
+    maxtext = estimate(_plan(), target="maxtext")
+    assert maxtext.hbm_bytes["attention_working_set"] >= 2 * tokens * (3 * 4096 + (2 * 32 + 2 * 8) * 128) * 2
 
 
 def test_remat_recompute_is_executed_not_model_flops():
