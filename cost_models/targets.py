@@ -88,9 +88,9 @@ class TargetTraits:
             (cpplan's runtime prunes its tables by them, `runtime.splash.Kernel.with_segments`).
         windowed_projection_fsdp: the fsdp size from which a sequential block's q/k/v projections gather
             their weights and scatter their gradients as windowed einsums; None: never seen compiled.
-        ring_hop_working_set: a ring's backward hop holds only what the hop reads and forms (cpplan's ring,
-            read from its compiles); otherwise the whole attention working set is priced (tokamax's ring,
-            whose hops have not been read).
+        kv_buffers_working_set: where K/V are the strategy's buffers (a ring's hops, all-gather's gathered
+            K/V) the attention's backward holds only what its kernels read and form (cpplan's runtime, read
+            from its compiles); otherwise the whole working set is priced (tokamax's kernels, not read).
     """
 
     target: Target
@@ -115,7 +115,7 @@ class TargetTraits:
     tokamax_splash_prunes_documents: bool = False
     kernels_prune_documents: bool = False
     windowed_projection_fsdp: int | None = None
-    ring_hop_working_set: bool = False
+    kv_buffers_working_set: bool = False
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -127,7 +127,7 @@ class TargetTraits:
 
 TRAITS: dict[Target, TargetTraits] = {
     # cpplan's runtime: a fused, chunked cross-entropy; one downcast metadata table shared by heads;
-    # the head's gradient formed in the head's layout; splash tables pruned by segment ids; its own ring VJP
+    # the head's gradient formed in the head's layout; splash tables pruned by segment ids
     Target.CPPLAN: TargetTraits(
         Target.CPPLAN,
         loss_splits_vocabulary=True,
@@ -140,7 +140,7 @@ TRAITS: dict[Target, TargetTraits] = {
         head_gradient_in_head_layout=True,
         kernels_prune_documents=True,
         windowed_projection_fsdp=WINDOWED_PROJECTION_FSDP,
-        ring_hop_working_set=True,
+        kv_buffers_working_set=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

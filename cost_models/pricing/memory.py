@@ -85,7 +85,7 @@ def price_memory(
     *,
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
     head_gradient_in_head_layout: bool,
-    ring_hop_working_set: bool = False,
+    kv_buffers_working_set: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
     at a layer's peak), the keyword arguments the target's traits of the same names."""
@@ -136,10 +136,11 @@ def price_memory(
         attention_values - tokens * (remat.kept_attention_side + remat.fetched_ahead) / tensor, 0.0
     )
     lse_first = rerun * x.topology.chip.splash_lse_lanes_held * lse_lane_bytes(x, layout)
-    attention_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
-    if ring_hop_working_set:
+    whole_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
+    attention_working_set = whole_working_set
+    if kv_buffers_working_set:
         attention_working_set = np.where(
-            np.asarray(context.backward_whole) > 0, attention_working_set, hop_working_set(x) * a
+            np.asarray(context.kv_in_working_set) > 0, whole_working_set, working_set_beside_kv(x) * a
         )
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
@@ -157,7 +158,7 @@ def price_memory(
     lse_relayout = (
         x.topology.chip.splash_lse_lanes_held
         * (np.asarray(context.reads_own_lse) > 0)
-        * np.maximum(2 * lse_lane_bytes(x, layout) - not_yet_formed, 0.0)
+        * np.maximum(2 * lse_lane_bytes(x, layout) - not_yet_formed + whole_working_set - attention_working_set, 0.0)
     )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
@@ -206,12 +207,12 @@ def price_memory(
     )
 
 
-def hop_working_set(x: Candidates) -> np.ndarray:
-    """Values per device a ring's backward hop holds beside the strategy's buffers: what its kernels
-    read (q, the attention's output and its gradient; K/V travel in the buffers), the hop's dq, the
-    residual stream's gradient, and where q is recomputed, the attention's input, which the projections'
-    weight gradients read after the hops. The gradients of K, V and the input are not formed yet
-    (docs/provenance/strategies_and_validation.md#ring)."""
+def working_set_beside_kv(x: Candidates) -> np.ndarray:
+    """Values per device the attention's backward holds where K/V and their gradients are the strategy's
+    buffers (a ring's hop, all-gather's call): what its kernels read (q, the attention's output and its
+    gradient), the call's dq, the residual stream's gradient, and where q is recomputed, the attention's
+    input, which the projections' weight gradients read afterwards. The input's gradient is not formed
+    yet (docs/provenance/strategies_and_validation.md#ring, #all_gather there)."""
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     q_width = m.num_heads * m.head_dim / tensor
     input_held = recomputed_checkpoint(x, "query_proj")

@@ -102,7 +102,7 @@ def _layer_attention(kinds: list[LayerKind]) -> tuple[AttentionTimes, CPCost]:
         _layer_average(
             [k.cost for k in kinds],
             shares,
-            largest=frozenset({"buffer_bytes", "buffer_bytes_before_backward", "backward_whole"}),
+            largest=frozenset({"buffer_bytes", "buffer_bytes_before_backward", "kv_in_working_set"}),
         ),
     )
 
@@ -198,7 +198,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
                 cost,
                 mlp_chunk_tokens=target.traits.mlp_chunk_tokens,
                 head_gradient_in_head_layout=target.traits.head_gradient_in_head_layout,
-                ring_hop_working_set=target.traits.ring_hop_working_set,
+                kv_buffers_working_set=target.traits.kv_buffers_working_set,
             ).as_dict(),
             attention.layout,
             target.traits,

@@ -60,6 +60,7 @@ class AllGather(StrategySpec):
             recompute_reuses_s=gather,
             reads_own_lse=1.0,
             buffer_bytes_before_backward=kv_full,
+            kv_in_working_set=0.0,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

@@ -102,9 +102,11 @@ class CPCost:
     reads_own_lse: Any = 0.0
     # of `buffer_bytes`, those already held when that backward starts (none of the gradients it forms)
     buffer_bytes_before_backward: Any = 0.0
-    # 1.0 where the attention's backward runs as one call's, holding every value of the attention side and
-    # its gradient at once; 0.0 where it runs in hops (a ring's), each holding less (`price_memory`)
-    backward_whole: Any = 1.0
+    # 1.0 where the attention's backward reads K/V from the layer's working set (its own, or laid out anew:
+    # Ulysses), holding every value of the attention side and its gradient at once; 0.0 where K/V and their
+    # gradients are the strategy's buffers (a ring's hops, all-gather's gathered K/V), which holds less
+    # (`memory.working_set_beside_kv`)
+    kv_in_working_set: Any = 1.0
 
 
 @dataclass(frozen=True)

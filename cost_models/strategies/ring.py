@@ -102,7 +102,7 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     kv_sums = 1 + (hops > 1)
     buffers = (hops > 0) * (q_block * 2 * GRAD_BYTES + kv_block * (1 + kv_sums * GRAD_BYTES / x.act_bytes))
     return CPCost(
-        fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd, backward_whole=(hops == 0) * 1.0
+        fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd, kv_in_working_set=(hops == 0) * 1.0
     )
 
 

@@ -63,10 +63,10 @@ class USP(StrategySpec):
             a2a_bwd + ring.backward_s,
             a2a_fwd + ring.exposed_forward_s,
             a2a_bwd + ring.exposed_backward_s,
-            ring.buffer_bytes + kept_operand_copies(x) + (1 - ring.backward_whole) * zigzag_hop_excess(x, layout),
+            ring.buffer_bytes + kept_operand_copies(x) + (1 - ring.kv_in_working_set) * zigzag_hop_excess(x, layout),
             recompute_reuses_s=a2a_fwd,
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
-            backward_whole=ring.backward_whole,
+            kv_in_working_set=ring.kv_in_working_set,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

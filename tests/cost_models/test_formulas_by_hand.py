@@ -95,14 +95,18 @@ def test_memory_components_by_hand():
     assert e.hbm_bytes["activations"] == 32 * tokens * 4096 * 2
     assert e2.hbm_bytes["activations"] == 32 * (131072 / 4) * 4096 / 2 * 2
     # one layer's backward, with gradients: attention-side values (residual, normed input, q/k/v,
-    # context, out) for every token (all-gather's one call); the MLP's (gate, up, down) for one 4096-token chunk
+    # context, out) for every token (Ulysses' call, K/V its own); the MLP's (gate, up, down) for one
+    # 4096-token chunk
     attention_side = 3 * 4096 + (2 * 32 + 2 * 8) * 128
     mlp_side = 2 * 14336 + 4096
-    gathered = estimate(_plan(cp_strategy="all_gather"))
-    assert gathered.hbm_bytes["attention_working_set"] == 2 * tokens * attention_side * 2
-    # the ring's backward runs in hops, each holding q, the output, its gradient and the hop's dq
-    # (32·128 each), the residual's gradient and (q recomputed) the normed input (4096 each)
-    assert e.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 2 * 4096) * 2
+    ulysses = estimate(_plan(cp_strategy="ulysses", mesh=make_mesh(context_ulysses=8), load_balance="none"))
+    assert ulysses.hbm_bytes["attention_working_set"] == 2 * tokens * attention_side * 2
+    # the ring's backward runs in hops, K/V in its buffers, each holding q, the output, its gradient and
+    # the hop's dq (32·128 each), the residual's gradient and (q recomputed) the normed input (4096 each);
+    # all-gather's one call over the gathered K/V holds the same
+    beside_kv = tokens * (4 * 32 * 128 + 2 * 4096) * 2
+    assert e.hbm_bytes["attention_working_set"] == beside_kv
+    assert estimate(_plan(cp_strategy="all_gather")).hbm_bytes["attention_working_set"] == beside_kv
     # the MLP's gathered input and its gradient for every token, the layer output's gradient and the
     # residual the MLP's norm read (on the residual stream's tokens: every token here), one chunk's
     # values, and the chunk loop's three gathered matrices, their three gradient sums and a chunk's new sum; under full
