@@ -177,7 +177,8 @@ def price_memory(
         # the MLP's input and gradients for every token; on the residual stream's tokens, the layer output's
         # gradient and (sequential block) the residual the MLP's norm read, both needed after the chunk loop;
         # one chunk's values and gradients; kept MLP values copied; the chunk loop's matrices and sums;
-        # attention values run early; values fetched ahead
+        # attention values run early; values fetched ahead; where the attention reruns first, its gathered
+        # K/V (cpplan's)
         mlp_working_set=(
             (2 + (tensor > 1)) * tokens * m.hidden
             + residual_stream
@@ -189,7 +190,8 @@ def price_memory(
             + fetched_ahead
         )
         * a
-        + lse_first,
+        + lse_first
+        + kv_buffers_working_set * rerun * context.held_through_mlp_backward,
         attention_buffers=attention_buffers,
         lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter

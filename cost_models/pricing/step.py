@@ -102,7 +102,9 @@ def _layer_attention(kinds: list[LayerKind]) -> tuple[AttentionTimes, CPCost]:
         _layer_average(
             [k.cost for k in kinds],
             shares,
-            largest=frozenset({"buffer_bytes", "buffer_bytes_before_backward", "kv_in_working_set"}),
+            largest=frozenset(
+                {"buffer_bytes", "buffer_bytes_before_backward", "kv_in_working_set", "held_through_mlp_backward"}
+            ),
         ),
     )
 

@@ -61,6 +61,7 @@ class AllGather(StrategySpec):
             reads_own_lse=1.0,
             buffer_bytes_before_backward=kv_full,
             kv_in_working_set=0.0,
+            held_through_mlp_backward=kv_full,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

@@ -139,6 +139,11 @@ def test_ring_holds_blocks_all_gather_holds_full_length():
     kv_block = 2 * block * 8 * 128 * 2  # K and V of one ring block, bf16
     full_kv = 2 * 131072 * 8 * 128 * 2
     assert gather.hbm_bytes["attention_buffers"] == 2 * full_kv + block * 32 * 4  # K, V, dK, dV; fp32 lse
+    # under full remat the attention's forward reruns before the MLP's backward, and its gathered K/V,
+    # which the attention's backward reuses, are held through it; under save_dot_except_mlp it reruns after
+    assert gather.hbm_bytes["mlp_working_set"] - ring.hbm_bytes["mlp_working_set"] == full_kv
+    later = [estimate(_plan(cp_strategy=s, remat="save_dot_except_mlp")) for s in ("all_gather", "ring")]
+    assert later[0].hbm_bytes["mlp_working_set"] == later[1].hbm_bytes["mlp_working_set"]
     # ring, beyond the working set: dq's fp32 sum and the one being formed, dK/dV's fp32 sums arriving
     # and being formed, the next block's K/V arriving; the strategy-independent fp32 lse
     q_block = block * 32 * 128
