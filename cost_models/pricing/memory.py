@@ -177,8 +177,8 @@ def price_memory(
         # the MLP's input and gradients for every token; on the residual stream's tokens, the layer output's
         # gradient and (sequential block) the residual the MLP's norm read, both needed after the chunk loop;
         # one chunk's values and gradients; kept MLP values copied; the chunk loop's matrices and sums;
-        # attention values run early; values fetched ahead; where the attention reruns first, its gathered
-        # K/V (cpplan's)
+        # attention values run early; values fetched ahead; the gathered K/V of an attention that reruns
+        # before the MLP's backward or does not rerun (cpplan's)
         mlp_working_set=(
             (2 + (tensor > 1)) * tokens * m.hidden
             + residual_stream
@@ -191,7 +191,7 @@ def price_memory(
         )
         * a
         + lse_first
-        + kv_buffers_working_set * rerun * context.held_through_mlp_backward,
+        + kv_buffers_working_set * gathered_before_mlp_backward(x) * context.held_through_mlp_backward,
         attention_buffers=attention_buffers,
         lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter
@@ -250,6 +250,15 @@ def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
     if x.model.decoder_block.parallel:  # the MLP's input is the layer input's norm: it waits for no attention
         return np.zeros(np.shape(x.remat))
     return (recomputed_checkpoint(x, ATTENTION_OUTPUT) & recomputed_checkpoint(x, "out_proj")).astype(float)
+
+
+def gathered_before_mlp_backward(x: Candidates) -> np.ndarray:
+    """Per candidate, 1.0 where a strategy's gathered K/V are held through the MLP's backward, else 0.0:
+    where the attention's forward reruns before it (`attention_values_through_mlp_backward`), whose K/V
+    the backward reuses, or does not rerun (its output kept), the backward's gather being scheduled then;
+    not where the rerun follows the MLP's backward (docs/provenance/strategies_and_validation.md#all_gather)."""
+    kept_output = ~recomputed_checkpoint(x, ATTENTION_OUTPUT)
+    return np.maximum(attention_values_through_mlp_backward(x), kept_output.astype(float))
 
 
 def checkpoint_placed(x: Candidates, name: str, placement: Placement) -> np.ndarray:

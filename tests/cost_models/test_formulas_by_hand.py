@@ -140,8 +140,11 @@ def test_ring_holds_blocks_all_gather_holds_full_length():
     full_kv = 2 * 131072 * 8 * 128 * 2
     assert gather.hbm_bytes["attention_buffers"] == 2 * full_kv + block * 32 * 4  # K, V, dK, dV; fp32 lse
     # under full remat the attention's forward reruns before the MLP's backward, and its gathered K/V,
-    # which the attention's backward reuses, are held through it; under save_dot_except_mlp it reruns after
+    # which the attention's backward reuses, are held through it; with the output kept (no rerun) the
+    # backward's gather comes then too; under save_dot_except_mlp the rerun, and its gather, come after
     assert gather.hbm_bytes["mlp_working_set"] - ring.hbm_bytes["mlp_working_set"] == full_kv
+    kept = [estimate(_plan(cp_strategy=s, remat="minimal_with_context")) for s in ("all_gather", "ring")]
+    assert kept[0].hbm_bytes["mlp_working_set"] - kept[1].hbm_bytes["mlp_working_set"] == full_kv
     later = [estimate(_plan(cp_strategy=s, remat="save_dot_except_mlp")) for s in ("all_gather", "ring")]
     assert later[0].hbm_bytes["mlp_working_set"] == later[1].hbm_bytes["mlp_working_set"]
     # ring, beyond the working set: dq's fp32 sum and the one being formed, dK/dV's fp32 sums arriving
