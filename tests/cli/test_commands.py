@@ -38,8 +38,8 @@ def test_sweep_shows_each_length(capsys):
 
 
 def test_sweep_marks_a_plan_within_the_memory_error_of_the_capacity(capsys):
-    # 1664K tokens: max-seq-len's answer on v5p-16, priced at 95.5 of 95.7 GiB
-    assert main(["sweep", "--model", "llama3.1-8b", "--topology", "v5p-16", "--seq-lens", "1M,1664k"]) == 0
+    # 1856K tokens: max-seq-len's answer on v5p-16, priced at 95.5 of 95.7 GiB
+    assert main(["sweep", "--model", "llama3.1-8b", "--topology", "v5p-16", "--seq-lens", "1M,1856k"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert "Gi*" in out[2] and "Gi*" not in out[1]
     assert out[-1].startswith("(*: fits within the memory price's measured error of the capacity")
