@@ -139,9 +139,8 @@ def price_memory(
     whole_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
     attention_working_set = whole_working_set
     if kv_buffers_working_set:
-        attention_working_set = np.where(
-            np.asarray(context.kv_in_working_set) > 0, whole_working_set, working_set_beside_kv(x) * a
-        )
+        beside_kv = working_set_beside_kv(x) * a + context.beside_kv_excess
+        attention_working_set = np.where(np.asarray(context.kv_in_working_set) > 0, whole_working_set, beside_kv)
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
     attention_buffers = context.buffer_bytes + per_query

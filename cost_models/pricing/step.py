@@ -103,7 +103,13 @@ def _layer_attention(kinds: list[LayerKind]) -> tuple[AttentionTimes, CPCost]:
             [k.cost for k in kinds],
             shares,
             largest=frozenset(
-                {"buffer_bytes", "buffer_bytes_before_backward", "kv_in_working_set", "held_through_mlp_backward"}
+                {
+                    "buffer_bytes",
+                    "buffer_bytes_before_backward",
+                    "kv_in_working_set",
+                    "held_through_mlp_backward",
+                    "beside_kv_excess",
+                }
             ),
         ),
     )

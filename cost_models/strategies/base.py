@@ -107,6 +107,9 @@ class CPCost:
     # gradients are the strategy's buffers (a ring's hops, all-gather's gathered K/V), which holds less
     # (`memory.working_set_beside_kv`)
     kv_in_working_set: Any = 1.0
+    # where K/V are the buffers, bytes the backward holds beyond `memory.working_set_beside_kv` (USP's
+    # zigzag hops)
+    beside_kv_excess: Any = 0.0
     # bytes of the strategy's buffers gathered for the attention's backward (all-gather's K/V), held through
     # the MLP's backward where they are gathered before it (`memory.gathered_before_mlp_backward`)
     held_through_mlp_backward: Any = 0.0

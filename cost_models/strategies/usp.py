@@ -63,10 +63,11 @@ class USP(StrategySpec):
             a2a_bwd + ring.backward_s,
             a2a_fwd + ring.exposed_forward_s,
             a2a_bwd + ring.exposed_backward_s,
-            ring.buffer_bytes + kept_operand_copies(x) + (1 - ring.kv_in_working_set) * zigzag_hop_excess(x, layout),
+            ring.buffer_bytes + kept_operand_copies(x),
             recompute_reuses_s=a2a_fwd,
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
             kv_in_working_set=ring.kv_in_working_set,
+            beside_kv_excess=zigzag_hop_excess(x, layout),
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

@@ -166,12 +166,13 @@ def test_ring_hop_holds_what_the_hop_reads_and_forms():
     assert kept.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 4096) * 2
     # USP's hops are the ring's; chunks of a ring block (16K of 8 blocks) need no hop, leaving one call,
     # whose backward holds the whole working set
-    usp = estimate(_plan(cp_strategy="usp", mesh=make_mesh(context=4, context_ulysses=2)))
-    assert usp.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 2 * 4096) * 2
+    usp_mesh = make_mesh(context=4, context_ulysses=2)
+    plain = estimate(_plan(cp_strategy="usp", mesh=usp_mesh, load_balance="none"))
+    assert plain.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 2 * 4096) * 2
     # under zigzag USP's later sources' hops slice q's and the output gradient's halves anew and form
     # half a dq (32·128 / 2 beyond the ring's whole dq), beside the hop's bf16 dK/dV (2·8·128)
-    plain = estimate(_plan(cp_strategy="usp", mesh=make_mesh(context=4, context_ulysses=2), load_balance="none"))
-    excess = usp.hbm_bytes["attention_buffers"] - plain.hbm_bytes["attention_buffers"]
+    usp = estimate(_plan(cp_strategy="usp", mesh=usp_mesh))
+    excess = usp.hbm_bytes["attention_working_set"] - plain.hbm_bytes["attention_working_set"]
     assert excess == tokens * (32 * 128 / 2 + 2 * 8 * 128) * 2
     chunks = dataclasses.replace(L8B, window=16384, local_kind="chunked")
     no_hop = estimate(_plan(model=chunks, load_balance="none"))
