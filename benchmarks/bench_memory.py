@@ -6,7 +6,7 @@ next to the XLA TPU compiler's, with the fit verdict of each.
     python benchmarks/bench_memory.py --only offload --reuse  # those compiled, the rest re-priced on the
                                                                # compiler figures stored in the results
     python benchmarks/bench_memory.py --only offload --reuse --least-hbm  # also the least HBM each needs
-    python benchmarks/bench_memory.py --only offload --keep-dumps /tmp/dumps  # and keep each row's dump
+    python benchmarks/bench_memory.py --only offload --keep-dumps DUMPS  # and keep each row's dump
 
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
