@@ -692,9 +692,9 @@ def plan_of(row):
     )
 
 
-def heap_gaps(heap: dict | None) -> str:
-    """The heap's gaps as a share of its temporary allocation, or "" where none was read."""
-    return f"{1 - heap['live_peak_bytes'] / heap['temp_bytes']:.1%}" if heap else ""
+def gap_share(heap: dict) -> float:
+    """The heap's gaps (allocated, nothing live at the peak) as a share of its temporary allocation."""
+    return 1 - heap["live_peak_bytes"] / heap["temp_bytes"]
 
 
 def compile_with_heap(plan, keep_dump: Path | None = None):
@@ -786,7 +786,7 @@ def main():
         agree = predicted.fits == compiled_fits
         print(
             f"{row[0]:<{width}} {predicted.hbm_bytes_per_device / GiB:>7.2f}G {compiled_bytes / GiB:>7.2f}G "
-            f"{error:>+7.1%} {heap_gaps(heap):>7}  "
+            f"{error:>+7.1%} {f'{gap_share(heap):.1%}' if heap else '':>7}  "
             f"{'fits' if predicted.fits else 'no'}/{'fits' if compiled_fits else 'no'}"
             f"{'' if agree else ' DISAGREE':<9} {seconds:>5.0f} s{' (stored)' if reused else ''}",
             flush=True,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_memory import RESULTS, ROWS, TARGET_ERROR, plan_of  # noqa: E402
+from bench_memory import RESULTS, ROWS, TARGET_ERROR, gap_share, plan_of  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.units import GiB, MiB  # noqa: E402
@@ -44,8 +44,7 @@ def live_columns(stored: dict, now) -> str:
     live = live_bytes(stored)
     if live is None:
         return f"{'':>6} {'':>9}"
-    gaps = 1 - stored["heap"]["live_peak_bytes"] / stored["heap"]["temp_bytes"]
-    return f"{gaps:>6.1%} {now.hbm_bytes_per_device / live - 1:>+9.1%}"
+    return f"{gap_share(stored['heap']):>6.1%} {now.hbm_bytes_per_device / live - 1:>+9.1%}"
 
 
 def least_columns(stored: dict, now) -> str:
