@@ -449,13 +449,17 @@ class Explanation:
             "",
             f"HBM per device   {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)} "
             f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%}): held all step + the larger of a layer's "
-            f"backward and the loss, or the optimizer's update at the step's end where that holds more",
+            f"backward and the loss, or the optimizer's update at the step's end or a layer's forward where that "
+            f"holds more",
             _memory_line("all step", e, STATIC_MEMORY),
             f"  {'layer':<10} {_gib(layer_bytes(e.hbm_bytes))}: the larger of its attention side, "
             + _memory_line("", e, ATTENTION_SIDE).strip()
             + f", and its MLP side, mlp_working_set {_gib(e.hbm_bytes['mlp_working_set'])}",
             _memory_line("loss", e, LOSS_MEMORY),
             _memory_line("update", e, tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)),
+            f"  {'forward':<10} {_gib(e.hbm_bytes['forward_working_set'])}: forward_working_set (a layer's kept "
+            f"values formed beside the stacks, its residual stream, the MLP's input and matrices), on all step's "
+            f"state but the gradients",
         ]
         if e.smem_capacity_bytes:
             lines.append(

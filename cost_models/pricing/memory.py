@@ -1,8 +1,9 @@
 """HBM held per device over a step, by component, and its peak.
 
-Phases: what lives all step (`STATIC_MEMORY`), then the larger of a layer's backward (`layer_bytes`:
-the larger of its attention side, `ATTENTION_SIDE`, and its MLP side) and the loss (`LOSS_MEMORY`), and
-at the step's end the optimizer's update (`UPDATE_MEMORY`). Evidence: docs/provenance/cost_models.md#memory.
+Phases: a layer's forward (`FORWARD_MEMORY`), what lives all step (`STATIC_MEMORY`) with the larger of a
+layer's backward (`layer_bytes`: the larger of its attention side, `ATTENTION_SIDE`, and its MLP side) and
+the loss (`LOSS_MEMORY`), and at the step's end the optimizer's update (`UPDATE_MEMORY`). Evidence:
+docs/provenance/cost_models.md#memory.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ STATIC_MEMORY = ("params", "grads", "optimizer", "activations", "weight_casts")
 ATTENTION_SIDE = ("attention_working_set", "attention_buffers", "lse_relayout", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers")
 UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
+# before any gradient is formed: the state the forward holds and one layer's forward
+FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set")
 
 
 def layer_bytes(memory: dict):
@@ -42,9 +45,15 @@ def update_bytes(memory: dict):
     return sum(memory[k] for k in UPDATE_MEMORY)
 
 
+def forward_bytes(memory: dict):
+    """HBM per device in a layer's forward, where the layer's kept values are formed beside the stacks."""
+    return sum(memory[k] for k in FORWARD_MEMORY)
+
+
 def peak_bytes(memory: dict):
-    """Peak HBM per device: the backward's, or the update's where that holds more (short sequences)."""
-    return np.maximum(backward_bytes(memory), update_bytes(memory))
+    """Peak HBM per device: the backward's, or the update's where that holds more (short sequences), or a
+    layer's forward's where that does (many kept values a layer)."""
+    return np.maximum(np.maximum(backward_bytes(memory), update_bytes(memory)), forward_bytes(memory))
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,9 @@ class MemoryBytes:
     lse_relayout: np.ndarray
     mlp_working_set: np.ndarray  # one layer's backward, one MLP chunk
     collective_buffers: np.ndarray
+    # one layer's forward at its MLP: the layer's kept values in their own buffers, the residual stream,
+    # the MLP's input and its matrices
+    forward_working_set: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
     # the output head's update at the step's end, beyond its gradient (in `grads` + `update_gradients`)
@@ -195,6 +207,11 @@ def price_memory(
         lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter
         collective_buffers=largest_matrix * (2 * a + pb),
+        # a layer of a loop forms its kept values in their own buffers and copies them into the stacks
+        # when it ends; at its MLP they are all formed, beside the residual stream's values (the layer
+        # input, and a sequential block's residual sum), the MLP's input gathered and its matrices
+        forward_working_set=np.where(m.num_layers > 1, tokens * saved, 0.0)
+        + (residual_stream + tokens * m.hidden + m.mlp_matrices * mlp_matrix) * a,
         # fp32 logits of one chunk of tokens against one vocabulary piece (the gradient formed in place)
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient

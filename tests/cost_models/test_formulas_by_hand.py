@@ -608,3 +608,35 @@ def test_a_tpu_estimate_says_it_does_not_price_heads_narrower_than_a_lane():
     (note,) = notes("small", "v5p:2x2x1")  # head_dim 32: a 128-lane tile holds 4× its bytes
     assert note.startswith("head_dim 32 is not a multiple of the TPU's 128 lanes") and "up to 4× their bytes" in note
     assert notes("llama3.1-8b", "v5p:2x2x1") == () and notes("small", "cpu:8") == ()
+
+
+def test_a_layers_forward_by_hand():
+    # minimal_with_context keeps q/k/v's projections (32·128 + 2·8·128), the out projection and the MLP's
+    # down projection (4096 each), its two input projections (14336 each) and the attention output (32·128)
+    kept = 6144 + 4096 + 4096 + 2 * 14336 + 4096
+    tokens = 11 * 131072 / 8
+    e = estimate(_plan(remat="minimal_with_context", global_batch=11))
+    assert e.hbm_bytes["activations"] == 32 * tokens * kept * 2
+    # at the MLP of a layer of the loop: its kept values in their own buffers (copied into the stacks as
+    # it ends), the layer input and the residual sum, the MLP's input, its three matrices
+    assert e.hbm_bytes["forward_working_set"] == (tokens * kept + 3 * tokens * 4096 + 3 * 4096 * 14336) * 2
+    # so many kept values a layer: the forward holds more than any layer's backward
+    forward, backward = _forward_and_backward(e.hbm_bytes)
+    assert forward > backward and e.hbm_bytes_per_device == forward
+    # full remat keeps the layer input alone; the backward holds more
+    full = estimate(_plan(global_batch=11))
+    assert full.hbm_bytes["forward_working_set"] == (4 * tokens * 4096 + 3 * 4096 * 14336) * 2
+    forward, backward = _forward_and_backward(full.hbm_bytes)
+    assert forward < backward and full.hbm_bytes_per_device == backward
+    # a step of one layer has no layer loop: its kept values are formed in place
+    one = estimate(_plan(model=dataclasses.replace(L8B, num_layers=1), remat="minimal_with_context", global_batch=11))
+    assert one.hbm_bytes["forward_working_set"] == (3 * tokens * 4096 + 3 * 4096 * 14336) * 2
+
+
+def _forward_and_backward(b: dict) -> tuple[float, float]:
+    """A layer's forward on the state before any gradient; the static state with the larger of a layer's
+    backward (its attention side or its MLP side) and the loss."""
+    forward = b["params"] + b["optimizer"] + b["activations"] + b["weight_casts"] + b["forward_working_set"]
+    static = b["params"] + b["grads"] + b["optimizer"] + b["activations"] + b["weight_casts"]
+    attention = b["attention_working_set"] + b["attention_buffers"] + b["lse_relayout"] + b["collective_buffers"]
+    return forward, static + max(attention, b["mlp_working_set"], b["logits"] + b["head_buffers"])

@@ -4,7 +4,7 @@ plan of each other strategy, the placement on the torus, and the tables the text
 
 from __future__ import annotations
 
-from cost_models.pricing.memory import LOSS_MEMORY, STATIC_MEMORY, layer_bytes, update_bytes
+from cost_models.pricing.memory import LOSS_MEMORY, STATIC_MEMORY, forward_bytes, layer_bytes, update_bytes
 from cost_models.units import GiB
 from planner.explanation import format_seconds
 from planner.options import format_tokens
@@ -12,7 +12,13 @@ from planner.plan import Plan
 from validation.html_report.page import Page, by_strategy, esc, figure, table
 from validation.html_report.torus import picture
 
-PHASE_COLOURS = {"all step": "#9ecae1", "layer": "#3182bd", "loss": "#e6550d", "update": "#31a354"}
+PHASE_COLOURS = {
+    "all step": "#9ecae1",
+    "layer": "#3182bd",
+    "loss": "#e6550d",
+    "update": "#31a354",
+    "forward": "#756bb1",
+}
 
 
 def title(d: dict) -> str:
@@ -143,19 +149,21 @@ def step_breakdown(d: dict) -> dict:
 
 def memory_phases(e: dict) -> dict[str, float]:
     """HBM per device in each phase, as the price composes them (`cost_models.pricing.memory`):
-    what is held all step, and on top of it a layer's backward or the loss; the update alone."""
+    what is held all step, and on top of it a layer's backward or the loss; the update and a layer's
+    forward alone."""
     mem = e["hbm_bytes"]
     return {
         "all step": sum(mem[k] for k in STATIC_MEMORY),
         "layer": float(layer_bytes(mem)),
         "loss": sum(mem[k] for k in LOSS_MEMORY),
         "update": float(update_bytes(mem)),
+        "forward": float(forward_bytes(mem)),
     }
 
 
 def memory_figure(d: dict) -> dict:
     """Per compared plan, a bar per phase (held all step + a layer's backward; + the loss; the
-    update) against the capacity, each with the memory price's measured error above it."""
+    update; a layer's forward) against the capacity, each with the memory price's measured error above it."""
     rows = []
     for label, r in compared(d):
         p = memory_phases(r["estimate"])
@@ -163,6 +171,7 @@ def memory_figure(d: dict) -> dict:
             (f"{label}: layer", {"all step": p["all step"], "layer": p["layer"]}, r["estimate"]),
             (f"{label}: loss", {"all step": p["all step"], "loss": p["loss"]}, r["estimate"]),
             (f"{label}: update", {"update": p["update"]}, r["estimate"]),
+            (f"{label}: forward", {"forward": p["forward"]}, r["estimate"]),
         ]
     data = [
         {
