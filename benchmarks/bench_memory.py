@@ -603,6 +603,28 @@ ROWS = [
         8,
         dict(remat="full", load_balance="zigzag"),
     ),
+    # added before they were compiled, as a held-out check of a layer's forward priced as its own phase:
+    # the price puts their peak in the forward, its kept values formed beside the stacks
+    (
+        "tpu7x default batch ring context8 128K x10 minimal_with_context 4l",
+        "tpu7x:2x2x1",
+        dict(context=8),
+        "ring",
+        128 * K,
+        10,
+        4,
+        dict(remat="minimal_with_context", load_balance="zigzag"),
+    ),
+    (
+        "v5p default batch ulysses context_ulysses8 64K x20 minimal_with_context 4l",
+        "v5p:2x2x2",
+        dict(context_ulysses=8),
+        "ulysses",
+        64 * K,
+        20,
+        4,
+        dict(remat="minimal_with_context", load_balance="none"),
+    ),
     # local layers (Llama 3.1 8B's shapes with a window, chunks or packed documents; `model` holds the
     # ModelSpec fields): the ring's one hop, a layer switch between a local and a global mask
     (
