@@ -625,6 +625,18 @@ ROWS = [
         4,
         dict(remat="minimal_with_context", load_balance="none"),
     ),
+    # added before it was compiled, as a held-out check of the output that a tpu7x USP lays out anew for
+    # the out projection's weight gradient, held through the backward's hops
+    (
+        "tpu7x default batch usp context4context_ulysses2 128K x24 full 4l",
+        "tpu7x:2x2x1",
+        dict(context=4, context_ulysses=2),
+        "usp",
+        128 * K,
+        24,
+        4,
+        dict(remat="full", load_balance="zigzag"),
+    ),
     # local layers (Llama 3.1 8B's shapes with a window, chunks or packed documents; `model` holds the
     # ModelSpec fields): the ring's one hop, a layer switch between a local and a global mask
     (

@@ -151,7 +151,11 @@ def price_memory(
     whole_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
     attention_working_set = whole_working_set
     if kv_buffers_working_set:
-        beside_kv = working_set_beside_kv(x) * a + context.beside_kv_excess
+        beside_kv = (
+            working_set_beside_kv(x) * a
+            + context.beside_kv_excess
+            + relaid_output_held(x) * context.relaid_output_bytes
+        )
         attention_working_set = np.where(np.asarray(context.kv_in_working_set) > 0, whole_working_set, beside_kv)
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
@@ -235,6 +239,17 @@ def working_set_beside_kv(x: Candidates) -> np.ndarray:
     q_width = m.num_heads * m.head_dim / tensor
     input_held = recomputed_checkpoint(x, "query_proj")
     return tokens * (4 * q_width + input_held * m.hidden) + residual_tokens(tokens, tensor) * m.hidden
+
+
+def relaid_output_held(x: Candidates) -> np.ndarray:
+    """Per candidate, 1.0 where the attention output laid out anew for the out projection's weight gradient
+    (`CPCost.relaid_output_bytes`) is held through a backward whose K/V are the strategy's buffers, else 0.0:
+    on a chip that moves layouts off the TensorCore (`relayout_off_tensorcore`: into new buffers), where the
+    output is recomputed, the move is issued with the recomputed forward, before the backward's hops, and the
+    weight gradient reads it after them (docs/provenance/strategies_and_validation.md#usp)."""
+    if not x.topology.chip.relayout_off_tensorcore:
+        return np.zeros(np.shape(x.remat))
+    return recomputed_checkpoint(x, ATTENTION_OUTPUT).astype(float)
 
 
 def lse_lanes_kept(x: Candidates) -> np.ndarray:

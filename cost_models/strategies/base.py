@@ -110,6 +110,10 @@ class CPCost:
     # where K/V are the buffers, bytes the backward holds beyond `memory.working_set_beside_kv` (USP's
     # zigzag hops)
     beside_kv_excess: Any = 0.0
+    # bytes of the attention output laid out anew from the kernel's layout for the out projection's weight
+    # gradient (an all-to-all's); where K/V are the buffers, a chip that moves layouts off the TensorCore
+    # holds it through the backward's hops when the output is recomputed (`memory.relaid_output_held`)
+    relaid_output_bytes: Any = 0.0
     # bytes of the strategy's buffers gathered for the attention's backward (all-gather's K/V), held through
     # the MLP's backward where they are gathered before it (`memory.gathered_before_mlp_backward`)
     held_through_mlp_backward: Any = 0.0

@@ -170,10 +170,27 @@ def test_ring_hop_holds_what_the_hop_reads_and_forms():
     plain = estimate(_plan(cp_strategy="usp", mesh=usp_mesh, load_balance="none"))
     assert plain.hbm_bytes["attention_working_set"] == tokens * (4 * 32 * 128 + 2 * 4096) * 2
     # under zigzag USP's later sources' hops slice q's and the output gradient's halves anew and form
-    # half a dq (32·128 / 2 beyond the ring's whole dq), beside the hop's bf16 dK/dV (2·8·128)
+    # half a dq (32·128 / 2 beyond the ring's whole dq), beside the hop's bf16 dK/dV (2·8·128), in place
+    # of the fp32 dK/dV sums a ring of 4 forms while a later hop follows (2·8·128 in fp32)
     usp = estimate(_plan(cp_strategy="usp", mesh=usp_mesh))
     excess = usp.hbm_bytes["attention_working_set"] - plain.hbm_bytes["attention_working_set"]
-    assert excess == tokens * (32 * 128 / 2 + 2 * 8 * 128) * 2
+    assert excess == tokens * ((32 * 128 / 2 + 2 * 8 * 128) * 2 - 2 * 8 * 128 * 4)
+    # a ring of 2 has no later hop: the sums are not formed beside them
+    pair = make_mesh(context=2, context_ulysses=4)
+    two = [estimate(_plan(cp_strategy="usp", mesh=pair, load_balance=b)) for b in ("zigzag", "none")]
+    assert (
+        two[0].hbm_bytes["attention_working_set"] - two[1].hbm_bytes["attention_working_set"]
+        == tokens * (32 * 128 / 2 + 2 * 8 * 128) * 2
+    )
+    # on tpu7x, whose layout moves write new buffers, the recomputed output laid out anew for the out
+    # projection's weight gradient is held through the hops too (32·128 a token); not with the output kept
+    tpu7x = dict(cp_strategy="usp", mesh=usp_mesh, topology="tpu7x:2x2x1")
+    moved = estimate(_plan(**tpu7x)).hbm_bytes["attention_working_set"] - usp.hbm_bytes["attention_working_set"]
+    assert moved == tokens * 32 * 128 * 2
+    kept_output = [
+        estimate(_plan(**t, remat="minimal_with_context")) for t in (tpu7x, dict(tpu7x, topology="v5p:2x2x2"))
+    ]
+    assert kept_output[0].hbm_bytes["attention_working_set"] == kept_output[1].hbm_bytes["attention_working_set"]
     chunks = dataclasses.replace(L8B, window=16384, local_kind="chunked")
     no_hop = estimate(_plan(model=chunks, load_balance="none"))
     assert no_hop.hbm_bytes["attention_working_set"] == 2 * tokens * (3 * 4096 + (2 * 32 + 2 * 8) * 128) * 2
