@@ -115,6 +115,8 @@ class MemoryBand:
         under: the compiler's largest excess, as a fraction of the price (0.07: it needed up to 7% more).
         over: the price's largest excess, as a fraction of what the compiler needed (0.05: the price
             said up to 5% more).
+        allocated: what a compile given the whole HBM has allocated beyond the price at most, as a fraction
+            of the price: `under` and the heap's gaps, which the compiler packs away when short of room.
         rows: the compiles it was measured over.
         source: where they are.
     """
@@ -123,6 +125,7 @@ class MemoryBand:
     target: str
     under: float
     over: float
+    allocated: float
     rows: int
     source: str
 
@@ -153,16 +156,22 @@ def memory_band(chip: str, target: str) -> MemoryBand | None:
     chips = _memory_table().get(target, {})
     entry = chips.get(chip)
     if entry is not None and entry["rows"] >= MEMORY_BAND_MIN_ROWS:
-        return MemoryBand(chip, target, entry["under"], entry["over"], entry["rows"], entry["source"])
+        return MemoryBand(
+            chip, target, entry["under"], entry["over"], entry["allocated"], entry["rows"], entry["source"]
+        )
     if not chips:
         return None
-    under, over = (max(chips.items(), key=lambda item: item[1][side]) for side in ("under", "over"))
-    used = {name: chips[name] for name in dict.fromkeys((under[0], over[0], *([chip] if entry else [])))}
+    under, over, allocated = (
+        max(chips.items(), key=lambda item: item[1][side]) for side in ("under", "over", "allocated")
+    )
+    named = (under[0], over[0], allocated[0], *([chip] if entry else []))
+    used = {name: chips[name] for name in dict.fromkeys(named)}
     return MemoryBand(
         chip,
         target,
         under[1]["under"],
         over[1]["over"],
+        allocated[1]["allocated"],
         sum(e["rows"] for e in used.values()),
         "; ".join(f"{name}'s: {e['source']}" for name, e in used.items()) + " (the largest each way standing in)",
     )

@@ -7,7 +7,7 @@ import functools
 import json
 from collections import Counter, defaultdict
 
-from cost_models.accuracy import ErrorBand, error_band
+from cost_models.accuracy import ErrorBand, error_band, memory_band
 from cost_models.candidates import group_links
 from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.document_tiles import row_fraction_computed, rows_per_call
@@ -461,6 +461,13 @@ class Explanation:
             f"values formed beside the stacks, its residual stream, the MLP's input and matrices), on all step's "
             f"state but the gradients",
         ]
+        allocation = memory_band(self.result.case.topology.chip.name, self.result.target.value)
+        if allocation is not None and allocation.allocated > allocation.under:
+            lines.append(
+                f"  a compile given the whole HBM has allocated up to {allocation.allocated:.1%} more than priced, "
+                f"the heap's gaps included, which the compiler packs away when short of room ({allocation.rows} "
+                f"{allocation.chip} compiles)"
+            )
         if e.smem_capacity_bytes:
             lines.append(
                 f"  splash SMEM metadata {e.smem_bytes / 2**10:.0f} KiB of {e.smem_capacity_bytes / 2**10:.0f} KiB"

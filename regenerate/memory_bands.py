@@ -21,8 +21,8 @@ def main() -> None:
         for chip, band in chips.items():
             print(
                 f"{target:8} {chip:6} compiler up to {band['under']:5.1%} over the price, price up to "
-                f"{band['over']:5.1%} over the compiler, MAPE {band['mape']:5.1%}; {band['rows']} compiles "
-                f"({band['source']})"
+                f"{band['over']:5.1%} over the compiler, MAPE {band['mape']:5.1%}, allocated with the whole HBM "
+                f"up to {band['allocated']:5.1%} over the price; {band['rows']} compiles ({band['source']})"
             )
     MEMORY_ACCURACY_FILE.write_text(json.dumps(bands, indent=2) + "\n")
     print(f"wrote {MEMORY_ACCURACY_FILE.relative_to(ROOT)}")

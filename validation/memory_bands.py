@@ -28,15 +28,17 @@ BENCH_MEMORY = ROOT / "benchmarks" / "results" / "bench_memory.json"
 PUBLISHED_RUN_COMPILES = {"v6e-llama3.1-70b-v6e-128": 26.76}
 
 
-def _band(pairs: list[tuple[float, float]], source: str) -> dict:
-    """{under, over, mape, rows, source} of (priced, compiled) pairs: `under` the most the compiler needed
-    beyond the price, as a fraction of the price; `over` the most the price said beyond what the compiler
-    needed, as a fraction of that (each 0 where it never happened)."""
+def _band(triples: list[tuple[float, float, float]], source: str) -> dict:
+    """{under, over, allocated, mape, rows, source} of (priced, needed, allocated) triples: `under` the most
+    the compiler needed beyond the price, as a fraction of the price; `over` the most the price said beyond
+    what the compiler needed, as a fraction of that; `allocated` the most a compile given the whole HBM
+    allocated beyond the price, its heap's gaps with it (each 0 where it never happened)."""
     return {
-        "under": max(0.0, max(compiled / priced - 1 for priced, compiled in pairs)),
-        "over": max(0.0, max(priced / compiled - 1 for priced, compiled in pairs)),
-        "mape": sum(abs(priced / compiled - 1) for priced, compiled in pairs) / len(pairs),
-        "rows": len(pairs),
+        "under": max(0.0, max(needed / priced - 1 for priced, needed, _ in triples)),
+        "over": max(0.0, max(priced / needed - 1 for priced, needed, _ in triples)),
+        "allocated": max(0.0, max(allocated / priced - 1 for priced, _, allocated in triples)),
+        "mape": sum(abs(priced / needed - 1) for priced, needed, _ in triples) / len(triples),
+        "rows": len(triples),
         "source": source,
     }
 
@@ -56,7 +58,7 @@ def memory_bands() -> dict[str, dict[str, dict]]:
     for row in json.loads(BENCH_MEMORY.read_text()):
         plan = Plan.from_dict(row["plan"])
         by_chip.setdefault(plan.topology_spec.chip.name, []).append(
-            (estimate(plan).hbm_bytes_per_device, needed_bytes(row))
+            (estimate(plan).hbm_bytes_per_device, needed_bytes(row), float(row["compiled_bytes"]))
         )
     ours = {
         chip: _band(
@@ -70,13 +72,13 @@ def memory_bands() -> dict[str, dict[str, dict]]:
     for anchor in ANCHORS:
         row = reprice(anchor)
         chip = anchor.topology.split("-")[0]
-        by_chip.setdefault(chip, []).append((row["priced_gib"] * GiB, row["compiled_gib"] * GiB))
+        by_chip.setdefault(chip, []).append((row["priced_gib"] * GiB, *[row["compiled_gib"] * GiB] * 2))
         sources[chip] = ANCHORS_SOURCE
     for run in read_corpus(ROOT / "benchmarks" / "public_runs.csv"):
         if run.run_id in PUBLISHED_RUN_COMPILES:
             chip = run.plan.topology_spec.chip.name
             priced = estimate(run.plan, target="maxtext").hbm_bytes_per_device
-            by_chip.setdefault(chip, []).append((priced, PUBLISHED_RUN_COMPILES[run.run_id] * GiB))
+            by_chip.setdefault(chip, []).append((priced, *[PUBLISHED_RUN_COMPILES[run.run_id] * GiB] * 2))
             sources[chip] = "; ".join(
                 filter(None, [sources.get(chip), "docs/maxtext_offload.md, a published run's flags compiled"])
             )

@@ -29,7 +29,7 @@ def test_the_stored_bands_are_what_the_stored_compiles_give_today():
         assert stored[target].keys() == chips.keys()
         for chip, band in chips.items():
             assert stored[target][chip]["rows"] == band["rows"]
-            for side in ("under", "over"):
+            for side in ("under", "over", "allocated"):
                 assert stored[target][chip][side] == pytest.approx(band[side], abs=1e-9), (
                     f"{target} {chip} {side}: run python regenerate/memory_bands.py"
                 )
@@ -45,4 +45,5 @@ def test_a_chip_with_few_compiles_takes_the_largest_of_any_chip_each_way():
     band = memory_band("v6e", "maxtext")
     assert band.under == max(e["under"] for e in stored.values()) > stored["v6e"]["under"]
     assert band.over == max(e["over"] for e in stored.values()) == stored["v6e"]["over"]
+    assert band.allocated == max(e["allocated"] for e in stored.values())
     assert memory_band("v5p", "maxtext").over == stored["v5p"]["over"]
