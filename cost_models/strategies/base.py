@@ -60,6 +60,16 @@ class Layout:
     kv_len: Any  # key tokens the device attends them to
 
 
+def query_values(x, layout: Layout):
+    """Values of q per device in the kernel's layout, the attention output's as many."""
+    return x.sequences_per_device * layout.q_len * layout.q_heads * x.model.head_dim
+
+
+def key_values(x, layout: Layout):
+    """Values of K per device in the kernel's layout, V's as many."""
+    return x.sequences_per_device * layout.kv_len * layout.kv_heads * x.model.head_dim
+
+
 @dataclass(frozen=True)
 class KernelCall:
     """`count` splash calls per layer forward of `q_len` × `kv_len` tokens; backward by the dq and

@@ -9,7 +9,17 @@ from __future__ import annotations
 import numpy as np
 
 from cost_models.masks import AttentionMask, hops_needed
-from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, tensor_shard_heads
+from cost_models.strategies.base import (
+    AxisRule,
+    CPCost,
+    KernelCall,
+    Layout,
+    Shape,
+    StrategySpec,
+    key_values,
+    query_values,
+    tensor_shard_heads,
+)
 from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
 
@@ -69,8 +79,7 @@ def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
     do): forward, fp32 output read+written and the call's output read; backward, the fp32 dq and
     dK/dV accumulators each read and written."""
     merges = sum(np.asarray(c.count, dtype=float) for c in calls) - 1
-    q_values = x.sequences_per_device * layout.q_heads * layout.q_len * x.model.head_dim
-    kv_values = x.sequences_per_device * layout.kv_heads * layout.kv_len * x.model.head_dim
+    q_values, kv_values = query_values(x, layout), key_values(x, layout)
     forward = merges * q_values * (2 * GRAD_BYTES + x.act_bytes)
     backward = merges * 3 * GRAD_BYTES * (q_values + 2 * kv_values)
     return forward, backward

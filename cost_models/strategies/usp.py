@@ -7,7 +7,17 @@ ring then passes those blocks around the `context` axis. Costs are the two strat
 from __future__ import annotations
 
 from cost_models.masks import hops_needed
-from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, Violation
+from cost_models.strategies.base import (
+    AxisRule,
+    CPCost,
+    KernelCall,
+    Layout,
+    Shape,
+    StrategySpec,
+    Violation,
+    key_values,
+    query_values,
+)
 from cost_models.strategies.registry import register
 from cost_models.strategies.ring import GRAD_BYTES, ring_calls, ring_cost, ring_merge_bytes, tokamax_ring_calls
 from cost_models.strategies.ulysses import (
@@ -25,8 +35,7 @@ def zigzag_hop_excess(x, layout: Layout):
     block's): the later sources' hops slice q's and the output gradient's second halves out anew and form
     half a dq, beside the hop's dK/dV, in place of the fp32 sums a ring's later hop forms at that moment
     (docs/provenance/strategies_and_validation.md#usp)."""
-    q_values = x.sequences_per_device * layout.q_len * layout.q_heads * x.model.head_dim
-    kv_values = x.sequences_per_device * layout.kv_len * layout.kv_heads * x.model.head_dim
+    q_values, kv_values = query_values(x, layout), key_values(x, layout)
     later_hop = hops_needed(x.attention_mask, x.seq_len / layout.ring, layout.ring) > 1
     return x.zigzag * ((q_values / 2 + 2 * kv_values) * x.act_bytes - later_hop * 2 * kv_values * GRAD_BYTES)
 
@@ -71,7 +80,7 @@ class USP(StrategySpec):
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
             kv_in_working_set=ring.kv_in_working_set,
             beside_kv_excess=zigzag_hop_excess(x, layout),
-            relaid_output_bytes=x.sequences_per_device * layout.q_len * layout.q_heads * x.model.head_dim * x.act_bytes,
+            relaid_output_bytes=query_values(x, layout) * x.act_bytes,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:
