@@ -625,6 +625,18 @@ ROWS = [
         4,
         dict(remat="minimal_with_context", load_balance="none"),
     ),
+    # added before it was compiled, as a held-out check of the larger of a layer's forward and backward:
+    # all-gather keeping many values a layer, priced a little larger in its backward
+    (
+        "v5p default batch all_gather context8 64K x22 minimal_with_context 4l",
+        "v5p:2x2x2",
+        dict(context=8),
+        "all_gather",
+        64 * K,
+        22,
+        4,
+        dict(remat="minimal_with_context", load_balance="zigzag"),
+    ),
     # added before it was compiled, as a held-out check of the output that a tpu7x USP lays out anew for
     # the out projection's weight gradient, held through the backward's hops
     (

@@ -117,11 +117,13 @@ class Chip:
     # facts of the chip's XLA compiler schedule that the memory price reads (from deviceless compiles,
     # cited in the rows): layouts moved off the TensorCore; a backward's attention recomputation run
     # before the MLP's; an iteration peeled off each layer loop of an offloading step; splash's
-    # log-sum-exp kept in the kernel's lane-wide output until the backward reads it
+    # log-sum-exp kept in the kernel's lane-wide output until the backward reads it, and through a
+    # layer's forward that keeps the attention output
     relayout_off_tensorcore: bool
     attention_before_mlp_backward: bool
     offload_peels_layer_loops: bool
     splash_lse_lanes_held: bool
+    forward_lse_lanes_held: bool
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -200,6 +202,7 @@ COMPILER_SCHEDULE_FIELDS = (
     "attention_before_mlp_backward",
     "offload_peels_layer_loops",
     "splash_lse_lanes_held",
+    "forward_lse_lanes_held",
 )
 
 # (integer?, lowest, lowest allowed itself?, highest or None, what the field measures); every value finite

@@ -213,9 +213,11 @@ def price_memory(
         collective_buffers=largest_matrix * (2 * a + pb),
         # a layer of a loop forms its kept values in their own buffers and copies them into the stacks
         # when it ends; at its MLP they are all formed, beside the residual stream's values (the layer
-        # input, and a sequential block's residual sum), the MLP's input gathered and its matrices
+        # input, and a sequential block's residual sum), the MLP's input gathered and its matrices, and on
+        # some chips the kernel's lane-wide log-sum-exp
         forward_working_set=np.where(m.num_layers > 1, tokens * saved, 0.0)
-        + (residual_stream + tokens * m.hidden + m.mlp_matrices * mlp_matrix) * a,
+        + (residual_stream + tokens * m.hidden + m.mlp_matrices * mlp_matrix) * a
+        + forward_lse_lanes_held(x, context) * lse_lane_bytes(x, layout),
         # fp32 logits of one chunk of tokens against one vocabulary piece (the gradient formed in place)
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
@@ -250,6 +252,17 @@ def relaid_output_held(x: Candidates) -> np.ndarray:
     if not x.topology.chip.relayout_off_tensorcore:
         return np.zeros(np.shape(x.remat))
     return recomputed_checkpoint(x, ATTENTION_OUTPUT).astype(float)
+
+
+def forward_lse_lanes_held(x: Candidates, context: CPCost) -> np.ndarray:
+    """Per candidate, 1.0 where a layer's forward holds splash's log-sum-exp lane-wide, as the kernel writes
+    it, to the layer's end, else 0.0: on a chip that slices it only beside the stacks
+    (`forward_lse_lanes_held`), a layer of a loop whose policy keeps the attention output, where the
+    backward reads its own kernel's log-sum-exp (`CPCost.reads_own_lse`: not a ring's, merged over hops)."""
+    if not x.topology.chip.forward_lse_lanes_held:
+        return np.zeros(np.shape(x.remat))
+    held = checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & (x.model.num_layers > 1)
+    return held * (np.asarray(context.reads_own_lse) > 0)
 
 
 def lse_lanes_kept(x: Candidates) -> np.ndarray:

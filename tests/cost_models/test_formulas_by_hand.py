@@ -645,6 +645,17 @@ def test_a_layers_forward_by_hand():
     assert full.hbm_bytes["forward_working_set"] == (4 * tokens * 4096 + 3 * 4096 * 14336) * 2
     forward, backward = _forward_and_backward(full.hbm_bytes)
     assert forward < backward and full.hbm_bytes_per_device == backward
+    # on v5p a layer whose kernel writes the log-sum-exp the backward reads (Ulysses' one call, not the
+    # ring's hops, merged) holds it lane-wide, fp32 × 128 lanes a query and head, to the layer's end;
+    # tpu7x slices it at once: 11 sequences × 128K queries × 4 heads a device
+    ulysses = dict(cp_strategy="ulysses", mesh=make_mesh(context_ulysses=8), load_balance="none")
+    chips = [
+        estimate(_plan(**ulysses, remat="minimal_with_context", global_batch=11, topology=t)).hbm_bytes
+        for t in ("v5p:2x2x2", "tpu7x:2x2x1")
+    ]
+    assert chips[0]["forward_working_set"] - chips[1]["forward_working_set"] == 11 * 131072 * 4 * 128 * 4
+    ring_tpu7x = estimate(_plan(remat="minimal_with_context", global_batch=11, topology="tpu7x:2x2x1"))
+    assert ring_tpu7x.hbm_bytes["forward_working_set"] == e.hbm_bytes["forward_working_set"]
     # a step of one layer has no layer loop: its kept values are formed in place
     one = estimate(_plan(model=dataclasses.replace(L8B, num_layers=1), remat="minimal_with_context", global_batch=11))
     assert one.hbm_bytes["forward_working_set"] == (3 * tokens * 4096 + 3 * 4096 * 14336) * 2
