@@ -649,6 +649,17 @@ ROWS = [
         4,
         dict(remat="full", load_balance="zigzag"),
     ),
+    # and after both USP corrections, before it was compiled: the output recomputed under another policy
+    (
+        "tpu7x default batch usp context4context_ulysses2 128K x22 save_dot_except_mlp 4l",
+        "tpu7x:2x2x1",
+        dict(context=4, context_ulysses=2),
+        "usp",
+        128 * K,
+        22,
+        4,
+        dict(remat="save_dot_except_mlp", load_balance="zigzag"),
+    ),
     # local layers (Llama 3.1 8B's shapes with a window, chunks or packed documents; `model` holds the
     # ModelSpec fields): the ring's one hop, a layer switch between a local and a global mask
     (

@@ -160,6 +160,10 @@ def price_memory(
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
     attention_buffers = context.buffer_bytes + per_query
+    if kv_buffers_working_set:
+        attention_buffers = attention_buffers - np.where(
+            np.asarray(context.kv_in_working_set) > 0, 0.0, context.operand_copies_bytes
+        )
     # on a chip that holds splash's log-sum-exp lane-wide, the copy that slices it for the backward's kernels
     # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, the residual
     # stream's, nor the strategy's gradient buffers; that moment's excess over the kernels'
@@ -247,11 +251,12 @@ def relaid_output_held(x: Candidates) -> np.ndarray:
     """Per candidate, 1.0 where the attention output laid out anew for the out projection's weight gradient
     (`CPCost.relaid_output_bytes`) is held through a backward whose K/V are the strategy's buffers, else 0.0:
     on a chip that moves layouts off the TensorCore (`relayout_off_tensorcore`: into new buffers), where the
-    output is recomputed, the move is issued with the recomputed forward, before the backward's hops, and the
-    weight gradient reads it after them (docs/provenance/strategies_and_validation.md#usp)."""
+    output and the out projection are recomputed, the move is made for the recomputed out projection, before
+    the backward's hops, and the weight gradient reads it after them
+    (docs/provenance/strategies_and_validation.md#usp)."""
     if not x.topology.chip.relayout_off_tensorcore:
         return np.zeros(np.shape(x.remat))
-    return recomputed_checkpoint(x, ATTENTION_OUTPUT).astype(float)
+    return (recomputed_checkpoint(x, ATTENTION_OUTPUT) & recomputed_checkpoint(x, "out_proj")).astype(float)
 
 
 def forward_lse_lanes_held(x: Candidates, context: CPCost) -> np.ndarray:

@@ -120,6 +120,9 @@ class CPCost:
     # where K/V are the buffers, bytes the backward holds beyond `memory.working_set_beside_kv` (USP's
     # zigzag hops)
     beside_kv_excess: Any = 0.0
+    # of `buffer_bytes`, the kept q/K/V/output laid out anew for the kernel (an all-to-all's); a backward
+    # whose K/V are the strategy's buffers holds them as its working set's own and its hops', not again
+    operand_copies_bytes: Any = 0.0
     # bytes of the attention output laid out anew from the kernel's layout for the out projection's weight
     # gradient (an all-to-all's); where K/V are the buffers, a chip that moves layouts off the TensorCore
     # holds it through the backward's hops when the output is recomputed (`memory.relaid_output_held`)

@@ -70,16 +70,18 @@ class USP(StrategySpec):
     ) -> CPCost:
         a2a_fwd, a2a_bwd = all_to_all_cost(x, layout)
         ring = ring_cost(x, layout, attention_fwd_s, attention_bwd_s, layout.kv_heads)
+        copies = kept_operand_copies(x)
         return CPCost(
             a2a_fwd + ring.forward_s,
             a2a_bwd + ring.backward_s,
             a2a_fwd + ring.exposed_forward_s,
             a2a_bwd + ring.exposed_backward_s,
-            ring.buffer_bytes + kept_operand_copies(x),
+            ring.buffer_bytes + copies,
             recompute_reuses_s=a2a_fwd,
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
             kv_in_working_set=ring.kv_in_working_set,
             beside_kv_excess=zigzag_hop_excess(x, layout),
+            operand_copies_bytes=copies,
             relaid_output_bytes=query_values(x, layout) * x.act_bytes,
         )
 

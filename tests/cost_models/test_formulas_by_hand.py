@@ -191,6 +191,20 @@ def test_ring_hop_holds_what_the_hop_reads_and_forms():
         estimate(_plan(**t, remat="minimal_with_context")) for t in (tpu7x, dict(tpu7x, topology="v5p:2x2x2"))
     ]
     assert kept_output[0].hbm_bytes["attention_working_set"] == kept_output[1].hbm_bytes["attention_working_set"]
+    # nor with the out projection kept, which the recomputed forward then does not form from it
+    kept_proj = [estimate(_plan(**t, remat="save_dot_except_mlp")) for t in (tpu7x, dict(tpu7x, topology="v5p:2x2x2"))]
+    assert kept_proj[0].hbm_bytes["attention_working_set"] == kept_proj[1].hbm_bytes["attention_working_set"]
+    # kept q/k/v are the hop's q and K/V, not copies beside them: USP's hops hold no more buffers for them;
+    # MaxText's whole working set (tokamax's hops not read) holds their kernel layout as copies (32·128 + 2·8·128)
+    full, kept_qkv = (estimate(_plan(cp_strategy="usp", mesh=usp_mesh, remat=r)) for r in ("full", "save_qkv_proj"))
+    assert kept_qkv.hbm_bytes["attention_buffers"] == full.hbm_bytes["attention_buffers"]
+    theirs = [
+        estimate(_plan(cp_strategy="usp", mesh=usp_mesh, remat=r), target="maxtext") for r in ("full", "save_qkv_proj")
+    ]
+    assert (
+        theirs[1].hbm_bytes["attention_buffers"] - theirs[0].hbm_bytes["attention_buffers"]
+        == tokens * (32 * 128 + 2 * 8 * 128) * 2
+    )
     chunks = dataclasses.replace(L8B, window=16384, local_kind="chunked")
     no_hop = estimate(_plan(model=chunks, load_balance="none"))
     assert no_hop.hbm_bytes["attention_working_set"] == 2 * tokens * (3 * 4096 + (2 * 32 + 2 * 8) * 128) * 2
