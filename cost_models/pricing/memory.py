@@ -149,21 +149,17 @@ def price_memory(
     )
     lse_first = rerun * x.topology.chip.splash_lse_lanes_held * lse_lane_bytes(x, layout)
     whole_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
-    attention_working_set = whole_working_set
-    if kv_buffers_working_set:
-        beside_kv = (
-            working_set_beside_kv(x) * a
-            + context.beside_kv_excess
-            + relaid_output_held(x) * context.relaid_output_bytes
-        )
-        attention_working_set = np.where(np.asarray(context.kv_in_working_set) > 0, whole_working_set, beside_kv)
+    # where the target's backward holds K/V as the strategy's buffers, it holds less than the whole set, and
+    # the kept operands' kernel layout as its own values, not as copies among the buffers
+    beside_kv = kv_buffers_working_set & (np.asarray(context.kv_in_working_set) == 0)
+    attention_working_set = np.where(
+        beside_kv,
+        working_set_beside_kv(x) * a + context.beside_kv_excess + relaid_output_held(x) * context.relaid_output_bytes,
+        whole_working_set,
+    )
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
-    attention_buffers = context.buffer_bytes + per_query
-    if kv_buffers_working_set:
-        attention_buffers = attention_buffers - np.where(
-            np.asarray(context.kv_in_working_set) > 0, 0.0, context.operand_copies_bytes
-        )
+    attention_buffers = context.buffer_bytes + per_query - beside_kv * context.operand_copies_bytes
     # on a chip that holds splash's log-sum-exp lane-wide, the copy that slices it for the backward's kernels
     # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, the residual
     # stream's, nor the strategy's gradient buffers; that moment's excess over the kernels'
@@ -256,7 +252,7 @@ def relaid_output_held(x: Candidates) -> np.ndarray:
     (docs/provenance/strategies_and_validation.md#usp)."""
     if not x.topology.chip.relayout_off_tensorcore:
         return np.zeros(np.shape(x.remat))
-    return (recomputed_checkpoint(x, ATTENTION_OUTPUT) & recomputed_checkpoint(x, "out_proj")).astype(float)
+    return output_and_projection_recomputed(x).astype(float)
 
 
 def forward_lse_lanes_held(x: Candidates, context: CPCost) -> np.ndarray:
@@ -298,7 +294,13 @@ def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:
     attention, so on every chip what the attention's backward reads is held through the MLP's."""
     if x.model.decoder_block.parallel:  # the MLP's input is the layer input's norm: it waits for no attention
         return np.zeros(np.shape(x.remat))
-    return (recomputed_checkpoint(x, ATTENTION_OUTPUT) & recomputed_checkpoint(x, "out_proj")).astype(float)
+    return output_and_projection_recomputed(x).astype(float)
+
+
+def output_and_projection_recomputed(x: Candidates) -> np.ndarray:
+    """Per candidate, whether its policy recomputes both the attention output and the out projection, which
+    the recomputed forward then forms from it."""
+    return recomputed_checkpoint(x, ATTENTION_OUTPUT) & recomputed_checkpoint(x, "out_proj")
 
 
 def gathered_before_mlp_backward(x: Candidates) -> np.ndarray:
