@@ -14,7 +14,9 @@ Compile with the dump on (the TPU compiler honours XLA_FLAGS in deviceless compi
 It reads the module's `*-buffer-assignment.txt` (each value's size and offset in the temporary
 allocation) and `*-live-range.txt` (each value's first and last position in the schedule). Values
 of one buffer share an offset (a loop's carry and its body's parameter): at each point of the
-schedule a live offset counts once. The allocation can exceed the live peak (the heap's gaps).
+schedule a live offset counts once. The allocation can exceed the live peak (the heap's gaps);
+`Heap.packed_bytes` places the same buffers, largest first, each in the tightest free room of the
+offsets its live range leaves, to tell the gaps the buffers force from those the placement left.
 """
 
 import argparse
@@ -85,6 +87,43 @@ class Heap:
                 by_offset[value[2]] = value
         return sorted(by_offset.values(), key=lambda v: -v[1])
 
+    def buffers(self) -> list[tuple[int, int, int]]:
+        """(first position, last position, bytes) of each buffer: the values at one offset whose live
+        ranges meet are one buffer (a loop's carry and its body's parameter); apart in time, two."""
+        by_offset = {}
+        for name, nbytes, offset, _ in self.values:
+            by_offset.setdefault(offset, []).append((*self.live[name], nbytes))
+        buffers = []
+        for ranges in by_offset.values():
+            ranges.sort()
+            start, end, nbytes = ranges[0]
+            for s, e, n in ranges[1:]:
+                if s > end + 1:
+                    buffers.append((start, end, nbytes))
+                    start, end, nbytes = s, e, n
+                else:
+                    end, nbytes = max(end, e), max(nbytes, n)
+            buffers.append((start, end, nbytes))
+        return buffers
+
+    def packed_bytes(self) -> int:
+        """The heap these buffers need when placed largest first (earliest first among equals), each at
+        the smallest free room between the buffers already placed that its live range meets, or above
+        them all where none is large enough."""
+        placed = []  # (first, last, offset, bytes)
+        top = 0
+        for start, end, nbytes in sorted(self.buffers(), key=lambda b: (-b[2], b[0])):
+            taken = sorted((o, o + n) for s, e, o, n in placed if s <= end and start <= e)
+            room, offset, floor = None, None, 0
+            for low, high in taken:
+                if low - floor >= nbytes and (room is None or low - floor < room):
+                    room, offset = low - floor, floor
+                floor = max(floor, high)
+            offset = floor if offset is None else offset
+            placed.append((start, end, offset, nbytes))
+            top = max(top, offset + nbytes)
+        return top
+
 
 def read_heap(directory: Path, module: str = "jit_fn") -> Heap:
     """The temporary allocation of the module `module` dumped into `directory`.
@@ -125,7 +164,8 @@ def main():
     totals, peak, steps, live = heap.totals, heap.peak, heap.steps, heap.live
     print(
         f"temporary allocation {heap.size / GiB:.3f} GiB; live peak {totals[peak] / GiB:.3f} GiB at step {peak} "
-        f"({steps.get(peak)}); the heap's gaps {(heap.size - totals[peak]) / GiB:.3f} GiB"
+        f"({steps.get(peak)}); the heap's gaps {(heap.size - totals[peak]) / GiB:.3f} GiB; the same buffers "
+        f"packed largest first {heap.packed_bytes() / GiB:.3f} GiB"
     )
     if args.timeline:
         for start in range(0, len(totals), args.timeline):
