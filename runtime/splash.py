@@ -10,6 +10,7 @@ callers scale q. Arrays are `[heads, seq, head_dim]`, the heads a multiple of th
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -46,13 +47,15 @@ class KernelConfig:
     interpret: bool  # Pallas interpret mode (CPU) instead of Mosaic (TPU)
     smem_bytes: int = 0  # the chip's scalar memory; 0 skips the check (CPU)
 
-    def blocks(self, q_len: int, kv_len: int) -> tuple[int, int]:
-        """Block sizes for a `q_len` × `kv_len` call (`splash_blocks`' rule).
+    def blocks(self, q_len: int, kv_len: int, q_run: float = float("inf")) -> tuple[int, int]:
+        """Block sizes for a `q_len` × `kv_len` call whose query positions run consecutively `q_run` tokens at
+        a time (`splash_blocks`' rule).
 
         Raises:
-            CpplanError: a length is not a multiple of its block, or a key block is not a multiple of 128.
+            CpplanError: a length is not a multiple of its block, a key block is not a multiple of 128, or a
+                query block straddles two runs.
         """
-        blocks, problem = splash_blocks(q_len, kv_len, self.block_q, self.block_kv)
+        blocks, problem = splash_blocks(q_len, kv_len, self.block_q, self.block_kv, q_run)
         if problem:
             raise CpplanError(f"{problem}.")
         return blocks
@@ -376,15 +379,12 @@ def _query_block_starts(q_positions: np.ndarray, kv_len: int, config: KernelConf
     Raises:
         CpplanError: a query block straddles two runs of positions, or bad blocks.
     """
-    ranks, q_len = q_positions.shape
-    bq, bkv = config.blocks(q_len, kv_len)
-    blocked = q_positions.reshape(ranks, q_len // bq, bq)
-    if not (np.diff(blocked, axis=-1) == 1).all():
-        raise CpplanError(
-            f"query block {bq} straddles two load-balancing chunks (two runs of query positions): block "
-            f"tables need consecutive positions in a block; use block_q dividing the chunk length {q_len // 2}."
-        )
-    return blocked[..., 0], bq, bkv
+    q_len = q_positions.shape[1]
+    # a block lies within one run where it divides every offset at which a run begins
+    _, breaks = np.nonzero(np.diff(q_positions, axis=-1) != 1)
+    q_run = math.gcd(q_len, *(int(b) + 1 for b in breaks))
+    bq, bkv = config.blocks(q_len, kv_len, q_run)
+    return q_positions[:, ::bq], bq, bkv
 
 
 def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: KernelConfig) -> Kernel:
