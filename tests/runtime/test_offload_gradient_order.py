@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("jax")
 import jax  # noqa: E402
-import jax.extend  # noqa: E402
+from jaxpr_equations import all_equations  # noqa: E402
 
 from cost_models.models import ModelSpec  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
@@ -47,7 +47,7 @@ def gradients(trainer: Trainer):
     sequences = np.random.default_rng(0).integers(0, MODEL.vocab, (4, SEQ + 1))
     batch = trainer.prepare_batch(sequences)
     grad = jax.grad(trainer.loss)
-    primitives = Counter(eqn.primitive.name for eqn in _all_eqns(jax.make_jaxpr(grad)(params, *batch).jaxpr))
+    primitives = Counter(eqn.primitive.name for eqn in all_equations(jax.make_jaxpr(grad)(params, *batch).jaxpr))
     return jax.tree.map(np.asarray, jax.jit(grad)(params, *batch)), primitives
 
 
@@ -55,13 +55,6 @@ def assert_same_gradients(a, b):
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_allclose(x, y, rtol=2e-4, atol=1e-6)
-
-
-def _all_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            yield from _all_eqns(sub)
 
 
 def test_offloading_layers_order_their_gradients_and_keep_their_values():

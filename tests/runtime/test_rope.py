@@ -6,6 +6,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from jaxpr_equations import all_equations  # noqa: E402
 
 from runtime.model import ROPE_THETA, rope  # noqa: E402
 
@@ -54,15 +55,5 @@ def test_a_bf16_gradient_is_rotated_in_bf16(case):
     gradient_shaped = {SHAPE, SHAPE[:-1] + (SHAPE[-1] // 2,)}
     _, vjp = jax.vjp(lambda x: rope(x, jnp.asarray(positions)), jnp.asarray(x, bf16))
     jaxpr = jax.make_jaxpr(vjp)(jnp.asarray(grad, bf16)).jaxpr
-    made = [v.aval for v in _outputs(jaxpr) if v.aval.shape in gradient_shaped]
+    made = [v.aval for eqn in all_equations(jaxpr) for v in eqn.outvars if v.aval.shape in gradient_shaped]
     assert made and all(aval.dtype == bf16 for aval in made), made
-
-
-def _outputs(jaxpr):
-    """Every value `jaxpr` makes, into its sub-jaxprs."""
-    for eqn in jaxpr.eqns:
-        yield from eqn.outvars
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", None)
-            if inner is not None:
-                yield from _outputs(getattr(inner, "jaxpr", inner))
