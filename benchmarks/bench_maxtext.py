@@ -28,6 +28,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -125,17 +126,24 @@ def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict
     return export_maxtext(plan)
 
 
-def compile_with_maxtext(
-    python: Path, flags: dict, compile_flags: dict, out_dir: Path, name: str, *, reuse: bool = False
-):
-    """(compiled memory or None, out-of-memory (required, available) or None, seconds, log path).
+def command_line(export) -> str:
+    """An export's compile as the bench runs it and its log names it: LIBTPU_INIT_ARGS where the export
+    needs it, then the training flags and the `compile_topology*` flags."""
+    env = f"LIBTPU_INIT_ARGS={shlex.quote(export.libtpu_init_args)} " if export.libtpu_init_args else ""
+    return f"{env}{format_flags(export.flags)} {format_flags(export.compile_flags)}"
 
-    With `reuse`, a log of the same flags from an earlier run is read instead of compiling again.
+
+def compile_with_maxtext(python: Path, export, out_dir: Path, name: str, *, reuse: bool = False):
+    """(compiled memory or None, out-of-memory (required, available) or None, seconds, log path) of an
+    export compiled as it asks (its flags, and its LIBTPU_INIT_ARGS in the environment).
+
+    With `reuse`, a log of the same command line from an earlier run is read instead of compiling again.
     """
     tag = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    words = [f"{k}={v}" for k, v in {**flags, **compile_flags}.items()]
+    env_words = [f"LIBTPU_INIT_ARGS={export.libtpu_init_args}"] if export.libtpu_init_args else []
+    words = [f"{k}={v}" for k, v in {**export.flags, **export.compile_flags}.items()]
     log = out_dir / f"{tag}.log"
-    if reuse and log.exists() and log.read_text().startswith(" ".join(words) + "\n"):
+    if reuse and log.exists() and log.read_text().startswith(" ".join(env_words + words) + "\n"):
         text = log.read_text()
         seconds = float(re.search(r"^compile_s=([0-9.]+)$", text, re.M).group(1))
         return (*_memory_of(text), seconds, log)
@@ -151,6 +159,8 @@ def compile_with_maxtext(
     ).stdout.strip()
     extra = ["dataset_type=synthetic", f"run_name={tag}", f"base_output_directory={out_dir / 'maxtext'}"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TPU_WORKER_HOSTNAMES": "localhost"}
+    if export.libtpu_init_args:
+        env["LIBTPU_INIT_ARGS"] = export.libtpu_init_args
     start = time.time()
     run = subprocess.run(
         [str(python), "-m", "maxtext.trainers.pre_train.train_compile", base_yml, *words, *extra],
@@ -160,7 +170,7 @@ def compile_with_maxtext(
     )
     seconds = time.time() - start
     text = run.stdout + run.stderr
-    log.write_text(f"{' '.join(words)}\ncompile_s={seconds:.1f}\n{text}")
+    log.write_text(f"{' '.join(env_words + words)}\ncompile_s={seconds:.1f}\n{text}")
     return (*_memory_of(text), seconds, log)
 
 
@@ -203,12 +213,10 @@ def main() -> int:
     for name, topology, seq_len, strategy, mesh, extra in chosen:
         export = exported(topology, seq_len, strategy, mesh, extra)
         predicted = estimate(export.plan, target="maxtext")
-        print(f"== {name}\n   {format_flags(export.flags)} {format_flags(export.compile_flags)}", flush=True)
+        print(f"== {name}\n   {command_line(export)}", flush=True)
         for note in export.notes:
             print(f"   note: {note}")
-        memory, oom, seconds, log = compile_with_maxtext(
-            python, export.flags, export.compile_flags, out_dir, name, reuse=args.reuse
-        )
+        memory, oom, seconds, log = compile_with_maxtext(python, export, out_dir, name, reuse=args.reuse)
         capacity = predicted.hbm_capacity_bytes
         if memory is not None:
             compiled, fits = memory.hbm_bytes_per_device, True

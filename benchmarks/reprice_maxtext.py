@@ -16,12 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_maxtext import PLANS, TOLERANCE, exported  # noqa: E402
+from bench_maxtext import PLANS, TOLERANCE, command_line, exported  # noqa: E402
 from reprice_memory import stored_results  # noqa: E402
 
 from cost_models.units import GiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
-from planner.maxtext import format_flags  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_maxtext.json"
 LOG = RESULTS.with_suffix(".txt")
@@ -46,7 +45,7 @@ def main():
         export = exported(topology, seq_len, strategy, mesh, extra)
         now, old = estimate(export.plan, target="maxtext"), stored[name]
         ratio = now.hbm_bytes_per_device / GiB / old["compiled_gib"]
-        flags = f"{format_flags(export.flags)} {format_flags(export.compile_flags)}"
+        flags = command_line(export)
         same_flags = ran.get(name) == flags
         good += abs(ratio - 1) <= TOLERANCE and now.fits == old["compiled_fits"] and same_flags
         print(

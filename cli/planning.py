@@ -132,7 +132,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     exported = export_maxtext(plan)
     if args.json:
         print(
-            to_json({"flags": exported.flags, "compile_flags": exported.compile_flags, "notes": list(exported.notes)})
+            to_json(
+                {
+                    "flags": exported.flags,
+                    "compile_flags": exported.compile_flags,
+                    "libtpu_init_args": exported.libtpu_init_args,
+                    "notes": list(exported.notes),
+                }
+            )
         )
         return 0
     print(format_flags(exported.flags))

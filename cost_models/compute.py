@@ -181,6 +181,11 @@ def splash_vmem_problem(block_q, block_kv, *, head_dim, act_bytes, chip) -> "str
 SCOPED_VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib"  # the TPU compiler's flag raising the limit
 
 
+def scoped_vmem_flag(limit_kib: int | None) -> str:
+    """The compiler flag raising the scoped VMEM limit to `limit_kib` ("" for None: the default)."""
+    return "" if limit_kib is None else f"{SCOPED_VMEM_FLAG}={limit_kib}"
+
+
 def scoped_vmem_limit_kib(block_q, block_kv, *, head_dim, act_bytes, chip) -> "int | None":
     """The `SCOPED_VMEM_FLAG` value a TPU compile of these blocks needs: the chip's raised limit
     where a grid step needs more than the compiler's default and fits that; else None (the

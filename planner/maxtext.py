@@ -28,7 +28,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from cost_models.compute import SCOPED_VMEM_FLAG
+from cost_models.compute import scoped_vmem_flag
 from cost_models.errors import CpplanError
 from cost_models.masks import MaskKind
 from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
@@ -163,12 +163,15 @@ class MaxTextExport:
         flags: the training flags.
         compile_flags: the ahead-of-time flags of `train_compile` (`compile_topology*`), apart.
         notes: what changed from the plan asked for, and what the flags leave at MaxText's defaults.
+        libtpu_init_args: the TPU compiler flags MaxText's process needs in LIBTPU_INIT_ARGS ("" for none):
+            the scoped VMEM the splash blocks need.
     """
 
     plan: Plan
     flags: dict[str, object]
     compile_flags: dict[str, object]
     notes: tuple[str, ...]
+    libtpu_init_args: str = ""
 
 
 def export_maxtext(plan: Plan) -> MaxTextExport:
@@ -247,16 +250,17 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
                 "num_slices": plan.num_slices,
             }
         )
-    if plan.scoped_vmem_limit_kib is not None:
+    libtpu_init_args = scoped_vmem_flag(plan.scoped_vmem_limit_kib)
+    if libtpu_init_args:
         notes.append(
             f"splash blocks {plan.block_q}×{plan.block_kv} need more scoped VMEM than the compiler's "
-            f"default: run with LIBTPU_INIT_ARGS={SCOPED_VMEM_FLAG}={plan.scoped_vmem_limit_kib}"
+            f"default: run with LIBTPU_INIT_ARGS={libtpu_init_args}"
         )
     compile_flags: dict[str, object] = {}
     slice_name = _slice_name(plan.topology)
     if slice_name:
         compile_flags = {"compile_topology": slice_name, "compile_topology_num_slices": plan.num_slices}
-    return MaxTextExport(plan, flags, compile_flags, tuple(notes))
+    return MaxTextExport(plan, flags, compile_flags, tuple(notes), libtpu_init_args)
 
 
 def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from cost_models.chips import ChipKind
-from cost_models.compute import SCOPED_VMEM_FLAG
+from cost_models.compute import scoped_vmem_flag
 from cost_models.errors import CpplanError
 from cost_models.units import GiB
 from planner.plan import Plan
@@ -38,11 +38,6 @@ TPU_COMPILER_FLAGS: dict[str, str] = {
 def _flag_name(arg: str) -> str:
     """The name of a libtpu flag argument, `--name=value` or `--name`."""
     return arg.split("=", 1)[0].lstrip("-")
-
-
-def scoped_vmem_flag(limit_kib: int | None) -> str:
-    """The compiler flag raising the scoped VMEM limit to `limit_kib` ("" for None: the default)."""
-    return "" if limit_kib is None else f"{SCOPED_VMEM_FLAG}={limit_kib}"
 
 
 def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str:

@@ -121,7 +121,8 @@ def use_tpu_compiler_flags(chip, plans: Sequence[Plan] = ()) -> None:
     with, and the scoped VMEM the splash blocks of any of `plans` (those a run may fall back to)
     need. The user's own LIBTPU_INIT_ARGS win."""
     if chip.kind is ChipKind.TPU:
-        from runtime.compile import scoped_vmem_flag, use_compiler_flags
+        from cost_models.compute import scoped_vmem_flag
+        from runtime.compile import use_compiler_flags
 
         limits = [p.scoped_vmem_limit_kib for p in plans if p.scoped_vmem_limit_kib is not None]
         use_compiler_flags(chip.name, scoped_vmem_flag(max(limits) if limits else None))

@@ -73,6 +73,19 @@ def test_max_seq_len_and_export(capsys):
     assert "ici_context_parallelism=" in out and "max_target_length=131072" in out and "model_name=llama3.1-8b" in out
 
 
+def test_export_json_carries_the_libtpu_flags_maxtext_needs(capsys):
+    # all-gather over 4 at 32K on v5p-8: MaxText's target takes splash blocks of 2048, whose grid step needs
+    # more scoped VMEM than the compiler's default 16 MiB (a compile without the flag fails)
+    args = ["export", "--format", "maxtext", "--model", "llama3.1-8b", "--seq-len", "32k", "--topology", "v5p-8"]
+    assert (
+        main([*args, "--strategies", "all_gather", "--mesh", "context=4", "--global-batch-tokens", "32k", "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["flags"]["sa_block_q"] == 2048
+    assert out["libtpu_init_args"] == "--xla_tpu_scoped_vmem_limit_kib=65472"
+
+
 def test_a_batch_target_or_an_exact_batch(capsys):
     """--global-batch-tokens is a target the search moves to a count that fits; --exact-batch is kept."""
     assert (

@@ -296,8 +296,10 @@ def test_export_writes_the_scoped_vmem_its_blocks_need():
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["all_gather"], global_batch_tokens="128k")
     wide = export_maxtext(dataclasses.replace(plan, block_q=2048, block_kv=2048))
     assert wide.flags["sa_block_q"] == 2048
+    assert wide.libtpu_init_args == "--xla_tpu_scoped_vmem_limit_kib=65472"
     assert any("LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65472" in note for note in wide.notes)
     narrow = export_maxtext(dataclasses.replace(plan, block_q=1024, block_kv=1024))
+    assert narrow.libtpu_init_args == ""
     assert not any("scoped_vmem" in note for note in narrow.notes)
 
 

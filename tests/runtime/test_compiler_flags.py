@@ -61,8 +61,8 @@ def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wi
     import dataclasses
 
     import planner
+    from cost_models.compute import scoped_vmem_flag
     from cost_models.topology import get_topology
-    from runtime.compile import scoped_vmem_flag
     from runtime.launch import use_tpu_compiler_flags
 
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k")
