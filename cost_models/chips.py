@@ -69,6 +69,12 @@ class ChipKind(str, Enum):
         return self is not ChipKind.TPU
 
     @property
+    def lanes(self) -> int:
+        """Elements an array's minor-most dimension is laid out in multiples of in memory: a TPU tiles it
+        by 128 lanes (its vector registers' width), so a head of 64 there takes 128; elsewhere, as it is."""
+        return 128 if self is ChipKind.TPU else 1
+
+    @property
     def jax_platform(self) -> str:
         """The jax platform name of these devices."""
         return self.value

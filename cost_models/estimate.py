@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 
 from cost_models.candidates import Candidates
-from cost_models.chips import ChipKind
 from cost_models.pricing import Priced, peak_bytes
 from cost_models.strategies import STRATEGIES
-from cost_models.strategies.base import SPLASH_LANES
+from cost_models.strategies.base import lane_ratio
 from cost_models.units import mfu
 
 
@@ -198,13 +197,13 @@ def estimate_row(
 
 def unpriced_memory_notes(x: Candidates) -> tuple[str, ...]:
     """What the memory price is known to leave out for these candidates' model and chip."""
-    head_dim = x.model.head_dim
-    if x.topology.chip.kind is not ChipKind.TPU or head_dim % SPLASH_LANES == 0:
+    head_dim, lanes = x.model.head_dim, x.topology.chip.kind.lanes
+    if head_dim % lanes == 0:
         return ()
-    padded = -(-head_dim // SPLASH_LANES) * SPLASH_LANES
     return (
-        f"head_dim {head_dim} is not a multiple of the TPU's {SPLASH_LANES} lanes: values the compiler lays out "
-        f"with the head dimension minor-most (splash's q and output, some kept for the backward) take up to "
-        f"{padded / head_dim:.3g}× their bytes, which the memory price does not count (docs/measurements.md, "
-        '"Heads narrower than a lane"); compile the plan (`cpplan compile`) before trusting its fit',
+        f"head_dim {head_dim} is not a multiple of the TPU's {lanes} lanes: the attention's values in splash's "
+        f"layout are priced lane-padded ({lane_ratio(x):.3g}× their bytes), but the kept values a compiler lays "
+        f"out with the head minor-most are not (some v5p layouts keep q and the output so), and two compiles of "
+        f'a ring of two held 7–10% more than priced (docs/measurements.md, "Heads narrower than a lane"); '
+        f"compile the plan (`cpplan compile`) before trusting its fit",
     )

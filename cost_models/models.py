@@ -506,6 +506,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("llama3.1-405b", 126, 16384, 128, 8, 128, 53248, 128256),
         ModelSpec("llama2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
         ModelSpec("llama2-70b", 80, 8192, 64, 8, 128, 28672, 32000),
+        # heads of 64, narrower than a TPU's 128 lanes (docs/measurements.md, "Heads narrower than a lane")
+        ModelSpec("llama3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, tie_embeddings=True),
         # models with local layers, shaped as google/gemma-3-12b-pt's and mistralai/Mistral-7B-v0.1's
         # config.json (Gemma's extra norms, q/k norms and embedding scaling are not modelled:
         # docs/provenance/cost_models.md#models)

@@ -17,7 +17,7 @@ from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import Layout
-from cost_models.strategies.base import SPLASH_LANES, CPCost
+from cost_models.strategies.base import SPLASH_LANES, CPCost, lane_ratio
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
@@ -112,9 +112,9 @@ def price_memory(
     # attention side for every token, the MLP's for one chunk (each chunk is its own checkpoint)
     # the residual stream's values (a parallel block's one, a sequential block's two) on its tokens
     residual_stream = residual_tokens(tokens, tensor) * (1 if m.decoder_block.parallel else 2) * m.hidden
-    attention_values = (
-        tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor) + residual_stream
-    )
+    # q, K, V, the output and their gradients in splash's layout, the head lane-padded
+    head = m.head_dim * lane_ratio(x)
+    attention_values = tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * head / tensor) + residual_stream
     mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
     mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
@@ -136,7 +136,7 @@ def price_memory(
     attention_early = (
         attention_before_mlp_backward(x)
         * x.sequences_per_device
-        * m.head_dim
+        * head
         * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads)
     )
     # offloaded values the attention's backward reads, fetched an iteration ahead (`READ_BY_ATTENTION_BACKWARD`)
@@ -165,7 +165,7 @@ def price_memory(
     # stream's, nor the strategy's gradient buffers; that moment's excess over the kernels'
     # (docs/provenance/cost_models.md#memory)
     not_yet_formed = (
-        tokens * (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tensor * a
+        tokens * (m.num_heads + 2 * m.num_kv_heads) * head / tensor * a
         + residual_stream * a
         + context.buffer_bytes
         - context.buffer_bytes_before_backward
@@ -238,7 +238,7 @@ def working_set_beside_kv(x: Candidates) -> np.ndarray:
     input, which the projections' weight gradients read afterwards. The input's gradient is not formed
     yet (docs/provenance/strategies_and_validation.md#ring, #all_gather there)."""
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
-    q_width = m.num_heads * m.head_dim / tensor
+    q_width = m.num_heads * m.head_dim * lane_ratio(x) / tensor
     input_held = recomputed_checkpoint(x, "query_proj")
     return tokens * (4 * q_width + input_held * m.hidden) + residual_tokens(tokens, tensor) * m.hidden
 

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cost_models.strategies.base import AxisRule, CPCost, KernelCall, Layout, Shape, StrategySpec, tensor_shard_heads
+from cost_models.strategies.base import (
+    AxisRule,
+    CPCost,
+    KernelCall,
+    Layout,
+    Shape,
+    StrategySpec,
+    lane_ratio,
+    tensor_shard_heads,
+)
 from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
 
@@ -50,18 +59,19 @@ class AllGather(StrategySpec):
         gather = x.comm.all_gather(kv_full, x.ring, *x.context_link)
         scatter = (2 if gradients_all_reduced else 1) * x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)
         bwd = gather + scatter
-        # the gathered K/V, then their gradients before the scatter
+        # the gathered K/V, then their gradients before the scatter, in the kernel's layout
+        held = kv_full * lane_ratio(x)
         return CPCost(
             gather,
             bwd,
             gather,
             bwd,
-            2 * kv_full,
+            2 * held,
             recompute_reuses_s=gather,
             reads_own_lse=1.0,
-            buffer_bytes_before_backward=kv_full,
+            buffer_bytes_before_backward=held,
             kv_in_working_set=0.0,
-            held_through_mlp_backward=kv_full,
+            held_through_mlp_backward=held,
         )
 
     def describe(self, ring: int, ulysses: int, zigzag: bool) -> str:

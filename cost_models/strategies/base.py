@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from cost_models.chips import ChipKind
 from cost_models.masks import AttentionMask, MaskKind
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import CPStrategy
 
 # splash blocks are lane-width multiples on the chip (interpret mode is laxer); plans keep the rule everywhere
-SPLASH_LANES = 128
+SPLASH_LANES = ChipKind.TPU.lanes
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,16 @@ def query_values(x, layout: Layout):
 def key_values(x, layout: Layout):
     """Values of K per device in the kernel's layout, V's as many."""
     return x.sequences_per_device * layout.kv_len * layout.kv_heads * x.model.head_dim
+
+
+def lane_ratio(x) -> float:
+    """Bytes a value in splash's layout takes in HBM per byte of its values: a layer's q, K, V, attention
+    output, their gradients and fp32 sums hold the head minor-most, which the chip lays out in whole lanes
+    (`ChipKind.lanes`: a head of 64 takes 128 on a TPU). The ring's K/V and sums in flight between
+    devices and the kept stacks hold the tokens minor-most and are not padded (docs/measurements.md,
+    "Heads narrower than a lane")."""
+    lanes, head = x.topology.chip.kind.lanes, x.model.head_dim
+    return -(-head // lanes) * lanes / head
 
 
 @dataclass(frozen=True)

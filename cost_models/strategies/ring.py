@@ -17,6 +17,7 @@ from cost_models.strategies.base import (
     Shape,
     StrategySpec,
     key_values,
+    lane_ratio,
     query_values,
     tensor_shard_heads,
 )
@@ -79,7 +80,7 @@ def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
     do): forward, fp32 output read+written and the call's output read; backward, the fp32 dq and
     dK/dV accumulators each read and written."""
     merges = sum(np.asarray(c.count, dtype=float) for c in calls) - 1
-    q_values, kv_values = query_values(x, layout), key_values(x, layout)
+    q_values, kv_values = (lane_ratio(x) * v for v in (query_values(x, layout), key_values(x, layout)))
     forward = merges * q_values * (2 * GRAD_BYTES + x.act_bytes)
     backward = merges * 3 * GRAD_BYTES * (q_values + 2 * kv_values)
     return forward, backward
@@ -107,9 +108,10 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     # what a hop of the backward holds beyond the working set (whose gradients of q, K, V are the hop's
     # own): dq's fp32 sum and the one being formed, the next hop's K/V and dK/dV's fp32 sums arriving,
     # and while a later hop follows, the sums being formed; a mask that needs no hop holds none of
-    # them (docs/provenance/strategies_and_validation.md#ring)
-    kv_sums = 1 + (hops > 1)
-    buffers = (hops > 0) * (q_block * 2 * GRAD_BYTES + kv_block * (1 + kv_sums * GRAD_BYTES / x.act_bytes))
+    # them (docs/provenance/strategies_and_validation.md#ring). Those in flight are not lane-padded.
+    in_flight = kv_block * (1 + GRAD_BYTES / x.act_bytes)
+    forming = lane_ratio(x) * (q_block * 2 * GRAD_BYTES + (hops > 1) * kv_block * GRAD_BYTES / x.act_bytes)
+    buffers = (hops > 0) * (in_flight + forming)
     return CPCost(
         fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd, kv_in_working_set=(hops == 0) * 1.0
     )

@@ -19,6 +19,7 @@ from cost_models.strategies.base import (
     StrategySpec,
     Violation,
     kv_heads_per_tensor_shard,
+    lane_ratio,
 )
 from cost_models.strategies.registry import register
 from cost_models.vocabulary import CPStrategy
@@ -78,8 +79,9 @@ def all_to_all_cost(x, layout: Layout):
 def kept_operand_copies(x):
     """Bytes per device the all-to-all adds to a layer's peak: it lays the working set's q/K/V/out out
     anew for the kernel, so only the values the policy keeps (counted in the activations, not the
-    working set) are held twice, once per layout (docs/provenance/strategies_and_validation.md#usp)."""
-    return x.tokens_per_device * x.held_remat_columns.kept_attention_operands / x.tensor * x.act_bytes
+    working set) are held twice, once per layout, the kernel's lane-padded (`lane_ratio`)
+    (docs/provenance/strategies_and_validation.md#usp)."""
+    return x.tokens_per_device * x.held_remat_columns.kept_attention_operands / x.tensor * x.act_bytes * lane_ratio(x)
 
 
 def maxtext_ulysses_problems(shape: Shape) -> list[str]:

@@ -16,6 +16,7 @@ from cost_models.strategies.base import (
     StrategySpec,
     Violation,
     key_values,
+    lane_ratio,
     query_values,
 )
 from cost_models.strategies.registry import register
@@ -35,7 +36,7 @@ def zigzag_hop_excess(x, layout: Layout):
     block's): the later sources' hops slice q's and the output gradient's second halves out anew and form
     half a dq, beside the hop's dK/dV, in place of the fp32 sums a ring's later hop forms at that moment
     (docs/provenance/strategies_and_validation.md#usp)."""
-    q_values, kv_values = query_values(x, layout), key_values(x, layout)
+    q_values, kv_values = (lane_ratio(x) * v for v in (query_values(x, layout), key_values(x, layout)))
     later_hop = hops_needed(x.attention_mask, x.seq_len / layout.ring, layout.ring) > 1
     return x.zigzag * ((q_values / 2 + 2 * kv_values) * x.act_bytes - later_hop * 2 * kv_values * GRAD_BYTES)
 
