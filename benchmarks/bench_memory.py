@@ -660,6 +660,39 @@ ROWS = [
         4,
         dict(remat="save_dot_except_mlp", load_balance="zigzag"),
     ),
+    # a ring of two (one hop), whose zigzag hop holds half a dq beside its dK/dV where a later hop would form
+    # its fp32 sums (read from this plan's dump at splash blocks of 2048 and from two with heads of 64)
+    (
+        "tpu7x default batch ring context2 fsdp4 64K x64 full 4l",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, context=2),
+        "ring",
+        64 * K,
+        64,
+        4,
+        dict(remat="full", load_balance="zigzag"),
+    ),
+    # added before they were compiled, as a held-out check of that hop: v5p, and another policy
+    (
+        "v5p default batch ring context2 fsdp2 64K x38 full 4l",
+        "v5p:2x2x1",
+        dict(fsdp=2, context=2),
+        "ring",
+        64 * K,
+        38,
+        4,
+        dict(remat="full", load_balance="zigzag"),
+    ),
+    (
+        "tpu7x default batch ring context2 fsdp4 64K x52 save_dot_except_mlp 4l",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, context=2),
+        "ring",
+        64 * K,
+        52,
+        4,
+        dict(remat="save_dot_except_mlp", load_balance="zigzag"),
+    ),
     # local layers (Llama 3.1 8B's shapes with a window, chunks or packed documents; `model` holds the
     # ModelSpec fields): the ring's one hop, a layer switch between a local and a global mask
     (

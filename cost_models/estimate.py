@@ -203,7 +203,7 @@ def unpriced_memory_notes(x: Candidates) -> tuple[str, ...]:
     return (
         f"head_dim {head_dim} is not a multiple of the TPU's {lanes} lanes: the attention's values in splash's "
         f"layout are priced lane-padded ({lane_ratio(x):.3g}× their bytes), but the kept values a compiler lays "
-        f"out with the head minor-most are not (some v5p layouts keep q and the output so), and two compiles of "
-        f'a ring of two held 7–10% more than priced (docs/measurements.md, "Heads narrower than a lane"); '
-        f"compile the plan (`cpplan compile`) before trusting its fit",
+        f"out with the head minor-most are not (some v5p layouts keep q and the output so), and a ring of two "
+        f'held up to 5.5% more than priced (docs/measurements.md, "Heads narrower than a lane"); compile the '
+        f"plan (`cpplan compile`) before trusting its fit",
     )

@@ -86,6 +86,17 @@ def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
     return forward, backward
 
 
+def zigzag_hop_excess(x, layout: Layout):
+    """Bytes per device a backward hop under zigzag holds beyond the ring's buffers (whose dq is a whole
+    block's): the later sources' hops slice q's and the output gradient's second halves out anew and form
+    half a dq beside the hop's dK/dV, where a later hop forms its fp32 sums instead, the larger of the two
+    (docs/provenance/strategies_and_validation.md#usp, #ring)."""
+    q_values, kv_values = (lane_ratio(x) * v for v in (query_values(x, layout), key_values(x, layout)))
+    later_hop = hops_needed(x.attention_mask, x.seq_len / layout.ring, layout.ring) > 1
+    hop_own = (q_values / 2 + 2 * kv_values) * x.act_bytes
+    return x.zigzag * np.maximum(hop_own - later_hop * 2 * kv_values * GRAD_BYTES, 0.0)
+
+
 def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kernel_kv) -> CPCost:
     """Ring traffic for blocks of S/ring tokens with `heads_in_kernel_kv` KV heads (USP reuses it)."""
     r = layout.ring
@@ -113,7 +124,14 @@ def ring_cost(x, layout: Layout, attention_fwd_s, attention_bwd_s, heads_in_kern
     forming = lane_ratio(x) * (q_block * 2 * GRAD_BYTES + (hops > 1) * kv_block * GRAD_BYTES / x.act_bytes)
     buffers = (hops > 0) * (in_flight + forming)
     return CPCost(
-        fwd, bwd, exposed_fwd, exposed_bwd, buffers, recompute_shared_hops_s=fwd, kv_in_working_set=(hops == 0) * 1.0
+        fwd,
+        bwd,
+        exposed_fwd,
+        exposed_bwd,
+        buffers,
+        recompute_shared_hops_s=fwd,
+        kv_in_working_set=(hops == 0) * 1.0,
+        beside_kv_excess=zigzag_hop_excess(x, layout),
     )
 
 

@@ -6,7 +6,6 @@ ring then passes those blocks around the `context` axis. Costs are the two strat
 
 from __future__ import annotations
 
-from cost_models.masks import hops_needed
 from cost_models.strategies.base import (
     AxisRule,
     CPCost,
@@ -15,12 +14,10 @@ from cost_models.strategies.base import (
     Shape,
     StrategySpec,
     Violation,
-    key_values,
-    lane_ratio,
     query_values,
 )
 from cost_models.strategies.registry import register
-from cost_models.strategies.ring import GRAD_BYTES, ring_calls, ring_cost, ring_merge_bytes, tokamax_ring_calls
+from cost_models.strategies.ring import ring_calls, ring_cost, ring_merge_bytes, tokamax_ring_calls
 from cost_models.strategies.ulysses import (
     all_to_all_cost,
     kept_operand_copies,
@@ -29,16 +26,6 @@ from cost_models.strategies.ulysses import (
     ulysses_layout,
 )
 from cost_models.vocabulary import CPStrategy
-
-
-def zigzag_hop_excess(x, layout: Layout):
-    """Bytes per device a backward hop of USP under zigzag holds beyond the ring's hop (whose dq is a whole
-    block's): the later sources' hops slice q's and the output gradient's second halves out anew and form
-    half a dq, beside the hop's dK/dV, in place of the fp32 sums a ring's later hop forms at that moment
-    (docs/provenance/strategies_and_validation.md#usp)."""
-    q_values, kv_values = (lane_ratio(x) * v for v in (query_values(x, layout), key_values(x, layout)))
-    later_hop = hops_needed(x.attention_mask, x.seq_len / layout.ring, layout.ring) > 1
-    return x.zigzag * ((q_values / 2 + 2 * kv_values) * x.act_bytes - later_hop * 2 * kv_values * GRAD_BYTES)
 
 
 class USP(StrategySpec):
@@ -81,7 +68,7 @@ class USP(StrategySpec):
             recompute_reuses_s=a2a_fwd,
             recompute_shared_hops_s=ring.recompute_shared_hops_s,
             kv_in_working_set=ring.kv_in_working_set,
-            beside_kv_excess=zigzag_hop_excess(x, layout),
+            beside_kv_excess=ring.beside_kv_excess,
             operand_copies_bytes=copies,
             relaid_output_bytes=query_values(x, layout) * x.act_bytes,
         )

@@ -663,6 +663,25 @@ def test_heads_narrower_than_a_lane_take_whole_lanes_in_splashs_layout():
     assert notes("llama3.1-8b", "v5p:2x2x1") == () and notes("small", "cpu:8") == ()
 
 
+def test_a_zigzag_hop_holds_half_a_dq_and_its_dkv_unless_a_later_hops_sums_are_larger():
+    from small_candidates import one_candidate
+
+    from cost_models.strategies import STRATEGIES
+    from cost_models.strategies.ring import zigzag_hop_excess
+    from cost_models.vocabulary import CPStrategy
+
+    def excess(ring, zigzag=True):
+        x = one_candidate(CPStrategy.RING, "cpu:4", ring=ring, zigzag=zigzag)
+        return float(zigzag_hop_excess(x, STRATEGIES[CPStrategy.RING].layout(x))[0])
+
+    # a ring of two over 2048 tokens: one hop, 1024 queries of 8 heads and keys of 4 heads of 32; half a dq
+    # (1024 · 8 · 32 / 2) and the hop's dK/dV (2 · 1024 · 4 · 32), bf16
+    assert excess(2) == (1024 * 8 * 32 / 2 + 2 * 1024 * 4 * 32) * 2
+    # a ring of four: a later hop's fp32 dK/dV sums (2 · 512 · 4 · 32 · 4 B) are larger: nothing more
+    assert excess(4) == 0.0
+    assert excess(2, zigzag=False) == 0.0
+
+
 def test_a_plan_of_heads_of_64_the_compiler_refused_is_priced_as_not_fitting():
     from planner import evaluate
 
