@@ -71,6 +71,12 @@ def key_values(x, layout: Layout):
     return x.sequences_per_device * layout.kv_len * layout.kv_heads * x.model.head_dim
 
 
+def laid_out_values(x, layout: Layout):
+    """(q's, K's) values per device as splash's layout holds them in HBM, the head in whole lanes
+    (`lane_ratio`); the attention output's as many as q's, V's as K's."""
+    return lane_ratio(x) * query_values(x, layout), lane_ratio(x) * key_values(x, layout)
+
+
 def lane_ratio(x) -> float:
     """Bytes a value in splash's layout takes in HBM per byte of its values: a layer's q, K, V, attention
     output, their gradients and fp32 sums hold the head minor-most, which the chip lays out in whole lanes

@@ -16,9 +16,8 @@ from cost_models.strategies.base import (
     Layout,
     Shape,
     StrategySpec,
-    key_values,
+    laid_out_values,
     lane_ratio,
-    query_values,
     tensor_shard_heads,
 )
 from cost_models.strategies.registry import register
@@ -80,7 +79,7 @@ def ring_merge_bytes(x, layout: Layout, calls: tuple[KernelCall, ...]):
     do): forward, fp32 output read+written and the call's output read; backward, the fp32 dq and
     dK/dV accumulators each read and written."""
     merges = sum(np.asarray(c.count, dtype=float) for c in calls) - 1
-    q_values, kv_values = (lane_ratio(x) * v for v in (query_values(x, layout), key_values(x, layout)))
+    q_values, kv_values = laid_out_values(x, layout)
     forward = merges * q_values * (2 * GRAD_BYTES + x.act_bytes)
     backward = merges * 3 * GRAD_BYTES * (q_values + 2 * kv_values)
     return forward, backward
@@ -91,7 +90,7 @@ def zigzag_hop_excess(x, layout: Layout):
     block's): the later sources' hops slice q's and the output gradient's second halves out anew and form
     half a dq beside the hop's dK/dV, where a later hop forms its fp32 sums instead, the larger of the two
     (docs/provenance/strategies_and_validation.md#usp, #ring)."""
-    q_values, kv_values = (lane_ratio(x) * v for v in (query_values(x, layout), key_values(x, layout)))
+    q_values, kv_values = laid_out_values(x, layout)
     later_hop = hops_needed(x.attention_mask, x.seq_len / layout.ring, layout.ring) > 1
     hop_own = (q_values / 2 + 2 * kv_values) * x.act_bytes
     return x.zigzag * np.maximum(hop_own - later_hop * 2 * kv_values * GRAD_BYTES, 0.0)
