@@ -17,7 +17,7 @@ from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import Layout
-from cost_models.strategies.base import SPLASH_LANES, CPCost, lane_ratio
+from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, lane_ratio
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
@@ -133,12 +133,8 @@ def price_memory(
     # stacked residuals, the chunk loop each chunk's slice of that copy (one slice with one chunk); a
     # step of one layer has no layer loop and no stack, and its chunk loop slices the kept values directly
     kept_mlp_copy = np.where((tokens > mlp_tokens) & (m.num_layers > 1), tokens * remat.kept_mlp_side / tensor, 0.0)
-    attention_early = (
-        attention_before_mlp_backward(x)
-        * x.sequences_per_device
-        * head
-        * (3 * layout.q_len * layout.q_heads + 2 * layout.kv_len * layout.kv_heads)
-    )
+    q_values, kv_values = laid_out_values(x, layout)
+    attention_early = attention_before_mlp_backward(x) * (3 * q_values + 2 * kv_values)
     # offloaded values the attention's backward reads, fetched an iteration ahead (`READ_BY_ATTENTION_BACKWARD`)
     fetched_ahead = tokens * remat.fetched_ahead / tensor
     # where the MLP's input is recomputed through the attention, what the attention's backward reads (less

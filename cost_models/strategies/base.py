@@ -74,7 +74,8 @@ def key_values(x, layout: Layout):
 def laid_out_values(x, layout: Layout):
     """(q's, K's) values per device as splash's layout holds them in HBM, the head in whole lanes
     (`lane_ratio`); the attention output's as many as q's, V's as K's."""
-    return lane_ratio(x) * query_values(x, layout), lane_ratio(x) * key_values(x, layout)
+    ratio = lane_ratio(x)
+    return ratio * query_values(x, layout), ratio * key_values(x, layout)
 
 
 def lane_ratio(x) -> float:
