@@ -127,10 +127,10 @@ def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict
 
 
 def command_line(export) -> str:
-    """An export's compile as the bench runs it and its log names it: LIBTPU_INIT_ARGS where the export
-    needs it, then the training flags and the `compile_topology*` flags."""
-    env = f"LIBTPU_INIT_ARGS={shlex.quote(export.libtpu_init_args)} " if export.libtpu_init_args else ""
-    return f"{env}{format_flags(export.flags)} {format_flags(export.compile_flags)}"
+    """An export's compile as the bench runs it and its log names it: its LIBTPU_INIT_ARGS, then the
+    training flags and the `compile_topology*` flags."""
+    env = f"LIBTPU_INIT_ARGS={shlex.quote(export.libtpu_init_args)}"
+    return f"{env} {format_flags(export.flags)} {format_flags(export.compile_flags)}"
 
 
 def compile_with_maxtext(python: Path, export, out_dir: Path, name: str, *, reuse: bool = False):
@@ -140,7 +140,7 @@ def compile_with_maxtext(python: Path, export, out_dir: Path, name: str, *, reus
     With `reuse`, a log of the same command line from an earlier run is read instead of compiling again.
     """
     tag = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-    env_words = [f"LIBTPU_INIT_ARGS={export.libtpu_init_args}"] if export.libtpu_init_args else []
+    env_words = [f"LIBTPU_INIT_ARGS={export.libtpu_init_args}"]
     words = [f"{k}={v}" for k, v in {**export.flags, **export.compile_flags}.items()]
     log = out_dir / f"{tag}.log"
     if reuse and log.exists() and log.read_text().startswith(" ".join(env_words + words) + "\n"):
@@ -158,9 +158,12 @@ def compile_with_maxtext(python: Path, export, out_dir: Path, name: str, *, reus
         text=True,
     ).stdout.strip()
     extra = ["dataset_type=synthetic", f"run_name={tag}", f"base_output_directory={out_dir / 'maxtext'}"]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TPU_WORKER_HOSTNAMES": "localhost"}
-    if export.libtpu_init_args:
-        env["LIBTPU_INIT_ARGS"] = export.libtpu_init_args
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "TPU_WORKER_HOSTNAMES": "localhost",
+        "LIBTPU_INIT_ARGS": export.libtpu_init_args,
+    }
     start = time.time()
     run = subprocess.run(
         [str(python), "-m", "maxtext.trainers.pre_train.train_compile", base_yml, *words, *extra],

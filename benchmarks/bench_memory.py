@@ -16,8 +16,11 @@ layer loops it peels and inlines at 2, and at 1; steps of one layer have no laye
 sequences so each compile takes seconds to a few minutes. Targets:
 the prediction within 10% of the compiler on every row, and the same fit verdict on every row.
 
-The unconstrained figure is what the compiler holds when it has the chip's whole HBM, and with HBM
-to spare its scheduler uses some (host writes left late, values fetched early). The planner's
+Each row compiles as cpplan's runs do (`runtime.compile.merged_compiler_args`: the packed buffer
+placement the price assumes, `PACKED_PLACEMENT_FLAG`; rows compiled before it was asked for left up to
+15.5% of the heap between buffers). The unconstrained figure is what the compiler holds when it has the
+chip's whole HBM, and with HBM to spare its scheduler uses some (host writes left late, values fetched
+early). The planner's
 "fits" asks whether the step compiles under the chip's HBM, so `--least-hbm` also finds, by
 bisection on the compiler's HBM cap (`xla_tpu_max_hbm_size_mib`, passed as a compile option), the
 least cap under which the step still compiles, to `LEAST_HBM_RESOLUTION`, and stores it beside the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from cli.args import (
@@ -145,6 +146,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(format_flags(exported.flags))
     if exported.compile_flags:  # train_compile's ahead-of-time flags, on their own line
         print(format_flags(exported.compile_flags))
+    print(f"cpplan: run it with LIBTPU_INIT_ARGS={shlex.quote(exported.libtpu_init_args)}", file=sys.stderr)
     for note in exported.notes:
         print(f"cpplan: note: {note}", file=sys.stderr)
     return 0

@@ -32,6 +32,7 @@ from cost_models.compute import scoped_vmem_flag
 from cost_models.errors import CpplanError
 from cost_models.masks import MaskKind
 from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
+from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
 from cost_models.pricing.target import per_head_smem_bytes, vocab_tiles
 from cost_models.remat import LAYER_INPUT, MAXTEXT_NAMES, custom_placements, offloaded_names
 from cost_models.strategies import STRATEGIES
@@ -163,15 +164,15 @@ class MaxTextExport:
         flags: the training flags.
         compile_flags: the ahead-of-time flags of `train_compile` (`compile_topology*`), apart.
         notes: what changed from the plan asked for, and what the flags leave at MaxText's defaults.
-        libtpu_init_args: the TPU compiler flags MaxText's process needs in LIBTPU_INIT_ARGS ("" for none):
-            the scoped VMEM the splash blocks need.
+        libtpu_init_args: the TPU compiler flags MaxText's process needs in LIBTPU_INIT_ARGS: the packed
+            placement the memory price assumes, and the scoped VMEM the splash blocks need.
     """
 
     plan: Plan
     flags: dict[str, object]
     compile_flags: dict[str, object]
     notes: tuple[str, ...]
-    libtpu_init_args: str = ""
+    libtpu_init_args: str
 
 
 def export_maxtext(plan: Plan) -> MaxTextExport:
@@ -250,12 +251,13 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
                 "num_slices": plan.num_slices,
             }
         )
-    libtpu_init_args = scoped_vmem_flag(plan.scoped_vmem_limit_kib)
-    if libtpu_init_args:
+    vmem = scoped_vmem_flag(plan.scoped_vmem_limit_kib)
+    if vmem:
         notes.append(
             f"splash blocks {plan.block_q}×{plan.block_kv} need more scoped VMEM than the compiler's "
-            f"default: run with LIBTPU_INIT_ARGS={libtpu_init_args}"
+            f"default: run with {vmem} in LIBTPU_INIT_ARGS"
         )
+    libtpu_init_args = f"{vmem} {PACKED_PLACEMENT_FLAG}".strip()
     compile_flags: dict[str, object] = {}
     slice_name = _slice_name(plan.topology)
     if slice_name:

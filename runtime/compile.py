@@ -15,14 +15,17 @@ from dataclasses import dataclass
 from cost_models.chips import ChipKind
 from cost_models.compute import scoped_vmem_flag
 from cost_models.errors import CpplanError
+from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
 from cost_models.units import GiB
 from planner.plan import Plan
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 LIBTPU_HINT = "install it with `pip install libtpu==0.0.52` (or `pip install 'cpplan[runtime]'`)"
 
-# The TPU compiler flags of cpplan's runs and compiles, per chip row (others: libtpu's defaults);
-# regenerate/fit_overlap.py compiles with the same, so the overlap the price reads is what runs.
+# The TPU compiler flags that shape the schedule of cpplan's runs and compiles, per chip row (others:
+# libtpu's defaults); regenerate/fit_overlap.py compiles with the same, so the overlap the price reads
+# is what runs. Every TPU compile also asks for PACKED_PLACEMENT_FLAG, which places the buffers of the
+# schedule made and leaves the schedule as it is (the same live peak at every position).
 # v5e: MaxText's asynchronous-collective set; v5p: none (libtpu 0.0.52 refuses that set's fusion).
 # evidence: docs/provenance/runtime.md#compiler-flags
 TPU_COMPILER_FLAGS: dict[str, str] = {
@@ -41,11 +44,13 @@ def _flag_name(arg: str) -> str:
 
 
 def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str:
-    """LIBTPU_INIT_ARGS: `user_args` as given, then each of cpplan's flags for `chip_name` and `extra`
-    that the user did not set, so the user's value wins whatever order libtpu reads them in."""
+    """LIBTPU_INIT_ARGS: `user_args` as given, then each of cpplan's flags for `chip_name`, the packed
+    placement every TPU compile asks for, and `extra`, that the user did not set, so the user's value
+    wins whatever order libtpu reads them in."""
     user = user_args.split()
     named = {_flag_name(arg) for arg in user}
-    ours = [arg for arg in f"{TPU_COMPILER_FLAGS.get(chip_name, '')} {extra}".split() if _flag_name(arg) not in named]
+    flags = f"{TPU_COMPILER_FLAGS.get(chip_name, '')} {PACKED_PLACEMENT_FLAG} {extra}"
+    ours = [arg for arg in flags.split() if _flag_name(arg) not in named]
     return " ".join(user + ours)
 
 

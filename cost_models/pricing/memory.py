@@ -27,6 +27,11 @@ LOSS_MEMORY = ("logits", "head_buffers")
 UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
 # before any gradient is formed: the state the forward holds and one layer's forward
 FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set")
+# The price is what a step's buffers need packed. libtpu's default placement leaves up to 15% of the
+# temporary allocation between them; this one packs them (same schedule, same live peak), and every
+# TPU compile and run of cpplan's, and its MaxText export, asks for it (docs/measurements.md,
+# "The compiler packs the heap when asked").
+PACKED_PLACEMENT_FLAG = "--xla_tpu_buffer_assignment_algorithm=BEST_OF_SPATIAL_TEMPORAL"
 
 
 def layer_bytes(memory: dict):

@@ -69,8 +69,11 @@ def test_max_seq_len_and_export(capsys):
         )
         == 0
     )
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "ici_context_parallelism=" in out and "max_target_length=131072" in out and "model_name=llama3.1-8b" in out
+    # the compiler flags go to stderr, never among the training flags
+    assert "cpplan: run it with LIBTPU_INIT_ARGS=--xla_tpu_buffer_assignment_algorithm=BEST_OF_SPATIAL_TEMPORAL" in err
+    assert "xla_tpu" not in out
 
 
 def test_export_json_carries_the_libtpu_flags_maxtext_needs(capsys):
@@ -83,7 +86,9 @@ def test_export_json_carries_the_libtpu_flags_maxtext_needs(capsys):
     )
     out = json.loads(capsys.readouterr().out)
     assert out["flags"]["sa_block_q"] == 2048
-    assert out["libtpu_init_args"] == "--xla_tpu_scoped_vmem_limit_kib=65472"
+    assert out["libtpu_init_args"] == (
+        "--xla_tpu_scoped_vmem_limit_kib=65472 --xla_tpu_buffer_assignment_algorithm=BEST_OF_SPATIAL_TEMPORAL"
+    )
 
 
 def test_a_batch_target_or_an_exact_batch(capsys):

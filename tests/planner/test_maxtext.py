@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import planner
 from cost_models.errors import CpplanError
 from cost_models.models import MODELS
+from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
 from cost_models.pricing.target import vocab_tiles
 from cost_models.strategies.base import maxtext_local_layers_problem
 from cost_models.targets import Target
@@ -292,14 +293,14 @@ def test_maxtext_waits_for_its_ring_hops_where_cpplan_hides_them():
     assert ours.exposed_s["context"] < ours.comm_s["context"]
 
 
-def test_export_writes_the_scoped_vmem_its_blocks_need():
+def test_export_writes_the_packed_placement_and_the_scoped_vmem_its_blocks_need():
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", strategies=["all_gather"], global_batch_tokens="128k")
     wide = export_maxtext(dataclasses.replace(plan, block_q=2048, block_kv=2048))
     assert wide.flags["sa_block_q"] == 2048
-    assert wide.libtpu_init_args == "--xla_tpu_scoped_vmem_limit_kib=65472"
-    assert any("LIBTPU_INIT_ARGS=--xla_tpu_scoped_vmem_limit_kib=65472" in note for note in wide.notes)
+    assert wide.libtpu_init_args == f"--xla_tpu_scoped_vmem_limit_kib=65472 {PACKED_PLACEMENT_FLAG}"
+    assert any("--xla_tpu_scoped_vmem_limit_kib=65472 in LIBTPU_INIT_ARGS" in note for note in wide.notes)
     narrow = export_maxtext(dataclasses.replace(plan, block_q=1024, block_kv=1024))
-    assert narrow.libtpu_init_args == ""
+    assert narrow.libtpu_init_args == PACKED_PLACEMENT_FLAG  # the placement the memory price assumes, alone
     assert not any("scoped_vmem" in note for note in narrow.notes)
 
 

@@ -1,15 +1,17 @@
 """cpplan's TPU compiler flags merged into a user's LIBTPU_INIT_ARGS (`runtime.compile`): the
-user's flags win, cpplan's fill in the rest, and a real run's process gets them before libtpu starts."""
+user's flags win, cpplan's fill in the rest, and a real run's process gets them before libtpu starts.
+Every TPU compile asks for the packed placement the memory price assumes (`PACKED_PLACEMENT_FLAG`)."""
 
 import os
 
 import pytest
 
+from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
 from runtime.compile import TPU_COMPILER_FLAGS, merged_compiler_args, use_compiler_flags
 
 pytestmark = pytest.mark.pure
 
-V5E = TPU_COMPILER_FLAGS["v5e"].split()
+V5E = [*TPU_COMPILER_FLAGS["v5e"].split(), PACKED_PLACEMENT_FLAG]
 
 
 def test_a_flag_the_user_set_keeps_the_users_value():
@@ -21,12 +23,15 @@ def test_a_flag_the_user_set_keeps_the_users_value():
     assert len(merged) == 2 + len(V5E) - 1
 
 
-def test_merging_is_idempotent_and_a_chip_without_flags_keeps_the_users():
+def test_merging_is_idempotent_and_a_chip_without_flags_of_its_own_gets_the_placement_alone():
     once = merged_compiler_args("--xla_jf_dump_to=/tmp/x", "v5e")
     assert merged_compiler_args(once, "v5e") == once
     assert merged_compiler_args("", "v5e") == " ".join(V5E)
-    assert merged_compiler_args(" --a=1  --b ", "v5p") == "--a=1 --b"  # v5p compiles with libtpu's defaults
-    assert merged_compiler_args("", "v5p") == ""
+    # v5p and tpu7x schedule with libtpu's defaults
+    assert merged_compiler_args(" --a=1  --b ", "v5p") == f"--a=1 --b {PACKED_PLACEMENT_FLAG}"
+    assert merged_compiler_args("", "tpu7x") == PACKED_PLACEMENT_FLAG
+    spatial = "--xla_tpu_buffer_assignment_algorithm=SPATIAL"
+    assert merged_compiler_args(spatial, "v5p") == spatial  # the user's placement wins
 
 
 def test_use_compiler_flags_sets_the_process_environment(monkeypatch):
@@ -37,7 +42,7 @@ def test_use_compiler_flags_sets_the_process_environment(monkeypatch):
     assert set(V5E) - set(args) == {"--xla_enable_async_all_gather=true"}
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
     use_compiler_flags("v5p")
-    assert "LIBTPU_INIT_ARGS" not in os.environ
+    assert os.environ["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG
 
 
 def test_the_cli_sets_them_before_it_measures_a_tpu_and_not_on_a_host(monkeypatch):
@@ -71,15 +76,15 @@ def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wi
     assert extra == "--xla_tpu_scoped_vmem_limit_kib=65472"
     narrow = dataclasses.replace(plan, block_q=1024, block_kv=1024)
     assert scoped_vmem_flag(narrow.scoped_vmem_limit_kib) == ""
-    assert merged_compiler_args("", "v5p", extra) == extra
+    assert merged_compiler_args("", "v5p", extra) == f"{PACKED_PLACEMENT_FLAG} {extra}"
     assert (
         merged_compiler_args("--xla_tpu_scoped_vmem_limit_kib=61440", "v5p", extra)
-        == "--xla_tpu_scoped_vmem_limit_kib=61440"
+        == f"--xla_tpu_scoped_vmem_limit_kib=61440 {PACKED_PLACEMENT_FLAG}"
     )
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
     use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow, wide])
-    assert os.environ["LIBTPU_INIT_ARGS"] == extra
+    assert os.environ["LIBTPU_INIT_ARGS"] == f"{PACKED_PLACEMENT_FLAG} {extra}"
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
-    use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow])  # 1024 fits the default: no flag
-    assert "LIBTPU_INIT_ARGS" not in os.environ
+    use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow])  # 1024 fits the default: no VMEM flag
+    assert os.environ["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG

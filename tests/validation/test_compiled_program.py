@@ -267,8 +267,9 @@ def test_async_gather_overlaps_only_with_compute_between_its_start_and_done():
 
 
 def test_overlap_data_was_compiled_with_the_flags_the_runtime_compiles_with():
-    """What the price reads is what runs: each chip's rows record the compiler flags they were
-    compiled with, and those are the runtime's flags for that chip today."""
+    """What the price reads is what runs: each chip's rows record the compiler flags that shaped the
+    schedule they were read from, and those are the runtime's for that chip today (the packed
+    placement every compile also asks for places buffers in the schedule made, and changes none)."""
     from cost_models.overlap import _data
     from runtime.compile import TPU_COMPILER_FLAGS
 
@@ -279,12 +280,13 @@ def test_overlap_data_was_compiled_with_the_flags_the_runtime_compiles_with():
 
 
 def test_runtime_compiler_flags_are_added_once_after_the_callers_own():
+    from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
     from runtime.compile import TPU_COMPILER_FLAGS, with_compiler_flags
 
     env = with_compiler_flags({"LIBTPU_INIT_ARGS": "--xla_jf_dump_to=/tmp/x"}, "v5e")
-    assert env["LIBTPU_INIT_ARGS"] == "--xla_jf_dump_to=/tmp/x " + TPU_COMPILER_FLAGS["v5e"]
+    assert env["LIBTPU_INIT_ARGS"] == f"--xla_jf_dump_to=/tmp/x {TPU_COMPILER_FLAGS['v5e']} {PACKED_PLACEMENT_FLAG}"
     assert with_compiler_flags(env, "v5e") == env
-    assert "LIBTPU_INIT_ARGS" not in with_compiler_flags({}, "v5p")  # v5p compiles with libtpu's defaults
+    assert with_compiler_flags({}, "v5p")["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG  # v5p schedules by default
 
 
 # v5e's continuation fusion (MaxText's flags): one weight all-gather (channel 7) runs as a start
