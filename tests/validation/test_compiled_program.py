@@ -283,8 +283,8 @@ def test_runtime_compiler_flags_are_added_once_after_the_callers_own():
     from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
     from runtime.compile import TPU_COMPILER_FLAGS, with_compiler_flags
 
-    env = with_compiler_flags({"LIBTPU_INIT_ARGS": "--xla_jf_dump_to=/tmp/x"}, "v5e")
-    assert env["LIBTPU_INIT_ARGS"] == f"--xla_jf_dump_to=/tmp/x {TPU_COMPILER_FLAGS['v5e']} {PACKED_PLACEMENT_FLAG}"
+    env = with_compiler_flags({"LIBTPU_INIT_ARGS": "--xla_jf_dump_to=dump"}, "v5e")
+    assert env["LIBTPU_INIT_ARGS"] == f"--xla_jf_dump_to=dump {TPU_COMPILER_FLAGS['v5e']} {PACKED_PLACEMENT_FLAG}"
     assert with_compiler_flags(env, "v5e") == env
     assert with_compiler_flags({}, "v5p")["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG  # v5p schedules by default
 
