@@ -16,7 +16,7 @@ import numpy as np
 from cost_models.case import Case, ReadsCase
 from cost_models.collectives import Collectives
 from cost_models.masks import AttentionMask
-from cost_models.remat import RematCost, offloads_leave_hbm, remat_table
+from cost_models.remat import RematCost, offloads_held_to_loss, offloads_leave_hbm, remat_table
 from cost_models.strategies.base import layer_strategy
 from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
@@ -133,12 +133,20 @@ class Candidates(ReadsCase):
 
     @cached_property
     def held_remat_columns(self) -> RematCost:
-        """What each candidate's policy holds in HBM: `remat_columns`, or, where the step's offloads stay in
-        HBM (`offloads_leave_hbm`), the same with every offloaded value kept on device (host memory and the
-        copies' time are still read from `remat_columns`)."""
+        """What each candidate's policy holds in HBM in its layers' backward: `remat_columns`, or, where the
+        step's offloads stay in HBM (`offloads_leave_hbm`), the same with every offloaded value kept on device
+        (host memory and the copies' time are still read from `remat_columns`)."""
         if offloads_leave_hbm(self.topology.chip, self.model.num_layers):
             return self.remat_columns
         return self._per_candidate(remat_table(self.model, self.remat_custom, offload_in_hbm=True))
+
+    @cached_property
+    def without_layer_loop(self) -> np.ndarray:
+        """Per candidate, whether its step has no layer loop: a step of one layer, or one that offloads and
+        that the compiler flattens (`offloads_held_to_loss`)."""
+        offloads = np.asarray(self.remat_columns.saved_on_host) > 0
+        flat = offloads & offloads_held_to_loss(self.topology.chip, self.model.num_layers)
+        return flat | (self.model.num_layers == 1)
 
     def _per_candidate(self, table: RematCost) -> RematCost:
         return RematCost(**{f.name: getattr(table, f.name)[self.remat] for f in dataclasses.fields(table)})

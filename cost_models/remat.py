@@ -321,14 +321,21 @@ def remat_table(model: ModelSpec, custom: CustomPlacements = (), *, offload_in_h
 
 
 # At most this many layers, an offloading step on a chip that peels its layer loops is left with no
-# layer loop, and its offloads stay in HBM as well (docs/provenance/cost_models.md#remat).
+# layer loop (docs/provenance/cost_models.md#remat).
 FLAT_OFFLOAD_MAX_LAYERS = 2
 
 
 def offloads_leave_hbm(chip: Chip, num_layers: int) -> bool:
-    """Whether a step's offloaded values leave HBM once written to the host: where the chip's compiler
-    does not peel the layer loops, or the loops survive the peel (more than `FLAT_OFFLOAD_MAX_LAYERS`)."""
-    return not chip.offload_peels_layer_loops or num_layers > FLAT_OFFLOAD_MAX_LAYERS
+    """Whether a step's offloaded values are gone from HBM in its layers' backward: all but a step of one
+    layer on a chip that peels the layer loops, whose one backward reads them as the host writes end."""
+    return not chip.offload_peels_layer_loops or num_layers > 1
+
+
+def offloads_held_to_loss(chip: Chip, num_layers: int) -> bool:
+    """Whether a step's offloaded values, gone by its layers' backward, are held in HBM through its forward
+    and the loss: a program left with no layer loop (2 to `FLAT_OFFLOAD_MAX_LAYERS` layers on a chip that
+    peels the loops) ends each host write late, in the backward."""
+    return chip.offload_peels_layer_loops and 1 < num_layers <= FLAT_OFFLOAD_MAX_LAYERS
 
 
 def remat_code(policy: RematPolicy) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
-from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
+from cost_models.remat import ATTENTION_OUTPUT, POLICIES, offloads_held_to_loss, placements
 from cost_models.strategies import Layout
 from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, lane_ratio
 from cost_models.vocabulary import Placement
@@ -23,10 +23,10 @@ from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pie
 
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations", "weight_casts")
 ATTENTION_SIDE = ("attention_working_set", "attention_buffers", "lse_relayout", "collective_buffers")
-LOSS_MEMORY = ("logits", "head_buffers")
+LOSS_MEMORY = ("logits", "head_buffers", "offload_copies")
 UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
 # before any gradient is formed: the state the forward holds and one layer's forward
-FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set")
+FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set", "offload_copies")
 # The price is what a step's buffers need packed. libtpu's default placement leaves up to 15% of the
 # temporary allocation between them; this one packs them (same schedule, same live peak), and every
 # TPU compile and run of cpplan's, and its MaxText export, asks for it (docs/measurements.md,
@@ -82,6 +82,8 @@ class MemoryBytes:
     forward_working_set: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
+    # a program left with no layer loop: its offloaded values' device copies, through the forward and the loss
+    offload_copies: np.ndarray
     # the output head's update at the step's end, beyond its gradient (in `grads` + `update_gradients`)
     optimizer_update: np.ndarray
 
@@ -109,6 +111,7 @@ def price_memory(
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     a, pb = x.act_bytes, x.param_bytes
     remat = x.held_remat_columns  # an offload that does not leave HBM is held as a kept value
+    loop = ~x.without_layer_loop
     group = x.weight_group
     shards = group * tensor
     # every kept value is split over tensor: heads, MLP columns, or the sequence between the matmuls
@@ -137,7 +140,7 @@ def price_memory(
     # kept MLP values are not read in place: the layer's backward copies its layer's slice of the
     # stacked residuals, the chunk loop each chunk's slice of that copy (one slice with one chunk); a
     # step of one layer has no layer loop and no stack, and its chunk loop slices the kept values directly
-    kept_mlp_copy = np.where((tokens > mlp_tokens) & (m.num_layers > 1), tokens * remat.kept_mlp_side / tensor, 0.0)
+    kept_mlp_copy = np.where((tokens > mlp_tokens) & loop, tokens * remat.kept_mlp_side / tensor, 0.0)
     q_values, kv_values = laid_out_values(x, layout)
     attention_early = attention_before_mlp_backward(x) * (3 * q_values + 2 * kv_values)
     # offloaded values the attention's backward reads, fetched an iteration ahead (`READ_BY_ATTENTION_BACKWARD`)
@@ -185,7 +188,7 @@ def price_memory(
         update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
         optimizer=m.num_params / shards * (x.mu_bytes + pb),
-        activations=m.num_layers * tokens * saved + lse_lanes_kept(x) * lse_lane_bytes(x, layout),
+        activations=m.num_layers * (tokens * saved + lse_lanes_kept(x) * lse_lane_bytes(x, layout)),
         # every layer's weight shards cast to the compute dtype once, outside the layer loop, and held
         # until the last layer's backward (none when the dtypes match; norm scales are cast in the norm)
         weight_casts=m.num_layers * (m.params_per_layer - m.decoder_block.norms * m.hidden) / shards * a * (pb != a),
@@ -216,13 +219,19 @@ def price_memory(
         # when it ends; at its MLP they are all formed, beside the residual stream's values (the layer
         # input, and a sequential block's residual sum), the MLP's input gathered and its matrices, and on
         # some chips the kernel's lane-wide log-sum-exp
-        forward_working_set=np.where(m.num_layers > 1, tokens * saved, 0.0)
+        forward_working_set=np.where(loop, tokens * saved, 0.0)
         + (residual_stream + tokens * m.hidden + m.mlp_matrices * mlp_matrix) * a
         + forward_lse_lanes_held(x, context) * lse_lane_bytes(x, layout),
         # fp32 logits of one chunk of tokens against one vocabulary piece (the gradient formed in place)
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
+        offload_copies=offloads_held_to_loss(x.topology.chip, m.num_layers)
+        * m.num_layers
+        * tokens
+        * x.remat_columns.saved_on_host
+        / tensor
+        * a,
         # layout moves read from TPU compiles (a host lays arrays out otherwise); none in the head's layout
         optimizer_update=head_shard
         * optimizer_update_bytes_per_head_weight(
@@ -263,7 +272,7 @@ def forward_lse_lanes_held(x: Candidates, context: CPCost) -> np.ndarray:
     backward reads its own kernel's log-sum-exp (`CPCost.reads_own_lse`: not a ring's, merged over hops)."""
     if not x.topology.chip.forward_lse_lanes_held:
         return np.zeros(np.shape(x.remat))
-    held = checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & (x.model.num_layers > 1)
+    held = checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & ~x.without_layer_loop
     return held * (np.asarray(context.reads_own_lse) > 0)
 
 
@@ -274,7 +283,7 @@ def lse_lanes_kept(x: Candidates) -> np.ndarray:
     has no layer loop whose stack would slice it, so it stays so from the forward through the loss."""
     if not x.topology.chip.splash_lse_lanes_held:
         return np.zeros(np.shape(x.remat))
-    return (checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & (x.model.num_layers == 1)).astype(float)
+    return (checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & x.without_layer_loop).astype(float)
 
 
 def attention_before_mlp_backward(x: Candidates) -> np.ndarray:

@@ -77,7 +77,7 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     loss of one vocabulary tile only). `mlp_backward`: the MLP's input-projection outputs and their
     gradients for every token, through the attention's side, where the policy offloads them.
     """
-    # offloads that stay in HBM (a flat program) are held as kept values there: nothing comes back from the host
+    # offloads that stay in HBM (a step of one layer) are held as kept values there: nothing comes back from the host
     m, columns = x.model, x.held_remat_columns
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     offloads = np.asarray(columns.saved_on_host) > 0

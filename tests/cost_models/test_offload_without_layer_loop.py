@@ -1,7 +1,9 @@
 """An offloading TPU step of at most two layers has no layer loop (the compiler peels one iteration
-off each loop to pipeline the host transfers and inlines the one-trip loops left), and there its
-offloaded values stay in HBM: the memory price holds them as kept values
-(cost_models.remat: `FLAT_OFFLOAD_MAX_LAYERS`, `offloads_leave_hbm`)."""
+off each loop to pipeline the host transfers and inlines the one-trip loops left). At one layer its
+offloaded values stay in HBM through its one backward: the memory price holds them as kept values. At
+two they are held through the forward and the loss, their host writes ending in the backward, and are
+gone by the layers' backward (cost_models.remat: `FLAT_OFFLOAD_MAX_LAYERS`, `offloads_leave_hbm`,
+`offloads_held_to_loss`)."""
 
 import dataclasses
 
@@ -9,7 +11,8 @@ import pytest
 
 from cost_models.chips import get_chip
 from cost_models.models import MODELS
-from cost_models.remat import FLAT_OFFLOAD_MAX_LAYERS, offloads_leave_hbm
+from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY
+from cost_models.remat import FLAT_OFFLOAD_MAX_LAYERS, offloads_held_to_loss, offloads_leave_hbm
 from cost_models.units import MiB
 from planner import Plan, make_mesh
 from planner.estimate import estimate
@@ -37,27 +40,53 @@ def priced(layers, remat, topology="v5p-16", target=None, **fields):
 def test_the_rule_reads_the_chip_row():
     assert FLAT_OFFLOAD_MAX_LAYERS == 2
     for name in ("v5p", "tpu7x"):
-        assert [offloads_leave_hbm(get_chip(name), n) for n in (1, 2, 3, 32)] == [False, False, True, True]
+        assert [offloads_leave_hbm(get_chip(name), n) for n in (1, 2, 3, 32)] == [False, True, True, True]
+        assert [offloads_held_to_loss(get_chip(name), n) for n in (1, 2, 3, 32)] == [False, True, False, False]
     assert offloads_leave_hbm(get_chip("cpu"), 1)
+    assert not offloads_held_to_loss(get_chip("cpu"), 2)
     # a row whose compiler does not peel the loops frees what it offloads at any depth
-    assert offloads_leave_hbm(dataclasses.replace(get_chip("v5p"), offload_peels_layer_loops=False), 1)
+    unpeeled = dataclasses.replace(get_chip("v5p"), offload_peels_layer_loops=False)
+    assert offloads_leave_hbm(unpeeled, 1)
+    assert not offloads_held_to_loss(unpeeled, 2)
 
 
-def test_the_maxtext_target_holds_a_flat_programs_offloads_as_its_twin_does_too():
-    offloading, twin = priced(2, "minimal_offloaded", target="maxtext"), priced(2, "minimal", target="maxtext")
+@pytest.mark.parametrize("target", [None, "maxtext"])
+def test_a_step_of_one_layer_holds_what_it_offloads_as_its_in_hbm_twin_does(target):
+    offloading, twin = priced(1, "minimal_offloaded", target=target), priced(1, "minimal", target=target)
     assert offloading.hbm_bytes == pytest.approx(twin.hbm_bytes)
-    assert (
-        priced(3, "minimal_offloaded", target="maxtext").hbm_bytes["activations"]
-        < priced(3, "minimal", target="maxtext").hbm_bytes["activations"]
-    )
-
-
-@pytest.mark.parametrize("layers", [1, 2])
-def test_a_flat_program_holds_what_it_offloads_as_its_in_hbm_twin_does(layers):
-    offloading, twin = priced(layers, "minimal_offloaded"), priced(layers, "minimal")
-    assert offloading.hbm_bytes == pytest.approx(twin.hbm_bytes)
+    assert offloading.hbm_bytes["offload_copies"] == 0
     # the values still go to the host and come back: their copies are priced
     assert offloading.comm_s["host_offload"] > 0 == twin.comm_s["host_offload"]
+
+
+def phase(e, keys):
+    return sum(e.hbm_bytes[k] for k in keys)
+
+
+def test_a_flat_program_holds_its_offloads_through_the_loss_and_not_in_the_backward():
+    # minimal_offloaded offloads q, k, v, the out projection and the MLP's two input projections: per
+    # layer, per device (2 sequences of 8192 tokens, split over tensor 2), 4096 + 1024 + 1024 + 4096 +
+    # 2 x 14336 = 38912 values a token in bf16: 16384 x 38912 / 2 x 2 bytes = 608 MiB, 2 layers
+    offloading, twin = priced(2, "minimal_offloaded"), priced(2, "minimal")
+    assert offloading.hbm_bytes["offload_copies"] == pytest.approx(2 * 608 * MiB)
+    assert twin.hbm_bytes["activations"] - offloading.hbm_bytes["activations"] == pytest.approx(2 * 608 * MiB)
+    # through the loss it holds what its twin holds; in the backward its MLP values come a chunk at a time
+    loss = STATIC_MEMORY + LOSS_MEMORY
+    assert phase(offloading, loss) == pytest.approx(phase(twin, loss))
+    assert offloading.hbm_bytes["mlp_working_set"] < twin.hbm_bytes["mlp_working_set"]
+    assert offloading.hbm_bytes_per_device < twin.hbm_bytes_per_device
+    assert offloading.hbm_bytes_per_device == pytest.approx(phase(offloading, loss))
+    assert priced(3, "minimal_offloaded").hbm_bytes["offload_copies"] == 0
+
+
+def test_a_flat_program_keeps_each_layers_lane_wide_log_sum_exp_where_the_chip_holds_it():
+    # tpu7x holds splash's log-sum-exp lane-wide where no layer loop's stack slices it: 2 sequences x
+    # 8192 queries x 16 heads a device (32 over tensor 2) x 128 lanes x 4 bytes = 128 MiB a layer
+    custom = {"query_proj": "offload", "mlpwi_0": "offload", "mlpwi_1": "offload", "context": "device"}
+    flat, looped = (
+        priced(n, "custom", topology="tpu7x:2x2x1", remat_custom=custom).hbm_bytes["activations"] for n in (2, 3)
+    )
+    assert flat / 2 - looped / 3 == pytest.approx(128 * MiB)
 
 
 def test_a_layer_loop_frees_what_it_offloads():
@@ -72,9 +101,11 @@ def test_a_layer_loop_frees_what_it_offloads():
 def test_custom_placements_follow_the_same_rule_and_plans_that_offload_nothing_do_not_move():
     custom = {"query_proj": "offload", "mlpwi_0": "offload", "mlpwi_1": "offload"}
     in_hbm = {name: "device" for name in custom}
-    assert priced(2, "custom", remat_custom=custom).hbm_bytes == pytest.approx(
-        priced(2, "custom", remat_custom=in_hbm).hbm_bytes
+    assert priced(1, "custom", remat_custom=custom).hbm_bytes == pytest.approx(
+        priced(1, "custom", remat_custom=in_hbm).hbm_bytes
     )
+    assert priced(2, "custom", remat_custom=custom).hbm_bytes["offload_copies"] > 0
+    assert priced(2, "custom", remat_custom=in_hbm).hbm_bytes["offload_copies"] == 0
     assert (
         priced(3, "custom", remat_custom=custom).hbm_bytes_per_device
         < priced(3, "custom", remat_custom=in_hbm).hbm_bytes_per_device
