@@ -740,6 +740,28 @@ ROWS = [
         4,
         dict(remat="minimal_with_context", model=dict(window=4 * K, layer_pattern="LG")),
     ),
+    # added before they were compiled, to check the layer switch's rerun attention held through the MLP's
+    # backward: the same all-gather plan on v5p (which showed the chip places it), Ulysses keeping the output
+    (
+        "v5p local all_gather context8 128K x4 window4096 LG minimal_with_context 4l",
+        "v5p:2x2x2",
+        dict(context=8),
+        "all_gather",
+        128 * K,
+        4,
+        4,
+        dict(remat="minimal_with_context", model=dict(window=4 * K, layer_pattern="LG")),
+    ),
+    (
+        "tpu7x local ulysses context_ulysses8 128K x4 window1024 LG minimal_with_context 4l",
+        "tpu7x:2x2x1",
+        dict(context_ulysses=8),
+        "ulysses",
+        128 * K,
+        4,
+        4,
+        dict(remat="minimal_with_context", model=dict(window=K, layer_pattern="LG")),
+    ),
     (
         "v5p local ring context8 128K x8 chunks32K save_dot_except_mlp 4l",
         "v5p:2x2x2",

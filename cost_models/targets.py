@@ -91,6 +91,9 @@ class TargetTraits:
         kv_buffers_working_set: where K/V are the strategy's buffers (a ring's hops, all-gather's gathered
             K/V) the attention's backward holds only what its kernels read and form (cpplan's runtime, read
             from its compiles); otherwise the whole working set is priced (tokamax's kernels, not read).
+        layers_switch_masks: a model whose layers differ in mask runs each layer's attention as a switch
+            between the masks' (cpplan's runtime, `runtime.model`), which the backward reruns whole whatever
+            the policy keeps (read from its compiles).
     """
 
     target: Target
@@ -116,6 +119,7 @@ class TargetTraits:
     kernels_prune_documents: bool = False
     windowed_projection_fsdp: int | None = None
     kv_buffers_working_set: bool = False
+    layers_switch_masks: bool = False
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -141,6 +145,7 @@ TRAITS: dict[Target, TargetTraits] = {
         kernels_prune_documents=True,
         windowed_projection_fsdp=WINDOWED_PROJECTION_FSDP,
         kv_buffers_working_set=True,
+        layers_switch_masks=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

@@ -105,6 +105,7 @@ def price_memory(
     mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS,
     head_gradient_in_head_layout: bool,
     kv_buffers_working_set: bool = False,
+    layers_switch_masks: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
     at a layer's peak), the keyword arguments the target's traits of the same names."""
@@ -142,7 +143,13 @@ def price_memory(
     # step of one layer has no layer loop and no stack, and its chunk loop slices the kept values directly
     kept_mlp_copy = np.where((tokens > mlp_tokens) & loop, tokens * remat.kept_mlp_side / tensor, 0.0)
     q_values, kv_values = laid_out_values(x, layout)
-    attention_early = attention_before_mlp_backward(x) * (3 * q_values + 2 * kv_values)
+    # K/V the strategy holds through the MLP's backward as its buffers are counted there, not again here
+    kv_held_as_buffers = (
+        kv_buffers_working_set * gathered_before_mlp_backward(x) * (context.held_through_mlp_backward > 0)
+    )
+    attention_early = attention_before_mlp_backward(x, layers_switch_masks) * (
+        3 * q_values + 2 * kv_values * (1 - kv_held_as_buffers)
+    )
     # offloaded values the attention's backward reads, fetched an iteration ahead (`READ_BY_ATTENTION_BACKWARD`)
     fetched_ahead = tokens * remat.fetched_ahead / tensor
     # where the MLP's input is recomputed through the attention, what the attention's backward reads (less
@@ -286,16 +293,20 @@ def lse_lanes_kept(x: Candidates) -> np.ndarray:
     return (checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & x.without_layer_loop).astype(float)
 
 
-def attention_before_mlp_backward(x: Candidates) -> np.ndarray:
+def attention_before_mlp_backward(x: Candidates, layers_switch_masks: bool = False) -> np.ndarray:
     """Per candidate, 1.0 where its layer backward holds the attention's recomputed forward (q, K, V,
     output) and its output's gradient through the MLP's backward, else 0.0: where the chip schedules that
     work first (`attention_before_mlp_backward`; a ring's forward hops too, its backward hops after), the
-    policy recomputes the attention and the MLP's input does not wait for it (out_proj kept).
+    attention reruns (the policy recomputes its output, or the target runs a model of several masks as a
+    switch, `layers_switch_masks`, which the backward reruns whole whatever the policy keeps), and the
+    MLP's input does not wait for it (the out projection or the output kept).
     """
     if not x.topology.chip.attention_before_mlp_backward:
         return np.zeros(np.shape(x.remat))
-    free = recomputed_checkpoint(x, ATTENTION_OUTPUT) & ~recomputed_checkpoint(x, "out_proj")
-    return free.astype(float)
+    output_recomputed = recomputed_checkpoint(x, ATTENTION_OUTPUT)
+    reruns = output_recomputed | (layers_switch_masks and len(x.model.layer_masks) > 1)
+    free = ~output_recomputed | ~recomputed_checkpoint(x, "out_proj")
+    return (reruns & free).astype(float)
 
 
 def attention_values_through_mlp_backward(x: Candidates) -> np.ndarray:

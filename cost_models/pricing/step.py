@@ -207,6 +207,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
                 mlp_chunk_tokens=target.traits.mlp_chunk_tokens,
                 head_gradient_in_head_layout=target.traits.head_gradient_in_head_layout,
                 kv_buffers_working_set=target.traits.kv_buffers_working_set,
+                layers_switch_masks=target.traits.layers_switch_masks,
             ).as_dict(),
             attention.layout,
             target.traits,
