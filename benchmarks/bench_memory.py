@@ -361,6 +361,28 @@ ROWS = [
         8,
         dict(remat="custom", remat_custom=CONTEXT_OFFLOADED),
     ),
+    # added before they were compiled, to check the flat 2-layer program's price (offloads held through
+    # the forward and the loss, gone by the backward; tpu7x's lane-wide log-sum-exp per layer) on other meshes
+    (
+        "v5p fsdp8 offload minimal_offloaded 2 layers 16K",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        16 * K,
+        8,
+        2,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "tpu7x fsdp8 offload custom 2 layers 16K",
+        "tpu7x:2x2x1",
+        dict(fsdp=8),
+        "none",
+        16 * K,
+        8,
+        2,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME),
+    ),
     # Either side of the depth at which the layer loops of an offloading step survive the compiler's
     # peel (cost_models.remat.FLAT_OFFLOAD_MAX_LAYERS): at 3 they do, at 1 there is no loop
     (

@@ -16,7 +16,7 @@ import numpy as np
 from cost_models.case import Case, ReadsCase
 from cost_models.collectives import Collectives
 from cost_models.masks import AttentionMask
-from cost_models.remat import RematCost, offloads_held_to_loss, offloads_leave_hbm, remat_table
+from cost_models.remat import RematCost, flat_offload_program, offloads_leave_hbm, remat_table
 from cost_models.strategies.base import layer_strategy
 from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
@@ -143,9 +143,9 @@ class Candidates(ReadsCase):
     @cached_property
     def without_layer_loop(self) -> np.ndarray:
         """Per candidate, whether its step has no layer loop: a step of one layer, or one that offloads and
-        that the compiler flattens (`offloads_held_to_loss`)."""
+        that the compiler flattens (`flat_offload_program`)."""
         offloads = np.asarray(self.remat_columns.saved_on_host) > 0
-        flat = offloads & offloads_held_to_loss(self.topology.chip, self.model.num_layers)
+        flat = offloads & flat_offload_program(self.topology.chip, self.model.num_layers)
         return flat | (self.model.num_layers == 1)
 
     def _per_candidate(self, table: RematCost) -> RematCost:

@@ -331,10 +331,10 @@ def offloads_leave_hbm(chip: Chip, num_layers: int) -> bool:
     return not chip.offload_peels_layer_loops or num_layers > 1
 
 
-def offloads_held_to_loss(chip: Chip, num_layers: int) -> bool:
-    """Whether a step's offloaded values, gone by its layers' backward, are held in HBM through its forward
-    and the loss: a program left with no layer loop (2 to `FLAT_OFFLOAD_MAX_LAYERS` layers on a chip that
-    peels the loops) ends each host write late, in the backward."""
+def flat_offload_program(chip: Chip, num_layers: int) -> bool:
+    """Whether an offloading step of this depth is left with no layer loop and yet frees its offloaded
+    values by its layers' backward: 2 to `FLAT_OFFLOAD_MAX_LAYERS` layers on a chip that peels the loops.
+    Through its forward and the loss it holds what a loop would have freed (`flat_program_held`)."""
     return chip.offload_peels_layer_loops and 1 < num_layers <= FLAT_OFFLOAD_MAX_LAYERS
 
 

@@ -45,7 +45,7 @@ _s = format_seconds  # the short name the report's many f-strings use
 def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
     """One phase of the HBM section: its total, then each component the plan holds (none of a flat
     offloading program's copies where it has none)."""
-    held = [k for k in keys if e.hbm_bytes[k] > 0 or k != "offload_copies"]
+    held = [k for k in keys if e.hbm_bytes[k] > 0 or k != "flat_program_held"]
     return (
         f"  {phase:<10} {_gib(sum(e.hbm_bytes[k] for k in keys))} ("
         + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in held)
@@ -460,9 +460,9 @@ class Explanation:
             _memory_line("loss", e, LOSS_MEMORY),
             _memory_line("update", e, tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)),
             f"  {'forward':<10} {_gib(e.hbm_bytes['forward_working_set'])}: forward_working_set (a layer's kept "
-            f"values formed beside the stacks, its residual stream, the MLP's input and matrices), on all step's "
-            f"state but the gradients"
-            + (f" and offload_copies {_gib(e.hbm_bytes['offload_copies'])}" if e.hbm_bytes["offload_copies"] else ""),
+            f"values formed beside the stacks, its residual stream, the MLP's input and matrices)"
+            + (f", flat_program_held {_gib(held)}" if (held := e.hbm_bytes["flat_program_held"]) else "")
+            + ", on all step's state but the gradients",
         ]
         allocation = memory_band(self.result.case.topology.chip.name, self.result.target.value)
         if allocation is not None and allocation.allocated > allocation.under:

@@ -15,7 +15,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
-from cost_models.remat import ATTENTION_OUTPUT, POLICIES, offloads_held_to_loss, placements
+from cost_models.remat import ATTENTION_OUTPUT, POLICIES, flat_offload_program, placements
 from cost_models.strategies import Layout
 from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, lane_ratio
 from cost_models.vocabulary import Placement
@@ -23,10 +23,10 @@ from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pie
 
 STATIC_MEMORY = ("params", "grads", "optimizer", "activations", "weight_casts")
 ATTENTION_SIDE = ("attention_working_set", "attention_buffers", "lse_relayout", "collective_buffers")
-LOSS_MEMORY = ("logits", "head_buffers", "offload_copies")
+LOSS_MEMORY = ("logits", "head_buffers", "flat_program_held")
 UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
 # before any gradient is formed: the state the forward holds and one layer's forward
-FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set", "offload_copies")
+FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set", "flat_program_held")
 # The price is what a step's buffers need packed. libtpu's default placement leaves up to 15% of the
 # temporary allocation between them; this one packs them (same schedule, same live peak), and every
 # TPU compile and run of cpplan's, and its MaxText export, asks for it (docs/measurements.md,
@@ -82,8 +82,10 @@ class MemoryBytes:
     forward_working_set: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
-    # a program left with no layer loop: its offloaded values' device copies, through the forward and the loss
-    offload_copies: np.ndarray
+    # what an offloading program left with no layer loop holds through the forward and the loss beyond a loop:
+    # offloaded values' device copies, forward values read rather than recomputed, gathered weights; priced
+    # as the bytes it offloads (docs/memory_offload.md, "The flat program under the packed placement")
+    flat_program_held: np.ndarray
     # the output head's update at the step's end, beyond its gradient (in `grads` + `update_gradients`)
     optimizer_update: np.ndarray
 
@@ -233,7 +235,7 @@ def price_memory(
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
-        offload_copies=offloads_held_to_loss(x.topology.chip, m.num_layers)
+        flat_program_held=flat_offload_program(x.topology.chip, m.num_layers)
         * m.num_layers
         * tokens
         * x.remat_columns.saved_on_host

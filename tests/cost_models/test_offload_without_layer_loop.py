@@ -1,9 +1,9 @@
 """An offloading TPU step of at most two layers has no layer loop (the compiler peels one iteration
 off each loop to pipeline the host transfers and inlines the one-trip loops left). At one layer its
 offloaded values stay in HBM through its one backward: the memory price holds them as kept values. At
-two they are held through the forward and the loss, their host writes ending in the backward, and are
-gone by the layers' backward (cost_models.remat: `FLAT_OFFLOAD_MAX_LAYERS`, `offloads_leave_hbm`,
-`offloads_held_to_loss`)."""
+two the program holds through the forward and the loss what a loop would have freed, priced as the bytes
+it offloads (`flat_program_held`), and its layers' backward is priced as a loop's (cost_models.remat:
+`FLAT_OFFLOAD_MAX_LAYERS`, `offloads_leave_hbm`, `flat_offload_program`)."""
 
 import dataclasses
 
@@ -12,9 +12,9 @@ import pytest
 from cost_models.chips import get_chip
 from cost_models.models import MODELS
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY
-from cost_models.remat import FLAT_OFFLOAD_MAX_LAYERS, offloads_held_to_loss, offloads_leave_hbm
+from cost_models.remat import FLAT_OFFLOAD_MAX_LAYERS, flat_offload_program, offloads_leave_hbm
 from cost_models.units import MiB
-from planner import Plan, make_mesh
+from planner import Plan, explain, make_mesh
 from planner.estimate import estimate
 
 pytestmark = pytest.mark.pure
@@ -41,20 +41,20 @@ def test_the_rule_reads_the_chip_row():
     assert FLAT_OFFLOAD_MAX_LAYERS == 2
     for name in ("v5p", "tpu7x"):
         assert [offloads_leave_hbm(get_chip(name), n) for n in (1, 2, 3, 32)] == [False, True, True, True]
-        assert [offloads_held_to_loss(get_chip(name), n) for n in (1, 2, 3, 32)] == [False, True, False, False]
+        assert [flat_offload_program(get_chip(name), n) for n in (1, 2, 3, 32)] == [False, True, False, False]
     assert offloads_leave_hbm(get_chip("cpu"), 1)
-    assert not offloads_held_to_loss(get_chip("cpu"), 2)
+    assert not flat_offload_program(get_chip("cpu"), 2)
     # a row whose compiler does not peel the loops frees what it offloads at any depth
     unpeeled = dataclasses.replace(get_chip("v5p"), offload_peels_layer_loops=False)
     assert offloads_leave_hbm(unpeeled, 1)
-    assert not offloads_held_to_loss(unpeeled, 2)
+    assert not flat_offload_program(unpeeled, 2)
 
 
 @pytest.mark.parametrize("target", [None, "maxtext"])
 def test_a_step_of_one_layer_holds_what_it_offloads_as_its_in_hbm_twin_does(target):
     offloading, twin = priced(1, "minimal_offloaded", target=target), priced(1, "minimal", target=target)
     assert offloading.hbm_bytes == pytest.approx(twin.hbm_bytes)
-    assert offloading.hbm_bytes["offload_copies"] == 0
+    assert offloading.hbm_bytes["flat_program_held"] == 0
     # the values still go to the host and come back: their copies are priced
     assert offloading.comm_s["host_offload"] > 0 == twin.comm_s["host_offload"]
 
@@ -63,20 +63,20 @@ def phase(e, keys):
     return sum(e.hbm_bytes[k] for k in keys)
 
 
-def test_a_flat_program_holds_its_offloads_through_the_loss_and_not_in_the_backward():
+def test_a_flat_program_holds_its_offloaded_bytes_through_the_loss_and_not_in_the_backward():
     # minimal_offloaded offloads q, k, v, the out projection and the MLP's two input projections: per
     # layer, per device (2 sequences of 8192 tokens, split over tensor 2), 4096 + 1024 + 1024 + 4096 +
     # 2 x 14336 = 38912 values a token in bf16: 16384 x 38912 / 2 x 2 bytes = 608 MiB, 2 layers
     offloading, twin = priced(2, "minimal_offloaded"), priced(2, "minimal")
-    assert offloading.hbm_bytes["offload_copies"] == pytest.approx(2 * 608 * MiB)
+    assert offloading.hbm_bytes["flat_program_held"] == pytest.approx(2 * 608 * MiB)
     assert twin.hbm_bytes["activations"] - offloading.hbm_bytes["activations"] == pytest.approx(2 * 608 * MiB)
-    # through the loss it holds what its twin holds; in the backward its MLP values come a chunk at a time
+    # through the loss it is priced as its twin; in the backward its MLP values come a chunk at a time
     loss = STATIC_MEMORY + LOSS_MEMORY
     assert phase(offloading, loss) == pytest.approx(phase(twin, loss))
     assert offloading.hbm_bytes["mlp_working_set"] < twin.hbm_bytes["mlp_working_set"]
     assert offloading.hbm_bytes_per_device < twin.hbm_bytes_per_device
     assert offloading.hbm_bytes_per_device == pytest.approx(phase(offloading, loss))
-    assert priced(3, "minimal_offloaded").hbm_bytes["offload_copies"] == 0
+    assert priced(3, "minimal_offloaded").hbm_bytes["flat_program_held"] == 0
 
 
 def test_a_flat_program_keeps_each_layers_lane_wide_log_sum_exp_where_the_chip_holds_it():
@@ -104,9 +104,19 @@ def test_custom_placements_follow_the_same_rule_and_plans_that_offload_nothing_d
     assert priced(1, "custom", remat_custom=custom).hbm_bytes == pytest.approx(
         priced(1, "custom", remat_custom=in_hbm).hbm_bytes
     )
-    assert priced(2, "custom", remat_custom=custom).hbm_bytes["offload_copies"] > 0
-    assert priced(2, "custom", remat_custom=in_hbm).hbm_bytes["offload_copies"] == 0
+    assert priced(2, "custom", remat_custom=custom).hbm_bytes["flat_program_held"] > 0
+    assert priced(2, "custom", remat_custom=in_hbm).hbm_bytes["flat_program_held"] == 0
     assert (
         priced(3, "custom", remat_custom=custom).hbm_bytes_per_device
         < priced(3, "custom", remat_custom=in_hbm).hbm_bytes_per_device
     )
+
+
+def test_explain_shows_what_a_flat_program_holds_at_the_loss_and_in_the_forward_and_nothing_otherwise():
+    lines = {}
+    for layers in (2, 3):
+        model = dataclasses.replace(BASE, name=f"{BASE.name}-{layers}l", num_layers=layers)
+        text = str(explain(model, 8192, "v5p:2x2x2", global_batch=8, remat=["minimal_offloaded"]))
+        lines[layers] = [line for line in text.splitlines() if line.startswith(("  loss", "  forward"))]
+    assert len(lines[2]) == 2 and all("flat_program_held" in line for line in lines[2])
+    assert len(lines[3]) == 2 and not any("flat_program_held" in line for line in lines[3])
