@@ -288,8 +288,9 @@ def forward_lse_lanes_held(x: Candidates, context: CPCost) -> np.ndarray:
 def lse_lanes_kept(x: Candidates) -> np.ndarray:
     """Per candidate, 1.0 where the attention's log-sum-exp is kept for the backward lane-wide, as the
     kernel writes it (`lse_lane_bytes`), else 0.0: on a chip that holds the kernel's lane-wide output
-    (`splash_lse_lanes_held`), a step of one layer whose policy keeps the attention output on device
-    has no layer loop whose stack would slice it, so it stays so from the forward through the loss."""
+    (`splash_lse_lanes_held`), a step with no layer loop (`Candidates.without_layer_loop`) whose policy keeps
+    the attention output on device has no stack that would slice it, so each layer's stays so from the
+    forward through the loss."""
     if not x.topology.chip.splash_lse_lanes_held:
         return np.zeros(np.shape(x.remat))
     return (checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & x.without_layer_loop).astype(float)
