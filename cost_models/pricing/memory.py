@@ -145,12 +145,11 @@ def price_memory(
     # step of one layer has no layer loop and no stack, and its chunk loop slices the kept values directly
     kept_mlp_copy = np.where((tokens > mlp_tokens) & loop, tokens * remat.kept_mlp_side / tensor, 0.0)
     q_values, kv_values = laid_out_values(x, layout)
-    # K/V the strategy holds through the MLP's backward as its buffers are counted there, not again here
-    kv_held_as_buffers = (
-        kv_buffers_working_set * gathered_before_mlp_backward(x) * (context.held_through_mlp_backward > 0)
-    )
+    # the gathered K/V a strategy holds through the MLP's backward as its buffers (bytes), counted in the
+    # MLP's side once, so not again among the attention's values run early
+    gathered_kv_held = kv_buffers_working_set * gathered_before_mlp_backward(x) * context.held_through_mlp_backward
     attention_early = attention_before_mlp_backward(x, layers_switch_masks) * (
-        3 * q_values + 2 * kv_values * (1 - kv_held_as_buffers)
+        3 * q_values + 2 * kv_values * (np.asarray(gathered_kv_held) == 0)
     )
     # offloaded values the attention's backward reads, fetched an iteration ahead (`READ_BY_ATTENTION_BACKWARD`)
     fetched_ahead = tokens * remat.fetched_ahead / tensor
@@ -219,7 +218,7 @@ def price_memory(
         )
         * a
         + lse_first
-        + kv_buffers_working_set * gathered_before_mlp_backward(x) * context.held_through_mlp_backward,
+        + gathered_kv_held,
         attention_buffers=attention_buffers,
         lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter
