@@ -295,7 +295,7 @@ def lse_lanes_kept(x: Candidates) -> np.ndarray:
     return (checkpoint_placed(x, ATTENTION_OUTPUT, Placement.DEVICE) & x.without_layer_loop).astype(float)
 
 
-def attention_before_mlp_backward(x: Candidates, layers_switch_masks: bool = False) -> np.ndarray:
+def attention_before_mlp_backward(x: Candidates, layers_switch_masks: bool) -> np.ndarray:
     """Per candidate, 1.0 where its layer backward holds the attention's recomputed forward (q, K, V,
     output) and its output's gradient through the MLP's backward, else 0.0: where the chip schedules that
     work first (`attention_before_mlp_backward`; a ring's forward hops too, its backward hops after), the
