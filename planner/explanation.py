@@ -13,7 +13,7 @@ from cost_models.compute import SCOPED_VMEM_FLAG
 from cost_models.document_tiles import row_fraction_computed, rows_per_call
 from cost_models.estimate import Estimate
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
-from cost_models.pricing.memory import ATTENTION_SIDE, layer_bytes
+from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, layer_bytes
 from cost_models.strategies import STRATEGIES
 from cost_models.targets import Target
 from cost_models.topology import DCN_DIM
@@ -459,10 +459,9 @@ class Explanation:
             + f", and its MLP side, mlp_working_set {_gib(e.hbm_bytes['mlp_working_set'])}",
             _memory_line("loss", e, LOSS_MEMORY),
             _memory_line("update", e, tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)),
-            f"  {'forward':<10} {_gib(e.hbm_bytes['forward_working_set'])}: forward_working_set (a layer's kept "
-            f"values formed beside the stacks, its residual stream, the MLP's input and matrices)"
-            + (f", flat_program_held {_gib(held)}" if (held := e.hbm_bytes["flat_program_held"]) else "")
-            + ", on all step's state but the gradients",
+            _memory_line("forward", e, tuple(k for k in FORWARD_MEMORY if k not in STATIC_MEMORY))
+            + ": a layer's kept values formed beside the stacks, its residual stream, the MLP's input and "
+            "matrices, on all step's state but the gradients",
         ]
         allocation = memory_band(self.result.case.topology.chip.name, self.result.target.value)
         if allocation is not None and allocation.allocated > allocation.under:
