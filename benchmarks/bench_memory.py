@@ -383,6 +383,59 @@ ROWS = [
         2,
         dict(remat="custom", remat_custom=OFFLOAD_SOME),
     ),
+    # added before they were compiled, to check the flat program's loss priced by what it holds (offloaded
+    # attention values, two MLP chunks, recomputed residual values, gathered weights) on other policies and
+    # meshes, and the loss's own phase (its input, no layer gradient yet) on loops that peak there
+    (
+        "tpu7x fsdp8 offload minimal_offloaded 2 layers 16K",
+        "tpu7x:2x2x1",
+        dict(fsdp=8),
+        "none",
+        16 * K,
+        8,
+        2,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "v5p fsdp8 offload custom 2 layers 16K",
+        "v5p:2x2x2",
+        dict(fsdp=8),
+        "none",
+        16 * K,
+        8,
+        2,
+        dict(remat="custom", remat_custom=OFFLOAD_SOME),
+    ),
+    (
+        "tpu7x fsdp4 tensor2 offload minimal_offloaded 2 layers",
+        "tpu7x:2x2x1",
+        dict(fsdp=4, tensor=2),
+        "none",
+        8 * K,
+        8,
+        2,
+        dict(remat="minimal_offloaded"),
+    ),
+    (
+        "v5p tensor8 sp full 2 layers 16K",
+        "v5p:2x2x2",
+        dict(tensor=8),
+        "none",
+        16 * K,
+        1,
+        2,
+        dict(remat="full"),
+    ),
+    (
+        "tpu7x tensor8 sp full 2 layers 16K",
+        "tpu7x:2x2x1",
+        dict(tensor=8),
+        "none",
+        16 * K,
+        1,
+        2,
+        dict(remat="full"),
+    ),
     # Either side of the depth at which the layer loops of an offloading step survive the compiler's
     # peel (cost_models.remat.FLAT_OFFLOAD_MAX_LAYERS): at 3 they do, at 1 there is no loop
     (

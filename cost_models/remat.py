@@ -260,6 +260,7 @@ class RematCost:
 
     saved_on_device: np.ndarray  # values kept in HBM per token per layer, the layer input where kept there
     saved_on_host: np.ndarray  # values offloaded to host memory per token per layer, the layer input where offloaded
+    offloaded_mlp_side: np.ndarray  # of the MLP's checkpoints, values offloaded per token
     kept_attention_side: np.ndarray  # of the attention side's checkpoints, values kept on device per token
     kept_mlp_side: np.ndarray  # of the MLP's checkpoints the backward reads, values kept on device per token
     kept_attention_operands: np.ndarray  # of `READ_BY_ATTENTION_BACKWARD`, values kept on device per token
@@ -298,6 +299,7 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
     return (
         model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
         model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
+        width(mlp_side, Placement.OFFLOAD),
         width(attention_side, Placement.DEVICE),
         width(mlp_side, Placement.DEVICE),
         width(READ_BY_ATTENTION_BACKWARD, Placement.DEVICE),

@@ -450,14 +450,13 @@ class Explanation:
             f"per device)",
             "",
             f"HBM per device   {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)} "
-            f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%}): held all step + the larger of a layer's "
-            f"backward and the loss, or the optimizer's update at the step's end or a layer's forward where that "
-            f"holds more",
+            f"({e.hbm_bytes_per_device / e.hbm_capacity_bytes:.0%}): held all step + a layer's backward, or the "
+            f"loss, the optimizer's update at the step's end or a layer's forward where that holds more",
             _memory_line("all step", e, STATIC_MEMORY),
             f"  {'layer':<10} {_gib(layer_bytes(e.hbm_bytes))}: the larger of its attention side, "
             + _memory_line("", e, ATTENTION_SIDE).strip()
             + f", and its MLP side, mlp_working_set {_gib(e.hbm_bytes['mlp_working_set'])}",
-            _memory_line("loss", e, LOSS_MEMORY),
+            _memory_line("loss", e, LOSS_MEMORY) + ", on all step's state but the layers' gradients",
             _memory_line("update", e, tuple(k for k in UPDATE_MEMORY if k not in STATIC_MEMORY)),
             _memory_line("forward", e, tuple(k for k in FORWARD_MEMORY if k not in STATIC_MEMORY))
             + ": a layer's kept values formed beside the stacks, its residual stream, the MLP's input and "

@@ -1,9 +1,9 @@
 """HBM held per device over a step, by component, and its peak.
 
-Phases: a layer's forward (`FORWARD_MEMORY`), what lives all step (`STATIC_MEMORY`) with the larger of a
-layer's backward (`layer_bytes`: the larger of its attention side, `ATTENTION_SIDE`, and its MLP side) and
-the loss (`LOSS_MEMORY`), and at the step's end the optimizer's update (`UPDATE_MEMORY`). Evidence:
-docs/provenance/cost_models.md#memory.
+Phases: a layer's forward (`FORWARD_MEMORY`), what lives all step (`STATIC_MEMORY`) with a layer's
+backward (`layer_bytes`: the larger of its attention side, `ATTENTION_SIDE`, and its MLP side), the loss
+(`LOSS_MEMORY`) on all that but the layers' gradients (`LOSS_STATE`), and at the step's end the optimizer's
+update (`UPDATE_MEMORY`). Evidence: docs/provenance/cost_models.md#memory.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, l
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
-STATIC_MEMORY = ("params", "grads", "optimizer", "activations", "weight_casts")
+STATIC_MEMORY = ("params", "layer_grads", "head_grad", "optimizer", "activations", "weight_casts")
+# the layers' backward forms their gradients after the loss: the loss holds the rest of the step's state
+LOSS_STATE = tuple(k for k in STATIC_MEMORY if k != "layer_grads")
 ATTENTION_SIDE = ("attention_working_set", "attention_buffers", "lse_relayout", "collective_buffers")
-LOSS_MEMORY = ("logits", "head_buffers", "flat_program_held")
-UPDATE_MEMORY = ("params", "grads", "update_gradients", "optimizer", "optimizer_update")
+LOSS_MEMORY = ("logits", "head_buffers", "loss_input", "flat_program_held")
+UPDATE_MEMORY = ("params", "layer_grads", "head_grad", "update_gradients", "optimizer", "optimizer_update")
 # before any gradient is formed: the state the forward holds and one layer's forward
 FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set", "flat_program_held")
 # The price is what a step's buffers need packed. libtpu's default placement leaves up to 15% of the
@@ -39,10 +41,14 @@ def layer_bytes(memory: dict):
     return np.maximum(sum(memory[k] for k in ATTENTION_SIDE), memory["mlp_working_set"])
 
 
+def loss_bytes(memory: dict):
+    """HBM per device at the loss: the step's state less the layers' gradients, and the loss's own values."""
+    return sum(memory[k] for k in LOSS_STATE + LOSS_MEMORY)
+
+
 def backward_bytes(memory: dict):
-    """HBM per device in the backward: the static part plus the larger of a layer's backward and the loss."""
-    static = sum(memory[k] for k in STATIC_MEMORY)
-    return static + np.maximum(layer_bytes(memory), sum(memory[k] for k in LOSS_MEMORY))
+    """HBM per device in the backward: the larger of a layer's backward on the static part and the loss."""
+    return np.maximum(sum(memory[k] for k in STATIC_MEMORY) + layer_bytes(memory), loss_bytes(memory))
 
 
 def update_bytes(memory: dict):
@@ -66,7 +72,8 @@ class MemoryBytes:
     """Bytes per device by component (arrays over candidates); names as `Estimate.hbm_bytes` has them."""
 
     params: np.ndarray
-    grads: np.ndarray  # what the backward holds: the layers' gradients, the head's in the compute dtype
+    layer_grads: np.ndarray  # the layers' gradients, formed in their backward and held to the update
+    head_grad: np.ndarray  # the output head's gradient in the compute dtype, formed in the loss
     update_gradients: np.ndarray  # the rest of the gradients, formed at the step's end
     optimizer: np.ndarray
     activations: np.ndarray  # what each layer keeps for its backward, all layers
@@ -82,11 +89,13 @@ class MemoryBytes:
     forward_working_set: np.ndarray
     logits: np.ndarray
     head_buffers: np.ndarray
-    # what an offloading program left with no layer loop holds through the forward and the loss beyond a loop:
-    # offloaded values' device copies, forward values read rather than recomputed, gathered weights; priced
-    # as the bytes it offloads (docs/memory_offload.md, "The flat program under the packed placement")
+    # the loss's input: the last layer's output on the residual stream's tokens; on every token its normed
+    # value gathered, the loss loop's copy of it and the gradient the loop sums for it
+    loss_input: np.ndarray
+    # what an offloading program left with no layer loop holds through the forward and the loss beyond a loop
+    # (docs/memory_offload.md, "The flat program's loss, by what it holds")
     flat_program_held: np.ndarray
-    # the output head's update at the step's end, beyond its gradient (in `grads` + `update_gradients`)
+    # the output head's update at the step's end, beyond its gradient (in the gradients + `update_gradients`)
     optimizer_update: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
@@ -192,7 +201,8 @@ def price_memory(
         params=m.num_params / shards * pb,
         # through the backward: the layers' gradients in the parameters' dtype and the head's in the
         # compute dtype; the embedding's gradient is formed after the layers (docs/provenance/cost_models.md#memory)
-        grads=layer_grads + head_shard * a,
+        layer_grads=layer_grads,
+        head_grad=head_shard * a,
         update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
         optimizer=m.num_params / shards * (x.mu_bytes + pb),
@@ -234,12 +244,8 @@ def price_memory(
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient
         head_buffers=m.hidden * head_piece * (a + 4),
-        flat_program_held=flat_offload_program(x.topology.chip, m.num_layers)
-        * m.num_layers
-        * tokens
-        * x.remat_columns.saved_on_host
-        / tensor
-        * a,
+        loss_input=(residual_tokens(tokens, tensor) + 3 * tokens) * m.hidden * a,
+        flat_program_held=flat_program_held(x, residual_stream, mlp_tokens, mlp_matrix),
         # layout moves read from TPU compiles (a host lays arrays out otherwise); none in the head's layout
         optimizer_update=head_shard
         * optimizer_update_bytes_per_head_weight(
@@ -247,6 +253,28 @@ def price_memory(
         )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
     )
+
+
+def flat_program_held(x: Candidates, residual_stream, mlp_tokens, mlp_matrix) -> np.ndarray:
+    """What an offloading step left with no layer loop (`flat_offload_program`) holds through its forward and
+    its loss beyond what a loop holds, bytes per device (docs/memory_offload.md, "The flat program's loss,
+    by what it holds"): every layer's offloaded attention-side values (and layer input), their device copies
+    kept until the host writes end in the backward; two chunks of the MLP's offloaded values (the last one
+    written, the first one fetched back); every layer's residual-stream values that a loop's backward
+    recomputes, which the schedule computes in the forward; the last layer's gathered MLP matrices, and on
+    chips that hold another layer's weights (`flat_offload_holds_layer_weights`) those too."""
+    m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
+    host = x.remat_columns  # the offloads as placed: a flat program's do leave HBM by its backward
+    flat = flat_offload_program(x.topology.chip, m.num_layers) & (np.asarray(host.saved_on_host) > 0)
+    attention_side = host.saved_on_host - host.offloaded_mlp_side
+    layer_weights = (m.params_per_layer - m.decoder_block.norms * m.hidden) / tensor
+    held = (
+        m.num_layers * (tokens * attention_side / tensor + residual_stream)
+        + 2 * mlp_tokens * host.offloaded_mlp_side / tensor
+        + m.mlp_matrices * mlp_matrix
+        + x.topology.chip.flat_offload_holds_layer_weights * layer_weights
+    )
+    return flat * held * x.act_bytes
 
 
 def working_set_beside_kv(x: Candidates) -> np.ndarray:

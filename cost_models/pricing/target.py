@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from cost_models.candidates import Candidates
-from cost_models.pricing.memory import checkpoint_placed, layer_gradient_bytes
+from cost_models.pricing.memory import checkpoint_placed
 from cost_models.remat import MLP_INPUT_CHECKPOINTS
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
@@ -48,8 +48,8 @@ def target_memory(
         # each tile's logits over the whole vocabulary (split over tensor with the output head)
         out["logits"] = tokens / tiles * m.vocab / x.tensor * traits.logit_bytes
     if not traits.layer_gradients_all_step:
-        layer_grads = layer_gradient_bytes(x)
-        out["grads"] = out["grads"] - layer_grads
+        layer_grads = out["layer_grads"]
+        out["layer_grads"] = np.zeros_like(layer_grads)
         # at the step's end the update reads every gradient, these too
         out["update_gradients"] = out["update_gradients"] + layer_grads
         # held through a layer's backward whichever of its sides (attention or MLP) is live

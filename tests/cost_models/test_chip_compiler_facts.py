@@ -34,13 +34,15 @@ def test_each_fact_says_its_value_and_where_it_was_read(chip):
 def test_the_facts_read_from_compiles():
     # tpu7x showed the layout moves, the early attention and the lane-wide log-sum-exp in its
     # compiles, v5p none of them (the same plans compiled for v5p:2x2x2); both peel the layer loops
-    # of an offloading step; v5p, not tpu7x, holds the forward's lane-wide log-sum-exp to the layer's end
+    # of an offloading step; v5p, not tpu7x, holds the forward's lane-wide log-sum-exp to the layer's end;
+    # tpu7x, not v5p, holds a layer's weights more at a flat offloading program's loss
     assert {name: getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
         "relayout_off_tensorcore": True,
         "attention_before_mlp_backward": True,
         "offload_peels_layer_loops": True,
         "splash_lse_lanes_held": True,
         "forward_lse_lanes_held": False,
+        "flat_offload_holds_layer_weights": True,
     }
     assert {name: getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
         "relayout_off_tensorcore": False,
@@ -48,6 +50,7 @@ def test_the_facts_read_from_compiles():
         "offload_peels_layer_loops": True,
         "splash_lse_lanes_held": False,
         "forward_lse_lanes_held": True,
+        "flat_offload_holds_layer_weights": False,
     }
 
 

@@ -81,8 +81,8 @@ def test_memory_components_by_hand():
     # through the backward the 32 layers' fp32 gradients and the head's (4096 × 128256) in bf16; the
     # rest, the embedding's and the head's in fp32, at the update
     layer_p = 218_112_000
-    assert e.hbm_bytes["grads"] == (32 * layer_p * 4 + 4096 * 128256 * 2) / 8
-    assert e.hbm_bytes["grads"] + e.hbm_bytes["update_gradients"] == p * 4 / 8
+    assert e.hbm_bytes["layer_grads"] == 32 * layer_p * 4 / 8 and e.hbm_bytes["head_grad"] == 4096 * 128256 * 2 / 8
+    assert e.hbm_bytes["layer_grads"] + e.hbm_bytes["head_grad"] + e.hbm_bytes["update_gradients"] == p * 4 / 8
     # every layer's weights cast to bf16, the norms' scales left out
     assert e.hbm_bytes["weight_casts"] == 32 * (layer_p - 2 * 4096) * 2 / 8
     assert e.hbm_bytes["optimizer"] == 2 * p * 4 / 8
@@ -123,13 +123,17 @@ def test_memory_components_by_hand():
     assert e.hbm_bytes["collective_buffers"] == 4096 * 14336 * (2 + 2 + 4)
     unchunked = estimate(_plan(loss_chunk_tokens=0))
     assert unchunked.hbm_bytes["logits"] == tokens * 16032 * 4
-    # the peak: static state plus the larger phase, never both phases at once
+    # the loss's input: the last layer's output (on the residual stream's tokens, here all of them) and,
+    # on every token, its normed value, the loss loop's copy and the gradient the loop sums
+    assert e.hbm_bytes["loss_input"] == 4 * tokens * 4096 * 2
+    # the peak: static state plus a layer's backward, or the loss on the state less the layers'
+    # gradients, never both phases at once
     b = e.hbm_bytes
-    static = b["params"] + b["grads"] + b["optimizer"] + b["activations"] + b["weight_casts"]
+    state = b["params"] + b["head_grad"] + b["optimizer"] + b["activations"] + b["weight_casts"]
     # in a layer: the attention side or the MLP side, not both
     layer = max(b["attention_working_set"] + b["attention_buffers"] + b["collective_buffers"], b["mlp_working_set"])
-    loss = b["logits"] + b["head_buffers"]
-    assert e.hbm_bytes_per_device == static + max(layer, loss)
+    loss = b["logits"] + b["head_buffers"] + b["loss_input"]
+    assert e.hbm_bytes_per_device == max(state + b["layer_grads"] + layer, state + loss)
 
 
 def test_ring_holds_blocks_all_gather_holds_full_length():
@@ -727,9 +731,10 @@ def test_a_layers_forward_by_hand():
 
 
 def _forward_and_backward(b: dict) -> tuple[float, float]:
-    """A layer's forward on the state before any gradient; the static state with the larger of a layer's
-    backward (its attention side or its MLP side) and the loss."""
-    forward = b["params"] + b["optimizer"] + b["activations"] + b["weight_casts"] + b["forward_working_set"]
-    static = b["params"] + b["grads"] + b["optimizer"] + b["activations"] + b["weight_casts"]
+    """A layer's forward on the state before any gradient; the static state with a layer's backward (its
+    attention side or its MLP side), or the loss on the state less the layers' gradients."""
+    state = b["params"] + b["optimizer"] + b["activations"] + b["weight_casts"]
+    forward = state + b["forward_working_set"]
     attention = b["attention_working_set"] + b["attention_buffers"] + b["lse_relayout"] + b["collective_buffers"]
-    return forward, static + max(attention, b["mlp_working_set"], b["logits"] + b["head_buffers"])
+    layer = state + b["layer_grads"] + b["head_grad"] + max(attention, b["mlp_working_set"])
+    return forward, max(layer, state + b["head_grad"] + b["logits"] + b["head_buffers"] + b["loss_input"])

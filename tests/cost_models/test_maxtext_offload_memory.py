@@ -63,7 +63,7 @@ def test_maxtext_holds_the_deferred_head_gradient_and_offloaded_mlp_values_throu
     )
     # nothing else moves: the loss phase and the state are the full twin's, and the kept
     # activations less what goes to the host (each layer's input, where offloaded)
-    for part in ("params", "grads", "optimizer", "logits", "head_buffers"):
+    for part in ("params", "layer_grads", "head_grad", "optimizer", "logits", "head_buffers", "loss_input"):
         assert offloading[part] == pytest.approx(full[part])
     layer_inputs = 32 * TOKENS * HIDDEN * 2
     assert full["activations"] - offloading["activations"] == pytest.approx(
@@ -165,7 +165,7 @@ def test_the_update_reads_every_gradient_under_either_target(policy):
     # MaxText holds its layers' gradients only in the backward, but AdamW reads them all at the end
     cpplan, maxtext = _parts(policy, "cpplan"), _parts(policy, "maxtext")
     every = {
-        target: parts["grads"] + parts["update_gradients"]
+        target: parts["layer_grads"] + parts["head_grad"] + parts["update_gradients"]
         for target, parts in (("cpplan", cpplan), ("maxtext", maxtext))
     }
     assert every["maxtext"] == pytest.approx(every["cpplan"])

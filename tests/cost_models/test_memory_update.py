@@ -66,8 +66,8 @@ def test_cpplan_updates_the_head_in_place():
     assert b["optimizer_update"] == 0
     # the update holds the weights, the whole fp32 gradient and the two moments
     params = TWO_LAYERS.num_params / 8 * 4
-    assert b["params"] == params and b["grads"] + b["update_gradients"] == params
-    assert b["params"] + b["grads"] + b["update_gradients"] + b["optimizer"] == 4 * params
+    assert b["params"] == params and b["layer_grads"] + b["head_grad"] + b["update_gradients"] == params
+    assert b["params"] + b["layer_grads"] + b["head_grad"] + b["update_gradients"] + b["optimizer"] == 4 * params
 
 
 def _all_gather_plan(topology: str, remat: str, *, seq_len: int = 32768) -> Plan:

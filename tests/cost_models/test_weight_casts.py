@@ -50,11 +50,11 @@ def test_gradients_by_phase():
     layer = 2 * TWO_LAYERS.params_per_layer / 8
     head = HIDDEN * VOCAB / 8
     # the backward: the layers' fp32 gradients and the head's bf16 pieces
-    assert b["grads"] == layer * 4 + head * 2
-    assert b["grads"] / MiB == pytest.approx(208 + 125.25, abs=0.01)
+    assert b["layer_grads"] == layer * 4 and b["head_grad"] == head * 2
+    assert (b["layer_grads"] + b["head_grad"]) / MiB == pytest.approx(208 + 125.25, abs=0.01)
     # the update: the embedding's fp32 gradient and the head's, besides
     assert b["update_gradients"] == (head + HIDDEN * VOCAB / 8 + HIDDEN / 8) * 4 - head * 2
-    assert b["grads"] + b["update_gradients"] == TWO_LAYERS.num_params / 8 * 4
+    assert b["layer_grads"] + b["head_grad"] + b["update_gradients"] == TWO_LAYERS.num_params / 8 * 4
 
 
 def test_mlp_chunk_loop_holds_its_matrices():

@@ -4,7 +4,7 @@ plan of each other strategy, the placement on the torus, and the tables the text
 
 from __future__ import annotations
 
-from cost_models.pricing.memory import LOSS_MEMORY, STATIC_MEMORY, forward_bytes, layer_bytes, update_bytes
+from cost_models.pricing.memory import LOSS_MEMORY, LOSS_STATE, STATIC_MEMORY, forward_bytes, layer_bytes, update_bytes
 from cost_models.units import GiB
 from planner.explanation import format_seconds
 from planner.options import format_tokens
@@ -149,8 +149,8 @@ def step_breakdown(d: dict) -> dict:
 
 def memory_phases(e: dict) -> dict[str, float]:
     """HBM per device in each phase, as the price composes them (`cost_models.pricing.memory`):
-    what is held all step, and on top of it a layer's backward or the loss; the update and a layer's
-    forward alone."""
+    what is held all step and on top of it a layer's backward; the loss on that state less the layers'
+    gradients (which their backward forms after it); the update and a layer's forward alone."""
     mem = e["hbm_bytes"]
     return {
         "all step": sum(mem[k] for k in STATIC_MEMORY),
@@ -161,15 +161,21 @@ def memory_phases(e: dict) -> dict[str, float]:
     }
 
 
+def loss_state(e: dict) -> float:
+    """What the loss holds of the step's state: all of it but the layers' gradients."""
+    return sum(e["hbm_bytes"][k] for k in LOSS_STATE)
+
+
 def memory_figure(d: dict) -> dict:
-    """Per compared plan, a bar per phase (held all step + a layer's backward; + the loss; the
-    update; a layer's forward) against the capacity, each with the memory price's measured error above it."""
+    """Per compared plan, a bar per phase (held all step + a layer's backward; the loss on all but the
+    layers' gradients; the update; a layer's forward) against the capacity, each with the memory price's
+    measured error above it."""
     rows = []
     for label, r in compared(d):
         p = memory_phases(r["estimate"])
         rows += [
             (f"{label}: layer", {"all step": p["all step"], "layer": p["layer"]}, r["estimate"]),
-            (f"{label}: loss", {"all step": p["all step"], "loss": p["loss"]}, r["estimate"]),
+            (f"{label}: loss", {"all step": loss_state(r["estimate"]), "loss": p["loss"]}, r["estimate"]),
             (f"{label}: update", {"update": p["update"]}, r["estimate"]),
             (f"{label}: forward", {"forward": p["forward"]}, r["estimate"]),
         ]
@@ -292,7 +298,7 @@ def draw(d: dict) -> Page:
     page.raw(figure(memory_figure(d), "memory"))
     page.raw(
         table(
-            ["plan", "all step", "layer", "loss", "update", "peak", "capacity", "compiler held up to"],
+            ["plan", "all step", "layer", "loss", "update", "forward", "peak", "capacity", "compiler held up to"],
             [
                 [label]
                 + [f"{v / GiB:.1f} GiB" for v in memory_phases(r["estimate"]).values()]
