@@ -47,6 +47,10 @@ def target_memory(
         tiles = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens)
         # each tile's logits over the whole vocabulary (split over tensor with the output head)
         out["logits"] = tokens / tiles * m.vocab / x.tensor * traits.logit_bytes
+        # what cpplan's chunked loss holds of its input (its loop's copy, the gradient the loop sums) was read
+        # from cpplan's compiles; a whole-vocabulary loss's was not, and its compiles were priced within
+        # 10% by the logits alone (docs/memory_offload.md, "The flat program's loss, by what it holds")
+        out["loss_input"] = np.zeros_like(tokens)
     if not traits.layer_gradients_all_step:
         layer_grads = out["layer_grads"]
         out["layer_grads"] = np.zeros_like(layer_grads)

@@ -150,6 +150,8 @@ def test_maxtext_layer_gradients_are_held_in_the_backward_only():
     model = plan.model
     layer_grads = model.num_layers * model.params_per_layer / 4 * 4  # fp32, sharded over the 4 context ranks
     assert ours.hbm_bytes["layer_grads"] == pytest.approx(layer_grads) and theirs.hbm_bytes["layer_grads"] == 0
+    # the loss's input as cpplan's chunked loss holds it was read from cpplan's compiles only
+    assert theirs.hbm_bytes["loss_input"] == 0 < ours.hbm_bytes["loss_input"]
     # held whichever side of the layer is live; beside them tokamax's ring is priced with the whole
     # working set (2 · 22528 values a token), cpplan's with its hop's (4 · 4096 + 2 · 4096)
     hop_difference = 16384 * (2 * 22528 - 6 * 4096) * 2
