@@ -142,12 +142,10 @@ def evaluate(
     reasons = "; ".join(sorted({r.reason for r in result.rejections}))
     if not reasons:  # refused before pricing: the strategy's own rule for this mesh says why
         mask_model = get_model(model).within(parse_seq_len(seq_len))[0]
-        shape = Shape(
+        shape = Shape.on_mesh(
             mask_model,
             parse_seq_len(seq_len),
-            full_mesh["context"],
-            full_mesh["context_ulysses"],
-            full_mesh["tensor"],
+            full_mesh,
             options["load_balance"] in ("zigzag", LoadBalance.ZIGZAG),
             topo.chip.kind.shares_cores,
         )

@@ -236,12 +236,10 @@ class Plan:
     @property
     def shape(self) -> Shape:
         """What the strategy specs judge and lay out: the plan's attention case, scalars only."""
-        return Shape(
+        return Shape.on_mesh(
             self.model,
             self.seq_len,
-            self.axis_size("context"),
-            self.axis_size("context_ulysses"),
-            self.axis_size("tensor"),
+            self.mesh_dict,
             self.load_balance is LoadBalance.ZIGZAG,
             self.topology_spec.chip.kind.shares_cores,
         )

@@ -41,6 +41,11 @@ class Shape:
     def attention_mask(self) -> AttentionMask:
         return self.mask or self.model.global_mask
 
+    @classmethod
+    def on_mesh(cls, model: ModelSpec, seq_len: int, mesh: dict[str, int], zigzag: bool, shared_cores: bool) -> Shape:
+        """The shape of a plan on `mesh` (axis sizes by name, every axis present)."""
+        return cls(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag, shared_cores)
+
 
 @dataclass(frozen=True)
 class Violation:
