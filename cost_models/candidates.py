@@ -141,12 +141,16 @@ class Candidates(ReadsCase):
         return self._per_candidate(remat_table(self.model, self.remat_custom, offload_in_hbm=True))
 
     @cached_property
-    def without_layer_loop(self) -> np.ndarray:
-        """Per candidate, whether its step has no layer loop: a step of one layer, or one that offloads and
-        that the compiler flattens (`flat_offload_program`)."""
+    def flat_offload(self) -> np.ndarray:
+        """Per candidate, whether its step offloads and the compiler leaves it with no layer loop
+        (`flat_offload_program`)."""
         offloads = np.asarray(self.remat_columns.saved_on_host) > 0
-        flat = offloads & flat_offload_program(self.topology.chip, self.model.num_layers)
-        return flat | (self.model.num_layers == 1)
+        return offloads & flat_offload_program(self.topology.chip, self.model.num_layers)
+
+    @cached_property
+    def without_layer_loop(self) -> np.ndarray:
+        """Per candidate, whether its step has no layer loop: a step of one layer, or a flat offloading one."""
+        return self.flat_offload | (self.model.num_layers == 1)
 
     def _per_candidate(self, table: RematCost) -> RematCost:
         return RematCost(**{f.name: getattr(table, f.name)[self.remat] for f in dataclasses.fields(table)})

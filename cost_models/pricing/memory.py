@@ -15,7 +15,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
-from cost_models.remat import ATTENTION_OUTPUT, POLICIES, flat_offload_program, placements
+from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
 from cost_models.strategies import Layout
 from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, lane_ratio
 from cost_models.vocabulary import Placement
@@ -256,7 +256,7 @@ def price_memory(
 
 
 def flat_program_held(x: Candidates, residual_stream, mlp_tokens, mlp_matrix) -> np.ndarray:
-    """What an offloading step left with no layer loop (`flat_offload_program`) holds through its forward and
+    """What an offloading step left with no layer loop (`Candidates.flat_offload`) holds through its forward and
     its loss beyond what a loop holds, bytes per device (docs/memory_offload.md, "The flat program's loss,
     by what it holds"): every layer's offloaded attention-side values (and layer input), their device copies
     kept until the host writes end in the backward; two chunks of the MLP's offloaded values (the last one
@@ -265,7 +265,6 @@ def flat_program_held(x: Candidates, residual_stream, mlp_tokens, mlp_matrix) ->
     chips that hold another layer's weights (`flat_offload_holds_layer_weights`) those too."""
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     host = x.remat_columns  # the offloads as placed: a flat program's do leave HBM by its backward
-    flat = flat_offload_program(x.topology.chip, m.num_layers) & (np.asarray(host.saved_on_host) > 0)
     attention_side = host.saved_on_host - host.offloaded_mlp_side
     layer_weights = (m.params_per_layer - m.decoder_block.norms * m.hidden) / tensor
     held = (
@@ -274,7 +273,7 @@ def flat_program_held(x: Candidates, residual_stream, mlp_tokens, mlp_matrix) ->
         + m.mlp_matrices * mlp_matrix
         + x.topology.chip.flat_offload_holds_layer_weights * layer_weights
     )
-    return flat * held * x.act_bytes
+    return x.flat_offload * held * x.act_bytes
 
 
 def working_set_beside_kv(x: Candidates) -> np.ndarray:
