@@ -125,13 +125,15 @@ class Chip:
     # before the MLP's; an iteration peeled off each layer loop of an offloading step; splash's
     # log-sum-exp kept in the kernel's lane-wide output until the backward reads it, and through a
     # layer's forward that keeps the attention output; a flat offloading program's loss holding a layer's
-    # weights beyond the last layer's gathered MLP matrices
+    # weights beyond the last layer's gathered MLP matrices; reduce-scatters run by the SparseCore, each
+    # holding a scratch of (n - 2)/n of its operand in HBM
     relayout_off_tensorcore: bool
     attention_before_mlp_backward: bool
     offload_peels_layer_loops: bool
     splash_lse_lanes_held: bool
     forward_lse_lanes_held: bool
     flat_offload_holds_layer_weights: bool
+    reduce_scatter_scratch: bool
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -212,6 +214,7 @@ COMPILER_SCHEDULE_FIELDS = (
     "splash_lse_lanes_held",
     "forward_lse_lanes_held",
     "flat_offload_holds_layer_weights",
+    "reduce_scatter_scratch",
 )
 
 # (integer?, lowest, lowest allowed itself?, highest or None, what the field measures); every value finite

@@ -108,6 +108,13 @@ def layer_gradient_bytes(x: Candidates) -> np.ndarray:
     return x.model.num_layers * x.model.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
 
 
+def reduce_scatter_scratch(x: Candidates, operand_bytes, devices) -> np.ndarray:
+    """The HBM scratch a reduce-scatter of `operand_bytes` over `devices` holds while it runs, bytes: on chips
+    whose SparseCore runs it (`reduce_scatter_scratch`), the operand less twice the result, (n - 2)/n of it."""
+    n = np.asarray(devices, dtype=float)
+    return x.topology.chip.reduce_scatter_scratch * operand_bytes * np.maximum(n - 2, 0.0) / n
+
+
 def price_memory(
     x: Candidates,
     layout: Layout,
@@ -154,6 +161,8 @@ def price_memory(
     # step of one layer has no layer loop and no stack, and its chunk loop slices the kept values directly
     kept_mlp_copy = np.where((tokens > mlp_tokens) & loop, tokens * remat.kept_mlp_side / tensor, 0.0)
     q_values, kv_values = laid_out_values(x, layout)
+    # the layer input's gradient, formed for every token, is scattered back over tensor on either side
+    input_gradient_scratch = reduce_scatter_scratch(x, tokens * m.hidden * a, tensor)
     # the gathered K/V a strategy holds through the MLP's backward as its buffers (bytes), counted in the
     # MLP's side once, so not again among the attention's values run early
     gathered_kv_held = kv_buffers_working_set * gathered_before_mlp_backward(x) * context.held_through_mlp_backward
@@ -173,11 +182,13 @@ def price_memory(
     # where the target's backward holds K/V as the strategy's buffers, it holds less than the whole set, and
     # the kept operands' kernel layout as its own values, not as copies among the buffers
     beside_kv = kv_buffers_working_set & (np.asarray(context.kv_in_working_set) == 0)
-    attention_working_set = np.where(
+    kernels_working_set = np.where(
         beside_kv,
         working_set_beside_kv(x) * a + context.beside_kv_excess + relaid_output_held(x) * context.relaid_output_bytes,
         whole_working_set,
     )
+    # the scatter's scratch is held at the backward's end, after the moment `lse_relayout` prices
+    attention_working_set = kernels_working_set + input_gradient_scratch
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
     attention_buffers = context.buffer_bytes + per_query - beside_kv * context.operand_copies_bytes
@@ -194,7 +205,7 @@ def price_memory(
     lse_relayout = (
         x.topology.chip.splash_lse_lanes_held
         * (np.asarray(context.reads_own_lse) > 0)
-        * np.maximum(2 * lse_lane_bytes(x, layout) - not_yet_formed + whole_working_set - attention_working_set, 0.0)
+        * np.maximum(2 * lse_lane_bytes(x, layout) - not_yet_formed + whole_working_set - kernels_working_set, 0.0)
     )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
@@ -215,7 +226,7 @@ def price_memory(
         # gradient and (sequential block) the residual the MLP's norm read, both needed after the chunk loop;
         # one chunk's values and gradients; kept MLP values copied; the chunk loop's matrices and sums;
         # attention values run early; values fetched ahead; the gathered K/V of an attention that reruns
-        # before the MLP's backward or does not rerun (cpplan's)
+        # before the MLP's backward or does not rerun (cpplan's); the scatter of the input's gradient
         mlp_working_set=(
             (2 + (tensor > 1)) * tokens * m.hidden
             + residual_stream
@@ -228,7 +239,8 @@ def price_memory(
         )
         * a
         + lse_first
-        + gathered_kv_held,
+        + gathered_kv_held
+        + input_gradient_scratch,
         attention_buffers=attention_buffers,
         lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter

@@ -35,7 +35,8 @@ def test_the_facts_read_from_compiles():
     # tpu7x showed the layout moves, the early attention and the lane-wide log-sum-exp in its
     # compiles, v5p none of them (the same plans compiled for v5p:2x2x2); both peel the layer loops
     # of an offloading step; v5p, not tpu7x, holds the forward's lane-wide log-sum-exp to the layer's end;
-    # tpu7x, not v5p, holds a layer's weights more at a flat offloading program's loss
+    # tpu7x, not v5p, holds a layer's weights more at a flat offloading program's loss, and runs its
+    # reduce-scatters on the SparseCore with a scratch (v6e, like v5p, on the TensorCore)
     assert {name: getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
         "relayout_off_tensorcore": True,
         "attention_before_mlp_backward": True,
@@ -43,6 +44,7 @@ def test_the_facts_read_from_compiles():
         "splash_lse_lanes_held": True,
         "forward_lse_lanes_held": False,
         "flat_offload_holds_layer_weights": True,
+        "reduce_scatter_scratch": True,
     }
     assert {name: getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
         "relayout_off_tensorcore": False,
@@ -51,7 +53,9 @@ def test_the_facts_read_from_compiles():
         "splash_lse_lanes_held": False,
         "forward_lse_lanes_held": True,
         "flat_offload_holds_layer_weights": False,
+        "reduce_scatter_scratch": False,
     }
+    assert get_chip("v6e").reduce_scatter_scratch is False
 
 
 @pytest.mark.parametrize("name", COMPILER_SCHEDULE_FIELDS)
@@ -118,3 +122,26 @@ def test_the_price_reads_the_facts_from_the_row(monkeypatch, tmp_path):
         )
         assert (lanes > sliced) is grows and lanes >= sliced
     assert early["optimizer_update"] == base["optimizer_update"] and moved["mlp_working_set"] == base["mlp_working_set"]
+
+
+@pytest.mark.parametrize("tensor", [1, 2, 4, 8])
+def test_the_reduce_scatter_scratch_is_its_share_of_the_input_gradient(monkeypatch, tmp_path, tensor):
+    # tensor-parallel over the sequence between the matmuls: each side's backward scatters the layer
+    # input's gradient (every token of the tensor group, bf16) back over tensor; the SparseCore's
+    # scratch is (n - 2)/n of it: over 8 devices at 16K tokens, 16384 x 4096 x 2 B x 6/8 = 96 MiB
+    plan = Plan(
+        model=get_model("llama3.1-8b"),
+        topology="tpu7x:2x2x1",
+        seq_len=16 * 1024,
+        global_batch=8 // tensor,
+        mesh=make_mesh(fsdp=8 // tensor, tensor=tensor),
+        cp_strategy="none",
+        remat="full",
+    )
+    off, on = (_hbm_with(monkeypatch, tmp_path, plan, reduce_scatter_scratch=held) for held in (False, True))
+    scratch = {1: 0, 2: 0, 4: 16384 * 4096 * 2 // 2, 8: 96 * 2**20}[tensor]
+    for side in ("attention_working_set", "mlp_working_set"):
+        assert on[side] - off[side] == pytest.approx(scratch)
+    assert {k: v for k, v in on.items() if not k.endswith("working_set")} == {
+        k: v for k, v in off.items() if not k.endswith("working_set")
+    }

@@ -155,8 +155,8 @@ def test_the_loss_chunk_is_read_as_tokens_like_the_lengths():
 
 
 def test_a_marginal_choice_names_the_fastest_plan_with_the_margin_to_spare():
-    # v5p-16 holds 1856K as priced, 1792K with the v5p margin (2.3%) to spare
-    e = planner.explain("llama3.1-8b", "1808k", "v5p-16")
+    # at 1800K on v5p-16 the fastest plan is within the v5p margin (2.6%) of the HBM, a slower one is not
+    e = planner.explain("llama3.1-8b", "1800k", "v5p-16")
     assert e.estimate.fits and e.estimate.marginal
     rank, sure = next((i, r) for i, r in enumerate(e.result.ranked, start=1) if not r.estimate.marginal)
     assert rank > 1 and sure.estimate.step_time_s >= e.estimate.step_time_s
