@@ -508,6 +508,27 @@ ROWS = [
         2,
         dict(remat="full"),
     ),
+    # Held out from the reduce-scatter's scratch: tensor 4 beside a context strategy, other policies
+    (
+        "tpu7x ring2 tensor4 minimal_with_context 4 layers 32K",
+        "tpu7x:2x2x1",
+        dict(context=2, tensor=4),
+        "ring",
+        32 * K,
+        1,
+        4,
+        dict(remat="minimal_with_context"),
+    ),
+    (
+        "tpu7x ulysses2 tensor4 save_dot_except_mlp 4 layers 32K",
+        "tpu7x:2x2x1",
+        dict(context_ulysses=2, tensor=4),
+        "ulysses",
+        32 * K,
+        1,
+        4,
+        dict(remat="save_dot_except_mlp"),
+    ),
     # v6e runs its reduce-scatters on the TensorCore (`reduce_scatter_scratch`), as v5p does
     (
         "v6e tensor4 sp full 2 layers 16K",
