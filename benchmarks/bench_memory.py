@@ -508,6 +508,17 @@ ROWS = [
         2,
         dict(remat="full"),
     ),
+    # Tensor 8 beside FSDP on 16 devices: whether the attention's backward holds its gathered input twice
+    (
+        "tpu7x fsdp2 tensor8 sp full 2 layers 64K",
+        "tpu7x:2x2x2",
+        dict(fsdp=2, tensor=8),
+        "none",
+        64 * K,
+        2,
+        2,
+        dict(remat="full"),
+    ),
     # Held out from the reduce-scatter's scratch: tensor 4 beside a context strategy, other policies
     (
         "tpu7x ring2 tensor4 minimal_with_context 4 layers 32K",
