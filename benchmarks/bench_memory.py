@@ -581,7 +581,17 @@ ROWS = [
         4,
         dict(remat="save_qkv_proj"),
     ),
-    # v6e runs its reduce-scatters on the TensorCore (`reduce_scatter_scratch`), as v5p does
+    # v6e and v5e run their reduce-scatters on the TensorCore (`reduce_scatter_scratch`), as v5p does
+    (
+        "v5e tensor4 sp full 2 layers 16K",
+        "v5e:2x2",
+        dict(tensor=4),
+        "none",
+        16 * K,
+        1,
+        2,
+        dict(remat="full"),
+    ),
     (
         "v6e tensor4 sp full 2 layers 16K",
         "v6e:2x2",

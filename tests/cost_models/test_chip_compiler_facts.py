@@ -36,7 +36,7 @@ def test_the_facts_read_from_compiles():
     # compiles, v5p none of them (the same plans compiled for v5p:2x2x2); both peel the layer loops
     # of an offloading step; v5p, not tpu7x, holds the forward's lane-wide log-sum-exp to the layer's end;
     # tpu7x, not v5p, holds a layer's weights more at a flat offloading program's loss, and runs its
-    # reduce-scatters on the SparseCore with a scratch (v6e, like v5p, on the TensorCore)
+    # reduce-scatters on the SparseCore with a scratch (v6e and v5e, like v5p, on the TensorCore)
     assert {name: getattr(get_chip("tpu7x"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
         "relayout_off_tensorcore": True,
         "attention_before_mlp_backward": True,
@@ -55,7 +55,7 @@ def test_the_facts_read_from_compiles():
         "flat_offload_holds_layer_weights": False,
         "reduce_scatter_scratch": False,
     }
-    assert get_chip("v6e").reduce_scatter_scratch is False
+    assert get_chip("v6e").reduce_scatter_scratch is get_chip("v5e").reduce_scatter_scratch is False
 
 
 @pytest.mark.parametrize("name", COMPILER_SCHEDULE_FIELDS)
