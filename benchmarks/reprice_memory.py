@@ -9,7 +9,9 @@ The compiler figures are only as current as the runtime that produced them: re-r
 stores the least HBM cap it compiled under (`bench_memory.py --least-hbm`), two more columns give
 that cap and today's price against it; where it stores its heap (`heap`), two more give the heap's
 gaps and today's price against the live peak. The last lines count the rows within the target against
-each figure a row stores: the unconstrained one, the live peak, the least cap.
+each figure a row stores: the unconstrained one, the live peak, the least cap, and the HBM the step
+needs (`validation.memory_bands.needed_bytes`: the least cap where measured, else the unconstrained
+figure; what the memory bands are measured against).
 """
 
 import argparse
@@ -24,6 +26,7 @@ from bench_memory import RESULTS, ROWS, TARGET_ERROR, gap_share, plan_of  # noqa
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.units import GiB, MiB  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
+from validation.memory_bands import needed_bytes  # noqa: E402
 
 
 def live_bytes(stored: dict) -> float | None:
@@ -95,12 +98,13 @@ def main():
         f" {'gaps':>6} {'now/live':>9}{'least':>9} {'now/least':>10}"
     )
     agree = 0
-    errors = {"the compiler": [], "the live peak": [], "the least cap": []}
+    errors = {"the compiler": [], "the live peak": [], "the least cap": [], "what it needs": []}
     for row in rows:
         old, now = stored[row[0]], estimate(plan_of(row))
         error = now.hbm_bytes_per_device / old["compiled_bytes"] - 1
         agree += now.fits == old["compiled_fits"]
-        for name, reference in zip(errors, (old["compiled_bytes"], live_bytes(old), least_bytes(old))):
+        references = (old["compiled_bytes"], live_bytes(old), least_bytes(old), needed_bytes(old))
+        for name, reference in zip(errors, references):
             if reference is not None:
                 errors[name].append((now.hbm_bytes_per_device / reference - 1, now.fits))
         print(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-LEAST_HBM_RESOLUTION = 0.01  # the bisection stops when the failing and the fitting caps are this close
-LEAST_HBM_PROBES = 8  # at most this many compiles a row, whatever the resolution reached
+LEAST_HBM_RESOLUTION = 0.005  # the bisection stops when the failing and the fitting caps are this close
+LEAST_HBM_PROBES = 10  # at most this many compiles a row, whatever the resolution reached
 
 
 def hbm_needed(message: str) -> int | None:
@@ -55,8 +55,8 @@ def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
             cap = fits_at  # no cap at the upper end has compiled yet: check that it does
         elif fitted_bytes is None and hint >= fits_at - step:
             cap = fits_at  # the compiler says it needs the upper end: check that it fits there
-        elif fails_at + step < hint < fits_at - step:
-            cap = hint
+        elif fails_at < hint < fits_at:
+            cap = hint  # the compiler's own figure: where it says it fits, the bracket closes there
         else:
             cap = (fails_at + fits_at) // 2 if fails_at else int(0.9 * fits_at)
     return {

@@ -41,6 +41,15 @@ def test_the_bracket_closes_on_the_least_cap(least_mib, holds_mib, says_mib):
     assert [p["cap_mib"] for p in found["probes"]] == caps and len(caps) <= LEAST_HBM_PROBES
 
 
+def test_the_need_an_error_states_is_probed_next_when_it_lies_inside_the_bracket():
+    # the figures a tpu7x compile gave: under every cap from 6211 MiB it holds 6158.8 MiB, under 6159 it
+    # fails saying it needs 6164.5; the stated need is probed next and closes the bracket to 6 MiB
+    compile_under, caps = compiler_needing(6165, holds_mib=6159, says_mib=6165)
+    found = least_cap(compile_under, unconstrained_bytes=7314 * MiB)
+    assert caps == [6582, 6159, 6165]
+    assert (found["failed_cap_mib"], found["cap_mib"]) == (6159, 6165)
+
+
 def test_a_step_that_needs_more_than_its_unconstrained_figure_is_probed_above_it():
     compile_under, caps = compiler_needing(4700, holds_mib=4650, says_mib=4700)
     found = least_cap(compile_under, unconstrained_bytes=4500 * MiB)
