@@ -1035,26 +1035,19 @@ ROWS = [
     ),
     # Held out: parameters in bf16 under FSDP, whose weight gradients are scattered in the compute dtype
     # (with fp32 parameters the price's fp32 unreduced gradient covers a bf16 one and tpu7x's scratch)
-    (
-        "tpu7x fsdp8 bf16 params full 2 layers 16K",
-        "tpu7x:2x2x1",
-        dict(fsdp=8),
-        "none",
-        16 * K,
-        8,
-        2,
-        dict(remat="full", param_dtype="bfloat16", mu_dtype="bfloat16"),
-    ),
-    (
-        "v5p fsdp8 bf16 params full 2 layers 16K",
-        "v5p:2x2x2",
-        dict(fsdp=8),
-        "none",
-        16 * K,
-        8,
-        2,
-        dict(remat="full", param_dtype="bfloat16", mu_dtype="bfloat16"),
-    ),
+    *[
+        (
+            f"{chip} fsdp8 bf16 params full 2 layers 16K",
+            topology,
+            dict(fsdp=8),
+            "none",
+            16 * K,
+            8,
+            2,
+            dict(remat="full", param_dtype="bfloat16", mu_dtype="bfloat16"),
+        )
+        for chip, topology in (("tpu7x", "tpu7x:2x2x1"), ("v5p", "v5p:2x2x2"))
+    ],
 ]
 
 
