@@ -56,7 +56,7 @@ def least_cap(compile_under, *, unconstrained_bytes: int) -> dict:
         elif fitted_bytes is None and hint >= fits_at - step:
             cap = fits_at  # the compiler says it needs the upper end: check that it fits there
         elif fails_at < hint < fits_at:
-            cap = hint  # the compiler's own figure: where it says it fits, the bracket closes there
+            cap = hint  # the figure the compiler named: where it is right, the bracket closes on it
         else:
             cap = (fails_at + fits_at) // 2 if fails_at else int(0.9 * fits_at)
     return {
