@@ -112,7 +112,6 @@ class Chip:
     attention_masked_element_s: float  # per logit of a block the causal mask cuts through, per kernel
     attention_backward_over_forward: float  # splash's fused backward's MXU time over the forward's, per core
     attention_unfused_backward_factor: float  # the dq and dk/dv kernels' time over the fused backward's
-    attention_backward_core_share: float  # the share of a device's TensorCores splash's backward kernels run on
     attention_operand_passes: float  # passes over a forward call's operand arrays at HBM bandwidth, per call
     attention_backward_operand_passes: float  # the same for the backward's operand arrays
     comm_overlaps_compute: bool
@@ -143,6 +142,12 @@ class Chip:
     def __post_init__(self):
         if isinstance(self.host_collectives, dict):
             object.__setattr__(self, "host_collectives", _host_collectives(self.name, self.host_collectives))
+
+    @property
+    def cores_per_device(self) -> int:
+        """TensorCores one JAX device drives and a kernel's parallel grid dimensions are split over (v5p's
+        megacore: 2); an interpreted kernel runs as one program wherever it runs."""
+        return 1 if self.kind.interprets_kernels else self.tensorcores_per_chip // self.devices_per_chip
 
     def to_dict(self) -> dict:
         """The JSON form of this row."""
@@ -240,7 +245,6 @@ _NUMBER_RULES = {
     "attention_step_s_per_operand_byte": (False, 0, True, None, "a time per byte"),
     "attention_masked_element_s": (False, 0, True, None, "a time per logit"),
     "attention_backward_over_forward": (False, 0, False, None, "a ratio of times"),
-    "attention_backward_core_share": (False, 0, False, 1, "a share of a device's cores"),
     "attention_unfused_backward_factor": (False, 0, False, None, "a ratio of times"),
     "scoped_vmem_bytes": (True, 0, True, None, "bytes of scoped VMEM"),
     "scoped_vmem_max_bytes": (True, 0, True, None, "bytes of scoped VMEM"),

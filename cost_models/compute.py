@@ -18,6 +18,16 @@ SPLASH_FORWARD_OPERANDS = (2, 2)
 SPLASH_BACKWARD_OPERANDS = (3 + 2, 2 + 4)
 
 
+def backward_core_share(sequences, cores_per_device):
+    """The share of a device's TensorCores splash's backward kernels keep busy: their grids' own
+    dimensions are all sequential, so the only one the compiler splits over a device's cores is the
+    batch the calls are vmapped over, one sequence per core at a time (v5p's megacore: one sequence
+    runs on one of its two cores, two on both, three on 3/4 of them; docs/measurements.md, "Which
+    TensorCores splash's backward runs on")."""
+    sequences = np.maximum(np.asarray(sequences, dtype=float), 1.0)
+    return sequences / (cores_per_device * np.ceil(sequences / cores_per_device))
+
+
 def tile_efficiency(dim, tile: int):
     """Useful fraction of an MXU of side `tile` for a dimension of `dim` (array or scalar)."""
     dim = np.asarray(dim, dtype=float)

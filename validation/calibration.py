@@ -260,7 +260,6 @@ def calibrate(
                 f"{how}: the fit prices the backward kernels at their FLOP ratio to the "
                 f"forward ({SPLASH_BACKWARD_OVER_FORWARD}), its other costs per grid step"
             ),
-            "attention_backward_core_share": f"{how}: 1; the fit times the backward on the devices as they run it",
             "attention_unfused_backward_factor": f"{how}: 1; the fit times the runtime's own backward kernels",
             "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
             "attention_backward_operand_passes": f"{how}: 0, as for the forward",
@@ -290,7 +289,6 @@ def calibrate(
             attention_step_s_per_operand_byte=fit.per_step_byte_s,
             attention_masked_element_s=fit.per_masked_element_s,
             attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD,
-            attention_backward_core_share=1.0,
             attention_unfused_backward_factor=1.0,
             attention_operand_passes=0.0,
             attention_backward_operand_passes=0.0,

@@ -15,6 +15,7 @@ from cost_models.candidates import Candidates
 from cost_models.compute import (
     SPLASH_BACKWARD_OVER_FORWARD,
     attention_extent,
+    backward_core_share,
     splash_smem_bytes,
     splash_step_costs,
     tile_efficiency,
@@ -47,13 +48,13 @@ class AttentionTimes:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-def backward_over_forward(chip, calls) -> float:
+def backward_over_forward(chip, calls, core_share) -> np.ndarray:
     """The backward kernels' MXU time over the forward's on a device: the chip's fused-backward
     ratio per core, times its unfused factor where the calls run the dq and dk/dv kernels, over the
-    share of the device's cores the backward uses. A device's calls all run one kind."""
+    share of the device's cores the backward keeps busy (`core_share`). A device's calls all run one kind."""
     fused = all(c.fused_backward for c in calls)
     factor = 1.0 if fused else chip.attention_unfused_backward_factor
-    return chip.attention_backward_over_forward * factor / chip.attention_backward_core_share
+    return chip.attention_backward_over_forward * factor / core_share
 
 
 def price_attention(
@@ -90,6 +91,7 @@ def price_attention(
             causal=model.causal,
         )
     efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
+    core_share = backward_core_share(x.sequences_per_device, chip.cores_per_device)
     forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
     # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
@@ -115,7 +117,7 @@ def price_attention(
             causal=call.causal,
             fused_backward=call.fused_backward,
             hbm_s_per_byte=hbm_s_per_byte,
-            backward_core_share=chip.attention_backward_core_share,
+            backward_core_share=core_share,
             local_blocks=call_blocks_,
         )
         grid_forward_s = grid_forward_s + call.count * fwd
@@ -133,7 +135,7 @@ def price_attention(
         merge_forward_s=merge_forward_s,
         merge_backward_s=merge_backward_s,
         forward_s=forward_s,
-        backward_s=(backward_over_forward(chip, calls) * math_forward_s + grid_backward_s + merge_backward_s),
+        backward_s=(backward_over_forward(chip, calls, core_share) * math_forward_s + grid_backward_s + merge_backward_s),
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
         smem_bytes=smem_bytes(x, layout, calls, blocks),
