@@ -8,14 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_process import run
 
 ROOT = Path(__file__).resolve().parents[2]
 # the scripts import this checkout's packages, not whichever copy is installed
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def run_script(*args, timeout=300):
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+def run_script(*args):
+    proc = run([sys.executable, *args], f"the end of {args[0]}", cwd=ROOT, env=ENV)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
 
@@ -113,7 +114,7 @@ def test_cli_compile_json_is_strict_json_with_the_compiler_and_the_price():
 
 @pytest.mark.pure
 def test_cli_run_refuses_a_tpu_topology():
-    proc = subprocess.run(
+    proc = run(
         [
             sys.executable,
             "-m",
@@ -128,11 +129,9 @@ def test_cli_run_refuses_a_tpu_topology():
             "--global-batch-tokens",
             "4096",
         ],
+        "the refusal",
         cwd=ROOT,
         env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert proc.returncode == 2
     assert "Use `cpplan compile`" in proc.stderr
@@ -142,7 +141,7 @@ def test_cli_run_refuses_a_tpu_topology():
 def test_cli_validate_sets_up_the_virtual_devices_itself(tmp_path):
     """No XLA_FLAGS from the caller: `cpplan validate --topology cpu:8` must still find 8 devices."""
     env = {k: v for k, v in ENV.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    proc = subprocess.run(
+    proc = run(
         [
             sys.executable,
             "-m",
@@ -166,11 +165,9 @@ def test_cli_validate_sets_up_the_virtual_devices_itself(tmp_path):
             "--out",
             str(tmp_path),
         ],
+        "the end of validate",
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = (tmp_path / "report.md").read_text()

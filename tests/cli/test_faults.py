@@ -4,28 +4,16 @@ symlink. Each test asserts what is on disk afterwards."""
 
 import json
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from cli_process import cpplan
+from cli_process import cpplan, finish, wait_until
 
 from cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "model,topology,seq_len,global_batch,strategy,context,step_seconds"
-
-
-def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if path.exists() and len(path.read_text().splitlines()) >= count:
-            return
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"{path} did not reach {count} line(s) in {timeout_s} s; stderr: {proc.communicate()[1][-2000:]}")
 
 
 @pytest.mark.cpu_mesh
@@ -51,9 +39,9 @@ def test_a_signal_mid_validation_keeps_what_was_measured(signum, tmp_path):
         cwd=tmp_path,
     )
     journal = out / "measurements.jsonl"
-    _wait_for_lines(journal, 1, proc, timeout_s=120)
+    wait_until(lambda: journal.exists() and journal.read_text().count("\n") >= 1, proc, "a first measured plan")
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = finish(proc, "the stop after the signal")
     assert proc.returncode == 128 + signum, (proc.returncode, stderr[-3000:])
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1].startswith("cpplan: interrupted after")
@@ -91,9 +79,10 @@ def test_a_signal_during_the_preflight_compile_stops_cleanly_with_one_line(signu
         str(tmp_path / "run"),
         cwd=tmp_path,
     )
-    assert "pre-flight compile" in proc.stdout.readline()  # the run's first line: jax is up, compiling starts
+    # the run's first line (or, if it ends first, its exit): jax is up, compiling starts
+    assert "pre-flight compile" in proc.stdout.readline()
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=300)
+    stdout, stderr = finish(proc, "the stop after the signal")
     lines = [line for line in stderr.strip().splitlines() if not line.startswith("cpplan: note:")]
     name = signal.Signals(signum).name
     assert proc.returncode == 128 + signum, stderr

@@ -8,17 +8,16 @@ and the Orbax checkpoints.
 
 import json
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
-from cli_process import cpplan
+from cli_process import PATIENCE_S, cpplan, finish, wait_until
 
 jax = pytest.importorskip("jax")
 
 from planner import api  # noqa: E402
 from runtime import run  # noqa: E402
-from validation.chaos import chaos_run, checkpoints, logged, wait_for  # noqa: E402
+from validation.chaos import chaos_run, checkpoints, logged  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
@@ -26,13 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls and depends on every update
 RUN = ("--model", "tiny", "--seq-len", "1k", "--topology", "cpu:8", "--data", str(PROSE))
 CHAOS_STEPS = 24  # room for three kills, each up to a few steps after the last
-
-
-def _wait(condition, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
-    if wait_for(condition, proc, timeout_s):
-        return
-    proc.kill()
-    pytest.fail(f"{what} did not happen in {timeout_s} s; stderr: {proc.communicate()[1][-2000:]}")
 
 
 @pytest.mark.release_repeat  # on MaxText's stack its saves, restores and steps are the signal and recovery tests'
@@ -50,7 +42,7 @@ def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_curve(tmp_p
         seed=1,
         uninterrupted=uninterrupted,
         start=lambda argv: cpplan(*argv, cwd=tmp_path),
-        ceiling_s=240,
+        ceiling_s=PATIENCE_S,
     )
     print(json.dumps(report.to_dict()))
     assert len(report.kills) == 2
@@ -72,9 +64,9 @@ def test_a_run_killed_at_random_moments_resumes_to_the_uninterrupted_curve(tmp_p
 def test_a_signal_saves_a_checkpoint_and_stops_in_one_line(signum, tmp_path):
     run_dir = tmp_path / "run"
     proc = cpplan("run", *RUN, "--steps", "400", "--checkpoint-every", "0", "--run-dir", str(run_dir), cwd=tmp_path)
-    _wait(lambda: len(logged(run_dir)) >= 2, proc, 240, "two steps")
+    wait_until(lambda: len(logged(run_dir)) >= 2, proc, "two logged steps")
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = finish(proc, "the stop after the signal")
     assert proc.returncode == 128 + signum, stderr[-3000:]
     assert "Traceback" not in stderr
     last = stderr.strip().splitlines()[-1]
