@@ -78,10 +78,20 @@ def csv_words(text: str | None) -> list[str] | None:
 
 
 def seq_lens(text: str) -> list[int]:
-    lengths = [parse_seq_len(w) for w in csv_words(text) or []]
-    if not lengths:
+    """--seq-lens: comma-separated lengths, each given (an empty item is a typo, not a length to skip).
+
+    Raises:
+        CpplanError: no length, an empty item, or a length that does not parse.
+    """
+    words = [w.strip() for w in text.split(",")]
+    if not any(words):
         raise CpplanError(f"--seq-lens {text!r} names no length; give comma-separated lengths, e.g. 2k,8k.")
-    return lengths
+    if not all(words):
+        raise CpplanError(
+            f"--seq-lens {text!r} has an empty item (item {words.index('') + 1}); give each length once between "
+            f"commas, e.g. {','.join(w for w in words if w)}."
+        )
+    return [parse_seq_len(w) for w in words]
 
 
 def mesh_sizes(text: str | None) -> dict[str, int] | None:
