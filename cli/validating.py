@@ -37,9 +37,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = row_path(args.out, topo.chip.name)
     prepare_out_dir(out.parent, (out.name,))
     use_host_devices(args.topology)
-    import_runtime()
-    check_devices(topo, "calibrate")
-    from validation.calibration import calibrate
+    # on a TPU the kernels are timed with blocks up to 2048, which need the most scoped VMEM the chip grants
+    check_devices(topo, "calibrate", scoped_vmem_kib=topo.chip.scoped_vmem_max_bytes // 1024)
+    from validation.calibration import NO_LINKS, calibrate
 
     shape = {}
     if args.model:
@@ -53,10 +53,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         f"{chip.attention_efficiency:.2f} (+ {chip.attention_block_overhead_s * 1e6:.1f} µs per grid step, "
         f"{chip.attention_step_s_per_operand_byte * 1e12:.1f} ps per operand byte per step, "
         f"{chip.attention_masked_element_s * 1e9:.2f} ns per masked logit), memory "
-        f"{chip.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, link "
-        f"{(chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s) / 1e9:.2f} GB/s, "
-        f"hop latency {chip.ici_hop_latency_s * 1e6:.1f} µs"
+        f"{chip.hbm_bw_bytes_per_s / 1e9:.2f} GB/s"
+        + (
+            f", link {(chip.core_link_bw_bytes_per_s or chip.ici_link_bw_bytes_per_s) / 1e9:.2f} GB/s, "
+            f"hop latency {chip.ici_hop_latency_s * 1e6:.1f} µs"
+            if result.raw["links_measured"]
+            else ""
+        )
     )
+    if not result.raw["links_measured"]:
+        print(f"links: not measured: {topo.name} has {NO_LINKS}; the row keeps the cited link figures")
     for kind, bw, lat in chip.host_collectives:
         print(f"  {kind}: {bw / 1e9:.2f} GB/s + {lat * 1e6:.0f} µs")
     print(f"use it: export CPPLAN_CHIP_DIR={path.parent}")
@@ -99,14 +105,31 @@ def cmd_validate(args: argparse.Namespace) -> int:
         topo = get_topology(args.topology)
         check_data(args.data)
         outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
-        use_host_devices(args.topology)
-        import_runtime()
-        check_devices(topo, "validate")
-        from validation.steptime import validate_step_times
+        from validation.steptime import choose_plans, validate_step_times
 
         options = {"compute_dtype": args.compute_dtype, "param_dtype": "float32"}
         if args.strategies is not None:
             options["strategies"] = csv_words(args.strategies)
+        if args.remat is not None:
+            options["remat"] = csv_words(args.remat)
+        chosen = choose_plans(
+            model,
+            lengths,
+            args.topology,
+            sequences=args.sequences,
+            max_plans=args.max_plans,
+            top=args.top,
+            seed=args.seed,
+            **options,
+        )
+        use_host_devices(args.topology)
+        # Every plan runs in this one process, so jax starts once with the flags of them all: the union
+        # of what each needs (the largest scoped VMEM any plan's splash blocks need), as `cpplan run`
+        # sets them for its plan and fallbacks. A process per plan would give each exactly its own, but
+        # costs a backend start (~15 s on a TPU) per plan and the chip can refuse a process that opens
+        # it just after another closed it; a plan that still fails to compile or runs out of memory is
+        # recorded with its reason and the next one measured.
+        check_devices(topo, "validate", plans=[r.plan for r in chosen])
         journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
         with INTERRUPTS.deferred():
             report = validate_step_times(
@@ -121,6 +144,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 data=args.data,
                 journal=journal,
                 stop=lambda: INTERRUPTS.stopped,
+                plans=chosen,
                 **options,
             )
     files = report.write(outdir, plots=not args.no_plots)
@@ -225,6 +249,10 @@ def register(sub) -> None:
     p.add_argument("--seq-lens", help="comma-separated, e.g. 2k,4k,8k")
     p.add_argument("--topology", help="the devices present, e.g. cpu:8")
     p.add_argument("--strategies", help="allowed strategies, e.g. ring,usp (default all)")
+    p.add_argument(
+        "--remat",
+        help="allowed remat policies, MaxText's names (default full,save_dot_except_mlp,minimal_with_context)",
+    )
     p.add_argument("--sequences", type=at_least(1), default=1, help="sequences per step at every length")
     p.add_argument("--compute-dtype", default="float32", help="float32 on a CPU host")
     p.add_argument("--max-plans", type=at_least(1), default=16, help="plans per sequence length")

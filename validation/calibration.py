@@ -167,6 +167,14 @@ def fit_links(topo: Topology, points: dict) -> tuple[float, float, dict[str, flo
     return fitted_link, fitted_hop, errors
 
 
+NO_LINKS = "one device, so no links between devices to time"
+
+
+def has_links(topo: Topology) -> bool:
+    """Whether the devices of `topo` have links between them to time (one chip has none)."""
+    return topo.num_devices > 1
+
+
 def _measured_row(chip: Chip, measured: dict, topology: str) -> Chip:
     """`chip` with the `measured` fields, checked by `load_chip`'s rules now so that a disturbed timing
     is reported before the row is written."""
@@ -225,13 +233,18 @@ def calibrate(
     fit = fit_attention(shapes, terms, times)
     attention = mesh.devices.size / fit.per_flop_s  # executed FLOP/s of all devices together
     memory = measure.measure_memory(mesh, dtype, 2**22, repeats)
-    points = measure.measure_collectives(mesh, COLLECTIVE_SIZES, repeats)
-    link, hop, errors = fit_links(topo, points)
     shares_cores = chip.kind.shares_cores
-    host, host_errors = fit_host_collectives(points, topo.num_devices) if shares_cores else ({}, {})
+    linked = has_links(topo)
+    points = measure.measure_collectives(mesh, COLLECTIVE_SIZES, repeats) if linked else {}
+    link, hop, errors = fit_links(topo, points) if linked else (None, None, {})
+    host, host_errors = fit_host_collectives(points, topo.num_devices) if shares_cores and linked else ({}, {})
     when = time.strftime("%Y-%m-%d")
     how = f"measured by `cpplan calibrate --topology {topo.name}` on {when}, all {topo.num_devices} devices busy"
     link_field = "core_link_bw_bytes_per_s" if shares_cores else "ici_link_bw_bytes_per_s"
+    if not linked:  # the cited figures stay, each saying it was not measured here
+        link = getattr(chip, link_field) or chip.ici_link_bw_bytes_per_s
+        link_field = link_field if getattr(chip, link_field) else "ici_link_bw_bytes_per_s"
+        hop, host = chip.ici_hop_latency_s, {kind: [bw, lat] for kind, bw, lat in chip.host_collectives}
     sources = dict(chip.sources)
     sources.update(
         {
@@ -264,16 +277,21 @@ def calibrate(
             "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
             "attention_backward_operand_passes": f"{how}: 0, as for the forward",
             "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
-            link_field: (
-                f"{how}: fitted so the model's all-gather over all devices matches at "
-                f"{list(COLLECTIVE_SIZES)} bytes per device; with it the model predicts "
-                + ", ".join(f"{k} within {v:.0%}" for k, v in errors.items())
-                + " on average"
-            ),
-            "ici_hop_latency_s": f"{how}: the intercept of the same all-gather fit",
         }
     )
-    if host:
+    if linked:
+        sources[link_field] = (
+            f"{how}: fitted so the model's all-gather over all devices matches at "
+            f"{list(COLLECTIVE_SIZES)} bytes per device; with it the model predicts "
+            + ", ".join(f"{k} within {v:.0%}" for k, v in errors.items())
+            + " on average"
+        )
+        sources["ici_hop_latency_s"] = f"{how}: the intercept of the same all-gather fit"
+    else:
+        unmeasured = f"not measured: `cpplan calibrate --topology {topo.name}` had {NO_LINKS}; kept from the cited row"
+        for name in (link_field, "ici_hop_latency_s", *(("host_collectives",) if host else ())):
+            sources[name] = f"{unmeasured} ({chip.sources.get(name, 'no source')})"
+    if host and linked:
         sources["host_collectives"] = (
             f"{how}: each kind over all {topo.num_devices} devices at {list(COLLECTIVE_SIZES)} bytes per device, its "
             f"bandwidth and latency fitted to its own times (the virtual devices copy through shared memory, and XLA's "
@@ -309,5 +327,6 @@ def calibrate(
         "collectives": points,
         "collective_model_errors": errors,
         "host_collective_errors": host_errors,
+        "links_measured": linked,
     }
     return Calibration(row, raw)

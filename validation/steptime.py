@@ -8,6 +8,7 @@ turns into it) stops them keeping what was measured.
 
 from __future__ import annotations
 
+import gc
 import random
 from collections.abc import Callable, Sequence
 
@@ -44,6 +45,35 @@ def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: in
     return chosen[:max_plans]
 
 
+def choose_plans(
+    model,
+    seq_lens: Sequence,
+    topology: str,
+    *,
+    sequences: int = 1,
+    max_plans: int = 16,
+    top: int = 3,
+    seed: int = 0,
+    **options,
+) -> list[Ranked]:
+    """The plans `validate_step_times` runs, chosen without jax: a TPU's compiler flags (the scoped VMEM
+    the chosen splash blocks need) must be set before jax starts its backend.
+
+    Raises:
+        CpplanError: no plan fits at one of the lengths.
+    """
+    plans = []
+    for seq_len in seq_lens:
+        result = run_search(model, seq_len, topology, global_batch=sequences, **options)
+        if not result.ranked:
+            raise CpplanError(
+                f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
+                "see `cpplan explain` for why."
+            )
+        plans += select_plans(result.ranked, max_plans=max_plans, top=top, seed=seed)
+    return plans
+
+
 def validate_step_times(
     model,
     seq_lens: Sequence,
@@ -57,6 +87,7 @@ def validate_step_times(
     data=None,
     journal=None,
     stop: "Callable[[], bool] | None" = None,
+    plans: "Sequence[Ranked] | None" = None,
     **options,
 ) -> StepTimeReport:
     """Runs a selection of feasible plans per sequence length and compares with their prices.
@@ -73,6 +104,7 @@ def validate_step_times(
         stop: asked after each step; True abandons the plan in hand (kept as a failure that says so)
             and ends the run as an interrupt does (the CLI's signal
             handler sets it rather than raising inside jax).
+        plans: the plans to run (`choose_plans`' answer); None chooses them here.
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
     Raises:
@@ -80,15 +112,10 @@ def validate_step_times(
     """
     from runtime import run
 
-    plans = []
-    for seq_len in seq_lens:
-        result = run_search(model, seq_len, topology, global_batch=sequences, **options)
-        if not result.ranked:
-            raise CpplanError(
-                f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
-                "see `cpplan explain` for why."
-            )
-        plans += select_plans(result.ranked, max_plans=max_plans, top=top, seed=seed)
+    if plans is None:
+        plans = choose_plans(
+            model, seq_lens, topology, sequences=sequences, max_plans=max_plans, top=top, seed=seed, **options
+        )
     report = StepTimeReport(f"Step-time validation: {plans[0].plan.model.name} on {plans[0].plan.topology}")
     progress = tqdm(plans, desc="validate", unit="plan")
     try:
@@ -105,8 +132,9 @@ def validate_step_times(
                     result.measured_step_s = measured.best_step_s
                     result.measured_median_s = measured.step_time_s
                     result.measured_mfu = _measured_mfu(ranked.estimate, measured.best_step_s)
-            except CpplanError as err:
-                result.failure = str(err)
+            except Exception as err:  # one plan's failure (a compile, HBM) is its result; the next is measured
+                result.failure = failure_reason(err)
+                gc.collect()  # the failed plan's arrays and executables, before the next plan allocates
             report.results.append(result)
             if journal is not None:
                 append_record(journal, result.to_dict())
@@ -139,3 +167,23 @@ def compare_measured(steps: Sequence[MeasuredStep]) -> StepTimeReport:
         e = estimate(s.plan)
         report.results.append(StepResult(s.plan, e, s.step_seconds, _measured_mfu(e, s.step_seconds), source=s.source))
     return report
+
+
+FAILURE_CHARS = 400  # a compiler's message runs to pages; the report keeps its gist
+
+
+def failure_reason(err: BaseException) -> str:
+    """Why a plan was not measured, in one line: cpplan's own refusal as it stands, or the compiler's
+    or runtime's error classed as scoped VMEM, HBM or another failure, with its first line."""
+    if isinstance(err, CpplanError):
+        return str(err)
+    text = str(err).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    if "ScopedVmem" in text or "scoped allocation" in text.lower():
+        kind = "does not compile: splash's scoped VMEM exceeds the compiler's limit"
+    elif "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "HbmOom" in text:
+        kind = "out of memory"
+    else:
+        kind = f"failed ({type(err).__name__})"
+    detail = first if len(first) <= FAILURE_CHARS else first[: FAILURE_CHARS - 1] + "…"
+    return f"{kind}: {detail}"
