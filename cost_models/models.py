@@ -132,7 +132,8 @@ class ModelSpec:
         name, window, pattern = self.name, self.window, self.layer_pattern
         if isinstance(window, bool) or not isinstance(window, int) or window < 0:
             raise CpplanError(
-                f"model {name!r}: window={window!r} must be a whole number of tokens (0: no local layers)."
+                f"model {name!r}: window={window!r} must be an integer of 0 or more: a local layer's tokens "
+                f"(0: no local layers)."
             )
         if not isinstance(pattern, str) or set(pattern) - {"L", "G"}:
             raise CpplanError(
@@ -153,7 +154,8 @@ class ModelSpec:
         fixed = isinstance(self.documents, int) and not isinstance(self.documents, bool) and self.documents >= 0
         if not fixed and not isinstance(self.documents, DocumentLengths):
             raise CpplanError(
-                f"model {name!r}: documents={self.documents!r} must be a whole number of tokens (0: unpacked rows) "
+                f"model {name!r}: documents={self.documents!r} must be an integer of 0 or more: a document's tokens "
+                f"(0: unpacked rows) "
                 f"or document lengths (cost_models.documents: lognormal, histogram)."
             )
         if self.documents and not self.causal:
@@ -375,11 +377,10 @@ class ModelSpec:
                 f"{str(path)!r}: hidden_act={hidden_act!r} is not an activation cpplan runs; it runs "
                 f"{', '.join(HF_ACTIVATIONS)} (a {model_type} MLP is gated: act(x·W_gate) · x·W_up)."
             )
-        architectures = cfg.get("architectures")
-        named = architectures[0] if isinstance(architectures, list) and architectures else None
-        name = name or cfg.get("_name_or_path") or named or model_type
-        if not isinstance(name, str):
-            raise CpplanError(f"{str(path)!r}: _name_or_path={name!r} must be a string.")
+        named = cfg.get("_name_or_path")
+        if named is not None and not isinstance(named, str):
+            raise CpplanError(f"{str(path)!r}: _name_or_path={named!r} must be a string.")
+        name = name or _name_from_file(path, named or _architecture(cfg) or model_type)
         try:
             return cls(
                 name=name,
@@ -398,6 +399,21 @@ class ModelSpec:
             )
         except CpplanError as err:  # a shape the model refuses: say which file holds it
             raise CpplanError(f"{str(path)!r}: {err}") from None
+
+
+def _architecture(cfg: dict) -> str | None:
+    """The config's first `architectures` entry (e.g. LlamaForCausalLM), or None."""
+    architectures = cfg.get("architectures")
+    first = architectures[0] if isinstance(architectures, list) and architectures else None
+    return first if isinstance(first, str) and first else None
+
+
+def _name_from_file(path: Path, what: str) -> str:
+    """A config's model name: the file's (its folder for a config.json, else its stem), with what the
+    config says it is (its name or path on the Hub, or its architecture) beside it, so two configs of
+    one architecture read apart in every report."""
+    where = path.resolve().parent.name if path.name == "config.json" else path.stem
+    return f"{where} ({what})" if where and where != what else what
 
 
 HF_LAYER_TYPES = {"full_attention": "G", "sliding_attention": "L", "chunked_attention": "L"}
@@ -447,7 +463,7 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
         pattern = "L" * (every - 1) + "G"
     elif cfg.get("max_window_layers") is not None:
         first = _config_count(
-            path, cfg, "max_window_layers", 0, "a whole number of layers (those before it attend globally)"
+            path, cfg, "max_window_layers", 0, "0 or more: the layers before it attend globally, the rest in the window"
         )
         layers = cfg["num_hidden_layers"]
         pattern = "G" * min(first, layers) + "L" * max(layers - first, 0)
