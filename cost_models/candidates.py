@@ -60,6 +60,7 @@ class Candidates(ReadsCase):
     mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
     fused_attention_backward: bool = False  # splash's fused backward where the target can run it (MaxText)
+    dq_reduction_steps: int = 0  # the fused backward's rolled dq partials where the target's kernel has them
     mask: AttentionMask | None = None  # the layers priced: those with this mask (None: the global layers)
     local_strategy: CPStrategy | None = None  # the local layers' own strategy (None: `strategy` for every layer)
 

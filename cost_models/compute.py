@@ -94,14 +94,26 @@ def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
 
 
 DQ_PARTIAL_BYTES = 4  # the fused backward's dq partials are fp32
+# tokamax's fused backward accepts one rolled count of dq partials, or none (MaxText's dq_reduction_steps)
+DQ_REDUCTION_STEPS = 3
 
 
-def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv):
-    """HBM bytes the fused backward's dq partials cost outside the kernel: one fp32 [q_len, head_dim] per
-    head and key block, read back by the sum after the kernel, plus the sum's result (the kernel's own
+def dq_partials(kv_len, block_kv, *, reduction_steps=0, act_bytes=2):
+    """(partials, bytes per element) of the fused backward's dq: one fp32 partial per key block, or, with
+    `reduction_steps` (tokamax's `dq_reduction_steps`) and more key blocks than that, that many partials
+    in the compute dtype, key block j adding into partial j mod steps (tokamax's splash_attention_kernel)."""
+    blocks = np.ceil(np.asarray(kv_len, dtype=float) / np.minimum(block_kv, kv_len))
+    rolled = (reduction_steps > 0) & (blocks > reduction_steps)
+    return np.where(rolled, reduction_steps, blocks), np.where(rolled, act_bytes, DQ_PARTIAL_BYTES)
+
+
+def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv, reduction_steps=0, act_bytes=2):
+    """HBM bytes the fused backward's dq partials cost outside the kernel: each partial [q_len, head_dim]
+    per head (`dq_partials`) read back by the sum after the kernel, plus the sum's result (the kernel's own
     writes stream out while it computes)."""
     q_elements = np.asarray(q_heads, dtype=float) * q_len * head_dim
-    return DQ_PARTIAL_BYTES * q_elements * (np.ceil(kv_len / np.minimum(block_kv, kv_len)) + 1)
+    count, nbytes = dq_partials(kv_len, block_kv, reduction_steps=reduction_steps, act_bytes=act_bytes)
+    return nbytes * q_elements * (count + 1)
 
 
 def splash_step_costs(
@@ -122,6 +134,7 @@ def splash_step_costs(
     fused_backward=False,
     hbm_s_per_byte=0.0,
     backward_core_share=1.0,
+    dq_reduction_steps=0,
     local_blocks=None,
 ):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
@@ -130,7 +143,7 @@ def splash_step_costs(
     `per_step_byte_s` per byte of its operand arrays, plus `per_masked_element_s` per logit where the causal
     rule is evaluated; forward and backward each pay `per_call_byte_s` once per operand byte. The backward's
     grids run on `backward_core_share` of the device's cores, and a fused backward also moves its dq
-    partials at `hbm_s_per_byte`. Blocks are clamped to the lengths; heads have the batch folded in.
+    partials (`dq_partials` under `dq_reduction_steps`) at `hbm_s_per_byte`. Blocks are clamped to the lengths; heads have the batch folded in.
     Under a local mask `local_blocks` (`masks.CallBlocks` columns) gives the shrunk grids and the blocks
     where the rule is evaluated.
     """
@@ -149,7 +162,16 @@ def splash_step_costs(
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
     partials = (
-        hbm_s_per_byte * dq_partial_bytes(q_heads, q_len, kv_len, head_dim=head_dim, block_kv=bk)
+        hbm_s_per_byte
+        * dq_partial_bytes(
+            q_heads,
+            q_len,
+            kv_len,
+            head_dim=head_dim,
+            block_kv=bk,
+            reduction_steps=dq_reduction_steps,
+            act_bytes=act_bytes,
+        )
         if fused_backward
         else 0.0
     )

@@ -50,6 +50,7 @@ def candidates_of(plan: Plan) -> Candidates:
         mu_bytes=DTYPE_BYTES[plan.mu_dtype],
         remat_custom=plan.remat_custom,
         fused_attention_backward=plan.fused_attention_backward,
+        dq_reduction_steps=plan.dq_reduction_steps,
     )
 
 

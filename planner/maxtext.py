@@ -28,7 +28,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-from cost_models.compute import scoped_vmem_flag
+from cost_models.compute import DQ_REDUCTION_STEPS, scoped_vmem_flag
 from cost_models.errors import CpplanError
 from cost_models.masks import MaskKind
 from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
@@ -105,6 +105,20 @@ SPLASH_KERNELS = ("flash", "autoselected")
 # with them, 89.8 without (cpplan's own runtime went the other way, 4.93 → 6.05 GiB on a small plan,
 # docs/memory_offload.md). The export leaves them out, as it is priced.
 MAXTEXT_RECIPE_OFFLOAD_FLAGS = "HOST_OFFLOAD_FLAGS (maxtext benchmarks/xla_flags_library.py)"
+# Flags that change neither time nor memory as cpplan prices a step, each with why (read, so not listed
+# as unpriced): the layer stack's axis, the input pipeline (not in a step's device time), the ring's scan
+# unrolled (the hops stay waited for, ring_hops_overlap_attention), jax's own splash (the same kernels)
+NEUTRAL_FLAGS = {
+    "param_scan_axis": "the axis the scanned layers are stacked on",
+    "dataset_type": "the input pipeline, which runs on the host beside the step",
+    "ring_scan_unroll": "the ring's hop loop unrolled; its hops are priced as waited for either way",
+    "use_jax_splash": "jax's splash instead of MaxText's copy: the same kernels",
+}
+# XLA flags of LIBTPU_INIT_ARGS given among the flags: not MaxText's, so read as the compiler's
+COMPILER_FLAG_PREFIX = "--xla"
+NOT_MODELLED_COMPILER_FLAGS = {
+    "--xla_tpu_dvfs_p_state": "the chip's clock (DVFS performance state) is not modelled: priced at the row's peak",
+}
 # MaxText's whole-state host offload (base.yml, default false): cpplan keeps weights and optimizer in HBM
 STATE_OFFLOAD_FLAGS = {"optimizer_memory_host_offload": "optimizer", "parameter_memory_host_offload": "params"}
 
@@ -220,6 +234,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
     }
     if plan.fused_attention_backward and not spec.maxtext_tokamax_splash:
         flags["sa_use_fused_bwd_kernel"] = True
+    if plan.dq_reduction_steps:
+        flags["dq_reduction_steps"] = plan.dq_reduction_steps
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if offloaded_names(plan.remat, plan.remat_custom):
@@ -359,6 +375,9 @@ def split_flags(text: str) -> tuple[dict[str, str], list[str]]:
             others.append(word)
             continue
         key, _, value = word.partition("=")
+        if key.startswith(COMPILER_FLAG_PREFIX):  # LIBTPU_INIT_ARGS pasted beside the flags
+            others.append(word)
+            continue
         if key.startswith("-"):
             raise CpplanError(
                 f"MaxText flag {word!r}: MaxText reads its flags as key=value, without dashes; write "
@@ -573,6 +592,13 @@ def read_maxtext(
                 f"{flag}=True: cpplan prices the {part} in HBM, not in host memory, so its HBM figure "
                 f"includes what MaxText moves to the host"
             )
+    dq_steps = _dq_reduction_steps(f)
+    for flag in NEUTRAL_FLAGS:
+        f.get(flag)  # read: it changes nothing cpplan prices
+    for word in f.others:
+        flag = word.partition("=")[0]
+        if flag in NOT_MODELLED_COMPILER_FLAGS:
+            notes.append(f"{word}: {NOT_MODELLED_COMPILER_FLAGS[flag]}")
     plan = Plan(
         model=model,
         topology=topo.name,
@@ -592,6 +618,7 @@ def read_maxtext(
         dcn_data=dcn_data,
         dcn_fsdp=dcn_fsdp,
         fused_attention_backward=fused_backward,
+        dq_reduction_steps=dq_steps,
     )
     f.check_words()
     problems = maxtext_problems(plan)
@@ -749,6 +776,17 @@ def _custom(f: _Flags):
         {name: where for name, where in given.items() if where is not Placement.REMAT or name == LAYER_INPUT},
         maxtext_names=True,
     )
+
+
+def _dq_reduction_steps(f: _Flags) -> int:
+    """MaxText's `dq_reduction_steps` (base.yml: 0), refused where tokamax's kernel would refuse it."""
+    steps = f.int("dq_reduction_steps", 0)
+    if steps not in (0, DQ_REDUCTION_STEPS):
+        raise CpplanError(
+            f"MaxText flag dq_reduction_steps={steps}: tokamax's fused backward accepts only "
+            f"{DQ_REDUCTION_STEPS} (or 0 for none); set it to one of them."
+        )
+    return steps
 
 
 def _blocks(f: _Flags, notes: list[str]) -> tuple[int, int]:

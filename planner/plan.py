@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 import numpy as np
 
 from cost_models.case import Case, batch_split_violation
-from cost_models.compute import scoped_vmem_limit_kib, splash_vmem_problem
+from cost_models.compute import DQ_REDUCTION_STEPS, scoped_vmem_limit_kib, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
@@ -61,6 +61,10 @@ class Plan:
             than the dq and dk/dv kernels (its jax splash with `sa_use_fused_bwd_kernel=true`; its
             tokamax splash, which ring, USP and Ulysses use, always does). cpplan's runtime runs
             the two kernels whatever this says, and is priced so.
+        dq_reduction_steps: MaxText's `dq_reduction_steps`: tokamax's fused backward keeps dq as this
+            many rolled partials in the compute dtype rather than one fp32 partial per key block (0:
+            none; 3 is the one count it accepts). What bounds MaxText's longest ring context; cpplan's
+            runtime (jax's splash) has no such option, and is priced without it.
         dcn_data, dcn_fsdp: over several slices, how many slices the data and the fsdp axis span
             (MaxText's `dcn_*_parallelism`; their product is the number of slices). The mesh sizes
             are totals: each slice holds data/dcn_data × fsdp/dcn_fsdp × the other axes.
@@ -87,6 +91,7 @@ class Plan:
     dcn_data: int = 1
     dcn_fsdp: int = 1
     fused_attention_backward: bool = False
+    dq_reduction_steps: int = 0
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -115,6 +120,12 @@ class Plan:
             raise CpplanError(f"plan mesh={self.mesh!r} must be (axis, positive size) pairs for {AXES}.")
         if not isinstance(self.fused_attention_backward, bool):
             raise CpplanError(f"plan fused_attention_backward={self.fused_attention_backward!r} must be true or false.")
+        steps = self.dq_reduction_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps not in (0, DQ_REDUCTION_STEPS):
+            raise CpplanError(
+                f"plan dq_reduction_steps={self.dq_reduction_steps!r} must be 0 (one dq partial per key block) or "
+                f"{DQ_REDUCTION_STEPS}, the one count tokamax's fused backward accepts."
+            )
         if (
             isinstance(self.loss_chunk_tokens, bool)
             or not isinstance(self.loss_chunk_tokens, int)
@@ -403,6 +414,7 @@ class Plan:
             | ({"remat_custom": {n: p.value for n, p in self.remat_custom}} if self.remat is RematPolicy.CUSTOM else {})
             | ({"dcn_data": self.dcn_data, "dcn_fsdp": self.dcn_fsdp} if self.num_slices > 1 else {})
             | ({"fused_attention_backward": True} if self.fused_attention_backward else {})
+            | ({"dq_reduction_steps": self.dq_reduction_steps} if self.dq_reduction_steps else {})
             | ({"local_strategy": self.local_strategy.value} if self.local_strategy is not None else {})
         )
 

@@ -25,7 +25,7 @@ import numpy as np
 from cost_models.accuracy import memory_margins
 from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, link_columns
 from cost_models.case import Case, ReadsCase, batch_split_violation
-from cost_models.compute import splash_smem_bytes, splash_vmem_problem
+from cost_models.compute import DQ_REDUCTION_STEPS, splash_smem_bytes, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
@@ -462,7 +462,14 @@ class SearchSpace:
             act_bytes=DTYPE_BYTES[opts.compute_dtype],
             param_bytes=DTYPE_BYTES[opts.param_dtype],
             mu_bytes=DTYPE_BYTES[opts.mu_dtype],
+            dq_reduction_steps=self._dq_reduction_steps,
         )
+
+    @property
+    def _dq_reduction_steps(self) -> int:
+        """The rolled dq partials of the target's fused backward where it has them (MaxText's tokamax
+        kernel): fewer bytes held and moved than one fp32 partial per key block, never slower."""
+        return DQ_REDUCTION_STEPS if self.target.traits.ring_dq_partials else 0
 
     def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
         """The splash block of a verdict's kernel calls (its layout does not depend on placement,
@@ -516,6 +523,7 @@ class SearchSpace:
                     block_kv=[float(b) for b in options],
                     links={},
                     ring_link=LinkColumns([0.0] * n, [0.0] * n),
+                    dq_reduction_steps=self._dq_reduction_steps,
                 )
                 times = price_attention(trial, spec, traits=self.target.traits).total_s
                 block = options[int(np.argmin(times))]  # the first of equals, in preference order
@@ -820,6 +828,7 @@ class SearchSpace:
             param_dtype=opts.param_dtype,
             mu_dtype=opts.mu_dtype,
             compute_dtype=opts.compute_dtype,
+            dq_reduction_steps=self._dq_reduction_steps,
         )
         x = p.x if plan.local_strategy is None else dataclasses.replace(p.x, local_strategy=plan.local_strategy)
         return Ranked(plan, estimate_row(p.priced, i, x, memory_margins=self._memory_margins))

@@ -5,7 +5,7 @@ and per masked grid step, µs per computed step, the grid steps a core runs and 
 other than 0 skip the kernel.
 
 Compiles `jit(value_and_grad(sum(splash(q, k, v))))` deviceless (q, k, v bf16 [8, 8192, 128],
-causal, every block size B), once with jax's default unfused backward and once fused
+causal, every block size B; with `--batch N`, vmapped over N such sequences, as MaxText calls it), once with jax's default unfused backward and once fused
 (`use_fused_bwd_kernel=True`), each compile in a child process with
 `LIBTPU_INIT_ARGS=--xla_jf_dump_to=<temporary folder>` (deleted once read), and reads each Mosaic
 kernel's `*-final_bundles.txt` (the bundle listing: loop markers, branches and their target
@@ -21,6 +21,7 @@ figures; benchmarks/results/kernels/splash_schedule.txt holds a run.
 
     python regenerate/splash_schedule.py                        # v5p and tpu7x, B = 512, 1024, 2048 (about 15 min)
     python regenerate/splash_schedule.py --chips v5p --blocks 512  # 2 compiles, 15-40 s each (100-180 s at 2048)
+    python regenerate/splash_schedule.py --chips v5p --blocks 512 --batch 1 2 3  # which cores the backward runs on
 """
 
 import argparse
@@ -54,7 +55,7 @@ CLOCK_DERIVATION = {
     "every 8 bundles; one row per cycle would give twice this clock",
 }
 # the chip-row figures these numbers back, printed beside them
-ROW_FIELDS = ("attention_backward_over_forward", "attention_unfused_backward_factor", "attention_backward_core_share")
+ROW_FIELDS = ("attention_backward_over_forward", "attention_unfused_backward_factor")
 VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib=49152"  # where the chip's default scoped VMEM refuses the block
 DELAY_SLOTS = 8  # at most this many empty bundles after a branch are its delay slots
 BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s+(?:[A-Z]{2})?\s*:\s*(>*)\s*\{")
@@ -174,8 +175,9 @@ def kernel_files(dump: Path) -> dict[str, tuple[Path, Path]]:
     return files
 
 
-def compile_splash(topology: str, block: int, backward: str) -> None:
-    """In a child whose TPU compiler dumps its kernels: compiles the splash step deviceless."""
+def compile_splash(topology: str, block: int, backward: str, batch: int) -> None:
+    """In a child whose TPU compiler dumps its kernels: compiles the splash step deviceless, vmapped over
+    `batch` sequences (0: one sequence, not vmapped)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -201,13 +203,14 @@ def compile_splash(topology: str, block: int, backward: str) -> None:
         mask.MultiHeadMask([mask.CausalMask((SEQ, SEQ))] * HEADS), head_shards=1, q_seq_shards=1, block_sizes=sizes
     )
     sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
-    qkv = jax.ShapeDtypeStruct((HEADS, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
+    qkv = jax.ShapeDtypeStruct((batch,) * bool(batch) + (HEADS, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
+    splash = jax.vmap(splash) if batch else splash
     step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(splash(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
     step.lower(qkv, qkv, qkv).compile()
 
 
 def dumped_schedules(
-    chip: str, block: int, backward: str, flags: str
+    chip: str, block: int, backward: str, flags: str, batch: int
 ) -> tuple[dict[str, KernelSchedule] | None, str, float]:
     """Compiles in a child with `flags` and its kernels dumped to a temporary folder: the kernels'
     schedules (None when the compile fails), the child's stderr and the seconds it took."""
@@ -215,7 +218,7 @@ def dumped_schedules(
         args = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --xla_jf_dump_to={dump} {flags}".strip()
         started = time.perf_counter()
         child = subprocess.run(
-            [sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block), backward],
+            [sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block), backward, str(batch)],
             env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", LIBTPU_INIT_ARGS=args),
             capture_output=True,
             text=True,
@@ -228,14 +231,16 @@ def dumped_schedules(
         return {k: schedule(load_kernel(*files[k]), SEQ // block - 1) for k in kernels}, child.stderr, seconds
 
 
-def compiled_schedules(chip: str, block: int, backward: str) -> tuple[dict[str, KernelSchedule], str, float]:
+def compiled_schedules(
+    chip: str, block: int, backward: str, batch: int
+) -> tuple[dict[str, KernelSchedule], str, float]:
     """The kernels' schedules, the flags the compile needed beyond the dump, and its seconds:
     a block the default scoped VMEM limit refuses is compiled again with `VMEM_FLAG`."""
     flags = ""
-    kernels, error, seconds = dumped_schedules(chip, block, backward, flags)
+    kernels, error, seconds = dumped_schedules(chip, block, backward, flags, batch)
     if kernels is None and "CompileTimeScopedVmemOom" in error:
         flags = VMEM_FLAG
-        kernels, error, seconds = dumped_schedules(chip, block, backward, flags)
+        kernels, error, seconds = dumped_schedules(chip, block, backward, flags, batch)
     if kernels is None:
         raise RuntimeError(f"{chip} B={block} {backward} failed to compile:\n{error[-3000:]}")
     return kernels, flags, seconds
@@ -260,21 +265,22 @@ def cores_per_device(chip: str) -> int:
     return row["tensorcores_per_chip"] // row["devices_per_chip"]
 
 
-def report(chip: str, block: int, kernels: dict[str, KernelSchedule], clock: float) -> str:
-    """Per kernel its step counts, then the backward-over-forward ratios per step and per chip."""
+def report(chip: str, block: int, batch: int, kernels: dict[str, KernelSchedule], clock: float) -> str:
+    """Per kernel its step counts, then the backward-over-forward ratios per step and per chip: the share
+    of the device's cores the backward keeps busy is its grid's steps over the cores' rounds of them."""
     lines = []
+    total_steps = max(batch, 1) * HEADS * (SEQ // block) ** 2
     for name in KERNELS:
         k = kernels[name]
         lines.append(
-            f"{chip:6s} {block:5d}  {name:6s} {k.computed_step:9d} {k.masked_step:7d} "
+            f"{chip:6s} {block:5d} {max(batch, 1):2d}  {name:6s} {k.computed_step:9d} {k.masked_step:7d} "
             f"{1e6 * k.computed_step / clock:9.3f} {k.steps_per_core:7d}  {'yes' if k.core0_only else 'no'}"
         )
     step = {name: k.computed_step for name, k in kernels.items()}
     unfused, fused = (step["dq"] + step["dkv"]) / step["fwd"], step["fused"] / step["fwd"]
-    cores = {name: 1 if k.core0_only else cores_per_device(chip) for name, k in kernels.items()}
-    share = min(cores["dq"], cores["dkv"], cores["fused"]) / cores["fwd"]
+    share = min(total_steps / (cores_per_device(chip) * kernels[k].steps_per_core) for k in ("dq", "dkv", "fused"))
     lines.append(
-        f"{chip:6s} {block:5d}  per computed step: (dq + dkv) / fwd {unfused:.2f}, fused / fwd {fused:.2f}, "
+        f"{chip:6s} {block:5d} {max(batch, 1):2d}  per computed step: (dq + dkv) / fwd {unfused:.2f}, fused / fwd {fused:.2f}, "
         f"(dq + dkv) / fused {unfused / fused:.2f}; backward core share {share:g}, so per chip "
         f"{unfused / share:.2f} and {fused / share:.2f}"
     )
@@ -297,10 +303,17 @@ def main(argv=None) -> int:
         default=[512, 1024, 2048],
         help="block sizes B (every splash block size set to B)",
     )
-    parser.add_argument("--compile", nargs=3, metavar=("TOPOLOGY", "BLOCK", "BACKWARD"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--batch",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="sequences the step is vmapped over, as MaxText calls splash (default 0: one sequence, not vmapped)",
+    )
+    parser.add_argument("--compile", nargs=4, metavar=("TOPOLOGY", "BLOCK", "BACKWARD", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.compile:
-        compile_splash(args.compile[0], int(args.compile[1]), args.compile[2])
+        compile_splash(args.compile[0], int(args.compile[1]), args.compile[2], int(args.compile[3]))
         return 0
     print(
         f"jax {importlib.metadata.version('jax')}, libtpu {importlib.metadata.version('libtpu')}; "
@@ -312,20 +325,20 @@ def main(argv=None) -> int:
             f"{chip}: clock {clock_hz(chip) / 1e9:.3f} GHz from its row's peak, {CLOCK_DERIVATION[chip]}. Its row "
             "holds " + ", ".join(f"{field} {row[field]:g}" for field in ROW_FIELDS)
         )
-    print("\n                       bundles per step    µs per   steps  exits on")
-    print("chip       B  kernel   computed  masked  computed  a core  cores != 0")
+    print("\n                          bundles per step    µs per   steps  exits on")
+    print("chip       B  b  kernel   computed  masked  computed  a core  cores != 0")
     for chip in args.chips:
-        for block in args.blocks:
+        for block, batch in ((b, n) for b in args.blocks for n in args.batch):
             kernels, notes = {}, []
             for backward in BACKWARDS:
-                compiled, flags, seconds = compiled_schedules(chip, block, backward)
+                compiled, flags, seconds = compiled_schedules(chip, block, backward, batch)
                 kernels.update(compiled if backward == "unfused" else {"fused": compiled["dkv"]})
                 notes.append(
                     f"{backward} compiled in {seconds:.0f} s"
                     + (f" with {flags} (the default scoped VMEM refuses this block)" if flags else "")
                 )
-            print(report(chip, block, kernels, clock_hz(chip)))
-            print(f"{chip:6s} {block:5d}  " + "; ".join(notes), flush=True)
+            print(report(chip, block, batch, kernels, clock_hz(chip)))
+            print(f"{chip:6s} {block:5d} {max(batch, 1):2d}  " + "; ".join(notes), flush=True)
     return 0
 
 

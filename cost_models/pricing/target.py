@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.compute import dq_partials
 from cost_models.pricing.memory import checkpoint_placed
 from cost_models.remat import MLP_INPUT_CHECKPOINTS
 from cost_models.strategies import STRATEGIES, Layout
@@ -62,10 +63,13 @@ def target_memory(
         # the output head gathered whole for the loss's matmul, and its fp32 gradient before the reduce-scatter
         out["head_buffers"] = np.full_like(tokens, m.vocab * m.hidden * (x.act_bytes + 4)) / x.tensor
     if traits.ring_dq_partials and STRATEGIES[x.strategy].maxtext_ring_kernel:
-        # one fp32 dq per key block of the ring block, all written before they are summed, freed
-        # after the sum: held on the attention's side of a layer's backward
-        key_blocks = np.ceil(np.asarray(layout.kv_len, dtype=float) / x.block_kv)
-        partials = x.sequences_per_device * key_blocks * layout.q_heads * layout.q_len * m.head_dim * 4
+        # the fused backward's dq partials of the ring block (one fp32 per key block, or the rolled few of
+        # dq_reduction_steps), all written before they are summed, freed after the sum: held on the
+        # attention's side of a layer's backward
+        count, nbytes = dq_partials(
+            layout.kv_len, x.block_kv, reduction_steps=x.dq_reduction_steps, act_bytes=x.act_bytes
+        )
+        partials = x.sequences_per_device * count * nbytes * layout.q_heads * layout.q_len * m.head_dim
         out["attention_buffers"] = out["attention_buffers"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
     held = held_through_backward_bytes(x, traits)
     out["attention_working_set"] = out["attention_working_set"] + held["head_gradient"] + held["mlp_backward"]

@@ -5,10 +5,18 @@ import json
 
 import pytest
 
-from cost_models.compute import attention_extent, causal_block_fraction, splash_smem_bytes, tile_efficiency
+from cost_models.compute import (
+    attention_extent,
+    backward_core_share,
+    causal_block_fraction,
+    splash_smem_bytes,
+    tile_efficiency,
+)
 from cost_models.errors import CpplanError
 from cost_models.flops import model_flops_per_step
 from cost_models.models import MODELS, ModelSpec, get_model
+from cost_models.pricing.attention import price_attention
+from cost_models.strategies import STRATEGIES
 from planner import Plan, candidates_of, estimate, make_mesh
 
 pytestmark = pytest.mark.pure
@@ -411,9 +419,9 @@ def test_block_kv_is_priced():
     # 2048 keys wide instead of 512, each paid by forward, recomputed forward and two backward grids
     chip = candidates_of(_one_sequence_per_device()).topology.chip
     extra_pairs = 8192 * (2048 - 512) / 2
-    # (v5p's backward runs on one of its two cores: its terms count twice; cpplan's runtime runs the
-    # dq and dk/dv kernels, whose MXU time is the row's unfused factor times the fused backward's)
-    backward = 1 / chip.attention_backward_core_share
+    # (v5p's backward runs one sequence on one of its two cores: its terms count twice; cpplan's runtime
+    # runs the dq and dk/dv kernels, whose MXU time is the row's unfused factor times the fused backward's)
+    backward = 1 / backward_core_share(1, chip.cores_per_device)
     assert backward == 2
     unfused_ratio = chip.attention_backward_over_forward * chip.attention_unfused_backward_factor
     extra_math_s = (2 + unfused_ratio * backward) * 4 * 32 * 128 * extra_pairs / (459e12 * chip.attention_efficiency)
@@ -738,3 +746,20 @@ def _forward_and_backward(b: dict) -> tuple[float, float]:
     attention = b["attention_working_set"] + b["attention_buffers"] + b["lse_relayout"] + b["collective_buffers"]
     layer = state + b["layer_grads"] + b["head_grad"] + max(attention, b["mlp_working_set"])
     return forward, max(layer, state + b["head_grad"] + b["logits"] + b["head_buffers"] + b["loss_input"])
+
+
+def test_backward_core_share_by_hand():
+    # the backward's only parallel grid dimension is the vmapped batch: on two cores one sequence keeps
+    # one busy, two keep both, three take two rounds on one core (3 of 4 core-rounds), four both twice
+    assert list(backward_core_share([1, 2, 3, 4], 2)) == [0.5, 1.0, 0.75, 1.0]
+    assert list(backward_core_share([1, 3], 1)) == [1.0, 1.0]
+
+
+def test_two_sequences_per_v5p_device_halve_the_backward_per_sequence():
+    # v5p's megacore: the backward of 2 sequences per device runs both cores, so the attention
+    # backward's MXU time per sequence is half the one-sequence plan's; the forward's is the same
+    one, two = (candidates_of(_one_sequence_per_device(global_batch=b)) for b in (4, 8))
+    a1, a2 = (price_attention(x, STRATEGIES[x.strategy]) for x in (one, two))
+    assert a2.math_forward_s.item() == pytest.approx(2 * a1.math_forward_s.item(), rel=1e-12)
+    mxu_backward = lambda a: (a.backward_s - a.grid_backward_s - a.merge_backward_s).item()
+    assert mxu_backward(a2) == pytest.approx(mxu_backward(a1), rel=1e-12)
