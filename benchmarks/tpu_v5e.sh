@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# cpplan on one TPU v5e chip, stage by stage, every output under OUT:
+#
+#   benchmarks/tpu_v5e.sh STAGE OUT
+#
+#   calibrate            `cpplan calibrate --topology v5e:1x1`: the measured row and its raw timings
+#   validate-h128-short  `cpplan validate` of the heads-of-128 model at 4K, 8K, 16K (every plan that fits)
+#   validate-h128-long   the same at 32K, 64K, 128K
+#   validate-h256-short  the heads-of-256 model (benchmarks/tpu_v5e/llama-4l-h256.json) at 4K-16K
+#   validate-h256-long   the same at 32K-128K
+#   run                  `cpplan run` of 50 steps with checkpoints, and the same stopped at step 30 and
+#                        resumed: prints whether the losses are equal
+#   validate             the four validate stages, one after another
+#   all                  every stage
+#
+# Each stage is bounded (STAGE_SECONDS, default 420: a command on the lent chip may take 10 minutes)
+# and independent: one that fails is reported and the next one runs. A validate stage stopped by its
+# bound ends after the plan in hand and still writes its report; measurements.jsonl grows plan by plan.
+# Runs from a checkout without installing cpplan: the runtime's wheels, when .whl-tpu/ holds them
+# (scripts/tpu_wheels.sh), are installed under /tmp/site first.
+set -uo pipefail
+
+STAGE="${1:-}"
+OUT="${2:-}"
+if [ -z "$STAGE" ] || [ -z "$OUT" ]; then
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT" || exit 2
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
+
+TOPOLOGY="${TOPOLOGY:-v5e:1x1}"
+H128="${H128:-benchmarks/tpu_v5e/llama-4l-h128.json}"
+H256="${H256:-benchmarks/tpu_v5e/llama-4l-h256.json}"
+SHORT="${SHORT:-4k,8k,16k}"
+LONG="${LONG:-32k,64k,128k}"
+STAGE_SECONDS="${STAGE_SECONDS:-420}"
+DTYPE="${DTYPE:-bfloat16}"
+RUN_SEQ="${RUN_SEQ:-16k}"
+RUN_STEPS="${RUN_STEPS:-50}"
+RUN_STOP="${RUN_STOP:-30}"
+SITE="${SITE:-/tmp/site}"
+
+# the wheels under /tmp/site, once; cpplan from this checkout (no pip install -e .)
+if [ -d .whl-tpu ] && ! PYTHONPATH="$SITE:${PYTHONPATH:-}" python3 -c "import flax, optax, orbax.checkpoint" 2>/dev/null; then
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$SITE" .whl-tpu/*.whl || echo "tpu_v5e: installing .whl-tpu/ failed" >&2
+fi
+export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export TPU_SKIP_MDS_QUERY="${TPU_SKIP_MDS_QUERY:-1}"  # one VM, no metadata server to ask
+CPPLAN=(python3 -m cli)
+
+bounded() {  # SIGTERM at the bound (cpplan stops after the step in hand and writes what it has), SIGKILL 45 s later
+  timeout -k 45 -s TERM "$STAGE_SECONDS" "$@"
+}
+
+calibrate() {
+  mkdir -p "$OUT/calibrate"
+  bounded "${CPPLAN[@]}" calibrate --topology "$TOPOLOGY" --dtype "$DTYPE" --model "$H128" \
+    --out "$OUT/calibrate" 2>&1 | tee "$OUT/calibrate/calibrate.log"
+}
+
+validate_one() {  # NAME MODEL LENGTHS
+  local dir="$OUT/validate-$1"
+  mkdir -p "$dir"
+  # every plan that fits at each length (3 remat policies, splash blocks of 1024 or 2048), 2 timed steps each
+  bounded "${CPPLAN[@]}" validate --model "$2" --seq-lens "$3" --topology "$TOPOLOGY" --compute-dtype "$DTYPE" \
+    --max-plans 8 --top 3 --steps 3 --no-plots --out "$dir" 2>&1 | tee "$dir/validate.log"
+}
+
+run_resume() {
+  local dir="$OUT/run" work
+  mkdir -p "$dir"
+  work="$(mktemp -d /tmp/cpplan-run.XXXXXX)"
+  local common=(run --model "$H128" --seq-len "$RUN_SEQ" --topology "$TOPOLOGY" --exact-batch 1 --seed 0
+    --checkpoint-every 10 --keep-checkpoints 1 --json)
+  echo "uninterrupted: $RUN_STEPS steps"
+  bounded "${CPPLAN[@]}" "${common[@]}" --steps "$RUN_STEPS" --run-dir "$work/full" >"$dir/full.json" \
+    2> >(tee "$dir/full.log" >&2)
+  rm -rf "$work/full"  # a checkpoint of the model's weights and moments takes GiBs
+  echo "stopped after a checkpoint: $RUN_STOP steps, then resumed to $RUN_STEPS"
+  bounded "${CPPLAN[@]}" "${common[@]}" --steps "$RUN_STOP" --run-dir "$work/resumed" >"$dir/first.json" \
+    2> >(tee "$dir/first.log" >&2)
+  bounded "${CPPLAN[@]}" "${common[@]}" --steps "$RUN_STEPS" --run-dir "$work/resumed" >"$dir/resumed.json" \
+    2> >(tee "$dir/resumed.log" >&2)
+  rm -rf "$work"
+  python3 benchmarks/compare_resumed.py "$dir/full.json" "$dir/first.json" "$dir/resumed.json" | tee "$dir/compare.txt"
+}
+
+stage() {  # NAME: runs one stage, says how it ended, never stops the script
+  local start=$SECONDS status
+  echo "== $1 (at most ${STAGE_SECONDS} s a command) =="
+  case "$1" in
+    calibrate) calibrate ;;
+    validate-h128-short) validate_one h128-short "$H128" "$SHORT" ;;
+    validate-h128-long) validate_one h128-long "$H128" "$LONG" ;;
+    validate-h256-short) validate_one h256-short "$H256" "$SHORT" ;;
+    validate-h256-long) validate_one h256-long "$H256" "$LONG" ;;
+    run) run_resume ;;
+    *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
+  esac
+  status=$?
+  echo "== $1: exit status $status after $((SECONDS - start)) s =="
+  return $status
+}
+
+case "$STAGE" in
+  validate) STAGES=(validate-h128-short validate-h128-long validate-h256-short validate-h256-long) ;;
+  all) STAGES=(calibrate validate-h128-short validate-h128-long validate-h256-short validate-h256-long run) ;;
+  *) STAGES=("$STAGE") ;;
+esac
+failed=0
+for s in "${STAGES[@]}"; do
+  stage "$s" || failed=$((failed + 1))
+done
+echo "tpu_v5e: ${#STAGES[@]} stage(s), $failed failed; outputs in $OUT"
+[ "$failed" -eq 0 ]
