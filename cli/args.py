@@ -246,6 +246,9 @@ def model_of(args: argparse.Namespace) -> ModelSpec:
         model = dataclasses.replace(model, causal=False)
     if getattr(args, "doc_lengths", None) is not None:
         model = dataclasses.replace(model, documents=doc_lengths_of(args))
+    for_maxtext = "maxtext" in (getattr(args, "format", None), getattr(args, "target", None))
+    if model.causal and not for_maxtext:  # nothing below asks anything of it
+        return model
     unexportable = maxtext_mask_problems(model)  # what no strategy lifts: a full mask, local layers no block has
     if model.causal and not unexportable:
         return model

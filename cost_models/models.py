@@ -249,10 +249,16 @@ class ModelSpec:
     @property
     def layer_masks(self) -> tuple[tuple[AttentionMask, int], ...]:
         """Each distinct mask of the layers with how many layers have it, global first."""
+        # counted from the repeating pattern, not layer by layer: the work is the pattern's length
+        # whatever the layer count (a config may give 2**31 layers, and every candidate asks)
+        pattern = self.layer_pattern or ("L" if self.window else "G")
+        repeats, rest = divmod(self.num_layers, len(pattern))
         counts = {}
-        for layer in range(self.num_layers):
-            mask = self.layer_mask(layer)
-            counts[mask] = counts.get(mask, 0) + 1
+        for kind in "GL":
+            layers = repeats * pattern.count(kind) + pattern[:rest].count(kind)
+            if layers:
+                mask = self.local_mask if kind == "L" else self.global_mask
+                counts[mask] = counts.get(mask, 0) + layers
         return tuple(sorted(counts.items(), key=lambda item: item[0].local))
 
     @property

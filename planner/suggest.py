@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from cost_models.remat import NAMED_POLICIES
 from cost_models.targets import Target
 from cost_models.topology import Topology, shape_for_chips
-from cost_models.units import counted
-from cost_models.vocabulary import CPStrategy, LoadBalance
+from cost_models.units import GiB, counted
+from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance
 from planner.explanation import format_seconds, short
 from planner.options import SearchOptions, format_tokens
 from planner.search import Ranked, SearchResult, SearchSpace, search
@@ -45,11 +45,32 @@ class Advice:
         return f"{self.change}: {short(best.plan)}; {per_step} in {format_seconds(best.estimate.step_time_s)}"
 
 
+def weights_bytes_per_device(model, topo: Topology, opts: SearchOptions) -> float:
+    """A floor under every plan's HBM per device on `topo`: the weights and AdamW's two moments, split
+    over all its devices (no plan splits them further), before any gradient, activation or buffer."""
+    return model.num_params * (2 * DTYPE_BYTES[opts.param_dtype] + DTYPE_BYTES[opts.mu_dtype]) / topo.num_devices
+
+
+def holds_the_weights(model, topo: Topology, opts: SearchOptions) -> bool:
+    """Whether `topo`'s devices could hold the weights and optimizer state at all (a bound priced in
+    one step, so that advice searches no slice where nothing can fit, however large the model)."""
+    return weights_bytes_per_device(model, topo, opts) <= topo.hbm_bytes_per_device
+
+
 def lines(result: SearchResult, found: list[Advice]) -> list[str]:
     """The advice for a search in which nothing fits, one line each; one line saying what was
     tried when there is none."""
     if found:
         return [str(a) for a in found]
+    largest = ([result.topology, *_larger_slices(result.topology)])[-1]
+    if not holds_the_weights(result.model, largest, result.options):
+        need = weights_bytes_per_device(result.model, largest, result.options)
+        return [
+            f"nothing found: the weights and optimizer state alone ({result.options.param_dtype} weights, "
+            f"{result.options.mu_dtype} first moment) need {need / GiB:,.1f} GiB per device even split over "
+            f"all {largest.num_devices} devices of {largest.name}, of {largest.hbm_bytes_per_device / GiB:.1f} "
+            f"GiB; use a smaller model"
+        ]
     given = restrictions(result.options)
     return [
         f"nothing found: every remat policy, every batch, shorter sequences and every larger "
@@ -87,6 +108,8 @@ def advice(result: SearchResult) -> list[Advice]:
     """
     opts, model, topo, seq_len = result.options, result.model, result.topology, result.seq_len
     target = result.target
+    if not holds_the_weights(model, topo, opts):  # no change on this slice can fit: only a larger one
+        return _bigger_slice_that_fits(model, seq_len, topo, opts, target)
     out: list[Advice] = []
     if opts.remat != frozenset(NAMED_POLICIES):
         out += _tried("allow every remat policy", model, seq_len, topo, opts, target, remat=frozenset(NAMED_POLICIES))
@@ -253,6 +276,8 @@ def _larger_slices(topo: Topology) -> list[Topology]:
 def _bigger_slice_that_fits(model, seq_len: int, topo: Topology, opts: SearchOptions, target: Target) -> list[Advice]:
     """The first larger slice (see `_larger_slices`) on which the same request fits, or []."""
     for bigger in _larger_slices(topo):
+        if not holds_the_weights(model, bigger, opts):
+            continue
         found = _tried(
             f"a larger slice, {bigger.name} ({bigger.num_chips} chips)", model, seq_len, bigger, opts, target, mesh=()
         )
@@ -285,6 +310,8 @@ def longest_advice(model, topo: Topology, opts: SearchOptions, *, target: Target
         if longest is not None:
             out.append(f"drop {given}: up to {_tokens(longest.seq_len)} tokens fit")
     for bigger in _larger_slices(topo):
+        if not holds_the_weights(model, bigger, opts):
+            continue
         longest = longest_sequence(model, bigger, dataclasses.replace(opts, mesh=()), target=target)
         if longest is not None:
             out.append(
