@@ -53,6 +53,11 @@ def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
     )
 
 
+def _timed(terms: dict[str, float]) -> str:
+    """The terms that take time, as 'name 1.2 ms, …' ('' where none does)."""
+    return ", ".join(f"{k} {_s(v)}" for k, v in terms.items() if v > 0)
+
+
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
 
@@ -409,6 +414,21 @@ class Explanation:
             "(up to twice a causal model's work), and zigzag balancing, with nothing to even out, is not searched"
         )
 
+    def _communication_lines(self) -> list[str]:
+        """The chosen plan's communication and what of it is exposed, each a line that says something
+        where there is none (one device sends nothing)."""
+        e = self.estimate
+        comm, exposed = _timed(e.comm_s), _timed(e.exposed_s)
+        if not comm:
+            why = "one device" if self.result.topology.num_devices == 1 else "no axis sends anything"
+            return [f"  communication  none: {why}", "  exposed        none: nothing to hide"]
+        return [
+            f"  communication  {comm} in all",
+            f"  exposed        {exposed} (the rest overlaps compute)"
+            if exposed
+            else "  exposed        none: all of it overlaps compute",
+        ]
+
     def __str__(self) -> str:
         note = [f"Note: {n}." for n in (self.result.mask_note, self.result.batch_note) if n]
         mask, documents = self.mask_text(), self.documents_text()
@@ -438,11 +458,8 @@ class Explanation:
             f"{_s(e.upper_bound_s)} with none)",
             f"  error band     {self.band_text()}",
             "  compute        " + ", ".join(f"{k} {_s(v)}" for k, v in e.compute_s.items()),
-            "  HBM-bound      " + ", ".join(f"{k} {_s(v)}" for k, v in e.hbm_s.items() if v > 0),
-            "  communication  " + ", ".join(f"{k} {_s(v)}" for k, v in e.comm_s.items() if v > 0) + " in all",
-            "  exposed        "
-            + ", ".join(f"{k} {_s(v)}" for k, v in e.exposed_s.items() if v > 0)
-            + " (the rest overlaps compute)",
+            "  HBM-bound      " + (_timed(e.hbm_s) or "none"),
+            *self._communication_lines(),
             *([f"  across DCN     {dcn_text(p, e)}"] if p.num_slices > 1 else []),
             f"  bottleneck     {e.bottleneck}",
             f"  throughput     {e.tokens_per_s_per_chip:,.0f} tokens/s/chip, MFU {e.mfu:.1%} "

@@ -60,23 +60,46 @@ def holds_the_weights(model, topo: Topology, opts: SearchOptions) -> bool:
 def lines(result: SearchResult, found: list[Advice]) -> list[str]:
     """The advice for a search in which nothing fits, one line each; one line saying what was
     tried when there is none."""
+    fewer = _fewer_sequences(result)
     if found:
-        return [str(a) for a in found]
+        return [*fewer, *(str(a) for a in found)]
     largest = ([result.topology, *_larger_slices(result.topology)])[-1]
     if not holds_the_weights(result.model, largest, result.options):
         need = weights_bytes_per_device(result.model, largest, result.options)
         return [
+            *fewer,
             f"nothing found: the weights and optimizer state alone ({result.options.param_dtype} weights, "
             f"{result.options.mu_dtype} first moment) need {need / GiB:,.1f} GiB per device even split over "
             f"all {largest.num_devices} devices of {largest.name}, of {largest.hbm_bytes_per_device / GiB:.1f} "
-            f"GiB; use a smaller model"
+            f"GiB; use a smaller model",
         ]
     given = restrictions(result.options)
     return [
+        *fewer,
         f"nothing found: every remat policy, every batch, shorter sequences and every larger "
         f"{result.topology.chip.name} slice up to the full pod were searched"
-        + (f" with {given} as given; drop them or use a smaller model" if given else "; use a smaller model")
+        + (f" with {given} as given; drop them or use a smaller model" if given else "; use a smaller model"),
     ]
+
+
+def _fewer_sequences(result: SearchResult) -> list[str]:
+    """Why fewer sequences per step are not offered, where the request aimed at a number of tokens: the
+    search tried every count down to one on this slice (a line), and where the weights alone
+    overflow it, by how much; [] for an exact batch (whose nearest counts are advice) or one sequence."""
+    if result.options.global_batch is not None or result.global_batch <= 1:
+        return []
+    line = (
+        f"fewer sequences per step on {result.topology.name}: none fits, not even one "
+        f"{format_tokens(result.seq_len)}-token sequence (counts from {result.global_batch} down to 1 were "
+        f"searched)"
+    )
+    if not holds_the_weights(result.model, result.topology, result.options):
+        need = weights_bytes_per_device(result.model, result.topology, result.options)
+        line += (
+            f": the weights and optimizer state alone need {need / GiB:,.1f} GiB per device of "
+            f"{result.topology.hbm_bytes_per_device / GiB:.1f} GiB"
+        )
+    return [line]
 
 
 def restrictions(opts: SearchOptions) -> str:
