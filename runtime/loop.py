@@ -122,6 +122,8 @@ def train(
             first_step=first_step,
             leader=leader,
         )
+        if log.kept_aside:
+            say(log.kept_aside)
     times, losses, stopped = [], [], False
     try:
         for step in range(first_step + 1, steps + 1):  # steps count from 1

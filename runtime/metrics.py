@@ -1,9 +1,11 @@
 """What a person watches during a run: a progress bar, per-step JSON lines, TensorBoard scalars.
-Only process 0 writes, each line flushed as made, so a killed run leaves every step it finished.
+Only process 0 writes, each line flushed as made, so a killed run leaves every step it finished, and
+nothing an earlier run of the directory logged is dropped: what a run does not continue is kept aside.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -11,6 +13,8 @@ from pathlib import Path
 from cost_models.units import mfu
 
 METRICS_FILE = "metrics.jsonl"
+EARLIER_METRICS = "metrics.{}.jsonl"  # an earlier run's whole log, set aside when a run starts from step 1
+REPLAYED_METRICS = "metrics.replayed.jsonl"  # the steps a resumed run ran again, as first logged
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -48,13 +52,15 @@ class StepLog:
         self.num_devices, self.peak = num_devices, peak_flops_per_device
         self.leader = leader
         self._lines = self._board = self._bar = None
+        self.kept_aside: str | None = None  # the line that says an earlier run's log was set aside
         if not leader:
             return
         from tensorboardX import SummaryWriter
         from tqdm import tqdm
 
         run_dir.mkdir(parents=True, exist_ok=True)
-        _keep_steps_up_to(run_dir / METRICS_FILE, first_step)  # a resumed run replays the steps after it
+        # a resumed run replays the steps after its checkpoint; one from step 1 starts a log of its own
+        self.kept_aside = _keep_steps_up_to(run_dir / METRICS_FILE, first_step)
         self._lines = open(run_dir / METRICS_FILE, "a", buffering=1)  # line-buffered: each step on disk
         self._board = SummaryWriter(str(run_dir / TENSORBOARD_DIR), flush_secs=10)
         self._bar = tqdm(total=total_steps, initial=first_step, unit="step", dynamic_ncols=True)
@@ -97,15 +103,36 @@ class StepLog:
             self._lines.close()
 
 
-def _keep_steps_up_to(path: Path, last: int) -> None:
-    """Drops from a metrics file the records of steps after `last` (and a line a kill cut short)."""
+def _keep_steps_up_to(path: Path, last: int) -> str | None:
+    """Leaves in a metrics file the records of steps up to `last` (those a resumed run keeps) and drops a
+    line a kill cut short. A record it takes out is kept aside, never lost: from step 1 (`last` 0) an
+    earlier run's whole log moves to `metrics.N.jsonl`; the steps a resume runs again are appended to
+    `metrics.replayed.jsonl` as first logged.
+
+    Returns:
+        The line that says an earlier run's log was set aside, or None.
+    """
     if not path.exists():
-        return
-    kept = []
+        return None
+    kept, replayed = [], []
     for line in path.read_text().splitlines():
         try:
-            if json.loads(line)["step"] <= last:
-                kept.append(line)
+            step = json.loads(line)["step"]
+            (kept if step <= last else replayed).append(line)
         except (ValueError, KeyError, TypeError):
             continue
+    if last == 0 and replayed:
+        aside = next(
+            p for p in (path.with_name(EARLIER_METRICS.format(n)) for n in itertools.count(1)) if not p.exists()
+        )
+        path.rename(aside)
+        steps = [json.loads(line)["step"] for line in replayed]
+        return (
+            f"starting from step 1 over an earlier run in {path.parent} (no checkpoint of it to resume from): "
+            f"its log of {len(steps)} step(s), to step {max(steps)}, is kept as {aside.name}"
+        )
+    if replayed:
+        with open(path.with_name(REPLAYED_METRICS), "a") as aside:
+            aside.write("".join(f"{line}\n" for line in replayed))
     path.write_text("".join(f"{line}\n" for line in kept))
+    return None
