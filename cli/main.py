@@ -5,13 +5,13 @@ from __future__ import annotations
 import signal
 import sys
 
-from cli import planning, reporting, running, validating
+from cli import booking, planning, reporting, running, validating
 from cli.args import Parser
 from cli.devices import note_uncalibrated_host
 from cli.signals import INTERRUPTS
 from cost_models.errors import CpplanError
 
-FAMILIES = (planning, running, validating, reporting)
+FAMILIES = (planning, running, validating, reporting, booking)
 # the commands whose answer is a predicted step time
 PREDICTING = ("explain", "sweep", "run", "validate")
 

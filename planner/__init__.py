@@ -6,6 +6,7 @@ from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import AXES, CPStrategy, LoadBalance, RematPolicy
 from planner.api import LongestSequence, evaluate, explain, max_seq_len, plan
+from planner.book import Booking, book
 from planner.estimate import candidates_of, estimate
 from planner.explanation import Explanation
 from planner.plan import Plan, make_mesh
@@ -13,6 +14,7 @@ from planner.search import Rejection
 
 __all__ = [
     "AXES",
+    "Booking",
     "CPStrategy",
     "CpplanError",
     "Estimate",
@@ -23,6 +25,7 @@ __all__ = [
     "Plan",
     "Rejection",
     "RematPolicy",
+    "book",
     "candidates_of",
     "estimate",
     "evaluate",
