@@ -16,7 +16,7 @@ BOOK = ["book", "--model", "llama3.1-8b", "--seq-len", "1M", "--chips", "v6e"]
     [
         (["--tokens", "0"], "--tokens '0'"),
         (["--tokens", "100B", "--chips", "v5q"], "unknown chip 'v5q'"),
-        (["--tokens", "100B", "--within", "-3d"], "--within '-3d'"),
+        (["--tokens", "100B", "--within=-3d"], "--within '-3d'"),
         (["--tokens", "100B", "--within", "2001-01-01"], "not after today"),
         (["--tokens", "100B", "--price", "v6e=0"], "positive number"),
         (["--tokens", "100B", "--price", "cpu=1"], "unknown chip 'cpu'"),
