@@ -150,5 +150,5 @@ def price_of(chip: str, given: "dict[str, float] | None" = None, kind: str = "on
     """The price a chip-hour of `chip` is costed at: the user's where given, else the published one of `kind`,
     else None (time only)."""
     if given and chip in given:
-        return ChipPrice(chip, given[chip], GIVEN, "given with --price")
+        return ChipPrice(chip, given[chip], GIVEN, "--price")
     return list_price(chip, kind)

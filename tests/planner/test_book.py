@@ -139,7 +139,7 @@ def test_prices_cited_given_and_refused(tmp_path):
     assert (v6e.per_chip_hour, v6e.kind, v6e.date) == (2.70, "on_demand", "2024-12")
     assert list_price("v6e", "committed_3y").per_chip_hour == 1.22
     assert list_price("v5p") is None  # none published: time only
-    assert price_of("v5p", {"v5p": 4.2}).describe().startswith("$4.20 per chip-hour (given")
+    assert price_of("v5p", {"v5p": 4.2}).describe().startswith("$4.20 per chip-hour (given: --price)")
     known = ["v5p", "v6e"]
     assert parse_prices("v5p=4.20, v6e=2", known) == {"v5p": 4.2, "v6e": 2.0}
     (tmp_path / "p.json").write_text('{"v5p": 3}')
