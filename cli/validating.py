@@ -39,14 +39,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     use_host_devices(args.topology)
     # on a TPU the kernels are timed with blocks up to 2048, which need the most scoped VMEM the chip grants
     check_devices(topo, "calibrate", scoped_vmem_kib=topo.chip.scoped_vmem_max_bytes // 1024)
-    from validation.calibration import NO_LINKS, calibrate
+    from validation.calibration import NO_LINKS, calibrate, timings_path
 
     shape = {}
     if args.model:
         m = get_model(args.model)
-        shape = dict(attention_heads=m.num_heads, attention_kv_heads=m.num_kv_heads, attention_head_dim=m.head_dim)
+        shape = dict(
+            attention_heads=m.num_heads, attention_kv_heads=m.num_kv_heads, attention_head_dim=m.head_dim, model=m
+        )
     result = calibrate(args.topology, dtype=args.dtype, repeats=args.repeats, **shape)
     path = result.write(args.out)
+    print(f"raw timings in {timings_path(path)}")
     chip = result.chip
     print(
         f"wrote {path}: peak {chip.peak_bf16_flops_per_s / 1e9:.1f} GFLOP/s per chip, attention efficiency "
@@ -240,7 +243,11 @@ def register(sub) -> None:
         help=f"timed repetitions per figure, at least: more while their total is under {MIN_TIMED_S:g} s; "
         "the fastest is kept",
     )
-    p.add_argument("--model", help="measure attention with this model's heads (default: 8 query, 4 kv heads of 32)")
+    p.add_argument(
+        "--model",
+        help="measure with this model's shapes (default on a host: attention of 8 query, 4 kv heads of 32; on a "
+        "TPU: a layer of hidden 2048, 16 query, 8 kv heads of 128, intermediate 8192)",
+    )
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
 
     p = add_command(sub, "validate", cmd_validate, "predicted vs measured step times (runs or imports)")

@@ -5,8 +5,10 @@ a shared host only adds time, so each figure is the fastest of its repeats (time
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,8 +52,9 @@ def best_time(fn, *args, repeats: int) -> float:
     return min(times)
 
 
-def _per_device(mesh, fn, *shapes_dtypes):
-    """`fn` run on every device at once on per-device arrays of the given (shape, dtype)."""
+def _per_device(mesh, fn, *shapes_dtypes, outputs: int = 1):
+    """`fn` run on every device at once on per-device arrays of the given (shape, dtype); `outputs`:
+    how many arrays it returns (a tuple where more than one)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -63,7 +66,13 @@ def _per_device(mesh, fn, *shapes_dtypes):
         for shape, dtype in shapes_dtypes
     ]
     mapped = jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=tuple(P("d") for _ in arrays), out_specs=P("d"), check_vma=False)
+        jax.shard_map(
+            fn,
+            mesh=mesh,
+            in_specs=tuple(P("d") for _ in arrays),
+            out_specs=P("d") if outputs == 1 else (P("d"),) * outputs,
+            check_vma=False,
+        )
     )  # pallas kernels (splash) do not annotate varying axes
     return mapped, arrays
 
@@ -113,6 +122,91 @@ def time_attention(
         )
         times.append(best_time(mapped, *arrays, repeats=repeats))
     return times
+
+
+def measure_matmuls(mesh, dtype: str, shapes: Sequence[tuple[int, int, int]], repeats: int) -> list[float]:
+    """Seconds of one `[m, k] @ [k, n]` product per device (all devices busy) at each `(m, k, n)`."""
+    times = []
+    for m, k, n in shapes:
+        mapped, arrays = _per_device(mesh, lambda a, b: a @ b[0], ((m, k), dtype), ((1, k, n), dtype))
+        times.append(best_time(mapped, *arrays, repeats=repeats))
+    return times
+
+
+@dataclass(frozen=True)
+class SplashTimes:
+    """One splash call's kernels timed on every device at once: the forward (with the log-sum-exp the
+    backward reads), and the backward as the fused kernel and as the dq and dK/dV kernels (None where
+    it was not timed, `errors` saying why)."""
+
+    forward_s: float | None
+    backward_fused_s: float | None
+    backward_separate_s: float | None
+    errors: dict = field(default_factory=dict)
+
+
+def time_splash(
+    mesh,
+    topo: Topology,
+    dtype: str,
+    shape: tuple[int, int, int, bool],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    repeats: int,
+    skip_fused: str = "",
+) -> SplashTimes:
+    """Times splash's forward and both backwards at `(q_len, kv_len, block, causal)`, square blocks;
+    `skip_fused` (a reason) leaves the fused backward untimed. A kernel that fails to compile or run
+    (scoped VMEM, HBM) is recorded in `errors` and the others are still timed."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec
+
+    from runtime.splash import KernelConfig, attend_bwd, attend_with_lse, causal_kernel, full_kernel
+
+    q_len, kv_len, block, causal = shape
+    make = causal_kernel if causal else full_kernel
+    config = KernelConfig(block, block, interpret=topo.chip.kind.interprets_kernels, smem_bytes=topo.chip.smem_bytes)
+    kernel = make(q_len, kv_len, config)
+    kv_size = ((1, kv_heads, kv_len, head_dim), dtype)
+    sizes = (((1, heads, q_len, head_dim), dtype), kv_size, kv_size)
+    errors: dict = {}
+
+    def timed(name, fn, *arrays):
+        try:
+            return best_time(fn, *arrays, repeats=repeats)
+        except Exception as err:  # a kernel that cannot run here is a gap in the timings, not the end
+            errors[name] = f"{type(err).__name__}: {next(iter(str(err).strip().splitlines()), '')}"[:300]
+            return None
+
+    def forward(q, k, v):
+        out, lse = attend_with_lse(kernel, q[0], k[0], v[0])
+        return out[None], lse[None]
+
+    fwd, (q, k, v) = _per_device(mesh, forward, *sizes, outputs=2)
+    forward_s = timed("forward", fwd, q, k, v)
+    out, lse = fwd(q, k, v) if forward_s is not None else (None, None)
+
+    def backward_with(bwd_kernel):
+        def backward(q, k, v, out, lse, d_out):
+            return tuple(g[None] for g in attend_bwd(bwd_kernel, q[0], k[0], v[0], out[0], lse[0], d_out[0]))
+
+        spec = PartitionSpec("d")
+        return jax.jit(jax.shard_map(backward, mesh=mesh, in_specs=(spec,) * 6, out_specs=spec, check_vma=False))
+
+    times = {}
+    for name, fused in (("backward_fused", True), ("backward_separate", False)):
+        if out is None or (fused and skip_fused):
+            if fused and skip_fused:
+                errors[name] = f"not timed: {skip_fused}"
+            times[name] = None
+            continue
+        bwd_kernel = make(q_len, kv_len, dataclasses.replace(config, fused_backward=fused))
+        times[name] = timed(name, backward_with(bwd_kernel), q, k, v, out, lse, jnp.ones_like(out))
+    del out, lse
+    return SplashTimes(forward_s, times["backward_fused"], times["backward_separate"], errors)
 
 
 def measure_memory(mesh, dtype: str, values: int, repeats: int) -> float:

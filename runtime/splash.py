@@ -46,6 +46,9 @@ class KernelConfig:
     block_kv: int  # likewise
     interpret: bool  # Pallas interpret mode (CPU) instead of Mosaic (TPU)
     smem_bytes: int = 0  # the chip's scalar memory; 0 skips the check (CPU)
+    # the backward as one kernel forming dq (as per-key-block partials, summed after), dk and dv, rather
+    # than a dq kernel and a dK/dV kernel; it walks whole (unshrunk) dK/dV tables
+    fused_backward: bool = False
 
     def blocks(self, q_len: int, kv_len: int, q_run: float = float("inf")) -> tuple[int, int]:
         """Block sizes for a `q_len` × `kv_len` call whose query positions run consecutively `q_run` tokens at
@@ -61,8 +64,10 @@ class KernelConfig:
         return blocks
 
     def block_sizes(self, q_len: int, kv_len: int) -> sk.BlockSizes:
-        """Splash `BlockSizes` for a call, the same blocks for the forward, dq and dkv kernels."""
+        """Splash `BlockSizes` for a call, the same blocks for the forward, dq and dkv kernels (the fused
+        backward has no dq kernel, and splash refuses dq blocks with it)."""
         bq, bkv = self.blocks(q_len, kv_len)
+        dq = {} if self.fused_backward else dict(block_q_dq=bq, block_kv_dq=bkv)
         return sk.BlockSizes(
             block_q=bq,
             block_kv=bkv,
@@ -70,8 +75,8 @@ class KernelConfig:
             block_q_dkv=bq,
             block_kv_dkv=bkv,
             block_kv_dkv_compute=bkv,
-            block_q_dq=bq,
-            block_kv_dq=bkv,
+            use_fused_bwd_kernel=self.fused_backward,
+            **dq,
         )
 
 

@@ -52,10 +52,20 @@ class Calibration:
     raw: dict
 
     def write(self, path: "str | Path") -> Path:
-        """Writes the row as JSON to `row_path(path)` and returns the file."""
+        """Writes the row as JSON to `row_path(path)`, and every raw timing behind it to `timings_path`
+        beside it; returns the row's file."""
         path = row_path(path, self.chip.name)
         prepare_out_dir(path.parent, (path.name,))
+        timings = timings_path(path)
+        prepare_out_dir(timings.parent, (timings.name,))
+        write_atomic(timings, json.dumps(self.raw, indent=1, default=str) + "\n")
         return write_atomic(path, json.dumps(self.chip.to_dict(), indent=2, allow_nan=False) + "\n")
+
+
+def timings_path(row: Path) -> Path:
+    """Where the raw timings of the row at `row` go: `timings/<row's name>` beside it (a folder of its own,
+    since every .json beside the row is read as a chip row)."""
+    return row.parent / "timings" / row.name
 
 
 @dataclass(frozen=True)
@@ -200,19 +210,24 @@ def calibrate(
     attention_heads: int = 8,
     attention_kv_heads: int = 4,
     attention_head_dim: int = 32,
+    model=None,
 ) -> Calibration:
     """Measures the devices present as `topology` and returns a chip row for them.
+
+    On a host (kernels interpreted) the matmul, one attention fit and the memory pass are small, as below;
+    on a chip that runs the kernels natively (a TPU) `validation.kernel_calibration` times the model's
+    matmuls and splash's kernels at the sizes the plans run and fits the row's attention figures.
 
     Args:
         topology: e.g. ``cpu:8`` (jax must already have that many virtual devices).
         repeats: at least this many timings per figure (more below `MIN_TIMED_S`); the fastest is kept.
-        attention_heads / attention_kv_heads / attention_head_dim: like the plans' per-device kernels.
+        matmul_size / attention_seq: a host's square matmul and attention length.
+        attention_heads / attention_kv_heads / attention_head_dim: like the plans' per-device kernels (a host's).
+        model: a `ModelSpec` whose shapes a TPU is timed at (default the 4-layer Llama-shaped benchmark model).
     Raises:
         CpplanError: the devices present do not form `topology`, or the figures measured break a
             chip row's rules (a disturbed timing).
     """
-    import jax.numpy as jnp
-
     from runtime import measure
 
     if dtype not in DTYPE_BYTES:
@@ -222,63 +237,39 @@ def calibrate(
     topo = get_topology(topology)
     mesh = measure.device_mesh(topo)
     chip = topo.chip
-    per_chip = 1.0 / topo.num_chips
-    matmul = measure.measure_matmul(mesh, dtype, matmul_size, repeats)
-    heads = dict(heads=attention_heads, kv_heads=attention_kv_heads, head_dim=attention_head_dim)
-    shapes = [
-        (attention_seq // q, attention_seq // kv, attention_seq // b, causal) for q, kv, b, causal in ATTENTION_SHAPES
-    ]
-    times = measure.time_attention(mesh, topo, dtype, shapes, repeats=repeats, **heads)
-    terms = [splash_terms(*s, act_bytes=jnp.dtype(dtype).itemsize, **heads) for s in shapes]
-    fit = fit_attention(shapes, terms, times)
-    attention = mesh.devices.size / fit.per_flop_s  # executed FLOP/s of all devices together
-    memory = measure.measure_memory(mesh, dtype, 2**22, repeats)
+    when = time.strftime("%Y-%m-%d")
+    how = f"measured by `cpplan calibrate --topology {topo.name}` on {when}, all {topo.num_devices} devices busy"
+    if chip.kind.interprets_kernels:
+        measured, compute_sources, raw = _host_figures(
+            mesh,
+            topo,
+            dtype,
+            repeats=repeats,
+            how=how,
+            matmul_size=matmul_size,
+            attention_seq=attention_seq,
+            heads=dict(heads=attention_heads, kv_heads=attention_kv_heads, head_dim=attention_head_dim),
+        )
+    else:
+        from validation.kernel_calibration import ModelDims, native_figures
+
+        dims = (
+            ModelDims()
+            if model is None
+            else ModelDims(model.hidden, model.num_heads, model.num_kv_heads, model.head_dim, model.intermediate)
+        )
+        measured, compute_sources, raw = native_figures(mesh, topo, dtype, repeats=repeats, how=how, dims=dims)
     shares_cores = chip.kind.shares_cores
     linked = has_links(topo)
     points = measure.measure_collectives(mesh, COLLECTIVE_SIZES, repeats) if linked else {}
     link, hop, errors = fit_links(topo, points) if linked else (None, None, {})
     host, host_errors = fit_host_collectives(points, topo.num_devices) if shares_cores and linked else ({}, {})
-    when = time.strftime("%Y-%m-%d")
-    how = f"measured by `cpplan calibrate --topology {topo.name}` on {when}, all {topo.num_devices} devices busy"
     link_field = "core_link_bw_bytes_per_s" if shares_cores else "ici_link_bw_bytes_per_s"
     if not linked:  # the cited figures stay, each saying it was not measured here
         link = getattr(chip, link_field) or chip.ici_link_bw_bytes_per_s
         link_field = link_field if getattr(chip, link_field) else "ici_link_bw_bytes_per_s"
         hop, host = chip.ici_hop_latency_s, {kind: [bw, lat] for kind, bw, lat in chip.host_collectives}
-    sources = dict(chip.sources)
-    sources.update(
-        {
-            "peak_bf16_flops_per_s": (
-                f"{how}: {matmul_size}³ {dtype} matmuls, fastest of at least {repeats} (more where "
-                f"{repeats} take under {measure.MIN_TIMED_S:g} s)"
-            ),
-            "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
-            "attention_efficiency": (
-                f"{how}: splash forward + backward, {attention_heads} query and "
-                f"{attention_kv_heads} kv heads × {attention_head_dim}, (q, kv, block, causal) = "
-                f"{[s[:4] for s in fit.shapes]}: the FLOP rate of the fit that, with a cost per grid "
-                f"step, per operand byte per step and per masked logit, explains every time (mean "
-                f"error {fit.mean_error:.1%}); relative to the matmul peak"
-            ),
-            "attention_block_overhead_s": f"{how}: the same fit; the fixed cost per grid step of each kernel",
-            "attention_step_s_per_operand_byte": (
-                f"{how}: the same fit; the cost per byte of a kernel's operand arrays "
-                f"per grid step (interpret mode copies them at every step)"
-            ),
-            "attention_masked_element_s": (
-                f"{how}: the same fit; the cost per logit of the blocks a causal mask cuts "
-                f"through, per kernel (the mask rule is evaluated there)"
-            ),
-            "attention_backward_over_forward": (
-                f"{how}: the fit prices the backward kernels at their FLOP ratio to the "
-                f"forward ({SPLASH_BACKWARD_OVER_FORWARD}), its other costs per grid step"
-            ),
-            "attention_unfused_backward_factor": f"{how}: 1; the fit times the runtime's own backward kernels",
-            "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
-            "attention_backward_operand_passes": f"{how}: 0, as for the forward",
-            "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
-        }
-    )
+    sources = {**chip.sources, **compute_sources}
     if linked:
         sources[link_field] = (
             f"{how}: fitted so the model's all-gather over all devices matches at "
@@ -300,17 +291,7 @@ def calibrate(
     row = _measured_row(
         chip,
         dict(
-            peak_bf16_flops_per_s=matmul * per_chip,
-            matmul_efficiency=1.0,
-            attention_efficiency=attention / matmul,
-            attention_block_overhead_s=fit.per_step_s,
-            attention_step_s_per_operand_byte=fit.per_step_byte_s,
-            attention_masked_element_s=fit.per_masked_element_s,
-            attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD,
-            attention_unfused_backward_factor=1.0,
-            attention_operand_passes=0.0,
-            attention_backward_operand_passes=0.0,
-            hbm_bw_bytes_per_s=memory * per_chip,
+            **measured,
             ici_hop_latency_s=hop,
             host_collectives=host,
             sources=sources,
@@ -318,15 +299,84 @@ def calibrate(
         ),
         topology,
     )
+    raw.update(
+        {
+            "collectives": points,
+            "collective_model_errors": errors,
+            "host_collective_errors": host_errors,
+            "links_measured": linked,
+        }
+    )
+    return Calibration(row, raw)
+
+
+def _host_figures(mesh, topo, dtype: str, *, repeats: int, how: str, matmul_size: int, attention_seq: int, heads: dict):
+    """(fields, sources, raw) of a host's compute: the peak is its square matmul's rate, and one fit of
+    splash forward + backward in interpret mode (whose operand copies per grid step it prices) gives the
+    attention figures."""
+    import jax.numpy as jnp
+
+    from runtime import measure
+
+    per_chip = 1.0 / topo.num_chips
+    matmul = measure.measure_matmul(mesh, dtype, matmul_size, repeats)
+    shapes = [
+        (attention_seq // q, attention_seq // kv, attention_seq // b, causal) for q, kv, b, causal in ATTENTION_SHAPES
+    ]
+    times = measure.time_attention(mesh, topo, dtype, shapes, repeats=repeats, **heads)
+    terms = [splash_terms(*s, act_bytes=jnp.dtype(dtype).itemsize, **heads) for s in shapes]
+    fit = fit_attention(shapes, terms, times)
+    attention = mesh.devices.size / fit.per_flop_s  # executed FLOP/s of all devices together
+    memory = measure.measure_memory(mesh, dtype, 2**22, repeats)
+    sources = {
+        "peak_bf16_flops_per_s": (
+            f"{how}: {matmul_size}³ {dtype} matmuls, fastest of at least {repeats} (more where "
+            f"{repeats} take under {measure.MIN_TIMED_S:g} s)"
+        ),
+        "matmul_efficiency": "1.0: the peak is the measured matmul throughput",
+        "attention_efficiency": (
+            f"{how}: splash forward + backward, {heads['heads']} query and "
+            f"{heads['kv_heads']} kv heads × {heads['head_dim']}, (q, kv, block, causal) = "
+            f"{[s[:4] for s in fit.shapes]}: the FLOP rate of the fit that, with a cost per grid "
+            f"step, per operand byte per step and per masked logit, explains every time (mean "
+            f"error {fit.mean_error:.1%}); relative to the matmul peak"
+        ),
+        "attention_block_overhead_s": f"{how}: the same fit; the fixed cost per grid step of each kernel",
+        "attention_step_s_per_operand_byte": (
+            f"{how}: the same fit; the cost per byte of a kernel's operand arrays "
+            f"per grid step (interpret mode copies them at every step)"
+        ),
+        "attention_masked_element_s": (
+            f"{how}: the same fit; the cost per logit of the blocks a causal mask cuts "
+            f"through, per kernel (the mask rule is evaluated there)"
+        ),
+        "attention_backward_over_forward": (
+            f"{how}: the fit prices the backward kernels at their FLOP ratio to the "
+            f"forward ({SPLASH_BACKWARD_OVER_FORWARD}), its other costs per grid step"
+        ),
+        "attention_unfused_backward_factor": f"{how}: 1; the fit times the runtime's own backward kernels",
+        "attention_operand_passes": f"{how}: 0; the fit's per-step operand cost holds what a call pays per byte",
+        "attention_backward_operand_passes": f"{how}: 0, as for the forward",
+        "hbm_bw_bytes_per_s": f"{how}: x*1.5+0.5 over 2^22 {dtype} values per device (one read, one write)",
+    }
+    measured = dict(
+        peak_bf16_flops_per_s=matmul * per_chip,
+        matmul_efficiency=1.0,
+        attention_efficiency=attention / matmul,
+        attention_block_overhead_s=fit.per_step_s,
+        attention_step_s_per_operand_byte=fit.per_step_byte_s,
+        attention_masked_element_s=fit.per_masked_element_s,
+        attention_backward_over_forward=SPLASH_BACKWARD_OVER_FORWARD,
+        attention_unfused_backward_factor=1.0,
+        attention_operand_passes=0.0,
+        attention_backward_operand_passes=0.0,
+        hbm_bw_bytes_per_s=memory * per_chip,
+    )
     raw = {
         "matmul_flops_per_s": matmul,
         "attention_flops_per_s": attention,
         "attention_fit": dataclasses.asdict(fit),
         "attention_fit_mean_error": fit.mean_error,
         "memory_bytes_per_s": memory,
-        "collectives": points,
-        "collective_model_errors": errors,
-        "host_collective_errors": host_errors,
-        "links_measured": linked,
     }
-    return Calibration(row, raw)
+    return measured, sources, raw

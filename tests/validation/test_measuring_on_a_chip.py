@@ -91,24 +91,37 @@ def test_a_plan_that_fails_on_the_chip_is_recorded_and_the_next_is_measured(monk
 @pytest.mark.runtime_extra
 def test_calibrate_on_one_device_times_no_links_and_keeps_the_cited_ones(monkeypatch):
     """One chip (v5e:1x1) or one host device (cpu:1) has no links: no collective is timed, the row keeps
-    the cited link figures, each source saying it was not measured; the rest is measured."""
+    the cited link figures, each source saying it was not measured; the rest is measured (on the chip,
+    kernel timings made by the price's formulas from v5e-like figures, which the row then holds)."""
     from runtime import measure
+    from validation import kernel_calibration as kc
     from validation.calibration import calibrate
 
     class Mesh:
         devices = np.zeros(1)
 
+    def time_splash(mesh, topo, dtype, shape, *, heads, kv_heads, head_dim, repeats, skip_fused=""):
+        call = kc.KernelShape(*shape, heads, kv_heads, head_dim)
+        terms = kc.kernel_terms(call, act_bytes=2, hbm_s_per_byte=1 / 7.5e11)
+        fused = None if skip_fused else kc.predict(V5E_LIKE, terms, "backward_fused")
+        times = (kc.predict(V5E_LIKE, terms, "forward"), fused, kc.predict(V5E_LIKE, terms, "backward_separate"))
+        return measure.SplashTimes(*times)
+
     timed = []
     monkeypatch.setattr(measure, "device_mesh", lambda topo: Mesh())
-    monkeypatch.setattr(measure, "measure_matmul", lambda *a, **k: 1.5e14)
+    monkeypatch.setattr(measure, "measure_matmul", lambda *a, **k: 1.5e13)
+    monkeypatch.setattr(
+        measure, "measure_matmuls", lambda mesh, dtype, shapes, repeats: [2 * m * k * n / 1.5e14 for m, k, n in shapes]
+    )
     monkeypatch.setattr(measure, "measure_memory", lambda *a, **k: 7.5e11)
     monkeypatch.setattr(
         measure, "time_attention", lambda mesh, topo, dtype, shapes, **k: [1e-3 * (i + 1) for i in range(len(shapes))]
     )
+    monkeypatch.setattr(measure, "time_splash", time_splash)
     monkeypatch.setattr(measure, "measure_collectives", lambda *a, **k: timed.append(a) or {})
     for name in ("v5e:1x1", "cpu:1"):
         cited = get_topology(name).chip
-        result = calibrate(name, repeats=1)
+        result = calibrate(name, repeats=1, dtype="bfloat16")
         row = result.chip
         field = "ici_link_bw_bytes_per_s" if cited.kind.name == "TPU" else "core_link_bw_bytes_per_s"
         assert getattr(row, field) == getattr(cited, field) and row.ici_hop_latency_s == cited.ici_hop_latency_s
@@ -117,3 +130,102 @@ def test_calibrate_on_one_device_times_no_links_and_keeps_the_cited_ones(monkeyp
         assert row.hbm_bw_bytes_per_s == 7.5e11 and "measured by" in row.sources["hbm_bw_bytes_per_s"]
         assert result.raw["links_measured"] is False and result.raw["collectives"] == {}
     assert timed == []
+    # the chip: its cited peak kept, the layer's matmuls at 150 of 197 TFLOP/s, the kernels' figures found again
+    (chip,) = [calibrate("v5e:1x1", repeats=1, dtype="bfloat16").chip]
+    assert chip.peak_bf16_flops_per_s == 197e12 and chip.matmul_efficiency == pytest.approx(150 / 197)
+    assert chip.attention_efficiency == pytest.approx(0.62, rel=1e-4)
+    assert chip.attention_backward_over_forward == pytest.approx(2.0, rel=1e-4)
+    assert chip.attention_unfused_backward_factor == pytest.approx(1.3, rel=1e-4)
+    assert "mean error 0.0%" in chip.sources["attention_unfused_backward_factor"]
+
+
+V5E_LIKE = np.array([1 / (197e12 * 0.62), 2.5e-7, 4e-13, 3.0, 2.0, 2.5, 1.3])  # in `FIGURES` order
+
+
+def _synthetic_points(truth, noise, seed=0):
+    from validation import kernel_calibration as kc
+
+    shapes = kc.kernel_shapes(16, 8, 128)
+    terms = {s: kc.kernel_terms(s, act_bytes=2, hbm_s_per_byte=1 / 8.1e11) for s in shapes}
+    rng = np.random.default_rng(seed)
+    points = [
+        (s, kind, kc.predict(truth, terms[s], kind) * (1 + noise * rng.standard_normal()))
+        for s in shapes
+        for kind in kc.KINDS
+        if kind != "backward_fused" or kc.fused_partials_bytes(s, 2) <= kc.FUSED_PARTIALS_BYTES
+    ]
+    return points, terms
+
+
+@pytest.mark.pure
+def test_the_kernel_fit_finds_the_figures_that_made_the_timings():
+    """Timings made by the price's own formulas from known figures (v5e-like) at the shapes a TPU
+    calibration times: the fit finds them again exactly; with 2% noise the figures that carry the time
+    (FLOP rate, backward ratio, unfused factor) come back within 2% and every timing within 6%."""
+    from validation import kernel_calibration as kc
+
+    exact = kc.fit_kernels(*_synthetic_points(V5E_LIKE, 0.0))
+    assert np.array(exact.figures) == pytest.approx(V5E_LIKE, rel=1e-4)
+    assert exact.errors().max() < 1e-6 and "mean error 0.0%" in exact.error_text()
+    noisy = kc.fit_kernels(*_synthetic_points(V5E_LIKE, 0.02))
+    for i in (0, 4, 6):
+        assert noisy.figures[i] == pytest.approx(V5E_LIKE[i], rel=0.02), kc.FIGURES[i]
+    assert noisy.errors().max() < 0.06
+    shapes = kc.kernel_shapes(16, 8, 128)
+    assert {s.q_len for s in shapes} == {4096, 8192, 16384, 32768, 65536, 131072}
+    assert {s.block for s in shapes} == {512, 1024, 2048} and {s.head_dim for s in shapes} == {128, 256}
+    assert all(4 * s.q_len**2 / 2 * s.heads * s.head_dim <= kc.FORWARD_FLOPS or s.heads == 2 for s in shapes)
+    assert all(s.heads == 2 * s.kv_heads for s in shapes)  # the model's query heads per kv head
+
+
+@pytest.mark.pure
+def test_a_fitted_row_prices_a_call_as_the_fit_does(tmp_path, monkeypatch):
+    """The figures written into the v5e row price a one-layer plan's splash call (forward, and the
+    backward the strategy runs) exactly as the fit predicted the timed kernel: the fit's formulas are
+    the price's."""
+    import dataclasses
+
+    from cost_models.chips import CHIP_DIR_ENV, get_chip
+    from cost_models.models import ModelSpec
+    from cost_models.pricing.attention import price_attention
+    from cost_models.strategies import STRATEGIES
+    from planner import Plan, make_mesh
+    from planner.estimate import candidates_of
+    from validation import kernel_calibration as kc
+
+    per_flop, step, masked, passes, ratio, bwd_passes, unfused = V5E_LIKE
+    cited = get_chip("v5e")
+    row = dataclasses.replace(
+        cited,
+        attention_efficiency=1 / (per_flop * cited.peak_bf16_flops_per_s),
+        attention_block_overhead_s=step,
+        attention_masked_element_s=masked,
+        attention_operand_passes=passes,
+        attention_backward_over_forward=ratio,
+        attention_backward_operand_passes=bwd_passes,
+        attention_unfused_backward_factor=unfused,
+    )
+    (tmp_path / "v5e.json").write_text(json.dumps(row.to_dict()))
+    monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path))
+    plan = Plan(
+        model=ModelSpec("one-layer", 1, 2048, 16, 8, 128, 8192, 32000),
+        topology="v5e:1x1",
+        seq_len=8192,
+        global_batch=1,
+        mesh=make_mesh(),
+        cp_strategy="none",
+        block_q=1024,
+        block_kv=1024,
+        compute_dtype="bfloat16",
+    )
+    x = candidates_of(plan)
+    assert x.topology.chip.attention_unfused_backward_factor == unfused
+    spec = STRATEGIES[plan.cp_strategy]
+    (call,) = spec.kernel_calls(x, spec.layout(x))
+    priced = price_attention(x, spec)
+    terms = kc.kernel_terms(
+        kc.KernelShape(8192, 8192, 1024, True, 16, 8, 128), act_bytes=2, hbm_s_per_byte=1 / cited.hbm_bw_bytes_per_s
+    )
+    backward = "backward_fused" if call.fused_backward else "backward_separate"
+    assert float(priced.forward_s[0]) == pytest.approx(kc.predict(V5E_LIKE, terms, "forward"), rel=1e-9)
+    assert float(priced.backward_s[0]) == pytest.approx(kc.predict(V5E_LIKE, terms, backward), rel=1e-9)
