@@ -71,6 +71,14 @@ def initialize(group: ProcessGroup, *, platform: str, timeout_s: int = 300) -> N
         return
     if platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if group.explicit and group.num_processes > 1:  # a peer that never comes is a line here, not an abort in jax
+        from runtime.rendezvous import gather, join
+
+        host, port = group.address
+        if group.process_id == 0:
+            gather(group.coordinator, int(port), group.num_processes, timeout_s)
+        else:
+            join(group.coordinator, host, int(port), group.process_id, group.num_processes, timeout_s)
     try:
         if group.explicit:
             jax.distributed.initialize(
