@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,19 +100,9 @@ def check_coordinator(group: ProcessGroup, timeout_s: float) -> None:
         ) from None
     if group.process_id == 0:
         return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=min(5.0, timeout_s)):
-                return
-        except OSError as err:
-            if time.monotonic() >= deadline:
-                raise CpplanError(
-                    f"--coordinator {group.coordinator!r}: nothing answered there for {timeout_s:g} s "
-                    f"({err.strerror or err}); start process 0 (--process-id 0) with the same --coordinator, check "
-                    f"that this host reaches its port, or wait longer with --join-timeout."
-                ) from None
-            time.sleep(0.5)
+    from runtime.rendezvous import reach
+
+    reach(group.coordinator, host, int(port), timeout_s).close()
 
 
 def use_tpu_compiler_flags(chip, plans: Sequence[Plan] = ()) -> None:

@@ -121,18 +121,16 @@ def _admit(conn: socket.socket, peers: dict[int, socket.socket], num_processes: 
     return None
 
 
-def join(coordinator: str, host: str, port: int, process_id: int, num_processes: int, timeout_s: float) -> None:
-    """A process other than 0: says it is there to process 0 and waits, up to `timeout_s`, for every
-    process to be.
+def reach(coordinator: str, host: str, port: int, timeout_s: float) -> socket.socket:
+    """A connection to the coordinator's port, retried until something answers there, at most `timeout_s`.
 
     Raises:
-        CpplanError: one line, when process 0 never answered, stopped the run, or not every process came.
+        CpplanError: one line, when nothing answered.
     """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            conn = socket.create_connection((host, port), timeout=min(5.0, timeout_s))
-            break
+            return socket.create_connection((host, port), timeout=min(5.0, timeout_s))
         except OSError as err:
             if time.monotonic() >= deadline:
                 raise CpplanError(
@@ -141,6 +139,17 @@ def join(coordinator: str, host: str, port: int, process_id: int, num_processes:
                     f"that this host reaches its port, or wait longer with --join-timeout."
                 ) from None
             time.sleep(_POLL_S)
+
+
+def join(coordinator: str, host: str, port: int, process_id: int, num_processes: int, timeout_s: float) -> None:
+    """A process other than 0: says it is there to process 0 and waits, up to `timeout_s`, for every
+    process to be.
+
+    Raises:
+        CpplanError: one line, when process 0 never answered, stopped the run, or not every process came.
+    """
+    deadline = time.monotonic() + timeout_s
+    conn = reach(coordinator, host, port, timeout_s)
     with conn:
         _send(conn, f"{HELLO} {process_id} {num_processes}")
         answer = _read_line(conn, deadline - time.monotonic())
