@@ -143,7 +143,8 @@ def splash_step_costs(
     `per_step_byte_s` per byte of its operand arrays, plus `per_masked_element_s` per logit where the causal
     rule is evaluated; forward and backward each pay `per_call_byte_s` once per operand byte. The backward's
     grids run on `backward_core_share` of the device's cores, and a fused backward also moves its dq
-    partials (`dq_partials` under `dq_reduction_steps`) at `hbm_s_per_byte`. Blocks are clamped to the lengths; heads have the batch folded in.
+    partials (`dq_partials` under `dq_reduction_steps`) at `hbm_s_per_byte`. Blocks are clamped to the
+    lengths; heads have the batch folded in.
     Under a local mask `local_blocks` (`masks.CallBlocks` columns) gives the shrunk grids and the blocks
     where the rule is evaluated.
     """

@@ -5,7 +5,8 @@ and per masked grid step, µs per computed step, the grid steps a core runs and 
 other than 0 skip the kernel.
 
 Compiles `jit(value_and_grad(sum(splash(q, k, v))))` deviceless (q, k, v bf16 [8, 8192, 128],
-causal, every block size B; with `--batch N`, vmapped over N such sequences, as MaxText calls it), once with jax's default unfused backward and once fused
+causal, every block size B; with `--batch N`, vmapped over N such sequences, as MaxText calls it),
+once with jax's default unfused backward and once fused
 (`use_fused_bwd_kernel=True`), each compile in a child process with
 `LIBTPU_INIT_ARGS=--xla_jf_dump_to=<temporary folder>` (deleted once read), and reads each Mosaic
 kernel's `*-final_bundles.txt` (the bundle listing: loop markers, branches and their target
@@ -280,7 +281,8 @@ def report(chip: str, block: int, batch: int, kernels: dict[str, KernelSchedule]
     unfused, fused = (step["dq"] + step["dkv"]) / step["fwd"], step["fused"] / step["fwd"]
     share = min(total_steps / (cores_per_device(chip) * kernels[k].steps_per_core) for k in ("dq", "dkv", "fused"))
     lines.append(
-        f"{chip:6s} {block:5d} {max(batch, 1):2d}  per computed step: (dq + dkv) / fwd {unfused:.2f}, fused / fwd {fused:.2f}, "
+        f"{chip:6s} {block:5d} {max(batch, 1):2d}  per computed step: (dq + dkv) / fwd {unfused:.2f}, "
+        f"fused / fwd {fused:.2f}, "
         f"(dq + dkv) / fused {unfused / fused:.2f}; backward core share {share:g}, so per chip "
         f"{unfused / share:.2f} and {fused / share:.2f}"
     )
@@ -310,7 +312,9 @@ def main(argv=None) -> int:
         default=[0],
         help="sequences the step is vmapped over, as MaxText calls splash (default 0: one sequence, not vmapped)",
     )
-    parser.add_argument("--compile", nargs=4, metavar=("TOPOLOGY", "BLOCK", "BACKWARD", "BATCH"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compile", nargs=4, metavar=("TOPOLOGY", "BLOCK", "BACKWARD", "BATCH"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.compile:
         compile_splash(args.compile[0], int(args.compile[1]), args.compile[2], int(args.compile[3]))

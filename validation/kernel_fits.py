@@ -239,15 +239,19 @@ def model_attention(chip: Chip, t: AttentionTiming, fit: AttentionFit, backward_
     return float(math + fwd), float(backward_over_forward * math + bwd)
 
 
-def fit_forward(chip: Chip, timings: list[AttentionTiming]) -> tuple[AttentionFit, float]:
-    """Least squares on relative error over all forward timings; returns the fit and its RMS."""
+def fit_forward(
+    chip: Chip, timings: list[AttentionTiming], *, max_efficiency: float = np.inf
+) -> tuple[AttentionFit, float]:
+    """Least squares on relative error over all forward timings, the efficiency at most `max_efficiency`;
+    returns the fit and its RMS."""
     scale = np.array([1.0, 1e-7, 1e-12, 1.0])  # parameters near 1 for the solver
 
     def residuals(p):
         fit = AttentionFit(*(p * scale))
         return [model_attention(chip, t, fit, 0.0)[0] / t.seconds - 1 for t in timings]
 
-    solution = least_squares(residuals, [0.7, 1.0, 1.0, 1.0], bounds=(0, np.inf))
+    upper = [max_efficiency, np.inf, np.inf, np.inf]
+    solution = least_squares(residuals, [min(0.7, max_efficiency), 1.0, 1.0, 1.0], bounds=(0, upper))
     return AttentionFit(*(float(v) for v in solution.x * scale)), float(np.sqrt(np.mean(solution.fun**2)))
 
 
