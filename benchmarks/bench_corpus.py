@@ -12,6 +12,10 @@ Run: python benchmarks/bench_corpus.py [--out benchmarks/results/corpus] [--no-p
   MAPE and largest error (targets: MAPE ≤ 10%, every run within 20%) and, per case measured under
   several plans, whether the plan cpplan ranks first measured within 5% of the fastest; its
   report goes to --out's cp/ folder;
+- prices the long-context recipe runs, benchmarks/public_long_context_runs.csv (Llama 3.1 8B with heads of
+  256 on v5p-128, ring CP, 64K-14M tokens, 16K-229K tokens per device), the same way and prints each beside
+  its published step time, MAPE and largest error (targets: MAPE ≤ 8%, every run within 15%, every run
+  priced to fit); its report goes to --out's long_context/ folder; it does not feed the error bands;
 - writes cost_models/data/accuracy.json: per chip, the corpus step-time MAPE (chips with runs), the
   context-parallel test set's (chips with CP runs) and
   the attention-kernel MAPE from benchmarks/results/kernels/comparison.txt (what
@@ -37,6 +41,7 @@ from validation.corpus import CorpusRun, choices, compare_corpus, read_corpus  #
 
 CORPUS = ROOT / "benchmarks" / "public_runs.csv"
 CP_CORPUS = ROOT / "benchmarks" / "public_cp_runs.csv"
+LONG_CONTEXT = ROOT / "benchmarks" / "public_long_context_runs.csv"
 CHOICE_TARGET = 0.05  # the plan ranked first measured within 5% of the fastest of its case
 KERNEL_COMPARISON = ROOT / "benchmarks" / "results" / "kernels" / "comparison.txt"
 # a row of fit_kernels.py's MAPE table: chip, pass, length band, calls, MAPE, MAPE before, median signed
@@ -169,6 +174,24 @@ def main() -> None:
             f"its {c.runs} plans {rho}"
         )
 
+    long_report = compare_corpus(
+        read_corpus(LONG_CONTEXT), title=f"cpplan vs published long-context TPU runs ({LONG_CONTEXT.name})"
+    )
+    long_files = long_report.write(args.out / "long_context", plots=not args.no_plots)
+    lc = long_report.summary()
+    fits = sum(r.predicted.fits for r in long_report.measured)
+    print(
+        f"long-context runs {lc['runs']}: step-time MAPE {lc['mape']:.1%} (target ≤ 8%), largest |error| "
+        f"{lc['max_abs_error']:.1%} (target: every run within 15%; {lc['within_15pct']} are), priced to fit "
+        f"{fits} of {lc['runs']} (target: all), mean signed error {lc['mean_signed_error']:+.1%}"
+    )
+    for r in long_report.measured:
+        print(
+            f"  {r.run_id:38} predicted {r.predicted.step_time_s:9.2f} s  published {r.measured_step_s:9.2f} s  "
+            f"{r.error:+7.1%}  MFU {r.predicted.mfu:.1%} priced, {r.measured_mfu:.1%} measured"
+            f"{'' if r.predicted.fits else f'  (cpplan: {r.predicted.verdict})'}"
+        )
+
     version = commit()
     kernels = kernel_mapes(KERNEL_COMPARISON.read_text())
     chips = sorted(set(s["per_chip"]) | set(cp["per_chip"]) | set(kernels))
@@ -191,7 +214,7 @@ def main() -> None:
             entry["kernels"] = dict(kernels[chip], source="benchmarks/results/kernels/comparison.txt (fit_kernels.py)")
         table["chips"][chip] = entry
     ACCURACY_FILE.write_text(json.dumps(table, indent=2) + "\n")
-    print(f"wrote {', '.join(str(f) for f in files + cp_files)}, {ACCURACY_FILE}")
+    print(f"wrote {', '.join(str(f) for f in files + cp_files + long_files)}, {ACCURACY_FILE}")
 
 
 if __name__ == "__main__":

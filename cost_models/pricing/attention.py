@@ -136,7 +136,9 @@ def price_attention(
         merge_forward_s=merge_forward_s,
         merge_backward_s=merge_backward_s,
         forward_s=forward_s,
-        backward_s=(backward_over_forward(chip, calls, core_share) * math_forward_s + grid_backward_s + merge_backward_s),
+        backward_s=(
+            backward_over_forward(chip, calls, core_share) * math_forward_s + grid_backward_s + merge_backward_s
+        ),
         recompute_s=recomputed * forward_s,
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
         smem_bytes=smem_bytes(x, layout, calls, blocks),
