@@ -464,8 +464,30 @@ class MaxTextImport:
 def plan_from_maxtext(
     flags: "dict | str", *, model: "str | ModelSpec | None" = None, topology: str | None = None
 ) -> Plan:
-    """The plan of MaxText flags (`read_maxtext(...).plan`)."""
-    return read_maxtext(flags, model=model, topology=topology).plan
+    """The plan of MaxText flags (`read_maxtext(...).plan`); words that are neither key=value flags nor
+    the command that runs them are refused, since nothing else would say they went unread.
+
+    Raises:
+        CpplanError: as `read_maxtext`, or a stray word (`...`), named."""
+    found = read_maxtext(flags, model=model, topology=topology)
+    stray = [w for w in found.unread if "=" not in w and not _command_word(w)]
+    if stray:
+        raise CpplanError(
+            f"the MaxText flags hold words that are neither key=value flags nor the command that runs them: "
+            f"{', '.join(map(repr, stray))}; give only key=value flags (planner.maxtext.read_maxtext lists what it "
+            f"does not price)."
+        )
+    return found.plan
+
+
+def _command_word(word: str) -> bool:
+    """A word of the command line that runs MaxText: the interpreter, `-m`, a module, script or config file."""
+    return (
+        word.startswith("python")
+        or word.startswith("-")
+        or word.endswith((".py", ".yml", ".yaml"))
+        or (word.replace(".", "").replace("_", "").isalnum() and "." in word)
+    )
 
 
 def read_maxtext(

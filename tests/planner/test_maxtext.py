@@ -657,3 +657,43 @@ def test_cli_refuses_up_front_a_model_no_maxtext_block_runs(capsys):
     err = capsys.readouterr().err
     assert err.startswith("cpplan: error: --format maxtext with --model mistral-7b-v0.1: ")
     assert "on every layer" in err and "--format json writes the plan" in err
+
+
+def test_from_maxtext_refuses_a_stray_word_but_reads_the_command_line():
+    # the README's line run literally: the `...` would otherwise be dropped without a word
+    with pytest.raises(CpplanError, match=r"'\.\.\.'"):
+        planner.Plan.from_maxtext("compile_topology=v5p-16 model_name=llama3.1-8b ...")
+    command = "python3 -m maxtext.trainers.pre_train.train src/maxtext/configs/base.yml"
+    plan = planner.Plan.from_maxtext(f"{command} compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=8192")
+    assert (plan.topology, plan.seq_len) == ("v5p:2x2x2", 8192)
+
+
+LONG_CONTEXT_RECIPE = (
+    "model_name=llama3.1-8b override_model_config=true head_dim=256 base_num_query_heads=16 base_num_kv_heads=4 "
+    "compile_topology=v5p-128 max_target_length=1048576 per_device_batch_size=0.03125 ici_context_parallelism=64 "
+    "ici_fsdp_parallelism=1 context_parallel_strategy=ring use_tokamax_splash=true use_jax_splash=false "
+    "ring_scan_unroll=16 dq_reduction_steps=3 param_scan_axis=1 dataset_type=synthetic attention=flash"
+)
+
+
+def test_the_long_context_recipes_flags_are_read_and_dq_reduction_steps_round_trips():
+    found = planner.maxtext.read_maxtext(f"{LONG_CONTEXT_RECIPE} --xla_tpu_dvfs_p_state=5")
+    for flag in ("dq_reduction_steps", "ring_scan_unroll", "use_jax_splash", "param_scan_axis", "dataset_type"):
+        assert flag not in found.unread
+    assert any("--xla_tpu_dvfs_p_state=5" in n and "not modelled" in n for n in found.notes)
+    assert found.plan.dq_reduction_steps == 3
+    assert planner.Plan.from_json(found.plan.to_json()) == found.plan
+    assert planner.maxtext.export_maxtext(found.plan).flags["dq_reduction_steps"] == 3
+    with pytest.raises(CpplanError, match="dq_reduction_steps=2: tokamax's fused backward accepts only 3"):
+        planner.maxtext.read_maxtext(LONG_CONTEXT_RECIPE.replace("dq_reduction_steps=3", "dq_reduction_steps=2"))
+
+
+def test_rolled_dq_partials_by_hand():
+    # 1M over ring 64 with load balancing: a ring block of 16384 keys in blocks of 1024 is 16 key blocks;
+    # without reduction steps 16 fp32 partials of the ring block's queries, with them 3 in bf16
+    found = planner.maxtext.read_maxtext(LONG_CONTEXT_RECIPE + " sa_block_q=1024 sa_block_kv=1024")
+    rolled = planner.estimate(found.plan, target="maxtext").hbm_bytes["attention_buffers"]
+    unrolled_plan = dataclasses.replace(found.plan, dq_reduction_steps=0)
+    unrolled = planner.estimate(unrolled_plan, target="maxtext").hbm_bytes["attention_buffers"]
+    queries = 2 * 16 * 16384 * 256  # 2 sequences a device, 16 heads, the ring block's queries, heads of 256
+    assert unrolled - rolled == pytest.approx(queries * (16 * 4 - 3 * 2))
