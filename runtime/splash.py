@@ -350,6 +350,10 @@ def mask_kernel(
     Raises:
         CpplanError: bad block sizes, a query block straddling two runs of positions, or SMEM overflow.
     """
+    if config.fused_backward:  # its dq partials are indexed by grid position, which a shrunk grid reorders
+        raise CpplanError(
+            "splash's fused backward walks whole dK/dV tables; a local mask's are shrunk: run dq and dK/dV."
+        )
     q_len = q_positions.shape[1]
     starts, bq, bkv = _query_block_starts(q_positions, kv_len, config)
     kv_blocks = kv_first[:, None] + np.arange(kv_len // bkv) * bkv

@@ -181,6 +181,17 @@ class StrategySpec:
     collective: str
     balances_load: bool = True
     hides_traffic_behind_attention = False  # its transfers overlap the attention of the block in hand
+    # cpplan's runtime runs splash's fused backward for its calls (where every call's mask tables are whole:
+    # the fused kernel walks unshrunk dK/dV tables); off while the memory price leaves out the fused
+    # kernel's dq partials (one q-sized array per key block), which outgrow a chip at long sequences
+    runs_fused_backward = False
+
+    def with_backward(self, calls: tuple[KernelCall, ...]) -> tuple[KernelCall, ...]:
+        """`calls` with the backward cpplan's runtime runs for them: all fused where the strategy runs the
+        fused kernel and no call has a local (shrunk) mask, else all as dq and dK/dV kernels (a device's
+        calls run one kind)."""
+        fused = self.runs_fused_backward and not any(c.local for c in calls)
+        return tuple(replace(c, fused_backward=fused) for c in calls)
 
     @property
     def name(self) -> str:
@@ -244,8 +255,8 @@ class StrategySpec:
         device's on chips, the average one's where devices share cores)."""
         mask = x.attention_mask
         if mask.local:  # the whole sequence's queries and keys in one call
-            return (KernelCall(1.0, layout.q_len, layout.kv_len, mask=mask),)
-        return (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),)
+            return self.with_backward((KernelCall(1.0, layout.q_len, layout.kv_len, mask=mask),))
+        return self.with_backward((KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),))
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """The splash calls MaxText makes for the same layout: cpplan's, with the fused backward under

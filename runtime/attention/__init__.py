@@ -68,9 +68,16 @@ def attention_layout(plan: Plan, *, interpret: bool, mask: AttentionMask | None 
         ring=plan.axis_size("context"),
         ulysses=plan.axis_size("context_ulysses"),
         zigzag=plan.load_balance is LoadBalance.ZIGZAG,
-        kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem),
+        kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem, fused_backward=fused_backward(plan)),
         mask=mask or model_mask(plan),
     )
+
+
+def fused_backward(plan: Plan) -> bool:
+    """Whether the plan's splash calls run the fused backward: as its strategy spec's calls say, the one
+    place the price reads it from too."""
+    spec, shape = plan.strategy_spec, plan.shape
+    return all(c.fused_backward for c in spec.kernel_calls(shape, spec.layout(shape)))
 
 
 def is_interpret(mesh: Mesh) -> bool:

@@ -127,6 +127,41 @@ def test_context_attention_matches_dense(strategy, mesh, seq_len, zigzag, kv_hea
         assert float(np.abs(np.asarray(got - want)).max()) <= 1e-4, f"d{name}"
 
 
+FUSED_CASES = [  # one of each layout, GQA, zigzag where the layout balances load, and one device alone
+    ("none", dict(fsdp=8), 1024, False, 2),
+    ("all_gather", dict(context=8), 2048, True, 2),
+    ("ulysses", dict(context_ulysses=8), 1024, False, 2),
+    ("ring", dict(context=8), 2048, True, 2),
+    ("usp", dict(context=2, context_ulysses=4), 1024, True, 2),
+]
+
+
+@pytest.mark.parametrize("strategy,mesh,seq_len,zigzag,kv_heads", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
+def test_the_fused_backward_matches_dense(monkeypatch, strategy, mesh, seq_len, zigzag, kv_heads):
+    """Every strategy run with splash's fused backward (its spec's `runs_fused_backward` on) gives the
+    dense reference's gradients, as the dq and dK/dV kernels do."""
+    from cost_models.strategies import STRATEGIES
+    from runtime.attention import fused_backward
+
+    monkeypatch.setattr(type(STRATEGIES[strategy]), "runs_fused_backward", True)
+    batch = mesh.get("fsdp", 1)  # one device's sequence each where the batch is what is split
+    plan = make_plan(strategy, mesh, seq_len, kv_heads=kv_heads, zigzag=zigzag, batch=batch)
+    assert fused_backward(plan)
+    device_mesh = build_mesh(plan)
+    q, k, v, d_out = inputs(seq_len, kv_heads, batch)
+
+    @jax.jit
+    def run(q, k, v, d_out):
+        out, vjp = jax.vjp(lambda a, b, c: context_attention(a, b, c, plan=plan, mesh=device_mesh), q, k, v)
+        return out, vjp(d_out)
+
+    out, grads = run(q, k, v, d_out)
+    ref_out, ref_grads = reference(q, k, v, d_out)
+    assert float(np.abs(np.asarray(out - ref_out)).max()) <= 1e-4
+    for name, got, want in zip("qkv", grads, ref_grads):
+        assert float(np.abs(np.asarray(got - want)).max()) <= 1e-4, f"d{name}"
+
+
 def test_ring_with_batch_and_tensor_shards():
     """Batch over data×fsdp and heads over tensor alongside a ring of 2."""
     plan = make_plan("ring", dict(data=2, context=2, tensor=2), 512, kv_heads=2, zigzag=True, batch=2)

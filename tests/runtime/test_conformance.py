@@ -63,7 +63,8 @@ def arrays(plan):
 
 
 def call_key(kernel, q, k):
-    """What a splash call is, as the spec describes one: lengths, heads (batch folded in), mask, query block."""
+    """What a splash call is, as the spec describes one: lengths, heads (batch folded in), mask, query block,
+    and the backward its kernel runs (fused, or dq and dK/dV)."""
     return (
         q.shape[1],
         k.shape[1],
@@ -71,6 +72,7 @@ def call_key(kernel, q, k):
         k.shape[0],
         kernel.mask_function is not None,
         kernel.block_sizes.block_q,
+        kernel.block_sizes.use_fused_bwd_kernel,
     )
 
 
@@ -107,7 +109,15 @@ def spec_calls(plan, *, shared_cores):
             q_len, kv_len = int(call.q_len), int(call.kv_len)
             block_q = int(min(plan.block_q, q_len, float(call.q_block_cap)))
             calls[
-                (q_len, kv_len, int(sequences * layout.q_heads), int(sequences * layout.kv_heads), call.causal, block_q)
+                (
+                    q_len,
+                    kv_len,
+                    int(sequences * layout.q_heads),
+                    int(sequences * layout.kv_heads),
+                    call.causal,
+                    block_q,
+                    call.fused_backward,
+                )
             ] += count
     return calls
 
@@ -132,6 +142,22 @@ CASES = [
 )
 def test_runtime_makes_the_spec_kernel_calls(recorded, strategy, mesh, seq_len, options):
     assert_conforms(recorded, make_plan(strategy, mesh, seq_len, **options))
+
+
+@pytest.mark.parametrize(
+    "strategy,mesh,seq_len,options", [CASES[0], CASES[2], CASES[5], CASES[8], CASES[9]], ids=lambda c: str(c)
+)
+def test_a_strategy_that_runs_the_fused_backward_runs_it_in_every_call(
+    recorded, monkeypatch, strategy, mesh, seq_len, options
+):
+    """With a spec's `runs_fused_backward` on, its calls say fused and the runtime's kernels run it: the
+    backward kind is part of what is compared."""
+    spec = STRATEGIES[strategy]
+    monkeypatch.setattr(type(spec), "runs_fused_backward", True)
+    plan = make_plan(strategy, mesh, seq_len, **options)
+    assert all(key[-1] for key in spec_calls(plan, shared_cores=False))
+    assert_conforms(recorded, plan)
+    assert recorded[0] and all(key[-1] for key in recorded[0])
 
 
 def test_a_strategy_registered_in_one_place_conforms(recorded):
