@@ -28,6 +28,14 @@ def backward_core_share(sequences, cores_per_device):
     return sequences / (cores_per_device * np.ceil(sequences / cores_per_device))
 
 
+def splash_row_groups(kv_rows, cores_per_device):
+    """The groups a runtime that splits a splash call's folded (sequence × KV head) rows over a device's
+    cores vmaps the call over: one per core where the rows split evenly (each group's query heads keep
+    their KV heads), else one. The vmapped groups are what `backward_core_share` spreads."""
+    kv_rows = np.asarray(kv_rows, dtype=float)
+    return np.where(np.mod(kv_rows, cores_per_device) == 0, float(cores_per_device), 1.0)
+
+
 def tile_efficiency(dim, tile: int):
     """Useful fraction of an MXU of side `tile` for a dimension of `dim` (array or scalar)."""
     dim = np.asarray(dim, dtype=float)

@@ -94,6 +94,10 @@ class TargetTraits:
         layers_switch_masks: a model whose layers differ in mask runs each layer's attention as a switch
             between the masks' (cpplan's runtime, `runtime.model`), which the backward reruns whole whatever
             the policy keeps (read from its compiles).
+        splash_rows_split_over_cores: an unpacked splash call is vmapped over groups of its (sequence × KV
+            head) rows, one per core of the device (`compute.splash_row_groups`), so a megacore's two
+            cores share even one sequence's backward (cpplan's runtime, `runtime.splash`); otherwise the
+            calls are vmapped over the device's sequences alone (MaxText's layers/attention_op.py).
     """
 
     target: Target
@@ -120,6 +124,7 @@ class TargetTraits:
     windowed_projection_fsdp: int | None = None
     kv_buffers_working_set: bool = False
     layers_switch_masks: bool = False
+    splash_rows_split_over_cores: bool = False
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -146,6 +151,7 @@ TRAITS: dict[Target, TargetTraits] = {
         windowed_projection_fsdp=WINDOWED_PROJECTION_FSDP,
         kv_buffers_working_set=True,
         layers_switch_masks=True,
+        splash_rows_split_over_cores=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

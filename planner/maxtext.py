@@ -470,7 +470,8 @@ def plan_from_maxtext(
     Raises:
         CpplanError: as `read_maxtext`, or a stray word (`...`), named."""
     found = read_maxtext(flags, model=model, topology=topology)
-    stray = [w for w in found.unread if "=" not in w and not _command_word(w)]
+    words = split_flags(flags)[1] if isinstance(flags, str) else []
+    stray = [w for w in words if "=" not in w and not _command_word(w)]
     if stray:
         raise CpplanError(
             f"the MaxText flags hold words that are neither key=value flags nor the command that runs them: "

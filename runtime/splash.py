@@ -21,7 +21,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
 from cost_models import masks
-from cost_models.compute import splash_smem_bytes
+from cost_models.compute import splash_row_groups, splash_smem_bytes
 from cost_models.document_tiles import computed_tiles
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
@@ -49,6 +49,9 @@ class KernelConfig:
     # the backward as one kernel forming dq (as per-key-block partials, summed after), dk and dv, rather
     # than a dq kernel and a dK/dV kernel; it walks whole (unshrunk) dK/dV tables
     fused_backward: bool = False
+    # the device's TensorCores: an unpacked call's rows are vmapped over this many groups where they split
+    # evenly, the one grid dimension the compiler spreads a backward over (`cost_models.compute`)
+    cores: int = 1
 
     def blocks(self, q_len: int, kv_len: int, q_run: float = float("inf")) -> tuple[int, int]:
         """Block sizes for a `q_len` × `kv_len` call whose query positions run consecutively `q_run` tokens at
@@ -135,6 +138,7 @@ class Kernel:
     segments: SegmentIds | None = None  # packed documents' ids, batched (or one row for every sequence)
     chunks: "ChunkIds | None" = None  # a chunked mask's chunk of each query and key, masked as segments
     smem_bytes: int = 0  # a full kernel's: the chip's scalar memory, for the tables segment ids give it
+    cores: int = 1  # KernelConfig.cores
 
     def with_segments(self, q_ids: jax.Array | None, kv_ids: jax.Array | None) -> "Kernel":
         """This kernel also masked by document (`[batch, q_len]`, `[batch, kv_len]` ids; None: unpacked),
@@ -190,7 +194,14 @@ def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     give it tables to prune, `Kernel.with_segments`)."""
     empty = MaskInfo(None, None, None, None, None)
     return Kernel(
-        empty, empty, empty, None, config.block_sizes(q_len, kv_len), config.interpret, smem_bytes=config.smem_bytes
+        empty,
+        empty,
+        empty,
+        None,
+        config.block_sizes(q_len, kv_len),
+        config.interpret,
+        smem_bytes=config.smem_bytes,
+        cores=config.cores,
     )
 
 
@@ -250,9 +261,8 @@ def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     q_sequence = jnp.arange(q_len, dtype=jnp.int32)
     fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
     dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
-    return Kernel(
-        fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len), config.interpret
-    )
+    blocks = config.block_sizes(q_len, kv_len)
+    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, blocks, config.interpret, cores=config.cores)
 
 
 def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, mask: masks.AttentionMask) -> Kernel:
@@ -378,7 +388,8 @@ def mask_kernel(
             *(_rank_row((x // mask.size).astype(np.int32), rank, keep_dim=False) for x in (q_positions, keys)), count
         )
     function = MaskFunction(mask if exact else masks.CAUSAL)
-    return Kernel(fwd, fwd, dkv, function, config.block_sizes(q_len, kv_len), config.interpret, chunks=chunks)
+    blocks = config.block_sizes(q_len, kv_len)
+    return Kernel(fwd, fwd, dkv, function, blocks, config.interpret, chunks=chunks, cores=config.cores)
 
 
 def _query_block_starts(q_positions: np.ndarray, kv_len: int, config: KernelConfig):
@@ -414,20 +425,26 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
     q_sequence = jnp.asarray(q_positions, dtype=jnp.int32)[rank]
     fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
     dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
-    return Kernel(
-        fwd_info, fwd_info, dkv_info, causal_mask_function, config.block_sizes(q_len, kv_len), config.interpret
-    )
+    blocks = config.block_sizes(q_len, kv_len)
+    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, blocks, config.interpret, cores=config.cores)
 
 
 def _per_row(call, kernel: Kernel, *arrays):
-    """`call(*arrays, segment_ids)` with folded `[batch·heads, …]` arrays, mapped over the batch
-    when the kernel has segment ids (one row of ids per kernel call)."""
+    """`call(*arrays, segment_ids)` with folded `[batch·heads, …]` arrays (the second, k, holds the KV
+    rows), mapped over the batch when the kernel has segment ids (one row of ids per kernel call), else
+    over `splash_row_groups` of the rows: the backward's kernels split only a vmapped dimension over a
+    device's cores (docs/measurements.md, "Which TensorCores splash's backward runs on")."""
     segments = kernel.segments
+    merge = lambda x: x.reshape(-1, *x.shape[2:])
     if segments is None or segments.q.ndim == 1:  # unpacked, or one row of (chunk) ids for every sequence
-        return call(*arrays, segments)
+        groups = int(splash_row_groups(arrays[1].shape[0], kernel.cores))
+        if groups == 1:
+            return call(*arrays, segments)
+        split = lambda x: x.reshape(groups, x.shape[0] // groups, *x.shape[1:])
+        out = jax.vmap(lambda *xs: call(*xs, segments))(*(split(x) for x in arrays))
+        return jax.tree.map(merge, out)
     batch = segments.q.shape[0]
     split = lambda x: x.reshape(batch, x.shape[0] // batch, *x.shape[1:])
-    merge = lambda x: x.reshape(-1, *x.shape[2:])
     out = jax.vmap(lambda ids_q, ids_kv, *xs: call(*xs, SegmentIds(ids_q, ids_kv)))(
         segments.q, segments.kv, *(split(x) for x in arrays)
     )

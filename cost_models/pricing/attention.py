@@ -16,6 +16,7 @@ from cost_models.compute import (
     SPLASH_BACKWARD_OVER_FORWARD,
     attention_extent,
     backward_core_share,
+    splash_row_groups,
     splash_smem_bytes,
     splash_step_costs,
     tile_efficiency,
@@ -91,7 +92,7 @@ def price_attention(
             causal=model.causal,
         )
     efficiency = chip.attention_efficiency * tile_efficiency(model.head_dim, chip.mxu_tile)
-    core_share = backward_core_share(x.sequences_per_device, chip.cores_per_device)
+    core_share = backward_core_share(vmapped_rows(x, layout, traits), chip.cores_per_device)
     forward_flops = 4.0 * x.sequences_per_device * layout.q_heads * model.head_dim * extent
     math_forward_s = forward_flops / (x.topology.peak_flops_per_device * efficiency)
     # the kernels' grids visit every (q block × kv block) of every call, computed or skipped
@@ -143,6 +144,16 @@ def price_attention(
         executed_flops=forward_flops * (1 + SPLASH_BACKWARD_OVER_FORWARD + recomputed),
         smem_bytes=smem_bytes(x, layout, calls, blocks),
     )
+
+
+def vmapped_rows(x: Candidates, layout: Layout, traits: TargetTraits) -> np.ndarray:
+    """What the runtime vmaps its splash calls over, the only grid dimension the backward's kernels let
+    the compiler split over a device's cores: the device's sequences, or, where the runtime splits an
+    unpacked call's rows over the cores, that many groups."""
+    sequences = x.sequences_per_device
+    if traits.splash_rows_split_over_cores and not x.model.documents:
+        return splash_row_groups(sequences * layout.kv_heads, x.topology.chip.cores_per_device)
+    return sequences
 
 
 def smem_bytes(x: Candidates, layout: Layout, calls, blocks) -> np.ndarray:

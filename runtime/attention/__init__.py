@@ -62,13 +62,21 @@ def model_mask(plan: Plan) -> AttentionMask:
 def attention_layout(plan: Plan, *, interpret: bool, mask: AttentionMask | None = None) -> AttentionLayout:
     """The static attention layout of a plan (splash in interpret mode on CPU) for a layer with `mask`
     (None: the mask all the model's layers have)."""
-    smem = plan.topology_spec.chip.smem_bytes if not interpret else 0
+    chip = plan.topology_spec.chip
+    smem = chip.smem_bytes if not interpret else 0
     return AttentionLayout(
         seq_len=plan.seq_len,
         ring=plan.axis_size("context"),
         ulysses=plan.axis_size("context_ulysses"),
         zigzag=plan.load_balance is LoadBalance.ZIGZAG,
-        kernel=KernelConfig(plan.block_q, plan.block_kv, interpret, smem, fused_backward=fused_backward(plan)),
+        kernel=KernelConfig(
+            plan.block_q,
+            plan.block_kv,
+            interpret,
+            smem,
+            fused_backward=fused_backward(plan),
+            cores=chip.cores_per_device,
+        ),
         mask=mask or model_mask(plan),
     )
 

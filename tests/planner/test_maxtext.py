@@ -226,7 +226,6 @@ def test_import_names_every_flag_it_did_not_read():
     found = read_maxtext(ANCHOR_USP + " steps=20 enable_checkpointing=false base_output_directory=/tmp/x")
     # the flags, then the command line's other words: the program and its config file
     assert found.unread == (
-        "dataset_type",
         "steps",
         "enable_checkpointing",
         "base_output_directory",
