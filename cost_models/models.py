@@ -254,7 +254,7 @@ class ModelSpec:
         pattern = self.layer_pattern or ("L" if self.window else "G")
         repeats, rest = divmod(self.num_layers, len(pattern))
         counts = {}
-        for kind in "GL":
+        for kind in dict.fromkeys(pattern):  # in the order the pattern first has them, as the layers run
             layers = repeats * pattern.count(kind) + pattern[:rest].count(kind)
             if layers:
                 mask = self.local_mask if kind == "L" else self.global_mask
@@ -469,7 +469,11 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
         pattern = "L" * (every - 1) + "G"
     elif cfg.get("max_window_layers") is not None:
         first = _config_count(
-            path, cfg, "max_window_layers", 0, "0 or more: the layers before it attend globally, the rest in the window"
+            path,
+            cfg,
+            "max_window_layers",
+            0,
+            "an integer of 0 or more: the layers before it attend globally, the rest in the window",
         )
         layers = cfg["num_hidden_layers"]
         pattern = "G" * min(first, layers) + "L" * max(layers - first, 0)

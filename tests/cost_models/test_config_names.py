@@ -51,7 +51,7 @@ def test_a_negative_max_window_layers_is_refused_by_its_rule(tmp_path):
     path = _write(tmp_path / "config.json", {**config, "max_window_layers": -2})
     with pytest.raises(CpplanError) as refused:
         get_model(str(path))
-    assert "max_window_layers=-2 must be 0 or more" in str(refused.value)
+    assert "max_window_layers=-2 must be an integer of 0 or more" in str(refused.value)
     assert "whole number" not in str(refused.value)
 
 

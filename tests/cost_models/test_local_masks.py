@@ -211,7 +211,7 @@ def test_hugging_face_configs_give_their_local_layers(extra, window, kind, patte
         ),
         ({"sliding_window": 512, "sliding_window_pattern": 0}, "sliding_window_pattern=0 must be a positive integer"),
         ({"sliding_window": 512, "layer_types": "sliding_attention"}, "must be a list of one type per layer"),
-        ({"sliding_window": 512, "max_window_layers": 1.5}, "max_window_layers=1.5 must be a whole number"),
+        ({"sliding_window": 512, "max_window_layers": 1.5}, "max_window_layers=1.5 must be an integer of 0 or more"),
     ],
 )
 def test_hugging_face_local_layers_that_cannot_be_priced_are_refused(extra, says, tmp_path):
@@ -235,7 +235,7 @@ def test_packed_documents_make_every_layer_causal_within_its_document():
     assert packed.layer_masks == ((sliding_window(1024), 40), (chunked(8192), 8))
     assert dataclasses.replace(GEMMA, documents=512).local_mask == chunked(512)  # the window spans documents
     assert packed.all_global() == dataclasses.replace(GEMMA, window=0, layer_pattern="")
-    with pytest.raises(CpplanError, match="documents=-1 must be a whole number"):
+    with pytest.raises(CpplanError, match="documents=-1 must be an integer of 0 or more"):
         dataclasses.replace(SMALL, documents=-1)
     with pytest.raises(CpplanError, match="full .* mask with documents"):
         dataclasses.replace(SMALL, documents=512, causal=False)
