@@ -47,7 +47,8 @@ if [ -d .whl-tpu ] && ! PYTHONPATH="$SITE:${PYTHONPATH:-}" python3 -c "import fl
   PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target "$SITE" .whl-tpu/*.whl || echo "tpu_v5e: installing .whl-tpu/ failed" >&2
 fi
-export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# appended, never in front: the machine's own jax stack must stay the one found first
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT:$SITE"
 export PYTHONUNBUFFERED=1
 export TPU_SKIP_MDS_QUERY="${TPU_SKIP_MDS_QUERY:-1}"  # one VM, no metadata server to ask
 CPPLAN=(python3 -m cli)
