@@ -142,7 +142,9 @@ def price_memory(
     # q, K, V, the output and their gradients in splash's layout, the head lane-padded
     head = m.head_dim * lane_ratio(x)
     attention_values = tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * head / tensor) + residual_stream
-    mlp_side = m.mlp_inputs * m.intermediate / tensor + m.hidden  # its input projections' outputs and its input
+    # a chunk's input projections' outputs and its own copy of the MLP's input, which an MLP with no chunk
+    # loop does not make (`mlp_input_copies`)
+    mlp_side = m.mlp_inputs * m.intermediate / tensor + mlp_input_copies(mlp_chunk_tokens) * m.hidden
     mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     # one piece's columns for each tensor degree present (a search prices few degrees over many rows)
@@ -265,6 +267,16 @@ def price_memory(
         )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
     )
+
+
+def mlp_input_copies(mlp_chunk_tokens: int | None) -> int:
+    """Hidden-size values per chunk token an MLP's backward holds as the chunk's own copy of its input (and
+    as many for that copy's gradient), beyond the input and its gradient counted for every token: 1 where a
+    chunk loop slices the tokens (`mlp_chunk_tokens`: cpplan's); 0 where the MLP has no chunk loop (None:
+    MaxText's `MlpBlock`, whose compiles hold its values for every token at once), which reads its input
+    whole and forms one gradient of it: those are the values counted for every token (docs/measurements.md,
+    "The MLP with no chunk loop holds its input once")."""
+    return 0 if mlp_chunk_tokens is None else 1
 
 
 def flat_program_held(x: Candidates, residual_stream, mlp_tokens, mlp_matrix) -> np.ndarray:

@@ -158,12 +158,13 @@ def test_maxtext_layer_gradients_are_held_in_the_backward_only():
     assert theirs.hbm_bytes["attention_working_set"] - ours.hbm_bytes["attention_working_set"] == pytest.approx(
         layer_grads + hop_difference
     )
-    # and MaxText's MLP runs on all 16384 tokens of a device at once, where cpplan's chunk loop runs
-    # 4096 at a time (each chunk's input-projection outputs and the MLP input, and their gradients,
-    # bf16) and carries one more matrix, a bf16 gradient sum over the chunks
+    # and MaxText's MLP runs on all 16384 tokens of a device at once (its input-projection outputs and
+    # their gradients; its input and the input's gradient are the ones both count for every token), where
+    # cpplan's chunk loop runs 4096 at a time (each chunk's input-projection outputs and its copy of the
+    # MLP input, and their gradients, bf16) and carries one more matrix, a bf16 gradient sum over the chunks
     tokens, chunk = 16384, 4096
-    unchunked = (tokens - chunk) * 2 * (
-        2 * model.intermediate + model.hidden
+    unchunked = (
+        tokens * 2 * 2 * model.intermediate - chunk * 2 * (2 * model.intermediate + model.hidden)
     ) * 2 - model.hidden * model.intermediate * 2
     assert theirs.hbm_bytes["mlp_working_set"] - ours.hbm_bytes["mlp_working_set"] == pytest.approx(
         layer_grads + unchunked
