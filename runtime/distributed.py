@@ -4,6 +4,7 @@ TPU VMs find the coordinator from the slice; elsewhere it is given. CPU collecti
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 from cost_models.errors import CpplanError
@@ -89,9 +90,17 @@ def initialize(group: ProcessGroup, *, platform: str, timeout_s: int = 300) -> N
             )
         else:
             jax.distributed.initialize()
-    except (RuntimeError, ValueError) as err:
-        if not group.explicit and "coordinator" in str(err).lower():
-            return  # a TPU VM that is its slice's only host: nothing to join
+    except Exception as err:  # jax's cluster detection raises what its metadata client raises
+        if not group.explicit:
+            # a TPU VM that is its slice's only host, or one whose metadata server cannot be reached (a
+            # sandbox): nothing to join, and a multi-host slice could not have been joined without it
+            if "coordinator" not in str(err).lower():
+                print(
+                    f"cpplan: the TPU slice's metadata could not be read ({type(err).__name__}): running as its "
+                    f"only process; give --coordinator, --num-processes and --process-id to join several",
+                    file=sys.stderr,
+                )
+            return
         raise CpplanError(
             f"could not join the run's processes ({str(err).strip().splitlines()[0]}); check that "
             f"every process got the same --coordinator and --num-processes and a distinct "
