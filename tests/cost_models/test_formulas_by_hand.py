@@ -9,6 +9,7 @@ from cost_models.compute import (
     attention_extent,
     backward_core_share,
     causal_block_fraction,
+    splash_row_groups,
     splash_smem_bytes,
     tile_efficiency,
 )
@@ -17,6 +18,7 @@ from cost_models.flops import model_flops_per_step
 from cost_models.models import MODELS, ModelSpec, get_model
 from cost_models.pricing.attention import price_attention
 from cost_models.strategies import STRATEGIES
+from cost_models.targets import TRAITS, Target
 from planner import Plan, candidates_of, estimate, make_mesh
 
 pytestmark = pytest.mark.pure
@@ -419,10 +421,11 @@ def test_block_kv_is_priced():
     # 2048 keys wide instead of 512, each paid by forward, recomputed forward and two backward grids
     chip = candidates_of(_one_sequence_per_device()).topology.chip
     extra_pairs = 8192 * (2048 - 512) / 2
-    # (v5p's backward runs one sequence on one of its two cores: its terms count twice; cpplan's runtime
-    # runs the dq and dk/dv kernels, whose MXU time is the row's unfused factor times the fused backward's)
-    backward = 1 / backward_core_share(1, chip.cores_per_device)
-    assert backward == 2
+    # (cpplan's runtime splits the one sequence's 8 KV heads into a group per v5p core, so the backward
+    # keeps both busy; it runs the dq and dk/dv kernels, whose MXU time is the row's unfused factor times
+    # the fused backward's)
+    backward = 1 / backward_core_share(splash_row_groups(1 * 8, chip.cores_per_device), chip.cores_per_device)
+    assert backward == 1
     unfused_ratio = chip.attention_backward_over_forward * chip.attention_unfused_backward_factor
     extra_math_s = (2 + unfused_ratio * backward) * 4 * 32 * 128 * extra_pairs / (459e12 * chip.attention_efficiency)
     extra_steps_s = (2 + 2 * backward) * chip.attention_block_overhead_s * 32 * (16 * 4 - 16 * 16)
@@ -755,11 +758,13 @@ def test_backward_core_share_by_hand():
     assert list(backward_core_share([1, 3], 1)) == [1.0, 1.0]
 
 
-def test_two_sequences_per_v5p_device_halve_the_backward_per_sequence():
-    # v5p's megacore: the backward of 2 sequences per device runs both cores, so the attention
-    # backward's MXU time per sequence is half the one-sequence plan's; the forward's is the same
+def test_sequences_and_groups_keep_v5p_cores_busy_in_the_backward():
+    # v5p's megacore: MaxText's backward of 2 sequences per device runs both cores, so its MXU time is
+    # what 1 sequence takes on one core; cpplan's runtime splits even 1 sequence's 8 KV heads over both,
+    # so its backward per sequence is the same at 1 and 2; the forward's heads run on both cores in each
     one, two = (candidates_of(_one_sequence_per_device(global_batch=b)) for b in (4, 8))
-    a1, a2 = (price_attention(x, STRATEGIES[x.strategy]) for x in (one, two))
-    assert a2.math_forward_s.item() == pytest.approx(2 * a1.math_forward_s.item(), rel=1e-12)
     mxu_backward = lambda a: (a.backward_s - a.grid_backward_s - a.merge_backward_s).item()
-    assert mxu_backward(a2) == pytest.approx(mxu_backward(a1), rel=1e-12)
+    for target, growth in ((Target.MAXTEXT, 1.0), (Target.CPPLAN, 2.0)):
+        a1, a2 = (price_attention(x, STRATEGIES[x.strategy], traits=TRAITS[target]) for x in (one, two))
+        assert a2.math_forward_s.item() == pytest.approx(2 * a1.math_forward_s.item(), rel=1e-12)
+        assert mxu_backward(a2) == pytest.approx(growth * mxu_backward(a1), rel=1e-12)
