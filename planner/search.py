@@ -462,14 +462,16 @@ class SearchSpace:
             act_bytes=DTYPE_BYTES[opts.compute_dtype],
             param_bytes=DTYPE_BYTES[opts.param_dtype],
             mu_bytes=DTYPE_BYTES[opts.mu_dtype],
-            dq_reduction_steps=self._dq_reduction_steps,
+            dq_reduction_steps=self._dq_reduction_steps(strategy),
         )
 
-    @property
-    def _dq_reduction_steps(self) -> int:
-        """The rolled dq partials of the target's fused backward where it has them (MaxText's tokamax
-        kernel): fewer bytes held and moved than one fp32 partial per key block, never slower."""
-        return DQ_REDUCTION_STEPS if self.target.traits.ring_dq_partials else 0
+    def _dq_reduction_steps(self, strategy: CPStrategy) -> int:
+        """The rolled dq partials of the target's fused backward where its strategy runs tokamax's kernels
+        (MaxText's ring kernel or tokamax splash): fewer bytes held and moved than one fp32 partial per key
+        block, never slower; 0 elsewhere, where the flag changes nothing."""
+        spec = STRATEGIES[strategy]
+        tokamax = spec.maxtext_ring_kernel or spec.maxtext_tokamax_splash
+        return DQ_REDUCTION_STEPS if self.target.traits.ring_dq_partials and tokamax else 0
 
     def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
         """The splash block of a verdict's kernel calls (its layout does not depend on placement,
@@ -523,7 +525,7 @@ class SearchSpace:
                     block_kv=[float(b) for b in options],
                     links={},
                     ring_link=LinkColumns([0.0] * n, [0.0] * n),
-                    dq_reduction_steps=self._dq_reduction_steps,
+                    dq_reduction_steps=self._dq_reduction_steps(strategy),
                 )
                 times = price_attention(trial, spec, traits=self.target.traits).total_s
                 block = options[int(np.argmin(times))]  # the first of equals, in preference order
@@ -828,7 +830,7 @@ class SearchSpace:
             param_dtype=opts.param_dtype,
             mu_dtype=opts.mu_dtype,
             compute_dtype=opts.compute_dtype,
-            dq_reduction_steps=self._dq_reduction_steps,
+            dq_reduction_steps=self._dq_reduction_steps(p.strategy),
         )
         x = p.x if plan.local_strategy is None else dataclasses.replace(p.x, local_strategy=plan.local_strategy)
         return Ranked(plan, estimate_row(p.priced, i, x, memory_margins=self._memory_margins))
