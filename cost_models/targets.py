@@ -94,10 +94,11 @@ class TargetTraits:
         layers_switch_masks: a model whose layers differ in mask runs each layer's attention as a switch
             between the masks' (cpplan's runtime, `runtime.model`), which the backward reruns whole whatever
             the policy keeps (read from its compiles).
-        splash_rows_split_over_cores: an unpacked splash call is vmapped over groups of its (sequence × KV
-            head) rows, one per core of the device (`compute.splash_row_groups`), so a megacore's two
-            cores share even one sequence's backward (cpplan's runtime, `runtime.splash`); otherwise the
-            calls are vmapped over the device's sequences alone (MaxText's layers/attention_op.py).
+        splash_rows_split_over_cores: a splash call is vmapped over groups of its (sequence × KV head) rows
+            (of each packed row's own), one per core of the device (`compute.splash_row_groups`), so a
+            megacore's two cores share even one sequence's backward (cpplan's runtime, `runtime.splash`);
+            otherwise the calls are vmapped over the device's sequences alone (MaxText's
+            layers/attention_op.py).
     """
 
     target: Target

@@ -7,19 +7,23 @@ import functools
 import json
 from collections import Counter, defaultdict
 
+import numpy as np
+
 from cost_models.accuracy import ErrorBand, error_band, memory_band
 from cost_models.candidates import group_links
-from cost_models.compute import SCOPED_VMEM_FLAG
+from cost_models.compute import SCOPED_VMEM_FLAG, backward_core_share
 from cost_models.document_tiles import row_fraction_computed, rows_per_call
+from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
+from cost_models.pricing.attention import vmapped_rows
 from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, layer_bytes
 from cost_models.strategies import STRATEGIES
-from cost_models.targets import Target
+from cost_models.targets import TRAITS, Target
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB, counted
 from cost_models.vocabulary import CPStrategy, LoadBalance
-from planner.estimate import estimate
+from planner.estimate import candidates_of, estimate
 from planner.maxtext import maxtext_problems
 from planner.options import format_tokens
 from planner.plan import Plan
@@ -553,7 +557,59 @@ class Explanation:
         if others:
             parts.append("Best of the other strategies: " + ", ".join(others) + ".")
         parts.append(self._remat_text())
+        cores = self.cores_text()
+        if cores:
+            parts.append(cores)
         return " ".join(parts)
+
+    def backward_cores(self) -> dict | None:
+        """Where a device is several TensorCores (v5p's megacore): how many the chosen plan's splash backward
+        keeps busy on each runtime, and the plan's step on the other one (None on a one-core device). The
+        backward's kernels let the compiler split only what their calls are vmapped over: MaxText's calls
+        the device's sequences, cpplan's runtime also groups of a sequence's KV heads (docs/measurements.md,
+        "Which TensorCores splash's backward runs on")."""
+        p, e, target = self.best, self.estimate, self.result.target
+        x = candidates_of(p)
+        cores = x.topology.chip.cores_per_device
+        if cores == 1:
+            return None
+        other = Target.MAXTEXT if target is Target.CPPLAN else Target.CPPLAN
+        layout = STRATEGIES[p.cp_strategy].layout(x)
+        busy = {
+            t.value: float(cores * backward_core_share(vmapped_rows(x, layout, TRAITS[t]), cores)[0])
+            for t in (Target.CPPLAN, Target.MAXTEXT)
+        }
+        try:
+            other_step = estimate(p, target=other).step_time_s
+        except CpplanError:  # a plan only this runtime runs
+            other_step = None
+        return {
+            "cores_per_device": cores,
+            "busy_cores": busy,
+            "sequences_per_device": float(x.sequences_per_device[0]),
+            "other_target": other.value,
+            "other_step_time_s": other_step,
+            "step_time_s": e.step_time_s,
+        }
+
+    def cores_text(self) -> str | None:
+        """`backward_cores` in a sentence, where a runtime leaves some of a device's cores idle in it."""
+        c = self.backward_cores()
+        if c is None or min(c["busy_cores"].values()) == c["cores_per_device"]:
+            return None
+        n, seqs = c["cores_per_device"], c["sequences_per_device"]
+        ours, theirs = c["busy_cores"]["cpplan"], c["busy_cores"]["maxtext"]
+        text = (
+            f"Each device is {n} TensorCores, and splash's backward splits only what its calls are vmapped over: "
+            f"MaxText's calls the device's {seqs:g} sequence{'s' if seqs != 1 else ''}, keeping {theirs:g} busy; "
+            f"cpplan's runtime's also groups of a sequence's KV heads, keeping {ours:g}"
+        )
+        if c["other_step_time_s"] is not None and ours != theirs:
+            ratio = c["other_step_time_s"] / c["step_time_s"] - 1
+            text += f"; this plan on {c['other_target']} takes {_s(c['other_step_time_s'])} ({ratio:+.0%})"
+        if theirs < n:
+            text += f". {int(np.ceil(n / seqs))}× the sequences per device would keep all {n} busy on both"
+        return text + "."
 
     def _remat_text(self) -> str:
         """How the chosen remat compares with the other policies on the same mesh and strategy."""
@@ -648,6 +704,7 @@ class Explanation:
                 "priced": res.candidates_priced,
                 "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
                 "why": self.why_text() if res.best else None,
+                "backward_cores": self.backward_cores() if res.best else None,
                 "local_layers": self.local_layers,
                 "batch_note": res.batch_note,
                 "mask_note": res.mask_note,

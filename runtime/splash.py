@@ -431,9 +431,9 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
 
 def _per_row(call, kernel: Kernel, *arrays):
     """`call(*arrays, segment_ids)` with folded `[batch·heads, …]` arrays (the second, k, holds the KV
-    rows), mapped over the batch when the kernel has segment ids (one row of ids per kernel call), else
-    over `splash_row_groups` of the rows: the backward's kernels split only a vmapped dimension over a
-    device's cores (docs/measurements.md, "Which TensorCores splash's backward runs on")."""
+    rows), mapped over `splash_row_groups` of the rows, and first over the batch where the kernel has
+    segment ids (one row of ids per kernel call): the backward's kernels split only vmapped dimensions
+    over a device's cores (docs/measurements.md, "Which TensorCores splash's backward runs on")."""
     segments = kernel.segments
     merge = lambda x: x.reshape(-1, *x.shape[2:])
     if segments is None or segments.q.ndim == 1:  # unpacked, or one row of (chunk) ids for every sequence
@@ -443,12 +443,16 @@ def _per_row(call, kernel: Kernel, *arrays):
         split = lambda x: x.reshape(groups, x.shape[0] // groups, *x.shape[1:])
         out = jax.vmap(lambda *xs: call(*xs, segments))(*(split(x) for x in arrays))
         return jax.tree.map(merge, out)
+    # packed rows: each row's own ids, and within a row the same groups of its heads
     batch = segments.q.shape[0]
-    split = lambda x: x.reshape(batch, x.shape[0] // batch, *x.shape[1:])
-    out = jax.vmap(lambda ids_q, ids_kv, *xs: call(*xs, SegmentIds(ids_q, ids_kv)))(
-        segments.q, segments.kv, *(split(x) for x in arrays)
-    )
-    return jax.tree.map(merge, out)
+    groups = int(splash_row_groups(arrays[1].shape[0] // batch, kernel.cores))
+    split = lambda x: x.reshape(batch, groups, x.shape[0] // (batch * groups), *x.shape[1:])
+
+    def row(ids_q, ids_kv, *xs):
+        return jax.vmap(lambda *ys: call(*ys, SegmentIds(ids_q, ids_kv)))(*xs)
+
+    out = jax.vmap(row)(segments.q, segments.kv, *(split(x) for x in arrays))
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[3:]), out)
 
 
 def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:

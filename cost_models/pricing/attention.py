@@ -147,13 +147,15 @@ def price_attention(
 
 
 def vmapped_rows(x: Candidates, layout: Layout, traits: TargetTraits) -> np.ndarray:
-    """What the runtime vmaps its splash calls over, the only grid dimension the backward's kernels let
-    the compiler split over a device's cores: the device's sequences, or, where the runtime splits an
-    unpacked call's rows over the cores, that many groups."""
-    sequences = x.sequences_per_device
-    if traits.splash_rows_split_over_cores and not x.model.documents:
-        return splash_row_groups(sequences * layout.kv_heads, x.topology.chip.cores_per_device)
-    return sequences
+    """How many calls the runtime vmaps its splash calls into, the only grid dimensions the backward's
+    kernels let the compiler split over a device's cores: the device's sequences, or, where the runtime
+    splits a call's rows over the cores, that many groups of them (of each packed row's own)."""
+    sequences, cores = x.sequences_per_device, x.topology.chip.cores_per_device
+    if not traits.splash_rows_split_over_cores:
+        return sequences
+    if x.model.documents:  # each row's ids apply to its heads alone
+        return sequences * splash_row_groups(layout.kv_heads, cores)
+    return splash_row_groups(sequences * layout.kv_heads, cores)
 
 
 def smem_bytes(x: Candidates, layout: Layout, calls, blocks) -> np.ndarray:

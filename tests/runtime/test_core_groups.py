@@ -1,7 +1,8 @@
 """cpu_mesh tier: a splash call split into one vmapped group of (sequence × KV head) rows per core of a
 megacore device (`KernelConfig.cores`, `cost_models.compute.splash_row_groups`) computes what the one
 call does: the forward, its gradients through splash's own backward, and the ring's explicit backward
-(`attend_bwd`), for grouped-query heads whose groups keep their KV heads, causal and full masks."""
+(`attend_bwd`), for grouped-query heads whose groups keep their KV heads, causal and full masks, and
+packed rows, whose groups are each row's own."""
 
 import numpy as np
 import pytest
@@ -76,3 +77,19 @@ def test_the_groups_are_a_vmapped_grid_dimension():
     plain, grouped = pallas_grids(grad(one), q, k, v), pallas_grids(grad(two), q, k, v)
     assert len(plain) == len(grouped) >= 2  # the forward and the backward's kernels
     assert all(len(g) == len(p) + 1 and g[0] == 2 and np.prod(g) == np.prod(p) for p, g in zip(plain, grouped))
+
+
+def test_packed_rows_split_their_own_heads():
+    # 2 packed rows of 4 query / 2 KV heads, each with its own documents: each row's heads split in 2
+    q, k, v = qkv(8, 4)
+    ids = jnp.asarray(np.stack([np.repeat([0, 1], SEQ // 2), np.repeat([0, 1, 2, 3], SEQ // 4)]), dtype=jnp.int32)
+    one, two = (
+        splash.causal_kernel(SEQ, SEQ, splash.KernelConfig(128, 128, interpret=True, cores=c)).with_segments(ids, ids)
+        for c in (1, 2)
+    )
+    np.testing.assert_allclose(splash.attend(two, q, k, v), splash.attend(one, q, k, v), rtol=1e-6, atol=1e-6)
+    loss = lambda kernel: jax.grad(lambda q, k, v: jnp.sum(splash.attend(kernel, q, k, v) ** 2), argnums=(0, 1, 2))
+    for a, b in zip(loss(one)(q, k, v), loss(two)(q, k, v)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    plain, grouped = pallas_grids(loss(one), q, k, v), pallas_grids(loss(two), q, k, v)
+    assert all(len(g) == len(p) + 1 and g[:2] == (2, 2) for p, g in zip(plain, grouped))
