@@ -13,7 +13,6 @@ from cost_models.accuracy import ErrorBand, error_band, memory_band
 from cost_models.candidates import group_links
 from cost_models.compute import SCOPED_VMEM_FLAG, backward_core_share
 from cost_models.document_tiles import row_fraction_computed, rows_per_call
-from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.pricing.attention import vmapped_rows
@@ -579,10 +578,8 @@ class Explanation:
             t.value: float(cores * backward_core_share(vmapped_rows(x, layout, TRAITS[t]), cores)[0])
             for t in (Target.CPPLAN, Target.MAXTEXT)
         }
-        try:
-            other_step = estimate(p, target=other).step_time_s
-        except CpplanError:  # a plan only this runtime runs
-            other_step = None
+        runs = other is Target.CPPLAN or not maxtext_problems(p)
+        other_step = estimate(p, target=other).step_time_s if runs else None  # else a plan only this runtime runs
         return {
             "cores_per_device": cores,
             "busy_cores": busy,

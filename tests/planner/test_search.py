@@ -276,4 +276,4 @@ def test_a_plan_alone_is_priced_as_the_search_priced_it(v5p256_4m):
     for ranked in v5p256_4m.result.ranked[:20] + v5p256_4m.result.best_infeasible:
         assert planner.estimate(ranked.plan) == ranked.estimate
     row = planner.candidates_of(v5p256_4m.best)
-    assert (row.ring.tolist(), row.block_q.tolist(), row.block_kv.tolist()) == ([16.0], [2048.0], [2048.0])
+    assert (row.ring.tolist(), row.block_q.tolist(), row.block_kv.tolist()) == ([32.0], [2048.0], [2048.0])
