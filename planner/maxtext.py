@@ -414,8 +414,10 @@ class _Flags:
             number = int(text) if text.lstrip("+-").isdigit() else float(text)
         except (TypeError, ValueError):
             raise CpplanError(f"MaxText flag {key}={value!r} is not a number.") from None
-        if not math.isfinite(number) or number != int(number) or number < 0:
+        if not math.isfinite(number) or number != int(number):
             raise CpplanError(f"MaxText flag {key}={value!r} must be a whole number.")
+        if number < 0:
+            raise CpplanError(f"MaxText flag {key}={value!r} must be 0 or more.")
         if int(number) > MAX_FLAG_INTEGER:
             raise CpplanError(
                 f"MaxText flag {key}={value!r} is beyond 2**53 ({MAX_FLAG_INTEGER}), past which a "

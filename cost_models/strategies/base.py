@@ -387,8 +387,11 @@ def maxtext_local_layers_problem(model: ModelSpec) -> str | None:
             f"{local}, and MaxText 0.2.5 runs chunked layers only in its llama4 block, a mixture-of-experts "
             f"block cpplan does not model; run the plan on cpplan's runtime"
         )
-    ours = "".join(model.layer_type(i) for i in range(model.num_layers))
-    theirs = "".join(MAXTEXT_LOCAL_PATTERN[i % len(MAXTEXT_LOCAL_PATTERN)] for i in range(model.num_layers))
+    # both patterns repeat, so they agree on every layer once they agree over one period of both
+    period = math.lcm(len(model.layer_pattern or "L"), len(MAXTEXT_LOCAL_PATTERN))
+    layers = range(min(model.num_layers, period))
+    ours = "".join(model.layer_type(i) for i in layers)
+    theirs = "".join(MAXTEXT_LOCAL_PATTERN[i % len(MAXTEXT_LOCAL_PATTERN)] for i in layers)
     if ours != theirs:
         where = "on every layer" if "G" not in ours else f"in the pattern {model.layer_pattern!r}"
         return (

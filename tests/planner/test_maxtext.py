@@ -697,3 +697,10 @@ def test_rolled_dq_partials_by_hand():
     unrolled = planner.estimate(unrolled_plan, target="maxtext").hbm_bytes["attention_buffers"]
     queries = 2 * 16 * 16384 * 256  # 2 sequences a device, 16 heads, the ring block's queries, heads of 256
     assert unrolled - rolled == pytest.approx(queries * (16 * 4 - 3 * 2))
+
+
+def test_a_negative_maxtext_count_is_refused_by_its_rule():
+    with pytest.raises(CpplanError, match=r"ici_fsdp_parallelism='-2' must be 0 or more"):
+        read_maxtext("model_name=llama3.1-8b compile_topology=v5p-8 ici_fsdp_parallelism=-2")
+    with pytest.raises(CpplanError, match=r"max_target_length='1.5' must be a whole number"):
+        read_maxtext("model_name=llama3.1-8b compile_topology=v5p-8 max_target_length=1.5")

@@ -89,3 +89,15 @@ def test_reading_the_model_of_a_command_does_not_walk_its_layers(tmp_path):
     with at_most_lines(100_000):
         model = model_of(args)
     assert model.num_layers == 10**9 and model.window == 512
+
+
+def test_whether_maxtext_runs_a_billion_windowed_layers_is_one_pattern_period():
+    from cost_models.strategies.base import maxtext_local_layers_problem
+
+    windowed = dataclasses.replace(WIDE, name="windowed", num_layers=10**9, window=512)
+    with at_most_lines(50_000):
+        problem = maxtext_local_layers_problem(windowed)
+    assert "on every layer" in problem and "LLLLLG" in problem
+    gemma_like = dataclasses.replace(windowed, layer_pattern="LLLLLG")
+    with at_most_lines(50_000):
+        assert maxtext_local_layers_problem(gemma_like) is None
