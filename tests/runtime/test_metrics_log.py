@@ -50,7 +50,9 @@ def test_a_start_from_step_one_over_an_earlier_run_keeps_its_log_and_says_so(tmp
     assert _steps(tmp_path / "metrics.1.jsonl") == [1, 2, 3] and _steps(tmp_path / "metrics.2.jsonl") == [1, 2]
 
 
+@pytest.mark.runtime_extra
 def test_a_step_log_from_step_one_starts_its_own_file_beside_the_earlier_one(tmp_path):
+    pytest.importorskip("tensorboardX")  # the log writes TensorBoard scalars too (the runtime extra)
     from runtime.metrics import StepLog
 
     _log(tmp_path / "metrics.jsonl", range(1, 6))
