@@ -598,8 +598,8 @@ class Explanation:
         ours, theirs = c["busy_cores"]["cpplan"], c["busy_cores"]["maxtext"]
         text = (
             f"Each device is {n} TensorCores, and splash's backward splits only what its calls are vmapped over: "
-            f"MaxText's calls the device's {seqs:g} sequence{'s' if seqs != 1 else ''}, keeping {theirs:g} busy; "
-            f"cpplan's runtime's also groups of a sequence's KV heads, keeping {ours:g}"
+            f"MaxText vmaps them over the device's {seqs:g} sequence{'s' if seqs != 1 else ''}, keeping {theirs:g} "
+            f"busy; cpplan's runtime also over groups of a sequence's KV heads, keeping {ours:g}"
         )
         if c["other_step_time_s"] is not None and ours != theirs:
             ratio = c["other_step_time_s"] / c["step_time_s"] - 1
