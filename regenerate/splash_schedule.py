@@ -23,6 +23,7 @@ figures; benchmarks/results/kernels/splash_schedule.txt holds a run.
     python regenerate/splash_schedule.py                        # v5p and tpu7x, B = 512, 1024, 2048 (about 15 min)
     python regenerate/splash_schedule.py --chips v5p --blocks 512  # 2 compiles, 15-40 s each (100-180 s at 2048)
     python regenerate/splash_schedule.py --chips v5p --blocks 512 --batch 1 2 3  # which cores the backward runs on
+    python regenerate/splash_schedule.py --chips v5p --blocks 512 --runtime-cores 1 2  # cpplan's runtime's call
 """
 
 import argparse
@@ -176,6 +177,55 @@ def kernel_files(dump: Path) -> dict[str, tuple[Path, Path]]:
     return files
 
 
+def compile_runtime(topology: str, block: int, cores: int) -> None:
+    """In a child whose TPU compiler dumps its kernels: compiles cpplan's runtime's splash call
+    (`runtime.splash.attend`, its own dq and dK/dV kernels) of one sequence of HEADS query and HEADS / 2
+    KV heads for a device of `cores` TensorCores (`KernelConfig.cores`: the rows split in that many groups)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from runtime import splash
+
+    device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
+    config = splash.KernelConfig(block, block, interpret=False, smem_bytes=1 << 20, cores=cores)
+    kernel = splash.causal_kernel(SEQ, SEQ, config)
+    sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+    q = jax.ShapeDtypeStruct((HEADS, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
+    kv = jax.ShapeDtypeStruct((HEADS // 2, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
+    loss = lambda q, k, v: jnp.sum(splash.attend(kernel, q, k, v).astype(jnp.float32))
+    jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile()
+
+
+def runtime_cores(chips: list[str], blocks: list[int], cores_list: list[int]) -> int:
+    """Prints, per chip, block and `KernelConfig.cores`, the steps each of cpplan's runtime's kernels runs on
+    a core and whether cores other than 0 exit: which cores its backward keeps busy."""
+    print(f"cpplan's runtime: one sequence, q bf16 [{HEADS}, {SEQ}, {HEAD_DIM}], k and v [{HEADS // 2}, ...], causal")
+    for chip, block, cores in ((c, b, n) for c in chips for b in blocks for n in cores_list):
+        with tempfile.TemporaryDirectory(prefix="cpplan-splash-") as dump:
+            flags = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --xla_jf_dump_to={dump}".strip()
+            child = subprocess.run(
+                [sys.executable, __file__, "--compile-runtime", TOPOLOGIES[chip], str(block), str(cores)],
+                env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", LIBTPU_INIT_ARGS=flags),
+                capture_output=True,
+                text=True,
+            )
+            if child.returncode:
+                raise RuntimeError(f"{chip} B={block} cores={cores} failed to compile:\n{child.stderr[-3000:]}")
+            for name, files in sorted(kernel_files(Path(dump)).items()):
+                k = schedule(load_kernel(*files), SEQ // block - 1)
+                exits = "yes" if k.core0_only else "no"
+                print(
+                    f"{chip:6s} {block:5d} cores={cores}  {name:4s} steps on a core {k.steps_per_core:5d}, "
+                    f"cores != 0 exit: {exits}",
+                    flush=True,
+                )
+    return 0
+
+
 def compile_splash(topology: str, block: int, backward: str, batch: int) -> None:
     """In a child whose TPU compiler dumps its kernels: compiles the splash step deviceless, vmapped over
     `batch` sequences (0: one sequence, not vmapped)."""
@@ -313,12 +363,24 @@ def main(argv=None) -> int:
         help="sequences the step is vmapped over, as MaxText calls splash (default 0: one sequence, not vmapped)",
     )
     parser.add_argument(
+        "--runtime-cores",
+        nargs="+",
+        type=int,
+        help="instead: cpplan's runtime's call for devices of these many TensorCores (its rows split per core)",
+    )
+    parser.add_argument(
         "--compile", nargs=4, metavar=("TOPOLOGY", "BLOCK", "BACKWARD", "BATCH"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--compile-runtime", nargs=3, metavar=("TOPOLOGY", "BLOCK", "CORES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.compile:
         compile_splash(args.compile[0], int(args.compile[1]), args.compile[2], int(args.compile[3]))
         return 0
+    if args.compile_runtime:
+        compile_runtime(args.compile_runtime[0], int(args.compile_runtime[1]), int(args.compile_runtime[2]))
+        return 0
+    if args.runtime_cores:
+        return runtime_cores(args.chips, args.blocks, args.runtime_cores)
     print(
         f"jax {importlib.metadata.version('jax')}, libtpu {importlib.metadata.version('libtpu')}; "
         f"q, k, v bf16 [{HEADS}, {SEQ}, {HEAD_DIM}], causal, every block = B"
