@@ -8,7 +8,7 @@ Run on a TPU VM (blocks of 2048 need the scoped VMEM limit raised before jax loa
 this script does):
 
     python benchmarks/tpu_splash_timings.py --out benchmarks/results/kernels/v5e_splash.jsonl
-    python benchmarks/tpu_splash_timings.py --quick --interpret --out /tmp/t.jsonl  # a smoke run on a CPU
+    python benchmarks/tpu_splash_timings.py --quick --interpret --out out/t.jsonl  # a smoke run on a CPU
 """
 
 import argparse
@@ -18,6 +18,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
 
 VMEM_FLAG = "--xla_tpu_scoped_vmem_limit_kib=98304"
 WIDTH = 2048  # query heads × head size of every call: 16 × 128 or 8 × 256, one layer of a 2048-wide model
@@ -60,6 +62,8 @@ def measure(seq: int, head_dim: int, block: int, *, interpret: bool, repeats: in
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
+    from runtime.splash import KernelConfig  # imports jax: only once main has set the compiler's flags
+
     heads = WIDTH // head_dim
     keys = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(key, (heads, seq, head_dim), jnp.bfloat16) for key in keys)
@@ -68,17 +72,8 @@ def measure(seq: int, head_dim: int, block: int, *, interpret: bool, repeats: in
     # causal FLOPs of the forward: 4 · heads · d per query-key pair, half the pairs
     row["forward_flops"] = 4 * heads * head_dim * seq * seq / 2
     for name, fused in (("forward", None), ("fused", True), ("separate", False)):
-        sizes = kernel.BlockSizes(
-            block_q=block,
-            block_kv=block,
-            block_kv_compute=block,
-            block_q_dkv=block,
-            block_kv_dkv=block,
-            block_kv_dkv_compute=block,
-            block_q_dq=None if fused else block,
-            block_kv_dq=None if fused else block,
-            use_fused_bwd_kernel=bool(fused),
-        )
+        # the blocks cpplan's runtime gives splash (every kernel the same block; no dq blocks when fused)
+        sizes = KernelConfig(block, block, interpret, fused_backward=bool(fused)).block_sizes(seq, seq)
         splash = kernel.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret)
         if fused is None:
             fn = jax.jit(splash)

@@ -17,7 +17,7 @@
 # and independent: one that fails is reported and the next one runs. A validate stage stopped by its
 # bound ends after the plan in hand and still writes its report; measurements.jsonl grows plan by plan.
 # Runs from a checkout without installing cpplan: the runtime's wheels, when .whl-tpu/ holds them
-# (scripts/tpu_wheels.sh), are installed under /tmp/site first.
+# (scripts/tpu_wheels.sh), are installed under $TMPDIR/cpplan-site (SITE) first.
 set -uo pipefail
 
 STAGE="${1:-}"
@@ -40,9 +40,9 @@ DTYPE="${DTYPE:-bfloat16}"
 RUN_SEQ="${RUN_SEQ:-16k}"
 RUN_STEPS="${RUN_STEPS:-50}"
 RUN_STOP="${RUN_STOP:-30}"
-SITE="${SITE:-/tmp/site}"
+SITE="${SITE:-${TMPDIR:-/tmp}/cpplan-site}"
 
-# the wheels under /tmp/site, once; cpplan from this checkout (no pip install -e .)
+# the wheels under SITE, once; cpplan from this checkout (no pip install -e .)
 if [ -d .whl-tpu ] && ! PYTHONPATH="$SITE:${PYTHONPATH:-}" python3 -c "import flax, optax, orbax.checkpoint" 2>/dev/null; then
   PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target "$SITE" .whl-tpu/*.whl || echo "tpu_v5e: installing .whl-tpu/ failed" >&2
@@ -74,7 +74,7 @@ validate_one() {  # NAME MODEL LENGTHS
 run_resume() {
   local dir="$OUT/run" work
   mkdir -p "$dir"
-  work="$(mktemp -d /tmp/cpplan-run.XXXXXX)"
+  work="$(mktemp -d -t cpplan-run.XXXXXX)"
   local common=(run --model "$H128" --seq-len "$RUN_SEQ" --topology "$TOPOLOGY" --exact-batch 1 --seed 0
     --checkpoint-every 10 --keep-checkpoints 1 --json)
   echo "uninterrupted: $RUN_STEPS steps"

@@ -139,16 +139,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 model,
                 lengths,
                 args.topology,
-                sequences=args.sequences,
-                max_plans=args.max_plans,
-                top=args.top,
                 steps=args.steps,
                 seed=args.seed,
                 data=args.data,
                 journal=journal,
                 stop=lambda: INTERRUPTS.stopped,
                 plans=chosen,
-                **options,
             )
     files = report.write(outdir, plots=not args.no_plots)
     if not args.measured:

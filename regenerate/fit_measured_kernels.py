@@ -19,7 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from cost_models.chips import CHIP_DIR, load_chip  # noqa: E402
 from validation.kernel_fits import (  # noqa: E402
     AttentionFit,
@@ -127,7 +128,7 @@ def main() -> None:
             }
         }
         write_rows(derived)
-        print(f"wrote {CHIP_DIR / (args.chip + '.json')}")
+        print(f"wrote {(CHIP_DIR / (args.chip + '.json')).relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -177,23 +177,29 @@ def kernel_files(dump: Path) -> dict[str, tuple[Path, Path]]:
     return files
 
 
+def _one_device(topology: str):
+    """The first abstract TPU device of `topology` (deviceless) and an unsharded placement on it."""
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
+    return NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+
+
 def compile_runtime(topology: str, block: int, cores: int) -> None:
     """In a child whose TPU compiler dumps its kernels: compiles cpplan's runtime's splash call
     (`runtime.splash.attend`, its own dq and dK/dV kernels) of one sequence of HEADS query and HEADS / 2
     KV heads for a device of `cores` TensorCores (`KernelConfig.cores`: the rows split in that many groups)."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    from jax.experimental import topologies
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from runtime import splash
 
-    device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
     config = splash.KernelConfig(block, block, interpret=False, smem_bytes=1 << 20, cores=cores)
     kernel = splash.causal_kernel(SEQ, SEQ, config)
-    sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+    sharding = _one_device(topology)
     q = jax.ShapeDtypeStruct((HEADS, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
     kv = jax.ShapeDtypeStruct((HEADS // 2, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
     loss = lambda q, k, v: jnp.sum(splash.attend(kernel, q, k, v).astype(jnp.float32))
@@ -231,29 +237,18 @@ def compile_splash(topology: str, block: int, backward: str, batch: int) -> None
     `batch` sequences (0: one sequence, not vmapped)."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
-    from jax.experimental import topologies
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    device = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[0]
-    dq_block = block if backward == "unfused" else None
-    sizes = kernel.BlockSizes(
-        block_q=block,
-        block_kv=block,
-        block_kv_compute=block,
-        block_q_dkv=block,
-        block_kv_dkv=block,
-        block_kv_dkv_compute=block,
-        block_q_dq=dq_block,
-        block_kv_dq=dq_block,
-        use_fused_bwd_kernel=backward == "fused",
-    )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from runtime.splash import KernelConfig
+
+    # the blocks cpplan's runtime gives splash: every kernel B, no dq blocks for the fused backward
+    sizes = KernelConfig(block, block, interpret=False, fused_backward=backward == "fused").block_sizes(SEQ, SEQ)
     splash = kernel.make_splash_mha(
         mask.MultiHeadMask([mask.CausalMask((SEQ, SEQ))] * HEADS), head_shards=1, q_seq_shards=1, block_sizes=sizes
     )
-    sharding = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+    sharding = _one_device(topology)
     qkv = jax.ShapeDtypeStruct((batch,) * bool(batch) + (HEADS, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
     splash = jax.vmap(splash) if batch else splash
     step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(splash(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))

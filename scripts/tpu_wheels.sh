@@ -4,8 +4,8 @@
 # tensorboardX, protobuf, tqdm, grain, array-record and what they need beyond jax's own stack.
 # The versions are those the project is tested with (Python 3.11, jax 0.10.2). On the VM:
 #   python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
-#       --upgrade --target /tmp/site .whl-tpu/*.whl
-#   export PYTHONPATH=/tmp/site:$PYTHONPATH
+#       --upgrade --target "$SITE" .whl-tpu/*.whl
+#   export PYTHONPATH=$PYTHONPATH:$SITE   (appended: the VM's own jax stays first)
 # (benchmarks/tpu_v5e.sh does both when it finds .whl-tpu/). Usage: scripts/tpu_wheels.sh [DIR]
 set -euo pipefail
 
