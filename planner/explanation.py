@@ -561,6 +561,7 @@ class Explanation:
             parts.append(cores)
         return " ".join(parts)
 
+    @functools.cached_property
     def backward_cores(self) -> dict | None:
         """Where a device is several TensorCores (v5p's megacore): how many the chosen plan's splash backward
         keeps busy on each runtime, and the plan's step on the other one (None on a one-core device). The
@@ -591,7 +592,7 @@ class Explanation:
 
     def cores_text(self) -> str | None:
         """`backward_cores` in a sentence, where a runtime leaves some of a device's cores idle in it."""
-        c = self.backward_cores()
+        c = self.backward_cores
         if c is None or min(c["busy_cores"].values()) == c["cores_per_device"]:
             return None
         n, seqs = c["cores_per_device"], c["sequences_per_device"]
@@ -701,7 +702,7 @@ class Explanation:
                 "priced": res.candidates_priced,
                 "rejections": {c: {"count": n, "example": ex} for c, (n, ex) in self.rejection_groups().items()},
                 "why": self.why_text() if res.best else None,
-                "backward_cores": self.backward_cores() if res.best else None,
+                "backward_cores": self.backward_cores if res.best else None,
                 "local_layers": self.local_layers,
                 "batch_note": res.batch_note,
                 "mask_note": res.mask_note,
