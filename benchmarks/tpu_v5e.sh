@@ -3,19 +3,19 @@
 #
 #   benchmarks/tpu_v5e.sh STAGE OUT
 #
-#   calibrate            `cpplan calibrate --topology v5e:1x1`: the measured row and its raw timings
-#   validate-h128-short  `cpplan validate` of the heads-of-128 model at 4K, 8K, 16K (every plan that fits)
-#   validate-h128-long   the same at 32K, 64K, 128K
-#   validate-h256-short  the heads-of-256 model (benchmarks/tpu_v5e/llama-4l-h256.json) at 4K-16K
-#   validate-h256-long   the same at 32K-128K
-#   run                  `cpplan run` of 50 steps with checkpoints, and the same stopped at step 30 and
-#                        resumed: prints whether the losses are equal
-#   validate             the four validate stages, one after another
-#   all                  every stage
+#   calibrate       `cpplan calibrate --topology v5e:1x1`: the measured row and its raw timings
+#   validate-h128   `cpplan validate` of the heads-of-128 model (benchmarks/tpu_v5e/llama-4l-h128.json) at
+#                   SEQ_LENS: the 3 remat policies' best plans, each also with VALIDATE_FLAGS' variants
+#                   (default: the other attention backward, fused or separate, where it fits)
+#   validate-h256   the same for the heads-of-256 model (benchmarks/tpu_v5e/llama-4l-h256.json)
+#   run             `cpplan run` of 50 steps with checkpoints, and the same stopped at step 30 and
+#                   resumed: prints whether the losses are equal
+#   all             every stage
 #
 # Each stage is bounded (STAGE_SECONDS, default 420: a command on the lent chip may take 10 minutes)
 # and independent: one that fails is reported and the next one runs. A validate stage stopped by its
 # bound ends after the plan in hand and still writes its report; measurements.jsonl grows plan by plan.
+# E.g. SEQ_LENS=64k,128k VALIDATE_FLAGS="--blocks 1024,2048" benchmarks/tpu_v5e.sh validate-h128 out/long
 # Runs from a checkout without installing cpplan: the runtime's wheels, when .whl-tpu/ holds them
 # (scripts/tpu_wheels.sh), are installed under $TMPDIR/cpplan-site (SITE) first.
 set -uo pipefail
@@ -33,8 +33,8 @@ mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 TOPOLOGY="${TOPOLOGY:-v5e:1x1}"
 H128="${H128:-benchmarks/tpu_v5e/llama-4l-h128.json}"
 H256="${H256:-benchmarks/tpu_v5e/llama-4l-h256.json}"
-SHORT="${SHORT:-4k,8k,16k}"
-LONG="${LONG:-32k,64k,128k}"
+SEQ_LENS="${SEQ_LENS:-4k,8k,16k,32k,64k,128k}"
+VALIDATE_FLAGS="${VALIDATE_FLAGS:---both-backwards}"
 STAGE_SECONDS="${STAGE_SECONDS:-420}"
 DTYPE="${DTYPE:-bfloat16}"
 RUN_SEQ="${RUN_SEQ:-16k}"
@@ -63,12 +63,13 @@ calibrate() {
     --out "$OUT/calibrate" 2>&1 | tee "$OUT/calibrate/calibrate.log"
 }
 
-validate_one() {  # NAME MODEL LENGTHS
+validate_one() {  # NAME MODEL
   local dir="$OUT/validate-$1"
   mkdir -p "$dir"
-  # every plan that fits at each length (3 remat policies, splash blocks of 1024 or 2048), 2 timed steps each
-  bounded "${CPPLAN[@]}" validate --model "$2" --seq-lens "$3" --topology "$TOPOLOGY" --compute-dtype "$DTYPE" \
-    --max-plans 8 --top 3 --steps 3 --no-plots --out "$dir" 2>&1 | tee "$dir/validate.log"
+  # the best plan of each of the 3 remat policies at each length (blocks as the search chose), with variants
+  # shellcheck disable=SC2086  # VALIDATE_FLAGS is a list of words
+  bounded "${CPPLAN[@]}" validate --model "$2" --seq-lens "$SEQ_LENS" --topology "$TOPOLOGY" --compute-dtype "$DTYPE" \
+    --max-plans 3 --top 3 --steps 3 $VALIDATE_FLAGS --no-plots --out "$dir" 2>&1 | tee "$dir/validate.log"
 }
 
 run_resume() {
@@ -95,10 +96,8 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
   echo "== $1 (at most ${STAGE_SECONDS} s a command) =="
   case "$1" in
     calibrate) calibrate ;;
-    validate-h128-short) validate_one h128-short "$H128" "$SHORT" ;;
-    validate-h128-long) validate_one h128-long "$H128" "$LONG" ;;
-    validate-h256-short) validate_one h256-short "$H256" "$SHORT" ;;
-    validate-h256-long) validate_one h256-long "$H256" "$LONG" ;;
+    validate-h128) validate_one h128 "$H128" ;;
+    validate-h256) validate_one h256 "$H256" ;;
     run) run_resume ;;
     *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
   esac
@@ -108,8 +107,7 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
 }
 
 case "$STAGE" in
-  validate) STAGES=(validate-h128-short validate-h128-long validate-h256-short validate-h256-long) ;;
-  all) STAGES=(calibrate validate-h128-short validate-h128-long validate-h256-short validate-h256-long run) ;;
+  all) STAGES=(calibrate validate-h128 validate-h256 run) ;;
   *) STAGES=("$STAGE") ;;
 esac
 failed=0

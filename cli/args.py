@@ -94,6 +94,22 @@ def seq_lens(text: str) -> list[int]:
     return [parse_seq_len(w) for w in words]
 
 
+def block_sizes(text: str | None) -> list[int]:
+    """--blocks: comma-separated splash block sizes, powers of two from 128 (none: an empty list).
+
+    Raises:
+        CpplanError: an item that is not one.
+    """
+    blocks = []
+    for word in csv_words(text) or []:
+        if not word.isdigit() or int(word) < 128 or int(word) & (int(word) - 1):
+            raise CpplanError(
+                f"--blocks {text!r}: {word!r} is not a splash block; give powers of two from 128, e.g. 1024,2048."
+            )
+        blocks.append(int(word))
+    return blocks
+
+
 def mesh_sizes(text: str | None) -> dict[str, int] | None:
     if text is None:
         return None

@@ -12,6 +12,7 @@ from cli.args import (
     add_command,
     add_html,
     at_least,
+    block_sizes,
     csv_words,
     html_target,
     model_of,
@@ -123,6 +124,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             max_plans=args.max_plans,
             top=args.top,
             seed=args.seed,
+            blocks=block_sizes(args.blocks),
+            both_backwards=args.both_backwards,
             **options,
         )
         use_host_devices(args.topology)
@@ -262,6 +265,16 @@ def register(sub) -> None:
     p.add_argument("--top", type=at_least(0), default=3, help="of which the planner's top K")
     p.add_argument("--steps", type=at_least(2), default=3, help="steps per run (the first is not timed)")
     p.add_argument("--seed", type=at_least(0), default=0, help="seeds the sample of plans beyond the top K")
+    p.add_argument(
+        "--blocks",
+        help="comma-separated splash blocks, e.g. 1024,2048: each chosen plan is run with these too, where it fits",
+    )
+    p.add_argument(
+        "--both-backwards",
+        action="store_true",
+        help="each chosen plan is run with the other attention backward too (splash's fused kernel, or its dq "
+        "and dK/dV kernels), where it fits",
+    )
     p.add_argument("--data", help="text file for the runs (synthetic tokens by default)")
     p.add_argument(
         "--measured",

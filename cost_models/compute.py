@@ -101,27 +101,35 @@ def splash_partial_elements(heads, q_len, *, block_q, block_kv, causal):
     return np.where(causal, np.asarray(heads, dtype=float) * q_len * np.maximum(block_q, block_kv), 0.0)
 
 
-DQ_PARTIAL_BYTES = 4  # the fused backward's dq partials are fp32
+DQ_PARTIAL_BYTES = 4  # tokamax's fused backward keeps its dq partials in fp32
 # tokamax's fused backward accepts one rolled count of dq partials, or none (MaxText's dq_reduction_steps)
 DQ_REDUCTION_STEPS = 3
 
 
-def dq_partials(kv_len, block_kv, *, reduction_steps=0, act_bytes=2):
-    """(partials, bytes per element) of the fused backward's dq: one fp32 partial per key block, or, with
+def dq_partials(kv_len, block_kv, *, reduction_steps=0, act_bytes=2, in_q_dtype=False):
+    """(partials, bytes per element) of the fused backward's dq: one partial per key block, fp32 in tokamax's
+    kernel and in q's dtype where `in_q_dtype` (jax's splash, `_splash_attention_bwd_dkv`); or, with
     `reduction_steps` (tokamax's `dq_reduction_steps`) and more key blocks than that, that many partials
     in the compute dtype, key block j adding into partial j mod steps (tokamax's splash_attention_kernel)."""
     blocks = np.ceil(np.asarray(kv_len, dtype=float) / np.minimum(block_kv, kv_len))
     rolled = (reduction_steps > 0) & (blocks > reduction_steps)
-    return np.where(rolled, reduction_steps, blocks), np.where(rolled, act_bytes, DQ_PARTIAL_BYTES)
+    wide = act_bytes if in_q_dtype else DQ_PARTIAL_BYTES
+    return np.where(rolled, reduction_steps, blocks), np.where(rolled, act_bytes, wide)
 
 
-def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv, reduction_steps=0, act_bytes=2):
+def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv, reduction_steps=0, act_bytes=2, in_q_dtype=False):
     """HBM bytes the fused backward's dq partials cost outside the kernel: each partial [q_len, head_dim]
     per head (`dq_partials`) read back by the sum after the kernel, plus the sum's result (the kernel's own
     writes stream out while it computes)."""
-    q_elements = np.asarray(q_heads, dtype=float) * q_len * head_dim
-    count, nbytes = dq_partials(kv_len, block_kv, reduction_steps=reduction_steps, act_bytes=act_bytes)
-    return nbytes * q_elements * (count + 1)
+    count, nbytes = dq_partials(
+        kv_len, block_kv, reduction_steps=reduction_steps, act_bytes=act_bytes, in_q_dtype=in_q_dtype
+    )
+    return nbytes * dq_elements(q_heads, q_len, head_dim) * (count + 1)
+
+
+def dq_elements(q_heads, q_len, head_dim):
+    """Values of one dq array (a partial, or the sum) of `q_heads` heads (the batch folded in)."""
+    return np.asarray(q_heads, dtype=float) * q_len * head_dim
 
 
 def splash_step_costs(
@@ -143,6 +151,7 @@ def splash_step_costs(
     hbm_s_per_byte=0.0,
     backward_core_share=1.0,
     dq_reduction_steps=0,
+    dq_partials_in_q_dtype=False,
     local_blocks=None,
 ):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
@@ -151,7 +160,8 @@ def splash_step_costs(
     `per_step_byte_s` per byte of its operand arrays, plus `per_masked_element_s` per logit where the causal
     rule is evaluated; forward and backward each pay `per_call_byte_s` once per operand byte. The backward's
     grids run on `backward_core_share` of the device's cores, and a fused backward also moves its dq
-    partials (`dq_partials` under `dq_reduction_steps`) at `hbm_s_per_byte`. Blocks are clamped to the
+    partials (`dq_partials` under `dq_reduction_steps` and `dq_partials_in_q_dtype`) at `hbm_s_per_byte`.
+    Blocks are clamped to the
     lengths; heads have the batch folded in.
     Under a local mask `local_blocks` (`masks.CallBlocks` columns) gives the shrunk grids and the blocks
     where the rule is evaluated.
@@ -180,6 +190,7 @@ def splash_step_costs(
             block_kv=bk,
             reduction_steps=dq_reduction_steps,
             act_bytes=act_bytes,
+            in_q_dtype=dq_partials_in_q_dtype,
         )
         if fused_backward
         else 0.0

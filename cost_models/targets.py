@@ -99,6 +99,8 @@ class TargetTraits:
             megacore's two cores share even one sequence's backward (cpplan's runtime, `runtime.splash`);
             otherwise the calls are vmapped over the device's sequences alone (MaxText's
             layers/attention_op.py).
+        fused_dq_partials_in_q_dtype: the fused backward's dq partials, one per key block, are in q's dtype
+            (jax's splash, `_splash_attention_bwd_dkv`), not fp32 (tokamax's).
     """
 
     target: Target
@@ -126,6 +128,7 @@ class TargetTraits:
     kv_buffers_working_set: bool = False
     layers_switch_masks: bool = False
     splash_rows_split_over_cores: bool = False
+    fused_dq_partials_in_q_dtype: bool = False
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -153,6 +156,7 @@ TRAITS: dict[Target, TargetTraits] = {
         kv_buffers_working_set=True,
         layers_switch_masks=True,
         splash_rows_split_over_cores=True,
+        fused_dq_partials_in_q_dtype=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

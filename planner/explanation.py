@@ -131,6 +131,18 @@ def describe_strategy(plan: Plan) -> str:
     return f"{text} (global layers), {STRATEGIES[plan.local_strategy].describe(*degrees)} (local layers)"
 
 
+def backward_text(plan: Plan, target: Target) -> str:
+    """Which splash kernels run the attention's backward on `target`, in words."""
+    spec, shape = plan.strategy_spec, plan.shape
+    kernel_calls = spec.kernel_calls if target is Target.CPPLAN else spec.maxtext_kernel_calls
+    calls = kernel_calls(shape, spec.layout(shape))
+    if not all(c.fused_backward for c in calls):
+        return "splash's dq and dK/dV kernels"
+    if target is not Target.CPPLAN and plan.dq_reduction_steps:
+        return f"splash's fused kernel (dq as {plan.dq_reduction_steps} rolled partials, summed after it)"
+    return "splash's fused kernel (dq as partials, one per key block, summed after it)"
+
+
 def short(plan: Plan) -> str:
     """One line: strategy, the non-trivial mesh axes (and the slices data and fsdp span), remat."""
     mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "single device"
@@ -456,6 +468,7 @@ class Explanation:
             )
             + "; loss "
             + (f"in chunks of {p.loss_chunk_tokens} tokens" if p.loss_chunk_tokens else "over full logits"),
+            f"  backward       {backward_text(p, self.result.target)}",
             "",
             f"Predicted step   {_s(e.step_time_s)}  (bounds: {_s(e.lower_bound_s)} with perfect overlap, "
             f"{_s(e.upper_bound_s)} with none)",

@@ -57,10 +57,12 @@ class Plan:
         mu_dtype: AdamW's first moment (MaxText's `mu_dtype`, optax's; bfloat16 as some recipes run
             it); the second moment is kept in `param_dtype`, as in both.
         compute_dtype: activations and matmul inputs.
-        fused_attention_backward: MaxText runs splash's backward as its one fused kernel rather
-            than the dq and dk/dv kernels (its jax splash with `sa_use_fused_bwd_kernel=true`; its
-            tokamax splash, which ring, USP and Ulysses use, always does). cpplan's runtime runs
-            the two kernels whatever this says, and is priced so.
+        fused_attention_backward: splash's backward runs as its one fused kernel (dq formed as
+            partials, one per key block, summed after the kernel) rather than a dq and a dK/dV
+            kernel: faster, and the partials take memory. cpplan's runtime runs it in every layer
+            whose mask is not local (a local mask's shrunk tables it cannot walk); MaxText runs it
+            with its jax splash as `sa_use_fused_bwd_kernel=true`, and its tokamax splash (ring,
+            USP, Ulysses) always does.
         dq_reduction_steps: MaxText's `dq_reduction_steps`: tokamax's fused backward keeps dq as this
             many rolled partials in the compute dtype rather than one fp32 partial per key block (0:
             none; 3 is the one count it accepts). What bounds MaxText's longest ring context; cpplan's
@@ -253,6 +255,7 @@ class Plan:
             self.mesh_dict,
             self.load_balance is LoadBalance.ZIGZAG,
             self.topology_spec.chip.kind.shares_cores,
+            self.fused_attention_backward,
         )
 
     @property

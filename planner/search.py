@@ -331,6 +331,7 @@ class _Priced(NamedTuple):
     rows: _Group
     priced: Priced
     local: np.ndarray | None = None
+    fused: np.ndarray | None = None  # each row's `Plan.fused_attention_backward` (None: False for every row)
 
     @property
     def x(self) -> Candidates:
@@ -622,8 +623,23 @@ class SearchSpace:
                     ),
                     _stacked([g.x for g in groups], order, case),
                 )
-            out.append(self._with_local_strategies(_Priced(strategy, rows, price(rows.x, target=self.target))))
+            priced = _Priced(strategy, rows, price(rows.x, target=self.target))
+            out.append(self._with_local_strategies(self._with_fused_backward(priced)))
         return out
+
+    def _with_fused_backward(self, p: _Priced) -> _Priced:
+        """On cpplan's runtime, each row's attention backward as splash's fused kernel where that fits and
+        makes the step faster: its dq partials take memory the separate kernels do not. Not for a model
+        mixing masks, whose local layers' strategy is chosen per row on the separate kernels; MaxText's
+        choice is its kernels' (`StrategySpec.maxtext_kernel_calls`)."""
+        if self.target.traits.maxtext_rules or len(self.model.layer_masks) > 1 or self.model.global_mask.local:
+            return p
+        alternative = price(dataclasses.replace(p.x, fused_attention_backward=True), target=self.target)
+        cap = self.topology.hbm_bytes_per_device
+        fits, fits_fused = p.priced.hbm_total <= cap, alternative.hbm_total <= cap
+        # a plan that fits neither way keeps the separate kernels: the less memory, the nearer to fitting
+        take = fits_fused & (~fits | (alternative.step_time_s < p.priced.step_time_s))
+        return p._replace(priced=choose_rows(take, alternative, p.priced), fused=take)
 
     def _with_local_strategies(self, p: _Priced) -> _Priced:
         """For a model mixing masks, each row's local layers under whichever allowed strategy of the same
@@ -831,8 +847,11 @@ class SearchSpace:
             mu_dtype=opts.mu_dtype,
             compute_dtype=opts.compute_dtype,
             dq_reduction_steps=self._dq_reduction_steps(p.strategy),
+            fused_attention_backward=p.fused is not None and bool(p.fused[i]),
         )
-        x = p.x if plan.local_strategy is None else dataclasses.replace(p.x, local_strategy=plan.local_strategy)
+        x = dataclasses.replace(
+            p.x, local_strategy=plan.local_strategy, fused_attention_backward=plan.fused_attention_backward
+        )
         return Ranked(plan, estimate_row(p.priced, i, x, memory_margins=self._memory_margins))
 
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from cost_models.compute import causal_block_fraction, splash_step_costs
+from cost_models.compute import causal_block_fraction, dq_elements, dq_partials, splash_step_costs
 
 LENGTHS = (4096, 8192, 16384, 32768, 65536, 131072)
 BLOCKS = (1024, 2048, 512)  # in the order timed: a budget cut leaves out the blocks the search uses least
@@ -75,8 +75,9 @@ def kernel_shapes(heads: int, kv_heads: int, head_dim: int) -> list[KernelShape]
 
 
 def fused_partials_bytes(shape: KernelShape, act_bytes: int) -> int:
-    """Bytes of the fused backward's dq partials (jax's splash: one array like q per key block, in q's dtype)."""
-    return (shape.kv_len // shape.block) * shape.heads * shape.q_len * shape.head_dim * act_bytes
+    """Bytes of the fused backward's dq partials as jax's splash holds them (`compute.dq_partials`)."""
+    count, nbytes = dq_partials(shape.kv_len, shape.block, act_bytes=act_bytes, in_q_dtype=True)
+    return int(count * nbytes * dq_elements(shape.heads, shape.q_len, shape.head_dim))
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ def kernel_terms(shape: KernelShape, *, act_bytes: int, hbm_s_per_byte: float) -
             causal=shape.causal,
             fused_backward=fused,
             hbm_s_per_byte=hbm,
+            dq_partials_in_q_dtype=True,  # jax's splash, which calibrate times
         )
         return float(fwd), float(bwd)
 

@@ -88,7 +88,8 @@ def _counted(run_ids: list[str]) -> str:
 def _plan_label(plan: Plan) -> str:
     mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "1 device"
     zig = " zigzag" if plan.load_balance.value == "zigzag" else ""
-    return f"{plan.strategy_label}{zig} [{mesh}] {plan.remat.value}"
+    fused = ", fused backward" if plan.fused_attention_backward else ""
+    return f"{plan.strategy_label}{zig} [{mesh}] {plan.remat.value}, blocks {plan.block_q}{fused}"
 
 
 @dataclass

@@ -1,13 +1,15 @@
 """Step-time validation: price the feasible plans, run a selection of them, compare.
 
 The selection: the planner's top K, the best plan of every strategy, then a seeded sample of
-the rest, up to `max_plans` per sequence length. Runs go one after another under a progress
+the rest, up to `max_plans` per sequence length, each also with the splash blocks and attention
+backwards asked for (`plan_variants`). Runs go one after another under a progress
 bar, each result appended to a journal file as it finishes; Ctrl-C (and SIGTERM, which the CLI
 turns into it) stops them keeping what was measured.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 from collections.abc import Callable, Sequence
@@ -45,6 +47,27 @@ def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: in
     return chosen[:max_plans]
 
 
+def plan_variants(ranked: Ranked, *, blocks: Sequence[int] = (), both_backwards: bool = False) -> list[Ranked]:
+    """`ranked` and the same plan with each of `blocks` as its splash blocks and, where `both_backwards`,
+    with the other attention backward (splash's fused kernel or its dq and dK/dV kernels): each that its
+    strategy runs and the price says fits, priced as it is, `ranked` first."""
+    plan = ranked.plan
+    out = [ranked]
+    backwards = (plan.fused_attention_backward, not plan.fused_attention_backward)[: 2 if both_backwards else 1]
+    for block in dict.fromkeys((plan.block_q, *blocks)):
+        for fused in backwards:
+            if (block, fused) == (plan.block_q, plan.fused_attention_backward):
+                continue
+            try:
+                variant = dataclasses.replace(plan, block_q=block, block_kv=block, fused_attention_backward=fused)
+                priced = estimate(variant)
+            except CpplanError:  # a block the lengths or the chip's memories refuse
+                continue
+            if priced.fits:
+                out.append(Ranked(variant, priced))
+    return out
+
+
 def choose_plans(
     model,
     seq_lens: Sequence,
@@ -54,10 +77,13 @@ def choose_plans(
     max_plans: int = 16,
     top: int = 3,
     seed: int = 0,
+    blocks: Sequence[int] = (),
+    both_backwards: bool = False,
     **options,
 ) -> list[Ranked]:
     """The plans `validate_step_times` runs, chosen without jax: a TPU's compiler flags (the scoped VMEM
-    the chosen splash blocks need) must be set before jax starts its backend.
+    the chosen splash blocks need) must be set before jax starts its backend. Each chosen plan is run
+    with its `plan_variants` too.
 
     Raises:
         CpplanError: no plan fits at one of the lengths.
@@ -70,7 +96,8 @@ def choose_plans(
                 f"no plan fits {result.model.name} at {seq_len} tokens on {result.topology.name}; "
                 "see `cpplan explain` for why."
             )
-        plans += select_plans(result.ranked, max_plans=max_plans, top=top, seed=seed)
+        for ranked in select_plans(result.ranked, max_plans=max_plans, top=top, seed=seed):
+            plans += plan_variants(ranked, blocks=blocks, both_backwards=both_backwards)
     return plans
 
 

@@ -120,6 +120,7 @@ def price_attention(
             hbm_s_per_byte=hbm_s_per_byte,
             backward_core_share=core_share,
             dq_reduction_steps=x.dq_reduction_steps if traits.ring_dq_partials else 0,
+            dq_partials_in_q_dtype=traits.fused_dq_partials_in_q_dtype,
             local_blocks=call_blocks_,
         )
         grid_forward_s = grid_forward_s + call.count * fwd

@@ -15,8 +15,9 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
+from cost_models.compute import dq_elements, dq_partials
 from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
-from cost_models.strategies import Layout
+from cost_models.strategies import STRATEGIES, Layout
 from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, lane_ratio
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
@@ -115,6 +116,19 @@ def reduce_scatter_scratch(x: Candidates, operand_bytes, devices) -> np.ndarray:
     return x.topology.chip.reduce_scatter_scratch * operand_bytes * np.maximum(n - 2, 0.0) / n
 
 
+def fused_dq_partials_held(x: Candidates, layout: Layout) -> np.ndarray:
+    """Bytes the fused backward's dq partials hold (jax's splash: one per key block in q's dtype, all
+    written before the sum after the kernel), the largest call's: a device's calls run one after another,
+    each summed before the next (0 where the calls run the dq and dK/dV kernels)."""
+    held = np.zeros_like(np.asarray(x.tokens_per_device, dtype=float))
+    for call in STRATEGIES[x.strategy].kernel_calls(x, layout):
+        if call.fused_backward:
+            count, nbytes = dq_partials(call.kv_len, x.block_kv, act_bytes=x.act_bytes, in_q_dtype=True)
+            rows = x.sequences_per_device * layout.q_heads
+            held = np.maximum(held, count * nbytes * dq_elements(rows, call.q_len, x.model.head_dim))
+    return held
+
+
 def price_memory(
     x: Candidates,
     layout: Layout,
@@ -124,6 +138,7 @@ def price_memory(
     head_gradient_in_head_layout: bool,
     kv_buffers_working_set: bool = False,
     layers_switch_masks: bool = False,
+    fused_dq_partials_in_q_dtype: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
     at a layer's peak), the keyword arguments the target's traits of the same names."""
@@ -194,6 +209,8 @@ def price_memory(
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
     attention_buffers = context.buffer_bytes + per_query - beside_kv * context.operand_copies_bytes
+    if fused_dq_partials_in_q_dtype:
+        attention_buffers = attention_buffers + fused_dq_partials_held(x, layout)
     # on a chip that holds splash's log-sum-exp lane-wide, the copy that slices it for the backward's kernels
     # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, the residual
     # stream's, nor the strategy's gradient buffers; that moment's excess over the kernels'

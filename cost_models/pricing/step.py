@@ -208,6 +208,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
                 head_gradient_in_head_layout=target.traits.head_gradient_in_head_layout,
                 kv_buffers_working_set=target.traits.kv_buffers_working_set,
                 layers_switch_masks=target.traits.layers_switch_masks,
+                fused_dq_partials_in_q_dtype=target.traits.fused_dq_partials_in_q_dtype,
             ).as_dict(),
             attention.layout,
             target.traits,

@@ -42,10 +42,10 @@ class AllGather(StrategySpec):
         mask = x.attention_mask
         if mask.local:
             call = KernelCall(1.0, layout.q_len, layout.kv_len, mask=mask, q_start=layout.kv_len - layout.q_len)
-            return self.with_backward((call,))
+            return self.with_backward(x, (call,))
         cap = np.where(x.zigzag, layout.q_len / 2, np.inf)
         call = KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal, q_block_cap=cap)
-        return self.with_backward((call,))
+        return self.with_backward(x, (call,))
 
     def cost(
         self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False

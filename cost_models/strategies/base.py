@@ -36,15 +36,33 @@ class Shape:
     zigzag: bool
     shared_cores: bool = False
     mask: AttentionMask | None = None  # the layers it stands for: those with this mask (None: the global ones)
+    fused_attention_backward: bool = False  # splash's backward as its one fused kernel (`Plan`'s field)
 
     @property
     def attention_mask(self) -> AttentionMask:
         return self.mask or self.model.global_mask
 
     @classmethod
-    def on_mesh(cls, model: ModelSpec, seq_len: int, mesh: dict[str, int], zigzag: bool, shared_cores: bool) -> Shape:
+    def on_mesh(
+        cls,
+        model: ModelSpec,
+        seq_len: int,
+        mesh: dict[str, int],
+        zigzag: bool,
+        shared_cores: bool,
+        fused_attention_backward: bool = False,
+    ) -> Shape:
         """The shape of a plan on `mesh` (axis sizes by name, every axis present)."""
-        return cls(model, seq_len, mesh["context"], mesh["context_ulysses"], mesh["tensor"], zigzag, shared_cores)
+        return cls(
+            model,
+            seq_len,
+            mesh["context"],
+            mesh["context_ulysses"],
+            mesh["tensor"],
+            zigzag,
+            shared_cores,
+            fused_attention_backward=fused_attention_backward,
+        )
 
 
 @dataclass(frozen=True)
@@ -116,6 +134,12 @@ class KernelCall:
         return self.mask is not None and self.mask.local
 
 
+def fused_backward_runs(x, calls) -> bool:
+    """Whether splash's fused backward runs `calls`: where the plan asks for it and no call has a local
+    mask (whose shrunk dK/dV tables the fused kernel cannot walk)."""
+    return bool(x.fused_attention_backward) and not any(c.local for c in calls)
+
+
 @dataclass(frozen=True)
 class CPCost:
     """A strategy's own traffic for one layer, forward and backward (arrays over candidates)."""
@@ -181,16 +205,13 @@ class StrategySpec:
     collective: str
     balances_load: bool = True
     hides_traffic_behind_attention = False  # its transfers overlap the attention of the block in hand
-    # cpplan's runtime runs splash's fused backward for its calls (where every call's mask tables are whole:
-    # the fused kernel walks unshrunk dK/dV tables); off while the memory price leaves out the fused
-    # kernel's dq partials (one q-sized array per key block), which outgrow a chip at long sequences
-    runs_fused_backward = False
 
-    def with_backward(self, calls: tuple[KernelCall, ...]) -> tuple[KernelCall, ...]:
-        """`calls` with the backward cpplan's runtime runs for them: all fused where the strategy runs the
-        fused kernel and no call has a local (shrunk) mask, else all as dq and dK/dV kernels (a device's
-        calls run one kind)."""
-        fused = self.runs_fused_backward and not any(c.local for c in calls)
+    @staticmethod
+    def with_backward(x, calls: tuple[KernelCall, ...]) -> tuple[KernelCall, ...]:
+        """`calls` with the backward cpplan's runtime runs for them: all fused where the plan asks for the
+        fused kernel (`x.fused_attention_backward`) and no call has a local (shrunk) mask, whose dK/dV tables
+        the fused kernel cannot walk, else all as dq and dK/dV kernels (a device's calls run one kind)."""
+        fused = fused_backward_runs(x, calls)
         return tuple(replace(c, fused_backward=fused) for c in calls)
 
     @property
@@ -255,8 +276,8 @@ class StrategySpec:
         device's on chips, the average one's where devices share cores)."""
         mask = x.attention_mask
         if mask.local:  # the whole sequence's queries and keys in one call
-            return self.with_backward((KernelCall(1.0, layout.q_len, layout.kv_len, mask=mask),))
-        return self.with_backward((KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),))
+            return self.with_backward(x, (KernelCall(1.0, layout.q_len, layout.kv_len, mask=mask),))
+        return self.with_backward(x, (KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal),))
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         """The splash calls MaxText makes for the same layout: cpplan's, with the fused backward under

@@ -150,7 +150,7 @@ class Ring(StrategySpec):
         return Layout(*tensor_shard_heads(x), ring, block, block)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        return self.with_backward(ring_calls(x, layout))
+        return self.with_backward(x, ring_calls(x, layout))
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return tokamax_ring_calls(x, layout)

@@ -45,7 +45,7 @@ class USP(StrategySpec):
         return ulysses_layout(x, x.ring, x.seq_len / x.ring)
 
     def kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
-        return self.with_backward(ring_calls(x, layout))
+        return self.with_backward(x, ring_calls(x, layout))
 
     def maxtext_kernel_calls(self, x, layout: Layout) -> tuple[KernelCall, ...]:
         return tokamax_ring_calls(x, layout)

@@ -6,6 +6,7 @@ plan's order; both scale q once and accept `segment_ids` of packed documents.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from types import ModuleType
@@ -64,6 +65,7 @@ def attention_layout(plan: Plan, *, interpret: bool, mask: AttentionMask | None 
     (None: the mask all the model's layers have)."""
     chip = plan.topology_spec.chip
     smem = chip.smem_bytes if not interpret else 0
+    mask = mask or model_mask(plan)
     return AttentionLayout(
         seq_len=plan.seq_len,
         ring=plan.axis_size("context"),
@@ -74,17 +76,17 @@ def attention_layout(plan: Plan, *, interpret: bool, mask: AttentionMask | None 
             plan.block_kv,
             interpret,
             smem,
-            fused_backward=fused_backward(plan),
+            fused_backward=fused_backward(plan, mask),
             cores=chip.cores_per_device,
         ),
-        mask=mask or model_mask(plan),
+        mask=mask,
     )
 
 
-def fused_backward(plan: Plan) -> bool:
-    """Whether the plan's splash calls run the fused backward: as its strategy spec's calls say, the one
-    place the price reads it from too."""
-    spec, shape = plan.strategy_spec, plan.shape
+def fused_backward(plan: Plan, mask: AttentionMask | None = None) -> bool:
+    """Whether the plan's splash calls for layers with `mask` (None: the model's global layers') run the fused
+    backward: as its strategy spec's calls say, the one place the price reads it from too."""
+    spec, shape = plan.strategy_spec, dataclasses.replace(plan.shape, mask=mask)
     return all(c.fused_backward for c in spec.kernel_calls(shape, spec.layout(shape)))
 
 

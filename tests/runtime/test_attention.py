@@ -35,7 +35,7 @@ def model(kv_heads):
     return ModelSpec("attn-test", 1, 64, HEADS, kv_heads, HEAD_DIM, 128, 256)
 
 
-def make_plan(strategy, mesh, seq_len, *, kv_heads=HEADS, zigzag=False, batch=1):
+def make_plan(strategy, mesh, seq_len, *, kv_heads=HEADS, zigzag=False, batch=1, fused=False):
     return Plan(
         model=model(kv_heads),
         topology="cpu:8",
@@ -48,6 +48,7 @@ def make_plan(strategy, mesh, seq_len, *, kv_heads=HEADS, zigzag=False, batch=1)
         block_kv=128,
         param_dtype="float32",
         compute_dtype="float32",
+        fused_attention_backward=fused,
     )
 
 
@@ -137,15 +138,13 @@ FUSED_CASES = [  # one of each layout, GQA, zigzag where the layout balances loa
 
 
 @pytest.mark.parametrize("strategy,mesh,seq_len,zigzag,kv_heads", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
-def test_the_fused_backward_matches_dense(monkeypatch, strategy, mesh, seq_len, zigzag, kv_heads):
-    """Every strategy run with splash's fused backward (its spec's `runs_fused_backward` on) gives the
+def test_the_fused_backward_matches_dense(strategy, mesh, seq_len, zigzag, kv_heads):
+    """Every strategy run with splash's fused backward (the plan's `fused_attention_backward`) gives the
     dense reference's gradients, as the dq and dK/dV kernels do."""
-    from cost_models.strategies import STRATEGIES
     from runtime.attention import fused_backward
 
-    monkeypatch.setattr(type(STRATEGIES[strategy]), "runs_fused_backward", True)
     batch = mesh.get("fsdp", 1)  # one device's sequence each where the batch is what is split
-    plan = make_plan(strategy, mesh, seq_len, kv_heads=kv_heads, zigzag=zigzag, batch=batch)
+    plan = make_plan(strategy, mesh, seq_len, kv_heads=kv_heads, zigzag=zigzag, batch=batch, fused=True)
     assert fused_backward(plan)
     device_mesh = build_mesh(plan)
     q, k, v, d_out = inputs(seq_len, kv_heads, batch)

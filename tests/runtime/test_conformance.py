@@ -39,7 +39,7 @@ def attention_model(heads, kv_heads):
     return ModelSpec("conformance", 1, 64, heads, kv_heads, HEAD_DIM, 128, 256)
 
 
-def make_plan(strategy, mesh, seq_len, *, heads=8, kv_heads=8, zigzag=False, batch=1, block=128):
+def make_plan(strategy, mesh, seq_len, *, heads=8, kv_heads=8, zigzag=False, batch=1, block=128, fused=False):
     return Plan(
         model=attention_model(heads, kv_heads),
         topology="cpu:8",
@@ -52,6 +52,7 @@ def make_plan(strategy, mesh, seq_len, *, heads=8, kv_heads=8, zigzag=False, bat
         block_kv=block,
         param_dtype="float32",
         compute_dtype="float32",
+        fused_attention_backward=fused,
     )
 
 
@@ -147,14 +148,10 @@ def test_runtime_makes_the_spec_kernel_calls(recorded, strategy, mesh, seq_len, 
 @pytest.mark.parametrize(
     "strategy,mesh,seq_len,options", [CASES[0], CASES[2], CASES[5], CASES[8], CASES[9]], ids=lambda c: str(c)
 )
-def test_a_strategy_that_runs_the_fused_backward_runs_it_in_every_call(
-    recorded, monkeypatch, strategy, mesh, seq_len, options
-):
-    """With a spec's `runs_fused_backward` on, its calls say fused and the runtime's kernels run it: the
-    backward kind is part of what is compared."""
-    spec = STRATEGIES[strategy]
-    monkeypatch.setattr(type(spec), "runs_fused_backward", True)
-    plan = make_plan(strategy, mesh, seq_len, **options)
+def test_a_plan_with_the_fused_backward_runs_it_in_every_call(recorded, strategy, mesh, seq_len, options):
+    """With the plan's `fused_attention_backward` on, its spec's calls say fused and the runtime's kernels
+    run it: the backward kind is part of what is compared."""
+    plan = make_plan(strategy, mesh, seq_len, fused=True, **options)
     assert all(key[-1] for key in spec_calls(plan, shared_cores=False))
     assert_conforms(recorded, plan)
     assert recorded[0] and all(key[-1] for key in recorded[0])

@@ -1,0 +1,77 @@
+"""Pure tier: the search runs splash's fused backward on cpplan's runtime where its dq partials fit and it is
+faster, and the separate dq and dK/dV kernels where they do not; the partials' bytes by hand; validate's
+variants of a chosen plan."""
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import planner
+from cost_models.compute import dq_partials
+from cost_models.errors import CpplanError
+
+pytestmark = pytest.mark.pure
+
+H128 = str(Path(__file__).resolve().parents[2] / "benchmarks" / "tpu_v5e" / "llama-4l-h128.json")
+
+
+def test_jax_splash_keeps_one_partial_per_key_block_in_q_dtype_and_tokamax_fp32():
+    # 8192 keys in blocks of 1024: 8 partials, bf16 in jax's kernel, fp32 in tokamax's, 3 bf16 rolled ones
+    assert [float(v) for v in dq_partials(8192, 1024, act_bytes=2, in_q_dtype=True)] == [8, 2]
+    assert [float(v) for v in dq_partials(8192, 1024, act_bytes=2)] == [8, 4]
+    assert [float(v) for v in dq_partials(8192, 1024, reduction_steps=3, act_bytes=2)] == [3, 2]
+
+
+def test_the_fused_plan_holds_its_partials_beside_the_separate_one():
+    # the h128 model alone on a v5e chip at 16K, blocks 1024: 16 partials of 16 heads × 16384 × 128 in bf16
+    chosen = planner.explain(H128, "16k", "v5e:1x1", global_batch=1).best
+    fused = dataclasses.replace(chosen, block_q=1024, block_kv=1024, fused_attention_backward=True)
+    separate = dataclasses.replace(fused, fused_attention_backward=False)
+    e_fused, e_separate = planner.estimate(fused), planner.estimate(separate)
+    partials = 16 * 16 * 16384 * 128 * 2
+    buffers = e_fused.hbm_bytes["attention_buffers"] - e_separate.hbm_bytes["attention_buffers"]
+    assert buffers == pytest.approx(partials)
+    # faster by the backward's kernels alone: the chip's separate kernels cost more than the fused one
+    assert e_fused.compute_s["attention"] < e_separate.compute_s["attention"]
+    assert e_fused.compute_s["matmul"] == e_separate.compute_s["matmul"]
+
+
+@pytest.mark.parametrize("seq_len,fused", [("16k", True), ("64k", False)])
+def test_the_search_runs_the_fused_backward_where_its_partials_fit(seq_len, fused):
+    e = planner.explain(H128, seq_len, "v5e:1x1", global_batch=1)
+    assert e.best.fused_attention_backward is fused
+    other = planner.estimate(dataclasses.replace(e.best, fused_attention_backward=not fused))
+    if fused:  # the separate kernels fit too, and are slower
+        assert other.fits and other.step_time_s > e.estimate.step_time_s
+    else:  # at 64K the partials (32 of 16 heads × 65536 × 128, bf16: 8 GiB) do not fit beside the step
+        assert not other.fits
+    assert ("fused kernel" in str(e)) is fused
+
+
+def test_maxtext_keeps_its_own_choice():
+    e = planner.explain(H128, "16k", "v5e:1x1", global_batch=1, target="maxtext")
+    assert e.best.fused_attention_backward is False
+
+
+def test_validate_runs_each_variant_that_fits_priced_as_it_is():
+    from validation.steptime import choose_plans, plan_variants
+
+    best = choose_plans(H128, [65536], "v5e:1x1", max_plans=1, top=1, compute_dtype="bfloat16")[0]
+    variants = plan_variants(best, blocks=[1024, 2048], both_backwards=True)
+    kinds = [(r.plan.block_q, r.plan.fused_attention_backward) for r in variants]
+    # the chosen plan first; no fused variant at 64K (its partials do not fit); one more block
+    assert kinds[0] == (best.plan.block_q, False)
+    assert sorted(kinds) == [(1024, False), (2048, False)]
+    for r in variants:
+        assert r.estimate.step_time_s == planner.estimate(r.plan).step_time_s and r.estimate.fits
+
+
+def test_a_block_that_is_not_a_power_of_two_is_refused():
+    from cli.args import block_sizes
+
+    assert block_sizes("1024, 2048") == [1024, 2048] and block_sizes(None) == []
+    with pytest.raises(CpplanError, match="--blocks '1000'.*powers of two from 128"):
+        block_sizes("1000")
+    assert np.all(np.array(block_sizes("128,256")) >= 128)
