@@ -125,7 +125,8 @@ class Chip:
     # log-sum-exp kept in the kernel's lane-wide output until the backward reads it, and through a
     # layer's forward that keeps the attention output; a flat offloading program's loss holding a layer's
     # weights beyond the last layer's gathered MLP matrices; reduce-scatters run by the SparseCore, each
-    # holding a scratch of (n - 2)/n of its operand in HBM
+    # holding a scratch of (n - 2)/n of its operand in HBM; the loss's logit gradient fused into the head's
+    # weight-gradient matmul, so that a deferred matmul holds the logits, which the compiler can recompute
     relayout_off_tensorcore: bool
     attention_before_mlp_backward: bool
     offload_peels_layer_loops: bool
@@ -133,6 +134,7 @@ class Chip:
     forward_lse_lanes_held: bool
     flat_offload_holds_layer_weights: bool
     reduce_scatter_scratch: bool
+    logit_gradient_fused_into_head_matmul: bool
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -220,6 +222,7 @@ COMPILER_SCHEDULE_FIELDS = (
     "forward_lse_lanes_held",
     "flat_offload_holds_layer_weights",
     "reduce_scatter_scratch",
+    "logit_gradient_fused_into_head_matmul",
 )
 
 # (integer?, lowest, lowest allowed itself?, highest or None, what the field measures); every value finite

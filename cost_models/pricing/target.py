@@ -10,7 +10,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.compute import dq_partials
-from cost_models.pricing.memory import checkpoint_placed
+from cost_models.pricing.memory import checkpoint_placed, peak_bytes
 from cost_models.remat import MLP_INPUT_CHECKPOINTS
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
@@ -72,8 +72,25 @@ def target_memory(
         partials = x.sequences_per_device * count * nbytes * layout.q_heads * layout.q_len * m.head_dim
         out["attention_buffers"] = out["attention_buffers"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
     held = held_through_backward_bytes(x, traits)
-    out["attention_working_set"] = out["attention_working_set"] + held["head_gradient"] + held["mlp_backward"]
-    out["mlp_working_set"] = out["mlp_working_set"] + held["head_gradient"]
+    holding = with_held(out, held, held["head_gradient"])
+    # XLA's rematerialization recomputes a deferred matmul's output where holding it overflows the HBM: the
+    # logits, where the chip fuses the logit gradient into the head's matmul (a logit gradient written by
+    # its own fusion is recomputed only from the logits, as large: nothing to gain)
+    recomputed = (
+        (peak_bytes(holding) > x.topology.chip.hbm_bytes_per_device)
+        & x.topology.chip.logit_gradient_fused_into_head_matmul
+        & (held["head_gradient"] > 0)
+    )
+    if not recomputed.any():
+        return holding
+    return with_held(out, held, np.where(recomputed, held["head_recompute_inputs"], held["head_gradient"]))
+
+
+def with_held(memory: dict, held: dict, head: np.ndarray) -> dict:
+    """`memory` with what is held through a layer's backward: `head` on both sides, the MLP's on the attention's."""
+    out = dict(memory)
+    out["attention_working_set"] = out["attention_working_set"] + head + held["mlp_backward"]
+    out["mlp_working_set"] = out["mlp_working_set"] + head
     return out
 
 
@@ -82,14 +99,17 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
 
     `head_gradient`: the loss's logit gradient and the final norm's output, through both sides, where the
     head's weight gradient is deferred past the layers (under offload, or as a windowed-einsum loop; a
-    loss of one vocabulary tile only). `mlp_backward`: the MLP's input-projection outputs and their
-    gradients for every token, through the attention's side, where the policy offloads them.
+    loss of one vocabulary tile only). `head_recompute_inputs`: what is held instead where the compiler
+    recomputes the logits after the layers' backward: the head's gathered weight and the final layer's fp32
+    output. `mlp_backward`: the MLP's input-projection outputs and their gradients for every token, through
+    the attention's side, where the policy offloads them.
     """
     # offloads that stay in HBM (a step of one layer) are held as kept values there: nothing comes back from the host
     m, columns = x.model, x.held_remat_columns
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     offloads = np.asarray(columns.saved_on_host) > 0
     head = tokens * (m.vocab / x.tensor + m.hidden) * x.act_bytes
+    recompute_inputs = m.vocab / x.tensor * m.hidden * x.act_bytes + tokens * m.hidden * 4
     offloads_mlp = np.any([checkpoint_placed(x, n, Placement.OFFLOAD) for n in MLP_INPUT_CHECKPOINTS], axis=0)
     mlp_offloaded = offloads & offloads_mlp
     mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
@@ -105,6 +125,7 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     deferred = one_tile & ((offloads & traits.offload_defers_head_gradient) | loop)
     return {
         "head_gradient": np.where(deferred, head, 0.0),
+        "head_recompute_inputs": np.where(deferred, recompute_inputs, 0.0),
         "mlp_backward": np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0),
     }
 

@@ -45,6 +45,7 @@ def test_the_facts_read_from_compiles():
         "forward_lse_lanes_held": False,
         "flat_offload_holds_layer_weights": True,
         "reduce_scatter_scratch": True,
+        "logit_gradient_fused_into_head_matmul": False,
     }
     assert {name: getattr(get_chip("v5p"), name) for name in COMPILER_SCHEDULE_FIELDS} == {
         "relayout_off_tensorcore": False,
@@ -54,8 +55,12 @@ def test_the_facts_read_from_compiles():
         "forward_lse_lanes_held": True,
         "flat_offload_holds_layer_weights": False,
         "reduce_scatter_scratch": False,
+        "logit_gradient_fused_into_head_matmul": False,
     }
     assert get_chip("v6e").reduce_scatter_scratch is get_chip("v5e").reduce_scatter_scratch is False
+    # v6e's head-gradient matmul reads the logits and forms their gradient in its fusion (the 70B v6e-128
+    # compile recomputes them); v5p and tpu7x write the logit gradient as its own fusion
+    assert get_chip("v6e").logit_gradient_fused_into_head_matmul is True
 
 
 @pytest.mark.parametrize("name", COMPILER_SCHEDULE_FIELDS)

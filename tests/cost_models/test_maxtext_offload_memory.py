@@ -171,3 +171,30 @@ def test_the_update_reads_every_gradient_under_either_target(policy):
     assert every["maxtext"] == pytest.approx(every["cpplan"])
     # fp32 gradients of every parameter, sharded over the 4 devices' weight group
     assert every["maxtext"] == pytest.approx(8_030_261_248 * 4 / 4, rel=1e-3)
+
+
+RUN_70B_V6E_128 = (
+    "model_name=llama3.1-70b per_device_batch_size=4 ici_fsdp_parallelism=-1 remat_policy=custom "
+    "decoder_layer_input=offload query_proj=offload key_proj=offload value_proj=offload max_target_length=8192 "
+    "compile_topology=v6e-128"
+)
+
+
+@pytest.mark.parametrize("topology, recomputed", [("v6e-128", True), ("v5p-128", False)])
+def test_deferred_logits_recomputed_where_holding_them_overflows_a_fusing_chip(topology, recomputed):
+    # the published 70B v6e-128 run holds its logits (32768 tokens × (vocab + hidden) bf16, 8.33 GiB) past the
+    # layers' backward only where they fit: on v6e, which fuses the logit gradient into the head's matmul,
+    # they overflow 32 GiB and are recomputed from the head's gathered weight and the final layer's fp32
+    # output (8192 × 128256 bf16 + 32768 × 8192 fp32); v5p holds them (95 GiB, and a written logit gradient)
+    flags = dict(w.split("=", 1) for w in RUN_70B_V6E_128.replace("v6e-128", topology).split())
+    plan = read_maxtext(flags).plan
+    x = candidates_of(plan)
+    held = held_through_backward_bytes(x, Target.MAXTEXT.traits)
+    tokens, hidden = 32768, 8192
+    assert held["head_gradient"][0] == tokens * (VOCAB + hidden) * 2
+    assert held["head_recompute_inputs"][0] == VOCAB * hidden * 2 + tokens * hidden * 4
+    e = estimate(plan, target="maxtext")
+    assert e.fits
+    # recomputed only where holding them (the difference added back at the peak) would not have fitted
+    saved = held["head_gradient"][0] - held["head_recompute_inputs"][0]
+    assert bool(e.hbm_bytes_per_device + saved > e.hbm_capacity_bytes) == recomputed
