@@ -505,7 +505,12 @@ class SearchSpace:
         if shard_counts is not None:
             meshes = [sizes for sizes in meshes if sizes[0] * sizes[1] in shard_counts]
         if topo.num_slices > 1:  # only data and fsdp span slices: the rest of a mesh must fit in one
-            meshes = [sizes for sizes in meshes if dcn_splits(sizes, topo.num_slices)]
+            # the splits read data and fsdp alone: judged once per pair of the many meshes sharing it
+            splits: dict[tuple[int, int], bool] = {}
+            for sizes in meshes:
+                if sizes[:2] not in splits:
+                    splits[sizes[:2]] = bool(dcn_splits(sizes, topo.num_slices))
+            meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
         self.verdicts = self._verdicts(meshes)
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
         for position, v in enumerate(self.verdicts):
