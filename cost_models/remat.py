@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
 import numpy as np
 
@@ -311,15 +312,19 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
     )
 
 
+@lru_cache(maxsize=64)
 def remat_table(model: ModelSpec, custom: CustomPlacements = (), *, offload_in_hbm: bool = False) -> RematCost:
-    """What each policy of `POLICIES` keeps and recomputes for `model`.
+    """What each policy of `POLICIES` keeps and recomputes for `model` (worked out once per model: every
+    priced column reads it; its arrays are read-only, as they are shared).
 
     Args:
         custom: the placements the `custom` row stands for.
         offload_in_hbm: count every offloaded value as kept on device, none on the host (for steps
             whose offloads do not leave HBM: `offloads_leave_hbm`).
     """
-    return RematCost(*np.array([_row(model, p, custom, offload_in_hbm) for p in POLICIES], dtype=float).T)
+    table = np.array([_row(model, p, custom, offload_in_hbm) for p in POLICIES], dtype=float).T
+    table.setflags(write=False)
+    return RematCost(*table)
 
 
 # At most this many layers, an offloading step on a chip that peels its layer loops is left with no

@@ -203,6 +203,133 @@ def _per_head_blocks(options: list[int], layout, topo: Topology, target: Target)
     )
 
 
+def _dq_reduction_steps(strategy: CPStrategy, target: Target) -> int:
+    """The rolled dq partials of the target's fused backward where its strategy runs tokamax's kernels
+    (MaxText's ring kernel or tokamax splash): fewer bytes held and moved than one fp32 partial per key
+    block, never slower; 0 elsewhere, where the flag changes nothing."""
+    spec = STRATEGIES[strategy]
+    tokamax = spec.maxtext_ring_kernel or spec.maxtext_tokamax_splash
+    return DQ_REDUCTION_STEPS if target.traits.ring_dq_partials and tokamax else 0
+
+
+def _chip_alone(topo: Topology) -> Topology:
+    """One chip of `topo` on its own: what the splash block rule reads of a slice (the chip row and its
+    devices), so that every slice of a chip shares its blocks."""
+    return dataclasses.replace(topo, chip_dims=(1,) * len(topo.chip_dims), num_slices=1)
+
+
+@lru_cache(maxsize=4096)
+def _splash_block(
+    model: ModelSpec,
+    seq_len: int,
+    topo: Topology,
+    target: Target,
+    act_bytes: int,
+    strategy: CPStrategy,
+    ring: float,
+    ulysses: float,
+    tensor: float,
+    zigzag: bool,
+) -> tuple[int | None, str | None]:
+    """The splash block of a strategy's kernel calls on a (context, context_ulysses, tensor) layout, or the
+    SMEM rule that fails; `topo` is `_chip_alone`'s chip (the layout, not the slice, decides)."""
+    spec = STRATEGIES[strategy]
+    lay = spec.layout(Shape(model, seq_len, ring, ulysses, tensor, zigzag, topo.chip.kind.shares_cores))
+    options, reason = _block_options(
+        float(lay.q_len),
+        float(lay.kv_len),
+        topo,
+        zigzag,
+        head_dim=model.head_dim,
+        act_bytes=act_bytes,
+        # local layers' tables are shrunk to their window: only global causal layers hold the whole table
+        causal=any(mask.causal and not mask.local for mask, _ in model.layer_masks),
+    )
+    if (
+        options
+        and target.traits.per_head_metadata
+        and spec.maxtext_per_head_metadata
+        and not topo.chip.kind.interprets_kernels
+    ):
+        options, reason = _per_head_blocks(options, lay, topo, target)
+    most = target.traits.ring_kernel_max_block
+    if options and most and spec.maxtext_ring_kernel and not topo.chip.kind.interprets_kernels:
+        options = [b for b in options if b <= most]
+        if not options:
+            reason = f"{target.value}'s ring kernel compiles with splash blocks up to {most} only"
+    block = options[0] if options else None
+    if len(options) > 1:
+        # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
+        # which scales with the batch: the fastest for one sequence is the fastest for any
+        n = len(options)
+        trial = Candidates(
+            case=Case(model, topo, seq_len, 1),
+            strategy=strategy,
+            data=[1.0] * n,
+            fsdp=[1.0] * n,
+            ring=[ring] * n,
+            ulysses=[ulysses] * n,
+            tensor=[tensor] * n,
+            remat=[0] * n,
+            zigzag=[zigzag] * n,
+            block_q=[float(b) for b in options],
+            block_kv=[float(b) for b in options],
+            links={},
+            ring_link=LinkColumns([0.0] * n, [0.0] * n),
+            dq_reduction_steps=_dq_reduction_steps(strategy, target),
+        )
+        times = price_attention(trial, spec, traits=target.traits).total_s
+        block = options[int(np.argmin(times))]  # the first of equals, in preference order
+    return block, reason
+
+
+@lru_cache(maxsize=4096)
+def _judged(
+    model: ModelSpec,
+    seq_len: int,
+    shares_cores: bool,
+    target: Target,
+    strategies: frozenset,
+    load_balances: tuple[LoadBalance, ...],
+    ring: int,
+    ulysses: int,
+    tensor: int,
+) -> tuple[tuple, ...]:
+    """(strategy, balancing, rule broken whatever the batch, structural rule broken) for one
+    (context, context_ulysses, tensor) of the allowed `strategies`: the same on every slice of a chip kind."""
+    out = []
+    for strategy in strategies_for(ring, ulysses):
+        if strategy not in strategies:
+            continue
+        impl = STRATEGIES[strategy]
+        for lb in load_balances:
+            zig = lb is LoadBalance.ZIGZAG
+            if zig and not impl.balances(model):
+                if LoadBalance.NONE in load_balances:
+                    continue  # the unbalanced candidate is the same plan
+                what = "a full (non-causal) mask" if impl.balances_load else strategy.value
+                out.append(
+                    (
+                        strategy,
+                        lb,
+                        Violation("load balance", f"only zigzag was allowed; {what} has nothing to balance"),
+                        None,
+                    )
+                )
+                continue
+            shape = Shape(model, seq_len, ring, ulysses, tensor, zig, shares_cores)
+            out.append((strategy, lb, None, impl.check(shape) or _target_rule(impl, shape, target)))
+    return tuple(out)
+
+
+def _target_rule(spec, shape: Shape, target: Target) -> Violation | None:
+    """Under a target with MaxText's rules, the first of them the candidate breaks."""
+    if not target.traits.maxtext_rules:
+        return None
+    problems = spec.maxtext_rules(shape)
+    return Violation("maxtext", problems[0]) if problems else None
+
+
 class _Placements:
     """Distinct realisable placements of a mesh on a topology, with the links each gives."""
 
@@ -227,9 +354,10 @@ class _Placements:
         """
         if self.topo.num_slices == 1:
             return self._within_slice(sizes)
+        one = _placements(dataclasses.replace(self.topo, num_slices=1))  # shared with the slice alone
         out = []
         for dcn_data, dcn_fsdp in dcn_splits(sizes, self.topo.num_slices):
-            for p in self._within_slice((sizes[0] // dcn_data, sizes[1] // dcn_fsdp) + sizes[2:]):
+            for p in one._within_slice((sizes[0] // dcn_data, sizes[1] // dcn_fsdp) + sizes[2:]):
                 links = {
                     **p.links,
                     "data": self.topo.across_slices(p.links["data"], dcn_data),
@@ -378,7 +506,12 @@ class SearchSpace:
         if shard_counts is not None:
             meshes = [sizes for sizes in meshes if sizes[0] * sizes[1] in shard_counts]
         if topo.num_slices > 1:  # only data and fsdp span slices: the rest of a mesh must fit in one
-            meshes = [sizes for sizes in meshes if dcn_splits(sizes, topo.num_slices)]
+            # the splits read data and fsdp alone: judged once per pair of the many meshes sharing it
+            splits: dict[tuple[int, int], bool] = {}
+            for sizes in meshes:
+                if sizes[:2] not in splits:
+                    splits[sizes[:2]] = bool(dcn_splits(sizes, topo.num_slices))
+            meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
         self.verdicts = self._verdicts(meshes)
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
         for position, v in enumerate(self.verdicts):
@@ -463,16 +596,8 @@ class SearchSpace:
             act_bytes=DTYPE_BYTES[opts.compute_dtype],
             param_bytes=DTYPE_BYTES[opts.param_dtype],
             mu_bytes=DTYPE_BYTES[opts.mu_dtype],
-            dq_reduction_steps=self._dq_reduction_steps(strategy),
+            dq_reduction_steps=_dq_reduction_steps(strategy, self.target),
         )
-
-    def _dq_reduction_steps(self, strategy: CPStrategy) -> int:
-        """The rolled dq partials of the target's fused backward where its strategy runs tokamax's kernels
-        (MaxText's ring kernel or tokamax splash): fewer bytes held and moved than one fp32 partial per key
-        block, never slower; 0 elsewhere, where the flag changes nothing."""
-        spec = STRATEGIES[strategy]
-        tokamax = spec.maxtext_ring_kernel or spec.maxtext_tokamax_splash
-        return DQ_REDUCTION_STEPS if self.target.traits.ring_dq_partials and tokamax else 0
 
     def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
         """The splash block of a verdict's kernel calls (its layout does not depend on placement,
@@ -480,56 +605,18 @@ class SearchSpace:
         if position not in self._blocks:
             v = self.verdicts[position]
             ring, ulysses, tensor = (float(a) for a in v.sizes[2:])
-            zigzag = v.load_balance is LoadBalance.ZIGZAG
-            spec = STRATEGIES[strategy]
-            lay = spec.layout(
-                Shape(self.model, self.seq_len, ring, ulysses, tensor, zigzag, self.topology.chip.kind.shares_cores)
+            block, reason = _splash_block(
+                self.model,
+                self.seq_len,
+                _chip_alone(self.topology),
+                self.target,
+                DTYPE_BYTES[self.options.compute_dtype],
+                strategy,
+                ring,
+                ulysses,
+                tensor,
+                v.load_balance is LoadBalance.ZIGZAG,
             )
-            options, reason = _block_options(
-                float(lay.q_len),
-                float(lay.kv_len),
-                self.topology,
-                zigzag,
-                head_dim=self.model.head_dim,
-                act_bytes=DTYPE_BYTES[self.options.compute_dtype],
-                # local layers' tables are shrunk to their window: only global causal layers hold the whole table
-                causal=any(mask.causal and not mask.local for mask, _ in self.model.layer_masks),
-            )
-            if (
-                options
-                and self.target.traits.per_head_metadata
-                and spec.maxtext_per_head_metadata
-                and not self.topology.chip.kind.interprets_kernels
-            ):
-                options, reason = _per_head_blocks(options, lay, self.topology, self.target)
-            most = self.target.traits.ring_kernel_max_block
-            if options and most and spec.maxtext_ring_kernel and not self.topology.chip.kind.interprets_kernels:
-                options = [b for b in options if b <= most]
-                if not options:
-                    reason = f"{self.target.value}'s ring kernel compiles with splash blocks up to {most} only"
-            block = options[0] if options else None
-            if len(options) > 1:
-                # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
-                # which scales with the batch: the fastest for one sequence is the fastest for any
-                n = len(options)
-                trial = Candidates(
-                    case=Case(self.model, self.topology, self.seq_len, 1),
-                    strategy=strategy,
-                    data=[1.0] * n,
-                    fsdp=[1.0] * n,
-                    ring=[ring] * n,
-                    ulysses=[ulysses] * n,
-                    tensor=[tensor] * n,
-                    remat=[0] * n,
-                    zigzag=[zigzag] * n,
-                    block_q=[float(b) for b in options],
-                    block_kv=[float(b) for b in options],
-                    links={},
-                    ring_link=LinkColumns([0.0] * n, [0.0] * n),
-                    dq_reduction_steps=self._dq_reduction_steps(strategy),
-                )
-                times = price_attention(trial, spec, traits=self.target.traits).total_s
-                block = options[int(np.argmin(times))]  # the first of equals, in preference order
             self._blocks[position] = (block, reason)
             self._block_fits[position] = reason is None
         return self._blocks[position]
@@ -547,56 +634,27 @@ class SearchSpace:
         tensor) is judged once and its verdicts are shared by every data × fsdp split.
         """
         opts = self.options
-        load_balances = as_list(opts.load_balance)
+        load_balances = tuple(as_list(opts.load_balance))
         judged: dict[tuple[int, int, int], list[tuple]] = {}
         out = []
         for sizes in meshes:
             inner = sizes[2:]
             if inner not in judged:
-                judged[inner] = self._judge(*inner, load_balances)
+                judged[inner] = _judged(
+                    self.model,
+                    self.seq_len,
+                    self.topology.chip.kind.shares_cores,
+                    self.target,
+                    opts.strategies,
+                    load_balances,
+                    *inner,
+                )
             shards = sizes[0] * sizes[1]
             out += [
                 _Verdict(sizes, strategy, lb, shards, always, structural)
                 for strategy, lb, always, structural in judged[inner]
             ]
         return out
-
-    def _judge(self, ring: int, ulysses: int, tensor: int, load_balances: list) -> list[tuple]:
-        """(strategy, balancing, rule broken whatever the batch, structural rule broken) for one
-        (context, context_ulysses, tensor)."""
-        opts = self.options
-        out = []
-        for strategy in strategies_for(ring, ulysses):
-            if strategy not in opts.strategies:
-                continue
-            impl = STRATEGIES[strategy]
-            for lb in load_balances:
-                zig = lb is LoadBalance.ZIGZAG
-                if zig and not impl.balances(self.model):
-                    if LoadBalance.NONE in opts.load_balance:
-                        continue  # the unbalanced candidate is the same plan
-                    what = "a full (non-causal) mask" if impl.balances_load else strategy.value
-                    out.append(
-                        (
-                            strategy,
-                            lb,
-                            Violation("load balance", f"only zigzag was allowed; {what} has nothing to balance"),
-                            None,
-                        )
-                    )
-                    continue
-                shape = Shape(
-                    self.model, self.seq_len, ring, ulysses, tensor, zig, self.topology.chip.kind.shares_cores
-                )
-                out.append((strategy, lb, None, impl.check(shape) or self._target_rule(impl, shape)))
-        return out
-
-    def _target_rule(self, spec, shape: Shape) -> Violation | None:
-        """Under a target with MaxText's rules, the first of them the candidate breaks."""
-        if not self.target.traits.maxtext_rules:
-            return None
-        problems = spec.maxtext_rules(shape)
-        return Violation("maxtext", problems[0]) if problems else None
 
     def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
@@ -846,7 +904,7 @@ class SearchSpace:
             param_dtype=opts.param_dtype,
             mu_dtype=opts.mu_dtype,
             compute_dtype=opts.compute_dtype,
-            dq_reduction_steps=self._dq_reduction_steps(p.strategy),
+            dq_reduction_steps=_dq_reduction_steps(p.strategy, self.target),
             fused_attention_backward=p.fused is not None and bool(p.fused[i]),
         )
         x = dataclasses.replace(

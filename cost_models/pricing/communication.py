@@ -155,8 +155,9 @@ def _weight_axes_split(x: Candidates) -> np.ndarray:
     the slice's physical dimensions between them."""
     dims = tuple(d.size for d in x.topology.physical_dims)
     rows = np.stack([x.fsdp, x.ring, x.ulysses], axis=1).astype(int)
-    split = {tuple(r): not axes_on_whole_dimensions(tuple(r), dims) for r in np.unique(rows, axis=0)}
-    return np.array([split[tuple(r)] for r in rows], dtype=bool)
+    distinct, which = np.unique(rows, axis=0, return_inverse=True)
+    split = np.array([not axes_on_whole_dimensions(tuple(r), dims) for r in distinct.tolist()], dtype=bool)
+    return split[which.reshape(-1)]
 
 
 def _qkv_regather_s(x: Candidates, group, weights) -> np.ndarray:

@@ -58,3 +58,24 @@ def test_refusals(tmp_path, capsys):
     nothing = ["explain", "--model", "llama3.1-70b", "--seq-len", "4M", "--topology", "v5p-16"]
     line = refused([*nothing, "--html", str(tmp_path / "n.html")], capsys)
     assert "no plan fits, so there is no plan to draw" in line and not (tmp_path / "n.html").exists()
+
+
+def test_book_html_has_a_point_per_slice_and_the_deadline(tmp_path, capsys):
+    from validation.html_report.book import days_figure, front_figure
+
+    argv = ["book", "--model", "llama3.1-8b", "--seq-len", "1M", "--tokens", "100B", "--within", "30d"]
+    argv += ["--chips", "v6e"]
+    assert main([*argv, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--html", str(tmp_path / "b.html")]) == 0
+    page = (tmp_path / "b.html").read_text()
+    assert d["verdict"] in page and "<script src=" not in page and page.count("Plotly.newPlot") == 2
+    days = days_figure(d)
+    points = {(x, y) for trace in days["data"] for x, y in zip(trace["x"], trace["y"])}
+    assert points == {(s["chips"], s["days"]) for s in d["slices"]}  # every slice, priced or not
+    assert [(s["y0"], s["y1"]) for s in days["layout"]["shapes"]] == [(30.0, 30.0)]
+    front = front_figure(d)
+    assert [(s["x0"], s["x1"]) for s in front["layout"]["shapes"]] == [(30.0, 30.0)]
+    assert sum(len(t["x"]) for t in front["data"][:-1]) == sum(s["cost_usd"] is not None for s in d["slices"])
+    for s in d["slices"]:
+        assert s["topology"] in page

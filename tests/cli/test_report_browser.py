@@ -1,4 +1,4 @@
-"""The HTML reports in a real browser (headless Chromium): the five target reports open offline
+"""The HTML reports in a real browser (headless Chromium): the six target reports open offline
 with no console error and no network request, draw every figure, and show the chosen plan's label and
 figures. Each page's screenshot is kept under the folder the test prints (CPPLAN_SCREENSHOTS, or
 pytest's temporary directory). Skipped, with the reason, where Chromium cannot run."""
@@ -25,6 +25,7 @@ REPORTS = {
     "explain-1M-2xv5p-128": ["explain", *LLAMA, "--seq-len", "1M", "--topology", "v5p-128", "--num-slices", "2"],
     "sweep-tpu7x-2x2x4": ["sweep", *LLAMA, "--topology", "tpu7x:2x2x4", "--seq-lens", "128k,512k,1M,4M"],
     "validate-tiny-cpu8": None,  # drawn from the saved report.json of a real `cpplan validate` run
+    "book-1M-100B-30d": ["book", *LLAMA, "--seq-len", "1M", "--tokens", "100B", "--within", "30d"],
 }
 
 
@@ -53,6 +54,8 @@ def expected_text(name: str, argv, capsys) -> list[str]:
         return [d["title"], f"step-time MAPE {d['mape']:.1%}", d["plans"][0]["label"]]
     assert main([*argv, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
+    if name.startswith("book"):
+        return [d["verdict"], *(s["topology"] for s in d["slices"])]
     if name.startswith("sweep"):
         best = [r for r in d if r["fits"]][-1]
         return [best["plan"], f"{best['mfu']:.1%}"]
@@ -70,7 +73,7 @@ def test_report_renders_offline_without_console_errors(name, browser, shots, tmp
     seen = open_page(browser, page, shots / f"{name}.png")
     assert seen.errors == []
     assert seen.requests == [page.resolve().as_uri()]  # nothing fetched beyond the file itself
-    assert seen.figures >= (1 if argv[0] in ("sweep", "report") else 3)
+    assert seen.figures >= {"sweep": 1, "report": 1, "book": 2}.get(argv[0], 3)
     text = " ".join(seen.text.split())
     for phrase in wanted:
         assert " ".join(phrase.split()) in text, phrase

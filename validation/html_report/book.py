@@ -1,5 +1,6 @@
-"""The book report: days against cost, a point per slice coloured by chip, the Pareto front joined, the
-deadline as a line, the plan on hover; from what `cpplan book --json` prints."""
+"""The book report: days against chips, a point per slice coloured by chip (priced or not), and days
+against cost for the priced ones with the Pareto front joined; the deadline as a line on both, the plan
+on hover; from what `cpplan book --json` prints."""
 
 from __future__ import annotations
 
@@ -43,18 +44,7 @@ def front_figure(data: dict) -> dict:
     )
     shapes = []
     if data["deadline_days"] is not None:
-        shapes.append(
-            {
-                "type": "line",
-                "x0": data["deadline_days"],
-                "x1": data["deadline_days"],
-                "y0": 0,
-                "y1": 1,
-                "xref": "x",
-                "yref": "paper",
-                "line": {"color": "#d62728", "dash": "dash", "width": 1.5},
-            }
-        )
+        shapes.append(_deadline(data["deadline_days"], "x"))
     return {
         "data": traces,
         "layout": {
@@ -67,11 +57,60 @@ def front_figure(data: dict) -> dict:
     }
 
 
+def days_figure(data: dict) -> dict:
+    """Days to train the budget against the slice's chips: a point per slice, a trace per chip; the deadline."""
+    slices = data["slices"]
+    chips = list(dict.fromkeys(s["chip"] for s in slices))
+    traces = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "name": chip,
+            "x": [s["chips"] for s in slices if s["chip"] == chip],
+            "y": [s["days"] for s in slices if s["chip"] == chip],
+            "customdata": [f"{s['topology']}<br>{s['plan_line']}" for s in slices if s["chip"] == chip],
+            "hovertemplate": "%{customdata}<br>%{x} chips, %{y:.1f} days<extra></extra>",
+            "marker": {"color": CHIP_COLOURS[i % len(CHIP_COLOURS)], "size": 9},
+            "line": {"color": CHIP_COLOURS[i % len(CHIP_COLOURS)], "width": 1},
+        }
+        for i, chip in enumerate(chips)
+    ]
+    shapes = []
+    if data["deadline_days"] is not None:
+        shapes.append(_deadline(data["deadline_days"], "y"))
+    return {
+        "data": traces,
+        "layout": {
+            "title": {"text": "Days to train the budget on every slice searched"},
+            "xaxis": {"type": "log", "title": {"text": "chips"}},
+            "yaxis": {"type": "log", "title": {"text": "days"}},
+            "shapes": shapes,
+            "height": 480,
+        },
+    }
+
+
+def _deadline(days: float, axis: str) -> dict:
+    """The deadline as a dashed red line across the plot, at `days` on `axis` ("x" or "y")."""
+    across = "y" if axis == "x" else "x"
+    return {
+        "type": "line",
+        f"{axis}0": days,
+        f"{axis}1": days,
+        f"{across}0": 0,
+        f"{across}1": 1,
+        f"{axis}ref": axis,
+        f"{across}ref": "paper",
+        "line": {"color": "#d62728", "dash": "dash", "width": 1.5},
+    }
+
+
 def draw(data: dict) -> Page:
     """The book report of `cpplan book --json`'s answer."""
     page = Page(f"cpplan book: {data['model']}")
     page.heading(f"Which slice to book: {data['model']}", 1)
     page.raw(f'<p class="key">{esc(data["verdict"])}</p>')
+    page.raw(figure(days_figure(data), "days"))
     if any(s["cost_usd"] is not None for s in data["slices"]):
         page.raw(figure(front_figure(data), "front"))
     else:
