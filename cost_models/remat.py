@@ -159,8 +159,14 @@ POLICY_PLACEMENTS: dict[RematPolicy, dict[str, Placement]] = {
 }
 
 # The policies searched unless told otherwise (each multiplies the candidates): keep nothing, the attention
-# projections, or everything; offloading ones (host memory is shared) and `custom` only when asked for.
-SEARCHED_POLICIES = (RematPolicy.FULL, RematPolicy.SAVE_DOT_EXCEPT_MLP, RematPolicy.MINIMAL_WITH_CONTEXT)
+# projections, the attention's projections and output (no attention rerun without the MLP's memory), or
+# everything; offloading ones (host memory is shared) and `custom` only when asked for.
+SEARCHED_POLICIES = (
+    RematPolicy.FULL,
+    RematPolicy.SAVE_DOT_EXCEPT_MLP,
+    RematPolicy.SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP,
+    RematPolicy.MINIMAL_WITH_CONTEXT,
+)
 
 # Every policy a search can try: all but `custom`, which needs the plan's own placements.
 NAMED_POLICIES = tuple(p for p in RematPolicy if p is not RematPolicy.CUSTOM)
