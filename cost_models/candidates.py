@@ -63,6 +63,7 @@ class Candidates(ReadsCase):
     dq_reduction_steps: int = 0  # the fused backward's rolled dq partials where the target's kernel has them
     mask: AttentionMask | None = None  # the layers priced: those with this mask (None: the global layers)
     local_strategy: CPStrategy | None = None  # the local layers' own strategy (None: `strategy` for every layer)
+    state_on_host: tuple = ()  # the `HostState`s kept in host memory between steps
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__
@@ -101,6 +102,11 @@ class Candidates(ReadsCase):
     def achievable_matmul_flops(self) -> float:
         """FLOP/s a device's matmuls reach: its peak times the chip's measured matmul efficiency."""
         return self.topology.peak_flops_per_device * self.topology.chip.matmul_efficiency
+
+    @cached_property
+    def weight_shards(self) -> np.ndarray:
+        """Devices a weight is split over: the weight-sharding group × tensor."""
+        return self.weight_group * self.tensor
 
     @cached_property
     def weight_group(self) -> np.ndarray:

@@ -47,8 +47,8 @@ _s = format_seconds  # the short name the report's many f-strings use
 
 def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
     """One phase of the HBM section: its total, then each component the plan holds (none of a flat
-    offloading program's copies where it has none)."""
-    held = [k for k in keys if e.hbm_bytes[k] > 0 or k != "flat_program_held"]
+    offloading program's copies, nor of the optimizer's state brought from the host, where it has none)."""
+    held = [k for k in keys if e.hbm_bytes[k] > 0 or k not in ("flat_program_held", "optimizer_from_host")]
     return (
         f"  {phase:<10} {_gib(sum(e.hbm_bytes[k] for k in keys))} ("
         + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in held)
