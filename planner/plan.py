@@ -15,7 +15,7 @@ from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments, positions_along
 from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes, state_bytes
-from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
+from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names, remat_label
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.strategies.base import block_check, full_mask_balance_problem, layer_strategy, local_strategy_problem
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
@@ -346,6 +346,11 @@ class Plan:
                 f"{topo.chip.name} host has per device; offload less, or split the tokens and the state over "
                 f"more devices."
             )
+
+    @property
+    def remat_label(self) -> str:
+        """The remat policy's name; a custom one's with its placements."""
+        return remat_label(self.remat, self.remat_custom)
 
     @property
     def offloaded(self) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.pricing.offload import state_bytes
-from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
+from cost_models.remat import ATTENTION_OUTPUT, choice_placements
 from cost_models.strategies import Layout
 from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, lane_ratio
 from cost_models.vocabulary import HostState, Placement
@@ -27,15 +27,7 @@ STATIC_MEMORY = ("params", "layer_grads", "head_grad", "optimizer", "activations
 LOSS_STATE = tuple(k for k in STATIC_MEMORY if k != "layer_grads")
 ATTENTION_SIDE = ("attention_working_set", "attention_buffers", "lse_relayout", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers", "loss_input", "flat_program_held")
-UPDATE_MEMORY = (
-    "params",
-    "layer_grads",
-    "head_grad",
-    "update_gradients",
-    "optimizer",
-    "optimizer_update",
-    "optimizer_from_host",
-)
+UPDATE_MEMORY = ("params", "layer_grads", "head_grad", "update_gradients", "optimizer", "optimizer_update")
 # before any gradient is formed: the state the forward holds and one layer's forward
 FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set", "flat_program_held")
 # The price is what a step's buffers need packed. libtpu's default placement leaves up to 15% of the
@@ -106,8 +98,6 @@ class MemoryBytes:
     flat_program_held: np.ndarray
     # the output head's update at the step's end, beyond its gradient (in the gradients + `update_gradients`)
     optimizer_update: np.ndarray
-    # AdamW's moments kept on the host between steps (`HostState.OPTIMIZER`), in HBM for the update only
-    optimizer_from_host: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -144,8 +134,9 @@ def price_memory(
     loop = ~x.without_layer_loop
     group = x.weight_group
     shards = group * tensor
+    # kept on the host between steps or not (`HostState`), the weights and moments are in HBM all step:
+    # MaxText 0.2.5 brings them in at its start (docs/maxtext_offload.md, "State on the host")
     state = state_bytes(m, weight_shards=shards, param_bytes=pb, mu_bytes=x.mu_bytes)
-    optimizer_on_host = HostState.OPTIMIZER in x.state_on_host
     # every kept value is split over tensor: heads, MLP columns, or the sequence between the matmuls
     saved = remat.saved_on_device / tensor * a
     # one layer's backward: the gradient of every value, and the values not kept on device; the
@@ -224,8 +215,6 @@ def price_memory(
     )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
-        # the weights are in HBM all step even when kept on the host between steps: MaxText 0.2.5 brings them
-        # all in before the forward (docs/maxtext_offload.md, "State on the host")
         params=state[HostState.PARAMS],
         # through the backward: the layers' gradients in the parameters' dtype and the head's in the
         # compute dtype; the embedding's gradient is formed after the layers (docs/provenance/cost_models.md#memory)
@@ -233,7 +222,7 @@ def price_memory(
         head_grad=head_shard * a,
         update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
-        optimizer=state[HostState.OPTIMIZER] * (not optimizer_on_host),
+        optimizer=state[HostState.OPTIMIZER],
         activations=m.num_layers * (tokens * saved + lse_lanes_kept(x) * lse_lane_bytes(x, layout)),
         # every layer's weight shards cast to the compute dtype once, outside the layer loop, and held
         # until the last layer's backward (none when the dtypes match; norm scales are cast in the norm)
@@ -281,7 +270,6 @@ def price_memory(
             param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=x.topology.chip.relayout_off_tensorcore
         )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
-        optimizer_from_host=state[HostState.OPTIMIZER] * optimizer_on_host,
     )
 
 
@@ -404,7 +392,7 @@ def gathered_before_mlp_backward(x: Candidates) -> np.ndarray:
 
 def checkpoint_placed(x: Candidates, name: str, placement: Placement) -> np.ndarray:
     """Per candidate, whether its policy (`custom` placements included) puts the checkpoint `name` at `placement`."""
-    table = np.array([placements(policy, x.remat_custom)[name] is placement for policy in POLICIES])
+    table = np.array([chosen[name] is placement for chosen in choice_placements(x.remat_custom, x.remat_presets)])
     return table[x.remat]
 
 

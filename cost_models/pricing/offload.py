@@ -84,12 +84,19 @@ class StateOffloadTimes:
 
     host_bytes: np.ndarray  # host memory the state takes
     transfer_s: np.ndarray  # its copies to HBM and back, each step
+    exposed_s: np.ndarray  # the part of them no compute hides
 
 
-def price_state_offload(x: Candidates) -> StateOffloadTimes:
-    """What keeping `x.state_on_host` on the host costs. MaxText 0.2.5's train step brings all of it to HBM
-    in one copy (the weights before the forward, the moments before the update) and writes it back after the
-    update: nothing runs beside the copies, so each is exposed (docs/maxtext_offload.md, "State on the host")."""
+def price_state_offload(x: Candidates, *, layers_s) -> StateOffloadTimes:
+    """What keeping `x.state_on_host` on the host costs, given the layers' compute (forward and backward, all
+    layers). MaxText 0.2.5's step copies all of it to HBM at its start and back after the update (the compile
+    holds it all step: docs/maxtext_offload.md, "State on the host"): the weights' copy in is waited for by the
+    first layer, the moments' runs beside the layers, and the copies back follow the update."""
     sizes = state_bytes(x.model, weight_shards=x.weight_shards, param_bytes=x.param_bytes, mu_bytes=x.mu_bytes)
-    host = sum((sizes[h] for h in x.state_on_host), np.zeros_like(x.weight_shards))
-    return StateOffloadTimes(host_bytes=host, transfer_s=2 * host / host_link_bw(x.topology))
+    one_way = {h: sizes[h] * (h in x.state_on_host) / host_link_bw(x.topology) for h in HostState}
+    params_s, moments_s = one_way[HostState.PARAMS], one_way[HostState.OPTIMIZER]
+    return StateOffloadTimes(
+        host_bytes=sum(sizes[h] * (h in x.state_on_host) for h in HostState),
+        transfer_s=2 * (params_s + moments_s),
+        exposed_s=2 * params_s + moments_s + np.maximum(0.0, moments_s - layers_s),
+    )

@@ -178,8 +178,8 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     ).as_dict()
     offload = price_offload(x, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s)
     exposed["host_offload"] = offload.exposed_s
-    state = price_state_offload(x)
-    exposed["host_state"] = state.transfer_s
+    state = price_state_offload(x, layers_s=layers * (layer_forward_s + layer_backward_s))
+    exposed["host_state"] = state.exposed_s
     optimizer_s = optimizer_seconds(x)
     compute = {"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s}
     hbm = {

@@ -33,28 +33,29 @@ def test_the_model_has_the_parameters_the_hand_figures_count():
     assert get_model("llama3.1-8b").num_params == PARAMS
 
 
-def test_optimizer_on_host_is_in_hbm_for_the_update_only_and_its_two_copies_are_exposed():
+def test_state_on_host_is_in_hbm_all_step_as_maxtext_brings_it_in_at_the_steps_start():
+    # MaxText 0.2.5's deviceless compile of this plan holds 35.98 GiB with the moments on the host or not
     base = estimate(_plan(), target="maxtext")
-    off = estimate(_plan("optimizer_memory_host_offload=true"), target="maxtext")
-    assert base.hbm_bytes["optimizer"] == pytest.approx(MOMENTS_BYTES)
-    assert off.hbm_bytes["optimizer"] == 0
-    assert off.hbm_bytes["optimizer_from_host"] == pytest.approx(MOMENTS_BYTES)
-    assert base.hbm_bytes["optimizer_from_host"] == 0
-    # to HBM before the update and back after it, nothing beside them
-    copies = 2 * MOMENTS_BYTES / HOST_LINK  # 1.0038 s
-    assert off.exposed_s["host_state"] == pytest.approx(copies)
-    assert off.step_time_s - base.step_time_s == pytest.approx(copies)
-    # the step's peak is the backward's: 7.48 GiB of moments fewer there
-    assert base.hbm_bytes_per_device - off.hbm_bytes_per_device == pytest.approx(MOMENTS_BYTES, rel=1e-6)
+    both = estimate(
+        _plan("optimizer_memory_host_offload=true parameter_memory_host_offload=true param_scan_axis=0"),
+        target="maxtext",
+    )
+    assert base.hbm_bytes["optimizer"] == both.hbm_bytes["optimizer"] == pytest.approx(MOMENTS_BYTES)
+    assert base.hbm_bytes["params"] == both.hbm_bytes["params"] == pytest.approx(WEIGHTS_BYTES)
+    assert both.hbm_bytes_per_device == pytest.approx(base.hbm_bytes_per_device)
+    assert both.comm_s["host_state"] == pytest.approx(2 * (WEIGHTS_BYTES + MOMENTS_BYTES) / HOST_LINK)
 
 
-def test_weights_on_host_stay_in_hbm_all_step_and_cost_their_two_copies():
+def test_the_moments_copy_in_runs_beside_the_layers_and_every_other_copy_is_waited_for():
     base = estimate(_plan(), target="maxtext")
-    off = estimate(_plan("parameter_memory_host_offload=true param_scan_axis=0"), target="maxtext")
-    # MaxText 0.2.5 brings every weight to HBM before the forward and writes them back after the update
-    assert off.hbm_bytes["params"] == base.hbm_bytes["params"] == pytest.approx(WEIGHTS_BYTES)
-    assert off.hbm_bytes_per_device == pytest.approx(base.hbm_bytes_per_device)
-    assert off.exposed_s["host_state"] == pytest.approx(2 * WEIGHTS_BYTES / HOST_LINK)  # 0.5019 s
+    moments = estimate(_plan("optimizer_memory_host_offload=true"), target="maxtext")
+    weights = estimate(_plan("parameter_memory_host_offload=true param_scan_axis=0"), target="maxtext")
+    assert base.exposed_s["host_state"] == 0
+    # the layers' compute of this step is far longer than the 0.50 s copy in: only the copy back is exposed
+    assert moments.exposed_s["host_state"] == pytest.approx(MOMENTS_BYTES / HOST_LINK)  # 0.5019 s
+    assert moments.step_time_s - base.step_time_s == pytest.approx(MOMENTS_BYTES / HOST_LINK)
+    # the first layer waits for the weights' copy in, and the copy back follows the update
+    assert weights.exposed_s["host_state"] == pytest.approx(2 * WEIGHTS_BYTES / HOST_LINK)  # 0.5019 s
 
 
 def test_import_needs_the_layers_stacked_on_axis_0_to_offload_the_weights():
