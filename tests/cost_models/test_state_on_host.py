@@ -8,6 +8,7 @@ import pytest
 from cost_models.errors import CpplanError
 from cost_models.models import get_model
 from cost_models.vocabulary import HostState
+from planner import make_mesh
 from planner.estimate import estimate
 from planner.maxtext import export_maxtext, read_maxtext
 from planner.plan import Plan
@@ -89,7 +90,7 @@ def test_state_on_host_is_checked_against_the_hosts_memory():
         topology="v5p-8",
         seq_len=8192,
         global_batch=4,
-        mesh=(("data", 1), ("fsdp", 4), ("context", 1), ("context_ulysses", 1), ("tensor", 1)),
+        mesh=make_mesh(fsdp=4),
         state_on_host=("optimizer",),
     )
     with pytest.raises(CpplanError, match=r"the optimizer on the host: 75\d\.\d GiB.*112\.0 GiB"):
