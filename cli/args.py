@@ -10,7 +10,7 @@ import sys
 
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec, get_model
-from cost_models.remat import SEARCHED_POLICIES
+from cost_models.remat import SEARCHED_CUSTOM, SEARCHED_POLICIES
 from cost_models.strategies.base import full_mask_balance_problem, maxtext_mask_problems
 from cost_models.targets import Target
 from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
@@ -155,11 +155,12 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True, batc
     p.add_argument("--topology", required=True, help="e.g. v5p-256, v5p:4x4x8, tpu7x-128, cpu:8")
     p.add_argument("--strategies", help=f"allowed strategies: {','.join(s.value for s in CPStrategy)}")
     p.add_argument("--mesh", help="fixed axis sizes, e.g. context=16,tensor=2")
-    others = [r.value for r in RematPolicy if r not in SEARCHED_POLICIES and r is not RematPolicy.CUSTOM]
+    others = [r.value for r in RematPolicy if r not in SEARCHED_POLICIES]
+    preset = " ".join(f"{n}={w.value}" for n, w in SEARCHED_CUSTOM[0])
     p.add_argument(
         "--remat",
         help=f"allowed remat policies, MaxText's names (default "
-        f"{','.join(p.value for p in SEARCHED_POLICIES)}): also {', '.join(others)}",
+        f"{','.join(p.value for p in SEARCHED_POLICIES)}; custom is {preset}): also {', '.join(others)}",
     )
     p.add_argument("--param-dtype", choices=sorted(DTYPE_BYTES), help="weights and gradients (default float32)")
     p.add_argument(

@@ -177,7 +177,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         )
         return 0 if predicted.fits else 1
     print(
-        f"{describe_strategy(found.plan)}; mesh {found.plan.mesh_dict}; remat {found.plan.remat.value}; "
+        f"{describe_strategy(found.plan)}; mesh {found.plan.mesh_dict}; remat {found.plan.remat_label}; "
         f"{found.plan.global_batch} × {found.plan.seq_len} tokens on {found.plan.topology}"
     )
     print(

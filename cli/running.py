@@ -174,7 +174,7 @@ def _report_run(args: argparse.Namespace, checked, report, leader: bool) -> int:
 def plan_line(plan) -> str:
     """The plan in one line for people (`--json` gives it whole)."""
     return (
-        f"plan: {describe_strategy(plan)}; mesh {plan.mesh_dict}; remat {plan.remat.value}; splash blocks "
+        f"plan: {describe_strategy(plan)}; mesh {plan.mesh_dict}; remat {plan.remat_label}; splash blocks "
         f"{plan.block_q}×{plan.block_kv}; {plan.global_batch} × {plan.seq_len} tokens on {plan.topology}"
     )
 

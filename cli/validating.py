@@ -24,6 +24,7 @@ from cli.devices import check_data, check_devices, import_runtime, use_deviceles
 from cli.signals import INTERRUPTS
 from cost_models.errors import CpplanError
 from cost_models.models import get_model
+from cost_models.remat import SEARCHED_POLICIES
 from cost_models.topology import get_topology
 from cost_models.vocabulary import DTYPE_BYTES
 from runtime.measure import MIN_TIMED_S
@@ -257,7 +258,7 @@ def register(sub) -> None:
     p.add_argument("--strategies", help="allowed strategies, e.g. ring,usp (default all)")
     p.add_argument(
         "--remat",
-        help="allowed remat policies, MaxText's names (default full,save_dot_except_mlp,minimal_with_context)",
+        help=f"allowed remat policies, MaxText's names (default {','.join(p.value for p in SEARCHED_POLICIES)})",
     )
     p.add_argument("--sequences", type=at_least(1), default=1, help="sequences per step at every length")
     p.add_argument("--compute-dtype", default="float32", help="float32 on a CPU host")

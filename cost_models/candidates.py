@@ -48,7 +48,7 @@ class Candidates(ReadsCase):
     ring: np.ndarray  # size of the `context` axis
     ulysses: np.ndarray  # size of the `context_ulysses` axis
     tensor: np.ndarray
-    remat: np.ndarray  # codes into cost_models.remat.POLICIES
+    remat: np.ndarray  # rows of cost_models.remat.remat_table: POLICIES, then `remat_presets`
     zigzag: np.ndarray
     block_q: np.ndarray  # splash query block
     block_kv: np.ndarray  # splash key/value block
@@ -59,10 +59,12 @@ class Candidates(ReadsCase):
     param_bytes: int = 4
     mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
+    remat_presets: tuple = ()  # further custom placements, coded after POLICIES (a search's `SEARCHED_CUSTOM`)
     fused_attention_backward: bool = False  # splash's fused backward where the target can run it (MaxText)
     dq_reduction_steps: int = 0  # the fused backward's rolled dq partials where the target's kernel has them
     mask: AttentionMask | None = None  # the layers priced: those with this mask (None: the global layers)
     local_strategy: CPStrategy | None = None  # the local layers' own strategy (None: `strategy` for every layer)
+    state_on_host: tuple = ()  # the `HostState`s kept in host memory between steps
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__
@@ -103,6 +105,11 @@ class Candidates(ReadsCase):
         return self.topology.peak_flops_per_device * self.topology.chip.matmul_efficiency
 
     @cached_property
+    def weight_shards(self) -> np.ndarray:
+        """Devices a weight is split over: the weight-sharding group × tensor."""
+        return self.weight_group * self.tensor
+
+    @cached_property
     def weight_group(self) -> np.ndarray:
         """Devices a weight is sharded over outside tensor parallelism: fsdp × both context axes."""
         return self.fsdp * self.ring * self.ulysses
@@ -130,7 +137,7 @@ class Candidates(ReadsCase):
     @cached_property
     def remat_columns(self) -> RematCost:
         """What each candidate's remat policy keeps and recomputes, one entry per candidate."""
-        return self._per_candidate(remat_table(self.model, self.remat_custom))
+        return self._per_candidate(remat_table(self.model, self.remat_custom, presets=self.remat_presets))
 
     @cached_property
     def held_remat_columns(self) -> RematCost:
@@ -139,7 +146,9 @@ class Candidates(ReadsCase):
         (host memory and the copies' time are still read from `remat_columns`)."""
         if offloads_leave_hbm(self.topology.chip, self.model.num_layers):
             return self.remat_columns
-        return self._per_candidate(remat_table(self.model, self.remat_custom, offload_in_hbm=True))
+        return self._per_candidate(
+            remat_table(self.model, self.remat_custom, offload_in_hbm=True, presets=self.remat_presets)
+        )
 
     @cached_property
     def flat_offload(self) -> np.ndarray:

@@ -160,11 +160,15 @@ POLICY_PLACEMENTS: dict[RematPolicy, dict[str, Placement]] = {
 }
 
 # The policies searched unless told otherwise (each multiplies the candidates): keep nothing, the attention
-# projections, or everything; offloading ones (host memory is shared) and `custom` only when asked for.
-SEARCHED_POLICIES = (RematPolicy.FULL, RematPolicy.SAVE_DOT_EXCEPT_MLP, RematPolicy.MINIMAL_WITH_CONTEXT)
-
-# Every policy a search can try: all but `custom`, which needs the plan's own placements.
-NAMED_POLICIES = tuple(p for p in RematPolicy if p is not RematPolicy.CUSTOM)
+# projections, the attention's projections and output (no attention rerun without the MLP's memory),
+# everything, or `custom` as `SEARCHED_CUSTOM` places it; the named offloading ones only when asked for.
+SEARCHED_POLICIES = (
+    RematPolicy.FULL,
+    RematPolicy.SAVE_DOT_EXCEPT_MLP,
+    RematPolicy.SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP,
+    RematPolicy.MINIMAL_WITH_CONTEXT,
+    RematPolicy.CUSTOM,
+)
 
 # ((name, Placement), ...) in `CUSTOM_NAMES` order; REMAT left out, and the layer input only there when offloaded
 CustomPlacements = tuple
@@ -214,6 +218,19 @@ def custom_placements(
         for n in CUSTOM_NAMES
         if out.get(n, Placement.REMAT) is not Placement.REMAT and (n != LAYER_INPUT or out[n] is Placement.OFFLOAD)
     )
+
+
+# What a search tries under `custom`: the attention's output and each layer's input offloaded, the rest
+# recomputed, as MaxText's long-context recipes run their 2M and 4M rows (no attention rerun, and of a
+# layer's values only its gradients' working set in HBM; docs/provenance/cost_models.md#remat).
+SEARCHED_CUSTOM = (custom_placements({ATTENTION_OUTPUT: Placement.OFFLOAD, LAYER_INPUT: Placement.OFFLOAD}),)
+
+
+def remat_label(policy: RematPolicy, custom: CustomPlacements = ()) -> str:
+    """A policy's name; a custom one's with its placements, as MaxText's flags give them."""
+    if policy is not RematPolicy.CUSTOM:
+        return policy.value
+    return f"custom ({' '.join(f'{name}={where.value}' for name, where in custom) or 'all recomputed'})"
 
 
 def placements(policy: RematPolicy, custom: CustomPlacements = ()) -> dict[str, Placement]:
@@ -313,18 +330,28 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
 
 
 @lru_cache(maxsize=64)
-def remat_table(model: ModelSpec, custom: CustomPlacements = (), *, offload_in_hbm: bool = False) -> RematCost:
-    """What each policy of `POLICIES` keeps and recomputes for `model` (worked out once per model: every
-    priced column reads it; its arrays are read-only, as they are shared).
+def remat_table(
+    model: ModelSpec, custom: CustomPlacements = (), *, offload_in_hbm: bool = False, presets: tuple = ()
+) -> RematCost:
+    """What each policy of `POLICIES`, then each custom placement of `presets`, keeps and recomputes for `model`
+    (worked out once per model: every priced column reads it; its arrays are read-only, as they are shared).
 
     Args:
         custom: the placements the `custom` row stands for.
         offload_in_hbm: count every offloaded value as kept on device, none on the host (for steps
             whose offloads do not leave HBM: `offloads_leave_hbm`).
+        presets: further custom placements, a row each after `POLICIES`' (`remat_code`).
     """
-    table = np.array([_row(model, p, custom, offload_in_hbm) for p in POLICIES], dtype=float).T
+    rows = [_row(model, p, custom, offload_in_hbm) for p in POLICIES]
+    rows += [_row(model, RematPolicy.CUSTOM, preset, offload_in_hbm) for preset in presets]
+    table = np.array(rows, dtype=float).T
     table.setflags(write=False)
     return RematCost(*table)
+
+
+def choice_placements(custom: CustomPlacements = (), presets: tuple = ()) -> list[dict[str, Placement]]:
+    """The placements of each row of `remat_table(model, custom, presets=presets)`."""
+    return [placements(p, custom) for p in POLICIES] + [placements(RematPolicy.CUSTOM, c) for c in presets]
 
 
 # At most this many layers, an offloading step on a chip that peels its layer loops is left with no
@@ -345,6 +372,9 @@ def flat_offload_program(chip: Chip, num_layers: int) -> bool:
     return chip.offload_peels_layer_loops and 1 < num_layers <= FLAT_OFFLOAD_MAX_LAYERS
 
 
-def remat_code(policy: RematPolicy) -> int:
-    """The policy's index in `POLICIES` (the rows of `remat_table`)."""
+def remat_code(policy: RematPolicy, custom: CustomPlacements = (), presets: tuple = ()) -> int:
+    """The row of `remat_table(..., presets=presets)` for `policy`: a custom policy placed as one of
+    `presets` has that preset's row, any other policy its index in `POLICIES`."""
+    if policy is RematPolicy.CUSTOM and custom in presets:
+        return len(POLICIES) + presets.index(custom)
     return POLICIES.index(policy)

@@ -155,6 +155,18 @@ class Placement(_Named):
         return "checkpoint placement"
 
 
+class HostState(_Named):
+    """Training state kept in the host's pinned memory between steps (MaxText's
+    `parameter_memory_host_offload` and `optimizer_memory_host_offload`)."""
+
+    PARAMS = "params"  # the weights, brought to HBM for the step and written back after the update
+    OPTIMIZER = "optimizer"  # AdamW's moments, brought to HBM for the update only
+
+    @classmethod
+    def kind(cls) -> str:
+        return "host-offloaded state"
+
+
 class LoadBalance(_Named):
     """Causal load balancing across the context axis."""
 

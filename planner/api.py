@@ -182,7 +182,7 @@ class LongestSequence:
         line = (
             f"{self.plan.model.name} on {self.plan.topology}: up to {format_tokens(self.seq_len)} tokens "
             f"({self.seq_len}) per sequence{per_step}, with {describe_strategy(self.plan)}, "
-            f"remat {self.plan.remat.value}; a step takes {format_seconds(self.estimate.step_time_s)}"
+            f"remat {self.plan.remat_label}; a step takes {format_seconds(self.estimate.step_time_s)}"
         )
         if self.surely_seq_len != self.seq_len:
             surely = (

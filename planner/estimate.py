@@ -51,6 +51,7 @@ def candidates_of(plan: Plan) -> Candidates:
         remat_custom=plan.remat_custom,
         fused_attention_backward=plan.fused_attention_backward,
         dq_reduction_steps=plan.dq_reduction_steps,
+        state_on_host=plan.state_on_host,
     )
 
 

@@ -17,6 +17,7 @@ from cost_models.estimate import Estimate
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.pricing.attention import vmapped_rows
 from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, layer_bytes
+from cost_models.remat import remat_label
 from cost_models.strategies import STRATEGIES
 from cost_models.targets import TRAITS, Target
 from cost_models.topology import DCN_DIM
@@ -148,7 +149,7 @@ def short(plan: Plan) -> str:
     mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "single device"
     if plan.num_slices > 1:
         mesh += f" (over DCN: dcn_data={plan.dcn_data} dcn_fsdp={plan.dcn_fsdp})"
-    return f"{describe_strategy(plan)}; {mesh}; remat {plan.remat.value}"
+    return f"{describe_strategy(plan)}; {mesh}; remat {plan.remat_label}"
 
 
 def _terms(e: Estimate) -> dict[str, float]:
@@ -458,12 +459,17 @@ class Explanation:
             f"  strategy       {describe_strategy(p)}",
             "  mesh           " + " ".join(f"{a}={s}" for a, s in p.mesh),
             f"  placement      {placement}",
-            f"  remat          {p.remat.value}",
+            f"  remat          {p.remat_label}",
             f"  splash blocks  {p.block_q}×{p.block_kv}"
             + (
                 f" (scoped VMEM raised: {SCOPED_VMEM_FLAG}={p.scoped_vmem_limit_kib}, which `cpplan run` and "
                 f"`cpplan compile` set)"
                 if p.scoped_vmem_limit_kib
+                else ""
+            )
+            + (
+                f"; dq held as {p.dq_reduction_steps} rolled partials (MaxText's dq_reduction_steps)"
+                if p.dq_reduction_steps
                 else ""
             )
             + "; loss "
@@ -628,13 +634,13 @@ class Explanation:
         same = (p.mesh, p.cp_strategy, p.load_balance)
         notes = []
         for r in self.result.ranked:
-            if (r.plan.mesh, r.plan.cp_strategy, r.plan.load_balance) == same and r.plan.remat is not p.remat:
-                notes.append(f"{r.plan.remat.value} fits but is {r.estimate.step_time_s / e.step_time_s - 1:+.1%}")
+            if (r.plan.mesh, r.plan.cp_strategy, r.plan.load_balance) == same and r.plan.remat_label != p.remat_label:
+                notes.append(f"{r.plan.remat_label} fits but is {r.estimate.step_time_s / e.step_time_s - 1:+.1%}")
         for rej in self.result.rejections:
             if (tuple(rej.mesh.items()), rej.strategy, rej.load_balance) == same and rej.remat is not None:
-                notes.append(f"{rej.remat.value} {rej.reason}")
+                notes.append(f"{remat_label(rej.remat, rej.remat_custom)} {rej.reason}")
         tail = f" ({'; '.join(notes)})" if notes else ""
-        return f"Remat {p.remat.value} uses {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)}{tail}."
+        return f"Remat {p.remat_label} uses {_gib(e.hbm_bytes_per_device)} of {_gib(e.hbm_capacity_bytes)}{tail}."
 
     def nothing_fits_text(self) -> str:
         """Per strategy why nothing fits, and what would."""

@@ -40,7 +40,7 @@ from cost_models.strategies.base import MAXTEXT_LOCAL_BLOCK, MAXTEXT_LOCAL_MODEL
 from cost_models.targets import Target
 from cost_models.topology import get_topology
 from cost_models.units import counted
-from cost_models.vocabulary import CPStrategy, LoadBalance, Placement, RematPolicy
+from cost_models.vocabulary import CPStrategy, HostState, LoadBalance, Placement, RematPolicy
 from planner.plan import Plan, make_mesh
 
 SPLASH_BLOCK_FLAGS = (
@@ -119,8 +119,13 @@ COMPILER_FLAG_PREFIX = "--xla"
 NOT_MODELLED_COMPILER_FLAGS = {
     "--xla_tpu_dvfs_p_state": "the chip's clock (DVFS performance state) is not modelled: priced at the row's peak",
 }
-# MaxText's whole-state host offload (base.yml, default false): cpplan keeps weights and optimizer in HBM
-STATE_OFFLOAD_FLAGS = {"optimizer_memory_host_offload": "optimizer", "parameter_memory_host_offload": "params"}
+# MaxText's whole-state host offload (base.yml, default false): the state kept in pinned host memory between
+# steps (`Plan.state_on_host`); its weights' offload asserts the layers stacked on axis 0
+STATE_OFFLOAD_FLAGS = {
+    "parameter_memory_host_offload": HostState.PARAMS,
+    "optimizer_memory_host_offload": HostState.OPTIMIZER,
+}
+PARAMS_OFFLOAD_SCAN_AXIS = 0
 
 
 def _slice_name(topology: str) -> str | None:
@@ -236,6 +241,9 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["sa_use_fused_bwd_kernel"] = True
     if plan.dq_reduction_steps:
         flags["dq_reduction_steps"] = plan.dq_reduction_steps
+    flags.update({flag: True for flag, state in STATE_OFFLOAD_FLAGS.items() if state in plan.state_on_host})
+    if HostState.PARAMS in plan.state_on_host:
+        flags["param_scan_axis"] = PARAMS_OFFLOAD_SCAN_AXIS
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if offloaded_names(plan.remat, plan.remat_custom):
@@ -611,12 +619,14 @@ def read_maxtext(
     block_q, block_kv = _blocks(f, notes)
     remat = _remat(f)
     param_dtype = f.text("weight_dtype", "float32")
-    for flag, part in STATE_OFFLOAD_FLAGS.items():
-        if f.bool(flag, False):
-            notes.append(
-                f"{flag}=True: cpplan prices the {part} in HBM, not in host memory, so its HBM figure "
-                f"includes what MaxText moves to the host"
-            )
+    state_on_host = tuple(state for flag, state in STATE_OFFLOAD_FLAGS.items() if f.bool(flag, False))
+    scan_axis = f.int("param_scan_axis", 1)
+    if HostState.PARAMS in state_on_host and scan_axis != PARAMS_OFFLOAD_SCAN_AXIS:
+        raise CpplanError(
+            f"MaxText flag parameter_memory_host_offload=True with param_scan_axis={scan_axis}: MaxText 0.2.5 "
+            f"asserts the scanned layers stacked on axis {PARAMS_OFFLOAD_SCAN_AXIS} to offload the weights; "
+            f"add param_scan_axis={PARAMS_OFFLOAD_SCAN_AXIS}."
+        )
     dq_steps = _dq_reduction_steps(f)
     for flag in NEUTRAL_FLAGS:
         f.get(flag)  # read: it changes nothing cpplan prices
@@ -644,6 +654,7 @@ def read_maxtext(
         dcn_fsdp=dcn_fsdp,
         fused_attention_backward=fused_backward,
         dq_reduction_steps=dq_steps,
+        state_on_host=state_on_host,
     )
     f.check_words()
     problems = maxtext_problems(plan)

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from cost_models.documents import HISTOGRAM_FORMAT, DocumentLengths, DocumentsKind, lognormal, read_histogram
 from cost_models.errors import CpplanError
-from cost_models.remat import NAMED_POLICIES, SEARCHED_POLICIES
+from cost_models.remat import SEARCHED_POLICIES
 from cost_models.topology import Topology, divisors
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 
@@ -134,7 +134,7 @@ class SearchOptions:
         strategies: context-parallel strategies allowed (enum members or MaxText names).
         mesh: axis sizes held fixed, e.g. ``{"context": 16}``; the rest are searched.
         remat: remat policies allowed; by default `cost_models.remat.SEARCHED_POLICIES`. `custom`
-            is not searched (it needs a placement per checkpoint name: give a plan instead).
+            is searched as `cost_models.remat.SEARCHED_CUSTOM` places it (other placements: give a plan).
         load_balance: balancing choices allowed.
         loss_chunk_tokens: cross-entropy chunk; 0 = full logits (MaxText's default).
         param_dtype / compute_dtype / mu_dtype: priced dtypes of the weights (their gradients and
@@ -207,13 +207,6 @@ class SearchOptions:
         for name, chosen in sets.items():
             if not chosen:
                 raise CpplanError(f"{name}=[] allows nothing; leave it out to allow every choice.")
-        if RematPolicy.CUSTOM in sets["remat"]:
-            raise CpplanError(
-                "remat=custom cannot be searched: it needs a placement per checkpoint name. From Python, "
-                "give a plan its remat_custom (`cpplan export --format json`, edit it, `Plan.from_json`, then "
-                "`planner.estimate` or `runtime.run`), or allow the named policies: "
-                f"{', '.join(p.value for p in NAMED_POLICIES)}."
-            )
         return cls(
             global_batch_tokens,
             global_batch,

@@ -14,13 +14,13 @@ from cost_models.errors import CpplanError
 from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments, positions_along
-from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes
-from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names
+from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes, state_bytes
+from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names, remat_label
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.strategies.base import block_check, full_mask_balance_problem, layer_strategy, local_strategy_problem
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.units import GiB, counted
-from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, HostState, LoadBalance, RematPolicy
 
 DEFAULT_BLOCK = 512
 # splash attention tiles its blocks over the 128 vector lanes: a block must be a multiple of them
@@ -70,6 +70,9 @@ class Plan:
         dcn_data, dcn_fsdp: over several slices, how many slices the data and the fsdp axis span
             (MaxText's `dcn_*_parallelism`; their product is the number of slices). The mesh sizes
             are totals: each slice holds data/dcn_data × fsdp/dcn_fsdp × the other axes.
+        state_on_host: the training state kept in pinned host memory between steps (MaxText's
+            `parameter_memory_host_offload`, `optimizer_memory_host_offload`), in `HostState` order;
+            names are accepted. cpplan's runtime keeps all of it in HBM.
     """
 
     model: ModelSpec
@@ -94,6 +97,7 @@ class Plan:
     dcn_fsdp: int = 1
     fused_attention_backward: bool = False
     dq_reduction_steps: int = 0
+    state_on_host: tuple = ()
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -172,6 +176,13 @@ class Plan:
                 f"({', '.join(CHECKPOINT_NAMES)}) to device, offload or remat."
             )
         object.__setattr__(self, "remat_custom", custom_placements(self.remat_custom))
+        if isinstance(self.state_on_host, str) or not isinstance(self.state_on_host, (tuple, list)):
+            raise CpplanError(
+                f"plan state_on_host={self.state_on_host!r} must be a list of "
+                f"{', '.join(h.value for h in HostState)} (or empty)."
+            )
+        on_host = {HostState.parse(h) for h in self.state_on_host}
+        object.__setattr__(self, "state_on_host", tuple(h for h in HostState if h in on_host))
         if self.remat_custom and self.remat is not RematPolicy.CUSTOM:
             raise CpplanError(
                 f"plan remat_custom places {', '.join(n for n, _ in self.remat_custom)} but remat="
@@ -308,12 +319,13 @@ class Plan:
                 raise CpplanError(f"{strategy.value}'s splash calls on this plan: {problem}.")
 
     def _check_host_memory(self) -> None:
-        """The activations the remat policy offloads fit in the host memory of a device."""
-        if not self.offloaded:
+        """The activations the remat policy offloads and the state kept on the host fit in the host memory
+        of a device."""
+        if not self.offloaded and not self.state_on_host:
             return
         topo = self.topology_spec
         tokens = self.global_batch * self.seq_len / (self.batch_shards * self.cp_degree)
-        need = host_bytes_needed(
+        activations = host_bytes_needed(
             self.model,
             self.remat,
             self.remat_custom,
@@ -321,13 +333,27 @@ class Plan:
             tensor=self.axis_size("tensor"),
             act_bytes=DTYPE_BYTES[self.compute_dtype],
         )
-        have = host_capacity_bytes(topo)
+        sizes = state_bytes(
+            self.model,
+            weight_shards=math.prod(self.mesh_sizes) / self.axis_size("data"),
+            param_bytes=DTYPE_BYTES[self.param_dtype],
+            mu_bytes=DTYPE_BYTES[self.mu_dtype],
+        )
+        held = {f"remat {self.remat.value} offloads {', '.join(self.offloaded)}": activations} if self.offloaded else {}
+        held |= {f"the {h.value} on the host": sizes[h] for h in self.state_on_host}
+        need, have = sum(held.values()), host_capacity_bytes(topo)
         if need > have:
+            parts = "; ".join(f"{what}: {size / GiB:.1f} GiB" for what, size in held.items())
             raise CpplanError(
-                f"remat {self.remat.value} offloads {', '.join(self.offloaded)}: {need / GiB:.1f} GiB of "
-                f"host memory per device > the {have / GiB:.1f} GiB a {topo.chip.name} host has per "
-                f"device; offload fewer checkpoints, or split the tokens over more devices."
+                f"{parts}: {need / GiB:.1f} GiB of host memory per device > the {have / GiB:.1f} GiB a "
+                f"{topo.chip.name} host has per device; offload less, or split the tokens and the state over "
+                f"more devices."
             )
+
+    @property
+    def remat_label(self) -> str:
+        """The remat policy's name; a custom one's with its placements."""
+        return remat_label(self.remat, self.remat_custom)
 
     @property
     def offloaded(self) -> tuple[str, ...]:
@@ -419,6 +445,7 @@ class Plan:
             | ({"fused_attention_backward": True} if self.fused_attention_backward else {})
             | ({"dq_reduction_steps": self.dq_reduction_steps} if self.dq_reduction_steps else {})
             | ({"local_strategy": self.local_strategy.value} if self.local_strategy is not None else {})
+            | ({"state_on_host": [h.value for h in self.state_on_host]} if self.state_on_host else {})
         )
 
     def to_json(self) -> str:

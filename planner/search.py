@@ -34,7 +34,7 @@ from cost_models.pricing import Priced, choose_rows, price
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
 from cost_models.pricing.target import per_head_smem_bytes
-from cost_models.remat import POLICIES
+from cost_models.remat import SEARCHED_CUSTOM, remat_code
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
 from cost_models.strategies.base import splash_blocks
 from cost_models.targets import Target
@@ -57,6 +57,7 @@ class Rejection:
     remat: object  # a RematPolicy, or None when the rule does not depend on it
     category: str
     reason: str
+    remat_custom: tuple = ()  # a custom policy's placements
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class CandidateRow(NamedTuple):
     load_balance: LoadBalance
     remat: RematPolicy
     placement: Placement
+    remat_custom: tuple = ()  # a custom policy's placements (`SEARCHED_CUSTOM`'s)
 
 
 class RankedList(Sequence):
@@ -521,7 +523,12 @@ class SearchSpace:
         self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
         self._block_fits = np.zeros(len(self.verdicts), dtype=bool)  # by verdict position, once judged
-        self._remats = as_list(options.remat)
+        # (policy, custom placements) in the allowed policies' order, `custom` as each of `SEARCHED_CUSTOM`
+        self._remats = [
+            (policy, custom)
+            for policy in as_list(options.remat)
+            for custom in (SEARCHED_CUSTOM if policy is RematPolicy.CUSTOM else ((),))
+        ]
 
     @property
     def shard_counts(self) -> list[int]:
@@ -586,7 +593,8 @@ class SearchSpace:
             ring=sizes[:, 2],
             ulysses=sizes[:, 3],
             tensor=sizes[:, 4],
-            remat=np.array([POLICIES.index(r) for r in self._remats])[remat],
+            remat=np.array([remat_code(p, c, SEARCHED_CUSTOM) for p, c in self._remats])[remat],
+            remat_presets=SEARCHED_CUSTOM,
             zigzag=np.repeat([v.load_balance is LoadBalance.ZIGZAG for _, v in verdicts], per_verdict),
             block_q=block,
             block_kv=block,
@@ -625,7 +633,8 @@ class SearchSpace:
         """Row `i` of a group as a `CandidateRow`."""
         v = self.verdicts[int(rows.positions[i])]
         placement = _placements(self.topology).of(v.sizes)[int(rows.placement[i])]
-        return CandidateRow(v.sizes, v.load_balance, self._remats[int(rows.remat[i])], placement)
+        policy, custom = self._remats[int(rows.remat[i])]
+        return CandidateRow(v.sizes, v.load_balance, policy, placement, custom)
 
     def _verdicts(self, meshes) -> list[_Verdict]:
         """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order.
@@ -812,7 +821,9 @@ class SearchSpace:
                     mesh = dict(zip(AXES, row.sizes))
                     reason = self._blocks[int(p.rows.positions[i])][1]
                     if reason:
-                        rejections.append(Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason))
+                        rejections.append(
+                            Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason, row.remat_custom)
+                        )
                     elif host[i] > host_cap:
                         rejections.append(
                             Rejection(
@@ -823,6 +834,7 @@ class SearchSpace:
                                 "host",
                                 f"offloads {host[i] / GiB:.1f} GiB of activations > "
                                 f"{host_cap / GiB:.1f} GiB host memory per device",
+                                row.remat_custom,
                             )
                         )
                     else:
@@ -837,6 +849,7 @@ class SearchSpace:
                                 "hbm",
                                 f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
                                 f"(largest: {top} {parts[top] / GiB:.1f} GiB)",
+                                row.remat_custom,
                             )
                         )
                     if strategy_least is None or mems[i] < mems[strategy_least]:
@@ -898,6 +911,7 @@ class SearchSpace:
             local_strategy=None if p.local is None else p.local[i],
             load_balance=row.load_balance,
             remat=row.remat,
+            remat_custom=row.remat_custom,
             block_q=int(block),
             block_kv=int(block),
             loss_chunk_tokens=opts.loss_chunk_tokens,

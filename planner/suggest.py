@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cost_models.remat import NAMED_POLICIES
 from cost_models.targets import Target
 from cost_models.topology import Topology, shape_for_chips
 from cost_models.units import GiB, counted
-from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance
+from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 from planner.explanation import format_seconds, short
 from planner.options import SearchOptions, format_tokens
 from planner.search import Ranked, SearchResult, SearchSpace, search
@@ -134,8 +133,8 @@ def advice(result: SearchResult) -> list[Advice]:
     if not holds_the_weights(model, topo, opts):  # no change on this slice can fit: only a larger one
         return _bigger_slice_that_fits(model, seq_len, topo, opts, target)
     out: list[Advice] = []
-    if opts.remat != frozenset(NAMED_POLICIES):
-        out += _tried("allow every remat policy", model, seq_len, topo, opts, target, remat=frozenset(NAMED_POLICIES))
+    if opts.remat != frozenset(RematPolicy):
+        out += _tried("allow every remat policy", model, seq_len, topo, opts, target, remat=frozenset(RematPolicy))
     if opts.mesh:
         out += _tried(f"drop the fixed mesh axes {dict(opts.mesh)}", model, seq_len, topo, opts, target, mesh=())
     given = restrictions(opts)
@@ -321,10 +320,8 @@ def longest_advice(model, topo: Topology, opts: SearchOptions, *, target: Target
     from planner.api import longest_sequence
 
     out = []
-    if opts.remat != frozenset(NAMED_POLICIES):
-        longest = longest_sequence(
-            model, topo, dataclasses.replace(opts, remat=frozenset(NAMED_POLICIES)), target=target
-        )
+    if opts.remat != frozenset(RematPolicy):
+        longest = longest_sequence(model, topo, dataclasses.replace(opts, remat=frozenset(RematPolicy)), target=target)
         if longest is not None:
             out.append(f"allow every remat policy: up to {_tokens(longest.seq_len)} tokens fit")
     given = restrictions(opts)

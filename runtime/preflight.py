@@ -31,7 +31,7 @@ class Attempt:
         need = "n/a" if self.required_bytes is None else _size(self.required_bytes)
         verdict = "fits" if self.fits else f"does not fit: {self.reason}"
         mesh = " ".join(f"{axis}={size}" for axis, size in self.plan.mesh if size > 1) or "one device"
-        plan = f"{self.plan.strategy_label} {mesh}, remat {self.plan.remat.value}"
+        plan = f"{self.plan.strategy_label} {mesh}, remat {self.plan.remat_label}"
         return (
             f"#{self.rank} {plan}: {need} of {_size(self.available_bytes)} per device, "
             f"compiled in {self.compile_s:.1f} s; {verdict}"

@@ -16,6 +16,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from cost_models.errors import CpplanError
 from cost_models.vocabulary import LoadBalance
 from planner.plan import Plan
 from runtime.data.packing import inputs_and_targets
@@ -42,6 +43,12 @@ class Trainer:
 
     def __init__(self, plan: Plan, mesh: Mesh, *, learning_rate: float = LEARNING_RATE):
         plan.check()
+        if plan.state_on_host:
+            raise CpplanError(
+                f"plan state_on_host={[h.value for h in plan.state_on_host]}: cpplan's runtime keeps the "
+                f"weights and the optimizer's state in HBM; run the plan with state_on_host empty, or export "
+                f"it to MaxText (`cpplan export --format maxtext`), which keeps them on the host."
+            )
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
         self.model = Llama(plan, mesh)

@@ -16,10 +16,11 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.compute import dq_elements, dq_partials
-from cost_models.remat import ATTENTION_OUTPUT, POLICIES, placements
+from cost_models.pricing.offload import state_bytes
+from cost_models.remat import ATTENTION_OUTPUT, choice_placements
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, lane_ratio
-from cost_models.vocabulary import Placement
+from cost_models.vocabulary import HostState, Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
 STATIC_MEMORY = ("params", "layer_grads", "head_grad", "optimizer", "activations", "weight_casts")
@@ -148,6 +149,9 @@ def price_memory(
     loop = ~x.without_layer_loop
     group = x.weight_group
     shards = group * tensor
+    # kept on the host between steps or not (`HostState`), the weights and moments are in HBM all step:
+    # MaxText 0.2.5 brings them in at its start (docs/maxtext_offload.md, "State on the host")
+    state = state_bytes(m, weight_shards=shards, param_bytes=pb, mu_bytes=x.mu_bytes)
     # every kept value is split over tensor: heads, MLP columns, or the sequence between the matmuls
     saved = remat.saved_on_device / tensor * a
     # one layer's backward: the gradient of every value, and the values not kept on device; the
@@ -228,14 +232,14 @@ def price_memory(
     )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
-        params=m.num_params / shards * pb,
+        params=state[HostState.PARAMS],
         # through the backward: the layers' gradients in the parameters' dtype and the head's in the
         # compute dtype; the embedding's gradient is formed after the layers (docs/provenance/cost_models.md#memory)
         layer_grads=layer_grads,
         head_grad=head_shard * a,
         update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
-        optimizer=m.num_params / shards * (x.mu_bytes + pb),
+        optimizer=state[HostState.OPTIMIZER],
         activations=m.num_layers * (tokens * saved + lse_lanes_kept(x) * lse_lane_bytes(x, layout)),
         # every layer's weight shards cast to the compute dtype once, outside the layer loop, and held
         # until the last layer's backward (none when the dtypes match; norm scales are cast in the norm)
@@ -405,7 +409,7 @@ def gathered_before_mlp_backward(x: Candidates) -> np.ndarray:
 
 def checkpoint_placed(x: Candidates, name: str, placement: Placement) -> np.ndarray:
     """Per candidate, whether its policy (`custom` placements included) puts the checkpoint `name` at `placement`."""
-    table = np.array([placements(policy, x.remat_custom)[name] is placement for policy in POLICIES])
+    table = np.array([chosen[name] is placement for chosen in choice_placements(x.remat_custom, x.remat_presets)])
     return table[x.remat]
 
 

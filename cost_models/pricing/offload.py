@@ -13,7 +13,7 @@ from cost_models.candidates import Candidates
 from cost_models.models import ModelSpec
 from cost_models.remat import CustomPlacements, remat_code, remat_table
 from cost_models.topology import Topology
-from cost_models.vocabulary import RematPolicy
+from cost_models.vocabulary import HostState, RematPolicy
 
 
 def offloaded_bytes_per_layer(remat_cost_host, *, tokens_per_device, tensor, act_bytes):
@@ -69,3 +69,34 @@ def price_offload(x: Candidates, *, layer_forward_s, layer_backward_s) -> Offloa
     layers = x.model.num_layers
     exposed = np.maximum(0.0, one_way_s - layer_forward_s) + np.maximum(0.0, one_way_s - layer_backward_s)
     return OffloadTimes(host_bytes=layers * layer_bytes, transfer_s=layers * 2 * one_way_s, exposed_s=layers * exposed)
+
+
+def state_bytes(model: ModelSpec, *, weight_shards, param_bytes: int, mu_bytes: int) -> dict[HostState, object]:
+    """Bytes per device of each kind of training state: the weights in their dtype, and AdamW's moments
+    (the first in `mu_bytes`, the second in the weights' dtype), each split over `weight_shards` devices."""
+    shard = model.num_params / weight_shards
+    return {HostState.PARAMS: shard * param_bytes, HostState.OPTIMIZER: shard * (mu_bytes + param_bytes)}
+
+
+@dataclass(frozen=True)
+class StateOffloadTimes:
+    """Per-candidate columns for the state kept on the host between steps (s per step, bytes per device)."""
+
+    host_bytes: np.ndarray  # host memory the state takes
+    transfer_s: np.ndarray  # its copies to HBM and back, each step
+    exposed_s: np.ndarray  # the part of them no compute hides
+
+
+def price_state_offload(x: Candidates, *, layers_s) -> StateOffloadTimes:
+    """What keeping `x.state_on_host` on the host costs, given the layers' compute (forward and backward, all
+    layers). MaxText 0.2.5's step copies all of it to HBM at its start and back after the update (the compile
+    holds it all step: docs/maxtext_offload.md, "State on the host"): the weights' copy in is waited for by the
+    first layer, the moments' runs beside the layers, and the copies back follow the update."""
+    sizes = state_bytes(x.model, weight_shards=x.weight_shards, param_bytes=x.param_bytes, mu_bytes=x.mu_bytes)
+    one_way = {h: sizes[h] * (h in x.state_on_host) / host_link_bw(x.topology) for h in HostState}
+    params_s, moments_s = one_way[HostState.PARAMS], one_way[HostState.OPTIMIZER]
+    return StateOffloadTimes(
+        host_bytes=sum(sizes[h] * (h in x.state_on_host) for h in HostState),
+        transfer_s=2 * (params_s + moments_s),
+        exposed_s=2 * params_s + moments_s + np.maximum(0.0, moments_s - layers_s),
+    )

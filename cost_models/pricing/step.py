@@ -18,7 +18,7 @@ from cost_models.pricing.elementwise import optimizer_seconds, price_elementwise
 from cost_models.pricing.head import price_head
 from cost_models.pricing.matmul import price_matmuls
 from cost_models.pricing.memory import peak_bytes, price_memory
-from cost_models.pricing.offload import price_offload
+from cost_models.pricing.offload import price_offload, price_state_offload
 from cost_models.pricing.target import target_memory, target_smem_bytes
 from cost_models.strategies import STRATEGIES, CPCost, StrategySpec
 from cost_models.targets import Target
@@ -37,7 +37,7 @@ class Priced:
     smem_bytes: np.ndarray
     model_flops: float
     executed_flops: np.ndarray  # per device, remat recomputation and splash's whole blocks included
-    host_bytes: np.ndarray  # per device, the host memory the offloaded activations take
+    host_bytes: np.ndarray  # per device, the host memory the offloaded activations and state take
 
     @property
     def hbm_total(self) -> np.ndarray:
@@ -178,6 +178,8 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     ).as_dict()
     offload = price_offload(x, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s)
     exposed["host_offload"] = offload.exposed_s
+    state = price_state_offload(x, layers_s=layers * (layer_forward_s + layer_backward_s))
+    exposed["host_state"] = state.exposed_s
     optimizer_s = optimizer_seconds(x)
     compute = {"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s}
     hbm = {
@@ -196,7 +198,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         step_time_s=step,
         compute_s=compute,
         hbm_s=hbm,
-        comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s},
+        comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s, "host_state": state.transfer_s},
         exposed_s=exposed,
         memory=target_memory(
             x,
@@ -216,5 +218,5 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         smem_bytes=target_smem_bytes(x, attention.layout, attention.smem_bytes, target.traits),
         model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
         executed_flops=layers * (matmuls.executed_flops + attention.executed_flops) + head.executed_flops,
-        host_bytes=offload.host_bytes,
+        host_bytes=offload.host_bytes + state.host_bytes,
     )

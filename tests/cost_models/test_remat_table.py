@@ -10,12 +10,14 @@ from cost_models.models import MODELS
 from cost_models.remat import (
     CHECKPOINT_NAMES,
     POLICIES,
+    SEARCHED_CUSTOM,
     SEARCHED_POLICIES,
     custom_placements,
     kept_names,
     offloaded_names,
     recomputed,
     remat_code,
+    remat_label,
     remat_table,
 )
 from cost_models.vocabulary import Placement, RematPolicy
@@ -62,7 +64,7 @@ def test_policies_place_what_maxtext_saves_and_offloads():
     assert kept_names(RematPolicy.FULL) == () == offloaded_names(RematPolicy.FULL)
     # nothing reads the MLP's output in the backward: never recomputed, whatever the policy
     assert "mlpwo" not in recomputed(RematPolicy.FULL)
-    assert set(SEARCHED_POLICIES) < set(POLICIES) and RematPolicy.CUSTOM not in SEARCHED_POLICIES
+    assert set(SEARCHED_POLICIES) < set(POLICIES) and RematPolicy.CUSTOM in SEARCHED_POLICIES
 
 
 def test_custom_placements_read_maxtext_names_and_refuse_bad_ones():
@@ -144,11 +146,31 @@ def test_recompute_fractions_follow_the_table():
     )  # every matmul output the backward reads
 
 
-def test_search_tries_the_named_set_and_refuses_custom():
+def test_search_tries_the_named_set_and_custom_as_its_preset():
     assert SearchOptions.build().remat == frozenset(SEARCHED_POLICIES)
     assert SearchOptions.build(remat="minimal_offloaded").remat == {RematPolicy.MINIMAL_OFFLOADED}
     assert SearchOptions.build(mu_dtype="bfloat16").mu_dtype == "bfloat16"
-    with pytest.raises(CpplanError, match="custom cannot be searched"):
-        SearchOptions.build(remat=["full", "custom"])
+    assert SearchOptions.build(remat=["full", "custom"]).remat == {RematPolicy.FULL, RematPolicy.CUSTOM}
     assert dataclasses.replace(plan(), remat="full").remat is RematPolicy.FULL
     assert len(CHECKPOINT_NAMES) == 8
+
+
+def test_the_searched_custom_preset_has_its_own_row_after_the_named_policies():
+    # the recipes' 2M/4M placement: attention output and layer input offloaded, the rest recomputed
+    (preset,) = SEARCHED_CUSTOM
+    assert preset == (("decoder_layer_input", Placement.OFFLOAD), ("context", Placement.OFFLOAD))
+    assert remat_label(RematPolicy.CUSTOM, preset) == "custom (decoder_layer_input=offload context=offload)"
+    assert remat_label(RematPolicy.FULL) == "full"
+    code = remat_code(RematPolicy.CUSTOM, preset, SEARCHED_CUSTOM)
+    assert code == len(POLICIES) and remat_code(RematPolicy.CUSTOM, (), SEARCHED_CUSTOM) == POLICIES.index(
+        RematPolicy.CUSTOM
+    )
+    table = remat_table(MODEL, presets=SEARCHED_CUSTOM)
+    assert table.saved_on_device[code] == 0  # nothing a layer keeps stays in HBM
+    assert table.saved_on_host[code] == 4096 + 4096  # the layer input and the attention output, per token
+    # no attention rerun; of the MLP's three matmuls the two inputs (its output is never read)
+    assert table.recompute_attention[code] == 0 and table.recompute_mlp[code] == pytest.approx(2 / 3)
+    # the same row as the plan's own `custom` placements give
+    own = remat_table(MODEL, preset)
+    custom = remat_code(RematPolicy.CUSTOM)
+    assert all(getattr(own, f)[custom] == getattr(table, f)[code] for f in own.__dataclass_fields__)

@@ -25,19 +25,19 @@ def test_nothing_fitting_one_chip_says_fewer_sequences_were_searched_and_why_non
 
 
 def test_where_the_weights_fit_but_no_sequence_does_the_advice_says_so_and_offers_a_shorter_one():
-    advice = _advice(str(api.explain("small", "1M", "v5e:1x1")))
+    advice = _advice(str(api.explain("small", "2M", "v5e:1x1")))
     assert advice[0] == (
-        "fewer sequences per step on v5e:1x1: none fits, not even one 1M-token sequence "
-        "(counts from 4 down to 1 were searched)"
+        "fewer sequences per step on v5e:1x1: none fits, not even one 2M-token sequence "
+        "(counts from 2 down to 1 were searched)"
     )
     assert any(line.startswith("a shorter sequence, the longest that fits") for line in advice)
 
 
 def test_an_exact_batch_on_one_chip_is_offered_the_fewer_sequences_that_fit():
     advice = _advice(str(api.explain("small", "128k", "v5e:1x1", global_batch=32)))
-    assert advice[0].startswith("global_batch=7 sequences (917,504 tokens per step)")
+    assert advice[0].startswith("global_batch=8 sequences (1,048,576 tokens per step)")
 
 
 def test_a_single_device_plan_says_it_has_no_communication():
-    text = str(api.explain("small", "128k", "v5e:1x1"))
+    text = str(api.explain("small", "128k", "v5e:1x1", global_batch=1))  # nothing offloaded to the host
     assert "  communication  none: one device\n  exposed        none: nothing to hide\n" in text
