@@ -130,6 +130,19 @@ def fused_dq_partials_held(x: Candidates, layout: Layout) -> np.ndarray:
     return held
 
 
+def kept_copy_values(x: Candidates, mlp_chunk_tokens: int | None = MLP_CHUNK_TOKENS) -> tuple[np.ndarray, np.ndarray]:
+    """Values per device a layer loop copies, each layer, of what the remat policy keeps on device: every
+    kept value, formed in its own buffer, into the layer stacks as the layer's forward ends; and the MLP's
+    kept values out of the stacks in the layer's backward, where its chunk loop slices them (one slice with
+    one chunk). Read from the compiles' buffers (docs/provenance/cost_models.md#memory). A step of one layer
+    has no loop and no stacks: none."""
+    tokens, remat, loop = x.tokens_per_device, x.held_remat_columns, ~x.without_layer_loop
+    to_stacks = np.where(loop, tokens * remat.saved_on_device / x.tensor, 0.0)
+    mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
+    from_stacks = np.where((tokens > mlp_tokens) & loop, tokens * remat.kept_mlp_side / x.tensor, 0.0)
+    return to_stacks, from_stacks
+
+
 def price_memory(
     x: Candidates,
     layout: Layout,
@@ -146,7 +159,6 @@ def price_memory(
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     a, pb = x.act_bytes, x.param_bytes
     remat = x.held_remat_columns  # an offload that does not leave HBM is held as a kept value
-    loop = ~x.without_layer_loop
     group = x.weight_group
     shards = group * tensor
     # kept on the host between steps or not (`HostState`), the weights and moments are in HBM all step:
@@ -178,9 +190,9 @@ def price_memory(
     layer_grads = layer_gradient_bytes(x)
     head_shard = m.hidden * m.vocab / shards
     # kept MLP values are not read in place: the layer's backward copies its layer's slice of the
-    # stacked residuals, the chunk loop each chunk's slice of that copy (one slice with one chunk); a
-    # step of one layer has no layer loop and no stack, and its chunk loop slices the kept values directly
-    kept_mlp_copy = np.where((tokens > mlp_tokens) & loop, tokens * remat.kept_mlp_side / tensor, 0.0)
+    # stacked residuals, the chunk loop each chunk's slice of that copy; a step of one layer has no layer
+    # loop and no stack, and its chunk loop slices the kept values directly
+    kept_in_stacks, kept_mlp_copy = kept_copy_values(x, mlp_chunk_tokens)
     q_values, kv_values = laid_out_values(x, layout)
     # the layer input's gradient, formed for every token, is scattered back over tensor on either side
     input_gradient_scratch = reduce_scatter_scratch(x, tokens * m.hidden * a, tensor)
@@ -272,7 +284,7 @@ def price_memory(
         # when it ends; at its MLP they are all formed, beside the residual stream's values (the layer
         # input, and a sequential block's residual sum), the MLP's input gathered and its matrices, and on
         # some chips the kernel's lane-wide log-sum-exp
-        forward_working_set=np.where(loop, tokens * saved, 0.0)
+        forward_working_set=kept_in_stacks * a
         + (residual_stream + tokens * m.hidden + m.mlp_matrices * mlp_matrix) * a
         + forward_lse_lanes_held(x, context) * lse_lane_bytes(x, layout),
         # fp32 logits of one chunk of tokens against one vocabulary piece (the gradient formed in place)

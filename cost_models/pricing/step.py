@@ -155,7 +155,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     matmuls = price_matmuls(x)
     kinds = price_layer_kinds(x, target)
     attention, cost = _layer_attention(kinds)
-    elementwise = price_elementwise(x)
+    elementwise = price_elementwise(x, mlp_chunk_tokens=target.traits.mlp_chunk_tokens)
     head = price_head(x)
     layer_forward_s = matmuls.forward_s + attention.forward_s + elementwise.forward_s
     layer_backward_s = (
