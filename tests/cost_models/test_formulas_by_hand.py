@@ -480,9 +480,12 @@ def test_layer_and_head_builders_by_hand():
     assert matmuls.executed_flops == pytest.approx(4 * projections + (3 + 2 / 3) * mlp)
     # norms and residual adds on 10 full-width values per token; RoPE on q and k (2 · 40 heads · 128);
     # SwiGLU's 3 · 14336; bf16 read or written once each
+    # and the layer loop copies full remat's one kept value, the layer input, into its stack (read, written)
     elementwise = price_elementwise(x)
-    assert elementwise.forward_s == pytest.approx(tokens * (10 * 4096 + 2 * 40 * 128 + 3 * 14336) * 2 / hbm_bw)
-    assert elementwise.backward_s == pytest.approx(2 * elementwise.forward_s)
+    ops = tokens * (10 * 4096 + 2 * 40 * 128 + 3 * 14336) * 2 / hbm_bw
+    assert elementwise.kept_copies_s == pytest.approx(tokens * 4096 * 2 * 2 / hbm_bw)
+    assert elementwise.forward_s == pytest.approx(ops + elementwise.kept_copies_s)
+    assert elementwise.backward_s == pytest.approx(2 * ops)
     head = price_head(x)
     # forward and two backward matmuls against the 128256-token vocabulary; 16 bytes per fp32 logit
     assert head.matmul_s == pytest.approx(3 * 2 * tokens * 4096 * 128256 / peak)
