@@ -21,10 +21,11 @@ from cli.devices import (
 from cli.signals import INTERRUPTS
 from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
+from cost_models.targets import Target
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
 from planner import api
-from planner.explanation import Explanation, describe_strategy
+from planner.explanation import Explanation, backward_text, describe_strategy
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -175,7 +176,8 @@ def plan_line(plan) -> str:
     """The plan in one line for people (`--json` gives it whole)."""
     return (
         f"plan: {describe_strategy(plan)}; mesh {plan.mesh_dict}; remat {plan.remat_label}; splash blocks "
-        f"{plan.block_q}×{plan.block_kv}; {plan.global_batch} × {plan.seq_len} tokens on {plan.topology}"
+        f"{plan.block_q}×{plan.block_kv}, backward {backward_text(plan, Target.CPPLAN)}; {plan.global_batch} × "
+        f"{plan.seq_len} tokens on {plan.topology}"
     )
 
 
