@@ -25,6 +25,11 @@ MAXTEXT_RING_MAX_BLOCK = 512
 # windowed-einsum loop: 8 to 32 (with 4, 64 or 128: one matmul and an all-reduce; 5-7 never compiled)
 MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES = (8, 32)
 
+# MaxText's load-balanced all-gather restores the gathered K and V to natural order before splash
+# (`reorder_sequence(..., to_contiguous=True)`); its compile (v5p-128, context 64, 64K) copies, slices,
+# reverses and joins them in 10 gathered-K/V sizes of HBM bytes per forward and puts dK/dV back in 9
+MAXTEXT_ZIGZAG_KV_REORDER_PASSES = (10.0, 9.0)
+
 
 # from this many devices on the fsdp axis the TPU compiler forms the q/k/v projections (which cpplan's
 # runtime leaves to the SPMD partitioner) as windowed einsums: with fsdp 8 on v5p and tpu7x, batch
@@ -101,6 +106,10 @@ class TargetTraits:
             layers/attention_op.py).
         fused_dq_partials_in_q_dtype: the fused backward's dq partials, one per key block, are in q's dtype
             (jax's splash, `_splash_attention_bwd_dkv`), not fp32 (tokamax's).
+        zigzag_kv_reorder_passes: (forward, backward) HBM bytes, in units of the gathered K/V's bytes, that a
+            load-balanced all-gather layer moves outside the kernels laying the gathered K/V out in natural
+            order (each forward, a recomputed one too) and their gradients back (the backward); None: not
+            read from a compile (docs/measurements.md#all-gather-kv-reorder).
     """
 
     target: Target
@@ -129,6 +138,7 @@ class TargetTraits:
     layers_switch_masks: bool = False
     splash_rows_split_over_cores: bool = False
     fused_dq_partials_in_q_dtype: bool = False
+    zigzag_kv_reorder_passes: tuple[float, float] | None = None
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -179,6 +189,7 @@ TRAITS: dict[Target, TargetTraits] = {
         context_gradients_all_reduced=True,
         mlp_chunk_tokens=None,
         tokamax_splash_prunes_documents=True,
+        zigzag_kv_reorder_passes=MAXTEXT_ZIGZAG_KV_REORDER_PASSES,
     ),
 }
 

@@ -36,8 +36,8 @@ class AttentionTimes:
     math_forward_s: np.ndarray  # MXU time of the forward kernel's computed blocks
     grid_forward_s: np.ndarray  # per-step costs of the forward grids (steps computed or skipped)
     grid_backward_s: np.ndarray  # per-step costs of the backward grids (dq, dk/dv)
-    merge_forward_s: np.ndarray  # HBM passes folding the calls' outputs together
-    merge_backward_s: np.ndarray  # HBM passes adding up the calls' gradients
+    merge_forward_s: np.ndarray  # HBM passes folding the calls' outputs together, laying gathered K/V out
+    merge_backward_s: np.ndarray  # HBM passes adding up the calls' gradients, laying gathered dK/dV back
     forward_s: np.ndarray
     backward_s: np.ndarray
     recompute_s: np.ndarray  # forward passes the remat policy runs again in the backward
@@ -126,6 +126,11 @@ def price_attention(
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd
     merge_forward_bytes, merge_backward_bytes = strategy.merge_bytes(x, layout, calls)
+    if traits.zigzag_kv_reorder_passes is not None:
+        # the target lays gathered zigzag K/V out in natural order for the kernel, their gradients back
+        reordered = np.where(x.zigzag, strategy.gathered_kv_bytes(x, layout), 0.0)
+        merge_forward_bytes = merge_forward_bytes + traits.zigzag_kv_reorder_passes[0] * reordered
+        merge_backward_bytes = merge_backward_bytes + traits.zigzag_kv_reorder_passes[1] * reordered
     merge_forward_s, merge_backward_s = merge_forward_bytes * hbm_s_per_byte, merge_backward_bytes * hbm_s_per_byte
     forward_s = math_forward_s + grid_forward_s + merge_forward_s
     recomputed = x.remat_columns.recompute_attention

@@ -47,10 +47,13 @@ class AllGather(StrategySpec):
         call = KernelCall(1.0, layout.q_len, layout.kv_len, causal=x.model.causal, q_block_cap=cap)
         return self.with_backward(x, (call,))
 
+    def gathered_kv_bytes(self, x, layout: Layout):
+        return 2 * x.sequences_per_device * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
+
     def cost(
         self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
     ) -> CPCost:
-        kv_full = 2 * x.sequences_per_device * x.seq_len * layout.kv_heads * x.model.head_dim * x.act_bytes
+        kv_full = self.gathered_kv_bytes(x, layout)
         gather = x.comm.all_gather(kv_full, x.ring, *x.context_link)
         scatter = (2 if gradients_all_reduced else 1) * x.comm.reduce_scatter(kv_full, x.ring, *x.context_link)
         bwd = gather + scatter

@@ -291,6 +291,10 @@ class StrategySpec:
         """(forward, backward) HBM bytes per layer of merging several calls' results outside the kernels."""
         return 0.0, 0.0
 
+    def gathered_kv_bytes(self, x, layout: Layout):
+        """Bytes per device of the full-length K and V the strategy gathers (none where it gathers none)."""
+        return 0.0
+
     def cost(
         self, x, layout: Layout, attention_fwd_s, attention_bwd_s, *, gradients_all_reduced: bool = False
     ) -> CPCost:

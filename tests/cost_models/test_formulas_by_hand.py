@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from cost_models.compute import (
@@ -771,3 +772,20 @@ def test_sequences_and_groups_keep_v5p_cores_busy_in_the_backward():
         a1, a2 = (price_attention(x, STRATEGIES[x.strategy], traits=TRAITS[target]) for x in (one, two))
         assert a2.math_forward_s.item() == pytest.approx(2 * a1.math_forward_s.item(), rel=1e-12)
         assert mxu_backward(a2) == pytest.approx(growth * mxu_backward(a1), rel=1e-12)
+
+
+def test_maxtext_lays_gathered_zigzag_kv_out_in_hbm_passes_by_hand():
+    # all-gather over context=8 at 128K: the gathered K and V are 2 × 131072 × 8 KV heads × 128 × 2 bytes;
+    # MaxText's compile moves 10 of those per forward laying them out in natural order and 9 putting
+    # dK/dV back; unbalanced layers and cpplan's runtime (not read from a compile) move none of it
+    kv_bytes = 2 * 131072 * 8 * 128 * 2
+    hbm_s = 1.0 / candidates_of(_plan()).topology.hbm_bw_per_device
+    spec = STRATEGIES["all_gather"]
+    merge = {}
+    for target in (Target.MAXTEXT, Target.CPPLAN):
+        for balance in ("zigzag", "none"):
+            x = candidates_of(_plan(cp_strategy="all_gather", load_balance=balance))
+            a = price_attention(x, spec, traits=TRAITS[target])
+            merge[target, balance] = (float(np.squeeze(a.merge_forward_s)), float(np.squeeze(a.merge_backward_s)))
+    assert merge[Target.MAXTEXT, "zigzag"] == pytest.approx((10 * kv_bytes * hbm_s, 9 * kv_bytes * hbm_s), rel=1e-12)
+    assert merge[Target.MAXTEXT, "none"] == merge[Target.CPPLAN, "zigzag"] == merge[Target.CPPLAN, "none"] == (0, 0)
