@@ -852,7 +852,8 @@ class SearchSpace:
                                 row.remat_custom,
                             )
                         )
-                    if strategy_least is None or mems[i] < mems[strategy_least]:
+                    # the least HBM of the plans that exist: one over its host's memory is refused outright
+                    if host[i] <= host_cap and (strategy_least is None or mems[i] < mems[strategy_least]):
                         strategy_least = i
                     continue
                 feasible.append(

@@ -348,6 +348,17 @@ def test_search_under_maxtext_never_yields_a_plan_export_refuses(model, exponent
         assert estimate(back, target="maxtext").hbm_bytes["logits"] == ranked.estimate.hbm_bytes["logits"]
 
 
+def test_the_least_unfit_plans_are_plans_that_exist():
+    # 1M tokens on four v5p chips: nothing fits, and the offloading preset's layer inputs would take 512 GiB of
+    # a 112 GiB host per device, a plan refused outright: the least unfit plans shown are ones export writes
+    result = run_search("llama3.1-8b", 2**20, "v5p:2x2x1", target="maxtext")
+    assert not result.ranked and result.best_infeasible
+    assert any(r.category == "host" for r in result.rejections)
+    for ranked in result.best_infeasible:
+        ranked.plan.check()
+        export_maxtext(ranked.plan)
+
+
 RING_V5P_16 = (
     "compile_topology=v5p-16 model_name=llama3.1-8b max_target_length=131072 per_device_batch_size=0.125 "
     "ici_fsdp_parallelism=1 ici_context_parallelism=8 context_parallel_strategy=ring use_tokamax_splash=True "
