@@ -582,13 +582,14 @@ class SearchSpace:
                 if not verdicts:
                     continue
                 # rows run verdict by verdict, remat policies outside placements, as the ranking's ties expect
-                per_verdict = np.array([remats * len(placements.of(v.sizes)) for _, v in verdicts])
+                counts = np.array([len(placements.of(v.sizes)) for _, v in verdicts])
+                per_verdict = remats * counts
                 positions = np.repeat([position for position, _ in verdicts], per_verdict)
-                remat = np.concatenate([np.repeat(np.arange(remats), len(placements.of(v.sizes))) for _, v in verdicts])
-                placement = np.concatenate(
-                    [np.tile(np.arange(len(placements.of(v.sizes))), remats) for _, v in verdicts]
-                )
-                x = self._group_columns(case, strategy, verdicts, per_verdict, remat, placements)
+                within = np.arange(per_verdict.sum()) - np.repeat(np.cumsum(per_verdict) - per_verdict, per_verdict)
+                remat, placement = np.divmod(within, np.repeat(counts, per_verdict))
+                # each row's entry in its verdicts' link tables, laid end to end
+                entry = np.repeat(np.cumsum(counts) - counts, per_verdict) + placement
+                x = self._group_columns(case, strategy, verdicts, per_verdict, remat, entry, placements)
                 groups[strategy] = _Group(positions, remat, placement, x)
             self._groups[shards] = groups
         return self._groups[shards]
@@ -600,19 +601,20 @@ class SearchSpace:
         verdicts: list,
         per_verdict: np.ndarray,
         remat: np.ndarray,
+        entry: np.ndarray,
         placements: _Placements,
     ) -> Candidates:
         """The columns of a group's rows, each with the splash block SMEM allows (`DEFAULT_BLOCK`
-        where none does; the verdict's block rule then rejects it)."""
+        where none does; the verdict's block rule then rejects it); `entry` is each row's placement in
+        the verdicts' link tables laid end to end."""
         opts = self.options
         sizes = np.repeat(np.array([v.sizes for _, v in verdicts], dtype=float), per_verdict, axis=0)
         tables = [placements.link_table(v.sizes) for _, v in verdicts]
-        repeats = len(self._remats)
 
         def stacked(get) -> LinkColumns:
             return LinkColumns(
-                np.concatenate([np.tile(get(t).bw, repeats) for t in tables]),
-                np.concatenate([np.tile(get(t).latency, repeats) for t in tables]),
+                np.concatenate([get(t).bw for t in tables])[entry],
+                np.concatenate([get(t).latency for t in tables])[entry],
             )
 
         blocks = [self._block_of(position, strategy) for position, _ in verdicts]
@@ -846,6 +848,7 @@ class SearchSpace:
             host = np.broadcast_to(priced.host_bytes, mem.shape)
             fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap) & (host[chosen] <= host_cap)
             steps, mems = priced.step_time_s.tolist(), mem.tolist()
+            parts_of = {name: np.broadcast_to(v, mem.shape) for name, v in priced.memory.items()}
             strategy_least = None
             for i, ok in zip(chosen.tolist(), fits.tolist()):
                 row = self.row(p.rows, i)
@@ -870,7 +873,7 @@ class SearchSpace:
                             )
                         )
                     else:
-                        parts = {name: float(np.broadcast_to(v, mem.shape)[i]) for name, v in priced.memory.items()}
+                        parts = {name: float(v[i]) for name, v in parts_of.items()}
                         top = max(parts, key=parts.get)
                         rejections.append(
                             Rejection(
