@@ -23,16 +23,23 @@ def inner_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 @lru_cache(maxsize=1 << 16)  # a search asks of the same few sizes on every slice of a shape
 def tiles(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> bool:
-    """Whether logical axes of `axis_sizes` tile dimensions of `dim_sizes` (both outermost first): every
-    boundary between axes and every boundary between dimensions within the axes divides the other, so each
-    axis takes whole digits of the dimensions it crosses."""
-    total = math.prod(axis_sizes)
-    if total > math.prod(dim_sizes):
+    """Whether logical axes of `axis_sizes` tile dimensions of `dim_sizes` (both outermost first): the
+    boundaries between axes and those between the dimensions they cross, in order, each divide the next,
+    so each axis takes whole digits of the dimensions it crosses."""
+    bounds, inner = {1}, 1
+    for size in reversed(axis_sizes):
+        inner *= size
+        bounds.add(inner)
+    total, inner = inner, 1
+    for size in reversed(dim_sizes):
+        if inner >= total:
+            break
+        inner *= size
+        bounds.add(inner)
+    if inner < total:
         return False
-    bounds = inner_sizes(dim_sizes) + (math.prod(dim_sizes),)
-    # the dimensions' boundaries up to the first that holds all the axes (those outside are not crossed)
-    crossed = [q for q in bounds if q < total] + [min(q for q in bounds if q >= total)]
-    return all(p % q == 0 or q % p == 0 for p in inner_sizes(axis_sizes) + (total,) for q in crossed)
+    ordered = sorted(bounds)
+    return all(outer % within == 0 for within, outer in zip(ordered, ordered[1:]))
 
 
 def span_segments(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[Segment, ...]:
@@ -40,11 +47,12 @@ def span_segments(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[Segm
     sizes inside a logical axis or group of adjacent axes, and that times their size) on dimensions that
     they tile (`tiles`); `Segment.dim` indexes `dim_sizes`."""
     out = []
+    inner = 1
     for dim in reversed(range(len(dim_sizes))):
-        inner = math.prod(dim_sizes[dim + 1 :])
         first, last = max(low, inner), min(high, inner * dim_sizes[dim])
         if last > first:
             out.append(Segment(dim, last // first, first // inner))
+        inner *= dim_sizes[dim]
     return tuple(out)
 
 

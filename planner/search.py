@@ -355,6 +355,7 @@ class _Placements:
         self._tiling: dict[tuple[int, ...], list[bool]] = {}  # axis sizes → per physical order, whether they tile
         # a group's spans → per physical order, its links and their figures (None where the spans split a digit)
         self._group_rows: dict[tuple, tuple[list, list]] = {}
+        self._segment_links: dict[tuple, AxisLinks] = {}
 
     @lru_cache(maxsize=None)
     def of(self, sizes: tuple[int, ...]) -> list[Placement]:
@@ -402,6 +403,13 @@ class _Placements:
                     out.append(Placement(order, self._dim_names[k], dict(zip(GROUP_AXES, group_links))))
         return out
 
+    def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
+        """`Topology.links` of segments given as (dimension, size, stride), once per topology (spans on the
+        inner dimensions lie alike under every physical order that keeps those inside)."""
+        if segments not in self._segment_links:
+            self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
+        return self._segment_links[segments]
+
     def _tiles(self, axis_sizes: tuple[int, ...]) -> list[bool]:
         """Per physical order, whether axes of these sizes (outermost first) tile the slice (`tiles`)."""
         if axis_sizes not in self._tiling:
@@ -420,11 +428,9 @@ class _Placements:
                     links.append(None)
                     continue
                 segments = tuple(
-                    Segment(perm[s.dim], s.size, s.stride)
-                    for low, high in spans
-                    for s in span_segments(low, high, dim_sizes)
+                    (perm[s.dim], s.size, s.stride) for low, high in spans for s in span_segments(low, high, dim_sizes)
                 )
-                a = self.topo.links(segments)
+                a = self._links(segments)
                 figures.append(
                     (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
                 )
