@@ -352,9 +352,9 @@ class _Placements:
                 self.phys_orders.append(perm)
         self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
         self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
-        self._tiling: dict[tuple[int, ...], list[bool]] = {}  # axis sizes → per physical order, whether they tile
-        # a group's spans → per physical order, its links and their figures (None where the spans split a digit)
-        self._group_rows: dict[tuple, tuple[list, list]] = {}
+        self._tiling: dict[tuple[int, ...], list[int]] = {}  # axis sizes → the physical orders they tile
+        self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
+        self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
         self._segment_links: dict[tuple, AxisLinks] = {}
 
     @lru_cache(maxsize=None)
@@ -391,16 +391,18 @@ class _Placements:
             # axes of size 1 take no part of any dimension: the spans are the active axes'
             axis_sizes = tuple(size_of[a] for a in axis_perm)
             tiling = self._tiles(axis_sizes)
-            if not any(tiling):
+            if not tiling:
                 continue
             inner = dict(zip(axis_perm, inner_sizes(axis_sizes)))
             rows = [self._group_row(_spans(axes, inner, size_of)) for axes in GROUP_AXES.values()]
             order = trivial + axis_perm
             figures, links = zip(*rows)
-            for k, (key, group_links) in enumerate(zip(zip(*figures), zip(*links))):
-                if tiling[k] and key not in seen:
-                    seen.add(key)
-                    out.append(Placement(order, self._dim_names[k], dict(zip(GROUP_AXES, group_links))))
+            keys = list(zip(*figures))
+            for k in tiling:
+                if keys[k] not in seen:
+                    seen.add(keys[k])
+                    group_links = dict(zip(GROUP_AXES, (row[k] for row in links)))
+                    out.append(Placement(order, self._dim_names[k], group_links))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
@@ -410,16 +412,17 @@ class _Placements:
             self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
         return self._segment_links[segments]
 
-    def _tiles(self, axis_sizes: tuple[int, ...]) -> list[bool]:
-        """Per physical order, whether axes of these sizes (outermost first) tile the slice (`tiles`)."""
+    def _tiles(self, axis_sizes: tuple[int, ...]) -> list[int]:
+        """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile
+        (`tiles`)."""
         if axis_sizes not in self._tiling:
-            self._tiling[axis_sizes] = [tiles(axis_sizes, dim_sizes) for dim_sizes in self._dim_sizes]
+            self._tiling[axis_sizes] = [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)]
         return self._tiling[axis_sizes]
 
     def _group_row(self, spans: tuple[tuple[int, int], ...]) -> tuple[list, list]:
-        """Per physical order, the figures (the ones that tell placements apart) and the links of a group
-        over the flattened positions `spans`; None where a span splits a digit of a dimension (no tiling
-        axis order puts it there)."""
+        """Per physical order, the links of a group over the flattened positions `spans` and a number naming
+        their figures (those that tell placements apart); None where a span splits a digit of a dimension
+        (no tiling axis order puts it there)."""
         if spans not in self._group_rows:
             figures, links = [], []
             for perm, dim_sizes in zip(self.phys_orders, self._dim_sizes):
@@ -431,9 +434,8 @@ class _Placements:
                     (perm[s.dim], s.size, s.stride) for low, high in spans for s in span_segments(low, high, dim_sizes)
                 )
                 a = self._links(segments)
-                figures.append(
-                    (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
-                )
+                figure = (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
+                figures.append(self._figure_ids.setdefault(figure, len(self._figure_ids)))
                 links.append(a)
             self._group_rows[spans] = (figures, links)
         return self._group_rows[spans]
@@ -448,6 +450,8 @@ class _Placements:
 def _spans(axes: tuple[str, ...], inner: dict[str, int], size_of: dict[str, int]) -> tuple[tuple[int, int], ...]:
     """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
     axes absent from `inner` (of size 1) span nothing."""
+    if len(axes) == 1:
+        return ((inner[axes[0]], inner[axes[0]] * size_of[axes[0]]),) if axes[0] in inner else ()
     out: list[tuple[int, int]] = []
     for low, high in sorted((inner[a], inner[a] * size_of[a]) for a in axes if a in inner):
         if out and out[-1][1] == low:
