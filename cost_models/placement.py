@@ -1,7 +1,8 @@
 """How logical mesh axes lie on physical torus dimensions. The device grid, transposed to the physical
 order, flattened and reshaped to the logical sizes (both orders outermost first), is the mesh, as
-`numpy.reshape` and so the runtime realise it; walking both orders from the inside gives each logical
-axis its segments."""
+`numpy.reshape` and so the runtime realise it. A logical axis spans the flattened positions from the
+product of the sizes inside it to that times its size; where that span meets each dimension is one of
+its segments."""
 
 from __future__ import annotations
 
