@@ -36,8 +36,8 @@ def _sweep(topology: str) -> str:
 
 CASES = [
     # (what, topology, function, target seconds)
-    ("plan 4M", "v5p:16x20x28", _plan, 0.5),
-    ("plan 4M", "tpu7x:16x24x24", _plan, 0.5),
+    ("plan 4M", "v5p:16x20x28", _plan, 0.2),
+    ("plan 4M", "tpu7x:16x24x24", _plan, 0.2),
     ("max_seq_len", "v5p:16x20x28", _max_seq_len, 10.0),
     ("max_seq_len", "tpu7x:16x24x24", _max_seq_len, 10.0),
     ("sweep 8 lengths", "tpu7x-1024", _sweep, 5.0),

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from cost_models.documents import DocumentLengths
@@ -246,7 +247,7 @@ class ModelSpec:
         """The mask of decoder layer `layer` (from 0)."""
         return self.local_mask if self.layer_type(layer) == "L" else self.global_mask
 
-    @property
+    @cached_property  # read for every candidate's verdict; the fields it reads never change
     def layer_masks(self) -> tuple[tuple[AttentionMask, int], ...]:
         """Each distinct mask of the layers with how many layers have it, global first."""
         # counted from the repeating pattern, not layer by layer: the work is the pattern's length

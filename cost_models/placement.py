@@ -1,42 +1,70 @@
 """How logical mesh axes lie on physical torus dimensions. The device grid, transposed to the physical
 order, flattened and reshaped to the logical sizes (both orders outermost first), is the mesh, as
-`numpy.reshape` and so the runtime realise it; walking both orders from the inside gives each logical
-axis its segments."""
+`numpy.reshape` and so the runtime realise it. A logical axis spans the flattened positions from the
+product of the sizes inside it to that times its size; where that span meets each dimension is one of
+its segments."""
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from cost_models.topology import Segment
+
+
+def inner_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The positions inside each of `sizes` (outermost first) in the flattened order: the product of the
+    sizes after it (1 for the innermost)."""
+    inner, out = 1, []
+    for size in reversed(sizes):
+        out.append(inner)
+        inner *= size
+    return tuple(reversed(out))
+
+
+@lru_cache(maxsize=1 << 16)  # a search asks of the same few sizes on every slice of a shape
+def tiles(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> bool:
+    """Whether logical axes of `axis_sizes` tile dimensions of `dim_sizes` (both outermost first): the
+    boundaries between axes and those between the dimensions they cross, in order, each divide the next,
+    so each axis takes whole digits of the dimensions it crosses."""
+    bounds, inner = {1}, 1
+    for size in reversed(axis_sizes):
+        inner *= size
+        bounds.add(inner)
+    total, inner = inner, 1
+    for size in reversed(dim_sizes):
+        if inner >= total:
+            break
+        inner *= size
+        bounds.add(inner)
+    if inner < total:
+        return False
+    ordered = sorted(bounds)
+    return all(outer % within == 0 for within, outer in zip(ordered, ordered[1:]))
+
+
+def span_segments(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[Segment, ...]:
+    """The segments (innermost first) of the flattened positions `low` to `high` (the product of the
+    sizes inside a logical axis or group of adjacent axes, and that times their size) on dimensions that
+    they tile (`tiles`); `Segment.dim` indexes `dim_sizes`."""
+    out = []
+    inner = 1
+    for dim in reversed(range(len(dim_sizes))):
+        first, last = max(low, inner), min(high, inner * dim_sizes[dim])
+        if last > first:
+            out.append(Segment(dim, last // first, first // inner))
+        inner *= dim_sizes[dim]
+    return tuple(out)
 
 
 def axis_segments(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> tuple[tuple[Segment, ...], ...] | None:
     """Segments of each logical axis (innermost first), or None when the sizes do not tile the dimensions
     in order; sizes are outermost first, and `Segment.dim` indexes `dim_sizes`."""
-    result: list[tuple[Segment, ...]] = []
-    dim = len(dim_sizes) - 1
-    used = 1  # positions of the current dimension already taken by inner axes
-    for size in reversed(axis_sizes):
-        need = size
-        segs = []
-        while need > 1:
-            while dim >= 0 and dim_sizes[dim] // used == 1:
-                dim, used = dim - 1, 1
-            if dim < 0:
-                return None
-            remaining = dim_sizes[dim] // used
-            if need % remaining == 0:
-                segs.append(Segment(dim, remaining, used))
-                need //= remaining
-                dim, used = dim - 1, 1
-            elif remaining % need == 0:
-                segs.append(Segment(dim, need, used))
-                used *= need
-                need = 1
-            else:
-                return None
-        result.append(tuple(segs))
-    return tuple(reversed(result))
+    if not tiles(axis_sizes, dim_sizes):
+        return None
+    return tuple(
+        span_segments(inner, inner * size, dim_sizes) for inner, size in zip(inner_sizes(axis_sizes), axis_sizes)
+    )
 
 
 def positions_along(segments: tuple[Segment, ...], coords):

@@ -276,21 +276,21 @@ def ordered_factorizations(n: int, parts: int, fixed: dict[int, int] | None = No
 def _factorizations(n: int, parts: int, fixed_items: tuple) -> tuple[tuple[int, ...], ...]:
     # a sweep or a max_seq_len probe asks for the same device count many times
     fixed = dict(fixed_items)
-    all_divisors = divisors(n)
-    out: list[tuple[int, ...]] = []
+    tails: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}  # the endings of a remaining count, built once
 
-    def rec(i: int, remaining: int, prefix: tuple[int, ...]):
-        if i == parts - 1:
-            if fixed.get(i, remaining) == remaining:
-                out.append(prefix + (remaining,))
-            return
-        choices = [fixed[i]] if i in fixed else [d for d in all_divisors if d <= remaining and remaining % d == 0]
-        for d in choices:
-            if remaining % d == 0:
-                rec(i + 1, remaining // d, prefix + (d,))
+    def ending(i: int, remaining: int) -> tuple[tuple[int, ...], ...]:
+        if (i, remaining) not in tails:
+            if i == parts - 1:
+                found = ((remaining,),) if fixed.get(i, remaining) == remaining else ()
+            else:
+                choices = [fixed[i]] if i in fixed else divisors(remaining)
+                found = tuple(
+                    (d,) + rest for d in choices if remaining % d == 0 for rest in ending(i + 1, remaining // d)
+                )
+            tails[(i, remaining)] = found
+        return tails[(i, remaining)]
 
-    rec(0, n, ())
-    return tuple(out)
+    return ending(0, n)
 
 
 def as_list(values: Iterable) -> list:

@@ -29,7 +29,7 @@ from cost_models.compute import DQ_REDUCTION_STEPS, splash_smem_bytes, splash_vm
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
-from cost_models.placement import axis_segments
+from cost_models.placement import inner_sizes, span_segments, tiles
 from cost_models.pricing import Priced, choose_rows, price
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
@@ -38,7 +38,7 @@ from cost_models.remat import SEARCHED_CUSTOM, remat_code
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
 from cost_models.strategies.base import splash_blocks
 from cost_models.targets import Target
-from cost_models.topology import AxisLinks, Topology, divisors
+from cost_models.topology import AxisLinks, Segment, Topology, divisors
 from cost_models.units import GiB, MiB, counted
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
 from planner.options import SearchOptions, as_list, ordered_factorizations
@@ -333,7 +333,13 @@ def _target_rule(spec, shape: Shape, target: Target) -> Violation | None:
 
 
 class _Placements:
-    """Distinct realisable placements of a mesh on a topology, with the links each gives."""
+    """Distinct realisable placements of a mesh on a topology, with the links each gives.
+
+    A placement's links depend on where each logical axis lies in the flattened device order: an axis
+    spans positions `inner` to `inner × size` (`inner_sizes`), a collective group the spans of its axes.
+    The links of a group's spans are priced once per topology for every physical order at once, so a
+    mesh's thousands of (axis order × physical order) placements are table look-ups.
+    """
 
     def __init__(self, topo: Topology):
         self.topo = topo
@@ -344,7 +350,12 @@ class _Placements:
             if key not in seen:
                 seen.add(key)
                 self.phys_orders.append(perm)
-        self._links = lru_cache(maxsize=None)(topo.links)
+        self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
+        self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
+        self._tiling: dict[tuple[int, ...], list[int]] = {}  # axis sizes → the physical orders they tile
+        self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
+        self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
+        self._segment_links: dict[tuple, AxisLinks] = {}
 
     @lru_cache(maxsize=None)
     def of(self, sizes: tuple[int, ...]) -> list[Placement]:
@@ -370,53 +381,84 @@ class _Placements:
 
     @lru_cache(maxsize=None)
     def _within_slice(self, sizes: tuple[int, ...]) -> list[Placement]:
-        """The placements of a mesh of one slice's devices that give distinct links."""
-        dims = self.topo.physical_dims
+        """The placements of a mesh of one slice's devices that give distinct links, each the first (axis
+        order, then physical order) to give them."""
         trivial = tuple(a for a, s in zip(AXES, sizes) if s == 1)
         active = [a for a, s in zip(AXES, sizes) if s > 1]
         size_of = dict(zip(AXES, sizes))
         out, seen = [], set()
         for axis_perm in itertools.permutations(active):
-            order = trivial + axis_perm
-            # axes of size 1 take no part of any dimension: the segments are the active axes'
+            # axes of size 1 take no part of any dimension: the spans are the active axes'
             axis_sizes = tuple(size_of[a] for a in axis_perm)
-            position = {a: i for i, a in enumerate(axis_perm)}
-            groups = {group: tuple(position[a] for a in axes if a in position) for group, axes in GROUP_AXES.items()}
-            for perm in self.phys_orders:
-                if self._segments(axis_sizes, perm) is None:
-                    continue
-                links = {group: self._group_links(axis_sizes, perm, at) for group, at in groups.items()}
-                key = tuple(
-                    (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
-                    for a in links.values()
-                )
-                if key not in seen:
-                    seen.add(key)
-                    out.append(Placement(order, tuple(dims[i].name for i in perm), links))
+            tiling = self._tiles(axis_sizes)
+            if not tiling:
+                continue
+            inner = dict(zip(axis_perm, inner_sizes(axis_sizes)))
+            rows = [self._group_row(_spans(axes, inner, size_of)) for axes in GROUP_AXES.values()]
+            order = trivial + axis_perm
+            figures, links = zip(*rows)
+            keys = list(zip(*figures))
+            for k in tiling:
+                if keys[k] not in seen:
+                    seen.add(keys[k])
+                    group_links = dict(zip(GROUP_AXES, (row[k] for row in links)))
+                    out.append(Placement(order, self._dim_names[k], group_links))
         return out
 
-    @lru_cache(maxsize=None)
-    def _segments(self, axis_sizes: tuple[int, ...], perm: tuple[int, ...]) -> tuple | None:
-        """Each axis's segments (`axis_segments`) with the physical dimensions in `perm` order,
-        as indices into the topology's dimensions; shared by every mesh whose axes have these sizes."""
-        dims = self.topo.physical_dims
-        segs = axis_segments(axis_sizes, tuple(dims[i].size for i in perm))
-        if segs is None:
-            return None
-        return tuple(tuple(type(s)(perm[s.dim], s.size, s.stride) for s in ss) for ss in segs)
+    def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
+        """`Topology.links` of segments given as (dimension, size, stride), once per topology (spans on the
+        inner dimensions lie alike under every physical order that keeps those inside)."""
+        if segments not in self._segment_links:
+            self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
+        return self._segment_links[segments]
 
-    @lru_cache(maxsize=None)
-    def _group_links(self, axis_sizes: tuple[int, ...], perm: tuple[int, ...], at: tuple[int, ...]) -> AxisLinks:
-        """The links of a collective group over the axes at positions `at` of a placement (the
-        lookup by small integers saves hashing segments: the search makes hundreds of thousands)."""
-        segs = self._segments(axis_sizes, perm)
-        return self._links(sum((segs[i] for i in at), ()))
+    def _tiles(self, axis_sizes: tuple[int, ...]) -> list[int]:
+        """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile
+        (`tiles`)."""
+        if axis_sizes not in self._tiling:
+            self._tiling[axis_sizes] = [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)]
+        return self._tiling[axis_sizes]
+
+    def _group_row(self, spans: tuple[tuple[int, int], ...]) -> tuple[list, list]:
+        """Per physical order, the links of a group over the flattened positions `spans` and a number naming
+        their figures (those that tell placements apart); None where a span splits a digit of a dimension
+        (no tiling axis order puts it there)."""
+        if spans not in self._group_rows:
+            figures, links = [], []
+            for perm, dim_sizes in zip(self.phys_orders, self._dim_sizes):
+                if not all(tiles((high // low, low), dim_sizes) for low, high in spans):
+                    figures.append(None)
+                    links.append(None)
+                    continue
+                segments = tuple(
+                    (perm[s.dim], s.size, s.stride) for low, high in spans for s in span_segments(low, high, dim_sizes)
+                )
+                a = self._links(segments)
+                figure = (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
+                figures.append(self._figure_ids.setdefault(figure, len(self._figure_ids)))
+                links.append(a)
+            self._group_rows[spans] = (figures, links)
+        return self._group_rows[spans]
 
     @lru_cache(maxsize=None)
     def link_table(self, sizes: tuple[int, ...]) -> tuple[dict[str, LinkColumns], LinkColumns]:
         """The links of each placement of a mesh as columns (one entry per placement, in `of` order)."""
         placements = self.of(sizes)
         return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+
+
+def _spans(axes: tuple[str, ...], inner: dict[str, int], size_of: dict[str, int]) -> tuple[tuple[int, int], ...]:
+    """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
+    axes absent from `inner` (of size 1) span nothing."""
+    if len(axes) == 1:
+        return ((inner[axes[0]], inner[axes[0]] * size_of[axes[0]]),) if axes[0] in inner else ()
+    out: list[tuple[int, int]] = []
+    for low, high in sorted((inner[a], inner[a] * size_of[a]) for a in axes if a in inner):
+        if out and out[-1][1] == low:
+            out[-1] = (out[-1][0], high)
+        else:
+            out.append((low, high))
+    return tuple(out)
 
 
 def dcn_splits(sizes: tuple[int, ...], slices: int) -> list[tuple[int, int]]:
@@ -550,13 +592,14 @@ class SearchSpace:
                 if not verdicts:
                     continue
                 # rows run verdict by verdict, remat policies outside placements, as the ranking's ties expect
-                per_verdict = np.array([remats * len(placements.of(v.sizes)) for _, v in verdicts])
+                counts = np.array([len(placements.of(v.sizes)) for _, v in verdicts])
+                per_verdict = remats * counts
                 positions = np.repeat([position for position, _ in verdicts], per_verdict)
-                remat = np.concatenate([np.repeat(np.arange(remats), len(placements.of(v.sizes))) for _, v in verdicts])
-                placement = np.concatenate(
-                    [np.tile(np.arange(len(placements.of(v.sizes))), remats) for _, v in verdicts]
-                )
-                x = self._group_columns(case, strategy, verdicts, per_verdict, remat, placements)
+                within = np.arange(per_verdict.sum()) - np.repeat(np.cumsum(per_verdict) - per_verdict, per_verdict)
+                remat, placement = np.divmod(within, np.repeat(counts, per_verdict))
+                # each row's entry in its verdicts' link tables, laid end to end
+                entry = np.repeat(np.cumsum(counts) - counts, per_verdict) + placement
+                x = self._group_columns(case, strategy, verdicts, per_verdict, remat, entry, placements)
                 groups[strategy] = _Group(positions, remat, placement, x)
             self._groups[shards] = groups
         return self._groups[shards]
@@ -568,19 +611,20 @@ class SearchSpace:
         verdicts: list,
         per_verdict: np.ndarray,
         remat: np.ndarray,
+        entry: np.ndarray,
         placements: _Placements,
     ) -> Candidates:
         """The columns of a group's rows, each with the splash block SMEM allows (`DEFAULT_BLOCK`
-        where none does; the verdict's block rule then rejects it)."""
+        where none does; the verdict's block rule then rejects it); `entry` is each row's placement in
+        the verdicts' link tables laid end to end."""
         opts = self.options
         sizes = np.repeat(np.array([v.sizes for _, v in verdicts], dtype=float), per_verdict, axis=0)
         tables = [placements.link_table(v.sizes) for _, v in verdicts]
-        repeats = len(self._remats)
 
         def stacked(get) -> LinkColumns:
             return LinkColumns(
-                np.concatenate([np.tile(get(t).bw, repeats) for t in tables]),
-                np.concatenate([np.tile(get(t).latency, repeats) for t in tables]),
+                np.concatenate([get(t).bw for t in tables])[entry],
+                np.concatenate([get(t).latency for t in tables])[entry],
             )
 
         blocks = [self._block_of(position, strategy) for position, _ in verdicts]
@@ -814,6 +858,7 @@ class SearchSpace:
             host = np.broadcast_to(priced.host_bytes, mem.shape)
             fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap) & (host[chosen] <= host_cap)
             steps, mems = priced.step_time_s.tolist(), mem.tolist()
+            parts_of = {name: np.broadcast_to(v, mem.shape) for name, v in priced.memory.items()}
             strategy_least = None
             for i, ok in zip(chosen.tolist(), fits.tolist()):
                 row = self.row(p.rows, i)
@@ -838,7 +883,7 @@ class SearchSpace:
                             )
                         )
                     else:
-                        parts = {name: float(np.broadcast_to(v, mem.shape)[i]) for name, v in priced.memory.items()}
+                        parts = {name: float(v[i]) for name, v in parts_of.items()}
                         top = max(parts, key=parts.get)
                         rejections.append(
                             Rejection(

@@ -23,6 +23,7 @@ from cost_models.compute import (
 )
 from cost_models.document_tiles import expected_computed_tiles, rows_per_call
 from cost_models.masks import CallBlocks, call_blocks
+from cost_models.pricing.rows import distinct_rows
 from cost_models.strategies import KernelCall, Layout, StrategySpec
 from cost_models.targets import TRAITS, Target, TargetTraits
 
@@ -197,7 +198,7 @@ def per_call_shape(x: Candidates, call: KernelCall, count, *extra) -> np.ndarray
         for v in (call.q_start, call.q_len, call.kv_start, call.kv_len, bq, bk, *extra)
     ]
     shapes = np.stack(columns, axis=-1).reshape(-1, len(columns)).astype(np.int64)
-    unique, which = np.unique(shapes, axis=0, return_inverse=True)
+    unique, which = distinct_rows(shapes)
     found = np.array([count(*map(int, row)) for row in unique], dtype=float)
     return found[which.reshape(-1)].reshape(*n, found.shape[-1])
 

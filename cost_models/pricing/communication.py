@@ -12,6 +12,7 @@ from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
 from cost_models.placement import axes_on_whole_dimensions
 from cost_models.pricing.memory import recomputed_checkpoint
+from cost_models.pricing.rows import distinct_rows
 from cost_models.remat import QKV_PROJECTIONS
 from cost_models.strategies import STRATEGIES, CPCost
 from cost_models.targets import TRAITS, Target, TargetTraits
@@ -155,7 +156,7 @@ def _weight_axes_split(x: Candidates) -> np.ndarray:
     the slice's physical dimensions between them."""
     dims = tuple(d.size for d in x.topology.physical_dims)
     rows = np.stack([x.fsdp, x.ring, x.ulysses], axis=1).astype(int)
-    distinct, which = np.unique(rows, axis=0, return_inverse=True)
+    distinct, which = distinct_rows(rows)
     split = np.array([not axes_on_whole_dimensions(tuple(r), dims) for r in distinct.tolist()], dtype=bool)
     return split[which.reshape(-1)]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -421,8 +422,16 @@ def gathered_before_mlp_backward(x: Candidates) -> np.ndarray:
 
 def checkpoint_placed(x: Candidates, name: str, placement: Placement) -> np.ndarray:
     """Per candidate, whether its policy (`custom` placements included) puts the checkpoint `name` at `placement`."""
-    table = np.array([chosen[name] is placement for chosen in choice_placements(x.remat_custom, x.remat_presets)])
-    return table[x.remat]
+    return _placed_by_choice(name, placement, x.remat_custom, x.remat_presets)[x.remat]
+
+
+@lru_cache(maxsize=256)
+def _placed_by_choice(name: str, placement: Placement, custom: tuple, presets: tuple) -> np.ndarray:
+    """Per remat choice (`choice_placements`' order), whether it puts `name` at `placement`: asked for each
+    checkpoint by every pricing of a search."""
+    table = np.array([chosen[name] is placement for chosen in choice_placements(custom, presets)])
+    table.flags.writeable = False  # shared by every caller
+    return table
 
 
 def recomputed_checkpoint(x: Candidates, name: str) -> np.ndarray:

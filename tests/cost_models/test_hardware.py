@@ -8,7 +8,7 @@ import pytest
 from cost_models import collectives
 from cost_models.chips import CHIP_DIR_ENV, get_chip, known_chips, load_chip
 from cost_models.errors import CpplanError
-from cost_models.placement import axis_segments
+from cost_models.placement import axis_segments, span_segments, tiles
 from cost_models.topology import Segment, get_topology
 
 pytestmark = pytest.mark.pure
@@ -142,6 +142,19 @@ def test_axis_segments_walk_from_the_inside():
     segs = axis_segments((8, 16), (4, 4, 8))
     assert segs == ((Segment(1, 2, 2), Segment(0, 4, 1)), (Segment(2, 8, 1), Segment(1, 2, 1)))
     assert axis_segments((3, 8), (4, 6)) is None
+
+
+def test_spans_tile_where_every_boundary_divides_the_next():
+    # device order of 4 × 4 × 8: dimension boundaries 1, 8, 32, 128
+    assert tiles((8, 16), (4, 4, 8))  # axis boundaries 1, 16, 128: 1 | 8 | 16 | 32 | 128
+    assert not tiles((3, 8), (4, 6))  # 8 and 6 divide neither way
+    assert not tiles((16,), (6, 4))  # 16 and the next boundary, 24
+    assert tiles((2,), (3, 2))  # the outer dimension is not reached
+    assert not tiles((4, 4), (2, 2))  # more positions than devices
+    # positions 2 to 32 of 4 × 4 × 8: z from its second position (4 at stride 2), then the whole of y
+    assert span_segments(2, 32, (4, 4, 8)) == (Segment(2, 4, 2), Segment(1, 4, 1))
+    assert span_segments(2, 16, (4, 4, 8)) == (Segment(2, 4, 2), Segment(1, 2, 1))
+    assert span_segments(1, 128, (4, 4, 8)) == (Segment(2, 8, 1), Segment(1, 4, 1), Segment(0, 4, 1))
 
 
 def test_measured_chip_row_loads_from_a_directory(tmp_path, monkeypatch):
