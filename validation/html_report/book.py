@@ -13,24 +13,17 @@ CHIP_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"
 def front_figure(data: dict) -> dict:
     """Days against cost: the priced slices, a trace per chip; the front as a line; the deadline."""
     priced = [s for s in data["slices"] if s["cost_usd"] is not None]
-    chips = list(dict.fromkeys(s["chip"] for s in priced))
-    traces = [
-        {
-            "type": "scatter",
-            "mode": "markers",
-            "name": chip,
-            "x": [s["days"] for s in priced if s["chip"] == chip],
-            "y": [s["cost_usd"] for s in priced if s["chip"] == chip],
-            "customdata": [
-                f"{s['topology']} ({s['chips']} chips)<br>{s['plan_line']}" for s in priced if s["chip"] == chip
-            ],
-            "hovertemplate": "%{customdata}<br>%{x:.1f} days, $%{y:,.0f}<extra></extra>",
-            "marker": {"color": CHIP_COLOURS[i % len(CHIP_COLOURS)], "size": 11, "opacity": 0.85},
-        }
-        for i, chip in enumerate(chips)
-    ]
-    front = [s for s in priced if s["on_front"]]
-    front.sort(key=lambda s: s["days"])
+    traces = _chip_traces(
+        data,
+        priced,
+        x="days",
+        y="cost_usd",
+        text=lambda s: f"{s['topology']} ({s['chips']} chips)<br>{s['plan_line']}",
+        hovertemplate="%{customdata}<br>%{x:.1f} days, $%{y:,.0f}<extra></extra>",
+        mode="markers",
+        marker={"size": 11, "opacity": 0.85},
+    )
+    front = sorted((s for s in priced if s["on_front"]), key=lambda s: s["days"])
     traces.append(
         {
             "type": "scatter",
@@ -42,49 +35,60 @@ def front_figure(data: dict) -> dict:
             "line": {"color": "black", "dash": "dot", "width": 1.5},
         }
     )
-    shapes = []
-    if data["deadline_days"] is not None:
-        shapes.append(_deadline(data["deadline_days"], "x"))
-    return {
-        "data": traces,
-        "layout": {
-            "title": {"text": "Days to train the budget against its cost, per slice"},
-            "xaxis": {"type": "log", "title": {"text": "days"}},
-            "yaxis": {"type": "log", "title": {"text": "cost (US dollars)"}},
-            "shapes": shapes,
-            "height": 480,
-        },
-    }
+    return _log_figure(
+        "Days to train the budget against its cost, per slice", "days", "cost (US dollars)", traces, data, "x"
+    )
 
 
 def days_figure(data: dict) -> dict:
     """Days to train the budget against the slice's chips: a point per slice, a trace per chip; the deadline."""
-    slices = data["slices"]
-    chips = list(dict.fromkeys(s["chip"] for s in slices))
-    traces = [
-        {
-            "type": "scatter",
-            "mode": "lines+markers",
-            "name": chip,
-            "x": [s["chips"] for s in slices if s["chip"] == chip],
-            "y": [s["days"] for s in slices if s["chip"] == chip],
-            "customdata": [f"{s['topology']}<br>{s['plan_line']}" for s in slices if s["chip"] == chip],
-            "hovertemplate": "%{customdata}<br>%{x} chips, %{y:.1f} days<extra></extra>",
-            "marker": {"color": CHIP_COLOURS[i % len(CHIP_COLOURS)], "size": 9},
-            "line": {"color": CHIP_COLOURS[i % len(CHIP_COLOURS)], "width": 1},
-        }
-        for i, chip in enumerate(chips)
-    ]
-    shapes = []
-    if data["deadline_days"] is not None:
-        shapes.append(_deadline(data["deadline_days"], "y"))
+    traces = _chip_traces(
+        data,
+        data["slices"],
+        x="chips",
+        y="days",
+        text=lambda s: f"{s['topology']}<br>{s['plan_line']}",
+        hovertemplate="%{customdata}<br>%{x} chips, %{y:.1f} days<extra></extra>",
+        mode="lines+markers",
+        marker={"size": 9},
+        line={"width": 1},
+    )
+    return _log_figure("Days to train the budget on every slice searched", "chips", "days", traces, data, "y")
+
+
+def _chip_traces(data: dict, slices: list, *, x: str, y: str, text, hovertemplate: str, mode: str, **styles) -> list:
+    """A scatter trace per chip of `slices` (fields `x` and `y`, hover `text(slice)`), each chip in its colour
+    (`CHIP_COLOURS` in the order the chips come among all of `data`'s slices, alike on every figure)."""
+    order = list(dict.fromkeys(s["chip"] for s in data["slices"]))
+    traces = []
+    for chip in dict.fromkeys(s["chip"] for s in slices):
+        mine = [s for s in slices if s["chip"] == chip]
+        colour = CHIP_COLOURS[order.index(chip) % len(CHIP_COLOURS)]
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": mode,
+                "name": chip,
+                "x": [s[x] for s in mine],
+                "y": [s[y] for s in mine],
+                "customdata": [text(s) for s in mine],
+                "hovertemplate": hovertemplate,
+                **{name: {"color": colour, **style} for name, style in styles.items()},
+            }
+        )
+    return traces
+
+
+def _log_figure(title: str, x_title: str, y_title: str, traces: list, data: dict, deadline_axis: str) -> dict:
+    """A figure of `traces` on log axes, with the deadline (where there is one) across it on `deadline_axis`."""
+    deadline = data["deadline_days"]
     return {
         "data": traces,
         "layout": {
-            "title": {"text": "Days to train the budget on every slice searched"},
-            "xaxis": {"type": "log", "title": {"text": "chips"}},
-            "yaxis": {"type": "log", "title": {"text": "days"}},
-            "shapes": shapes,
+            "title": {"text": title},
+            "xaxis": {"type": "log", "title": {"text": x_title}},
+            "yaxis": {"type": "log", "title": {"text": y_title}},
+            "shapes": [] if deadline is None else [_deadline(deadline, deadline_axis)],
             "height": 480,
         },
     }
