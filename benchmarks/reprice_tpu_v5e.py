@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost_models.units import mfu  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.plan import Plan  # noqa: E402
 from validation.report import StepResult, StepTimeReport  # noqa: E402
 from validation.stats import spearman  # noqa: E402
+from validation.steptime import measured_mfu  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tpu_v5e"
 TARGETS = {"plans": 20, "mape": 0.05, "bias": 0.05, "spearman": 0.95, "regret": 1.0}
@@ -47,8 +47,8 @@ def report_of(plans) -> StepTimeReport:
     report = StepTimeReport("cpplan on one TPU v5e chip: every plan measured, priced by today's v5e row")
     for plan, step_s, median_s in plans.values():
         predicted = estimate(plan)
-        measured_mfu = mfu(predicted.model_flops, step_s, predicted.num_devices, predicted.peak_flops_per_device)
-        report.results.append(StepResult(plan, predicted, step_s, measured_mfu, measured_median_s=median_s))
+        mfu = measured_mfu(predicted, step_s)
+        report.results.append(StepResult(plan, predicted, step_s, mfu, measured_median_s=median_s))
     return report
 
 

@@ -134,10 +134,7 @@ def describe_strategy(plan: Plan) -> str:
 
 def backward_text(plan: Plan, target: Target) -> str:
     """Which splash kernels run the attention's backward on `target`, in words."""
-    spec, shape = plan.strategy_spec, plan.shape
-    kernel_calls = spec.kernel_calls if target is Target.CPPLAN else spec.maxtext_kernel_calls
-    calls = kernel_calls(shape, spec.layout(shape))
-    if not all(c.fused_backward for c in calls):
+    if not plan.runs_fused_backward(target=target):
         return "splash's dq and dK/dV kernels"
     if target is not Target.CPPLAN and plan.dq_reduction_steps:
         return f"splash's fused kernel (dq as {plan.dq_reduction_steps} rolled partials, summed after it)"

@@ -18,6 +18,7 @@ from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes, 
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names, remat_label
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.strategies.base import block_check, full_mask_balance_problem, layer_strategy, local_strategy_problem
+from cost_models.targets import Target
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.units import GiB, counted
 from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, HostState, LoadBalance, RematPolicy
@@ -273,6 +274,13 @@ class Plan:
     def strategy_spec(self) -> StrategySpec:
         """The spec of the plan's context-parallel strategy."""
         return STRATEGIES[self.cp_strategy]
+
+    def runs_fused_backward(self, mask: AttentionMask | None = None, *, target: Target = Target.CPPLAN) -> bool:
+        """Whether the splash calls of the layers with `mask` (None: the global layers') run the fused backward
+        on `target`: as the strategy spec's calls for that runtime say, which the price reads too."""
+        spec, shape = self.strategy_spec, replace(self.shape, mask=mask)
+        kernel_calls = spec.kernel_calls if target is Target.CPPLAN else spec.maxtext_kernel_calls
+        return all(c.fused_backward for c in kernel_calls(shape, spec.layout(shape)))
 
     @property
     def strategy_label(self) -> str:

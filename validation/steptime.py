@@ -158,7 +158,7 @@ def validate_step_times(
                 else:
                     result.measured_step_s = measured.best_step_s
                     result.measured_median_s = measured.step_time_s
-                    result.measured_mfu = _measured_mfu(ranked.estimate, measured.best_step_s)
+                    result.measured_mfu = measured_mfu(ranked.estimate, measured.best_step_s)
             except Exception as err:  # one plan's failure (a compile, HBM) is its result; the next is measured
                 result.failure = failure_reason(err)
                 gc.collect()  # the failed plan's arrays and executables, before the next plan allocates
@@ -176,7 +176,7 @@ def validate_step_times(
     return report
 
 
-def _measured_mfu(predicted, step_s: float) -> float:
+def measured_mfu(predicted, step_s: float) -> float:
     """MFU of a measured step against the same chip row's peak the prediction used."""
     return mfu(predicted.model_flops, step_s, predicted.num_devices, predicted.peak_flops_per_device)
 
@@ -192,7 +192,7 @@ def compare_measured(steps: Sequence[MeasuredStep]) -> StepTimeReport:
     report = StepTimeReport("Predicted vs imported measurements")
     for s in steps:
         e = estimate(s.plan)
-        report.results.append(StepResult(s.plan, e, s.step_seconds, _measured_mfu(e, s.step_seconds), source=s.source))
+        report.results.append(StepResult(s.plan, e, s.step_seconds, measured_mfu(e, s.step_seconds), source=s.source))
     return report
 
 

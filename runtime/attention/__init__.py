@@ -6,7 +6,6 @@ plan's order; both scale q once and accept `segment_ids` of packed documents.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import math
 from types import ModuleType
@@ -76,18 +75,11 @@ def attention_layout(plan: Plan, *, interpret: bool, mask: AttentionMask | None 
             plan.block_kv,
             interpret,
             smem,
-            fused_backward=fused_backward(plan, mask),
+            fused_backward=plan.runs_fused_backward(mask),
             cores=chip.cores_per_device,
         ),
         mask=mask,
     )
-
-
-def fused_backward(plan: Plan, mask: AttentionMask | None = None) -> bool:
-    """Whether the plan's splash calls for layers with `mask` (None: the model's global layers') run the fused
-    backward: as its strategy spec's calls say, the one place the price reads it from too."""
-    spec, shape = plan.strategy_spec, dataclasses.replace(plan.shape, mask=mask)
-    return all(c.fused_backward for c in spec.kernel_calls(shape, spec.layout(shape)))
 
 
 def is_interpret(mesh: Mesh) -> bool:

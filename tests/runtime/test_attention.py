@@ -141,11 +141,9 @@ FUSED_CASES = [  # one of each layout, GQA, zigzag where the layout balances loa
 def test_the_fused_backward_matches_dense(strategy, mesh, seq_len, zigzag, kv_heads):
     """Every strategy run with splash's fused backward (the plan's `fused_attention_backward`) gives the
     dense reference's gradients, as the dq and dK/dV kernels do."""
-    from runtime.attention import fused_backward
-
     batch = mesh.get("fsdp", 1)  # one device's sequence each where the batch is what is split
     plan = make_plan(strategy, mesh, seq_len, kv_heads=kv_heads, zigzag=zigzag, batch=batch, fused=True)
-    assert fused_backward(plan)
+    assert plan.runs_fused_backward()
     device_mesh = build_mesh(plan)
     q, k, v, d_out = inputs(seq_len, kv_heads, batch)
 
