@@ -6,6 +6,7 @@ a shared host only adds time, so each figure is the fastest of its repeats (time
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from cost_models.errors import CpplanError
 from cost_models.topology import Topology
 
 MIN_TIMED_S = 0.2  # timeit's autorange target: short calls are timed until this much time is covered
+BATCH_S = 0.02  # a timing of short calls dispatches this much of them back to back
 
 
 def device_mesh(topo: Topology):
@@ -38,21 +40,32 @@ def device_mesh(topo: Topology):
 
 
 def best_time(fn, *args, repeats: int) -> float:
-    """The fastest of at least `repeats` timed calls of `fn(*args)` after a warm-up, and of as many more
-    as fill `MIN_TIMED_S`: one preemption outlasts a call of a few milliseconds."""
+    """Seconds of one call of `fn(*args)`: the fastest of at least `repeats` timings after a warm-up, and
+    of as many more as fill `MIN_TIMED_S` (one preemption outlasts a call of a few milliseconds).
+
+    A timing dispatches calls back to back until they cover `BATCH_S` and waits once: jax dispatches
+    asynchronously, so the host's launch of each call overlaps the device's run of the one before, as the
+    ops of a step run back to back in one program. A lone call's timing also holds the host's dispatch
+    latency (docs/provenance/strategies_and_validation.md#calibration says how much on a v5e chip)."""
     import jax
 
     jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    calls = max(1, math.ceil(BATCH_S / max(time.perf_counter() - start, 1e-9)))
     times, timed = [], 0.0
     while len(times) < repeats or timed < MIN_TIMED_S:
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-        timed += times[-1]
+        for _ in range(calls):
+            out = fn(*args)  # the one before is released unread: a device runs its calls in order
+        jax.block_until_ready(out)
+        elapsed = time.perf_counter() - start
+        times.append(elapsed / calls)
+        timed += elapsed
     return min(times)
 
 
-def _per_device(mesh, fn, *shapes_dtypes, outputs: int = 1):
+def per_device_call(mesh, fn, *shapes_dtypes, outputs: int = 1):
     """`fn` run on every device at once on per-device arrays of the given (shape, dtype); `outputs`:
     how many arrays it returns (a tuple where more than one)."""
     import jax
@@ -79,7 +92,7 @@ def _per_device(mesh, fn, *shapes_dtypes, outputs: int = 1):
 
 def measure_matmul(mesh, dtype: str, size: int, repeats: int) -> float:
     """FLOP/s of all devices together, each multiplying two size×size matrices."""
-    mapped, arrays = _per_device(mesh, lambda a, b: a @ b, ((size, size), dtype), ((size, size), dtype))
+    mapped, arrays = per_device_call(mesh, lambda a, b: a @ b, ((size, size), dtype), ((size, size), dtype))
     return mesh.devices.size * 2 * size**3 / best_time(mapped, *arrays, repeats=repeats)
 
 
@@ -113,7 +126,7 @@ def time_attention(
             dq, dk, dv = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
             return dq + (jnp.sum(dk) + jnp.sum(dv)).astype(dq.dtype)
 
-        mapped, arrays = _per_device(
+        mapped, arrays = per_device_call(
             mesh,
             fwd_bwd,
             ((1, heads, q_len, head_dim), dtype),
@@ -128,7 +141,7 @@ def measure_matmuls(mesh, dtype: str, shapes: Sequence[tuple[int, int, int]], re
     """Seconds of one `[m, k] @ [k, n]` product per device (all devices busy) at each `(m, k, n)`."""
     times = []
     for m, k, n in shapes:
-        mapped, arrays = _per_device(mesh, lambda a, b: a @ b[0], ((m, k), dtype), ((1, k, n), dtype))
+        mapped, arrays = per_device_call(mesh, lambda a, b: a @ b[0], ((m, k), dtype), ((1, k, n), dtype))
         times.append(best_time(mapped, *arrays, repeats=repeats))
     return times
 
@@ -185,7 +198,7 @@ def time_splash(
         out, lse = attend_with_lse(kernel, q[0], k[0], v[0])
         return out[None], lse[None]
 
-    fwd, (q, k, v) = _per_device(mesh, forward, *sizes, outputs=2)
+    fwd, (q, k, v) = per_device_call(mesh, forward, *sizes, outputs=2)
     forward_s = timed("forward", fwd, q, k, v)
     out, lse = fwd(q, k, v) if forward_s is not None else (None, None)
 
@@ -213,7 +226,7 @@ def measure_memory(mesh, dtype: str, values: int, repeats: int) -> float:
     """Bytes/s of all devices together streaming through an elementwise pass (one read, one write)."""
     import jax.numpy as jnp
 
-    mapped, arrays = _per_device(mesh, lambda x: x * 1.5 + 0.5, ((values,), dtype))
+    mapped, arrays = per_device_call(mesh, lambda x: x * 1.5 + 0.5, ((values,), dtype))
     moved = 2 * values * jnp.dtype(dtype).itemsize
     return mesh.devices.size * moved / best_time(mapped, *arrays, repeats=repeats)
 
@@ -234,7 +247,7 @@ def measure_collectives(mesh, sizes: Sequence[int], repeats: int) -> dict[str, l
     for name, op in ops.items():
         points = []
         for nbytes in sizes:
-            mapped, arrays = _per_device(mesh, op, ((nbytes // 4,), "float32"))
+            mapped, arrays = per_device_call(mesh, op, ((nbytes // 4,), "float32"))
             points.append((nbytes, best_time(mapped, *arrays, repeats=repeats)))
         out[name] = points
     return out

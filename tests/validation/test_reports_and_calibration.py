@@ -227,21 +227,26 @@ def test_a_measured_row_that_breaks_a_chip_rule_is_refused_before_it_is_written(
 
 
 @pytest.mark.runtime_extra
-def test_short_calls_are_timed_until_the_minimum_span_is_covered(monkeypatch):
-    """A call of 30 ms with one repeat asked for is timed 7 times (7 x 30 ms is the first to
-    reach 0.2 s); a call of 0.5 s exactly the 3 repeats asked for. Each call lasts its fixed time
-    on a fake clock."""
+def test_short_calls_are_timed_in_batches_until_the_minimum_span_is_covered(monkeypatch):
+    """Each call advances a fake clock by its fixed time. A 3 ms call is dispatched 7 at a time (the
+    first 7 × 3 ms to cover 20 ms) and its batches repeated until 0.2 s is covered: 10 batches of 21 ms;
+    a 0.5 s call once a timing, exactly the 3 repeats asked for. Each gives its own time per call."""
     from runtime import measure
 
     def timed_calls(call_s, repeats):
-        clock = iter(np.arange(0, 1000, call_s))  # a call's stop reads the clock one step after its start
-        calls = []
-        monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
-        fastest = measure.best_time(lambda: calls.append(1) or 0.0, repeats=repeats)
-        return len(calls) - 1, fastest  # less the warm-up call
+        clock, calls = [0.0], []
 
-    assert measure.MIN_TIMED_S == 0.2
-    assert timed_calls(0.03, 1) == (7, pytest.approx(0.03))
+        def call():
+            calls.append(1)
+            clock[0] += call_s
+            return 0.0
+
+        monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
+        fastest = measure.best_time(call, repeats=repeats)
+        return len(calls) - 2, fastest  # less the warm-up and the lone call that sizes the batch
+
+    assert (measure.MIN_TIMED_S, measure.BATCH_S) == (0.2, 0.02)
+    assert timed_calls(0.003, 1) == (70, pytest.approx(0.003))
     assert timed_calls(0.5, 3) == (3, pytest.approx(0.5))
 
 
