@@ -23,14 +23,14 @@ from typing import NamedTuple
 import numpy as np
 
 from cost_models.accuracy import memory_margins
-from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, link_columns
+from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, both_backwards, link_columns, stacked
 from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import DQ_REDUCTION_STEPS, splash_smem_bytes, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import inner_sizes, span_segments, tiles
-from cost_models.pricing import Priced, choose_rows, price
+from cost_models.pricing import Priced, choose_rows, price, priced_rows
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
 from cost_models.pricing.target import per_head_smem_bytes
@@ -732,25 +732,27 @@ class SearchSpace:
                         np.concatenate([getattr(g, name) for g in groups])[order]
                         for name in ("positions", "remat", "placement")
                     ),
-                    _stacked([g.x for g in groups], order, case),
+                    stacked([g.x for g in groups], order, case),
                 )
-            priced = _Priced(strategy, rows, price(rows.x, target=self.target))
-            out.append(self._with_local_strategies(self._with_fused_backward(priced)))
+            out.append(self._with_local_strategies(self._with_fused_backward(strategy, rows)))
         return out
 
-    def _with_fused_backward(self, p: _Priced) -> _Priced:
-        """On cpplan's runtime, each row's attention backward as splash's fused kernel where that fits and
-        makes the step faster: its dq partials take memory the separate kernels do not. Not for a model
-        mixing masks, whose local layers' strategy is chosen per row on the separate kernels; MaxText's
-        choice is its kernels' (`StrategySpec.maxtext_kernel_calls`)."""
+    def _with_fused_backward(self, strategy: CPStrategy, rows: _Group) -> _Priced:
+        """`rows` priced; on cpplan's runtime, each row's attention backward as splash's fused kernel where
+        that fits and makes the step faster: its dq partials take memory the separate kernels do not (both
+        priced in one table, `both_backwards`). Not for a model mixing masks, whose local layers' strategy
+        is chosen per row on the separate kernels; MaxText's choice is its kernels'
+        (`StrategySpec.maxtext_kernel_calls`)."""
         if self.target.traits.maxtext_rules or len(self.model.layer_masks) > 1 or self.model.global_mask.local:
-            return p
-        alternative = price(dataclasses.replace(p.x, fused_attention_backward=True), target=self.target)
+            return _Priced(strategy, rows, price(rows.x, target=self.target))
+        n = len(rows.positions)
+        both = price(both_backwards(rows.x), target=self.target)
+        separate, fused = priced_rows(both, slice(None, n)), priced_rows(both, slice(n, None))
         cap = self.topology.hbm_bytes_per_device
-        fits, fits_fused = p.priced.hbm_total <= cap, alternative.hbm_total <= cap
+        fits, fits_fused = separate.hbm_total <= cap, fused.hbm_total <= cap
         # a plan that fits neither way keeps the separate kernels: the less memory, the nearer to fitting
-        take = fits_fused & (~fits | (alternative.step_time_s < p.priced.step_time_s))
-        return p._replace(priced=choose_rows(take, alternative, p.priced), fused=take)
+        take = fits_fused & (~fits | (fused.step_time_s < separate.step_time_s))
+        return _Priced(strategy, rows, choose_rows(take, fused, separate), fused=take)
 
     def _with_local_strategies(self, p: _Priced) -> _Priced:
         """For a model mixing masks, each row's local layers under whichever allowed strategy of the same
@@ -1032,27 +1034,6 @@ class SearchSpace:
 
 
 _TIE = 1e-12  # ratios this close are the same distance from the target
-
-
-def _stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidates:
-    """The rows of several candidate columns of one strategy, stacked and reordered, at `case`."""
-
-    def column(name):
-        return np.concatenate([getattr(x, name) for x in parts])[order]
-
-    def links(get) -> LinkColumns:
-        return LinkColumns(
-            np.concatenate([get(x).bw for x in parts])[order], np.concatenate([get(x).latency for x in parts])[order]
-        )
-
-    names = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
-    return dataclasses.replace(
-        parts[0],
-        case=case,
-        **{name: column(name) for name in names},
-        links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
-        ring_link=links(lambda x: x.ring_link),
-    )
 
 
 def search(

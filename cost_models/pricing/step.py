@@ -44,6 +44,17 @@ class Priced:
         return peak_bytes(self.memory)
 
 
+def priced_rows(priced: Priced, rows: slice) -> Priced:
+    """The columns of `rows` of the candidates priced (a figure every row shares kept as it is)."""
+
+    def part(value):
+        if isinstance(value, dict):
+            return {name: part(v) for name, v in value.items()}
+        return value[rows] if np.ndim(value) else value
+
+    return Priced(**{f.name: part(getattr(priced, f.name)) for f in dataclasses.fields(Priced)})
+
+
 def choose_rows(take: np.ndarray, chosen: Priced, other: Priced) -> Priced:
     """Per candidate, `chosen`'s columns where `take`, else `other`'s (two prices of the same rows)."""
 
