@@ -21,6 +21,10 @@ from cost_models.strategies.base import layer_strategy
 from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
 
+# the per-candidate columns but for the links; with the backward's, what tells apart candidates' shapes
+COLUMNS = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
+SHAPE_COLUMNS = COLUMNS + ("fused_attention_backward",)
+
 
 class LinkColumns(NamedTuple):
     """The links a collective group gets, one entry per candidate."""
@@ -165,6 +169,17 @@ class Candidates(ReadsCase):
         """Per candidate, whether its step has no layer loop: a step of one layer, or a flat offloading one."""
         return self.flat_offload | (self.model.num_layers == 1)
 
+    def take(self, rows: np.ndarray) -> Candidates:
+        """The candidates at `rows` (indices), as columns of their own."""
+        fused = self.fused_attention_backward
+        return dataclasses.replace(
+            self,
+            **{name: getattr(self, name)[rows] for name in COLUMNS},
+            links={group: LinkColumns(link.bw[rows], link.latency[rows]) for group, link in self.links.items()},
+            ring_link=LinkColumns(self.ring_link.bw[rows], self.ring_link.latency[rows]),
+            fused_attention_backward=fused[rows] if np.ndim(fused) else fused,
+        )
+
     def _per_candidate(self, table: RematCost) -> RematCost:
         return RematCost(**{f.name: getattr(table, f.name)[self.remat] for f in dataclasses.fields(table)})
 
@@ -181,12 +196,11 @@ def stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidate
             np.concatenate([get(x).bw for x in parts])[order], np.concatenate([get(x).latency for x in parts])[order]
         )
 
-    names = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
     fused = [np.broadcast_to(x.fused_attention_backward, x.ring.shape) for x in parts]
     return dataclasses.replace(
         parts[0],
         case=case,
-        **{name: column(name) for name in names},
+        **{name: column(name) for name in COLUMNS},
         links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
         ring_link=links(lambda x: x.ring_link),
         fused_attention_backward=np.concatenate(fused)[order],

@@ -419,13 +419,13 @@ class _Placements:
             if not tiling:
                 continue
             span = {a: (inner, inner * s) for (a, s), inner in zip(perm, inner_sizes(axis_sizes))}
-            rows = [self._group_row(_spans(axes, span)) for axes in GROUP_AXES.values()]
-            order = trivial + tuple(a for a, _ in perm)
+            figures, links = zip(*(self._group_row(_spans(axes, span)) for axes in GROUP_AXES.values()))
+            keys = list(zip(*figures))  # per physical order, the figures of every group
             for k in tiling:
-                key = tuple(figures[k] for figures, _ in rows)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(Placement(order, self._dim_names[k], dict(zip(GROUP_AXES, (ls[k] for _, ls in rows)))))
+                if keys[k] not in seen:
+                    seen.add(keys[k])
+                    order = trivial + tuple(a for a, _ in perm)
+                    out.append(Placement(order, self._dim_names[k], dict(zip(GROUP_AXES, (ls[k] for ls in links)))))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
