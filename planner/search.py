@@ -781,8 +781,8 @@ class SearchSpace:
         n = len(rows.positions)
         both = price(both_backwards(rows.x), target=self.target)
         separate, fused = priced_rows(both, slice(None, n)), priced_rows(both, slice(n, None))
-        cap = self.topology.hbm_bytes_per_device
-        fits, fits_fused = separate.hbm_total <= cap, fused.hbm_total <= cap
+        fit = both.hbm_total <= self.topology.hbm_bytes_per_device
+        fits, fits_fused = fit[:n], fit[n:]
         # a plan that fits neither way keeps the separate kernels: the less memory, the nearer to fitting
         take = fits_fused & (~fits | (fused.step_time_s < separate.step_time_s))
         return _Priced(strategy, rows, choose_rows(take, fused, separate), fused=take)
