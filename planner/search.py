@@ -584,6 +584,7 @@ class SearchSpace:
         self._judgements: dict[tuple[int, ...], tuple] = {}  # (context, context_ulysses, tensor) → `_judged`
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
         self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict
+        self._sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (context, …) → its sound (strategy, balancing)
         self._index_sound(meshes)
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._least: dict[tuple[int, int], float] = {}
@@ -701,7 +702,7 @@ class SearchSpace:
         so a judgement serves every data × fsdp split) and numbers the sound verdicts, those that break no
         rule whatever the batch nor a structural one, in the meshes' order: a verdict's position."""
         load_balances = tuple(as_list(self.options.load_balance))
-        sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (strategy, balancing) of the sound verdicts
+        sound_of = self._sound_of
         for sizes in meshes:
             inner = sizes[2:]
             sound = sound_of.get(inner)
@@ -715,7 +716,6 @@ class SearchSpace:
                     v = _Verdict(sizes, strategy, lb, shards, None, None)
                     found.append((len(self._sound_at), v))
                     self._sound_at[len(self._sound_at)] = v
-        self._sound_of = sound_of
 
     @cached_property
     def verdicts(self) -> list[_Verdict]:
