@@ -21,6 +21,10 @@ from cost_models.strategies.base import layer_strategy
 from cost_models.topology import AxisLinks, Segment
 from cost_models.vocabulary import CPStrategy
 
+# the per-candidate columns but for the links; with the backward's, what tells apart candidates' shapes
+COLUMNS = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
+SHAPE_COLUMNS = COLUMNS + ("fused_attention_backward",)
+
 
 class LinkColumns(NamedTuple):
     """The links a collective group gets, one entry per candidate."""
@@ -60,7 +64,8 @@ class Candidates(ReadsCase):
     mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
     remat_presets: tuple = ()  # further custom placements, coded after POLICIES (a search's `SEARCHED_CUSTOM`)
-    fused_attention_backward: bool = False  # splash's fused backward where the target can run it (MaxText)
+    # splash's fused backward where the target can run it (MaxText): one bool, or a column (one per candidate)
+    fused_attention_backward: bool | np.ndarray = False
     dq_reduction_steps: int = 0  # the fused backward's rolled dq partials where the target's kernel has them
     mask: AttentionMask | None = None  # the layers priced: those with this mask (None: the global layers)
     local_strategy: CPStrategy | None = None  # the local layers' own strategy (None: `strategy` for every layer)
@@ -72,6 +77,8 @@ class Candidates(ReadsCase):
             object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=float))
         object.__setattr__(self, "zigzag", np.asarray(self.zigzag, dtype=bool))
         object.__setattr__(self, "remat", np.asarray(self.remat, dtype=int))
+        if np.ndim(self.fused_attention_backward):
+            object.__setattr__(self, "fused_attention_backward", np.asarray(self.fused_attention_backward, dtype=bool))
         object.__setattr__(self, "links", {name: _float_link(link) for name, link in self.links.items()})
         object.__setattr__(self, "ring_link", _float_link(self.ring_link))
 
@@ -162,8 +169,49 @@ class Candidates(ReadsCase):
         """Per candidate, whether its step has no layer loop: a step of one layer, or a flat offloading one."""
         return self.flat_offload | (self.model.num_layers == 1)
 
+    def take(self, rows: np.ndarray) -> Candidates:
+        """The candidates at `rows` (indices), as columns of their own."""
+        fused = self.fused_attention_backward
+        return dataclasses.replace(
+            self,
+            **{name: getattr(self, name)[rows] for name in COLUMNS},
+            links={group: LinkColumns(link.bw[rows], link.latency[rows]) for group, link in self.links.items()},
+            ring_link=LinkColumns(self.ring_link.bw[rows], self.ring_link.latency[rows]),
+            fused_attention_backward=fused[rows] if np.ndim(fused) else fused,
+        )
+
     def _per_candidate(self, table: RematCost) -> RematCost:
         return RematCost(**{f.name: getattr(table, f.name)[self.remat] for f in dataclasses.fields(table)})
+
+
+def stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidates:
+    """The rows of several candidate columns of one strategy, stacked and reordered by `order`, at `case`;
+    `fused_attention_backward` becomes a column."""
+
+    def column(name):
+        return np.concatenate([getattr(x, name) for x in parts])[order]
+
+    def links(get) -> LinkColumns:
+        return LinkColumns(
+            np.concatenate([get(x).bw for x in parts])[order], np.concatenate([get(x).latency for x in parts])[order]
+        )
+
+    fused = [np.broadcast_to(x.fused_attention_backward, x.ring.shape) for x in parts]
+    return dataclasses.replace(
+        parts[0],
+        case=case,
+        **{name: column(name) for name in COLUMNS},
+        links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
+        ring_link=links(lambda x: x.ring_link),
+        fused_attention_backward=np.concatenate(fused)[order],
+    )
+
+
+def both_backwards(x: Candidates) -> Candidates:
+    """`x`'s rows twice in one table, so that one price gives both: first with the attention's backward as
+    splash's dq and dK/dV kernels, then as its fused kernel."""
+    parts = [dataclasses.replace(x, fused_attention_backward=fused) for fused in (False, True)]
+    return stacked(parts, np.arange(2 * len(x.ring)), x.case)
 
 
 def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, LinkColumns], LinkColumns]:

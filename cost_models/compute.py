@@ -160,9 +160,9 @@ def splash_step_costs(
     `per_step_byte_s` per byte of its operand arrays, plus `per_masked_element_s` per logit where the causal
     rule is evaluated; forward and backward each pay `per_call_byte_s` once per operand byte. The backward's
     grids run on `backward_core_share` of the device's cores, and a fused backward also moves its dq
-    partials (`dq_partials` under `dq_reduction_steps` and `dq_partials_in_q_dtype`) at `hbm_s_per_byte`.
-    Blocks are clamped to the
-    lengths; heads have the batch folded in.
+    partials (`dq_partials` under `dq_reduction_steps` and `dq_partials_in_q_dtype`) at `hbm_s_per_byte`;
+    `fused_backward` is one bool or a column of them. Blocks are clamped to the lengths; heads have the batch
+    folded in.
     Under a local mask `local_blocks` (`masks.CallBlocks` columns) gives the shrunk grids and the blocks
     where the rule is evaluated.
     """
@@ -170,17 +170,18 @@ def splash_step_costs(
     steps = splash_grid_steps(q_heads, q_len, kv_len, block_q=bq, block_kv=bk)
     shape = dict(q_heads=q_heads, kv_heads=kv_heads, q_len=q_len, kv_len=kv_len, head_dim=head_dim, act_bytes=act_bytes)
     masked = per_masked_element_s * splash_partial_elements(q_heads, q_len, block_q=bq, block_kv=bk, causal=causal)
-    grids = FUSED_BACKWARD_GRIDS if fused_backward else SPLASH_BACKWARD_GRIDS
+    grids = np.where(fused_backward, FUSED_BACKWARD_GRIDS, SPLASH_BACKWARD_GRIDS)
     backward_steps = grids * steps
     if local_blocks is not None:  # grids shrunk to the blocks the mask leaves (splash's process_mask)
         heads = np.asarray(q_heads, dtype=float)
         steps = heads * np.floor(q_len / bq) * local_blocks.row_width
         dkv_steps = heads * np.floor(kv_len / bk) * local_blocks.column_width
-        backward_steps = dkv_steps if fused_backward else steps + dkv_steps
+        backward_steps = np.where(fused_backward, dkv_steps, steps + dkv_steps)
         masked = per_masked_element_s * heads * local_blocks.partial * bq * bk
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
     backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
-    partials = (
+    partials = np.where(
+        fused_backward,
         hbm_s_per_byte
         * dq_partial_bytes(
             q_heads,
@@ -191,9 +192,8 @@ def splash_step_costs(
             reduction_steps=dq_reduction_steps,
             act_bytes=act_bytes,
             in_q_dtype=dq_partials_in_q_dtype,
-        )
-        if fused_backward
-        else 0.0
+        ),
+        0.0,
     )
     fwd = steps * (per_step_s + per_step_byte_s * forward_bytes) + masked + per_call_byte_s[0] * forward_bytes
     bwd = (

@@ -17,7 +17,13 @@ from cost_models.placement import axis_segments, positions_along
 from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes, state_bytes
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names, remat_label
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
-from cost_models.strategies.base import block_check, full_mask_balance_problem, layer_strategy, local_strategy_problem
+from cost_models.strategies.base import (
+    all_fused,
+    block_check,
+    full_mask_balance_problem,
+    layer_strategy,
+    local_strategy_problem,
+)
 from cost_models.targets import Target
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.units import GiB, counted
@@ -280,7 +286,7 @@ class Plan:
         on `target`: as the strategy spec's calls for that runtime say, which the price reads too."""
         spec, shape = self.strategy_spec, replace(self.shape, mask=mask)
         kernel_calls = spec.kernel_calls if target is Target.CPPLAN else spec.maxtext_kernel_calls
-        return all(c.fused_backward for c in kernel_calls(shape, spec.layout(shape)))
+        return bool(all_fused(kernel_calls(shape, spec.layout(shape))))
 
     @property
     def strategy_label(self) -> str:

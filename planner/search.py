@@ -23,14 +23,14 @@ from typing import NamedTuple
 import numpy as np
 
 from cost_models.accuracy import memory_margins
-from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, link_columns
+from cost_models.candidates import GROUP_AXES, Candidates, LinkColumns, both_backwards, link_columns, stacked
 from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import DQ_REDUCTION_STEPS, splash_smem_bytes, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import inner_sizes, span_segments, tiles
-from cost_models.pricing import Priced, choose_rows, price
+from cost_models.pricing import Priced, choose_rows, price, priced_rows
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
 from cost_models.pricing.target import per_head_smem_bytes
@@ -220,69 +220,95 @@ def _chip_alone(topo: Topology) -> Topology:
     return dataclasses.replace(topo, chip_dims=(1,) * len(topo.chip_dims), num_slices=1)
 
 
-@lru_cache(maxsize=4096)
-def _splash_block(
-    model: ModelSpec,
-    seq_len: int,
-    topo: Topology,
-    target: Target,
-    act_bytes: int,
-    strategy: CPStrategy,
-    ring: float,
-    ulysses: float,
-    tensor: float,
-    zigzag: bool,
-) -> tuple[int | None, str | None]:
-    """The splash block of a strategy's kernel calls on a (context, context_ulysses, tensor) layout, or the
-    SMEM rule that fails; `topo` is `_chip_alone`'s chip (the layout, not the slice, decides)."""
-    spec = STRATEGIES[strategy]
-    lay = spec.layout(Shape(model, seq_len, ring, ulysses, tensor, zigzag, topo.chip.kind.shares_cores))
-    options, reason = _block_options(
-        float(lay.q_len),
-        float(lay.kv_len),
-        topo,
-        zigzag,
-        head_dim=model.head_dim,
-        act_bytes=act_bytes,
-        # local layers' tables are shrunk to their window: only global causal layers hold the whole table
-        causal=any(mask.causal and not mask.local for mask, _ in model.layer_masks),
-    )
-    if (
-        options
-        and target.traits.per_head_metadata
-        and spec.maxtext_per_head_metadata
-        and not topo.chip.kind.interprets_kernels
-    ):
-        options, reason = _per_head_blocks(options, lay, topo, target)
-    most = target.traits.ring_kernel_max_block
-    if options and most and spec.maxtext_ring_kernel and not topo.chip.kind.interprets_kernels:
-        options = [b for b in options if b <= most]
-        if not options:
-            reason = f"{target.value}'s ring kernel compiles with splash blocks up to {most} only"
-    block = options[0] if options else None
-    if len(options) > 1:
-        # the block changes only the attention's price (grid steps, diagonal waste, SMEM),
-        # which scales with the batch: the fastest for one sequence is the fastest for any
-        n = len(options)
+class _SplashBlocks:
+    """The splash block of one strategy's kernel calls per (context, context_ulysses, tensor, zigzag) layout,
+    or the SMEM rule that fails, on `_chip_alone`'s chip (the layout, not the slice, decides): each layout
+    judged once, and where several blocks fit, the fastest, the blocks of every new layout priced as rows
+    of one table."""
+
+    def __init__(self, model: ModelSpec, seq_len: int, topo: Topology, target: Target, act_bytes: int, strategy):
+        self.model, self.seq_len, self.topo, self.target = model, seq_len, topo, target
+        self.act_bytes, self.strategy = act_bytes, strategy
+        self._found: dict[tuple, tuple[int | None, str | None]] = {}
+
+    def of(self, layouts: list[tuple[float, float, float, bool]]) -> list[tuple[int | None, str | None]]:
+        """(block, None) or (None, the rule that fails) for each layout."""
+        trials = []  # (layout, its blocks) where more than one fits
+        for layout in dict.fromkeys(layouts):
+            if layout not in self._found:
+                options, reason = self._options(*layout)
+                self._found[layout] = (options[0] if options else None, reason)
+                if len(options) > 1:
+                    trials.append((layout, options))
+        if trials:
+            self._fastest(trials)
+        return [self._found[layout] for layout in layouts]
+
+    def _options(self, ring: float, ulysses: float, tensor: float, zigzag: bool) -> tuple[list[int], str | None]:
+        """The blocks a layout's kernel calls can use, in `BLOCK_PREFERENCE` order, or none and why."""
+        model, topo, target = self.model, self.topo, self.target
+        spec = STRATEGIES[self.strategy]
+        lay = spec.layout(Shape(model, self.seq_len, ring, ulysses, tensor, zigzag, topo.chip.kind.shares_cores))
+        options, reason = _block_options(
+            float(lay.q_len),
+            float(lay.kv_len),
+            topo,
+            zigzag,
+            head_dim=model.head_dim,
+            act_bytes=self.act_bytes,
+            # local layers' tables are shrunk to their window: only global causal layers hold the whole table
+            causal=any(mask.causal and not mask.local for mask, _ in model.layer_masks),
+        )
+        if (
+            options
+            and target.traits.per_head_metadata
+            and spec.maxtext_per_head_metadata
+            and not topo.chip.kind.interprets_kernels
+        ):
+            options, reason = _per_head_blocks(options, lay, topo, target)
+        most = target.traits.ring_kernel_max_block
+        if options and most and spec.maxtext_ring_kernel and not topo.chip.kind.interprets_kernels:
+            options = [b for b in options if b <= most]
+            if not options:
+                reason = f"{target.value}'s ring kernel compiles with splash blocks up to {most} only"
+        return options, reason
+
+    def _fastest(self, trials: list[tuple[tuple, list[int]]]) -> None:
+        """Each layout's fastest block: the block changes only the attention's price (grid steps, diagonal
+        waste, SMEM), which scales with the batch, so the fastest for one sequence is the fastest for any."""
+        rows = [(layout, float(b)) for layout, options in trials for b in options]
+        ring, ulysses, tensor, zigzag = zip(*(layout for layout, _ in rows))
+        blocks, n = [b for _, b in rows], len(rows)
         trial = Candidates(
-            case=Case(model, topo, seq_len, 1),
-            strategy=strategy,
+            case=Case(self.model, self.topo, self.seq_len, 1),
+            strategy=self.strategy,
             data=[1.0] * n,
             fsdp=[1.0] * n,
-            ring=[ring] * n,
-            ulysses=[ulysses] * n,
-            tensor=[tensor] * n,
+            ring=ring,
+            ulysses=ulysses,
+            tensor=tensor,
             remat=[0] * n,
-            zigzag=[zigzag] * n,
-            block_q=[float(b) for b in options],
-            block_kv=[float(b) for b in options],
+            zigzag=zigzag,
+            block_q=blocks,
+            block_kv=blocks,
             links={},
             ring_link=LinkColumns([0.0] * n, [0.0] * n),
-            dq_reduction_steps=_dq_reduction_steps(strategy, target),
+            dq_reduction_steps=_dq_reduction_steps(self.strategy, self.target),
         )
-        times = price_attention(trial, spec, traits=target.traits).total_s
-        block = options[int(np.argmin(times))]  # the first of equals, in preference order
-    return block, reason
+        times = price_attention(trial, STRATEGIES[self.strategy], traits=self.target.traits).total_s
+        start = 0
+        for layout, options in trials:
+            # the first of equals, in preference order
+            self._found[layout] = (options[int(np.argmin(times[start : start + len(options)]))], None)
+            start += len(options)
+
+
+@lru_cache(maxsize=64)
+def _splash_blocks(
+    model: ModelSpec, seq_len: int, topo: Topology, target: Target, act_bytes: int, strategy: CPStrategy
+) -> _SplashBlocks:
+    """One `_SplashBlocks` per chip (`_chip_alone`) and search inputs, shared by every slice of the chip."""
+    return _SplashBlocks(model, seq_len, topo, target, act_bytes, strategy)
 
 
 @lru_cache(maxsize=4096)
@@ -384,25 +410,22 @@ class _Placements:
         """The placements of a mesh of one slice's devices that give distinct links, each the first (axis
         order, then physical order) to give them."""
         trivial = tuple(a for a, s in zip(AXES, sizes) if s == 1)
-        active = [a for a, s in zip(AXES, sizes) if s > 1]
-        size_of = dict(zip(AXES, sizes))
+        active = [(a, s) for a, s in zip(AXES, sizes) if s > 1]
         out, seen = [], set()
-        for axis_perm in itertools.permutations(active):
+        for perm in itertools.permutations(active):
             # axes of size 1 take no part of any dimension: the spans are the active axes'
-            axis_sizes = tuple(size_of[a] for a in axis_perm)
+            axis_sizes = tuple(s for _, s in perm)
             tiling = self._tiles(axis_sizes)
             if not tiling:
                 continue
-            inner = dict(zip(axis_perm, inner_sizes(axis_sizes)))
-            rows = [self._group_row(_spans(axes, inner, size_of)) for axes in GROUP_AXES.values()]
-            order = trivial + axis_perm
-            figures, links = zip(*rows)
-            keys = list(zip(*figures))
+            span = {a: (inner, inner * s) for (a, s), inner in zip(perm, inner_sizes(axis_sizes))}
+            figures, links = zip(*(self._group_row(_spans(axes, span)) for axes in GROUP_AXES.values()))
+            keys = list(zip(*figures))  # per physical order, the figures of every group
             for k in tiling:
                 if keys[k] not in seen:
                     seen.add(keys[k])
-                    group_links = dict(zip(GROUP_AXES, (row[k] for row in links)))
-                    out.append(Placement(order, self._dim_names[k], group_links))
+                    order = trivial + tuple(a for a, _ in perm)
+                    out.append(Placement(order, self._dim_names[k], dict(zip(GROUP_AXES, (ls[k] for ls in links)))))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
@@ -447,13 +470,13 @@ class _Placements:
         return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
 
 
-def _spans(axes: tuple[str, ...], inner: dict[str, int], size_of: dict[str, int]) -> tuple[tuple[int, int], ...]:
+def _spans(axes: tuple[str, ...], span: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
-    axes absent from `inner` (of size 1) span nothing."""
+    axes absent from `span` (of size 1) span nothing."""
     if len(axes) == 1:
-        return ((inner[axes[0]], inner[axes[0]] * size_of[axes[0]]),) if axes[0] in inner else ()
+        return (span[axes[0]],) if axes[0] in span else ()
     out: list[tuple[int, int]] = []
-    for low, high in sorted((inner[a], inner[a] * size_of[a]) for a in axes if a in inner):
+    for low, high in sorted(span[a] for a in axes if a in span):
         if out and out[-1][1] == low:
             out[-1] = (out[-1][0], high)
         else:
@@ -545,6 +568,7 @@ class SearchSpace:
         self.seq_len, self.topology, self.options = seq_len, topo, options
         self.target = target
         self._memory_margins = memory_margins(topo.chip.name, target.value)
+        self._chip = _chip_alone(topo)  # what the splash block rule reads of the slice
         fixed = options.axes_fixed()
         meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
         if shard_counts is not None:
@@ -556,15 +580,16 @@ class SearchSpace:
                 if sizes[:2] not in splits:
                     splits[sizes[:2]] = bool(dcn_splits(sizes, topo.num_slices))
             meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
-        self.verdicts = self._verdicts(meshes)
+        self._meshes = meshes
+        self._judgements: dict[tuple[int, ...], tuple] = {}  # (context, context_ulysses, tensor) → `_judged`
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
-        for position, v in enumerate(self.verdicts):
-            if v.always is None and v.structural is None:
-                self._sound.setdefault(v.shards, []).append((position, v))
+        self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict
+        self._sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (context, …) → its sound (strategy, balancing)
+        self._index_sound(meshes)
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
-        self._block_fits = np.zeros(len(self.verdicts), dtype=bool)  # by verdict position, once judged
+        self._block_fits = np.zeros(len(self._sound_at), dtype=bool)  # by verdict position, once judged
         # (policy, custom placements) in the allowed policies' order, `custom` as each of `SEARCHED_CUSTOM`
         self._remats = [
             (policy, custom)
@@ -627,7 +652,7 @@ class SearchSpace:
                 np.concatenate([get(t).latency for t in tables])[entry],
             )
 
-        blocks = [self._block_of(position, strategy) for position, _ in verdicts]
+        blocks = self._blocks_of([position for position, _ in verdicts], strategy)
         block = np.repeat([float(b or DEFAULT_BLOCK) for b, _ in blocks], per_verdict)
         return Candidates(
             case=case,
@@ -651,63 +676,71 @@ class SearchSpace:
             dq_reduction_steps=_dq_reduction_steps(strategy, self.target),
         )
 
-    def _block_of(self, position: int, strategy: CPStrategy) -> tuple[int | None, str | None]:
-        """The splash block of a verdict's kernel calls (its layout does not depend on placement,
+    def _blocks_of(self, positions: list[int], strategy: CPStrategy) -> list[tuple[int | None, str | None]]:
+        """The splash block of each verdict's kernel calls (its layout does not depend on placement,
         remat or batch), or the SMEM rule that fails."""
-        if position not in self._blocks:
-            v = self.verdicts[position]
-            ring, ulysses, tensor = (float(a) for a in v.sizes[2:])
-            block, reason = _splash_block(
-                self.model,
-                self.seq_len,
-                _chip_alone(self.topology),
-                self.target,
-                DTYPE_BYTES[self.options.compute_dtype],
-                strategy,
-                ring,
-                ulysses,
-                tensor,
-                v.load_balance is LoadBalance.ZIGZAG,
-            )
-            self._blocks[position] = (block, reason)
-            self._block_fits[position] = reason is None
-        return self._blocks[position]
+        new = [position for position in positions if position not in self._blocks]
+        if new:
+            verdicts = [self._sound_at[position] for position in new]
+            layouts = [(*map(float, v.sizes[2:]), v.load_balance is LoadBalance.ZIGZAG) for v in verdicts]
+            act_bytes = DTYPE_BYTES[self.options.compute_dtype]
+            blocks = _splash_blocks(self.model, self.seq_len, self._chip, self.target, act_bytes, strategy)
+            for position, (block, reason) in zip(new, blocks.of(layouts)):
+                self._blocks[position] = (block, reason)
+                self._block_fits[position] = reason is None
+        return [self._blocks[position] for position in positions]
 
     def row(self, rows: _Group, i: int) -> CandidateRow:
         """Row `i` of a group as a `CandidateRow`."""
-        v = self.verdicts[int(rows.positions[i])]
+        v = self._sound_at[int(rows.positions[i])]
         placement = _placements(self.topology).of(v.sizes)[int(rows.placement[i])]
         policy, custom = self._remats[int(rows.remat[i])]
         return CandidateRow(v.sizes, v.load_balance, policy, placement, custom)
 
-    def _verdicts(self, meshes) -> list[_Verdict]:
-        """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order.
-
-        The rules look at the context and tensor axes only, so each (context, context_ulysses,
-        tensor) is judged once and its verdicts are shared by every data × fsdp split.
-        """
-        opts = self.options
-        load_balances = tuple(as_list(opts.load_balance))
-        judged: dict[tuple[int, int, int], list[tuple]] = {}
-        out = []
+    def _index_sound(self, meshes) -> None:
+        """Judges each (context, context_ulysses, tensor) of `meshes` once (the rules look at those axes only,
+        so a judgement serves every data × fsdp split) and numbers the sound verdicts, those that break no
+        rule whatever the batch nor a structural one, in the meshes' order: a verdict's position."""
+        load_balances = tuple(as_list(self.options.load_balance))
+        sound_of = self._sound_of
         for sizes in meshes:
             inner = sizes[2:]
-            if inner not in judged:
-                judged[inner] = _judged(
-                    self.model,
-                    self.seq_len,
-                    self.topology.chip.kind.shares_cores,
-                    self.target,
-                    opts.strategies,
-                    load_balances,
-                    *inner,
-                )
+            sound = sound_of.get(inner)
+            if sound is None:
+                judged = self._judgements[inner] = self._judge(inner, load_balances)
+                sound = sound_of[inner] = [(s, lb) for s, lb, always, rule in judged if always is None and rule is None]
+            if sound:
+                shards = sizes[0] * sizes[1]
+                found = self._sound.setdefault(shards, [])
+                for strategy, lb in sound:
+                    v = _Verdict(sizes, strategy, lb, shards, None, None)
+                    found.append((len(self._sound_at), v))
+                    self._sound_at[len(self._sound_at)] = v
+
+    @cached_property
+    def verdicts(self) -> list[_Verdict]:
+        """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order (a
+        verdict's position is its index); built when the rejections are listed."""
+        out = []
+        for sizes in self._meshes:
             shards = sizes[0] * sizes[1]
             out += [
                 _Verdict(sizes, strategy, lb, shards, always, structural)
-                for strategy, lb, always, structural in judged[inner]
+                for strategy, lb, always, structural in self._judgements[sizes[2:]]
             ]
         return out
+
+    def _judge(self, inner: tuple[int, ...], load_balances: tuple[LoadBalance, ...]) -> tuple:
+        """`_judged` of a (context, context_ulysses, tensor) under the search's options."""
+        return _judged(
+            self.model,
+            self.seq_len,
+            self.topology.chip.kind.shares_cores,
+            self.target,
+            self.options.strategies,
+            load_balances,
+            *inner,
+        )
 
     def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
@@ -732,25 +765,27 @@ class SearchSpace:
                         np.concatenate([getattr(g, name) for g in groups])[order]
                         for name in ("positions", "remat", "placement")
                     ),
-                    _stacked([g.x for g in groups], order, case),
+                    stacked([g.x for g in groups], order, case),
                 )
-            priced = _Priced(strategy, rows, price(rows.x, target=self.target))
-            out.append(self._with_local_strategies(self._with_fused_backward(priced)))
+            out.append(self._with_local_strategies(self._with_fused_backward(strategy, rows)))
         return out
 
-    def _with_fused_backward(self, p: _Priced) -> _Priced:
-        """On cpplan's runtime, each row's attention backward as splash's fused kernel where that fits and
-        makes the step faster: its dq partials take memory the separate kernels do not. Not for a model
-        mixing masks, whose local layers' strategy is chosen per row on the separate kernels; MaxText's
-        choice is its kernels' (`StrategySpec.maxtext_kernel_calls`)."""
+    def _with_fused_backward(self, strategy: CPStrategy, rows: _Group) -> _Priced:
+        """`rows` priced; on cpplan's runtime, each row's attention backward as splash's fused kernel where
+        that fits and makes the step faster: its dq partials take memory the separate kernels do not (both
+        priced in one table, `both_backwards`). Not for a model mixing masks, whose local layers' strategy
+        is chosen per row on the separate kernels; MaxText's choice is its kernels'
+        (`StrategySpec.maxtext_kernel_calls`)."""
         if self.target.traits.maxtext_rules or len(self.model.layer_masks) > 1 or self.model.global_mask.local:
-            return p
-        alternative = price(dataclasses.replace(p.x, fused_attention_backward=True), target=self.target)
-        cap = self.topology.hbm_bytes_per_device
-        fits, fits_fused = p.priced.hbm_total <= cap, alternative.hbm_total <= cap
+            return _Priced(strategy, rows, price(rows.x, target=self.target))
+        n = len(rows.positions)
+        both = price(both_backwards(rows.x), target=self.target)
+        separate, fused = priced_rows(both, slice(None, n)), priced_rows(both, slice(n, None))
+        fit = both.hbm_total <= self.topology.hbm_bytes_per_device
+        fits, fits_fused = fit[:n], fit[n:]
         # a plan that fits neither way keeps the separate kernels: the less memory, the nearer to fitting
-        take = fits_fused & (~fits | (alternative.step_time_s < p.priced.step_time_s))
-        return p._replace(priced=choose_rows(take, alternative, p.priced), fused=take)
+        take = fits_fused & (~fits | (fused.step_time_s < separate.step_time_s))
+        return _Priced(strategy, rows, choose_rows(take, fused, separate), fused=take)
 
     def _with_local_strategies(self, p: _Priced) -> _Priced:
         """For a model mixing masks, each row's local layers under whichever allowed strategy of the same
@@ -777,18 +812,14 @@ class SearchSpace:
         if other is p.strategy:
             return np.zeros(len(p.rows.positions), dtype=bool)
         sound = self._sound_verdicts
-        rows = (self.verdicts[int(position)] for position in p.rows.positions)
+        rows = (self._sound_at[int(position)] for position in p.rows.positions)
         return np.array([(v.sizes[2:], other, v.load_balance) in sound for v in rows], dtype=bool)
 
     @cached_property
     def _sound_verdicts(self) -> frozenset[tuple]:
         """(context, context_ulysses and tensor sizes, strategy, balancing) of the verdicts that break no rule
         whatever the batch, nor a structural one."""
-        return frozenset(
-            (v.sizes[2:], v.strategy, v.load_balance)
-            for v in self.verdicts
-            if v.always is None and v.structural is None
-        )
+        return frozenset((inner, strategy, lb) for inner, sound in self._sound_of.items() for strategy, lb in sound)
 
     def _block_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its splash block fits SMEM."""
@@ -1032,27 +1063,6 @@ class SearchSpace:
 
 
 _TIE = 1e-12  # ratios this close are the same distance from the target
-
-
-def _stacked(parts: list[Candidates], order: np.ndarray, case: Case) -> Candidates:
-    """The rows of several candidate columns of one strategy, stacked and reordered, at `case`."""
-
-    def column(name):
-        return np.concatenate([getattr(x, name) for x in parts])[order]
-
-    def links(get) -> LinkColumns:
-        return LinkColumns(
-            np.concatenate([get(x).bw for x in parts])[order], np.concatenate([get(x).latency for x in parts])[order]
-        )
-
-    names = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
-    return dataclasses.replace(
-        parts[0],
-        case=case,
-        **{name: column(name) for name in names},
-        links={group: links(lambda x, g=group: x.links[g]) for group in parts[0].links},
-        ring_link=links(lambda x: x.ring_link),
-    )
 
 
 def search(

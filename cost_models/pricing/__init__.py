@@ -11,7 +11,7 @@ from cost_models.pricing.memory import (
     peak_bytes,
     update_bytes,
 )
-from cost_models.pricing.step import Priced, choose_rows, price
+from cost_models.pricing.step import Priced, choose_rows, price, priced_rows
 
 __all__ = [
     "LOSS_MEMORY",
@@ -22,5 +22,6 @@ __all__ = [
     "choose_rows",
     "peak_bytes",
     "price",
+    "priced_rows",
     "update_bytes",
 ]

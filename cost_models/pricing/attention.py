@@ -25,6 +25,7 @@ from cost_models.document_tiles import expected_computed_tiles, rows_per_call
 from cost_models.masks import CallBlocks, call_blocks
 from cost_models.pricing.rows import distinct_rows
 from cost_models.strategies import KernelCall, Layout, StrategySpec
+from cost_models.strategies.base import all_fused
 from cost_models.targets import TRAITS, Target, TargetTraits
 
 
@@ -54,8 +55,7 @@ def backward_over_forward(chip, calls, core_share) -> np.ndarray:
     """The backward kernels' MXU time over the forward's on a device: the chip's fused-backward
     ratio per core, times its unfused factor where the calls run the dq and dk/dv kernels, over the
     share of the device's cores the backward keeps busy (`core_share`). A device's calls all run one kind."""
-    fused = all(c.fused_backward for c in calls)
-    factor = 1.0 if fused else chip.attention_unfused_backward_factor
+    factor = np.where(all_fused(calls), 1.0, chip.attention_unfused_backward_factor)
     return chip.attention_backward_over_forward * factor / core_share
 
 

@@ -117,7 +117,7 @@ def price_traffic(
     # one collective per weight array: the bytes of the whole layer, the latency of each array
     arrays = weight_arrays_per_layer(m)
     # an all-reduce costs a reduce-scatter and an all-gather of the same bytes: one more of them
-    gathers_by_all_reduce = traits.weight_gathers_all_reduce_split_axes & _weight_axes_split(x)
+    gathers_by_all_reduce = traits.weight_gathers_all_reduce_split_axes and _weight_axes_split(x)
     gather_factor = np.where(gathers_by_all_reduce, 2.0, 1.0)
     gather_s = gather_factor * arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
     # the gradients of the gathered compute-dtype weights are in the compute dtype

@@ -124,10 +124,11 @@ def fused_dq_partials_held(x: Candidates, layout: Layout) -> np.ndarray:
     each summed before the next (0 where the calls run the dq and dK/dV kernels)."""
     held = np.zeros_like(np.asarray(x.tokens_per_device, dtype=float))
     for call in STRATEGIES[x.strategy].kernel_calls(x, layout):
-        if call.fused_backward:
+        if np.any(call.fused_backward):
             count, nbytes = dq_partials(call.kv_len, x.block_kv, act_bytes=x.act_bytes, in_q_dtype=True)
             rows = x.sequences_per_device * layout.q_heads
-            held = np.maximum(held, count * nbytes * dq_elements(rows, call.q_len, x.model.head_dim))
+            partials = count * nbytes * dq_elements(rows, call.q_len, x.model.head_dim)
+            held = np.maximum(held, np.where(call.fused_backward, partials, 0.0))
     return held
 
 

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from cost_models.candidates import Candidates
+from cost_models.candidates import SHAPE_COLUMNS, Candidates
 from cost_models.flops import model_flops_per_step
 from cost_models.overlap import overlap_for
 from cost_models.pricing.attention import AttentionTimes, price_attention
@@ -44,6 +44,17 @@ class Priced:
         return peak_bytes(self.memory)
 
 
+def priced_rows(priced: Priced, rows: slice) -> Priced:
+    """The columns of `rows` of the candidates priced (a figure every row shares kept as it is)."""
+
+    def part(value):
+        if isinstance(value, dict):
+            return {name: part(v) for name, v in value.items()}
+        return value[rows] if np.ndim(value) else value
+
+    return Priced(**{f.name: part(getattr(priced, f.name)) for f in dataclasses.fields(Priced)})
+
+
 def choose_rows(take: np.ndarray, chosen: Priced, other: Priced) -> Priced:
     """Per candidate, `chosen`'s columns where `take`, else `other`'s (two prices of the same rows)."""
 
@@ -74,19 +85,27 @@ class LayerKind(NamedTuple):
 def price_layer_kinds(x: Candidates, target: Target) -> list[LayerKind]:
     """Each kind of layer (a distinct mask) priced under the strategy it runs (`Candidates.layer_kinds`)."""
     kinds = []
-    for share, mask, name in x.layer_kinds():
-        xm = x if mask == x.model.global_mask else dataclasses.replace(x, mask=mask)
-        strategy = STRATEGIES[name]
+    for share, xm, strategy in _kind_columns(x):
         attention = price_attention(xm, strategy, traits=target.traits)
-        cost = strategy.cost(
-            xm,
-            attention.layout,
-            attention.forward_s,
-            attention.backward_s,
-            gradients_all_reduced=target.traits.context_gradients_all_reduced,
-        )
+        cost = _strategy_cost(xm, strategy, attention.layout, attention.forward_s, attention.backward_s, target)
         kinds.append(LayerKind(share, strategy, attention, cost))
     return kinds
+
+
+def _kind_columns(x: Candidates) -> list[tuple[float, Candidates, StrategySpec]]:
+    """Per kind of layer: its share of the layers, the candidates as its layers (their mask), the strategy
+    they run."""
+    m = x.model
+    return [
+        (share, x if mask == m.global_mask else dataclasses.replace(x, mask=mask), STRATEGIES[name])
+        for share, mask, name in x.layer_kinds()
+    ]
+
+
+def _strategy_cost(xm: Candidates, strategy: StrategySpec, layout, forward_s, backward_s, target: Target) -> CPCost:
+    return strategy.cost(
+        xm, layout, forward_s, backward_s, gradients_all_reduced=target.traits.context_gradients_all_reduced
+    )
 
 
 def price_layer_attention(x: Candidates, target: Target) -> tuple[AttentionTimes, CPCost]:
@@ -133,13 +152,12 @@ def _layer_average(items: list, shares: list[float], *, largest: frozenset[str] 
     return dataclasses.replace(items[0], **values)
 
 
-def _context_traffic(x: Candidates, kind: LayerKind, overlap, target: Target) -> ContextTraffic:
-    """A kind of layer's own strategy traffic, with what of it the chip overlaps."""
-    strategy = kind.strategy
+def _context_traffic(x: Candidates, strategy: StrategySpec, cost: CPCost, overlap, target: Target) -> ContextTraffic:
+    """A kind of layer's own strategy traffic (`cost`), with what of it the chip overlaps."""
     # a target that waits for the ring's hops hides none of them
     waits_for_hops = strategy.hides_traffic_behind_attention and not target.traits.ring_hops_overlap_attention
     return context_traffic(
-        kind.cost,
+        cost,
         x.remat_columns.recompute_attention,
         0.0 if waits_for_hops else overlap.of_context(strategy.name),
         hides_behind_attention=strategy.hides_traffic_behind_attention,
@@ -147,11 +165,41 @@ def _context_traffic(x: Candidates, kind: LayerKind, overlap, target: Target) ->
     )
 
 
-def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
-    """Prices every candidate in `x` (all of one strategy) as the runtime `target` runs them."""
+class ShapePrice(NamedTuple):
+    """What of a candidate's price does not read its links (all but the collectives)."""
+
+    kinds: list[LayerKind]
+    weight_bytes: np.ndarray  # one layer's weights on a device in the compute dtype
+    layer_forward_s: np.ndarray
+    layer_backward_s: np.ndarray
+    compute_s: dict[str, np.ndarray]
+    hbm_s: dict[str, np.ndarray]
+    offload_exposed_s: np.ndarray
+    offload_transfer_s: np.ndarray
+    state_exposed_s: np.ndarray
+    state_transfer_s: np.ndarray
+    unexposed_s: np.ndarray  # the step but for its exposed communication
+    memory: dict[str, np.ndarray]
+    smem_bytes: np.ndarray
+    executed_flops: np.ndarray
+    host_bytes: np.ndarray
+
+
+def shape_runs(x: Candidates) -> tuple[Candidates, np.ndarray]:
+    """(the first of each run of consecutive candidates alike but for their links; each row's run): every
+    figure that does not read the links is the same along a run, such as a search's placements of one mesh,
+    which it lays side by side."""
+    n = len(x.ring)
+    starts = np.arange(n) == 0
+    for name in SHAPE_COLUMNS:
+        column = np.broadcast_to(getattr(x, name), (n,))
+        starts[1:] |= column[1:] != column[:-1]
+    return x.take(np.flatnonzero(starts)), np.cumsum(starts) - 1
+
+
+def price_shapes(x: Candidates, target: Target) -> ShapePrice:
+    """The `ShapePrice` of every candidate in `x` as the runtime `target` runs them."""
     layers = x.model.num_layers
-    chip = x.topology.chip
-    overlap = overlap_for(chip.name, assumed_overlap=chip.comm_overlaps_compute)
     matmuls = price_matmuls(x)
     kinds = price_layer_kinds(x, target)
     attention, cost = _layer_attention(kinds)
@@ -166,40 +214,27 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
         + attention.recompute_s
         + elementwise.recompute_s
     )
-
-    traffic = price_traffic(
-        x,
-        matmuls.weight_bytes,
-        _layer_average([_context_traffic(x, k, overlap, target) for k in kinds], [k.share for k in kinds]),
-        traits=target.traits,
-    )
-    exposed = price_exposure(
-        traffic, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s, num_layers=layers, overlap=overlap
-    ).as_dict()
     offload = price_offload(x, layer_forward_s=layer_forward_s, layer_backward_s=layer_backward_s)
-    exposed["host_offload"] = offload.exposed_s
     state = price_state_offload(x, layers_s=layers * (layer_forward_s + layer_backward_s))
-    exposed["host_state"] = state.exposed_s
     optimizer_s = optimizer_seconds(x)
-    compute = {"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s}
-    hbm = {
-        "elementwise": layers * elementwise.total_s + head.cross_entropy_s,
-        "matmul_weight_reads": layers * matmuls.weight_read_excess_s,
-        "optimizer": optimizer_s,
-    }
-    step = (
-        layers * (layer_forward_s + layer_backward_s)
-        + head.matmul_s
-        + head.cross_entropy_s
-        + optimizer_s
-        + sum(exposed.values())
-    )
-    return Priced(
-        step_time_s=step,
-        compute_s=compute,
-        hbm_s=hbm,
-        comm_s={**traffic.per_step(layers), "host_offload": offload.transfer_s, "host_state": state.transfer_s},
-        exposed_s=exposed,
+    return ShapePrice(
+        kinds=kinds,
+        weight_bytes=matmuls.weight_bytes,
+        layer_forward_s=layer_forward_s,
+        layer_backward_s=layer_backward_s,
+        compute_s={"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s},
+        hbm_s={
+            "elementwise": layers * elementwise.total_s + head.cross_entropy_s,
+            "matmul_weight_reads": layers * matmuls.weight_read_excess_s,
+            "optimizer": optimizer_s,
+        },
+        offload_exposed_s=offload.exposed_s,
+        offload_transfer_s=offload.transfer_s,
+        state_exposed_s=state.exposed_s,
+        state_transfer_s=state.transfer_s,
+        unexposed_s=(
+            layers * (layer_forward_s + layer_backward_s) + head.matmul_s + head.cross_entropy_s + optimizer_s
+        ),
         memory=target_memory(
             x,
             price_memory(
@@ -216,7 +251,60 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
             target.traits,
         ),
         smem_bytes=target_smem_bytes(x, attention.layout, attention.smem_bytes, target.traits),
-        model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
         executed_flops=layers * (matmuls.executed_flops + attention.executed_flops) + head.executed_flops,
         host_bytes=offload.host_bytes + state.host_bytes,
+    )
+
+
+def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
+    """Prices every candidate in `x` (all of one strategy) as the runtime `target` runs them: what does not
+    read the links once per run of rows alike but for them (`shape_runs`, `price_shapes`), the collectives
+    per row."""
+    shapes, which = shape_runs(x)
+    s = price_shapes(shapes, target)
+
+    def rows(value):
+        if isinstance(value, dict):
+            return {name: rows(v) for name, v in value.items()}
+        return value[which] if np.ndim(value) else value
+
+    layers = x.model.num_layers
+    chip = x.topology.chip
+    overlap = overlap_for(chip.name, assumed_overlap=chip.comm_overlaps_compute)
+    contexts = []
+    for (share, xm, strategy), kind in zip(_kind_columns(x), s.kinds):
+        # the strategy's traffic reads the links: its cost again on every row, from its shape's attention
+        a = kind.attention
+        layout = dataclasses.replace(
+            a.layout, **rows({f.name: getattr(a.layout, f.name) for f in dataclasses.fields(a.layout)})
+        )
+        cost = _strategy_cost(xm, strategy, layout, rows(a.forward_s), rows(a.backward_s), target)
+        contexts.append(_context_traffic(x, strategy, cost, overlap, target))
+    traffic = price_traffic(
+        x, rows(s.weight_bytes), _layer_average(contexts, [k.share for k in s.kinds]), traits=target.traits
+    )
+    exposed = price_exposure(
+        traffic,
+        layer_forward_s=rows(s.layer_forward_s),
+        layer_backward_s=rows(s.layer_backward_s),
+        num_layers=layers,
+        overlap=overlap,
+    ).as_dict()
+    exposed["host_offload"] = rows(s.offload_exposed_s)
+    exposed["host_state"] = rows(s.state_exposed_s)
+    return Priced(
+        step_time_s=rows(s.unexposed_s) + sum(exposed.values()),
+        compute_s=rows(s.compute_s),
+        hbm_s=rows(s.hbm_s),
+        comm_s={
+            **traffic.per_step(layers),
+            "host_offload": rows(s.offload_transfer_s),
+            "host_state": rows(s.state_transfer_s),
+        },
+        exposed_s=exposed,
+        memory=rows(s.memory),
+        smem_bytes=rows(s.smem_bytes),
+        model_flops=model_flops_per_step(x.model, x.seq_len, x.global_batch),
+        executed_flops=rows(s.executed_flops),
+        host_bytes=rows(s.host_bytes),
     )

@@ -7,7 +7,9 @@ name) that search, price, export and runtime all consult. Layouts and kernel cal
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -114,7 +116,8 @@ def lane_ratio(x) -> float:
 @dataclass(frozen=True)
 class KernelCall:
     """`count` splash calls per layer forward of `q_len` × `kv_len` tokens; backward by the dq and
-    dk/dv kernels, or the fused one (fp32 dq partials summed after) where `fused_backward`. Query
+    dk/dv kernels, or the fused one (fp32 dq partials summed after) where `fused_backward` (a bool, or one
+    per candidate where the candidates hold a column of `fused_attention_backward`). Query
     blocks stay within `q_block_cap` (not straddling zigzag chunks). Under a local `mask` the call's
     queries start at position `q_start` and its keys at `kv_start`, and splash computes and visits only
     the blocks the mask leaves (`cost_models.masks.call_blocks`)."""
@@ -134,10 +137,18 @@ class KernelCall:
         return self.mask is not None and self.mask.local
 
 
-def fused_backward_runs(x, calls) -> bool:
+def fused_backward_runs(x, calls):
     """Whether splash's fused backward runs `calls`: where the plan asks for it and no call has a local
-    mask (whose shrunk dK/dV tables the fused kernel cannot walk)."""
-    return bool(x.fused_attention_backward) and not any(c.local for c in calls)
+    mask (whose shrunk dK/dV tables the fused kernel cannot walk); per candidate where `x` holds a column."""
+    if any(c.local for c in calls):
+        return False
+    fused = x.fused_attention_backward
+    return fused if isinstance(fused, np.ndarray) else bool(fused)
+
+
+def all_fused(calls):
+    """Whether every one of a device's calls runs the fused backward (one bool, or one per candidate)."""
+    return functools.reduce(operator.and_, (c.fused_backward for c in calls), True)
 
 
 @dataclass(frozen=True)
@@ -283,9 +294,8 @@ class StrategySpec:
         """The splash calls MaxText makes for the same layout: cpplan's, with the fused backward under
         tokamax's splash or when asked for. Evidence: docs/provenance/strategies_and_validation.md#base"""
         calls = self.kernel_calls(x, layout)
-        if self.maxtext_tokamax_splash or x.fused_attention_backward:
-            return tuple(replace(c, fused_backward=True) for c in calls)
-        return calls
+        fused = x.fused_attention_backward | self.maxtext_tokamax_splash
+        return tuple(replace(c, fused_backward=c.fused_backward | fused) for c in calls) if np.any(fused) else calls
 
     def merge_bytes(self, x, layout: Layout, calls: tuple[KernelCall, ...]):
         """(forward, backward) HBM bytes per layer of merging several calls' results outside the kernels."""

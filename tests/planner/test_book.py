@@ -39,9 +39,9 @@ def forget_shared_work() -> None:
     """Empties the caches one search leaves for the next (blocks, verdicts, placements, remat tables), so
     that an explanation after it is worked out from nothing, as in a fresh process."""
     from cost_models.remat import remat_table
-    from planner.search import _judged, _placements, _splash_block
+    from planner.search import _judged, _placements, _splash_blocks
 
-    for cache in (_splash_block, _judged, _placements, remat_table):
+    for cache in (_splash_blocks, _judged, _placements, remat_table):
         cache.cache_clear()
 
 

@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 import planner
+from cost_models.candidates import both_backwards
 from cost_models.compute import dq_partials
 from cost_models.errors import CpplanError
+from cost_models.pricing import price, priced_rows
+from planner.estimate import candidates_of
 
 pytestmark = pytest.mark.pure
 
@@ -36,6 +39,30 @@ def test_the_fused_plan_holds_its_partials_beside_the_separate_one():
     # faster by the backward's kernels alone: the chip's separate kernels cost more than the fused one
     assert e_fused.compute_s["attention"] < e_separate.compute_s["attention"]
     assert e_fused.compute_s["matmul"] == e_separate.compute_s["matmul"]
+
+
+def _columns(priced) -> list:
+    """Every figure of a one-row price, by name, as exact floats."""
+    out = []
+    for field in dataclasses.fields(priced):
+        value = getattr(priced, field.name)
+        for name, column in sorted(value.items()) if isinstance(value, dict) else [(field.name, value)]:
+            out.append((name, np.broadcast_to(column, (1,)).tolist()))
+    return out
+
+
+@pytest.mark.parametrize("model,seq_len,topology", [(H128, "16k", "v5e:1x1"), ("llama3.1-8b", "128k", "v5p:2x2x2")])
+def test_one_table_prices_both_backwards_as_two_prices_do(model, seq_len, topology):
+    chosen = planner.explain(model, seq_len, topology, global_batch=1).best
+    x = candidates_of(dataclasses.replace(chosen, block_q=1024, block_kv=1024))
+    both = price(both_backwards(x))  # row 0: the dq and dK/dV kernels, row 1: the fused kernel
+    rows = [priced_rows(both, slice(row, row + 1)) for row in (0, 1)]
+    for row, fused in zip(rows, (False, True)):
+        assert _columns(row) == _columns(price(dataclasses.replace(x, fused_attention_backward=fused)))
+    assert _columns(rows[0]) != _columns(rows[1])
+    if model == H128:  # 16 partials of 16 heads × 16384 × 128 in bf16 beside the separate kernels' buffers
+        held = [float(np.asarray(r.memory["attention_buffers"]).item()) for r in rows]
+        assert held[1] - held[0] == pytest.approx(16 * 16 * 16384 * 128 * 2)
 
 
 @pytest.mark.parametrize("seq_len,fused", [("16k", True), ("64k", False)])
