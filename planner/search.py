@@ -311,7 +311,7 @@ def _splash_blocks(
     return _SplashBlocks(model, seq_len, topo, target, act_bytes, strategy)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=64)
 def _judged(
     model: ModelSpec,
     seq_len: int,
@@ -319,12 +319,16 @@ def _judged(
     target: Target,
     strategies: frozenset,
     load_balances: tuple[LoadBalance, ...],
-    ring: int,
-    ulysses: int,
-    tensor: int,
-) -> tuple[tuple, ...]:
+) -> dict[tuple[int, ...], tuple]:
+    """(context, context_ulysses, tensor) → `_judge_one`'s verdicts, filled as searches ask, shared by every
+    slice of a chip kind (one key per search: hashing the model per mesh cost more than judging)."""
+    return {}
+
+
+def _judge_one(inputs: tuple, ring: int, ulysses: int, tensor: int) -> tuple[tuple, ...]:
     """(strategy, balancing, rule broken whatever the batch, structural rule broken) for one
-    (context, context_ulysses, tensor) of the allowed `strategies`: the same on every slice of a chip kind."""
+    (context, context_ulysses, tensor) of the allowed strategies; `inputs` are `_judged`'s."""
+    model, seq_len, shares_cores, target, strategies, load_balances = inputs
     out = []
     for strategy in strategies_for(ring, ulysses):
         if strategy not in strategies:
@@ -378,7 +382,7 @@ class _Placements:
                 self.phys_orders.append(perm)
         self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
         self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
-        self._tiling: dict[tuple[int, ...], list[int]] = {}  # axis sizes → the physical orders they tile
+        self._tiling: dict[tuple[int, ...], tuple[list, list]] = {}  # axis sizes → `_laid`
         self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
         self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
         self._segment_links: dict[tuple, AxisLinks] = {}
@@ -412,20 +416,20 @@ class _Placements:
         trivial = tuple(a for a, s in zip(AXES, sizes) if s == 1)
         active = [(a, s) for a, s in zip(AXES, sizes) if s > 1]
         out, seen = [], set()
+        group_rows, groups = self._group_rows, tuple(GROUP_AXES.values())
         for perm in itertools.permutations(active):
             # axes of size 1 take no part of any dimension: the spans are the active axes'
-            axis_sizes = tuple(s for _, s in perm)
-            tiling = self._tiles(axis_sizes)
+            tiling, spans = self._laid(tuple(s for _, s in perm))
             if not tiling:
                 continue
-            span = {a: (inner, inner * s) for (a, s), inner in zip(perm, inner_sizes(axis_sizes))}
-            figures, links = zip(*(self._group_row(_spans(axes, span)) for axes in GROUP_AXES.values()))
-            keys = list(zip(*figures))  # per physical order, the figures of every group
+            span = dict(zip((a for a, _ in perm), spans))
+            rows = [group_rows.get(g) or self._group_row(g) for g in (_spans(axes, span) for axes in groups)]
+            keys = list(zip(*(figures for figures, _ in rows)))  # per physical order, the figures of every group
             for k in tiling:
                 if keys[k] not in seen:
                     seen.add(keys[k])
                     order = trivial + tuple(a for a, _ in perm)
-                    out.append(Placement(order, self._dim_names[k], dict(zip(GROUP_AXES, (ls[k] for ls in links)))))
+                    out.append(Placement(order, self._dim_names[k], {g: ls[k] for g, (_, ls) in zip(GROUP_AXES, rows)}))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
@@ -435,11 +439,15 @@ class _Placements:
             self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
         return self._segment_links[segments]
 
-    def _tiles(self, axis_sizes: tuple[int, ...]) -> list[int]:
+    def _laid(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
         """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile
-        (`tiles`)."""
+        (`tiles`), and the flattened positions (low, high) each axis spans; once per sizes, shared by every
+        mesh whose axes take them in this order."""
         if axis_sizes not in self._tiling:
-            self._tiling[axis_sizes] = [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)]
+            self._tiling[axis_sizes] = (
+                [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)],
+                [(inner, inner * s) for s, inner in zip(axis_sizes, inner_sizes(axis_sizes))],
+            )
         return self._tiling[axis_sizes]
 
     def _group_row(self, spans: tuple[tuple[int, int], ...]) -> tuple[list, list]:
@@ -474,7 +482,8 @@ def _spans(axes: tuple[str, ...], span: dict[str, tuple[int, int]]) -> tuple[tup
     """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
     axes absent from `span` (of size 1) span nothing."""
     if len(axes) == 1:
-        return (span[axes[0]],) if axes[0] in span else ()
+        one = span.get(axes[0])
+        return () if one is None else (one,)
     out: list[tuple[int, int]] = []
     for low, high in sorted(span[a] for a in axes if a in span):
         if out and out[-1][1] == low:
@@ -581,7 +590,15 @@ class SearchSpace:
                     splits[sizes[:2]] = bool(dcn_splits(sizes, topo.num_slices))
             meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
         self._meshes = meshes
-        self._judgements: dict[tuple[int, ...], tuple] = {}  # (context, context_ulysses, tensor) → `_judged`
+        self._judge_inputs = (
+            self.model,
+            seq_len,
+            topo.chip.kind.shares_cores,
+            target,
+            options.strategies,
+            tuple(as_list(options.load_balance)),
+        )
+        self._judgements = _judged(*self._judge_inputs)  # (context, context_ulysses, tensor) → `_judge_one`
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
         self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict
         self._sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (context, …) → its sound (strategy, balancing)
@@ -701,13 +718,14 @@ class SearchSpace:
         """Judges each (context, context_ulysses, tensor) of `meshes` once (the rules look at those axes only,
         so a judgement serves every data × fsdp split) and numbers the sound verdicts, those that break no
         rule whatever the batch nor a structural one, in the meshes' order: a verdict's position."""
-        load_balances = tuple(as_list(self.options.load_balance))
-        sound_of = self._sound_of
+        sound_of, judgements = self._sound_of, self._judgements
         for sizes in meshes:
             inner = sizes[2:]
             sound = sound_of.get(inner)
             if sound is None:
-                judged = self._judgements[inner] = self._judge(inner, load_balances)
+                judged = judgements.get(inner)
+                if judged is None:
+                    judged = judgements[inner] = _judge_one(self._judge_inputs, *inner)
                 sound = sound_of[inner] = [(s, lb) for s, lb, always, rule in judged if always is None and rule is None]
             if sound:
                 shards = sizes[0] * sizes[1]
@@ -729,18 +747,6 @@ class SearchSpace:
                 for strategy, lb, always, structural in self._judgements[sizes[2:]]
             ]
         return out
-
-    def _judge(self, inner: tuple[int, ...], load_balances: tuple[LoadBalance, ...]) -> tuple:
-        """`_judged` of a (context, context_ulysses, tensor) under the search's options."""
-        return _judged(
-            self.model,
-            self.seq_len,
-            self.topology.chip.kind.shares_cores,
-            self.target,
-            self.options.strategies,
-            load_balances,
-            *inner,
-        )
 
     def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
@@ -876,6 +882,7 @@ class SearchSpace:
         cap = self.topology.hbm_bytes_per_device
         host_cap = host_capacity_bytes(self.topology)
         batches = self._priced(batch)
+        placements_of = _placements(self.topology).of
         for k, p in enumerate(batches):
             priced = p.priced
             priced_count += len(p.rows.positions)
@@ -891,26 +898,30 @@ class SearchSpace:
             steps, mems = priced.step_time_s.tolist(), mem.tolist()
             parts_of = {name: np.broadcast_to(v, mem.shape) for name, v in priced.memory.items()}
             strategy_least = None
+            # rows read by index, not as a `CandidateRow` each: a pod ranks tens of thousands
+            positions, remat_of, placement_of = (a.tolist() for a in (p.rows.positions, p.rows.remat, p.rows.placement))
             for i, ok in zip(chosen.tolist(), fits.tolist()):
-                row = self.row(p.rows, i)
+                v = self._sound_at[positions[i]]
+                placement = placements_of(v.sizes)[placement_of[i]]
+                remat, remat_custom = self._remats[remat_of[i]]
                 if not ok:
-                    mesh = dict(zip(AXES, row.sizes))
+                    mesh = dict(zip(AXES, v.sizes))
                     reason = self._blocks[int(p.rows.positions[i])][1]
                     if reason:
                         rejections.append(
-                            Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason, row.remat_custom)
+                            Rejection(mesh, p.strategy, v.load_balance, remat, "smem", reason, remat_custom)
                         )
                     elif host[i] > host_cap:
                         rejections.append(
                             Rejection(
                                 mesh,
                                 p.strategy,
-                                row.load_balance,
-                                row.remat,
+                                v.load_balance,
+                                remat,
                                 "host",
                                 f"offloads {host[i] / GiB:.1f} GiB of activations > "
                                 f"{host_cap / GiB:.1f} GiB host memory per device",
-                                row.remat_custom,
+                                remat_custom,
                             )
                         )
                     else:
@@ -920,12 +931,12 @@ class SearchSpace:
                             Rejection(
                                 mesh,
                                 p.strategy,
-                                row.load_balance,
-                                row.remat,
+                                v.load_balance,
+                                remat,
                                 "hbm",
                                 f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
                                 f"(largest: {top} {parts[top] / GiB:.1f} GiB)",
-                                row.remat_custom,
+                                remat_custom,
                             )
                         )
                     # the least HBM of the plans that exist: one over its host's memory is refused outright
@@ -937,12 +948,12 @@ class SearchSpace:
                         _rank_key(
                             steps[i] / case.tokens_per_step,
                             cap - mems[i],
-                            row.sizes,
+                            v.sizes,
                             p.strategy,
-                            row.load_balance,
-                            row.remat,
-                            row.placement.axis_order,
-                            row.placement.physical_order,
+                            v.load_balance,
+                            remat,
+                            placement.axis_order,
+                            placement.physical_order,
                         ),
                         p.strategy,
                         k,
