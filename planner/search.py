@@ -30,9 +30,10 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import inner_sizes, span_segments, tiles
-from cost_models.pricing import Priced, choose_rows, price, priced_rows
+from cost_models.pricing import Priced, choose_rows, peak_bytes, price, priced_rows
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
+from cost_models.pricing.step import price_shapes, shape_runs
 from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.remat import SEARCHED_CUSTOM, remat_code
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
@@ -457,14 +458,12 @@ class _Placements:
         if spans not in self._group_rows:
             figures, links = [], []
             for perm, dim_sizes in zip(self.phys_orders, self._dim_sizes):
-                if not all(tiles((high // low, low), dim_sizes) for low, high in spans):
+                digits = [_span_digits(low, high, dim_sizes) for low, high in spans]
+                if None in digits:
                     figures.append(None)
                     links.append(None)
                     continue
-                segments = tuple(
-                    (perm[s.dim], s.size, s.stride) for low, high in spans for s in span_segments(low, high, dim_sizes)
-                )
-                a = self._links(segments)
+                a = self._links(tuple((perm[dim], size, stride) for span in digits for dim, size, stride in span))
                 figure = (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
                 figures.append(self._figure_ids.setdefault(figure, len(self._figure_ids)))
                 links.append(a)
@@ -476,6 +475,16 @@ class _Placements:
         """The links of each placement of a mesh as columns (one entry per placement, in `of` order)."""
         placements = self.of(sizes)
         return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+
+
+@lru_cache(maxsize=1 << 16)
+def _span_digits(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """The segments of the flattened positions `low` to `high` on dimensions of `dim_sizes` as (dimension, size,
+    stride) (`span_segments`), or None where the span splits a digit of a dimension (`tiles`): the same on
+    every slice whose dimensions have those sizes, so kept across slices."""
+    if not tiles((high // low, low), dim_sizes):
+        return None
+    return tuple((s.dim, s.size, s.stride) for s in span_segments(low, high, dim_sizes))
 
 
 def _spans(axes: tuple[str, ...], span: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -776,13 +785,23 @@ class SearchSpace:
             out.append(self._with_local_strategies(self._with_fused_backward(strategy, rows)))
         return out
 
+    @property
+    def _separate_backward_only(self) -> bool:
+        """Whether every row runs splash's separate backward kernels (`_with_fused_backward`)."""
+        return self.target.traits.maxtext_rules or len(self.model.layer_masks) > 1 or self.model.global_mask.local
+
+    @property
+    def _chooses_local_strategies(self) -> bool:
+        """Whether each row's local layers take the strategy that suits them (`_with_local_strategies`)."""
+        return len(self.model.layer_masks) > 1 and not self.target.traits.maxtext_rules
+
     def _with_fused_backward(self, strategy: CPStrategy, rows: _Group) -> _Priced:
         """`rows` priced; on cpplan's runtime, each row's attention backward as splash's fused kernel where
         that fits and makes the step faster: its dq partials take memory the separate kernels do not (both
         priced in one table, `both_backwards`). Not for a model mixing masks, whose local layers' strategy
         is chosen per row on the separate kernels; MaxText's choice is its kernels'
         (`StrategySpec.maxtext_kernel_calls`)."""
-        if self.target.traits.maxtext_rules or len(self.model.layer_masks) > 1 or self.model.global_mask.local:
+        if self._separate_backward_only:
             return _Priced(strategy, rows, price(rows.x, target=self.target))
         n = len(rows.positions)
         both = price(both_backwards(rows.x), target=self.target)
@@ -796,7 +815,7 @@ class SearchSpace:
     def _with_local_strategies(self, p: _Priced) -> _Priced:
         """For a model mixing masks, each row's local layers under whichever allowed strategy of the same
         mesh makes its step faster (or alone makes it fit); MaxText runs one strategy for every layer."""
-        if len(self.model.layer_masks) < 2 or self.target.traits.maxtext_rules:
+        if not self._chooses_local_strategies:
             return p
         local = np.full(len(p.rows.positions), None, dtype=object)
         priced, cap = p.priced, self.topology.hbm_bytes_per_device
@@ -840,7 +859,32 @@ class SearchSpace:
         """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each; `surely`:
         with the compiler's largest measured excess over the memory price to spare (not marginal)."""
         cap = self.topology.hbm_bytes_per_device / (1 + self._memory_margins[0] if surely else 1)
-        return self._least_hbm(shards, per_shard) <= cap
+        known = self._fits_unpriced(shards, per_shard, cap)
+        return self._least_hbm(shards, per_shard) <= cap if known is None else known
+
+    def _fits_unpriced(self, shards: int, per_shard: int, cap: float) -> bool | None:
+        """`fits` read off the part of the price that does not read the links (memory and host bytes, once per
+        mesh and remat policy: `price_shapes`) where that decides it: a row fits whichever way its attention
+        backward runs, or none fits either way. None where it does not (the faster way runs, and time reads the
+        links), and for a model whose local layers choose their strategy (by time too)."""
+        if self._chooses_local_strategies:
+            return None
+        case = Case(self.model, self.topology, self.seq_len, shards * per_shard)
+        host_cap, ways = host_capacity_bytes(self.topology), 1 if self._separate_backward_only else 2
+        some = False  # some row fits one way
+        for group in self._group(shards).values():
+            runs, which = shape_runs(dataclasses.replace(group.x, case=case))
+            s = price_shapes(runs if ways == 1 else both_backwards(runs), self.target)
+            shape = (ways * len(runs.ring),)
+            fit = (np.broadcast_to(peak_bytes(s.memory), shape) <= cap) & (
+                np.broadcast_to(s.host_bytes, shape) <= host_cap
+            )
+            first = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])  # each run's first row
+            fit = fit.reshape(ways, -1) & self._block_fits[group.positions[first]]
+            if fit.all(axis=0).any():
+                return True
+            some = some or bool(fit.any())
+        return None if some else False
 
     def _least_hbm(self, shards: int, per_shard: int) -> float:
         """The least HBM a candidate with `shards` batch shards needs for `per_shard` sequences in each,
