@@ -419,18 +419,26 @@ class _Placements:
         out, seen = [], set()
         group_rows, groups = self._group_rows, tuple(GROUP_AXES.values())
         for perm in itertools.permutations(active):
+            names, axis_sizes = zip(*perm) if perm else ((), ())
             # axes of size 1 take no part of any dimension: the spans are the active axes'
-            tiling, spans = self._laid(tuple(s for _, s in perm))
+            tiling, spans = self._laid(axis_sizes)
             if not tiling:
                 continue
-            span = dict(zip((a for a, _ in perm), spans))
-            rows = [group_rows.get(g) or self._group_row(g) for g in (_spans(axes, span) for axes in groups)]
+            span = dict(zip(names, spans))
+            rows = []
+            for axes in groups:
+                if len(axes) == 1:  # most groups: one axis, its span or none (`_spans` without the call)
+                    one = span.get(axes[0])
+                    group = () if one is None else (one,)
+                else:
+                    group = _spans(axes, span)
+                rows.append(group_rows.get(group) or self._group_row(group))  # a look-up, most times
             keys = list(zip(*(figures for figures, _ in rows)))  # per physical order, the figures of every group
             for k in tiling:
                 if keys[k] not in seen:
                     seen.add(keys[k])
-                    order = trivial + tuple(a for a, _ in perm)
-                    out.append(Placement(order, self._dim_names[k], {g: ls[k] for g, (_, ls) in zip(GROUP_AXES, rows)}))
+                    links = {g: ls[k] for g, (_, ls) in zip(GROUP_AXES, rows)}
+                    out.append(Placement(trivial + names, self._dim_names[k], links))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
@@ -490,9 +498,6 @@ def _span_digits(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[tuple
 def _spans(axes: tuple[str, ...], span: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
     axes absent from `span` (of size 1) span nothing."""
-    if len(axes) == 1:
-        one = span.get(axes[0])
-        return () if one is None else (one,)
     out: list[tuple[int, int]] = []
     for low, high in sorted(span[a] for a in axes if a in span):
         if out and out[-1][1] == low:
@@ -608,14 +613,16 @@ class SearchSpace:
             tuple(as_list(options.load_balance)),
         )
         self._judgements = _judged(*self._judge_inputs)  # (context, context_ulysses, tensor) → `_judge_one`
-        self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
-        self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict
+        # batch shards → (first position, mesh, its sound (strategy, balancing)), in the meshes' order
+        self._sound_meshes: dict[int, list[tuple[int, tuple[int, ...], list[tuple]]]] = {}
+        self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), once asked
+        self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict, of the batch shards asked
         self._sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (context, …) → its sound (strategy, balancing)
-        self._index_sound(meshes)
+        sound_count = self._index_sound(meshes)
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
-        self._block_fits = np.zeros(len(self._sound_at), dtype=bool)  # by verdict position, once judged
+        self._block_fits = np.zeros(sound_count, dtype=bool)  # by verdict position, once judged
         # (policy, custom placements) in the allowed policies' order, `custom` as each of `SEARCHED_CUSTOM`
         self._remats = [
             (policy, custom)
@@ -626,7 +633,18 @@ class SearchSpace:
     @property
     def shard_counts(self) -> list[int]:
         """The data × fsdp sizes of the structurally sound candidates, ascending."""
-        return sorted(self._sound)
+        return sorted(self._sound_meshes)
+
+    def _sound_with(self, shards: int) -> list[tuple[int, _Verdict]]:
+        """(position, verdict) of the sound verdicts with `shards` batch shards, in the meshes' order: made when
+        first asked for (a batch prices a few of a pod's many shard counts)."""
+        if shards not in self._sound:
+            found = self._sound[shards] = []
+            for first, sizes, sound in self._sound_meshes.get(shards, []):
+                for position, (strategy, lb) in enumerate(sound, first):
+                    v = self._sound_at[position] = _Verdict(sizes, strategy, lb, shards, None, None)
+                    found.append((position, v))
+        return self._sound[shards]
 
     def _group(self, shards: int) -> "dict[CPStrategy, _Group]":
         """Per strategy, the priceable rows of the sound meshes with `shards` batch shards (built once)."""
@@ -634,7 +652,7 @@ class SearchSpace:
             placements = _placements(self.topology)
             remats = len(self._remats)
             by_strategy: dict[CPStrategy, list[tuple[int, _Verdict]]] = {}
-            for position, v in self._sound.get(shards, []):
+            for position, v in self._sound_with(shards):
                 by_strategy.setdefault(v.strategy, []).append((position, v))
             case = Case(self.model, self.topology, self.seq_len, shards)
             groups = {}
@@ -723,11 +741,12 @@ class SearchSpace:
         policy, custom = self._remats[int(rows.remat[i])]
         return CandidateRow(v.sizes, v.load_balance, policy, placement, custom)
 
-    def _index_sound(self, meshes) -> None:
+    def _index_sound(self, meshes) -> int:
         """Judges each (context, context_ulysses, tensor) of `meshes` once (the rules look at those axes only,
         so a judgement serves every data × fsdp split) and numbers the sound verdicts, those that break no
-        rule whatever the batch nor a structural one, in the meshes' order: a verdict's position."""
-        sound_of, judgements = self._sound_of, self._judgements
+        rule whatever the batch nor a structural one, in the meshes' order: a verdict's position. Returns
+        their count."""
+        sound_of, judgements, count = self._sound_of, self._judgements, 0
         for sizes in meshes:
             inner = sizes[2:]
             sound = sound_of.get(inner)
@@ -737,12 +756,9 @@ class SearchSpace:
                     judged = judgements[inner] = _judge_one(self._judge_inputs, *inner)
                 sound = sound_of[inner] = [(s, lb) for s, lb, always, rule in judged if always is None and rule is None]
             if sound:
-                shards = sizes[0] * sizes[1]
-                found = self._sound.setdefault(shards, [])
-                for strategy, lb in sound:
-                    v = _Verdict(sizes, strategy, lb, shards, None, None)
-                    found.append((len(self._sound_at), v))
-                    self._sound_at[len(self._sound_at)] = v
+                self._sound_meshes.setdefault(sizes[0] * sizes[1], []).append((count, sizes, sound))
+                count += len(sound)
+        return count
 
     @cached_property
     def verdicts(self) -> list[_Verdict]:
@@ -761,7 +777,7 @@ class SearchSpace:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
         the meshes, priced."""
         case = Case(self.model, self.topology, self.seq_len, batch)
-        wanted = [shards] if shards is not None else [s for s in self._sound if batch % s == 0]
+        wanted = [shards] if shards is not None else [s for s in self._sound_meshes if batch % s == 0]
         per_strategy: dict[CPStrategy, list[_Group]] = {}
         for s in wanted:
             for strategy, group in self._group(s).items():
