@@ -407,7 +407,7 @@ class _Placements:
                     "data": self.topo.across_slices(p.links["data"], dcn_data),
                     "weights": self.topo.across_slices(p.links["weights"], dcn_fsdp),
                 }
-                out.append(p._replace(links=links, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp))
+                out.append(Placement(p.axis_order, p.physical_order, links, dcn_data, dcn_fsdp))
         return out
 
     @lru_cache(maxsize=None)
