@@ -30,9 +30,10 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import inner_sizes, span_segments, tiles
-from cost_models.pricing import Priced, choose_rows, price, priced_rows
+from cost_models.pricing import Priced, choose_rows, peak_bytes, price, priced_rows
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
+from cost_models.pricing.step import price_shapes, shape_runs
 from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.remat import SEARCHED_CUSTOM, remat_code
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
@@ -311,7 +312,7 @@ def _splash_blocks(
     return _SplashBlocks(model, seq_len, topo, target, act_bytes, strategy)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=64)
 def _judged(
     model: ModelSpec,
     seq_len: int,
@@ -319,12 +320,16 @@ def _judged(
     target: Target,
     strategies: frozenset,
     load_balances: tuple[LoadBalance, ...],
-    ring: int,
-    ulysses: int,
-    tensor: int,
-) -> tuple[tuple, ...]:
+) -> dict[tuple[int, ...], tuple]:
+    """(context, context_ulysses, tensor) → `_judge_one`'s verdicts, filled as searches ask, shared by every
+    slice of a chip kind (one key per search: hashing the model per mesh cost more than judging)."""
+    return {}
+
+
+def _judge_one(inputs: tuple, ring: int, ulysses: int, tensor: int) -> tuple[tuple, ...]:
     """(strategy, balancing, rule broken whatever the batch, structural rule broken) for one
-    (context, context_ulysses, tensor) of the allowed `strategies`: the same on every slice of a chip kind."""
+    (context, context_ulysses, tensor) of the allowed strategies; `inputs` are `_judged`'s."""
+    model, seq_len, shares_cores, target, strategies, load_balances = inputs
     out = []
     for strategy in strategies_for(ring, ulysses):
         if strategy not in strategies:
@@ -378,7 +383,7 @@ class _Placements:
                 self.phys_orders.append(perm)
         self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
         self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
-        self._tiling: dict[tuple[int, ...], list[int]] = {}  # axis sizes → the physical orders they tile
+        self._tiling: dict[tuple[int, ...], tuple[list, list]] = {}  # axis sizes → `_laid`
         self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
         self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
         self._segment_links: dict[tuple, AxisLinks] = {}
@@ -402,7 +407,7 @@ class _Placements:
                     "data": self.topo.across_slices(p.links["data"], dcn_data),
                     "weights": self.topo.across_slices(p.links["weights"], dcn_fsdp),
                 }
-                out.append(p._replace(links=links, dcn_data=dcn_data, dcn_fsdp=dcn_fsdp))
+                out.append(Placement(p.axis_order, p.physical_order, links, dcn_data, dcn_fsdp))
         return out
 
     @lru_cache(maxsize=None)
@@ -412,20 +417,28 @@ class _Placements:
         trivial = tuple(a for a, s in zip(AXES, sizes) if s == 1)
         active = [(a, s) for a, s in zip(AXES, sizes) if s > 1]
         out, seen = [], set()
+        group_rows, groups = self._group_rows, tuple(GROUP_AXES.values())
         for perm in itertools.permutations(active):
+            names, axis_sizes = zip(*perm) if perm else ((), ())
             # axes of size 1 take no part of any dimension: the spans are the active axes'
-            axis_sizes = tuple(s for _, s in perm)
-            tiling = self._tiles(axis_sizes)
+            tiling, spans = self._laid(axis_sizes)
             if not tiling:
                 continue
-            span = {a: (inner, inner * s) for (a, s), inner in zip(perm, inner_sizes(axis_sizes))}
-            figures, links = zip(*(self._group_row(_spans(axes, span)) for axes in GROUP_AXES.values()))
-            keys = list(zip(*figures))  # per physical order, the figures of every group
+            span = dict(zip(names, spans))
+            rows = []
+            for axes in groups:
+                if len(axes) == 1:  # most groups: one axis, its span or none (`_spans` without the call)
+                    one = span.get(axes[0])
+                    group = () if one is None else (one,)
+                else:
+                    group = _spans(axes, span)
+                rows.append(group_rows.get(group) or self._group_row(group))  # a look-up, most times
+            keys = list(zip(*(figures for figures, _ in rows)))  # per physical order, the figures of every group
             for k in tiling:
                 if keys[k] not in seen:
                     seen.add(keys[k])
-                    order = trivial + tuple(a for a, _ in perm)
-                    out.append(Placement(order, self._dim_names[k], dict(zip(GROUP_AXES, (ls[k] for ls in links)))))
+                    links = {g: ls[k] for g, (_, ls) in zip(GROUP_AXES, rows)}
+                    out.append(Placement(trivial + names, self._dim_names[k], links))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
@@ -435,11 +448,15 @@ class _Placements:
             self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
         return self._segment_links[segments]
 
-    def _tiles(self, axis_sizes: tuple[int, ...]) -> list[int]:
+    def _laid(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
         """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile
-        (`tiles`)."""
+        (`tiles`), and the flattened positions (low, high) each axis spans; once per sizes, shared by every
+        mesh whose axes take them in this order."""
         if axis_sizes not in self._tiling:
-            self._tiling[axis_sizes] = [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)]
+            self._tiling[axis_sizes] = (
+                [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)],
+                [(inner, inner * s) for s, inner in zip(axis_sizes, inner_sizes(axis_sizes))],
+            )
         return self._tiling[axis_sizes]
 
     def _group_row(self, spans: tuple[tuple[int, int], ...]) -> tuple[list, list]:
@@ -449,14 +466,12 @@ class _Placements:
         if spans not in self._group_rows:
             figures, links = [], []
             for perm, dim_sizes in zip(self.phys_orders, self._dim_sizes):
-                if not all(tiles((high // low, low), dim_sizes) for low, high in spans):
+                digits = [_span_digits(low, high, dim_sizes) for low, high in spans]
+                if None in digits:
                     figures.append(None)
                     links.append(None)
                     continue
-                segments = tuple(
-                    (perm[s.dim], s.size, s.stride) for low, high in spans for s in span_segments(low, high, dim_sizes)
-                )
-                a = self._links(segments)
+                a = self._links(tuple((perm[dim], size, stride) for span in digits for dim, size, stride in span))
                 figure = (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
                 figures.append(self._figure_ids.setdefault(figure, len(self._figure_ids)))
                 links.append(a)
@@ -470,11 +485,19 @@ class _Placements:
         return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
 
 
+@lru_cache(maxsize=1 << 16)
+def _span_digits(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """The segments of the flattened positions `low` to `high` on dimensions of `dim_sizes` as (dimension, size,
+    stride) (`span_segments`), or None where the span splits a digit of a dimension (`tiles`): the same on
+    every slice whose dimensions have those sizes, so kept across slices."""
+    if not tiles((high // low, low), dim_sizes):
+        return None
+    return tuple((s.dim, s.size, s.stride) for s in span_segments(low, high, dim_sizes))
+
+
 def _spans(axes: tuple[str, ...], span: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
     axes absent from `span` (of size 1) span nothing."""
-    if len(axes) == 1:
-        return (span[axes[0]],) if axes[0] in span else ()
     out: list[tuple[int, int]] = []
     for low, high in sorted(span[a] for a in axes if a in span):
         if out and out[-1][1] == low:
@@ -581,15 +604,25 @@ class SearchSpace:
                     splits[sizes[:2]] = bool(dcn_splits(sizes, topo.num_slices))
             meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
         self._meshes = meshes
-        self._judgements: dict[tuple[int, ...], tuple] = {}  # (context, context_ulysses, tensor) → `_judged`
-        self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), in order
-        self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict
+        self._judge_inputs = (
+            self.model,
+            seq_len,
+            topo.chip.kind.shares_cores,
+            target,
+            options.strategies,
+            tuple(as_list(options.load_balance)),
+        )
+        self._judgements = _judged(*self._judge_inputs)  # (context, context_ulysses, tensor) → `_judge_one`
+        # batch shards → (first position, mesh, its sound (strategy, balancing)), in the meshes' order
+        self._sound_meshes: dict[int, list[tuple[int, tuple[int, ...], list[tuple]]]] = {}
+        self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), once asked
+        self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict, of the batch shards asked
         self._sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (context, …) → its sound (strategy, balancing)
-        self._index_sound(meshes)
+        sound_count = self._index_sound(meshes)
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
-        self._block_fits = np.zeros(len(self._sound_at), dtype=bool)  # by verdict position, once judged
+        self._block_fits = np.zeros(sound_count, dtype=bool)  # by verdict position, once judged
         # (policy, custom placements) in the allowed policies' order, `custom` as each of `SEARCHED_CUSTOM`
         self._remats = [
             (policy, custom)
@@ -600,7 +633,18 @@ class SearchSpace:
     @property
     def shard_counts(self) -> list[int]:
         """The data × fsdp sizes of the structurally sound candidates, ascending."""
-        return sorted(self._sound)
+        return sorted(self._sound_meshes)
+
+    def _sound_with(self, shards: int) -> list[tuple[int, _Verdict]]:
+        """(position, verdict) of the sound verdicts with `shards` batch shards, in the meshes' order: made when
+        first asked for (a batch prices a few of a pod's many shard counts)."""
+        if shards not in self._sound:
+            found = self._sound[shards] = []
+            for first, sizes, sound in self._sound_meshes.get(shards, []):
+                for position, (strategy, lb) in enumerate(sound, first):
+                    v = self._sound_at[position] = _Verdict(sizes, strategy, lb, shards, None, None)
+                    found.append((position, v))
+        return self._sound[shards]
 
     def _group(self, shards: int) -> "dict[CPStrategy, _Group]":
         """Per strategy, the priceable rows of the sound meshes with `shards` batch shards (built once)."""
@@ -608,7 +652,7 @@ class SearchSpace:
             placements = _placements(self.topology)
             remats = len(self._remats)
             by_strategy: dict[CPStrategy, list[tuple[int, _Verdict]]] = {}
-            for position, v in self._sound.get(shards, []):
+            for position, v in self._sound_with(shards):
                 by_strategy.setdefault(v.strategy, []).append((position, v))
             case = Case(self.model, self.topology, self.seq_len, shards)
             groups = {}
@@ -697,25 +741,24 @@ class SearchSpace:
         policy, custom = self._remats[int(rows.remat[i])]
         return CandidateRow(v.sizes, v.load_balance, policy, placement, custom)
 
-    def _index_sound(self, meshes) -> None:
+    def _index_sound(self, meshes) -> int:
         """Judges each (context, context_ulysses, tensor) of `meshes` once (the rules look at those axes only,
         so a judgement serves every data × fsdp split) and numbers the sound verdicts, those that break no
-        rule whatever the batch nor a structural one, in the meshes' order: a verdict's position."""
-        load_balances = tuple(as_list(self.options.load_balance))
-        sound_of = self._sound_of
+        rule whatever the batch nor a structural one, in the meshes' order: a verdict's position. Returns
+        their count."""
+        sound_of, judgements, count = self._sound_of, self._judgements, 0
         for sizes in meshes:
             inner = sizes[2:]
             sound = sound_of.get(inner)
             if sound is None:
-                judged = self._judgements[inner] = self._judge(inner, load_balances)
+                judged = judgements.get(inner)
+                if judged is None:
+                    judged = judgements[inner] = _judge_one(self._judge_inputs, *inner)
                 sound = sound_of[inner] = [(s, lb) for s, lb, always, rule in judged if always is None and rule is None]
             if sound:
-                shards = sizes[0] * sizes[1]
-                found = self._sound.setdefault(shards, [])
-                for strategy, lb in sound:
-                    v = _Verdict(sizes, strategy, lb, shards, None, None)
-                    found.append((len(self._sound_at), v))
-                    self._sound_at[len(self._sound_at)] = v
+                self._sound_meshes.setdefault(sizes[0] * sizes[1], []).append((count, sizes, sound))
+                count += len(sound)
+        return count
 
     @cached_property
     def verdicts(self) -> list[_Verdict]:
@@ -730,23 +773,11 @@ class SearchSpace:
             ]
         return out
 
-    def _judge(self, inner: tuple[int, ...], load_balances: tuple[LoadBalance, ...]) -> tuple:
-        """`_judged` of a (context, context_ulysses, tensor) under the search's options."""
-        return _judged(
-            self.model,
-            self.seq_len,
-            self.topology.chip.kind.shares_cores,
-            self.target,
-            self.options.strategies,
-            load_balances,
-            *inner,
-        )
-
     def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
         the meshes, priced."""
         case = Case(self.model, self.topology, self.seq_len, batch)
-        wanted = [shards] if shards is not None else [s for s in self._sound if batch % s == 0]
+        wanted = [shards] if shards is not None else [s for s in self._sound_meshes if batch % s == 0]
         per_strategy: dict[CPStrategy, list[_Group]] = {}
         for s in wanted:
             for strategy, group in self._group(s).items():
@@ -770,13 +801,23 @@ class SearchSpace:
             out.append(self._with_local_strategies(self._with_fused_backward(strategy, rows)))
         return out
 
+    @property
+    def _separate_backward_only(self) -> bool:
+        """Whether every row runs splash's separate backward kernels (`_with_fused_backward`)."""
+        return self.target.traits.maxtext_rules or len(self.model.layer_masks) > 1 or self.model.global_mask.local
+
+    @property
+    def _chooses_local_strategies(self) -> bool:
+        """Whether each row's local layers take the strategy that suits them (`_with_local_strategies`)."""
+        return len(self.model.layer_masks) > 1 and not self.target.traits.maxtext_rules
+
     def _with_fused_backward(self, strategy: CPStrategy, rows: _Group) -> _Priced:
         """`rows` priced; on cpplan's runtime, each row's attention backward as splash's fused kernel where
         that fits and makes the step faster: its dq partials take memory the separate kernels do not (both
         priced in one table, `both_backwards`). Not for a model mixing masks, whose local layers' strategy
         is chosen per row on the separate kernels; MaxText's choice is its kernels'
         (`StrategySpec.maxtext_kernel_calls`)."""
-        if self.target.traits.maxtext_rules or len(self.model.layer_masks) > 1 or self.model.global_mask.local:
+        if self._separate_backward_only:
             return _Priced(strategy, rows, price(rows.x, target=self.target))
         n = len(rows.positions)
         both = price(both_backwards(rows.x), target=self.target)
@@ -790,7 +831,7 @@ class SearchSpace:
     def _with_local_strategies(self, p: _Priced) -> _Priced:
         """For a model mixing masks, each row's local layers under whichever allowed strategy of the same
         mesh makes its step faster (or alone makes it fit); MaxText runs one strategy for every layer."""
-        if len(self.model.layer_masks) < 2 or self.target.traits.maxtext_rules:
+        if not self._chooses_local_strategies:
             return p
         local = np.full(len(p.rows.positions), None, dtype=object)
         priced, cap = p.priced, self.topology.hbm_bytes_per_device
@@ -834,7 +875,32 @@ class SearchSpace:
         """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each; `surely`:
         with the compiler's largest measured excess over the memory price to spare (not marginal)."""
         cap = self.topology.hbm_bytes_per_device / (1 + self._memory_margins[0] if surely else 1)
-        return self._least_hbm(shards, per_shard) <= cap
+        known = self._fits_unpriced(shards, per_shard, cap)
+        return self._least_hbm(shards, per_shard) <= cap if known is None else known
+
+    def _fits_unpriced(self, shards: int, per_shard: int, cap: float) -> bool | None:
+        """`fits` read off the part of the price that does not read the links (memory and host bytes, once per
+        mesh and remat policy: `price_shapes`) where that decides it: a row fits whichever way its attention
+        backward runs, or none fits either way. None where it does not (the faster way runs, and time reads the
+        links), and for a model whose local layers choose their strategy (by time too)."""
+        if self._chooses_local_strategies:
+            return None
+        case = Case(self.model, self.topology, self.seq_len, shards * per_shard)
+        host_cap, ways = host_capacity_bytes(self.topology), 1 if self._separate_backward_only else 2
+        some = False  # some row fits one way
+        for group in self._group(shards).values():
+            runs, which = shape_runs(dataclasses.replace(group.x, case=case))
+            s = price_shapes(runs if ways == 1 else both_backwards(runs), self.target)
+            shape = (ways * len(runs.ring),)
+            fit = (np.broadcast_to(peak_bytes(s.memory), shape) <= cap) & (
+                np.broadcast_to(s.host_bytes, shape) <= host_cap
+            )
+            first = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])  # each run's first row
+            fit = fit.reshape(ways, -1) & self._block_fits[group.positions[first]]
+            if fit.all(axis=0).any():
+                return True
+            some = some or bool(fit.any())
+        return None if some else False
 
     def _least_hbm(self, shards: int, per_shard: int) -> float:
         """The least HBM a candidate with `shards` batch shards needs for `per_shard` sequences in each,
@@ -876,6 +942,7 @@ class SearchSpace:
         cap = self.topology.hbm_bytes_per_device
         host_cap = host_capacity_bytes(self.topology)
         batches = self._priced(batch)
+        placements_of = _placements(self.topology).of
         for k, p in enumerate(batches):
             priced = p.priced
             priced_count += len(p.rows.positions)
@@ -891,26 +958,30 @@ class SearchSpace:
             steps, mems = priced.step_time_s.tolist(), mem.tolist()
             parts_of = {name: np.broadcast_to(v, mem.shape) for name, v in priced.memory.items()}
             strategy_least = None
+            # rows read by index, not as a `CandidateRow` each: a pod ranks tens of thousands
+            positions, remat_of, placement_of = (a.tolist() for a in (p.rows.positions, p.rows.remat, p.rows.placement))
             for i, ok in zip(chosen.tolist(), fits.tolist()):
-                row = self.row(p.rows, i)
+                v = self._sound_at[positions[i]]
+                placement = placements_of(v.sizes)[placement_of[i]]
+                remat, remat_custom = self._remats[remat_of[i]]
                 if not ok:
-                    mesh = dict(zip(AXES, row.sizes))
+                    mesh = dict(zip(AXES, v.sizes))
                     reason = self._blocks[int(p.rows.positions[i])][1]
                     if reason:
                         rejections.append(
-                            Rejection(mesh, p.strategy, row.load_balance, row.remat, "smem", reason, row.remat_custom)
+                            Rejection(mesh, p.strategy, v.load_balance, remat, "smem", reason, remat_custom)
                         )
                     elif host[i] > host_cap:
                         rejections.append(
                             Rejection(
                                 mesh,
                                 p.strategy,
-                                row.load_balance,
-                                row.remat,
+                                v.load_balance,
+                                remat,
                                 "host",
                                 f"offloads {host[i] / GiB:.1f} GiB of activations > "
                                 f"{host_cap / GiB:.1f} GiB host memory per device",
-                                row.remat_custom,
+                                remat_custom,
                             )
                         )
                     else:
@@ -920,12 +991,12 @@ class SearchSpace:
                             Rejection(
                                 mesh,
                                 p.strategy,
-                                row.load_balance,
-                                row.remat,
+                                v.load_balance,
+                                remat,
                                 "hbm",
                                 f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
                                 f"(largest: {top} {parts[top] / GiB:.1f} GiB)",
-                                row.remat_custom,
+                                remat_custom,
                             )
                         )
                     # the least HBM of the plans that exist: one over its host's memory is refused outright
@@ -937,12 +1008,12 @@ class SearchSpace:
                         _rank_key(
                             steps[i] / case.tokens_per_step,
                             cap - mems[i],
-                            row.sizes,
+                            v.sizes,
                             p.strategy,
-                            row.load_balance,
-                            row.remat,
-                            row.placement.axis_order,
-                            row.placement.physical_order,
+                            v.load_balance,
+                            remat,
+                            placement.axis_order,
+                            placement.physical_order,
                         ),
                         p.strategy,
                         k,
