@@ -39,20 +39,21 @@ def device_mesh(topo: Topology):
     return Mesh(np.array(devices), ("d",))
 
 
-def best_time(fn, *args, repeats: int) -> float:
+def best_time(fn, *args, repeats: int, back_to_back: bool = True) -> float:
     """Seconds of one call of `fn(*args)`: the fastest of at least `repeats` timings after a warm-up, and
     of as many more as fill `MIN_TIMED_S` (one preemption outlasts a call of a few milliseconds).
 
     A timing dispatches calls back to back until they cover `BATCH_S` and waits once: jax dispatches
     asynchronously, so the host's launch of each call overlaps the device's run of the one before, as the
     ops of a step run back to back in one program. A lone call's timing also holds the host's dispatch
-    latency (docs/provenance/strategies_and_validation.md#calibration says how much on a v5e chip)."""
+    latency (docs/provenance/strategies_and_validation.md#calibration says how much on a v5e chip).
+    `back_to_back=False` times one call at a time (`dispatches_ahead`: a host's devices)."""
     import jax
 
     jax.block_until_ready(fn(*args))
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
-    calls = max(1, math.ceil(BATCH_S / max(time.perf_counter() - start, 1e-9)))
+    calls = max(1, math.ceil(BATCH_S / max(time.perf_counter() - start, 1e-9))) if back_to_back else 1
     times, timed = [], 0.0
     while len(times) < repeats or timed < MIN_TIMED_S:
         start = time.perf_counter()
@@ -63,6 +64,12 @@ def best_time(fn, *args, repeats: int) -> float:
         times.append(elapsed / calls)
         timed += elapsed
     return min(times)
+
+
+def dispatches_ahead(mesh) -> bool:
+    """Whether calls on `mesh` are timed back to back: not on a host's virtual devices, which run on the
+    host's own cores, and whose collectives abort when several programs' rendezvous are in flight at once."""
+    return mesh.devices.flat[0].platform != "cpu"
 
 
 def per_device_call(mesh, fn, *shapes_dtypes, outputs: int = 1):
@@ -93,7 +100,12 @@ def per_device_call(mesh, fn, *shapes_dtypes, outputs: int = 1):
 def measure_matmul(mesh, dtype: str, size: int, repeats: int) -> float:
     """FLOP/s of all devices together, each multiplying two size×size matrices."""
     mapped, arrays = per_device_call(mesh, lambda a, b: a @ b, ((size, size), dtype), ((size, size), dtype))
-    return mesh.devices.size * 2 * size**3 / best_time(mapped, *arrays, repeats=repeats)
+    return (
+        mesh.devices.size
+        * 2
+        * size**3
+        / best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))
+    )
 
 
 def time_attention(
@@ -133,7 +145,7 @@ def time_attention(
             ((1, kv_heads, kv_len, head_dim), dtype),
             ((1, kv_heads, kv_len, head_dim), dtype),
         )
-        times.append(best_time(mapped, *arrays, repeats=repeats))
+        times.append(best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh)))
     return times
 
 
@@ -142,7 +154,7 @@ def measure_matmuls(mesh, dtype: str, shapes: Sequence[tuple[int, int, int]], re
     times = []
     for m, k, n in shapes:
         mapped, arrays = per_device_call(mesh, lambda a, b: a @ b[0], ((m, k), dtype), ((1, k, n), dtype))
-        times.append(best_time(mapped, *arrays, repeats=repeats))
+        times.append(best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh)))
     return times
 
 
@@ -189,7 +201,7 @@ def time_splash(
 
     def timed(name, fn, *arrays):
         try:
-            return best_time(fn, *arrays, repeats=repeats)
+            return best_time(fn, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))
         except Exception as err:  # a kernel that cannot run here is a gap in the timings, not the end
             errors[name] = f"{type(err).__name__}: {next(iter(str(err).strip().splitlines()), '')}"[:300]
             return None
@@ -228,7 +240,7 @@ def measure_memory(mesh, dtype: str, values: int, repeats: int) -> float:
 
     mapped, arrays = per_device_call(mesh, lambda x: x * 1.5 + 0.5, ((values,), dtype))
     moved = 2 * values * jnp.dtype(dtype).itemsize
-    return mesh.devices.size * moved / best_time(mapped, *arrays, repeats=repeats)
+    return mesh.devices.size * moved / best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))
 
 
 def measure_collectives(mesh, sizes: Sequence[int], repeats: int) -> dict[str, list[tuple[int, float]]]:
@@ -248,6 +260,6 @@ def measure_collectives(mesh, sizes: Sequence[int], repeats: int) -> dict[str, l
         points = []
         for nbytes in sizes:
             mapped, arrays = per_device_call(mesh, op, ((nbytes // 4,), "float32"))
-            points.append((nbytes, best_time(mapped, *arrays, repeats=repeats)))
+            points.append((nbytes, best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))))
         out[name] = points
     return out

@@ -230,10 +230,11 @@ def test_a_measured_row_that_breaks_a_chip_rule_is_refused_before_it_is_written(
 def test_short_calls_are_timed_in_batches_until_the_minimum_span_is_covered(monkeypatch):
     """Each call advances a fake clock by its fixed time. A 3 ms call is dispatched 7 at a time (the
     first 7 × 3 ms to cover 20 ms) and its batches repeated until 0.2 s is covered: 10 batches of 21 ms;
-    a 0.5 s call once a timing, exactly the 3 repeats asked for. Each gives its own time per call."""
+    a 0.5 s call once a timing, exactly the 3 repeats asked for; not back to back (a host's devices), the
+    3 ms call one at a time until 0.2 s is covered: 67 calls. Each gives its own time per call."""
     from runtime import measure
 
-    def timed_calls(call_s, repeats):
+    def timed_calls(call_s, repeats, back_to_back=True):
         clock, calls = [0.0], []
 
         def call():
@@ -242,12 +243,13 @@ def test_short_calls_are_timed_in_batches_until_the_minimum_span_is_covered(monk
             return 0.0
 
         monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
-        fastest = measure.best_time(call, repeats=repeats)
+        fastest = measure.best_time(call, repeats=repeats, back_to_back=back_to_back)
         return len(calls) - 2, fastest  # less the warm-up and the lone call that sizes the batch
 
     assert (measure.MIN_TIMED_S, measure.BATCH_S) == (0.2, 0.02)
     assert timed_calls(0.003, 1) == (70, pytest.approx(0.003))
     assert timed_calls(0.5, 3) == (3, pytest.approx(0.5))
+    assert timed_calls(0.003, 1, back_to_back=False) == (67, pytest.approx(0.003))  # one call a timing
 
 
 def _mean_relative_error(predicted, measured) -> float:
