@@ -7,25 +7,11 @@ call is the latency a lone timing adds, which a step's program does not pay betw
 """
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
 
-LONE_CALLS = 20
-
-
-def lone_time(fn, *args) -> float:
-    """The fastest of `LONE_CALLS` calls each dispatched and waited for on its own."""
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(LONE_CALLS):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
+LONE_CALLS = 20  # at least this many lone calls timed, the fastest kept
 
 
 def main() -> None:
@@ -50,7 +36,8 @@ def main() -> None:
         )
     )
     for name, (fn, arrays) in calls:
-        lone, batched = lone_time(fn, *arrays), measure.best_time(fn, *arrays, repeats=5)
+        lone = measure.best_time(fn, *arrays, repeats=LONE_CALLS, back_to_back=False)
+        batched = measure.best_time(fn, *arrays, repeats=5)
         dispatch_us = (lone - batched) * 1e6
         print(f"{name:36s} lone {lone * 1e3:7.3f} ms  batched {batched * 1e3:7.3f} ms  dispatch {dispatch_us:5.0f} µs")
 

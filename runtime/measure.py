@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.topology import Topology
 
@@ -47,7 +48,7 @@ def best_time(fn, *args, repeats: int, back_to_back: bool = True) -> float:
     asynchronously, so the host's launch of each call overlaps the device's run of the one before, as the
     ops of a step run back to back in one program. A lone call's timing also holds the host's dispatch
     latency (docs/provenance/strategies_and_validation.md#calibration says how much on a v5e chip).
-    `back_to_back=False` times one call at a time (`dispatches_ahead`: a host's devices)."""
+    `back_to_back=False` times one call at a time (`time_on`: a host's devices)."""
     import jax
 
     jax.block_until_ready(fn(*args))
@@ -66,10 +67,12 @@ def best_time(fn, *args, repeats: int, back_to_back: bool = True) -> float:
     return min(times)
 
 
-def dispatches_ahead(mesh) -> bool:
-    """Whether calls on `mesh` are timed back to back: not on a host's virtual devices, which run on the
-    host's own cores, and whose collectives abort when several programs' rendezvous are in flight at once."""
-    return mesh.devices.flat[0].platform != "cpu"
+def time_on(mesh, fn, *args, repeats: int) -> float:
+    """`best_time` of `fn(*args)` on `mesh`'s devices: back to back, but on a host's virtual devices, which
+    run on the host's own cores and whose collectives abort with several programs' rendezvous in flight."""
+    return best_time(
+        fn, *args, repeats=repeats, back_to_back=mesh.devices.flat[0].platform != ChipKind.CPU.jax_platform
+    )
 
 
 def per_device_call(mesh, fn, *shapes_dtypes, outputs: int = 1):
@@ -100,12 +103,7 @@ def per_device_call(mesh, fn, *shapes_dtypes, outputs: int = 1):
 def measure_matmul(mesh, dtype: str, size: int, repeats: int) -> float:
     """FLOP/s of all devices together, each multiplying two size×size matrices."""
     mapped, arrays = per_device_call(mesh, lambda a, b: a @ b, ((size, size), dtype), ((size, size), dtype))
-    return (
-        mesh.devices.size
-        * 2
-        * size**3
-        / best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))
-    )
+    return mesh.devices.size * 2 * size**3 / time_on(mesh, mapped, *arrays, repeats=repeats)
 
 
 def time_attention(
@@ -145,7 +143,7 @@ def time_attention(
             ((1, kv_heads, kv_len, head_dim), dtype),
             ((1, kv_heads, kv_len, head_dim), dtype),
         )
-        times.append(best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh)))
+        times.append(time_on(mesh, mapped, *arrays, repeats=repeats))
     return times
 
 
@@ -154,7 +152,7 @@ def measure_matmuls(mesh, dtype: str, shapes: Sequence[tuple[int, int, int]], re
     times = []
     for m, k, n in shapes:
         mapped, arrays = per_device_call(mesh, lambda a, b: a @ b[0], ((m, k), dtype), ((1, k, n), dtype))
-        times.append(best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh)))
+        times.append(time_on(mesh, mapped, *arrays, repeats=repeats))
     return times
 
 
@@ -201,7 +199,7 @@ def time_splash(
 
     def timed(name, fn, *arrays):
         try:
-            return best_time(fn, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))
+            return time_on(mesh, fn, *arrays, repeats=repeats)
         except Exception as err:  # a kernel that cannot run here is a gap in the timings, not the end
             errors[name] = f"{type(err).__name__}: {next(iter(str(err).strip().splitlines()), '')}"[:300]
             return None
@@ -240,7 +238,7 @@ def measure_memory(mesh, dtype: str, values: int, repeats: int) -> float:
 
     mapped, arrays = per_device_call(mesh, lambda x: x * 1.5 + 0.5, ((values,), dtype))
     moved = 2 * values * jnp.dtype(dtype).itemsize
-    return mesh.devices.size * moved / best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))
+    return mesh.devices.size * moved / time_on(mesh, mapped, *arrays, repeats=repeats)
 
 
 def measure_collectives(mesh, sizes: Sequence[int], repeats: int) -> dict[str, list[tuple[int, float]]]:
@@ -260,6 +258,6 @@ def measure_collectives(mesh, sizes: Sequence[int], repeats: int) -> dict[str, l
         points = []
         for nbytes in sizes:
             mapped, arrays = per_device_call(mesh, op, ((nbytes // 4,), "float32"))
-            points.append((nbytes, best_time(mapped, *arrays, repeats=repeats, back_to_back=dispatches_ahead(mesh))))
+            points.append((nbytes, time_on(mesh, mapped, *arrays, repeats=repeats)))
         out[name] = points
     return out
