@@ -44,15 +44,17 @@ class Priced:
         return peak_bytes(self.memory)
 
 
+def _rows_of(value, rows):
+    """`value`'s columns at `rows` (a slice or indices), through dicts of them; a figure every row shares
+    kept as it is."""
+    if isinstance(value, dict):
+        return {name: _rows_of(v, rows) for name, v in value.items()}
+    return value[rows] if np.ndim(value) else value
+
+
 def priced_rows(priced: Priced, rows: slice) -> Priced:
     """The columns of `rows` of the candidates priced (a figure every row shares kept as it is)."""
-
-    def part(value):
-        if isinstance(value, dict):
-            return {name: part(v) for name, v in value.items()}
-        return value[rows] if np.ndim(value) else value
-
-    return Priced(**{f.name: part(getattr(priced, f.name)) for f in dataclasses.fields(Priced)})
+    return Priced(**{f.name: _rows_of(getattr(priced, f.name), rows) for f in dataclasses.fields(Priced)})
 
 
 def choose_rows(take: np.ndarray, chosen: Priced, other: Priced) -> Priced:
@@ -264,9 +266,7 @@ def price(x: Candidates, *, target: Target = Target.CPPLAN) -> Priced:
     s = price_shapes(shapes, target)
 
     def rows(value):
-        if isinstance(value, dict):
-            return {name: rows(v) for name, v in value.items()}
-        return value[which] if np.ndim(value) else value
+        return _rows_of(value, which)
 
     layers = x.model.num_layers
     chip = x.topology.chip
