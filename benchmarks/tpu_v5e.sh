@@ -5,7 +5,7 @@
 #
 #   calibrate       `cpplan calibrate --topology v5e:1x1`: the measured row and its raw timings
 #   validate-h128   `cpplan validate` of the heads-of-128 model (benchmarks/tpu_v5e/llama-4l-h128.json) at
-#                   SEQ_LENS: the 3 remat policies' best plans, each also with VALIDATE_FLAGS' variants
+#                   SEQ_LENS: the best plans of PLANS (default 3) remat policies, each also with VALIDATE_FLAGS' variants
 #                   (default: the other attention backward, fused or separate, where it fits)
 #   validate-h256   the same for the heads-of-256 model (benchmarks/tpu_v5e/llama-4l-h256.json)
 #   run             `cpplan run` of 50 steps with checkpoints, and the same stopped at step 30 and
@@ -36,6 +36,7 @@ H256="${H256:-benchmarks/tpu_v5e/llama-4l-h256.json}"
 SEQ_LENS="${SEQ_LENS:-4k,8k,16k,32k,64k,128k}"
 VALIDATE_FLAGS="${VALIDATE_FLAGS:---both-backwards}"
 STAGE_SECONDS="${STAGE_SECONDS:-420}"
+PLANS="${PLANS:-3}"
 DTYPE="${DTYPE:-bfloat16}"
 RUN_SEQ="${RUN_SEQ:-16k}"
 RUN_STEPS="${RUN_STEPS:-50}"
@@ -66,10 +67,10 @@ calibrate() {
 validate_one() {  # NAME MODEL
   local dir="$OUT/validate-$1"
   mkdir -p "$dir"
-  # the best plan of each of the 3 remat policies at each length (blocks as the search chose), with variants
+  # the best plan of each of PLANS remat policies at each length (blocks as the search chose), with variants
   # shellcheck disable=SC2086  # VALIDATE_FLAGS is a list of words
   bounded "${CPPLAN[@]}" validate --model "$2" --seq-lens "$SEQ_LENS" --topology "$TOPOLOGY" --compute-dtype "$DTYPE" \
-    --max-plans 3 --top 3 --steps 3 $VALIDATE_FLAGS --no-plots --out "$dir" 2>&1 | tee "$dir/validate.log"
+    --max-plans "$PLANS" --top "$PLANS" --steps 3 $VALIDATE_FLAGS --no-plots --out "$dir" 2>&1 | tee "$dir/validate.log"
 }
 
 run_resume() {

@@ -117,19 +117,43 @@ def dq_partials(kv_len, block_kv, *, reduction_steps=0, act_bytes=2, in_q_dtype=
     return np.where(rolled, reduction_steps, blocks), np.where(rolled, act_bytes, wide)
 
 
-def dq_partial_bytes(q_heads, q_len, kv_len, *, head_dim, block_kv, reduction_steps=0, act_bytes=2, in_q_dtype=False):
+def dq_partial_bytes(
+    q_heads, q_len, kv_len, *, head_dim, block_kv, reduction_steps=0, act_bytes=2, in_q_dtype=False, key_chunks=1
+):
     """HBM bytes the fused backward's dq partials cost outside the kernel: each partial [q_len, head_dim]
     per head (`dq_partials`) read back by the sum after the kernel, plus the sum's result (the kernel's own
-    writes stream out while it computes)."""
+    writes stream out while it computes); over `key_chunks` (`fused_backward_key_chunks`) each chunk's sum
+    is also added into the fp32 accumulator, read and written."""
     count, nbytes = dq_partials(
         kv_len, block_kv, reduction_steps=reduction_steps, act_bytes=act_bytes, in_q_dtype=in_q_dtype
     )
-    return nbytes * dq_elements(q_heads, q_len, head_dim) * (count + 1)
+    chunks = np.asarray(key_chunks, dtype=float)
+    accumulated = np.where(chunks > 1, chunks * (nbytes + 2 * DQ_ACCUMULATOR_BYTES), nbytes)
+    return dq_elements(q_heads, q_len, head_dim) * (nbytes * count + accumulated)
 
 
 def dq_elements(q_heads, q_len, head_dim):
     """Values of one dq array (a partial, or the sum) of `q_heads` heads (the batch folded in)."""
     return np.asarray(q_heads, dtype=float) * q_len * head_dim
+
+
+# a fused backward call's dq partials may hold this share of a chip's HBM; past it cpplan's runtime runs
+# the call over chunks of its keys (one kernel call each, its partials summed before the next)
+DQ_PARTIALS_HBM_SHARE = 0.125
+DQ_ACCUMULATOR_BYTES = 4  # the chunks' dq sums add up in fp32
+
+
+def fused_backward_key_chunks(q_heads, q_len, kv_len, *, head_dim, block_kv, act_bytes, hbm_bytes):
+    """The chunks of its keys cpplan's runtime runs a fused backward call over (`runtime.splash.attend_bwd`):
+    one where the call's dq partials (jax's splash: one per key block, in q's dtype) fit
+    `DQ_PARTIALS_HBM_SHARE` of `hbm_bytes`, else the fewest that bring one chunk's under it, a power of two
+    dividing the key blocks, or one chunk per key block where none does; one where `hbm_bytes` is 0."""
+    blocks = np.ceil(np.asarray(kv_len, dtype=float) / np.minimum(block_kv, kv_len))
+    partials = blocks * act_bytes * dq_elements(q_heads, q_len, head_dim)
+    budget = DQ_PARTIALS_HBM_SHARE * np.asarray(hbm_bytes, dtype=float)
+    need = np.where(budget > 0, partials / np.where(budget > 0, budget, 1.0), 1.0)
+    power = 2.0 ** np.ceil(np.log2(np.maximum(need, 1.0)))
+    return np.where(power <= 1, 1.0, np.where((power < blocks) & (np.mod(blocks, power) == 0), power, blocks))
 
 
 def splash_step_costs(
@@ -153,6 +177,7 @@ def splash_step_costs(
     dq_reduction_steps=0,
     dq_partials_in_q_dtype=False,
     local_blocks=None,
+    key_chunks=1,
 ):
     """(forward, backward) seconds one splash call pays beyond the FLOPs of its computed blocks.
 
@@ -161,8 +186,9 @@ def splash_step_costs(
     rule is evaluated; forward and backward each pay `per_call_byte_s` once per operand byte. The backward's
     grids run on `backward_core_share` of the device's cores, and a fused backward also moves its dq
     partials (`dq_partials` under `dq_reduction_steps` and `dq_partials_in_q_dtype`) at `hbm_s_per_byte`;
-    `fused_backward` is one bool or a column of them. Blocks are clamped to the lengths; heads have the batch
-    folded in.
+    `fused_backward` is one bool or a column of them. A fused backward run over `key_chunks` chunks of its keys
+    (`fused_backward_key_chunks`) is that many calls, each reading all of the query side's operands and its
+    chunk of the key side's. Blocks are clamped to the lengths; heads have the batch folded in.
     Under a local mask `local_blocks` (`masks.CallBlocks` columns) gives the shrunk grids and the blocks
     where the rule is evaluated.
     """
@@ -179,7 +205,9 @@ def splash_step_costs(
         backward_steps = np.where(fused_backward, dkv_steps, steps + dkv_steps)
         masked = per_masked_element_s * heads * local_blocks.partial * bq * bk
     forward_bytes = splash_operand_bytes(**shape, operands=SPLASH_FORWARD_OPERANDS)
-    backward_bytes = splash_operand_bytes(**shape, operands=SPLASH_BACKWARD_OPERANDS)
+    chunks = np.where(fused_backward, key_chunks, 1.0)
+    chunk_shape = dict(shape, kv_len=np.asarray(kv_len, dtype=float) / chunks)
+    backward_bytes = splash_operand_bytes(**chunk_shape, operands=SPLASH_BACKWARD_OPERANDS)
     partials = np.where(
         fused_backward,
         hbm_s_per_byte
@@ -192,6 +220,7 @@ def splash_step_costs(
             reduction_steps=dq_reduction_steps,
             act_bytes=act_bytes,
             in_q_dtype=dq_partials_in_q_dtype,
+            key_chunks=chunks,
         ),
         0.0,
     )
@@ -199,7 +228,7 @@ def splash_step_costs(
     bwd = (
         (backward_steps * (per_step_s + per_step_byte_s * backward_bytes / grids) + grids * masked)
         / backward_core_share
-        + per_call_byte_s[1] * backward_bytes
+        + per_call_byte_s[1] * chunks * backward_bytes
         + partials
     )
     return fwd, bwd

@@ -106,6 +106,9 @@ class TargetTraits:
             layers/attention_op.py).
         fused_dq_partials_in_q_dtype: the fused backward's dq partials, one per key block, are in q's dtype
             (jax's splash, `_splash_attention_bwd_dkv`), not fp32 (tokamax's).
+        fused_backward_in_key_chunks: a fused backward whose dq partials would pass their share of the HBM
+            runs over chunks of its keys, each chunk's partials summed before the next
+            (`compute.fused_backward_key_chunks`, cpplan's runtime, `runtime.splash.attend_bwd`).
         zigzag_kv_reorder_passes: (forward, backward) HBM bytes, in units of the gathered K/V's bytes, that a
             load-balanced all-gather layer moves outside the kernels laying the gathered K/V out in natural
             order (each forward, a recomputed one too) and their gradients back (the backward); None: not
@@ -138,6 +141,7 @@ class TargetTraits:
     layers_switch_masks: bool = False
     splash_rows_split_over_cores: bool = False
     fused_dq_partials_in_q_dtype: bool = False
+    fused_backward_in_key_chunks: bool = False
     zigzag_kv_reorder_passes: tuple[float, float] | None = None
 
     def prunes_documents(self, spec) -> bool:
@@ -167,6 +171,7 @@ TRAITS: dict[Target, TargetTraits] = {
         layers_switch_masks=True,
         splash_rows_split_over_cores=True,
         fused_dq_partials_in_q_dtype=True,
+        fused_backward_in_key_chunks=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

@@ -11,11 +11,11 @@ import numpy as np
 
 from cost_models.accuracy import ErrorBand, error_band, memory_band
 from cost_models.candidates import group_links
-from cost_models.compute import SCOPED_VMEM_FLAG, backward_core_share
+from cost_models.compute import DQ_PARTIALS_HBM_SHARE, SCOPED_VMEM_FLAG, backward_core_share
 from cost_models.document_tiles import row_fraction_computed, rows_per_call
 from cost_models.estimate import Estimate
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
-from cost_models.pricing.attention import vmapped_rows
+from cost_models.pricing.attention import key_chunks, vmapped_rows
 from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, layer_bytes
 from cost_models.remat import remat_label
 from cost_models.strategies import STRATEGIES
@@ -138,7 +138,20 @@ def backward_text(plan: Plan, target: Target) -> str:
         return "splash's dq and dK/dV kernels"
     if target is not Target.CPPLAN and plan.dq_reduction_steps:
         return f"splash's fused kernel (dq as {plan.dq_reduction_steps} rolled partials, summed after it)"
-    return "splash's fused kernel (dq as partials, one per key block, summed after it)"
+    text = "splash's fused kernel (dq as partials, one per key block, summed after it"
+    chunks = fused_key_chunks(plan) if TRAITS[target].fused_backward_in_key_chunks else 1
+    if chunks > 1:
+        share = f"{DQ_PARTIALS_HBM_SHARE:.1%} of the HBM"
+        text += f"; over {chunks} chunks of the keys, one chunk's partials at a time, within {share}"
+    return text + ")"
+
+
+def fused_key_chunks(plan: Plan) -> int:
+    """The most chunks of its keys any of the plan's fused backward calls runs over (`key_chunks`)."""
+    x = candidates_of(plan)
+    spec = plan.strategy_spec
+    layout = spec.layout(x)
+    return max(int(np.max(key_chunks(x, layout, call, True))) for call in spec.kernel_calls(x, layout))
 
 
 def short(plan: Plan) -> str:

@@ -17,11 +17,12 @@ from functools import lru_cache
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info import MaskInfo
 
 from cost_models import masks
-from cost_models.compute import splash_row_groups, splash_smem_bytes
+from cost_models.compute import fused_backward_key_chunks, splash_row_groups, splash_smem_bytes
 from cost_models.document_tiles import computed_tiles
 from cost_models.errors import CpplanError
 from cost_models.remat import ATTENTION_OUTPUT
@@ -52,6 +53,16 @@ class KernelConfig:
     # the device's TensorCores: an unpacked call's rows are vmapped over this many groups where they split
     # evenly, the one grid dimension the compiler spreads a backward over (`cost_models.compute`)
     cores: int = 1
+    # the device's HBM, which bounds a fused backward's dq partials (`compute.fused_backward_key_chunks`);
+    # 0: unbounded
+    hbm_bytes: int = 0
+
+    def kernel(self, fwd, dq, dkv, mask_function, q_len: int, kv_len: int, **fields) -> "Kernel":
+        """A `Kernel` of these settings for a `q_len` × `kv_len` call with the given mask tables."""
+        blocks = self.block_sizes(q_len, kv_len)
+        return Kernel(
+            fwd, dq, dkv, mask_function, blocks, self.interpret, cores=self.cores, hbm_bytes=self.hbm_bytes, **fields
+        )
 
     def blocks(self, q_len: int, kv_len: int, q_run: float = float("inf")) -> tuple[int, int]:
         """Block sizes for a `q_len` × `kv_len` call whose query positions run consecutively `q_run` tokens at
@@ -139,6 +150,7 @@ class Kernel:
     chunks: "ChunkIds | None" = None  # a chunked mask's chunk of each query and key, masked as segments
     smem_bytes: int = 0  # a full kernel's: the chip's scalar memory, for the tables segment ids give it
     cores: int = 1  # KernelConfig.cores
+    hbm_bytes: int = 0  # KernelConfig.hbm_bytes
 
     def with_segments(self, q_ids: jax.Array | None, kv_ids: jax.Array | None) -> "Kernel":
         """This kernel also masked by document (`[batch, q_len]`, `[batch, kv_len]` ids; None: unpacked),
@@ -172,6 +184,45 @@ class Kernel:
         fwd_info = MaskInfo(fwd, None, block_mask, None, None)
         return dataclasses.replace(self, fwd=fwd_info, dq=fwd_info, dkv=MaskInfo(dkv, None, block_mask, None, None))
 
+    def key_chunks(self, q: jax.Array, k: jax.Array) -> int:
+        """The chunks of its keys this kernel's backward runs over for folded `q` and `k`: more than one only
+        for a fused backward whose dq partials would pass their share of the HBM (`fused_backward_key_chunks`,
+        which the price reads too)."""
+        if not self.block_sizes.use_fused_bwd_kernel:
+            return 1
+        return int(
+            fused_backward_key_chunks(
+                q.shape[0],
+                q.shape[1],
+                k.shape[1],
+                head_dim=q.shape[2],
+                block_kv=self.block_sizes.block_kv_dkv,
+                act_bytes=q.dtype.itemsize,
+                hbm_bytes=self.hbm_bytes,
+            )
+        )
+
+    def key_chunk(self, index: int, chunks: int, kv_len: int) -> "Kernel":
+        """This kernel's fused backward over the `index`-th of `chunks` equal runs of its `kv_len` keys: the
+        dK/dV tables' columns of those keys (their entries name query blocks, all of which the chunk's call
+        keeps), the queries' positions counted from the chunk's first key, as the mask rule compares them
+        with a key's index in the call, and the keys' segment ids."""
+        if self.chunks is not None:
+            raise CpplanError("a chunked mask's kernel runs no fused backward, so its keys are never chunked.")
+        width = kv_len // chunks
+        blocks = width // self.block_sizes.block_kv_dkv
+        columns = slice(index * blocks, (index + 1) * blocks)
+        info = self.dkv
+        dkv = info._replace(
+            data_next=None if info.data_next is None else info.data_next[..., columns],
+            block_mask=None if info.block_mask is None else info.block_mask[..., columns],
+            q_sequence=None if info.q_sequence is None else info.q_sequence - index * width,
+        )
+        segments = self.segments
+        if segments is not None:
+            segments = SegmentIds(segments.q, segments.kv[..., index * width : (index + 1) * width])
+        return dataclasses.replace(self, fwd=dkv, dq=dkv, dkv=dkv, segments=segments)
+
     def splash(self, *, save_residuals: bool) -> sk.SplashAttentionKernel:
         """jax's kernel object for this mask."""
         return sk.SplashAttentionKernel(
@@ -189,20 +240,19 @@ class Kernel:
         )
 
 
+# a kernel's tables and ids are data, its settings static: `attend`'s custom VJP carries it as a residual
+jax.tree_util.register_dataclass(
+    Kernel,
+    data_fields=["fwd", "dq", "dkv", "segments", "chunks"],
+    meta_fields=["mask_function", "block_sizes", "interpret", "smem_bytes", "cores", "hbm_bytes"],
+)
+
+
 def full_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     """A kernel where every query sees every key (no metadata: splash visits every block; packed rows
     give it tables to prune, `Kernel.with_segments`)."""
     empty = MaskInfo(None, None, None, None, None)
-    return Kernel(
-        empty,
-        empty,
-        empty,
-        None,
-        config.block_sizes(q_len, kv_len),
-        config.interpret,
-        smem_bytes=config.smem_bytes,
-        cores=config.cores,
-    )
+    return config.kernel(empty, empty, empty, None, q_len, kv_len, smem_bytes=config.smem_bytes)
 
 
 def check_smem(q_len: int, kv_len: int, config: KernelConfig, need: int | None = None) -> None:
@@ -261,8 +311,7 @@ def causal_kernel(q_len: int, kv_len: int, config: KernelConfig) -> Kernel:
     q_sequence = jnp.arange(q_len, dtype=jnp.int32)
     fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
     dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
-    blocks = config.block_sizes(q_len, kv_len)
-    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, blocks, config.interpret, cores=config.cores)
+    return config.kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, q_len, kv_len)
 
 
 def block_kernel(q_len: int, kv_len: int, config: KernelConfig, *, mask: masks.AttentionMask) -> Kernel:
@@ -312,6 +361,9 @@ class ChunkIds:
                 f"that divides the ring block, or fewer, longer chunks."
             )
         return q_ids * self.count + self.q, kv_ids * self.count + self.kv
+
+
+jax.tree_util.register_dataclass(ChunkIds, data_fields=["q", "kv"], meta_fields=["count"])
 
 
 def shrunk_tables(block_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -388,8 +440,7 @@ def mask_kernel(
             *(_rank_row((x // mask.size).astype(np.int32), rank, keep_dim=False) for x in (q_positions, keys)), count
         )
     function = MaskFunction(mask if exact else masks.CAUSAL)
-    blocks = config.block_sizes(q_len, kv_len)
-    return Kernel(fwd, fwd, dkv, function, blocks, config.interpret, chunks=chunks, cores=config.cores)
+    return config.kernel(fwd, fwd, dkv, function, q_len, kv_len, chunks=chunks)
 
 
 def _query_block_starts(q_positions: np.ndarray, kv_len: int, config: KernelConfig):
@@ -425,8 +476,7 @@ def causal_kernel_per_rank(q_positions: np.ndarray, kv_len: int, rank, config: K
     q_sequence = jnp.asarray(q_positions, dtype=jnp.int32)[rank]
     fwd_info = MaskInfo(fwd, None, block_mask, None, q_sequence)
     dkv_info = MaskInfo(dkv, None, block_mask, None, q_sequence)
-    blocks = config.block_sizes(q_len, kv_len)
-    return Kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, blocks, config.interpret, cores=config.cores)
+    return config.kernel(fwd_info, fwd_info, dkv_info, causal_mask_function, q_len, kv_len)
 
 
 def _per_row(call, kernel: Kernel, *arrays):
@@ -456,8 +506,32 @@ def _per_row(call, kernel: Kernel, *arrays):
 
 
 def attend(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Attention output `[heads, q_len, d]`, differentiable (splash's own backward kernels)."""
+    """Attention output `[heads, q_len, d]`, differentiable: splash's own backward kernels, or where they run
+    over chunks of the keys (`Kernel.key_chunks`), `attend_bwd`'s."""
+    if kernel.key_chunks(q, k) > 1:
+        return _attend_in_key_chunks(kernel, q, k, v)
     return _per_row(lambda q, k, v, ids: kernel.splash(save_residuals=False)(q, k, v, segment_ids=ids), kernel, q, k, v)
+
+
+@jax.custom_vjp
+def _attend_in_key_chunks(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    return _forward_with_lse(kernel, q, k, v)[0]
+
+
+def _attend_in_key_chunks_fwd(kernel, q, k, v):
+    out, lse = _forward_with_lse(kernel, q, k, v)
+    # named here, where a remat policy sees them: splash names its own inside the call it makes, which is
+    # opaque from this rule, and a policy keeping "context" would run the forward kernel again
+    out, lse = (checkpoint_name(x, RESIDUALS_NAME) for x in (out, lse))
+    return out, (kernel, q, k, v, out, lse)
+
+
+def _attend_in_key_chunks_bwd(residuals, d_out):
+    kernel, q, k, v, out, lse = residuals
+    return (None, *attend_bwd(kernel, q, k, v, out, lse, d_out))
+
+
+_attend_in_key_chunks.defvjp(_attend_in_key_chunks_fwd, _attend_in_key_chunks_bwd)
 
 
 def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -465,6 +539,11 @@ def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) ->
     Packed rows: a query that sees no key in the tiles computed gets a log-sum-exp near splash's mask
     value, and one whose every tile is pruned a log-sum-exp of −inf and a NaN output (0/0); a merge must
     give both no weight."""
+    return _forward_with_lse(kernel, q, k, v)
+
+
+def _forward_with_lse(kernel: Kernel, q, k, v):
+    """`attend_with_lse`'s splash call, which `attend` over key chunks makes too."""
 
     def call(q, k, v, ids):
         out, (lse,) = kernel.splash(save_residuals=True)(q, k, v, segment_ids=ids)
@@ -476,7 +555,28 @@ def attend_with_lse(kernel: Kernel, q: jax.Array, k: jax.Array, v: jax.Array) ->
 def attend_bwd(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`(dq, dk, dv)` of one block given the merged `out` and `lse` of all blocks: splash's backward
     then computes P = exp(s − lse), dS = P ⊙ (dP − rowsum(out ⊙ d_out)), the block's exact share of
-    the merged gradient. Calls the private entry of splash's custom VJP (jax has no public one)."""
+    the merged gradient. Calls the private entry of splash's custom VJP (jax has no public one). A fused
+    backward whose dq partials would pass their share of the HBM runs chunk by chunk of the keys
+    (`Kernel.key_chunks`), each chunk's dq added into an fp32 sum before the next chunk runs."""
+    chunks = kernel.key_chunks(q, k)
+    if chunks == 1:
+        return _attend_bwd_call(kernel, q, k, v, out, lse, d_out)
+    kv_len, width = k.shape[1], k.shape[1] // chunks
+    dq, dk, dv = jnp.zeros(q.shape, jnp.float32), [], []
+    for index in range(chunks):
+        if index:  # the next chunk's partials only once this one's are summed: one chunk's are held at a time
+            q, out, lse, d_out, dq = jax.lax.optimization_barrier((q, out, lse, d_out, dq))
+        keys = slice(index * width, (index + 1) * width)
+        chunk = kernel.key_chunk(index, chunks, kv_len)
+        dq_chunk, dk_chunk, dv_chunk = _attend_bwd_call(chunk, q, k[:, keys], v[:, keys], out, lse, d_out)
+        dq = dq + dq_chunk.astype(jnp.float32)
+        dk.append(dk_chunk)
+        dv.append(dv_chunk)
+    return dq.astype(q.dtype), jnp.concatenate(dk, axis=1), jnp.concatenate(dv, axis=1)
+
+
+def _attend_bwd_call(kernel: Kernel, q, k, v, out, lse, d_out) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`attend_bwd`'s one splash backward call."""
 
     def call(q, k, v, out, lse, d_out, ids):
         residuals = (q, k, v, ids, None, out, lse, kernel.dq, kernel.dkv)

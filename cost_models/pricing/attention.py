@@ -16,6 +16,7 @@ from cost_models.compute import (
     SPLASH_BACKWARD_OVER_FORWARD,
     attention_extent,
     backward_core_share,
+    fused_backward_key_chunks,
     splash_row_groups,
     splash_smem_bytes,
     splash_step_costs,
@@ -49,6 +50,24 @@ class AttentionTimes:
     @property
     def total_s(self) -> np.ndarray:
         return self.forward_s + self.backward_s + self.recompute_s
+
+
+def key_chunks(x: Candidates, layout: Layout, call: KernelCall, in_chunks: bool):
+    """The chunks of its keys a call's fused backward runs over where the runtime chunks them (`in_chunks`,
+    `TargetTraits.fused_backward_in_key_chunks`), else 1, as where it runs the dq and dK/dV kernels (the
+    price and the memory both read it)."""
+    if not in_chunks or not np.any(call.fused_backward):
+        return 1.0
+    chunks = fused_backward_key_chunks(
+        x.sequences_per_device * layout.q_heads,
+        call.q_len,
+        call.kv_len,
+        head_dim=x.model.head_dim,
+        block_kv=x.block_kv,
+        act_bytes=x.act_bytes,
+        hbm_bytes=x.topology.chip.hbm_bytes_per_device,
+    )
+    return np.where(call.fused_backward, chunks, 1.0)
 
 
 def backward_over_forward(chip, calls, core_share) -> np.ndarray:
@@ -123,6 +142,7 @@ def price_attention(
             dq_reduction_steps=x.dq_reduction_steps if traits.ring_dq_partials else 0,
             dq_partials_in_q_dtype=traits.fused_dq_partials_in_q_dtype,
             local_blocks=call_blocks_,
+            key_chunks=key_chunks(x, layout, call, traits.fused_backward_in_key_chunks),
         )
         grid_forward_s = grid_forward_s + call.count * fwd
         grid_backward_s = grid_backward_s + call.count * bwd

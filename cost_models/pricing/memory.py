@@ -16,7 +16,8 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
-from cost_models.compute import dq_elements, dq_partials
+from cost_models.compute import DQ_ACCUMULATOR_BYTES, dq_elements, dq_partials
+from cost_models.pricing.attention import key_chunks
 from cost_models.pricing.offload import state_bytes
 from cost_models.remat import ATTENTION_OUTPUT, choice_placements
 from cost_models.strategies import STRATEGIES, Layout
@@ -118,16 +119,18 @@ def reduce_scatter_scratch(x: Candidates, operand_bytes, devices) -> np.ndarray:
     return x.topology.chip.reduce_scatter_scratch * operand_bytes * np.maximum(n - 2, 0.0) / n
 
 
-def fused_dq_partials_held(x: Candidates, layout: Layout) -> np.ndarray:
+def fused_dq_partials_held(x: Candidates, layout: Layout, in_key_chunks: bool = False) -> np.ndarray:
     """Bytes the fused backward's dq partials hold (jax's splash: one per key block in q's dtype, all
     written before the sum after the kernel), the largest call's: a device's calls run one after another,
-    each summed before the next (0 where the calls run the dq and dK/dV kernels)."""
+    each summed before the next (0 where the calls run the dq and dK/dV kernels). A call run over chunks of
+    its keys (`in_key_chunks`: `key_chunks`) holds one chunk's partials and the fp32 sum of those before."""
     held = np.zeros_like(np.asarray(x.tokens_per_device, dtype=float))
     for call in STRATEGIES[x.strategy].kernel_calls(x, layout):
         if np.any(call.fused_backward):
             count, nbytes = dq_partials(call.kv_len, x.block_kv, act_bytes=x.act_bytes, in_q_dtype=True)
-            rows = x.sequences_per_device * layout.q_heads
-            partials = count * nbytes * dq_elements(rows, call.q_len, x.model.head_dim)
+            chunks = key_chunks(x, layout, call, in_key_chunks)
+            dq = dq_elements(x.sequences_per_device * layout.q_heads, call.q_len, x.model.head_dim)
+            partials = dq * (count / chunks * nbytes + np.where(chunks > 1, DQ_ACCUMULATOR_BYTES, 0.0))
             held = np.maximum(held, np.where(call.fused_backward, partials, 0.0))
     return held
 
@@ -155,6 +158,7 @@ def price_memory(
     kv_buffers_working_set: bool = False,
     layers_switch_masks: bool = False,
     fused_dq_partials_in_q_dtype: bool = False,
+    fused_backward_in_key_chunks: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
     at a layer's peak), the keyword arguments the target's traits of the same names."""
@@ -228,7 +232,7 @@ def price_memory(
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
     attention_buffers = context.buffer_bytes + per_query - beside_kv * context.operand_copies_bytes
     if fused_dq_partials_in_q_dtype:
-        attention_buffers = attention_buffers + fused_dq_partials_held(x, layout)
+        attention_buffers = attention_buffers + fused_dq_partials_held(x, layout, fused_backward_in_key_chunks)
     # on a chip that holds splash's log-sum-exp lane-wide, the copy that slices it for the backward's kernels
     # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, the residual
     # stream's, nor the strategy's gradient buffers; that moment's excess over the kernels'

@@ -248,6 +248,7 @@ def price_shapes(x: Candidates, target: Target) -> ShapePrice:
                 kv_buffers_working_set=target.traits.kv_buffers_working_set,
                 layers_switch_masks=target.traits.layers_switch_masks,
                 fused_dq_partials_in_q_dtype=target.traits.fused_dq_partials_in_q_dtype,
+                fused_backward_in_key_chunks=target.traits.fused_backward_in_key_chunks,
             ).as_dict(),
             attention.layout,
             target.traits,

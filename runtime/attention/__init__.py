@@ -77,6 +77,7 @@ def attention_layout(plan: Plan, *, interpret: bool, mask: AttentionMask | None 
             smem,
             fused_backward=plan.runs_fused_backward(mask),
             cores=chip.cores_per_device,
+            hbm_bytes=chip.hbm_bytes_per_device,
         ),
         mask=mask,
     )

@@ -10,10 +10,11 @@ import pytest
 
 import planner
 from cost_models.candidates import both_backwards
-from cost_models.compute import dq_partials
+from cost_models.compute import dq_partials, fused_backward_key_chunks
 from cost_models.errors import CpplanError
 from cost_models.pricing import price, priced_rows
 from planner.estimate import candidates_of
+from planner.explanation import fused_key_chunks
 
 pytestmark = pytest.mark.pure
 
@@ -65,16 +66,41 @@ def test_one_table_prices_both_backwards_as_two_prices_do(model, seq_len, topolo
         assert held[1] - held[0] == pytest.approx(16 * 16 * 16384 * 128 * 2)
 
 
-@pytest.mark.parametrize("seq_len,fused", [("16k", True), ("64k", False)])
-def test_the_search_runs_the_fused_backward_where_its_partials_fit(seq_len, fused):
-    e = planner.explain(H128, seq_len, "v5e:1x1", global_batch=1)
+@pytest.mark.parametrize(
+    "seq_len,remat,fused,chunks", [("16k", None, True, 1), ("64k", None, True, 4), ("128k", "full", False, 1)]
+)
+def test_the_search_runs_the_fused_backward_where_its_partials_fit(seq_len, remat, fused, chunks):
+    options = {"remat": remat} if remat else {}
+    e = planner.explain(H128, seq_len, "v5e:1x1", global_batch=1, **options)
     assert e.best.fused_attention_backward is fused
     other = planner.estimate(dataclasses.replace(e.best, fused_attention_backward=not fused))
     if fused:  # the separate kernels fit too, and are slower
         assert other.fits and other.step_time_s > e.estimate.step_time_s
-    else:  # at 64K the partials (32 of 16 heads × 65536 × 128, bf16: 8 GiB) do not fit beside the step
+    else:  # at 128K under full remat even a chunk's partials and the fp32 sum do not fit beside the step
         assert not other.fits
     assert ("fused kernel" in str(e)) is fused
+    assert fused_key_chunks(e.best) == chunks
+    if chunks > 1:
+        # 32 partials of 16 heads × 65536 × 128 in bf16 (8 GiB) over an eighth of 16 GiB: 4 chunks, holding
+        # one chunk's 8 partials and the fp32 sum
+        held = e.estimate.hbm_bytes["attention_buffers"] - other.hbm_bytes["attention_buffers"]
+        assert held == pytest.approx(16 * 65536 * 128 * (8 * 2 + 4))
+        assert f"over {chunks} chunks of the keys" in str(e)
+
+
+def test_key_chunks_by_hand():
+    # 16 heads × 65536 × 128 in bf16 is 256 MiB a partial; 2048-token key blocks
+    chunks = lambda kv_len, hbm, block=2048: float(
+        fused_backward_key_chunks(16, 65536, kv_len, head_dim=128, block_kv=block, act_bytes=2, hbm_bytes=hbm)
+    )
+    assert chunks(65536, 16 * 2**30) == 4  # 32 partials, 8 GiB, over 2 GiB: 4
+    assert chunks(65536, 64 * 2**30) == 1  # within 8 GiB: whole
+    assert chunks(65536, 0) == 1  # no bound
+    assert chunks(65536, 2**20) == 32  # more than the key blocks: one chunk per block
+    assert chunks(24 * 2048, 12 * 2**30) == 4  # 24 partials, 6 GiB over 1.5 GiB: 4 divides 24
+    assert chunks(6 * 2048, 2**30) == 6  # 6 partials over 128 MiB asks 16: one per block
+    assert chunks(6 * 2048, 6 * 2**30) == 2  # 1.5 GiB over 768 MiB: 2 divides 6
+    assert chunks(6 * 2048, 4 * 2**30) == 6  # over 512 MiB asks 4, which 6 blocks do not split into
 
 
 def test_maxtext_keeps_its_own_choice():
@@ -85,10 +111,11 @@ def test_maxtext_keeps_its_own_choice():
 def test_validate_runs_each_variant_that_fits_priced_as_it_is():
     from validation.steptime import choose_plans, plan_variants
 
-    best = choose_plans(H128, [65536], "v5e:1x1", max_plans=1, top=1, compute_dtype="bfloat16")[0]
+    best = choose_plans(H128, [131072], "v5e:1x1", max_plans=1, top=1, compute_dtype="bfloat16", remat="full")[0]
     variants = plan_variants(best, blocks=[1024, 2048], both_backwards=True)
     kinds = [(r.plan.block_q, r.plan.fused_attention_backward) for r in variants]
-    # the chosen plan first; no fused variant at 64K (its partials do not fit); one more block
+    # the chosen plan first; no fused variant at 128K under full remat (even a chunk's partials do not fit
+    # beside the step); one more block
     assert kinds[0] == (best.plan.block_q, False)
     assert sorted(kinds) == [(1024, False), (2048, False)]
     for r in variants:

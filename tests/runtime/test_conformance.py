@@ -22,10 +22,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.models import MODELS, ModelSpec  # noqa: E402
+from cost_models.pricing.attention import key_chunks  # noqa: E402
 from cost_models.remat import ATTENTION_OUTPUT, CHECKPOINTS, Block, kept_names, offloaded_names  # noqa: E402
 from cost_models.strategies import STRATEGIES, strategies_for  # noqa: E402
 from cost_models.vocabulary import AXES, RematPolicy  # noqa: E402
 from planner import Plan, make_mesh  # noqa: E402
+from planner.estimate import candidates_of  # noqa: E402
 from planner.options import ordered_factorizations  # noqa: E402
 from runtime import splash  # noqa: E402
 from runtime.attention import context_attention  # noqa: E402
@@ -74,6 +76,7 @@ def call_key(kernel, q, k):
         kernel.mask_function is not None,
         kernel.block_sizes.block_q,
         kernel.block_sizes.use_fused_bwd_kernel,
+        kernel.key_chunks(q, k),
     )
 
 
@@ -102,6 +105,7 @@ def spec_calls(plan, *, shared_cores):
     spec, shape = plan.strategy_spec, plan.shape
     shape = type(shape)(**{**shape.__dict__, "shared_cores": shared_cores})
     layout = spec.layout(shape)
+    candidates = candidates_of(plan)
     sequences = plan.global_batch // (plan.axis_size("data") * plan.axis_size("fsdp"))
     calls = collections.Counter()
     for call in spec.kernel_calls(shape, layout):
@@ -118,6 +122,7 @@ def spec_calls(plan, *, shared_cores):
                     call.causal,
                     block_q,
                     call.fused_backward,
+                    int(np.ravel(key_chunks(candidates, layout, call, True))[0]),
                 )
             ] += count
     return calls
@@ -155,6 +160,18 @@ def test_a_plan_with_the_fused_backward_runs_it_in_every_call(recorded, strategy
     assert all(key[-1] for key in spec_calls(plan, shared_cores=False))
     assert_conforms(recorded, plan)
     assert recorded[0] and all(key[-1] for key in recorded[0])
+
+
+@pytest.mark.parametrize("strategy,mesh,seq_len,options", [CASES[0], CASES[2], CASES[8]], ids=lambda c: str(c))
+def test_a_fused_backward_over_key_chunks_runs_the_chunks_the_price_counts(
+    recorded, monkeypatch, strategy, mesh, seq_len, options
+):
+    """Where the dq partials' share of the HBM is made tiny, every fused call of more than one key block runs
+    over chunks of its keys (one per block), as many as the price counts for it."""
+    monkeypatch.setattr("cost_models.compute.DQ_PARTIALS_HBM_SHARE", 1e-9)
+    assert_conforms(recorded, make_plan(strategy, mesh, seq_len, fused=True, **options))
+    several = [key for key in recorded[0] if key[1] > 128]  # more keys than one 128-token block
+    assert several and all(key[-1] == key[1] // 128 for key in several)
 
 
 def test_a_strategy_registered_in_one_place_conforms(recorded):
@@ -264,17 +281,20 @@ RUNTIME_POLICIES = (
 
 
 # every policy behind the ring; behind Ulysses' all-to-all, one that keeps the attention output and
-# one that recomputes it
+# one that recomputes it, each also with a fused backward over chunks of the keys (`attend`'s own VJP)
 RESIDUAL_CASES = [
-    *((p, "ring") for p in RUNTIME_POLICIES),
-    (RematPolicy.MINIMAL_WITH_CONTEXT, "ulysses"),
-    (RematPolicy.FULL, "ulysses"),
+    *((p, "ring", False) for p in RUNTIME_POLICIES),
+    *(
+        (p, "ulysses", chunked)
+        for p in (RematPolicy.MINIMAL_WITH_CONTEXT, RematPolicy.FULL)
+        for chunked in (False, True)
+    ),
 ]
 RESIDUAL_MESHES = {"ring": (make_mesh(context=2, fsdp=4), 4), "ulysses": (make_mesh(context_ulysses=4, fsdp=2), 2)}
 
 
-@pytest.mark.parametrize("policy, strategy", RESIDUAL_CASES)
-def test_runtime_keeps_what_the_remat_table_says(policy, strategy):
+@pytest.mark.parametrize("policy, strategy, key_chunks", RESIDUAL_CASES)
+def test_runtime_keeps_what_the_remat_table_says(policy, strategy, key_chunks, monkeypatch):
     """A decoder layer names exactly the table's checkpoints, and under each policy jax saves for
     the backward exactly the named values the table keeps. (The MLP runs in token chunks, each its
     own checkpoint under the same policy, so its values are saved inside the chunk loop, where jax
@@ -285,6 +305,8 @@ def test_runtime_keeps_what_the_remat_table_says(policy, strategy):
     from runtime.model import DecoderLayer, remat_policy
 
     mesh, batch = RESIDUAL_MESHES[strategy]
+    if key_chunks:
+        monkeypatch.setattr("cost_models.compute.DQ_PARTIALS_HBM_SHARE", 1e-9)
     plan = Plan(
         model=MODELS["tiny"],
         topology="cpu:8",
@@ -295,6 +317,7 @@ def test_runtime_keeps_what_the_remat_table_says(policy, strategy):
         remat=policy,
         param_dtype="float32",
         compute_dtype="float32",
+        fused_attention_backward=key_chunks,
     )
     layer = nn.remat(DecoderLayer, policy=remat_policy(policy), prevent_cse=False)(plan, build_mesh(plan))
     x, positions = jnp.zeros((batch, plan.seq_len, plan.model.hidden)), jnp.zeros((batch, plan.seq_len), jnp.int32)
