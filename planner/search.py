@@ -383,7 +383,7 @@ class _Placements:
                 self.phys_orders.append(perm)
         self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
         self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
-        self._tiling: dict[tuple[int, ...], tuple[list, list]] = {}  # axis sizes → `_laid`
+        self._laid: dict[tuple[int, ...], tuple[list, dict]] = {}  # axis sizes → `_lay`
         self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
         self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
         self._segment_links: dict[tuple, AxisLinks] = {}
@@ -414,31 +414,22 @@ class _Placements:
     def _within_slice(self, sizes: tuple[int, ...]) -> list[Placement]:
         """The placements of a mesh of one slice's devices that give distinct links, each the first (axis
         order, then physical order) to give them."""
-        trivial = tuple(a for a, s in zip(AXES, sizes) if s == 1)
-        active = [(a, s) for a, s in zip(AXES, sizes) if s > 1]
+        names = tuple(a for a, s in zip(AXES, sizes) if s > 1)
+        active = [s for s in sizes if s > 1]
         out, seen = [], set()
-        group_rows, groups = self._group_rows, tuple(GROUP_AXES.values())
-        for perm in itertools.permutations(active):
-            names, axis_sizes = zip(*perm) if perm else ((), ())
+        for order, axis_order, positions in _axis_orders(names):
             # axes of size 1 take no part of any dimension: the spans are the active axes'
-            tiling, spans = self._laid(axis_sizes)
+            axis_sizes = tuple(map(active.__getitem__, order))
+            tiling, rows_at = self._laid.get(axis_sizes) or self._lay(axis_sizes)
             if not tiling:
                 continue
-            span = dict(zip(names, spans))
-            rows = []
-            for axes in groups:
-                if len(axes) == 1:  # most groups: one axis, its span or none (`_spans` without the call)
-                    one = span.get(axes[0])
-                    group = () if one is None else (one,)
-                else:
-                    group = _spans(axes, span)
-                rows.append(group_rows.get(group) or self._group_row(group))  # a look-up, most times
+            rows = [rows_at.get(p) or self._laid_row(axis_sizes, p) for p in positions]  # a look-up, most times
             keys = list(zip(*(figures for figures, _ in rows)))  # per physical order, the figures of every group
             for k in tiling:
                 if keys[k] not in seen:
                     seen.add(keys[k])
                     links = {g: ls[k] for g, (_, ls) in zip(GROUP_AXES, rows)}
-                    out.append(Placement(trivial + names, self._dim_names[k], links))
+                    out.append(Placement(axis_order, self._dim_names[k], links))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
@@ -448,16 +439,20 @@ class _Placements:
             self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
         return self._segment_links[segments]
 
-    def _laid(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
+    def _lay(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], dict]:
         """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile
-        (`tiles`), and the flattened positions (low, high) each axis spans; once per sizes, shared by every
-        mesh whose axes take them in this order."""
-        if axis_sizes not in self._tiling:
-            self._tiling[axis_sizes] = (
-                [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)],
-                [(inner, inner * s) for s, inner in zip(axis_sizes, inner_sizes(axis_sizes))],
-            )
-        return self._tiling[axis_sizes]
+        (`tiles`), and an empty table of group rows by the positions of a group's axes (`_laid_row`); once per
+        sizes, shared by every mesh whose axes take them in this order."""
+        laid = self._laid[axis_sizes] = ([k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)], {})
+        return laid
+
+    def _laid_row(self, axis_sizes: tuple[int, ...], positions: tuple[int, ...]) -> tuple[list, list]:
+        """`_group_row` of a group whose axes take `positions` (ascending) of axes of `axis_sizes` (outermost
+        first): an axis spans the flattened positions `inner` to `inner × size` (`inner_sizes`)."""
+        inner = inner_sizes(axis_sizes)
+        row = self._group_row(_joined((inner[p], inner[p] * axis_sizes[p]) for p in positions))
+        self._laid[axis_sizes][1][positions] = row
+        return row
 
     def _group_row(self, spans: tuple[tuple[int, int], ...]) -> tuple[list, list]:
         """Per physical order, the links of a group over the flattened positions `spans` and a number naming
@@ -485,6 +480,21 @@ class _Placements:
         return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
 
 
+@lru_cache(maxsize=None)
+def _axis_orders(names: tuple[str, ...]) -> tuple[tuple, ...]:
+    """Every order of a mesh's axes of more than one device (`names`, in `AXES` order), outermost first and in
+    `itertools.permutations`' order: (indices into `names`, the whole axis order with the axes of size 1
+    outside, and per group of `GROUP_AXES` the positions its axes take, ascending). The same for every mesh
+    with those axes, on any topology."""
+    trivial = tuple(a for a in AXES if a not in names)
+    out = []
+    for order in itertools.permutations(range(len(names))):
+        laid = [names[i] for i in order]
+        positions = tuple(tuple(sorted(laid.index(a) for a in axes if a in laid)) for axes in GROUP_AXES.values())
+        out.append((order, trivial + tuple(laid), positions))
+    return tuple(out)
+
+
 @lru_cache(maxsize=1 << 16)
 def _span_digits(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...] | None:
     """The segments of the flattened positions `low` to `high` on dimensions of `dim_sizes` as (dimension, size,
@@ -495,11 +505,10 @@ def _span_digits(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[tuple
     return tuple((s.dim, s.size, s.stride) for s in span_segments(low, high, dim_sizes))
 
 
-def _spans(axes: tuple[str, ...], span: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
-    axes absent from `span` (of size 1) span nothing."""
+def _joined(spans) -> tuple[tuple[int, int], ...]:
+    """Flattened positions (low, high) of several axes as a group's spans: adjacent spans joined, inner first."""
     out: list[tuple[int, int]] = []
-    for low, high in sorted(span[a] for a in axes if a in span):
+    for low, high in sorted(spans):
         if out and out[-1][1] == low:
             out[-1] = (out[-1][0], high)
         else:
