@@ -29,7 +29,7 @@ from cost_models.compute import DQ_REDUCTION_STEPS, splash_smem_bytes, splash_vm
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
-from cost_models.placement import inner_sizes, span_segments, tiles
+from cost_models.placement import digit_bounds, inner_sizes, span_segments, splits_no_digit, tiles
 from cost_models.pricing import Priced, choose_rows, peak_bytes, price, priced_rows
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
@@ -383,6 +383,8 @@ class _Placements:
                 self.phys_orders.append(perm)
         self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
         self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
+        self._dim_bounds = [digit_bounds(sizes) for sizes in self._dim_sizes]
+        self._orders_at: dict[int, int] = {}  # a boundary's flattened position → `_orders_with_boundary`
         self._laid: dict[tuple[int, ...], tuple[list, dict]] = {}  # axis sizes → `_lay`
         self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
         self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
@@ -440,11 +442,24 @@ class _Placements:
         return self._segment_links[segments]
 
     def _lay(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], dict]:
-        """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile
-        (`tiles`), and an empty table of group rows by the positions of a group's axes (`_laid_row`); once per
-        sizes, shared by every mesh whose axes take them in this order."""
-        laid = self._laid[axis_sizes] = ([k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)], {})
+        """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile, and an
+        empty table of group rows by the positions of a group's axes (`_laid_row`); once per sizes, shared by
+        every mesh whose axes take them in this order. The axes cover the slice, so they tile an order where
+        each boundary between them splits none of its digits (`tiles`)."""
+        orders = (1 << len(self.phys_orders)) - 1
+        for position in inner_sizes(axis_sizes):
+            orders &= self._orders_with_boundary(position)
+        laid = self._laid[axis_sizes] = ([k for k in range(len(self.phys_orders)) if orders >> k & 1], {})
         return laid
+
+    def _orders_with_boundary(self, position: int) -> int:
+        """The physical orders (a bit each) whose digits a boundary between axes at flattened `position` splits
+        none of; once per position, shared by every mesh."""
+        if position not in self._orders_at:
+            self._orders_at[position] = sum(
+                1 << k for k, bounds in enumerate(self._dim_bounds) if splits_no_digit(position, bounds)
+            )
+        return self._orders_at[position]
 
     def _laid_row(self, axis_sizes: tuple[int, ...], positions: tuple[int, ...]) -> tuple[list, list]:
         """`_group_row` of a group whose axes take `positions` (ascending) of axes of `axis_sizes` (outermost
