@@ -559,7 +559,7 @@ class _Group(NamedTuple):
     """The priceable rows of one strategy: each row is a sound verdict × remat policy × placement,
     kept as indices (a `CandidateRow` is built only for the rows a result reports), with columns."""
 
-    positions: np.ndarray  # the row's verdict (its index in `SearchSpace.verdicts`)
+    positions: np.ndarray  # the row's verdict (its position, `SearchSpace._sound_with`)
     remat: np.ndarray  # index into the allowed remat policies (`as_list` order)
     placement: np.ndarray  # index into the placements of the verdict's mesh
     x: Candidates
@@ -637,16 +637,23 @@ class SearchSpace:
             tuple(as_list(options.load_balance)),
         )
         self._judgements = _judged(*self._judge_inputs)  # (context, context_ulysses, tensor) → `_judge_one`
+        # batch shards → (index in `meshes`, mesh), in the meshes' order; the rules are judged per batch shards
+        # when first asked (a search prices a few of a pod's many shard counts)
+        self._meshes_of: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+        for index, sizes in enumerate(meshes):
+            self._meshes_of.setdefault(sizes[0] * sizes[1], []).append((index, sizes))
+        # a verdict's position: its mesh's index times the most verdicts a mesh has, plus its place among them,
+        # so that positions follow the meshes' order whichever shard counts are judged
+        self._per_mesh = len(options.strategies) * len(self._judge_inputs[-1])
         # batch shards → (first position, mesh, its sound (strategy, balancing)), in the meshes' order
         self._sound_meshes: dict[int, list[tuple[int, tuple[int, ...], list[tuple]]]] = {}
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), once asked
         self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict, of the batch shards asked
         self._sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (context, …) → its sound (strategy, balancing)
-        sound_count = self._index_sound(meshes)
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
-        self._block_fits = np.zeros(sound_count, dtype=bool)  # by verdict position, once judged
+        self._block_fits = np.zeros(len(meshes) * self._per_mesh, dtype=bool)  # by verdict position, once judged
         # (policy, custom placements) in the allowed policies' order, `custom` as each of `SEARCHED_CUSTOM`
         self._remats = [
             (policy, custom)
@@ -657,14 +664,45 @@ class SearchSpace:
     @property
     def shard_counts(self) -> list[int]:
         """The data × fsdp sizes of the structurally sound candidates, ascending."""
-        return sorted(self._sound_meshes)
+        return [shards for shards in sorted(self._meshes_of) if self._sound_meshes_with(shards)]
+
+    def sound_within(self, most: float) -> bool:
+        """Whether some structurally sound candidate has at most `most` batch shards (judging the fewest first)."""
+        return any(self._sound_meshes_with(shards) for shards in sorted(self._meshes_of) if shards <= most)
+
+    def _sound_meshes_with(self, shards: int) -> list[tuple[int, tuple[int, ...], list[tuple]]]:
+        """(first position, mesh, its sound (strategy, balancing)) of the meshes with `shards` batch shards that
+        have a sound verdict, in the meshes' order: judged when first asked for."""
+        if shards not in self._sound_meshes:
+            self._sound_meshes[shards] = [
+                (index * self._per_mesh, sizes, sound)
+                for index, sizes in self._meshes_of.get(shards, [])
+                if (sound := self._sound_of_inner(sizes[2:]))
+            ]
+        return self._sound_meshes[shards]
+
+    def _sound_of_inner(self, inner: tuple[int, ...]) -> list[tuple]:
+        """The (strategy, balancing) of a (context, context_ulysses, tensor) that break no rule whatever the
+        batch, nor a structural one (the rules look at those axes only, so a judgement serves every data × fsdp
+        split)."""
+        if inner not in self._sound_of:
+            self._sound_of[inner] = [
+                (s, lb) for s, lb, always, rule in self._judgement(inner) if always is None and rule is None
+            ]
+        return self._sound_of[inner]
+
+    def _judgement(self, inner: tuple[int, ...]) -> tuple[tuple, ...]:
+        """`_judge_one` of a (context, context_ulysses, tensor), once per chip kind and search inputs (`_judged`)."""
+        if inner not in self._judgements:
+            self._judgements[inner] = _judge_one(self._judge_inputs, *inner)
+        return self._judgements[inner]
 
     def _sound_with(self, shards: int) -> list[tuple[int, _Verdict]]:
         """(position, verdict) of the sound verdicts with `shards` batch shards, in the meshes' order: made when
         first asked for (a batch prices a few of a pod's many shard counts)."""
         if shards not in self._sound:
             found = self._sound[shards] = []
-            for first, sizes, sound in self._sound_meshes.get(shards, []):
+            for first, sizes, sound in self._sound_meshes_with(shards):
                 for position, (strategy, lb) in enumerate(sound, first):
                     v = self._sound_at[position] = _Verdict(sizes, strategy, lb, shards, None, None)
                     found.append((position, v))
@@ -765,25 +803,6 @@ class SearchSpace:
         policy, custom = self._remats[int(rows.remat[i])]
         return CandidateRow(v.sizes, v.load_balance, policy, placement, custom)
 
-    def _index_sound(self, meshes) -> int:
-        """Judges each (context, context_ulysses, tensor) of `meshes` once (the rules look at those axes only,
-        so a judgement serves every data × fsdp split) and numbers the sound verdicts, those that break no
-        rule whatever the batch nor a structural one, in the meshes' order: a verdict's position. Returns
-        their count."""
-        sound_of, judgements, count = self._sound_of, self._judgements, 0
-        for sizes in meshes:
-            inner = sizes[2:]
-            sound = sound_of.get(inner)
-            if sound is None:
-                judged = judgements.get(inner)
-                if judged is None:
-                    judged = judgements[inner] = _judge_one(self._judge_inputs, *inner)
-                sound = sound_of[inner] = [(s, lb) for s, lb, always, rule in judged if always is None and rule is None]
-            if sound:
-                self._sound_meshes.setdefault(sizes[0] * sizes[1], []).append((count, sizes, sound))
-                count += len(sound)
-        return count
-
     @cached_property
     def verdicts(self) -> list[_Verdict]:
         """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order (a
@@ -793,7 +812,7 @@ class SearchSpace:
             shards = sizes[0] * sizes[1]
             out += [
                 _Verdict(sizes, strategy, lb, shards, always, structural)
-                for strategy, lb, always, structural in self._judgements[sizes[2:]]
+                for strategy, lb, always, structural in self._judgement(sizes[2:])
             ]
         return out
 
@@ -801,7 +820,7 @@ class SearchSpace:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
         the meshes, priced."""
         case = Case(self.model, self.topology, self.seq_len, batch)
-        wanted = [shards] if shards is not None else [s for s in self._sound_meshes if batch % s == 0]
+        wanted = [shards] if shards is not None else [s for s in self._meshes_of if batch % s == 0]
         per_strategy: dict[CPStrategy, list[_Group]] = {}
         for s in wanted:
             for strategy, group in self._group(s).items():
@@ -876,15 +895,10 @@ class SearchSpace:
         verdict on the same context and tensor axes and balancing breaks no rule."""
         if other is p.strategy:
             return np.zeros(len(p.rows.positions), dtype=bool)
-        sound = self._sound_verdicts
-        rows = (self._sound_at[int(position)] for position in p.rows.positions)
-        return np.array([(v.sizes[2:], other, v.load_balance) in sound for v in rows], dtype=bool)
-
-    @cached_property
-    def _sound_verdicts(self) -> frozenset[tuple]:
-        """(context, context_ulysses and tensor sizes, strategy, balancing) of the verdicts that break no rule
-        whatever the batch, nor a structural one."""
-        return frozenset((inner, strategy, lb) for inner, sound in self._sound_of.items() for strategy, lb in sound)
+        positions, which = np.unique(p.rows.positions, return_inverse=True)
+        verdicts = (self._sound_at[position] for position in positions.tolist())
+        runs = [(other, v.load_balance) in self._sound_of_inner(v.sizes[2:]) for v in verdicts]
+        return np.array(runs, dtype=bool)[which.reshape(-1)]
 
     def _block_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its splash block fits SMEM."""
@@ -1128,14 +1142,16 @@ class SearchSpace:
 
         # counts above twice the target only where no mesh within it splits the slice: more
         # sequences need more memory per device, so they help only the split
-        within = [s for s in self.shard_counts if s <= 2 * target]
-        order = sorted(within or self.shard_counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
+        counts = [s for s in self._meshes_of if s <= 2 * target] if self.sound_within(2 * target) else self._meshes_of
+        order = sorted(counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
         best: dict[int, float] = {}
         best_distance = math.inf
         for s in order:
             low, high = reachable(s)
             if min(distance(s * low), distance(s * high)) > best_distance + _TIE:
                 break
+            if not self._sound_meshes_with(s):
+                continue  # no candidate with s batch shards is structurally sound
             if {s * b for b in (low, high) if distance(s * b) <= best_distance + _TIE} <= best.keys():
                 continue  # its nearest counts are found already, and their search prices every shard count
             found = []
@@ -1187,7 +1203,7 @@ def search(
         key=lambda r: r.best.estimate.step_time_s / r.best.estimate.tokens_per_step,
     )
     # above twice the target only where no mesh within it splits the slice (see `nearest_batches`)
-    split_within = any(shards <= 2 * target for shards in space.shard_counts)
+    split_within = space.sound_within(2 * target)
     result.batch_note = batch_note(
         target,
         result.global_batch,
