@@ -363,6 +363,20 @@ def _target_rule(spec, shape: Shape, target: Target) -> Violation | None:
     return Violation("maxtext", problems[0]) if problems else None
 
 
+class _GroupRow:
+    """A group's links over the flattened positions `spans` under each physical order, filled for the orders
+    a mesh asks of (`_Placements._fill`), and a number naming their figures (those that tell placements apart);
+    None under the others."""
+
+    __slots__ = ("spans", "figures", "links", "filled")
+
+    def __init__(self, spans: tuple[tuple[int, int], ...], orders: int):
+        self.spans = spans
+        self.figures: list[int | None] = [None] * orders
+        self.links: list[AxisLinks | None] = [None] * orders
+        self.filled = 0  # the orders filled, a bit each
+
+
 class _Placements:
     """Distinct realisable placements of a mesh on a topology, with the links each gives.
 
@@ -386,7 +400,7 @@ class _Placements:
         self._dim_bounds = [digit_bounds(sizes) for sizes in self._dim_sizes]
         self._orders_at: dict[int, int] = {}  # a boundary's flattened position → `_orders_with_boundary`
         self._laid: dict[tuple[int, ...], tuple[list, dict]] = {}  # axis sizes → `_lay`
-        self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
+        self._group_rows: dict[tuple, _GroupRow] = {}  # a group's spans → `_group_row`
         self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
         self._segment_links: dict[tuple, AxisLinks] = {}
 
@@ -422,15 +436,18 @@ class _Placements:
         for order, axis_order, positions in _axis_orders(names):
             # axes of size 1 take no part of any dimension: the spans are the active axes'
             axis_sizes = tuple(map(active.__getitem__, order))
-            tiling, rows_at = self._laid.get(axis_sizes) or self._lay(axis_sizes)
+            tiling, orders, rows_at = self._laid.get(axis_sizes) or self._lay(axis_sizes)
             if not tiling:
                 continue
             rows = [rows_at.get(p) or self._laid_row(axis_sizes, p) for p in positions]  # a look-up, most times
-            keys = list(zip(*(figures for figures, _ in rows)))  # per physical order, the figures of every group
+            for row in rows:
+                if orders & ~row.filled:
+                    self._fill(row, orders)
+            keys = list(zip(*(row.figures for row in rows)))  # per physical order, the figures of every group
             for k in tiling:
                 if keys[k] not in seen:
                     seen.add(keys[k])
-                    links = {g: ls[k] for g, (_, ls) in zip(GROUP_AXES, rows)}
+                    links = {g: row.links[k] for g, row in zip(GROUP_AXES, rows)}
                     out.append(Placement(axis_order, self._dim_names[k], links))
         return out
 
@@ -441,15 +458,15 @@ class _Placements:
             self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
         return self._segment_links[segments]
 
-    def _lay(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], dict]:
-        """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile, and an
-        empty table of group rows by the positions of a group's axes (`_laid_row`); once per sizes, shared by
-        every mesh whose axes take them in this order. The axes cover the slice, so they tile an order where
-        each boundary between them splits none of its digits (`tiles`)."""
+    def _lay(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], int, dict]:
+        """The physical orders (indices into `phys_orders`, and a bit each) that axes of these sizes (outermost
+        first) tile, and an empty table of group rows by the positions of a group's axes (`_laid_row`); once per
+        sizes, shared by every mesh whose axes take them in this order. The axes cover the slice, so they tile
+        an order where each boundary between them splits none of its digits (`tiles`)."""
         orders = (1 << len(self.phys_orders)) - 1
         for position in inner_sizes(axis_sizes):
             orders &= self._orders_with_boundary(position)
-        laid = self._laid[axis_sizes] = ([k for k in range(len(self.phys_orders)) if orders >> k & 1], {})
+        laid = self._laid[axis_sizes] = ([k for k in range(len(self.phys_orders)) if orders >> k & 1], orders, {})
         return laid
 
     def _orders_with_boundary(self, position: int) -> int:
@@ -461,32 +478,31 @@ class _Placements:
             )
         return self._orders_at[position]
 
-    def _laid_row(self, axis_sizes: tuple[int, ...], positions: tuple[int, ...]) -> tuple[list, list]:
+    def _laid_row(self, axis_sizes: tuple[int, ...], positions: tuple[int, ...]) -> _GroupRow:
         """`_group_row` of a group whose axes take `positions` (ascending) of axes of `axis_sizes` (outermost
         first): an axis spans the flattened positions `inner` to `inner × size` (`inner_sizes`)."""
         inner = inner_sizes(axis_sizes)
         row = self._group_row(_joined((inner[p], inner[p] * axis_sizes[p]) for p in positions))
-        self._laid[axis_sizes][1][positions] = row
+        self._laid[axis_sizes][2][positions] = row
         return row
 
-    def _group_row(self, spans: tuple[tuple[int, int], ...]) -> tuple[list, list]:
-        """Per physical order, the links of a group over the flattened positions `spans` and a number naming
-        their figures (those that tell placements apart); None where a span splits a digit of a dimension
-        (no tiling axis order puts it there)."""
+    def _group_row(self, spans: tuple[tuple[int, int], ...]) -> _GroupRow:
+        """The row of a group over the flattened positions `spans`, one per topology, filled as orders ask."""
         if spans not in self._group_rows:
-            figures, links = [], []
-            for perm, dim_sizes in zip(self.phys_orders, self._dim_sizes):
-                digits = [_span_digits(low, high, dim_sizes) for low, high in spans]
-                if None in digits:
-                    figures.append(None)
-                    links.append(None)
-                    continue
+            self._group_rows[spans] = _GroupRow(spans, len(self.phys_orders))
+        return self._group_rows[spans]
+
+    def _fill(self, row: _GroupRow, orders: int) -> None:
+        """`row`'s links and figures under the physical orders of `orders` (a bit each), where axes tile them: a
+        group's spans then take whole digits."""
+        for k, (perm, dim_sizes) in enumerate(zip(self.phys_orders, self._dim_sizes)):
+            if orders >> k & 1 and not row.filled >> k & 1:
+                digits = [_span_digits(low, high, dim_sizes) for low, high in row.spans]
                 a = self._links(tuple((perm[dim], size, stride) for span in digits for dim, size, stride in span))
                 figure = (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
-                figures.append(self._figure_ids.setdefault(figure, len(self._figure_ids)))
-                links.append(a)
-            self._group_rows[spans] = (figures, links)
-        return self._group_rows[spans]
+                row.figures[k] = self._figure_ids.setdefault(figure, len(self._figure_ids))
+                row.links[k] = a
+        row.filled |= orders
 
     @lru_cache(maxsize=None)
     def link_table(self, sizes: tuple[int, ...]) -> tuple[dict[str, LinkColumns], LinkColumns]:
