@@ -22,25 +22,33 @@ def inner_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def digit_bounds(dim_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The flattened positions of the boundaries of dimensions of `dim_sizes` (outermost first), innermost
+    first: the product of the sizes inside each (1 for the innermost), then of all."""
+    out = [1]
+    for size in reversed(dim_sizes):
+        out.append(out[-1] * size)
+    return tuple(out)
+
+
+def splits_no_digit(position: int, bounds: tuple[int, ...]) -> bool:
+    """Whether a boundary between axes at flattened `position` and the boundaries between dimensions `bounds`
+    form one chain, each dividing the next: so neither splits a digit of the other."""
+    return all(bound % position == 0 or position % bound == 0 for bound in bounds)
+
+
 @lru_cache(maxsize=1 << 16)  # a search asks of the same few sizes on every slice of a shape
 def tiles(axis_sizes: tuple[int, ...], dim_sizes: tuple[int, ...]) -> bool:
     """Whether logical axes of `axis_sizes` tile dimensions of `dim_sizes` (both outermost first): the
     boundaries between axes and those between the dimensions they cross, in order, each divide the next,
     so each axis takes whole digits of the dimensions it crosses."""
-    bounds, inner = {1}, 1
-    for size in reversed(axis_sizes):
-        inner *= size
-        bounds.add(inner)
-    total, inner = inner, 1
-    for size in reversed(dim_sizes):
-        if inner >= total:
-            break
-        inner *= size
-        bounds.add(inner)
-    if inner < total:
+    total = math.prod(axis_sizes)
+    bounds = digit_bounds(dim_sizes)
+    crossed = next((i for i, bound in enumerate(bounds) if bound >= total), None)
+    if crossed is None:
         return False
-    ordered = sorted(bounds)
-    return all(outer % within == 0 for within, outer in zip(ordered, ordered[1:]))
+    # a set of numbers is such a chain when every two divide one way: those within each side do
+    return all(splits_no_digit(position, bounds[: crossed + 1]) for position in (*inner_sizes(axis_sizes), total))
 
 
 def span_segments(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[Segment, ...]:

@@ -155,29 +155,36 @@ class Topology:
     def _ici_links(self, segments: tuple[Segment, ...]) -> AxisLinks:
         """`links` within one slice."""
         dims = self.physical_dims
-        segments = _merged(segments)
-        size = math.prod(s.size for s in segments)
-        if size == 1:
-            return AxisLinks(1, math.inf, 0.0, math.inf, 0.0, True)
-        on_core = math.prod(s.size for s in segments if dims[s.dim].name == CORE)
-        ici_share = on_core / self.devices_per_chip if self.chip.kind.has_torus else 1.0
-        coll_bw = 0.0
-        coll_lat = 0.0
-        ring_bw = math.inf
-        ring_hops = 0
-        wraps = len(segments) == 1
-        for seg in segments:
-            dim = dims[seg.dim]
-            link_bw = dim.link_bw_bytes_per_s * (1.0 if dim.name == CORE else ici_share)
-            closes = dim.wraps and seg.size * seg.stride == dim.size
-            wraps = wraps and closes
-            directions = 2 if closes else 1
-            coll_bw += directions * link_bw / seg.stride
-            coll_lat += (seg.size / 2 if closes else seg.size - 1) * seg.stride * dim.hop_latency_s
-            ring_bw = min(ring_bw, link_bw / seg.stride)
-            ring_hops = max(ring_hops, seg.stride if closes else (seg.size - 1) * seg.stride)
-        latency = max(d.hop_latency_s for d in dims)
-        return AxisLinks(size, coll_bw, coll_lat, ring_bw, ring_hops * latency, wraps)
+        laid = tuple((dims[s.dim], s.size, s.stride) for s in _merged(segments))
+        return _ici_links(laid, self.devices_per_chip, self.chip.kind.has_torus, max(d.hop_latency_s for d in dims))
+
+
+@lru_cache(maxsize=1 << 14)  # a search prices the same segments on every slice that has their dimensions
+def _ici_links(
+    laid: tuple[tuple[PhysicalDim, int, int], ...], devices_per_chip: int, has_torus: bool, hop_latency_s: float
+) -> AxisLinks:
+    """`Topology.links` within one slice, over merged segments as (their dimension, size, stride), from what it
+    reads of the slice: its devices per chip, whether the chip has a torus, the longest hop's latency."""
+    size = math.prod(s for _, s, _ in laid)
+    if size == 1:
+        return AxisLinks(1, math.inf, 0.0, math.inf, 0.0, True)
+    on_core = math.prod(s for dim, s, _ in laid if dim.name == CORE)
+    ici_share = on_core / devices_per_chip if has_torus else 1.0
+    coll_bw = 0.0
+    coll_lat = 0.0
+    ring_bw = math.inf
+    ring_hops = 0
+    wraps = len(laid) == 1
+    for dim, seg_size, stride in laid:
+        link_bw = dim.link_bw_bytes_per_s * (1.0 if dim.name == CORE else ici_share)
+        closes = dim.wraps and seg_size * stride == dim.size
+        wraps = wraps and closes
+        directions = 2 if closes else 1
+        coll_bw += directions * link_bw / stride
+        coll_lat += (seg_size / 2 if closes else seg_size - 1) * stride * dim.hop_latency_s
+        ring_bw = min(ring_bw, link_bw / stride)
+        ring_hops = max(ring_hops, stride if closes else (seg_size - 1) * stride)
+    return AxisLinks(size, coll_bw, coll_lat, ring_bw, ring_hops * hop_latency_s, wraps)
 
 
 def received_share(links: AxisLinks) -> float:

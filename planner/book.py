@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cost_models.accuracy import ErrorBand, error_band
 from cost_models.chips import Chip, known_chips
 from cost_models.errors import CpplanError, unknown_name
 from cost_models.estimate import Estimate
-from cost_models.models import get_model
+from cost_models.models import ModelSpec, get_model
 from cost_models.prices import ChipPrice, check_price, price_of, unpublished_note
 from cost_models.topology import Topology, shape_for_chips, slices_of
 from cost_models.vocabulary import CPStrategy
 from planner.options import format_tokens, parse_seq_len
 from planner.plan import Plan
+from planner.processes import map_in_processes
+
+if TYPE_CHECKING:
+    from planner.search import Ranked
 
 DAY_S = 86400.0
 MULTI_SLICES = (2, 3, 4)  # slices of a full pod joined over DCN, beyond one pod
@@ -344,8 +350,6 @@ def book(
         CpplanError: bad input (a budget under one token, a deadline not in the future, an unknown chip, a
             price that is not a positive number, a search option that does not parse).
     """
-    from planner.api import run_search
-
     if "num_slices" in options:
         raise CpplanError("book searches 1 to 4 slices itself; drop num_slices.")
     budget = parse_budget(tokens)
@@ -356,17 +360,25 @@ def book(
         if name not in known_chips():
             raise unknown_name("chip", name, known_chips())
     spec, length = get_model(model), parse_seq_len(seq_len)
-    rows, unfit, used = [], [], {}
-    for chip in rows_of:
-        price = price_of(chip.name, given, price_kind)
-        used[chip.name] = price if price else unpublished_note(chip.name)
-        for topo in slice_ladder(chip):
-            best = run_search(spec, length, topo, **dict(options)).best
+    chip_prices = {chip.name: price_of(chip.name, given, price_kind) for chip in rows_of}
+    used = {name: price if price else unpublished_note(name) for name, price in chip_prices.items()}
+    # each chip's slices searched apart (a process per free core): the search is a pure function of its inputs
+    ladders = map_in_processes(functools.partial(_best_on_ladder, spec, length, options), rows_of)
+    rows, unfit = [], []
+    for chip, ladder in zip(rows_of, ladders):
+        for topo, best in ladder:
             if best is None:
                 unfit.append(topo.name)
                 continue
-            rows.append(_row(topo, best.plan, best.estimate, budget, price))
+            rows.append(_row(topo, best.plan, best.estimate, budget, chip_prices[chip.name]))
     return Booking(spec.name, length, budget, deadline, tuple(rows), tuple(unfit), used)
+
+
+def _best_on_ladder(spec: ModelSpec, length: int, options: dict, chip: Chip) -> list[tuple[Topology, Ranked | None]]:
+    """Each slice of `chip`'s ladder with the best plan `explain` gives on it (None where nothing fits)."""
+    from planner.api import run_search
+
+    return [(topo, run_search(spec, length, topo, **dict(options)).best) for topo in slice_ladder(chip)]
 
 
 def _row(topo: Topology, plan: Plan, estimate: Estimate, budget: int, price: ChipPrice | None) -> SliceRow:

@@ -29,7 +29,7 @@ from cost_models.compute import DQ_REDUCTION_STEPS, splash_smem_bytes, splash_vm
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
-from cost_models.placement import inner_sizes, span_segments, tiles
+from cost_models.placement import digit_bounds, inner_sizes, span_segments, splits_no_digit, tiles
 from cost_models.pricing import Priced, choose_rows, peak_bytes, price, priced_rows
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
@@ -363,6 +363,20 @@ def _target_rule(spec, shape: Shape, target: Target) -> Violation | None:
     return Violation("maxtext", problems[0]) if problems else None
 
 
+class _GroupRow:
+    """A group's links over the flattened positions `spans` under each physical order, filled for the orders
+    a mesh asks of (`_Placements._fill`), and a number naming their figures (those that tell placements apart);
+    None under the others."""
+
+    __slots__ = ("spans", "figures", "links", "filled")
+
+    def __init__(self, spans: tuple[tuple[int, int], ...], orders: int):
+        self.spans = spans
+        self.figures: list[int | None] = [None] * orders
+        self.links: list[AxisLinks | None] = [None] * orders
+        self.filled = 0  # the orders filled, a bit each
+
+
 class _Placements:
     """Distinct realisable placements of a mesh on a topology, with the links each gives.
 
@@ -383,8 +397,10 @@ class _Placements:
                 self.phys_orders.append(perm)
         self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
         self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
-        self._tiling: dict[tuple[int, ...], tuple[list, list]] = {}  # axis sizes → `_laid`
-        self._group_rows: dict[tuple, tuple[list, list]] = {}  # a group's spans → `_group_row`
+        self._dim_bounds = [digit_bounds(sizes) for sizes in self._dim_sizes]
+        self._orders_at: dict[int, int] = {}  # a boundary's flattened position → `_orders_with_boundary`
+        self._laid: dict[tuple[int, ...], tuple[list, dict]] = {}  # axis sizes → `_lay`
+        self._group_rows: dict[tuple, _GroupRow] = {}  # a group's spans → `_group_row`
         self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
         self._segment_links: dict[tuple, AxisLinks] = {}
 
@@ -414,31 +430,25 @@ class _Placements:
     def _within_slice(self, sizes: tuple[int, ...]) -> list[Placement]:
         """The placements of a mesh of one slice's devices that give distinct links, each the first (axis
         order, then physical order) to give them."""
-        trivial = tuple(a for a, s in zip(AXES, sizes) if s == 1)
-        active = [(a, s) for a, s in zip(AXES, sizes) if s > 1]
+        names = tuple(a for a, s in zip(AXES, sizes) if s > 1)
+        active = [s for s in sizes if s > 1]
         out, seen = [], set()
-        group_rows, groups = self._group_rows, tuple(GROUP_AXES.values())
-        for perm in itertools.permutations(active):
-            names, axis_sizes = zip(*perm) if perm else ((), ())
+        for order, axis_order, positions in _axis_orders(names):
             # axes of size 1 take no part of any dimension: the spans are the active axes'
-            tiling, spans = self._laid(axis_sizes)
+            axis_sizes = tuple(map(active.__getitem__, order))
+            tiling, orders, rows_at = self._laid.get(axis_sizes) or self._lay(axis_sizes)
             if not tiling:
                 continue
-            span = dict(zip(names, spans))
-            rows = []
-            for axes in groups:
-                if len(axes) == 1:  # most groups: one axis, its span or none (`_spans` without the call)
-                    one = span.get(axes[0])
-                    group = () if one is None else (one,)
-                else:
-                    group = _spans(axes, span)
-                rows.append(group_rows.get(group) or self._group_row(group))  # a look-up, most times
-            keys = list(zip(*(figures for figures, _ in rows)))  # per physical order, the figures of every group
+            rows = [rows_at.get(p) or self._laid_row(axis_sizes, p) for p in positions]  # a look-up, most times
+            for row in rows:
+                if orders & ~row.filled:
+                    self._fill(row, orders)
+            keys = list(zip(*(row.figures for row in rows)))  # per physical order, the figures of every group
             for k in tiling:
                 if keys[k] not in seen:
                     seen.add(keys[k])
-                    links = {g: ls[k] for g, (_, ls) in zip(GROUP_AXES, rows)}
-                    out.append(Placement(trivial + names, self._dim_names[k], links))
+                    links = {g: row.links[k] for g, row in zip(GROUP_AXES, rows)}
+                    out.append(Placement(axis_order, self._dim_names[k], links))
         return out
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
@@ -448,41 +458,72 @@ class _Placements:
             self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
         return self._segment_links[segments]
 
-    def _laid(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
-        """The physical orders (indices into `phys_orders`) that axes of these sizes (outermost first) tile
-        (`tiles`), and the flattened positions (low, high) each axis spans; once per sizes, shared by every
-        mesh whose axes take them in this order."""
-        if axis_sizes not in self._tiling:
-            self._tiling[axis_sizes] = (
-                [k for k, dims in enumerate(self._dim_sizes) if tiles(axis_sizes, dims)],
-                [(inner, inner * s) for s, inner in zip(axis_sizes, inner_sizes(axis_sizes))],
-            )
-        return self._tiling[axis_sizes]
+    def _lay(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], int, dict]:
+        """The physical orders (indices into `phys_orders`, and a bit each) that axes of these sizes (outermost
+        first) tile, and an empty table of group rows by the positions of a group's axes (`_laid_row`); once per
+        sizes, shared by every mesh whose axes take them in this order. The axes cover the slice, so they tile
+        an order where each boundary between them splits none of its digits (`tiles`)."""
+        orders = (1 << len(self.phys_orders)) - 1
+        for position in inner_sizes(axis_sizes):
+            orders &= self._orders_with_boundary(position)
+        laid = self._laid[axis_sizes] = ([k for k in range(len(self.phys_orders)) if orders >> k & 1], orders, {})
+        return laid
 
-    def _group_row(self, spans: tuple[tuple[int, int], ...]) -> tuple[list, list]:
-        """Per physical order, the links of a group over the flattened positions `spans` and a number naming
-        their figures (those that tell placements apart); None where a span splits a digit of a dimension
-        (no tiling axis order puts it there)."""
+    def _orders_with_boundary(self, position: int) -> int:
+        """The physical orders (a bit each) whose digits a boundary between axes at flattened `position` splits
+        none of; once per position, shared by every mesh."""
+        if position not in self._orders_at:
+            self._orders_at[position] = sum(
+                1 << k for k, bounds in enumerate(self._dim_bounds) if splits_no_digit(position, bounds)
+            )
+        return self._orders_at[position]
+
+    def _laid_row(self, axis_sizes: tuple[int, ...], positions: tuple[int, ...]) -> _GroupRow:
+        """`_group_row` of a group whose axes take `positions` (ascending) of axes of `axis_sizes` (outermost
+        first): an axis spans the flattened positions `inner` to `inner × size` (`inner_sizes`)."""
+        inner = inner_sizes(axis_sizes)
+        row = self._group_row(_joined((inner[p], inner[p] * axis_sizes[p]) for p in positions))
+        self._laid[axis_sizes][2][positions] = row
+        return row
+
+    def _group_row(self, spans: tuple[tuple[int, int], ...]) -> _GroupRow:
+        """The row of a group over the flattened positions `spans`, one per topology, filled as orders ask."""
         if spans not in self._group_rows:
-            figures, links = [], []
-            for perm, dim_sizes in zip(self.phys_orders, self._dim_sizes):
-                digits = [_span_digits(low, high, dim_sizes) for low, high in spans]
-                if None in digits:
-                    figures.append(None)
-                    links.append(None)
-                    continue
+            self._group_rows[spans] = _GroupRow(spans, len(self.phys_orders))
+        return self._group_rows[spans]
+
+    def _fill(self, row: _GroupRow, orders: int) -> None:
+        """`row`'s links and figures under the physical orders of `orders` (a bit each), where axes tile them: a
+        group's spans then take whole digits."""
+        for k, (perm, dim_sizes) in enumerate(zip(self.phys_orders, self._dim_sizes)):
+            if orders >> k & 1 and not row.filled >> k & 1:
+                digits = [_span_digits(low, high, dim_sizes) for low, high in row.spans]
                 a = self._links(tuple((perm[dim], size, stride) for span in digits for dim, size, stride in span))
                 figure = (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
-                figures.append(self._figure_ids.setdefault(figure, len(self._figure_ids)))
-                links.append(a)
-            self._group_rows[spans] = (figures, links)
-        return self._group_rows[spans]
+                row.figures[k] = self._figure_ids.setdefault(figure, len(self._figure_ids))
+                row.links[k] = a
+        row.filled |= orders
 
     @lru_cache(maxsize=None)
     def link_table(self, sizes: tuple[int, ...]) -> tuple[dict[str, LinkColumns], LinkColumns]:
         """The links of each placement of a mesh as columns (one entry per placement, in `of` order)."""
         placements = self.of(sizes)
         return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+
+
+@lru_cache(maxsize=None)
+def _axis_orders(names: tuple[str, ...]) -> tuple[tuple, ...]:
+    """Every order of a mesh's axes of more than one device (`names`, in `AXES` order), outermost first and in
+    `itertools.permutations`' order: (indices into `names`, the whole axis order with the axes of size 1
+    outside, and per group of `GROUP_AXES` the positions its axes take, ascending). The same for every mesh
+    with those axes, on any topology."""
+    trivial = tuple(a for a in AXES if a not in names)
+    out = []
+    for order in itertools.permutations(range(len(names))):
+        laid = [names[i] for i in order]
+        positions = tuple(tuple(sorted(laid.index(a) for a in axes if a in laid)) for axes in GROUP_AXES.values())
+        out.append((order, trivial + tuple(laid), positions))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -495,11 +536,10 @@ def _span_digits(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[tuple
     return tuple((s.dim, s.size, s.stride) for s in span_segments(low, high, dim_sizes))
 
 
-def _spans(axes: tuple[str, ...], span: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    """The flattened positions (low, high) a group of `axes` spans, adjacent axes' spans joined, inner first;
-    axes absent from `span` (of size 1) span nothing."""
+def _joined(spans) -> tuple[tuple[int, int], ...]:
+    """Flattened positions (low, high) of several axes as a group's spans: adjacent spans joined, inner first."""
     out: list[tuple[int, int]] = []
-    for low, high in sorted(span[a] for a in axes if a in span):
+    for low, high in sorted(spans):
         if out and out[-1][1] == low:
             out[-1] = (out[-1][0], high)
         else:
@@ -535,7 +575,7 @@ class _Group(NamedTuple):
     """The priceable rows of one strategy: each row is a sound verdict × remat policy × placement,
     kept as indices (a `CandidateRow` is built only for the rows a result reports), with columns."""
 
-    positions: np.ndarray  # the row's verdict (its index in `SearchSpace.verdicts`)
+    positions: np.ndarray  # the row's verdict (its position, `SearchSpace._sound_with`)
     remat: np.ndarray  # index into the allowed remat policies (`as_list` order)
     placement: np.ndarray  # index into the placements of the verdict's mesh
     x: Candidates
@@ -613,16 +653,23 @@ class SearchSpace:
             tuple(as_list(options.load_balance)),
         )
         self._judgements = _judged(*self._judge_inputs)  # (context, context_ulysses, tensor) → `_judge_one`
+        # batch shards → (index in `meshes`, mesh), in the meshes' order; the rules are judged per batch shards
+        # when first asked (a search prices a few of a pod's many shard counts)
+        self._meshes_of: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+        for index, sizes in enumerate(meshes):
+            self._meshes_of.setdefault(sizes[0] * sizes[1], []).append((index, sizes))
+        # a verdict's position: its mesh's index times the most verdicts a mesh has, plus its place among them,
+        # so that positions follow the meshes' order whichever shard counts are judged
+        self._per_mesh = len(options.strategies) * len(self._judge_inputs[-1])
         # batch shards → (first position, mesh, its sound (strategy, balancing)), in the meshes' order
         self._sound_meshes: dict[int, list[tuple[int, tuple[int, ...], list[tuple]]]] = {}
         self._sound: dict[int, list[tuple[int, _Verdict]]] = {}  # batch shards → (position, verdict), once asked
         self._sound_at: dict[int, _Verdict] = {}  # position → sound verdict, of the batch shards asked
         self._sound_of: dict[tuple[int, ...], list[tuple]] = {}  # (context, …) → its sound (strategy, balancing)
-        sound_count = self._index_sound(meshes)
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
-        self._block_fits = np.zeros(sound_count, dtype=bool)  # by verdict position, once judged
+        self._block_fits = np.zeros(len(meshes) * self._per_mesh, dtype=bool)  # by verdict position, once judged
         # (policy, custom placements) in the allowed policies' order, `custom` as each of `SEARCHED_CUSTOM`
         self._remats = [
             (policy, custom)
@@ -633,14 +680,45 @@ class SearchSpace:
     @property
     def shard_counts(self) -> list[int]:
         """The data × fsdp sizes of the structurally sound candidates, ascending."""
-        return sorted(self._sound_meshes)
+        return [shards for shards in sorted(self._meshes_of) if self._sound_meshes_with(shards)]
+
+    def sound_within(self, most: float) -> bool:
+        """Whether some structurally sound candidate has at most `most` batch shards (judging the fewest first)."""
+        return any(self._sound_meshes_with(shards) for shards in sorted(self._meshes_of) if shards <= most)
+
+    def _sound_meshes_with(self, shards: int) -> list[tuple[int, tuple[int, ...], list[tuple]]]:
+        """(first position, mesh, its sound (strategy, balancing)) of the meshes with `shards` batch shards that
+        have a sound verdict, in the meshes' order: judged when first asked for."""
+        if shards not in self._sound_meshes:
+            self._sound_meshes[shards] = [
+                (index * self._per_mesh, sizes, sound)
+                for index, sizes in self._meshes_of.get(shards, [])
+                if (sound := self._sound_of_inner(sizes[2:]))
+            ]
+        return self._sound_meshes[shards]
+
+    def _sound_of_inner(self, inner: tuple[int, ...]) -> list[tuple]:
+        """The (strategy, balancing) of a (context, context_ulysses, tensor) that break no rule whatever the
+        batch, nor a structural one (the rules look at those axes only, so a judgement serves every data × fsdp
+        split)."""
+        if inner not in self._sound_of:
+            self._sound_of[inner] = [
+                (s, lb) for s, lb, always, rule in self._judgement(inner) if always is None and rule is None
+            ]
+        return self._sound_of[inner]
+
+    def _judgement(self, inner: tuple[int, ...]) -> tuple[tuple, ...]:
+        """`_judge_one` of a (context, context_ulysses, tensor), once per chip kind and search inputs (`_judged`)."""
+        if inner not in self._judgements:
+            self._judgements[inner] = _judge_one(self._judge_inputs, *inner)
+        return self._judgements[inner]
 
     def _sound_with(self, shards: int) -> list[tuple[int, _Verdict]]:
         """(position, verdict) of the sound verdicts with `shards` batch shards, in the meshes' order: made when
         first asked for (a batch prices a few of a pod's many shard counts)."""
         if shards not in self._sound:
             found = self._sound[shards] = []
-            for first, sizes, sound in self._sound_meshes.get(shards, []):
+            for first, sizes, sound in self._sound_meshes_with(shards):
                 for position, (strategy, lb) in enumerate(sound, first):
                     v = self._sound_at[position] = _Verdict(sizes, strategy, lb, shards, None, None)
                     found.append((position, v))
@@ -741,25 +819,6 @@ class SearchSpace:
         policy, custom = self._remats[int(rows.remat[i])]
         return CandidateRow(v.sizes, v.load_balance, policy, placement, custom)
 
-    def _index_sound(self, meshes) -> int:
-        """Judges each (context, context_ulysses, tensor) of `meshes` once (the rules look at those axes only,
-        so a judgement serves every data × fsdp split) and numbers the sound verdicts, those that break no
-        rule whatever the batch nor a structural one, in the meshes' order: a verdict's position. Returns
-        their count."""
-        sound_of, judgements, count = self._sound_of, self._judgements, 0
-        for sizes in meshes:
-            inner = sizes[2:]
-            sound = sound_of.get(inner)
-            if sound is None:
-                judged = judgements.get(inner)
-                if judged is None:
-                    judged = judgements[inner] = _judge_one(self._judge_inputs, *inner)
-                sound = sound_of[inner] = [(s, lb) for s, lb, always, rule in judged if always is None and rule is None]
-            if sound:
-                self._sound_meshes.setdefault(sizes[0] * sizes[1], []).append((count, sizes, sound))
-                count += len(sound)
-        return count
-
     @cached_property
     def verdicts(self) -> list[_Verdict]:
         """Each mesh × allowed strategy × balancing with the rules it breaks, in the meshes' order (a
@@ -769,7 +828,7 @@ class SearchSpace:
             shards = sizes[0] * sizes[1]
             out += [
                 _Verdict(sizes, strategy, lb, shards, always, structural)
-                for strategy, lb, always, structural in self._judgements[sizes[2:]]
+                for strategy, lb, always, structural in self._judgement(sizes[2:])
             ]
         return out
 
@@ -777,7 +836,7 @@ class SearchSpace:
         """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
         the meshes, priced."""
         case = Case(self.model, self.topology, self.seq_len, batch)
-        wanted = [shards] if shards is not None else [s for s in self._sound_meshes if batch % s == 0]
+        wanted = [shards] if shards is not None else [s for s in self._meshes_of if batch % s == 0]
         per_strategy: dict[CPStrategy, list[_Group]] = {}
         for s in wanted:
             for strategy, group in self._group(s).items():
@@ -852,15 +911,10 @@ class SearchSpace:
         verdict on the same context and tensor axes and balancing breaks no rule."""
         if other is p.strategy:
             return np.zeros(len(p.rows.positions), dtype=bool)
-        sound = self._sound_verdicts
-        rows = (self._sound_at[int(position)] for position in p.rows.positions)
-        return np.array([(v.sizes[2:], other, v.load_balance) in sound for v in rows], dtype=bool)
-
-    @cached_property
-    def _sound_verdicts(self) -> frozenset[tuple]:
-        """(context, context_ulysses and tensor sizes, strategy, balancing) of the verdicts that break no rule
-        whatever the batch, nor a structural one."""
-        return frozenset((inner, strategy, lb) for inner, sound in self._sound_of.items() for strategy, lb in sound)
+        positions, which = np.unique(p.rows.positions, return_inverse=True)
+        verdicts = (self._sound_at[position] for position in positions.tolist())
+        runs = [(other, v.load_balance) in self._sound_of_inner(v.sizes[2:]) for v in verdicts]
+        return np.array(runs, dtype=bool)[which.reshape(-1)]
 
     def _block_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its splash block fits SMEM."""
@@ -1104,14 +1158,16 @@ class SearchSpace:
 
         # counts above twice the target only where no mesh within it splits the slice: more
         # sequences need more memory per device, so they help only the split
-        within = [s for s in self.shard_counts if s <= 2 * target]
-        order = sorted(within or self.shard_counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
+        counts = [s for s in self._meshes_of if s <= 2 * target] if self.sound_within(2 * target) else self._meshes_of
+        order = sorted(counts, key=lambda s: (min(distance(s * b) for b in reachable(s)), s))
         best: dict[int, float] = {}
         best_distance = math.inf
         for s in order:
             low, high = reachable(s)
             if min(distance(s * low), distance(s * high)) > best_distance + _TIE:
                 break
+            if not self._sound_meshes_with(s):
+                continue  # no candidate with s batch shards is structurally sound
             if {s * b for b in (low, high) if distance(s * b) <= best_distance + _TIE} <= best.keys():
                 continue  # its nearest counts are found already, and their search prices every shard count
             found = []
@@ -1163,7 +1219,7 @@ def search(
         key=lambda r: r.best.estimate.step_time_s / r.best.estimate.tokens_per_step,
     )
     # above twice the target only where no mesh within it splits the slice (see `nearest_batches`)
-    split_within = any(shards <= 2 * target for shards in space.shard_counts)
+    split_within = space.sound_within(2 * target)
     result.batch_note = batch_note(
         target,
         result.global_batch,
