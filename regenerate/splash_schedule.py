@@ -39,15 +39,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 CHIP_DIR = Path(__file__).resolve().parents[1] / "cost_models" / "data" / "chips"
-TOPOLOGIES = {"v5p": "v5p:2x2x1", "tpu7x": "tpu7x:2x2x1"}
-HEADS, SEQ, HEAD_DIM = 8, 8192, 128
+TOPOLOGIES = {"v5p": "v5p:2x2x1", "tpu7x": "tpu7x:2x2x1", "v5e": "v5e:1x1"}
+HEADS, SEQ = 8, 8192
+HEAD_DIM = 128  # the default; `--head-dim` compiles another
 # the kernels each backward compiles to: jax's default dq and dk/dv kernels, or the fused one (a dk/dv kernel
 # forming dq too, `use_fused_bwd_kernel=True`), which MaxText runs and the chip rows' figures compare with
 BACKWARDS = {"unfused": ("dq", "dkv"), "fused": ("dkv",)}
 KERNELS = ("fwd", "dq", "dkv", "fused")  # as printed: "fused" is the fused backward's dk/dv kernel
 # MXUs per TensorCore and LHS rows each takes per cycle: peak = cores × MXUs × rows × tile² × 2 × clock
-MXUS = {"v5p": 4, "tpu7x": 2}
-ROWS_PER_CYCLE = {"v5p": 1, "tpu7x": 2}
+MXUS = {"v5p": 4, "tpu7x": 2, "v5e": 4}
+ROWS_PER_CYCLE = {"v5p": 1, "tpu7x": 2, "v5e": 1}
 CLOCK_DERIVATION = {
     "v5p": "4 MXUs per TensorCore (Cloud TPU v5p docs, https://cloud.google.com/tpu/docs/v5p-training: 'Each "
     "TensorCore has four Matrix Multiply Units (MXU)'), one row per cycle; the schedule issues one 8-row f32 "
@@ -55,6 +56,8 @@ CLOCK_DERIVATION = {
     "tpu7x": "2 MXUs per TensorCore (the bundles use mxu0 and mxu1 only, MATMUL capacity 2; jax's tpu_info.py TPU_7X "
     "num_mxus=2), 2 rows per cycle: in steady state (dk/dv) the schedule issues one 16-row vmatmul per MXU "
     "every 8 bundles; one row per cycle would give twice this clock",
+    "v5e": "4 MXUs per TensorCore (Cloud TPU v5e docs, https://cloud.google.com/tpu/docs/v5e: 'Each TensorCore has "
+    "4 matrix-multiply units (MXUs)'), one row per cycle, as v5p",
 }
 # the chip-row figures these numbers back, printed beside them
 ROW_FIELDS = ("attention_backward_over_forward", "attention_unfused_backward_factor")
@@ -232,9 +235,9 @@ def runtime_cores(chips: list[str], blocks: list[int], cores_list: list[int]) ->
     return 0
 
 
-def compile_splash(topology: str, block: int, backward: str, batch: int) -> None:
+def compile_splash(topology: str, block: int, backward: str, batch: int, head_dim: int) -> None:
     """In a child whose TPU compiler dumps its kernels: compiles the splash step deviceless, vmapped over
-    `batch` sequences (0: one sequence, not vmapped)."""
+    `batch` sequences (0: one sequence, not vmapped), heads of `head_dim`."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
@@ -249,14 +252,14 @@ def compile_splash(topology: str, block: int, backward: str, batch: int) -> None
         mask.MultiHeadMask([mask.CausalMask((SEQ, SEQ))] * HEADS), head_shards=1, q_seq_shards=1, block_sizes=sizes
     )
     sharding = _one_device(topology)
-    qkv = jax.ShapeDtypeStruct((batch,) * bool(batch) + (HEADS, SEQ, HEAD_DIM), jnp.bfloat16, sharding=sharding)
+    qkv = jax.ShapeDtypeStruct((batch,) * bool(batch) + (HEADS, SEQ, head_dim), jnp.bfloat16, sharding=sharding)
     splash = jax.vmap(splash) if batch else splash
     step = jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(splash(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2)))
     step.lower(qkv, qkv, qkv).compile()
 
 
 def dumped_schedules(
-    chip: str, block: int, backward: str, flags: str, batch: int
+    chip: str, block: int, backward: str, flags: str, batch: int, head_dim: int
 ) -> tuple[dict[str, KernelSchedule] | None, str, float]:
     """Compiles in a child with `flags` and its kernels dumped to a temporary folder: the kernels'
     schedules (None when the compile fails), the child's stderr and the seconds it took."""
@@ -264,7 +267,7 @@ def dumped_schedules(
         args = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} --xla_jf_dump_to={dump} {flags}".strip()
         started = time.perf_counter()
         child = subprocess.run(
-            [sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block), backward, str(batch)],
+            [sys.executable, __file__, "--compile", TOPOLOGIES[chip], str(block), backward, str(batch), str(head_dim)],
             env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1", LIBTPU_INIT_ARGS=args),
             capture_output=True,
             text=True,
@@ -278,15 +281,17 @@ def dumped_schedules(
 
 
 def compiled_schedules(
-    chip: str, block: int, backward: str, batch: int
+    chip: str, block: int, backward: str, batch: int, head_dim: int = HEAD_DIM
 ) -> tuple[dict[str, KernelSchedule], str, float]:
     """The kernels' schedules, the flags the compile needed beyond the dump, and its seconds:
-    a block the default scoped VMEM limit refuses is compiled again with `VMEM_FLAG`."""
+    a block the default scoped VMEM limit refuses is compiled again with `VMEM_FLAG`, then with the most
+    the chip's compiler grants (`scoped_vmem_max_bytes`)."""
     flags = ""
-    kernels, error, seconds = dumped_schedules(chip, block, backward, flags, batch)
-    if kernels is None and "CompileTimeScopedVmemOom" in error:
-        flags = VMEM_FLAG
-        kernels, error, seconds = dumped_schedules(chip, block, backward, flags, batch)
+    kernels, error, seconds = dumped_schedules(chip, block, backward, flags, batch, head_dim)
+    raised = [VMEM_FLAG, f"--xla_tpu_scoped_vmem_limit_kib={chip_row(chip)['scoped_vmem_max_bytes'] // 1024}"]
+    while kernels is None and "CompileTimeScopedVmemOom" in error and raised:
+        flags = raised.pop(0)
+        kernels, error, seconds = dumped_schedules(chip, block, backward, flags, batch, head_dim)
     if kernels is None:
         raise RuntimeError(f"{chip} B={block} {backward} failed to compile:\n{error[-3000:]}")
     return kernels, flags, seconds
@@ -364,12 +369,13 @@ def main(argv=None) -> int:
         help="instead: cpplan's runtime's call for devices of these many TensorCores (its rows split per core)",
     )
     parser.add_argument(
-        "--compile", nargs=4, metavar=("TOPOLOGY", "BLOCK", "BACKWARD", "BATCH"), help=argparse.SUPPRESS
+        "--compile", nargs=5, metavar=("TOPOLOGY", "BLOCK", "BACKWARD", "BATCH", "HEAD_DIM"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM, help="the heads' size (default 128)")
     parser.add_argument("--compile-runtime", nargs=3, metavar=("TOPOLOGY", "BLOCK", "CORES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.compile:
-        compile_splash(args.compile[0], int(args.compile[1]), args.compile[2], int(args.compile[3]))
+        compile_splash(args.compile[0], int(args.compile[1]), args.compile[2], *map(int, args.compile[3:]))
         return 0
     if args.compile_runtime:
         compile_runtime(args.compile_runtime[0], int(args.compile_runtime[1]), int(args.compile_runtime[2]))
@@ -378,7 +384,7 @@ def main(argv=None) -> int:
         return runtime_cores(args.chips, args.blocks, args.runtime_cores)
     print(
         f"jax {importlib.metadata.version('jax')}, libtpu {importlib.metadata.version('libtpu')}; "
-        f"q, k, v bf16 [{HEADS}, {SEQ}, {HEAD_DIM}], causal, every block = B"
+        f"q, k, v bf16 [{HEADS}, {SEQ}, {args.head_dim}], causal, every block = B"
     )
     for chip in args.chips:
         row = chip_row(chip)
@@ -392,7 +398,7 @@ def main(argv=None) -> int:
         for block, batch in ((b, n) for b in args.blocks for n in args.batch):
             kernels, notes = {}, []
             for backward in BACKWARDS:
-                compiled, flags, seconds = compiled_schedules(chip, block, backward, batch)
+                compiled, flags, seconds = compiled_schedules(chip, block, backward, batch, args.head_dim)
                 kernels.update(compiled if backward == "unfused" else {"fused": compiled["dkv"]})
                 notes.append(
                     f"{backward} compiled in {seconds:.0f} s"
