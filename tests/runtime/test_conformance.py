@@ -8,6 +8,7 @@ import io
 import os
 import re
 from fractions import Fraction
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,10 +66,23 @@ def arrays(plan):
     return q, kv, kv
 
 
-def call_key(kernel, q, k):
+class CallKey(NamedTuple):
     """What a splash call is, as the spec describes one: lengths, heads (batch folded in), mask, query block,
-    and the backward its kernel runs (fused, or dq and dK/dV)."""
-    return (
+    the backward its kernel runs (fused, or dq and dK/dV) and the chunks of its keys that backward runs over."""
+
+    q_len: int
+    kv_len: int
+    q_rows: int
+    kv_rows: int
+    masked: bool
+    block_q: int
+    fused: bool
+    key_chunks: int
+
+
+def call_key(kernel, q, k) -> CallKey:
+    """A runtime call's `CallKey`."""
+    return CallKey(
         q.shape[1],
         k.shape[1],
         q.shape[0],
@@ -114,7 +128,7 @@ def spec_calls(plan, *, shared_cores):
             q_len, kv_len = int(call.q_len), int(call.kv_len)
             block_q = int(min(plan.block_q, q_len, float(call.q_block_cap)))
             calls[
-                (
+                CallKey(
                     q_len,
                     kv_len,
                     int(sequences * layout.q_heads),
@@ -157,9 +171,9 @@ def test_a_plan_with_the_fused_backward_runs_it_in_every_call(recorded, strategy
     """With the plan's `fused_attention_backward` on, its spec's calls say fused and the runtime's kernels
     run it: the backward kind is part of what is compared."""
     plan = make_plan(strategy, mesh, seq_len, fused=True, **options)
-    assert all(key[-1] for key in spec_calls(plan, shared_cores=False))
+    assert all(key.fused for key in spec_calls(plan, shared_cores=False))
     assert_conforms(recorded, plan)
-    assert recorded[0] and all(key[-1] for key in recorded[0])
+    assert recorded[0] and all(key.fused for key in recorded[0])
 
 
 @pytest.mark.parametrize("strategy,mesh,seq_len,options", [CASES[0], CASES[2], CASES[8]], ids=lambda c: str(c))
@@ -170,8 +184,8 @@ def test_a_fused_backward_over_key_chunks_runs_the_chunks_the_price_counts(
     over chunks of its keys (one per block), as many as the price counts for it."""
     monkeypatch.setattr("cost_models.compute.DQ_PARTIALS_HBM_SHARE", 1e-9)
     assert_conforms(recorded, make_plan(strategy, mesh, seq_len, fused=True, **options))
-    several = [key for key in recorded[0] if key[1] > 128]  # more keys than one 128-token block
-    assert several and all(key[-1] == key[1] // 128 for key in several)
+    several = [key for key in recorded[0] if key.kv_len > 128]  # more keys than one 128-token block
+    assert several and all(key.key_chunks == key.kv_len // 128 for key in several)
 
 
 def test_a_strategy_registered_in_one_place_conforms(recorded):

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.cpu_mesh
 
 LENGTH, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 512, 4, 2, 32, 128
 CHUNKING_HBM = 2**20  # an HBM of 1 MiB: this call's 1 MiB of dq partials run as one chunk per key block
+HALVING_HBM = 2**22  # 4 MiB: the partials over an eighth of it ask for 2 chunks of 2 key blocks each
 
 
 def inputs(batch=1):
@@ -56,8 +57,10 @@ def test_key_chunks_give_the_unchunked_and_the_dense_gradients(causal):
     make = lambda config: (splash.causal_kernel if causal else splash.full_kernel)(LENGTH, LENGTH, config)
     whole, unchunked = gradients(make, 0, q, k, v, d_out)
     chunks, chunked = gradients(make, CHUNKING_HBM, q, k, v, d_out)
-    assert (whole, chunks) == (1, LENGTH // BLOCK)
+    halves, halved = gradients(make, HALVING_HBM, q, k, v, d_out)
+    assert (whole, chunks, halves) == (1, LENGTH // BLOCK, 2)
     assert_close(chunked, unchunked, 1e-5)
+    assert_close(halved, unchunked, 1e-5)
     assert_close(chunked, dense_gradients(q, k, v, d_out, causal=causal))
 
 
