@@ -66,16 +66,15 @@ def fused_pairs(report: StepTimeReport) -> list[tuple[StepResult, StepResult]]:
 
 
 def main():
-    plans = measured_plans(RESULTS)
-    report = report_of(plans)
+    report = report_of(measured_plans(RESULTS))
     report.write(RESULTS, plots=False)
     s = report.summary()
     by_len = report.by_seq_len()
     # a plan is chosen for one model: each model's plans are ranked, and its regret read, apart
-    models = defaultdict(dict)
-    for key, measured in plans.items():
-        models[measured[0].model.name][key] = measured
-    per_model = {name: report_of(subset) for name, subset in sorted(models.items())}
+    models = defaultdict(lambda: StepTimeReport(report.title))
+    for result in report.results:
+        models[result.plan.model.name].results.append(result)
+    per_model = dict(sorted(models.items()))
     regret = max(r.summary()["regret"] for r in per_model.values())
     print(report.title)
     print(f"plans measured {s['plans_measured']:>8}   target ≥ {TARGETS['plans']}")

@@ -148,8 +148,8 @@ def fused_backward_key_chunks(q_heads, q_len, kv_len, *, head_dim, block_kv, act
     one where the call's dq partials (jax's splash: one per key block, in q's dtype) fit
     `DQ_PARTIALS_HBM_SHARE` of `hbm_bytes`, else the fewest that bring one chunk's under it, a power of two
     dividing the key blocks, or one chunk per key block where none does; one where `hbm_bytes` is 0."""
-    blocks = np.ceil(np.asarray(kv_len, dtype=float) / np.minimum(block_kv, kv_len))
-    partials = blocks * act_bytes * dq_elements(q_heads, q_len, head_dim)
+    blocks, nbytes = dq_partials(kv_len, block_kv, act_bytes=act_bytes, in_q_dtype=True)
+    partials = blocks * nbytes * dq_elements(q_heads, q_len, head_dim)
     budget = DQ_PARTIALS_HBM_SHARE * np.asarray(hbm_bytes, dtype=float)
     need = np.where(budget > 0, partials / np.where(budget > 0, budget, 1.0), 1.0)
     power = 2.0 ** np.ceil(np.log2(np.maximum(need, 1.0)))

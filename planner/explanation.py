@@ -139,19 +139,20 @@ def backward_text(plan: Plan, target: Target) -> str:
     if target is not Target.CPPLAN and plan.dq_reduction_steps:
         return f"splash's fused kernel (dq as {plan.dq_reduction_steps} rolled partials, summed after it)"
     text = "splash's fused kernel (dq as partials, one per key block, summed after it"
-    chunks = fused_key_chunks(plan) if TRAITS[target].fused_backward_in_key_chunks else 1
+    chunks = fused_key_chunks(plan, target)
     if chunks > 1:
         share = f"{DQ_PARTIALS_HBM_SHARE:.1%} of the HBM"
         text += f"; over {chunks} chunks of the keys, one chunk's partials at a time, within {share}"
     return text + ")"
 
 
-def fused_key_chunks(plan: Plan) -> int:
-    """The most chunks of its keys any of the plan's fused backward calls runs over (`key_chunks`)."""
+def fused_key_chunks(plan: Plan, target: Target = Target.CPPLAN) -> int:
+    """The most chunks of its keys any of the plan's fused backward calls runs over on `target` (`key_chunks`)."""
     x = candidates_of(plan)
     spec = plan.strategy_spec
     layout = spec.layout(x)
-    return max(int(np.max(key_chunks(x, layout, call, True))) for call in spec.kernel_calls(x, layout))
+    in_chunks = TRAITS[target].fused_backward_in_key_chunks
+    return max(int(np.max(key_chunks(x, layout, call, in_chunks))) for call in spec.kernel_calls(x, layout))
 
 
 def short(plan: Plan) -> str:
