@@ -35,3 +35,24 @@ def member(enum_type, value, *, lead: str, tail: str = "."):
         return enum_type(value)
     except ValueError:
         raise CpplanError(f"{lead} {', '.join(m.value for m in enum_type)}{tail}") from None
+
+
+def from_fields(cls, row, *, what: str):
+    """A frozen dataclass `cls` from its JSON object `row`, naming missing or unknown fields (`what`: how the
+    message names the object, e.g. "a model").
+
+    Raises:
+        CpplanError: not an object, a missing or unknown field.
+    """
+    import dataclasses
+
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if not isinstance(row, dict):
+        raise CpplanError(
+            f"{what} is a JSON object of fields ({', '.join(fields)}), not {type(row).__name__}: {row!r:.80}."
+        )
+    required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+    missing, extra = [f for f in required if f not in row], sorted(set(row) - set(fields))
+    if missing or extra:
+        raise CpplanError(f"{what}'s fields: missing {missing}, unknown {extra}; it has {', '.join(fields)}.")
+    return cls(**row)

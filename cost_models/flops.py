@@ -43,11 +43,16 @@ def layer_forward_flops(model: ModelSpec, seq_len, tokens, mask: AttentionMask |
     keys = np.minimum(mask.size, seq_len) if mask.local else seq_len
     if model.varying_documents and mask.causal and not mask.local:
         keys = np.vectorize(lambda s: 2 * model.varying_documents.keys_seen(s), otypes=[float])(seq_len)
+    if model.latent:  # the latents' projections; the scores are q·k over head_dim, the values v_head_dim wide
+        projections, out = model.latent.projection_params(d, h, hd)
+        qkv, out_proj, score_value_width = 2.0 * tokens * projections, 2.0 * tokens * out, hd + model.latent.v_head_dim
+    else:
+        qkv, out_proj, score_value_width = 2.0 * tokens * d * (h + 2 * k) * hd, 2.0 * tokens * d * h * hd, 2 * hd
     return LayerFlops(
-        qkv=2.0 * tokens * d * (h + 2 * k) * hd,
-        out_proj=2.0 * tokens * d * h * hd,
-        mlp=2.0 * tokens * model.mlp_matrices * d * model.intermediate,
-        attention=4.0 * tokens * keys * h * hd / (2 if mask.causal else 1),
+        qkv=qkv,
+        out_proj=out_proj,
+        mlp=tokens * model.mlp_flops_per_token,
+        attention=2.0 * tokens * keys * h * score_value_width / (2 if mask.causal else 1),
     )
 
 

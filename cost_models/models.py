@@ -16,11 +16,18 @@ from functools import cached_property
 from pathlib import Path
 
 from cost_models.documents import DocumentLengths
-from cost_models.errors import CpplanError, unknown_name
+from cost_models.errors import CpplanError, from_fields, unknown_name
+from cost_models.experts import Experts
+from cost_models.latent_attention import LatentAttention
 from cost_models.masks import CAUSAL, FULL, AttentionMask, MaskKind
 from cost_models.vocabulary import _Named
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+# model types whose every layer norms its queries and keys per head, and that carry attention sinks
+HF_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+HF_SINK_TYPES = ("gpt_oss",)
+# model types whose `sliding_window` applies only where `use_sliding_window` says so (off where unset)
+HF_WINDOW_OPT_IN_TYPES = ("qwen2", "qwen3", "qwen3_moe")
 
 # The MLP activations cpplan's runtime runs, by MaxText's names (`linears._convert_to_activation_function`:
 # "linear" is the identity, any other name the flax.linen function of that name).
@@ -95,6 +102,12 @@ class ModelSpec:
     # rows packed from documents, no query seeing another document: of this many tokens, aligned at its
     # multiples; or of varying lengths (`DocumentLengths`; marked by segment ids only); 0: unpacked rows
     documents: int | DocumentLengths = 0
+    # a mixture-of-experts MLP (None: every layer's MLP is the dense one, `intermediate` wide)
+    experts: Experts | None = None
+    # multi-head latent attention's projections (None: grouped-query attention's q, k, v)
+    latent: LatentAttention | None = None
+    qk_norm: bool = False  # an RMSNorm over each head's queries and keys (Qwen3, Gemma 3 and 4)
+    attention_sinks: bool = False  # a learned logit per head that every query's softmax also sees (GPT-OSS)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -111,11 +124,17 @@ class ModelSpec:
                 f"model {self.name!r}: num_heads={self.num_heads} must be a multiple of "
                 f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
             )
-        for f in ("tie_embeddings", "qkv_bias", "causal"):
+        for f in ("tie_embeddings", "qkv_bias", "causal", "qk_norm", "attention_sinks"):
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
         object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))
         self._check_local_layers()
+        if self.experts is not None:
+            object.__setattr__(self, "experts", Experts.from_dict(self.experts))
+            self.experts.check(self.name, self.num_layers)
+        if self.latent is not None:
+            object.__setattr__(self, "latent", LatentAttention.from_dict(self.latent))
+            self.latent.check(self.name, self.head_dim, self.num_heads, self.num_kv_heads)
         if not isinstance(self.decoder_block, str):
             raise CpplanError(
                 f"model {self.name!r}: decoder_block={self.decoder_block!r} must be a name: "
@@ -278,14 +297,92 @@ class ModelSpec:
         return self.mlp_inputs + 1
 
     @property
-    def params_per_layer(self) -> int:
-        """Weights of one decoder layer: q, k, v, o projections, the MLP's matrices, its norms' scales."""
+    def attention_params(self) -> int:
+        """Weights of one layer's attention: its projections, biases, q/k norm scales and sinks."""
+        if self.latent:
+            projections, out = self.latent.projection_params(self.hidden, self.num_heads, self.head_dim)
+            return projections + out + self.attention_sinks * self.num_heads
         q = self.hidden * self.num_heads * self.head_dim
         kv = 2 * self.hidden * self.num_kv_heads * self.head_dim
         o = self.num_heads * self.head_dim * self.hidden
-        mlp = self.mlp_matrices * self.hidden * self.intermediate
         bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
-        return q + kv + o + mlp + bias + self.decoder_block.norms * self.hidden
+        return q + kv + o + bias + 2 * self.qk_norm * self.head_dim + self.attention_sinks * self.num_heads
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """Weights of a dense layer's MLP."""
+        return self.mlp_matrices * self.hidden * self.intermediate
+
+    @property
+    def expert_mlp_params(self) -> int:
+        """Weights of a mixture-of-experts layer's MLP: every routed and shared expert, the router (0 for a
+        dense model)."""
+        e = self.experts
+        if not e:
+            return 0
+        expert = self.mlp_matrices * self.hidden * e.intermediate + e.bias * (
+            self.mlp_inputs * e.intermediate + self.hidden
+        )
+        return (e.count + e.shared) * expert + self.hidden * e.count + e.bias * e.count
+
+    @property
+    def moe_layers(self) -> int:
+        """Decoder layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return self.experts.layers(self.num_layers) if self.experts else 0
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of a decoder layer, averaged over the layers (dense and mixture-of-experts ones): its
+        attention, its MLP, its norms' scales."""
+        return self.layer_params // self.num_layers
+
+    @property
+    def layer_params(self) -> int:
+        """Weights of all decoder layers."""
+        mlp = (self.num_layers - self.moe_layers) * self.dense_mlp_params + self.moe_layers * self.expert_mlp_params
+        return self.num_layers * (self.attention_params + self.decoder_block.norms * self.hidden) + mlp
+
+    @property
+    def largest_layer_params(self) -> int:
+        """Weights of the largest decoder layer (the one whose gathered weights a device holds at its peak)."""
+        mlp = max(self.expert_mlp_params, self.dense_mlp_params if self.moe_layers < self.num_layers else 0)
+        return self.attention_params + self.decoder_block.norms * self.hidden + mlp
+
+    @property
+    def mlp_width(self) -> int:
+        """Values per token of each MLP input projection's output in the widest layer: a dense MLP's
+        `intermediate`; a mixture of experts' active experts' widths together (its routed copies of each
+        token run through `per_token` experts, and the shared ones)."""
+        moe = self.experts.active * self.experts.intermediate if self.experts else 0
+        return max(moe, self.intermediate if self.moe_layers < self.num_layers else 0)
+
+    @property
+    def mlp_matrix_params(self) -> int:
+        """Weights of one MLP matrix of the widest layer as a device gathers it: a dense layer's `hidden ×
+        intermediate`; a mixture of experts' one matrix of every expert."""
+        e = self.experts
+        moe = (e.count + e.shared) * self.hidden * e.intermediate if e else 0
+        return max(moe, self.hidden * self.intermediate if self.moe_layers < self.num_layers else 0)
+
+    @property
+    def mlp_flops_per_token(self) -> float:
+        """Forward FLOPs of the MLP per token, averaged over the layers: the active experts' matmuls and the
+        router in a mixture-of-experts layer, the dense MLP's elsewhere."""
+        dense = 2.0 * self.dense_mlp_params
+        if not self.experts:
+            return dense
+        e = self.experts
+        moe = 2.0 * (self.mlp_matrices * self.hidden * e.intermediate * e.active + self.hidden * e.count)
+        return ((self.num_layers - self.moe_layers) * dense + self.moe_layers * moe) / self.num_layers
+
+    @property
+    def active_params(self) -> int:
+        """Weights a token's forward pass multiplies by: all but the experts it is not routed to."""
+        if not self.experts:
+            return self.num_params
+        e = self.experts
+        idle = self.moe_layers * (e.count - e.per_token) * self.mlp_matrices * self.hidden * e.intermediate
+        return self.num_params - idle
 
     @property
     def embedding_params(self) -> int:
@@ -295,7 +392,7 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        return self.num_layers * self.params_per_layer + self.embedding_params
+        return self.layer_params + self.embedding_params
 
     def to_dict(self) -> dict:
         row = {**dataclasses.asdict(self), "decoder_block": self.decoder_block.value}
@@ -306,6 +403,9 @@ class ModelSpec:
             row.pop("documents")
         elif self.varying_documents:
             row["documents"] = self.varying_documents.to_dict()
+        for key in ("experts", "latent", "qk_norm", "attention_sinks"):  # a dense GQA model reads as it always has
+            if not row[key]:
+                row.pop(key)
         return row
 
     @classmethod
@@ -315,19 +415,13 @@ class ModelSpec:
         Raises:
             CpplanError: not an object, a missing or unknown field, or a value out of range.
         """
-        if not isinstance(row, dict):
-            raise CpplanError(f"a model is a JSON object of fields, not {type(row).__name__}: {row!r:.80}.")
-        fields = [f.name for f in dataclasses.fields(cls)]
-        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
-        missing, extra = [f for f in required if f not in row], sorted(set(row) - set(fields))
-        if missing or extra:
-            raise CpplanError(f"model fields: missing {missing}, unknown {extra}; a model has {', '.join(fields)}.")
-        return cls(**row)
+        return from_fields(cls, row, what="a model")
 
     @classmethod
     def from_hf_config(cls, path: str | os.PathLike, *, name: str | None = None) -> "ModelSpec":
-        """Reads a Hugging Face `config.json` of a llama, mistral or qwen2 model; `is_causal: false`
-        makes its mask full.
+        """Reads a Hugging Face `config.json` of a model type in `HF_MODEL_TYPES`: dense (llama, mistral,
+        qwen2, qwen3), mixture-of-experts (mixtral, qwen3_moe, gpt_oss) and DeepSeek-V3's latent attention
+        with experts (deepseek_v3); `is_causal: false` makes its mask full.
 
         Raises:
             CpplanError: the file is unreadable, of another model type, lacks a field, or has a
@@ -361,7 +455,7 @@ class ModelSpec:
             raise CpplanError(
                 f"{str(path)!r}: missing {', '.join(missing)}; a {model_type} config needs {', '.join(required)}."
             )
-        for key in (*required, "num_key_value_heads", "head_dim"):
+        for key in (*required, "num_key_value_heads", "head_dim", "qk_nope_head_dim"):
             value = cfg.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONFIG_INTEGER:
                 raise CpplanError(
@@ -378,6 +472,7 @@ class ModelSpec:
                 f"so the head size is not whole; give head_dim explicitly."
             )
         local = _hf_local_layers(path, cfg)
+        experts, latent = _hf_experts(path, cfg), _hf_latent(path, cfg)
         hidden_act = cfg.get("hidden_act", "silu")
         if not isinstance(hidden_act, str) or hidden_act not in HF_ACTIVATIONS:
             raise CpplanError(
@@ -395,13 +490,17 @@ class ModelSpec:
                 hidden=hidden,
                 num_heads=heads,
                 num_kv_heads=cfg.get("num_key_value_heads", heads),
-                head_dim=cfg.get("head_dim", hidden // heads),
+                head_dim=_hf_head_dim(cfg),
                 intermediate=cfg["intermediate_size"],
                 vocab=cfg["vocab_size"],
                 tie_embeddings=cfg.get("tie_word_embeddings", False),
-                qkv_bias=cfg.get("attention_bias", model_type == "qwen2"),
+                qkv_bias=cfg.get("attention_bias", model_type == "qwen2") and not latent,
                 mlp_activations=(HF_ACTIVATIONS[hidden_act], "linear"),
                 causal=cfg.get("is_causal", True),
+                experts=experts,
+                latent=latent,
+                qk_norm=model_type in HF_QK_NORM_TYPES,
+                attention_sinks=model_type in HF_SINK_TYPES,
                 **local,
             )
         except CpplanError as err:  # a shape the model refuses: say which file holds it
@@ -457,7 +556,7 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
                 f"{cfg['num_hidden_layers']}; give one type per layer."
             )
         pattern = "".join(HF_LAYER_TYPES[t] for t in types)
-    elif window is None or cfg.get("use_sliding_window", cfg["model_type"] != "qwen2") is False:
+    elif window is None or cfg.get("use_sliding_window", cfg["model_type"] not in HF_WINDOW_OPT_IN_TYPES) is False:
         return {}
     elif cfg.get("sliding_window_pattern") is not None:
         every = _config_count(
@@ -485,6 +584,81 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
     window = _config_count(path, cfg, key, 1, "a positive integer of at most 2**31 for its local layers")
     kind = MaskKind.CHUNKED if chunked else MaskKind.SLIDING
     return {"window": window, "local_kind": kind.value, "layer_pattern": pattern}
+
+
+# each model type's names for its experts' fields: (routed experts, experts per token, shared experts)
+HF_EXPERT_KEYS = {
+    "mixtral": ("num_local_experts", "num_experts_per_tok", None),
+    "qwen3_moe": ("num_experts", "num_experts_per_tok", None),
+    "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "n_shared_experts"),
+    "gpt_oss": ("num_local_experts", "num_experts_per_tok", None),
+}
+
+
+def _hf_experts(path: Path, cfg: dict) -> Experts | None:
+    """The experts of a mixture-of-experts config (None for a dense model type). An expert is
+    `moe_intermediate_size` wide where the config has one (its dense layers `intermediate_size`), else
+    `intermediate_size`; DeepSeek-V3's leading dense layers are `first_k_dense_replace`.
+
+    Raises:
+        CpplanError: a missing or malformed count, or layers that interleave dense and expert MLPs in a
+            way other than a dense lead (Qwen3-MoE's `decoder_sparse_step` > 1, `mlp_only_layers`).
+    """
+    keys = HF_EXPERT_KEYS.get(cfg["model_type"])
+    if keys is None:
+        return None
+    routed, per_token, shared = keys
+    if cfg["model_type"] == "gpt_oss" and per_token not in cfg:
+        per_token = "experts_per_token"
+    count = _config_count(path, cfg, routed, 2, "a number of routed experts of at least 2")
+    top_k = _config_count(path, cfg, per_token, 1, "the experts each token is routed to, at least 1")
+    width_key = "moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"
+    width = _config_count(path, cfg, width_key, 1, "one expert's MLP width, a positive integer")
+    shared_count = _config_count(path, cfg, shared, 0, "an integer of 0 or more") if shared and shared in cfg else 0
+    dense = 0
+    if "first_k_dense_replace" in cfg:
+        dense = _config_count(
+            path, cfg, "first_k_dense_replace", 0, "an integer of 0 or more: the leading dense layers"
+        )
+    if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers") or cfg.get("moe_layer_freq", 1) != 1:
+        raise CpplanError(
+            f"{str(path)!r}: decoder_sparse_step={cfg.get('decoder_sparse_step', 1)!r}, mlp_only_layers="
+            f"{cfg.get('mlp_only_layers')!r:.40}, moe_layer_freq={cfg.get('moe_layer_freq', 1)!r}: cpplan prices "
+            f"experts in every layer after a dense lead (first_k_dense_replace), not dense layers between them."
+        )
+    return Experts(
+        count=count,
+        per_token=top_k,
+        intermediate=width,
+        shared=shared_count,
+        dense_layers=dense,
+        bias=cfg["model_type"] == "gpt_oss",
+    )
+
+
+def _hf_latent(path: Path, cfg: dict) -> LatentAttention | None:
+    """A DeepSeek config's latent attention (`kv_lora_rank` and the rest), or None where it has none.
+
+    Raises:
+        CpplanError: a missing or malformed rank or head width.
+    """
+    if cfg.get("kv_lora_rank") is None:
+        return None
+    rule = "a positive integer"
+    return LatentAttention(
+        kv_rank=_config_count(path, cfg, "kv_lora_rank", 1, rule),
+        rope_dims=_config_count(path, cfg, "qk_rope_head_dim", 0, "an integer of 0 or more"),
+        v_head_dim=_config_count(path, cfg, "v_head_dim", 1, rule),
+        q_rank=_config_count(path, cfg, "q_lora_rank", 1, rule) if cfg.get("q_lora_rank") is not None else 0,
+    )
+
+
+def _hf_head_dim(cfg: dict) -> int:
+    """Each head's query/key width: `head_dim`; a latent attention's `qk_nope_head_dim + qk_rope_head_dim`;
+    else the hidden size over the heads."""
+    if cfg.get("kv_lora_rank") is not None and "qk_nope_head_dim" in cfg:
+        return cfg["qk_nope_head_dim"] + cfg.get("qk_rope_head_dim", 0)
+    return cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
 
 
 def _config_count(path: Path, cfg: dict, key: str, low: int, rule: str) -> int:

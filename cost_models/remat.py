@@ -59,8 +59,8 @@ class Checkpoint:
             "key_proj": kv,
             "value_proj": kv,
             "out_proj": model.hidden,
-            "mlpwi_0": model.intermediate,
-            "mlpwi_1": model.intermediate if model.gated else 0,
+            "mlpwi_0": model.mlp_width,
+            "mlpwi_1": model.mlp_width if model.gated else 0,
             "mlpwo": model.hidden,
             ATTENTION_OUTPUT: model.num_heads * model.head_dim,
         }[self.name]
@@ -72,7 +72,7 @@ class Checkpoint:
         """Weights of the matmul that computes this checkpoint (its FLOPs per token, halved)."""
         if not self.is_matmul():
             raise CpplanError(f"checkpoint {self.name!r} is the attention's output, not a matmul's.")
-        inner = model.intermediate if self.block is Block.MLP else model.num_heads * model.head_dim
+        inner = model.mlp_width if self.block is Block.MLP else model.num_heads * model.head_dim
         return self.width(model) * (inner if self.name in ("out_proj", "mlpwo") else model.hidden)
 
 

@@ -45,7 +45,7 @@ def price_elementwise(x: Candidates, *, mlp_chunk_tokens: int | None = MLP_CHUNK
     model, tokens, hbm_bw = x.model, x.tokens_per_device, x.topology.hbm_bw_per_device
     residual = residual_tokens(tokens, x.tensor)
     # the activation reads each input projection's output and writes their activated product
-    activation_width = (model.mlp_inputs + 1) * model.intermediate
+    activation_width = (model.mlp_inputs + 1) * model.mlp_width
     split_width = (2 * (model.num_heads + model.num_kv_heads) * model.head_dim + activation_width) / x.tensor
     block = model.decoder_block
     residual_width = (block.norms * NORM_PASSES + (1 if block.parallel else 2) * ADD_PASSES) * model.hidden

@@ -10,6 +10,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.compute import tile_efficiency
 from cost_models.flops import layer_forward_flops
+from cost_models.pricing.experts import price_experts
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ class MatmulTimes:
 
 
 def price_matmuls(x: Candidates) -> MatmulTimes:
-    """Prices one decoder layer's matmuls for every candidate."""
+    """Prices one decoder layer's matmuls for every candidate (a mixture of experts' MLP averaged with a
+    dense lead's over the layers)."""
     model, chip = x.model, x.topology.chip
     tile, tensor = chip.mxu_tile, x.tensor
     flops = layer_forward_flops(model, x.seq_len, x.tokens_per_device)
@@ -41,7 +43,7 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     out_padding = tile_efficiency(model.num_heads * model.head_dim / tensor, tile) * tile_efficiency(model.hidden, tile)
     mlp_padding = tile_efficiency(model.hidden, tile) * tile_efficiency(model.intermediate / tensor, tile)
     projections_s = (flops.qkv / qkv_padding + flops.out_proj / out_padding) / tensor / x.achievable_matmul_flops
-    mlp_s = flops.mlp / mlp_padding / tensor / x.achievable_matmul_flops
+    mlp_s = mlp_seconds(x, mlp_padding)
 
     hbm_bw = x.topology.hbm_bw_per_device
     weight_bytes = model.params_per_layer * x.act_bytes / tensor
@@ -63,3 +65,14 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
             + flops.mlp / tensor * (3 + remat.recompute_mlp)
         ),
     )
+
+
+def mlp_seconds(x: Candidates, dense_padding) -> np.ndarray:
+    """Forward seconds of one layer's MLP, averaged over the layers: the dense MLP's matmuls on the MXU with
+    its tile padding, a mixture of experts' routing, grouped matmuls and permutes (`price_experts`)."""
+    model = x.model
+    dense_s = 2.0 * x.tokens_per_device * model.dense_mlp_params / dense_padding / x.tensor / x.achievable_matmul_flops
+    if not model.experts:
+        return dense_s
+    share = model.moe_layers / model.num_layers
+    return (1 - share) * dense_s + share * price_experts(x).total_s

@@ -181,15 +181,15 @@ def price_memory(
     attention_values = tokens * (m.hidden + (2 * m.num_heads + 2 * m.num_kv_heads) * head / tensor) + residual_stream
     # a chunk's input projections' outputs and its own copy of the MLP's input, which an MLP with no chunk
     # loop does not make (`mlp_input_copies`)
-    mlp_side = m.mlp_inputs * m.intermediate / tensor + mlp_input_copies(mlp_chunk_tokens) * m.hidden
+    mlp_side = m.mlp_inputs * m.mlp_width / tensor + mlp_input_copies(mlp_chunk_tokens) * m.hidden
     mlp_tokens = np.minimum(mlp_chunk_tokens or np.inf, tokens)
     loss_tokens = np.minimum(x.loss_chunk_tokens or np.inf, tokens)
     # one piece's columns for each tensor degree present (a search prices few degrees over many rows)
     degrees, which = np.unique(np.asarray(tensor, dtype=int), return_inverse=True)
     piece_of_degree = np.array([(m.vocab // t) / vocab_pieces(m.vocab // t) for t in degrees])
     head_piece = piece_of_degree[which].reshape(np.shape(tensor))
-    largest_matrix = m.hidden * max(m.intermediate, m.num_heads * m.head_dim) / tensor
-    mlp_matrix = m.hidden * m.intermediate / tensor
+    largest_matrix = max(m.mlp_matrix_params, m.hidden * m.num_heads * m.head_dim) / tensor
+    mlp_matrix = m.mlp_matrix_params / tensor
     # the chunk loop holds every MLP matrix, gathered before it, and carries each one's weight-gradient
     # sum in the compute dtype, forming a chunk's new sum while reading the carried one (one chunk: none)
     mlp_loop_matrices = 2 * m.mlp_matrices + (tokens > mlp_tokens)
@@ -329,7 +329,7 @@ def flat_program_held(x: Candidates, residual_stream, mlp_tokens, mlp_matrix) ->
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     host = x.remat_columns  # the offloads as placed: a flat program's do leave HBM by its backward
     attention_side = host.saved_on_host - host.offloaded_mlp_side
-    layer_weights = (m.params_per_layer - m.decoder_block.norms * m.hidden) / tensor
+    layer_weights = (m.largest_layer_params - m.decoder_block.norms * m.hidden) / tensor
     held = (
         m.num_layers * (tokens * attention_side / tensor + residual_stream)
         + 2 * mlp_tokens * host.offloaded_mlp_side / tensor

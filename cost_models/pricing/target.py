@@ -112,7 +112,7 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     recompute_inputs = m.vocab / x.tensor * m.hidden * x.act_bytes + tokens * m.hidden * 4
     offloads_mlp = np.any([checkpoint_placed(x, n, Placement.OFFLOAD) for n in MLP_INPUT_CHECKPOINTS], axis=0)
     mlp_offloaded = offloads & offloads_mlp
-    mlp = 2 * m.mlp_inputs * tokens * m.intermediate / x.tensor * x.act_bytes
+    mlp = 2 * m.mlp_inputs * tokens * m.mlp_width / x.tensor * x.act_bytes
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
     one_tile = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens) == 1

@@ -1,0 +1,71 @@
+"""A mixture-of-experts MLP: routed experts of which each token takes its top k, experts every token
+passes through (shared), and leading decoder layers whose MLP stays dense. MaxText's `RoutedMoE` and
+DeepSeek's layer shape (docs/provenance/moe_models.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from cost_models.errors import CpplanError, from_fields
+
+
+@dataclass(frozen=True)
+class Experts:
+    """The MLP of a decoder's mixture-of-experts layers.
+
+    Attributes:
+        count: routed experts per layer (MaxText's `num_experts`).
+        per_token: experts each token is routed to (`num_experts_per_tok`, the top k).
+        intermediate: one expert's MLP width (`moe_mlp_dim`; Hugging Face's `moe_intermediate_size`).
+        shared: experts every token passes through, each `intermediate` wide (`shared_experts`).
+        dense_layers: leading decoder layers whose MLP is the model's dense one (`first_num_dense_layers`).
+        bias: the experts' matrices and the router carry biases (GPT-OSS).
+    """
+
+    count: int
+    per_token: int
+    intermediate: int
+    shared: int = 0
+    dense_layers: int = 0
+    bias: bool = False
+
+    def check(self, model: str, num_layers: int) -> None:
+        """Raises CpplanError naming the field of `model` that breaks a rule."""
+        for name, low in (("count", 2), ("per_token", 1), ("intermediate", 1), ("shared", 0), ("dense_layers", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise CpplanError(f"model {model!r}: experts.{name}={value!r} must be an integer of at least {low}.")
+        if not isinstance(self.bias, bool):
+            raise CpplanError(f"model {model!r}: experts.bias={self.bias!r} must be true or false.")
+        if self.per_token > self.count:
+            raise CpplanError(
+                f"model {model!r}: experts.per_token={self.per_token} exceeds experts.count={self.count}: a token "
+                f"is routed to at most every expert."
+            )
+        if self.dense_layers >= num_layers:
+            raise CpplanError(
+                f"model {model!r}: experts.dense_layers={self.dense_layers} leaves no mixture-of-experts layer "
+                f"of num_layers={num_layers}; give a dense model (no experts) instead."
+            )
+
+    @property
+    def active(self) -> int:
+        """Experts each token's MLP runs: its routed ones and the shared ones."""
+        return self.per_token + self.shared
+
+    def layers(self, num_layers: int) -> int:
+        """The mixture-of-experts layers of a decoder of `num_layers` layers."""
+        return num_layers - self.dense_layers
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, row) -> "Experts":
+        """Experts from their JSON form (`to_dict`).
+
+        Raises:
+            CpplanError: not an object, a missing or unknown field.
+        """
+        return row if isinstance(row, cls) else from_fields(cls, row, what="a model's experts")
