@@ -13,7 +13,7 @@ from cost_models.models import ModelSpec, get_model
 from cost_models.remat import SEARCHED_CUSTOM, SEARCHED_POLICIES
 from cost_models.strategies.base import full_mask_balance_problem, maxtext_mask_problems
 from cost_models.targets import Target
-from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance, Quantization, RematPolicy
 from planner import api
 from planner.options import DEFAULT_LOSS_CHUNK_TOKENS, DOC_LENGTHS_FORMS, parse_doc_lengths, parse_seq_len
 
@@ -168,6 +168,12 @@ def add_search_options(p: argparse.ArgumentParser, *, seq_len: bool = True, batc
         choices=sorted(DTYPE_BYTES),
         help="AdamW's first moment (MaxText's mu_dtype; default float32); the second is in --param-dtype",
     )
+    p.add_argument(
+        "--quantization",
+        choices=[q.value for q in Quantization],
+        help="the matmuls' precision (MaxText's quantization): none (bf16, the default) or fp8_full (fp8 on a chip "
+        "whose row gives an fp8 peak)",
+    )
     p.add_argument("--load-balance", help="allowed load balancing: zigzag,none")
     if batch:
         p.add_argument(
@@ -204,6 +210,7 @@ def search_options(args: argparse.Namespace) -> dict:
         "num_slices": args.num_slices,
         "param_dtype": args.param_dtype,
         "mu_dtype": args.mu_dtype,
+        "quantization": args.quantization,
     }
     if getattr(args, "target", None):
         opts["target"] = args.target

@@ -16,10 +16,11 @@ import numpy as np
 from cost_models.case import Case, ReadsCase
 from cost_models.collectives import Collectives
 from cost_models.masks import AttentionMask
+from cost_models.precision import matmul_peak_flops
 from cost_models.remat import RematCost, flat_offload_program, offloads_leave_hbm, remat_table
 from cost_models.strategies.base import layer_strategy
 from cost_models.topology import AxisLinks, Segment
-from cost_models.vocabulary import CPStrategy
+from cost_models.vocabulary import CPStrategy, Quantization
 
 # the per-candidate columns but for the links; with the backward's, what tells apart candidates' shapes
 COLUMNS = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
@@ -70,6 +71,7 @@ class Candidates(ReadsCase):
     mask: AttentionMask | None = None  # the layers priced: those with this mask (None: the global layers)
     local_strategy: CPStrategy | None = None  # the local layers' own strategy (None: `strategy` for every layer)
     state_on_host: tuple = ()  # the `HostState`s kept in host memory between steps
+    quantization: Quantization = Quantization.NONE  # the matmuls' precision
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__
@@ -108,8 +110,9 @@ class Candidates(ReadsCase):
 
     @property
     def achievable_matmul_flops(self) -> float:
-        """FLOP/s a device's matmuls reach: its peak times the chip's measured matmul efficiency."""
-        return self.topology.peak_flops_per_device * self.topology.chip.matmul_efficiency
+        """FLOP/s a device's matmuls reach: its peak in the plan's precision (`matmul_peak_flops`) times the
+        chip's measured matmul efficiency."""
+        return matmul_peak_flops(self.topology, self.quantization) * self.topology.chip.matmul_efficiency
 
     @cached_property
     def weight_shards(self) -> np.ndarray:

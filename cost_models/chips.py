@@ -135,6 +135,20 @@ class Chip:
     flat_offload_holds_layer_weights: bool
     reduce_scatter_scratch: bool
     logit_gradient_fused_into_head_matmul: bool
+    # the peak of a matmul of fp8 operands, per chip; 0.0 where the chip has no fp8 rate of its own
+    # (none documented, or a measured row that did not measure one): an fp8 matmul there runs at the
+    # bf16 peak (`peak_matmul_flops_per_s`)
+    peak_fp8_flops_per_s: float = 0.0
+    # a grouped matmul (a mixture-of-experts layer's expert matmuls: each row times its group's matrix),
+    # fitted to a grouped-matmul kernel's measured timings; `grouped_matmul_seconds` is the model they
+    # are fitted in. Efficiencies are fractions of the per-device peak; 0.0 where not measured (the
+    # grouped matmul is then priced as the dense one, at `matmul_efficiency` without per-group costs)
+    grouped_matmul_efficiency: float = 0.0
+    grouped_matmul_group_rows: float = 0.0  # MXU rows each group adds (its partial row tile), per group
+    grouped_matmul_group_overhead_s: float = 0.0  # seconds each group adds, per group
+    grouped_matmul_weight_grad_efficiency: float = 0.0  # the weight gradient (one matrix per group)
+    grouped_matmul_weight_grad_group_rows: float = 0.0
+    grouped_matmul_fp8_efficiency: float = 0.0  # fp8 weights (lhs quantized in the kernel), of the fp8 peak
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -144,6 +158,48 @@ class Chip:
     def __post_init__(self):
         if isinstance(self.host_collectives, dict):
             object.__setattr__(self, "host_collectives", _host_collectives(self.name, self.host_collectives))
+
+    def peak_matmul_flops_per_s(self, fp8: bool = False) -> float:
+        """The chip's matmul peak for bf16 operands, or fp8 ones where the chip has an fp8 rate (elsewhere an
+        fp8 matmul runs at the bf16 peak)."""
+        return self.peak_fp8_flops_per_s if fp8 and self.peak_fp8_flops_per_s > 0 else self.peak_bf16_flops_per_s
+
+    def grouped_matmul_seconds(
+        self, groups: float, rows: float, contract: int, out: int, *, weight_grad: bool = False, fp8: bool = False
+    ) -> float:
+        """Seconds of one grouped matmul on one device, in the model the row's grouped-matmul figures were
+        fitted in (regenerate/fit_grouped_matmul.py):
+
+            max(2·(rows + groups·r)·contract·out / (peak·e), bytes / hbm_bw) + groups·c
+
+        where peak and hbm_bw are the device's (the chip's over devices_per_chip), r the rows and c the
+        seconds each group adds, and bytes the operands read and the result written once: bf16 rows
+        (rows·contract and rows·out, 2 bytes each) and each group's matrix (groups·contract·out, 2 bytes,
+        1 for fp8).
+
+        Args:
+            groups: groups with at least one row (experts the device holds that tokens were routed to).
+            rows: rows of all groups together (tokens × experts each is routed to, on this device).
+            contract: the contracted width (the forward's model width, or the expert's for its second matrix).
+            out: the output width.
+            weight_grad: the weight gradient: each group's [contract, out] matrix summed over its rows
+                (`rows` × `contract` against `rows` × `out`), with the row's weight-gradient figures.
+            fp8: fp8 matrices at the fp8 peak and efficiency, where the row has both; otherwise the bf16 figures.
+        """
+        fp8_rate = fp8 and self.peak_fp8_flops_per_s > 0 and self.grouped_matmul_fp8_efficiency > 0
+        if self.grouped_matmul_efficiency <= 0:
+            efficiency, group_rows, group_s = self.matmul_efficiency, 0.0, 0.0  # not measured: the dense matmul
+        elif weight_grad and self.grouped_matmul_weight_grad_efficiency > 0:
+            efficiency = self.grouped_matmul_weight_grad_efficiency
+            group_rows, group_s = self.grouped_matmul_weight_grad_group_rows, self.grouped_matmul_group_overhead_s
+        else:
+            efficiency = self.grouped_matmul_fp8_efficiency if fp8_rate else self.grouped_matmul_efficiency
+            group_rows, group_s = self.grouped_matmul_group_rows, self.grouped_matmul_group_overhead_s
+        peak = (self.peak_fp8_flops_per_s if fp8_rate else self.peak_bf16_flops_per_s) / self.devices_per_chip
+        math = 2.0 * (rows + groups * group_rows) * contract * out / (peak * efficiency)
+        weight_bytes = 1 if fp8 else 2
+        moved = 2.0 * rows * (contract + out) + weight_bytes * groups * contract * out
+        return max(math, moved / (self.hbm_bw_bytes_per_s / self.devices_per_chip)) + groups * group_s
 
     @property
     def cores_per_device(self) -> int:
@@ -165,7 +221,8 @@ class Chip:
         if not isinstance(row, dict):
             raise CpplanError(f"{origin}: a chip row is a JSON object of fields, not {type(row).__name__}.")
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(names - set(row) - {"sources"})
+        # fields added after measured rows were first written: a row without them takes their defaults
+        missing = sorted(names - set(row) - {"sources", *DEFAULTED_FIELDS})
         extra = sorted(set(row) - names)
         if missing or extra:
             raise CpplanError(
@@ -203,6 +260,11 @@ class Chip:
                 f"{origin}: a slice of up to {row['max_chips']} chips needs ici_link_bw_bytes_per_s > 0, "
                 f"the bandwidth between chips; cite it, or set max_chips to 1."
             )
+        if row.get("grouped_matmul_fp8_efficiency", 0) > 0 and not row.get("peak_fp8_flops_per_s", 0) > 0:
+            raise CpplanError(
+                f"{origin}: grouped_matmul_fp8_efficiency={row['grouped_matmul_fp8_efficiency']!r} is a fraction of "
+                f"the fp8 peak, which the row does not give (peak_fp8_flops_per_s); cite the peak or set it to 0."
+            )
         return cls(
             **{
                 **row,
@@ -212,6 +274,19 @@ class Chip:
             }
         )
 
+
+# the grouped-matmul figures (regenerate/fit_grouped_matmul.py); 0.0 where not measured
+GROUPED_MATMUL_FIELDS = (
+    "grouped_matmul_efficiency",
+    "grouped_matmul_group_rows",
+    "grouped_matmul_group_overhead_s",
+    "grouped_matmul_weight_grad_efficiency",
+    "grouped_matmul_weight_grad_group_rows",
+    "grouped_matmul_fp8_efficiency",
+)
+# fields a row may leave out (rows `cpplan calibrate` wrote before they existed): each takes the default
+# of its declaration above, 0.0, which means "not measured"
+DEFAULTED_FIELDS = ("peak_fp8_flops_per_s", *GROUPED_MATMUL_FIELDS)
 
 # the chip row's compiler-schedule facts (booleans, each cited with the compile it was read from)
 COMPILER_SCHEDULE_FIELDS = (
@@ -255,6 +330,13 @@ _NUMBER_RULES = {
     "attention_backward_operand_passes": (False, 0, True, None, "a count of passes"),
     "host_memory_bytes_per_chip": (True, 0, False, None, "bytes of host memory per chip"),
     "host_link_bw_bytes_per_s": (False, 0, False, None, "the bandwidth between a chip and its host"),
+    "peak_fp8_flops_per_s": (False, 0, True, None, "a chip's fp8 peak FLOP/s (0 where it has no fp8 rate)"),
+    "grouped_matmul_efficiency": (False, 0, True, 1, "a fraction of the peak (0 where not measured)"),
+    "grouped_matmul_group_rows": (False, 0, True, None, "rows per group"),
+    "grouped_matmul_group_overhead_s": (False, 0, True, None, "a time per group"),
+    "grouped_matmul_weight_grad_efficiency": (False, 0, True, 1, "a fraction of the peak (0 where not measured)"),
+    "grouped_matmul_weight_grad_group_rows": (False, 0, True, None, "rows per group"),
+    "grouped_matmul_fp8_efficiency": (False, 0, True, 1, "a fraction of the fp8 peak (0 where not measured)"),
 }
 
 

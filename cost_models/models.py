@@ -23,6 +23,12 @@ from cost_models.masks import CAUSAL, FULL, AttentionMask, MaskKind
 from cost_models.vocabulary import _Named
 
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
+# model types cpplan reads the config of but does not price, with why
+_GEMMA4 = (
+    "Gemma 4's global layers have their own head width and KV heads (global_head_dim, num_global_key_value_heads) "
+    "and share K with V (attention_k_eq_v), which cpplan's one head shape per model does not describe"
+)
+HF_REFUSED_TYPES = {"gemma4": _GEMMA4, "gemma4_text": _GEMMA4}
 # model types whose every layer norms its queries and keys per head, and that carry attention sinks
 HF_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 HF_SINK_TYPES = ("gpt_oss",)
@@ -444,6 +450,10 @@ class ModelSpec:
                 f"with model_type, hidden_size, num_attention_heads and the like."
             )
         model_type = cfg.get("model_type")
+        if model_type in HF_REFUSED_TYPES:
+            raise CpplanError(
+                f"{str(path)!r}: model_type={model_type!r} is not supported: {HF_REFUSED_TYPES[model_type]}."
+            )
         if model_type not in HF_MODEL_TYPES:
             raise CpplanError(
                 f"{str(path)!r}: model_type={model_type!r} is not supported; "
@@ -727,6 +737,42 @@ MODELS: dict[str, ModelSpec] = {
             layer_pattern="LLLLLG",
         ),
         ModelSpec("mistral-7b-v0.1", 32, 4096, 32, 8, 128, 14336, 32000, window=4096),
+        # mixture-of-experts and latent-attention models by MaxText's names, shaped as their published
+        # config.json files (tests/testdata/hf_configs/ holds each with its source; docs/provenance/moe_models.md)
+        ModelSpec(
+            "deepseek3-671b",
+            61,
+            7168,
+            128,
+            128,
+            192,
+            18432,
+            129280,
+            experts=Experts(256, 8, 2048, shared=1, dense_layers=3),
+            latent=LatentAttention(kv_rank=512, rope_dims=64, v_head_dim=128, q_rank=1536),
+        ),
+        ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4, 128, 12288, 151936, experts=Experts(128, 8, 1536), qk_norm=True),
+        ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, experts=Experts(128, 8, 768), qk_norm=True),
+        ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, qk_norm=True),
+        ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, experts=Experts(8, 2, 14336)),
+        *(
+            ModelSpec(
+                name,
+                layers,
+                2880,
+                64,
+                8,
+                64,
+                2880,
+                201088,
+                qkv_bias=True,
+                window=128,
+                layer_pattern="LG",
+                experts=Experts(experts, 4, 2880, bias=True),
+                attention_sinks=True,
+            )
+            for name, layers, experts in (("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32))
+        ),
         # small configs for tests and CPU runs; byte-level vocabulary
         ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
         ModelSpec("tiny-mha", 2, 64, 4, 4, 16, 128, 256),

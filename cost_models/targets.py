@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_models.errors import CpplanError
+from cost_models.models import ModelSpec
 from cost_models.vocabulary import _Named
 from cost_models.work_layout import MLP_CHUNK_TOKENS
 
@@ -113,6 +115,8 @@ class TargetTraits:
             load-balanced all-gather layer moves outside the kernels laying the gathered K/V out in natural
             order (each forward, a recomputed one too) and their gradients back (the backward); None: not
             read from a compile (docs/measurements.md#all-gather-kv-reorder).
+        dense_gqa_only: runs only dense grouped-query decoders (no experts, latent attention, q/k norms or
+            sinks: cpplan's runtime, `runtime.model`), so it refuses other models (`model_refusal`).
     """
 
     target: Target
@@ -143,6 +147,7 @@ class TargetTraits:
     fused_dq_partials_in_q_dtype: bool = False
     fused_backward_in_key_chunks: bool = False
     zigzag_kv_reorder_passes: tuple[float, float] | None = None
+    dense_gqa_only: bool = False
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -157,6 +162,7 @@ TRAITS: dict[Target, TargetTraits] = {
     # the head's gradient formed in the head's layout; splash tables pruned by segment ids
     Target.CPPLAN: TargetTraits(
         Target.CPPLAN,
+        dense_gqa_only=True,
         loss_splits_vocabulary=True,
         logit_bytes=4,
         layer_gradients_all_step=True,
@@ -199,10 +205,40 @@ TRAITS: dict[Target, TargetTraits] = {
 }
 
 
-def get_target(target: "str | Target | None") -> Target:
-    """A target by name (None: cpplan's own runtime).
+def get_target(target: "str | Target | None", model: ModelSpec | None = None) -> Target:
+    """A target by name; None: cpplan's own runtime, or MaxText for a `model` that cpplan's runtime does
+    not run (`model_refusal`).
 
     Raises:
-        CpplanError: an unknown name (listing the known ones).
+        CpplanError: an unknown name (listing the known ones), or a target that does not run `model`.
     """
-    return Target.CPPLAN if target is None else Target.parse(target)
+    if target is None:
+        return Target.MAXTEXT if model is not None and model_refusal(Target.CPPLAN, model) else Target.CPPLAN
+    chosen = Target.parse(target)
+    refusal = model_refusal(chosen, model) if model is not None else None
+    if refusal:
+        raise CpplanError(f"target {chosen.value!r}: {refusal}")
+    return chosen
+
+
+def model_refusal(target: Target, model: ModelSpec) -> str | None:
+    """Why `target` does not run `model` (None: it does)."""
+    if not target.traits.dense_gqa_only:
+        return None
+    kinds = [
+        what
+        for what, present in (
+            ("mixture-of-experts MLPs", model.experts),
+            ("multi-head latent attention", model.latent),
+            ("q/k norms", model.qk_norm),
+            ("attention sinks", model.attention_sinks),
+        )
+        if present
+    ]
+    if not kinds:
+        return None
+    return (
+        f"model {model.name!r} has {' and '.join(kinds)}, which cpplan's runtime does not run (it runs dense "
+        f"grouped-query decoders); plan and price it for MaxText (`--target maxtext`, the default for such "
+        f"models) and run it there (`cpplan export --format maxtext`)."
+    )

@@ -182,4 +182,20 @@ class LoadBalance(_Named):
         return {"ZIGZAG": ("true", "dual_chunk", "load_balanced"), "NONE": ("false",)}.get(self.name, ())
 
 
+class Quantization(_Named):
+    """The precision of a step's matmuls (MaxText's `quantization`): bf16 throughout, or fp8 inputs to every
+    matmul, forward and backward, each scaled per tensor (`fp8_full`)."""
+
+    NONE = "none"
+    FP8_FULL = "fp8_full"
+
+    @classmethod
+    def kind(cls) -> str:
+        return "quantization"
+
+    @property
+    def aliases(self):
+        return {"NONE": ("", "bf16", "bfloat16")}.get(self.name, ())
+
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}

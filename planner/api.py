@@ -31,9 +31,9 @@ def run_search(model, seq_len, topology, **options) -> SearchResult:
     says why when the count differs from the target. `target` (``cpplan`` by default, or
     ``maxtext``) is the runtime the plans are priced for.
     """
-    target = get_target(options.pop("target", None))
-    topo = get_topology(topology, options.pop("num_slices", None))
     spec, tokens = get_model(model), parse_seq_len(seq_len)
+    target = get_target(options.pop("target", None), spec)
+    topo = get_topology(topology, options.pop("num_slices", None))
     return search(spec, tokens, topo, SearchOptions.build(**options), target=target)
 
 
@@ -99,7 +99,7 @@ def evaluate(
             sequences, or the strategy cannot run this case (the message names the rule); a plan
             over HBM is returned with ``fits=False``.
     """
-    target = get_target(options.get("target"))
+    target = get_target(options.get("target"), get_model(model))
     topo = get_topology(topology, options.pop("num_slices", None))
     for name in ("strategies", "mesh"):
         if name in options:
@@ -227,9 +227,10 @@ def max_seq_len(model: ModelArg, topology: "str | Topology", **options) -> Longe
     for name in ("global_batch_tokens", "global_batch"):
         if options.get(name) is not None:
             raise CpplanError(f"max_seq_len chooses the sequences per step itself (one where it can); drop {name}.")
-    target = get_target(options.pop("target", None))
+    model_spec = get_model(model)
+    target = get_target(options.pop("target", None), model_spec)
     topo = get_topology(topology, options.pop("num_slices", None))
-    model_spec, opts = get_model(model), SearchOptions.build(**options)
+    opts = SearchOptions.build(**options)
     found = longest_sequence(model_spec, topo, opts, target=target)
     if found is None:
         raise CpplanError(

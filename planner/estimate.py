@@ -52,6 +52,7 @@ def candidates_of(plan: Plan) -> Candidates:
         fused_attention_backward=plan.fused_attention_backward,
         dq_reduction_steps=plan.dq_reduction_steps,
         state_on_host=plan.state_on_host,
+        quantization=plan.quantization,
     )
 
 
@@ -72,7 +73,7 @@ def estimate(plan: Plan, *, target: "str | Target | None" = None) -> Estimate:
             f"estimate takes a Plan, not {type(plan).__name__}; build one with planner.plan, Plan.from_dict or "
             f"Plan.from_json."
         )
-    target = get_target(target)
+    target = get_target(target, plan.model)
     plan.check()
     if target.traits.maxtext_rules and plan.local_strategy is not None:
         raise CpplanError("MaxText cannot run this plan: " + "; ".join(maxtext_problems(plan)) + ".")

@@ -19,7 +19,7 @@ from cost_models.pricing.attention import key_chunks, vmapped_rows
 from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, layer_bytes
 from cost_models.remat import remat_label
 from cost_models.strategies import STRATEGIES
-from cost_models.targets import TRAITS, Target
+from cost_models.targets import TRAITS, Target, model_refusal
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB, counted
 from cost_models.vocabulary import CPStrategy, LoadBalance
@@ -325,12 +325,25 @@ class Explanation:
         m, topo = case.model, case.topology
         # billions as the model cards count them; a model under 10M parameters in millions, not "0.00B"
         params = f"{m.num_params / 1e9:.2f}B" if m.num_params >= 1e7 else f"{m.num_params / 1e6:.2f}M"
-        return (
-            f"cpplan explain: {m.name} ({params} params, {m.num_layers} layers, "
+        if m.experts:
+            e = m.experts
+            params += (
+                f" ({m.active_params / 1e9:.2f}B active: {e.count} experts, top {e.per_token}"
+                + (f", {e.shared} shared" if e.shared else "")
+                + (f", {e.dense_layers} dense layers first" if e.dense_layers else "")
+                + ")"
+            )
+        attention = "latent attention, " if m.latent else ""
+        header = (
+            f"cpplan explain: {m.name} ({params} params, {m.num_layers} layers, {attention}"
             f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}) at {format_tokens(case.seq_len)} "
             f"tokens × {counted(case.global_batch, 'sequence')} per step on {topo.name} "
             f"({counted(topo.num_chips, 'chip')}, {counted(topo.num_devices, 'device')})"
         )
+        refusal = model_refusal(Target.CPPLAN, m)
+        if refusal and self.result.target is Target.MAXTEXT:
+            header += f"\n  priced for MaxText: {refusal.split(', which ')[0]}, which cpplan's runtime does not run"
+        return header
 
     @functools.cached_property
     def global_only(self) -> SearchResult | None:
@@ -609,7 +622,9 @@ class Explanation:
             t.value: float(cores * backward_core_share(vmapped_rows(x, layout, TRAITS[t]), cores)[0])
             for t in (Target.CPPLAN, Target.MAXTEXT)
         }
-        runs = other is Target.CPPLAN or not maxtext_problems(p)
+        runs = (other is Target.CPPLAN and not model_refusal(other, p.model)) or (
+            other is Target.MAXTEXT and not maxtext_problems(p)
+        )
         other_step = estimate(p, target=other).step_time_s if runs else None  # else a plan only this runtime runs
         return {
             "cores_per_device": cores,

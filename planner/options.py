@@ -12,7 +12,7 @@ from cost_models.documents import HISTOGRAM_FORMAT, DocumentLengths, DocumentsKi
 from cost_models.errors import CpplanError
 from cost_models.remat import SEARCHED_POLICIES
 from cost_models.topology import Topology, divisors
-from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, RematPolicy
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, LoadBalance, Quantization, RematPolicy
 
 # Llama 3 pre-training started at a global batch of 4M tokens (Llama 3 paper, §3.4.1).
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 1024 * 1024
@@ -139,6 +139,7 @@ class SearchOptions:
         loss_chunk_tokens: cross-entropy chunk; 0 = full logits (MaxText's default).
         param_dtype / compute_dtype / mu_dtype: priced dtypes of the weights (their gradients and
             AdamW's second moment), the activations, and AdamW's first moment.
+        quantization: the matmuls' precision (`none`: bf16; `fp8_full`: fp8 on a chip with an fp8 peak).
     """
 
     global_batch_tokens: int | None = None
@@ -151,6 +152,7 @@ class SearchOptions:
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     mu_dtype: str = "float32"
+    quantization: Quantization = Quantization.NONE
 
     @classmethod
     def build(
@@ -166,6 +168,7 @@ class SearchOptions:
         param_dtype="float32",
         compute_dtype="bfloat16",
         mu_dtype="float32",
+        quantization=Quantization.NONE,
         **unknown,
     ) -> "SearchOptions":
         """Validated options from keyword arguments (names as the attributes).
@@ -176,7 +179,7 @@ class SearchOptions:
         if unknown:
             known = (
                 "global_batch_tokens, global_batch, strategies, mesh, remat, load_balance, loss_chunk_tokens, "
-                "param_dtype, compute_dtype, mu_dtype"
+                "param_dtype, compute_dtype, mu_dtype, quantization"
             )
             raise CpplanError(f"unknown option(s) {', '.join(sorted(unknown))}; the options are {known}.")
         fixed = check_mesh(mesh or {})
@@ -218,6 +221,7 @@ class SearchOptions:
             param_dtype,
             compute_dtype,
             mu_dtype,
+            Quantization.parse(quantization),
         )
 
     def target_sequences(self, seq_len: int, *, host: bool = False) -> float:

@@ -27,7 +27,7 @@ from cost_models.strategies.base import (
 from cost_models.targets import Target
 from cost_models.topology import DCN, DCN_DIM, Segment, Topology, get_topology
 from cost_models.units import GiB, counted
-from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, HostState, LoadBalance, RematPolicy
+from cost_models.vocabulary import AXES, DTYPE_BYTES, CPStrategy, HostState, LoadBalance, Quantization, RematPolicy
 
 DEFAULT_BLOCK = 512
 # splash attention tiles its blocks over the 128 vector lanes: a block must be a multiple of them
@@ -105,6 +105,7 @@ class Plan:
     fused_attention_backward: bool = False
     dq_reduction_steps: int = 0
     state_on_host: tuple = ()
+    quantization: Quantization = Quantization.NONE
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -145,6 +146,7 @@ class Plan:
             or self.loss_chunk_tokens < 0
         ):
             raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
+        object.__setattr__(self, "quantization", Quantization.parse(self.quantization))
         for name in ("param_dtype", "compute_dtype", "mu_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
@@ -460,6 +462,7 @@ class Plan:
             | ({"dq_reduction_steps": self.dq_reduction_steps} if self.dq_reduction_steps else {})
             | ({"local_strategy": self.local_strategy.value} if self.local_strategy is not None else {})
             | ({"state_on_host": [h.value for h in self.state_on_host]} if self.state_on_host else {})
+            | ({"quantization": self.quantization.value} if self.quantization is not Quantization.NONE else {})
         )
 
     def to_json(self) -> str:

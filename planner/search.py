@@ -30,6 +30,7 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.models import ModelSpec
 from cost_models.placement import digit_bounds, inner_sizes, span_segments, splits_no_digit, tiles
+from cost_models.precision import fp8_refusal
 from cost_models.pricing import Priced, choose_rows, peak_bytes, price, priced_rows
 from cost_models.pricing.attention import price_attention
 from cost_models.pricing.offload import host_capacity_bytes
@@ -796,6 +797,7 @@ class SearchSpace:
             param_bytes=DTYPE_BYTES[opts.param_dtype],
             mu_bytes=DTYPE_BYTES[opts.mu_dtype],
             dq_reduction_steps=_dq_reduction_steps(strategy, self.target),
+            quantization=opts.quantization,
         )
 
     def _blocks_of(self, positions: list[int], strategy: CPStrategy) -> list[tuple[int | None, str | None]]:
@@ -1120,6 +1122,7 @@ class SearchSpace:
             param_dtype=opts.param_dtype,
             mu_dtype=opts.mu_dtype,
             compute_dtype=opts.compute_dtype,
+            quantization=opts.quantization,
             dq_reduction_steps=_dq_reduction_steps(p.strategy, self.target),
             fused_attention_backward=p.fused is not None and bool(p.fused[i]),
         )
@@ -1205,8 +1208,11 @@ def search(
     `target` is the runtime the plans are priced for (see `SearchSpace`).
 
     Raises:
-        CpplanError: the fixed mesh does not cover the devices.
+        CpplanError: the fixed mesh does not cover the devices, or a quantization the chip does not run.
     """
+    refusal = fp8_refusal(topo, options.quantization)
+    if refusal:
+        raise CpplanError(refusal + ".")
     space = SearchSpace(model, seq_len, topo, options, target=target)
     if options.global_batch is not None:
         return space.result(options.global_batch)

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cost_models.errors import CpplanError
+from cost_models.targets import Target, model_refusal
 from cost_models.vocabulary import LoadBalance
 from planner.plan import Plan
 from runtime.data.packing import inputs_and_targets
@@ -49,6 +50,9 @@ class Trainer:
                 f"weights and the optimizer's state in HBM; run the plan with state_on_host empty, or export "
                 f"it to MaxText (`cpplan export --format maxtext`), which keeps them on the host."
             )
+        refusal = model_refusal(Target.CPPLAN, plan.model)
+        if refusal:
+            raise CpplanError(refusal)
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
         self.model = Llama(plan, mesh)
