@@ -135,9 +135,9 @@ class Chip:
     flat_offload_holds_layer_weights: bool
     reduce_scatter_scratch: bool
     logit_gradient_fused_into_head_matmul: bool
-    # the peak of a matmul of fp8 operands, per chip; 0.0 where the chip has no fp8 rate of its own
-    # (none documented, or a measured row that did not measure one): an fp8 matmul there runs at the
-    # bf16 peak (`peak_matmul_flops_per_s`)
+    # the peak of a matmul of fp8 operands, per chip: the bf16 peak where fp8 runs at the bf16 rate (v5p,
+    # v6e, as Google's docs give them); 0.0 where no fp8 rate is documented or measured (the price refuses
+    # fp8 there: cost_models/precision.py)
     peak_fp8_flops_per_s: float = 0.0
     # a grouped matmul (a mixture-of-experts layer's expert matmuls: each row times its group's matrix),
     # fitted to a grouped-matmul kernel's measured timings; `grouped_matmul_seconds` is the model they
@@ -159,11 +159,6 @@ class Chip:
         if isinstance(self.host_collectives, dict):
             object.__setattr__(self, "host_collectives", _host_collectives(self.name, self.host_collectives))
 
-    def peak_matmul_flops_per_s(self, fp8: bool = False) -> float:
-        """The chip's matmul peak for bf16 operands, or fp8 ones where the chip has an fp8 rate (elsewhere an
-        fp8 matmul runs at the bf16 peak)."""
-        return self.peak_fp8_flops_per_s if fp8 and self.peak_fp8_flops_per_s > 0 else self.peak_bf16_flops_per_s
-
     def grouped_matmul_seconds(
         self, groups: float, rows: float, contract: int, out: int, *, weight_grad: bool = False, fp8: bool = False
     ) -> float:
@@ -172,10 +167,12 @@ class Chip:
 
             max(2·(rows + groups·r)·contract·out / (peak·e), bytes / hbm_bw) + groups·c
 
-        where peak and hbm_bw are the device's (the chip's over devices_per_chip), r the rows and c the
-        seconds each group adds, and bytes the operands read and the result written once: bf16 rows
-        (rows·contract and rows·out, 2 bytes each) and each group's matrix (groups·contract·out, 2 bytes,
-        1 for fp8).
+        where peak and hbm_bw are the device's (the chip's over devices_per_chip), e the efficiency, r the
+        rows and c the seconds each group adds, and bytes the operands read and the result written once:
+        bf16 rows (rows·contract and rows·out, 2 bytes each) and each group's matrix (groups·contract·out,
+        2 bytes; 1 for fp8 weights). The weight gradient has its own e and r; fp8 weights on a chip whose
+        row has an fp8 rate and efficiency run at those, elsewhere at the bf16 figures. A row without
+        grouped figures (0.0: not measured) prices the dense matmul: `matmul_efficiency`, r = c = 0.
 
         Args:
             groups: groups with at least one row (experts the device holds that tokens were routed to).
@@ -197,7 +194,7 @@ class Chip:
             group_rows, group_s = self.grouped_matmul_group_rows, self.grouped_matmul_group_overhead_s
         peak = (self.peak_fp8_flops_per_s if fp8_rate else self.peak_bf16_flops_per_s) / self.devices_per_chip
         math = 2.0 * (rows + groups * group_rows) * contract * out / (peak * efficiency)
-        weight_bytes = 1 if fp8 else 2
+        weight_bytes = 1 if fp8 and not weight_grad else 2  # a weight gradient is written in bf16
         moved = 2.0 * rows * (contract + out) + weight_bytes * groups * contract * out
         return max(math, moved / (self.hbm_bw_bytes_per_s / self.devices_per_chip)) + groups * group_s
 

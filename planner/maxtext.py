@@ -40,7 +40,7 @@ from cost_models.strategies.base import MAXTEXT_LOCAL_BLOCK, MAXTEXT_LOCAL_MODEL
 from cost_models.targets import Target
 from cost_models.topology import get_topology
 from cost_models.units import counted
-from cost_models.vocabulary import CPStrategy, HostState, LoadBalance, Placement, RematPolicy
+from cost_models.vocabulary import CPStrategy, HostState, LoadBalance, Placement, Quantization, RematPolicy
 from planner.plan import Plan, make_mesh
 
 SPLASH_BLOCK_FLAGS = (
@@ -126,6 +126,35 @@ STATE_OFFLOAD_FLAGS = {
     "optimizer_memory_host_offload": HostState.OPTIMIZER,
 }
 PARAMS_OFFLOAD_SCAN_AXIS = 0
+# MaxText's mesh axes beyond cpplan's that shard weights and batch as fsdp does, and how the price treats each
+FSDP_LIKE_AXES = {
+    "fsdp_transpose": "a second fsdp axis (2-D FSDP: weights split over both, each gathered over its own)",
+    "expert": (
+        "the experts' weights gathered over it as fsdp's are, where MaxText moves each token to its experts' "
+        "devices instead (expert-parallel dispatch is not priced)"
+    ),
+}
+# models whose MaxText config's own block runs their local layers (gpt_oss: sliding and global layers in turn)
+MAXTEXT_WINDOWED_MODELS = ("gpt-oss-120b", "gpt-oss-20b")
+# MaxText model names that are another model's shape under other sharding rules
+MAXTEXT_MODEL_ALIASES = {
+    "deepseek3-671b-2dfsdp": (
+        "deepseek3-671b",
+        "model_name=deepseek3-671b-2dfsdp: deepseek3-671b's shape with MaxText's 2-D FSDP sharding rules",
+    ),
+}
+# MaxText's mixture-of-experts flags: read, and what the price makes of each
+EXPERT_FLAGS = {
+    "sparse_matmul": "the experts' grouped matmul (True, base.yml's) is priced; a dense einsum over capacity is not",
+    "megablox": "the grouped-matmul kernel, priced by its tile padding whichever kernel runs",
+    "use_tokamax_gmm": "the grouped-matmul kernel, priced by its tile padding whichever kernel runs",
+    "use_custom_sort_vjp": "the permute's backward, priced as its forward's passes",
+    "use_random_routing": "tokens spread evenly over the experts, as priced",
+    "shard_exp_on_fsdp": "the experts' weights are sharded over the weight-sharding group either way",
+    "fsdp_shard_on_exp": "the experts' weights are sharded over the weight-sharding group either way",
+    "use_2d_fsdp_sharding": "a second fsdp axis, priced as fsdp",
+    "capacity_factor": "priced dropless: every routed copy computed, none dropped or padded to a capacity",
+}
 
 
 def _slice_name(topology: str) -> str | None:
@@ -569,14 +598,20 @@ def read_maxtext(
     if len(open_axes) > 1:
         raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {open_axes}; give the others sizes.")
     given = {a: 1 if a in open_axes else f.int(f"ici_{a}_parallelism", 1) for a in defaults}
+    fsdp_like, fsdp_like_open = _weight_sharding_axes(f, notes)
+    if fsdp_like_open and open_axes:
+        raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {[*open_axes, fsdp_like_open]}.")
     usp_u = f.int("ici_context_usp_ulysses_parallelism", 1)
     if not spec.maxtext_takes_ulysses_degree and usp_u != 1:
         raise CpplanError(
             f"ici_context_usp_ulysses_parallelism={usp_u} is for context_parallel_strategy=usp only "
             f"(MaxText refuses it with {strategy.value}); set it to 1."
         )
+    if fsdp_like_open:  # the rest of the devices, on an axis priced as fsdp
+        fsdp_like = topo.devices_per_slice // (math.prod(given.values()) * usp_u)
     if open_axes:
-        given[open_axes[0]] = topo.devices_per_slice // (math.prod(given.values()) * usp_u)
+        given[open_axes[0]] = topo.devices_per_slice // (math.prod(given.values()) * usp_u * fsdp_like)
+    given["fsdp"] *= fsdp_like
     ring, uly = spec.from_maxtext_degrees(given.pop("context"), usp_u)
     if ring == 1 and uly == 1:
         strategy, spec = CPStrategy.NONE, STRATEGIES[CPStrategy.NONE]
@@ -655,12 +690,51 @@ def read_maxtext(
         fused_attention_backward=fused_backward,
         dq_reduction_steps=dq_steps,
         state_on_host=state_on_host,
+        quantization=_quantization(f),
     )
+    if model.experts:
+        _expert_notes(f, notes)
     f.check_words()
     problems = maxtext_problems(plan)
     if problems:
         raise CpplanError("MaxText 0.2.5 refuses these flags: " + "; ".join(problems) + ".")
     return MaxTextImport(plan, f.unread(), tuple(notes))
+
+
+def _weight_sharding_axes(f: _Flags, notes: list[str]) -> tuple[int, str | None]:
+    """The devices of MaxText's other axes that shard the weights and the batch as fsdp does, which cpplan
+    prices as fsdp (`FSDP_LIKE_AXES`), each named in a note where it is not one; and the flag of the one
+    that takes the rest of the devices (-1), if any (its size then left out of the devices)."""
+    devices, rest = 1, None
+    for axis, how in FSDP_LIKE_AXES.items():
+        flag = f"ici_{axis}_parallelism"
+        if f.text(flag, "1") == "-1":
+            if rest:
+                raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {rest} and {flag}.")
+            rest = flag
+            notes.append(f"{flag}=-1 (the rest of the devices) priced as fsdp: {how}")
+            continue
+        size = f.int(flag, 1)
+        if size < 1:
+            raise CpplanError(f"MaxText flag {flag}={size}: give a positive size, or -1 for the rest of the devices.")
+        if size > 1:
+            notes.append(f"{flag}={size} priced as fsdp: {how}")
+        devices *= size
+    return devices, rest
+
+
+def _quantization(f: _Flags) -> Quantization:
+    """The matmuls' precision: MaxText's `quantization` (base.yml: "", bf16); fp8_full is priced at the chip's
+    fp8 peak, whichever library quantizes (`use_qwix_quantization`, read: the same fp8 matmuls)."""
+    f.bool("use_qwix_quantization", False)
+    value = f.text("quantization", "").strip("'\"")
+    try:
+        return Quantization.parse(value)
+    except CpplanError:
+        raise CpplanError(
+            f"MaxText flag quantization={value!r}: cpplan prices bf16 matmuls (quantization unset) and fp8 ones "
+            f"(quantization=fp8_full); {value} is not priced."
+        ) from None
 
 
 def _read_model(f: _Flags, notes: list[str]) -> ModelSpec:
@@ -669,6 +743,9 @@ def _read_model(f: _Flags, notes: list[str]) -> ModelSpec:
     block makes them (`_layers`). MaxText has no flag for a document's length, so its rows are whole
     documents; `packing=True`, where given, is named as not priced."""
     name = f.text("model_name", "default")
+    if name in MAXTEXT_MODEL_ALIASES:
+        name, why = MAXTEXT_MODEL_ALIASES[name]
+        notes.append(why)
     overrides = {field: f.int(flag, 0) for flag, field in SHAPE_FLAGS.items() if flag in f}
     overrides.update({field: f.bool(flag, False) for flag, field in SWITCH_FLAGS.items() if flag in f})
     if ACTIVATIONS_FLAG in f:
@@ -707,6 +784,8 @@ def _layers(f: _Flags, model: ModelSpec, local_block: bool, notes: list[str]) ->
     Raises:
         CpplanError: the gemma3 block without one of its model names, or without a positive window.
     """
+    if not local_block and model.name in MAXTEXT_WINDOWED_MODELS and BLOCK_FLAG not in f:
+        return model  # the model's own block, which runs its local layers as cpplan prices them
     if not local_block:
         window = f.int(WINDOW_FLAG, 0)
         if window or model.window:
@@ -890,3 +969,16 @@ def _dcn_degrees(f: _Flags, slices: int) -> tuple[int, int]:
             f"{counted(slices, 'slice')} (compile_topology_num_slices)."
         )
     return dcn_data, dcn_fsdp
+
+
+def _expert_notes(f: _Flags, notes: list[str]) -> None:
+    """Reads MaxText's mixture-of-experts flags (`EXPERT_FLAGS`), noting those set away from what is priced."""
+    for flag, how in EXPERT_FLAGS.items():
+        if flag not in f:
+            continue
+        value = f.text(flag, "")
+        off_price = (flag == "sparse_matmul" and value.lower() == "false") or (
+            flag == "capacity_factor" and value not in ("-1", "-1.0")
+        )
+        if off_price:
+            notes.append(f"{flag}={value}: {how}")

@@ -232,14 +232,6 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
     """
     flags = run_flags(row, where)
     notes: list[str] = []
-    transpose = flags.pop("ici_fsdp_transpose_parallelism", "1")
-    if transpose != "1":
-        if str(flags.get("ici_fsdp_parallelism", "1")) not in ("1",):
-            raise CpplanError(
-                f"{where}: ici_fsdp_transpose_parallelism and ici_fsdp_parallelism both > 1; cpplan has one fsdp axis."
-            )
-        flags["ici_fsdp_parallelism"] = transpose
-        notes.append("ici_fsdp_transpose_parallelism (FSDP with the weights' other dimension sharded) priced as fsdp")
     attention = flags.pop("attention", "flash")
     flash = flags.pop("enable_flash_attention", "true").lower() == "true" and attention in ("flash", "autoselected")
     if not flash:
@@ -323,8 +315,9 @@ def is_corpus(path: "str | Path") -> bool:
     return "maxtext_flags" in header
 
 
-def read_corpus(path: "str | Path") -> list[CorpusRun]:
-    """Every run of a corpus CSV.
+def read_corpus(path: "str | Path", *, refused: "list[tuple[str, str]] | None" = None) -> list[CorpusRun]:
+    """Every run of a corpus CSV; with a `refused` list, the rows that are not a plan cpplan prices are put
+    there as (id, why) instead of raised.
 
     Raises:
         CpplanError: unreadable file, wrong columns, a duplicate id, a row without its citation
@@ -345,7 +338,13 @@ def read_corpus(path: "str | Path") -> list[CorpusRun]:
         if row["id"] in seen:
             raise CpplanError(f"{where}: id {row['id']!r} is used twice; give each run its own.")
         seen.add(row["id"])
-        plan, notes, shape = plan_of(row, where)
+        try:
+            plan, notes, shape = plan_of(row, where)
+        except CpplanError as err:
+            if refused is None:
+                raise
+            refused.append((row["id"], str(err).removeprefix(f"{where}: ")))
+            continue
         citation = f"{row['repository']}@{row['commit'][:12]}:{row['path']} ({row['date']})"
         runs.append(CorpusRun(row["id"], plan, step_seconds(row, plan, shape, where), tuple(notes), citation, row))
     return runs

@@ -13,6 +13,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.compute import tile_efficiency
+from cost_models.vocabulary import Quantization
 
 # HBM passes over the routed copies (tokens × top k × hidden) in one forward: the permute gathers them in
 # expert order and writes them (2), the unpermute reads the grouped matmul's output and writes it back in
@@ -25,7 +26,9 @@ class ExpertTimes:
     """One mixture-of-experts layer's MLP on one device, forward (arrays over candidates)."""
 
     router_s: np.ndarray  # the router's matmul (hidden × experts) on every token
-    grouped_s: np.ndarray  # the routed experts' grouped matmuls, their groups' row tiles padded
+    # the routed experts' grouped matmuls: a third of their forward, input-gradient and weight-gradient
+    # kernels together, as the chip row's grouped-matmul figures time each (`Chip.grouped_matmul_seconds`)
+    grouped_s: np.ndarray
     shared_s: np.ndarray  # the shared experts' dense matmuls
     permute_s: np.ndarray  # moving the routed copies into expert order and back, and combining them
 
@@ -46,9 +49,40 @@ def expert_group_rows(x: Candidates) -> np.ndarray:
 
 
 def grouped_matmul_efficiency(x: Candidates) -> np.ndarray:
-    """Useful fraction of the MXU's work in the grouped matmuls, relative to a dense matmul: each group's
-    rows padded to whole row tiles of the chip's MXU side (a group's last tile is part empty)."""
-    return tile_efficiency(np.maximum(expert_group_rows(x), 1.0), x.topology.chip.mxu_tile)
+    """Useful fraction of the chip's peak the routed experts' grouped matmuls reach, their three kernels
+    (forward, input gradient, weight gradient) together (`grouped_seconds`)."""
+    e, m = x.model.experts, x.model
+    tokens = np.asarray(x.tokens_per_device, dtype=float)
+    flops = 3 * 2.0 * tokens * e.per_token * m.mlp_matrices * m.hidden * e.intermediate / x.tensor
+    return flops / (3 * grouped_seconds(x) * x.topology.peak_flops_per_device)
+
+
+def grouped_seconds(x: Candidates) -> np.ndarray:
+    """A third of the seconds of one layer's routed-expert grouped matmuls, forward and backward (each input
+    projection and the output projection; the backward's input gradient as a forward, its weight gradient
+    with the row's own figures), per device: the chip row's measured model of a grouped matmul
+    (`Chip.grouped_matmul_seconds`), every device running every expert over its own tokens' routed copies."""
+    chip, m, e = x.topology.chip, x.model, x.model.experts
+    fp8 = x.quantization is Quantization.FP8_FULL
+
+    def one(tokens: float, tensor: float) -> float:
+        rows, width = tokens * e.per_token, e.intermediate / tensor
+        shapes = [(m.hidden, width)] * m.mlp_inputs + [(width, m.hidden)]
+        return (
+            sum(
+                2 * chip.grouped_matmul_seconds(e.count, rows, k, n, fp8=fp8)
+                + chip.grouped_matmul_seconds(e.count, rows, k, n, weight_grad=True, fp8=fp8)
+                for k, n in shapes
+            )
+            / 3
+        )
+
+    tokens, tensor = np.broadcast_arrays(
+        np.asarray(x.tokens_per_device, dtype=float), np.asarray(x.tensor, dtype=float)
+    )
+    pairs, where = np.unique(np.stack([tokens.ravel(), tensor.ravel()], axis=1), axis=0, return_inverse=True)
+    seconds = np.array([one(t, s) for t, s in pairs])
+    return seconds[np.ravel(where)].reshape(tokens.shape)
 
 
 def price_experts(x: Candidates) -> ExpertTimes:
@@ -61,7 +95,7 @@ def price_experts(x: Candidates) -> ExpertTimes:
     columns = tile_efficiency(m.hidden, tile) * tile_efficiency(width, tile)
     expert_flops = 2.0 * m.mlp_matrices * m.hidden * width  # per row, one expert
     router_s = 2.0 * tokens * m.hidden * e.count / (achievable * tile_efficiency(e.count, tile))
-    grouped_s = tokens * e.per_token * expert_flops / (achievable * grouped_matmul_efficiency(x) * columns)
+    grouped_s = grouped_seconds(x)
     shared_s = tokens * e.shared * expert_flops / (achievable * columns)
     permute_s = PERMUTE_PASSES * tokens * e.per_token * m.hidden * x.act_bytes / x.topology.hbm_bw_per_device
     return ExpertTimes(router_s=router_s, grouped_s=grouped_s, shared_s=shared_s, permute_s=permute_s)

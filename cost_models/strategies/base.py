@@ -404,11 +404,21 @@ def full_mask_balance_check(shape: Shape) -> Violation | None:
 MAXTEXT_LOCAL_BLOCK = "gemma3"
 MAXTEXT_LOCAL_PATTERN = "LLLLLG"
 MAXTEXT_LOCAL_MODEL_NAME = "gemma3-12b"
+# MaxText's gpt_oss block: a sliding window on every other layer, the first included (models/gpt_oss.py)
+MAXTEXT_EXPERT_LOCAL_PATTERN = "LG"
 
 
 def _window(model: ModelSpec) -> AttentionMask:
     """A local layer's own mask, before any packed documents cut it."""
     return AttentionMask(model.local_kind, model.window)
+
+
+def _repeats(model: ModelSpec, pattern: str) -> bool:
+    """Whether `model`'s layers are local and global as `pattern`, repeated, makes them."""
+    # both patterns repeat, so they agree on every layer once they agree over one period of both
+    period = math.lcm(len(model.layer_pattern or "L"), len(pattern))
+    layers = range(min(model.num_layers, period))
+    return all(model.layer_type(i) == pattern[i % len(pattern)] for i in layers)
 
 
 def maxtext_local_layers_problem(model: ModelSpec) -> str | None:
@@ -422,19 +432,17 @@ def maxtext_local_layers_problem(model: ModelSpec) -> str | None:
             f"{local}, and MaxText 0.2.5 runs chunked layers only in its llama4 block, a mixture-of-experts "
             f"block cpplan does not model; run the plan on cpplan's runtime"
         )
-    # both patterns repeat, so they agree on every layer once they agree over one period of both
-    period = math.lcm(len(model.layer_pattern or "L"), len(MAXTEXT_LOCAL_PATTERN))
-    layers = range(min(model.num_layers, period))
-    ours = "".join(model.layer_type(i) for i in layers)
-    theirs = "".join(MAXTEXT_LOCAL_PATTERN[i % len(MAXTEXT_LOCAL_PATTERN)] for i in layers)
-    if ours != theirs:
-        where = "on every layer" if "G" not in ours else f"in the pattern {model.layer_pattern!r}"
+    if model.experts and _repeats(model, MAXTEXT_EXPERT_LOCAL_PATTERN):
+        return None  # MaxText's gpt_oss block: sliding and global layers in turn, experts in each
+    if not _repeats(model, MAXTEXT_LOCAL_PATTERN):
+        where = "on every layer" if "G" not in model.layer_pattern else f"in the pattern {model.layer_pattern!r}"
         return (
             f"{local} {where}, and MaxText 0.2.5 gives a dense model's layers a sliding window only in its "
-            f"{MAXTEXT_LOCAL_BLOCK} block, at five layers of every six ({MAXTEXT_LOCAL_PATTERN!r}); its llama2, "
-            f"mistral and default blocks attend globally whatever attention_type and sliding_window_size say "
-            f"(the block's own global type wins); run the plan on cpplan's runtime (where no row is longer than "
-            f"the window, the model without it has the same mask and exports)"
+            f"{MAXTEXT_LOCAL_BLOCK} block, at five layers of every six ({MAXTEXT_LOCAL_PATTERN!r}), and a "
+            f"mixture of experts' only in its gpt_oss block, every other layer ({MAXTEXT_EXPERT_LOCAL_PATTERN!r}); "
+            f"its llama2, mistral and default blocks attend globally whatever attention_type and "
+            f"sliding_window_size say (the block's own global type wins); run the plan on cpplan's runtime (where "
+            f"no row is longer than the window, the model without it has the same mask and exports)"
         )
     if model.decoder_block.parallel:
         return (

@@ -1,12 +1,26 @@
 """Chips, topologies and the collective formulas on them, checked by hand."""
 
+import dataclasses
+import importlib.util
 import json
 import math
+import re
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cost_models import collectives
-from cost_models.chips import CHIP_DIR_ENV, get_chip, known_chips, load_chip
+from cost_models.chips import (
+    CHIP_DIR,
+    CHIP_DIR_ENV,
+    DEFAULTED_FIELDS,
+    GROUPED_MATMUL_FIELDS,
+    get_chip,
+    known_chips,
+    load_chip,
+)
 from cost_models.errors import CpplanError
 from cost_models.placement import axis_segments, span_segments, tiles
 from cost_models.topology import Segment, get_topology
@@ -183,3 +197,195 @@ def test_per_device_figures_split_the_chip():
     cpu4, cpu8 = get_topology("cpu:4"), get_topology("cpu:8")
     assert cpu4.hbm_bytes_per_device == 2 * cpu8.hbm_bytes_per_device
     assert math.isclose(cpu4.peak_flops_per_device, 2 * cpu8.peak_flops_per_device)
+
+
+# ---- fp8 peaks and grouped-matmul (mixture-of-experts) figures (regenerate/fit_grouped_matmul.py)
+
+TPU_ROWS = ("v5p", "v5e", "v6e", "tpu7x")
+FITTED = GROUPED_MATMUL_FIELDS[:5]  # the bf16 figures every TPU row has; the fp8 one only where fp8 is faster
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernels" / "grouped_matmul.json"
+
+
+def _row(name: str):
+    return load_chip(CHIP_DIR / f"{name}.json")
+
+
+def test_fp8_peaks_are_the_documented_ones():
+    tpu7x = _row("tpu7x")
+    assert tpu7x.peak_fp8_flops_per_s == 4614e12 == 2 * tpu7x.peak_bf16_flops_per_s
+    for name in ("v5p", "v6e"):  # fp8 at the bf16 rate: the Cloud TPU7x docs' comparison table
+        chip = _row(name)
+        assert chip.peak_fp8_flops_per_s == chip.peak_bf16_flops_per_s
+        assert "Peak compute per chip (FP8)" in chip.sources["peak_fp8_flops_per_s"]
+    for name in ("v5e", "cpu"):  # no fp8 rate documented (v5e) or measured (a host)
+        assert _row(name).peak_fp8_flops_per_s == 0.0
+    assert "fp8_ops_per_second 0" in _row("v5e").sources["peak_fp8_flops_per_s"]
+    for name in (*TPU_ROWS, "cpu"):
+        assert _row(name).sources.get("peak_fp8_flops_per_s"), f"{name}.peak_fp8_flops_per_s has no source"
+
+
+@pytest.mark.parametrize("name", TPU_ROWS)
+def test_grouped_matmul_figures_are_fitted_sourced_and_in_range(name):
+    chip = _row(name)
+    assert 0.4 < chip.grouped_matmul_efficiency <= 1.0
+    assert 0.4 < chip.grouped_matmul_weight_grad_efficiency <= 1.0
+    assert 64 <= chip.grouped_matmul_group_rows <= 1024  # about a row tile of megablox's kernel per group
+    assert 64 <= chip.grouped_matmul_weight_grad_group_rows <= 1024
+    assert 1e-7 < chip.grouped_matmul_group_overhead_s < 1e-5
+    for field in FITTED:
+        source = chip.sources[field]
+        assert "pallas_mosaic_tpu_ragged_dot.json" in source and "tokamax 0.0.17" in source
+        assert "RMS error" in source and "calls" in source and "least squares" in source
+    # the kernel runs on one of v5p's two TensorCores: under half the megacore device's peak
+    assert (chip.grouped_matmul_efficiency < 0.5) == (name == "v5p")
+    assert chip.sources["grouped_matmul_fp8_efficiency"]
+    if name == "tpu7x":
+        assert 0.2 < chip.grouped_matmul_fp8_efficiency <= 1.0
+        assert "fp8 calls" in chip.sources["grouped_matmul_fp8_efficiency"]
+    else:  # fp8 no faster than bf16 there: priced with the bf16 figures
+        assert chip.grouped_matmul_fp8_efficiency == 0.0
+
+
+def test_rows_hold_the_grouped_matmul_fit_the_script_printed():
+    fits = json.loads(RESULTS.read_text())
+    assert sorted(fits) == sorted(TPU_ROWS)
+    for name, fit in fits.items():
+        row = json.loads((CHIP_DIR / f"{name}.json").read_text())
+        assert set(fit["figures"]) == set(GROUPED_MATMUL_FIELDS)
+        for field, value in fit["figures"].items():
+            assert row[field] == value, f"{name}.{field}: run python regenerate/fit_grouped_matmul.py --write"
+            assert row["sources"][field] == fit["sources"][field]
+
+
+def test_grouped_matmul_seconds_by_hand():
+    chip = dataclasses.replace(
+        _row("tpu7x"),
+        grouped_matmul_efficiency=0.7,
+        grouped_matmul_group_rows=300.0,
+        grouped_matmul_group_overhead_s=2e-6,
+        grouped_matmul_weight_grad_efficiency=0.6,
+        grouped_matmul_weight_grad_group_rows=400.0,
+        grouped_matmul_fp8_efficiency=0.5,
+    )
+    peak, hbm = 2307e12 / 2, 7.38e12 / 2  # one TensorCore of a TPU7x
+    # 256 experts of 1024 rows each, 7168 → 2048: the MXU bounds it
+    math = 2 * (262144 + 256 * 300) * 7168 * 2048 / (peak * 0.7)
+    assert chip.grouped_matmul_seconds(256, 262144, 7168, 2048) == pytest.approx(math + 256 * 2e-6)
+    math = 2 * (262144 + 256 * 400) * 7168 * 2048 / (peak * 0.6)
+    assert chip.grouped_matmul_seconds(256, 262144, 7168, 2048, weight_grad=True) == pytest.approx(math + 256 * 2e-6)
+    math = 2 * (262144 + 256 * 300) * 7168 * 2048 / (2 * peak * 0.5)  # fp8: its own peak and efficiency
+    assert chip.grouped_matmul_seconds(256, 262144, 7168, 2048, fp8=True) == pytest.approx(math + 256 * 2e-6)
+    # 64 experts of 8 rows: reading the experts' matrices once bounds it where a group's padding is short
+    # of the ridge point (1153.5e12 · 0.7 / 3.69e12 = 219 rows); 1 byte each in fp8
+    short = dataclasses.replace(chip, grouped_matmul_group_rows=100.0)
+    moved = 2 * 512 * (7168 + 2048) + 2 * 64 * 7168 * 2048
+    assert short.grouped_matmul_seconds(64, 512, 7168, 2048) == pytest.approx(moved / hbm + 64 * 2e-6)
+    moved = 2 * 512 * (7168 + 2048) + 64 * 7168 * 2048
+    math = 2 * (512 + 64 * 100) * 7168 * 2048 / (2 * peak * 0.5)
+    assert moved / hbm > math
+    assert short.grouped_matmul_seconds(64, 512, 7168, 2048, fp8=True) == pytest.approx(moved / hbm + 64 * 2e-6)
+    # at r = 300 the padded tiles outlast the read
+    math = 2 * (512 + 64 * 300) * 7168 * 2048 / (peak * 0.7)
+    assert chip.grouped_matmul_seconds(64, 512, 7168, 2048) == pytest.approx(math + 64 * 2e-6)
+
+
+@pytest.mark.parametrize("name", TPU_ROWS)
+def test_fewer_rows_per_group_cost_more_per_flop(name):
+    chip = _row(name)
+    per_flop = [
+        chip.grouped_matmul_seconds(rows_total // group_rows, rows_total, 4096, 1536) / (2 * rows_total * 4096 * 1536)
+        for rows_total, group_rows in ((131072, 256), (131072, 1024), (524288, 4096))
+    ]
+    assert per_flop[0] > per_flop[1] > per_flop[2]
+    dense = 1 / (chip.peak_bf16_flops_per_s / chip.devices_per_chip * chip.matmul_efficiency)
+    assert per_flop[-1] > dense * 0.95  # the grouped kernel is no faster than the row's dense matmul
+
+
+def test_a_measured_row_without_the_new_fields_loads_and_prices_dense(tmp_path):
+    row = get_chip("cpu").to_dict()
+    for field in DEFAULTED_FIELDS:
+        del row[field]
+        del row["sources"][field]
+    (tmp_path / "old.json").write_text(json.dumps(row))
+    old = load_chip(tmp_path / "old.json")
+    assert old.peak_fp8_flops_per_s == 0.0 and all(getattr(old, f) == 0.0 for f in GROUPED_MATMUL_FIELDS)
+    # not measured: a grouped matmul is the dense one at the row's matmul efficiency, no per-group cost
+    peak = old.peak_bf16_flops_per_s / old.devices_per_chip
+    math = 2 * 65536 * 2048 * 1024 / (peak * old.matmul_efficiency)
+    moved = (2 * 65536 * (2048 + 1024) + 2 * 16 * 2048 * 1024) / (old.hbm_bw_bytes_per_s / old.devices_per_chip)
+    assert old.grouped_matmul_seconds(16, 65536, 2048, 1024) == pytest.approx(max(math, moved))
+    assert old.grouped_matmul_seconds(16, 65536, 2048, 1024, weight_grad=True) == pytest.approx(max(math, moved))
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"grouped_matmul_efficiency": 1.5}, "grouped_matmul_efficiency=1.5 must be"),
+        ({"grouped_matmul_group_rows": -1.0}, "grouped_matmul_group_rows=-1.0 must be"),
+        ({"peak_fp8_flops_per_s": float("nan")}, "must be finite"),
+        ({"peak_fp8_flops_per_s": 0.0, "grouped_matmul_fp8_efficiency": 0.5}, "fp8 peak"),
+    ],
+)
+def test_bad_grouped_or_fp8_figures_are_refused(tmp_path, change, words):
+    row = dict(get_chip("tpu7x").to_dict(), **change)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(row))
+    with pytest.raises(CpplanError, match=re.escape(words)):
+        load_chip(path)
+
+
+def _fit_script():
+    path = Path(__file__).resolve().parents[2] / "regenerate" / "fit_grouped_matmul.py"
+    spec = importlib.util.spec_from_file_location("fit_grouped_matmul", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fit_recovers_figures_from_timings_built_by_hand(tmp_path):
+    """tokamax-format timings made by the model from known figures: the reader finds each call's form and
+    widths, and the fit gives the figures back."""
+    script = _fit_script()
+    truth = dict(zip(script.FIGURES, (0.72, 350.0, 2e-6, 0.65, 380.0)))
+    chip = dataclasses.replace(_row("tpu7x"), **truth)
+    numbers = {
+        "forward": ([[[1], [1]], [[], []]], [0]),
+        "dgrad": ([[[1], [2]], [[], []]], [0]),
+        "weight_grad": ([[[0], [0]], [[], []]], []),
+    }
+    entries = {}
+    for groups, group_rows, k, n in (
+        (256, 256, 7168, 2048),
+        (128, 1024, 4096, 1536),
+        (64, 4096, 2048, 768),
+        (8, 8, 4096, 4096),
+    ):
+        rows = groups * group_rows
+        for form, (dims, grouped) in numbers.items():
+            lhs, rhs = {
+                "forward": (f"bf16[{rows},{k}]", f"bf16[{groups},{k},{n}]"),
+                "dgrad": (f"bf16[{rows},{k}]", f"bf16[{groups},{n},{k}]"),
+                "weight_grad": (f"bf16[{rows},{k}]", f"bf16[{rows},{n}]"),
+            }[form]
+            call = {
+                "lhs": lhs,
+                "rhs": rhs,
+                "group_sizes": {"num_groups": groups, "total_size": rows},
+                "ragged_dot_dimension_numbers": {"dot_dimension_numbers": dims, "rhs_group_dimensions": grouped},
+                "return_residuals": False,
+            }
+            seconds = chip.grouped_matmul_seconds(groups, rows, k, n, weight_grad=form == "weight_grad")
+            times = [seconds * 1e3] * 5
+            entries[json.dumps(call)] = {
+                '{"tile_m": null}': {"evaluation_times_ms": times},
+                '{"tile_m": 128}': {"evaluation_times_ms": [2 * t for t in times]},  # the slower config is not used
+            }
+    path = tmp_path / "pallas_mosaic_tpu_ragged_dot.json"
+    path.write_text(json.dumps(entries))
+    timings = script.read_grouped(path)
+    assert sorted({t.form for t in timings}) == ["dgrad", "forward", "weight_grad"] and len(timings) == 12
+    assert all((t.contract, t.out) in {(7168, 2048), (4096, 1536), (2048, 768), (4096, 4096)} for t in timings)
+    values, errors = script.fit(_row("tpu7x"), timings)
+    assert np.max(np.abs(errors)) < 1e-6
+    assert values == pytest.approx(tuple(truth.values()), rel=1e-3)

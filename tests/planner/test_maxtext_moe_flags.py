@@ -1,0 +1,59 @@
+"""MaxText's flags of the mixture-of-experts and fp8 recipes read into plans: the axes that shard weights
+as fsdp does folded into fsdp and named, the quantization read or refused by name, model names that are
+another model's shape under other sharding rules, and the gpt_oss block's local layers kept."""
+
+import pytest
+
+from cost_models.errors import CpplanError
+from cost_models.vocabulary import Quantization
+from planner.maxtext import read_maxtext
+
+pytestmark = pytest.mark.pure
+
+BASE = "model_name=deepseek3-671b per_device_batch_size=2 max_target_length=4096 compile_topology=tpu7x-512"
+
+
+def test_a_second_fsdp_axis_is_folded_into_fsdp_and_named():
+    read = read_maxtext(BASE + " ici_fsdp_parallelism=-1 ici_fsdp_transpose_parallelism=2")
+    assert read.plan.mesh_dict["fsdp"] == 512
+    assert any("ici_fsdp_transpose_parallelism=2 priced as fsdp" in n for n in read.notes)
+    read = read_maxtext(BASE + " ici_fsdp_parallelism=16 ici_fsdp_transpose_parallelism=-1")
+    assert read.plan.mesh_dict["fsdp"] == 512
+
+
+def test_expert_parallelism_is_priced_as_fsdp_and_says_so():
+    read = read_maxtext(BASE + " ici_fsdp_parallelism=-1 ici_expert_parallelism=4")
+    assert read.plan.mesh_dict["fsdp"] == 512
+    assert any("expert-parallel dispatch is not priced" in n for n in read.notes)
+
+
+def test_quantization_is_read_or_refused_by_name():
+    assert read_maxtext(BASE + " quantization=fp8_full").plan.quantization is Quantization.FP8_FULL
+    assert read_maxtext(BASE).plan.quantization is Quantization.NONE
+    with pytest.raises(CpplanError, match="quantization='int8'.*int8 is not priced"):
+        read_maxtext(BASE + " quantization=int8")
+
+
+def test_fp8_on_a_chip_without_an_fp8_peak_is_refused():
+    from planner import explain
+
+    with pytest.raises(CpplanError, match="chip v5e has no fp8 matmul peak"):
+        explain("llama3.2-1b", "8k", "v5e:2x2", quantization="fp8_full")
+    # v5p's row gives fp8 at its bf16 rate (the docs' table): accepted, no faster
+    bf16 = explain("llama3.1-8b", "8k", "v5p-16").best
+    fp8 = explain("llama3.1-8b", "8k", "v5p-16", quantization="fp8_full", global_batch=bf16.global_batch).best
+    assert fp8.quantization is Quantization.FP8_FULL
+
+
+def test_model_aliases_and_capacity_notes():
+    read = read_maxtext(BASE.replace("deepseek3-671b", "deepseek3-671b-2dfsdp") + " capacity_factor=1.25")
+    assert read.plan.model.name == "deepseek3-671b"
+    assert any("2-D FSDP sharding rules" in n for n in read.notes)
+    assert any("capacity_factor=1.25: priced dropless" in n for n in read.notes)
+
+
+def test_gpt_oss_keeps_its_alternating_sliding_window():
+    read = read_maxtext(
+        "model_name=gpt-oss-20b per_device_batch_size=1 max_target_length=8192 compile_topology=tpu7x-16"
+    )
+    assert read.plan.model.window == 128 and read.plan.model.layer_pattern == "LG"
