@@ -50,10 +50,12 @@ CP_CORPUS = ROOT / "benchmarks" / "public_cp_runs.csv"
 LONG_CONTEXT = ROOT / "benchmarks" / "public_long_context_runs.csv"
 IRONWOOD = ROOT / "benchmarks" / "public_ironwood_runs.csv"
 MOE = ROOT / "benchmarks" / "public_moe_runs.csv"
-IRONWOOD_TARGETS = {"priced": "19 of 22", "mape": 0.10, "each": 0.20}
+IRONWOOD_TARGETS = {"priced": "all 19", "mape": 0.10, "each": 0.20}
 MOE_TARGETS = {"priced": "all", "mape": 0.15, "each": 0.15}
 # rows priced but kept out of every summary figure: a test set nobody here fits or tunes against
 HELD_OUT = ("tpu7x-512-qwen3-235b-a22b-4k-bf16", "tpu7x-512-qwen3-235b-a22b-4k-fp8")
+# rows outside what cpplan plans: a video diffusion model (MaxDiffusion's, not a decoder)
+OUT_OF_SCOPE = ("tpu7x-128-wan2.1-14b-75600tok-bf16",)
 CHOICE_TARGET = 0.05  # the plan ranked first measured within 5% of the fastest of its case
 KERNEL_COMPARISON = ROOT / "benchmarks" / "results" / "kernels" / "comparison.txt"
 # a row of fit_kernels.py's MAPE table: chip, pass, length band, calls, MAPE, MAPE before, median signed
@@ -136,10 +138,11 @@ def reach(path: Path, title: str, targets: dict, out: Path, *, plots: bool) -> N
     report.write(out / path.stem, plots=plots)
     scored = [r for r in report.measured if r.run_id not in HELD_OUT]
     errors = [abs(r.error) for r in scored]
-    total = len(runs) + len(refused)
+    in_scope = len(runs) + len(refused) - sum(run_id in HELD_OUT + OUT_OF_SCOPE for run_id in _ids(runs, refused))
     fits = sum(r.predicted.fits for r in scored)
     print(
-        f"{title}: priced {len(runs)} of {total} (target {targets['priced']}); over the {len(scored)} not held out: "
+        f"{title}: priced {len(scored)} of the {in_scope} neither held out nor out of scope (target "
+        f"{targets['priced']}); over them: "
         f"step-time MAPE {np.mean(errors):.1%} (target ≤ {targets['mape']:.0%}), largest |error| {max(errors):.1%} "
         f"(target: every run within {targets['each']:.0%}; {sum(e <= targets['each'] for e in errors)} are), "
         f"priced to fit {fits} of {len(scored)} (target: all)"
@@ -152,6 +155,10 @@ def reach(path: Path, title: str, targets: dict, out: Path, *, plots: bool) -> N
         )
     for run_id, why in refused:
         print(f"  {run_id:40} not priced: {why}")
+
+
+def _ids(runs, refused) -> list[str]:
+    return [run.run_id for run in runs] + [run_id for run_id, _ in refused]
 
 
 def main() -> None:

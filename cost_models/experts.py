@@ -18,7 +18,9 @@ class Experts:
         count: routed experts per layer (MaxText's `num_experts`).
         per_token: experts each token is routed to (`num_experts_per_tok`, the top k).
         intermediate: one expert's MLP width (`moe_mlp_dim`; Hugging Face's `moe_intermediate_size`).
-        shared: experts every token passes through, each `intermediate` wide (`shared_experts`).
+        shared: experts every token passes through (`shared_experts`).
+        shared_intermediate: a shared expert's width where it is not `intermediate` (0: it is; Gemma 4's
+            dense MLP beside its experts, which MaxText runs as a shared expert `mlp_dim` wide).
         dense_layers: leading decoder layers whose MLP is the model's dense one (`first_num_dense_layers`).
         bias: the experts' matrices and the router carry biases (GPT-OSS).
     """
@@ -29,10 +31,18 @@ class Experts:
     shared: int = 0
     dense_layers: int = 0
     bias: bool = False
+    shared_intermediate: int = 0
 
     def check(self, model: str, num_layers: int) -> None:
         """Raises CpplanError naming the field of `model` that breaks a rule."""
-        for name, low in (("count", 2), ("per_token", 1), ("intermediate", 1), ("shared", 0), ("dense_layers", 0)):
+        for name, low in (
+            ("count", 2),
+            ("per_token", 1),
+            ("intermediate", 1),
+            ("shared", 0),
+            ("dense_layers", 0),
+            ("shared_intermediate", 0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise CpplanError(f"model {model!r}: experts.{name}={value!r} must be an integer of at least {low}.")
@@ -50,9 +60,19 @@ class Experts:
             )
 
     @property
-    def active(self) -> int:
-        """Experts each token's MLP runs: its routed ones and the shared ones."""
-        return self.per_token + self.shared
+    def shared_width(self) -> int:
+        """One shared expert's MLP width."""
+        return self.shared_intermediate or self.intermediate
+
+    @property
+    def active_width(self) -> int:
+        """MLP width each token runs through: its routed experts' and the shared ones' together."""
+        return self.per_token * self.intermediate + self.shared * self.shared_width
+
+    @property
+    def total_width(self) -> int:
+        """MLP width of every expert of a layer together (one matrix of each, per model unit)."""
+        return self.count * self.intermediate + self.shared * self.shared_width
 
     def layers(self, num_layers: int) -> int:
         """The mixture-of-experts layers of a decoder of `num_layers` layers."""

@@ -38,8 +38,9 @@ class LayerFlops:
 def layer_forward_flops(model: ModelSpec, seq_len, tokens, mask: AttentionMask | None = None) -> LayerFlops:
     """Forward FLOPs of one layer with `mask` (default: a global layer's); `seq_len` and `tokens` may be
     numpy arrays."""
-    d, h, k, hd = model.hidden, model.num_heads, model.num_kv_heads, model.head_dim
     mask = mask or model.global_mask
+    model = model.layer_model(mask)
+    d, h, k, hd = model.hidden, model.num_heads, model.num_kv_heads, model.head_dim
     keys = np.minimum(mask.size, seq_len) if mask.local else seq_len
     if model.varying_documents and mask.causal and not mask.local:
         keys = np.vectorize(lambda s: 2 * model.varying_documents.keys_seen(s), otypes=[float])(seq_len)
@@ -47,12 +48,26 @@ def layer_forward_flops(model: ModelSpec, seq_len, tokens, mask: AttentionMask |
         projections, out = model.latent.projection_params(d, h, hd)
         qkv, out_proj, score_value_width = 2.0 * tokens * projections, 2.0 * tokens * out, hd + model.latent.v_head_dim
     else:
-        qkv, out_proj, score_value_width = 2.0 * tokens * d * (h + 2 * k) * hd, 2.0 * tokens * d * h * hd, 2 * hd
+        kv_projections = 1 if model.shared_kv else 2
+        qkv, out_proj = 2.0 * tokens * d * (h + kv_projections * k) * hd, 2.0 * tokens * d * h * hd
+        score_value_width = 2 * hd
     return LayerFlops(
         qkv=qkv,
         out_proj=out_proj,
         mlp=tokens * model.mlp_flops_per_token,
         attention=2.0 * tokens * keys * h * score_value_width / (2 if mask.causal else 1),
+    )
+
+
+def mean_layer_forward_flops(model: ModelSpec, seq_len, tokens) -> LayerFlops:
+    """`layer_forward_flops` averaged over the model's layers (their masks, and the head shapes that go
+    with them)."""
+    kinds = [
+        (count / model.num_layers, layer_forward_flops(model, seq_len, tokens, mask))
+        for mask, count in model.layer_masks
+    ]
+    return LayerFlops(
+        *(sum(share * getattr(f, name) for share, f in kinds) for name in ("qkv", "out_proj", "mlp", "attention"))
     )
 
 

@@ -18,19 +18,32 @@ from pathlib import Path
 from cost_models.documents import DocumentLengths
 from cost_models.errors import CpplanError, from_fields, unknown_name
 from cost_models.experts import Experts
+from cost_models.global_attention import GlobalAttention
 from cost_models.latent_attention import LatentAttention
 from cost_models.masks import CAUSAL, FULL, AttentionMask, MaskKind
 from cost_models.vocabulary import _Named
 
-HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss")
-# model types cpplan reads the config of but does not price, with why
-_GEMMA4 = (
-    "Gemma 4's global layers have their own head width and KV heads (global_head_dim, num_global_key_value_heads) "
-    "and share K with V (attention_k_eq_v), which cpplan's one head shape per model does not describe"
+HF_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "qwen3_moe",
+    "deepseek_v3",
+    "gpt_oss",
+    "gemma4",
+    "gemma4_text",
 )
-HF_REFUSED_TYPES = {"gemma4": _GEMMA4, "gemma4_text": _GEMMA4}
+# multimodal configs whose decoder is their `text_config`
+HF_TEXT_CONFIG_TYPES = ("gemma4",)
+# Gemma 4's small models' features that cpplan does not describe, by the config field that turns each on
+HF_GEMMA4_UNPRICED = {
+    "hidden_size_per_layer_input": "a per-layer input embedding beside the residual stream",
+    "num_kv_shared_layers": "layers that reuse an earlier layer's keys and values",
+}
 # model types whose every layer norms its queries and keys per head, and that carry attention sinks
-HF_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+HF_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma4_text")
 HF_SINK_TYPES = ("gpt_oss",)
 # model types whose `sliding_window` applies only where `use_sliding_window` says so (off where unset)
 HF_WINDOW_OPT_IN_TYPES = ("qwen2", "qwen3", "qwen3_moe")
@@ -114,6 +127,9 @@ class ModelSpec:
     latent: LatentAttention | None = None
     qk_norm: bool = False  # an RMSNorm over each head's queries and keys (Qwen3, Gemma 3 and 4)
     attention_sinks: bool = False  # a learned logit per head that every query's softmax also sees (GPT-OSS)
+    shared_kv: bool = False  # keys and values are one projection (a Gemma 4 global layer's)
+    # the global layers' own head shape where it differs from the local layers' (Gemma 4; None: the same)
+    global_attention: GlobalAttention | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -130,7 +146,7 @@ class ModelSpec:
                 f"model {self.name!r}: num_heads={self.num_heads} must be a multiple of "
                 f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
             )
-        for f in ("tie_embeddings", "qkv_bias", "causal", "qk_norm", "attention_sinks"):
+        for f in ("tie_embeddings", "qkv_bias", "causal", "qk_norm", "attention_sinks", "shared_kv"):
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
         object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))
@@ -138,6 +154,9 @@ class ModelSpec:
         if self.experts is not None:
             object.__setattr__(self, "experts", Experts.from_dict(self.experts))
             self.experts.check(self.name, self.num_layers)
+        if self.global_attention is not None:
+            object.__setattr__(self, "global_attention", GlobalAttention.from_dict(self.global_attention))
+            self.global_attention.check(self.name, self.num_heads)
         if self.latent is not None:
             object.__setattr__(self, "latent", LatentAttention.from_dict(self.latent))
             self.latent.check(self.name, self.head_dim, self.num_heads, self.num_kv_heads)
@@ -309,7 +328,7 @@ class ModelSpec:
             projections, out = self.latent.projection_params(self.hidden, self.num_heads, self.head_dim)
             return projections + out + self.attention_sinks * self.num_heads
         q = self.hidden * self.num_heads * self.head_dim
-        kv = 2 * self.hidden * self.num_kv_heads * self.head_dim
+        kv = (1 if self.shared_kv else 2) * self.hidden * self.num_kv_heads * self.head_dim
         o = self.num_heads * self.head_dim * self.hidden
         bias = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim if self.qkv_bias else 0
         return q + kv + o + bias + 2 * self.qk_norm * self.head_dim + self.attention_sinks * self.num_heads
@@ -326,10 +345,8 @@ class ModelSpec:
         e = self.experts
         if not e:
             return 0
-        expert = self.mlp_matrices * self.hidden * e.intermediate + e.bias * (
-            self.mlp_inputs * e.intermediate + self.hidden
-        )
-        return (e.count + e.shared) * expert + self.hidden * e.count + e.bias * e.count
+        biases = e.bias * (self.mlp_inputs * e.total_width + (e.count + e.shared) * self.hidden + e.count)
+        return self.mlp_matrices * self.hidden * e.total_width + self.hidden * e.count + biases
 
     @property
     def moe_layers(self) -> int:
@@ -346,20 +363,32 @@ class ModelSpec:
     def layer_params(self) -> int:
         """Weights of all decoder layers."""
         mlp = (self.num_layers - self.moe_layers) * self.dense_mlp_params + self.moe_layers * self.expert_mlp_params
-        return self.num_layers * (self.attention_params + self.decoder_block.norms * self.hidden) + mlp
+        attention = sum(count * self.layer_model(mask).attention_params for mask, count in self.layer_masks)
+        return attention + self.num_layers * self.decoder_block.norms * self.hidden + mlp
 
     @property
     def largest_layer_params(self) -> int:
         """Weights of the largest decoder layer (the one whose gathered weights a device holds at its peak)."""
         mlp = max(self.expert_mlp_params, self.dense_mlp_params if self.moe_layers < self.num_layers else 0)
-        return self.attention_params + self.decoder_block.norms * self.hidden + mlp
+        attention = max(self.layer_model(mask).attention_params for mask, _ in self.layer_masks)
+        return attention + self.decoder_block.norms * self.hidden + mlp
+
+    def layer_model(self, mask: AttentionMask) -> "ModelSpec":
+        """This model as its layers of `mask` see it: with the global layers' own head shape where it has one
+        (`global_attention`), else itself."""
+        g = self.global_attention
+        if g is None or mask != self.global_mask:
+            return self
+        return dataclasses.replace(
+            self, num_kv_heads=g.num_kv_heads, head_dim=g.head_dim, shared_kv=g.shared_kv, global_attention=None
+        )
 
     @property
     def mlp_width(self) -> int:
         """Values per token of each MLP input projection's output in the widest layer: a dense MLP's
         `intermediate`; a mixture of experts' active experts' widths together (its routed copies of each
         token run through `per_token` experts, and the shared ones)."""
-        moe = self.experts.active * self.experts.intermediate if self.experts else 0
+        moe = self.experts.active_width if self.experts else 0
         return max(moe, self.intermediate if self.moe_layers < self.num_layers else 0)
 
     @property
@@ -367,7 +396,7 @@ class ModelSpec:
         """Weights of one MLP matrix of the widest layer as a device gathers it: a dense layer's `hidden ×
         intermediate`; a mixture of experts' one matrix of every expert."""
         e = self.experts
-        moe = (e.count + e.shared) * self.hidden * e.intermediate if e else 0
+        moe = self.hidden * e.total_width if e else 0
         return max(moe, self.hidden * self.intermediate if self.moe_layers < self.num_layers else 0)
 
     @property
@@ -378,7 +407,7 @@ class ModelSpec:
         if not self.experts:
             return dense
         e = self.experts
-        moe = 2.0 * (self.mlp_matrices * self.hidden * e.intermediate * e.active + self.hidden * e.count)
+        moe = 2.0 * (self.mlp_matrices * self.hidden * e.active_width + self.hidden * e.count)
         return ((self.num_layers - self.moe_layers) * dense + self.moe_layers * moe) / self.num_layers
 
     @property
@@ -409,7 +438,8 @@ class ModelSpec:
             row.pop("documents")
         elif self.varying_documents:
             row["documents"] = self.varying_documents.to_dict()
-        for key in ("experts", "latent", "qk_norm", "attention_sinks"):  # a dense GQA model reads as it always has
+        for key in ("experts", "latent", "qk_norm", "attention_sinks", "shared_kv", "global_attention"):
+            # a dense GQA model reads as it always has
             if not row[key]:
                 row.pop(key)
         return row
@@ -450,10 +480,9 @@ class ModelSpec:
                 f"with model_type, hidden_size, num_attention_heads and the like."
             )
         model_type = cfg.get("model_type")
-        if model_type in HF_REFUSED_TYPES:
-            raise CpplanError(
-                f"{str(path)!r}: model_type={model_type!r} is not supported: {HF_REFUSED_TYPES[model_type]}."
-            )
+        if model_type in HF_TEXT_CONFIG_TYPES:
+            cfg = _text_config(path, cfg)
+            model_type = cfg["model_type"]
         if model_type not in HF_MODEL_TYPES:
             raise CpplanError(
                 f"{str(path)!r}: model_type={model_type!r} is not supported; "
@@ -483,7 +512,7 @@ class ModelSpec:
             )
         local = _hf_local_layers(path, cfg)
         experts, latent = _hf_experts(path, cfg), _hf_latent(path, cfg)
-        hidden_act = cfg.get("hidden_act", "silu")
+        hidden_act = cfg.get("hidden_act", cfg.get("hidden_activation", "silu"))
         if not isinstance(hidden_act, str) or hidden_act not in HF_ACTIVATIONS:
             raise CpplanError(
                 f"{str(path)!r}: hidden_act={hidden_act!r} is not an activation cpplan runs; it runs "
@@ -511,6 +540,7 @@ class ModelSpec:
                 latent=latent,
                 qk_norm=model_type in HF_QK_NORM_TYPES,
                 attention_sinks=model_type in HF_SINK_TYPES,
+                global_attention=_hf_global_attention(path, cfg),
                 **local,
             )
         except CpplanError as err:  # a shape the model refuses: say which file holds it
@@ -596,12 +626,50 @@ def _hf_local_layers(path: Path, cfg: dict) -> dict:
     return {"window": window, "local_kind": kind.value, "layer_pattern": pattern}
 
 
+def _text_config(path: Path, cfg: dict) -> dict:
+    """A multimodal config's decoder (`text_config`), named as the whole config is.
+
+    Raises:
+        CpplanError: no text_config object, or one that turns on a feature cpplan does not describe.
+    """
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise CpplanError(
+            f"{str(path)!r}: model_type={cfg.get('model_type')!r} keeps its decoder in text_config, which is "
+            f"{type(text).__name__}; give the whole config.json."
+        )
+    for key, what in HF_GEMMA4_UNPRICED.items():
+        if text.get(key):
+            raise CpplanError(
+                f"{str(path)!r}: {key}={text[key]!r} gives the model {what}, which cpplan does not price or run "
+                f"(Gemma 4's E2B and E4B); the 26B and 31B models have neither."
+            )
+    return {**text, **{k: cfg[k] for k in ("architectures", "_name_or_path") if k in cfg}}
+
+
+def _hf_global_attention(path: Path, cfg: dict) -> GlobalAttention | None:
+    """The global layers' own head shape (Gemma 4's `global_head_dim`, `num_global_key_value_heads`,
+    `attention_k_eq_v`), or None where the config gives none.
+
+    Raises:
+        CpplanError: a malformed head count or width.
+    """
+    if cfg.get("global_head_dim") is None:
+        return None
+    return GlobalAttention(
+        num_kv_heads=_config_count(path, cfg, "num_global_key_value_heads", 1, "a positive integer"),
+        head_dim=_config_count(path, cfg, "global_head_dim", 1, "a positive integer"),
+        shared_kv=cfg.get("attention_k_eq_v", False) is True,
+    )
+
+
 # each model type's names for its experts' fields: (routed experts, experts per token, shared experts)
 HF_EXPERT_KEYS = {
     "mixtral": ("num_local_experts", "num_experts_per_tok", None),
     "qwen3_moe": ("num_experts", "num_experts_per_tok", None),
     "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "n_shared_experts"),
     "gpt_oss": ("num_local_experts", "num_experts_per_tok", None),
+    "gemma4_text": ("num_experts", "top_k_experts", None),
 }
 
 
@@ -615,7 +683,7 @@ def _hf_experts(path: Path, cfg: dict) -> Experts | None:
             way other than a dense lead (Qwen3-MoE's `decoder_sparse_step` > 1, `mlp_only_layers`).
     """
     keys = HF_EXPERT_KEYS.get(cfg["model_type"])
-    if keys is None:
+    if keys is None or (cfg["model_type"] == "gemma4_text" and not cfg.get("enable_moe_block")):
         return None
     routed, per_token, shared = keys
     if cfg["model_type"] == "gpt_oss" and per_token not in cfg:
@@ -625,6 +693,9 @@ def _hf_experts(path: Path, cfg: dict) -> Experts | None:
     width_key = "moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"
     width = _config_count(path, cfg, width_key, 1, "one expert's MLP width, a positive integer")
     shared_count = _config_count(path, cfg, shared, 0, "an integer of 0 or more") if shared and shared in cfg else 0
+    shared_width = 0
+    if cfg["model_type"] == "gemma4_text":  # its dense MLP beside the experts, which MaxText runs as a shared expert
+        shared_count, shared_width = 1, cfg["intermediate_size"]
     dense = 0
     if "first_k_dense_replace" in cfg:
         dense = _config_count(
@@ -643,6 +714,7 @@ def _hf_experts(path: Path, cfg: dict) -> Experts | None:
         shared=shared_count,
         dense_layers=dense,
         bias=cfg["model_type"] == "gpt_oss",
+        shared_intermediate=shared_width,
     )
 
 
@@ -755,6 +827,29 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, experts=Experts(128, 8, 768), qk_norm=True),
         ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, qk_norm=True),
         ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, experts=Experts(8, 2, 14336)),
+        *(
+            ModelSpec(
+                name,
+                layers,
+                hidden,
+                heads,
+                kv_heads,
+                256,
+                intermediate,
+                262144,
+                tie_embeddings=True,
+                mlp_activations=("gelu", "linear"),
+                window=1024,
+                layer_pattern="LLLLLG",
+                qk_norm=True,
+                global_attention=GlobalAttention(global_kv_heads, 512, shared_kv=True),
+                experts=experts,
+            )
+            for name, layers, hidden, heads, kv_heads, global_kv_heads, intermediate, experts in (
+                ("gemma4-26b", 30, 2816, 16, 8, 2, 2112, Experts(128, 8, 704, shared=1, shared_intermediate=2112)),
+                ("gemma4-31b", 60, 5376, 32, 16, 4, 21504, None),
+            )
+        ),
         *(
             ModelSpec(
                 name,

@@ -232,6 +232,8 @@ def model_refusal(target: Target, model: ModelSpec) -> str | None:
             ("multi-head latent attention", model.latent),
             ("q/k norms", model.qk_norm),
             ("attention sinks", model.attention_sinks),
+            ("global layers of their own head shape", model.global_attention),
+            ("keys and values of one projection", model.shared_kv),
         )
         if present
     ]

@@ -134,8 +134,9 @@ FSDP_LIKE_AXES = {
         "devices instead (expert-parallel dispatch is not priced)"
     ),
 }
-# models whose MaxText config's own block runs their local layers (gpt_oss: sliding and global layers in turn)
-MAXTEXT_WINDOWED_MODELS = ("gpt-oss-120b", "gpt-oss-20b")
+# models whose MaxText config's own block runs their local layers (gpt_oss: sliding and global layers in turn;
+# gemma4: five sliding to one global)
+MAXTEXT_WINDOWED_MODELS = ("gpt-oss-120b", "gpt-oss-20b", "gemma4-26b", "gemma4-31b")
 # MaxText model names that are another model's shape under other sharding rules
 MAXTEXT_MODEL_ALIASES = {
     "deepseek3-671b-2dfsdp": (

@@ -286,7 +286,10 @@ class Plan:
     def runs_fused_backward(self, mask: AttentionMask | None = None, *, target: Target = Target.CPPLAN) -> bool:
         """Whether the splash calls of the layers with `mask` (None: the global layers') run the fused backward
         on `target`: as the strategy spec's calls for that runtime say, which the price reads too."""
-        spec, shape = self.strategy_spec, replace(self.shape, mask=mask)
+        spec, shape = (
+            self.strategy_spec,
+            replace(self.shape, mask=mask, model=self.model.layer_model(mask or self.model.global_mask)),
+        )
         kernel_calls = spec.kernel_calls if target is Target.CPPLAN else spec.maxtext_kernel_calls
         return bool(all_fused(kernel_calls(shape, spec.layout(shape))))
 
@@ -330,7 +333,12 @@ class Plan:
             raise CpplanError(f"{problem}; use smaller block_q/block_kv.")
         for mask, _ in self.model.layer_masks:
             strategy = self.strategy_for(mask)
-            problem = block_check(STRATEGIES[strategy], replace(self.shape, mask=mask), self.block_q, self.block_kv)
+            problem = block_check(
+                STRATEGIES[strategy],
+                replace(self.shape, mask=mask, model=self.model.layer_model(mask)),
+                self.block_q,
+                self.block_kv,
+            )
             if problem:
                 raise CpplanError(f"{strategy.value}'s splash calls on this plan: {problem}.")
 

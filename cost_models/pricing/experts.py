@@ -91,11 +91,12 @@ def price_experts(x: Candidates) -> ExpertTimes:
     e = m.experts
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     tile, achievable = x.topology.chip.mxu_tile, x.achievable_matmul_flops
-    width = e.intermediate / tensor
-    columns = tile_efficiency(m.hidden, tile) * tile_efficiency(width, tile)
-    expert_flops = 2.0 * m.mlp_matrices * m.hidden * width  # per row, one expert
     router_s = 2.0 * tokens * m.hidden * e.count / (achievable * tile_efficiency(e.count, tile))
     grouped_s = grouped_seconds(x)
-    shared_s = tokens * e.shared * expert_flops / (achievable * columns)
+    shared_s = 0.0 * tokens
+    if e.shared:  # a dense MLP of the shared experts' widths together, its columns split over tensor
+        width = e.shared * e.shared_width / tensor
+        columns = tile_efficiency(m.hidden, tile) * tile_efficiency(width, tile)
+        shared_s = tokens * 2.0 * m.mlp_matrices * m.hidden * width / (achievable * columns)
     permute_s = PERMUTE_PASSES * tokens * e.per_token * m.hidden * x.act_bytes / x.topology.hbm_bw_per_device
     return ExpertTimes(router_s=router_s, grouped_s=grouped_s, shared_s=shared_s, permute_s=permute_s)

@@ -9,7 +9,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.compute import tile_efficiency
-from cost_models.flops import layer_forward_flops
+from cost_models.flops import mean_layer_forward_flops
 from cost_models.pricing.experts import price_experts
 
 
@@ -37,7 +37,7 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     dense lead's over the layers)."""
     model, chip = x.model, x.topology.chip
     tile, tensor = chip.mxu_tile, x.tensor
-    flops = layer_forward_flops(model, x.seq_len, x.tokens_per_device)
+    flops = mean_layer_forward_flops(model, x.seq_len, x.tokens_per_device)
     qkv_columns = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim / tensor
     qkv_padding = tile_efficiency(model.hidden, tile) * tile_efficiency(qkv_columns, tile)
     out_padding = tile_efficiency(model.num_heads * model.head_dim / tensor, tile) * tile_efficiency(model.hidden, tile)

@@ -97,11 +97,17 @@ def price_layer_kinds(x: Candidates, target: Target) -> list[LayerKind]:
 def _kind_columns(x: Candidates) -> list[tuple[float, Candidates, StrategySpec]]:
     """Per kind of layer: its share of the layers, the candidates as its layers (their mask), the strategy
     they run."""
+    return [(share, kind_columns(x, mask), STRATEGIES[name]) for share, mask, name in x.layer_kinds()]
+
+
+def kind_columns(x: Candidates, mask) -> Candidates:
+    """The candidates as the model's layers of `mask` see them: that mask, and the head shape that goes with
+    it (`ModelSpec.layer_model`)."""
     m = x.model
-    return [
-        (share, x if mask == m.global_mask else dataclasses.replace(x, mask=mask), STRATEGIES[name])
-        for share, mask, name in x.layer_kinds()
-    ]
+    layer_model = m.layer_model(mask)
+    if layer_model is not m:
+        x = dataclasses.replace(x, case=dataclasses.replace(x.case, model=layer_model))
+    return x if mask == m.global_mask else dataclasses.replace(x, mask=mask)
 
 
 def _strategy_cost(xm: Candidates, strategy: StrategySpec, layout, forward_s, backward_s, target: Target) -> CPCost:

@@ -67,6 +67,15 @@ class Shape:
         )
 
 
+def layer_shapes(shape: Shape) -> list[Shape]:
+    """`shape` as each head shape of its model's layers sees it: itself, and where the model's global layers
+    have their own (`ModelSpec.global_attention`), the global layers' shape too."""
+    model = shape.model
+    if model.global_attention is None:
+        return [shape]
+    return [shape, replace(shape, model=model.layer_model(model.global_mask), mask=None)]
+
+
 @dataclass(frozen=True)
 class Violation:
     """A rule a candidate breaks: a short category for grouping, and the sentence with numbers."""
@@ -230,7 +239,15 @@ class StrategySpec:
         return self.strategy.value
 
     def check(self, shape: Shape) -> Violation | None:
-        """None when the strategy runs this case, else the first rule it breaks, with its numbers."""
+        """None when the strategy runs this case, else the first rule it breaks, with its numbers; a model whose
+        global layers have a head shape of their own is judged with each (`ModelSpec.layer_model`)."""
+        for layer in layer_shapes(shape):
+            violation = self._check_layer(layer)
+            if violation:
+                return violation
+        return None
+
+    def _check_layer(self, shape: Shape) -> Violation | None:
         return (
             self.axes_check(shape)
             or full_mask_balance_check(shape)
@@ -352,7 +369,8 @@ class StrategySpec:
                 f"MaxText 0.2.5 has no {self.strategy.value} strategy (context_parallel_strategy); plan with "
                 f"one it has, or price for cpplan's runtime"
             ]
-        return maxtext_mask_problems(shape.model, self) + self.maxtext_problems(shape)
+        own = [problem for layer in layer_shapes(shape) for problem in self.maxtext_problems(layer)]
+        return maxtext_mask_problems(shape.model, self) + list(dict.fromkeys(own))
 
 
 def layer_strategy(model: ModelSpec, mask: AttentionMask, strategy: CPStrategy, local: CPStrategy | None) -> CPStrategy:

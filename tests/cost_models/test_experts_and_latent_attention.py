@@ -84,6 +84,8 @@ def test_published_totals(name, total, active, tolerance):
         ("mixtral-8x7b", "mixtral-8x7b"),
         ("gpt-oss-120b", "gpt-oss-120b"),
         ("gpt-oss-20b", "gpt-oss-20b"),
+        ("gemma4-26b", "gemma4-26b-a4b"),
+        ("gemma4-31b", "gemma4-31b"),
     ],
 )
 def test_published_configs_read_as_the_named_shapes(name, config):
@@ -133,9 +135,43 @@ def test_shapes_that_break_a_rule_are_refused():
         ModelSpec.from_dict({**MODELS["mixtral-8x7b"].to_dict(), "experts": {"count": 8}})
 
 
-def test_gemma4_is_refused_with_why():
-    with pytest.raises(CpplanError, match="model_type='gemma4' is not supported: Gemma 4's global layers"):
-        ModelSpec.from_hf_config(f"{CONFIGS}/gemma4-31b.json")
+def test_gemma4_global_layers_have_their_own_heads():
+    model = MODELS["gemma4-26b"]
+    global_, local = (model.layer_model(mask) for mask, _ in model.layer_masks)  # global first
+    assert (local.num_kv_heads, local.head_dim, local.shared_kv) == (8, 256, False)
+    assert (global_.num_kv_heads, global_.head_dim, global_.shared_kv) == (2, 512, True)
+    # 25 local layers' and 5 global layers' attention: q, one K=V projection, out; plus q/k norms
+    local_attention = 2816 * 16 * 256 + 2 * 2816 * 8 * 256 + 16 * 256 * 2816 + 2 * 256
+    global_attention = 2816 * 16 * 512 + 2816 * 2 * 512 + 16 * 512 * 2816 + 2 * 512
+    assert local.attention_params == local_attention and global_.attention_params == global_attention
+    assert model.layer_params == (
+        25 * local_attention + 5 * global_attention + 30 * (2 * 2816 + model.expert_mlp_params)
+    )
+    # 8 routed experts of 704 and the dense MLP of 2112 beside them, as MaxText's shared expert
+    assert model.mlp_width == 8 * 704 + 2112
+
+
+def test_a_strategy_is_judged_by_the_global_layers_heads_too():
+    from cost_models.strategies.base import Shape
+    from cost_models.strategies.registry import STRATEGIES
+    from cost_models.vocabulary import CPStrategy
+
+    # MaxText's Ulysses splits the K/V heads too: the global layers' 2 refuse a degree of 4 the local 8 allow
+    ulysses = STRATEGIES[CPStrategy.ULYSSES]
+    rule = "MaxText's Ulysses needs num_kv_heads=2 divisible by its degree 4"
+    assert any(rule in p for p in ulysses.maxtext_rules(Shape(MODELS["gemma4-26b"], 8192, 1, 4, 1, False)))
+    assert not any(
+        "num_kv_heads" in p for p in ulysses.maxtext_rules(Shape(MODELS["gemma4-26b"], 8192, 1, 2, 1, False))
+    )
+
+
+def test_gemma4_small_models_are_refused_with_why(tmp_path):
+    config = json.loads(open(f"{CONFIGS}/gemma4-31b.json").read())
+    config["text_config"]["hidden_size_per_layer_input"] = 256
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(CpplanError, match="hidden_size_per_layer_input=256 gives the model a per-layer input"):
+        ModelSpec.from_hf_config(path)
 
 
 def test_a_model_cpplans_runtime_does_not_run_is_priced_for_maxtext():
