@@ -56,7 +56,33 @@ SPLASH_BLOCK_FLAGS = (
 MAXTEXT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 # the models MaxText 0.2.5 ships (maxtext/configs/models/<name>.yml) that cpplan knows by the same
 # name and shape; any other model travels as shape flags
-MAXTEXT_MODEL_NAMES = ("llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama2-7b", "llama2-70b")
+MAXTEXT_MODEL_NAMES = (
+    "llama3.1-8b",
+    "llama3.1-70b",
+    "llama3.1-405b",
+    "llama2-7b",
+    "llama2-70b",
+    # mixture-of-experts, latent-attention and Gemma 4 models (docs/provenance/moe_models.md: each config
+    # read in the maxtext 0.2.5 wheel)
+    "deepseek3-671b",
+    "qwen3-235b-a22b",
+    "qwen3-30b-a3b",
+    "qwen3-8b",
+    "mixtral-8x7b",
+    "gpt-oss-120b",
+    "gpt-oss-20b",
+    "gemma4-26b",
+    "gemma4-31b",
+)
+# what MaxText's shape flags cannot say of a model it does not ship, by the ModelSpec field that has it
+UNEXPORTED_MODEL_FIELDS = {
+    "experts": "experts",
+    "latent": "latent attention",
+    "global_attention": "global layers of their own head shape",
+    "attention_sinks": "attention sinks",
+    "qk_norm": "q/k norms",
+    "shared_kv": "keys and values of one projection",
+}
 # MaxText's base.yml model defaults, for the shape flags a config leaves unset
 BASE_MODEL_DEFAULTS = {
     "base_num_decoder_layers": 16,
@@ -276,6 +302,10 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["param_scan_axis"] = PARAMS_OFFLOAD_SCAN_AXIS
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
+    if plan.quantization is not Quantization.NONE:
+        flags["quantization"] = plan.quantization.value
+    if plan.model.experts:  # MaxText's dropless grouped matmul, as priced (base.yml's, written to be sure)
+        flags.update(sparse_matmul=True, megablox=True, capacity_factor=-1)
     if offloaded_names(plan.remat, plan.remat_custom):
         notes.append(
             f"remat_policy={plan.remat.value} offloads to pinned host memory, which MaxText runs without "
@@ -323,8 +353,11 @@ def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
     """The flags that define `model` in MaxText, and what they leave at MaxText's defaults (the plan
     has passed `maxtext_problems`, so MaxText runs its masks)."""
     notes = []
-    if model.name in MAXTEXT_MODEL_NAMES and MODELS[model.name] == dataclasses.replace(model, documents=0):
-        flags: dict[str, object] = {"model_name": model.name}
+    shipped = _shipped_name(model)
+    if shipped:
+        flags: dict[str, object] = {"model_name": shipped}
+        if shipped != model.name:
+            notes.append(f"model {model.name} has the shape of MaxText's {shipped}: exported by that name")
     elif model.window:
         # the gemma3 block comes with its model name (MaxText reads the block's query scale by it), whose
         # config the shape flags then override
@@ -343,6 +376,14 @@ def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
             f"RoPE bases and norm epsilon are {MAXTEXT_LOCAL_MODEL_NAME}.yml's"
         )
     else:
+        unexported = [what for field, what in UNEXPORTED_MODEL_FIELDS.items() if getattr(model, field)]
+        if unexported:
+            raise CpplanError(
+                f"model {model.name!r} has {', '.join(unexported)}, which MaxText's shape flags do not carry for a "
+                f"model it does not ship; export a model of MaxText's own by its name "
+                f"({', '.join(MAXTEXT_MODEL_NAMES[5:])}) or give MaxText a config of the model "
+                f"(configs/models/<name>.yml) and pass model_name yourself."
+            )
         flags = _shape_flags(model)
         notes.append(
             f"model {model.name} is not one MaxText ships: its shape travels as flags; "
@@ -362,6 +403,24 @@ def _model_flags(model: ModelSpec) -> tuple[dict[str, object], list[str]]:
             f"for their length): the price holds for {where}"
         )
     return flags, notes
+
+
+def _shipped_name(model: ModelSpec) -> str | None:
+    """The name of the model MaxText ships (`MAXTEXT_MODEL_NAMES`) that has `model`'s shape, its layers'
+    masks alike however their pattern is written, packed documents aside; None where none has."""
+
+    def shape(m: ModelSpec) -> dict:
+        row = m.to_dict()
+        for key in ("name", "layer_pattern", "documents"):
+            row.pop(key, None)
+        return row
+
+    unpacked = dataclasses.replace(model, documents=0)
+    for name in MAXTEXT_MODEL_NAMES:
+        known = MODELS[name]
+        if shape(model) == shape(known) and unpacked.layer_masks == known.layer_masks:
+            return name
+    return None
 
 
 def _shape_flags(model: ModelSpec) -> dict[str, object]:

@@ -57,3 +57,34 @@ def test_gpt_oss_keeps_its_alternating_sliding_window():
         "model_name=gpt-oss-20b per_device_batch_size=1 max_target_length=8192 compile_topology=tpu7x-16"
     )
     assert read.plan.model.window == 128 and read.plan.model.layer_pattern == "LG"
+
+
+def test_models_maxtext_ships_export_by_name_with_their_flags():
+    from cost_models.models import ModelSpec
+    from planner import explain
+    from planner.maxtext import export_maxtext, read_maxtext
+
+    plan = explain("qwen3-30b-a3b", "4k", "tpu7x-128", quantization="fp8_full").best
+    flags = export_maxtext(plan).flags
+    assert flags["model_name"] == "qwen3-30b-a3b" and flags["quantization"] == "fp8_full"
+    assert flags["sparse_matmul"] is True and flags["capacity_factor"] == -1
+    # the flags read back as the plan
+    back = read_maxtext({**flags, **export_maxtext(plan).compile_flags}).plan
+    assert (back.model, back.mesh, back.quantization) == (plan.model, plan.mesh, plan.quantization)
+    # a config of a shipped model's shape goes by that name
+    config = ModelSpec.from_hf_config("tests/testdata/hf_configs/mixtral-8x7b.json")
+    mixtral = explain(config, "4k", "tpu7x-128").best
+    assert export_maxtext(mixtral).flags["model_name"] == "mixtral-8x7b"
+
+
+def test_a_moe_model_maxtext_does_not_ship_is_refused_with_why():
+    import dataclasses
+
+    from cost_models.models import MODELS
+    from planner import explain
+    from planner.maxtext import export_maxtext
+
+    other = dataclasses.replace(MODELS["qwen3-30b-a3b"], name="my-moe", num_layers=24)
+    plan = explain(other, "4k", "tpu7x-128").best
+    with pytest.raises(CpplanError, match="model 'my-moe' has experts, q/k norms, which MaxText's shape flags"):
+        export_maxtext(plan)
