@@ -149,6 +149,10 @@ class Chip:
     grouped_matmul_weight_grad_efficiency: float = 0.0  # the weight gradient (one matrix per group)
     grouped_matmul_weight_grad_group_rows: float = 0.0
     grouped_matmul_fp8_efficiency: float = 0.0  # fp8 weights (lhs quantized in the kernel), of the fp8 peak
+    # a grouped matmul whose contracted or output width is not a multiple of the TPU's 128 lanes (GPT-OSS's
+    # 2880, Gemma's 704 and 2816): its measured time over the model's for it (the median of such calls);
+    # 1.0 where not measured (priced as a lane-aligned one)
+    grouped_matmul_unaligned_slowdown: float = 1.0
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -174,6 +178,11 @@ class Chip:
         row has an fp8 rate and efficiency run at those, elsewhere at the bf16 figures. A row without
         grouped figures (0.0: not measured) prices the dense matmul: `matmul_efficiency`, r = c = 0.
 
+        A contracted or output width that is not a multiple of the chip's lanes (128 on a TPU) multiplies
+        the whole time by `grouped_matmul_unaligned_slowdown`: the row's measured ratio for such calls
+        (1.0 where not measured), applied to the widths as they are, not padded: padding them up to a
+        multiple of 128 or of the MXU tile explains little of the measured slowdown (the row's source).
+
         Args:
             groups: groups with at least one row (experts the device holds that tokens were routed to).
             rows: rows of all groups together (tokens × experts each is routed to, on this device).
@@ -196,7 +205,9 @@ class Chip:
         math = 2.0 * (rows + groups * group_rows) * contract * out / (peak * efficiency)
         weight_bytes = 1 if fp8 and not weight_grad else 2  # a weight gradient is written in bf16
         moved = 2.0 * rows * (contract + out) + weight_bytes * groups * contract * out
-        return max(math, moved / (self.hbm_bw_bytes_per_s / self.devices_per_chip)) + groups * group_s
+        seconds = max(math, moved / (self.hbm_bw_bytes_per_s / self.devices_per_chip)) + groups * group_s
+        lanes = self.kind.lanes
+        return seconds * self.grouped_matmul_unaligned_slowdown if contract % lanes or out % lanes else seconds
 
     @property
     def cores_per_device(self) -> int:
@@ -272,7 +283,8 @@ class Chip:
         )
 
 
-# the grouped-matmul figures (regenerate/fit_grouped_matmul.py); 0.0 where not measured
+# the grouped-matmul figures (regenerate/fit_grouped_matmul.py); 0.0 where not measured (the unaligned
+# widths' slowdown 1.0)
 GROUPED_MATMUL_FIELDS = (
     "grouped_matmul_efficiency",
     "grouped_matmul_group_rows",
@@ -280,9 +292,10 @@ GROUPED_MATMUL_FIELDS = (
     "grouped_matmul_weight_grad_efficiency",
     "grouped_matmul_weight_grad_group_rows",
     "grouped_matmul_fp8_efficiency",
+    "grouped_matmul_unaligned_slowdown",
 )
 # fields a row may leave out (rows `cpplan calibrate` wrote before they existed): each takes the default
-# of its declaration above, 0.0, which means "not measured"
+# of its declaration above, which means "not measured" (0.0; the unaligned slowdown 1.0)
 DEFAULTED_FIELDS = ("peak_fp8_flops_per_s", *GROUPED_MATMUL_FIELDS)
 
 # the chip row's compiler-schedule facts (booleans, each cited with the compile it was read from)
@@ -334,6 +347,7 @@ _NUMBER_RULES = {
     "grouped_matmul_weight_grad_efficiency": (False, 0, True, 1, "a fraction of the peak (0 where not measured)"),
     "grouped_matmul_weight_grad_group_rows": (False, 0, True, None, "rows per group"),
     "grouped_matmul_fp8_efficiency": (False, 0, True, 1, "a fraction of the fp8 peak (0 where not measured)"),
+    "grouped_matmul_unaligned_slowdown": (False, 0, False, None, "a ratio of times (1 where not measured)"),
 }
 
 

@@ -93,6 +93,7 @@ CHECKPOINT_NAMES = tuple(c.name for c in CHECKPOINTS)
 QKV_PROJECTIONS = tuple(c for c in CHECKPOINTS if c.block is Block.ATTENTION_PROJECTIONS and c.gathered_input)
 QKV_CHECKPOINTS = tuple(c.name for c in QKV_PROJECTIONS)
 MLP_INPUT_CHECKPOINTS = tuple(c.name for c in CHECKPOINTS if c.block is Block.MLP and c.gathered_input)
+MLP_OUTPUT = "mlpwo"
 _BY_NAME = {c.name: c for c in CHECKPOINTS}
 # The offloaded values a layer's attention backward reads: fetched an iteration ahead, they are held
 # through the MLP's backward, which runs first (docs/provenance/cost_models.md#remat).
@@ -101,9 +102,12 @@ READ_BY_ATTENTION_BACKWARD = (*QKV_CHECKPOINTS, ATTENTION_OUTPUT)
 
 def is_read(checkpoint: Checkpoint, model: "ModelSpec | None" = None) -> bool:
     """Whether the backward of `model`'s layer reads the value (a sequential block when no model); in a
-    parallel block the reduce-scattered outputs, like the MLP's, only enter the residual sum."""
+    parallel block the reduce-scattered outputs, like the MLP's, only enter the residual sum. A mixture of
+    experts' combine weights each expert's output by its router weight, whose gradient reads that output:
+    its MLP output is read (a toy MoE layer's gradient program runs the output matmul again: docs/moe_misses.md)."""
     parallel = model is not None and model.decoder_block.parallel
-    return checkpoint.read_by_backward and not (parallel and checkpoint.scattered_output)
+    routed_output = model is not None and model.experts is not None and checkpoint.name == MLP_OUTPUT
+    return (checkpoint.read_by_backward or routed_output) and not (parallel and checkpoint.scattered_output)
 
 
 _MATMULS = tuple(c.name for c in CHECKPOINTS if c.is_matmul())  # MaxText's minimal_policy names

@@ -20,6 +20,14 @@ three forms. The v2 kernel (MaxText's `use_gmm_v2`), timed on three chips and wi
 gradients, is fitted alone and reported beside it. fp8 calls (fp8 weights, rows quantized in the
 kernel) fit an fp8 efficiency against the fp8 peak, the other figures held.
 
+Calls whose contracted or output width is not a multiple of the TPU's 128 lanes are left out of that
+fit: tokamax times one such width, K=N=2880 (GPT-OSS's experts), in all three forms on v5p, v6e and
+TPU7x, and they run far slower than the aligned calls' model. Their median measured/model ratio is the
+row's `grouped_matmul_unaligned_slowdown` (1.0 where no such call is timed), which
+`Chip.grouped_matmul_seconds` multiplies the time of any unaligned call by. The report also prices them
+with their widths padded, up to a multiple of 128, of the row's MXU tile and of the kernel's own tiles
+(the fastest config's tile_k, tile_n): padding explains a few percent of the slowdown, not its bulk.
+
     python regenerate/fit_grouped_matmul.py --tokamax /path/to/site-packages/tokamax [--write]
 
 The printed report is benchmarks/results/kernels/grouped_matmul.txt; the figures and sources also go
@@ -43,7 +51,7 @@ from scipy.optimize import least_squares
 
 # this checkout's rows, whatever cpplan the interpreter has installed: --write edits them
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cost_models.chips import CHIP_DIR, GROUPED_MATMUL_FIELDS, Chip, load_chip  # noqa: E402
+from cost_models.chips import CHIP_DIR, GROUPED_MATMUL_FIELDS, Chip, ChipKind, load_chip  # noqa: E402
 from validation.kernel_fits import (  # noqa: E402
     DEVICE_DIRS,
     MATMUL_FILES,
@@ -55,13 +63,15 @@ from validation.kernel_fits import (  # noqa: E402
 
 KERNEL, V2_KERNEL = (Path(name).stem for name in MATMUL_FILES)
 FORMS = ("forward", "dgrad", "weight_grad")
-LANES = 128  # calls of widths that are not multiples of this are left out of the fit (reported apart)
+LANES = ChipKind.TPU.lanes  # calls of widths not multiples of this are left out of the fit (reported apart)
 # the fitted figures (the row's GROUPED_MATMUL_FIELDS but the fp8 one), their start and bounds
 FIGURES = GROUPED_MATMUL_FIELDS[:5]
 START = (0.7, 200.0, 1e-6, 0.6, 300.0)
 LOWER, UPPER = (1e-3, 0.0, 0.0, 1e-3, 0.0), (1.0, 8192.0, 1e-4, 1.0, 8192.0)
 SCALE = np.array([1.0, 100.0, 1e-6, 1.0, 100.0])  # parameters near 1 for the solver
 FP8_FIGURE = GROUPED_MATMUL_FIELDS[5]
+UNALIGNED_FIGURE = "grouped_matmul_unaligned_slowdown"  # the median measured/model ratio of the calls left out
+assert UNALIGNED_FIGURE in GROUPED_MATMUL_FIELDS
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class GroupedTiming:
     out: int
     seconds: float
     generated: bool  # tokamax spread the rows over the groups (uniform routing), or listed them
+    config: str = ""  # the fastest config, as the timing file writes it
 
     @property
     def group_rows(self) -> float:
@@ -117,7 +128,9 @@ def read_grouped(path: Path) -> list[GroupedTiming]:
     for key, configs in json.loads(path.read_text()).items():
         call = json.loads(key)
         times = [
-            statistics.median(c["evaluation_times_ms"]) * 1e-3 for c in configs.values() if c.get("evaluation_times_ms")
+            (statistics.median(c["evaluation_times_ms"]) * 1e-3, config)
+            for config, c in configs.items()
+            if c.get("evaluation_times_ms")
         ]
         if not times or any(
             call.get(k) for k in ("return_residuals", "activation", "fuse_gateup_activation", "rhs_bias")
@@ -144,7 +157,8 @@ def read_grouped(path: Path) -> list[GroupedTiming]:
             out_dim = next(d for i, d in enumerate(r_dims) if i not in (rhs_contract[0], grouped))
         else:  # [rows, K]ᵀ · [rows, N] per group → [groups, K, N]
             form, contract, out_dim = "weight_grad", l_dims[1], r_dims[1]
-        out.append(GroupedTiming(path.stem, form, dtype, groups, rows, contract, out_dim, min(times), generated))
+        seconds, config = min(times)
+        out.append(GroupedTiming(path.stem, form, dtype, groups, rows, contract, out_dim, seconds, generated, config))
     return out
 
 
@@ -245,8 +259,37 @@ def alternative_forms(chip: Chip, timings: list[GroupedTiming]) -> list[tuple[st
     ]
 
 
+def _lane_aligned(t: GroupedTiming) -> bool:
+    return t.contract % LANES == 0 and t.out % LANES == 0
+
+
 def _aligned(timings: list[GroupedTiming]) -> list[GroupedTiming]:
-    return [t for t in timings if t.dtype == "bf16" and t.contract % LANES == 0 and t.out % LANES == 0]
+    return [t for t in timings if t.dtype == "bf16" and _lane_aligned(t)]
+
+
+def _unaligned(timings: list[GroupedTiming]) -> list[GroupedTiming]:
+    return [t for t in timings if t.dtype == "bf16" and not _lane_aligned(t)]
+
+
+def padded(t: GroupedTiming, contract_multiple: int, out_multiple: int | None = None) -> GroupedTiming:
+    """The call with its contracted and output widths rounded up to multiples of these."""
+
+    def up(width: int, multiple: int) -> int:
+        return -(-width // multiple) * multiple
+
+    return dataclasses.replace(
+        t, contract=up(t.contract, contract_multiple), out=up(t.out, out_multiple or contract_multiple)
+    )
+
+
+def kernel_tiles(t: GroupedTiming) -> tuple[int, int] | None:
+    """The fastest config's tile_k and tile_n (the contracted and output widths' tiles), where it names both."""
+    try:
+        config = json.loads(t.config)
+    except ValueError:
+        return None
+    k, n = (config.get(key) if isinstance(config, dict) else None for key in ("tile_k", "tile_n"))
+    return (k, n) if isinstance(k, int) and isinstance(n, int) else None
 
 
 @dataclass
@@ -258,10 +301,11 @@ class ChipFit:
     cite: str  # the main kernel's timing file
     calls: list[GroupedTiming]  # bf16 calls of lane-aligned widths, fitted
     errors: np.ndarray
-    unaligned: list[GroupedTiming]  # bf16 calls left out
+    unaligned: list[GroupedTiming]  # bf16 calls left out: their median ratio is the unaligned slowdown
     v2_calls: list[GroupedTiming]
     v2_values: tuple[float, ...] = ()
     v2_errors: np.ndarray | None = None
+    v2_unaligned: list[GroupedTiming] = dataclasses.field(default_factory=list)
     fp8_calls: list[GroupedTiming] = dataclasses.field(default_factory=list)
     fp8_fitted: bool = False  # fitted at the chip's fp8 peak, or priced with the bf16 figures
 
@@ -269,8 +313,47 @@ class ChipFit:
     def peak(self) -> float:
         return self.chip.peak_bf16_flops_per_s / self.chip.devices_per_chip
 
+    @property
+    def aligned_chip(self) -> Chip:
+        """The row's model of a lane-aligned call: its figures without the unaligned slowdown."""
+        return dataclasses.replace(self.chip, **{UNALIGNED_FIGURE: 1.0})
+
     def error(self, t: GroupedTiming) -> float:
         return model_seconds(self.chip, t) / t.seconds - 1
+
+    def ratio(self, t: GroupedTiming, priced: GroupedTiming | None = None) -> float:
+        """The call's measured time over the aligned model's for it (or for `priced`, the call padded)."""
+        return t.seconds / model_seconds(self.aligned_chip, priced or t)
+
+    def padding(self) -> dict[str, list[float]]:
+        """The unaligned calls' measured time over the aligned model's with their widths padded, per rule."""
+        rules = {f"to a multiple of {LANES}": [self.ratio(t, padded(t, LANES)) for t in self.unaligned]}
+        tile = self.chip.mxu_tile
+        if tile != LANES:
+            rules[f"to the MXU tile ({tile})"] = [self.ratio(t, padded(t, tile)) for t in self.unaligned]
+        tiles = [kernel_tiles(t) for t in self.unaligned]
+        if self.unaligned and all(tiles):
+            rules["to the fastest config's tiles"] = [
+                self.ratio(t, padded(t, *kn)) for t, kn in zip(self.unaligned, tiles)
+            ]
+        return rules
+
+    def near_ratios(self) -> tuple[list[GroupedTiming], list[float]]:
+        """The aligned calls nearest the unaligned ones (as many groups, rows per group within 2x): their
+        measured time over the model's, to set the unaligned calls' ratios against."""
+        near = [
+            t
+            for t in self.calls
+            if any(t.groups == u.groups and 0.5 <= t.group_rows / u.group_rows <= 2 for u in self.unaligned)
+        ]
+        return near, [self.ratio(t) for t in near]
+
+    def v2_unaligned_ratios(self) -> list[float]:
+        """The v2 kernel's unaligned calls' time over its own fit's model (the aligned calls')."""
+        if not self.v2_values:
+            return []
+        v2 = with_figures(self.aligned_chip, self.v2_values)
+        return [t.seconds / model_seconds(v2, t) for t in self.v2_unaligned]
 
     def v2_ratios(self) -> list[float]:
         """The v2 kernel's time over the main kernel's, for the calls both time."""
@@ -281,9 +364,11 @@ class ChipFit:
 
 
 def fit_chip(name: str, device: str, base: Path) -> ChipFit:
-    chip = load_chip(CHIP_DIR / f"{name}.json")
+    # the fits price lane-aligned calls: the row's unaligned slowdown, refitted below, is held at 1
+    chip = dataclasses.replace(load_chip(CHIP_DIR / f"{name}.json"), **{UNALIGNED_FIGURE: 1.0})
     main, v2 = (find_file(device, f"{kernel}.json", [], base) for kernel in (KERNEL, V2_KERNEL))
     timings = read_grouped(main.path)
+    v2_timings = read_grouped(v2.path) if v2 else []
     calls = _aligned(timings)
     values, _ = fit(chip, calls)
     fitted = with_figures(chip, [_round(v) for v in values])
@@ -293,8 +378,9 @@ def fit_chip(name: str, device: str, base: Path) -> ChipFit:
         cite=f"{main.cite} (git blob {_blob(main.path)[:12]})",
         calls=calls,
         errors=np.array([model_seconds(fitted, t) / t.seconds - 1 for t in calls]),
-        unaligned=[t for t in timings if t.dtype == "bf16" and t not in calls],
-        v2_calls=_aligned(read_grouped(v2.path)) if v2 else [],
+        unaligned=sorted(_unaligned(timings), key=lambda t: (FORMS.index(t.form), t.contract, t.out, t.rows)),
+        v2_calls=_aligned(v2_timings),
+        v2_unaligned=_unaligned(v2_timings),
         fp8_calls=[t for t in timings if t.dtype == "fp8"],
     )
     if out.v2_calls:
@@ -304,11 +390,65 @@ def fit_chip(name: str, device: str, base: Path) -> ChipFit:
         efficiency, _ = fit_fp8(fitted, out.fp8_calls)
         out.chip = dataclasses.replace(fitted, grouped_matmul_fp8_efficiency=_round(efficiency))
         out.fp8_fitted = True
+    # widths that are not multiples of the lanes: the median of their measured time over the aligned model's
+    if out.unaligned:
+        slowdown = statistics.median(out.ratio(t) for t in out.unaligned)
+        out.chip = dataclasses.replace(out.chip, **{UNALIGNED_FIGURE: _round(slowdown)})
     return out
 
 
 def _short(t: GroupedTiming) -> str:
     return f"{t.groups}x{t.group_rows:.0f} rows K={t.contract} N={t.out}"
+
+
+def _widths(timings: list[GroupedTiming]) -> str:
+    return ", ".join(sorted({f"K={t.contract} N={t.out}" for t in timings}))
+
+
+def _span(values) -> str:
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def unaligned_source(f: ChipFit) -> str:
+    """The unaligned slowdown's citation: the calls, their ratios, and why a factor rather than padding."""
+    if not f.unaligned:
+        return (
+            f"1.0: not measured. {f.cite} holds no bf16 call whose contracted or output width is not a multiple of "
+            f"{LANES} (its {len(f.calls)} bf16 calls are all lane-aligned), so a grouped matmul of such widths is "
+            f"priced as an aligned one (regenerate/fit_grouped_matmul.py)"
+        )
+    ratios = [f.ratio(t) for t in f.unaligned]
+    rates = [t.flops / t.seconds / f.peak for t in f.unaligned]
+    shapes = ", ".join(sorted({f"{t.groups} groups of ~{t.group_rows:.0f} rows" for t in f.unaligned}))
+    forms = ", ".join(f"{t.form.replace('_', ' ')} {r:.3f}" for t, r in zip(f.unaligned, ratios))
+    tiles = sorted({f"{kn[0]}x{kn[1]}" for t in f.unaligned if (kn := kernel_tiles(t))})
+    near, near_ratios = f.near_ratios()
+    padding = f.padding()
+    explained = max(statistics.median(ratios) / statistics.median(r) for r in padding.values())
+    text = (
+        f"{getattr(f.chip, UNALIGNED_FIGURE):g}: the median, over the {len(f.unaligned)} bf16 calls of {f.cite} "
+        f"whose widths are not multiples of {LANES} lanes (left out of the other figures' fit), of measured time "
+        f"over Chip.grouped_matmul_seconds's with the row's fitted figures (this factor 1). "
+        f"Only {_widths(f.unaligned)} measured (GPT-OSS's expert widths; {shapes}): {forms} "
+        f"(spread {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} calls); they run at {_span(rates)} of the "
+        f"per-device bf16 peak. Applied to the whole time of a grouped matmul whose contracted or output width "
+        f"is not a multiple of {LANES}, at the widths as they are; one width measured, so how the slowdown moves "
+        f"with the width (704, 2816, ...) is not. Not a padding rule: the model at the widths padded "
+        + "; ".join(f"{label} leaves the calls {_span(r)}x slower" for label, r in padding.items())
+        + (f" (the fastest configs' tile_k x tile_n: {', '.join(tiles)})" if tiles else "")
+        + f", where the {len(near)} aligned calls of as many groups and rows per group take {_span(near_ratios)}x the "
+        f"model's time: padding accounts for a factor of at most {explained:.2f} of the "
+        f"{statistics.median(ratios):.2f}, so the factor is the measured one, not derived from a padded width"
+    )
+    v2 = f.v2_unaligned_ratios()
+    if v2:
+        text += (
+            f". tokamax's v2 kernel ({V2_KERNEL}) is slow at {_widths(f.v2_unaligned)} too: {_span(v2)}x its own "
+            f"fit's model ({len(v2)} timed {'call' if len(v2) == 1 else 'calls'}), so the slowdown is the width's, "
+            f"not one kernel's"
+        )
+    return text + " (benchmarks/results/kernels/grouped_matmul.txt)"
 
 
 def sources_of(f: ChipFit) -> dict[str, str]:
@@ -329,10 +469,10 @@ def sources_of(f: ChipFit) -> dict[str, str]:
     if f.unaligned:
         rates = [t.flops / t.seconds / f.peak for t in f.unaligned]
         how += (
-            f" {len(f.unaligned)} calls of widths that are not multiples of {LANES} "
-            f"({', '.join(sorted({f'K={t.contract} N={t.out}' for t in f.unaligned}))}) are left out: they run at "
-            f"{min(rates):.2f}-{max(rates):.2f} of the peak, "
-            f"{statistics.median(f.error(t) for t in f.unaligned):+.0%} (median) from the model."
+            f" {len(f.unaligned)} calls of widths that are not multiples of {LANES} ({_widths(f.unaligned)}) are left "
+            f"out: they run at {min(rates):.2f}-{max(rates):.2f} of the peak, "
+            f"{statistics.median(f.ratio(t) for t in f.unaligned):.2f}x (median) the time this model gives them "
+            f"({UNALIGNED_FIGURE})."
         )
     best = max(t.flops / t.seconds for t in f.calls if t.form != "weight_grad") / f.peak
     efficiency = (
@@ -396,6 +536,7 @@ def sources_of(f: ChipFit) -> dict[str, str]:
                 f"kernel), priced so: "
                 + ", ".join(f"{label} {e:+.0%}" for label, e in zip(map(_short, f.fp8_calls), fp8_errors))
             )
+    sources[UNALIGNED_FIGURE] = unaligned_source(f)
     return sources
 
 
@@ -414,7 +555,20 @@ def lines_of(f: ChipFit) -> list[str]:
             f"  {'left out: ' if t in f.unaligned else ''}{t.label:58} measured {t.seconds * 1e3:8.3f} ms  "
             f"model {model_seconds(f.chip, t) * 1e3:8.3f} ms ({f.error(t):+6.1%})  "
             f"{t.flops / t.seconds / f.peak:.2f} of peak"
+            + (f"; {f.ratio(t):.3f}x the aligned model, config {t.config}" if t in f.unaligned else "")
         )
+    if f.unaligned:
+        near, near_ratios = f.near_ratios()
+        lines.append(
+            f"unaligned widths ({_widths(f.unaligned)}, left out of the fit): {UNALIGNED_FIGURE}="
+            f"{getattr(f.chip, UNALIGNED_FIGURE):g}, median of {len(f.unaligned)} calls' measured/aligned model "
+            f"({_span([f.ratio(t) for t in f.unaligned])}); padded "
+            + "; ".join(f"{label} {_span(r)}" for label, r in f.padding().items())
+            + f"; the {len(near)} aligned calls of as many groups and rows per group: {_span(near_ratios)}"
+            + (f"; {V2_KERNEL}'s over its own fit: {_span(f.v2_unaligned_ratios())}" if f.v2_unaligned_ratios() else "")
+        )
+    else:
+        lines.append(f"unaligned widths: no call timed, {UNALIGNED_FIGURE}=1 (not measured)")
     for t in f.fp8_calls:
         lines.append(
             f"  {t.label:58} measured {t.seconds * 1e3:8.3f} ms  model {model_seconds(f.chip, t) * 1e3:8.3f} ms "
@@ -470,7 +624,9 @@ def report(derived: dict[str, dict]) -> str:
     header = [
         "# Grouped matmul (MoE expert matmul) per device: tokamax's measured ragged dots against the chip rows'",
         "# model, max(2·(rows + groups·r)·K·N/(peak·e), bytes/hbm_bw) + groups·c (Chip.grouped_matmul_seconds);",
-        "# weight gradients with their own e and r. Fitted by regenerate/fit_grouped_matmul.py.",
+        "# weight gradients with their own e and r. Fitted by regenerate/fit_grouped_matmul.py. Calls of widths",
+        "# that are not multiples of 128 lanes are left out; their median measured/model ratio is the row's",
+        "# grouped_matmul_unaligned_slowdown, the model's time times it (ratios also against padded widths).",
         "",
     ]
     return "\n".join(header + [line for d in derived.values() for line in d["lines"]])

@@ -203,6 +203,8 @@ def test_per_device_figures_split_the_chip():
 
 TPU_ROWS = ("v5p", "v5e", "v6e", "tpu7x")
 FITTED = GROUPED_MATMUL_FIELDS[:5]  # the bf16 figures every TPU row has; the fp8 one only where fp8 is faster
+UNALIGNED = "grouped_matmul_unaligned_slowdown"
+UNALIGNED_MEASURED = ("v5p", "v6e", "tpu7x")  # tokamax 0.0.17 times K=N=2880 on these; not on v5e
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernels" / "grouped_matmul.json"
 
 
@@ -246,6 +248,49 @@ def test_grouped_matmul_figures_are_fitted_sourced_and_in_range(name):
         assert chip.grouped_matmul_fp8_efficiency == 0.0
 
 
+@pytest.mark.parametrize("name", TPU_ROWS)
+def test_unaligned_slowdown_is_measured_and_sourced(name):
+    chip = _row(name)
+    slowdown, source = chip.grouped_matmul_unaligned_slowdown, chip.sources[UNALIGNED]
+    assert "tokamax 0.0.17" in source and "pallas_mosaic_tpu_ragged_dot.json" in source
+    if name not in UNALIGNED_MEASURED:
+        assert slowdown == 1.0 and "not measured" in source
+        return
+    # the median of the 3 calls at K=N=2880 (forward, dgrad, weight gradient), the only unaligned width timed
+    assert "Only K=2880 N=2880 measured" in source and "the median" in source and "3 calls" in source
+    assert "spread" in source and "Not a padding rule" in source
+    assert slowdown > 1.2  # v5p 1.27; v6e and tpu7x about 2
+    if name == "tpu7x":
+        assert 1.8 < slowdown < 2.2
+    # the median of the three calls' ratios, which its source lists per form
+    ratios = [float(r) for r in re.findall(r"(?:forward|dgrad|weight grad) (\d\.\d{3})", source)]
+    assert len(ratios) == 3 and min(ratios) <= slowdown <= max(ratios)
+    assert slowdown == pytest.approx(sorted(ratios)[1], abs=1e-3)
+    # padding the widths to 128 or to the MXU tile leaves most of it: the source says by how much
+    padded = [float(x) for x in re.findall(r"leaves the calls (\d\.\d\d)", source)]
+    assert padded and all(1.1 < x < slowdown for x in padded)
+
+
+@pytest.mark.parametrize("name", UNALIGNED_MEASURED)
+def test_an_unaligned_width_costs_the_measured_slowdown(name):
+    chip = _row(name)
+    aligned = dataclasses.replace(chip, grouped_matmul_unaligned_slowdown=1.0)
+    slowdown = chip.grouped_matmul_unaligned_slowdown
+    # GPT-OSS's 2880 (the width measured), Gemma's 704 and 2816, one width or both, all three forms
+    for k, n in ((2880, 2880), (2816, 704), (704, 2816), (4096, 2880), (2880, 4096)):
+        for weight_grad in (False, True):
+            seconds = chip.grouped_matmul_seconds(128, 327680, k, n, weight_grad=weight_grad)
+            assert seconds == pytest.approx(
+                slowdown * aligned.grouped_matmul_seconds(128, 327680, k, n, weight_grad=weight_grad)
+            )
+            assert seconds > 1.2 * aligned.grouped_matmul_seconds(128, 327680, k, n, weight_grad=weight_grad)
+    # widths of whole lanes are priced as fitted, however little they exceed an unaligned one
+    for k, n in ((2944, 2944), (3072, 3072), (768, 2816 + 128)):
+        assert chip.grouped_matmul_seconds(128, 327680, k, n) == aligned.grouped_matmul_seconds(128, 327680, k, n)
+    # not a padding rule: 2880 costs more than 2944 (its width padded to 128 lanes) or 3072 (to 256)
+    assert chip.grouped_matmul_seconds(128, 327680, 2880, 2880) > chip.grouped_matmul_seconds(128, 327680, 3072, 3072)
+
+
 def test_rows_hold_the_grouped_matmul_fit_the_script_printed():
     fits = json.loads(RESULTS.read_text())
     assert sorted(fits) == sorted(TPU_ROWS)
@@ -287,6 +332,18 @@ def test_grouped_matmul_seconds_by_hand():
     # at r = 300 the padded tiles outlast the read
     math = 2 * (512 + 64 * 300) * 7168 * 2048 / (peak * 0.7)
     assert chip.grouped_matmul_seconds(64, 512, 7168, 2048) == pytest.approx(math + 64 * 2e-6)
+    # a width that is not a multiple of 128 lanes: the whole time, MXU and per-group, times the slowdown
+    slow = dataclasses.replace(chip, grouped_matmul_unaligned_slowdown=1.5)
+    math = 2 * (262144 + 256 * 300) * 2816 * 704 / (peak * 0.7)
+    assert slow.grouped_matmul_seconds(256, 262144, 2816, 704) == pytest.approx(1.5 * (math + 256 * 2e-6))
+    math = 2 * (262144 + 256 * 400) * 704 * 2816 / (peak * 0.6)
+    assert slow.grouped_matmul_seconds(256, 262144, 704, 2816, weight_grad=True) == pytest.approx(
+        1.5 * (math + 256 * 2e-6)
+    )
+    math = 2 * (262144 + 256 * 300) * 2880 * 2048 / (2 * peak * 0.5)  # one width unaligned is enough; fp8 too
+    assert slow.grouped_matmul_seconds(256, 262144, 2880, 2048, fp8=True) == pytest.approx(1.5 * (math + 256 * 2e-6))
+    math = 2 * (262144 + 256 * 300) * 7168 * 2048 / (peak * 0.7)
+    assert slow.grouped_matmul_seconds(256, 262144, 7168, 2048) == pytest.approx(math + 256 * 2e-6)
 
 
 @pytest.mark.parametrize("name", TPU_ROWS)
@@ -308,13 +365,25 @@ def test_a_measured_row_without_the_new_fields_loads_and_prices_dense(tmp_path):
         del row["sources"][field]
     (tmp_path / "old.json").write_text(json.dumps(row))
     old = load_chip(tmp_path / "old.json")
-    assert old.peak_fp8_flops_per_s == 0.0 and all(getattr(old, f) == 0.0 for f in GROUPED_MATMUL_FIELDS)
+    assert old.peak_fp8_flops_per_s == 0.0 and all(getattr(old, f) == 0.0 for f in GROUPED_MATMUL_FIELDS[:6])
+    assert old.grouped_matmul_unaligned_slowdown == 1.0  # not measured: no slowdown
     # not measured: a grouped matmul is the dense one at the row's matmul efficiency, no per-group cost
     peak = old.peak_bf16_flops_per_s / old.devices_per_chip
     math = 2 * 65536 * 2048 * 1024 / (peak * old.matmul_efficiency)
     moved = (2 * 65536 * (2048 + 1024) + 2 * 16 * 2048 * 1024) / (old.hbm_bw_bytes_per_s / old.devices_per_chip)
     assert old.grouped_matmul_seconds(16, 65536, 2048, 1024) == pytest.approx(max(math, moved))
     assert old.grouped_matmul_seconds(16, 65536, 2048, 1024, weight_grad=True) == pytest.approx(max(math, moved))
+    # a TPU row written before the unaligned slowdown loads at 1.0: an unaligned width priced as an aligned one
+    row = get_chip("tpu7x").to_dict()
+    del row[UNALIGNED], row["sources"][UNALIGNED]
+    (tmp_path / "tpu.json").write_text(json.dumps(row))
+    tpu = load_chip(tmp_path / "tpu.json")
+    assert tpu.grouped_matmul_unaligned_slowdown == 1.0
+    assert tpu.grouped_matmul_seconds(128, 327680, 2880, 2880) == pytest.approx(
+        dataclasses.replace(get_chip("tpu7x"), grouped_matmul_unaligned_slowdown=1.0).grouped_matmul_seconds(
+            128, 327680, 2880, 2880
+        )
+    )
 
 
 @pytest.mark.parametrize(
@@ -324,6 +393,8 @@ def test_a_measured_row_without_the_new_fields_loads_and_prices_dense(tmp_path):
         ({"grouped_matmul_group_rows": -1.0}, "grouped_matmul_group_rows=-1.0 must be"),
         ({"peak_fp8_flops_per_s": float("nan")}, "must be finite"),
         ({"peak_fp8_flops_per_s": 0.0, "grouped_matmul_fp8_efficiency": 0.5}, "fp8 peak"),
+        ({"grouped_matmul_unaligned_slowdown": 0.0}, "grouped_matmul_unaligned_slowdown=0.0 must be > 0"),
+        ({"grouped_matmul_unaligned_slowdown": float("inf")}, "must be finite"),
     ],
 )
 def test_bad_grouped_or_fp8_figures_are_refused(tmp_path, change, words):
@@ -343,26 +414,21 @@ def _fit_script():
     return module
 
 
-def test_the_fit_recovers_figures_from_timings_built_by_hand(tmp_path):
-    """tokamax-format timings made by the model from known figures: the reader finds each call's form and
-    widths, and the fit gives the figures back."""
-    script = _fit_script()
-    truth = dict(zip(script.FIGURES, (0.72, 350.0, 2e-6, 0.65, 380.0)))
-    chip = dataclasses.replace(_row("tpu7x"), **truth)
-    numbers = {
-        "forward": ([[[1], [1]], [[], []]], [0]),
-        "dgrad": ([[[1], [2]], [[], []]], [0]),
-        "weight_grad": ([[[0], [0]], [[], []]], []),
-    }
+FORM_NUMBERS = {  # each form's ragged-dot dimension numbers, as tokamax writes them
+    "forward": ([[[1], [1]], [[], []]], [0]),
+    "dgrad": ([[[1], [2]], [[], []]], [0]),
+    "weight_grad": ([[[0], [0]], [[], []]], []),
+}
+SHAPES = ((256, 256, 7168, 2048), (128, 1024, 4096, 1536), (64, 4096, 2048, 768), (8, 8, 4096, 4096))
+
+
+def _timing_entries(chip, shapes, times_model: float = 1.0, tiles: str = '{"tile_m": null}') -> dict:
+    """tokamax-format timings of `shapes` (groups, rows per group, K, N) in all three forms: the row's model
+    times `times_model` (as the fastest config, `tiles`) and a config twice as slow."""
     entries = {}
-    for groups, group_rows, k, n in (
-        (256, 256, 7168, 2048),
-        (128, 1024, 4096, 1536),
-        (64, 4096, 2048, 768),
-        (8, 8, 4096, 4096),
-    ):
+    for groups, group_rows, k, n in shapes:
         rows = groups * group_rows
-        for form, (dims, grouped) in numbers.items():
+        for form, (dims, grouped) in FORM_NUMBERS.items():
             lhs, rhs = {
                 "forward": (f"bf16[{rows},{k}]", f"bf16[{groups},{k},{n}]"),
                 "dgrad": (f"bf16[{rows},{k}]", f"bf16[{groups},{n},{k}]"),
@@ -376,16 +442,68 @@ def test_the_fit_recovers_figures_from_timings_built_by_hand(tmp_path):
                 "return_residuals": False,
             }
             seconds = chip.grouped_matmul_seconds(groups, rows, k, n, weight_grad=form == "weight_grad")
-            times = [seconds * 1e3] * 5
+            times = [seconds * times_model * 1e3] * 5
             entries[json.dumps(call)] = {
-                '{"tile_m": null}': {"evaluation_times_ms": times},
+                tiles: {"evaluation_times_ms": times},
                 '{"tile_m": 128}': {"evaluation_times_ms": [2 * t for t in times]},  # the slower config is not used
             }
+    return entries
+
+
+def test_the_fit_recovers_figures_from_timings_built_by_hand(tmp_path):
+    """tokamax-format timings made by the model from known figures: the reader finds each call's form and
+    widths, and the fit gives the figures back."""
+    script = _fit_script()
+    truth = dict(zip(script.FIGURES, (0.72, 350.0, 2e-6, 0.65, 380.0)))
+    chip = dataclasses.replace(_row("tpu7x"), **truth)
     path = tmp_path / "pallas_mosaic_tpu_ragged_dot.json"
-    path.write_text(json.dumps(entries))
+    path.write_text(json.dumps(_timing_entries(chip, SHAPES)))
     timings = script.read_grouped(path)
     assert sorted({t.form for t in timings}) == ["dgrad", "forward", "weight_grad"] and len(timings) == 12
     assert all((t.contract, t.out) in {(7168, 2048), (4096, 1536), (2048, 768), (4096, 4096)} for t in timings)
+    assert all(t.config == '{"tile_m": null}' for t in timings)  # the fastest config's
     values, errors = script.fit(_row("tpu7x"), timings)
     assert np.max(np.abs(errors)) < 1e-6
     assert values == pytest.approx(tuple(truth.values()), rel=1e-3)
+
+
+def test_the_fit_measures_the_unaligned_slowdown_from_timings_built_by_hand(tmp_path):
+    """A tokamax package whose unaligned calls (K=N=2880) take 1.8x the aligned model's time: the fit leaves
+    them out of the other figures, gives 1.8 back as the row's slowdown, and tests padding against it."""
+    script = _fit_script()
+    truth = dict(zip(script.FIGURES, (0.72, 350.0, 2e-6, 0.65, 380.0)), grouped_matmul_unaligned_slowdown=1.0)
+    chip = dataclasses.replace(_row("tpu7x"), **truth)
+    entries = _timing_entries(chip, SHAPES + ((128, 2048, 4096, 2048),))
+    tiles = '{"tile_m": 512, "tile_k": 2944, "tile_n": 1536}'
+    entries.update(_timing_entries(chip, ((128, 2560, 2880, 2880),), times_model=1.8, tiles=tiles))
+    site = tmp_path / "site-packages"
+    (site / "tokamax-0.0.17.dist-info").mkdir(parents=True)
+    (site / "tokamax-0.0.17.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: tokamax\nVersion: 0.0.17\n"
+    )
+    base = site / "tokamax" / "data" / "autotuning"
+    (base / "tpu7x").mkdir(parents=True)
+    (base / "tpu7x" / "pallas_mosaic_tpu_ragged_dot.json").write_text(json.dumps(entries))
+    fit = script.fit_chip("tpu7x", "tpu7x", base)
+    assert len(fit.calls) == 15 and [(t.form, t.contract, t.out) for t in fit.unaligned] == [
+        (form, 2880, 2880) for form in script.FORMS
+    ]
+    assert np.max(np.abs(fit.errors)) < 1e-3  # the aligned figures, fitted without the slow calls
+    assert fit.chip.grouped_matmul_unaligned_slowdown == pytest.approx(1.8, rel=1e-3)
+    assert all(fit.error(t) == pytest.approx(0, abs=2e-3) for t in fit.unaligned)  # the row's model, slowdown in
+    # padded widths cost more in the model, so they leave less of the slowdown: each rule between 1 and 1.8
+    padding = fit.padding()
+    assert sorted(padding) == ["to a multiple of 128", "to the MXU tile (256)", "to the fastest config's tiles"]
+    assert all(1.0 < r < 1.8 for ratios in padding.values() for r in ratios)
+    assert padding["to a multiple of 128"] == pytest.approx([1.8 * (2880 / 2944) ** 2] * 3, rel=2e-3)
+    sources = script.sources_of(fit)
+    text = sources["grouped_matmul_unaligned_slowdown"]
+    assert text.startswith("1.8: the median") and "Only K=2880 N=2880 measured" in text and "3 calls" in text
+    assert "tokamax 0.0.17 (installed package): tokamax/data/autotuning/tpu7x/pallas_mosaic_tpu_ragged_dot.json" in text
+    assert "2944x1536" in text and "Not a padding rule" in text
+    assert "1.80x (median) the time this model gives them" in sources["grouped_matmul_efficiency"]
+    # a chip with no unaligned call keeps 1.0, said to be not measured
+    (base / "tpu7x" / "pallas_mosaic_tpu_ragged_dot.json").write_text(json.dumps(_timing_entries(chip, SHAPES)))
+    fit = script.fit_chip("tpu7x", "tpu7x", base)
+    assert fit.chip.grouped_matmul_unaligned_slowdown == 1.0
+    assert script.sources_of(fit)["grouped_matmul_unaligned_slowdown"].startswith("1.0: not measured")
