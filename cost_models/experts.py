@@ -22,6 +22,8 @@ class Experts:
         shared_intermediate: a shared expert's width where it is not `intermediate` (0: it is; Gemma 4's
             dense MLP beside its experts, which MaxText runs as a shared expert `mlp_dim` wide).
         dense_layers: leading decoder layers whose MLP is the model's dense one (`first_num_dense_layers`).
+        every: after them, every `every`-th layer is a mixture of experts and the others dense (MaxText's
+            `interleave_moe_layer_step`: Llama 4 Maverick's 2, its first layer dense).
         bias: the experts' matrices and the router carry biases (GPT-OSS).
     """
 
@@ -32,6 +34,7 @@ class Experts:
     dense_layers: int = 0
     bias: bool = False
     shared_intermediate: int = 0
+    every: int = 1
 
     def check(self, model: str, num_layers: int) -> None:
         """Raises CpplanError naming the field of `model` that breaks a rule."""
@@ -42,6 +45,7 @@ class Experts:
             ("shared", 0),
             ("dense_layers", 0),
             ("shared_intermediate", 0),
+            ("every", 1),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -53,10 +57,10 @@ class Experts:
                 f"model {model!r}: experts.per_token={self.per_token} exceeds experts.count={self.count}: a token "
                 f"is routed to at most every expert."
             )
-        if self.dense_layers >= num_layers:
+        if self.layers(num_layers) < 1:
             raise CpplanError(
-                f"model {model!r}: experts.dense_layers={self.dense_layers} leaves no mixture-of-experts layer "
-                f"of num_layers={num_layers}; give a dense model (no experts) instead."
+                f"model {model!r}: experts.dense_layers={self.dense_layers} and experts.every={self.every} leave no "
+                f"mixture-of-experts layer of num_layers={num_layers}; give a dense model (no experts) instead."
             )
 
     @property
@@ -74,9 +78,13 @@ class Experts:
         """MLP width of every expert of a layer together (one matrix of each, per model unit)."""
         return self.count * self.intermediate + self.shared * self.shared_width
 
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (from 0) is a mixture of experts."""
+        return layer >= self.dense_layers and (layer - self.dense_layers + 1) % self.every == 0
+
     def layers(self, num_layers: int) -> int:
         """The mixture-of-experts layers of a decoder of `num_layers` layers."""
-        return num_layers - self.dense_layers
+        return (num_layers - self.dense_layers) // self.every
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -827,6 +827,31 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, experts=Experts(128, 8, 768), qk_norm=True),
         ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, qk_norm=True),
         ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 128, 14336, 32000, experts=Experts(8, 2, 14336)),
+        # shaped as MaxText 0.2.5's own configs (the maxtext wheel's configs/models/<name>.yml): Mixtral 8x22B;
+        # Llama 4 Scout and Maverick, chunked attention of 8192 tokens on three layers of four (their
+        # fourth, NoPE, global), one routed expert of 8192 and one shared; Maverick's every other layer dense
+        ModelSpec("mixtral-8x22b", 56, 6144, 48, 8, 128, 16384, 32768, experts=Experts(8, 2, 16384)),
+        *(
+            ModelSpec(
+                name,
+                48,
+                5120,
+                40,
+                8,
+                128,
+                dense_width,
+                202048,
+                window=8192,
+                local_kind=MaskKind.CHUNKED.value,
+                layer_pattern="LLLG",
+                qk_norm=qk_norm,
+                experts=Experts(count, 1, 8192, shared=1, every=every),
+            )
+            for name, dense_width, count, every, qk_norm in (
+                ("llama4-17b-16e", 8192, 16, 1, True),
+                ("llama4-17b-128e", 16384, 128, 2, False),
+            )
+        ),
         *(
             ModelSpec(
                 name,

@@ -73,6 +73,9 @@ MAXTEXT_MODEL_NAMES = (
     "gpt-oss-20b",
     "gemma4-26b",
     "gemma4-31b",
+    "mixtral-8x22b",
+    "llama4-17b-16e",
+    "llama4-17b-128e",
 )
 # what MaxText's shape flags cannot say of a model it does not ship, by the ModelSpec field that has it
 UNEXPORTED_MODEL_FIELDS = {
@@ -161,8 +164,15 @@ FSDP_LIKE_AXES = {
     ),
 }
 # models whose MaxText config's own block runs their local layers (gpt_oss: sliding and global layers in turn;
-# gemma4: five sliding to one global)
-MAXTEXT_WINDOWED_MODELS = ("gpt-oss-120b", "gpt-oss-20b", "gemma4-26b", "gemma4-31b")
+# gemma4: five sliding to one global; llama4: three chunked to one global)
+MAXTEXT_WINDOWED_MODELS = (
+    "gpt-oss-120b",
+    "gpt-oss-20b",
+    "gemma4-26b",
+    "gemma4-31b",
+    "llama4-17b-16e",
+    "llama4-17b-128e",
+)
 # MaxText model names that are another model's shape under other sharding rules
 MAXTEXT_MODEL_ALIASES = {
     "deepseek3-671b-2dfsdp": (

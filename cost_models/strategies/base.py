@@ -424,6 +424,8 @@ MAXTEXT_LOCAL_PATTERN = "LLLLLG"
 MAXTEXT_LOCAL_MODEL_NAME = "gemma3-12b"
 # MaxText's gpt_oss block: a sliding window on every other layer, the first included (models/gpt_oss.py)
 MAXTEXT_EXPERT_LOCAL_PATTERN = "LG"
+# MaxText's llama4 block: chunked attention on three layers of four, the fourth global (`nope_layer_interval`)
+MAXTEXT_CHUNKED_PATTERN = "LLLG"
 
 
 def _window(model: ModelSpec) -> AttentionMask:
@@ -446,9 +448,12 @@ def maxtext_local_layers_problem(model: ModelSpec) -> str | None:
         return None
     local = f"model {model.name!r} has local layers ({_window(model).describe()})"
     if model.local_kind != MaskKind.SLIDING:
+        if model.experts and _repeats(model, MAXTEXT_CHUNKED_PATTERN):
+            return None  # MaxText's llama4 block: chunked layers, every fourth global (NoPE), experts in each
         return (
-            f"{local}, and MaxText 0.2.5 runs chunked layers only in its llama4 block, a mixture-of-experts "
-            f"block cpplan does not model; run the plan on cpplan's runtime"
+            f"{local}, and MaxText 0.2.5 runs chunked layers only in its llama4 block, a mixture of experts "
+            f"with three chunked layers to each global one ({MAXTEXT_CHUNKED_PATTERN!r}); run the plan on "
+            f"cpplan's runtime"
         )
     if model.experts and _repeats(model, MAXTEXT_EXPERT_LOCAL_PATTERN):
         return None  # MaxText's gpt_oss block: sliding and global layers in turn, experts in each

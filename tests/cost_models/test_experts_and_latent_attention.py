@@ -44,6 +44,15 @@ def test_a_small_mixture_of_experts_counted_by_hand():
     assert flops.mlp == pytest.approx(128 * SMALL.mlp_flops_per_token)
 
 
+def test_interleaved_expert_layers():
+    maverick = Experts(128, 1, 8192, shared=1, every=2)
+    assert [maverick.is_moe_layer(i) for i in range(4)] == [False, True, False, True]
+    assert maverick.layers(48) == 24
+    lead = Experts(4, 2, 6, dense_layers=3)
+    assert [lead.is_moe_layer(i) for i in range(5)] == [False, False, False, True, True]
+    assert lead.layers(5) == 2 == sum(lead.is_moe_layer(i) for i in range(5))
+
+
 def test_latent_attention_projections_by_hand():
     latent = LatentAttention(kv_rank=4, rope_dims=2, v_head_dim=3, q_rank=5)
     projections, out = latent.projection_params(hidden=8, num_heads=2, head_dim=6)
@@ -66,6 +75,12 @@ def test_latent_attention_projections_by_hand():
         ("mixtral-8x7b", 47e9, 13e9, 0.02),
         # Qwen3 technical report (arXiv:2505.09388), table 2: 235B total, 22B activated
         ("qwen3-235b-a22b", 235e9, 22e9, 0.02),
+        # Mistral AI, "Cheaper, Better, Faster, Stronger" (Mixtral 8x22B, 2024-04-17): 141B, 39B active
+        ("mixtral-8x22b", 141e9, 39e9, 0.02),
+        # meta-llama/Llama-4-Scout-17B-16E and -Maverick-17B-128E model cards: 109B and 400B total, 17B active
+        # (Scout's total counts its vision encoder, which cpplan's decoder leaves out)
+        ("llama4-17b-16e", 109e9, 17e9, 0.02),
+        ("llama4-17b-128e", 400e9, 17e9, 0.02),
     ],
 )
 def test_published_totals(name, total, active, tolerance):
@@ -127,7 +142,7 @@ def test_bad_expert_fields_are_refused_by_their_rule(tmp_path, fields, words):
 
 
 def test_shapes_that_break_a_rule_are_refused():
-    with pytest.raises(CpplanError, match="dense_layers=3 leaves no mixture-of-experts layer"):
+    with pytest.raises(CpplanError, match="dense_layers=3 and experts.every=1 leave no mixture-of-experts layer"):
         ModelSpec("m", 3, 8, 2, 1, 4, 16, 10, experts=Experts(4, 2, 6, dense_layers=3))
     with pytest.raises(CpplanError, match="num_kv_heads=1 must equal num_heads=2"):
         ModelSpec("m", 1, 8, 2, 1, 6, 16, 10, latent=LatentAttention(4, 2, 3))
