@@ -4,7 +4,8 @@ Run: python benchmarks/bench_planner.py
 
 `plan` at 4M tokens on the two full pods runs the batch search (the count nearest the 4M-token
 target that the pod can split); `max_seq_len` on a full pod probes from the shortest length that
-splits; `sweep` prices 8 lengths on tpu7x-1024 as `cpplan sweep` does. Each is timed cold (the
+splits; `sweep` prices 8 lengths on tpu7x-1024 as `cpplan sweep` does; `explain` plans DeepSeek-V3 at 128K on tpu7x-256
+and Qwen3-235B-A22B at 1M on v5p-256 (experts beside the context axes). Each is timed cold (the
 first query on that topology in this process: placements are built) and warm (the same query
 again, placements cached).
 """
@@ -34,6 +35,16 @@ def _sweep(topology: str) -> str:
     return f"{fits} of {len(SWEEP_LENGTHS)} lengths fit"
 
 
+def _explain(model: str, seq_len: str):
+    """`explain` of a mixture-of-experts model, as `cpplan explain` runs it (priced for MaxText, which runs it)."""
+
+    def run(topology: str) -> str:
+        best = planner.explain(model, seq_len, topology).best
+        return f"{model} {best.global_batch} × {seq_len}, {best.cp_strategy.value} {best.mesh_dict}"
+
+    return run
+
+
 CASES = [
     # (what, topology, function, target seconds)
     ("plan 4M", "v5p:16x20x28", _plan, 0.2),
@@ -41,6 +52,8 @@ CASES = [
     ("max_seq_len", "v5p:16x20x28", _max_seq_len, 10.0),
     ("max_seq_len", "tpu7x:16x24x24", _max_seq_len, 10.0),
     ("sweep 8 lengths", "tpu7x-1024", _sweep, 5.0),
+    ("explain 128K", "tpu7x-256", _explain("deepseek3-671b", "128k"), 1.0),
+    ("explain 1M", "v5p-256", _explain("qwen3-235b-a22b", "1M"), 1.0),
 ]
 
 
