@@ -1,7 +1,9 @@
 """cpu_mesh tier: the runtime's mixture-of-experts MLP (`runtime.experts`), as the price describes it. The
 sharded expert MLP (fsdp, tensor with sequence parallelism, token chunks, remat; biases; plain and gated)
-equals a dense one-device mixture that runs every expert on every token; a dense lead is its own stack;
-the remat policies see the routed values by MaxText's names."""
+equals a dense one-device mixture that runs every expert on every token; a training step of a model with a
+dense lead, routed and shared experts under fsdp, the context strategies and tensor equals the one-device
+step; the weights the runtime creates are the ones the cost model counts, in two stacks; the remat
+policies see the routed values by MaxText's names."""
 
 import contextlib
 import dataclasses
@@ -13,13 +15,17 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from runtime_steps import one_step  # noqa: E402
 
+from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.experts import Experts  # noqa: E402
 from cost_models.models import MODELS  # noqa: E402
+from cost_models.work_layout import weight_arrays_per_layer  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.experts import expert_weights, mixture  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import ACTIVATION_FUNCTIONS, RESIDUAL, expert_block, layer_stacks, remat_policy  # noqa: E402
+from runtime.train import Trainer  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 
@@ -113,6 +119,70 @@ def test_sharded_experts_equal_the_dense_mixture(monkeypatch, model, remat):
     assert abs(float(loss(sharded)(y, flipped)[0]) - float(want_out)) > 1e-3 * abs(float(want_out))
 
 
+@pytest.fixture(scope="module")
+def single_device_step():
+    return one_step(make_plan(MOE, {}, topology="cpu:1", remat="full"))
+
+
+# each device routes its own tokens, so the token order (zigzag or natural) changes nothing the experts see:
+# the plans are in natural order, at a sequence every strategy splits into lane-wide splash calls
+@pytest.mark.parametrize(
+    "strategy,mesh,remat",
+    [
+        ("none", dict(fsdp=4, tensor=2), "minimal"),
+        ("ring", dict(context=4, fsdp=2), "full"),
+        ("all_gather", dict(context=4, tensor=2), "save_dot_except_mlp"),
+        ("ulysses", dict(context_ulysses=4, data=2), "minimal_with_context"),
+    ],
+    ids=["fsdp4-tensor2", "ring4-fsdp2", "allgather4-tensor2", "ulysses4-data2"],
+)
+def test_moe_step_equals_one_device_step(single_device_step, monkeypatch, strategy, mesh, remat):
+    monkeypatch.setattr("runtime.model.MLP_CHUNK_TOKENS", 128)  # several MLP chunks per device
+    want_loss, want_grads = single_device_step
+    loss, grads = one_step(make_plan(MOE, mesh, strategy=strategy, remat=remat))
+    assert abs(loss - want_loss) <= 1e-4 * abs(want_loss)
+    assert jax.tree.structure(grads) == jax.tree.structure(want_grads)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-9
+
+
+def test_parallel_block_moe_step_equals_one_device_step(monkeypatch):
+    """MaxText's parallel block with the experts beside the attention, their partial sums and the out
+    projection's reduce-scattered together once."""
+    monkeypatch.setattr("runtime.model.MLP_CHUNK_TOKENS", 128)
+    model = dataclasses.replace(MOE, name="tiny-moe-parallel", decoder_block="default")
+    want_loss, want_grads = one_step(make_plan(model, {}, topology="cpu:1", seq_len=256))
+    loss, grads = one_step(make_plan(model, dict(data=2, fsdp=2, tensor=2), remat="minimal", seq_len=256))
+    assert abs(loss - want_loss) <= 1e-4 * abs(want_loss)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads)):
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-9
+
+
+@pytest.mark.parametrize("model", [MOE, BIASED, PLAIN], ids=["gated-shared", "biases", "plain"])
+def test_runtime_parameters_are_the_ones_the_cost_model_counts(model):
+    """Shapes only: the weights of the runtime's model (two stacks: the dense lead, then the experts)
+    sum to `ModelSpec.num_params`, and an expert layer holds every expert's matrices as `[experts,
+    hidden, intermediate]`."""
+    plan = make_plan(model, {}, topology="cpu:1")
+    params = Trainer(plan, build_mesh(plan, jax.devices()[:1])).abstract_params["params"]
+    sizes = {path: math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+    assert sum(sizes.values()) == model.num_params
+    dense, experts = params["dense_layers"], params["layers"]
+    e, d = model.experts, model.hidden
+    assert sum(math.prod(a.shape) for a in jax.tree.leaves(dense)) == e.dense_layers * (
+        model.attention_params + 2 * d + model.dense_mlp_params
+    )
+    moe_layers = model.num_layers - e.dense_layers
+    moe_mlp = sum(math.prod(a.shape) for n, a in experts.items() if n.startswith(("router", "expert_", "shared_")))
+    assert moe_mlp == moe_layers * model.expert_mlp_params
+    assert len(dense) == weight_arrays_per_layer(model)  # the dense lead's layer is a dense layer
+    assert experts["expert_w_down"].shape == (moe_layers, e.count, e.intermediate, d)
+    for name in ("w_gate", "w_up") if model.gated else ("w_in",):
+        assert experts[f"expert_{name}"].shape == (moe_layers, e.count, d, e.intermediate)
+        assert experts[f"shared_{name}"].shape == (moe_layers, d, e.shared * e.intermediate)
+    assert experts["router"].shape == (moe_layers, d, e.count)
+
+
 def test_layer_stacks_split_a_dense_lead_from_the_experts():
     assert layer_stacks(MOE) == (("dense_layers", 0, 1, False), ("layers", 1, 2, True))
     no_lead = dataclasses.replace(MOE, experts=Experts(8, 2, 32))
@@ -148,3 +218,9 @@ def test_remat_policies_see_the_routed_values_by_maxtexts_names():
     routed, shared = f"f32[{tokens * e.per_token},{e.intermediate}]", f"f32[{tokens},{e.shared * e.intermediate}]"
     assert saved("minimal") == sorted([routed, routed, shared, shared])
     assert saved("full") == []
+
+
+def test_the_runtime_refuses_only_what_it_does_not_run():
+    plan = make_plan(dataclasses.replace(MOE, qk_norm=True), {}, topology="cpu:1")
+    with pytest.raises(CpplanError, match="has q/k norms, which cpplan's runtime does not run"):
+        Trainer(plan, build_mesh(plan, jax.devices()[:1]))
