@@ -897,6 +897,10 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256),
         ModelSpec("tiny-mha", 2, 64, 4, 4, 16, 128, 256),
         ModelSpec("small", 4, 256, 8, 4, 32, 512, 256),
+        # a mixture of experts for tests and CPU runs, shaped as DeepSeek's layer (a dense lead, shared
+        # experts) at tiny scale: 3 layers, the first dense; 8 routed experts 32 wide, each token to its
+        # top 2, and one shared; 8 heads so that Ulysses can take 4
+        ModelSpec("tiny-moe", 3, 64, 8, 2, 16, 128, 256, experts=Experts(8, 2, 32, shared=1, dense_layers=1)),
     )
 }
 

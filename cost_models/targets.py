@@ -8,6 +8,7 @@ never a target's name. Evidence per trait: docs/provenance/cost_models.md#target
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
@@ -37,6 +38,33 @@ MAXTEXT_ZIGZAG_KV_REORDER_PASSES = (10.0, 9.0)
 # runtime leaves to the SPMD partitioner) as windowed einsums: with fsdp 8 on v5p and tpu7x, batch
 # 8 and 16; not with fsdp 4, where context made the weight group 8 (docs/provenance/cost_models.md#communication)
 WINDOWED_PROJECTION_FSDP = 8
+
+
+class ModelKind(str, Enum):
+    """A mechanism a model may hold beyond a dense grouped-query decoder, which a runtime runs or refuses;
+    its value is how a refusal names it."""
+
+    EXPERTS = "mixture-of-experts MLPs"
+    LATENT_ATTENTION = "multi-head latent attention"
+    QK_NORM = "q/k norms"
+    ATTENTION_SINKS = "attention sinks"
+    GLOBAL_HEADS = "global layers of their own head shape"
+    SHARED_KV = "keys and values of one projection"
+    INTERLEAVED_EXPERTS = "expert layers between dense ones"
+
+
+def model_kinds(model: ModelSpec) -> tuple[ModelKind, ...]:
+    """The mechanisms beyond a dense grouped-query decoder that `model` holds, in `ModelKind`'s order."""
+    present = {
+        ModelKind.EXPERTS: model.experts is not None,
+        ModelKind.LATENT_ATTENTION: model.latent is not None,
+        ModelKind.QK_NORM: model.qk_norm,
+        ModelKind.ATTENTION_SINKS: model.attention_sinks,
+        ModelKind.GLOBAL_HEADS: model.global_attention is not None,
+        ModelKind.SHARED_KV: model.shared_kv,
+        ModelKind.INTERLEAVED_EXPERTS: model.experts is not None and model.experts.every > 1,
+    }
+    return tuple(kind for kind in ModelKind if present[kind])
 
 
 class Target(_Named):
@@ -115,8 +143,8 @@ class TargetTraits:
             load-balanced all-gather layer moves outside the kernels laying the gathered K/V out in natural
             order (each forward, a recomputed one too) and their gradients back (the backward); None: not
             read from a compile (docs/measurements.md#all-gather-kv-reorder).
-        dense_gqa_only: runs only dense grouped-query decoders (no experts, latent attention, q/k norms or
-            sinks: cpplan's runtime, `runtime.model`), so it refuses other models (`model_refusal`).
+        model_kinds: the mechanisms beyond a dense grouped-query decoder (`ModelKind`) it runs; a model
+            holding any other is refused (`model_refusal`). None: every kind (MaxText).
     """
 
     target: Target
@@ -147,7 +175,7 @@ class TargetTraits:
     fused_dq_partials_in_q_dtype: bool = False
     fused_backward_in_key_chunks: bool = False
     zigzag_kv_reorder_passes: tuple[float, float] | None = None
-    dense_gqa_only: bool = False
+    model_kinds: frozenset[ModelKind] | None = None
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -159,10 +187,11 @@ class TargetTraits:
 
 TRAITS: dict[Target, TargetTraits] = {
     # cpplan's runtime: a fused, chunked cross-entropy; one downcast metadata table shared by heads;
-    # the head's gradient formed in the head's layout; splash tables pruned by segment ids
+    # the head's gradient formed in the head's layout; splash tables pruned by segment ids; grouped-query
+    # decoders, dense or with mixture-of-experts MLPs (`runtime.experts`)
     Target.CPPLAN: TargetTraits(
         Target.CPPLAN,
-        dense_gqa_only=True,
+        model_kinds=frozenset({ModelKind.EXPERTS}),
         loss_splits_vocabulary=True,
         logit_bytes=4,
         layer_gradients_all_step=True,
@@ -222,25 +251,17 @@ def get_target(target: "str | Target | None", model: ModelSpec | None = None) ->
 
 
 def model_refusal(target: Target, model: ModelSpec) -> str | None:
-    """Why `target` does not run `model` (None: it does)."""
-    if not target.traits.dense_gqa_only:
+    """Why `target` does not run `model` (None: it does): the mechanisms the model holds that the target's
+    `TargetTraits.model_kinds` leaves out."""
+    runs = target.traits.model_kinds
+    if runs is None:
         return None
-    kinds = [
-        what
-        for what, present in (
-            ("mixture-of-experts MLPs", model.experts),
-            ("multi-head latent attention", model.latent),
-            ("q/k norms", model.qk_norm),
-            ("attention sinks", model.attention_sinks),
-            ("global layers of their own head shape", model.global_attention),
-            ("keys and values of one projection", model.shared_kv),
-        )
-        if present
-    ]
-    if not kinds:
+    refused = [kind.value for kind in model_kinds(model) if kind not in runs]
+    if not refused:
         return None
+    ran = " or ".join(kind.value for kind in ModelKind if kind in runs)
     return (
-        f"model {model.name!r} has {' and '.join(kinds)}, which cpplan's runtime does not run (it runs dense "
-        f"grouped-query decoders); plan and price it for MaxText (`--target maxtext`, the default for such "
-        f"models) and run it there (`cpplan export --format maxtext`)."
+        f"model {model.name!r} has {' and '.join(refused)}, which cpplan's runtime does not run (it runs "
+        f"grouped-query decoders{', dense or with ' + ran if ran else ''}); plan and price it for MaxText "
+        f"(`--target maxtext`, the default for such models) and run it there (`cpplan export --format maxtext`)."
     )

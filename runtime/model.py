@@ -1,9 +1,10 @@
 """A Llama-style decoder in flax, sized by a `ModelSpec`: sequential (Llama) or parallel (MaxText)
-blocks, gated or plain MLP, layers stacked with `nn.scan` and rematerialised under MaxText's
-checkpoint names. Weights are ZeRO-3 sharded and gathered layer by layer; the residual stream is
-split over the sequence, 'tensor' included (sequence parallelism); attention is the plan's strategy,
-with each layer's mask: a model whose layers mix masks (local and global) scans each layer's mask
-index with it and switches to that mask's attention; a model of one mask runs it unconditionally.
+blocks, gated or plain MLP or a mixture of experts (`runtime.experts`), layers stacked with `nn.scan`
+and rematerialised under MaxText's checkpoint names. Weights are ZeRO-3 sharded and gathered layer by
+layer; the residual stream is split over the sequence, 'tensor' included (sequence parallelism);
+attention is the plan's strategy, with each layer's mask: a model whose layers mix masks (local and
+global) scans each layer's mask index with it and switches to that mask's attention; a model of one
+mask runs it unconditionally.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from cost_models.vocabulary import BATCH_AXES, SEQUENCE_AXES, RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
 from planner.plan import Plan
 from runtime.attention import sharded_attention
+from runtime.experts import expert_weights, gather_weights, mixture
 from runtime.layer_gradients import gradients_finished_per_layer
 from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
 
@@ -142,17 +144,44 @@ def mlp_block(
     tensor-parallel, `y` gathered over 'tensor' and the output reduce-scattered (sequence parallelism).
     Each token chunk is its own checkpoint, so a policy that keeps no MLP output holds one chunk's
     intermediates in the backward, not the sequence's."""
+    specs = _dense_mlp_specs(len(w_in))
+    return _mlp_shard_map(y, (*w_in, w_out), specs, activations=activations, plan=plan, mesh=mesh, experts=False)
+
+
+def expert_block(y: jax.Array, weights: dict[str, jax.Array], *, plan: Plan, mesh: Mesh) -> jax.Array:
+    """`mlp_block` for a mixture-of-experts layer: `weights` by `runtime.experts.expert_weights`'s names,
+    each device routing its own tokens (gathered over 'tensor') to every expert (`runtime.experts.mixture`)."""
+    layout = expert_weights(plan.model)
+    return _mlp_shard_map(
+        y,
+        tuple(weights[name] for name in layout),
+        tuple(spec for _, spec in layout.values()),
+        activations=plan.model.mlp_activations,
+        plan=plan,
+        mesh=mesh,
+        experts=True,
+    )
+
+
+def _mlp_shard_map(y, weights: tuple, specs: tuple, *, activations, plan: Plan, mesh: Mesh, experts: bool):
+    """A sequential block's MLP (`weights` laid out as `specs`) on `RESIDUAL` in and out."""
 
     def local(y, *weights):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
-        return _scatter_tokens(_mlp_partial_sums(y, weights, activations=activations, plan=plan))
+        return _scatter_tokens(_mlp_partial_sums(y, weights, activations=activations, plan=plan, experts=experts))
 
-    in_specs = (RESIDUAL, *MLP_WEIGHT_SPECS[: len(w_in)], MLP_WEIGHT_SPECS[-1])
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(y, *w_in, w_out)
+    return jax.shard_map(local, mesh=mesh, in_specs=(RESIDUAL, *specs), out_specs=RESIDUAL)(y, *weights)
 
 
 # the MLP's weights as the shard_maps take them: each input projection, then the output projection
 MLP_WEIGHT_SPECS = (P(WEIGHT_AXES, "tensor"), P(WEIGHT_AXES, "tensor"), P("tensor", WEIGHT_AXES))
+
+
+def _dense_mlp_specs(inputs: int) -> tuple[P, ...]:
+    """`MLP_WEIGHT_SPECS` of a dense MLP of `inputs` input projections and the output projection."""
+    return (*MLP_WEIGHT_SPECS[:inputs], MLP_WEIGHT_SPECS[-1])
+
+
 # the attention's weights: q, k, v `[hidden, heads, head_dim]` and out `[heads, head_dim, hidden]`
 QKV_WEIGHT = P(WEIGHT_AXES, "tensor", None)
 OUT_WEIGHT = P("tensor", None, WEIGHT_AXES)
@@ -182,18 +211,31 @@ def attention_out_projection(ctx: jax.Array, wo: jax.Array, *, mesh: Mesh) -> ja
     return checkpoint_name(out, "out_proj")
 
 
-def _mlp_partial_sums(y: jax.Array, weights: tuple, *, activations: tuple[str, ...], plan: Plan) -> jax.Array:
-    """Inside a shard_map: `mlp_block`'s unreduced partial sums `[b, s, hidden]` over the device's
-    intermediate columns, in checkpointed token chunks."""
+def _mlp_partial_sums(
+    y: jax.Array, weights: tuple, *, activations: tuple[str, ...], plan: Plan, experts: bool = False
+) -> jax.Array:
+    """Inside a shard_map: `mlp_block`'s (or, with `experts`, `expert_block`'s) unreduced partial sums
+    `[b, s, hidden]` over the device's intermediate columns, in checkpointed token chunks. The weights are
+    gathered over the weight-sharding group once, before the chunks; a mixture of experts routes each
+    chunk's tokens on their own (routing is per token, so the chunks change nothing but what one holds)."""
     chunk = mlp_chunk(plan)
     policy = remat_policy(plan.remat, plan.remat_custom)
-    functions = [ACTIVATION_FUNCTIONS[name] for name in activations]
-    wi = [jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in weights[:-1]]
-    wo = jax.lax.all_gather(weights[-1], WEIGHT_AXES, axis=1, tiled=True)
+    functions = tuple(ACTIVATION_FUNCTIONS[name] for name in activations)
+    if experts:
+        gathered = gather_weights(dict(zip(expert_weights(plan.model), weights)), plan.model)
 
-    def body(x):
-        activated = [act(checkpoint_name(x @ w, name)) for act, w, name in zip(functions, wi, MLP_INPUT_CHECKPOINTS)]
-        return checkpoint_name(functools.reduce(operator.mul, activated) @ wo, "mlpwo")
+        def body(x):
+            return mixture(x, gathered, experts=plan.model.experts, functions=functions)
+
+    else:
+        wi = [jax.lax.all_gather(v, WEIGHT_AXES, axis=0, tiled=True) for v in weights[:-1]]
+        wo = jax.lax.all_gather(weights[-1], WEIGHT_AXES, axis=1, tiled=True)
+
+        def body(x):
+            activated = [
+                act(checkpoint_name(x @ w, name)) for act, w, name in zip(functions, wi, MLP_INPUT_CHECKPOINTS)
+            ]
+            return checkpoint_name(functools.reduce(operator.mul, activated) @ wo, "mlpwo")
 
     out = jax.lax.map(jax.checkpoint(body, policy=policy), y.reshape(-1, chunk, y.shape[-1]))
     return out.reshape(y.shape)
@@ -230,24 +272,25 @@ def parallel_block_outputs(
     gathered: jax.Array,
     ctx: jax.Array,
     wo: jax.Array,
-    w_in: tuple[jax.Array, ...],
-    w_out: jax.Array,
+    mlp_weights: tuple[jax.Array, ...],
+    mlp_specs: tuple[P, ...],
     *,
     activations: tuple[str, ...],
     plan: Plan,
     mesh: Mesh,
+    experts: bool = False,
 ) -> jax.Array:
-    """A parallel block's out projection of `ctx` plus its MLP of `gathered`, summed and
-    reduce-scattered over 'tensor' once, laid out as `RESIDUAL`."""
+    """A parallel block's out projection of `ctx` plus its MLP of `gathered` (`mlp_weights` laid out as
+    `mlp_specs`; with `experts` a mixture of experts), summed and reduce-scattered over 'tensor' once,
+    laid out as `RESIDUAL`."""
 
     def local(gathered, ctx, wo, *weights):
         attention_out = checkpoint_name(_out_projection(ctx, wo), "out_proj")
-        return _scatter_tokens(
-            attention_out + _mlp_partial_sums(gathered[0], weights, activations=activations, plan=plan)
-        )
+        mlp = _mlp_partial_sums(gathered[0], weights, activations=activations, plan=plan, experts=experts)
+        return _scatter_tokens(attention_out + mlp)
 
-    in_specs = (GATHERED_COPIES, HEADS, OUT_WEIGHT, *MLP_WEIGHT_SPECS[: len(w_in)], MLP_WEIGHT_SPECS[-1])
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(gathered, ctx, wo, *w_in, w_out)
+    in_specs = (GATHERED_COPIES, HEADS, OUT_WEIGHT, *mlp_specs)
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=RESIDUAL)(gathered, ctx, wo, *mlp_weights)
 
 
 def layer_masks(plan: Plan) -> tuple:
@@ -264,11 +307,24 @@ def mask_indices(plan: Plan) -> jax.Array | None:
     return jnp.asarray([masks.index(plan.model.layer_mask(i)) for i in range(plan.model.num_layers)], jnp.int32)
 
 
+def layer_stacks(model) -> tuple[tuple[str, int, int, bool], ...]:
+    """The decoder's layer stacks in the order they run: `(name, first layer, layers, experts)` each: one
+    stack "layers" of every layer, or for a mixture of experts with a dense lead, "dense_layers" (its
+    first `dense_layers` layers, dense MLPs) then "layers" (the rest, mixtures of experts)."""
+    e = model.experts
+    if e is None:
+        return (("layers", 0, model.num_layers, False),)
+    lead = (("dense_layers", 0, e.dense_layers, False),) if e.dense_layers else ()
+    return (*lead, ("layers", e.dense_layers, model.num_layers - e.dense_layers, True))
+
+
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer, sequential or parallel; returns `(x, None)` for `nn.scan`."""
+    """One pre-norm decoder layer, sequential or parallel, its MLP dense or (`experts`) the model's
+    mixture of experts; returns `(x, None)` for `nn.scan`."""
 
     plan: Plan
     mesh: Mesh
+    experts: bool = False
 
     def constrain(self, x, spec):
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
@@ -279,7 +335,7 @@ class DecoderLayer(nn.Module):
         # MaxText's name for the layer input: a policy that offloads it keeps only the host copy
         x = checkpoint_name(x, LAYER_INPUT)
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
-        w = lambda name, shape, spec: _param(self, name, shape, spec, dtype=pdt).astype(cdt)
+        w = lambda name, shape, spec, init=None: _param(self, name, shape, spec, init=init, dtype=pdt).astype(cdt)
         ones = nn.initializers.ones
         d, h, hd = m.hidden, m.num_heads, m.head_dim
         if m.decoder_block.parallel:
@@ -293,7 +349,10 @@ class DecoderLayer(nn.Module):
         x = self.constrain(x + out, RESIDUAL)
 
         y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
-        down = mlp_block(y, *self.mlp_weights(w), activations=m.mlp_activations, plan=plan, mesh=self.mesh)
+        weights, specs = self.mlp_weights(w)
+        down = _mlp_shard_map(
+            y, weights, specs, activations=m.mlp_activations, plan=plan, mesh=self.mesh, experts=self.experts
+        )
         return self.constrain(x + down, RESIDUAL), None
 
     def qkv_weights(self, w):
@@ -327,11 +386,21 @@ class DecoderLayer(nn.Module):
         return jax.lax.switch(mask_index, by_mask, q, k, v)
 
     def mlp_weights(self, w):
-        """`(input projections, w_down)` in the compute dtype, laid out as `MLP_WEIGHT_SPECS`."""
-        d, f = self.plan.model.hidden, self.plan.model.intermediate
-        names = MLP_INPUT_WEIGHTS[self.plan.model.mlp_inputs]
+        """`(weights, specs)` of the layer's MLP, the weights in the compute dtype: the dense MLP's input
+        projections and `w_down`, laid out as `MLP_WEIGHT_SPECS`; or the mixture of experts' weights
+        (`runtime.experts.expert_weights`, its biases starting at zero as MaxText's do)."""
+        m = self.plan.model
+        if self.experts:
+            layout = expert_weights(m)
+            weights = tuple(
+                w(name, shape, tuple(spec), init=nn.initializers.zeros if name.endswith("_bias") else None)
+                for name, (shape, spec) in layout.items()
+            )
+            return weights, tuple(spec for _, spec in layout.values())
+        d, f = m.hidden, m.intermediate
+        names = MLP_INPUT_WEIGHTS[m.mlp_inputs]
         w_in = tuple(w(name, (d, f), tuple(spec)) for name, spec in zip(names, MLP_WEIGHT_SPECS))
-        return w_in, w("w_down", (f, d), tuple(MLP_WEIGHT_SPECS[-1]))
+        return (*w_in, w("w_down", (f, d), tuple(MLP_WEIGHT_SPECS[-1]))), _dense_mlp_specs(len(w_in))
 
     def parallel_block(self, x, positions, segment_ids, w, mask_index):
         """MaxText's parallel block: `x + attention(y) + mlp(y)`, `y = norm(x)` gathered over 'tensor'
@@ -351,6 +420,7 @@ class DecoderLayer(nn.Module):
             activations=m.mlp_activations,
             plan=plan,
             mesh=self.mesh,
+            experts=self.experts,
         )
         return self.constrain(x + summed, RESIDUAL)
 
@@ -373,21 +443,28 @@ class Llama(nn.Module):
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
         layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
         offloads = bool(offloaded_names(plan.remat, plan.remat_custom))
-        if offloads or m.num_layers == 1:
-            # no layer loop orders the gradients: the compiler peels an offloading step's layer loops,
-            # and XLA inlines a loop of one trip
-            layer = gradients_finished_per_layer(layer, wait_for_cotangent=not offloads)
         indices = mask_indices(plan)
-        scanned = () if indices is None else (indices,)  # a mixed model's layers carry their mask index
-        stack = nn.scan(
-            layer,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast, *(0 for _ in scanned)),
-            length=m.num_layers,
-            metadata_params={nn.PARTITION_NAME: None},
-        )
-        x, _ = stack(plan, self.mesh, name="layers")(x, positions, segment_ids, *scanned)
+        # Dense and mixture-of-experts layers hold different weights, and a scan's layers share one
+        # structure, so a model with a dense lead has two stacks run one after the other: its first
+        # `dense_layers` layers ("dense_layers"), then its expert layers ("layers"), each a loop of its own
+        # (MaxText's DeepSeek decoder does the same). A model of one kind has the one stack "layers".
+        for name, first, length, experts in layer_stacks(m):
+            stacked = layer
+            if offloads or length == 1:
+                # no layer loop orders the gradients: the compiler peels an offloading step's layer loops,
+                # and XLA inlines a loop of one trip
+                stacked = gradients_finished_per_layer(layer, wait_for_cotangent=not offloads)
+            # a mixed model's layers carry their mask index
+            scanned = () if indices is None else (indices[first : first + length],)
+            stack = nn.scan(
+                stacked,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast, *(0 for _ in scanned)),
+                length=length,
+                metadata_params={nn.PARTITION_NAME: None},
+            )
+            x, _ = stack(plan, self.mesh, experts, name=name)(x, positions, segment_ids, *scanned)
         x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
         if m.tie_embeddings:
             head = embed.T

@@ -14,7 +14,7 @@ from cost_models.experts import Experts
 from cost_models.flops import layer_forward_flops
 from cost_models.latent_attention import LatentAttention
 from cost_models.models import MODELS, ModelSpec
-from cost_models.targets import Target, get_target
+from cost_models.targets import TRAITS, Target, get_target, model_refusal
 from planner import explain
 from planner.plan import Plan
 
@@ -193,11 +193,30 @@ def test_a_model_cpplans_runtime_does_not_run_is_priced_for_maxtext():
     moe, dense = MODELS["qwen3-30b-a3b"], MODELS["llama3.1-8b"]
     assert get_target(None, moe) is Target.MAXTEXT
     assert get_target(None, dense) is Target.CPPLAN
-    with pytest.raises(CpplanError, match="mixture-of-experts MLPs and q/k norms, which cpplan's runtime does not run"):
+    # its experts run on cpplan's runtime; its q/k norms do not, and the refusal names only those
+    with pytest.raises(CpplanError, match="has q/k norms, which cpplan's runtime does not run") as refused:
         get_target("cpplan", moe)
+    assert "mixture-of-experts MLPs, which" not in str(refused.value)
     result = explain(moe, "8k", "tpu7x-16", global_batch=16)
     assert result.result.target is Target.MAXTEXT
     assert "priced for MaxText" in str(result)
+
+
+def test_a_model_whose_only_extra_is_experts_runs_on_cpplans_runtime():
+    """The rule reads the kinds the runtime runs (`TargetTraits.model_kinds`): experts alone are run,
+    and a refusal names every other kind a model holds."""
+    assert get_target(None, MODELS["mixtral-8x7b"]) is Target.CPPLAN
+    assert model_refusal(Target.CPPLAN, MODELS["mixtral-8x7b"]) is None
+    deepseek = model_refusal(Target.CPPLAN, MODELS["deepseek3-671b"])
+    assert deepseek.startswith("model 'deepseek3-671b' has multi-head latent attention, which")
+    gpt_oss = model_refusal(Target.CPPLAN, MODELS["gpt-oss-20b"])
+    assert gpt_oss.startswith("model 'gpt-oss-20b' has attention sinks, which")
+    # without the runtime's leave, experts are refused as before
+    cpplan = dataclasses.replace(TRAITS[Target.CPPLAN], model_kinds=frozenset())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TRAITS, Target.CPPLAN, cpplan)
+        assert "has mixture-of-experts MLPs, which" in model_refusal(Target.CPPLAN, MODELS["mixtral-8x7b"])
+    assert model_refusal(Target.MAXTEXT, MODELS["deepseek3-671b"]) is None
 
 
 def test_bigger_expert_groups_price_no_slower_per_token():

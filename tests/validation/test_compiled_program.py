@@ -493,3 +493,23 @@ def test_a_windowed_einsums_permutes_count_as_the_weight_collective_they_replace
         attribute("collective-permute", op_name=op_name, stack=ring, dtypes={"bf16"}, computation=computation)
         == "context"
     )
+
+
+def test_a_sparsecore_computation_ends_where_its_thread_is_named():
+    """TPU7x closes a SparseCore computation with `}, execution_thread="sparsecore"`: the computation after
+    it is its own, not glued onto the last instruction."""
+    from validation.compiled_program import one_line_per_instruction
+
+    text = (
+        "%sc_body (p: f32[8]) -> f32[8] {\n"
+        "  %p = f32[8]{0} parameter(0)\n"
+        "  ROOT %g = f32[64]{0} all-gather(%p), dimensions={0}\n"
+        '}, execution_thread="sparsecore"\n'
+        "\n"
+        "ENTRY %next (q: f32[8]) -> f32[8] {\n"
+        "  ROOT %q = f32[8]{0} parameter(0)\n"
+        "}\n"
+    )
+    lines = one_line_per_instruction(text).splitlines()
+    assert '}, execution_thread="sparsecore"' in lines
+    assert any(line.startswith("ENTRY %next") for line in lines)
