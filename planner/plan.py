@@ -156,6 +156,12 @@ class Plan:
             if getattr(self, name) not in DTYPE_BYTES:
                 raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
         names = tuple(a for a, _ in self.mesh)
+        if names == AXES[:-1] and AXES[-1] == "expert":  # a mesh written before the expert axis: one device
+            object.__setattr__(self, "mesh", (*self.mesh, ("expert", 1)))
+            names = AXES
+        if "expert" not in self.axis_order and sorted(self.axis_order) == sorted(a for a in AXES if a != "expert"):
+            # an order written before the expert axis existed: it has one device, outermost
+            object.__setattr__(self, "axis_order", ("expert", *self.axis_order))
         if names != AXES:
             raise CpplanError(f"plan mesh axes {names} must be exactly {AXES}, in that order.")
         if sorted(self.axis_order) != sorted(AXES):
@@ -511,10 +517,6 @@ class Plan:
                 if not isinstance(row[name], list) or not all(isinstance(a, str) for a in row[name]):
                     raise CpplanError(f"plan {name}={row[name]!r} must be a list of axis names.")
                 row[name] = tuple(row[name])
-        order = row.get("axis_order")
-        if order is not None and "expert" not in order and sorted(order) == sorted(a for a in AXES if a != "expert"):
-            # written before the expert axis existed: it has one device, outermost
-            row["axis_order"] = ("expert", *order)
         return cls(**row)
 
     @classmethod

@@ -67,3 +67,16 @@ def test_explain_says_why_the_expert_axis_has_its_size():
     assert "expert=" in text
     dense = explain(DENSE, 2048, "v5p:2x2x2", global_batch=16)
     assert "Expert parallelism" not in dense.why_text() and "expert=" not in str(dense)
+
+
+def test_a_plan_built_in_code_before_the_axis_keeps_working():
+    plan = Plan(
+        MODELS["llama3.1-8b"],
+        "v5p:2x2x2",
+        8192,
+        4,
+        tuple((a, s) for a, s in make_mesh(fsdp=2, context=4) if a != "expert"),
+        axis_order=("data", "fsdp", "tensor", "context_ulysses", "context"),
+    )
+    assert plan.mesh_dict["expert"] == 1 and plan.axis_order[0] == "expert"
+    assert plan == Plan.from_json(plan.to_json())
