@@ -20,10 +20,10 @@ from cost_models.precision import matmul_peak_flops
 from cost_models.remat import RematCost, flat_offload_program, offloads_leave_hbm, remat_table
 from cost_models.strategies.base import layer_strategy
 from cost_models.topology import AxisLinks, Segment
-from cost_models.vocabulary import CPStrategy, Quantization
+from cost_models.vocabulary import EXPERT_WEIGHT_AXES, WEIGHT_SHARDING_AXES, CPStrategy, Quantization
 
 # the per-candidate columns but for the links; with the backward's, what tells apart candidates' shapes
-COLUMNS = ("data", "fsdp", "ring", "ulysses", "tensor", "remat", "zigzag", "block_q", "block_kv")
+COLUMNS = ("data", "fsdp", "ring", "ulysses", "tensor", "expert", "remat", "zigzag", "block_q", "block_kv")
 SHAPE_COLUMNS = COLUMNS + ("fused_attention_backward",)
 
 
@@ -57,8 +57,9 @@ class Candidates(ReadsCase):
     zigzag: np.ndarray
     block_q: np.ndarray  # splash query block
     block_kv: np.ndarray  # splash key/value block
-    links: dict[str, LinkColumns]  # collective group (data, weights, tensor, context, ulysses) → its links
+    links: dict[str, LinkColumns]  # collective group (`GROUP_AXES`) → its links
     ring_link: LinkColumns  # one ppermute step along `context`
+    expert: np.ndarray | float = 1.0  # size of the `expert` axis (MaxText's ici_expert_parallelism)
     loss_chunk_tokens: int = 0
     act_bytes: int = 2
     param_bytes: int = 4
@@ -77,6 +78,9 @@ class Candidates(ReadsCase):
         # a frozen dataclass converts its own declared fields through object.__setattr__
         for name in ("data", "fsdp", "ring", "ulysses", "tensor", "block_q", "block_kv"):
             object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=float))
+        object.__setattr__(
+            self, "expert", np.array(np.broadcast_to(np.asarray(self.expert, dtype=float), self.ring.shape))
+        )
         object.__setattr__(self, "zigzag", np.asarray(self.zigzag, dtype=bool))
         object.__setattr__(self, "remat", np.asarray(self.remat, dtype=int))
         if np.ndim(self.fused_attention_backward):
@@ -100,8 +104,8 @@ class Candidates(ReadsCase):
 
     @cached_property
     def sequences_per_device(self) -> np.ndarray:
-        """Sequences each batch shard (data × fsdp) holds."""
-        return self.global_batch / (self.data * self.fsdp)
+        """Sequences each batch shard (data × fsdp × expert) holds."""
+        return self.global_batch / (self.data * self.fsdp * self.expert)
 
     @cached_property
     def tokens_per_device(self) -> np.ndarray:
@@ -121,7 +125,14 @@ class Candidates(ReadsCase):
 
     @cached_property
     def weight_group(self) -> np.ndarray:
-        """Devices a weight is sharded over outside tensor parallelism: fsdp × both context axes."""
+        """Devices a weight is sharded over outside tensor parallelism: fsdp × expert × both context axes (the
+        experts' matrices too: by expert over `expert`, by their model dimension over the rest)."""
+        return self.fsdp * self.expert * self.ring * self.ulysses
+
+    @cached_property
+    def expert_weight_group(self) -> np.ndarray:
+        """Devices the experts' matrices are gathered over: the weight group less `expert`, whose devices
+        each keep their own experts (`GROUP_AXES["expert_weights"]`)."""
         return self.fsdp * self.ring * self.ulysses
 
     @property
@@ -230,14 +241,17 @@ def link_columns(links: dict[str, list[AxisLinks]]) -> tuple[dict[str, LinkColum
     return cols, LinkColumns(np.array([a.ring_bw_bytes_per_s for a in ctx]), np.array([a.ring_latency_s for a in ctx]))
 
 
-# the mesh axes each collective group runs over: the weights are sharded over fsdp and the
-# context axes (their gathers and reduce-scatters span all three)
+# the mesh axes each collective group runs over: the weights are sharded over fsdp, expert and the
+# context axes (their gathers and reduce-scatters span all four); the experts' matrices, split by expert
+# over `expert`, are gathered over the others; the experts' dispatch and combine are all-to-alls over `expert`
 GROUP_AXES: dict[str, tuple[str, ...]] = {
     "data": ("data",),
-    "weights": ("fsdp", "context", "context_ulysses"),
+    "weights": WEIGHT_SHARDING_AXES,
     "tensor": ("tensor",),
     "context": ("context",),
     "ulysses": ("context_ulysses",),
+    "expert": ("expert",),
+    "expert_weights": EXPERT_WEIGHT_AXES,
 }
 
 

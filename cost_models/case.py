@@ -44,8 +44,10 @@ class ReadsCase:
         return self.case.global_batch
 
 
-def batch_split_violation(global_batch: int, batch_shards: int) -> "Violation | None":
-    """The batch must split evenly over the data × fsdp shards (every shard holds whole sequences)."""
+def batch_split_violation(global_batch: int, batch_shards: int, *, with_expert: bool = False) -> "Violation | None":
+    """The batch must split evenly over the data × fsdp (× expert, which splits the batch as fsdp does, for a
+    model with experts: `with_expert`) shards (every shard holds whole sequences)."""
     if global_batch % batch_shards:
-        return Violation("batch", f"global_batch={global_batch} sequences not divisible by data×fsdp={batch_shards}")
+        axes = "data×fsdp×expert" if with_expert else "data×fsdp"
+        return Violation("batch", f"global_batch={global_batch} sequences not divisible by {axes}={batch_shards}")
     return None

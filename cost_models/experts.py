@@ -82,6 +82,12 @@ class Experts:
         """Whether decoder layer `layer` (from 0) is a mixture of experts."""
         return layer >= self.dense_layers and (layer - self.dense_layers + 1) % self.every == 0
 
+    def routed_params(self, hidden: int, mlp_inputs: int) -> int:
+        """Weights of one layer's routed experts (each expert's matrices and biases): what `expert` splits by
+        expert, the rest of the layer (router, shared experts) split as every other weight is."""
+        biases = self.bias * (mlp_inputs * self.count * self.intermediate + self.count * hidden)
+        return (mlp_inputs + 1) * hidden * self.count * self.intermediate + biases
+
     def layers(self, num_layers: int) -> int:
         """The mixture-of-experts layers of a decoder of `num_layers` layers."""
         return (num_layers - self.dense_layers) // self.every
@@ -97,3 +103,37 @@ class Experts:
             CpplanError: not an object, a missing or unknown field.
         """
         return row if isinstance(row, cls) else from_fields(cls, row, what="a model's experts")
+
+
+def expert_axis_sizes(model) -> tuple[int, ...]:
+    """The sizes the `expert` mesh axis (MaxText's ici_expert_parallelism) may take for `model`: 1 for a dense
+    model; every divisor of a model's routed expert count (`expert_axis_problem`)."""
+    if model.experts is None:
+        return (1,)
+    count = model.experts.count
+    return tuple(d for d in range(1, count + 1) if count % d == 0)
+
+
+def expert_axis_problem(model, size: int) -> str | None:
+    """Why `model` cannot run with `size` devices on the `expert` axis, or None.
+
+    Rules (MaxText 0.2.5, read from the wheel): the axis splits the routed experts' weights by expert (the
+    `exp` logical axis on the `expert` mesh axis, `configs/base.yml:691`), each device holding
+    num_experts // EP of them (`layers/moe.py:2619`), so the expert count must divide by it; a dense model
+    (num_experts = 1) has nothing to split, where MaxText would put its batch over the axis as fsdp does:
+    cpplan plans that as fsdp.
+    """
+    if size == 1:
+        return None
+    if model.experts is None:
+        return (
+            f"expert={size}: model {model.name!r} has no experts; a dense model's batch and weights split over "
+            f"fsdp (MaxText treats an expert axis there as fsdp): use fsdp={size}"
+        )
+    if model.experts.count % size:
+        return (
+            f"expert={size} does not divide num_experts={model.experts.count} of model {model.name!r}: each "
+            f"device on the expert axis holds num_experts // ici_expert_parallelism whole experts "
+            f"(MaxText 0.2.5 layers/moe.py:2619); use a divisor of {model.experts.count}"
+        )
+    return None

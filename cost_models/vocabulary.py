@@ -8,13 +8,18 @@ from enum import Enum
 
 from cost_models.errors import unknown_name
 
-# Logical mesh axes, MaxText's names; this order is the canonical order of a plan's mesh.
-AXES = ("data", "fsdp", "context", "context_ulysses", "tensor")
+# Logical mesh axes, MaxText's names; this order is the canonical order of a plan's mesh. `expert`
+# (MaxText's `ici_expert_parallelism`) comes last, as in MaxText's `mesh_axes`; it is more than one device
+# only for a model with experts.
+AXES = ("data", "fsdp", "context", "context_ulysses", "tensor", "expert")
 # Axes whose devices hold disjoint shards of the weights (ZeRO-3 style, as MaxText shards the
-# `embed` dimension over fsdp and the context axes) and all-gather them layer by layer.
-WEIGHT_SHARDING_AXES = ("fsdp", "context", "context_ulysses")
-# Axes that split the batch, and the sequence.
-BATCH_AXES = ("data", "fsdp")
+# `embed` dimension over fsdp, expert and the context axes) and all-gather them layer by layer. The
+# experts' own matrices are split over `expert` by expert and gathered over the rest only
+# (`EXPERT_WEIGHT_AXES`).
+WEIGHT_SHARDING_AXES = ("fsdp", "expert", "context", "context_ulysses")
+EXPERT_WEIGHT_AXES = tuple(a for a in WEIGHT_SHARDING_AXES if a != "expert")
+# Axes that split the batch (MaxText's `activation_batch`: data, fsdp and expert), and the sequence.
+BATCH_AXES = ("data", "fsdp", "expert")
 SEQUENCE_AXES = ("context", "context_ulysses")
 
 

@@ -38,6 +38,7 @@ def candidates_of(plan: Plan) -> Candidates:
         ring=[mesh["context"]],
         ulysses=[mesh["context_ulysses"]],
         tensor=[mesh["tensor"]],
+        expert=[mesh["expert"]],
         remat=[remat_code(plan.remat)],
         zigzag=[plan.load_balance is LoadBalance.ZIGZAG],
         block_q=[plan.block_q],

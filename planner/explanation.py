@@ -22,7 +22,7 @@ from cost_models.strategies import STRATEGIES
 from cost_models.targets import TRAITS, Target, model_refusal
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB, counted
-from cost_models.vocabulary import CPStrategy, LoadBalance
+from cost_models.vocabulary import AXES, CPStrategy, LoadBalance
 from planner.estimate import candidates_of, estimate
 from planner.maxtext import maxtext_problems
 from planner.options import format_tokens
@@ -481,7 +481,8 @@ class Explanation:
         lines += [
             "Chosen plan",
             f"  strategy       {describe_strategy(p)}",
-            "  mesh           " + " ".join(f"{a}={s}" for a, s in p.mesh),
+            # a dense model's expert axis is always one device: not shown
+            "  mesh           " + " ".join(f"{a}={s}" for a, s in p.mesh if a != "expert" or p.model.experts),
             f"  placement      {placement}",
             f"  remat          {p.remat_label}",
             f"  splash blocks  {p.block_q}×{p.block_kv}"
@@ -598,11 +599,46 @@ class Explanation:
         others = [f"{s.value} +{r.estimate.step_time_s / e.step_time_s - 1:.1%}" for s, r in per.items() if r.plan != p]
         if others:
             parts.append("Best of the other strategies: " + ", ".join(others) + ".")
+        experts = self.expert_text()
+        if experts:
+            parts.append(experts)
         parts.append(self._remat_text())
         cores = self.cores_text()
         if cores:
             parts.append(cores)
         return " ".join(parts)
+
+    def expert_text(self) -> str | None:
+        """For a model with experts, why the expert axis has the size it has beside the context axes: the chosen
+        size, what its dispatch costs, and the best feasible plan without expert parallelism (or, where the
+        chosen plan has none, with the smallest size that has one) against it (None for a dense model)."""
+        p, e = self.best, self.estimate
+        experts = p.model.experts
+        if not experts:
+            return None
+        size, index = p.axis_size("expert"), AXES.index("expert")
+        context = f"context {p.axis_size('context')} × context_ulysses {p.axis_size('context_ulysses')}"
+        if size > 1:
+            dispatch = e.comm_s.get("expert_all_to_all", 0.0)
+            chosen = (
+                f"Expert parallelism: expert={size} gives each device {experts.count // size} of the "
+                f"{experts.count} experts (dispatch and return all-to-alls {_s(dispatch)} a step, not overlapped) "
+                f"beside {context}"
+            )
+            other = self.result.ranked.best_where(lambda sizes: sizes[index] == 1)
+            what = "without expert parallelism"
+        else:
+            chosen = f"Expert parallelism: none (expert=1: every device runs every expert) beside {context}"
+            larger = sorted({sizes[index] for sizes in self.result.ranked.mesh_sizes() if sizes[index] > 1})
+            other = larger and self.result.ranked.best_where(lambda sizes: sizes[index] == larger[0])
+            what = f"with expert={larger[0]}" if larger else ""
+        if not other:
+            return chosen + (f"; no feasible plan {what}." if what else "; no feasible plan with expert > 1.")
+        slower = other.estimate.step_time_s / e.step_time_s - 1
+        return (
+            f"{chosen}; the best plan {what} takes {_s(other.estimate.step_time_s)} (+{slower:.1%}, "
+            f"{why_slower(other.estimate, e)}) [{short(other.plan)}]."
+        )
 
     @functools.cached_property
     def backward_cores(self) -> dict | None:

@@ -1,6 +1,6 @@
 """Plans as MaxText 0.2.5 flags and back, so a user can run a plan or price the config they run today.
 
-Mapping (MaxText's base.yml names): `ici_{data,fsdp,tensor}_parallelism`; the ring (or
+Mapping (MaxText's base.yml names): `ici_{data,fsdp,tensor,expert}_parallelism`; the ring (or
 all-gather) degree is `ici_context_parallelism`; plain Ulysses also uses
 `ici_context_parallelism` for its degree; USP puts the Ulysses degree in
 `ici_context_usp_ulysses_parallelism` and the ring degree in `ici_context_parallelism`.
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from cost_models.compute import DQ_REDUCTION_STEPS, scoped_vmem_flag
 from cost_models.errors import CpplanError
+from cost_models.experts import expert_axis_problem
 from cost_models.masks import MaskKind
 from cost_models.models import MAX_MLP_INPUTS, MLP_ACTIVATIONS, MODELS, SWIGLU, DecoderBlock, ModelSpec, get_model
 from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
@@ -158,10 +159,6 @@ PARAMS_OFFLOAD_SCAN_AXIS = 0
 # MaxText's mesh axes beyond cpplan's that shard weights and batch as fsdp does, and how the price treats each
 FSDP_LIKE_AXES = {
     "fsdp_transpose": "a second fsdp axis (2-D FSDP: weights split over both, each gathered over its own)",
-    "expert": (
-        "the experts' weights gathered over it as fsdp's are, where MaxText moves each token to its experts' "
-        "devices instead (expert-parallel dispatch is not priced)"
-    ),
 }
 # models whose MaxText config's own block runs their local layers (gpt_oss: sliding and global layers in turn;
 # gemma4: five sliding to one global; llama4: three chunked to one global)
@@ -207,6 +204,9 @@ def maxtext_problems(plan: Plan) -> list[str]:
     """MaxText's own rules for the plan's model (its attention mask) and strategy (its spec's
     `maxtext_problems`, from MaxText's configs/types.py), each with the fix."""
     problems = plan.strategy_spec.maxtext_rules(plan.shape)
+    problem = expert_axis_problem(plan.model, plan.axis_size("expert"))
+    if problem:
+        problems.append(problem)
     if plan.local_strategy is not None:
         problems.append(
             f"the plan runs its local layers under {plan.local_strategy.value} and its global layers under "
@@ -316,6 +316,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["quantization"] = plan.quantization.value
     if plan.model.experts:  # MaxText's dropless grouped matmul, as priced (base.yml's, written to be sure)
         flags.update(sparse_matmul=True, megablox=True, capacity_factor=-1)
+        # the expert axis (a dense model's is always 1, MaxText's default, and not written)
+        flags["ici_expert_parallelism"] = mesh["expert"]
     if offloaded_names(plan.remat, plan.remat_custom):
         notes.append(
             f"remat_policy={plan.remat.value} offloads to pinned host memory, which MaxText runs without "
@@ -663,7 +665,7 @@ def read_maxtext(
     fused_backward = (f.bool("sa_use_fused_bwd_kernel", False) or tokamax_splash) and not spec.maxtext_tokamax_splash
     # MaxText's -1 means "the rest of the devices" (its default for fsdp); the ring (or plain
     # Ulysses) degree is ici_context_parallelism, USP's Ulysses degree its own flag
-    defaults = {"data": 1, "fsdp": -1, "tensor": 1, "context": 1}
+    defaults = {"data": 1, "fsdp": -1, "tensor": 1, "context": 1, "expert": 1}
     open_axes = [a for a in defaults if f.text(f"ici_{a}_parallelism", str(defaults[a])) == "-1"]
     if len(open_axes) > 1:
         raise CpplanError(f"only one MaxText ici_*_parallelism may be -1, got {open_axes}; give the others sizes.")
@@ -682,6 +684,15 @@ def read_maxtext(
     if open_axes:
         given[open_axes[0]] = topo.devices_per_slice // (math.prod(given.values()) * usp_u * fsdp_like)
     given["fsdp"] *= fsdp_like
+    if given["expert"] > 1 and not model.experts:
+        # MaxText's logical rules put the batch and every weight's embed dimension over `expert` as over fsdp
+        # (configs/base.yml: activation_batch, embed): a dense model's expert axis is another fsdp
+        notes.append(
+            f"ici_expert_parallelism={given['expert']} on model {model.name!r}, which has no experts: MaxText "
+            f"splits its batch and weights over the axis as over fsdp, and cpplan plans it as fsdp"
+        )
+        given["fsdp"] *= given["expert"]
+        given["expert"] = 1
     ring, uly = spec.from_maxtext_degrees(given.pop("context"), usp_u)
     if ring == 1 and uly == 1:
         strategy, spec = CPStrategy.NONE, STRATEGIES[CPStrategy.NONE]

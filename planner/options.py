@@ -243,9 +243,10 @@ class SearchOptions:
     def axes_fixed(self) -> dict[str, int]:
         return dict(self.mesh)
 
-    def mesh_problem(self, topo: Topology) -> str | None:
+    def mesh_problem(self, topo: Topology, *, implied: dict[str, int] | None = None) -> str | None:
         """Why the fixed mesh axes cannot cover a topology's devices (over several slices: the axes
-        other than data and fsdp within one slice), or None when they can."""
+        other than data and fsdp within one slice), or None when they can; `implied`: axes the model holds
+        to a size (a dense model's expert axis to 1), which count as fixed too."""
         num_devices, topology_name = topo.num_devices, topo.name
         fixed = self.axes_fixed()
         product = math.prod(fixed.values())
@@ -256,7 +257,7 @@ class SearchOptions:
                 f"not divide: fix axes whose product divides {num_devices}, or pick a topology with a multiple "
                 f"of {product} devices."
             )
-        if len(fixed) == len(AXES) and product != num_devices:
+        if len(fixed.keys() | (implied or {}).keys()) == len(AXES) and product != num_devices:
             return (
                 f"mesh {given} covers {product} of {topology_name}'s {num_devices} devices; every axis is fixed, "
                 f"so their product must be {num_devices}."

@@ -11,6 +11,7 @@ import numpy as np
 from cost_models.case import Case, batch_split_violation
 from cost_models.compute import DQ_REDUCTION_STEPS, scoped_vmem_limit_kib, splash_vmem_problem
 from cost_models.errors import CpplanError
+from cost_models.experts import expert_axis_problem
 from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments, positions_along
@@ -44,8 +45,12 @@ class Plan:
         topology: canonical topology name, e.g. ``v5p:4x4x8``.
         seq_len: tokens per sequence.
         global_batch: sequences per step.
-        mesh: ``(axis, size)`` for every axis in `AXES`, in that order.
-        axis_order: the logical axes from outermost to innermost as laid on the devices.
+        mesh: ``(axis, size)`` for every axis in `AXES`, in that order. ``expert`` (MaxText's
+            ici_expert_parallelism) splits a model's experts between its devices and, for everything
+            else, acts as fsdp: it splits the batch and shards the weights; plan JSON written before
+            the axis existed reads as ``expert=1``.
+        axis_order: the logical axes from outermost to innermost as laid on the devices (JSON without
+            ``expert`` reads with it outermost: an axis of one device takes no part of any dimension).
         physical_order: the topology's physical dimension names from outermost to innermost.
         cp_strategy: how attention spans the sequence shards.
         local_strategy: for a model mixing masks, the strategy of the layers whose mask is not the
@@ -151,6 +156,12 @@ class Plan:
             if getattr(self, name) not in DTYPE_BYTES:
                 raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
         names = tuple(a for a, _ in self.mesh)
+        if names == AXES[:-1] and AXES[-1] == "expert":  # a mesh written before the expert axis: one device
+            object.__setattr__(self, "mesh", (*self.mesh, ("expert", 1)))
+            names = AXES
+        if "expert" not in self.axis_order and sorted(self.axis_order) == sorted(a for a in AXES if a != "expert"):
+            # an order written before the expert axis existed: it has one device, outermost
+            object.__setattr__(self, "axis_order", ("expert", *self.axis_order))
         if names != AXES:
             raise CpplanError(f"plan mesh axes {names} must be exactly {AXES}, in that order.")
         if sorted(self.axis_order) != sorted(AXES):
@@ -246,8 +257,8 @@ class Plan:
 
     @property
     def batch_shards(self) -> int:
-        """Shards the batch's sequences are split into: data × fsdp."""
-        return self.axis_size("data") * self.axis_size("fsdp")
+        """Shards the batch's sequences are split into: data × fsdp × expert."""
+        return self.axis_size("data") * self.axis_size("fsdp") * self.axis_size("expert")
 
     @property
     def tokens_per_device(self) -> int:
@@ -317,8 +328,11 @@ class Plan:
                     f"local_strategy={self.local_strategy.value} cannot run this plan's local layers: "
                     f"{violation.reason}; the local layers share the plan's mesh."
                 )
+        problem = expert_axis_problem(self.model, self.axis_size("expert"))
+        if problem:
+            raise CpplanError(f"plan {problem}.")
         shards = self.batch_shards
-        violation = batch_split_violation(self.global_batch, shards)
+        violation = batch_split_violation(self.global_batch, shards, with_expert=self.model.experts is not None)
         if violation:
             raise CpplanError(f"{violation.reason}; use a multiple of {shards}.")
         self._check_host_memory()

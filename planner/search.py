@@ -28,6 +28,7 @@ from cost_models.case import Case, ReadsCase, batch_split_violation
 from cost_models.compute import DQ_REDUCTION_STEPS, splash_smem_bytes, splash_vmem_problem
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
+from cost_models.experts import expert_axis_problem, expert_axis_sizes
 from cost_models.models import ModelSpec
 from cost_models.placement import digit_bounds, inner_sizes, span_segments, splits_no_digit, tiles
 from cost_models.precision import fp8_refusal
@@ -47,6 +48,18 @@ from planner.options import SearchOptions, as_list, ordered_factorizations
 from planner.plan import DEFAULT_BLOCK, Plan
 
 BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks; of equally fast ones, the first
+_EXPERT = AXES.index("expert")
+_INNER = tuple(AXES.index(a) for a in ("context", "context_ulysses", "tensor"))
+
+
+def _batch_shards(sizes: tuple[int, ...]) -> int:
+    """The batch shards of a mesh (sizes in `AXES` order): data × fsdp × expert."""
+    return sizes[0] * sizes[1] * sizes[_EXPERT]
+
+
+def _inner(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The (context, context_ulysses, tensor) of a mesh (sizes in `AXES` order): what the structural rules read."""
+    return tuple(sizes[i] for i in _INNER)
 
 
 @dataclass(frozen=True)
@@ -114,6 +127,17 @@ class RankedList(Sequence):
         if position not in self._built:
             self._built[position] = self._build(self._entries[position])
         return self._built[position]
+
+    def best_where(self, test: Callable[[tuple[int, ...]], bool]) -> Ranked | None:
+        """The first-ranked candidate whose mesh (sizes in `AXES` order) passes `test`, or None."""
+        for position, entry in enumerate(self._entries):
+            if test(entry[0][2]):
+                return self[position]
+        return None
+
+    def mesh_sizes(self) -> list[tuple[int, ...]]:
+        """Each candidate's mesh (sizes in `AXES` order), in rank order (no plan built)."""
+        return [entry[0][2] for entry in self._entries]
 
     def best_of_each_strategy(self) -> dict[CPStrategy, Ranked]:
         """The first-ranked candidate of each strategy that has one, in rank order."""
@@ -423,6 +447,7 @@ class _Placements:
                     **p.links,
                     "data": self.topo.across_slices(p.links["data"], dcn_data),
                     "weights": self.topo.across_slices(p.links["weights"], dcn_fsdp),
+                    "expert_weights": self.topo.across_slices(p.links["expert_weights"], dcn_fsdp),
                 }
                 out.append(Placement(p.axis_order, p.physical_order, links, dcn_data, dcn_fsdp))
         return out
@@ -625,7 +650,8 @@ class SearchSpace:
         Raises:
             CpplanError: the fixed mesh axes do not cover the topology's devices.
         """
-        problem = options.mesh_problem(topo)
+        experts = expert_axis_sizes(model)
+        problem = options.mesh_problem(topo, implied={"expert": 1} if len(experts) == 1 else None)
         if problem:
             raise CpplanError(problem)
         self.model, self.mask_note = model.within(seq_len)
@@ -634,9 +660,15 @@ class SearchSpace:
         self._memory_margins = memory_margins(topo.chip.name, target.value)
         self._chip = _chip_alone(topo)  # what the splash block rule reads of the slice
         fixed = options.axes_fixed()
+        problem = "expert" in fixed and expert_axis_problem(model, fixed["expert"])
+        if problem:
+            raise CpplanError(f"mesh {problem}.")
+        if len(experts) == 1:  # a dense model: `expert` is one device, and the meshes are those without it
+            fixed = {**fixed, "expert": experts[0]}
         meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
+        meshes = [sizes for sizes in meshes if sizes[_EXPERT] in experts]
         if shard_counts is not None:
-            meshes = [sizes for sizes in meshes if sizes[0] * sizes[1] in shard_counts]
+            meshes = [sizes for sizes in meshes if _batch_shards(sizes) in shard_counts]
         if topo.num_slices > 1:  # only data and fsdp span slices: the rest of a mesh must fit in one
             # the splits read data and fsdp alone: judged once per pair of the many meshes sharing it
             splits: dict[tuple[int, int], bool] = {}
@@ -658,7 +690,7 @@ class SearchSpace:
         # when first asked (a search prices a few of a pod's many shard counts)
         self._meshes_of: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
         for index, sizes in enumerate(meshes):
-            self._meshes_of.setdefault(sizes[0] * sizes[1], []).append((index, sizes))
+            self._meshes_of.setdefault(_batch_shards(sizes), []).append((index, sizes))
         # a verdict's position: its mesh's index times the most verdicts a mesh has, plus its place among them,
         # so that positions follow the meshes' order whichever shard counts are judged
         self._per_mesh = len(options.strategies) * len(self._judge_inputs[-1])
@@ -694,7 +726,7 @@ class SearchSpace:
             self._sound_meshes[shards] = [
                 (index * self._per_mesh, sizes, sound)
                 for index, sizes in self._meshes_of.get(shards, [])
-                if (sound := self._sound_of_inner(sizes[2:]))
+                if (sound := self._sound_of_inner(_inner(sizes)))
             ]
         return self._sound_meshes[shards]
 
@@ -785,6 +817,7 @@ class SearchSpace:
             ring=sizes[:, 2],
             ulysses=sizes[:, 3],
             tensor=sizes[:, 4],
+            expert=sizes[:, _EXPERT],
             remat=np.array([remat_code(p, c, SEARCHED_CUSTOM) for p, c in self._remats])[remat],
             remat_presets=SEARCHED_CUSTOM,
             zigzag=np.repeat([v.load_balance is LoadBalance.ZIGZAG for _, v in verdicts], per_verdict),
@@ -806,7 +839,7 @@ class SearchSpace:
         new = [position for position in positions if position not in self._blocks]
         if new:
             verdicts = [self._sound_at[position] for position in new]
-            layouts = [(*map(float, v.sizes[2:]), v.load_balance is LoadBalance.ZIGZAG) for v in verdicts]
+            layouts = [(*map(float, _inner(v.sizes)), v.load_balance is LoadBalance.ZIGZAG) for v in verdicts]
             act_bytes = DTYPE_BYTES[self.options.compute_dtype]
             blocks = _splash_blocks(self.model, self.seq_len, self._chip, self.target, act_bytes, strategy)
             for position, (block, reason) in zip(new, blocks.of(layouts)):
@@ -827,10 +860,10 @@ class SearchSpace:
         verdict's position is its index); built when the rejections are listed."""
         out = []
         for sizes in self._meshes:
-            shards = sizes[0] * sizes[1]
+            shards = _batch_shards(sizes)
             out += [
                 _Verdict(sizes, strategy, lb, shards, always, structural)
-                for strategy, lb, always, structural in self._judgement(sizes[2:])
+                for strategy, lb, always, structural in self._judgement(_inner(sizes))
             ]
         return out
 
@@ -915,7 +948,7 @@ class SearchSpace:
             return np.zeros(len(p.rows.positions), dtype=bool)
         positions, which = np.unique(p.rows.positions, return_inverse=True)
         verdicts = (self._sound_at[position] for position in positions.tolist())
-        runs = [(other, v.load_balance) in self._sound_of_inner(v.sizes[2:]) for v in verdicts]
+        runs = [(other, v.load_balance) in self._sound_of_inner(_inner(v.sizes)) for v in verdicts]
         return np.array(runs, dtype=bool)[which.reshape(-1)]
 
     def _block_ok(self, p: _Priced) -> np.ndarray:
@@ -1134,7 +1167,10 @@ class SearchSpace:
     def _unpriced_rejections(self, batch: int) -> list[Rejection]:
         """The candidates rejected before pricing at `batch`: a rule whatever the batch, then the batch split,
         then the structural rules."""
-        batch_rule = {s: batch_split_violation(batch, s) for s in {v.shards for v in self.verdicts}}
+        batch_rule = {
+            s: batch_split_violation(batch, s, with_expert=self.model.experts is not None)
+            for s in {v.shards for v in self.verdicts}
+        }
         meshes: dict[tuple, dict] = {}
         out = []
         for v in self.verdicts:

@@ -11,6 +11,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.overlap import Overlap
 from cost_models.placement import axes_on_whole_dimensions
+from cost_models.pricing.experts import DISPATCH_ALL_TO_ALLS, dispatch_bytes, routed_weight_bytes
 from cost_models.pricing.memory import recomputed_checkpoint
 from cost_models.pricing.rows import distinct_rows
 from cost_models.remat import QKV_PROJECTIONS
@@ -50,6 +51,9 @@ class Traffic:
     tensor_s: np.ndarray  # per step
     data_all_reduce_s: np.ndarray  # per step
     context: ContextTraffic  # per layer
+    # per step: the experts' dispatch and return all-to-alls over `expert` (None: a model without experts,
+    # which has no such family)
+    expert_all_to_all_s: np.ndarray | None = None
 
     def per_step(self, num_layers: int) -> dict[str, np.ndarray]:
         """Seconds per step of each collective family; names as `Estimate.comm_s` has them."""
@@ -60,7 +64,7 @@ class Traffic:
             "tensor": self.tensor_s,
             "data_all_reduce": self.data_all_reduce_s,
             "context": num_layers * (self.context.forward_s + self.context.backward_s),
-        }
+        } | ({} if self.expert_all_to_all_s is None else {"expert_all_to_all": self.expert_all_to_all_s})
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Exposure:
     tensor: np.ndarray
     data_all_reduce: np.ndarray
     context: np.ndarray
+    expert_all_to_all: np.ndarray | None = None  # None: a model without experts
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {
@@ -80,7 +85,7 @@ class Exposure:
             "tensor": self.tensor,
             "data_all_reduce": self.data_all_reduce,
             "context": self.context,
-        }
+        } | ({} if self.expert_all_to_all is None else {"expert_all_to_all": self.expert_all_to_all})
 
 
 def context_traffic(
@@ -114,15 +119,13 @@ def price_traffic(
     m, comm, tensor = x.model, x.comm, x.tensor
     group = x.weight_group
     weights = x.links["weights"]
-    # one collective per weight array: the bytes of the whole layer, the latency of each array
-    arrays = weight_arrays_per_layer(m)
     # an all-reduce costs a reduce-scatter and an all-gather of the same bytes: one more of them
     gathers_by_all_reduce = traits.weight_gathers_all_reduce_split_axes and _weight_axes_split(x)
     gather_factor = np.where(gathers_by_all_reduce, 2.0, 1.0)
-    gather_s = gather_factor * arrays * comm.all_gather(weight_bytes / arrays, group, *weights)
     # the gradients of the gathered compute-dtype weights are in the compute dtype
     scatter_factor = np.where(traits.context_gradients_all_reduced & (x.ring * x.ulysses > 1), 2.0, 1.0)
-    scatter_s = scatter_factor * arrays * comm.reduce_scatter(weight_bytes / arrays, group, *weights)
+    gather_s = gather_factor * _layer_weights_s(x, weight_bytes, comm.all_gather)
+    scatter_s = scatter_factor * _layer_weights_s(x, weight_bytes, comm.reduce_scatter)
     regather_s = gather_factor * _qkv_regather_s(x, group, weights)
     windows = _windowed_projections(x, group, weights, traits)
     head_params = m.vocab * m.hidden
@@ -148,14 +151,43 @@ def price_traffic(
         tensor_s,
         data_s,
         context,
+        expert_all_to_all_s(x) if m.experts else None,
     )
+
+
+def _layer_weights_s(x: Candidates, weight_bytes, collective) -> np.ndarray:
+    """Per layer, one collective per weight array (`collective`: an all-gather or a reduce-scatter; the bytes
+    of the whole layer as gathered, `weight_bytes`, the latency of each array) over the weight group; a model's
+    routed experts' arrays over the weight group less `expert` (`GROUP_AXES["expert_weights"]`): each device
+    gathers the E/e experts it holds, 1/e of their bytes."""
+    m = x.model
+    arrays = weight_arrays_per_layer(m)
+    if not m.experts:
+        return arrays * collective(weight_bytes / arrays, x.weight_group, *x.links["weights"])
+    routed = routed_weight_bytes(x) / x.expert  # `weight_bytes` holds these: the experts the device keeps
+    routed_arrays = m.mlp_matrices * m.moe_layers / m.num_layers
+    other_arrays = arrays - routed_arrays
+    return other_arrays * collective(
+        (weight_bytes - routed) / other_arrays, x.weight_group, *x.links["weights"]
+    ) + routed_arrays * collective(routed / routed_arrays, x.expert_weight_group, *x.links["expert_weights"])
+
+
+def expert_all_to_all_s(x: Candidates) -> np.ndarray:
+    """Per step, the experts' all-to-alls over `expert` (MaxText's `ragged_all_to_all`, priced as an
+    all-to-all of the balanced bytes each device holds, `dispatch_bytes`, on the expert group's links): in
+    each mixture-of-experts layer the forward's dispatch and return, their transposes in the backward, and the
+    forward's again where the remat policy recomputes the MLP (zero without expert parallelism)."""
+    m = x.model
+    per_layer = x.comm.all_to_all(dispatch_bytes(x), x.expert, *x.links["expert"])
+    count = DISPATCH_ALL_TO_ALLS * (2 + x.remat_columns.recompute_mlp)
+    return m.moe_layers * count * per_layer
 
 
 def _weight_axes_split(x: Candidates) -> np.ndarray:
     """Per candidate, whether the weight group's axes (fsdp and both context axes) split one of
     the slice's physical dimensions between them."""
     dims = tuple(d.size for d in x.topology.physical_dims)
-    rows = np.stack([x.fsdp, x.ring, x.ulysses], axis=1).astype(int)
+    rows = np.stack([x.fsdp, x.expert, x.ring, x.ulysses], axis=1).astype(int)
     distinct, which = distinct_rows(rows)
     split = np.array([not axes_on_whole_dimensions(tuple(r), dims) for r in distinct.tolist()], dtype=bool)
     return split[which.reshape(-1)]
@@ -259,4 +291,6 @@ def price_exposure(
         tensor=traffic.tensor_s - num_layers * hidden_tensor_layer,
         data_all_reduce=traffic.data_all_reduce_s,
         context=num_layers * (context.exposed_forward_s + context.exposed_backward_s),
+        # the grouped matmuls wait for the dispatch, and the combine for the return: no compute to hide behind
+        expert_all_to_all=traffic.expert_all_to_all_s,
     )

@@ -1,9 +1,12 @@
-"""The mixture-of-experts MLP of one decoder layer on one device, as MaxText's sparse matmul runs it with the
-experts' weights sharded as every other weight is (FSDP over the weight-sharding group, columns over
-tensor): route (the router's matmul, softmax and top k), permute (each token copied once per expert it is
-routed to, sorted by expert), the grouped matmuls (every expert over its group of rows), unpermute and
-combine (the copies weighted and summed back per token). Each step has its own price here; the dense
-layers of a model with a dense lead are priced as any dense MLP (docs/provenance/moe_models.md)."""
+"""The mixture-of-experts MLP of one decoder layer on one device, as MaxText's sparse matmul runs it: route
+(the router's matmul, softmax and top k), permute (each token copied once per expert it is routed to, sorted
+by expert), dispatch (with expert parallelism, the copies sent to the devices holding their experts: an
+all-to-all over `expert`), the grouped matmuls (each of the device's experts over its group of rows),
+combine's return all-to-all, unpermute and combine (the copies weighted and summed back per token). The
+routed experts' weights are split by expert over `expert` (E/e experts a device) and otherwise sharded as
+every other weight is (FSDP over the weight group less `expert`, columns over tensor); with e = 1 every device
+routes its own tokens to every expert. Each step has its own price here; the dense layers of a model with a
+dense lead are priced as any dense MLP (docs/provenance/moe_models.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,13 @@ from cost_models.vocabulary import Quantization
 # expert order and writes them (2), the unpermute reads the grouped matmul's output and writes it back in
 # token order (2), the combine reads it once more to weight and sum per token (1)
 PERMUTE_PASSES = 5
+# with expert parallelism, HBM passes more over the copies a device receives: MaxText sorts them again by its
+# own experts after the dispatch (read, write) and back before the return all-to-all (read, write)
+# (`local_permute` and `unsort_output_and_ra2a`, MaxText 0.2.5 layers/moe.py:2675, :2979)
+LOCAL_PERMUTE_PASSES = 4
+# the all-to-alls of one mixture-of-experts layer: the forward's dispatch and return, and their transposes in
+# the backward (the forward's again where the remat policy recomputes the MLP)
+DISPATCH_ALL_TO_ALLS = 2
 
 
 @dataclass(frozen=True)
@@ -41,19 +51,74 @@ class ExpertTimes:
         return self.matmul_s + self.permute_s
 
 
+def gathered_mlp_matrix_params(x: Candidates):
+    """Weights of one MLP matrix of the widest layer as a device gathers it (`ModelSpec.mlp_matrix_params`):
+    a mixture of experts' one matrix of each of its E/e experts and of the shared ones."""
+    m, e = x.model, x.model.experts
+    if not e:
+        return m.mlp_matrix_params
+    moe = m.hidden * (e.count * e.intermediate / x.expert + e.shared * e.shared_width)
+    return np.maximum(moe, m.hidden * m.intermediate if m.moe_layers < m.num_layers else 0)
+
+
+def receive_buffer_bytes(x: Candidates, *, worst_case: bool):
+    """Bytes a layer's MLP holds for the expert all-to-alls (0 without experts or expert parallelism): the
+    buffer the dispatch receives the copies into and the one the grouped matmuls' output is returned from
+    (`receive_buffer_rows` each), hidden-wide in the compute dtype; in the backward, their gradients' alike."""
+    if not x.model.experts:
+        return 0.0
+    return 2 * receive_buffer_rows(x, worst_case=worst_case) * x.model.hidden * x.act_bytes
+
+
 def expert_group_rows(x: Candidates) -> np.ndarray:
-    """Rows of one expert's group on a device: its tokens' routed copies spread evenly over the experts
-    (random or balanced routing), every device routing its own tokens to every expert."""
+    """Rows of one expert's group on a device: the routed copies it runs (on average its own tokens' count,
+    `dispatched_rows`) spread evenly over its E/e experts (random or balanced routing)."""
+    return dispatched_rows(x) / local_experts(x)
+
+
+def local_experts(x: Candidates) -> np.ndarray:
+    """Routed experts each device holds: E / e."""
+    return x.model.experts.count / x.expert
+
+
+def dispatched_rows(x: Candidates) -> np.ndarray:
+    """Routed copies a device runs through its experts: with balanced routing, on average its own tokens × k
+    (with e = 1 exactly those; with e > 1 the ones the all-to-all brings it)."""
+    return np.asarray(x.tokens_per_device, dtype=float) * x.model.experts.per_token
+
+
+def receive_buffer_rows(x: Candidates, *, worst_case: bool) -> np.ndarray:
+    """Rows of the buffer a device receives the dispatched copies into (0 without expert parallelism): the
+    balanced count, tokens × k; or, `worst_case`, the count MaxText allocates so that nothing drops with its
+    default `ragged_buffer_factor` of -1: tokens × k × min(e, E/k) (`get_ragged_buffer_size`, MaxText 0.2.5
+    layers/moe.py:2079)."""
     e = x.model.experts
-    return x.tokens_per_device * e.per_token / e.count
+    factor = np.minimum(x.expert, e.count / e.per_token) if worst_case else 1.0
+    return np.where(x.expert > 1, dispatched_rows(x) * factor, 0.0)
+
+
+def dispatch_bytes(x: Candidates) -> np.ndarray:
+    """Bytes each device holds before and after one dispatch (or return) all-to-all: its tokens' routed copies,
+    tokens × k × hidden in the compute dtype."""
+    return dispatched_rows(x) * x.model.hidden * x.act_bytes
+
+
+def routed_weight_bytes(x: Candidates) -> np.ndarray:
+    """One layer's routed experts' weights, averaged over the layers, in the compute dtype, split over tensor
+    (not yet over `expert`): the part of `MatmulTimes.weight_bytes` whose gathers run over the weight group
+    less `expert`, each device gathering its own experts only (1/e of them)."""
+    m = x.model
+    if not m.experts:
+        return 0.0 * x.tensor
+    share = m.moe_layers / m.num_layers
+    return share * m.experts.routed_params(m.hidden, m.mlp_inputs) * x.act_bytes / x.tensor
 
 
 def grouped_matmul_efficiency(x: Candidates) -> np.ndarray:
     """Useful fraction of the chip's peak the routed experts' grouped matmuls reach, their three kernels
     (forward, input gradient, weight gradient) together (`grouped_seconds`)."""
     e, m = x.model.experts, x.model
-    tokens = np.asarray(x.tokens_per_device, dtype=float)
-    flops = 3 * 2.0 * tokens * e.per_token * m.mlp_matrices * m.hidden * e.intermediate / x.tensor
+    flops = 3 * 2.0 * dispatched_rows(x) * m.mlp_matrices * m.hidden * e.intermediate / x.tensor
     return flops / (3 * grouped_seconds(x) * x.topology.peak_flops_per_device)
 
 
@@ -61,28 +126,31 @@ def grouped_seconds(x: Candidates) -> np.ndarray:
     """A third of the seconds of one layer's routed-expert grouped matmuls, forward and backward (each input
     projection and the output projection; the backward's input gradient as a forward, its weight gradient
     with the row's own figures), per device: the chip row's measured model of a grouped matmul
-    (`Chip.grouped_matmul_seconds`), every device running every expert over its own tokens' routed copies."""
+    (`Chip.grouped_matmul_seconds`), each device running its E/e experts (`local_experts`) over the routed
+    copies it holds (`dispatched_rows`)."""
     chip, m, e = x.topology.chip, x.model, x.model.experts
     fp8 = x.quantization is Quantization.FP8_FULL
 
-    def one(tokens: float, tensor: float) -> float:
-        rows, width = tokens * e.per_token, e.intermediate / tensor
+    def one(rows: float, tensor: float, groups: float) -> float:
+        width = e.intermediate / tensor
         shapes = [(m.hidden, width)] * m.mlp_inputs + [(width, m.hidden)]
         return (
             sum(
-                2 * chip.grouped_matmul_seconds(e.count, rows, k, n, fp8=fp8)
-                + chip.grouped_matmul_seconds(e.count, rows, k, n, weight_grad=True, fp8=fp8)
+                2 * chip.grouped_matmul_seconds(groups, rows, k, n, fp8=fp8)
+                + chip.grouped_matmul_seconds(groups, rows, k, n, weight_grad=True, fp8=fp8)
                 for k, n in shapes
             )
             / 3
         )
 
-    tokens, tensor = np.broadcast_arrays(
-        np.asarray(x.tokens_per_device, dtype=float), np.asarray(x.tensor, dtype=float)
+    rows, tensor, groups = np.broadcast_arrays(
+        dispatched_rows(x), np.asarray(x.tensor, dtype=float), np.asarray(local_experts(x), dtype=float)
     )
-    pairs, where = np.unique(np.stack([tokens.ravel(), tensor.ravel()], axis=1), axis=0, return_inverse=True)
-    seconds = np.array([one(t, s) for t, s in pairs])
-    return seconds[np.ravel(where)].reshape(tokens.shape)
+    triples, where = np.unique(
+        np.stack([rows.ravel(), tensor.ravel(), groups.ravel()], axis=1), axis=0, return_inverse=True
+    )
+    seconds = np.array([one(r, s, g) for r, s, g in triples])
+    return seconds[np.ravel(where)].reshape(rows.shape)
 
 
 def price_experts(x: Candidates) -> ExpertTimes:
@@ -98,5 +166,6 @@ def price_experts(x: Candidates) -> ExpertTimes:
         width = e.shared * e.shared_width / tensor
         columns = tile_efficiency(m.hidden, tile) * tile_efficiency(width, tile)
         shared_s = tokens * 2.0 * m.mlp_matrices * m.hidden * width / (achievable * columns)
-    permute_s = PERMUTE_PASSES * tokens * e.per_token * m.hidden * x.act_bytes / x.topology.hbm_bw_per_device
+    passes = PERMUTE_PASSES + np.where(x.expert > 1, LOCAL_PERMUTE_PASSES, 0)
+    permute_s = passes * dispatch_bytes(x) / x.topology.hbm_bw_per_device
     return ExpertTimes(router_s=router_s, grouped_s=grouped_s, shared_s=shared_s, permute_s=permute_s)

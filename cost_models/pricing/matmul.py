@@ -10,7 +10,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.compute import tile_efficiency
 from cost_models.flops import mean_layer_forward_flops
-from cost_models.pricing.experts import price_experts
+from cost_models.pricing.experts import price_experts, routed_weight_bytes
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class MatmulTimes:
 
     projections_s: np.ndarray  # forward MXU time of the q/k/v and output projections
     mlp_s: np.ndarray  # forward MXU time of the MLP
-    weight_bytes: np.ndarray  # the layer's weights on one device, in the compute dtype
+    weight_bytes: np.ndarray  # the layer's weights on one device as gathered (1/e of its routed experts), compute dtype
     forward_s: np.ndarray  # the forward math, or reading the weights when that takes longer
     backward_s: np.ndarray  # dX and dW (twice the forward math), or reading weights twice and writing fp32 grads
     recompute_s: np.ndarray  # what the remat policy runs again in the backward
@@ -46,10 +46,12 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     mlp_s = mlp_seconds(x, mlp_padding)
 
     hbm_bw = x.topology.hbm_bw_per_device
-    weight_bytes = model.params_per_layer * x.act_bytes / tensor
+    # the layer's weights as a device gathers them: of the routed experts, only the E/e it holds
+    layer_params = model.params_per_layer - routed_weight_bytes(x) / x.act_bytes * tensor * (1 - 1 / x.expert)
+    weight_bytes = layer_params * x.act_bytes / tensor
     forward_s = np.maximum(projections_s + mlp_s, weight_bytes / hbm_bw)
     backward_s = np.maximum(
-        2 * (projections_s + mlp_s), (2 * weight_bytes + model.params_per_layer * x.param_bytes / tensor) / hbm_bw
+        2 * (projections_s + mlp_s), (2 * weight_bytes + layer_params * x.param_bytes / tensor) / hbm_bw
     )
     remat = x.remat_columns
     return MatmulTimes(

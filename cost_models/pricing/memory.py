@@ -18,6 +18,7 @@ from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.compute import DQ_ACCUMULATOR_BYTES, dq_elements, dq_partials
 from cost_models.pricing.attention import key_chunks
+from cost_models.pricing.experts import gathered_mlp_matrix_params, receive_buffer_bytes
 from cost_models.pricing.offload import state_bytes
 from cost_models.remat import ATTENTION_OUTPUT, choice_placements
 from cost_models.strategies import STRATEGIES, Layout
@@ -159,9 +160,11 @@ def price_memory(
     layers_switch_masks: bool = False,
     fused_dq_partials_in_q_dtype: bool = False,
     fused_backward_in_key_chunks: bool = False,
+    expert_buffers_worst_case: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
-    at a layer's peak), the keyword arguments the target's traits of the same names."""
+    at a layer's peak), the keyword arguments the target's traits of the same names (`expert_buffers_worst_case`:
+    the expert all-to-alls' receive buffers sized as MaxText allocates them, `receive_buffer_rows`)."""
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     a, pb = x.act_bytes, x.param_bytes
     remat = x.held_remat_columns  # an offload that does not leave HBM is held as a kept value
@@ -188,8 +191,11 @@ def price_memory(
     degrees, which = np.unique(np.asarray(tensor, dtype=int), return_inverse=True)
     piece_of_degree = np.array([(m.vocab // t) / vocab_pieces(m.vocab // t) for t in degrees])
     head_piece = piece_of_degree[which].reshape(np.shape(tensor))
-    largest_matrix = max(m.mlp_matrix_params, m.hidden * m.num_heads * m.head_dim) / tensor
-    mlp_matrix = m.mlp_matrix_params / tensor
+    # a mixture of experts' matrices as gathered: each device's E/e experts (`gathered_mlp_matrix_params`)
+    gathered_mlp = gathered_mlp_matrix_params(x)
+    largest_matrix = np.maximum(gathered_mlp, m.hidden * m.num_heads * m.head_dim) / tensor
+    mlp_matrix = gathered_mlp / tensor
+    expert_buffers = receive_buffer_bytes(x, worst_case=expert_buffers_worst_case)
     # the chunk loop holds every MLP matrix, gathered before it, and carries each one's weight-gradient
     # sum in the compute dtype, forming a chunk's new sum while reading the carried one (one chunk: none)
     mlp_loop_matrices = 2 * m.mlp_matrices + (tokens > mlp_tokens)
@@ -281,7 +287,8 @@ def price_memory(
         * a
         + lse_first
         + gathered_kv_held
-        + input_gradient_scratch,
+        + input_gradient_scratch
+        + expert_buffers,
         attention_buffers=attention_buffers,
         lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter
@@ -292,7 +299,8 @@ def price_memory(
         # some chips the kernel's lane-wide log-sum-exp
         forward_working_set=kept_in_stacks * a
         + (residual_stream + tokens * m.hidden + m.mlp_matrices * mlp_matrix) * a
-        + forward_lse_lanes_held(x, context) * lse_lane_bytes(x, layout),
+        + forward_lse_lanes_held(x, context) * lse_lane_bytes(x, layout)
+        + expert_buffers,
         # fp32 logits of one chunk of tokens against one vocabulary piece (the gradient formed in place)
         logits=loss_tokens * head_piece * 4,
         # the gathered head piece (the head enters the loss in the compute dtype) and its fp32 gradient

@@ -255,6 +255,7 @@ def price_shapes(x: Candidates, target: Target) -> ShapePrice:
                 layers_switch_masks=target.traits.layers_switch_masks,
                 fused_dq_partials_in_q_dtype=target.traits.fused_dq_partials_in_q_dtype,
                 fused_backward_in_key_chunks=target.traits.fused_backward_in_key_chunks,
+                expert_buffers_worst_case=target.traits.maxtext_rules,
             ).as_dict(),
             attention.layout,
             target.traits,

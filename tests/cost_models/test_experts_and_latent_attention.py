@@ -227,7 +227,7 @@ def test_bigger_expert_groups_price_no_slower_per_token():
     model = MODELS["qwen3-30b-a3b"]
     efficiencies = []
     for batch in (16, 32, 64, 128):
-        plan = explain(model, "2k", "tpu7x-16", global_batch=batch, mesh={"tensor": 1}).best
+        plan = explain(model, "2k", "tpu7x-16", global_batch=batch, mesh={"tensor": 1, "expert": 1}).best
         from planner.estimate import candidates_of
 
         efficiencies.append(float(grouped_matmul_efficiency(candidates_of(plan))[0]))

@@ -37,7 +37,7 @@ def test_reads_a_maxtext_command_line():
     plan = Plan.from_maxtext(ANCHOR_USP)
     assert plan.topology == "v5p:2x2x2" and plan.seq_len == 131072 and plan.global_batch == 1
     assert plan.cp_strategy is CPStrategy.USP and plan.load_balance is LoadBalance.NONE
-    assert plan.mesh_dict == {"data": 1, "fsdp": 1, "context": 4, "context_ulysses": 2, "tensor": 1}
+    assert plan.mesh_dict == {"data": 1, "fsdp": 1, "context": 4, "context_ulysses": 2, "tensor": 1, "expert": 1}
     assert plan.loss_chunk_tokens == 0  # MaxText's default num_vocab_tiling=1: full logits
 
 

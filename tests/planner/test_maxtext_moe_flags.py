@@ -6,7 +6,7 @@ import pytest
 
 from cost_models.errors import CpplanError
 from cost_models.vocabulary import Quantization
-from planner.maxtext import read_maxtext
+from planner.maxtext import export_maxtext, read_maxtext
 
 pytestmark = pytest.mark.pure
 
@@ -21,10 +21,33 @@ def test_a_second_fsdp_axis_is_folded_into_fsdp_and_named():
     assert read.plan.mesh_dict["fsdp"] == 512
 
 
-def test_expert_parallelism_is_priced_as_fsdp_and_says_so():
+def test_expert_parallelism_reads_into_the_expert_axis_and_exports_back():
     read = read_maxtext(BASE + " ici_fsdp_parallelism=-1 ici_expert_parallelism=4")
-    assert read.plan.mesh_dict["fsdp"] == 512
-    assert any("expert-parallel dispatch is not priced" in n for n in read.notes)
+    assert read.plan.mesh_dict["fsdp"] == 128 and read.plan.mesh_dict["expert"] == 4
+    assert not any("ici_expert_parallelism" in n for n in read.notes)
+    flags = export_maxtext(read.plan).flags
+    assert flags["ici_expert_parallelism"] == 4 and flags["ici_fsdp_parallelism"] == 128
+    again = read_maxtext(" ".join(f"{k}={v}" for k, v in flags.items()) + " compile_topology=tpu7x-512")
+    assert again.plan.mesh_dict == read.plan.mesh_dict
+    # -1 on the expert axis: the rest of the devices
+    assert read_maxtext(BASE + " ici_fsdp_parallelism=8 ici_expert_parallelism=-1").plan.mesh_dict["expert"] == 64
+
+
+def test_expert_parallelism_maxtext_refuses_or_plans_as_fsdp():
+    # 256 experts do not split over 3 devices of the expert axis (MaxText's num_experts // EP experts a device)
+    with pytest.raises(CpplanError, match="expert=3 does not divide num_experts=256.*layers/moe.py"):
+        read_maxtext(
+            "model_name=deepseek3-671b per_device_batch_size=3 max_target_length=4096 compile_topology=tpu7x-384 "
+            "ici_fsdp_parallelism=-1 ici_expert_parallelism=3"
+        )
+    # a dense model's expert axis is another fsdp, as MaxText's rules shard it
+    read = read_maxtext(
+        "model_name=llama3.1-70b per_device_batch_size=1 max_target_length=8192 compile_topology=tpu7x-128 "
+        "ici_fsdp_parallelism=-1 ici_expert_parallelism=4"
+    )
+    assert read.plan.mesh_dict["fsdp"] == 128 and read.plan.mesh_dict["expert"] == 1
+    assert any("ici_expert_parallelism=4 on model 'llama3.1-70b', which has no experts" in n for n in read.notes)
+    assert "ici_expert_parallelism" not in export_maxtext(read.plan).flags
 
 
 def test_quantization_is_read_or_refused_by_name():

@@ -38,10 +38,12 @@ def _links_by_segments(topo, axis_order, physical_order, size_of) -> dict | None
 @pytest.mark.parametrize(
     "name, sizes",
     [
-        ("tpu7x:4x4x8", (2, 4, 8, 2, 2)),  # four dimensions with the chip's two cores
-        ("tpu7x:4x4x8", (1, 16, 4, 1, 4)),
-        ("v5p:4x4x8", (2, 2, 16, 1, 2)),
-        ("v5e:4x8", (1, 4, 2, 2, 2)),
+        ("tpu7x:4x4x8", (2, 4, 8, 2, 2, 1)),  # four dimensions with the chip's two cores
+        ("tpu7x:4x4x8", (1, 16, 4, 1, 4, 1)),
+        ("v5p:4x4x8", (2, 2, 16, 1, 2, 1)),
+        ("v5e:4x8", (1, 4, 2, 2, 2, 1)),
+        ("tpu7x:4x4x8", (1, 4, 4, 1, 2, 4)),  # an expert axis: its all-to-all group and the experts' weight group
+        ("v5p:4x4x8", (2, 2, 4, 1, 1, 8)),
     ],
 )
 def test_placements_follow_the_segment_rule_and_cover_every_tiling_order(name, sizes):
