@@ -27,11 +27,11 @@ def offloaded_bytes_per_layer(remat_cost_host, *, tokens_per_device, tensor, act
 # The TPU compiler ends its process (SIGABRT) compiling a copy between HBM and host memory of 2^32 bytes made
 # inside a loop, as a layer loop copies each layer's offloaded values: `llo_loop.cc:175 Check failed:
 # index_space_.start <= index_space_.limit (0 vs. -1)`, in EnqueueToHostIovaStridedDmaInGranulesRolledLoop.
-# Seen deviceless with libtpu 0.0.52 (v5p, tpu7x: Llama 3.1 8B shapes, 4 and 8 layers, and a 4 GiB value
-# offloaded in a scan of 2 or 4 layers; 8 GiB too) and 0.0.42.1 (v5p, v5e); copies of 3 GiB, 4 GiB - 512 KiB
-# and 5 GiB compiled, and one layer (no loop) compiled at 4 GiB. A trip count of zero at multiples of 2^32
-# bytes is what a 32-bit byte count gives, so larger copies (which compile) are not trusted either: every
-# copy of 2^32 bytes or more is refused.
+# Seen deviceless with libtpu 0.0.52: cpplan's 4- and 8-layer Llama 3.1 8B steps on v5p (and, as reported, on
+# tpu7x), and a 4 GiB value offloaded in a scan of 2 or 4 layers on v5p and tpu7x (8 GiB too); with 0.0.42.1 on
+# v5p and v5e (2 layers). Copies of 3 GiB, 4 GiB - 512 KiB and 5 GiB compiled, and one layer (no loop) compiled
+# at 4 GiB. A trip count of zero at multiples of 2^32 bytes is what a 32-bit byte count gives, so larger copies
+# (which compile) are not trusted either: every copy of 2^32 bytes or more is refused.
 # Evidence and commands: docs/compiler_aborts.md.
 HOST_COPY_LIMIT_BYTES = 2**32
 HOST_COPY_EVIDENCE = "docs/compiler_aborts.md"
