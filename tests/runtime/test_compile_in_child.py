@@ -4,6 +4,7 @@ answers as runtime/compile_child.py does, with no compiler: the pre-flight, `cpp
 validate-memory each take an abort as one failed candidate naming the plan and the check, and go on."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -129,3 +130,23 @@ def test_validate_memory_records_an_aborted_compile_per_plan(fake_compiler):
     report = validate_memory("tiny", ["4k"], ["v5p:2x2x1"])
     assert report.results and all(r.failure.endswith(CHECK_LINE) and r.compiled_bytes is None for r in report.results)
     assert report.summary()["compared"] == 0 and CHECK_LINE in report.markdown()
+
+
+def test_a_stop_asked_for_ends_the_child_and_returns_nothing(fake_compiler):
+    fake_compiler("fits")
+    assert compile_in_child(tiny_plans(1)[0], should_stop=lambda: True) is None
+
+
+def test_the_child_compiles_with_this_processs_flags_on_abstract_devices(monkeypatch):
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_user_flag=1")
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")  # a TPU VM's process: the child must leave the chips to it
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    plan = tiny_plans(1)[0]
+    env = runtime.compile.child_environment(plan)
+    assert env["JAX_PLATFORMS"] == "cpu" and env["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
+    assert env["LIBTPU_INIT_ARGS"].startswith("--xla_tpu_user_flag=1 ")  # the user's first, so they win
+    assert env["LIBTPU_INIT_ARGS"] == runtime.compile.merged_compiler_args(
+        "--xla_tpu_user_flag=1", "v5p", runtime.compile.scoped_vmem_flag(plan.scoped_vmem_limit_kib)
+    )
+    root = str(Path(runtime.compile.__file__).resolve().parents[1])
+    assert env["PYTHONPATH"] == f"{root}{os.pathsep}elsewhere"
