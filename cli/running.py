@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from cli.args import add_command, add_search_options, at_least, directory, model_of, plan_of, search_options, to_json
+from cli.args import add_command, add_search_options, at_least, directory, model_of, search_options, to_json
 from cli.devices import (
     check_data,
     import_runtime,
@@ -190,6 +190,7 @@ def attempt_dict(attempt) -> dict:
         "required_bytes": attempt.required_bytes,
         "available_bytes": attempt.available_bytes,
         "reason": attempt.reason,
+        "compiled": attempt.compiled,
     }
 
 
@@ -206,24 +207,39 @@ def profile_steps(text: str | None, steps: int) -> tuple[int, int] | None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    """Plans, compiles deviceless for the TPU slice, and prints memory against the prediction."""
+    """Plans, compiles the best plan deviceless for the TPU slice (in a child process: the next-ranked
+    plan where the compiler makes none of it, aborting or refusing), and prints memory against the
+    prediction."""
     if get_topology(args.topology).chip.kind is not ChipKind.TPU:
         raise CpplanError(
             f"cpplan compile compiles for TPU slices (deviceless, with libtpu); {args.topology} is not one: "
             f"`cpplan run --topology {args.topology}` runs a plan on a host's devices."
         )
     use_deviceless_tpu()
-    plan = plan_of(args)
-    import_runtime()
-    from jax.errors import JaxRuntimeError
-
+    search = api.run_search(model_of(args), args.seq_len, args.topology, **search_options(args))
+    if search.best is None:
+        raise CpplanError(Explanation(search).nothing_fits_text())
     from planner.estimate import estimate
-    from runtime.compile import compile_for
+    from runtime.compile import compile_in_child
+    from runtime.preflight import Attempt
 
-    try:
-        report = compile_for(plan)
-    except JaxRuntimeError as err:  # refused for another reason than HBM (e.g. a kernel over its VMEM)
-        print(f"cpplan: the XLA TPU compiler refused the plan: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+    plans = [r.plan for r in search.ranked[: args.max_fallbacks]]
+    notes = sys.stderr if args.json else sys.stdout
+    failed = []
+    for rank, plan in enumerate(plans, start=1):
+        report = compile_in_child(plan)
+        if not report.failure:
+            break
+        failed.append(Attempt(plan, rank, False, report.compile_s, None, report.available_bytes, report.failure, False))
+        after = f"; compiling plan #{rank + 1}" if rank < len(plans) else ""
+        print(f"  {failed[-1]}{after}", file=notes, flush=True)
+    else:
+        print(
+            f"cpplan: the TPU compiler made no program of the planner's first {len(plans)} plans (each failure "
+            f"above); allow more plans (--max-fallbacks), or plan another remat policy or strategy "
+            f"(--remat, --strategies).",
+            file=sys.stderr,
+        )
         return 1
     predicted = estimate(plan)
     if args.json:
@@ -232,12 +248,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
             to_json(
                 {
                     "plan": plan.to_dict(),
+                    "rank": rank,
+                    "failed": [attempt_dict(a) for a in failed],
                     "compiled": {**compiled, "required_bytes": report.required_bytes},
                     "predicted": predicted.to_dict(),
                 }
             )
         )
         return 0 if report.fits else 1
+    if failed:
+        print(f"plan #{rank} compiled in their place")
     print(plan_line(plan))
     print(f"compiled:  {report}")
     print(
@@ -320,3 +340,9 @@ def register(sub) -> None:
     p.add_argument("--process-id", type=at_least(0), help="this process's index (with --coordinator)")
     p = add_command(sub, "compile", cmd_compile, "plan, then compile deviceless for a TPU slice")
     add_search_options(p)
+    p.add_argument(
+        "--max-fallbacks",
+        type=at_least(1),
+        default=4,
+        help="plans to compile, best first, while the compiler makes no program of them (aborts or refuses)",
+    )

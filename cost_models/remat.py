@@ -291,6 +291,7 @@ class RematCost:
     recompute_mlp: np.ndarray  # fraction of the MLP matmuls' FLOPs recomputed
     recompute_attention: np.ndarray  # forward attention passes recomputed
     recompute_tensor_collectives: np.ndarray  # tensor-parallel gathers/scatters repeated
+    widest_offloaded_whole: np.ndarray  # of the values offloaded a layer at a time (not per MLP chunk), the widest
 
 
 def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offload_in_hbm: bool) -> tuple:
@@ -318,6 +319,13 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
     attention_side = [c.name for c in CHECKPOINTS if c.block is not Block.MLP]
     mlp_side = [c.name for c in CHECKPOINTS if c.block is Block.MLP]
     layer_input = held(layer_input_placement(policy, custom))
+    # each layer's copies to the host: the layer input and the attention side's values whole, the MLP's
+    # a token chunk at a time (`MLP_CHUNK_TOKENS`)
+    whole = [model.hidden * (layer_input is Placement.OFFLOAD)] + [
+        _BY_NAME[n].width(model)
+        for n in attention_side
+        if where[n] is Placement.OFFLOAD and is_read(_BY_NAME[n], model)
+    ]
     return (
         model.hidden * (layer_input is Placement.DEVICE) + width(CHECKPOINT_NAMES, Placement.DEVICE),
         model.hidden * (layer_input is Placement.OFFLOAD) + width(CHECKPOINT_NAMES, Placement.OFFLOAD),
@@ -330,6 +338,7 @@ def _row(model: ModelSpec, policy: RematPolicy, custom: CustomPlacements, offloa
         fraction(Block.MLP),
         float(ATTENTION_OUTPUT in again),
         gathers + scatters,
+        max(whole),
     )
 
 

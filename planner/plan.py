@@ -15,7 +15,13 @@ from cost_models.experts import expert_axis_problem
 from cost_models.masks import AttentionMask
 from cost_models.models import ModelSpec
 from cost_models.placement import axis_segments, positions_along
-from cost_models.pricing.offload import host_bytes_needed, host_capacity_bytes, state_bytes
+from cost_models.pricing.offload import (
+    host_bytes_needed,
+    host_capacity_bytes,
+    host_copy_bytes,
+    host_copy_violation,
+    state_bytes,
+)
 from cost_models.remat import CHECKPOINT_NAMES, custom_placements, offloaded_names, remat_label
 from cost_models.strategies import STRATEGIES, Shape, StrategySpec
 from cost_models.strategies.base import (
@@ -358,18 +364,14 @@ class Plan:
 
     def _check_host_memory(self) -> None:
         """The activations the remat policy offloads and the state kept on the host fit in the host memory
-        of a device."""
+        of a device, and the TPU compiler makes the layer loop's copies of them."""
         if not self.offloaded and not self.state_on_host:
             return
         topo = self.topology_spec
         tokens = self.global_batch * self.seq_len / (self.batch_shards * self.cp_degree)
+        tensor, act_bytes = self.axis_size("tensor"), DTYPE_BYTES[self.compute_dtype]
         activations = host_bytes_needed(
-            self.model,
-            self.remat,
-            self.remat_custom,
-            tokens_per_device=tokens,
-            tensor=self.axis_size("tensor"),
-            act_bytes=DTYPE_BYTES[self.compute_dtype],
+            self.model, self.remat, self.remat_custom, tokens_per_device=tokens, tensor=tensor, act_bytes=act_bytes
         )
         sizes = state_bytes(
             self.model,
@@ -387,6 +389,18 @@ class Plan:
                 f"{topo.chip.name} host has per device; offload less, or split the tokens and the state over "
                 f"more devices."
             )
+        copy = host_copy_bytes(
+            self.model,
+            self.remat,
+            self.remat_custom,
+            chip=topo.chip,
+            tokens_per_device=tokens,
+            tensor=tensor,
+            act_bytes=act_bytes,
+        )
+        violation = host_copy_violation(copy)
+        if violation:
+            raise CpplanError(f"remat {self.remat_label} {violation}.")
 
     @property
     def remat_label(self) -> str:

@@ -34,7 +34,12 @@ from cost_models.placement import digit_bounds, inner_sizes, span_segments, spli
 from cost_models.precision import fp8_refusal
 from cost_models.pricing import Priced, choose_rows, peak_bytes, price, priced_rows
 from cost_models.pricing.attention import price_attention
-from cost_models.pricing.offload import host_capacity_bytes
+from cost_models.pricing.offload import (
+    HOST_COPY_LIMIT_BYTES,
+    host_capacity_bytes,
+    host_copy_violation,
+    largest_host_copy_bytes,
+)
 from cost_models.pricing.step import price_shapes, shape_runs
 from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.remat import SEARCHED_CUSTOM, remat_code
@@ -957,8 +962,14 @@ class SearchSpace:
 
     def _host_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its offloaded activations fit the host memory of a
-        device (`Plan.check` asks the same of one plan)."""
-        return p.priced.host_bytes <= host_capacity_bytes(self.topology)
+        device (`Plan.check` asks the same of one plan), and the TPU compiler makes its copies to the host."""
+        return (p.priced.host_bytes <= host_capacity_bytes(self.topology)) & self._copies_ok(p.rows.x)
+
+    @staticmethod
+    def _copies_ok(x) -> np.ndarray:
+        """Per candidate: whether the TPU compiler makes its layer loop's copies to the host
+        (`cost_models.pricing.offload.HOST_COPY_LIMIT_BYTES`)."""
+        return largest_host_copy_bytes(x) < HOST_COPY_LIMIT_BYTES
 
     def fits(self, shards: int, per_shard: int, *, surely: bool = False) -> bool:
         """Whether some candidate with `shards` batch shards fits `per_shard` sequences in each; `surely`:
@@ -981,8 +992,10 @@ class SearchSpace:
             runs, which = shape_runs(dataclasses.replace(group.x, case=case))
             s = price_shapes(runs if ways == 1 else both_backwards(runs), self.target)
             shape = (ways * len(runs.ring),)
-            fit = (np.broadcast_to(peak_bytes(s.memory), shape) <= cap) & (
-                np.broadcast_to(s.host_bytes, shape) <= host_cap
+            fit = (
+                (np.broadcast_to(peak_bytes(s.memory), shape) <= cap)
+                & (np.broadcast_to(s.host_bytes, shape) <= host_cap)
+                & np.tile(np.broadcast_to(self._copies_ok(runs), (len(runs.ring),)), ways)
             )
             first = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])  # each run's first row
             fit = fit.reshape(ways, -1) & self._block_fits[group.positions[first]]
@@ -1043,7 +1056,9 @@ class SearchSpace:
             starts = np.flatnonzero(np.r_[True, candidate[order][1:] != candidate[order][:-1]])
             chosen = np.sort(order[starts])  # in row order, as the candidates first appear
             host = np.broadcast_to(priced.host_bytes, mem.shape)
-            fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap) & (host[chosen] <= host_cap)
+            copy = np.broadcast_to(largest_host_copy_bytes(p.rows.x), mem.shape)
+            copies_ok = copy < HOST_COPY_LIMIT_BYTES
+            fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap) & (host[chosen] <= host_cap) & copies_ok[chosen]
             steps, mems = priced.step_time_s.tolist(), mem.tolist()
             parts_of = {name: np.broadcast_to(v, mem.shape) for name, v in priced.memory.items()}
             strategy_least = None
@@ -1073,6 +1088,18 @@ class SearchSpace:
                                 remat_custom,
                             )
                         )
+                    elif not copies_ok[i]:
+                        rejections.append(
+                            Rejection(
+                                mesh,
+                                p.strategy,
+                                v.load_balance,
+                                remat,
+                                "compiler",
+                                host_copy_violation(float(copy[i])),
+                                remat_custom,
+                            )
+                        )
                     else:
                         parts = {name: float(v[i]) for name, v in parts_of.items()}
                         top = max(parts, key=parts.get)
@@ -1088,8 +1115,13 @@ class SearchSpace:
                                 remat_custom,
                             )
                         )
-                    # the least HBM of the plans that exist: one over its host's memory is refused outright
-                    if host[i] <= host_cap and (strategy_least is None or mems[i] < mems[strategy_least]):
+                    # the least HBM of the plans that exist: one over its host's memory, or whose host copies
+                    # the compiler cannot make, is refused outright
+                    if (
+                        host[i] <= host_cap
+                        and copies_ok[i]
+                        and (strategy_least is None or mems[i] < mems[strategy_least])
+                    ):
                         strategy_least = i
                     continue
                 feasible.append(

@@ -2,15 +2,24 @@
 
 Nothing is allocated; `memory_analysis()` gives per-device bytes, and a `CompileTimeHbmOom` becomes a
 report with `fits=False` and the compiler's figures. `compile_step` also keeps the scheduled HLO.
+`compile_in_child` runs `compile_for` in a child process, since libtpu ends the whole process when one
+of its checks fails (SIGABRT): the caller gets a report naming the plan and the failed check, and goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from cost_models.chips import ChipKind
 from cost_models.compute import scoped_vmem_flag
@@ -109,19 +118,23 @@ class CompileReport(CompiledMemory):
     compile_s: float  # lowering plus compiling
     available_bytes: int  # the compiler's figure when the step does not fit, else the chip row's
     oom_required_bytes: int | None = None  # the out-of-memory error's figure (temporaries or total)
-    message: str = ""  # the compiler's error when the step does not fit
+    message: str = ""  # the compiler's error when the step does not fit or no program came out
+    failure: str = ""  # why the compiler made no program (an abort, a refusal); "" when it made one or ran out of HBM
 
     @property
-    def required_bytes(self) -> int:
-        """HBM the step needs per device: `hbm_bytes_per_device`, or the compiler's out-of-memory figure."""
+    def required_bytes(self) -> int | None:
+        """HBM the step needs per device: `hbm_bytes_per_device`, or the compiler's out-of-memory figure
+        (None when the compiler made no program and gave no figure: see `failure`)."""
         return self.hbm_bytes_per_device if self.fits else self.oom_required_bytes
 
     @property
-    def required_gib(self) -> float:
-        return self.required_bytes / GiB
+    def required_gib(self) -> float | None:
+        return None if self.required_bytes is None else self.required_bytes / GiB
 
     def __str__(self) -> str:
         head = f"{self.plan.topology} {self.plan.strategy_label} seq {self.plan.seq_len}"
+        if self.failure:
+            return f"{head}: no program: {self.failure}"
         if not self.fits:
             return (
                 f"{head}: does not fit: needs {self.required_bytes / GiB:.1f} GiB > "
@@ -158,6 +171,13 @@ def parse_hbm_oom(message: str) -> tuple[int, int] | None:
     return _bytes(*need.groups()), _bytes(*have.groups())
 
 
+def _check_tpu(plan: Plan) -> None:
+    if plan.topology_spec.chip.kind is not ChipKind.TPU:
+        raise CpplanError(
+            f"compile_for compiles for TPU slices; {plan.topology} is not one. Use runtime.run for cpu:N plans."
+        )
+
+
 def tpu_devices(plan: Plan):
     """Abstract TPU devices of the plan's slice (of each of its slices).
 
@@ -165,10 +185,7 @@ def tpu_devices(plan: Plan):
         CpplanError: the plan is not for a TPU, or libtpu is missing.
     """
     topo = plan.topology_spec
-    if topo.chip.kind is not ChipKind.TPU:
-        raise CpplanError(
-            f"compile_for compiles for TPU slices; {plan.topology} is not one. Use runtime.run for cpu:N plans."
-        )
+    _check_tpu(plan)
     # abstract devices use no TPU: let several processes (e.g. parallel test runs) load libtpu at once
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     # the chip's flags and the scoped VMEM the plan's splash blocks need (a loaded libtpu keeps its own)
@@ -225,13 +242,14 @@ def _dumped_module(*, since: float) -> str | None:
         return f.read()
 
 
-def lowered_step(plan: Plan):
-    """The plan's training step lowered for its slice's abstract TPU devices, ready to compile."""
+def lowered_step(plan: Plan, *, packed: bool = False):
+    """The plan's training step lowered for its slice's abstract TPU devices, ready to compile
+    (`packed`: with segment ids, as a run over packed documents compiles it)."""
     from runtime.mesh import build_mesh
     from runtime.train import Trainer
 
     trainer = Trainer(plan, build_mesh(plan, tpu_devices(plan)))
-    return trainer.train_step.lower(*trainer.abstract_state())
+    return trainer.train_step.lower(*trainer.abstract_state(packed=packed))
 
 
 def compile_step(plan: Plan) -> CompiledStep:
@@ -276,20 +294,22 @@ def compile_step(plan: Plan) -> CompiledStep:
     )
 
 
-def compile_for(plan: Plan, *, compiler_options: dict | None = None) -> CompileReport:
-    """Compiles the plan's full training step for its TPU topology, deviceless; HBM overflow gives a
-    `CompileReport` with `fits=False`, not an exception. `compiler_options`: XLA debug options for this
-    compile alone (e.g. `xla_dump_to`).
+def compile_for(plan: Plan, *, packed: bool = False, compiler_options: dict | None = None) -> CompileReport:
+    """Compiles the plan's full training step for its TPU topology, deviceless, in this process; HBM
+    overflow gives a `CompileReport` with `fits=False`, not an exception. `packed`: the step with segment
+    ids; `compiler_options`: XLA debug options for this compile alone (e.g. `xla_dump_to`). A compiler that
+    aborts ends this process: `compile_in_child` survives it.
 
     Raises:
         CpplanError: the plan cannot run as laid out, the topology is not a TPU, or libtpu is missing.
+        jax.errors.JaxRuntimeError: the compiler refused the step for another reason than HBM.
     """
     import jax
 
     available = plan.topology_spec.hbm_bytes_per_device
     start = time.perf_counter()
     try:
-        compiled = lowered_step(plan).compile(compiler_options=compiler_options)
+        compiled = lowered_step(plan, packed=packed).compile(compiler_options=compiler_options)
     except jax.errors.JaxRuntimeError as err:
         parsed = parse_hbm_oom(str(err))
         if parsed is None:
@@ -310,4 +330,147 @@ def compile_for(plan: Plan, *, compiler_options: dict | None = None) -> CompileR
         compile_s=elapsed,
         available_bytes=available,
         **dataclasses.asdict(CompiledMemory.of(compiled)),
+    )
+
+
+# -- a compile in a child process ------------------------------------------------------------------
+# The command `compile_in_child` runs, REQUEST and RESULT paths appended (runtime/compile_child.py).
+CHILD_COMMAND = (sys.executable, "-m", "runtime.compile_child")
+_STOP_POLL_S = 0.5  # how often a child compile that may be stopped asks `should_stop`
+_LOG_TAIL_LINES = 40  # of the child's output, kept in a report's message when no program came out
+# a failed check as glog writes it: `F1206 11:32:34.123456  4242 llo_loop.cc:175] Check failed: ...`
+_FAILED_CHECK = re.compile(r"(?:([\w./+-]+:\d+)\]\s*)?(Check failed:.*)")
+_FATAL_LOG = re.compile(r"^F\d{4} [\d:.]+\s+\d+\s+([\w./+-]+:\d+)\]\s*(.+)")
+
+
+def compiler_abort_line(log: str) -> str | None:
+    """The compiler's reason for ending its process, from what the process wrote: its first failed
+    check (`llo_loop.cc:175 Check failed: ...`), else its first fatal log line (`F...] message`), else None."""
+    lines = log.splitlines()
+    for line in lines:
+        match = _FAILED_CHECK.search(line)
+        if match:
+            return " ".join(part for part in (match[1], match[2].strip()) if part)
+    for line in lines:
+        match = _FATAL_LOG.match(line.strip())
+        if match:
+            return f"{match[1]} {match[2].strip()}"
+    return None
+
+
+def child_environment(plan: Plan, env: dict | None = None) -> dict:
+    """The environment of a child compile of `plan`: `env` (default this process's) with the TPU compiler
+    flags `compile_for` would add here (the user's LIBTPU_INIT_ARGS first, so they win), abstract devices
+    only (JAX_PLATFORMS=cpu: a TPU this process holds stays its; libtpu loaded beside it), and this
+    checkout first on the module path."""
+    chip = plan.topology_spec.chip.name
+    env = with_compiler_flags(
+        dict(os.environ if env is None else env), chip, scoped_vmem_flag(plan.scoped_vmem_limit_kib)
+    )
+    env["JAX_PLATFORMS"] = "cpu"
+    env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def compile_in_child(
+    plan: Plan,
+    *,
+    packed: bool = False,
+    compiler_options: dict | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> CompileReport | None:
+    """`compile_for(plan)` run in a child process (`CHILD_COMMAND`, jax imported afresh there, with
+    `child_environment`), so that a compiler that ends its process ends the child alone. The one way
+    cpplan compiles a plan that may abort: `cpplan compile`, `run`'s pre-flight and `validate-memory`.
+
+    Args:
+        plan: a TPU plan; packed / compiler_options: as `compile_for` takes them.
+        should_stop: asked while the child compiles; once true the child is ended and None returned.
+    Returns:
+        The child's `CompileReport` (the compiler's figures, or `fits=False` and its out-of-memory
+        figures); where no program came out, a report with `fits=False` and `failure` saying why: the
+        signal that ended the child and the compiler's failed check, read from the child's output
+        (`compiler_abort_line`), or the compiler's refusal, or how the child ended. None when stopped.
+    Raises:
+        CpplanError: the plan is not for a TPU, or the child says the plan cannot run as laid out or
+            that jax or libtpu is missing.
+    """
+    _check_tpu(plan)
+    with tempfile.TemporaryDirectory(prefix="cpplan-compile-") as tmp:
+        request, result, log = (Path(tmp) / name for name in ("request.json", "result.json", "child.log"))
+        options = compiler_options or {}
+        request.write_text(json.dumps({"plan": plan.to_dict(), "packed": packed, "compiler_options": options}))
+        start = time.perf_counter()
+        with open(log, "wb") as output:
+            child = subprocess.Popen(
+                [*CHILD_COMMAND, str(request), str(result)],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=child_environment(plan),
+            )
+        try:
+            stopped = _wait_for(child, should_stop)
+        finally:
+            if child.poll() is None:  # stopped, or this process interrupted (KeyboardInterrupt)
+                child.kill()
+                child.wait()
+        if stopped:
+            return None
+        elapsed = time.perf_counter() - start
+        output_text = log.read_text(errors="replace")
+        answer = json.loads(result.read_text()) if result.exists() else None
+    return _child_report(plan, child.returncode, answer, output_text, elapsed)
+
+
+def _wait_for(child: subprocess.Popen, should_stop: Callable[[], bool] | None) -> bool:
+    """Waits for `child` to end; True when `should_stop` said to stop first (or as it ended)."""
+    if should_stop is None:
+        child.wait()
+        return False
+    while True:
+        try:
+            child.wait(timeout=_STOP_POLL_S)
+        except subprocess.TimeoutExpired:
+            if should_stop():
+                return True
+            continue
+        return should_stop()  # a Ctrl-C reaches the child too: it is the stop, not the plan's failure
+
+
+def _child_report(plan: Plan, returncode: int, answer: dict | None, output: str, elapsed: float) -> CompileReport:
+    """What a child compile came to, as a `CompileReport`."""
+    tail = "\n".join(output.strip().splitlines()[-_LOG_TAIL_LINES:])
+    if answer is not None and answer["outcome"] == "compiled":
+        return CompileReport(plan=plan, **answer["report"])
+    if answer is not None and answer["outcome"] == "error":  # the plan, or this install, not the compiler
+        raise CpplanError(answer["message"])
+    if answer is not None:  # "refused": the compiler said no for another reason than HBM
+        first = answer["message"].strip().splitlines()[0] if answer["message"].strip() else "(no message)"
+        failure = f"the TPU compiler refused it: {first[:300]}"
+        message = answer["message"]
+    elif returncode < 0:
+        name = signal.Signals(-returncode).name
+        line = compiler_abort_line(output)
+        if line is not None:
+            failure = f"the TPU compiler ended its process ({name}): {line}"
+        elif -returncode == signal.SIGKILL:
+            failure = "the compile process was killed (SIGKILL), e.g. by the host's out-of-memory killer"
+        else:
+            failure = f"the compile process was ended by {name} with no failed check in its output"
+        message = tail
+    else:
+        last = tail.splitlines()[-1] if tail else "no output"
+        failure = f"the compile process exited with status {returncode} and no result: {last}"
+        message = tail
+    return CompileReport(
+        plan=plan,
+        fits=False,
+        compile_s=elapsed,
+        available_bytes=plan.topology_spec.hbm_bytes_per_device,
+        message=message,
+        failure=failure,
     )

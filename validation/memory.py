@@ -37,12 +37,11 @@ def validate_memory(
         layers: decoder layers compiled (and predicted).
         per_strategy: how many plans of each strategy, best first.
     Returns:
-        A `MemoryReport`; a plan the compiler refuses for a reason other than HBM (e.g. a kernel
-        over its VMEM) is kept as a failure with the compiler's first line.
+        A `MemoryReport`; a plan of which the compiler makes no program (it refuses it for another
+        reason than HBM, e.g. a kernel over its VMEM, or ends its process on a failed check: each plan
+        compiles in a child process) is kept as a failure saying so, with the compiler's line.
     """
-    from jax.errors import JaxRuntimeError
-
-    from runtime.compile import compile_for
+    from runtime.compile import compile_in_child
 
     spec = get_model(model)
     reduced = dataclasses.replace(spec, name=f"{spec.name}-{layers}l", num_layers=layers)
@@ -60,13 +59,12 @@ def validate_memory(
     for plan in progress:
         progress.set_postfix_str(f"{plan.topology} {plan.cp_strategy.value} seq {plan.seq_len}")
         try:
-            compiled = compile_for(plan)
+            compiled = compile_in_child(plan)
         except CpplanError as err:
             report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=str(err)))
             continue
-        except JaxRuntimeError as err:  # the compiler refused it for another reason than HBM: keep going
-            reason = str(err).strip().splitlines()[0][:300]
-            report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=f"compiler: {reason}"))
+        if compiled.failure:  # no program: keep going
+            report.results.append(MemoryResult(plan, estimate(plan), None, False, failure=compiled.failure))
             continue
         report.results.append(
             MemoryResult(

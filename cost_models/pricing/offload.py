@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.chips import Chip, ChipKind
 from cost_models.models import ModelSpec
 from cost_models.remat import CustomPlacements, remat_code, remat_table
 from cost_models.topology import Topology
@@ -21,6 +22,64 @@ def offloaded_bytes_per_layer(remat_cost_host, *, tokens_per_device, tensor, act
     split, every checkpoint being split over tensor) for the device's tokens, in the activation
     dtype. Arrays or floats."""
     return tokens_per_device * remat_cost_host / tensor * act_bytes
+
+
+# The TPU compiler ends its process (SIGABRT) compiling a copy between HBM and host memory of 2^32 bytes made
+# inside a loop, as a layer loop copies each layer's offloaded values: `llo_loop.cc:175 Check failed:
+# index_space_.start <= index_space_.limit (0 vs. -1)`, in EnqueueToHostIovaStridedDmaInGranulesRolledLoop.
+# Seen deviceless with libtpu 0.0.52: cpplan's 4- and 8-layer Llama 3.1 8B steps on v5p (and, as reported, on
+# tpu7x), and a 4 GiB value offloaded in a scan of 2 or 4 layers on v5p and tpu7x (8 GiB too); with 0.0.42.1 on
+# v5p and v5e (2 layers). Copies of 3 GiB, 4 GiB - 512 KiB and 5 GiB compiled, and one layer (no loop) compiled
+# at 4 GiB. A trip count of zero at multiples of 2^32 bytes is what a 32-bit byte count gives, so larger copies
+# (which compile) are not trusted either: every copy of 2^32 bytes or more is refused.
+# Evidence and commands: docs/compiler_aborts.md.
+HOST_COPY_LIMIT_BYTES = 2**32
+HOST_COPY_EVIDENCE = "docs/compiler_aborts.md"
+
+
+def largest_host_copy_bytes(x: Candidates) -> np.ndarray:
+    """Per candidate, the largest single copy to the host a step's layer loop makes on one device: its
+    widest value offloaded a layer at a time, for the device's tokens; 0 on a host's devices and for a
+    step of one layer (no loop). A 2-layer step counts: the small program aborts at 2 layers, though the
+    compiler leaves cpplan's 2-layer offloading steps without a layer loop (`flat_offload_program`)."""
+    if x.topology.chip.kind is not ChipKind.TPU or x.model.num_layers == 1:
+        return np.zeros(np.shape(x.tensor))
+    width = x.remat_columns.widest_offloaded_whole
+    return offloaded_bytes_per_layer(
+        width, tokens_per_device=x.tokens_per_device, tensor=x.tensor, act_bytes=x.act_bytes
+    )
+
+
+def host_copy_bytes(
+    model: ModelSpec,
+    policy: RematPolicy,
+    custom: CustomPlacements,
+    *,
+    chip: Chip,
+    tokens_per_device: float,
+    tensor: int,
+    act_bytes: int,
+) -> float:
+    """One plan's `largest_host_copy_bytes`: its layer loop's largest single copy to the host per device."""
+    if chip.kind is not ChipKind.TPU or model.num_layers == 1:
+        return 0.0
+    width = remat_table(model, custom).widest_offloaded_whole[remat_code(policy)]
+    return float(
+        offloaded_bytes_per_layer(width, tokens_per_device=tokens_per_device, tensor=tensor, act_bytes=act_bytes)
+    )
+
+
+def host_copy_violation(copy_bytes: float) -> str | None:
+    """The sentence that refuses a plan whose layer loop copies `copy_bytes` to the host at once per device
+    (None where the TPU compiler makes such copies)."""
+    if copy_bytes < HOST_COPY_LIMIT_BYTES:
+        return None
+    return (
+        f"offloads {copy_bytes / 2**30:.2f} GiB per device in one host copy per layer, not under the "
+        f"{HOST_COPY_LIMIT_BYTES / 2**30:.0f} GiB (2^32 bytes) at which the TPU compiler aborts inside a layer loop "
+        f"(libtpu 0.0.42-0.0.52: llo_loop.cc:175 Check failed; {HOST_COPY_EVIDENCE}); more devices, fewer "
+        f"sequences per step or less offloaded take it under"
+    )
 
 
 def host_capacity_bytes(topology: Topology) -> float:
