@@ -8,6 +8,9 @@
 #                   SEQ_LENS: the best plans of PLANS (default 3) remat policies, each also with VALIDATE_FLAGS' variants
 #                   (default: the other attention backward, fused or separate, where it fits)
 #   validate-h256   the same for the heads-of-256 model (benchmarks/tpu_v5e/llama-4l-h256.json)
+#   validate-moe    the same for a mixture of experts (benchmarks/tpu_v5e/mixtral-4l-e8.json: 8 experts, top 2)
+#   grouped         benchmarks/tpu_grouped_matmul.py: grouped matmuls (ragged_dot, megablox's gmm) against
+#                   the v5e row's grouped-matmul model
 #   run             `cpplan run` of 50 steps with checkpoints, and the same stopped at step 30 and
 #                   resumed: prints whether the losses are equal
 #   all             every stage
@@ -33,6 +36,7 @@ mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 TOPOLOGY="${TOPOLOGY:-v5e:1x1}"
 H128="${H128:-benchmarks/tpu_v5e/llama-4l-h128.json}"
 H256="${H256:-benchmarks/tpu_v5e/llama-4l-h256.json}"
+MOE="${MOE:-benchmarks/tpu_v5e/mixtral-4l-e8.json}"
 SEQ_LENS="${SEQ_LENS:-4k,8k,16k,32k,64k,128k}"
 VALIDATE_FLAGS="${VALIDATE_FLAGS:---both-backwards}"
 STAGE_SECONDS="${STAGE_SECONDS:-420}"
@@ -99,6 +103,9 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
     calibrate) calibrate ;;
     validate-h128) validate_one h128 "$H128" ;;
     validate-h256) validate_one h256 "$H256" ;;
+    validate-moe) validate_one moe "$MOE" ;;
+    grouped) mkdir -p "$OUT/grouped" && bounded python3 benchmarks/tpu_grouped_matmul.py --chip v5e \
+      --out "$OUT/grouped/grouped_matmul.jsonl" 2>&1 | tee "$OUT/grouped/grouped_matmul.txt" ;;
     run) run_resume ;;
     *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
   esac

@@ -51,6 +51,7 @@ class ModelKind(str, Enum):
     GLOBAL_HEADS = "global layers of their own head shape"
     SHARED_KV = "keys and values of one projection"
     INTERLEAVED_EXPERTS = "expert layers between dense ones"
+    QKV_BIAS = "biases on q, k and v"
 
 
 def model_kinds(model: ModelSpec) -> tuple[ModelKind, ...]:
@@ -63,6 +64,7 @@ def model_kinds(model: ModelSpec) -> tuple[ModelKind, ...]:
         ModelKind.GLOBAL_HEADS: model.global_attention is not None,
         ModelKind.SHARED_KV: model.shared_kv,
         ModelKind.INTERLEAVED_EXPERTS: model.experts is not None and model.experts.every > 1,
+        ModelKind.QKV_BIAS: model.qkv_bias,
     }
     return tuple(kind for kind in ModelKind if present[kind])
 
@@ -143,6 +145,9 @@ class TargetTraits:
             load-balanced all-gather layer moves outside the kernels laying the gathered K/V out in natural
             order (each forward, a recomputed one too) and their gradients back (the backward); None: not
             read from a compile (docs/measurements.md#all-gather-kv-reorder).
+        expert_parallelism: runs the `expert` axis as expert parallelism (tokens sent to their experts'
+            devices: MaxText); otherwise the axis is not searched (cpplan's runtime runs every expert on every
+            device over its own tokens).
         model_kinds: the mechanisms beyond a dense grouped-query decoder (`ModelKind`) it runs; a model
             holding any other is refused (`model_refusal`). None: every kind (MaxText).
     """
@@ -176,6 +181,7 @@ class TargetTraits:
     fused_backward_in_key_chunks: bool = False
     zigzag_kv_reorder_passes: tuple[float, float] | None = None
     model_kinds: frozenset[ModelKind] | None = None
+    expert_parallelism: bool = False
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -230,6 +236,7 @@ TRAITS: dict[Target, TargetTraits] = {
         mlp_chunk_tokens=None,
         tokamax_splash_prunes_documents=True,
         zigzag_kv_reorder_passes=MAXTEXT_ZIGZAG_KV_REORDER_PASSES,
+        expert_parallelism=True,
     ),
 }
 

@@ -655,7 +655,13 @@ class SearchSpace:
         Raises:
             CpplanError: the fixed mesh axes do not cover the topology's devices.
         """
-        experts = expert_axis_sizes(model)
+        experts = expert_axis_sizes(model) if target.traits.expert_parallelism else (1,)
+        fixed_expert = dict(options.mesh).get("expert", 1)
+        if fixed_expert > 1 and not target.traits.expert_parallelism:
+            raise CpplanError(
+                f"mesh expert={fixed_expert}: cpplan's runtime runs every expert on every device over its own "
+                f"tokens, with no expert parallelism; plan it for MaxText (`--target maxtext`), or leave expert out."
+            )
         problem = options.mesh_problem(topo, implied={"expert": 1} if len(experts) == 1 else None)
         if problem:
             raise CpplanError(problem)

@@ -69,6 +69,7 @@ FIGURES = GROUPED_MATMUL_FIELDS[:5]
 START = (0.7, 200.0, 1e-6, 0.6, 300.0)
 LOWER, UPPER = (1e-3, 0.0, 0.0, 1e-3, 0.0), (1.0, 8192.0, 1e-4, 1.0, 8192.0)
 SCALE = np.array([1.0, 100.0, 1e-6, 1.0, 100.0])  # parameters near 1 for the solver
+TIED_BELOW = 4  # weight-gradient calls under which their rows per group are tied to the forward's
 FP8_FIGURE = GROUPED_MATMUL_FIELDS[5]
 UNALIGNED_FIGURE = "grouped_matmul_unaligned_slowdown"  # the median measured/model ratio of the calls left out
 assert UNALIGNED_FIGURE in GROUPED_MATMUL_FIELDS
@@ -176,16 +177,26 @@ def model_seconds(chip: Chip, t: GroupedTiming) -> float:
 
 def fit(chip: Chip, timings: list[GroupedTiming]) -> tuple[tuple[float, ...], np.ndarray]:
     """The figures that best explain `timings` (relative error, least squares) and each call's
-    relative error. Timings without weight gradients leave the weight-gradient figures at their start."""
+    relative error. Timings without weight gradients leave the weight-gradient figures at their start;
+    with fewer than `TIED_BELOW` weight gradients their rows per group are the forward's (two figures from
+    two calls have no unique best: scipy releases part on them), their efficiency alone fitted."""
+    tied = sum(t.form == "weight_grad" for t in timings) < TIED_BELOW
+    free = [i for i in range(len(FIGURES)) if not (tied and FIGURES[i] == "grouped_matmul_weight_grad_group_rows")]
 
-    def residuals(p):
-        trial = with_figures(chip, p * SCALE)
+    def figures(q):
+        p = np.array(START) / SCALE
+        p[free] = q
+        if tied:
+            p[FIGURES.index("grouped_matmul_weight_grad_group_rows")] = p[FIGURES.index("grouped_matmul_group_rows")]
+        return p * SCALE
+
+    def residuals(q):
+        trial = with_figures(chip, figures(q))
         return np.array([model_seconds(trial, t) / t.seconds - 1 for t in timings])
 
-    solution = least_squares(
-        residuals, np.array(START) / SCALE, bounds=(np.array(LOWER) / SCALE, np.array(UPPER) / SCALE)
-    )
-    return tuple(float(v) for v in solution.x * SCALE), solution.fun
+    start, lower, upper = (np.array(v)[free] / SCALE[free] for v in (START, LOWER, UPPER))
+    solution = least_squares(residuals, start, bounds=(lower, upper))
+    return tuple(float(v) for v in figures(solution.x)), solution.fun
 
 
 def fit_fp8(chip: Chip, timings: list[GroupedTiming]) -> tuple[float, np.ndarray]:

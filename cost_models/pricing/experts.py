@@ -122,12 +122,13 @@ def grouped_matmul_efficiency(x: Candidates) -> np.ndarray:
     return flops / (3 * grouped_seconds(x) * x.topology.peak_flops_per_device)
 
 
-def grouped_seconds(x: Candidates) -> np.ndarray:
+def grouped_seconds(x: Candidates, mlp_chunk_tokens: int | None = None) -> np.ndarray:
     """A third of the seconds of one layer's routed-expert grouped matmuls, forward and backward (each input
     projection and the output projection; the backward's input gradient as a forward, its weight gradient
     with the row's own figures), per device: the chip row's measured model of a grouped matmul
     (`Chip.grouped_matmul_seconds`), each device running its E/e experts (`local_experts`) over the routed
-    copies it holds (`dispatched_rows`)."""
+    copies it holds (`dispatched_rows`); where the runtime runs the MLP a chunk of `mlp_chunk_tokens` tokens
+    at a time (cpplan's), one call per chunk over that chunk's copies."""
     chip, m, e = x.topology.chip, x.model, x.model.experts
     fp8 = x.quantization is Quantization.FP8_FULL
 
@@ -143,24 +144,30 @@ def grouped_seconds(x: Candidates) -> np.ndarray:
             / 3
         )
 
+    rows = dispatched_rows(x)
+    calls = np.ones_like(rows)
+    if mlp_chunk_tokens:
+        calls = np.ceil(np.asarray(x.tokens_per_device, dtype=float) / mlp_chunk_tokens)
+        rows = rows / calls
     rows, tensor, groups = np.broadcast_arrays(
-        dispatched_rows(x), np.asarray(x.tensor, dtype=float), np.asarray(local_experts(x), dtype=float)
+        rows, np.asarray(x.tensor, dtype=float), np.asarray(local_experts(x), dtype=float)
     )
     triples, where = np.unique(
         np.stack([rows.ravel(), tensor.ravel(), groups.ravel()], axis=1), axis=0, return_inverse=True
     )
     seconds = np.array([one(r, s, g) for r, s, g in triples])
-    return seconds[np.ravel(where)].reshape(rows.shape)
+    return calls * seconds[np.ravel(where)].reshape(rows.shape)
 
 
-def price_experts(x: Candidates) -> ExpertTimes:
-    """Prices one mixture-of-experts layer's MLP for every candidate (the model must have experts)."""
+def price_experts(x: Candidates, mlp_chunk_tokens: int | None = None) -> ExpertTimes:
+    """Prices one mixture-of-experts layer's MLP for every candidate (the model must have experts), its grouped
+    matmuls a call per MLP chunk where the runtime chunks it (`grouped_seconds`)."""
     m, tensor = x.model, x.tensor
     e = m.experts
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     tile, achievable = x.topology.chip.mxu_tile, x.achievable_matmul_flops
     router_s = 2.0 * tokens * m.hidden * e.count / (achievable * tile_efficiency(e.count, tile))
-    grouped_s = grouped_seconds(x)
+    grouped_s = grouped_seconds(x, mlp_chunk_tokens)
     shared_s = 0.0 * tokens
     if e.shared:  # a dense MLP of the shared experts' widths together, its columns split over tensor
         width = e.shared * e.shared_width / tensor

@@ -32,9 +32,9 @@ class MatmulTimes:
         return self.forward_s + self.backward_s - 3 * (self.projections_s + self.mlp_s)
 
 
-def price_matmuls(x: Candidates) -> MatmulTimes:
+def price_matmuls(x: Candidates, *, mlp_chunk_tokens: int | None = None) -> MatmulTimes:
     """Prices one decoder layer's matmuls for every candidate (a mixture of experts' MLP averaged with a
-    dense lead's over the layers)."""
+    dense lead's over the layers; its grouped matmuls a call per MLP chunk of the target's, `mlp_chunk_tokens`)."""
     model, chip = x.model, x.topology.chip
     tile, tensor = chip.mxu_tile, x.tensor
     flops = mean_layer_forward_flops(model, x.seq_len, x.tokens_per_device)
@@ -43,7 +43,7 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     out_padding = tile_efficiency(model.num_heads * model.head_dim / tensor, tile) * tile_efficiency(model.hidden, tile)
     mlp_padding = tile_efficiency(model.hidden, tile) * tile_efficiency(model.intermediate / tensor, tile)
     projections_s = (flops.qkv / qkv_padding + flops.out_proj / out_padding) / tensor / x.achievable_matmul_flops
-    mlp_s = mlp_seconds(x, mlp_padding)
+    mlp_s = mlp_seconds(x, mlp_padding, mlp_chunk_tokens)
 
     hbm_bw = x.topology.hbm_bw_per_device
     # the layer's weights as a device gathers them: of the routed experts, only the E/e it holds
@@ -69,7 +69,7 @@ def price_matmuls(x: Candidates) -> MatmulTimes:
     )
 
 
-def mlp_seconds(x: Candidates, dense_padding) -> np.ndarray:
+def mlp_seconds(x: Candidates, dense_padding, mlp_chunk_tokens: int | None = None) -> np.ndarray:
     """Forward seconds of one layer's MLP, averaged over the layers: the dense MLP's matmuls on the MXU with
     its tile padding, a mixture of experts' routing, grouped matmuls and permutes (`price_experts`)."""
     model = x.model
@@ -77,4 +77,4 @@ def mlp_seconds(x: Candidates, dense_padding) -> np.ndarray:
     if not model.experts:
         return dense_s
     share = model.moe_layers / model.num_layers
-    return (1 - share) * dense_s + share * price_experts(x).total_s
+    return (1 - share) * dense_s + share * price_experts(x, mlp_chunk_tokens).total_s

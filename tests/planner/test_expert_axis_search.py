@@ -25,19 +25,24 @@ def expert_sizes(result) -> set[int]:
 
 
 def test_the_search_offers_expert_only_to_a_model_with_experts():
-    assert expert_sizes(run_search(DENSE, 2048, "v5p:2x2x2", global_batch=16)) == {1}
-    # 8 devices: every divisor of 8 experts
-    assert expert_sizes(run_search(MOE, 2048, "v5p:2x2x2", global_batch=16)) == {1, 2, 4, 8}
+    assert expert_sizes(run_search(DENSE, 2048, "v5p:2x2x2", global_batch=16, target="maxtext")) == {1}
+    # 8 devices: every divisor of 8 experts, on MaxText, which runs the axis as expert parallelism
+    assert expert_sizes(run_search(MOE, 2048, "v5p:2x2x2", global_batch=16, target="maxtext")) == {1, 2, 4, 8}
+    # cpplan's runtime runs every expert on every device: the axis stays one device, and fixing it is refused
+    assert expert_sizes(run_search(MOE, 2048, "v5p:2x2x2", global_batch=16)) == {1}
+    with pytest.raises(CpplanError, match="mesh expert=4: cpplan's runtime runs every expert on every device"):
+        run_search(MOE, 2048, "v5p:2x2x2", global_batch=16, mesh={"expert": 4})
 
 
 def test_a_fixed_expert_axis_and_its_rules():
-    assert expert_sizes(run_search(MOE, 2048, "v5p:2x2x2", global_batch=16, mesh={"expert": 4})) == {4}
+    on_maxtext = {"global_batch": 16, "target": "maxtext"}
+    assert expert_sizes(run_search(MOE, 2048, "v5p:2x2x2", mesh={"expert": 4}, **on_maxtext)) == {4}
     with pytest.raises(CpplanError, match="expert=2: model 'tiny-dense' has no experts"):
-        run_search(DENSE, 2048, "v5p:2x2x2", global_batch=16, mesh={"expert": 2})
+        run_search(DENSE, 2048, "v5p:2x2x2", mesh={"expert": 2}, **on_maxtext)
     six = ModelSpec("six-experts", 2, 256, 4, 2, 64, 512, 1024, experts=Experts(6, 2, 64))
     with pytest.raises(CpplanError, match="expert=4 does not divide num_experts=6"):
-        run_search(six, 2048, "v5p:2x2x2", global_batch=16, mesh={"expert": 4})
-    assert expert_sizes(run_search(six, 2048, "v5p:2x2x2", global_batch=16)) <= {1, 2}
+        run_search(six, 2048, "v5p:2x2x2", mesh={"expert": 4}, **on_maxtext)
+    assert expert_sizes(run_search(six, 2048, "v5p:2x2x2", **on_maxtext)) <= {1, 2}
 
 
 def test_a_plan_with_expert_parallelism_round_trips_through_json():
