@@ -435,7 +435,7 @@ def one_line_per_instruction(hlo_text: str) -> str:
     """The module text with each instruction on one line: a kernel's backend config can hold
     newlines (splash's `xprof_metadata`), which would otherwise end a computation early."""
     # a computation ends with `}`, on TPU7x's SparseCore with its thread after it (`}, execution_thread=...`)
-    starts = re.compile(r"^(?:  (?:ROOT )?%|%|ENTRY |}(?:$|, )|HloModule|$)")
+    starts = re.compile(r"^(?:  (?:ROOT )?%|%|ENTRY |}(?:$|, execution_thread=)|HloModule|$)")
     lines: list[str] = []
     for line in hlo_text.splitlines():
         if lines and not starts.match(line):

@@ -132,7 +132,7 @@ def test_kinds_and_refusals():
 
 def test_plan_device_positions_cover_the_mesh_once():
     plan = planner.explain("llama3.1-8b", "1M", "tpu7x-128").best
-    positions = plan.device_positions().reshape(-1, 5)
+    positions = plan.device_positions().reshape(-1, len(plan.mesh_sizes))
     flat = np.ravel_multi_index(positions.T, plan.mesh_sizes)
     assert sorted(flat) == list(range(math.prod(plan.mesh_sizes)))
     assert Plan.from_dict(plan.to_dict()).device_positions().tolist() == plan.device_positions().tolist()
