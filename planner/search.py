@@ -1075,52 +1075,30 @@ class SearchSpace:
                 placement = placements_of(v.sizes)[placement_of[i]]
                 remat, remat_custom = self._remats[remat_of[i]]
                 if not ok:
-                    mesh = dict(zip(AXES, v.sizes))
                     reason = self._blocks[int(p.rows.positions[i])][1]
                     if reason:
-                        rejections.append(
-                            Rejection(mesh, p.strategy, v.load_balance, remat, "smem", reason, remat_custom)
-                        )
+                        category = "smem"
                     elif host[i] > host_cap:
-                        rejections.append(
-                            Rejection(
-                                mesh,
-                                p.strategy,
-                                v.load_balance,
-                                remat,
-                                "host",
-                                f"offloads {host[i] / GiB:.1f} GiB of activations > "
-                                f"{host_cap / GiB:.1f} GiB host memory per device",
-                                remat_custom,
-                            )
+                        category = "host"
+                        reason = (
+                            f"offloads {host[i] / GiB:.1f} GiB of activations > "
+                            f"{host_cap / GiB:.1f} GiB host memory per device"
                         )
                     elif not copies_ok[i]:
-                        rejections.append(
-                            Rejection(
-                                mesh,
-                                p.strategy,
-                                v.load_balance,
-                                remat,
-                                "compiler",
-                                host_copy_violation(float(copy[i])),
-                                remat_custom,
-                            )
-                        )
+                        category, reason = "compiler", host_copy_violation(float(copy[i]))
                     else:
                         parts = {name: float(v[i]) for name, v in parts_of.items()}
                         top = max(parts, key=parts.get)
-                        rejections.append(
-                            Rejection(
-                                mesh,
-                                p.strategy,
-                                v.load_balance,
-                                remat,
-                                "hbm",
-                                f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
-                                f"(largest: {top} {parts[top] / GiB:.1f} GiB)",
-                                remat_custom,
-                            )
+                        category = "hbm"
+                        reason = (
+                            f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                            f"(largest: {top} {parts[top] / GiB:.1f} GiB)"
                         )
+                    rejections.append(
+                        Rejection(
+                            dict(zip(AXES, v.sizes)), p.strategy, v.load_balance, remat, category, reason, remat_custom
+                        )
+                    )
                     # the least HBM of the plans that exist: one over its host's memory, or whose host copies
                     # the compiler cannot make, is refused outright
                     if (
