@@ -6,8 +6,27 @@ import math
 import jax
 import numpy as np
 
+from planner.plan import Plan, make_mesh
 from runtime.mesh import build_mesh
 from runtime.train import Trainer
+
+
+def float32_plan(model, mesh, *, seq_len, batch, topology="cpu:8", strategy="none", remat="full"):
+    """`model` on `mesh` (axis sizes by name) in fp32 with splash blocks of 128: the plans whose sharded step
+    the runtime tests compare with the one-device step."""
+    return Plan(
+        model=model,
+        topology=topology,
+        seq_len=seq_len,
+        global_batch=batch,
+        mesh=make_mesh(**mesh),
+        cp_strategy=strategy,
+        remat=remat,
+        block_q=128,
+        block_kv=128,
+        param_dtype="float32",
+        compute_dtype="float32",
+    )
 
 
 def one_step(plan):

@@ -7,6 +7,7 @@ policies see the routed values by MaxText's names."""
 
 import contextlib
 import dataclasses
+import functools
 import io
 import math
 
@@ -15,13 +16,12 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from runtime_steps import one_step  # noqa: E402
+from runtime_steps import float32_plan, one_step  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
 from cost_models.experts import Experts  # noqa: E402
 from cost_models.models import MODELS  # noqa: E402
 from cost_models.work_layout import weight_arrays_per_layer  # noqa: E402
-from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.experts import expert_weights, mixture  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import ACTIVATION_FUNCTIONS, RESIDUAL, expert_block, layer_stacks, remat_policy  # noqa: E402
@@ -33,20 +33,7 @@ MOE = MODELS["tiny-moe"]  # 3 layers (1 dense), 8 experts 32 wide, top 2, 1 shar
 SEQ = 512
 
 
-def make_plan(model, mesh, *, topology="cpu:8", strategy="none", remat="full", batch=4, seq_len=SEQ):
-    return Plan(
-        model=model,
-        topology=topology,
-        seq_len=seq_len,
-        global_batch=batch,
-        mesh=make_mesh(**mesh),
-        cp_strategy=strategy,
-        remat=remat,
-        block_q=128,
-        block_kv=128,
-        param_dtype="float32",
-        compute_dtype="float32",
-    )
+make_plan = functools.partial(float32_plan, seq_len=SEQ, batch=4)
 
 
 def random_weights(model, key):

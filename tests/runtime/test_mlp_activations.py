@@ -4,6 +4,7 @@ one-device reference; a plain-MLP training step equals the one-device step; the 
 runtime creates are the ones the cost model counts."""
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -11,11 +12,10 @@ import pytest
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
-from runtime_steps import one_step  # noqa: E402
+from runtime_steps import float32_plan, one_step  # noqa: E402
 
 from cost_models.models import ModelSpec  # noqa: E402
 from cost_models.work_layout import weight_arrays_per_layer  # noqa: E402
-from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import ACTIVATION_FUNCTIONS, RESIDUAL, mlp_block  # noqa: E402
 from runtime.train import Trainer  # noqa: E402
@@ -27,20 +27,7 @@ GATED = ModelSpec("mlp-test", 2, 64, 4, 2, 16, 96, 256)
 PLAIN = dataclasses.replace(GATED, name="mlp-test-plain", mlp_activations=("relu",))
 
 
-def make_plan(model, mesh, *, remat="full", topology="cpu:8", strategy="none", batch=2, seq_len=SEQ):
-    return Plan(
-        model=model,
-        topology=topology,
-        seq_len=seq_len,
-        global_batch=batch,
-        mesh=make_mesh(**mesh),
-        cp_strategy=strategy,
-        remat=remat,
-        block_q=128,
-        block_kv=128,
-        param_dtype="float32",
-        compute_dtype="float32",
-    )
+make_plan = functools.partial(float32_plan, seq_len=SEQ, batch=2)
 
 
 def test_every_activation_cpplan_accepts_runs():
