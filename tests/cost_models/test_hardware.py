@@ -1,15 +1,14 @@
 """Chips, topologies and the collective formulas on them, checked by hand."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from grouped_fit_script import grouped_fit_script
 
 from cost_models import collectives
 from cost_models.chips import (
@@ -405,15 +404,6 @@ def test_bad_grouped_or_fp8_figures_are_refused(tmp_path, change, words):
         load_chip(path)
 
 
-def _fit_script():
-    path = Path(__file__).resolve().parents[2] / "regenerate" / "fit_grouped_matmul.py"
-    spec = importlib.util.spec_from_file_location("fit_grouped_matmul", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 FORM_NUMBERS = {  # each form's ragged-dot dimension numbers, as tokamax writes them
     "forward": ([[[1], [1]], [[], []]], [0]),
     "dgrad": ([[[1], [2]], [[], []]], [0]),
@@ -453,7 +443,7 @@ def _timing_entries(chip, shapes, times_model: float = 1.0, tiles: str = '{"tile
 def test_the_fit_recovers_figures_from_timings_built_by_hand(tmp_path):
     """tokamax-format timings made by the model from known figures: the reader finds each call's form and
     widths, and the fit gives the figures back."""
-    script = _fit_script()
+    script = grouped_fit_script()
     truth = dict(zip(script.FIGURES, (0.72, 350.0, 2e-6, 0.65, 380.0)))
     chip = dataclasses.replace(_row("tpu7x"), **truth)
     path = tmp_path / "pallas_mosaic_tpu_ragged_dot.json"
@@ -470,7 +460,7 @@ def test_the_fit_recovers_figures_from_timings_built_by_hand(tmp_path):
 def test_the_fit_measures_the_unaligned_slowdown_from_timings_built_by_hand(tmp_path):
     """A tokamax package whose unaligned calls (K=N=2880) take 1.8x the aligned model's time: the fit leaves
     them out of the other figures, gives 1.8 back as the row's slowdown, and tests padding against it."""
-    script = _fit_script()
+    script = grouped_fit_script()
     truth = dict(zip(script.FIGURES, (0.72, 350.0, 2e-6, 0.65, 380.0)), grouped_matmul_unaligned_slowdown=1.0)
     chip = dataclasses.replace(_row("tpu7x"), **truth)
     entries = _timing_entries(chip, SHAPES + ((128, 2048, 4096, 2048),))

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from grouped_fit_script import grouped_fit_script
 
 from cost_models.chips import CHIP_DIR, load_chip
 from validation import kernel_fits as fit_kernels
@@ -148,19 +149,6 @@ def test_matmul_efficiency_is_the_best_rate_and_the_spread_the_matmul_bound_ones
     assert fit_kernels.dense_matmul_efficiency(chip, [])[1] is None
 
 
-def _grouped_fit():
-    """regenerate/fit_grouped_matmul.py as a module (a script, not a package's)."""
-    import importlib.util
-    import sys
-
-    path = Path(__file__).resolve().parents[2] / "regenerate" / "fit_grouped_matmul.py"
-    spec = importlib.util.spec_from_file_location("fit_grouped_matmul", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def _installed_tokamax_version() -> str:
     import importlib.metadata
 
@@ -187,7 +175,9 @@ def test_rows_hold_what_the_installed_timings_give():
     base = fit_kernels.installed_dir()
     derived = fit_kernels.derive([], base)
     # the grouped-matmul figures have their own fit, from the same release's ragged dots
-    grouped = _grouped_fit().derive(base) if (base / "tpu7x" / "pallas_mosaic_tpu_v2_ragged_dot.json").exists() else {}
+    grouped = (
+        grouped_fit_script().derive(base) if (base / "tpu7x" / "pallas_mosaic_tpu_v2_ragged_dot.json").exists() else {}
+    )
     checked, cited = [], set()
     for name in fit_kernels.DEVICE_DIRS:
         row = load_chip(CHIP_DIR / f"{name}.json")
