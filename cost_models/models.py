@@ -21,6 +21,7 @@ from cost_models.experts import Experts
 from cost_models.global_attention import GlobalAttention
 from cost_models.latent_attention import LatentAttention
 from cost_models.masks import CAUSAL, FULL, AttentionMask, MaskKind
+from cost_models.per_layer_inputs import PerLayerInputs
 from cost_models.vocabulary import _Named
 
 HF_MODEL_TYPES = (
@@ -37,11 +38,6 @@ HF_MODEL_TYPES = (
 )
 # multimodal configs whose decoder is their `text_config`
 HF_TEXT_CONFIG_TYPES = ("gemma4",)
-# Gemma 4's small models' features that cpplan does not describe, by the config field that turns each on
-HF_GEMMA4_UNPRICED = {
-    "hidden_size_per_layer_input": "a per-layer input embedding beside the residual stream",
-    "num_kv_shared_layers": "layers that reuse an earlier layer's keys and values",
-}
 # model types whose every layer norms its queries and keys per head, and that carry attention sinks
 HF_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma4_text")
 HF_SINK_TYPES = ("gpt_oss",)
@@ -100,7 +96,9 @@ class ModelSpec:
     """A decoder-only transformer: RMSNorm, RoPE, grouped-query attention, a gated (SwiGLU by default) or
     plain MLP (`mlp_activations`), in a sequential or parallel block (`decoder_block`), with a causal or
     full attention mask (`causal`); local layers (`layer_pattern` 'L', repeated over the layers; "" with
-    a window: every layer) see only a sliding window of `window` tokens, or their `window`-token chunk."""
+    a window: every layer) see only a sliding window of `window` tokens, or their `window`-token chunk.
+    Gemma 4 E2B and E4B add per-layer input embeddings (`per_layer_inputs`) and last layers that reuse
+    earlier layers' keys and values (`kv_shared_layers`), E2B's with an MLP twice as wide (`double_wide_mlp`)."""
 
     name: str
     num_layers: int
@@ -130,6 +128,12 @@ class ModelSpec:
     shared_kv: bool = False  # keys and values are one projection (a Gemma 4 global layer's)
     # the global layers' own head shape where it differs from the local layers' (Gemma 4; None: the same)
     global_attention: GlobalAttention | None = None
+    # a second token embedding gated into every layer (Gemma 4 E2B and E4B; None: none)
+    per_layer_inputs: PerLayerInputs | None = None
+    # the last this many layers project no keys and values: each attends over those of the last earlier layer
+    # of its kind, local or global (Gemma 4 E2B and E4B's `num_kv_shared_layers`; 0: none)
+    kv_shared_layers: int = 0
+    double_wide_mlp: bool = False  # the KV-shared layers' MLP is twice `intermediate` wide (Gemma 4 E2B)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -146,7 +150,7 @@ class ModelSpec:
                 f"model {self.name!r}: num_heads={self.num_heads} must be a multiple of "
                 f"num_kv_heads={self.num_kv_heads} (grouped-query attention)."
             )
-        for f in ("tie_embeddings", "qkv_bias", "causal", "qk_norm", "attention_sinks", "shared_kv"):
+        for f in ("tie_embeddings", "qkv_bias", "causal", "qk_norm", "attention_sinks", "shared_kv", "double_wide_mlp"):
             if not isinstance(getattr(self, f), bool):
                 raise CpplanError(f"model {self.name!r}: {f}={getattr(self, f)!r} must be true or false.")
         object.__setattr__(self, "mlp_activations", _activations(self.name, self.mlp_activations))
@@ -160,6 +164,10 @@ class ModelSpec:
         if self.latent is not None:
             object.__setattr__(self, "latent", LatentAttention.from_dict(self.latent))
             self.latent.check(self.name, self.head_dim, self.num_heads, self.num_kv_heads)
+        if self.per_layer_inputs is not None:
+            object.__setattr__(self, "per_layer_inputs", PerLayerInputs.from_dict(self.per_layer_inputs))
+            self.per_layer_inputs.check(self.name)
+        self._check_kv_shared_layers()
         if not isinstance(self.decoder_block, str):
             raise CpplanError(
                 f"model {self.name!r}: decoder_block={self.decoder_block!r} must be a name: "
@@ -213,6 +221,68 @@ class ModelSpec:
                 f"model {name!r}: a local window looks back from each query, so it needs a causal mask; "
                 f"a full (non-causal) mask with a window is not a mask cpplan prices or runs."
             )
+
+    def _check_kv_shared_layers(self) -> None:
+        name, shared = self.name, self.kv_shared_layers
+        if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared < self.num_layers:
+            raise CpplanError(
+                f"model {name!r}: kv_shared_layers={shared!r} must be an integer from 0 to num_layers - 1 = "
+                f"{self.num_layers - 1}: the last layers that reuse an earlier layer's keys and values."
+            )
+        if self.double_wide_mlp and not shared:
+            raise CpplanError(
+                f"model {name!r}: double_wide_mlp widens the MLP of the KV-shared layers, and kv_shared_layers=0; "
+                f"give the shared layers' count, or double_wide_mlp=false."
+            )
+        mechanisms = [f for f in ("kv_shared_layers", "double_wide_mlp", "per_layer_inputs") if getattr(self, f)]
+        others = [f for f in ("experts", "latent") if getattr(self, f) is not None]
+        if mechanisms and others:
+            raise CpplanError(
+                f"model {name!r}: {', '.join(mechanisms)} with {', '.join(others)}: cpplan prices KV-shared layers, "
+                f"their wide MLP and per-layer inputs in dense grouped-query models (Gemma 4 E2B and E4B) only."
+            )
+        first = self.first_kv_shared_layer
+        for kind in ("L", "G"):
+            if self._layers_of_kind(kind, first, self.num_layers) and not self._layers_of_kind(kind, 0, first):
+                what = "local" if kind == "L" else "global"
+                raise CpplanError(
+                    f"model {name!r}: kv_shared_layers={shared} shares a {what} layer's keys and values, but no "
+                    f"layer before layer {first} is {what}: a shared layer reuses the last earlier one of its kind."
+                )
+
+    def _layers_of_kind(self, kind: str, start: int, stop: int) -> int:
+        """How many of layers `start` to `stop` - 1 are of `kind` ('L' local, 'G' global), counted from the
+        repeating pattern (the layer count may be large)."""
+        pattern = self.layer_pattern or ("L" if self.window else "G")
+
+        def before(n: int) -> int:
+            return n // len(pattern) * pattern.count(kind) + pattern[: n % len(pattern)].count(kind)
+
+        return before(stop) - before(start)
+
+    @property
+    def first_kv_shared_layer(self) -> int:
+        """The first layer (from 0) that reuses an earlier layer's keys and values; `num_layers` where none does."""
+        return self.num_layers - self.kv_shared_layers
+
+    def kv_shared_count(self, mask: AttentionMask) -> int:
+        """The KV-shared layers whose mask is `mask`."""
+        if not self.kv_shared_layers:
+            return 0
+        masks = {"L": self.local_mask, "G": self.global_mask}
+        return sum(
+            self._layers_of_kind(kind, self.first_kv_shared_layer, self.num_layers)
+            for kind, kind_mask in masks.items()
+            if kind_mask == mask
+        )
+
+    def kv_projecting_share(self, mask: AttentionMask) -> float:
+        """Of the layers whose mask is `mask`, the share that project their own keys and values (1.0 for a
+        model with no KV-shared layers)."""
+        if not self.kv_shared_layers:
+            return 1.0
+        count = dict(self.layer_masks).get(mask, 0)
+        return 1.0 - self.kv_shared_count(mask) / count if count else 1.0
 
     @property
     def fixed_documents(self) -> int:
@@ -334,9 +404,33 @@ class ModelSpec:
         return q + kv + o + bias + 2 * self.qk_norm * self.head_dim + self.attention_sinks * self.num_heads
 
     @property
+    def kv_projection_params(self) -> int:
+        """Of `attention_params`, what a KV-shared layer lacks: the key and value projections, their biases
+        and the key norm's scale."""
+        kv = (1 if self.shared_kv else 2) * self.hidden * self.num_kv_heads * self.head_dim
+        bias = 2 * self.num_kv_heads * self.head_dim if self.qkv_bias else 0
+        return kv + bias + self.qk_norm * self.head_dim
+
+    @property
     def dense_mlp_params(self) -> int:
-        """Weights of a dense layer's MLP."""
+        """Weights of a dense layer's MLP (one `intermediate` wide)."""
         return self.mlp_matrices * self.hidden * self.intermediate
+
+    @property
+    def wide_mlp_layers(self) -> int:
+        """The layers whose MLP is twice `intermediate` wide (Gemma 4 E2B's KV-shared layers)."""
+        return self.kv_shared_layers if self.double_wide_mlp else 0
+
+    @property
+    def mean_dense_mlp_params(self) -> float:
+        """`dense_mlp_params` averaged over the dense layers, the wide ones twice (`wide_mlp_layers`; experts
+        and wide layers are never in one model)."""
+        return self.dense_mlp_params * (1 + self.wide_mlp_layers / self.num_layers)
+
+    @property
+    def per_layer_input_params(self) -> int:
+        """Weights a decoder layer's per-layer input adds (gate, projection, norm; 0 without)."""
+        return self.per_layer_inputs.layer_params(self.hidden) if self.per_layer_inputs else 0
 
     @property
     def expert_mlp_params(self) -> int:
@@ -362,16 +456,24 @@ class ModelSpec:
     @property
     def layer_params(self) -> int:
         """Weights of all decoder layers."""
-        mlp = (self.num_layers - self.moe_layers) * self.dense_mlp_params + self.moe_layers * self.expert_mlp_params
-        attention = sum(count * self.layer_model(mask).attention_params for mask, count in self.layer_masks)
-        return attention + self.num_layers * self.decoder_block.norms * self.hidden + mlp
+        dense_layers = self.num_layers - self.moe_layers + self.wide_mlp_layers  # a wide MLP counts twice
+        mlp = dense_layers * self.dense_mlp_params + self.moe_layers * self.expert_mlp_params
+        attention = sum(
+            count * self.layer_model(mask).attention_params
+            - self.kv_shared_count(mask) * self.layer_model(mask).kv_projection_params
+            for mask, count in self.layer_masks
+        )
+        per_layer = self.decoder_block.norms * self.hidden + self.per_layer_input_params
+        return attention + self.num_layers * per_layer + mlp
 
     @property
     def largest_layer_params(self) -> int:
-        """Weights of the largest decoder layer (the one whose gathered weights a device holds at its peak)."""
-        mlp = max(self.expert_mlp_params, self.dense_mlp_params if self.moe_layers < self.num_layers else 0)
+        """Weights of the largest decoder layer (the one whose gathered weights a device holds at its peak):
+        the largest attention with the widest MLP."""
+        dense = self.dense_mlp_params * (2 if self.wide_mlp_layers else 1)
+        mlp = max(self.expert_mlp_params, dense if self.moe_layers < self.num_layers else 0)
         attention = max(self.layer_model(mask).attention_params for mask, _ in self.layer_masks)
-        return attention + self.decoder_block.norms * self.hidden + mlp
+        return attention + self.decoder_block.norms * self.hidden + self.per_layer_input_params + mlp
 
     def layer_model(self, mask: AttentionMask) -> "ModelSpec":
         """This model as its layers of `mask` see it: with the global layers' own head shape where it has one
@@ -386,10 +488,19 @@ class ModelSpec:
     @property
     def mlp_width(self) -> int:
         """Values per token of each MLP input projection's output in the widest layer: a dense MLP's
-        `intermediate`; a mixture of experts' active experts' widths together (its routed copies of each
-        token run through `per_token` experts, and the shared ones)."""
+        `intermediate` (twice that in a wide one, `wide_mlp_layers`); a mixture of experts' active experts'
+        widths together (its routed copies of each token run through `per_token` experts, and the shared ones)."""
         moe = self.experts.active_width if self.experts else 0
-        return max(moe, self.intermediate if self.moe_layers < self.num_layers else 0)
+        dense = self.intermediate * (2 if self.wide_mlp_layers else 1)
+        return max(moe, dense if self.moe_layers < self.num_layers else 0)
+
+    @property
+    def mean_mlp_width(self) -> float:
+        """`mlp_width` averaged over the layers where some are wider than the rest (`wide_mlp_layers`): the
+        values a layer's MLP forms per token on average, as its time and its kept values add up."""
+        if not self.wide_mlp_layers:
+            return self.mlp_width
+        return self.intermediate * (1 + self.wide_mlp_layers / self.num_layers)
 
     @property
     def mlp_matrix_params(self) -> int:
@@ -397,13 +508,14 @@ class ModelSpec:
         intermediate`; a mixture of experts' one matrix of every expert."""
         e = self.experts
         moe = self.hidden * e.total_width if e else 0
-        return max(moe, self.hidden * self.intermediate if self.moe_layers < self.num_layers else 0)
+        dense = self.hidden * self.intermediate * (2 if self.wide_mlp_layers else 1)
+        return max(moe, dense if self.moe_layers < self.num_layers else 0)
 
     @property
     def mlp_flops_per_token(self) -> float:
         """Forward FLOPs of the MLP per token, averaged over the layers: the active experts' matmuls and the
-        router in a mixture-of-experts layer, the dense MLP's elsewhere."""
-        dense = 2.0 * self.dense_mlp_params
+        router in a mixture-of-experts layer, the dense MLP's elsewhere (a wide one's twice)."""
+        dense = 2.0 * self.mean_dense_mlp_params
         if not self.experts:
             return dense
         e = self.experts
@@ -421,9 +533,12 @@ class ModelSpec:
 
     @property
     def embedding_params(self) -> int:
-        """Input embedding plus the output head (once if tied) plus the final norm."""
+        """Input embedding plus the output head (once if tied) plus the final norm; the per-layer inputs'
+        table and projection where the model has them."""
         heads = 1 if self.tie_embeddings else 2
-        return heads * self.vocab * self.hidden + self.hidden
+        p = self.per_layer_inputs
+        per_layer = p.table_params(self.num_layers) + p.projection_params(self.hidden, self.num_layers) if p else 0
+        return heads * self.vocab * self.hidden + self.hidden + per_layer
 
     @property
     def num_params(self) -> int:
@@ -438,7 +553,17 @@ class ModelSpec:
             row.pop("documents")
         elif self.varying_documents:
             row["documents"] = self.varying_documents.to_dict()
-        for key in ("experts", "latent", "qk_norm", "attention_sinks", "shared_kv", "global_attention"):
+        for key in (
+            "experts",
+            "latent",
+            "qk_norm",
+            "attention_sinks",
+            "shared_kv",
+            "global_attention",
+            "per_layer_inputs",
+            "kv_shared_layers",
+            "double_wide_mlp",
+        ):
             # a dense GQA model reads as it always has
             if not row[key]:
                 row.pop(key)
@@ -456,8 +581,9 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, path: str | os.PathLike, *, name: str | None = None) -> "ModelSpec":
         """Reads a Hugging Face `config.json` of a model type in `HF_MODEL_TYPES`: dense (llama, mistral,
-        qwen2, qwen3), mixture-of-experts (mixtral, qwen3_moe, gpt_oss) and DeepSeek-V3's latent attention
-        with experts (deepseek_v3); `is_causal: false` makes its mask full.
+        qwen2, qwen3), mixture-of-experts (mixtral, qwen3_moe, gpt_oss), DeepSeek-V3's latent attention
+        with experts (deepseek_v3) and Gemma 4 (gemma4: its text_config, per-layer inputs and KV-shared
+        layers included); `is_causal: false` makes its mask full.
 
         Raises:
             CpplanError: the file is unreadable, of another model type, lacks a field, or has a
@@ -541,6 +667,7 @@ class ModelSpec:
                 qk_norm=model_type in HF_QK_NORM_TYPES,
                 attention_sinks=model_type in HF_SINK_TYPES,
                 global_attention=_hf_global_attention(path, cfg),
+                **_hf_small_gemma(path, cfg),
                 **local,
             )
         except CpplanError as err:  # a shape the model refuses: say which file holds it
@@ -630,7 +757,7 @@ def _text_config(path: Path, cfg: dict) -> dict:
     """A multimodal config's decoder (`text_config`), named as the whole config is.
 
     Raises:
-        CpplanError: no text_config object, or one that turns on a feature cpplan does not describe.
+        CpplanError: no text_config object.
     """
     text = cfg.get("text_config")
     if not isinstance(text, dict):
@@ -638,12 +765,6 @@ def _text_config(path: Path, cfg: dict) -> dict:
             f"{str(path)!r}: model_type={cfg.get('model_type')!r} keeps its decoder in text_config, which is "
             f"{type(text).__name__}; give the whole config.json."
         )
-    for key, what in HF_GEMMA4_UNPRICED.items():
-        if text.get(key):
-            raise CpplanError(
-                f"{str(path)!r}: {key}={text[key]!r} gives the model {what}, which cpplan does not price or run "
-                f"(Gemma 4's E2B and E4B); the 26B and 31B models have neither."
-            )
     return {**text, **{k: cfg[k] for k in ("architectures", "_name_or_path") if k in cfg}}
 
 
@@ -656,11 +777,61 @@ def _hf_global_attention(path: Path, cfg: dict) -> GlobalAttention | None:
     """
     if cfg.get("global_head_dim") is None:
         return None
+    # Gemma4TextConfig gives the global layers num_global_key_value_heads only with attention_k_eq_v (and
+    # where it is set); otherwise they keep num_key_value_heads (E2B, E4B)
+    k_eq_v = cfg.get("attention_k_eq_v", False) is True
+    own_heads = k_eq_v and cfg.get("num_global_key_value_heads") is not None
     return GlobalAttention(
-        num_kv_heads=_config_count(path, cfg, "num_global_key_value_heads", 1, "a positive integer"),
+        num_kv_heads=(
+            _config_count(path, cfg, "num_global_key_value_heads", 1, "a positive integer")
+            if own_heads
+            else cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        ),
         head_dim=_config_count(path, cfg, "global_head_dim", 1, "a positive integer"),
-        shared_kv=cfg.get("attention_k_eq_v", False) is True,
+        shared_kv=k_eq_v,
     )
+
+
+# Gemma4TextConfig's defaults for its small models' fields (transformers configuration_gemma4.py): a config
+# that leaves one out has it
+HF_GEMMA4_SMALL_DEFAULTS = {
+    "hidden_size_per_layer_input": 256,
+    "vocab_size_per_layer_input": 262_144,
+    "num_kv_shared_layers": 0,
+    "use_double_wide_mlp": False,
+}
+
+
+def _hf_small_gemma(path: Path, cfg: dict) -> dict:
+    """A Gemma 4 text config's per-layer inputs (`hidden_size_per_layer_input` values per token and layer
+    from a table of `vocab_size_per_layer_input` rows; none where either is 0 or null), KV-shared layers
+    (`num_kv_shared_layers`) and their wide MLP (`use_double_wide_mlp`), as ModelSpec fields; none for any
+    other model type.
+
+    Raises:
+        CpplanError: a field of the wrong type.
+    """
+    if cfg["model_type"] != "gemma4_text":
+        return {}
+    values = {key: cfg.get(key, default) for key, default in HF_GEMMA4_SMALL_DEFAULTS.items()}
+    for key in ("hidden_size_per_layer_input", "vocab_size_per_layer_input", "num_kv_shared_layers"):
+        value = values[key]
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CONFIG_INTEGER
+        ):
+            raise CpplanError(f"{str(path)!r}: {key}={value!r:.40} must be an integer from 0 to 2**31; fix the config.")
+    if not isinstance(values["use_double_wide_mlp"], bool):
+        raise CpplanError(
+            f"{str(path)!r}: use_double_wide_mlp={values['use_double_wide_mlp']!r:.40} must be true or false."
+        )
+    width, vocab = values["hidden_size_per_layer_input"], values["vocab_size_per_layer_input"]
+    shared = values["num_kv_shared_layers"] or 0
+    return {
+        "per_layer_inputs": PerLayerInputs(width, vocab) if width and vocab else None,
+        "kv_shared_layers": shared,
+        # the flag widens the shared layers' MLP only (transformers and MaxText alike): none, nothing widened
+        "double_wide_mlp": values["use_double_wide_mlp"] and shared > 0,
+    }
 
 
 # each model type's names for its experts' fields: (routed experts, experts per token, shared experts)
@@ -873,6 +1044,35 @@ MODELS: dict[str, ModelSpec] = {
             for name, layers, hidden, heads, kv_heads, global_kv_heads, intermediate, experts in (
                 ("gemma4-26b", 30, 2816, 16, 8, 2, 2112, Experts(128, 8, 704, shared=1, shared_intermediate=2112)),
                 ("gemma4-31b", 60, 5376, 32, 16, 4, 21504, None),
+            )
+        ),
+        # Gemma 4's small models by MaxText's names, shaped as its configs/models/gemma4-e2b.yml and gemma4-e4b.yml:
+        # per-layer inputs of 256 from a 262144-row table, the last 20 (18) layers reusing earlier layers' keys
+        # and values, E2B's with an MLP twice as wide; global layers of heads of 512, as many K/V heads as the
+        # local ones (docs/provenance/moe_models.md#gemma-4-e2b-and-e4b)
+        *(
+            ModelSpec(
+                name,
+                layers,
+                hidden,
+                8,
+                kv_heads,
+                256,
+                intermediate,
+                262144,
+                tie_embeddings=True,
+                mlp_activations=("gelu", "linear"),
+                window=512,
+                layer_pattern=pattern,
+                qk_norm=True,
+                global_attention=GlobalAttention(kv_heads, 512),
+                per_layer_inputs=PerLayerInputs(256, 262144),
+                kv_shared_layers=shared,
+                double_wide_mlp=wide,
+            )
+            for name, layers, hidden, kv_heads, intermediate, pattern, shared, wide in (
+                ("gemma4-e2b", 35, 1536, 1, 6144, "LLLLG", 20, True),
+                ("gemma4-e4b", 42, 2560, 2, 10240, "LLLLLG", 18, False),
             )
         ),
         *(

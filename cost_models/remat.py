@@ -51,16 +51,17 @@ class Checkpoint:
     gathered_input: bool = False
     scattered_output: bool = False
 
-    def width(self, model: ModelSpec) -> int:
-        """Values per token of this checkpoint, before the tensor split."""
+    def width(self, model: ModelSpec) -> float:
+        """Values per token of this checkpoint, before the tensor split (the MLP's averaged over the layers
+        where some are wider, `ModelSpec.mean_mlp_width`)."""
         kv = model.num_kv_heads * model.head_dim
         return {
             "query_proj": model.num_heads * model.head_dim,
             "key_proj": kv,
             "value_proj": kv,
             "out_proj": model.hidden,
-            "mlpwi_0": model.mlp_width,
-            "mlpwi_1": model.mlp_width if model.gated else 0,
+            "mlpwi_0": model.mean_mlp_width,
+            "mlpwi_1": model.mean_mlp_width if model.gated else 0,
             "mlpwo": model.hidden,
             ATTENTION_OUTPUT: model.num_heads * model.head_dim,
         }[self.name]
@@ -68,11 +69,11 @@ class Checkpoint:
     def is_matmul(self) -> bool:
         return self.block is not Block.ATTENTION
 
-    def weight_size(self, model: ModelSpec) -> int:
+    def weight_size(self, model: ModelSpec) -> float:
         """Weights of the matmul that computes this checkpoint (its FLOPs per token, halved)."""
         if not self.is_matmul():
             raise CpplanError(f"checkpoint {self.name!r} is the attention's output, not a matmul's.")
-        inner = model.mlp_width if self.block is Block.MLP else model.num_heads * model.head_dim
+        inner = model.mean_mlp_width if self.block is Block.MLP else model.num_heads * model.head_dim
         return self.width(model) * (inner if self.name in ("out_proj", "mlpwo") else model.hidden)
 
 

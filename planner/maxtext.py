@@ -74,6 +74,8 @@ MAXTEXT_MODEL_NAMES = (
     "gpt-oss-20b",
     "gemma4-26b",
     "gemma4-31b",
+    "gemma4-e2b",
+    "gemma4-e4b",
     "mixtral-8x22b",
     "llama4-17b-16e",
     "llama4-17b-128e",
@@ -86,7 +88,12 @@ UNEXPORTED_MODEL_FIELDS = {
     "attention_sinks": "attention sinks",
     "qk_norm": "q/k norms",
     "shared_kv": "keys and values of one projection",
+    "per_layer_inputs": "per-layer input embeddings",
+    "kv_shared_layers": "layers that reuse an earlier layer's keys and values",
 }
+# MaxText 0.2.5 runs the layers of Gemma 4 E2B and E4B (its gemma4_small block: per-layer inputs, KV-shared
+# layers) one by one only: `NNXDecoder._init_decoder_layers` raises for scan_layers=True (base.yml's default)
+UNSCANNED_LAYERS_FLAG = "scan_layers"
 # MaxText's base.yml model defaults, for the shape flags a config leaves unset
 BASE_MODEL_DEFAULTS = {
     "base_num_decoder_layers": 16,
@@ -161,12 +168,15 @@ FSDP_LIKE_AXES = {
     "fsdp_transpose": "a second fsdp axis (2-D FSDP: weights split over both, each gathered over its own)",
 }
 # models whose MaxText config's own block runs their local layers (gpt_oss: sliding and global layers in turn;
-# gemma4: five sliding to one global; llama4: three chunked to one global)
+# gemma4: five sliding to one global; gemma4_small: four (E2B) or five (E4B) sliding to one global; llama4: three
+# chunked to one global)
 MAXTEXT_WINDOWED_MODELS = (
     "gpt-oss-120b",
     "gpt-oss-20b",
     "gemma4-26b",
     "gemma4-31b",
+    "gemma4-e2b",
+    "gemma4-e4b",
     "llama4-17b-16e",
     "llama4-17b-128e",
 )
@@ -314,6 +324,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
     if plan.quantization is not Quantization.NONE:
         flags["quantization"] = plan.quantization.value
+    if unscanned_layers(plan.model):
+        flags[UNSCANNED_LAYERS_FLAG] = False
     if plan.model.experts:  # MaxText's dropless grouped matmul, as priced (base.yml's, written to be sure)
         flags.update(sparse_matmul=True, megablox=True, capacity_factor=-1)
         # the expert axis (a dense model's is always 1, MaxText's default, and not written)
@@ -625,6 +637,11 @@ def read_maxtext(
     f = _Flags(*split_flags(flags)) if isinstance(flags, str) else _Flags(flags)
     notes: list[str] = []
     model = get_model(model) if model is not None else _read_model(f, notes)
+    if unscanned_layers(model) and f.bool(UNSCANNED_LAYERS_FLAG, True):
+        raise CpplanError(
+            f"model {model.name!r} runs in MaxText 0.2.5's gemma4_small block, which refuses scanned layers "
+            f"(layers/nnx_decoders.py: its layers differ one by one); add {UNSCANNED_LAYERS_FLAG}=False."
+        )
     if model.documents and not f.bool(PACKING_FLAG, True):
         raise CpplanError(
             f"MaxText flag {PACKING_FLAG}=False attends across each whole row, but model {model.name!r} packs "
@@ -780,6 +797,12 @@ def read_maxtext(
     if problems:
         raise CpplanError("MaxText 0.2.5 refuses these flags: " + "; ".join(problems) + ".")
     return MaxTextImport(plan, f.unread(), tuple(notes))
+
+
+def unscanned_layers(model: ModelSpec) -> bool:
+    """Whether MaxText 0.2.5 runs `model`'s layers only unscanned (`UNSCANNED_LAYERS_FLAG`): per-layer inputs or
+    KV-shared layers, its gemma4_small block's."""
+    return model.per_layer_inputs is not None or model.kv_shared_layers > 0
 
 
 def _weight_sharding_axes(f: _Flags, notes: list[str]) -> tuple[int, str | None]:

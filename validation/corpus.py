@@ -18,7 +18,7 @@ from cost_models.errors import CpplanError
 from cost_models.models import SWIGLU, DecoderBlock, ModelSpec
 from cost_models.targets import Target
 from cost_models.units import mfu
-from cost_models.vocabulary import DTYPE_BYTES
+from cost_models.vocabulary import DTYPE_BYTES, RematPolicy
 from planner.estimate import estimate
 from planner.maxtext import (
     ACTIVATIONS_FLAG,
@@ -27,6 +27,7 @@ from planner.maxtext import (
     parse_decoder_block,
     parse_flags,
     read_maxtext,
+    unscanned_layers,
 )
 from planner.plan import Plan
 from validation.measured import read_csv_rows
@@ -79,6 +80,10 @@ SHAPE_FLAGS = (
 )
 # before this date MaxText's default decoder block was the parallel one (decoder_block="default"), not llama2
 LLAMA2_BLOCK_DEFAULT_SINCE = "2024-02-14"
+# before this date MaxText ran the layers of its gemma4_small block (Gemma 4 E2B, E4B) with no rematerialization
+# whatever remat_policy said (maxtext e6371a47f, "Support activation rematerialization with small Gemma models"):
+# earlier runs are priced at the policy that keeps the most (docs/provenance/ironwood_recipes.md)
+SMALL_GEMMA_REMAT_SINCE = "2026-08-17"
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,14 @@ def plan_of(row: dict, where: str) -> tuple[Plan, list[str], SyntheticShape | No
     date = (row.get("date") or "").strip()
     if flash and date and date < CAUSAL_FLASH_SINCE:
         plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, causal=False))
+    if date and date < SMALL_GEMMA_REMAT_SINCE and unscanned_layers(plan.model):
+        kept = RematPolicy.MINIMAL_WITH_CONTEXT
+        notes.append(
+            f"remat_policy={plan.remat.value} not applied: MaxText before {SMALL_GEMMA_REMAT_SINCE} ran model "
+            f"{plan.model.name}'s layers (its gemma4_small block) with no rematerialization; priced as "
+            f"{kept.value}, the policy that keeps the most (every matmul output and the attention output)"
+        )
+        plan = dataclasses.replace(plan, remat=kept, remat_custom=())
     return plan, notes + block_notes, shape
 
 

@@ -132,8 +132,10 @@ def price_traffic(
     head_gather_s = 2 * comm.all_gather(head_params * x.act_bytes / tensor, group, *weights)
     head_scatter_s = comm.reduce_scatter(head_params * x.param_bytes / tensor, group, *weights)
     # the lookup hands each device its tokens' full hidden vectors: an all-to-all over the weight
-    # group of the device's activations, and its transpose in the backward
-    embedding_s = 2 * comm.all_to_all(x.tokens_per_device * m.hidden * x.act_bytes, group, *weights)
+    # group of the device's activations, and its transpose in the backward; a per-layer inputs' table
+    # (Gemma 4 E2B, E4B), sharded as the embedding, hands over every layer's inputs the same way
+    looked_up = m.hidden + (m.num_layers * m.per_layer_inputs.width if m.per_layer_inputs else 0)
+    embedding_s = 2 * comm.all_to_all(x.tokens_per_device * looked_up * x.act_bytes, group, *weights)
     one_tensor_gather_s = comm.all_gather(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     repeated = x.remat_columns.recompute_tensor_collectives
     # the loss sums its input's gradient over the vocabulary slices: one all-reduce of the activations

@@ -1,5 +1,6 @@
 """HBM-bound work: a decoder layer's elementwise ops (norms, residual adds, RoPE, the MLP's
-activation), the copies its layer loop makes of the values the remat policy keeps, and the AdamW update."""
+activation, a per-layer input's gate, norm and residual add), the copies its layer loop makes of the values
+the remat policy keeps, and the AdamW update."""
 
 from __future__ import annotations
 
@@ -44,11 +45,19 @@ def price_elementwise(x: Candidates, *, mlp_chunk_tokens: int | None = MLP_CHUNK
     """
     model, tokens, hbm_bw = x.model, x.tokens_per_device, x.topology.hbm_bw_per_device
     residual = residual_tokens(tokens, x.tensor)
-    # the activation reads each input projection's output and writes their activated product
-    activation_width = (model.mlp_inputs + 1) * model.mlp_width
-    split_width = (2 * (model.num_heads + model.num_kv_heads) * model.head_dim + activation_width) / x.tensor
+    # the activation reads each input projection's output and writes their activated product (averaged over
+    # the layers where some MLPs are wider)
+    activation_width = (model.mlp_inputs + 1) * model.mean_mlp_width
+    # a per-layer input (Gemma 4 E2B, E4B): its activated gate times the layer's input, split as the MLP's, then
+    # a norm and a residual add on the residual stream
+    ple = model.per_layer_inputs
+    gate_width = (2 + 1) * ple.width if ple else 0
+    split_width = (
+        2 * (model.num_heads + model.num_kv_heads) * model.head_dim + activation_width + gate_width
+    ) / x.tensor
     block = model.decoder_block
-    residual_width = (block.norms * NORM_PASSES + (1 if block.parallel else 2) * ADD_PASSES) * model.hidden
+    norms, adds = block.norms + (ple is not None), (1 if block.parallel else 2) + (ple is not None)
+    residual_width = (norms * NORM_PASSES + adds * ADD_PASSES) * model.hidden
     branch_sum_width = model.hidden if block.parallel else 0  # the MLP's partial sums, read by the epilogue
     forward_s = (residual * residual_width + tokens * (branch_sum_width + split_width)) * x.act_bytes / hbm_bw
     remat = x.remat_columns

@@ -1,5 +1,6 @@
 """The output head and the loss on one device: the projection to the vocabulary on the MXU and
-the fp32 cross-entropy over its logits (HBM bound)."""
+the fp32 cross-entropy over its logits (HBM bound); with them, the other matmul outside the layers, the
+input embedding's projection to every layer's per-layer inputs (Gemma 4 E2B and E4B)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.compute import tile_efficiency
-from cost_models.flops import head_forward_flops
+from cost_models.flops import head_forward_flops, per_layer_input_projection_flops
 
 CE_BYTES_PER_LOGIT = 4 * 4  # fp32 logits: written, read for the log-sum-exp, gradient written and read
 
@@ -19,7 +20,7 @@ class HeadTimes:
     """The output head and loss of one step on one device (arrays over candidates)."""
 
     passes: int  # forward, two backward matmuls, and the chunked loss's recomputed logits
-    matmul_s: np.ndarray
+    matmul_s: np.ndarray  # the head's passes, and the per-layer inputs' projection (forward and backward)
     cross_entropy_s: np.ndarray
     executed_flops: np.ndarray
 
@@ -31,9 +32,14 @@ def price_head(x: Candidates) -> HeadTimes:
     padding = tile_efficiency(model.hidden, chip.mxu_tile) * tile_efficiency(model.vocab / x.tensor, chip.mxu_tile)
     hbm_bw = x.topology.hbm_bw_per_device
     flops = head_forward_flops(model, x.tokens_per_device)
+    # the per-layer inputs' projection runs before the layers, outside their remat: forward and backward once
+    ple = model.per_layer_inputs
+    ple_flops = 3 * per_layer_input_projection_flops(model, x.tokens_per_device) / x.tensor
+    ple_columns = model.num_layers * ple.width / x.tensor if ple else 1
+    ple_padding = tile_efficiency(model.hidden, chip.mxu_tile) * tile_efficiency(ple_columns, chip.mxu_tile)
     return HeadTimes(
         passes=passes,
-        matmul_s=passes * flops / x.tensor / padding / x.achievable_matmul_flops,
+        matmul_s=(passes * flops / x.tensor / padding + ple_flops / ple_padding) / x.achievable_matmul_flops,
         cross_entropy_s=x.tokens_per_device * model.vocab / x.tensor * CE_BYTES_PER_LOGIT / hbm_bw,
-        executed_flops=passes * flops / x.tensor,
+        executed_flops=passes * flops / x.tensor + ple_flops,
     )

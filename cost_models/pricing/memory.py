@@ -264,7 +264,13 @@ def price_memory(
         update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
         optimizer=state[HostState.OPTIMIZER],
-        activations=m.num_layers * (tokens * saved + lse_lanes_kept(x) * lse_lane_bytes(x, layout)),
+        # each layer's per-layer input (Gemma 4 E2B, E4B) is formed before the layers and read in its backward
+        activations=m.num_layers
+        * (
+            tokens * saved
+            + lse_lanes_kept(x) * lse_lane_bytes(x, layout)
+            + tokens * per_layer_input_values(m) / tensor * a
+        ),
         # every layer's weight shards cast to the compute dtype once, outside the layer loop, and held
         # until the last layer's backward (none when the dtypes match; norm scales are cast in the norm)
         weight_casts=m.num_layers * (m.params_per_layer - m.decoder_block.norms * m.hidden) / shards * a * (pb != a),
@@ -314,6 +320,11 @@ def price_memory(
         )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
     )
+
+
+def per_layer_input_values(model) -> int:
+    """Values per token a layer's per-layer input holds (its width; 0 for a model without)."""
+    return model.per_layer_inputs.width if model.per_layer_inputs else 0
 
 
 def mlp_input_copies(mlp_chunk_tokens: int | None) -> int:

@@ -426,6 +426,9 @@ MAXTEXT_LOCAL_MODEL_NAME = "gemma3-12b"
 MAXTEXT_EXPERT_LOCAL_PATTERN = "LG"
 # MaxText's llama4 block: chunked attention on three layers of four, the fourth global (`nope_layer_interval`)
 MAXTEXT_CHUNKED_PATTERN = "LLLG"
+# MaxText's gemma4_small block (Gemma 4 E2B, E4B: per-layer inputs, KV-shared layers): a sliding window on four
+# layers of five for gemma4-e2b, five of six for any other name (models/gemma4_small.py `get_attention_pattern`)
+MAXTEXT_SMALL_GEMMA_PATTERN = "LLLLG"
 
 
 def _window(model: ModelSpec) -> AttentionMask:
@@ -457,6 +460,9 @@ def maxtext_local_layers_problem(model: ModelSpec) -> str | None:
         )
     if model.experts and _repeats(model, MAXTEXT_EXPERT_LOCAL_PATTERN):
         return None  # MaxText's gpt_oss block: sliding and global layers in turn, experts in each
+    small_gemma = model.per_layer_inputs is not None or model.kv_shared_layers > 0
+    if small_gemma and _repeats(model, MAXTEXT_SMALL_GEMMA_PATTERN):
+        return None  # MaxText's gemma4_small block, as gemma4-e2b: four sliding layers to each global one
     if not _repeats(model, MAXTEXT_LOCAL_PATTERN):
         where = "on every layer" if "G" not in model.layer_pattern else f"in the pattern {model.layer_pattern!r}"
         return (
