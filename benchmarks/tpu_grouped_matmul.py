@@ -10,6 +10,7 @@ Run on a TPU VM:
 
     python benchmarks/tpu_grouped_matmul.py --chip v5e --out benchmarks/results/tpu_v5e/grouped_matmul.jsonl
     python benchmarks/tpu_grouped_matmul.py --chip v5e --quick --out out/g.jsonl   # a smoke run (CPU too)
+    python benchmarks/tpu_grouped_matmul.py --chip v5e --shape 8,1024,2048,1024 --out out/g.jsonl  # chosen calls
 """
 
 import argparse
@@ -30,8 +31,10 @@ ROWS_PER_GROUP = (512, 2048)
 MAX_ROWS = 1 << 18  # rows of all groups together: the operands stay within the chip's HBM
 
 
-def shapes(quick: bool) -> list[tuple[int, int, int, int]]:
-    """(groups, rows per group, contract, out) of every call timed."""
+def shapes(quick: bool, chosen: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """(groups, rows per group, contract, out) of every call timed: `chosen` where given."""
+    if chosen:
+        return chosen
     if quick:
         return [(4, 128, 256, 128)]
     return [
@@ -109,7 +112,23 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per call shape and kernel")
     parser.add_argument("--quick", action="store_true", help="one small shape (a smoke run)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="G,R,K,N",
+        help="time only these calls (repeatable): groups, rows per group, contract and out widths",
+    )
     args = parser.parse_args()
+    chosen = []
+    for text in args.shape:
+        try:
+            g, r, k, n = (int(v) for v in text.split(","))
+        except ValueError:
+            parser.error(f"--shape {text!r} is not four integers G,R,K,N (e.g. 8,1024,2048,1024)")
+        if min(g, r, k, n) < 1:
+            parser.error(f"--shape {text!r}: every size must be at least 1")
+        chosen.append((g, r, k, n))
 
     from cost_models.chips import get_chip
 
@@ -118,7 +137,7 @@ def main() -> None:
     ratios: dict[str, list[float]] = {}
     with open(args.out, "a") as log:
         found = kernels()
-        for g, r, k, n in shapes(args.quick):  # each shape under every kernel, so a run cut short has both
+        for g, r, k, n in shapes(args.quick, chosen):  # each shape under every kernel, so a run cut short has both
             for name, kernel in found.items():
                 row = {"kernel": name, "groups": g, "rows_per_group": r, "contract": k, "out": n}
                 try:

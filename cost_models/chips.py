@@ -45,6 +45,13 @@ class Wraparound(str, Enum):
         return False
 
 
+class GroupedKernel(str, Enum):
+    """A grouped-matmul kernel a runtime runs its experts' matmuls with; a chip row has figures for each."""
+
+    TOKAMAX = "tokamax"  # tokamax's (megablox's) Mosaic kernel, as MaxText runs it
+    XLA_RAGGED_DOT = "xla_ragged_dot"  # jax.lax.ragged_dot as XLA compiles it, as cpplan's runtime runs it
+
+
 class ChipKind(str, Enum):
     """What a row describes; code asks its properties, never compares names, so a new kind is
     a new member and a new row."""
@@ -153,6 +160,20 @@ class Chip:
     # 2880, Gemma's 704 and 2816): its measured time over the model's for it (the median of such calls);
     # 1.0 where not measured (priced as a lane-aligned one)
     grouped_matmul_unaligned_slowdown: float = 1.0
+    # the same model's figures for XLA's own grouped matmul (`jax.lax.ragged_dot` compiled by XLA, which
+    # cpplan's runtime runs), fitted to its timings on the chip (regenerate/fit_ragged_dot.py); 0.0 where
+    # not measured (the kernel is then priced with the figures above, and its source says so)
+    ragged_dot_efficiency: float = 0.0
+    ragged_dot_group_rows: float = 0.0
+    ragged_dot_group_overhead_s: float = 0.0
+    ragged_dot_weight_grad_efficiency: float = 0.0
+    ragged_dot_weight_grad_group_rows: float = 0.0
+    ragged_dot_unaligned_slowdown: float = 1.0
+    # HBM passes over the routed copies (tokens × top k × hidden) that routing, permuting, unpermuting and
+    # combining take per forward as cpplan's runtime runs them (XLA's top k, sort, gathers and scatters),
+    # from a timing of them on the chip (regenerate/fit_ragged_dot.py); 0.0 where not measured (the passes
+    # are then counted: cost_models/pricing/experts.py)
+    ragged_dot_permute_passes: float = 0.0
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -163,8 +184,29 @@ class Chip:
         if isinstance(self.host_collectives, dict):
             object.__setattr__(self, "host_collectives", _host_collectives(self.name, self.host_collectives))
 
+    def grouped_figures(self, kernel: GroupedKernel) -> tuple[float, float, float, float, float, float]:
+        """`kernel`'s figures, in GROUPED_MATMUL_FIELDS' order but fp8's: efficiency, group rows, seconds per
+        group, the weight gradient's efficiency and group rows, the unaligned widths' slowdown. XLA's ragged
+        dot on a row that has not measured it takes the row's grouped-matmul figures (`measures`)."""
+        prefix = "ragged_dot" if kernel is GroupedKernel.XLA_RAGGED_DOT and self.measures(kernel) else "grouped_matmul"
+        return tuple(getattr(self, f"{prefix}_{name}") for name in GROUPED_FIGURE_NAMES)
+
+    def measures(self, kernel: GroupedKernel) -> bool:
+        """Whether the row has figures fitted to `kernel`'s own timings."""
+        if kernel is GroupedKernel.XLA_RAGGED_DOT:
+            return self.ragged_dot_efficiency > 0
+        return self.grouped_matmul_efficiency > 0
+
     def grouped_matmul_seconds(
-        self, groups: float, rows: float, contract: int, out: int, *, weight_grad: bool = False, fp8: bool = False
+        self,
+        groups: float,
+        rows: float,
+        contract: int,
+        out: int,
+        *,
+        weight_grad: bool = False,
+        fp8: bool = False,
+        kernel: GroupedKernel = GroupedKernel.TOKAMAX,
     ) -> float:
         """Seconds of one grouped matmul on one device, in the model the row's grouped-matmul figures were
         fitted in (regenerate/fit_grouped_matmul.py):
@@ -191,23 +233,25 @@ class Chip:
             weight_grad: the weight gradient: each group's [contract, out] matrix summed over its rows
                 (`rows` × `contract` against `rows` × `out`), with the row's weight-gradient figures.
             fp8: fp8 matrices at the fp8 peak and efficiency, where the row has both; otherwise the bf16 figures.
+            kernel: whose figures (`grouped_figures`): tokamax's Mosaic kernel (the default) or XLA's ragged dot.
         """
+        bf16_e, rows_per_group, group_s, grad_e, grad_rows, unaligned = self.grouped_figures(kernel)
         fp8_rate = fp8 and self.peak_fp8_flops_per_s > 0 and self.grouped_matmul_fp8_efficiency > 0
-        if self.grouped_matmul_efficiency <= 0:
+        fp8_rate = fp8_rate and kernel is GroupedKernel.TOKAMAX  # only tokamax's kernel is timed in fp8
+        if bf16_e <= 0:
             efficiency, group_rows, group_s = self.matmul_efficiency, 0.0, 0.0  # not measured: the dense matmul
-        elif weight_grad and self.grouped_matmul_weight_grad_efficiency > 0:
-            efficiency = self.grouped_matmul_weight_grad_efficiency
-            group_rows, group_s = self.grouped_matmul_weight_grad_group_rows, self.grouped_matmul_group_overhead_s
+        elif weight_grad and grad_e > 0:
+            efficiency, group_rows = grad_e, grad_rows
         else:
-            efficiency = self.grouped_matmul_fp8_efficiency if fp8_rate else self.grouped_matmul_efficiency
-            group_rows, group_s = self.grouped_matmul_group_rows, self.grouped_matmul_group_overhead_s
+            efficiency = self.grouped_matmul_fp8_efficiency if fp8_rate else bf16_e
+            group_rows = rows_per_group
         peak = (self.peak_fp8_flops_per_s if fp8_rate else self.peak_bf16_flops_per_s) / self.devices_per_chip
         math = 2.0 * (rows + groups * group_rows) * contract * out / (peak * efficiency)
         weight_bytes = 1 if fp8 and not weight_grad else 2  # a weight gradient is written in bf16
         moved = 2.0 * rows * (contract + out) + weight_bytes * groups * contract * out
         seconds = max(math, moved / (self.hbm_bw_bytes_per_s / self.devices_per_chip)) + groups * group_s
         lanes = self.kind.lanes
-        return seconds * self.grouped_matmul_unaligned_slowdown if contract % lanes or out % lanes else seconds
+        return seconds * unaligned if contract % lanes or out % lanes else seconds
 
     @property
     def cores_per_device(self) -> int:
@@ -296,7 +340,17 @@ GROUPED_MATMUL_FIELDS = (
 )
 # fields a row may leave out (rows `cpplan calibrate` wrote before they existed): each takes the default
 # of its declaration above, which means "not measured" (0.0; the unaligned slowdown 1.0)
-DEFAULTED_FIELDS = ("peak_fp8_flops_per_s", *GROUPED_MATMUL_FIELDS)
+# the figures of each kernel's model (`Chip.grouped_figures`), after its prefix
+GROUPED_FIGURE_NAMES = (
+    "efficiency",
+    "group_rows",
+    "group_overhead_s",
+    "weight_grad_efficiency",
+    "weight_grad_group_rows",
+    "unaligned_slowdown",
+)
+RAGGED_DOT_FIELDS = tuple(f"ragged_dot_{name}" for name in GROUPED_FIGURE_NAMES)
+DEFAULTED_FIELDS = ("peak_fp8_flops_per_s", *GROUPED_MATMUL_FIELDS, *RAGGED_DOT_FIELDS, "ragged_dot_permute_passes")
 
 # the chip row's compiler-schedule facts (booleans, each cited with the compile it was read from)
 COMPILER_SCHEDULE_FIELDS = (
@@ -348,6 +402,13 @@ _NUMBER_RULES = {
     "grouped_matmul_weight_grad_group_rows": (False, 0, True, None, "rows per group"),
     "grouped_matmul_fp8_efficiency": (False, 0, True, 1, "a fraction of the fp8 peak (0 where not measured)"),
     "grouped_matmul_unaligned_slowdown": (False, 0, False, None, "a ratio of times (1 where not measured)"),
+    "ragged_dot_efficiency": (False, 0, True, 1, "a fraction of the peak (0 where not measured)"),
+    "ragged_dot_group_rows": (False, 0, True, None, "rows per group"),
+    "ragged_dot_group_overhead_s": (False, 0, True, None, "a time per group"),
+    "ragged_dot_weight_grad_efficiency": (False, 0, True, 1, "a fraction of the peak (0 where not measured)"),
+    "ragged_dot_weight_grad_group_rows": (False, 0, True, None, "rows per group"),
+    "ragged_dot_unaligned_slowdown": (False, 0, False, None, "a ratio of times (1 where not measured)"),
+    "ragged_dot_permute_passes": (False, 0, True, None, "a count of HBM passes (0 where not measured)"),
 }
 
 

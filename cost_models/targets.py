@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from cost_models.chips import GroupedKernel
 from cost_models.errors import CpplanError
 from cost_models.models import ModelSpec
 from cost_models.vocabulary import _Named
@@ -52,6 +53,8 @@ class ModelKind(str, Enum):
     SHARED_KV = "keys and values of one projection"
     INTERLEAVED_EXPERTS = "expert layers between dense ones"
     QKV_BIAS = "biases on q, k and v"
+    PER_LAYER_INPUTS = "per-layer input embeddings"
+    KV_SHARED_LAYERS = "layers that reuse an earlier layer's keys and values"
 
 
 def model_kinds(model: ModelSpec) -> tuple[ModelKind, ...]:
@@ -65,6 +68,8 @@ def model_kinds(model: ModelSpec) -> tuple[ModelKind, ...]:
         ModelKind.SHARED_KV: model.shared_kv,
         ModelKind.INTERLEAVED_EXPERTS: model.experts is not None and model.experts.every > 1,
         ModelKind.QKV_BIAS: model.qkv_bias,
+        ModelKind.PER_LAYER_INPUTS: model.per_layer_inputs is not None,
+        ModelKind.KV_SHARED_LAYERS: model.kv_shared_layers > 0,
     }
     return tuple(kind for kind in ModelKind if present[kind])
 
@@ -150,6 +155,7 @@ class TargetTraits:
             device over its own tokens).
         model_kinds: the mechanisms beyond a dense grouped-query decoder (`ModelKind`) it runs; a model
             holding any other is refused (`model_refusal`). None: every kind (MaxText).
+        grouped_kernel: the kernel of its experts' grouped matmuls, whose chip-row figures price them.
     """
 
     target: Target
@@ -182,6 +188,7 @@ class TargetTraits:
     zigzag_kv_reorder_passes: tuple[float, float] | None = None
     model_kinds: frozenset[ModelKind] | None = None
     expert_parallelism: bool = False
+    grouped_kernel: GroupedKernel = GroupedKernel.TOKAMAX
 
     def prunes_documents(self, spec) -> bool:
         """Whether strategy `spec`'s kernel on this runtime skips the tiles of other packed documents of
@@ -198,6 +205,7 @@ TRAITS: dict[Target, TargetTraits] = {
     Target.CPPLAN: TargetTraits(
         Target.CPPLAN,
         model_kinds=frozenset({ModelKind.EXPERTS}),
+        grouped_kernel=GroupedKernel.XLA_RAGGED_DOT,
         loss_splits_vocabulary=True,
         logit_bytes=4,
         layer_gradients_all_step=True,

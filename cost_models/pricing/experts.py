@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cost_models.candidates import Candidates
+from cost_models.chips import GroupedKernel
 from cost_models.compute import tile_efficiency
 from cost_models.vocabulary import Quantization
 
@@ -122,13 +123,16 @@ def grouped_matmul_efficiency(x: Candidates) -> np.ndarray:
     return flops / (3 * grouped_seconds(x) * x.topology.peak_flops_per_device)
 
 
-def grouped_seconds(x: Candidates, mlp_chunk_tokens: int | None = None) -> np.ndarray:
+def grouped_seconds(
+    x: Candidates, mlp_chunk_tokens: int | None = None, kernel: GroupedKernel = GroupedKernel.TOKAMAX
+) -> np.ndarray:
     """A third of the seconds of one layer's routed-expert grouped matmuls, forward and backward (each input
     projection and the output projection; the backward's input gradient as a forward, its weight gradient
     with the row's own figures), per device: the chip row's measured model of a grouped matmul
     (`Chip.grouped_matmul_seconds`), each device running its E/e experts (`local_experts`) over the routed
-    copies it holds (`dispatched_rows`); where the runtime runs the MLP a chunk of `mlp_chunk_tokens` tokens
-    at a time (cpplan's), one call per chunk over that chunk's copies."""
+    copies it holds (`dispatched_rows`), with the figures of the runtime's `kernel`; where the runtime runs
+    the MLP a chunk of `mlp_chunk_tokens` tokens at a time (cpplan's), one call per chunk over that chunk's
+    copies."""
     chip, m, e = x.topology.chip, x.model, x.model.experts
     fp8 = x.quantization is Quantization.FP8_FULL
 
@@ -137,8 +141,8 @@ def grouped_seconds(x: Candidates, mlp_chunk_tokens: int | None = None) -> np.nd
         shapes = [(m.hidden, width)] * m.mlp_inputs + [(width, m.hidden)]
         return (
             sum(
-                2 * chip.grouped_matmul_seconds(groups, rows, k, n, fp8=fp8)
-                + chip.grouped_matmul_seconds(groups, rows, k, n, weight_grad=True, fp8=fp8)
+                2 * chip.grouped_matmul_seconds(groups, rows, k, n, fp8=fp8, kernel=kernel)
+                + chip.grouped_matmul_seconds(groups, rows, k, n, weight_grad=True, fp8=fp8, kernel=kernel)
                 for k, n in shapes
             )
             / 3
@@ -159,20 +163,24 @@ def grouped_seconds(x: Candidates, mlp_chunk_tokens: int | None = None) -> np.nd
     return calls * seconds[np.ravel(where)].reshape(rows.shape)
 
 
-def price_experts(x: Candidates, mlp_chunk_tokens: int | None = None) -> ExpertTimes:
+def price_experts(
+    x: Candidates, mlp_chunk_tokens: int | None = None, kernel: GroupedKernel = GroupedKernel.TOKAMAX
+) -> ExpertTimes:
     """Prices one mixture-of-experts layer's MLP for every candidate (the model must have experts), its grouped
-    matmuls a call per MLP chunk where the runtime chunks it (`grouped_seconds`)."""
+    matmuls a call per MLP chunk where the runtime chunks it (`grouped_seconds`); its permutes at the
+    chip's measured passes for XLA's (`Chip.ragged_dot_permute_passes`), else `PERMUTE_PASSES` counted."""
     m, tensor = x.model, x.tensor
     e = m.experts
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     tile, achievable = x.topology.chip.mxu_tile, x.achievable_matmul_flops
     router_s = 2.0 * tokens * m.hidden * e.count / (achievable * tile_efficiency(e.count, tile))
-    grouped_s = grouped_seconds(x, mlp_chunk_tokens)
+    grouped_s = grouped_seconds(x, mlp_chunk_tokens, kernel)
     shared_s = 0.0 * tokens
     if e.shared:  # a dense MLP of the shared experts' widths together, its columns split over tensor
         width = e.shared * e.shared_width / tensor
         columns = tile_efficiency(m.hidden, tile) * tile_efficiency(width, tile)
         shared_s = tokens * 2.0 * m.mlp_matrices * m.hidden * width / (achievable * columns)
-    passes = PERMUTE_PASSES + np.where(x.expert > 1, LOCAL_PERMUTE_PASSES, 0)
+    measured = x.topology.chip.ragged_dot_permute_passes if kernel is GroupedKernel.XLA_RAGGED_DOT else 0.0
+    passes = (measured or PERMUTE_PASSES) + np.where(x.expert > 1, LOCAL_PERMUTE_PASSES, 0)
     permute_s = passes * dispatch_bytes(x) / x.topology.hbm_bw_per_device
     return ExpertTimes(router_s=router_s, grouped_s=grouped_s, shared_s=shared_s, permute_s=permute_s)

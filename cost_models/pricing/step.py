@@ -208,7 +208,9 @@ def shape_runs(x: Candidates) -> tuple[Candidates, np.ndarray]:
 def price_shapes(x: Candidates, target: Target) -> ShapePrice:
     """The `ShapePrice` of every candidate in `x` as the runtime `target` runs them."""
     layers = x.model.num_layers
-    matmuls = price_matmuls(x, mlp_chunk_tokens=target.traits.mlp_chunk_tokens)
+    matmuls = price_matmuls(
+        x, mlp_chunk_tokens=target.traits.mlp_chunk_tokens, grouped_kernel=target.traits.grouped_kernel
+    )
     kinds = price_layer_kinds(x, target)
     attention, cost = _layer_attention(kinds)
     elementwise = price_elementwise(x, mlp_chunk_tokens=target.traits.mlp_chunk_tokens)
