@@ -89,12 +89,20 @@ browser() {
 # ruff (configured in pyproject.toml) lints and checks the formatting of the whole tree first
 lint() { .venvs/py311-pure/bin/ruff check . && .venvs/py311-pure/bin/ruff format --check .; }
 pure_without_jax() { venv py311-pure "$(python_for 3.11)" '.[test,report]' && lint && browser && tier py311-pure -m pure; }
+# The Hugging Face comparison tests' torch (the hf-test extra): the CPU build where pip's find-links
+# (PIP_FIND_LINKS) hold one for Python 3.11, rather than the CUDA build of several GB that PyPI serves.
+cpu_torch() {
+    local dir
+    for dir in ${PIP_FIND_LINKS:-}; do ls "$dir"/torch-*+cpu-cp311-*.whl 2>/dev/null || true; done | sort -V | tail -1
+}
 runtime_tiers() {
-    venv py311 "$(python_for 3.11)" '.[runtime,test,report]' &&
+    # shellcheck disable=SC2046  # no wheel, no argument
+    venv py311 "$(python_for 3.11)" '.[runtime,test,report,hf-test]' $(cpu_torch) &&
         tier py311 -m "(not pure or runtime_extra) and not release_subset"
 }
+# MaxText itself too: `cpplan run --engine maxtext` runs its trainer in tests/cli/test_engine_maxtext.py
 beside_maxtext() {
-    venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' -c constraints/maxtext-0.2.5.txt &&
+    venv py312-maxtext "$(python_for 3.12)" '.[runtime,test]' 'maxtext[tpu]==0.2.5' -c constraints/maxtext-0.2.5.txt &&
         tier py312-maxtext -m "(cpu_mesh or runtime_extra) and not release_repeat" "${STAGE3_IGNORE[@]}"
 }
 # Stage 3 checks that the runtime runs on MaxText's stack; it leaves out six files stage 2 runs
