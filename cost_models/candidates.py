@@ -73,6 +73,8 @@ class Candidates(ReadsCase):
     local_strategy: CPStrategy | None = None  # the local layers' own strategy (None: `strategy` for every layer)
     state_on_host: tuple = ()  # the `HostState`s kept in host memory between steps
     quantization: Quantization = Quantization.NONE  # the matmuls' precision
+    # a mixture of experts' capacity factor on MaxText's dense path (0: dropless, `pricing.capacity`)
+    expert_capacity: float = 0.0
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__

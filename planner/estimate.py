@@ -54,6 +54,7 @@ def candidates_of(plan: Plan) -> Candidates:
         dq_reduction_steps=plan.dq_reduction_steps,
         state_on_host=plan.state_on_host,
         quantization=plan.quantization,
+        expert_capacity=plan.expert_capacity,
     )
 
 

@@ -189,7 +189,10 @@ MAXTEXT_MODEL_ALIASES = {
 }
 # MaxText's mixture-of-experts flags: read, and what the price makes of each
 EXPERT_FLAGS = {
-    "sparse_matmul": "the experts' grouped matmul (True, base.yml's) is priced; a dense einsum over capacity is not",
+    "sparse_matmul": (
+        "the experts' grouped matmul (True, base.yml's) is priced, and the dense path with a capacity_factor; "
+        "the dense path without one (every expert on every token) is not"
+    ),
     "megablox": "the grouped-matmul kernel, priced by its tile padding whichever kernel runs",
     "use_tokamax_gmm": "the grouped-matmul kernel, priced by its tile padding whichever kernel runs",
     "use_custom_sort_vjp": "the permute's backward, priced as its forward's passes",
@@ -197,7 +200,10 @@ EXPERT_FLAGS = {
     "shard_exp_on_fsdp": "the experts' weights are sharded over the weight-sharding group either way",
     "fsdp_shard_on_exp": "the experts' weights are sharded over the weight-sharding group either way",
     "use_2d_fsdp_sharding": "a second fsdp axis, priced as fsdp",
-    "capacity_factor": "priced dropless: every routed copy computed, none dropped or padded to a capacity",
+    "capacity_factor": (
+        "acts on the dense path only (sparse_matmul=False), in MaxText 0.2.5 as priced; with the grouped matmul "
+        "every routed copy is computed, none dropped"
+    ),
 }
 
 
@@ -326,7 +332,9 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["quantization"] = plan.quantization.value
     if unscanned_layers(plan.model):
         flags[UNSCANNED_LAYERS_FLAG] = False
-    if plan.model.experts:  # MaxText's dropless grouped matmul, as priced (base.yml's, written to be sure)
+    if plan.model.experts and plan.expert_capacity:  # the dense path with its capacity, as priced
+        flags.update(sparse_matmul=False, megablox=False, capacity_factor=plan.expert_capacity)
+    elif plan.model.experts:  # MaxText's dropless grouped matmul, as priced (base.yml's, written to be sure)
         flags.update(sparse_matmul=True, megablox=True, capacity_factor=-1)
         # the expert axis (a dense model's is always 1, MaxText's default, and not written)
         flags["ici_expert_parallelism"] = mesh["expert"]
@@ -789,6 +797,7 @@ def read_maxtext(
         dq_reduction_steps=dq_steps,
         state_on_host=state_on_host,
         quantization=_quantization(f),
+        expert_capacity=_expert_capacity(f) if model.experts else 0.0,
     )
     if model.experts:
         _expert_notes(f, notes)
@@ -1075,14 +1084,35 @@ def _dcn_degrees(f: _Flags, slices: int) -> tuple[int, int]:
     return dcn_data, dcn_fsdp
 
 
+def _expert_capacity(f: _Flags) -> float:
+    """The plan's `expert_capacity`: MaxText's capacity_factor where its dense path runs (sparse_matmul=False
+    and a factor above 0, MaxText 0.2.5 layers/moe.py `dense_matmul`), else 0 (dropless)."""
+    text = f.text("capacity_factor", "-1")
+    try:
+        factor = float(text)
+    except ValueError:
+        raise CpplanError(f"MaxText flag capacity_factor={text!r} is not a number (-1: no capacity, or e.g. 1.25).")
+    if not math.isfinite(factor):
+        raise CpplanError(f"MaxText flag capacity_factor={text!r} must be a finite number (-1: no capacity).")
+    return factor if factor > 0 and not f.bool("sparse_matmul", True) else 0.0
+
+
 def _expert_notes(f: _Flags, notes: list[str]) -> None:
     """Reads MaxText's mixture-of-experts flags (`EXPERT_FLAGS`), noting those set away from what is priced."""
+    dense_path = not f.bool("sparse_matmul", True)
+    capacity = _expert_capacity(f)
     for flag, how in EXPERT_FLAGS.items():
         if flag not in f:
             continue
         value = f.text(flag, "")
-        off_price = (flag == "sparse_matmul" and value.lower() == "false") or (
-            flag == "capacity_factor" and value not in ("-1", "-1.0")
+        off_price = (flag == "sparse_matmul" and dense_path and not capacity) or (
+            flag == "capacity_factor" and capacity <= 0 and value not in ("-1", "-1.0")
         )
         if off_price:
             notes.append(f"{flag}={value}: {how}")
+    if capacity:
+        notes.append(
+            f"sparse_matmul=False capacity_factor={capacity:g}: MaxText's dense path priced (slots, dispatch and "
+            f"combine einsums, cost_models/pricing/capacity.py); its [batch, length, experts, slots] masks' memory "
+            f"is not priced"
+        )

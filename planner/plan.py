@@ -91,6 +91,11 @@ class Plan:
         state_on_host: the training state kept in pinned host memory between steps (MaxText's
             `parameter_memory_host_offload`, `optimizer_memory_host_offload`), in `HostState` order;
             names are accepted. cpplan's runtime keeps all of it in HBM.
+        quantization: the matmuls' precision (`Quantization`).
+        expert_capacity: a mixture of experts' routing: 0, dropless (every routed copy through a grouped
+            matmul: MaxText's `sparse_matmul`, cpplan's runtime); or MaxText's dense path's capacity factor
+            (`sparse_matmul=False`, `capacity_factor`): each expert takes ceil(S·k/E)·factor slots per
+            sequence, filled by dispatch and combine einsums over one-hot masks (cost_models/pricing/capacity.py).
     """
 
     model: ModelSpec
@@ -117,6 +122,7 @@ class Plan:
     dq_reduction_steps: int = 0
     state_on_host: tuple = ()
     quantization: Quantization = Quantization.NONE
+    expert_capacity: float = 0.0
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -158,6 +164,18 @@ class Plan:
         ):
             raise CpplanError(f"plan loss_chunk_tokens={self.loss_chunk_tokens!r} must be 0 (full logits) or positive.")
         object.__setattr__(self, "quantization", Quantization.parse(self.quantization))
+        capacity = self.expert_capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not 0 <= capacity < math.inf:
+            raise CpplanError(
+                f"plan expert_capacity={capacity!r} must be 0 (dropless: every routed copy computed) or a positive "
+                f"capacity factor (MaxText's capacity_factor on its dense path, e.g. 1.25)."
+            )
+        if capacity and not self.model.experts:
+            raise CpplanError(
+                f"plan expert_capacity={capacity!r} is for a mixture of experts, and {self.model.name} has none; "
+                f"leave it 0."
+            )
+        object.__setattr__(self, "expert_capacity", float(capacity))
         for name in ("param_dtype", "compute_dtype", "mu_dtype"):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
@@ -499,6 +517,7 @@ class Plan:
             | ({"local_strategy": self.local_strategy.value} if self.local_strategy is not None else {})
             | ({"state_on_host": [h.value for h in self.state_on_host]} if self.state_on_host else {})
             | ({"quantization": self.quantization.value} if self.quantization is not Quantization.NONE else {})
+            | ({"expert_capacity": self.expert_capacity} if self.expert_capacity else {})
         )
 
     def to_json(self) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 from cost_models.candidates import Candidates
 from cost_models.chips import GroupedKernel
 from cost_models.compute import tile_efficiency
+from cost_models.pricing.capacity import capacity_seconds, slot_rows
 from cost_models.vocabulary import Quantization
 
 # HBM passes over the routed copies (tokens × top k × hidden) in one forward: the permute gathers them in
@@ -38,10 +39,13 @@ class ExpertTimes:
 
     router_s: np.ndarray  # the router's matmul (hidden × experts) on every token
     # the routed experts' grouped matmuls: a third of their forward, input-gradient and weight-gradient
-    # kernels together, as the chip row's grouped-matmul figures time each (`Chip.grouped_matmul_seconds`)
+    # kernels together, as the chip row's grouped-matmul figures time each (`Chip.grouped_matmul_seconds`);
+    # on MaxText's dense capacity path, their dense matmuls over every slot (`capacity.capacity_seconds`)
     grouped_s: np.ndarray
     shared_s: np.ndarray  # the shared experts' dense matmuls
-    permute_s: np.ndarray  # moving the routed copies into expert order and back, and combining them
+    # moving the routed copies into expert order and back, and combining them (on the capacity path, the
+    # dispatch and combine einsums)
+    permute_s: np.ndarray
 
     @property
     def matmul_s(self) -> np.ndarray:
@@ -84,7 +88,10 @@ def local_experts(x: Candidates) -> np.ndarray:
 
 def dispatched_rows(x: Candidates) -> np.ndarray:
     """Routed copies a device runs through its experts: with balanced routing, on average its own tokens × k
-    (with e = 1 exactly those; with e > 1 the ones the all-to-all brings it)."""
+    (with e = 1 exactly those; with e > 1 the ones the all-to-all brings it); on MaxText's dense capacity
+    path, every expert's slots (`capacity.slot_rows`)."""
+    if x.expert_capacity:
+        return slot_rows(x)
     return np.asarray(x.tokens_per_device, dtype=float) * x.model.experts.per_token
 
 
@@ -94,7 +101,7 @@ def receive_buffer_rows(x: Candidates, *, worst_case: bool) -> np.ndarray:
     default `ragged_buffer_factor` of -1: tokens × k × min(e, E/k) (`get_ragged_buffer_size`, MaxText 0.2.5
     layers/moe.py:2079)."""
     e = x.model.experts
-    factor = np.minimum(x.expert, e.count / e.per_token) if worst_case else 1.0
+    factor = np.minimum(x.expert, e.count / e.per_token) if worst_case and not x.expert_capacity else 1.0
     return np.where(x.expert > 1, dispatched_rows(x) * factor, 0.0)
 
 
@@ -174,13 +181,17 @@ def price_experts(
     tokens = np.asarray(x.tokens_per_device, dtype=float)
     tile, achievable = x.topology.chip.mxu_tile, x.achievable_matmul_flops
     router_s = 2.0 * tokens * m.hidden * e.count / (achievable * tile_efficiency(e.count, tile))
-    grouped_s = grouped_seconds(x, mlp_chunk_tokens, kernel)
+    if x.expert_capacity:  # MaxText's dense path: slots, einsums, no sort
+        grouped_s, permute_s = capacity_seconds(x)
+    else:
+        grouped_s = grouped_seconds(x, mlp_chunk_tokens, kernel)
     shared_s = 0.0 * tokens
     if e.shared:  # a dense MLP of the shared experts' widths together, its columns split over tensor
         width = e.shared * e.shared_width / tensor
         columns = tile_efficiency(m.hidden, tile) * tile_efficiency(width, tile)
         shared_s = tokens * 2.0 * m.mlp_matrices * m.hidden * width / (achievable * columns)
-    measured = x.topology.chip.ragged_dot_permute_passes if kernel is GroupedKernel.XLA_RAGGED_DOT else 0.0
-    passes = (measured or PERMUTE_PASSES) + np.where(x.expert > 1, LOCAL_PERMUTE_PASSES, 0)
-    permute_s = passes * dispatch_bytes(x) / x.topology.hbm_bw_per_device
+    if not x.expert_capacity:
+        measured = x.topology.chip.ragged_dot_permute_passes if kernel is GroupedKernel.XLA_RAGGED_DOT else 0.0
+        passes = (measured or PERMUTE_PASSES) + np.where(x.expert > 1, LOCAL_PERMUTE_PASSES, 0)
+        permute_s = passes * dispatch_bytes(x) / x.topology.hbm_bw_per_device
     return ExpertTimes(router_s=router_s, grouped_s=grouped_s, shared_s=shared_s, permute_s=permute_s)

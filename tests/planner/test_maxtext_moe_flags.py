@@ -72,7 +72,7 @@ def test_model_aliases_and_capacity_notes():
     read = read_maxtext(BASE.replace("deepseek3-671b", "deepseek3-671b-2dfsdp") + " capacity_factor=1.25")
     assert read.plan.model.name == "deepseek3-671b"
     assert any("2-D FSDP sharding rules" in n for n in read.notes)
-    assert any("capacity_factor=1.25: priced dropless" in n for n in read.notes)
+    assert any("capacity_factor=1.25: acts on the dense path only" in n for n in read.notes)
 
 
 def test_gpt_oss_keeps_its_alternating_sliding_window():
