@@ -25,6 +25,7 @@ JAX_STACK = {
     "scipy",
     "tensorboardX",
     "tqdm",
+    "safetensors",  # the runtime extra's Hugging Face checkpoints (runtime/hf_checkpoint.py)
 }
 
 
