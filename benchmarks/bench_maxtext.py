@@ -87,6 +87,32 @@ PLANS = [
         {"context": 4},
         {"custom": {"decoder_layer_input": "offload", "qkv_proj": "offload", "mlpwi": "offload"}},
     ),
+    # the search's own custom plans at 128K (the layer input and the attention output offloaded, many
+    # sequences a step): the MLP recomputed first, its weight gradients after the attention's backward
+    (
+        "tpu7x-16 all_gather 8 × fsdp 2 × 128K custom, 30 sequences",
+        "tpu7x-16",
+        "128k",
+        "all_gather",
+        {"fsdp": 2, "context": 8},
+        {"remat": "custom", "global_batch": 30, "loss_chunk_tokens": 8192},
+    ),
+    (
+        "v5p-16 ring 2 × tensor 4 × 128K custom zigzag, 14 sequences",
+        "v5p-16",
+        "128k",
+        "ring",
+        {"context": 2, "tensor": 4},
+        {"remat": "custom", "global_batch": 14, "loss_chunk_tokens": 8192, "load_balance": ["zigzag"]},
+    ),
+    (
+        "v5p-16 ring 4 × tensor 2 × 128K custom zigzag, 14 sequences",
+        "v5p-16",
+        "128k",
+        "ring",
+        {"context": 4, "tensor": 2},
+        {"remat": "custom", "global_batch": 14, "loss_chunk_tokens": 8192, "load_balance": ["zigzag"]},
+    ),
 ]
 
 
@@ -101,15 +127,13 @@ def maxtext_python(venv: Path) -> Path:
 
 
 def exported(topology: str, seq_len: str, strategy: str, mesh: dict, extra: dict):
-    """The best MaxText-target plan of one strategy on a fixed mesh (one sequence, remat full unless
-    `extra` names a policy), exported. `extra["custom"]` (MaxText's per-name placements) makes the
+    """The best MaxText-target plan of one strategy on a fixed mesh (one sequence and remat full unless
+    `extra` names a global batch or a policy), exported. `extra["custom"]` (MaxText's per-name placements) makes the
     plan `remat_policy=custom` with them, as a user edits a plan: the search cannot offer `custom`."""
     full = {"data": 1, "fsdp": 1, "context": 1, "context_ulysses": 1, "tensor": 1, **mesh}
-    options = {"remat": "full", "loss_chunk_tokens": 0, **extra}
+    options = {"remat": "full", "loss_chunk_tokens": 0, "global_batch": 1, **extra}
     custom = options.pop("custom", None)
-    result = api.run_search(
-        MODEL, seq_len, topology, target="maxtext", global_batch=1, mesh=full, strategies=[strategy], **options
-    )
+    result = api.run_search(MODEL, seq_len, topology, target="maxtext", mesh=full, strategies=[strategy], **options)
     ranked = list(result.ranked[:1]) or result.best_infeasible[:1]
     if not ranked:
         reasons = "; ".join(sorted({r.reason for r in result.rejections}))

@@ -112,6 +112,11 @@ class TargetTraits:
             layers' backward, holding the logit gradient and the final norm's output through it.
         offload_holds_mlp_backward: under MLP-input offload a layer's backward holds the MLP's input
             projections and their gradients, all tokens, through the attention's backward.
+        offload_defers_mlp_weight_gradients: under an offloading policy that recomputes the MLP but not the
+            attention's output (kept, or offloaded), a layer's backward forms the MLP's weight gradients after
+            the attention's backward, holding their operands through it: the input projections' recomputed
+            outputs and their gradients, the gated product, the MLP's input and the layer output's gradient;
+            where holding them overflows the HBM, one output and the gradient the rest are formed again from.
         head_gradient_loop_devices: the weight-group sizes (least, most) over which the head's weight gradient
             is a windowed-einsum loop, priced as deferred past the layers (the safe side); None: never.
         head_gradient_in_head_layout: the loss writes the head's gradient in the head's layout (no moves at the update).
@@ -169,6 +174,7 @@ class TargetTraits:
     ring_kernel_max_block: int | None = None
     offload_defers_head_gradient: bool = False
     offload_holds_mlp_backward: bool = False
+    offload_defers_mlp_weight_gradients: bool = False
     head_gradient_loop_devices: tuple[int, int] | None = None
     head_gradient_in_head_layout: bool = False
     ring_hops_overlap_attention: bool = True
@@ -235,6 +241,7 @@ TRAITS: dict[Target, TargetTraits] = {
         ring_kernel_max_block=MAXTEXT_RING_MAX_BLOCK,
         offload_defers_head_gradient=True,
         offload_holds_mlp_backward=True,
+        offload_defers_mlp_weight_gradients=True,
         head_gradient_loop_devices=MAXTEXT_HEAD_GRADIENT_LOOP_DEVICES,
         ring_hops_overlap_attention=False,
         backward_shares_recomputed_hops=True,

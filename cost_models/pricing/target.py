@@ -10,11 +10,12 @@ import numpy as np
 
 from cost_models.candidates import Candidates
 from cost_models.compute import dq_partials
-from cost_models.pricing.memory import checkpoint_placed, peak_bytes
-from cost_models.remat import MLP_INPUT_CHECKPOINTS
+from cost_models.pricing.memory import checkpoint_placed, peak_bytes, recomputed_checkpoint
+from cost_models.remat import ATTENTION_OUTPUT, MLP_INPUT_CHECKPOINTS
 from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
 from cost_models.vocabulary import Placement
+from cost_models.work_layout import residual_tokens
 
 
 def vocab_tiles(tokens_per_device: float, loss_chunk_tokens: int) -> int:
@@ -38,6 +39,7 @@ def target_memory(
         and not traits.ring_dq_partials
         and not traits.offload_defers_head_gradient
         and not traits.offload_holds_mlp_backward
+        and not traits.offload_defers_mlp_weight_gradients
         and traits.head_gradient_loop_devices is None
     ):
         return memory
@@ -72,12 +74,17 @@ def target_memory(
         partials = x.sequences_per_device * count * nbytes * layout.q_heads * layout.q_len * m.head_dim
         out["attention_buffers"] = out["attention_buffers"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
     held = held_through_backward_bytes(x, traits)
+    # XLA's rematerialization recomputes the MLP's deferred values where holding them overflows the HBM (its
+    # ring compile holds two of five, `fusion.307.remat`; the all-gather one, with room, recomputes none)
+    hbm = x.topology.chip.hbm_bytes_per_device
+    over = peak_bytes(with_held(out, held, held["head_gradient"])) > hbm
+    held = {**held, "mlp_backward": np.where(over, held["mlp_backward_recomputed"], held["mlp_backward"])}
     holding = with_held(out, held, held["head_gradient"])
     # XLA's rematerialization recomputes a deferred matmul's output where holding it overflows the HBM: the
     # logits, where the chip fuses the logit gradient into the head's matmul (a logit gradient written by
     # its own fusion is recomputed only from the logits, as large: nothing to gain)
     recomputed = (
-        (peak_bytes(holding) > x.topology.chip.hbm_bytes_per_device)
+        (peak_bytes(holding) > hbm)
         & x.topology.chip.logit_gradient_fused_into_head_matmul
         & (held["head_gradient"] > 0)
     )
@@ -102,7 +109,13 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     loss of one vocabulary tile only). `head_recompute_inputs`: what is held instead where the compiler
     recomputes the logits after the layers' backward: the head's gathered weight and the final layer's fp32
     output. `mlp_backward`: the MLP's input-projection outputs and their gradients for every token, through
-    the attention's side, where the policy offloads them.
+    the attention's side, where the policy offloads them; where it offloads other values and recomputes
+    the MLP but not the attention's output, the operands of the MLP's weight gradients, formed after the
+    attention's backward: those outputs and gradients, the gated product formed from them, the MLP's input
+    and the layer output's gradient (docs/maxtext_offload.md, "The MLP's weight gradients after the
+    attention's backward"). `mlp_backward_recomputed`: what is held of those instead where the compiler
+    recomputes the projections' outputs and gradients to fit: one output and the gradient they are
+    formed from, with the MLP's input and the layer output's gradient.
     """
     # offloads that stay in HBM (a step of one layer) are held as kept values there: nothing comes back from the host
     m, columns = x.model, x.held_remat_columns
@@ -113,6 +126,14 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     offloads_mlp = np.any([checkpoint_placed(x, n, Placement.OFFLOAD) for n in MLP_INPUT_CHECKPOINTS], axis=0)
     mlp_offloaded = offloads & offloads_mlp
     mlp = 2 * m.mlp_inputs * tokens * m.mlp_width / x.tensor * x.act_bytes
+    # the attention's output at hand (kept or fetched), the MLP's input is formed without the attention and
+    # the MLP's backward runs first; its weight gradients wait for the attention's backward, and the peeled
+    # layer of an offloading step forms the gated product then, from the recomputed projections' outputs
+    mlp_first = offloads & ~offloads_mlp & ~recomputed_checkpoint(x, ATTENTION_OUTPUT)
+    mlp_first &= traits.offload_defers_mlp_weight_gradients
+    mlp_first_inputs = (tokens + residual_tokens(tokens, x.tensor)) * m.hidden * x.act_bytes
+    mlp_weight_gradient_operands = (2 * m.mlp_inputs + 1) * tokens * m.mlp_width / x.tensor * x.act_bytes
+    mlp_held = np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0)
     # a loss of several vocabulary tiles (MaxText's vocabulary_tiling: a custom VJP whose backward
     # scans the tiles) sums the head's gradient in its own loop: nothing is left to defer
     one_tile = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens) == 1
@@ -126,7 +147,9 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     return {
         "head_gradient": np.where(deferred, head, 0.0),
         "head_recompute_inputs": np.where(deferred, recompute_inputs, 0.0),
-        "mlp_backward": np.where(mlp_offloaded & traits.offload_holds_mlp_backward, mlp, 0.0),
+        "mlp_backward": mlp_held + np.where(mlp_first, mlp_weight_gradient_operands + mlp_first_inputs, 0.0),
+        "mlp_backward_recomputed": mlp_held
+        + np.where(mlp_first, 2 * tokens * m.mlp_width / x.tensor * x.act_bytes + mlp_first_inputs, 0.0),
     }
 
 
