@@ -73,6 +73,78 @@ def at_least(low: int):
     return parse
 
 
+# `run`'s optimizer flags (`runtime.optimizer.AdamW`): the field each sets, by flag destination
+OPTIMIZER_FLAGS = {
+    "learning_rate": "learning_rate",
+    "warmup_steps": "warmup_steps",
+    "decay": "decay",
+    "final_lr_fraction": "final_fraction",
+    "weight_decay": "weight_decay",
+    "clip_norm": "clip_norm",
+}
+
+
+def add_optimizer_options(p: argparse.ArgumentParser) -> None:
+    """The optimizer flags of a command that trains: AdamW with MaxText 0.2.5's defaults (each named)."""
+    from runtime.optimizer import AdamW, Decay
+
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        metavar="LR",
+        help=f"the peak learning rate, reached at the warmup's end (MaxText's learning_rate; default "
+        f"{AdamW.learning_rate:g})",
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=at_least(0),
+        help="steps of the rate's linear rise from 0 (default: a tenth of --steps, rounded down: MaxText's "
+        "warmup_steps_fraction 0.1)",
+    )
+    p.add_argument(
+        "--decay",
+        choices=[d.value for d in Decay],
+        help=f"how the rate falls after the warmup, to --final-lr-fraction of the peak at the last step "
+        f"(default {AdamW.decay.value}, MaxText's lr_schedule_type)",
+    )
+    p.add_argument(
+        "--final-lr-fraction",
+        type=float,
+        metavar="FRACTION",
+        help=f"the rate at the last step as a fraction of --learning-rate, 0 to 1 (MaxText's "
+        f"learning_rate_final_fraction; default {AdamW.final_fraction:g})",
+    )
+    p.add_argument(
+        "--weight-decay",
+        type=float,
+        help=f"AdamW's weight decay (MaxText's adam_weight_decay; default {AdamW.weight_decay:g})",
+    )
+    p.add_argument(
+        "--clip-norm",
+        type=float,
+        metavar="NORM",
+        help=f"clip the gradients to this global norm before the update, 0: no clipping (MaxText's "
+        f"gradient_clipping_threshold; default {AdamW.clip_norm:g})",
+    )
+
+
+def optimizer_of(args: argparse.Namespace):
+    """The `runtime.optimizer.AdamW` of the optimizer flags given, over `--steps`.
+
+    Raises:
+        CpplanError: a value out of its range, or --final-lr-fraction with --decay constant.
+    """
+    from runtime.optimizer import AdamW
+
+    if args.decay == "constant" and args.final_lr_fraction is not None:
+        raise CpplanError(
+            f"--final-lr-fraction {args.final_lr_fraction:g} with --decay constant: a constant rate falls to no "
+            f"floor; drop --final-lr-fraction, or choose --decay cosine or linear."
+        )
+    given = {field: getattr(args, dest) for dest, field in OPTIMIZER_FLAGS.items() if getattr(args, dest) is not None}
+    return AdamW(steps=args.steps, **given)
+
+
 def csv_words(text: str | None) -> list[str] | None:
     return [w.strip() for w in text.split(",") if w.strip()] if text is not None else None
 

@@ -9,7 +9,18 @@ import signal
 import sys
 from pathlib import Path
 
-from cli.args import add_command, add_search_options, at_least, directory, model_of, search_options, to_json
+from cli import engine_maxtext
+from cli.args import (
+    add_command,
+    add_optimizer_options,
+    add_search_options,
+    at_least,
+    directory,
+    model_of,
+    optimizer_of,
+    search_options,
+    to_json,
+)
 from cli.devices import (
     check_data,
     import_runtime,
@@ -30,7 +41,15 @@ from planner.explanation import Explanation, backward_text, describe_strategy
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Plans, compiles ahead of time (falling back to the next plan that fits), trains with
-    checkpoints and metrics, and prints measured figures next to predicted ones."""
+    checkpoints and metrics, and prints measured figures next to predicted ones (`--engine maxtext`:
+    MaxText trains it, `cli.engine_maxtext`)."""
+    if args.engine == "maxtext" and (args.init_from or args.export_hf):
+        raise CpplanError(
+            "--init-from and --export-hf read and write the weights of cpplan's runtime; drop --engine maxtext "
+            "to use them."
+        )
+    if args.engine == "maxtext":
+        return engine_maxtext.run_maxtext(args)
     from runtime.distributed import ProcessGroup
 
     group = ProcessGroup(args.coordinator, args.num_processes, args.process_id)
@@ -38,6 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     topo = get_topology(args.topology, args.num_slices)
     check_data(args.data)
     profile = profile_steps(args.profile_steps, args.steps)
+    optimizer = optimizer_of(args)
     if topo.chip.kind.shares_cores:
         use_host_devices(args.topology, processes=group.count)
     elif not on_a_tpu_vm():
@@ -67,6 +87,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume_from=args.resume_from,
         join_timeout_s=args.join_timeout,
         profile_steps=profile,
+        init_from=None if args.init_from is None else Path(args.init_from),
+        rope_theta=args.rope_theta,
+        export_hf=None if args.export_hf is None else Path(args.export_hf),
+        optimizer=optimizer,
     )
     check_world(search.ranked[0].plan, group, request)
     note_uncalibrated_host(args.topology)  # before the run, which takes a while
@@ -80,6 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if is_leader():
             print(text, file=notes, flush=True)
 
+    from runtime.compile_cache import use_compile_cache
+
+    say(use_compile_cache(not args.no_compile_cache))
+
     # a signal during a compile is recorded and acted on between compiles: raised inside the
     # compiler it would not unwind cleanly
     with INTERRUPTS.deferred():
@@ -92,8 +120,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         return INTERRUPTS.exit_status()
     if args.dry_run:
         return _report_run(args, checked, None, is_leader())
+    from planner.estimate import estimate
+
+    say(f"optimizer: {optimizer}")
     with INTERRUPTS.deferred():  # stop after the step in hand and save, rather than raise inside jax
-        report = train_checked(checked, dataset, request, should_stop=lambda: INTERRUPTS.stopped, say=say)
+        report = train_checked(
+            checked,
+            dataset,
+            request,
+            should_stop=lambda: INTERRUPTS.stopped,
+            say=say,
+            predicted_step_s=estimate(checked.plan).step_time_s,
+        )
     return _report_run(args, checked, report, is_leader())
 
 
@@ -194,6 +232,17 @@ def attempt_dict(attempt) -> dict:
     }
 
 
+def rope_theta(text: str) -> float:
+    """--rope-theta: a finite number above 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 1 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number above 1, e.g. 500000")
+    return value
+
+
 def profile_steps(text: str | None, steps: int) -> tuple[int, int] | None:
     """`A:B` as the first and last steps (counted from 1) to trace, or None."""
     if text is None:
@@ -280,6 +329,8 @@ def register(sub) -> None:
         "host or TPU pod, one or many processes)",
     )
     add_search_options(p)
+    engine_maxtext.add_arguments(p)
+    add_optimizer_options(p)
     p.add_argument(
         "--steps",
         type=at_least(2),
@@ -301,8 +352,9 @@ def register(sub) -> None:
     p.add_argument(
         "--checkpoint-every",
         type=at_least(0),
-        default=100,
-        help="save a checkpoint every this many steps (0: only at the end and when stopped)",
+        help="save a checkpoint every this many steps (0: only at the end and when stopped; default: as often as "
+        "keeps a save under 2%% of the step time, from the checkpoint's bytes at a TPU VM boot disk's write "
+        "bandwidth and the plan's predicted step time, then from the first save, timed)",
     )
     p.add_argument("--keep-checkpoints", type=at_least(1), default=3, help="checkpoints kept, newest first")
     p.add_argument(
@@ -321,10 +373,35 @@ def register(sub) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="stop after the pre-flight compile and print its report")
     p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile afresh: no persistent compilation cache (by default one in $JAX_COMPILATION_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/cpplan/jax or ~/.cache/cpplan/jax)",
+    )
+    p.add_argument(
         "--max-fallbacks", type=at_least(1), default=4, help="plans to pre-flight, best first, before giving up"
     )
     p.add_argument(
         "--profile-steps", help="FIRST:LAST steps (from 1) to trace with the jax profiler into --run-dir/profile"
+    )
+    p.add_argument(
+        "--init-from",
+        type=directory,
+        metavar="DIR",
+        help="start from a Hugging Face llama or mistral checkpoint (config.json and safetensors), with its RoPE "
+        "and norm epsilon; plan its own config (--model DIR/config.json). A resumed run continues its checkpoint",
+    )
+    p.add_argument(
+        "--rope-theta",
+        type=rope_theta,
+        metavar="THETA",
+        help="RoPE's base frequency, in place of the --init-from config's (default there) or Llama 3's 500000",
+    )
+    p.add_argument(
+        "--export-hf",
+        type=directory,
+        metavar="DIR",
+        help="after the last step, write the weights as Hugging Face safetensors and a config.json transformers loads",
     )
     p.add_argument(
         "--coordinator", help="host:port of process 0, for several processes off a TPU VM (on TPU VMs jax finds it)"

@@ -7,6 +7,9 @@ import argparse
 import os
 import sys
 
+from tqdm import tqdm
+
+from cli import engine_maxtext
 from cli.args import (
     FULL_MASK_HELP,
     add_command,
@@ -74,11 +77,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+COMPILE_AHEAD = {"auto": None, "on": True, "off": False}  # --compile-ahead, as validate_step_times takes it
+
+# why `validate --engine maxtext` is refused (`cpplan run --engine maxtext` measures one plan on MaxText)
+VALIDATE_MAXTEXT_WHY = (
+    "validate times every plan with cpplan's measurement harness inside this process (runtime/measure.py: each "
+    "step blocked on and timed alone), and MaxText would take a process and a compile of its own per plan and "
+    "time its steps as its host loop sees them, which that harness does not read; comparing the two needs that "
+    "reading written first"
+)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Runs plans (or reads measured step times) and compares them with predictions."""
     from validation.outputs import prepare_out_dir, write_atomic
     from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES
 
+    engine_maxtext.refuse_engine(args, "validate", VALIDATE_MAXTEXT_WHY)
     html = html_target(args)
     if args.measured:
         if args.full_mask:
@@ -136,6 +151,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # costs a backend start (~15 s on a TPU) per plan and the chip can refuse a process that opens
         # it just after another closed it; a plan that still fails to compile or runs out of memory is
         # recorded with its reason and the next one measured.
+        from runtime.compile_cache import use_compile_cache
+
+        notes = sys.stderr if args.json else sys.stdout
+        # before the plans compile: where their programs are kept between runs
+        print(use_compile_cache(not args.no_compile_cache), file=notes, flush=True)
         check_devices(topo, "validate", plans=[r.plan for r in chosen])
         journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
         with INTERRUPTS.deferred():
@@ -149,6 +169,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 journal=journal,
                 stop=lambda: INTERRUPTS.stopped,
                 plans=chosen,
+                compile_ahead=COMPILE_AHEAD[args.compile_ahead],
+                say=lambda line: tqdm.write(line, file=notes),
             )
     files = report.write(outdir, plots=not args.no_plots)
     if not args.measured:
@@ -251,6 +273,9 @@ def register(sub) -> None:
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
 
     p = add_command(sub, "validate", cmd_validate, "predicted vs measured step times (runs or imports)")
+    engine_maxtext.add_engine_flag(
+        p, f"what runs the plans: cpplan's runtime (maxtext is refused for now: {VALIDATE_MAXTEXT_WHY})"
+    )
     p.add_argument("--model", help="model name or config.json path (with --seq-lens and --topology)")
     p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)
     p.add_argument("--seq-lens", help="comma-separated, e.g. 2k,4k,8k")
@@ -277,6 +302,19 @@ def register(sub) -> None:
         "and dK/dV kernels), where it fits",
     )
     p.add_argument("--data", help="text file for the runs (synthetic tokens by default)")
+    p.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every plan afresh: no persistent compilation cache (by default one in "
+        "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/cpplan/jax or ~/.cache/cpplan/jax)",
+    )
+    p.add_argument(
+        "--compile-ahead",
+        choices=sorted(COMPILE_AHEAD),
+        default="auto",
+        help="compile the next plan in a thread while this one's steps run (auto: on an accelerator; not on "
+        "CPU devices, whose steps the compile would slow by sharing their cores)",
+    )
     p.add_argument(
         "--measured",
         help="a CSV with columns model, topology, seq_len, global_batch, strategy, data, "

@@ -1,14 +1,23 @@
 """Orbax checkpoints of a run: sharded parameters and AdamW state, written asynchronously, and the
 step reached; the data at step k depends on (seed, k) alone, so the step is the data position.
+
+What a save costs: `SaveInterval` picks how often to save so that saving stays under `SAVE_BUDGET` of
+the step time (from the checkpoint's bytes and a disk's write bandwidth, then from a measured save), and
+`SaveCost` says what the saves of a run cost in step time.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.errors import CpplanError
+from cost_models.units import GiB, MiB
+from cost_models.vocabulary import DTYPE_BYTES
 
 # what must be equal for a checkpoint to continue this run; the mesh may change (Orbax reshards)
 SAME_RUN_KEYS = ("model", "seq_len", "global_batch", "seed")
@@ -24,6 +33,126 @@ class Restored:
 
 
 CHECKPOINT_DIR = "checkpoints"  # under the run directory
+
+SAVE_BUDGET = 0.02  # the default interval keeps a save's seconds under this fraction of the steps between saves
+# A process's write bandwidth before one is measured: a TPU VM keeps the run directory on its boot disk,
+# 100 GiB by default (cloud.google.com/tpu/docs/storage-options: "each Cloud TPU VM has a single 100 GiB boot
+# disk"), Balanced Persistent Disk on v5e and v5p (docs.cloud.google.com/tpu/docs/storage-options-compute),
+# which sustains 0.28 MiB/s per GiB (cloud.google.com/compute/docs/disks/performance, "Throughput limits for
+# zonal Persistent Disk"): 100 × 0.28 = 28 MiB/s, a floor (any baseline throughput the disk adds is left
+# out); the run's first save, timed, replaces it.
+DISK_WRITE_BYTES_PER_S = 28 * MiB  # 100 GiB × 0.28 MiB/s per GiB
+DISK_SOURCE = "a TPU VM's 100 GiB balanced persistent boot disk, 0.28 MiB/s per GiB"
+
+
+def checkpoint_bytes(plan) -> int:
+    """Bytes of one checkpoint of `plan`: the weights and AdamW's two moments (the first in mu_dtype,
+    the second as the weights); the optimizer's step counts are a few bytes more."""
+    return plan.model.num_params * (2 * DTYPE_BYTES[plan.param_dtype] + DTYPE_BYTES[plan.mu_dtype])
+
+
+@dataclass(frozen=True)
+class SaveInterval:
+    """How often a run saves by default: a save writes `checkpoint_bytes` split over `processes`, each at
+    `write_bytes_per_s`, and `every` steps of `step_s` are long enough that it costs at most `SAVE_BUDGET`
+    of their time, even counted whole (as if the loop waited for every write). The saves are asynchronous,
+    but a write that outlasts the steps between saves holds the next save up, and one that overlaps
+    steps slows them: the whole write is the cost to budget for. `source` says where the bandwidth is from;
+    `timed`: the bandwidth and step time are a timed save's and the steps measured before it."""
+
+    checkpoint_bytes: int
+    processes: int
+    write_bytes_per_s: float
+    step_s: float
+    source: str
+    timed: bool = False
+
+    @property
+    def save_s(self) -> float:
+        """Seconds one process takes to write its part of a checkpoint."""
+        return self.checkpoint_bytes / self.processes / self.write_bytes_per_s
+
+    @property
+    def every(self) -> int:
+        """The fewest steps between saves that keep a save under `SAVE_BUDGET` of their time."""
+        return max(1, math.ceil(self.save_s / (SAVE_BUDGET * self.step_s)))
+
+    def measured(self, *, save_s: float, step_s: float) -> "SaveInterval":
+        """The interval a timed save of `save_s` seconds and measured steps of `step_s` give."""
+        bandwidth = self.checkpoint_bytes / self.processes / save_s
+        return dataclasses.replace(self, write_bytes_per_s=bandwidth, step_s=step_s, source="a timed save", timed=True)
+
+    def __str__(self) -> str:
+        split = f" ({_size(self.checkpoint_bytes / self.processes)} per process)" if self.processes > 1 else ""
+        save = f"a save of {_size(self.checkpoint_bytes)}{split}"
+        bandwidth = f"{self.write_bytes_per_s / MiB:,.1f} MiB/s"
+        budget = f"under {SAVE_BUDGET:.0%} of {self.every} steps of {self.step_s:.3g} s"
+        if self.timed:
+            return f"checkpoints every {self.every} steps: {save} took {self.save_s:.3g} s ({bandwidth}), {budget}"
+        return (
+            f"checkpoints every {self.every} steps: {save} takes ~{self.save_s:.3g} s to write at {bandwidth} "
+            f"({self.source}), {budget} (the plan's predicted step); --checkpoint-every sets it"
+        )
+
+
+@dataclass(frozen=True)
+class SaveCost:
+    """What a run's saves cost in step time. A save holds the loop (`held_s`: copying the state off the
+    devices, waiting for the save before it, or the whole write where the save was timed), and the steps
+    run while it is written (`writing`, one flag per step of `step_times_s`) may run slower than the median
+    step run with none. `held_s` are the saves within the run, each followed by more steps; `final_s` the
+    save after the last step (or the stop), which no step waits for but the run's end does."""
+
+    step_times_s: tuple[float, ...]
+    writing: tuple[bool, ...]
+    held_s: tuple[float, ...]
+    final_s: float
+    every: int
+    checkpoint_bytes: int
+
+    @property
+    def clean_step_s(self) -> float:
+        """Median step with no save being written, the first step left out (it warms up)."""
+        clean = [t for t, w in zip(self.step_times_s[1:], self.writing[1:]) if not w]
+        return statistics.median(clean or self.step_times_s[1:] or self.step_times_s)
+
+    @property
+    def slowed(self) -> tuple[float, ...]:
+        """The steps run while a save was being written."""
+        return tuple(t for t, w in zip(self.step_times_s, self.writing) if w)
+
+    @property
+    def extra_s(self) -> float:
+        """Seconds the saves within the run added: the loop held, and the slowed steps' excess over a
+        clean step."""
+        return sum(self.held_s) + sum(max(0.0, t - self.clean_step_s) for t in self.slowed)
+
+    @property
+    def fraction(self) -> float:
+        """`extra_s` against the steps' time without saves."""
+        return self.extra_s / (len(self.step_times_s) * self.clean_step_s)
+
+    def __str__(self) -> str:
+        held = self.held_s or (self.final_s,)
+        median = statistics.median(held)
+        text = (
+            f"checkpoint cost: a save of {_size(self.checkpoint_bytes)} held the loop {median:.3g} s (median of "
+            f"{len(held)}{f', at most {max(held):.3g} s' if len(held) > 1 else ''}; "
+            f"{median / self.clean_step_s:.2g} steps of {self.clean_step_s * 1e3:,.1f} ms)"
+        )
+        if self.slowed:
+            slow = statistics.median(self.slowed)
+            text += (
+                f"; the {len(self.slowed)} step(s) run while a save was written took {slow * 1e3:,.1f} ms "
+                f"({slow / self.clean_step_s:.2g}×)"
+            )
+        if not self.held_s:
+            return f"{text}; no save within the run" + (f" (every {self.every} steps)" if self.every else "")
+        return f"{text}; the {len(self.held_s)} save(s) within the run added {self.fraction:.1%} to its steps' time"
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GiB:.2f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
 
 
 class Checkpoints:
@@ -45,6 +174,11 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         """The newest complete checkpoint's step count, or None."""
         return self._manager.latest_step()
+
+    @property
+    def saving(self) -> bool:
+        """Whether a save is being written."""
+        return self._manager.is_saving_in_progress()
 
     def due(self, steps_done: int) -> bool:
         """Whether a checkpoint is due after `steps_done` steps."""

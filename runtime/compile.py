@@ -196,10 +196,21 @@ def tpu_devices(plan: Plan):
         raise CpplanError(f"deviceless TPU compilation needs libtpu, which is not installed; {LIBTPU_HINT}.") from None
     from jax.experimental import topologies
 
+    one_slice = dataclasses.replace(topo, num_slices=1).name
     try:
-        topo = plan.topology_spec
-        one_slice = dataclasses.replace(topo, num_slices=1).name
-        return topologies.get_topology_desc(topology_name=one_slice, platform="tpu", num_slices=topo.num_slices).devices
+        try:
+            return topologies.get_topology_desc(
+                topology_name=one_slice, platform="tpu", num_slices=topo.num_slices
+            ).devices
+        except Exception as err:
+            if "chips_per_host_bounds" not in str(err):
+                raise
+            # a slice smaller than a host (v5e:1x1): libtpu 0.0.42 divides it by its default host of 2x2x1
+            # chips and refuses; the slice's own dims are its host's
+            host = tuple(topo.chip_dims) + (1,) * (3 - len(topo.chip_dims))
+            return topologies.get_topology_desc(
+                topology_name=one_slice, platform="tpu", num_slices=topo.num_slices, chips_per_host_bounds=host
+            ).devices
     except Exception as err:  # libtpu present but unusable: say so with the cause
         raise CpplanError(
             f"libtpu could not describe {plan.topology}: {err}. Check the libtpu install; {LIBTPU_HINT}."

@@ -13,9 +13,9 @@ from pathlib import Path
 from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.units import GiB
-from cost_models.vocabulary import DTYPE_BYTES
 from planner.plan import Plan
 from runtime.distributed import ProcessGroup
+from runtime.optimizer import AdamW
 
 
 @dataclass(frozen=True)
@@ -30,22 +30,32 @@ class Launch:
     eos_id: int | None = None
     seed: int = 0
     max_fallbacks: int = 4
-    checkpoint_every: int = 100
+    checkpoint_every: int | None = None  # None: as often as costs under 2% of the step time (runtime.checkpoint)
     keep_checkpoints: int = 3
     resume: bool = True
     resume_from: int | None = None
     join_timeout_s: int = 120
     profile_steps: tuple[int, int] | None = None
+    init_from: Path | None = None
+    rope_theta: float | None = None
+    export_hf: Path | None = None
+    optimizer: AdamW | None = None  # the optimizer flags (--learning-rate...); None: the defaults over the steps
+
+    @property
+    def adamw(self) -> AdamW:
+        """The optimizer the run trains with."""
+        return self.optimizer or AdamW(steps=self.steps)
 
 
 def check_world(plan: Plan, group: ProcessGroup, launch: Launch) -> None:
-    """Refuses, before any compile, a run whose directory, checkpoints, disk or coordinator cannot
-    serve it: each a one-line refusal naming the path or flag and the fix.
+    """Refuses, before any compile, a run whose directory, checkpoints, disk, coordinator, weights to start
+    from (--init-from) or export (--export-hf) cannot serve it: each a one-line refusal naming the path or
+    flag and the fix.
 
     Raises:
         CpplanError: the first problem found.
     """
-    from runtime.checkpoint import CHECKPOINT_DIR
+    from runtime.checkpoint import CHECKPOINT_DIR, checkpoint_bytes
 
     run_dir = launch.run_dir
     if run_dir.exists() and not run_dir.is_dir():
@@ -69,8 +79,7 @@ def check_world(plan: Plan, group: ProcessGroup, launch: Launch) -> None:
             f"{str(checkpoints)!r} holds checkpoints and resuming was refused (--no-resume); give "
             f"another --run-dir, or drop --no-resume."
         )
-    # one checkpoint: the weights and AdamW's two moments (the first in mu_dtype, the second as the weights)
-    need = plan.model.num_params * (2 * DTYPE_BYTES[plan.param_dtype] + DTYPE_BYTES[plan.mu_dtype])
+    need = checkpoint_bytes(plan)
     free = shutil.disk_usage(existing).free
     if free < need:
         raise CpplanError(
@@ -78,6 +87,15 @@ def check_world(plan: Plan, group: ProcessGroup, launch: Launch) -> None:
             f"of this plan takes {need / GiB:.2f} GiB; free some space or give a --run-dir on a larger "
             f"disk."
         )
+    if launch.init_from is not None or launch.export_hf is not None:
+        from runtime.hf_checkpoint import HFCheckpoint, check_export
+
+        if launch.init_from is not None:
+            checkpoint = HFCheckpoint(launch.init_from)
+            checkpoint.check(plan.model, plan.seq_len)
+            checkpoint.rope(launch.rope_theta)  # one the runtime runs
+        if launch.export_hf is not None:
+            check_export(plan.model, launch.export_hf, launch.init_from)
     if group.coordinator is not None:
         check_coordinator(group, launch.join_timeout_s)
 
@@ -142,6 +160,7 @@ def prepare(
     import jax
 
     from runtime.data import open_dataset
+    from runtime.hf_checkpoint import run_constants
     from runtime.preflight import preflight
 
     best = plans[0]  # every ranked plan has its model and sequence length
@@ -165,16 +184,28 @@ def prepare(
         max_attempts=launch.max_fallbacks,
         on_attempt=lambda attempt: say(f"  {attempt}"),
         should_stop=should_stop,
+        constants=run_constants(launch.init_from, launch.rope_theta),
+        optimizer=launch.adamw,
     )
     return checked, dataset
 
 
-def train_checked(checked, dataset, launch: Launch, *, should_stop: Callable[[], bool], say: Callable[[str], None]):
-    """Trains the plan the pre-flight chose, with checkpoints and metrics in `launch.run_dir`.
+def train_checked(
+    checked,
+    dataset,
+    launch: Launch,
+    *,
+    should_stop: Callable[[], bool],
+    say: Callable[[str], None],
+    predicted_step_s: float | None = None,
+):
+    """Trains the plan the pre-flight chose, with checkpoints and metrics in `launch.run_dir`;
+    `predicted_step_s` (the plan's price) chooses the checkpoint interval where the launch gives none.
 
     Returns:
         runtime.loop's report of the steps done.
     """
+    from runtime.hf_checkpoint import run_hooks
     from runtime.loop import Checkpointing, train
 
     checkpointing = Checkpointing(
@@ -182,7 +213,9 @@ def train_checked(checked, dataset, launch: Launch, *, should_stop: Callable[[],
         keep=launch.keep_checkpoints,
         resume=launch.resume,
         resume_from=launch.resume_from,
+        predicted_step_s=predicted_step_s,
     )
+    initial, trained = run_hooks(checked.trainer, init_from=launch.init_from, export_hf=launch.export_hf, say=say)
     return train(
         checked.trainer,
         checked.compiled,
@@ -196,4 +229,6 @@ def train_checked(checked, dataset, launch: Launch, *, should_stop: Callable[[],
         memory=checked.memory,
         compile_s=sum(a.compile_s for a in checked.attempts),
         on_note=say,
+        initial=initial,
+        trained=trained,
     )

@@ -11,7 +11,7 @@ import jax
 
 
 def gradients_finished_per_layer(layer: type[nn.Module], *, wait_for_cotangent: bool) -> type[nn.Module]:
-    """`layer` (called as `layer(plan, mesh, experts)(x, positions, segment_ids, mask_index)`), same call and
+    """`layer` (called as `layer(plan, mesh, experts, constants)(x, positions, segment_ids, mask_index)`), same call and
     parameters, whose backward hands on its input's gradient only with its weights' gradients; with
     `wait_for_cotangent` (one-layer steps that offload nothing) the backward also starts only once
     its output's gradient arrives, so its weight gathers are not hoisted to the step's top."""
@@ -20,6 +20,7 @@ def gradients_finished_per_layer(layer: type[nn.Module], *, wait_for_cotangent: 
         plan: object
         mesh: object
         experts: bool = False
+        constants: object = None  # the model's `runtime.model.ModelConstants`, passed on
 
         @nn.compact
         def __call__(self, x, positions, segment_ids=None, mask_index=None):
@@ -36,7 +37,7 @@ def gradients_finished_per_layer(layer: type[nn.Module], *, wait_for_cotangent: 
                 return jax.lax.optimization_barrier(vjp_fn(out_gradient))
 
             ordered = nn.custom_vjp(apply, forward_fn=forward, backward_fn=backward)
-            inner = layer(self.plan, self.mesh, self.experts)
+            inner = layer(self.plan, self.mesh, self.experts, self.constants)
             # parameters where they would be unwrapped: a plan initialises the same whatever its remat policy
             nn.share_scope(self, inner)
             return ordered(inner, x)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from dataclasses import dataclass
 
 import flax.linen as nn
 import jax
@@ -27,6 +28,7 @@ from runtime.attention import sharded_attention
 from runtime.experts import expert_weights, gather_weights, mixture
 from runtime.layer_gradients import gradients_finished_per_layer
 from runtime.layout import ACTIVATIONS, HEADS, WEIGHT_AXES
+from runtime.rope import ROPE_THETA, Rope, rope
 
 # the residual stream [batch, seq, embed]: sequence split over the context axes, then 'tensor'
 RESIDUAL = P(BATCH_AXES, (*SEQUENCE_AXES, "tensor"), None)
@@ -37,9 +39,17 @@ EMBED_GROUP = (*WEIGHT_AXES, "tensor")  # the embedding table's embed dimension 
 ACTIVATION_FUNCTIONS = {"silu": nn.silu, "gelu": nn.gelu, "relu": nn.relu, "sigmoid": nn.sigmoid, "linear": lambda x: x}
 MLP_INPUT_WEIGHTS = {2: ("w_gate", "w_up"), 1: ("w_in",)}  # gated or plain MLP
 
-ROPE_THETA = 500_000.0  # Llama 3
 NORM_EPS = 1e-5
 INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class ModelConstants:
+    """What a checkpoint fixes of the model's arithmetic beyond its `ModelSpec` (planning does not depend on
+    it): RoPE's frequencies and the RMSNorms' epsilon; by default Llama 3's."""
+
+    rope: Rope = Rope(theta=ROPE_THETA)
+    norm_eps: float = NORM_EPS
 
 
 def remat_policy(policy: RematPolicy, custom: tuple = ()):
@@ -61,46 +71,11 @@ def _param(module: nn.Module, name: str, shape, spec: tuple, *, init=None, dtype
     return module.param(name, nn.with_partitioning(init, spec), shape, dtype)
 
 
-def rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float = NORM_EPS) -> jax.Array:
     """RMSNorm in fp32, returned in x's dtype."""
     x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + NORM_EPS)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return (normed * scale.astype(jnp.float32)).astype(x.dtype)
-
-
-def _rotation(positions: jax.Array, half: int) -> tuple[jax.Array, jax.Array]:
-    """cos and sin of RoPE's angles at integer `positions` `[b, s]`, fp32 `[b, s, 1, half]`."""
-    freq = ROPE_THETA ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angle = positions.astype(jnp.float32)[..., None, None] * freq
-    return jnp.cos(angle), jnp.sin(angle)
-
-
-def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x's halves rotated by the angles (rotate-half form), computed in cos's dtype, returned in x's."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].astype(cos.dtype), x[..., half:].astype(cos.dtype)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
-
-
-@jax.custom_vjp
-def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
-    """Rotary embedding (rotate-half form) of `[b, s, heads, d]` at integer `positions` `[b, s]`."""
-    return _rotate(x, *_rotation(positions, x.shape[-1] // 2))
-
-
-def _rope_forward(x: jax.Array, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return rope(x, positions), positions
-
-
-def _rope_backward(positions: jax.Array, grad: jax.Array) -> tuple[jax.Array, None]:
-    # A rotation's transpose is the rotation by minus the angle. It runs in the gradient's dtype: autodiff
-    # of the fp32 forward casts dq to fp32 first, and on tpu7x the relayout after Ulysses' all-to-all then
-    # holds that fp32 copy at the heap's top (docs/provenance/cost_models.md#memory).
-    cos, sin = _rotation(positions, grad.shape[-1] // 2)
-    return _rotate(grad, cos.astype(grad.dtype), -sin.astype(grad.dtype)), None
-
-
-rope.defvjp(_rope_forward, _rope_backward)
 
 
 def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
@@ -325,6 +300,7 @@ class DecoderLayer(nn.Module):
     plan: Plan
     mesh: Mesh
     experts: bool = False
+    constants: ModelConstants = ModelConstants()
 
     def constrain(self, x, spec):
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
@@ -342,13 +318,15 @@ class DecoderLayer(nn.Module):
             return self.parallel_block(x, positions, segment_ids, w, mask_index), None
 
         # the normed tokens of every tensor shard, gathered for the column-parallel projections
-        y = self.constrain(rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt)), ACTIVATIONS)
+        eps = self.constants.norm_eps
+        y = rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt), eps)
+        y = self.constrain(y, ACTIVATIONS)
         q, k, v = (jnp.einsum("bsd,dhk->bshk", y, weight) for weight in self.qkv_weights(w))
         ctx = self.attention(q, k, v, positions, segment_ids, mask_index, constrain_heads=True)
         out = attention_out_projection(ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), mesh=self.mesh)
         x = self.constrain(x + out, RESIDUAL)
 
-        y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt))
+        y = rms_norm(x, _param(self, "mlp_norm", (d,), (None,), init=ones, dtype=pdt), eps)
         weights, specs = self.mlp_weights(w)
         down = _mlp_shard_map(
             y, weights, specs, activations=m.mlp_activations, plan=plan, mesh=self.mesh, experts=self.experts
@@ -371,10 +349,8 @@ class DecoderLayer(nn.Module):
         parallel block's are `HEADS` already (docs/provenance/runtime.md#model).
         """
         lay_out = (lambda t: self.constrain(t, HEADS)) if constrain_heads else (lambda t: t)
-        q, k, v = (
-            checkpoint_name(lay_out(t), name)
-            for t, name in zip((rope(q, positions), rope(k, positions), v), QKV_CHECKPOINTS)
-        )
+        rotated = (rope(q, positions, self.constants.rope), rope(k, positions, self.constants.rope), v)
+        q, k, v = (checkpoint_name(lay_out(t), name) for t, name in zip(rotated, QKV_CHECKPOINTS))
         # the output stays unnamed: the kernel saves it as ATTENTION_OUTPUT, and naming this layout
         # too would keep a second copy (MaxText keeps one)
         by_mask = [
@@ -409,7 +385,7 @@ class DecoderLayer(nn.Module):
         d, h, hd = m.hidden, m.num_heads, m.head_dim
         norm = _param(self, "attn_norm", (d,), (None,), init=nn.initializers.ones, dtype=jnp.dtype(plan.param_dtype))
         q, k, v, gathered = parallel_block_inputs(
-            self.constrain(rms_norm(x, norm), RESIDUAL), *self.qkv_weights(w), mesh=self.mesh
+            self.constrain(rms_norm(x, norm, self.constants.norm_eps), RESIDUAL), *self.qkv_weights(w), mesh=self.mesh
         )
         ctx = self.attention(q, k, v, positions, segment_ids, mask_index, constrain_heads=False)
         summed = parallel_block_outputs(
@@ -430,6 +406,7 @@ class Llama(nn.Module):
 
     plan: Plan
     mesh: Mesh
+    constants: ModelConstants = ModelConstants()
 
     @nn.compact
     def __call__(
@@ -464,8 +441,9 @@ class Llama(nn.Module):
                 length=length,
                 metadata_params={nn.PARTITION_NAME: None},
             )
-            x, _ = stack(plan, self.mesh, experts, name=name)(x, positions, segment_ids, *scanned)
-        x = rms_norm(x, _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt))
+            x, _ = stack(plan, self.mesh, experts, self.constants, name=name)(x, positions, segment_ids, *scanned)
+        final_norm = _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt)
+        x = rms_norm(x, final_norm, self.constants.norm_eps)
         if m.tie_embeddings:
             head = embed.T
         else:

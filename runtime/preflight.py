@@ -65,13 +65,16 @@ def preflight(
     available_bytes: int | None = None,
     on_attempt=None,
     should_stop=None,
+    constants=None,
+    optimizer=None,
 ) -> Preflight:
     """Compiles `plans` (ranked, best first) on `devices` until one fits `available_bytes` per device
     (default: the chip row's), trying at most `max_attempts`; `packed` compiles the step with segment
     ids; `on_attempt` gets each `Attempt` as it is made; `should_stop` (asked after each) ends it early,
-    returning what was tried with no plan chosen. On a TPU each plan is compiled deviceless in a child
-    process first: one whose compiler aborts or refuses it, or finds it over HBM, is left there, and only
-    the plan that passes is compiled on `devices`.
+    returning what was tried with no plan chosen; `constants` (`runtime.model.ModelConstants`, None: Llama
+    3's) and `optimizer` (`runtime.optimizer.AdamW`, None: its defaults) go to each plan's trainer. On a
+    TPU each plan is compiled deviceless in a child process first: one whose compiler aborts or refuses it,
+    or finds it over HBM, is left there, and only the plan that passes is compiled on `devices`.
 
     Raises:
         CpplanError: none of the first `max_attempts` plans compiles and fits.
@@ -90,7 +93,9 @@ def preflight(
             attempt = None
         trainer = compiled = memory = None
         if attempt is None:
-            attempt, trainer, compiled, memory = _compile_here(plan, rank, devices, packed, have, checked_s)
+            attempt, trainer, compiled, memory = _compile_here(
+                plan, rank, devices, packed, have, checked_s, constants, optimizer
+            )
         result.attempts.append(attempt)
         if on_attempt is not None:
             on_attempt(attempt)
@@ -118,7 +123,9 @@ def _refused(plan: Plan, rank: int, report, have: int) -> Attempt | None:
     return None
 
 
-def _compile_here(plan: Plan, rank: int, devices, packed: bool, have: int, checked_s: float):
+def _compile_here(
+    plan: Plan, rank: int, devices, packed: bool, have: int, checked_s: float, constants=None, optimizer=None
+):
     """Compiles the plan's step on `devices` in this process: `(attempt, trainer, compiled, memory)`,
     the last three None where it does not fit. `checked_s`: seconds its child compile took."""
     import jax
@@ -126,7 +133,7 @@ def _compile_here(plan: Plan, rank: int, devices, packed: bool, have: int, check
     from runtime.mesh import build_mesh
     from runtime.train import Trainer
 
-    trainer = Trainer(plan, build_mesh(plan, devices))
+    trainer = Trainer(plan, build_mesh(plan, devices), constants=constants, optimizer=optimizer)
     start = time.perf_counter()
     try:
         compiled = trainer.train_step.lower(*trainer.abstract_state(packed=packed)).compile()

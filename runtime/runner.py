@@ -5,6 +5,7 @@ the chip row's peak, as the prediction's, so predicted and measured MFU differ o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -15,6 +16,7 @@ from cost_models.errors import CpplanError
 from cost_models.units import MiB, mfu
 from planner.plan import Plan
 from runtime.compile import CompiledMemory
+from runtime.compile_cache import Compiles, count_compiles
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class RunReport:
     """Measured figures of a run."""
 
     plan: Plan
-    compile_s: float  # lowering + compiling the step
+    compile_s: float  # lowering + compiling the step (and, in `run`, the programs that initialise it)
     step_times_s: tuple[float, ...]  # wall time of every step (the first includes no compiling)
     losses: tuple[float, ...]
     model_flops: float  # of one step, as the cost model counts them
@@ -30,6 +32,7 @@ class RunReport:
     first_step: int = 0  # steps done before these (a resumed run's checkpoint)
     stopped: bool = False  # asked to stop before its last step
     peak_memory_bytes: int | None = None  # the devices' peak bytes in use, where the backend reports it
+    compiles: "Compiles | None" = None  # `run`'s compiles, and how many the persistent cache answered
 
     @property
     def step_time_s(self) -> float:
@@ -70,6 +73,40 @@ class RunReport:
         )
 
 
+@dataclass(frozen=True)
+class CompiledPlan:
+    """A plan's step and the programs that initialise it, compiled: nothing is allocated on the devices
+    yet, so one plan can compile while another runs."""
+
+    trainer: object  # runtime.train.Trainer
+    step: object  # the step's jax.stages.Compiled
+    compile_s: float
+    compiles: Compiles
+
+
+def compile_plan(plan: Plan, *, steps: int, devices=None, optimizer=None) -> CompiledPlan:
+    """Compiles `plan`'s step and its initialisers (`runtime.initialise`) for a run of `steps` steps on
+    `devices`, as `run` takes them (the arguments as `run`'s).
+
+    Raises:
+        CpplanError: bad step count, devices that do not match the plan, or a plan that cannot run.
+    """
+    from runtime.initialise import prepare_initialisers
+    from runtime.mesh import build_mesh
+    from runtime.optimizer import AdamW
+    from runtime.train import Trainer
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise CpplanError(f"steps={steps!r}: give a whole number of steps, at least 1.")
+    mesh = build_mesh(plan, devices)
+    trainer = Trainer(plan, mesh, optimizer=optimizer or AdamW(steps=steps))
+    start = time.perf_counter()
+    with count_compiles() as compiles:
+        step = trainer.train_step.lower(*trainer.abstract_state()).compile()
+        prepare_initialisers(trainer)
+    return CompiledPlan(trainer, step, time.perf_counter() - start, compiles)
+
+
 def run(
     plan: Plan,
     *,
@@ -78,34 +115,35 @@ def run(
     seed: int = 0,
     devices=None,
     should_stop: Callable[[], bool] = lambda: False,
+    optimizer=None,
+    compiled: "CompiledPlan | Callable[[], CompiledPlan] | None" = None,
 ) -> RunReport:
     """Runs `steps` training steps of a plan on `devices` (default: all of jax's; the plan's topology
     must be theirs), on byte tokens of the text file `data` or synthetic ones (None), seeded by `seed`;
-    `should_stop`, asked after each step, ends it early (the report says `stopped`).
+    `should_stop`, asked after each step, ends it early (the report says `stopped`). `optimizer`: a
+    `runtime.optimizer.AdamW` (default: its defaults over the `steps`, as `cpplan run` trains).
+    `compiled`: the plan's `compile_plan` for these arguments, or a function that gives it when the run
+    needs it (a compile under way in another thread); None: compiled here.
 
     Raises:
         CpplanError: bad step count, devices that do not match the plan, or a plan that cannot run.
     """
     from runtime.data import open_dataset
     from runtime.loop import train
-    from runtime.mesh import build_mesh
-    from runtime.train import Trainer
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise CpplanError(f"steps={steps!r}: give a whole number of steps, at least 1.")
-    mesh = build_mesh(plan, devices)
-    trainer = Trainer(plan, mesh)
+    if compiled is None:
+        compiled = compile_plan(plan, steps=steps, devices=devices, optimizer=optimizer)
+    elif callable(compiled):
+        compiled = compiled()
     dataset = open_dataset(data, seq_len=plan.seq_len, vocab=plan.model.vocab, seed=seed)
-    start = time.perf_counter()
-    compiled = trainer.train_step.lower(*trainer.abstract_state()).compile()
-    compile_s = time.perf_counter() - start
-    return train(
-        trainer,
-        compiled,
+    report = train(
+        compiled.trainer,
+        compiled.step,
         steps=steps,
         dataset=dataset,
         seed=seed,
-        memory=CompiledMemory.of(compiled),
-        compile_s=compile_s,
+        memory=CompiledMemory.of(compiled.step),
+        compile_s=compiled.compile_s,
         should_stop=should_stop,
     )
+    return dataclasses.replace(report, compiles=compiled.compiles)

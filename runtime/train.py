@@ -1,4 +1,5 @@
-"""A plan's training step: sharded parameters, AdamW state and the jitted step (state donated).
+"""A plan's training step: sharded parameters, the optimizer's state (`runtime.optimizer`) and the jitted
+step (state donated).
 
 Batches arrive in natural token order and are permuted once to the plan's order (`prepare_batch`);
 `abstract_state` gives shape-only inputs for deviceless compilation.
@@ -21,28 +22,25 @@ from cost_models.targets import Target, model_refusal
 from cost_models.vocabulary import LoadBalance
 from planner.plan import Plan
 from runtime.data.packing import inputs_and_targets
+from runtime.initialise import init_variables, opt_state_initialiser, param_initialiser
 from runtime.layout import TOKENS, token_order
 from runtime.loss import cross_entropy, loss_chunk
-from runtime.model import Llama, param_specs
-
-LEARNING_RATE = 3e-3
-WEIGHT_DECAY = 0.1
-
-
-def make_optimizer(learning_rate: float = LEARNING_RATE, *, mu_dtype: str = "float32") -> optax.GradientTransformation:
-    """AdamW as MaxText configures it for Llama (b1 0.9, b2 0.95, weight decay 0.1), the first moment
-    in `mu_dtype` (MaxText's), the second in the parameters' dtype."""
-    return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=WEIGHT_DECAY, mu_dtype=jnp.dtype(mu_dtype))
+from runtime.model import Llama, ModelConstants, param_specs
+from runtime.optimizer import AdamW
 
 
 class Trainer:
-    """A plan's training step on a mesh from `runtime.build_mesh(plan, ...)`; the plan is checked first.
+    """A plan's training step on a mesh from `runtime.build_mesh(plan, ...)`, updating the weights with
+    `optimizer` (default: AdamW's defaults at their peak rate, for steps taken by hand; a run gives its
+    own, spanning its steps); the plan is checked first.
 
     Raises:
         CpplanError: the plan cannot run as laid out.
     """
 
-    def __init__(self, plan: Plan, mesh: Mesh, *, learning_rate: float = LEARNING_RATE):
+    def __init__(
+        self, plan: Plan, mesh: Mesh, *, optimizer: AdamW | None = None, constants: ModelConstants | None = None
+    ):
         plan.check()
         if plan.state_on_host:
             raise CpplanError(
@@ -55,14 +53,15 @@ class Trainer:
             raise CpplanError(refusal)
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
-        self.model = Llama(plan, mesh)
-        self.optimizer = make_optimizer(learning_rate, mu_dtype=plan.mu_dtype)
+        self.constants = constants or ModelConstants()  # RoPE and norms' epsilon (a checkpoint's, or Llama 3's)
+        self.model = Llama(plan, mesh, self.constants)
+        self.adamw = optimizer or AdamW()  # the settings; `optimizer` is their optax transformation
+        self.optimizer = self.adamw.transformation(mu_dtype=plan.mu_dtype)
         self.token_sharding = NamedSharding(mesh, TOKENS)
 
     # -- shapes and shardings --------------------------------------------------------------
     def _init_variables(self, rng):
-        shape = (self.plan.global_batch, self.plan.seq_len)
-        return self.model.init(rng, jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.int32))
+        return init_variables(self.model, rng)
 
     @cached_property
     def param_shardings(self):
@@ -102,13 +101,13 @@ class Trainer:
         return self.abstract_params, opt, batch, batch, batch, batch if packed else None
 
     # -- running ---------------------------------------------------------------------------
-    def init(self, seed: int = 0):
-        """`(params, opt_state)`, sharded and created on the devices (nothing whole on one device)."""
-        params = jax.jit(lambda r: _unbox(self._init_variables(r)), out_shardings=self.param_shardings)(
-            jax.random.PRNGKey(seed)
-        )
-        opt_state = jax.jit(self.optimizer.init, out_shardings=self.opt_shardings)(params)
-        return params, opt_state
+    def init(self, seed: int = 0, *, params=None):
+        """`(params, opt_state)`, sharded and created on the devices (nothing whole on one device): random
+        weights of `seed`, or `params` given laid out as `param_shardings` (a checkpoint's)."""
+        # one program per layout, shared by the plans laid out alike (`runtime.initialise`)
+        if params is None:
+            params = param_initialiser(self)(jax.random.PRNGKey(seed))
+        return params, opt_state_initialiser(self)(params)
 
     def loss(self, params, tokens, targets, positions, segment_ids=None):
         """Mean next-token loss, a replicated fp32 scalar, of `[batch, seq]` int32 arrays in the plan's

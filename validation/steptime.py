@@ -3,8 +3,12 @@
 The selection: the planner's top K, the best plan of every strategy, then a seeded sample of
 the rest, up to `max_plans` per sequence length, each also with the splash blocks and attention
 backwards asked for (`plan_variants`). Runs go one after another under a progress
-bar, each result appended to a journal file as it finishes; Ctrl-C (and SIGTERM, which the CLI
-turns into it) stops them keeping what was measured.
+bar, each result appended to a journal file as it finishes with how long its compile and its steps
+took; Ctrl-C (and SIGTERM, which the CLI turns into it) stops them keeping what was measured.
+
+Compiling dominates (on a TPU v5e chip about 50 s per plan's step against seconds of steps), so on an
+accelerator the next plan compiles in a thread while this one's steps run: compiling only, its arrays
+are allocated when its turn comes, after this plan's are freed.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from __future__ import annotations
 import dataclasses
 import gc
 import random
+import threading
+import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from tqdm import tqdm
 
@@ -115,6 +122,8 @@ def validate_step_times(
     journal=None,
     stop: "Callable[[], bool] | None" = None,
     plans: "Sequence[Ranked] | None" = None,
+    compile_ahead: bool | None = None,
+    say: Callable[[str], None] = tqdm.write,
     **options,
 ) -> StepTimeReport:
     """Runs a selection of feasible plans per sequence length and compares with their prices.
@@ -129,29 +138,58 @@ def validate_step_times(
         journal: a file each plan's result is appended to (one JSON line) as soon as it is
             measured, so that a killed run keeps them; None keeps them in memory only.
         stop: asked after each step; True abandons the plan in hand (kept as a failure that says so)
-            and ends the run as an interrupt does (the CLI's signal
-            handler sets it rather than raising inside jax).
+            unless its steps are all done (then it is measured), and ends the run as an interrupt does
+            (the CLI's signal handler sets it rather than raising inside jax).
         plans: the plans to run (`choose_plans`' answer); None chooses them here.
+        compile_ahead: compile each plan in a thread while the one before runs its steps; None: on an
+            accelerator, not on CPU devices, whose steps the compile would slow by sharing their cores.
+        say: gets a line per plan (`plan_line`) as it is done.
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
     Raises:
         CpplanError: no plan fits at one of the lengths.
     """
+    import jax
+
     from runtime import run
+    from runtime.runner import compile_plan
 
     if plans is None:
         plans = choose_plans(
             model, seq_lens, topology, sequences=sequences, max_plans=max_plans, top=top, seed=seed, **options
         )
+    if compile_ahead is None:
+        compile_ahead = jax.default_backend() != "cpu"
     report = StepTimeReport(f"Step-time validation: {plans[0].plan.model.name} on {plans[0].plan.topology}")
     progress = tqdm(plans, desc="validate", unit="plan")
+    ahead = None  # the next plan's compile, under way while this plan's steps run
     try:
-        for ranked in progress:
+        for index, ranked in enumerate(progress):
             progress.set_postfix_str(f"{ranked.plan.strategy_label} seq {ranked.plan.seq_len}")
             result = StepResult(ranked.plan, ranked.estimate)
             abandoned = False
+            job, ahead = ahead or PlanCompile(partial(compile_plan, ranked.plan, steps=steps)), None
+
+            def compiled(job=job, index=index):
+                """This plan's compile (its failure raised here is this plan's), then the next one's begun."""
+                nonlocal ahead
+                try:
+                    return job.result()
+                finally:
+                    if compile_ahead and index + 1 < len(plans):
+                        ahead = PlanCompile(partial(compile_plan, plans[index + 1].plan, steps=steps), ahead=True)
+
+            begin = time.perf_counter()
+            measured = None
             try:
-                measured = run(ranked.plan, steps=steps, data=data, seed=seed, should_stop=stop or (lambda: False))
+                measured = run(
+                    ranked.plan,
+                    steps=steps,
+                    data=data,
+                    seed=seed,
+                    should_stop=stop or (lambda: False),
+                    compiled=compiled,
+                )
                 abandoned = measured.stopped  # the plan in hand is abandoned, not measured on fewer steps
                 if abandoned:
                     result.failure = f"abandoned: interrupted after {len(measured.step_times_s)} of {steps} steps"
@@ -163,8 +201,10 @@ def validate_step_times(
                 result.failure = failure_reason(err)
                 gc.collect()  # the failed plan's arrays and executables, before the next plan allocates
             report.results.append(result)
+            record = result.to_dict() | PlanTiming.of(job, time.perf_counter() - begin, measured).to_dict()
+            say(plan_line(index + 1, len(plans), record))
             if journal is not None:
-                append_record(journal, result.to_dict())
+                append_record(journal, record)
             if stop is not None and stop():
                 # interrupted only if plans were left unmeasured
                 report.interrupted = abandoned or len(report.results) < len(plans)
@@ -174,6 +214,104 @@ def validate_step_times(
     finally:
         progress.close()
     return report
+
+
+class PlanCompile:
+    """One plan's `compile_plan`, in a thread of its own (`ahead`) or in the caller's when its result is
+    first asked for; `result()` gives the compiled plan or raises the compile's error."""
+
+    def __init__(self, compile_fn: Callable[[], object], *, ahead: bool = False):
+        self.ahead = ahead
+        self.seconds: float | None = None  # the compile's own wall time, in whichever thread it ran
+        self.waited_s = 0.0  # how long `result` waited for it
+        self._fn, self._value, self._error = compile_fn, None, None
+        self._done = threading.Event()
+        if ahead:
+            # a daemon: an interrupted validation exits without waiting for a plan it will not run
+            threading.Thread(target=self._compile, name="cpplan-compile-ahead", daemon=True).start()
+
+    def _compile(self) -> None:
+        begin = time.perf_counter()
+        try:
+            self._value = self._fn()
+        except BaseException as err:  # raised again, in the caller's thread, by `result`
+            self._error = err
+        finally:
+            self.seconds = time.perf_counter() - begin
+            self._done.set()
+
+    @property
+    def compiles(self):
+        """The compiled plan's `runtime.compile_cache.Compiles`, None until it compiled (or if it failed)."""
+        return getattr(self._value, "compiles", None)
+
+    def result(self):
+        begin = time.perf_counter()
+        if not self.ahead and not self._done.is_set():
+            self._compile()
+        self._done.wait()
+        self.waited_s += time.perf_counter() - begin
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@dataclasses.dataclass
+class PlanTiming:
+    """Where one plan's time went: its compile (ahead or not, how long validation waited for it, how
+    many programs and how many the persistent cache answered) and its run (initialising and steps)."""
+
+    compile_s: float | None = None  # None: not compiled (the run failed before it asked)
+    compile_wait_s: float = 0.0
+    compiled_ahead: bool = False
+    compiles: int | None = None  # None: not compiled, or the compile failed
+    compile_cache_hits: int | None = None
+    compile_cache: str | None = None  # `Compiles.describe`
+    run_s: float = 0.0  # the run's wall time but the wait for its compile: initialising, batches, steps
+    step_times_s: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, job: PlanCompile, total_s: float, measured) -> "PlanTiming":
+        """The figures of a plan whose `job` compiled it and whose run took `total_s` in all and reported
+        `measured` (None: it failed)."""
+        counts = job.compiles
+        return cls(
+            compile_s=job.seconds,
+            compile_wait_s=job.waited_s,
+            compiled_ahead=job.ahead,
+            compiles=None if counts is None else counts.compiled,
+            compile_cache_hits=None if counts is None else counts.cache_hits,
+            compile_cache=None if counts is None else counts.describe(),
+            run_s=total_s - job.waited_s,
+            step_times_s=() if measured is None else tuple(measured.step_times_s),
+        )
+
+    def to_dict(self) -> dict:
+        fields = dataclasses.asdict(self)
+        fields["step_times_s"] = list(self.step_times_s)
+        fields["steps"] = len(self.step_times_s)
+        fields["steps_s"] = sum(self.step_times_s)
+        return fields
+
+
+def plan_line(number: int, total: int, record: dict) -> str:
+    """One plan's line from its journal `record`: what it is, how long its compile and its steps took,
+    and its failure if any; e.g. `plan 3/12 ring [context=4] full, blocks 512 at 2048 tokens: compile
+    41.2 s (cache hit), steps 3 in 2.46 s (best 0.612 s)`."""
+    parts = [f"plan {number}/{total} {record['label']} at {record['seq_len']} tokens:"]
+    if record["compile_s"] is not None:
+        how = record["compile_cache"] or "failed"
+        if record["compiled_ahead"]:
+            how += f"; ahead, waited {record['compile_wait_s']:.1f} s"
+        parts.append(f"compile {record['compile_s']:.1f} s ({how})")
+    if record["steps"]:
+        times = record["step_times_s"]
+        best = min(times[1:] or times)
+        parts.append(f"steps {record['steps']} in {record['steps_s']:.2f} s (best {best:.3g} s)")
+    line = parts[0] + " " + ", ".join(parts[1:])
+    if record["failure"]:
+        line += f"; {record['failure']}"
+    return line
 
 
 def measured_mfu(predicted, step_s: float) -> float:
