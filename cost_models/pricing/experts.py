@@ -31,6 +31,11 @@ LOCAL_PERMUTE_PASSES = 4
 # the all-to-alls of one mixture-of-experts layer: the forward's dispatch and return, and their transposes in
 # the backward (the forward's again where the remat policy recomputes the MLP)
 DISPATCH_ALL_TO_ALLS = 2
+# the routed copies (tokens × k rows, hidden-wide) a layer's backward holds at once without expert parallelism,
+# read from MaxText 0.2.5's compile of DeepSeek-V3 at EP 1 (docs/moe_compiled.md, "shard_exp_on_fsdp"): the
+# sorted input the input projections' weight gradients read, the output's gradient in expert order the output
+# projection's weight gradient reads, and the recomputed expert output on its way back to token order
+ROUTED_COPIES_HELD = 3
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,26 @@ class ExpertTimes:
 def gathered_mlp_matrix_params(x: Candidates):
     """Weights of one MLP matrix of the widest layer as a device gathers it (`ModelSpec.mlp_matrix_params`):
     a mixture of experts' one matrix of each of its E/e experts and of the shared ones."""
-    m, e = x.model, x.model.experts
-    if not e:
+    m = x.model
+    if not m.experts:
         return m.mlp_matrix_params
-    moe = m.hidden * (e.count * e.intermediate / x.expert + e.shared * e.shared_width)
-    return np.maximum(moe, m.hidden * m.intermediate if m.moe_layers < m.num_layers else 0)
+    return np.maximum(expert_matrix_params(x), m.hidden * m.intermediate if m.moe_layers < m.num_layers else 0)
+
+
+def expert_matrix_params(x: Candidates):
+    """Weights of one MLP matrix of a mixture-of-experts layer as a device gathers it: one matrix of each of
+    its E/e routed experts and of the shared ones (the model must have experts)."""
+    m, e = x.model, x.model.experts
+    return m.hidden * (e.count * e.intermediate / x.expert + e.shared * e.shared_width)
+
+
+def routed_copy_bytes(x: Candidates):
+    """Bytes of routed copies, hidden-wide, that MaxText's sparse matmul holds through a mixture-of-experts
+    layer's backward where no all-to-all receives them (e = 1; with e > 1 the receive buffers,
+    `receive_buffer_bytes`, are priced instead): `ROUTED_COPIES_HELD` of tokens × k rows in the compute dtype."""
+    if not x.model.experts:
+        return 0.0
+    return np.where(x.expert > 1, 0.0, ROUTED_COPIES_HELD * dispatched_rows(x) * x.model.hidden * x.act_bytes)
 
 
 def receive_buffer_bytes(x: Candidates, *, worst_case: bool):

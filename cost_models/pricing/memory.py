@@ -18,7 +18,12 @@ from cost_models.candidates import Candidates
 from cost_models.chips import ChipKind
 from cost_models.compute import DQ_ACCUMULATOR_BYTES, dq_elements, dq_partials
 from cost_models.pricing.attention import key_chunks
-from cost_models.pricing.experts import gathered_mlp_matrix_params, receive_buffer_bytes
+from cost_models.pricing.experts import (
+    expert_matrix_params,
+    gathered_mlp_matrix_params,
+    receive_buffer_bytes,
+    routed_copy_bytes,
+)
 from cost_models.pricing.offload import state_bytes
 from cost_models.remat import ATTENTION_OUTPUT, choice_placements
 from cost_models.strategies import STRATEGIES, Layout
@@ -161,10 +166,12 @@ def price_memory(
     fused_dq_partials_in_q_dtype: bool = False,
     fused_backward_in_key_chunks: bool = False,
     expert_buffers_worst_case: bool = False,
+    grouped_matmul_backward: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
     at a layer's peak), the keyword arguments the target's traits of the same names (`expert_buffers_worst_case`:
-    the expert all-to-alls' receive buffers sized as MaxText allocates them, `receive_buffer_rows`)."""
+    the expert all-to-alls' receive buffers sized as MaxText allocates them, `receive_buffer_rows`;
+    `grouped_matmul_backward`: a mixture-of-experts layer's backward as MaxText's grouped matmuls run it)."""
     m, tensor, tokens = x.model, x.tensor, x.tokens_per_device
     a, pb = x.act_bytes, x.param_bytes
     remat = x.held_remat_columns  # an offload that does not leave HBM is held as a kept value
@@ -199,6 +206,16 @@ def price_memory(
     # the chunk loop holds every MLP matrix, gathered before it, and carries each one's weight-gradient
     # sum in the compute dtype, forming a chunk's new sum while reading the carried one (one chunk: none)
     mlp_loop_matrices = 2 * m.mlp_matrices + (tokens > mlp_tokens)
+    held_matrices = mlp_loop_matrices * mlp_matrix
+    routed_copies = 0.0
+    if grouped_matmul_backward and m.experts:
+        # MaxText's grouped matmuls form the experts' weight gradients after the input gradients, the gathered
+        # matrices' last readers: an expert layer holds its gathered matrices or their gradients, never both;
+        # without expert parallelism it holds routed copies instead of receive buffers (`routed_copy_bytes`)
+        # (MaxText 0.2.5's DeepSeek-V3 compile at EP 1, docs/moe_compiled.md, "shard_exp_on_fsdp")
+        dense = (m.hidden * m.intermediate if m.moe_layers < m.num_layers else 0) / tensor
+        held_matrices = np.maximum(mlp_loop_matrices * dense, m.mlp_matrices * expert_matrix_params(x) / tensor)
+        routed_copies = routed_copy_bytes(x)
     layer_grads = layer_gradient_bytes(x)
     head_shard = m.hidden * m.vocab / shards
     # kept MLP values are not read in place: the layer's backward copies its layer's slice of the
@@ -285,7 +302,7 @@ def price_memory(
             + residual_stream
             + mlp_tokens * 2 * mlp_side
             + kept_mlp_copy
-            + mlp_loop_matrices * mlp_matrix
+            + held_matrices
             + attention_early
             + attention_first
             + fetched_ahead
@@ -294,7 +311,8 @@ def price_memory(
         + lse_first
         + gathered_kv_held
         + input_gradient_scratch
-        + expert_buffers,
+        + expert_buffers
+        + routed_copies,
         attention_buffers=attention_buffers,
         lse_relayout=lse_relayout,
         # the weights' traffic: the matrix in use, the next one arriving, an unreduced gradient to scatter

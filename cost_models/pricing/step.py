@@ -258,6 +258,7 @@ def price_shapes(x: Candidates, target: Target) -> ShapePrice:
                 fused_dq_partials_in_q_dtype=target.traits.fused_dq_partials_in_q_dtype,
                 fused_backward_in_key_chunks=target.traits.fused_backward_in_key_chunks,
                 expert_buffers_worst_case=target.traits.maxtext_rules,
+                grouped_matmul_backward=target.traits.maxtext_rules,
             ).as_dict(),
             attention.layout,
             target.traits,
