@@ -64,6 +64,7 @@ class Candidates(ReadsCase):
     act_bytes: int = 2
     param_bytes: int = 4
     mu_bytes: int = 4  # AdamW's first moment, per parameter (the second is in the parameters' dtype)
+    grad_bytes: int = 4  # a weight gradient, per parameter (`Plan.grad_dtype`)
     remat_custom: tuple = ()  # the placements the `custom` remat code stands for (cost_models.remat)
     remat_presets: tuple = ()  # further custom placements, coded after POLICIES (a search's `SEARCHED_CUSTOM`)
     # splash's fused backward where the target can run it (MaxText): one bool, or a column (one per candidate)

@@ -49,6 +49,7 @@ def candidates_of(plan: Plan) -> Candidates:
         act_bytes=DTYPE_BYTES[plan.compute_dtype],
         param_bytes=DTYPE_BYTES[plan.param_dtype],
         mu_bytes=DTYPE_BYTES[plan.mu_dtype],
+        grad_bytes=DTYPE_BYTES[plan.grad_dtype or plan.param_dtype],
         remat_custom=plan.remat_custom,
         fused_attention_backward=plan.fused_attention_backward,
         dq_reduction_steps=plan.dq_reduction_steps,

@@ -328,6 +328,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["param_scan_axis"] = PARAMS_OFFLOAD_SCAN_AXIS
     if plan.mu_dtype != plan.param_dtype:  # MaxText's mu_dtype="" (its default) inherits weight_dtype
         flags["mu_dtype"] = MAXTEXT_DTYPES[plan.mu_dtype]
+    if plan.grad_dtype:  # MaxText's grad_dtype (base.yml: float32) casts the gradients
+        flags["grad_dtype"] = MAXTEXT_DTYPES[plan.grad_dtype]
     if plan.quantization is not Quantization.NONE:
         flags["quantization"] = plan.quantization.value
     if unscanned_layers(plan.model):
@@ -791,6 +793,7 @@ def read_maxtext(
         param_dtype=param_dtype,
         compute_dtype=f.text("dtype", "bfloat16"),
         mu_dtype=f.text("mu_dtype", "") or param_dtype,  # MaxText's "" inherits weight_dtype
+        grad_dtype=_grad_dtype(f, param_dtype),
         dcn_data=dcn_data,
         dcn_fsdp=dcn_fsdp,
         fused_attention_backward=fused_backward,
@@ -1082,6 +1085,16 @@ def _dcn_degrees(f: _Flags, slices: int) -> tuple[int, int]:
             f"{counted(slices, 'slice')} (compile_topology_num_slices)."
         )
     return dcn_data, dcn_fsdp
+
+
+def _grad_dtype(f: _Flags, param_dtype: str) -> str:
+    """MaxText's `grad_dtype` (base.yml's float32): it casts float32 gradients, so a plan of other parameters
+    keeps its own; "" where the gradients stay in the parameters' dtype."""
+    text = f.text("grad_dtype", "float32").strip("'\"")
+    dtype = next((name for name, spelled in MAXTEXT_DTYPES.items() if spelled == text), text)
+    if dtype not in MAXTEXT_DTYPES:
+        raise CpplanError(f"MaxText flag grad_dtype={text!r} is not one of {sorted(MAXTEXT_DTYPES.values())}.")
+    return dtype if param_dtype == "float32" and dtype != param_dtype else ""
 
 
 def _expert_capacity(f: _Flags) -> float:

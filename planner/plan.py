@@ -92,6 +92,8 @@ class Plan:
             `parameter_memory_host_offload`, `optimizer_memory_host_offload`), in `HostState` order;
             names are accepted. cpplan's runtime keeps all of it in HBM.
         quantization: the matmuls' precision (`Quantization`).
+        grad_dtype: the weight gradients' dtype where they are cast from the parameters' (MaxText's
+            `grad_dtype`, e.g. bfloat16); "" for the parameters' own, the only one cpplan's runtime runs.
         expert_capacity: a mixture of experts' routing: 0, dropless (every routed copy through a grouped
             matmul: MaxText's `sparse_matmul`, cpplan's runtime); or MaxText's dense path's capacity factor
             (`sparse_matmul=False`, `capacity_factor`): each expert takes ceil(S·k/E)·factor slots per
@@ -116,6 +118,7 @@ class Plan:
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     mu_dtype: str = "float32"
+    grad_dtype: str = ""
     dcn_data: int = 1
     dcn_fsdp: int = 1
     fused_attention_backward: bool = False
@@ -176,7 +179,9 @@ class Plan:
                 f"leave it 0."
             )
         object.__setattr__(self, "expert_capacity", float(capacity))
-        for name in ("param_dtype", "compute_dtype", "mu_dtype"):
+        if self.grad_dtype == self.param_dtype:
+            object.__setattr__(self, "grad_dtype", "")  # one spelling of "the parameters' dtype"
+        for name in ("param_dtype", "compute_dtype", "mu_dtype", *(("grad_dtype",) if self.grad_dtype else ())):
             if getattr(self, name) not in DTYPE_BYTES:
                 raise CpplanError(f"plan {name}={getattr(self, name)!r} is not one of {sorted(DTYPE_BYTES)}.")
         names = tuple(a for a, _ in self.mesh)
@@ -518,6 +523,7 @@ class Plan:
             | ({"state_on_host": [h.value for h in self.state_on_host]} if self.state_on_host else {})
             | ({"quantization": self.quantization.value} if self.quantization is not Quantization.NONE else {})
             | ({"expert_capacity": self.expert_capacity} if self.expert_capacity else {})
+            | ({"grad_dtype": self.grad_dtype} if self.grad_dtype else {})
         )
 
     def to_json(self) -> str:

@@ -51,6 +51,12 @@ class Trainer:
         refusal = model_refusal(Target.CPPLAN, plan.model)
         if refusal:
             raise CpplanError(refusal)
+        if plan.grad_dtype or plan.expert_capacity:
+            raise CpplanError(
+                f"plan grad_dtype={plan.grad_dtype!r}, expert_capacity={plan.expert_capacity:g}: cpplan's runtime "
+                f"forms the gradients in the parameters' dtype and routes every token dropless; run the plan with "
+                f'grad_dtype "" and expert_capacity 0, or export it to MaxText (`cpplan export --format maxtext`).'
+            )
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
         self.constants = constants or ModelConstants()  # RoPE and norms' epsilon (a checkpoint's, or Llama 3's)

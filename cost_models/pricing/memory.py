@@ -113,9 +113,9 @@ class MemoryBytes:
 
 
 def layer_gradient_bytes(x: Candidates) -> np.ndarray:
-    """Every decoder layer's weight gradients on a device, in the parameters' dtype (split over the
-    weight-sharding group and tensor, as the weights are)."""
-    return x.model.num_layers * x.model.params_per_layer / (x.weight_group * x.tensor) * x.param_bytes
+    """Every decoder layer's weight gradients on a device, in the gradients' dtype (the parameters' unless
+    the plan casts them: `Plan.grad_dtype`), split over the weight-sharding group and tensor as the weights are."""
+    return x.model.num_layers * x.model.params_per_layer / (x.weight_group * x.tensor) * x.grad_bytes
 
 
 def reduce_scatter_scratch(x: Candidates, operand_bytes, devices) -> np.ndarray:
@@ -278,7 +278,7 @@ def price_memory(
         # compute dtype; the embedding's gradient is formed after the layers (docs/provenance/cost_models.md#memory)
         layer_grads=layer_grads,
         head_grad=head_shard * a,
-        update_gradients=m.num_params / shards * pb - layer_grads - head_shard * a,
+        update_gradients=m.num_params / shards * x.grad_bytes - layer_grads - head_shard * a,
         # AdamW's first moment in its own dtype (`mu_dtype`), its second in the parameters'
         optimizer=state[HostState.OPTIMIZER],
         # each layer's per-layer input (Gemma 4 E2B, E4B) is formed before the layers and read in its backward
