@@ -185,7 +185,12 @@ def why_slower(alt: Estimate, best: Estimate) -> str:
 def is_tie(alt: Estimate, best: Estimate, band: ErrorBand | None) -> bool:
     """Whether `alt`'s step time lies within the model's measured error of the chosen plan's: the
     model cannot tell them apart (no band measured for the chip: no ties)."""
-    return band is not None and alt.step_time_s <= best.step_time_s * (1 + band.relative)
+    return within_band(alt.step_time_s, best, band)
+
+
+def within_band(step_time_s: float, best: Estimate, band: ErrorBand | None) -> bool:
+    """`is_tie` of a plan that takes `step_time_s`."""
+    return band is not None and step_time_s <= best.step_time_s * (1 + band.relative)
 
 
 def tie_breakers(alt: Ranked, best: Ranked) -> dict:
@@ -287,7 +292,8 @@ class Explanation:
         if self.result.best is None:
             return []
         band, best = self.error_band, self.result.best.estimate
-        return [r for r in self.result.ranked[1:] if is_tie(r.estimate, best, band)]
+        # read off the ranking's step times: only the ties are built
+        return self.result.ranked.where(lambda entry: within_band(entry.step_time_s, best, band), start=1)
 
     def band_text(self) -> str:
         """One line: the band, and how many plans it cannot tell from the choice."""
@@ -695,8 +701,12 @@ class Explanation:
         p, e = self.best, self.estimate
         same = (p.mesh, p.cp_strategy, p.load_balance)
         notes = []
-        for r in self.result.ranked:
-            if (r.plan.mesh, r.plan.cp_strategy, r.plan.load_balance) == same and r.plan.remat_label != p.remat_label:
+        # the plans of the same mesh, strategy and balancing, found in the ranking: only those are built
+        alike = self.result.ranked.where(
+            lambda entry: (tuple(zip(AXES, entry.sizes)), entry.strategy, entry.load_balance) == same
+        )
+        for r in alike:
+            if r.plan.remat_label != p.remat_label:
                 notes.append(f"{r.plan.remat_label} fits but is {r.estimate.step_time_s / e.step_time_s - 1:+.1%}")
         for rej in self.result.rejections:
             if (tuple(rej.mesh.items()), rej.strategy, rej.load_balance) == same and rej.remat is not None:

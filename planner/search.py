@@ -4,9 +4,10 @@ at the number of sequences per step nearest the target that some plan fits.
 Structural rules (heads, sequence splits, balancing) are judged once per (context,
 context_ulysses, tensor) and do not depend on the batch (`SearchSpace`); the batch rule (whole
 sequences per data × fsdp shard) picks the meshes a batch may use. Those are priced as numpy
-columns, one strategy at a time, over every realisable placement; splash SMEM and HBM reject;
-each candidate keeps its best placement. Ranking: predicted step time per token, then memory
-headroom, then a deterministic key. A pure function of its inputs (caches hold only what the
+columns, one strategy at a time: first each candidate's memory, which no placement changes (a
+candidate that does not fit is rejected there), then the rest over every realisable placement;
+splash SMEM and HBM reject; each candidate keeps its best placement. Ranking: predicted step time
+per token, then memory headroom, then a deterministic key. A pure function of its inputs (caches hold only what the
 inputs determine: placements per topology).
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import NamedTuple
@@ -30,7 +31,7 @@ from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.experts import expert_axis_problem, expert_axis_sizes
 from cost_models.models import ModelSpec
-from cost_models.placement import digit_bounds, inner_sizes, span_segments, splits_no_digit, tiles
+from cost_models.placement import digit_bounds, span_segments, splits_no_digit, tiles
 from cost_models.precision import fp8_refusal
 from cost_models.pricing import Priced, choose_rows, peak_bytes, price, priced_rows
 from cost_models.pricing.attention import price_attention
@@ -40,7 +41,7 @@ from cost_models.pricing.offload import (
     host_copy_violation,
     largest_host_copy_bytes,
 )
-from cost_models.pricing.step import price_shapes, shape_runs
+from cost_models.pricing.step import price_shapes
 from cost_models.pricing.target import per_head_smem_bytes
 from cost_models.remat import SEARCHED_CUSTOM, remat_code
 from cost_models.strategies import STRATEGIES, Shape, Violation, strategies_for
@@ -54,6 +55,9 @@ from planner.plan import DEFAULT_BLOCK, Plan
 
 BLOCK_PREFERENCE = (512, 1024, 2048, 256, 128)  # splash blocks; of equally fast ones, the first
 _EXPERT = AXES.index("expert")
+# placements of a strategy's candidates at a batch from which the search prices the candidates' shapes first, to
+# time only those that may fit (`SearchSpace._shapes`); fewer are timed at once
+SHAPES_FIRST = 20_000
 _INNER = tuple(AXES.index(a) for a in ("context", "context_ulysses", "tensor"))
 
 
@@ -111,12 +115,29 @@ class CandidateRow(NamedTuple):
     remat_custom: tuple = ()  # a custom policy's placements (`SEARCHED_CUSTOM`'s)
 
 
+class RankEntry(NamedTuple):
+    """A feasible candidate in the ranking before its plan is built: its rank key (`_rank_key`), what it is
+    looked up by, and the priced placements (`batch`) and row that build it."""
+
+    key: tuple
+    strategy: CPStrategy
+    load_balance: LoadBalance
+    step_time_s: float
+    batch: int
+    row: int
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The candidate's mesh (sizes in `AXES` order)."""
+        return self.key[2]
+
+
 class RankedList(Sequence):
     """Feasible candidates in rank order; each becomes a `Ranked` (a `Plan` and its `Estimate`)
     when first read, so a caller that wants the best plan does not build ten thousand."""
 
-    def __init__(self, entries: list[tuple], build: Callable[[tuple], Ranked]):
-        self._entries = entries  # (rank key, strategy, …), sorted
+    def __init__(self, entries: list[RankEntry], build: Callable[[RankEntry], Ranked]):
+        self._entries = entries  # sorted by key
         self._build = build
         self._built: dict[int, Ranked] = {}
 
@@ -133,22 +154,26 @@ class RankedList(Sequence):
             self._built[position] = self._build(self._entries[position])
         return self._built[position]
 
+    def where(self, test: Callable[[RankEntry], bool], *, start: int = 0) -> list[Ranked]:
+        """The candidates from rank `start` on whose entry passes `test`, in rank order (only those built)."""
+        return [self[position] for position in range(start, len(self)) if test(self._entries[position])]
+
     def best_where(self, test: Callable[[tuple[int, ...]], bool]) -> Ranked | None:
         """The first-ranked candidate whose mesh (sizes in `AXES` order) passes `test`, or None."""
         for position, entry in enumerate(self._entries):
-            if test(entry[0][2]):
+            if test(entry.sizes):
                 return self[position]
         return None
 
     def mesh_sizes(self) -> list[tuple[int, ...]]:
         """Each candidate's mesh (sizes in `AXES` order), in rank order (no plan built)."""
-        return [entry[0][2] for entry in self._entries]
+        return [entry.sizes for entry in self._entries]
 
     def best_of_each_strategy(self) -> dict[CPStrategy, Ranked]:
         """The first-ranked candidate of each strategy that has one, in rank order."""
         first: dict[CPStrategy, int] = {}
         for position, entry in enumerate(self._entries):
-            first.setdefault(entry[1], position)
+            first.setdefault(entry.strategy, position)
         return {strategy: self[position] for strategy, position in first.items()}
 
 
@@ -396,15 +421,46 @@ def _target_rule(spec, shape: Shape, target: Target) -> Violation | None:
 class _GroupRow:
     """A group's links over the flattened positions `spans` under each physical order, filled for the orders
     a mesh asks of (`_Placements._fill`), and a number naming their figures (those that tell placements apart);
-    None under the others."""
+    -1 under the others."""
 
     __slots__ = ("spans", "figures", "links", "filled")
 
     def __init__(self, spans: tuple[tuple[int, int], ...], orders: int):
         self.spans = spans
-        self.figures: list[int | None] = [None] * orders
+        self.figures: list[int] = [-1] * orders
         self.links: list[AxisLinks | None] = [None] * orders
         self.filled = 0  # the orders filled, a bit each
+
+
+class _MeshPlacements(Sequence):
+    """The distinct placements of one mesh on one slice, in the order they are first met (axis order, then
+    physical order). Each is an axis order, a physical order and the rows its groups take their links from;
+    a `Placement` is made when read (a search reads a few of a pod's hundred thousand), and `figures` numbers
+    each group's links (`_Placements.link_table` reads the links as columns off them)."""
+
+    __slots__ = ("_axis_orders", "_dim_names", "_perms", "_orders", "_rows", "_row_of", "figures")
+
+    def __init__(self, axis_orders, dim_names, perms, orders, rows, row_of, figures):
+        self._axis_orders = axis_orders  # every axis order of the mesh (`_axis_orders`)
+        self._dim_names = dim_names  # every physical order's dimension names
+        self._perms, self._orders = perms, orders  # per placement: its axis order and physical order
+        self._rows, self._row_of = rows, row_of  # distinct group rows; per axis order, each group's (an index)
+        self.figures = figures  # (placements, groups in `GROUP_AXES` order): the number of each group's figures
+
+    def __len__(self) -> int:
+        return len(self._perms)
+
+    def orders(self, index: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The axis order and physical order of placement `index`."""
+        return self._axis_orders[self._perms[index]], self._dim_names[self._orders[index]]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        perm, order = self._perms[index], self._orders[index]
+        rows = self._row_of[perm]
+        links = {group: self._rows[r].links[order] for group, r in zip(GROUP_AXES, rows.tolist())}
+        return Placement(self._axis_orders[perm], self._dim_names[order], links)
 
 
 class _Placements:
@@ -412,8 +468,9 @@ class _Placements:
 
     A placement's links depend on where each logical axis lies in the flattened device order: an axis
     spans positions `inner` to `inner × size` (`inner_sizes`), a collective group the spans of its axes.
-    The links of a group's spans are priced once per topology for every physical order at once, so a
-    mesh's thousands of (axis order × physical order) placements are table look-ups.
+    The links of a group's spans are priced once per topology for every physical order at once, and every
+    axis order of a mesh is laid at once as arrays, so a mesh's thousands of (axis order × physical order)
+    placements are table look-ups.
     """
 
     def __init__(self, topo: Topology):
@@ -428,14 +485,16 @@ class _Placements:
         self._dim_sizes = [tuple(dims[i].size for i in perm) for perm in self.phys_orders]
         self._dim_names = [tuple(dims[i].name for i in perm) for perm in self.phys_orders]
         self._dim_bounds = [digit_bounds(sizes) for sizes in self._dim_sizes]
+        self._all_orders = (1 << len(self.phys_orders)) - 1
         self._orders_at: dict[int, int] = {}  # a boundary's flattened position → `_orders_with_boundary`
-        self._laid: dict[tuple[int, ...], tuple[list, dict]] = {}  # axis sizes → `_lay`
         self._group_rows: dict[tuple, _GroupRow] = {}  # a group's spans → `_group_row`
         self._figure_ids: dict[tuple[float, ...], int] = {}  # links' figures → a number naming them
+        self._figure_values: list[tuple[float, ...]] = []  # the figures of each number
         self._segment_links: dict[tuple, AxisLinks] = {}
+        self._meshes: dict[tuple[int, ...], _MeshPlacements] = {}  # a mesh of one slice → its placements (`lay`)
 
     @lru_cache(maxsize=None)
-    def of(self, sizes: tuple[int, ...]) -> list[Placement]:
+    def of(self, sizes: tuple[int, ...]) -> Sequence[Placement]:
         """The placements of a mesh (sizes in AXES order) that give distinct links.
 
         Over several slices each split of the slices between data and fsdp (MaxText's
@@ -457,30 +516,91 @@ class _Placements:
                 out.append(Placement(p.axis_order, p.physical_order, links, dcn_data, dcn_fsdp))
         return out
 
+    def _within_slice(self, sizes: tuple[int, ...]) -> _MeshPlacements:
+        """The placements of a mesh of one slice's devices that give distinct links (`lay`)."""
+        if sizes not in self._meshes:
+            self.lay([sizes])
+        return self._meshes[sizes]
+
+    def lay(self, meshes: Iterable[tuple[int, ...]]) -> None:
+        """Finds the placements of meshes (sizes in AXES order) not yet laid, those whose axes of more than one
+        device have the same sizes at once (`_lay_alike`); over several slices, of each split's mesh on one."""
+        if self.topo.num_slices > 1:
+            one = _placements(dataclasses.replace(self.topo, num_slices=1))
+            slices = self.topo.num_slices
+            one.lay((s[0] // d, s[1] // f) + s[2:] for s in meshes for d, f in dcn_splits(s, slices))
+            return
+        alike: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for sizes in dict.fromkeys(meshes):
+            if sizes not in self._meshes:
+                alike.setdefault(tuple(s for s in sizes if s > 1), []).append(sizes)
+        for active, same in alike.items():
+            self._lay_alike(active, same)
+
+    def _lay_alike(self, active: tuple[int, ...], meshes: list[tuple[int, ...]]) -> None:
+        """The placements of meshes of one slice's devices whose axes of more than one device have sizes `active`
+        (in AXES order) that give distinct links, each the first (axis order, then physical order) to give them:
+        every axis order of every mesh at once, as arrays (`_laid`), a group's spans the union of its axes' (their
+        bits' sum: the spans are disjoint)."""
+        bits, tiled, met, ends, row_of_bits = self._laid(active)
+        names = [tuple(a for a, s in zip(AXES, sizes) if s > 1) for sizes in meshes]
+        group_bits = np.matmul(bits, np.stack([_group_members(n) for n in names]))  # (meshes, axis orders, groups)
+        distinct, row_of = np.unique(group_bits, return_inverse=True)
+        row_of = row_of.reshape(group_bits.shape)
+        asked = np.zeros(len(distinct), dtype=np.int64)  # per distinct row, the orders an axis order tiles with it
+        np.bitwise_or.at(asked, row_of, np.broadcast_to(tiled[:, None], row_of.shape))
+        rows = []
+        for group, orders in zip(distinct.tolist(), asked.tolist()):
+            row = row_of_bits.get(group)
+            if row is None:
+                row = row_of_bits[group] = self._group_row(_spans(group, ends))
+            if orders & ~row.filled:
+                self._fill(row, orders)
+            rows.append(row)
+        # per mesh, of the (axis order, physical order) pairs that tile, the first to give each set of figures
+        figures = np.array([row.figures for row in rows], dtype=np.int64)  # (rows, physical orders)
+        pairs = len(met)
+        keys = _figure_keys(figures, row_of.reshape(-1, len(GROUP_AXES)), len(self._figure_values))
+        mesh_of = np.repeat(np.arange(len(meshes)), pairs)
+        first = _first_of_each([mesh_of, *(key.reshape(len(meshes), -1)[:, met].ravel() for key in keys)])
+        for m, chosen in enumerate(np.split(first, np.searchsorted(first, pairs * np.arange(1, len(meshes))))):
+            perms, phys = np.divmod(met[chosen - m * pairs], len(self.phys_orders))
+            self._meshes[meshes[m]] = _MeshPlacements(
+                _axis_orders(names[m]),
+                self._dim_names,
+                perms.tolist(),
+                phys.tolist(),
+                rows,
+                row_of[m],
+                figures[row_of[m][perms], phys[:, None]],
+            )
+
     @lru_cache(maxsize=None)
-    def _within_slice(self, sizes: tuple[int, ...]) -> list[Placement]:
-        """The placements of a mesh of one slice's devices that give distinct links, each the first (axis
-        order, then physical order) to give them."""
-        names = tuple(a for a, s in zip(AXES, sizes) if s > 1)
-        active = [s for s in sizes if s > 1]
-        out, seen = [], set()
-        for order, axis_order, positions in _axis_orders(names):
-            # axes of size 1 take no part of any dimension: the spans are the active axes'
-            axis_sizes = tuple(map(active.__getitem__, order))
-            tiling, orders, rows_at = self._laid.get(axis_sizes) or self._lay(axis_sizes)
-            if not tiling:
-                continue
-            rows = [rows_at.get(p) or self._laid_row(axis_sizes, p) for p in positions]  # a look-up, most times
-            for row in rows:
-                if orders & ~row.filled:
-                    self._fill(row, orders)
-            keys = list(zip(*(row.figures for row in rows)))  # per physical order, the figures of every group
-            for k in tiling:
-                if keys[k] not in seen:
-                    seen.add(keys[k])
-                    links = {g: row.links[k] for g, row in zip(GROUP_AXES, rows)}
-                    out.append(Placement(axis_order, self._dim_names[k], links))
-        return out
+    def _laid(self, sizes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int], dict]:
+        """Every order of axes of `sizes` (each more than one device; the meshes with these sizes share it), laid
+        at once. An axis spans the flattened positions `inner` to `inner × size`, both products of some of the
+        sizes (`_span_ends`), so its span is a bit set over the intervals between consecutive ends (adjacent spans
+        join as runs of bits); an axis order tiles the physical orders whose digits none of its boundaries split
+        (`tiles`).
+
+        Returns:
+            Per axis order, each axis's span bits (in `sizes` order) and the physical orders it tiles (a bit
+            each); the (axis order, physical order) pairs that tile, flattened, axis order outermost; the ends;
+            and the group rows by span bits over them, filled as meshes ask.
+        """
+        at_place, place_of = _permutations(len(sizes))
+        active = np.array(sizes, dtype=np.int64)
+        laid = active[at_place]
+        inner = np.ones(laid.shape, dtype=np.int64)  # by place, outermost first: the product of the sizes inside
+        inner[:, :-1] = np.cumprod(laid[:, :0:-1], axis=1)[:, ::-1]
+        inner = inner[np.arange(len(inner))[:, None], place_of]  # by axis
+        ends = _span_ends(sizes)
+        low, high = np.searchsorted(ends, inner), np.searchsorted(ends, inner * active)
+        bits = (_ONE << high.astype(np.uint64)) - (_ONE << low.astype(np.uint64))
+        orders_at_end = np.array([self._orders_with_boundary(end) for end in ends.tolist()], dtype=np.int64)
+        tiled = np.bitwise_and.reduce(orders_at_end[low], axis=1, initial=self._all_orders)
+        met = np.flatnonzero((tiled[:, None] >> np.arange(len(self.phys_orders))) & 1)
+        return bits, tiled, met, ends.tolist(), {}
 
     def _links(self, segments: tuple[tuple[int, int, int], ...]) -> AxisLinks:
         """`Topology.links` of segments given as (dimension, size, stride), once per topology (spans on the
@@ -488,17 +608,6 @@ class _Placements:
         if segments not in self._segment_links:
             self._segment_links[segments] = self.topo.links(tuple(Segment(*s) for s in segments))
         return self._segment_links[segments]
-
-    def _lay(self, axis_sizes: tuple[int, ...]) -> tuple[list[int], int, dict]:
-        """The physical orders (indices into `phys_orders`, and a bit each) that axes of these sizes (outermost
-        first) tile, and an empty table of group rows by the positions of a group's axes (`_laid_row`); once per
-        sizes, shared by every mesh whose axes take them in this order. The axes cover the slice, so they tile
-        an order where each boundary between them splits none of its digits (`tiles`)."""
-        orders = (1 << len(self.phys_orders)) - 1
-        for position in inner_sizes(axis_sizes):
-            orders &= self._orders_with_boundary(position)
-        laid = self._laid[axis_sizes] = ([k for k in range(len(self.phys_orders)) if orders >> k & 1], orders, {})
-        return laid
 
     def _orders_with_boundary(self, position: int) -> int:
         """The physical orders (a bit each) whose digits a boundary between axes at flattened `position` splits
@@ -508,14 +617,6 @@ class _Placements:
                 1 << k for k, bounds in enumerate(self._dim_bounds) if splits_no_digit(position, bounds)
             )
         return self._orders_at[position]
-
-    def _laid_row(self, axis_sizes: tuple[int, ...], positions: tuple[int, ...]) -> _GroupRow:
-        """`_group_row` of a group whose axes take `positions` (ascending) of axes of `axis_sizes` (outermost
-        first): an axis spans the flattened positions `inner` to `inner × size` (`inner_sizes`)."""
-        inner = inner_sizes(axis_sizes)
-        row = self._group_row(_joined((inner[p], inner[p] * axis_sizes[p]) for p in positions))
-        self._laid[axis_sizes][2][positions] = row
-        return row
 
     def _group_row(self, spans: tuple[tuple[int, int], ...]) -> _GroupRow:
         """The row of a group over the flattened positions `spans`, one per topology, filled as orders ask."""
@@ -531,29 +632,108 @@ class _Placements:
                 digits = [_span_digits(low, high, dim_sizes) for low, high in row.spans]
                 a = self._links(tuple((perm[dim], size, stride) for span in digits for dim, size, stride in span))
                 figure = (a.collective_bw_bytes_per_s, a.collective_latency_s, a.ring_bw_bytes_per_s, a.ring_latency_s)
-                row.figures[k] = self._figure_ids.setdefault(figure, len(self._figure_ids))
+                if figure not in self._figure_ids:
+                    self._figure_ids[figure] = len(self._figure_values)
+                    self._figure_values.append(figure)
+                row.figures[k] = self._figure_ids[figure]
                 row.links[k] = a
         row.filled |= orders
+
+    def orders(self, sizes: tuple[int, ...], index: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The axis order and physical order of placement `index` of a mesh (its links not looked up)."""
+        placements = self.of(sizes)
+        if isinstance(placements, _MeshPlacements):
+            return placements.orders(index)
+        return placements[index].axis_order, placements[index].physical_order
 
     @lru_cache(maxsize=None)
     def link_table(self, sizes: tuple[int, ...]) -> tuple[dict[str, LinkColumns], LinkColumns]:
         """The links of each placement of a mesh as columns (one entry per placement, in `of` order)."""
         placements = self.of(sizes)
-        return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+        if not isinstance(placements, _MeshPlacements):  # over several slices: links crossing DCN of their own
+            return link_columns({group: [p.links[group] for p in placements] for group in placements[0].links})
+        # (placements, groups, figures): each group's collective bandwidth and latency, ring bandwidth and latency
+        figures = np.array(self._figure_values)[placements.figures]
+        cols = {group: LinkColumns(figures[:, g, 0], figures[:, g, 1]) for g, group in enumerate(GROUP_AXES)}
+        ring = figures[:, list(GROUP_AXES).index("context")]
+        return cols, LinkColumns(ring[:, 2], ring[:, 3])
+
+
+_ONE = np.uint64(1)  # span bits are 64-bit words: a mesh's six axes have at most 2 ** 6 span ends (`_span_ends`)
 
 
 @lru_cache(maxsize=None)
-def _axis_orders(names: tuple[str, ...]) -> tuple[tuple, ...]:
+def _permutations(axes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every order of `axes` axes in `itertools.permutations`' order, as (orders, places) arrays: the axis at
+    each place (outermost first), and each axis's place."""
+    at_place = np.array(list(itertools.permutations(range(axes))), dtype=np.intp).reshape(math.factorial(axes), axes)
+    return at_place, np.argsort(at_place, axis=1)
+
+
+@lru_cache(maxsize=None)
+def _axis_orders(names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     """Every order of a mesh's axes of more than one device (`names`, in `AXES` order), outermost first and in
-    `itertools.permutations`' order: (indices into `names`, the whole axis order with the axes of size 1
-    outside, and per group of `GROUP_AXES` the positions its axes take, ascending). The same for every mesh
-    with those axes, on any topology."""
+    `itertools.permutations`' order, as the whole axis order with the axes of size 1 outside. The same for
+    every mesh with those axes, on any topology."""
     trivial = tuple(a for a in AXES if a not in names)
+    return tuple(trivial + tuple(names[i] for i in order) for order in itertools.permutations(range(len(names))))
+
+
+@lru_cache(maxsize=None)
+def _group_members(names: tuple[str, ...]) -> np.ndarray:
+    """(axes, groups) of 0 and 1: whether each of a mesh's axes (`names`) belongs to each group of `GROUP_AXES`."""
+    return np.array([[int(a in axes) for axes in GROUP_AXES.values()] for a in names], dtype=np.uint64).reshape(
+        len(names), len(GROUP_AXES)
+    )
+
+
+@lru_cache(maxsize=None)
+def _span_ends(sizes: tuple[int, ...]) -> np.ndarray:
+    """Where the spans of axes of `sizes` (in any order) can start or end in the flattened order: the products
+    of some of them, ascending: at most 2 ** len(sizes), so for `AXES`' six a set of the intervals between them
+    fits 63 bits."""
+    products = {1}
+    for size in sizes:
+        products |= {p * size for p in products}
+    return np.array(sorted(products), dtype=np.int64)
+
+
+def _figure_keys(figures: np.ndarray, row_of: np.ndarray, below: int) -> list[np.ndarray]:
+    """Per (axis order, physical order), flattened, axis order outermost, the numbers of every group's figures
+    (`figures[row, order]` of the group's row `row_of[axis order, group]`), all under `below`, packed as the
+    fields of as few 63-bit numbers as hold them."""
+    width = max(1, (below - 1).bit_length())
+    per, groups = 63 // width, row_of.shape[1]
+    return [
+        (figures[row_of[:, start : start + per]] << (width * np.arange(min(per, groups - start)))[:, None])
+        .sum(axis=1)
+        .ravel()
+        for start in range(0, groups, per)
+    ]
+
+
+def _first_of_each(columns: list[np.ndarray]) -> np.ndarray:
+    """The index of the first of each distinct row of a table given as its columns, ascending: a stable sort by
+    the columns, many times faster than `numpy.unique` of whole rows."""
+    order = np.lexsort(columns[::-1])
+    new = np.zeros(len(order), dtype=bool)
+    new[:1] = True
+    for column in columns:
+        ordered = column[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
+    return np.sort(order[new])
+
+
+def _spans(bits: int, ends: list[int]) -> tuple[tuple[int, int], ...]:
+    """The spans (low, high), ascending, that a set of the intervals between consecutive `ends` covers (bit i:
+    `ends[i]` to `ends[i + 1]`), adjacent intervals joined."""
     out = []
-    for order in itertools.permutations(range(len(names))):
-        laid = [names[i] for i in order]
-        positions = tuple(tuple(sorted(laid.index(a) for a in axes if a in laid)) for axes in GROUP_AXES.values())
-        out.append((order, trivial + tuple(laid), positions))
+    while bits:
+        low = (bits & -bits).bit_length() - 1
+        run = bits >> low
+        length = ((run + 1) & ~run).bit_length() - 1  # the run's trailing ones
+        out.append((ends[low], ends[low + length]))
+        bits &= ~(((1 << length) - 1) << low)
     return tuple(out)
 
 
@@ -565,17 +745,6 @@ def _span_digits(low: int, high: int, dim_sizes: tuple[int, ...]) -> tuple[tuple
     if not tiles((high // low, low), dim_sizes):
         return None
     return tuple((s.dim, s.size, s.stride) for s in span_segments(low, high, dim_sizes))
-
-
-def _joined(spans) -> tuple[tuple[int, int], ...]:
-    """Flattened positions (low, high) of several axes as a group's spans: adjacent spans joined, inner first."""
-    out: list[tuple[int, int]] = []
-    for low, high in sorted(spans):
-        if out and out[-1][1] == low:
-            out[-1] = (out[-1][0], high)
-        else:
-            out.append((low, high))
-    return tuple(out)
 
 
 def dcn_splits(sizes: tuple[int, ...], slices: int) -> list[tuple[int, int]]:
@@ -603,28 +772,69 @@ class _Verdict(NamedTuple):
 
 
 class _Group(NamedTuple):
-    """The priceable rows of one strategy: each row is a sound verdict × remat policy × placement,
-    kept as indices (a `CandidateRow` is built only for the rows a result reports), with columns."""
+    """The priceable candidates of one strategy: each a sound verdict × remat policy, verdict by verdict with
+    the remat policies inside (as the ranking's ties expect), as columns of one row each at the candidate's
+    first placement, with the number of placements of its mesh (a row each where its step time is priced,
+    `SearchSpace._placed`)."""
 
-    positions: np.ndarray  # the row's verdict (its position, `SearchSpace._sound_with`)
+    positions: np.ndarray  # the candidate's verdict (its position, `SearchSpace._sound_with`)
     remat: np.ndarray  # index into the allowed remat policies (`as_list` order)
-    placement: np.ndarray  # index into the placements of the verdict's mesh
+    placements: np.ndarray  # how many placements the verdict's mesh has
     x: Candidates
 
 
 class _Priced(NamedTuple):
-    """One strategy's rows priced at one batch; `local` holds each row's local-layer strategy (None: the
-    strategy runs every layer), for models mixing masks."""
+    """One strategy's rows priced at one batch, each row's attention backward (`fused`; None: splash's separate
+    kernels on every row) and local layers (`local`; None: the strategy runs every layer) run as suits it
+    best."""
 
     strategy: CPStrategy
-    rows: _Group
+    positions: np.ndarray  # each row's verdict
+    x: Candidates
     priced: Priced
     local: np.ndarray | None = None
-    fused: np.ndarray | None = None  # each row's `Plan.fused_attention_backward` (None: False for every row)
+    fused: np.ndarray | None = None
+
+
+class _Shapes(NamedTuple):
+    """One strategy's candidates priced but for their links (`price_shapes`: the same at every placement), each
+    attention backward run the way memory alone chooses where it does (`fixed`: one way fits, or neither, and
+    then the separate kernels run; `SearchSpace._with_fused_backward`), else the separate kernels; the memory
+    (by part) and host bytes of that way."""
+
+    fixed: np.ndarray
+    memory: dict[str, np.ndarray]
+    host_bytes: np.ndarray
 
     @property
-    def x(self) -> Candidates:
-        return self.rows.x
+    def hbm_total(self) -> np.ndarray:
+        return peak_bytes(self.memory)
+
+
+class _Figures(NamedTuple):
+    """Per candidate of one strategy's group at one batch (lists, in the group's order), what the search reads
+    of it (`SearchSpace._figures`): whether it fits, its HBM in all and by part, host bytes and largest copy to
+    the host, and where it was timed, its fastest row of `placed` (-1 elsewhere) and that row's step time."""
+
+    fits: list[bool]
+    hbm: list[float]
+    parts: dict[str, list[float]]
+    host: list[float]
+    copy: np.ndarray
+    copies_ok: np.ndarray
+    row: list[int]
+    step: list[float]
+    placed: _Placed | None
+
+
+class _Placed(NamedTuple):
+    """Some of a group's candidates at every placement of their meshes, priced: each row's candidate (its index
+    in the group, ascending) and placement (its index in `_Placements.of` of the candidate's mesh)."""
+
+    group: _Group
+    candidate: np.ndarray
+    placement: np.ndarray
+    p: _Priced
 
 
 class SearchSpace:
@@ -769,57 +979,55 @@ class SearchSpace:
         return self._sound[shards]
 
     def _group(self, shards: int) -> "dict[CPStrategy, _Group]":
-        """Per strategy, the priceable rows of the sound meshes with `shards` batch shards (built once)."""
+        """Per strategy, the priceable candidates of the sound meshes with `shards` batch shards (built once)."""
         if shards not in self._groups:
             placements = _placements(self.topology)
             remats = len(self._remats)
             by_strategy: dict[CPStrategy, list[tuple[int, _Verdict]]] = {}
             for position, v in self._sound_with(shards):
                 by_strategy.setdefault(v.strategy, []).append((position, v))
+            placements.lay(v.sizes for _, v in self._sound_with(shards))
             case = Case(self.model, self.topology, self.seq_len, shards)
             groups = {}
             for strategy, verdicts in by_strategy.items():
                 verdicts = [(position, v) for position, v in verdicts if placements.of(v.sizes)]
                 if not verdicts:
                     continue
-                # rows run verdict by verdict, remat policies outside placements, as the ranking's ties expect
                 counts = np.array([len(placements.of(v.sizes)) for _, v in verdicts])
-                per_verdict = remats * counts
-                positions = np.repeat([position for position, _ in verdicts], per_verdict)
-                within = np.arange(per_verdict.sum()) - np.repeat(np.cumsum(per_verdict) - per_verdict, per_verdict)
-                remat, placement = np.divmod(within, np.repeat(counts, per_verdict))
-                # each row's entry in its verdicts' link tables, laid end to end
-                entry = np.repeat(np.cumsum(counts) - counts, per_verdict) + placement
-                x = self._group_columns(case, strategy, verdicts, per_verdict, remat, entry, placements)
-                groups[strategy] = _Group(positions, remat, placement, x)
+                positions = np.repeat([position for position, _ in verdicts], remats)
+                remat = np.tile(np.arange(remats), len(verdicts))
+                x = self._group_columns(case, strategy, verdicts, remat, placements)
+                groups[strategy] = _Group(positions, remat, np.repeat(counts, remats), x)
             self._groups[shards] = groups
         return self._groups[shards]
 
     def _group_columns(
-        self,
-        case: Case,
-        strategy: CPStrategy,
-        verdicts: list,
-        per_verdict: np.ndarray,
-        remat: np.ndarray,
-        entry: np.ndarray,
-        placements: _Placements,
+        self, case: Case, strategy: CPStrategy, verdicts: list, remat: np.ndarray, placements: _Placements
     ) -> Candidates:
-        """The columns of a group's rows, each with the splash block SMEM allows (`DEFAULT_BLOCK`
-        where none does; the verdict's block rule then rejects it); `entry` is each row's placement in
-        the verdicts' link tables laid end to end."""
+        """The columns of a group's candidates (each verdict's remat policies in turn) at their mesh's first
+        placement, each with the splash block SMEM allows (`DEFAULT_BLOCK` where none does; the verdict's
+        block rule then rejects it)."""
         opts = self.options
-        sizes = np.repeat(np.array([v.sizes for _, v in verdicts], dtype=float), per_verdict, axis=0)
-        tables = [placements.link_table(v.sizes) for _, v in verdicts]
+        remats = len(self._remats)
+        sizes = np.repeat(np.array([v.sizes for _, v in verdicts], dtype=float), remats, axis=0)
+        first = [placements.of(v.sizes)[0].links for _, v in verdicts]
 
-        def stacked(get) -> LinkColumns:
-            return LinkColumns(
-                np.concatenate([get(t).bw for t in tables])[entry],
-                np.concatenate([get(t).latency for t in tables])[entry],
+        def per_candidate(figures: list[float]) -> np.ndarray:
+            return np.repeat(figures, remats)
+
+        links = {
+            group: LinkColumns(
+                per_candidate([f[group].collective_bw_bytes_per_s for f in first]),
+                per_candidate([f[group].collective_latency_s for f in first]),
             )
-
+            for group in first[0]
+        }
+        ring_link = LinkColumns(
+            per_candidate([f["context"].ring_bw_bytes_per_s for f in first]),
+            per_candidate([f["context"].ring_latency_s for f in first]),
+        )
         blocks = self._blocks_of([position for position, _ in verdicts], strategy)
-        block = np.repeat([float(b or DEFAULT_BLOCK) for b, _ in blocks], per_verdict)
+        block = np.repeat([float(b or DEFAULT_BLOCK) for b, _ in blocks], remats)
         return Candidates(
             case=case,
             strategy=strategy,
@@ -831,11 +1039,11 @@ class SearchSpace:
             expert=sizes[:, _EXPERT],
             remat=np.array([remat_code(p, c, SEARCHED_CUSTOM) for p, c in self._remats])[remat],
             remat_presets=SEARCHED_CUSTOM,
-            zigzag=np.repeat([v.load_balance is LoadBalance.ZIGZAG for _, v in verdicts], per_verdict),
+            zigzag=np.repeat([v.load_balance is LoadBalance.ZIGZAG for _, v in verdicts], remats),
             block_q=block,
             block_kv=block,
-            links={group: stacked(lambda t, g=group: t[0][g]) for group in tables[0][0]},
-            ring_link=stacked(lambda t: t[1]),
+            links=links,
+            ring_link=ring_link,
             loss_chunk_tokens=opts.loss_chunk_tokens,
             act_bytes=DTYPE_BYTES[opts.compute_dtype],
             param_bytes=DTYPE_BYTES[opts.param_dtype],
@@ -843,6 +1051,29 @@ class SearchSpace:
             dq_reduction_steps=_dq_reduction_steps(strategy, self.target),
             quantization=opts.quantization,
         )
+
+    def _placed(self, strategy: CPStrategy, group: _Group, chosen: np.ndarray) -> _Placed:
+        """The candidates `chosen` (indices into `group`, ascending, at least one) at every placement of their
+        meshes, in turn, priced."""
+        placements = _placements(self.topology)
+        counts = group.placements[chosen]
+        candidate = np.repeat(chosen, counts)
+        placement = np.arange(len(candidate)) - np.repeat(np.cumsum(counts) - counts, counts)
+        verdicts, which = np.unique(group.positions[chosen], return_inverse=True)
+        tables = [placements.link_table(self._sound_at[position].sizes) for position in verdicts.tolist()]
+        lengths = np.array([len(table[1].bw) for table in tables])
+        # each row's entry in its verdicts' link tables laid end to end
+        entry = np.repeat((np.cumsum(lengths) - lengths)[which.reshape(-1)], counts) + placement
+
+        def laid(get) -> LinkColumns:
+            return LinkColumns(*(np.concatenate([get(table)[i] for table in tables])[entry] for i in (0, 1)))
+
+        x = dataclasses.replace(
+            group.x.take(candidate),
+            links={name: laid(lambda t, name=name: t[0][name]) for name in tables[0][0]},
+            ring_link=laid(lambda t: t[1]),
+        )
+        return _Placed(group, candidate, placement, self._price(strategy, group.positions[candidate], x))
 
     def _blocks_of(self, positions: list[int], strategy: CPStrategy) -> list[tuple[int | None, str | None]]:
         """The splash block of each verdict's kernel calls (its layout does not depend on placement,
@@ -858,11 +1089,12 @@ class SearchSpace:
                 self._block_fits[position] = reason is None
         return [self._blocks[position] for position in positions]
 
-    def row(self, rows: _Group, i: int) -> CandidateRow:
-        """Row `i` of a group as a `CandidateRow`."""
-        v = self._sound_at[int(rows.positions[i])]
-        placement = _placements(self.topology).of(v.sizes)[int(rows.placement[i])]
-        policy, custom = self._remats[int(rows.remat[i])]
+    def row(self, placed: _Placed, i: int) -> CandidateRow:
+        """Row `i` of priced placements as a `CandidateRow`."""
+        c = int(placed.candidate[i])
+        v = self._sound_at[int(placed.group.positions[c])]
+        placement = _placements(self.topology).of(v.sizes)[int(placed.placement[i])]
+        policy, custom = self._remats[int(placed.group.remat[c])]
         return CandidateRow(v.sizes, v.load_balance, policy, placement, custom)
 
     @cached_property
@@ -878,33 +1110,40 @@ class SearchSpace:
             ]
         return out
 
-    def _priced(self, batch: int, shards: "int | None" = None) -> list[_Priced]:
-        """Every strategy's sound rows whose shards divide `batch` (or are `shards`), in the order of
-        the meshes, priced."""
+    def _batch_groups(self, batch: int, shards: "int | None" = None) -> list[tuple[CPStrategy, _Group]]:
+        """Every strategy's candidates whose shards divide `batch` (or are `shards`), in the order of the
+        meshes, at `batch`; the strategies in the order their first candidate appears, as the rejections list
+        them."""
         case = Case(self.model, self.topology, self.seq_len, batch)
         wanted = [shards] if shards is not None else [s for s in self._meshes_of if batch % s == 0]
+        # the placements of every shard count's meshes found at once (`_Placements.lay`)
+        _placements(self.topology).lay(v.sizes for s in wanted for _, v in self._sound_with(s))
         per_strategy: dict[CPStrategy, list[_Group]] = {}
         for s in wanted:
             for strategy, group in self._group(s).items():
                 per_strategy.setdefault(strategy, []).append(group)
         out = []
-        # strategies in the order their first candidate appears, as the rejections list them
         first = {strategy: min(int(g.positions[0]) for g in groups) for strategy, groups in per_strategy.items()}
         for strategy in sorted(per_strategy, key=first.get):
             groups = per_strategy[strategy]
             if len(groups) == 1:
-                rows = groups[0]._replace(x=dataclasses.replace(groups[0].x, case=case))
+                group = groups[0]._replace(x=dataclasses.replace(groups[0].x, case=case))
             else:
                 order = np.argsort(np.concatenate([g.positions for g in groups]), kind="stable")
-                rows = _Group(
+                group = _Group(
                     *(
                         np.concatenate([getattr(g, name) for g in groups])[order]
-                        for name in ("positions", "remat", "placement")
+                        for name in ("positions", "remat", "placements")
                     ),
                     stacked([g.x for g in groups], order, case),
                 )
-            out.append(self._with_local_strategies(self._with_fused_backward(strategy, rows)))
+            out.append((strategy, group))
         return out
+
+    def _price(self, strategy: CPStrategy, positions: np.ndarray, x: Candidates) -> _Priced:
+        """Rows of verdicts `positions` priced, each row's attention backward and local layers run as suits it
+        best (`_with_fused_backward`, `_with_local_strategies`)."""
+        return self._with_local_strategies(self._with_fused_backward(strategy, positions, x))
 
     @property
     def _separate_backward_only(self) -> bool:
@@ -916,29 +1155,30 @@ class SearchSpace:
         """Whether each row's local layers take the strategy that suits them (`_with_local_strategies`)."""
         return len(self.model.layer_masks) > 1 and not self.target.traits.maxtext_rules
 
-    def _with_fused_backward(self, strategy: CPStrategy, rows: _Group) -> _Priced:
-        """`rows` priced; on cpplan's runtime, each row's attention backward as splash's fused kernel where
-        that fits and makes the step faster: its dq partials take memory the separate kernels do not (both
-        priced in one table, `both_backwards`). Not for a model mixing masks, whose local layers' strategy
-        is chosen per row on the separate kernels; MaxText's choice is its kernels'
+    def _with_fused_backward(self, strategy: CPStrategy, positions: np.ndarray, x: Candidates) -> _Priced:
+        """Rows priced; on cpplan's runtime, each row's attention backward as splash's fused kernel where that
+        fits and makes the step faster: its dq partials take memory the separate kernels do not (both priced in
+        one table, `both_backwards`): only where both ways fit does the step time, which reads the links, choose
+        (`_shapes` reads the rest off memory). Not for a model mixing masks, whose local layers' strategy is
+        chosen per row on the separate kernels; MaxText's choice is its kernels'
         (`StrategySpec.maxtext_kernel_calls`)."""
         if self._separate_backward_only:
-            return _Priced(strategy, rows, price(rows.x, target=self.target))
-        n = len(rows.positions)
-        both = price(both_backwards(rows.x), target=self.target)
+            return _Priced(strategy, positions, x, price(x, target=self.target))
+        n = len(positions)
+        both = price(both_backwards(x), target=self.target)
         separate, fused = priced_rows(both, slice(None, n)), priced_rows(both, slice(n, None))
         fit = both.hbm_total <= self.topology.hbm_bytes_per_device
         fits, fits_fused = fit[:n], fit[n:]
         # a plan that fits neither way keeps the separate kernels: the less memory, the nearer to fitting
         take = fits_fused & (~fits | (fused.step_time_s < separate.step_time_s))
-        return _Priced(strategy, rows, choose_rows(take, fused, separate), fused=take)
+        return _Priced(strategy, positions, x, choose_rows(take, fused, separate), fused=take)
 
     def _with_local_strategies(self, p: _Priced) -> _Priced:
         """For a model mixing masks, each row's local layers under whichever allowed strategy of the same
         mesh makes its step faster (or alone makes it fit); MaxText runs one strategy for every layer."""
         if not self._chooses_local_strategies:
             return p
-        local = np.full(len(p.rows.positions), None, dtype=object)
+        local = np.full(len(p.positions), None, dtype=object)
         priced, cap = p.priced, self.topology.hbm_bytes_per_device
         for other in self.options.strategies:
             runs = self._local_strategy_runs(p, other)
@@ -956,20 +1196,43 @@ class SearchSpace:
         """Per row, whether `other` can run the local layers on the row's mesh beside `p.strategy`: its own
         verdict on the same context and tensor axes and balancing breaks no rule."""
         if other is p.strategy:
-            return np.zeros(len(p.rows.positions), dtype=bool)
-        positions, which = np.unique(p.rows.positions, return_inverse=True)
+            return np.zeros(len(p.positions), dtype=bool)
+        positions, which = np.unique(p.positions, return_inverse=True)
         verdicts = (self._sound_at[position] for position in positions.tolist())
         runs = [(other, v.load_balance) in self._sound_of_inner(_inner(v.sizes)) for v in verdicts]
         return np.array(runs, dtype=bool)[which.reshape(-1)]
 
+    def _shapes(self, group: _Group) -> _Shapes | None:
+        """The candidates of `group` priced but for their links (`_Shapes`); None where every candidate is to be
+        timed: for a model whose local layers choose their strategy (by time too: `_with_local_strategies`), and
+        for a group of fewer than `SHAPES_FIRST` placements, which their shapes would spare less than they cost."""
+        if self._chooses_local_strategies or group.placements.sum() < SHAPES_FIRST:
+            return None
+        n = len(group.positions)
+        if self._separate_backward_only:
+            s = price_shapes(group.x, self.target)
+            memory = {name: np.broadcast_to(part, (n,)) for name, part in s.memory.items()}
+            return _Shapes(np.ones(n, dtype=bool), memory, np.broadcast_to(s.host_bytes, (n,)))
+        s = price_shapes(both_backwards(group.x), self.target)  # separate kernels, then fused
+        memory = {name: np.broadcast_to(part, (2 * n,)) for name, part in s.memory.items()}
+        host = np.broadcast_to(s.host_bytes, (2 * n,))
+        fit = peak_bytes(memory) <= self.topology.hbm_bytes_per_device
+        fits, fits_fused = fit[:n], fit[n:]
+        fused = fits_fused & ~fits  # where one way fits, that way runs
+        return _Shapes(
+            ~(fits & fits_fused),
+            {name: np.where(fused, part[n:], part[:n]) for name, part in memory.items()},
+            np.where(fused, host[n:], host[:n]),
+        )
+
     def _block_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its splash block fits SMEM."""
-        return self._block_fits[p.rows.positions]
+        return self._block_fits[p.positions]
 
     def _host_ok(self, p: _Priced) -> np.ndarray:
         """Per row of a priced batch: whether its offloaded activations fit the host memory of a
         device (`Plan.check` asks the same of one plan), and the TPU compiler makes its copies to the host."""
-        return (p.priced.host_bytes <= host_capacity_bytes(self.topology)) & self._copies_ok(p.rows.x)
+        return (p.priced.host_bytes <= host_capacity_bytes(self.topology)) & self._copies_ok(p.x)
 
     @staticmethod
     def _copies_ok(x) -> np.ndarray:
@@ -986,25 +1249,25 @@ class SearchSpace:
 
     def _fits_unpriced(self, shards: int, per_shard: int, cap: float) -> bool | None:
         """`fits` read off the part of the price that does not read the links (memory and host bytes, once per
-        mesh and remat policy: `price_shapes`) where that decides it: a row fits whichever way its attention
-        backward runs, or none fits either way. None where it does not (the faster way runs, and time reads the
-        links), and for a model whose local layers choose their strategy (by time too)."""
+        candidate: `price_shapes`) where that decides it: a candidate fits whichever way its attention backward
+        runs, or none fits either way. None where it does not (the faster way runs, and time reads the links),
+        and for a model whose local layers choose their strategy (by time too)."""
         if self._chooses_local_strategies:
             return None
         case = Case(self.model, self.topology, self.seq_len, shards * per_shard)
         host_cap, ways = host_capacity_bytes(self.topology), 1 if self._separate_backward_only else 2
-        some = False  # some row fits one way
+        some = False  # some candidate fits one way
         for group in self._group(shards).values():
-            runs, which = shape_runs(dataclasses.replace(group.x, case=case))
-            s = price_shapes(runs if ways == 1 else both_backwards(runs), self.target)
-            shape = (ways * len(runs.ring),)
+            x = dataclasses.replace(group.x, case=case)
+            s = price_shapes(x if ways == 1 else both_backwards(x), self.target)
+            n = len(group.positions)
+            shape = (ways * n,)
             fit = (
                 (np.broadcast_to(peak_bytes(s.memory), shape) <= cap)
                 & (np.broadcast_to(s.host_bytes, shape) <= host_cap)
-                & np.tile(np.broadcast_to(self._copies_ok(runs), (len(runs.ring),)), ways)
+                & np.tile(np.broadcast_to(self._copies_ok(x), (n,)), ways)
             )
-            first = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])  # each run's first row
-            fit = fit.reshape(ways, -1) & self._block_fits[group.positions[first]]
+            fit = fit.reshape(ways, -1) & self._block_fits[group.positions]
             if fit.all(axis=0).any():
                 return True
             some = some or bool(fit.any())
@@ -1012,16 +1275,25 @@ class SearchSpace:
 
     def _least_hbm(self, shards: int, per_shard: int) -> float:
         """The least HBM a candidate with `shards` batch shards needs for `per_shard` sequences in each,
-        of those whose splash block fits SMEM and whose offloads fit the host (inf where none do)."""
+        of those whose splash block fits SMEM and whose offloads fit the host (inf where none do): read off
+        the candidates' shapes where memory alone chooses their way (`_shapes`), else off every placement."""
         key = (shards, per_shard)
         if key not in self._least:
-            self._least[key] = min(
-                (
-                    float(np.min(p.priced.hbm_total[self._block_ok(p) & self._host_ok(p)], initial=np.inf))
-                    for p in self._priced(shards * per_shard, shards)
-                ),
-                default=np.inf,
-            )
+            least, host_cap = np.inf, host_capacity_bytes(self.topology)
+            for strategy, group in self._batch_groups(shards * per_shard, shards):
+                shapes = self._shapes(group)
+                timed = np.arange(len(group.positions))
+                if shapes is not None:
+                    ok = self._block_fits[group.positions] & (shapes.host_bytes <= host_cap)
+                    ok &= self._copies_ok(group.x)
+                    hbm = np.broadcast_to(shapes.hbm_total, ok.shape)
+                    least = min(least, float(np.min(hbm[ok & shapes.fixed], initial=np.inf)))
+                    timed = np.flatnonzero(~shapes.fixed)
+                if len(timed):
+                    p = self._placed(strategy, group, timed).p
+                    ok = self._block_ok(p) & self._host_ok(p)
+                    least = min(least, float(np.min(p.priced.hbm_total[ok], initial=np.inf)))
+            self._least[key] = least
         return self._least[key]
 
     def largest_fitting(self, shards: int, most: int) -> int:
@@ -1040,104 +1312,134 @@ class SearchSpace:
                 high = mid
         return low
 
+    def _figures(self, strategy: CPStrategy, group: _Group) -> _Figures:
+        """Per candidate of `group` (at its batch), what the search reads of it. Where memory alone chooses the
+        way it runs (`_shapes`), its memory and host bytes are the same at every placement (they read no links):
+        one that does not fit that way fits at no placement, and is never timed. The rest are priced at every
+        placement (`_placed`), and their figures are those of their fastest, the first of equals."""
+        n = len(group.positions)
+        cap, host_cap = self.topology.hbm_bytes_per_device, host_capacity_bytes(self.topology)
+        copy = np.broadcast_to(largest_host_copy_bytes(group.x), (n,))
+        copies_ok = copy < HOST_COPY_LIMIT_BYTES
+        block_ok = self._block_fits[group.positions]
+        hbm, host, step, row = np.zeros(n), np.zeros(n), np.zeros(n), np.full(n, -1)
+        parts: dict[str, np.ndarray] = {}
+        timed = np.arange(n)
+        shapes = self._shapes(group)
+        if shapes is not None:
+            hbm[:], host[:] = shapes.hbm_total, shapes.host_bytes
+            parts = {name: np.array(np.broadcast_to(part, (n,))) for name, part in shapes.memory.items()}
+            fits = block_ok & (hbm <= cap) & (host <= host_cap) & copies_ok
+            timed = np.flatnonzero(~(shapes.fixed & ~fits))
+        placed = self._placed(strategy, group, timed) if len(timed) else None
+        if placed is not None:
+            priced = placed.p.priced
+            shape = priced.step_time_s.shape
+            # each candidate's rows are consecutive: its fastest, the first of equals
+            order = np.lexsort((np.arange(shape[0]), priced.step_time_s, placed.candidate))
+            fastest = order[np.flatnonzero(np.r_[True, np.diff(placed.candidate[order]) != 0])]
+            row[timed], step[timed] = fastest, priced.step_time_s[fastest]
+            hbm[timed] = np.broadcast_to(priced.hbm_total, shape)[fastest]
+            host[timed] = np.broadcast_to(priced.host_bytes, shape)[fastest]
+            for name, part in priced.memory.items():
+                parts.setdefault(name, np.zeros(n))[timed] = np.broadcast_to(part, shape)[fastest]
+        return _Figures(
+            (block_ok & (hbm <= cap) & (host <= host_cap) & copies_ok).tolist(),
+            hbm.tolist(),
+            {name: part.tolist() for name, part in parts.items()},
+            host.tolist(),
+            copy,
+            copies_ok,
+            row.tolist(),
+            step.tolist(),
+            placed,
+        )
+
+    def _fastest(self, strategy: CPStrategy, group: _Group, c: int, figures: _Figures) -> Ranked:
+        """Candidate `c` of `group` at its fastest placement: its timed row, or for a candidate never timed
+        (`_figures`), timed now."""
+        if figures.row[c] >= 0:
+            return self._ranked(figures.placed, figures.row[c])
+        alone = self._placed(strategy, group, np.array([c]))
+        return self._ranked(alone, int(np.argmin(alone.p.priced.step_time_s)))
+
     def result(self, batch: int) -> SearchResult:
-        """The full search at `batch` sequences per step: ranked plans and every rejection."""
+        """The full search at `batch` sequences per step: ranked plans and every rejection (each candidate's
+        figures: `_figures`)."""
         case = Case(self.model, self.topology, self.seq_len, batch)
         rejections: list[Rejection] = []
-        feasible: list[tuple] = []  # (rank key, strategy, which priced batch, row)
+        feasible: list[RankEntry] = []
         best_infeasible: list[Ranked] = []
         priced_count = 0
         cap = self.topology.hbm_bytes_per_device
         host_cap = host_capacity_bytes(self.topology)
-        batches = self._priced(batch)
-        placements_of = _placements(self.topology).of
-        for k, p in enumerate(batches):
-            priced = p.priced
-            priced_count += len(p.rows.positions)
-            mem = np.broadcast_to(priced.hbm_total, priced.step_time_s.shape)
-            # a candidate is a verdict × remat policy; its rows (placements) are consecutive: keep the
-            # fastest placement of each, the first of equals
-            candidate = p.rows.positions * len(self._remats) + p.rows.remat
-            order = np.lexsort((np.arange(len(candidate)), priced.step_time_s, candidate))
-            starts = np.flatnonzero(np.r_[True, candidate[order][1:] != candidate[order][:-1]])
-            chosen = np.sort(order[starts])  # in row order, as the candidates first appear
-            host = np.broadcast_to(priced.host_bytes, mem.shape)
-            copy = np.broadcast_to(largest_host_copy_bytes(p.rows.x), mem.shape)
-            copies_ok = copy < HOST_COPY_LIMIT_BYTES
-            fits = self._block_ok(p)[chosen] & (mem[chosen] <= cap) & (host[chosen] <= host_cap) & copies_ok[chosen]
-            steps, mems = priced.step_time_s.tolist(), mem.tolist()
-            parts_of = {name: np.broadcast_to(v, mem.shape) for name, v in priced.memory.items()}
+        batches: list[_Placed] = []
+        orders_of = _placements(self.topology).orders
+        for strategy, group in self._batch_groups(batch):
+            priced_count += int(group.placements.sum())
+            f = self._figures(strategy, group)
+            if f.placed is not None:
+                batches.append(f.placed)
             strategy_least = None
-            # rows read by index, not as a `CandidateRow` each: a pod ranks tens of thousands
-            positions, remat_of, placement_of = (a.tolist() for a in (p.rows.positions, p.rows.remat, p.rows.placement))
-            for i, ok in zip(chosen.tolist(), fits.tolist()):
-                v = self._sound_at[positions[i]]
-                placement = placements_of(v.sizes)[placement_of[i]]
-                remat, remat_custom = self._remats[remat_of[i]]
-                if not ok:
-                    reason = self._blocks[int(p.rows.positions[i])][1]
+            # candidates read by index, not as a `CandidateRow` each: a pod ranks tens of thousands
+            for c, (position, remat_of) in enumerate(zip(group.positions.tolist(), group.remat.tolist())):
+                v = self._sound_at[position]
+                remat, remat_custom = self._remats[remat_of]
+                if not f.fits[c]:
+                    reason = self._blocks[position][1]
                     if reason:
                         category = "smem"
-                    elif host[i] > host_cap:
+                    elif f.host[c] > host_cap:
                         category = "host"
                         reason = (
-                            f"offloads {host[i] / GiB:.1f} GiB of activations > "
+                            f"offloads {f.host[c] / GiB:.1f} GiB of activations > "
                             f"{host_cap / GiB:.1f} GiB host memory per device"
                         )
-                    elif not copies_ok[i]:
-                        category, reason = "compiler", host_copy_violation(float(copy[i]))
+                    elif not f.copies_ok[c]:
+                        category, reason = "compiler", host_copy_violation(float(f.copy[c]))
                     else:
-                        parts = {name: float(v[i]) for name, v in parts_of.items()}
+                        parts = {name: part[c] for name, part in f.parts.items()}
                         top = max(parts, key=parts.get)
                         category = "hbm"
                         reason = (
-                            f"needs {mems[i] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
+                            f"needs {f.hbm[c] / GiB:.1f} GiB > {cap / GiB:.1f} GiB HBM "
                             f"(largest: {top} {parts[top] / GiB:.1f} GiB)"
                         )
                     rejections.append(
                         Rejection(
-                            dict(zip(AXES, v.sizes)), p.strategy, v.load_balance, remat, category, reason, remat_custom
+                            dict(zip(AXES, v.sizes)), strategy, v.load_balance, remat, category, reason, remat_custom
                         )
                     )
                     # the least HBM of the plans that exist: one over its host's memory, or whose host copies
                     # the compiler cannot make, is refused outright
                     if (
-                        host[i] <= host_cap
-                        and copies_ok[i]
-                        and (strategy_least is None or mems[i] < mems[strategy_least])
+                        f.host[c] <= host_cap
+                        and f.copies_ok[c]
+                        and (strategy_least is None or f.hbm[c] < f.hbm[strategy_least])
                     ):
-                        strategy_least = i
+                        strategy_least = c
                     continue
-                feasible.append(
-                    (
-                        _rank_key(
-                            steps[i] / case.tokens_per_step,
-                            cap - mems[i],
-                            v.sizes,
-                            p.strategy,
-                            v.load_balance,
-                            remat,
-                            placement.axis_order,
-                            placement.physical_order,
-                        ),
-                        p.strategy,
-                        k,
-                        i,
-                    )
+                axis_order, physical_order = orders_of(v.sizes, int(f.placed.placement[f.row[c]]))
+                key = _rank_key(
+                    f.step[c] / case.tokens_per_step,
+                    cap - f.hbm[c],
+                    v.sizes,
+                    strategy,
+                    v.load_balance,
+                    remat,
+                    axis_order,
+                    physical_order,
                 )
+                feasible.append(RankEntry(key, strategy, v.load_balance, f.step[c], len(batches) - 1, f.row[c]))
             if strategy_least is not None:
-                best_infeasible.append(self._ranked(p, strategy_least))
-        feasible.sort(key=lambda entry: entry[0])
+                best_infeasible.append(self._fastest(strategy, group, strategy_least, f))
+        feasible.sort(key=lambda entry: entry.key)
         best_infeasible.sort(key=lambda r: r.estimate.hbm_bytes_per_device)
-
-        def build(entry) -> Ranked:
-            _, _, k, i = entry
-            return self._ranked(batches[k], i)
 
         return SearchResult(
             case,
             self.options,
-            RankedList(feasible, build),
+            RankedList(feasible, lambda entry: self._ranked(batches[entry.batch], entry.row)),
             lambda: self._unpriced_rejections(batch),
             rejections,
             priced_count,
@@ -1146,10 +1448,11 @@ class SearchSpace:
             mask_note=self.mask_note,
         )
 
-    def _ranked(self, p: _Priced, i: int) -> Ranked:
-        """Row `i` of a priced batch as a `Plan` with its `Estimate`."""
-        row, case, opts = self.row(p.rows, i), p.x.case, self.options
-        block = self._blocks[int(p.rows.positions[i])][0] or DEFAULT_BLOCK
+    def _ranked(self, placed: _Placed, i: int) -> Ranked:
+        """Row `i` of priced placements as a `Plan` with its `Estimate`."""
+        p = placed.p
+        row, case, opts = self.row(placed, i), p.x.case, self.options
+        block = self._blocks[int(p.positions[i])][0] or DEFAULT_BLOCK
         plan = Plan(
             model=case.model,
             topology=case.topology.name,

@@ -10,7 +10,8 @@ from cost_models.candidates import GROUP_AXES
 from cost_models.placement import axis_segments
 from cost_models.topology import Segment, get_topology
 from cost_models.vocabulary import AXES
-from planner.search import _Placements
+from planner.options import ordered_factorizations
+from planner.search import _Placements, _span_ends
 
 pytestmark = pytest.mark.pure
 
@@ -60,3 +61,28 @@ def test_placements_follow_the_segment_rule_and_cover_every_tiling_order(name, s
         links = _links_by_segments(topo, axis_order, physical_order, size_of)
         if links is not None:
             assert _figures(links) in kept
+
+
+@pytest.mark.parametrize("name", ["tpu7x:4x4x8", "v5p:4x4x8", "v5e:4x8"])
+def test_meshes_laid_together_get_the_placements_each_gets_alone(name):
+    # a search lays the meshes whose axes have the same sizes in one batch: each must come out as it does alone
+    topo = get_topology(name)
+    meshes = ordered_factorizations(topo.num_devices, len(AXES), {})
+    together = _Placements(topo)
+    together.lay(meshes)
+    for sizes in meshes[::3]:
+        alone, laid = _Placements(topo), together.of(sizes)
+        assert len(laid) == len(alone.of(sizes)), sizes
+        assert [laid.orders(i) for i in range(len(laid))] == [alone.of(sizes).orders(i) for i in range(len(laid))]
+        if laid:
+            (groups, ring), (groups_alone, ring_alone) = together.link_table(sizes), alone.link_table(sizes)
+            for group in GROUP_AXES:
+                assert (groups[group].bw == groups_alone[group].bw).all(), (sizes, group)
+                assert (groups[group].latency == groups_alone[group].latency).all(), (sizes, group)
+            assert (ring.bw == ring_alone.bw).all() and (ring.latency == ring_alone.latency).all()
+
+
+def test_a_mesh_s_span_ends_fit_the_bit_sets_of_its_groups():
+    # a group's spans are a bit set over the intervals between the span ends (`_span_ends`, the products of some of
+    # a mesh's sizes), held in 64-bit words: an axis more in `AXES` would overflow them
+    assert len(_span_ends((2, 3, 5, 7, 11, 13))) == 2 ** len(AXES) <= 64

@@ -5,6 +5,7 @@ import pytest
 import planner
 from cost_models.errors import CpplanError
 from cost_models.vocabulary import CPStrategy, LoadBalance
+from planner.explanation import is_tie
 from planner.options import format_tokens
 
 pytestmark = pytest.mark.pure
@@ -226,6 +227,21 @@ def test_explanation_sections(v5p256_4m):
     d = v5p256_4m.to_dict()
     assert planner.Plan.from_dict(d["best"]["plan"]) == v5p256_4m.best
     assert d["best"]["estimate"]["step_time_s"] == v5p256_4m.estimate.step_time_s
+
+
+def test_the_ties_and_the_remat_note_build_only_the_plans_they_name():
+    # a pod ranks hundreds of feasible plans: the ties are read off the ranking's step times, the other remat
+    # policies of the chosen mesh off its meshes, and only the plans named are built
+    e = planner.explain("llama3.1-8b", "1M", "tpu7x-128")
+    ranked, best = e.result.ranked, e.result.best
+    ties, remat_note = e.ties(), e._remat_text()
+    built = set(ranked._built)  # the ranks built so far
+    chosen = (best.plan.mesh, best.plan.cp_strategy, best.plan.load_balance)
+    same = {i for i, r in enumerate(ranked) if (r.plan.mesh, r.plan.cp_strategy, r.plan.load_balance) == chosen}
+    tied = {i for i in range(1, len(ranked)) if is_tie(ranked[i].estimate, best.estimate, e.error_band)}
+    assert built == {0} | tied | same and len(built) < len(ranked) / 2
+    assert ties == [ranked[i] for i in sorted(tied)]
+    assert all(f"{ranked[i].plan.remat_label} fits but is" in remat_note for i in same - {0})
 
 
 @pytest.mark.parametrize(
