@@ -8,11 +8,17 @@ ln(vocab), as a trained model's start would not be: the run shows the checkpoint
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
+
+from cost_models.models import get_model  # noqa: E402
+from runtime.hf_checkpoint import layout  # noqa: E402
 
 
 def config_of(args) -> dict:
@@ -43,33 +49,17 @@ def config_of(args) -> dict:
     return config
 
 
-def tensors_of(config: dict, seed: int) -> dict[str, np.ndarray]:
-    """Every tensor by Hugging Face's name in its `[out, in]` layout, bf16."""
+def tensors_of(directory: Path, seed: int) -> dict[str, np.ndarray]:
+    """Every tensor the config in `directory` calls for, by Hugging Face's name and stored shape (the
+    runtime's own mapping, `runtime.hf_checkpoint.layout`), bf16."""
     rng = np.random.default_rng(seed)
-    d, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    q = config["num_attention_heads"] * config["head_dim"]
-    kv = config["num_key_value_heads"] * config["head_dim"]
-    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,), "lm_head.weight": (v, d)}
-    for i in range(config["num_hidden_layers"]):
-        layer = f"model.layers.{i}."
-        shapes |= {
-            layer + "input_layernorm.weight": (d,),
-            layer + "post_attention_layernorm.weight": (d,),
-            layer + "self_attn.q_proj.weight": (q, d),
-            layer + "self_attn.k_proj.weight": (kv, d),
-            layer + "self_attn.v_proj.weight": (kv, d),
-            layer + "self_attn.o_proj.weight": (d, q),
-            layer + "mlp.gate_proj.weight": (f, d),
-            layer + "mlp.up_proj.weight": (f, d),
-            layer + "mlp.down_proj.weight": (d, f),
-        }
-
-    def value(name, shape):
-        if len(shape) == 1:
-            return np.ones(shape, np.float32)
-        return rng.standard_normal(shape, np.float32) * shape[1] ** -0.5
-
-    return {name: value(name, shape).astype(ml_dtypes.bfloat16) for name, shape in shapes.items()}
+    tensors = {}
+    for tensor in layout(get_model(directory / "config.json")):
+        for name in tensor.names:
+            shape = tensor.stored
+            value = np.ones(shape, np.float32) if len(shape) == 1 else rng.standard_normal(shape, np.float32)
+            tensors[name] = (value * (shape[1] ** -0.5 if len(shape) > 1 else 1.0)).astype(ml_dtypes.bfloat16)
+    return tensors
 
 
 def main() -> None:
@@ -89,7 +79,7 @@ def main() -> None:
     config = config_of(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "config.json").write_text(json.dumps(config, indent=2))
-    tensors = tensors_of(config, args.seed)
+    tensors = tensors_of(args.out, args.seed)
     save_file(tensors, args.out / "model.safetensors", metadata={"format": "pt"})
     params = sum(t.size for t in tensors.values())
     print(f"wrote {args.out}: {params / 1e6:.1f}M parameters, {config['num_hidden_layers']} layers")
