@@ -14,7 +14,10 @@ from planner.plan import Plan
 
 pytestmark = pytest.mark.pure
 
-LLAMA = "model_name=llama3.1-8b per_device_batch_size=1 max_target_length=8192 ici_fsdp_parallelism=-1 compile_topology=v5p-16"
+LLAMA = (
+    "model_name=llama3.1-8b per_device_batch_size=1 max_target_length=8192 ici_fsdp_parallelism=-1 "
+    "compile_topology=v5p-16"
+)
 
 
 def test_read_written_and_round_tripped():
