@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from cost_models.errors import CpplanError
 from cost_models.targets import Target, model_refusal
-from cost_models.vocabulary import LoadBalance
+from cost_models.vocabulary import LoadBalance, Quantization
 from planner.plan import Plan
 from runtime.data.packing import inputs_and_targets
 from runtime.initialise import init_variables, opt_state_initialiser, param_initialiser
@@ -51,11 +51,12 @@ class Trainer:
         refusal = model_refusal(Target.CPPLAN, plan.model)
         if refusal:
             raise CpplanError(refusal)
-        if plan.grad_dtype or plan.expert_capacity:
+        if plan.grad_dtype or plan.expert_capacity or plan.quantization is not Quantization.NONE:
             raise CpplanError(
-                f"plan grad_dtype={plan.grad_dtype!r}, expert_capacity={plan.expert_capacity:g}: cpplan's runtime "
-                f"forms the gradients in the parameters' dtype and routes every token dropless; run the plan with "
-                f'grad_dtype "" and expert_capacity 0, or export it to MaxText (`cpplan export --format maxtext`).'
+                f"plan grad_dtype={plan.grad_dtype!r}, expert_capacity={plan.expert_capacity:g}, quantization="
+                f"{plan.quantization.value}: cpplan's runtime runs bf16 matmuls, forms the gradients in the "
+                f"parameters' dtype and routes every token dropless; run the plan with grad_dtype '', expert_capacity "
+                f"0 and quantization none, or export it to MaxText (`cpplan export --format maxtext`)."
             )
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
