@@ -149,6 +149,7 @@ class AdamW:
         (MaxText's mu_dtype), its second in the parameters' dtype (optax keeps nu as the parameters). The
         state is the moments the price counts (`cost_models`), and two int32 step counts (Adam's and the
         schedule's): 8 bytes, not priced."""
+        import jax
         import jax.numpy as jnp
         import optax
 
@@ -160,7 +161,13 @@ class AdamW:
             weight_decay=self.weight_decay,
             mu_dtype=jnp.dtype(mu_dtype),
         )
-        return optax.chain(optax.clip_by_global_norm(self.clip_norm), adamw) if self.clip_norm > 0 else adamw
+        if self.clip_norm <= 0:
+            return adamw
+        # the gradients whole before their norm is taken: left free, XLA's TPU compiler (libtpu 0.0.52) fuses the
+        # norm's squares into the gradients' reduce-scatters and, for a vocabulary split eight ways with
+        # sequence parallelism, fails ("No feasible span count for single input all reduce scatter fusion")
+        whole = optax.stateless(lambda updates, params=None: jax.lax.optimization_barrier(updates))
+        return optax.chain(whole, optax.clip_by_global_norm(self.clip_norm), adamw)
 
     def __str__(self) -> str:
         rate = f"learning rate {self.learning_rate:g}"
