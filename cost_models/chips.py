@@ -221,7 +221,8 @@ class Chip:
         grouped figures (0.0: not measured) prices the dense matmul: `matmul_efficiency`, r = c = 0.
 
         A contracted or output width that is not a multiple of the chip's lanes (128 on a TPU) multiplies
-        the whole time by `grouped_matmul_unaligned_slowdown`: the row's measured ratio for such calls
+        the whole time by the kernel's unaligned slowdown (`grouped_matmul_unaligned_slowdown`, or
+        `ragged_dot_unaligned_slowdown` for XLA's): the row's measured ratio for such calls
         (1.0 where not measured), applied to the widths as they are, not padded: padding them up to a
         multiple of 128 or of the MXU tile explains little of the measured slowdown (the row's source).
 
@@ -236,8 +237,13 @@ class Chip:
             kernel: whose figures (`grouped_figures`): tokamax's Mosaic kernel (the default) or XLA's ragged dot.
         """
         bf16_e, rows_per_group, group_s, grad_e, grad_rows, unaligned = self.grouped_figures(kernel)
-        fp8_rate = fp8 and self.peak_fp8_flops_per_s > 0 and self.grouped_matmul_fp8_efficiency > 0
-        fp8_rate = fp8_rate and kernel is GroupedKernel.TOKAMAX  # only tokamax's kernel is timed in fp8
+        # only tokamax's kernel is timed in fp8
+        fp8_rate = (
+            fp8
+            and kernel is GroupedKernel.TOKAMAX
+            and self.peak_fp8_flops_per_s > 0
+            and self.grouped_matmul_fp8_efficiency > 0
+        )
         if bf16_e <= 0:
             efficiency, group_rows, group_s = self.matmul_efficiency, 0.0, 0.0  # not measured: the dense matmul
         elif weight_grad and grad_e > 0:

@@ -803,7 +803,7 @@ def read_maxtext(
         expert_capacity=_expert_capacity(f) if model.experts else 0.0,
     )
     if model.experts:
-        _expert_notes(f, notes)
+        _expert_notes(f, notes, plan.expert_capacity)
     f.check_words()
     problems = maxtext_problems(plan)
     if problems:
@@ -1110,10 +1110,10 @@ def _expert_capacity(f: _Flags) -> float:
     return factor if factor > 0 and not f.bool("sparse_matmul", True) else 0.0
 
 
-def _expert_notes(f: _Flags, notes: list[str]) -> None:
-    """Reads MaxText's mixture-of-experts flags (`EXPERT_FLAGS`), noting those set away from what is priced."""
+def _expert_notes(f: _Flags, notes: list[str], capacity: float) -> None:
+    """Reads MaxText's mixture-of-experts flags (`EXPERT_FLAGS`), noting those set away from what is priced;
+    `capacity` is the plan's `expert_capacity` read from them (`_expert_capacity`)."""
     dense_path = not f.bool("sparse_matmul", True)
-    capacity = _expert_capacity(f)
     for flag, how in EXPERT_FLAGS.items():
         if flag not in f:
             continue

@@ -128,10 +128,20 @@ def errors_of(chip: Chip, calls: list[Call]) -> np.ndarray:
     )
 
 
+def ratios(chip: Chip, calls: list[Call]) -> list[float]:
+    """Each call's measured time over the row's, forward and backward together."""
+    return [sum((c.forward_s, c.backward_s)) / sum(modelled(chip, c)) for c in calls]
+
+
+def without_slowdown(chip: Chip) -> Chip:
+    """The row's model of a lane-aligned call: its written unaligned slowdown left out."""
+    return dataclasses.replace(chip, **{UNALIGNED: 1.0})
+
+
 def fit(chip: Chip, calls: list[Call]) -> Chip:
     """The row with the five figures that best explain the lane-aligned `calls` and their unaligned slowdown."""
 
-    aligned_model = dataclasses.replace(chip, **{UNALIGNED: 1.0})  # the row's written slowdown left out
+    aligned_model = without_slowdown(chip)
 
     def trial(q) -> Chip:
         return dataclasses.replace(aligned_model, **{n: float(v) for n, v in zip(FITTED, np.asarray(q) * SCALE)})
@@ -142,8 +152,8 @@ def fit(chip: Chip, calls: list[Call]) -> Chip:
     fitted = dataclasses.replace(
         trial(solution.x), **{n: float(f"{getattr(trial(solution.x), n):.{PRECISION}g}") for n in FITTED}
     )
-    ratios = [sum((c.forward_s, c.backward_s)) / sum(modelled(fitted, c)) for c in calls if not c.aligned]
-    slowdown = float(f"{statistics.median(ratios):.{PRECISION}g}") if ratios else 1.0
+    unaligned = ratios(fitted, [c for c in calls if not c.aligned])
+    slowdown = float(f"{statistics.median(unaligned):.{PRECISION}g}") if unaligned else 1.0
     return dataclasses.replace(fitted, **{UNALIGNED: slowdown})
 
 
@@ -173,12 +183,11 @@ def sources_of(chip: Chip, calls: list[Call], dispatch_s: float) -> dict[str, st
     }
     sources = {name: f"{how}. {text}" for name, text in what.items()}
     if unaligned:
-        aligned_model = dataclasses.replace(chip, **{UNALIGNED: 1.0})
-        ratios = [sum((c.forward_s, c.backward_s)) / sum(modelled(aligned_model, c)) for c in unaligned]
+        slow = ratios(without_slowdown(chip), unaligned)
         sources[UNALIGNED] = (
             f"the median measured/model ratio of the {len(unaligned)} calls of widths not multiples of 128 lanes "
             f"(" + ", ".join(sorted({f"K={c.contract} N={c.out}" for c in unaligned})) + f"), left out of the fit "
-            f"({min(ratios):.2f}-{max(ratios):.2f}), same timings: {how.split(':')[0]}"
+            f"({min(slow):.2f}-{max(slow):.2f}), same timings: {how.split(':')[0]}"
         )
     else:
         sources[UNALIGNED] = "1.0: no call of widths off the 128 lanes timed"
@@ -230,10 +239,10 @@ def report(chip: Chip, calls: list[Call]) -> str:
     aligned = [c for c in calls if c.aligned]
     lines.append(f"RMS over {len(aligned)} aligned calls' forward and backward: {rms(errors_of(chip, aligned)):.1%}")
     tokamax = dataclasses.replace(chip, **{n: 0.0 for n in FITTED})  # the row's tokamax figures in their place
-    ratios = [sum((c.forward_s, c.backward_s)) / sum(modelled(tokamax, c)) for c in aligned]
+    against = ratios(tokamax, aligned)
     lines.append(
-        f"against the row's tokamax figures: measured/model median {statistics.median(ratios):.2f} "
-        f"({min(ratios):.2f}-{max(ratios):.2f})"
+        f"against the row's tokamax figures: measured/model median {statistics.median(against):.2f} "
+        f"({min(against):.2f}-{max(against):.2f})"
     )
     if chip.ragged_dot_permute_passes:
         lines.append(

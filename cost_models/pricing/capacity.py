@@ -27,9 +27,7 @@ def slots_per_sequence(x: Candidates) -> np.ndarray:
 def slot_rows(x: Candidates) -> np.ndarray:
     """Rows a device's experts run: every expert's C slots in each of its sequences (E·B·C), however many are
     filled: about `expert_capacity` times the routed copies."""
-    e = x.model.experts
-    sequences = np.asarray(x.tokens_per_device, dtype=float) / (x.seq_len / (x.ring * x.ulysses))
-    return sequences * e.count * slots_per_sequence(x)
+    return np.asarray(x.sequences_per_device, dtype=float) * x.model.experts.count * slots_per_sequence(x)
 
 
 def capacity_seconds(x: Candidates) -> tuple[np.ndarray, np.ndarray]:
