@@ -11,7 +11,7 @@ from runtime.mesh import build_mesh
 from runtime.train import Trainer
 
 
-def float32_plan(model, mesh, *, seq_len, batch, topology="cpu:8", strategy="none", remat="full"):
+def float32_plan(model, mesh, *, seq_len, batch, topology="cpu:8", strategy="none", remat="full", load_balance="none"):
     """`model` on `mesh` (axis sizes by name) in fp32 with splash blocks of 128: the plans whose sharded step
     the runtime tests compare with the one-device step."""
     return Plan(
@@ -21,6 +21,7 @@ def float32_plan(model, mesh, *, seq_len, batch, topology="cpu:8", strategy="non
         global_batch=batch,
         mesh=make_mesh(**mesh),
         cp_strategy=strategy,
+        load_balance=load_balance,
         remat=remat,
         block_q=128,
         block_kv=128,

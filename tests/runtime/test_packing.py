@@ -13,6 +13,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from packed_layouts import packed_ids  # noqa: E402
+from runtime_steps import float32_plan  # noqa: E402
 
 from cost_models.documents import histogram  # noqa: E402
 from cost_models.models import ModelSpec  # noqa: E402
@@ -55,19 +56,10 @@ ATTENTION_CASES = [
 
 
 def make_plan(strategy, mesh, seq_len, zigzag, *, model, batch=BATCH):
-    topology = "cpu:1" if not mesh else "cpu:8"
-    return Plan(
-        model=model,
-        topology=topology,
-        seq_len=seq_len,
-        global_batch=batch,
-        mesh=make_mesh(**mesh),
-        cp_strategy=strategy,
-        load_balance="zigzag" if zigzag else "none",
-        block_q=128,
-        block_kv=128,
-        param_dtype="float32",
-        compute_dtype="float32",
+    topology = "cpu:8" if mesh else "cpu:1"
+    balance = "zigzag" if zigzag else "none"
+    return float32_plan(
+        model, mesh, seq_len=seq_len, batch=batch, topology=topology, strategy=strategy, load_balance=balance
     )
 
 

@@ -4,6 +4,7 @@ and gradients, under remat; a training step equals the one-device step; and the 
 collectives one layer makes, forward and backward, are the ones the cost model prices."""
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -13,13 +14,12 @@ import pytest
 jax = pytest.importorskip("jax")
 import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from runtime_steps import one_step  # noqa: E402
+from runtime_steps import float32_plan, one_step  # noqa: E402
 
 from cost_models.models import DecoderBlock, ModelSpec  # noqa: E402
 from cost_models.remat import remat_code, remat_table  # noqa: E402
 from cost_models.vocabulary import RematPolicy  # noqa: E402
 from cost_models.work_layout import tensor_collectives_per_layer, weight_arrays_per_layer  # noqa: E402
-from planner.plan import Plan, make_mesh  # noqa: E402
 from runtime.mesh import build_mesh  # noqa: E402
 from runtime.model import DecoderLayer, remat_policy, rms_norm, rope  # noqa: E402
 from runtime.train import Trainer  # noqa: E402
@@ -31,19 +31,8 @@ SEQUENTIAL = ModelSpec("block-test", 2, 64, 4, 2, 16, 96, 256)
 PARALLEL = dataclasses.replace(SEQUENTIAL, name="block-test-parallel", decoder_block="default")
 
 
-def make_plan(model, mesh, *, remat="full", topology="cpu:8", batch=4, seq_len=SEQ):
-    return Plan(
-        model=model,
-        topology=topology,
-        seq_len=seq_len,
-        global_batch=batch,
-        mesh=make_mesh(**mesh),
-        remat=remat,
-        block_q=128,
-        block_kv=128,
-        param_dtype="float32",
-        compute_dtype="float32",
-    )
+# the runtime tests' fp32 plan, of this file's length and batch unless a test says otherwise
+make_plan = functools.partial(float32_plan, seq_len=SEQ, batch=4)
 
 
 def layer_of(plan, *, remat=True):
