@@ -35,12 +35,18 @@ HF_MODEL_TYPES = (
     "gpt_oss",
     "gemma4",
     "gemma4_text",
+    "gemma3_text",
 )
 # multimodal configs whose decoder is their `text_config`
 HF_TEXT_CONFIG_TYPES = ("gemma4",)
 # model types whose every layer norms its queries and keys per head, and that carry attention sinks
-HF_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma4_text")
+HF_QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma4_text", "gemma3_text")
 HF_SINK_TYPES = ("gpt_oss",)
+# what a config of these model types has where it leaves the field out (Gemma3TextConfig's defaults,
+# transformers 5.25 configuration_gemma3.py: five sliding-window layers to each global one, a tied head)
+HF_CONFIG_DEFAULTS = {
+    "gemma3_text": {"sliding_window_pattern": 6, "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh"}
+}
 # model types whose `sliding_window` applies only where `use_sliding_window` says so (off where unset)
 HF_WINDOW_OPT_IN_TYPES = ("qwen2", "qwen3", "qwen3_moe")
 
@@ -66,6 +72,9 @@ class DecoderBlock(_Named):
 
     LLAMA2 = "llama2"  # sequential: x + attn(norm(x)), then + mlp(norm(...)); two norms
     DEFAULT = "default"  # parallel: x + attn(norm(x)) + mlp(norm(x)); one norm
+    # Gemma 3's sequential block: x + norm(attn(norm(x))), then + norm(mlp(norm(...))); four norms, each
+    # scaling by (1 + w), q and k normed per head (the model's `qk_norm`), embeddings scaled by √hidden
+    GEMMA3 = "gemma3"
 
     @classmethod
     def kind(cls) -> str:
@@ -73,7 +82,7 @@ class DecoderBlock(_Named):
 
     @property
     def aliases(self):
-        return {"LLAMA2": ("sequential",), "DEFAULT": ("parallel",)}[self.name]
+        return {"LLAMA2": ("sequential",), "DEFAULT": ("parallel",), "GEMMA3": ()}[self.name]
 
     @property
     def parallel(self) -> bool:
@@ -82,8 +91,8 @@ class DecoderBlock(_Named):
 
     @property
     def norms(self) -> int:
-        """RMSNorms per layer, each with one scale of `hidden` weights."""
-        return 1 if self.parallel else 2
+        """RMSNorms per layer over the residual stream's width, each with one scale of `hidden` weights."""
+        return {DecoderBlock.DEFAULT: 1, DecoderBlock.LLAMA2: 2, DecoderBlock.GEMMA3: 4}[self]
 
 
 # a config.json is a few KiB; and no model dimension comes near 2**31
@@ -178,8 +187,14 @@ class ModelSpec:
         except CpplanError as err:
             raise CpplanError(
                 f"model {self.name!r}: {err} ({DecoderBlock.LLAMA2.value}: the sequential Llama "
-                f"block; {DecoderBlock.DEFAULT.value}: MaxText's parallel block)"
+                f"block; {DecoderBlock.DEFAULT.value}: MaxText's parallel block; {DecoderBlock.GEMMA3.value}: "
+                f"Gemma 3's)"
             ) from None
+        if self.decoder_block is DecoderBlock.GEMMA3 and not self.qk_norm:
+            raise CpplanError(
+                f"model {self.name!r}: decoder_block={DecoderBlock.GEMMA3.value} norms q and k per head: give "
+                f"qk_norm=true, or the {DecoderBlock.LLAMA2.value} block."
+            )
 
     def _check_local_layers(self) -> None:
         name, window, pattern = self.name, self.window, self.layer_pattern
@@ -582,8 +597,9 @@ class ModelSpec:
     def from_hf_config(cls, path: str | os.PathLike, *, name: str | None = None) -> "ModelSpec":
         """Reads a Hugging Face `config.json` of a model type in `HF_MODEL_TYPES`: dense (llama, mistral,
         qwen2, qwen3), mixture-of-experts (mixtral, qwen3_moe, gpt_oss), DeepSeek-V3's latent attention
-        with experts (deepseek_v3) and Gemma 4 (gemma4: its text_config, per-layer inputs and KV-shared
-        layers included); `is_causal: false` makes its mask full.
+        with experts (deepseek_v3), Gemma 3's text decoder (gemma3_text: its block, `DecoderBlock.GEMMA3`) and
+        Gemma 4 (gemma4: its text_config, per-layer inputs and KV-shared layers included); `is_causal: false`
+        makes its mask full.
 
         Raises:
             CpplanError: the file is unreadable, of another model type, lacks a field, or has a
@@ -614,6 +630,7 @@ class ModelSpec:
                 f"{str(path)!r}: model_type={model_type!r} is not supported; "
                 f"cpplan reads {', '.join(HF_MODEL_TYPES)} configs."
             )
+        cfg = {**HF_CONFIG_DEFAULTS.get(model_type, {}), **cfg}
         required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
         missing = [k for k in required if k not in cfg]
         if missing:
@@ -660,6 +677,7 @@ class ModelSpec:
                 vocab=cfg["vocab_size"],
                 tie_embeddings=cfg.get("tie_word_embeddings", False),
                 qkv_bias=cfg.get("attention_bias", model_type == "qwen2") and not latent,
+                decoder_block=DecoderBlock.GEMMA3 if model_type == "gemma3_text" else DecoderBlock.LLAMA2,
                 mlp_activations=(HF_ACTIVATIONS[hidden_act], "linear"),
                 causal=cfg.get("is_causal", True),
                 experts=experts,

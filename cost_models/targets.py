@@ -12,7 +12,7 @@ from enum import Enum
 
 from cost_models.chips import GroupedKernel
 from cost_models.errors import CpplanError
-from cost_models.models import ModelSpec
+from cost_models.models import DecoderBlock, ModelSpec
 from cost_models.vocabulary import _Named
 from cost_models.work_layout import MLP_CHUNK_TOKENS
 
@@ -58,11 +58,12 @@ class ModelKind(str, Enum):
 
 
 def model_kinds(model: ModelSpec) -> tuple[ModelKind, ...]:
-    """The mechanisms beyond a dense grouped-query decoder that `model` holds, in `ModelKind`'s order."""
+    """The mechanisms beyond a dense grouped-query decoder that `model` holds, in `ModelKind`'s order (Gemma
+    3's q/k norms are its block's, `DecoderBlock.GEMMA3`, which a runtime that runs the block runs)."""
     present = {
         ModelKind.EXPERTS: model.experts is not None,
         ModelKind.LATENT_ATTENTION: model.latent is not None,
-        ModelKind.QK_NORM: model.qk_norm,
+        ModelKind.QK_NORM: model.qk_norm and model.decoder_block is not DecoderBlock.GEMMA3,
         ModelKind.ATTENTION_SINKS: model.attention_sinks,
         ModelKind.GLOBAL_HEADS: model.global_attention is not None,
         ModelKind.SHARED_KV: model.shared_kv,
@@ -207,10 +208,10 @@ class TargetTraits:
 TRAITS: dict[Target, TargetTraits] = {
     # cpplan's runtime: a fused, chunked cross-entropy; one downcast metadata table shared by heads;
     # the head's gradient formed in the head's layout; splash tables pruned by segment ids; grouped-query
-    # decoders, dense or with mixture-of-experts MLPs (`runtime.experts`)
+    # decoders, dense or with mixture-of-experts MLPs (`runtime.experts`), q, k and v with or without biases
     Target.CPPLAN: TargetTraits(
         Target.CPPLAN,
-        model_kinds=frozenset({ModelKind.EXPERTS}),
+        model_kinds=frozenset({ModelKind.EXPERTS, ModelKind.QKV_BIAS}),
         grouped_kernel=GroupedKernel.XLA_RAGGED_DOT,
         loss_splits_vocabulary=True,
         logit_bytes=4,

@@ -1,9 +1,10 @@
-"""Hugging Face checkpoints in and out of cpplan's runtime. `cpplan run --init-from DIR` reads a llama or
-mistral checkpoint (config.json and its safetensors, one file or sharded under an index) with the
-safetensors library's numpy API, checks every tensor against the plan's model, and lays each one straight
-onto the plan's mesh: every device reads only its own shard (`jax.make_array_from_callback`), so no
-device ever holds a whole replicated copy. `--export-hf DIR` writes the trained weights back as safetensors
-with a config.json that transformers loads. Checking a checkpoint reads its headers only, without jax.
+"""Hugging Face checkpoints in and out of cpplan's runtime. `cpplan run --init-from DIR` reads a llama,
+mistral, qwen2 or gemma3_text checkpoint (config.json and its safetensors, one file or sharded under an
+index) with the safetensors library's numpy API, checks every tensor against the plan's model, and lays
+each one straight onto the plan's mesh: every device reads only its own shard
+(`jax.make_array_from_callback`), so no device ever holds a whole replicated copy. `--export-hf DIR`
+writes the trained weights back as safetensors with a config.json that transformers loads. Checking a
+checkpoint reads its headers only, without jax.
 
 Hugging Face keeps a linear layer's weight as `[out, in]`; the runtime keeps `[in, out]`, with the heads
 split out and each layer's weights stacked on a leading layer axis (`nn.scan`):
@@ -14,15 +15,20 @@ split out and each layer's weights stacked on a leading layer axis (`nn.scan`):
 | lm_head.weight `[vocab, hidden]`               | head `[hidden, vocab]`   | transposed; absent when tied    |
 | model.norm.weight                              | final_norm               | as is                           |
 | model.layers.i.input_layernorm.weight          | layers/attn_norm[i]      | as is                           |
-| model.layers.i.post_attention_layernorm.weight | layers/mlp_norm[i]       | as is                           |
+| model.layers.i.post_attention_layernorm.weight | layers/mlp_norm[i]       | as is (gemma3: post_attn_norm)  |
+| model.layers.i.pre_feedforward_layernorm.weight (gemma3) | layers/mlp_norm[i] | as is                   |
+| model.layers.i.post_feedforward_layernorm.weight (gemma3) | layers/post_mlp_norm[i] | as is              |
+| …self_attn.{q,k}_norm.weight `[hd]` (gemma3)   | layers/{q,k}_norm[i]     | as is                           |
 | …self_attn.{q,k,v}_proj.weight `[heads·hd, hidden]` | layers/w{q,k,v}[i] `[hidden, heads, hd]` | split, transposed |
+| …self_attn.{q,k,v}_proj.bias `[heads·hd]` (qwen2) | layers/b{q,k,v}[i] `[heads, hd]` | split          |
 | …self_attn.o_proj.weight `[hidden, heads·hd]`  | layers/wo[i] `[heads, hd, hidden]` | split, transposed     |
 | …mlp.gate_proj / up_proj.weight `[inter, hidden]` | layers/w_gate, w_up[i] `[hidden, inter]` | transposed   |
 | …mlp.down_proj.weight `[hidden, inter]`        | layers/w_down[i] `[inter, hidden]` | transposed            |
 
 q and k need no permutation: these checkpoints are laid out for rotate-half RoPE, the runtime's
 (`runtime.rope`). The config's `rope_theta` and `rope_scaling` and its `rms_norm_eps` become the run's
-`runtime.model.ModelConstants`.
+`runtime.model.ModelConstants`; a Gemma 3 config's also its local layers' RoPE and its query scale.
+Gemma 3's norm weights are stored as the runtime holds them: w of the (1 + w) scale.
 """
 
 from __future__ import annotations
@@ -37,14 +43,27 @@ from pathlib import Path
 import numpy as np
 
 from cost_models.errors import CpplanError
-from cost_models.models import HF_ACTIVATIONS, HF_MODEL_TYPES, ModelSpec
+from cost_models.models import HF_ACTIVATIONS, DecoderBlock, ModelSpec
 from cost_models.targets import Target, model_refusal
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 # the model types whose tensors are mapped, and the transformers class each loads as
-FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
-GEMMA3_TYPES = ("gemma3", "gemma3_text")
+FAMILIES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+}
+# the families whose `attention_bias` also puts a bias on the out projection, which the runtime has not
+HF_OUT_BIAS_TYPES = ("llama",)
+GEMMA3 = "gemma3_text"
+# Gemma 3's multimodal checkpoints, whose decoder's tensors are named under the language model's
+GEMMA3_MULTIMODAL = "gemma3"
+# Gemma3TextConfig's query scale where a config names none (transformers configuration_gemma3.py)
+GEMMA3_QUERY_PRE_ATTN_SCALAR = 256
+# fields of a Gemma 3 config that change the model's arithmetic in ways the runtime does not run, when set
+GEMMA3_UNRUN = ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention", "attention_bias")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 # tensors a checkpoint may carry that hold no weight (older llama exports keep RoPE's frequencies)
 NOT_WEIGHTS = ".rotary_emb.inv_freq"
@@ -121,9 +140,20 @@ def _groups(stored: tuple[int, ...], split: tuple[int, ...]) -> list[list[int]]:
     return groups
 
 
+# each layer's norms over the residual stream: the runtime's name and Hugging Face's, by block
+LLAMA_NORMS = (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm"))
+GEMMA3_NORMS = (
+    ("attn_norm", "input_layernorm"),
+    ("post_attn_norm", "post_attention_layernorm"),
+    ("mlp_norm", "pre_feedforward_layernorm"),
+    ("post_mlp_norm", "post_feedforward_layernorm"),
+)
+
+
 def layout(model: ModelSpec) -> list[Tensor]:
     """The runtime's parameters of a dense sequential `model` with a gated MLP, each as Hugging Face's
-    llama and mistral checkpoints store it."""
+    llama, mistral, qwen2 and gemma3_text checkpoints store it (q, k, v's biases where `qkv_bias`: qwen2's;
+    four norms a layer and q/k norms in Gemma 3's block)."""
     d, h, kv, hd, f, v, n = (
         model.hidden,
         model.num_heads,
@@ -134,16 +164,25 @@ def layout(model: ModelSpec) -> list[Tensor]:
         model.num_layers,
     )
     layer = "model.layers.{}."
+    norms = GEMMA3_NORMS if model.decoder_block is DecoderBlock.GEMMA3 else LLAMA_NORMS
     tensors = [
         Tensor(("embed",), "model.embed_tokens.weight", (v, d), (v, d), (0, 1), "vocab, hidden"),
         Tensor(("final_norm",), "model.norm.weight", (d,), (d,), (0,), "hidden"),
-        Tensor(("layers", "attn_norm"), layer + "input_layernorm.weight", (d,), (d,), (0,), "hidden", n),
-        Tensor(("layers", "mlp_norm"), layer + "post_attention_layernorm.weight", (d,), (d,), (0,), "hidden", n),
+        *(Tensor(("layers", ours), f"{layer}{theirs}.weight", (d,), (d,), (0,), "hidden", n) for ours, theirs in norms),
     ]
+    if model.qk_norm:
+        for name in ("q", "k"):
+            stored = f"{layer}self_attn.{name}_norm.weight"
+            tensors.append(Tensor(("layers", f"{name}_norm"), stored, (hd,), (hd,), (0,), "head_dim", n))
     for name, heads, what in (("q", h, "num_heads"), ("k", kv, "num_kv_heads"), ("v", kv, "num_kv_heads")):
         stored = f"{layer}self_attn.{name}_proj.weight"
         dims = f"{what} × head_dim, hidden"
         tensors.append(Tensor(("layers", f"w{name}"), stored, (heads * hd, d), (heads, hd, d), (2, 0, 1), dims, n))
+        if model.qkv_bias:
+            bias = f"{layer}self_attn.{name}_proj.bias"
+            tensors.append(
+                Tensor(("layers", f"b{name}"), bias, (heads * hd,), (heads, hd), (0, 1), f"{what} × head_dim", n)
+            )
     tensors += [
         Tensor(
             ("layers", "wo"),
@@ -168,17 +207,23 @@ ARCHITECTURE_FIELDS = ("tie_embeddings", "mlp_activations", "decoder_block", "wi
 
 
 def mapping_problem(model: ModelSpec) -> str | None:
-    """Why `model`'s parameters have no Hugging Face llama or mistral layout (None: they have)."""
+    """Why `model`'s parameters have no Hugging Face llama, mistral, qwen2 or gemma3_text layout (None: they
+    have)."""
+    gemma = model.decoder_block is DecoderBlock.GEMMA3
     if model.experts is not None or model.latent is not None or model.global_attention is not None:
         return "its layers are not dense grouped-query ones (experts, latent attention or global heads)"
-    if model.qkv_bias or model.qk_norm or model.attention_sinks or model.shared_kv:
-        return "its attention has biases, q/k norms, sinks or shared keys and values"
+    if model.attention_sinks or model.shared_kv or (model.qk_norm and not gemma) or (model.qkv_bias and gemma):
+        return "its attention has sinks, shared keys and values, q/k norms outside Gemma 3's block, or biases in it"
     if model.decoder_block.parallel:
         return "its layers are parallel blocks (one norm), not Llama's sequential ones"
     if not model.gated or model.mlp_activations[1] != "linear" or model.mlp_activations[0] not in HF_NAMES:
         return f"its MLP ({' · '.join(model.mlp_activations)}) is not Llama's gated act(x·W_gate) · x·W_up"
-    if "L" in model.layer_pattern and "G" in model.layer_pattern or model.local_kind != "sliding_window":
-        return "its layers mix local and global attention, or see chunks (Mistral's are all one sliding window)"
+    mixed = "L" in model.layer_pattern and "G" in model.layer_pattern
+    if mixed and not gemma or model.local_kind != "sliding_window":
+        return (
+            "its layers mix local and global attention outside Gemma 3's block, or see chunks (Mistral's are all "
+            "one sliding window)"
+        )
     return None
 
 
@@ -210,25 +255,37 @@ class HFCheckpoint:
 
     def _check_family(self) -> None:
         model_type = self.config.get("model_type")
-        if model_type in GEMMA3_TYPES:
+        if model_type == GEMMA3_MULTIMODAL:
             raise CpplanError(
-                f"{self.flag}: model_type {model_type!r}: cpplan does not read Gemma 3 configs (it reads "
-                f"{', '.join(HF_MODEL_TYPES)}), and its runtime lacks Gemma 3's layers: q/k norms, norms after "
-                f"attention and MLP, (1 + w) norm scales, embeddings scaled by √hidden, and local layers with a "
-                f"RoPE base of their own. Plan it for MaxText (`--target maxtext`) and run it there."
+                f"{self.flag}: model_type {model_type!r}: a multimodal Gemma 3 checkpoint keeps its decoder under "
+                f"the language model's names beside a vision tower; --init-from reads the text-only model "
+                f"(model_type {GEMMA3!r}, Gemma3ForCausalLM: google/gemma-3-1b, or one saved from the decoder alone)."
             )
+        if model_type == GEMMA3:
+            unrun = [f"{key}={self.config[key]!r}" for key in GEMMA3_UNRUN if self.config.get(key)]
+            if unrun:
+                raise CpplanError(
+                    f"{self.flag}: model_type {model_type!r} with {', '.join(unrun)}: cpplan's runtime runs Gemma 3 "
+                    f"without logit soft-capping, with causal attention and without biases; plan it for MaxText "
+                    f"(`--target maxtext`) and run it there."
+                )
         spec = self.spec()
         refusal = model_refusal(Target.CPPLAN, spec)
-        if refusal:  # qwen2's q/k/v biases, qwen3's q/k norms, …
+        if refusal:  # qwen3's q/k norms, …
             raise CpplanError(f"{self.flag}: model_type {model_type!r}: {refusal}")
         if model_type not in FAMILIES:
             raise CpplanError(
                 f"{self.flag}: model_type {model_type!r}: its tensors are not mapped to the runtime's; --init-from "
-                f"reads {' and '.join(FAMILIES)} checkpoints."
+                f"reads {', '.join(FAMILIES)} checkpoints."
             )
         if self.config.get("mlp_bias"):
             raise CpplanError(
                 f"{self.flag}: mlp_bias is true: cpplan's runtime has no biases on the MLP's projections."
+            )
+        if model_type in HF_OUT_BIAS_TYPES and self.config.get("attention_bias"):
+            raise CpplanError(
+                f"{self.flag}: attention_bias is true: a {model_type} checkpoint then has a bias on the attention's "
+                f"out projection too, and cpplan's runtime has biases on q, k and v only (qwen2's)."
             )
 
     def spec(self) -> ModelSpec:
@@ -319,33 +376,59 @@ class HFCheckpoint:
         if extra:
             raise CpplanError(
                 f"{self.flag}: the checkpoint holds {len(extra)} tensor(s) the runtime's model has no place for, "
-                f"e.g. {', '.join(sorted(extra)[:3])}: cpplan's runtime has no biases, adapters or other extra "
-                f"weights; load the plain model."
+                f"e.g. {', '.join(sorted(extra)[:3])}: cpplan's runtime has no adapters or other extra weights, "
+                f"and biases on q, k and v only (qwen2's); load the plain model."
             )
-        ours, theirs = model, self.spec().within(seq_len)[0]
+        spec = self.spec()
+        ours, theirs = model, spec.within(seq_len)[0]
+        if spec.decoder_block is DecoderBlock.GEMMA3 and spec.window and not theirs.window:
+            raise CpplanError(
+                f"{self.flag}: the checkpoint's local layers turn RoPE at a base of their own, and over {seq_len} "
+                f"tokens, no more than their window of {spec.window}, the runtime runs every layer as a global one; "
+                f"plan a sequence longer than the window."
+            )
         differ = [f for f in ARCHITECTURE_FIELDS if getattr(ours, f) != getattr(theirs, f)]
         if differ:
             said = ", ".join(f"{f}={getattr(ours, f)!r} where its config has {getattr(theirs, f)!r}" for f in differ)
             raise CpplanError(f"{self.flag}: the plan's model {model.name!r} has {said}; {fix}.")
 
     def rope(self, rope_theta: float | None = None):
-        """The config's `runtime.rope.Rope`, its base replaced by `rope_theta` where given.
+        """The config's `runtime.rope.Rope` (a Gemma 3 config's: its global layers'), its base replaced by
+        `rope_theta` where given.
 
         Raises:
             CpplanError: a RoPE the runtime does not run (`Rope.from_hf_config`).
         """
+        return self._ropes(rope_theta)[0]
+
+    def _ropes(self, rope_theta: float | None):
+        """`(global, local)` RoPEs: a Gemma 3 config's per layer type (`Rope.per_layer_type`), else the
+        config's one RoPE and None."""
         from runtime.rope import Rope
 
-        return Rope.from_hf_config(self.config, where=str(self.config_path), theta=rope_theta)
+        where = str(self.config_path)
+        if self.config.get("model_type") == GEMMA3:
+            return Rope.per_layer_type(self.config, where=where, theta=rope_theta)
+        return Rope.from_hf_config(self.config, where=where, theta=rope_theta), None
 
     def constants(self, rope_theta: float | None = None):
-        """The run's `runtime.model.ModelConstants`: the config's RoPE (`rope`) and RMSNorm epsilon."""
+        """The run's `runtime.model.ModelConstants`: the config's RoPE (`rope`; a Gemma 3 config's local
+        layers' too), RMSNorm epsilon, and a Gemma 3 config's query scale."""
         from runtime.model import ModelConstants
 
         eps = self.config.get("rms_norm_eps", HF_DEFAULT_NORM_EPS)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
             raise CpplanError(f"{self.flag}: rms_norm_eps={eps!r} must be a number between 0 and 1; fix the config.")
-        return ModelConstants(rope=self.rope(rope_theta), norm_eps=float(eps))
+        rope, local = self._ropes(rope_theta)
+        scalar = None
+        if self.config.get("model_type") == GEMMA3:
+            scalar = self.config.get("query_pre_attn_scalar", GEMMA3_QUERY_PRE_ATTN_SCALAR)
+            if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not scalar > 0:
+                raise CpplanError(
+                    f"{self.flag}: query_pre_attn_scalar={scalar!r} must be a positive number; fix the config."
+                )
+            scalar = float(scalar)
+        return ModelConstants(rope=rope, norm_eps=float(eps), local_rope=local, query_pre_attn_scalar=scalar)
 
     def load(self, trainer):
         """The checkpoint's weights as `trainer`'s parameters, each device reading only its own shard, in
@@ -413,7 +496,7 @@ def _read_json(path: Path, flag: str) -> dict:
 
 def check_export(model: ModelSpec, directory: "str | os.PathLike", init_from: "str | os.PathLike | None") -> None:
     """Refuses, before any work, an `--export-hf` directory that cannot be written or a model that has no
-    Hugging Face llama or mistral form.
+    Hugging Face llama, mistral or qwen2 form.
 
     Raises:
         CpplanError: naming the directory or the model, and the fix.
@@ -421,7 +504,7 @@ def check_export(model: ModelSpec, directory: "str | os.PathLike", init_from: "s
     flag = f"--export-hf {str(directory)!r}"
     problem = mapping_problem(model)
     if problem:
-        raise CpplanError(f"{flag}: model {model.name!r} has no Hugging Face llama or mistral form: {problem}.")
+        raise CpplanError(f"{flag}: model {model.name!r} has no Hugging Face llama, mistral or qwen2 form: {problem}.")
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise CpplanError(f"{flag} is a file; give a directory (it is created when missing).")
@@ -435,23 +518,29 @@ def check_export(model: ModelSpec, directory: "str | os.PathLike", init_from: "s
 def hf_config(plan, constants, *, dtype: str, source: dict | None = None) -> dict:
     """The config.json of `plan`'s model as transformers reads it: the `source` checkpoint's config with
     the run's RoPE base and dtype; or, without one, a llama config (mistral where every layer sees a
-    sliding window) built from the model and `constants`."""
+    sliding window; qwen2 where q, k and v have biases) built from the model and `constants`."""
     m = plan.model
     if source is not None:
         config = dict(source)
         params = config.get("rope_parameters")
-        if isinstance(params, dict) and "rope_theta" in params:
+        if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):  # per layer type: Gemma 3's
+            global_params = {**params["full_attention"], "rope_theta": constants.rope.theta}
+            config["rope_parameters"] = {**params, "full_attention": global_params}
+        elif isinstance(params, dict) and "rope_theta" in params:
             config["rope_parameters"] = {**params, "rope_theta": constants.rope.theta}
         else:
             config["rope_theta"] = constants.rope.theta
         config.update(torch_dtype=dtype, dtype=dtype)
         return config
-    if constants.rope.scaling != "default":
+    scaled = [r.scaling for r in (constants.rope, constants.local_rope) if r is not None and r.scaling != "default"]
+    if scaled:
         raise CpplanError(
-            f"--export-hf: RoPE {constants.rope.scaling} scaling comes from a checkpoint's config, and this run has "
+            f"--export-hf: RoPE {scaled[0]} scaling comes from a checkpoint's config, and this run has "
             f"none to write it from; export a run started with --init-from."
         )
-    family = "mistral" if m.window else "llama"
+    if m.decoder_block is DecoderBlock.GEMMA3:
+        return _gemma3_config(plan, constants, dtype)
+    family = "qwen2" if m.qkv_bias else "mistral" if m.window else "llama"
     config = {
         "architectures": [FAMILIES[family]],
         "model_type": family,
@@ -473,9 +562,51 @@ def hf_config(plan, constants, *, dtype: str, source: dict | None = None) -> dic
     }
     if family == "llama":
         config["mlp_bias"] = False
-    else:
+    elif family == "mistral":
         config["sliding_window"] = m.window
+    else:  # qwen2's q, k and v always have biases; its window is opted into, here on every layer
+        del config["attention_bias"]
+        config["use_sliding_window"] = bool(m.window)
+        config["sliding_window"] = m.window or None
+        config["max_window_layers"] = 0
+        kind = "sliding_attention" if m.window else "full_attention"
+        config["layer_types"] = [kind] * m.num_layers
     return config
+
+
+def _gemma3_config(plan, constants, dtype: str) -> dict:
+    """A gemma3_text config.json of `plan`'s model (Gemma 3's block) and the run's `constants`: its layer types
+    from the model's pattern, each type's RoPE base, the query scale."""
+    m = plan.model
+    local = constants.local_rope or constants.rope
+    scalar = constants.query_pre_attn_scalar or m.head_dim
+    return {
+        "architectures": [FAMILIES[GEMMA3]],
+        "model_type": GEMMA3,
+        "num_hidden_layers": m.num_layers,
+        "hidden_size": m.hidden,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate_size": m.intermediate,
+        "vocab_size": m.vocab,
+        "hidden_activation": HF_NAMES[m.mlp_activations[0]],
+        "tie_word_embeddings": m.tie_embeddings,
+        "rms_norm_eps": constants.norm_eps,
+        "query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar,  # transformers' is an int
+        "sliding_window": m.window or None,
+        "layer_types": [
+            "sliding_attention" if m.layer_type(i) == "L" else "full_attention" for i in range(m.num_layers)
+        ],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": constants.rope.theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local.theta},
+        },
+        "max_position_embeddings": plan.seq_len,
+        "attention_bias": False,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }
 
 
 def export(params, trainer, directory: "str | os.PathLike", *, source: dict | None = None) -> list[Path]:

@@ -1,15 +1,17 @@
-"""A Llama-style decoder in flax, sized by a `ModelSpec`: sequential (Llama) or parallel (MaxText)
-blocks, gated or plain MLP or a mixture of experts (`runtime.experts`), layers stacked with `nn.scan`
+"""A Llama-style decoder in flax, sized by a `ModelSpec`: sequential (Llama), parallel (MaxText) or Gemma 3's
+blocks (four norms scaling by 1 + w, q/k norms, embeddings scaled by √hidden), q/k/v with or without biases
+(Qwen2's), gated or plain MLP or a mixture of experts (`runtime.experts`), layers stacked with `nn.scan`
 and rematerialised under MaxText's checkpoint names. Weights are ZeRO-3 sharded and gathered layer by
 layer; the residual stream is split over the sequence, 'tensor' included (sequence parallelism);
 attention is the plan's strategy, with each layer's mask: a model whose layers mix masks (local and
-global) scans each layer's mask index with it and switches to that mask's attention; a model of one
-mask runs it unconditionally.
+global) scans each layer's mask index with it and switches to that mask's attention (and RoPE, where local
+layers turn at their own: Gemma 3's); a model of one mask runs it unconditionally.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import operator
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from cost_models.models import DecoderBlock
 from cost_models.remat import LAYER_INPUT, MLP_INPUT_CHECKPOINTS, QKV_CHECKPOINTS, kept_names, offloaded_names
 from cost_models.vocabulary import BATCH_AXES, SEQUENCE_AXES, RematPolicy
 from cost_models.work_layout import MLP_CHUNK_TOKENS  # shared with the cost model
@@ -46,10 +49,18 @@ INIT_STD = 0.02
 @dataclass(frozen=True)
 class ModelConstants:
     """What a checkpoint fixes of the model's arithmetic beyond its `ModelSpec` (planning does not depend on
-    it): RoPE's frequencies and the RMSNorms' epsilon; by default Llama 3's."""
+    it): RoPE's frequencies (the local layers' own where `local_rope` is given, Gemma 3's), the RMSNorms'
+    epsilon, and the width the queries are scaled by (`query_pre_attn_scalar`, Gemma 3's; None: the head's);
+    by default Llama 3's."""
 
     rope: Rope = Rope(theta=ROPE_THETA)
     norm_eps: float = NORM_EPS
+    local_rope: Rope | None = None
+    query_pre_attn_scalar: float | None = None
+
+    def rope_of(self, mask) -> Rope:
+        """The RoPE of the layers whose mask is `mask`: `local_rope` for a local mask where given, else `rope`."""
+        return self.local_rope if mask.local and self.local_rope is not None else self.rope
 
 
 def remat_policy(policy: RematPolicy, custom: tuple = ()):
@@ -71,11 +82,12 @@ def _param(module: nn.Module, name: str, shape, spec: tuple, *, init=None, dtype
     return module.param(name, nn.with_partitioning(init, spec), shape, dtype)
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float = NORM_EPS) -> jax.Array:
-    """RMSNorm in fp32, returned in x's dtype."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float = NORM_EPS, *, offset: bool = False) -> jax.Array:
+    """RMSNorm over the last axis in fp32, returned in x's dtype; scaled by `1 + scale` where `offset` (Gemma's)."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (normed * scale.astype(jnp.float32)).astype(x.dtype)
+    scale = scale.astype(jnp.float32)
+    return (normed * (1.0 + scale if offset else scale)).astype(x.dtype)
 
 
 def embed_lookup(table: jax.Array, tokens: jax.Array, mesh: Mesh) -> jax.Array:
@@ -160,6 +172,9 @@ def _dense_mlp_specs(inputs: int) -> tuple[P, ...]:
 # the attention's weights: q, k, v `[hidden, heads, head_dim]` and out `[heads, head_dim, hidden]`
 QKV_WEIGHT = P(WEIGHT_AXES, "tensor", None)
 OUT_WEIGHT = P("tensor", None, WEIGHT_AXES)
+# q, k, v's biases `[heads, head_dim]` (Qwen2's): their heads split over 'tensor' as the weights' are; whole
+# over the weight axes, as each device adds them to its heads' outputs
+QKV_BIAS = P("tensor", None)
 
 
 def _scatter_tokens(partial_sums: jax.Array) -> jax.Array:
@@ -222,25 +237,27 @@ GATHERED_COPIES = P("tensor", *ACTIVATIONS)
 
 
 def parallel_block_inputs(
-    y: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, *, mesh: Mesh
+    y: jax.Array, weights: tuple[jax.Array, ...], biases: tuple[jax.Array, ...] = (), *, mesh: Mesh
 ) -> tuple[jax.Array, ...]:
     """A parallel block's one all-gather over 'tensor' of its normed input `y` (`RESIDUAL`): returns
-    `(q, k, v, gathered)`, q, k, v before RoPE as `HEADS` and the input as `GATHERED_COPIES`. Its
-    backward sums both branches' gradients and reduce-scatters them once."""
+    `(q, k, v, gathered)`, q, k, v (`weights`, plus `biases` where given) before RoPE as `HEADS` and the
+    input as `GATHERED_COPIES`. Its backward sums both branches' gradients and reduce-scatters them once."""
 
-    def local(y, *weights):
+    def local(y, *arrays):
         y = jax.lax.all_gather(y, "tensor", axis=1, tiled=True)
         q, k, v = (
-            jnp.einsum("bsd,dhk->bshk", y, jax.lax.all_gather(w, WEIGHT_AXES, axis=0, tiled=True)) for w in weights
+            jnp.einsum("bsd,dhk->bshk", y, jax.lax.all_gather(w, WEIGHT_AXES, axis=0, tiled=True)) for w in arrays[:3]
         )
+        if arrays[3:]:
+            q, k, v = (t + b for t, b in zip((q, k, v), arrays[3:]))
         return q, k, v, y[None]
 
     return jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(RESIDUAL, QKV_WEIGHT, QKV_WEIGHT, QKV_WEIGHT),
+        in_specs=(RESIDUAL, *(QKV_WEIGHT,) * 3, *(QKV_BIAS,) * len(biases)),
         out_specs=(HEADS, HEADS, HEADS, GATHERED_COPIES),
-    )(y, wq, wk, wv)
+    )(y, *weights, *biases)
 
 
 def parallel_block_outputs(
@@ -316,12 +333,16 @@ class DecoderLayer(nn.Module):
         d, h, hd = m.hidden, m.num_heads, m.head_dim
         if m.decoder_block.parallel:
             return self.parallel_block(x, positions, segment_ids, w, mask_index), None
+        if m.decoder_block is DecoderBlock.GEMMA3:
+            return self.gemma3_block(x, positions, segment_ids, w, mask_index), None
 
         # the normed tokens of every tensor shard, gathered for the column-parallel projections
         eps = self.constants.norm_eps
         y = rms_norm(x, _param(self, "attn_norm", (d,), (None,), init=ones, dtype=pdt), eps)
         y = self.constrain(y, ACTIVATIONS)
         q, k, v = (jnp.einsum("bsd,dhk->bshk", y, weight) for weight in self.qkv_weights(w))
+        if m.qkv_bias:
+            q, k, v = (t + b for t, b in zip((q, k, v), self.qkv_biases(w)))
         ctx = self.attention(q, k, v, positions, segment_ids, mask_index, constrain_heads=True)
         out = attention_out_projection(ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), mesh=self.mesh)
         x = self.constrain(x + out, RESIDUAL)
@@ -341,16 +362,34 @@ class DecoderLayer(nn.Module):
             for name, heads in (("wq", m.num_heads), ("wk", m.num_kv_heads), ("wv", m.num_kv_heads))
         )
 
+    def qkv_biases(self, w):
+        """`(bq, bk, bv)` in the compute dtype, each `[heads, head_dim]` as `QKV_BIAS`, starting at zero
+        (created only for a model with `qkv_bias`, so that other models initialise as they always have)."""
+        m = self.plan.model
+        return tuple(
+            w(name, (heads, m.head_dim), tuple(QKV_BIAS), init=nn.initializers.zeros)
+            for name, heads in (("bq", m.num_heads), ("bk", m.num_kv_heads), ("bv", m.num_kv_heads))
+        )
+
     def attention(self, q, k, v, positions, segment_ids, mask_index, *, constrain_heads: bool):
-        """RoPE on q and k, then q, k, v named for the remat policy (after RoPE, as MaxText, so a kept
-        q or k needs no RoPE again) and the plan's context-parallel attention, laid out as `HEADS`.
+        """RoPE on q and k (each layer's mask's, `ModelConstants.rope_of`), then q, k, v named for the remat
+        policy (after RoPE, as MaxText, so a kept q or k needs no RoPE again) and the plan's context-parallel
+        attention, laid out as `HEADS`.
 
         `constrain_heads` lays q, k, v out as `HEADS` after RoPE: the sequential block needs it; the
         parallel block's are `HEADS` already (docs/provenance/runtime.md#model).
         """
         lay_out = (lambda t: self.constrain(t, HEADS)) if constrain_heads else (lambda t: t)
-        rotated = (rope(q, positions, self.constants.rope), rope(k, positions, self.constants.rope), v)
-        q, k, v = (checkpoint_name(lay_out(t), name) for t, name in zip(rotated, QKV_CHECKPOINTS))
+        ropes = [self.constants.rope_of(mask) for mask in layer_masks(self.plan)]
+
+        def rotate(settings):
+            return lambda q, k: (rope(q, positions, settings), rope(k, positions, settings))
+
+        if len(set(ropes)) == 1:
+            q, k = rotate(ropes[0])(q, k)
+        else:  # local layers turn at frequencies of their own (Gemma 3's)
+            q, k = jax.lax.switch(mask_index, [rotate(settings) for settings in ropes], q, k)
+        q, k, v = (checkpoint_name(lay_out(t), name) for t, name in zip((q, k, v), QKV_CHECKPOINTS))
         # the output stays unnamed: the kernel saves it as ATTENTION_OUTPUT, and naming this layout
         # too would keep a second copy (MaxText keeps one)
         by_mask = [
@@ -378,6 +417,39 @@ class DecoderLayer(nn.Module):
         w_in = tuple(w(name, (d, f), tuple(spec)) for name, spec in zip(names, MLP_WEIGHT_SPECS))
         return (*w_in, w("w_down", (f, d), tuple(MLP_WEIGHT_SPECS[-1]))), _dense_mlp_specs(len(w_in))
 
+    def gemma3_block(self, x, positions, segment_ids, w, mask_index):
+        """Gemma 3's sequential block: `x + norm(attention(norm(x)))`, then `+ norm(mlp(norm(...)))`, each norm
+        scaled by `1 + w`; q and k normed per head before RoPE, and q scaled to `query_pre_attn_scalar`."""
+        m, plan = self.plan.model, self.plan
+        d, h, hd, eps = m.hidden, m.num_heads, m.head_dim, self.constants.norm_eps
+        pdt = jnp.dtype(plan.param_dtype)
+
+        def norm(name, t, width=d):
+            scale = _param(self, name, (width,), (None,), init=nn.initializers.zeros, dtype=pdt)
+            return rms_norm(t, scale, eps, offset=True)
+
+        y = self.constrain(norm("attn_norm", x), ACTIVATIONS)
+        q, k, v = (jnp.einsum("bsd,dhk->bshk", y, weight) for weight in self.qkv_weights(w))
+        q, k = norm("q_norm", q, hd), norm("k_norm", k, hd)
+        scalar = self.constants.query_pre_attn_scalar
+        if scalar is not None and scalar != hd:  # the attention scales q by 1/√head_dim; Gemma 3's by 1/√scalar
+            q = q * jnp.asarray(math.sqrt(hd / scalar), q.dtype)
+        ctx = self.attention(q, k, v, positions, segment_ids, mask_index, constrain_heads=True)
+        out = attention_out_projection(ctx, w("wo", (h, hd, d), tuple(OUT_WEIGHT)), mesh=self.mesh)
+        x = self.constrain(x + norm("post_attn_norm", out), RESIDUAL)
+
+        weights, specs = self.mlp_weights(w)
+        down = _mlp_shard_map(
+            norm("mlp_norm", x),
+            weights,
+            specs,
+            activations=m.mlp_activations,
+            plan=plan,
+            mesh=self.mesh,
+            experts=self.experts,
+        )
+        return self.constrain(x + norm("post_mlp_norm", down), RESIDUAL)
+
     def parallel_block(self, x, positions, segment_ids, w, mask_index):
         """MaxText's parallel block: `x + attention(y) + mlp(y)`, `y = norm(x)` gathered over 'tensor'
         once and the sum reduce-scattered once."""
@@ -385,7 +457,10 @@ class DecoderLayer(nn.Module):
         d, h, hd = m.hidden, m.num_heads, m.head_dim
         norm = _param(self, "attn_norm", (d,), (None,), init=nn.initializers.ones, dtype=jnp.dtype(plan.param_dtype))
         q, k, v, gathered = parallel_block_inputs(
-            self.constrain(rms_norm(x, norm, self.constants.norm_eps), RESIDUAL), *self.qkv_weights(w), mesh=self.mesh
+            self.constrain(rms_norm(x, norm, self.constants.norm_eps), RESIDUAL),
+            self.qkv_weights(w),
+            self.qkv_biases(w) if m.qkv_bias else (),
+            mesh=self.mesh,
         )
         ctx = self.attention(q, k, v, positions, segment_ids, mask_index, constrain_heads=False)
         summed = parallel_block_outputs(
@@ -418,6 +493,9 @@ class Llama(nn.Module):
         pdt, cdt = jnp.dtype(plan.param_dtype), jnp.dtype(plan.compute_dtype)
         embed = _param(self, "embed", (m.vocab, m.hidden), (None, EMBED_GROUP), dtype=pdt)
         x = embed_lookup(embed.astype(cdt), tokens, self.mesh)
+        gemma = m.decoder_block is DecoderBlock.GEMMA3
+        if gemma:  # Gemma scales its embeddings by √hidden, in the compute dtype
+            x = x * jnp.asarray(math.sqrt(m.hidden), cdt)
         layer = nn.remat(DecoderLayer, policy=remat_policy(plan.remat, plan.remat_custom), prevent_cse=False)
         offloads = bool(offloaded_names(plan.remat, plan.remat_custom))
         indices = mask_indices(plan)
@@ -442,8 +520,9 @@ class Llama(nn.Module):
                 metadata_params={nn.PARTITION_NAME: None},
             )
             x, _ = stack(plan, self.mesh, experts, self.constants, name=name)(x, positions, segment_ids, *scanned)
-        final_norm = _param(self, "final_norm", (m.hidden,), (None,), init=nn.initializers.ones, dtype=pdt)
-        x = rms_norm(x, final_norm, self.constants.norm_eps)
+        init = nn.initializers.zeros if gemma else nn.initializers.ones  # Gemma's norms scale by 1 + w
+        final_norm = _param(self, "final_norm", (m.hidden,), (None,), init=init, dtype=pdt)
+        x = rms_norm(x, final_norm, self.constants.norm_eps, offset=gemma)
         if m.tie_embeddings:
             head = embed.T
         else:

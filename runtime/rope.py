@@ -1,7 +1,8 @@
 """Rotary position embedding: the rotation of queries and keys by their positions (rotate-half form, as
 Hugging Face's Llama and Mistral checkpoints lay q and k out), and the frequencies it turns at: a base
 `theta` (Llama 3's by default), optionally rescaled as a Hugging Face config's `rope_scaling` (or
-`rope_parameters`) says: `linear`, `llama3` or `yarn`. The one implementation the model calls.
+`rope_parameters`) says: `linear`, `llama3` or `yarn`; Gemma 3's global and local layers each turn at their
+own (`Rope.per_layer_type`). The one implementation the model calls.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from cost_models.errors import CpplanError
 ROPE_THETA = 500_000.0  # Llama 3
 # Hugging Face's base when a llama or mistral config names none (their configs' `default_theta`)
 HF_DEFAULT_THETA = 10_000.0
+# Gemma 3's bases of its global and local layers where a config names none (Gemma3TextConfig's `default_theta`)
+GEMMA3_DEFAULT_THETAS = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
 SCALINGS = ("default", "linear", "llama3", "yarn")
 
 
@@ -155,6 +158,40 @@ class Rope:
         if kind != "yarn":
             return rope
         return _with_yarn_attention_factor(rope, params, where)
+
+    @classmethod
+    def per_layer_type(cls, cfg: dict, *, where: str, theta: float | None = None) -> tuple["Rope", "Rope"]:
+        """The `(global, local)` RoPEs of a config whose global and local layers turn at frequencies of their
+        own (Gemma 3): its `rope_parameters` per layer type (transformers 5), else `rope_theta` with
+        `rope_scaling` for the global layers and `rope_local_base_freq` for the local ones, unscaled
+        (transformers 4); bases a config leaves out are Gemma 3's. `theta` overrides the global base.
+
+        Raises:
+            CpplanError: as `from_hf_config`, or a layer type other than full and sliding attention.
+        """
+        params = cfg.get("rope_parameters")
+        if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+            unknown = sorted(set(params) - set(GEMMA3_DEFAULT_THETAS))
+            if unknown:
+                raise CpplanError(
+                    f"{where}: rope_parameters names layer type {unknown[0]!r}; cpplan's runtime turns "
+                    f"{' and '.join(GEMMA3_DEFAULT_THETAS)} layers at their own frequencies, no others."
+                )
+            by_type = {kind: dict(params.get(kind) or {}) for kind in GEMMA3_DEFAULT_THETAS}
+        else:
+            scaling = (params if isinstance(params, dict) else None) or cfg.get("rope_scaling") or {}
+            by_type = {
+                "full_attention": {**scaling, "rope_theta": cfg.get("rope_theta")},
+                "sliding_attention": {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq")},
+            }
+        ropes = []
+        for kind, default in GEMMA3_DEFAULT_THETAS.items():
+            flat = {**by_type[kind]}
+            if flat.get("rope_theta") is None:
+                flat["rope_theta"] = default
+            given = theta if kind == "full_attention" else None
+            ropes.append(cls.from_hf_config({**cfg, "rope_parameters": flat}, where=f"{where} ({kind})", theta=given))
+        return ropes[0], ropes[1]
 
 
 def yarn_scale(factor: float, mscale: float = 1.0) -> float:

@@ -16,10 +16,10 @@ from cost_models.compute import (
 )
 from cost_models.errors import CpplanError
 from cost_models.flops import model_flops_per_step
-from cost_models.models import MODELS, ModelSpec, get_model
+from cost_models.models import MODELS, DecoderBlock, ModelSpec, get_model
 from cost_models.pricing.attention import price_attention
 from cost_models.strategies import STRATEGIES
-from cost_models.targets import TRAITS, Target
+from cost_models.targets import TRAITS, Target, model_refusal
 from planner import Plan, candidates_of, estimate, make_mesh
 
 pytestmark = pytest.mark.pure
@@ -272,6 +272,36 @@ def test_from_hf_config(tmp_path):
     path.write_text(json.dumps(cfg))
     with pytest.raises(CpplanError, match="model_type='gpt2' is not supported"):
         get_model(str(path))
+
+
+def test_a_gemma3_text_config_reads_as_gemma3s_block(tmp_path):
+    """Gemma 3's decoder (transformers' Gemma3TextConfig; its defaults where the config leaves fields out: five
+    local layers to each global one, a tied head, gelu_pytorch_tanh): four norms a layer and q/k norms, which
+    cpplan's runtime runs; counted by hand."""
+    cfg = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 6,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 256,
+        "sliding_window": 32,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = get_model(str(path))
+    assert spec.decoder_block is DecoderBlock.GEMMA3 and spec.qk_norm and spec.tie_embeddings
+    assert (spec.window, spec.layer_pattern, spec.mlp_activations) == (32, "LLLLLG", ("gelu", "linear"))
+    # a layer: q and out 64·4·16 = 4096 each, k and v 64·2·16 = 2048 each; q and k norms 16 each; four norms of
+    # 64; the MLP 3·64·128 = 24576: 37152. Six of them, the embedding 256·64 (the head tied) and the final norm
+    assert spec.params_per_layer == 4096 * 2 + 2048 * 2 + 2 * 16 + 4 * 64 + 24576 == 37152
+    assert spec.num_params == 6 * 37152 + 256 * 64 + 64
+    assert model_refusal(Target.CPPLAN, spec) is None
+    assert "has q/k norms" in model_refusal(Target.CPPLAN, dataclasses.replace(spec, decoder_block="llama2"))
+    with pytest.raises(CpplanError, match="decoder_block=gemma3 norms q and k per head: give qk_norm=true"):
+        dataclasses.replace(spec, qk_norm=False)
 
 
 def test_unknown_model_names_the_closest():

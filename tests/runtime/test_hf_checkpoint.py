@@ -48,8 +48,10 @@ CONFIG = {
 }
 
 
-def hf_tensors(rng, dtype=np.float32) -> dict[str, np.ndarray]:
-    """A llama checkpoint's tensors by Hugging Face's names and `[out, in]` layout, random."""
+def hf_tensors(rng, dtype=np.float32, *, biases: bool = False, gemma3: bool = False) -> dict[str, np.ndarray]:
+    """A llama checkpoint's tensors by Hugging Face's names and `[out, in]` layout, random; with `biases`, a
+    qwen2 checkpoint's (q, k and v's biases too); with `gemma3`, a gemma3_text checkpoint's (four norms a
+    layer, q and k norms, a tied head)."""
     q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     shapes = {
         "model.embed_tokens.weight": (VOCAB, HIDDEN),
@@ -69,6 +71,13 @@ def hf_tensors(rng, dtype=np.float32) -> dict[str, np.ndarray]:
             layer + "mlp.up_proj.weight": (INTER, HIDDEN),
             layer + "mlp.down_proj.weight": (HIDDEN, INTER),
         }
+        if biases:
+            shapes |= {layer + f"self_attn.{n}_proj.bias": (size,) for n, size in (("q", q), ("k", kv), ("v", kv))}
+        if gemma3:
+            norms = ("pre_feedforward_layernorm", "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+            shapes |= {f"{layer}{n}.weight": (HEAD_DIM if "self_attn" in n else HIDDEN,) for n in norms}
+    if gemma3:
+        del shapes["lm_head.weight"]
     return {name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
 
 
@@ -232,6 +241,108 @@ def test_a_checkpoint_is_read_shard_by_shard_and_written_back_bit_for_bit(tmp_pa
         np.testing.assert_array_equal(ours, theirs)
 
 
+QWEN2 = {**CONFIG, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}
+
+
+def test_a_qwen2_checkpoints_biases_are_read_split_by_head_and_written_back(tmp_path):
+    """q, k and v's biases `[heads·head_dim]` become `[heads, head_dim]` parameters split over 'tensor' by head,
+    as their weights are, and are written back bit for bit; a config built without the source is qwen2's."""
+    source = hf_tensors(np.random.default_rng(5), biases=True)
+    directory = write_checkpoint(tmp_path / "hf", source, QWEN2, files=2)
+    checkpoint = HFCheckpoint(directory)
+    plan = checkpoint_plan(directory)
+    assert plan.model.qkv_bias
+    checkpoint.check(plan.model, plan.seq_len)
+    trainer = trainer_of(plan, checkpoint)
+    params = checkpoint.load(trainer)["params"]
+    bk = np.asarray(params["layers"]["bk"])
+    assert bk.shape == (LAYERS, KV_HEADS, HEAD_DIM)
+    assert bk[1, 1, 3] == source["model.layers.1.self_attn.k_proj.bias"][HEAD_DIM + 3]
+    # the cost model counts the biases as the runtime holds them: (heads + 2 kv heads) · head_dim a layer
+    assert (
+        sum(leaf.size for leaf in jax.tree.leaves(params))
+        == plan.model.num_params
+        == sum(t.size for t in source.values())
+    )
+    # the heads over tensor (2), whole over the weight axes: each device holds one of 4 q heads' biases
+    assert params["layers"]["bq"].addressable_shards[0].data.shape == (LAYERS, HEADS // 2, HEAD_DIM)
+    export({"params": params}, trainer, tmp_path / "out", source=checkpoint.config)
+    back = load_file(tmp_path / "out" / "model.safetensors")
+    assert set(back) == set(source)
+    for name, tensor in source.items():
+        np.testing.assert_array_equal(back[name], tensor, err_msg=name)
+    export({"params": params}, trainer, tmp_path / "built")
+    built = json.loads((tmp_path / "built" / "config.json").read_text())
+    assert built["model_type"] == "qwen2" and built["architectures"] == ["Qwen2ForCausalLM"]
+    assert built["use_sliding_window"] is False and "attention_bias" not in built
+    HFCheckpoint(tmp_path / "built").check(plan.model, plan.seq_len)  # the same model, biases and all
+    # a llama checkpoint that lacks them is not a qwen2 one
+    directory = write_checkpoint(tmp_path / "plain", hf_tensors(np.random.default_rng(5)), QWEN2)
+    with pytest.raises(CpplanError, match=r"lacks 6 tensor\(s\) .* e.g. model.layers.0.self_attn.q_proj.bias"):
+        HFCheckpoint(directory).check(plan.model, plan.seq_len)
+
+
+GEMMA3 = {
+    **{k: v for k, v in CONFIG.items() if k not in ("hidden_act", "rope_theta", "tie_word_embeddings")},
+    "model_type": "gemma3_text",
+    "architectures": ["Gemma3ForCausalLM"],
+    "hidden_activation": "gelu_pytorch_tanh",
+    "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "query_pre_attn_scalar": 24,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+    },
+}
+
+
+def test_a_gemma3_checkpoint_is_read_with_its_four_norms_and_written_back(tmp_path):
+    """Gemma 3's block: four norms a layer (post_attention_layernorm is the attention output's, not the MLP
+    input's as in llama), q and k norms per head, a tied head; each layer type's RoPE and the query scale
+    from the config; the planner's model holds what the runtime does, weight for weight."""
+    source = hf_tensors(np.random.default_rng(6), gemma3=True)
+    directory = write_checkpoint(tmp_path / "hf", source, GEMMA3)
+    checkpoint = HFCheckpoint(directory)
+    plan = checkpoint_plan(directory)
+    model = plan.model
+    assert model.decoder_block.value == "gemma3" and model.qk_norm and model.tie_embeddings
+    assert (model.window, model.layer_pattern, model.mlp_activations) == (64, "LG", ("gelu", "linear"))
+    checkpoint.check(model, plan.seq_len)
+    constants = checkpoint.constants()
+    # (the pre-training context read, as for any config, from max_position_embeddings; unused by these scalings)
+    assert constants.rope == Rope(theta=1e5, scaling="linear", factor=2.0, original_context=256)
+    assert constants.local_rope == Rope(theta=1e3, original_context=256)
+    assert constants.query_pre_attn_scalar == 24.0
+    assert checkpoint.constants(rope_theta=2e5).rope.theta == 2e5  # --rope-theta moves the global layers' base
+    trainer = trainer_of(plan, checkpoint)
+    params = checkpoint.load(trainer)["params"]
+    layers = params["layers"]
+    np.testing.assert_array_equal(layers["post_attn_norm"][1], source["model.layers.1.post_attention_layernorm.weight"])
+    np.testing.assert_array_equal(layers["mlp_norm"][0], source["model.layers.0.pre_feedforward_layernorm.weight"])
+    np.testing.assert_array_equal(layers["k_norm"][1], source["model.layers.1.self_attn.k_norm.weight"])
+    assert "head" not in params
+    # the cost model counts what the runtime holds: every weight, the norms' and q/k norms' scales included
+    assert (
+        sum(leaf.size for leaf in jax.tree.leaves(params)) == model.num_params == sum(t.size for t in source.values())
+    )
+    export({"params": params}, trainer, tmp_path / "out", source=checkpoint.config)
+    back = load_file(tmp_path / "out" / "model.safetensors")
+    assert set(back) == set(source)
+    for name, tensor in source.items():
+        np.testing.assert_array_equal(back[name], tensor, err_msg=name)
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["rope_parameters"] == GEMMA3["rope_parameters"]
+    # the transformers 4 form: rope_theta and rope_scaling for the global layers, rope_local_base_freq for the local
+    older = {k: v for k, v in GEMMA3.items() if k != "rope_parameters"}
+    older |= {"rope_theta": 1e5, "rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_local_base_freq": 1e3}
+    again = HFCheckpoint(write_checkpoint(tmp_path / "older", source, older)).constants()
+    assert (again.rope, again.local_rope) == (constants.rope, constants.local_rope)
+    # over a sequence no longer than the window every layer runs as a global one, at the global layers' RoPE
+    with pytest.raises(CpplanError, match="over 64 tokens, no more than their window of 64, the runtime runs every"):
+        checkpoint.check(model.within(64)[0], 64)
+
+
 def test_bf16_weights_are_read_into_the_plans_dtype(tmp_path):
     import ml_dtypes
 
@@ -321,21 +432,22 @@ def test_a_plan_of_another_architecture_is_refused(tmp_path):
     "config,says",
     [
         (
-            {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
-            "model_type 'qwen2': model 'hf (Qwen2ForCausalLM)' has biases on q, k and v, which cpplan's runtime "
-            "does not run (it runs grouped-query decoders",
+            {"model_type": "gemma3_text", "final_logit_softcapping": 30.0},
+            "model_type 'gemma3_text' with final_logit_softcapping=30.0: cpplan's runtime runs Gemma 3 without logit "
+            "soft-capping",
         ),
-        (
-            {"model_type": "gemma3_text"},
-            "model_type 'gemma3_text': cpplan does not read Gemma 3 configs (it reads llama, mistral",
-        ),
+        ({"model_type": "gemma3"}, "model_type 'gemma3': a multimodal Gemma 3 checkpoint keeps its decoder under"),
         ({"model_type": "qwen3"}, "has q/k norms, which cpplan's runtime does not run"),
         (
             {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
-            "model_type 'mixtral': its tensors are not mapped to the runtime's; --init-from reads llama and mistral",
+            "model_type 'mixtral': its tensors are not mapped to the runtime's; --init-from reads llama, mistral, "
+            "qwen2, gemma3_text checkpoints",
         ),
         ({"mlp_bias": True}, "mlp_bias is true: cpplan's runtime has no biases on the MLP's projections"),
-        ({"attention_bias": True}, "has biases on q, k and v, which cpplan's runtime does not run"),
+        (
+            {"attention_bias": True},
+            "attention_bias is true: a llama checkpoint then has a bias on the attention's out projection too",
+        ),
     ],
 )
 def test_families_the_runtime_does_not_run_are_refused_by_name(tmp_path, config, says):

@@ -1,6 +1,6 @@
-"""cpu_mesh tier, with the hf-test extra (torch, transformers): tiny random llama and mistral models made by
-transformers on the CPU (2 layers, hidden 64, 4 heads over 2 KV heads; weights drawn at unit scale so that
-every layer and RoPE move the logits), saved with `save_pretrained` and read by `runtime.hf_checkpoint` onto
+"""cpu_mesh tier, with the hf-test extra (torch, transformers): tiny random llama, mistral, qwen2 and gemma3_text
+models made by transformers on the CPU (2 layers, hidden 64, 4 heads over 2 KV heads; weights drawn at unit scale
+so that every layer and RoPE move the logits), saved with `save_pretrained` and read by `runtime.hf_checkpoint` onto
 an 8-device mesh (fsdp × tensor × a ring of context) in fp32: the runtime's logits equal transformers' (eager
 attention, fp32) under each RoPE scaling the families take; RoPE's frequencies equal transformers' own; the
 export loads in transformers as the same model; the families the runtime cannot run are refused by name.
@@ -47,6 +47,19 @@ FAMILIES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     # every layer sees a window of 64 tokens of the 256
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": 64}),
+    # biases on q, k and v
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
+    # a local layer (a window of 64, its own RoPE base) then a global one; q scaled to 24, not head_dim 16
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        {
+            "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_local_base_freq": 1000.0,
+            "query_pre_attn_scalar": 24,
+        },
+    ),
 }
 # fp32 on both sides: what remains is summation order and RoPE's angles (fp32 frequencies both sides)
 LOGIT_ATOL = 1e-4
@@ -74,13 +87,16 @@ def tiny_config(family: str, scaling: str, **changes):
 
 def random_model(family: str, config, seed: int = 0):
     """The family's model with weights at unit scale (transformers' 0.02 leaves the logits near zero): each
-    matrix N(0, 1/fan_in), the embedding N(0, 9/hidden), each norm scale 1 + N(0, 0.01)."""
+    matrix N(0, 1/fan_in), the embedding N(0, 9/hidden), each norm scale 1 + N(0, 0.01) (Gemma's weight w of
+    its 1 + w scale N(0, 0.01)), each bias N(0, 1)."""
     torch.manual_seed(seed)
     model = FAMILIES[family][1](config).eval()
     with torch.no_grad():
         for name, weight in model.named_parameters():
-            if weight.ndim == 1:
-                weight.copy_(1 + 0.1 * torch.randn_like(weight))
+            if name.endswith(".bias"):
+                weight.copy_(torch.randn_like(weight))
+            elif weight.ndim == 1:
+                weight.copy_((family != "gemma3") + 0.1 * torch.randn_like(weight))
             else:
                 scale = 3.0 if "embed" in name else 1.0
                 weight.copy_(torch.randn_like(weight) * scale / math.sqrt(weight.shape[-1]))
@@ -120,6 +136,14 @@ CASES = [
     ("mistral", "linear", dict(fsdp=4, context=2), "all_gather", False),
     ("mistral", "llama3", dict(fsdp=2, tensor=2, context=2), "ring", True),
     ("mistral", "yarn", dict(fsdp=2, tensor=2, context=2), "ring", False),
+    ("qwen2", "none", dict(fsdp=2, tensor=2, context=2), "ring", False),
+    ("qwen2", "linear", dict(fsdp=4, context_ulysses=2), "ulysses", True),
+    ("qwen2", "llama3", dict(data=2, tensor=2, context=2), "ring", False),
+    ("qwen2", "yarn", dict(fsdp=4, context=2), "all_gather", False),
+    ("gemma3", "none", dict(fsdp=2, tensor=2, context=2), "ring", True),
+    ("gemma3", "linear", dict(fsdp=4, context=2), "all_gather", False),
+    ("gemma3", "llama3", dict(data=2, tensor=2, context=2), "ring", True),
+    ("gemma3", "yarn", dict(fsdp=2, tensor=2, context=2), "ring", True),
 ]
 
 
@@ -155,7 +179,7 @@ def test_rope_frequencies_are_transformers(scaling, head_dim):
     assert rope.attention_factor == pytest.approx(attention_factor, rel=1e-12)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "gemma3"])
 def test_an_export_loads_in_transformers_as_the_same_model(tmp_path, family):
     """Read in and written out with the source's config, then with a config built from the model alone:
     transformers loads both as the same weights, which give the same logits."""
@@ -172,24 +196,25 @@ def test_an_export_loads_in_transformers_as_the_same_model(tmp_path, family):
         assert torch.equal(weight, exported.state_dict()[name]), name
     tokens = np.random.default_rng(2).integers(0, 256, (1, SEQ))
     np.testing.assert_array_equal(hf_logits(exported, tokens), hf_logits(source, tokens))
-    if family == "mistral":  # no scaling: the config can be built from the model and the run's constants
+    if family != "llama":  # no scaling: the config can be built from the model and the run's constants
         export(params, trainer, tmp_path / "built")
         built = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "built", attn_implementation="eager")
-        assert type(built) is FAMILIES[family][1] and built.config.sliding_window == 64
+        assert type(built) is FAMILIES[family][1]
+        assert built.config.sliding_window == (None if family == "qwen2" else 64)
         np.testing.assert_array_equal(hf_logits(built.eval(), tokens), hf_logits(source, tokens))
 
 
 def test_families_the_runtime_cannot_run_are_refused_by_name(tmp_path):
-    """Qwen2's q/k/v biases and Gemma 3's layers (q/k norms, four norms a layer, scaled embeddings) have no
-    place in the runtime: their checkpoints are refused with the reason, not loaded in part."""
+    """Qwen3's q/k norms (outside Gemma 3's block) and Gemma 3's logit soft-capping have no place in the
+    runtime: their checkpoints are refused with the reason, not loaded in part."""
     small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=256)
-    qwen2 = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **small))
-    qwen2.save_pretrained(tmp_path / "qwen2")
-    with pytest.raises(CpplanError, match="model_type 'qwen2': .* has biases on q, k and v, which cpplan's runtime"):
-        HFCheckpoint(tmp_path / "qwen2")
-    gemma = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, **small))
-    gemma.save_pretrained(tmp_path / "gemma3")
-    with pytest.raises(CpplanError, match="model_type 'gemma3_text': cpplan does not read Gemma 3 configs"):
+    qwen3 = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(num_key_value_heads=2, head_dim=16, **small))
+    qwen3.save_pretrained(tmp_path / "qwen3")
+    with pytest.raises(CpplanError, match="model_type 'qwen3': .* has q/k norms, which cpplan's runtime"):
+        HFCheckpoint(tmp_path / "qwen3")
+    capped = transformers.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, final_logit_softcapping=30.0, **small)
+    transformers.Gemma3ForCausalLM(capped).save_pretrained(tmp_path / "gemma3")
+    with pytest.raises(CpplanError, match="'gemma3_text' with final_logit_softcapping=30.0: cpplan's runtime runs"):
         HFCheckpoint(tmp_path / "gemma3")
 
 
