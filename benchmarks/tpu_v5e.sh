@@ -9,10 +9,17 @@
 #                   (default: the other attention backward, fused or separate, where it fits)
 #   validate-h256   the same for the heads-of-256 model (benchmarks/tpu_v5e/llama-4l-h256.json)
 #   validate-moe    the same for a mixture of experts (benchmarks/tpu_v5e/mixtral-4l-e8.json: 8 experts, top 2)
+#   validate-model  the same for the config.json MODEL names (its output under validate-<its file's stem>)
 #   grouped         benchmarks/tpu_grouped_matmul.py: grouped matmuls (ragged_dot, megablox's gmm) against
 #                   the v5e row's grouped-matmul model
 #   run             `cpplan run` of 50 steps with checkpoints, and the same stopped at step 30 and
 #                   resumed: prints whether the losses are equal
+#   loss            `cpplan run` of RUN_STEPS steps of LOSS_MODEL (default the 0.5B-parameter
+#                   benchmarks/tpu_v5e/llama-16l-0.5b.json) on synthetic tokens with the default optimizer:
+#                   the highest loss against the first
+#   hf-text         a Llama checkpoint of random weights (benchmarks/random_hf_checkpoint.py) loaded with
+#                   --init-from and trained RUN_STEPS steps on text (the checkout's docs/ and README.md as
+#                   bytes) with the default optimizer: whether its loss falls
 #   all             every stage
 #
 # Each stage is bounded (STAGE_SECONDS, default 420: a command on the lent chip may take 10 minutes)
@@ -37,6 +44,8 @@ TOPOLOGY="${TOPOLOGY:-v5e:1x1}"
 H128="${H128:-benchmarks/tpu_v5e/llama-4l-h128.json}"
 H256="${H256:-benchmarks/tpu_v5e/llama-4l-h256.json}"
 MOE="${MOE:-benchmarks/tpu_v5e/mixtral-4l-e8.json}"
+LOSS_MODEL="${LOSS_MODEL:-benchmarks/tpu_v5e/llama-16l-0.5b.json}"
+LOSS_BATCH="${LOSS_BATCH:-2}"  # sequences a step of the loss and hf-text stages
 SEQ_LENS="${SEQ_LENS:-4k,8k,16k,32k,64k,128k}"
 VALIDATE_FLAGS="${VALIDATE_FLAGS:---both-backwards}"
 STAGE_SECONDS="${STAGE_SECONDS:-420}"
@@ -96,6 +105,27 @@ run_resume() {
   python3 benchmarks/compare_resumed.py "$dir/full.json" "$dir/first.json" "$dir/resumed.json" | tee "$dir/compare.txt"
 }
 
+train_losses() {  # NAME: `cpplan run` with the default optimizer, then its losses summarised; the rest are run's flags
+  local dir="$OUT/$1"
+  shift
+  mkdir -p "$dir"
+  bounded "${CPPLAN[@]}" run --seq-len "$RUN_SEQ" --topology "$TOPOLOGY" --exact-batch "$LOSS_BATCH" --seed 0 \
+    --steps "$RUN_STEPS" --checkpoint-every 0 --run-dir "$dir/run" --json "$@" >"$dir/run.json" \
+    2> >(tee "$dir/run.log" >&2)
+  rm -rf "$dir/run/checkpoints"  # a stopped run saves its weights and moments: GiBs
+  python3 benchmarks/loss_summary.py "$dir/run.json" | tee "$dir/summary.txt"
+}
+
+hf_text() {
+  local work
+  work="$(mktemp -d -t cpplan-hf.XXXXXX)"
+  python3 benchmarks/random_hf_checkpoint.py "$work/ckpt" && cat docs/*.md docs/*/*.md README.md >"$work/text.txt" &&
+    train_losses hf-text --model "$work/ckpt/config.json" --init-from "$work/ckpt" --data "$work/text.txt"
+  local status=$?
+  rm -rf "$work"
+  return $status
+}
+
 stage() {  # NAME: runs one stage, says how it ended, never stops the script
   local start=$SECONDS status
   echo "== $1 (at most ${STAGE_SECONDS} s a command) =="
@@ -104,9 +134,13 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
     validate-h128) validate_one h128 "$H128" ;;
     validate-h256) validate_one h256 "$H256" ;;
     validate-moe) validate_one moe "$MOE" ;;
+    validate-model) [ -f "${MODEL:-}" ] || { echo "tpu_v5e: validate-model needs MODEL=<a config.json>" >&2; return 2; }
+      validate_one "$(basename "$MODEL" .json)" "$MODEL" ;;
     grouped) mkdir -p "$OUT/grouped" && bounded python3 benchmarks/tpu_grouped_matmul.py --chip v5e \
       --out "$OUT/grouped/grouped_matmul.jsonl" 2>&1 | tee "$OUT/grouped/grouped_matmul.txt" ;;
     run) run_resume ;;
+    loss) train_losses loss --model "$LOSS_MODEL" ;;
+    hf-text) hf_text ;;
     *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
   esac
   status=$?

@@ -32,6 +32,11 @@ from validation.measured import MeasuredStep
 from validation.outputs import append_record
 from validation.report import StepResult, StepTimeReport
 
+# Plans compiled ahead at once. On the v5e VM (13 host cores) a plan's compile takes ~50 s against 1–30 s of
+# steps, so one compile ahead left validation waiting on each next compile
+# (benchmarks/results/tpu_v5e/speed/); XLA's compiles run beside each other in threads.
+AHEAD_COMPILES = 3
+
 
 def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: int) -> list[Ranked]:
     """The plans to run at one length.
@@ -141,8 +146,9 @@ def validate_step_times(
             unless its steps are all done (then it is measured), and ends the run as an interrupt does
             (the CLI's signal handler sets it rather than raising inside jax).
         plans: the plans to run (`choose_plans`' answer); None chooses them here.
-        compile_ahead: compile each plan in a thread while the one before runs its steps; None: on an
-            accelerator, not on CPU devices, whose steps the compile would slow by sharing their cores.
+        compile_ahead: compile the next `AHEAD_COMPILES` plans, each in a thread, while this one compiles
+            and runs its steps; None: on an accelerator, not on CPU devices, whose steps the compiles would
+            slow by sharing their cores.
         say: gets a line per plan (`plan_line`) as it is done.
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
@@ -162,22 +168,18 @@ def validate_step_times(
         compile_ahead = jax.default_backend() != "cpu"
     report = StepTimeReport(f"Step-time validation: {plans[0].plan.model.name} on {plans[0].plan.topology}")
     progress = tqdm(plans, desc="validate", unit="plan")
-    ahead = None  # the next plan's compile, under way while this plan's steps run
+    ahead: dict[int, PlanCompile] = {}  # the next plans' compiles, under way while this plan compiles and runs
     try:
         for index, ranked in enumerate(progress):
             progress.set_postfix_str(f"{ranked.plan.strategy_label} seq {ranked.plan.seq_len}")
             result = StepResult(ranked.plan, ranked.estimate)
             abandoned = False
-            job, ahead = ahead or PlanCompile(partial(compile_plan, ranked.plan, steps=steps)), None
-
-            def compiled(job=job, index=index):
-                """This plan's compile (its failure raised here is this plan's), then the next one's begun."""
-                nonlocal ahead
-                try:
-                    return job.result()
-                finally:
-                    if compile_ahead and index + 1 < len(plans):
-                        ahead = PlanCompile(partial(compile_plan, plans[index + 1].plan, steps=steps), ahead=True)
+            job = ahead.pop(index, None) or PlanCompile(partial(compile_plan, ranked.plan, steps=steps))
+            if compile_ahead:
+                for later in range(index + 1, min(len(plans), index + 1 + AHEAD_COMPILES)):
+                    if later not in ahead:
+                        ahead[later] = PlanCompile(partial(compile_plan, plans[later].plan, steps=steps), ahead=True)
+            compiled = job.result  # its failure, raised in `run`, is this plan's
 
             begin = time.perf_counter()
             measured = None
