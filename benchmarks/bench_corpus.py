@@ -121,6 +121,61 @@ def runs_band(c: dict, chip: str, path: Path, version: str) -> dict:
     }
 
 
+# the regimes whose published runs widen a plan's band (`cost_models.accuracy.error_band`): what they are,
+# and which priced runs are in them
+REGIMES = {
+    "multislice": ("over several slices (data or FSDP across DCN)", lambda plan: plan.num_slices > 1),
+    "experts": ("with a mixture of experts", lambda plan: plan.model.experts is not None),
+}
+
+
+def regime_bands(priced: dict[Path, list], version: str) -> dict:
+    """Each regime's step-time MAPE over every published run in it (all chips: each set is small), as
+    accuracy.json holds it."""
+    bands = {}
+    for name, (what, within) in REGIMES.items():
+        runs = {r.run_id: (r, path) for path, results in priced.items() for r in results if within(r.plan)}
+        if not runs:
+            continue
+        errors = [abs(r.error) for r, _ in runs.values()]
+        files = sorted({str(path.relative_to(ROOT)) for _, path in runs.values()})
+        bands[name] = {
+            "what": what,
+            "step_time_mape": round(float(np.mean(errors)), 4),
+            "runs": len(runs),
+            "max_abs_error": round(max(errors), 4),
+            "source": f"{len(runs)} published runs {what} in {', '.join(files)}, priced at cpplan {version}",
+        }
+    return bands
+
+
+def runtime_band(chip: str) -> dict | None:
+    """cpplan's runtime's step-time MAPE over the plans measured on `chip` (benchmarks/reprice_<chip>.py's
+    report, every plan priced by today's row), or None where none were."""
+    report = ROOT / "benchmarks" / "results" / f"tpu_{chip}" / "report.json"
+    if not report.exists():
+        return None
+    measured = json.loads(report.read_text())
+    summary = measured["summary"]
+    return {
+        "step_time_mape": round(summary["mape"], 4),
+        "runs": summary["plans_measured"],
+        "longest_seq_len": max(p["seq_len"] for p in measured["plans"] if p["measured_step_s"] is not None),
+        "source": f"{summary['plans_measured']} plans of cpplan's runtime measured on the chip "
+        f"({report.relative_to(ROOT)}, written by benchmarks/reprice_tpu_{chip}.py)",
+    }
+
+
+def longest_runs(priced: dict[Path, list]) -> dict[str, int]:
+    """The longest sequence of any published run priced, per chip."""
+    longest: dict[str, int] = {}
+    for results in priced.values():
+        for r in results:
+            chip = r.plan.topology_spec.chip.name
+            longest[chip] = max(longest.get(chip, 0), r.plan.seq_len)
+    return longest
+
+
 def commit() -> str:
     try:
         return subprocess.run(
@@ -130,7 +185,7 @@ def commit() -> str:
         return "unknown"
 
 
-def reach(path: Path, title: str, targets: dict, out: Path, *, plots: bool) -> None:
+def reach(path: Path, title: str, targets: dict, out: Path, *, plots: bool) -> list:
     """Prices every run of `path` cpplan can read and prints each beside its published step time, how many
     it reads of how many, the MAPE, the largest error and how many are priced to fit, each against its
     target, then every row it does not read and why. Held-out rows (`HELD_OUT`) are priced and printed but
@@ -158,6 +213,7 @@ def reach(path: Path, title: str, targets: dict, out: Path, *, plots: bool) -> N
         )
     for run_id, why in refused:
         print(f"  {run_id:40} not priced: {why}")
+    return scored
 
 
 def _ids(runs, refused) -> list[str]:
@@ -243,12 +299,13 @@ def main() -> None:
             f"{'' if r.predicted.fits else f'  (cpplan: {r.predicted.verdict})'}"
         )
 
+    priced = {CORPUS: report.measured, CP_CORPUS: cp_report.measured, LONG_CONTEXT: long_report.measured}
     for path, title, targets in (
         (IRONWOOD, "the TPU7x (Ironwood) recipe runs", IRONWOOD_TARGETS),
         (MOE, "further published mixture-of-experts runs", MOE_TARGETS),
         (MULTISLICE, "published multi-slice runs (docs/provenance/multislice_runs.md)", MULTISLICE_TARGETS),
     ):
-        reach(path, title, targets, args.out, plots=not args.no_plots)
+        priced[path] = reach(path, title, targets, args.out, plots=not args.no_plots)
 
     version = commit()
     kernels = kernel_mapes(KERNEL_COMPARISON.read_text())
@@ -262,7 +319,9 @@ def main() -> None:
         f"timings, both passes, all "
         f"lengths, weighted by calls)",
         "chips": {},
+        "regimes": regime_bands(priced, version),
     }
+    longest = longest_runs(priced)
     for chip in chips:
         entry = {}
         for key, summary, path in (("corpus", s, CORPUS), ("cp_corpus", cp, CP_CORPUS)):
@@ -270,6 +329,11 @@ def main() -> None:
                 entry[key] = runs_band(summary["per_chip"][chip], chip, path, version)
         if chip in kernels:
             entry["kernels"] = dict(kernels[chip], source="benchmarks/results/kernels/comparison.txt (fit_kernels.py)")
+        if chip in longest:
+            entry["longest_seq_len"] = longest[chip]
+        measured = runtime_band(chip)
+        if measured:
+            entry["runtime"] = measured
         table["chips"][chip] = entry
     ACCURACY_FILE.write_text(json.dumps(table, indent=2) + "\n")
     print(f"wrote {', '.join(str(f) for f in files + cp_files + long_files)}, {ACCURACY_FILE}")

@@ -1,11 +1,14 @@
 """How far the model's step times are from measured ones, per chip and regime: the error band every
 estimate carries and that `explain` uses to call close plans ties. Plans without context parallelism
 take the public corpus's step-time MAPE, context-parallel plans the CP test set's, a chip without
-published runs the attention kernel's MAPE; `benchmarks/bench_corpus.py` writes them, each naming its
-source, to `data/accuracy.json`."""
+published runs the attention kernel's MAPE. A plan in a regime priced worse (over several slices, with
+experts) takes that regime's MAPE where larger, and a sequence longer than any published run of its chip
+the largest error its chip's runs showed: a wider band where fewer measurements stand behind the price.
+`benchmarks/bench_corpus.py` writes the figures, each naming its source, to `data/accuracy.json`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,6 +31,7 @@ class ErrorBand:
         runs: the runs (or kernel calls) it was measured over.
         source: where the figure was written from.
         context_parallel: the regime asked for: a plan that splits the sequence.
+        widened: why the band is wider than its basis's MAPE, one phrase a reason.
     """
 
     chip: str
@@ -36,6 +40,7 @@ class ErrorBand:
     runs: int
     source: str
     context_parallel: bool = False
+    widened: tuple[str, ...] = ()
 
     @property
     def regime(self) -> str:
@@ -57,7 +62,9 @@ class ErrorBand:
                 f"attention-kernel MAPE over {self.runs} measured {self.chip} calls; no published end-to-end "
                 f"runs, so the step's other terms are unchecked"
             )
-        return f"±{self.relative:.1%} ({self.regime} plans: {how}{unchecked})"
+        wider = "".join(f"; widened to ±{self.relative:.1%}: {why}" for why in self.widened[-1:])
+        earlier = "".join(f"; {why}" for why in self.widened[:-1])
+        return f"±{self.relative:.1%} ({self.regime} plans: {how}{unchecked}{earlier}{wider})"
 
     def to_dict(self) -> dict:
         return {
@@ -67,6 +74,7 @@ class ErrorBand:
             "runs": self.runs,
             "source": self.source,
             "regime": self.regime,
+            "widened": list(self.widened),
         }
 
 
@@ -85,25 +93,77 @@ def _table() -> dict:
     return _read(ACCURACY_FILE, "error bands", "benchmarks/bench_corpus.py")
 
 
-def error_band(chip: str, *, context_parallel: bool) -> ErrorBand | None:
+def error_band(
+    chip: str,
+    *,
+    context_parallel: bool,
+    num_slices: int = 1,
+    experts: bool = False,
+    seq_len: int = 0,
+    runtime: bool = False,
+) -> ErrorBand | None:
     """The measured error band of `chip`'s step times in a regime: for context-parallel plans the CP test
     set's MAPE where the chip has CP runs, else the corpus MAPE, else the kernel checks'; None for a chip
-    measured none of these ways (e.g. a calibrated host).
+    measured none of these ways (e.g. a calibrated host). Then widened where the plan runs over
+    `num_slices` > 1 or with `experts` (those published runs' MAPE, over every chip, where larger); for
+    cpplan's `runtime` (the published runs are MaxText's), by its own measured MAPE on the chip where larger,
+    and where it was never measured on the chip, to the largest error of the basis's runs (its own terms are
+    unchecked there); and to that largest error too at a `seq_len` beyond its chip's longest published run
+    (or, for the runtime, its longest timed plan).
 
     Raises:
         CpplanError: the accuracy file is unreadable.
     """
-    entry = _table()["chips"].get(chip)
+    table = _table()
+    entry = table["chips"].get(chip)
     if entry is None:
         return None
     cp, corpus, kernels = entry.get("cp_corpus"), entry.get("corpus"), entry.get("kernels")
     if context_parallel and cp:
-        return ErrorBand(chip, cp["step_time_mape"], "cp_corpus", cp["runs"], cp["source"], True)
-    if corpus:
-        return ErrorBand(chip, corpus["step_time_mape"], "corpus", corpus["runs"], corpus["source"], context_parallel)
-    if kernels:
-        return ErrorBand(chip, kernels["mape"], "kernels", kernels["calls"], kernels["source"], context_parallel)
-    return None
+        band, basis = ErrorBand(chip, cp["step_time_mape"], "cp_corpus", cp["runs"], cp["source"], True), cp
+    elif corpus:
+        band, basis = (
+            ErrorBand(chip, corpus["step_time_mape"], "corpus", corpus["runs"], corpus["source"], context_parallel),
+            corpus,
+        )
+    elif kernels:
+        band, basis = (
+            ErrorBand(chip, kernels["mape"], "kernels", kernels["calls"], kernels["source"], context_parallel),
+            None,
+        )
+    else:
+        return None
+    regimes = table.get("regimes", {})
+    for name, applies in (("multislice", num_slices > 1), ("experts", experts)):
+        regime = regimes.get(name)
+        if applies and regime and regime["step_time_mape"] > band.relative:
+            reason = f"{regime['what']}: MAPE over {regime['runs']} published runs"
+            band = _widened(band, regime["step_time_mape"], reason)
+    measured = entry.get("runtime")
+    if runtime and measured and measured["step_time_mape"] > band.relative:
+        reason = f"cpplan's runtime: MAPE over {measured['runs']} plans timed on the chip"
+        band = _widened(band, measured["step_time_mape"], reason)
+    elif runtime and not measured and basis is not None and basis["max_abs_error"] > band.relative:
+        band = _widened(
+            band,
+            basis["max_abs_error"],
+            f"cpplan's runtime was never timed on {chip} (the published runs are MaxText's), so its own terms are "
+            f"unchecked and the largest error of those runs stands",
+        )
+    longest = max(entry.get("longest_seq_len", 0), measured.get("longest_seq_len", 0) if runtime and measured else 0)
+    if seq_len > longest and basis is not None and basis["max_abs_error"] > band.relative:
+        reason = (
+            f"no published {chip} run is {seq_len:,} tokens long (longest {longest:,}), so the largest error of "
+            f"its runs stands"
+            if longest
+            else f"no published {chip} run gives its sequence length, so the largest error of its runs stands"
+        )
+        band = _widened(band, basis["max_abs_error"], reason)
+    return band
+
+
+def _widened(band: ErrorBand, relative: float, why: str) -> ErrorBand:
+    return dataclasses.replace(band, relative=relative, widened=(*band.widened, why))
 
 
 @dataclass(frozen=True)

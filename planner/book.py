@@ -12,14 +12,15 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cost_models.accuracy import ErrorBand, error_band
+from cost_models.accuracy import ErrorBand
 from cost_models.chips import Chip, known_chips
 from cost_models.errors import CpplanError, unknown_name
 from cost_models.estimate import Estimate
 from cost_models.models import ModelSpec, get_model
 from cost_models.prices import ChipPrice, check_price, price_of, unpublished_note
+from cost_models.targets import Target
 from cost_models.topology import Topology, shape_for_chips, slices_of
-from cost_models.vocabulary import CPStrategy
+from planner.estimate import plan_error_band
 from planner.options import format_tokens, parse_seq_len
 from planner.plan import Plan
 from planner.processes import map_in_processes
@@ -383,7 +384,7 @@ def _best_on_ladder(spec: ModelSpec, length: int, options: dict, chip: Chip) -> 
 
 def _row(topo: Topology, plan: Plan, estimate: Estimate, budget: int, price: ChipPrice | None) -> SliceRow:
     steps = -(-budget // estimate.tokens_per_step)  # the budget in whole steps
-    band = error_band(topo.chip.name, context_parallel=plan.cp_strategy is not CPStrategy.NONE)
+    band = plan_error_band(plan, Target.CPPLAN)  # book prices cpplan's runtime
     return SliceRow(
         topo.name, topo.chip.name, topo.num_chips, plan, estimate, band, steps, steps * estimate.step_time_s, price
     )

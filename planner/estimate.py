@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-from cost_models.accuracy import memory_margins
+from cost_models.accuracy import ErrorBand, error_band, memory_margins
 from cost_models.candidates import Candidates, group_links, link_columns
 from cost_models.errors import CpplanError
 from cost_models.estimate import Estimate, estimate_row
 from cost_models.pricing import price
 from cost_models.remat import remat_code
 from cost_models.targets import Target, get_target
-from cost_models.vocabulary import DTYPE_BYTES, LoadBalance
+from cost_models.vocabulary import DTYPE_BYTES, CPStrategy, LoadBalance
 from planner.maxtext import maxtext_problems
 from planner.plan import Plan
+
+
+def plan_error_band(plan: Plan, target: "str | Target | None" = None) -> ErrorBand | None:
+    """The measured step-time error band of the regime `plan` runs in on `target`
+    (`cost_models.accuracy.error_band`)."""
+    return error_band(
+        plan.topology_spec.chip.name,
+        context_parallel=plan.cp_strategy is not CPStrategy.NONE,
+        num_slices=plan.num_slices,
+        experts=plan.model.experts is not None,
+        seq_len=plan.seq_len,
+        runtime=get_target(target) is Target.CPPLAN,
+    )
 
 
 def candidates_of(plan: Plan) -> Candidates:

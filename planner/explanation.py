@@ -23,7 +23,7 @@ from cost_models.targets import TRAITS, Target, model_refusal
 from cost_models.topology import DCN_DIM
 from cost_models.units import GiB, counted
 from cost_models.vocabulary import AXES, CPStrategy, LoadBalance
-from planner.estimate import candidates_of, estimate
+from planner.estimate import candidates_of, estimate, plan_error_band
 from planner.maxtext import maxtext_problems
 from planner.options import format_tokens
 from planner.plan import Plan
@@ -282,10 +282,11 @@ class Explanation:
     @property
     def error_band(self) -> ErrorBand | None:
         """The model's measured step-time error on this chip, in the regime of the chosen plan
-        (context-parallel or not; `cost_models.accuracy`)."""
+        (context-parallel or not, over slices, with experts, at its length, on its target; `cost_models.accuracy`)."""
         best = self.result.best
-        context_parallel = best is not None and best.plan.cp_strategy is not CPStrategy.NONE
-        return error_band(self.result.case.topology.chip.name, context_parallel=context_parallel)
+        if best is None:
+            return error_band(self.result.case.topology.chip.name, context_parallel=False)
+        return plan_error_band(best.plan, self.result.target)
 
     def ties(self) -> list[Ranked]:
         """The feasible plans after the choice whose step time lies within the error band of it."""

@@ -256,8 +256,8 @@ def test_alternatives_within_the_band_are_ties_and_the_rest_are_not(monkeypatch)
     band = (gaps[0] + gaps[1]) / 2  # the first alternative lies within it, the last does not
     monkeypatch.setattr(
         explanation,
-        "error_band",
-        lambda chip, *, context_parallel: ErrorBand(chip, band, "corpus", 3, "test", context_parallel),
+        "plan_error_band",
+        lambda plan, target: ErrorBand(plan.topology_spec.chip.name, band, "corpus", 3, "test", True),
     )
     data = result.to_dict()
     assert data["alternatives"][0]["tie"] and not data["alternatives"][-1]["tie"]
