@@ -174,6 +174,11 @@ class Chip:
     # from a timing of them on the chip (regenerate/fit_ragged_dot.py); 0.0 where not measured (the passes
     # are then counted: cost_models/pricing/experts.py)
     ragged_dot_permute_passes: float = 0.0
+    # the time one collective across N slices (a reduce-scatter or an all-gather over DCN) waits beyond its
+    # bytes' line-rate time: base + per_slice · N, fitted to the published runs' step growth from one slice to
+    # N (regenerate/fit_dcn_latency.py); 0.0 where not fitted
+    dcn_collective_latency_s: float = 0.0
+    dcn_collective_latency_per_slice_s: float = 0.0
     # a host's collectives, each kind at its measured rate: ((kind, bytes/s, latency s), ...); its
     # virtual devices share memory, not links, so the torus formulas do not describe them.
     # Written {kind: [bytes/s, latency s]} in JSON; empty for chips with links.
@@ -183,6 +188,12 @@ class Chip:
     def __post_init__(self):
         if isinstance(self.host_collectives, dict):
             object.__setattr__(self, "host_collectives", _host_collectives(self.name, self.host_collectives))
+
+    def dcn_latency_s(self, slices: int) -> float:
+        """What one collective across `slices` slices waits for over DCN beyond its bytes' time (0 on one)."""
+        if slices <= 1:
+            return 0.0
+        return self.dcn_collective_latency_s + self.dcn_collective_latency_per_slice_s * slices
 
     def grouped_figures(self, kernel: GroupedKernel) -> tuple[float, float, float, float, float, float]:
         """`kernel`'s figures, in GROUPED_MATMUL_FIELDS' order but fp8's: efficiency, group rows, seconds per
@@ -356,7 +367,14 @@ GROUPED_FIGURE_NAMES = (
     "unaligned_slowdown",
 )
 RAGGED_DOT_FIELDS = tuple(f"ragged_dot_{name}" for name in GROUPED_FIGURE_NAMES)
-DEFAULTED_FIELDS = ("peak_fp8_flops_per_s", *GROUPED_MATMUL_FIELDS, *RAGGED_DOT_FIELDS, "ragged_dot_permute_passes")
+DEFAULTED_FIELDS = (
+    "peak_fp8_flops_per_s",
+    *GROUPED_MATMUL_FIELDS,
+    *RAGGED_DOT_FIELDS,
+    "ragged_dot_permute_passes",
+    "dcn_collective_latency_s",
+    "dcn_collective_latency_per_slice_s",
+)
 
 # the chip row's compiler-schedule facts (booleans, each cited with the compile it was read from)
 COMPILER_SCHEDULE_FIELDS = (
@@ -384,6 +402,8 @@ _NUMBER_RULES = {
     "max_chips": (True, 1, True, None, "a count of chips"),
     "dcn_bw_bytes_per_s": (False, 0, True, None, "a bandwidth (0 where there is no DCN)"),
     "ici_hop_latency_s": (False, 0, True, None, "a latency"),
+    "dcn_collective_latency_s": (False, 0, True, None, "a latency"),
+    "dcn_collective_latency_per_slice_s": (False, 0, True, None, "a latency per slice"),
     "mxu_tile": (True, 1, True, None, "a tile edge in elements"),
     "smem_bytes": (True, 0, True, None, "bytes of SMEM (0 where kernels are interpreted)"),
     "matmul_efficiency": (False, 0, False, 1, "a fraction of the peak"),

@@ -102,8 +102,8 @@ class Topology:
     def across_slices(self, ici: AxisLinks, slices: int) -> AxisLinks:
         """The links of a collective group of `ici.size` devices in each of `slices` slices (`ici` itself
         for one), priced hierarchically as XLA lowers it: ICI over the whole array, then DCN over each device's
-        1/`ici.size` shard, as the one bandwidth that gives that time in the one-level formulas. The chip rows
-        cite no DCN latency, so only ICI latency is counted."""
+        1/`ici.size` shard, as the one bandwidth that gives that time in the one-level formulas; each collective
+        waits the chip row's DCN latency across the slices beside ICI's (`Chip.dcn_latency_s`)."""
         if slices == 1:
             return ici
         n = ici.size * slices
@@ -114,7 +114,7 @@ class Topology:
         return AxisLinks(
             n,
             (n - 1) / n / seconds_per_byte,
-            ici.collective_latency_s,
+            ici.collective_latency_s + self.chip.dcn_latency_s(slices),
             ici.ring_bw_bytes_per_s,
             ici.ring_latency_s,
             False,

@@ -16,6 +16,7 @@ from cost_models.document_tiles import row_fraction_computed, rows_per_call
 from cost_models.estimate import Estimate
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.pricing.attention import key_chunks, vmapped_rows
+from cost_models.pricing.communication import data_all_reduces
 from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, layer_bytes
 from cost_models.remat import remat_label
 from cost_models.strategies import STRATEGIES
@@ -71,8 +72,9 @@ def dcn_traffic(plan: Plan, estimate: Estimate) -> list[dict]:
     on DCN and how much the step waits for.
 
     The DCN part is the share of the collective's bandwidth time spent across slices
-    (`Topology.dcn_share`); FSDP traffic shares the layers' compute window, so the part of it
-    not exposed is hidden; the data all-reduce runs once at the end of the step, exposed.
+    (`Topology.dcn_share`), and for the data all-reduce the DCN latency its calls wait
+    (`data_all_reduces`, a reduce-scatter and an all-gather each); FSDP traffic shares the layers' compute
+    window, so the part of it not exposed is hidden; the data all-reduce is exposed.
 
     Args:
         plan: the plan; estimate: its price.
@@ -91,18 +93,28 @@ def dcn_traffic(plan: Plan, estimate: Estimate) -> list[dict]:
             links["weights"],
             comm["fsdp_all_gather"] + comm["fsdp_reduce_scatter"],
             exposed["fsdp"],
+            0,
         ),
-        ("data all-reduce", plan.dcn_data, links["data"], comm["data_all_reduce"], exposed["data_all_reduce"]),
+        (
+            "data all-reduce",
+            plan.dcn_data,
+            links["data"],
+            comm["data_all_reduce"],
+            exposed["data_all_reduce"],
+            2 * data_all_reduces(plan.model),
+        ),
     )
     return [
         {
             "collective": name,
             "slices": slices,
             "seconds": seconds,
-            "dcn_seconds": seconds * topo.dcn_share(ici, slices),
+            # the latency the collectives wait across the slices, then the DCN's share of the bytes' time
+            "dcn_seconds": waits * topo.chip.dcn_latency_s(slices)
+            + (seconds - waits * topo.chip.dcn_latency_s(slices)) * topo.dcn_share(ici, slices),
             "exposed_seconds": exposed_seconds,
         }
-        for name, slices, ici, seconds, exposed_seconds in families
+        for name, slices, ici, seconds, exposed_seconds, waits in families
         if slices > 1
     ]
 
@@ -117,7 +129,8 @@ def dcn_text(plan: Plan, estimate: Estimate) -> str:
         for f in dcn_traffic(plan, estimate)
     ]
     return (
-        f"{plan.num_slices} slices, {chip.dcn_bw_bytes_per_s / 1e9:g} GB/s of DCN per chip; context and "
+        f"{plan.num_slices} slices, {chip.dcn_bw_bytes_per_s / 1e9:g} GB/s of DCN per chip and "
+        f"{_s(chip.dcn_latency_s(plan.num_slices))} of latency a collective across them; context and "
         f"tensor stay in a slice; " + ("; ".join(parts) or "no collective crosses slices")
     )
 

@@ -428,3 +428,43 @@ def compare_corpus(runs: "list[CorpusRun]", *, title: str = "cpplan vs published
             )
         )
     return report
+
+
+# the chip whose published multi-slice runs the DCN latency is fitted to (regenerate/fit_dcn_latency.py):
+# their growth from one slice is no test of it
+DCN_FITTED_CHIP = "v5e"
+
+
+def slice_growth(runs: list[CorpusRun], predicted_s: dict[str, float]) -> list[dict]:
+    """Each multi-slice run beside the same run on one slice (the same flags but the slice count):
+    its step's growth from one slice, published and priced, and their difference per decoder layer; with
+    the run's published step and its one-slice twin's price."""
+
+    def setting(run: CorpusRun) -> tuple:
+        flags = parse_flags(run.row["maxtext_flags"])
+        slices = int(flags.pop("compile_topology_num_slices", "1"))
+        return tuple(sorted(flags.items())), slices
+
+    one_slice = {setting(r)[0]: r for r in runs if setting(r)[1] == 1}
+    rows = []
+    for run in runs:
+        key, slices = setting(run)
+        base = one_slice.get(key)
+        if slices == 1 or base is None:
+            continue
+        published = run.step_seconds - base.step_seconds
+        priced = predicted_s[run.run_id] - predicted_s[base.run_id]
+        layers = run.plan.model.num_layers
+        rows.append(
+            {
+                "run": run.run_id,
+                "slices": slices,
+                "layers": layers,
+                "published_growth_s": published,
+                "priced_growth_s": priced,
+                "unpriced_ms_per_layer": 1e3 * (published - priced) / layers,
+                "published_s": run.step_seconds,
+                "twin_priced_s": predicted_s[base.run_id],
+            }
+        )
+    return rows

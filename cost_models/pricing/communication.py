@@ -111,6 +111,18 @@ def context_traffic(
     return ContextTraffic(cost.forward_s, backward_s, cost.forward_s - hidden_forward_s, backward_s - hidden_backward_s)
 
 
+# MaxText 0.2.5 all-reduces the gradients over the data axis in one call per group of a layer's weights, 4 a
+# layer, and 7 more a step (embedding, head, final norm, scalars): its compile over v5e slices
+# (docs/evidence/maxtext_dcn.txt)
+DATA_ALL_REDUCES_PER_LAYER = 4
+DATA_ALL_REDUCES_PER_STEP = 7
+
+
+def data_all_reduces(model) -> int:
+    """The gradient all-reduces over the data axis a step takes."""
+    return DATA_ALL_REDUCES_PER_LAYER * model.num_layers + DATA_ALL_REDUCES_PER_STEP
+
+
 def price_traffic(
     x: Candidates, weight_bytes, context: ContextTraffic, *, traits: TargetTraits = TRAITS[Target.CPPLAN]
 ) -> Traffic:
@@ -141,8 +153,12 @@ def price_traffic(
     # the loss sums its input's gradient over the vocabulary slices: one all-reduce of the activations
     loss_sum_s = comm.all_reduce(x.tokens_per_device * m.hidden * x.act_bytes, tensor, *x.links["tensor"])
     tensor_s = m.num_layers * one_tensor_gather_s * (tensor_collectives_per_layer(m) + repeated) + loss_sum_s
-    # gradients cross the data axis in the compute dtype, as they cross the weight group (compiled steps)
-    data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, *x.links["data"])
+    # gradients cross the data axis in the compute dtype, as they cross the weight group (compiled steps), in
+    # `data_all_reduces` calls, each waiting the axis's latency (over slices, DCN's)
+    data_bw, data_lat = x.links["data"]
+    data_s = comm.all_reduce(m.num_params * x.act_bytes / (group * tensor), x.data, data_bw, data_lat) + (
+        data_all_reduces(m) - 1
+    ) * comm.all_reduce(0.0, x.data, data_bw, data_lat)
     return Traffic(
         gather_s + windows.forward_s,
         gather_s + regather_s + windows.backward_s,
