@@ -15,6 +15,10 @@ of `metrics.jsonl` as it comes (`runtime.metrics.StepLog`, the format of cpplan'
 against the chip row's peak as the MaxText-target price has it. SIGTERM or Ctrl-C is passed on to MaxText,
 which is waited for, and what it measured is reported.
 
+cpplan's optimizer flags become MaxText's (`optimizer_flags`); without them MaxText keeps its own defaults,
+which are cpplan's (`runtime.optimizer`). `cpplan validate --engine maxtext` (`cli/maxtext_validate.py`) runs
+each plan it chooses through the same `prepare` and `train`.
+
 MaxText runs in the Python given by `--maxtext-python` (default: `$CPPLAN_MAXTEXT_VENV/bin/python`
 where that is set, the variable `benchmarks/bench_maxtext.py` reads, else this Python).
 """
@@ -92,8 +96,23 @@ STOP_GRACE_S = 120.0  # how long MaxText gets to end after the signal is passed 
 TAIL_LINES = 15  # of a failed MaxText process's log, printed
 
 # `cpplan run` flags the MaxText engine reads beside the planning ones (`cli.args.add_search_options`): the
-# run's length and directory, the pre-flight's, and its own; of the planning ones, cpplan's data is not MaxText's
-READ_FLAGS = {"steps", "run_dir", "max_fallbacks", "dry_run", "engine", "maxtext_arg", "maxtext_python"}
+# run's length and directory, the pre-flight's, its own, and the optimizer's (`optimizer_flags`); of the planning
+# ones, cpplan's data is not MaxText's
+READ_FLAGS = {
+    "steps",
+    "run_dir",
+    "max_fallbacks",
+    "dry_run",
+    "engine",
+    "maxtext_arg",
+    "maxtext_python",
+    "learning_rate",
+    "warmup_steps",
+    "decay",
+    "final_lr_fraction",
+    "weight_decay",
+    "clip_norm",
+}
 UNREAD_PLANNING_FLAGS = {"data", "data_dtype", "eos_id"}
 # what MaxText has in place of a flag of cpplan's runtime, for the refusal's fix
 MAXTEXT_EQUIVALENTS = {
@@ -115,18 +134,34 @@ MAXTEXT_EQUIVALENTS = {
 }
 
 
-def add_engine_flag(p: argparse.ArgumentParser, help_text: str) -> None:
-    """--engine: what runs the plans (cpplan's runtime by default)."""
-    p.add_argument("--engine", choices=ENGINES, default="cpplan", help=help_text)
+RUN_ENGINE_HELP = (
+    "what trains the chosen plan: cpplan's runtime, or MaxText 0.2.5 in a process of its own (the plan "
+    "searched as MaxText runs it, pre-flighted by its train_compile, its step log read into metrics.jsonl)"
+)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The engine's flags of `cpplan run`: --engine, --maxtext-arg and --maxtext-python."""
-    add_engine_flag(
-        p,
-        "what trains the chosen plan: cpplan's runtime, or MaxText 0.2.5 in a process of its own (the plan "
-        "searched as MaxText runs it, pre-flighted by its train_compile, its step log read into metrics.jsonl)",
-    )
+# MaxText 0.2.5's optimizer flags (maxtext/configs/base.yml) that cpplan's optimizer flags set, each with the flag
+# that sets it. Its schedule (maxtext/utils/maxtext_utils.py, create_learning_rate_schedule): a linear warmup of
+# int(steps × warmup_steps_fraction) steps from 0, then lr_schedule_type 'cosine' (half a cosine to
+# learning_rate × learning_rate_final_fraction at the last step) or 'wsd' (the peak held, then the last
+# int(steps × wsd_decay_steps_fraction) steps decay to that floor, wsd_decay_style 'linear' or 'cosine').
+# cpplan's cosine is MaxText's; its linear decay from the warmup's end is wsd with every step after the warmup
+# decaying, linearly; its constant rate is wsd with no decay steps.
+OPTIMIZER_KEYS = {
+    "learning_rate": "--learning-rate",
+    "warmup_steps_fraction": "--warmup-steps",
+    "lr_schedule_type": "--decay",
+    "wsd_decay_style": "--decay",
+    "wsd_decay_steps_fraction": "--decay",
+    "learning_rate_final_fraction": "--final-lr-fraction",
+    "adam_weight_decay": "--weight-decay",
+    "gradient_clipping_threshold": "--clip-norm",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser, engine_help: str = RUN_ENGINE_HELP) -> None:
+    """The engine's flags of a command that runs plans: --engine, --maxtext-arg and --maxtext-python."""
+    p.add_argument("--engine", choices=ENGINES, default="cpplan", help=engine_help)
     p.add_argument(
         "--maxtext-arg",
         action="append",
@@ -141,20 +176,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"with --engine maxtext: the Python that has MaxText {MAXTEXT_VERSION} installed (default: "
         f"${VENV_ENV}/bin/python where {VENV_ENV} is set, else this Python)",
     )
-
-
-def refuse_engine(args: argparse.Namespace, command: str, why: str) -> None:
-    """Refuses `--engine maxtext` on a command that does not run MaxText yet, saying why.
-
-    Raises:
-        CpplanError: `args.engine` is maxtext.
-    """
-    if getattr(args, "engine", "cpplan") == "maxtext":
-        raise CpplanError(
-            f"--engine maxtext: `cpplan {command}` does not run MaxText yet: {why}. Run each plan with "
-            f"`cpplan run --engine maxtext` (it reports measured step time and MFU against MaxText's price), or "
-            f"leave out --engine to {command} on cpplan's runtime."
-        )
 
 
 @dataclass(frozen=True)
@@ -218,12 +239,12 @@ def owned_flags(exported, host: bool) -> dict[str, object]:
     return {**exported.flags, **(HOST_FLAGS if host else {}), **exported.compile_flags}
 
 
-def user_flags(words: list[str], owned: dict[str, object]) -> list[str]:
-    """The `--maxtext-arg` words, checked: KEY=VALUE each, none setting a flag of the plan (`owned`) or the run's
-    length.
+def user_flags(words: list[str], owned: dict[str, object], optimizer: dict[str, object] | None = None) -> list[str]:
+    """The `--maxtext-arg` words, checked: KEY=VALUE each, none setting a flag of the plan (`owned`), one that
+    cpplan's optimizer flags set (`optimizer`, `optimizer_flags`' answer), or the run's length.
 
     Raises:
-        CpplanError: a word that is not KEY=VALUE, or one that sets what the plan sets.
+        CpplanError: a word that is not KEY=VALUE, or one that sets what the plan or an optimizer flag sets.
     """
     for word in words:
         key, eq, _ = word.partition("=")
@@ -234,6 +255,11 @@ def user_flags(words: list[str], owned: dict[str, object]) -> list[str]:
             )
         if key == "steps":
             raise CpplanError(f"--maxtext-arg {word!r}: the run's length is --steps; give --steps instead.")
+        if optimizer and key in optimizer:
+            raise CpplanError(
+                f"--maxtext-arg {word!r}: {key} is set by {OPTIMIZER_KEYS[key]} here ({key}={optimizer[key]}); "
+                f"give the value once, with {OPTIMIZER_KEYS[key]} or with --maxtext-arg."
+            )
         if key in owned:
             raise CpplanError(
                 f"--maxtext-arg {word!r}: {key} is the plan's ({key}={owned[key]}), which MaxText runs as priced; "
@@ -298,6 +324,64 @@ def refuse_runtime_flags(args: argparse.Namespace) -> None:
         )
 
 
+def step_fraction(count: int, steps: int) -> float:
+    """The least fraction `f` of `steps` whose MaxText step count, `int(steps * f)`, is `count` (count / steps
+    may multiply back to just under `count`, which int() would round down)."""
+    fraction = count / steps
+    while int(steps * fraction) < count:
+        fraction = math.nextafter(fraction, math.inf)
+    return fraction
+
+
+def optimizer_flags(args: argparse.Namespace) -> dict[str, object]:
+    """MaxText's flags for the optimizer flags given (`cli.args.add_optimizer_options`), over `--steps`; none
+    given, none: MaxText keeps its defaults, which are cpplan's (`runtime.optimizer`).
+
+    Raises:
+        CpplanError: a value out of its range (`cli.args.optimizer_of`'s checks), or a schedule MaxText's
+            fractions of the run cannot express.
+    """
+    from cli.args import optimizer_of
+
+    adamw = optimizer_of(args)  # the ranges checked; its warmup is MaxText's int(steps × fraction)
+    flags: dict[str, object] = {}
+    if args.learning_rate is not None:
+        flags["learning_rate"] = args.learning_rate
+    if args.warmup_steps is not None:
+        flags["warmup_steps_fraction"] = step_fraction(args.warmup_steps, args.steps)
+    if args.decay == "cosine":
+        flags["lr_schedule_type"] = "cosine"
+    elif args.decay == "constant":
+        flags.update(lr_schedule_type="wsd", wsd_decay_steps_fraction=0.0)
+    elif args.decay == "linear":
+        decaying = args.steps - adamw.warmup
+        if decaying == 1:
+            # optax's linear_schedule over 0 transition steps (MaxText's one decay step) holds its start
+            raise CpplanError(
+                f"--decay linear with --steps {args.steps} and {adamw.warmup} warmup steps: one step after the "
+                f"warmup, which cpplan's linear decay sets at the floor and MaxText's (wsd, linear) at the peak; "
+                f"give more --steps or fewer --warmup-steps, or --decay cosine."
+            )
+        # the warmup written out even where it is MaxText's default: 0.1 + the decay's share of, say, 15 steps
+        # (14/15) is over 1, where the warmup's own share, 1/15, is not
+        warmup_fraction = flags.setdefault("warmup_steps_fraction", step_fraction(adamw.warmup, args.steps))
+        fraction = step_fraction(decaying, args.steps)
+        if warmup_fraction + fraction > 1.0:  # MaxText's check of a wsd schedule (configs/types.py)
+            raise CpplanError(
+                f"--decay linear with --steps {args.steps} and {adamw.warmup} warmup steps: MaxText's fractions of "
+                f"the run for the warmup ({warmup_fraction!r}) and the decay ({fraction!r}) add up to more than 1, "
+                f"which it refuses; give another --steps or --warmup-steps."
+            )
+        flags.update(lr_schedule_type="wsd", wsd_decay_style="linear", wsd_decay_steps_fraction=fraction)
+    if args.final_lr_fraction is not None:
+        flags["learning_rate_final_fraction"] = args.final_lr_fraction
+    if args.weight_decay is not None:
+        flags["adam_weight_decay"] = args.weight_decay
+    if args.clip_norm is not None:
+        flags["gradient_clipping_threshold"] = args.clip_norm
+    return flags
+
+
 def search_args(args: argparse.Namespace, host: bool) -> argparse.Namespace:
     """The run's flags as a search for MaxText reads them: `--target maxtext`, and on a host the one strategy
     MaxText runs there.
@@ -320,29 +404,46 @@ def search_args(args: argparse.Namespace, host: bool) -> argparse.Namespace:
     return searched
 
 
-def run_maxtext(args: argparse.Namespace) -> int:
-    """`cpplan run --engine maxtext`: plans for MaxText, pre-flights each plan with its train_compile until one
-    fits, trains it with MaxText's trainer, and reports measured step time and MFU against the price."""
-    from cli.args import model_of, search_options
-    from cli.devices import note_uncalibrated_host, on_a_tpu_vm, use_host_devices
-    from cli.signals import INTERRUPTS
-    from planner import api
-    from planner.explanation import Explanation
-    from planner.maxtext import export_maxtext
+def engine_topology(args: argparse.Namespace, *, dry_run: bool | None = None):
+    """The topology MaxText runs the plans on, and whether it is a host's (`cpu:N`). `dry_run`: the command's
+    --dry-run (True: it only compiles, which a TPU slice allows off its VMs), None where it has none.
 
-    refuse_runtime_flags(args)
-    topo = get_topology(args.topology, args.num_slices)
+    Raises:
+        CpplanError: a topology that is neither a TPU slice nor a host, or a TPU slice to train off its VMs.
+    """
+    from cli.devices import on_a_tpu_vm
+
+    topo = get_topology(args.topology, getattr(args, "num_slices", None))
     host = topo.chip.kind.shares_cores
     if not host and topo.chip.kind is not ChipKind.TPU:
         raise CpplanError(
             f"--engine maxtext runs on a TPU slice or a cpu:N host; {topo.name} is neither: plan for a TPU "
             f"topology or cpu:8."
         )
-    if not host and not args.dry_run and not on_a_tpu_vm():
+    if not host and not dry_run and not on_a_tpu_vm():
+        instead = (
+            ", or give --dry-run to pre-flight it here with MaxText's deviceless compile" if dry_run is not None else ""
+        )
         raise CpplanError(
             f"MaxText trains on the devices present; {topo.name} is a TPU slice and this host has no TPU: run it "
-            f"on the slice's TPU VM, or give --dry-run to pre-flight it here with MaxText's deviceless compile."
+            f"on the slice's TPU VM{instead}."
         )
+    return topo, host
+
+
+def run_maxtext(args: argparse.Namespace) -> int:
+    """`cpplan run --engine maxtext`: plans for MaxText, pre-flights each plan with its train_compile until one
+    fits, trains it with MaxText's trainer, and reports measured step time and MFU against the price."""
+    from cli.args import model_of, search_options
+    from cli.devices import note_uncalibrated_host, use_host_devices
+    from cli.signals import INTERRUPTS
+    from planner import api
+    from planner.explanation import Explanation
+    from planner.maxtext import export_maxtext
+
+    refuse_runtime_flags(args)
+    _, host = engine_topology(args, dry_run=args.dry_run)
+    optimizer = optimizer_flags(args)
     searched = search_args(args, host)
     search = api.run_search(model_of(searched), args.seq_len, args.topology, **search_options(searched))
     explanation = Explanation(search)
@@ -350,7 +451,7 @@ def run_maxtext(args: argparse.Namespace) -> int:
         raise CpplanError(explanation.nothing_fits_text())
     python = maxtext_python(args)
     # before any work: the model as MaxText has it (export refuses one it lacks), and the user's flags
-    user_flags(args.maxtext_arg or [], owned_flags(export_maxtext(search.ranked[0].plan), host))
+    user_flags(args.maxtext_arg or [], owned_flags(export_maxtext(search.ranked[0].plan), host), optimizer)
     run_dir = Path(args.run_dir)
     work = run_dir / MAXTEXT_DIR
     if run_dir.exists() and not run_dir.is_dir():
@@ -375,6 +476,7 @@ def run_maxtext(args: argparse.Namespace) -> int:
             work=work,
             python=python,
             words=args.maxtext_arg or [],
+            flags=optimizer,
             say=say,
             should_stop=lambda: INTERRUPTS.stopped,
         )
@@ -386,24 +488,73 @@ def run_maxtext(args: argparse.Namespace) -> int:
             return INTERRUPTS.exit_status()
         if args.dry_run:
             return _report(args, chosen, None)
-        measured = train(chosen, run_dir=run_dir, steps=args.steps, python=python, say=say, interrupts=INTERRUPTS)
+        measured = train(
+            chosen.prepared,
+            run_dir=run_dir,
+            steps=args.steps,
+            python=python,
+            say=say,
+            interrupts=INTERRUPTS,
+            label=f"plan #{chosen.attempts[-1].rank}",
+            compile_s=chosen.attempts[-1].compile_s,
+            memory=chosen.memory,
+        )
     return _report(args, chosen, measured)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A plan written as a MaxText config, with what MaxText's processes for it are run with."""
+
+    exported: object  # planner.maxtext.MaxTextExport
+    config: Path
+    words: list[str]  # the user's --maxtext-arg, given after the config
+    env: dict  # the trainer's environment
+
+    @property
+    def plan(self):
+        return self.exported.plan
+
+
+def prepare(
+    plan, *, host: bool, steps: int, work: Path, words: list[str], flags: dict[str, object], cache: bool = True
+) -> Prepared:
+    """Writes `plan` as a MaxText config, `work/config.yml`, for a run of `steps` steps whose outputs go under `work`:
+    the plan's flags (and a host's), the run's defaults, then `flags`, the engine's own (the optimizer's among them,
+    which the user's `words` may not set again). `cache`: jax's persistent compilation cache, where
+    $JAX_COMPILATION_CACHE_DIR names one (MaxText's own, ~/jax_cache, otherwise); without it, none at all.
+
+    Raises:
+        CpplanError: MaxText cannot run the plan (the export refuses it), or the user's words are refused.
+    """
+    from planner.maxtext import export_maxtext
+
+    exported = export_maxtext(plan)
+    optimizer = {key: value for key, value in flags.items() if key in OPTIMIZER_KEYS}
+    words = user_flags(words, owned_flags(exported, host), optimizer)
+    run = {**RUN_DEFAULTS, "base_output_directory": str(work), "steps": steps}
+    env = _environment(exported, host=host, deviceless=False)
+    if not cache:
+        run["jax_cache_dir"] = ""  # MaxText sets no cache dir for an empty one (configs/pyconfig.py)
+        env.pop(JAX_CACHE_ENV, None)
+    elif os.environ.get(JAX_CACHE_ENV):
+        run["jax_cache_dir"] = os.environ[JAX_CACHE_ENV]
+    config = work / CONFIG_FILE
+    config.write_text(config_text({**exported.flags, **(HOST_FLAGS if host else {}), **run, **flags}))
+    return Prepared(exported, config, words, env)
 
 
 @dataclass(frozen=True)
 class Chosen:
     """The plan that passed the pre-flight, as MaxText runs it."""
 
-    exported: object  # planner.maxtext.MaxTextExport
+    prepared: Prepared
     attempts: list  # runtime.preflight.Attempt, one per plan compiled
     memory: object  # runtime.compile.CompiledMemory of the passing compile, or None
-    config: Path
-    words: list[str]  # the user's --maxtext-arg
-    env: dict
 
     @property
     def plan(self):
-        return self.exported.plan
+        return self.prepared.plan
 
 
 def _environment(exported, *, host: bool, deviceless: bool) -> dict:
@@ -422,30 +573,23 @@ def _environment(exported, *, host: bool, deviceless: bool) -> dict:
     return env
 
 
-def preflight(plans, *, host: bool, steps: int, work: Path, python: str, words: list[str], say, should_stop):
-    """Compiles `plans` (best first) with MaxText's train_compile until one fits; returns it as `Chosen`, or
-    None when `should_stop` said to stop.
+def preflight(
+    plans, *, host: bool, steps: int, work: Path, python: str, words: list[str], flags: dict, say, should_stop
+):
+    """Compiles `plans` (best first, each `prepare`d with the engine's `flags`) with MaxText's train_compile until
+    one fits; returns it as `Chosen`, or None when `should_stop` said to stop.
 
     Raises:
         CpplanError: MaxText cannot run the plans (an export refused, the user's flags), or none fits.
     """
-    from planner.maxtext import export_maxtext
-
     attempts = []
     for rank, plan in enumerate(plans, start=1):
-        exported = export_maxtext(plan)
-        flags = {**exported.flags, **(HOST_FLAGS if host else {})}
-        words = user_flags(words, owned_flags(exported, host))
-        config = work / CONFIG_FILE
-        run = {**RUN_DEFAULTS, "base_output_directory": str(work), "steps": steps}
-        if os.environ.get(JAX_CACHE_ENV):
-            run["jax_cache_dir"] = os.environ[JAX_CACHE_ENV]
-        config.write_text(config_text({**flags, **run}))
+        prepared = prepare(plan, host=host, steps=steps, work=work, words=words, flags=flags)
         if host:
-            command = [python, str(HOST_COMPILE), str(config), *words]
+            command = [python, str(HOST_COMPILE), str(prepared.config), *prepared.words]
         else:
-            compile_words = [f"{k}={v}" for k, v in exported.compile_flags.items()]
-            command = [python, "-m", COMPILE_MODULE, str(config), *compile_words, *words]
+            compile_words = [f"{k}={v}" for k, v in prepared.exported.compile_flags.items()]
+            command = [python, "-m", COMPILE_MODULE, str(prepared.config), *compile_words, *prepared.words]
         log = work / COMPILE_LOG.format(rank=rank)
         start = time.perf_counter()
         with open(log, "w") as output:
@@ -456,7 +600,7 @@ def preflight(plans, *, host: bool, steps: int, work: Path, python: str, words: 
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
-                env=_environment(exported, host=host, deviceless=not host),
+                env=_environment(prepared.exported, host=host, deviceless=not host),
                 start_new_session=True,  # a signal reaches it through this process, which ends it
             )
             try:
@@ -472,8 +616,7 @@ def preflight(plans, *, host: bool, steps: int, work: Path, python: str, words: 
         attempts.append(attempt)
         say(f"  MaxText pre-flight {attempt}")
         if attempt.fits:
-            env = _environment(exported, host=host, deviceless=False)
-            return Chosen(exported, attempts, memory, config, words, env)
+            return Chosen(prepared, attempts, memory)
         if should_stop():
             return None
     raise CpplanError(
@@ -546,19 +689,31 @@ class Measured:
         return statistics.median(counts) if counts else None
 
 
-def train(chosen: Chosen, *, run_dir: Path, steps: int, python: str, say, interrupts) -> Measured:
-    """Runs MaxText's trainer on the chosen plan, writing each step it logs to `metrics.jsonl` as it comes, and
-    passing a signal `interrupts` records on to it; a trainer that fails is reported (`Measured.failure`)
-    with the steps it logged."""
+def train(
+    prepared: Prepared,
+    *,
+    run_dir: Path,
+    steps: int,
+    python: str,
+    say,
+    interrupts,
+    label: str,
+    compile_s: float | None = None,
+    memory=None,
+) -> Measured:
+    """Runs MaxText's trainer on the `prepare`d plan (`label` names it in the line said), writing each step it
+    logs to `run_dir/metrics.jsonl` as it comes, and passing a signal `interrupts` records on to it; a trainer
+    that fails is reported (`Measured.failure`) with the steps it logged. `compile_s` and `memory`: its
+    pre-flight's, where it had one."""
     from runtime.metrics import StepLog
     from runtime.runner import RunReport
 
-    plan = chosen.plan
+    plan = prepared.plan
     topo = plan.topology_spec
     flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch)
-    command = [python, "-m", TRAIN_MODULE, str(chosen.config), *chosen.words]
-    log_path = chosen.config.parent / TRAIN_LOG
-    say(f"MaxText trains plan #{chosen.attempts[-1].rank}: {' '.join(command)} (its log: {log_path})")
+    command = [python, "-m", TRAIN_MODULE, str(prepared.config), *prepared.words]
+    log_path = prepared.config.parent / TRAIN_LOG
+    say(f"MaxText trains {label}: {' '.join(command)} (its log: {log_path})")
     lines: queue.Queue = queue.Queue()
     with open(log_path, "w") as log:
         log.write(" ".join(command) + "\n")
@@ -567,7 +722,7 @@ def train(chosen: Chosen, *, run_dir: Path, steps: int, python: str, say, interr
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=chosen.env,
+            env=prepared.env,
             text=True,
             errors="replace",
             start_new_session=True,  # Ctrl-C reaches it once, passed on from here
@@ -624,11 +779,11 @@ def train(chosen: Chosen, *, run_dir: Path, steps: int, python: str, say, interr
         )
     report = RunReport(
         plan,
-        chosen.attempts[-1].compile_s,
+        compile_s,
         tuple(s.seconds for s in logged),
         tuple(s.loss for s in logged),
         flops,
-        chosen.memory,
+        memory,
         first_step=logged[0].index if logged else 0,
         stopped=forwarded is not None,
     )
@@ -649,6 +804,16 @@ def _read(stream, log, lines: queue.Queue) -> None:
     lines.put(_END)
 
 
+def attention_note(plan) -> str | None:
+    """Why MaxText's measured figures of a host's plan differ from its price beyond the host row's error, or None."""
+    if not plan.topology_spec.chip.kind.shares_cores:
+        return None
+    return (
+        "on a host MaxText runs attention as dot_product (its flash kernels are TPU and GPU ones): the price is of "
+        "splash, so the two differ by more than the host row's error"
+    )
+
+
 def _report(args: argparse.Namespace, chosen: Chosen, measured: Measured | None) -> int:
     """Prints the dry run's verdict, or measured figures beside MaxText's price; the exit status."""
     from cli.args import to_json
@@ -662,19 +827,14 @@ def _report(args: argparse.Namespace, chosen: Chosen, measured: Measured | None)
     line = (
         f"plan: {describe_strategy(plan)}; mesh {plan.mesh_dict}; remat {plan.remat_label}; splash blocks "
         f"{plan.block_q}×{plan.block_kv}, backward {backward_text(plan, Target.MAXTEXT)}; {plan.global_batch} × "
-        f"{plan.seq_len} tokens on {plan.topology}; MaxText config {chosen.config}"
+        f"{plan.seq_len} tokens on {plan.topology}; MaxText config {chosen.prepared.config}"
     )
-    host_note = (
-        "on a host MaxText runs attention as dot_product (its flash kernels are TPU and GPU ones): the price is of "
-        "splash, so the two differ by more than the host row's error"
-        if plan.topology_spec.chip.kind.shares_cores
-        else None
-    )
+    host_note = attention_note(plan)
     data = {
         "engine": "maxtext",
         "plan": plan.to_dict(),
-        "maxtext_config": str(chosen.config),
-        "maxtext_flags": chosen.words,
+        "maxtext_config": str(chosen.prepared.config),
+        "maxtext_flags": chosen.prepared.words,
         "preflight": [attempt_dict(a) for a in chosen.attempts],
         "predicted": {
             "target": Target.MAXTEXT.value,
@@ -736,7 +896,8 @@ def _report(args: argparse.Namespace, chosen: Chosen, measured: Measured | None)
             print(f"MaxText's own count: {measured.maxtext_tflops_per_device:.3f} TFLOP/s per device (median)")
         if host_note:
             print(f"note: {host_note}")
-        print(f"metrics in {Path(args.run_dir) / 'metrics.jsonl'}, MaxText's outputs in {chosen.config.parent}")
+        outputs = chosen.prepared.config.parent
+        print(f"metrics in {Path(args.run_dir) / 'metrics.jsonl'}, MaxText's outputs in {outputs}")
     if measured.failure:
         print(f"cpplan: error: {measured.failure}", file=sys.stderr)
         return 1

@@ -79,23 +79,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 COMPILE_AHEAD = {"auto": None, "on": True, "off": False}  # --compile-ahead, as validate_step_times takes it
 
-# why `validate --engine maxtext` is refused (`cpplan run --engine maxtext` measures one plan on MaxText)
-VALIDATE_MAXTEXT_WHY = (
-    "validate times every plan with cpplan's measurement harness inside this process (runtime/measure.py: each "
-    "step blocked on and timed alone), and MaxText would take a process and a compile of its own per plan and "
-    "time its steps as its host loop sees them, which that harness does not read; comparing the two needs that "
-    "reading written first"
-)
-
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Runs plans (or reads measured step times) and compares them with predictions."""
     from validation.outputs import prepare_out_dir, write_atomic
     from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES
 
-    engine_maxtext.refuse_engine(args, "validate", VALIDATE_MAXTEXT_WHY)
     html = html_target(args)
-    if args.measured:
+    if args.engine == "maxtext":
+        from cli.maxtext_validate import validate_on_maxtext
+
+        outdir, report = validate_on_maxtext(args)
+    elif args.measured:
         if args.full_mask:
             raise CpplanError(
                 "--full-mask sets the mask of the --model that validate runs; the runs of --measured are "
@@ -273,8 +268,11 @@ def register(sub) -> None:
     p.add_argument("--out", default="cpplan-chips", help="directory (or .json path) for the row")
 
     p = add_command(sub, "validate", cmd_validate, "predicted vs measured step times (runs or imports)")
-    engine_maxtext.add_engine_flag(
-        p, f"what runs the plans: cpplan's runtime (maxtext is refused for now: {VALIDATE_MAXTEXT_WHY})"
+    engine_maxtext.add_arguments(
+        p,
+        "what runs the plans: cpplan's runtime, or MaxText 0.2.5, a process per plan (the plans priced as MaxText "
+        "runs them, --target maxtext; the step times its trainer logs compared with that price; under "
+        "--out/maxtext/plan-NN each plan's config, logs and metrics.jsonl)",
     )
     p.add_argument("--model", help="model name or config.json path (with --seq-lens and --topology)")
     p.add_argument("--full-mask", action="store_true", help=FULL_MASK_HELP)

@@ -59,10 +59,13 @@ def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: in
     return chosen[:max_plans]
 
 
-def plan_variants(ranked: Ranked, *, blocks: Sequence[int] = (), both_backwards: bool = False) -> list[Ranked]:
+def plan_variants(
+    ranked: Ranked, *, blocks: Sequence[int] = (), both_backwards: bool = False, target=None
+) -> list[Ranked]:
     """`ranked` and the same plan with each of `blocks` as its splash blocks and, where `both_backwards`,
     with the other attention backward (splash's fused kernel or its dq and dK/dV kernels): each that its
-    strategy runs and the price says fits, priced as it is, `ranked` first."""
+    strategy runs and the price for `target` (None: cpplan's runtime) says fits, priced as it is, `ranked`
+    first."""
     plan = ranked.plan
     out = [ranked]
     backwards = (plan.fused_attention_backward, not plan.fused_attention_backward)[: 2 if both_backwards else 1]
@@ -72,7 +75,7 @@ def plan_variants(ranked: Ranked, *, blocks: Sequence[int] = (), both_backwards:
                 continue
             try:
                 variant = dataclasses.replace(plan, block_q=block, block_kv=block, fused_attention_backward=fused)
-                priced = estimate(variant)
+                priced = estimate(variant, target=target)
             except CpplanError:  # a block the lengths or the chip's memories refuse
                 continue
             if priced.fits:
@@ -95,7 +98,7 @@ def choose_plans(
 ) -> list[Ranked]:
     """The plans `validate_step_times` runs, chosen without jax: a TPU's compiler flags (the scoped VMEM
     the chosen splash blocks need) must be set before jax starts its backend. Each chosen plan is run
-    with its `plan_variants` too.
+    with its `plan_variants` too, priced for the runtime `options` names as `target` (cpplan's by default).
 
     Raises:
         CpplanError: no plan fits at one of the lengths.
@@ -109,7 +112,7 @@ def choose_plans(
                 "see `cpplan explain` for why."
             )
         for ranked in select_plans(result.ranked, max_plans=max_plans, top=top, seed=seed):
-            plans += plan_variants(ranked, blocks=blocks, both_backwards=both_backwards)
+            plans += plan_variants(ranked, blocks=blocks, both_backwards=both_backwards, target=options.get("target"))
     return plans
 
 
@@ -202,11 +205,8 @@ def validate_step_times(
             except Exception as err:  # one plan's failure (a compile, HBM) is its result; the next is measured
                 result.failure = failure_reason(err)
                 gc.collect()  # the failed plan's arrays and executables, before the next plan allocates
-            report.results.append(result)
-            record = result.to_dict() | PlanTiming.of(job, time.perf_counter() - begin, measured).to_dict()
-            say(plan_line(index + 1, len(plans), record))
-            if journal is not None:
-                append_record(journal, record)
+            timing = PlanTiming.of(job, time.perf_counter() - begin, measured)
+            record_plan(report, result, timing, number=index + 1, total=len(plans), say=say, journal=journal)
             if stop is not None and stop():
                 # interrupted only if plans were left unmeasured
                 report.interrupted = abandoned or len(report.results) < len(plans)
@@ -296,6 +296,30 @@ class PlanTiming:
         return fields
 
 
+def record_plan(
+    report: StepTimeReport,
+    result: StepResult,
+    timing: PlanTiming,
+    *,
+    number: int,
+    total: int,
+    say: Callable[[str], None],
+    journal=None,
+    extra: dict | None = None,
+) -> dict:
+    """Adds one plan's `result` to `report`, says its `plan_line` (it is plan `number` of `total`) and appends
+    its record (the result, its `timing`, and `extra` fields) to the `journal` file, where there is one.
+    Returns:
+        The record.
+    """
+    report.results.append(result)
+    record = result.to_dict() | timing.to_dict() | (extra or {})
+    say(plan_line(number, total, record))
+    if journal is not None:
+        append_record(journal, record)
+    return record
+
+
 def plan_line(number: int, total: int, record: dict) -> str:
     """One plan's line from its journal `record`: what it is, how long its compile and its steps took,
     and its failure if any; e.g. `plan 3/12 ring [context=4] full, blocks 512 at 2048 tokens: compile
@@ -344,13 +368,18 @@ def failure_reason(err: BaseException) -> str:
     or runtime's error classed as scoped VMEM, HBM or another failure, with its first line."""
     if isinstance(err, CpplanError):
         return str(err)
-    text = str(err).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    return failure_text(str(err).strip(), type(err).__name__)
+
+
+def failure_text(text: str, name: str) -> str:
+    """`failure_reason` of an error's `text`: classed as scoped VMEM, HBM or another failure (`name` says what
+    failed), with its first line."""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), name)
     if "ScopedVmem" in text or "scoped allocation" in text.lower():
         kind = "does not compile: splash's scoped VMEM exceeds the compiler's limit"
     elif "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower() or "HbmOom" in text:
         kind = "out of memory"
     else:
-        kind = f"failed ({type(err).__name__})"
+        kind = f"failed ({name})"
     detail = first if len(first) <= FAILURE_CHARS else first[: FAILURE_CHARS - 1] + "…"
     return f"{kind}: {detail}"

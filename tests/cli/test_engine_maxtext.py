@@ -10,6 +10,7 @@ lines) to check the fallback, the records and the signal, and its refusals of ba
 
 import importlib.util
 import json
+import math
 import os
 import signal
 import statistics
@@ -26,10 +27,12 @@ from cli.engine_maxtext import (
     MAXTEXT_DIR,
     VENV_ENV,
     config_text,
+    optimizer_flags,
     parse_memory_line,
     parse_step_line,
     yaml_value,
 )
+from cli.main import build_parser
 from cost_models.flops import model_flops_per_step
 from cost_models.models import get_model
 from cost_models.topology import get_topology
@@ -53,7 +56,8 @@ MEMORY = (
 
 # The stand-in for MaxText's Python. Its compiles, in turn: out of HBM (MaxText's error as XLA words it),
 # an abort with a failed check (glog's line, then SIGABRT), then a step that fits. Its trainer logs STEPS
-# (seconds, loss) and exits, or, with HOLD, logs them and waits for a signal, noting the one that came.
+# (seconds, loss) and exits, or, with HOLD, logs them and waits for a signal, noting the one that came; with
+# OOM_FIRST its first run ends out of HBM instead, as MaxText's trainer does when its step's compile does.
 STEPS = [(0.5, 5.545), (0.2, 5.5), (0.25, 5.4), (0.3, 5.3), (0.4, 5.2)]
 FAKE = """#!{python}
 import os, resource, signal, sys, time
@@ -78,6 +82,13 @@ elif args[0].endswith("maxtext_host_compile.py"):
     print({memory!r})
 elif args[:2] == ["-m", "maxtext.trainers.pre_train.train"]:
     (here / "train.argv").write_text(" ".join(args))
+    runs = here / "trains"
+    n = int(runs.read_text()) + 1 if runs.exists() else 1
+    runs.write_text(str(n))
+    if {oom_first} and n == 1:
+        print("Traceback (most recent call last):", flush=True)
+        sys.exit("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of "
+                 "memory in memory space hbm. Used 17.00G of 15.75G hbm. Exceeded hbm capacity by 1.25G.")
     signal.signal(signal.SIGTERM, lambda *_: ((here / "got").write_text("SIGTERM"), sys.exit(0)))
     for i, (seconds, loss) in enumerate({steps!r}):
         print(f"I1206 14:42:29.1 1 metric_logger.py:265] completed step: {{i}}, seconds: {{seconds:.3f}}, "
@@ -90,10 +101,10 @@ else:
 """
 
 
-def fake_maxtext(tmp_path: Path, *, hold: bool = False) -> str:
+def fake_maxtext(tmp_path: Path, *, hold: bool = False, oom_first: bool = False) -> str:
     path = tmp_path / "fake-maxtext" / "python"
     path.parent.mkdir()
-    path.write_text(FAKE.format(python=sys.executable, memory=MEMORY, steps=STEPS, hold=hold))
+    path.write_text(FAKE.format(python=sys.executable, memory=MEMORY, steps=STEPS, hold=hold, oom_first=oom_first))
     path.chmod(0o755)
     return str(path)
 
@@ -138,7 +149,8 @@ def test_a_plan_that_does_not_compile_is_left_for_the_next_and_steps_become_reco
     python = fake_maxtext(tmp_path)
     run_dir = tmp_path / "run"
     argv = ["run", "--engine", "maxtext", *PLAN, "--steps", "5", "--run-dir", str(run_dir), "--max-fallbacks", "3"]
-    code = main([*argv, "--maxtext-python", python, "--maxtext-arg", "checkpoint_period=2", "--json"])
+    optimizer = ["--learning-rate", "1e-4", "--decay", "linear"]
+    code = main([*argv, *optimizer, "--maxtext-python", python, "--maxtext-arg", "checkpoint_period=2", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
     answer = json.loads(out.out)
@@ -157,6 +169,10 @@ def test_a_plan_that_does_not_compile_is_left_for_the_next_and_steps_become_reco
     text = config.read_text()
     assert all(f"{key}: {yaml_value(value)}\n" in text for key, value in HOST_FLAGS.items())
     assert "steps: 5\n" in text and 'dataset_type: "synthetic"\n' in text
+    # the optimizer flags as MaxText's: no warmup (int(5 × 0.1) = 0 steps), then all 5 steps decay linearly
+    for line in ("learning_rate: 0.0001", 'lr_schedule_type: "wsd"', 'wsd_decay_style: "linear"'):
+        assert f"{line}\n" in text, line
+    assert "warmup_steps_fraction: 0.0\n" in text and "wsd_decay_steps_fraction: 1.0\n" in text
     # one record per step MaxText logged, counted from 1: 1024 tokens over 8 devices; MFU as cpplan's own runs
     flops = model_flops_per_step(get_model("tiny"), 1024, 1)
     peak = get_topology("cpu:8").peak_flops_per_device
@@ -229,8 +245,56 @@ def test_bad_input_is_refused_with_the_value_the_rule_and_the_fix(tmp_path, caps
     moe = ["--model", "tiny-moe", *PLAN[2:], "--run-dir", str(tmp_path / "run"), "--maxtext-python", python]
     line = refused(["run", "--engine", "maxtext", *moe], capsys)
     assert "'tiny-moe' has experts" in line and "model_name" in line
-    line = refused(["validate", "--engine", "maxtext", *PLAN[:2], "--seq-lens", "1k", *PLAN[4:]], capsys)
-    assert "does not run MaxText yet" in line and "cpplan run --engine maxtext" in line
+    line = refused(
+        [*RUN, "--maxtext-python", python, "--learning-rate", "1e-4", "--maxtext-arg", "learning_rate=1"], capsys
+    )
+    assert "learning_rate is set by --learning-rate here (learning_rate=0.0001)" in line
+    line = refused(
+        [*RUN, "--maxtext-python", python, "--decay", "linear", "--steps", "10", "--warmup-steps", "9"], capsys
+    )
+    assert "--decay linear with --steps 10 and 9 warmup steps" in line and "--decay cosine" in line
+    line = refused([*RUN, "--decay", "constant", "--final-lr-fraction", "0.5"], capsys)
+    assert "--final-lr-fraction 0.5 with --decay constant" in line
+
+
+def mapped(*flags: str) -> dict:
+    """MaxText's optimizer flags for `cpplan run --engine maxtext` with `flags`."""
+    return optimizer_flags(build_parser().parse_args([*RUN, *flags]))
+
+
+@pytest.mark.pure
+def test_optimizer_flags_become_maxtexts_by_name():
+    assert mapped() == {}  # MaxText keeps its own defaults, which are cpplan's
+    given = ["--learning-rate", "1e-4", "--decay", "cosine", "--final-lr-fraction", "0.2"]
+    assert mapped(*given, "--weight-decay", "0.01", "--clip-norm", "0") == {
+        "learning_rate": 1e-4,
+        "lr_schedule_type": "cosine",
+        "learning_rate_final_fraction": 0.2,
+        "adam_weight_decay": 0.01,
+        "gradient_clipping_threshold": 0.0,
+    }
+    # 5 of 20 steps warm up, the other 15 decay linearly: MaxText's wsd whose decay is every step after the warmup
+    assert mapped("--steps", "20", "--warmup-steps", "5", "--decay", "linear") == {
+        "warmup_steps_fraction": 0.25,
+        "lr_schedule_type": "wsd",
+        "wsd_decay_style": "linear",
+        "wsd_decay_steps_fraction": 0.75,
+    }
+    # the default warmup of 15 steps, int(15 × 0.1) = 1, written out: 0.1 + 14/15 is over the 1 MaxText allows
+    assert mapped("--steps", "15", "--decay", "linear") == {
+        "warmup_steps_fraction": 1 / 15,
+        "lr_schedule_type": "wsd",
+        "wsd_decay_style": "linear",
+        "wsd_decay_steps_fraction": 14 / 15,
+    }
+    # a constant rate: wsd with no decay steps
+    assert mapped("--steps", "10", "--decay", "constant") == {
+        "lr_schedule_type": "wsd",
+        "wsd_decay_steps_fraction": 0.0,
+    }
+    # 1/49 × 49 is 0.9999999999999999, which MaxText's int() makes 0 warmup steps: the next float up makes 1
+    fraction = mapped("--steps", "49", "--warmup-steps", "1")["warmup_steps_fraction"]
+    assert fraction == math.nextafter(1 / 49, 1) and int(49 * fraction) == 1
 
 
 def _has_maxtext() -> bool:
@@ -264,3 +328,51 @@ def test_maxtext_trains_tiny_on_cpu_8_for_5_steps(tmp_path, capsys, monkeypatch)
     median = statistics.median(r["step_time_s"] for r in got[1:])
     assert answer["measured"]["mfu"] == pytest.approx(flops / (median * 8 * peak)) and answer["measured"]["mfu"] > 0
     assert answer["predicted"]["target"] == "maxtext" and 0 < answer["predicted"]["mfu"] <= 1
+
+
+# MaxText 0.2.5's base.yml values of the schedule's flags that optimizer_flags may leave unset
+BASE_SCHEDULE = dict(
+    learning_rate=3e-5,
+    lr_schedule_type="cosine",
+    learning_rate_final_fraction=0.1,
+    warmup_steps_fraction=0.1,
+    wsd_decay_steps_fraction=0.1,
+    wsd_decay_style="linear",
+)
+
+
+@pytest.mark.runtime_extra
+@pytest.mark.skipif(not _has_maxtext(), reason="MaxText 0.2.5 is not installed in this Python (stage 3 has it)")
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--steps", "10"],
+        ["--steps", "20", "--warmup-steps", "5", "--decay", "linear", "--final-lr-fraction", "0.2"],
+        ["--steps", "15", "--decay", "linear", "--learning-rate", "1e-3"],
+        ["--steps", "10", "--decay", "constant", "--warmup-steps", "3"],
+        ["--steps", "7", "--decay", "cosine", "--warmup-steps", "0", "--final-lr-fraction", "0"],
+    ],
+)
+def test_maxtexts_schedule_of_the_mapped_flags_is_cpplans(flags):
+    """The rate of every step by MaxText's own schedule (maxtext_utils.create_learning_rate_schedule) of the
+    mapped flags, against cpplan's runtime.optimizer.AdamW of the same flags."""
+    from types import SimpleNamespace
+
+    from maxtext.configs import types
+    from maxtext.utils.maxtext_utils import create_learning_rate_schedule
+
+    from cli.args import optimizer_of
+
+    args = build_parser().parse_args([*RUN, *flags])
+    given = {**BASE_SCHEDULE, **optimizer_flags(args)}
+    config = SimpleNamespace(
+        **given,
+        steps=args.steps,
+        learning_rate_schedule_steps=args.steps,  # base.yml's -1: the run's steps
+    )
+    config.lr_schedule_type = types.LearningRateScheduleType(config.lr_schedule_type)
+    config.wsd_decay_style = types.WsdDecayStyle(config.wsd_decay_style)
+    theirs = create_learning_rate_schedule(config)
+    ours = optimizer_of(args).schedule()
+    for step in range(args.steps):
+        assert float(theirs(step)) == pytest.approx(float(ours(step)), rel=1e-6, abs=1e-12), step
