@@ -981,8 +981,8 @@ MODELS: dict[str, ModelSpec] = {
         # heads of 64, narrower than a TPU's 128 lanes (docs/measurements.md, "Heads narrower than a lane")
         ModelSpec("llama3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, tie_embeddings=True),
         # models with local layers, shaped as google/gemma-3-12b-pt's and mistralai/Mistral-7B-v0.1's
-        # config.json (Gemma's extra norms, q/k norms and embedding scaling are not modelled:
-        # docs/provenance/cost_models.md#models)
+        # config.json; Gemma 3's in its own block (four norms a layer, q/k norms), as MaxText's gemma3 block and
+        # transformers' Gemma3ForCausalLM run it (docs/provenance/cost_models.md#models)
         ModelSpec(
             "gemma3-12b",
             48,
@@ -994,8 +994,10 @@ MODELS: dict[str, ModelSpec] = {
             262208,
             tie_embeddings=True,
             mlp_activations=("gelu", "linear"),
+            decoder_block=DecoderBlock.GEMMA3,
             window=1024,
             layer_pattern="LLLLLG",
+            qk_norm=True,
         ),
         ModelSpec("mistral-7b-v0.1", 32, 4096, 32, 8, 128, 14336, 32000, window=4096),
         # mixture-of-experts and latent-attention models by MaxText's names, shaped as their published

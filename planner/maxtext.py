@@ -872,6 +872,7 @@ def _read_model(f: _Flags, notes: list[str]) -> ModelSpec:
     local_block = local_block.strip("'\"") == MAXTEXT_LOCAL_BLOCK
     if BLOCK_FLAG in f and not local_block:
         overrides["decoder_block"] = parse_decoder_block(f.get(BLOCK_FLAG))
+        overrides["qk_norm"] = False  # MaxText's llama2 and parallel blocks norm neither q nor k (models/llama2.py)
     if name != "default":
         base = get_model(name)
         model = dataclasses.replace(base, **overrides) if overrides else base
@@ -894,8 +895,8 @@ def _read_model(f: _Flags, notes: list[str]) -> ModelSpec:
 
 def _layers(f: _Flags, model: ModelSpec, local_block: bool, notes: list[str]) -> ModelSpec:
     """`model` with the layers MaxText's block gives it: under gemma3, a sliding window of
-    `sliding_window_size` (its model config's where unset) on five layers of every six, priced in
-    cpplan's sequential block; under any other, global layers, whatever the window flag says.
+    `sliding_window_size` (its model config's where unset) on five layers of every six, in Gemma 3's block;
+    under any other, global layers, whatever the window flag says.
 
     Raises:
         CpplanError: the gemma3 block without one of its model names, or without a positive window.
@@ -929,7 +930,8 @@ def _layers(f: _Flags, model: ModelSpec, local_block: bool, notes: list[str]) ->
         window=window,
         local_kind=MaskKind.SLIDING.value,
         layer_pattern=MAXTEXT_LOCAL_PATTERN,
-        decoder_block=DecoderBlock.LLAMA2,
+        decoder_block=DecoderBlock.GEMMA3,  # models/gemma3.py: four norms a layer (its configs' post norms on)
+        qk_norm=True,  # and q/k norms (`use_qk_norm=True`)
     )
 
 

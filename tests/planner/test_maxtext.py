@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import planner
 from cost_models.errors import CpplanError
-from cost_models.models import MODELS
+from cost_models.models import MODELS, DecoderBlock
 from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
 from cost_models.pricing.target import vocab_tiles
 from cost_models.strategies.base import maxtext_local_layers_problem
@@ -656,9 +656,13 @@ def test_import_reads_the_window_where_maxtexts_block_runs_it():
     found = read_maxtext(f"model_name=llama3.1-8b sliding_window_size=4096 {base}")
     assert found.plan.model == MODELS["llama3.1-8b"] and "sliding_window_size" not in found.unread
     assert any("attends globally in every layer" in n for n in found.notes)
-    # gemma3-12b under MaxText's llama2 block: its layers attend globally
+    # gemma3-12b under MaxText's llama2 block: its layers attend globally, in that block, with no q/k norms
     plain = read_maxtext(f"model_name=gemma3-12b decoder_block=llama2 override_model_config=True {base}")
-    assert plain.plan.model == MODELS["gemma3-12b"].all_global()
+    as_llama2 = {"decoder_block": DecoderBlock.LLAMA2, "qk_norm": False}
+    assert plain.plan.model == dataclasses.replace(MODELS["gemma3-12b"].all_global(), **as_llama2)
+    # under its own block, Gemma 3's: four norms a layer and q/k norms
+    own = read_maxtext(f"model_name=gemma3-12b {base}")
+    assert own.plan.model == MODELS["gemma3-12b"] and own.plan.model.decoder_block is DecoderBlock.GEMMA3
     with pytest.raises(CpplanError, match="decoder_block=gemma3 with model_name=default"):
         read_maxtext(f"decoder_block=gemma3 base_emb_dim=1024 {base}")
     with pytest.raises(CpplanError, match="sliding_window_size=0: the gemma3 block's local layers"):
