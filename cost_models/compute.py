@@ -235,13 +235,17 @@ def splash_step_costs(
 
 
 def splash_vmem_bytes(block_q, block_kv, *, head_dim, act_bytes):
-    """Scoped VMEM of one splash grid step: a block pair's fp32 logits and compute-dtype probabilities, the
-    fp32 output accumulator and running max and sum, and the q, k, v and output blocks double-buffered;
-    it errs towards refusing (docs/provenance/cost_models.md#compute)."""
+    """Scoped VMEM of the largest splash grid step a training step runs: a block pair's fp32 logits and
+    compute-dtype probabilities, the fp32 output accumulator and running max and sum, and the q, k, v and
+    output blocks double-buffered; and, for the fused backward's dK/dV step, its fp32 dK and dV accumulators,
+    its fp32 dq partial block and the dO block double-buffered, and the log-sum-exp and its delta lane-wide.
+    It errs towards refusing (docs/provenance/cost_models.md#compute; the fused step compiled at 38.06 MiB at
+    blocks of 2048 and heads of 128, this gives 38.0: docs/compiler_aborts.md)."""
     logits = block_q * block_kv * (4 + act_bytes)
     accumulators = block_q * (head_dim + 2 * LANE_WIDTH) * 4
     blocks = 2 * (2 * block_q + 2 * block_kv) * head_dim * act_bytes
-    return logits + accumulators + blocks
+    fused_backward = 2 * block_kv * head_dim * 4 + 2 * block_q * (head_dim * (4 + act_bytes) + LANE_WIDTH * 4)
+    return logits + accumulators + blocks + fused_backward
 
 
 def splash_vmem_problem(block_q, block_kv, *, head_dim, act_bytes, chip) -> "str | None":
