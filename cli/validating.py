@@ -310,8 +310,8 @@ def register(sub) -> None:
         "--compile-ahead",
         choices=sorted(COMPILE_AHEAD),
         default="auto",
-        help="compile the next plan in a thread while this one's steps run (auto: on an accelerator; not on "
-        "CPU devices, whose steps the compile would slow by sharing their cores)",
+        help="compile the next plans, each in a thread, while this one compiles and runs (auto: on an "
+        "accelerator; not on CPU devices, whose steps the compiles would slow by sharing their cores)",
     )
     p.add_argument(
         "--measured",
