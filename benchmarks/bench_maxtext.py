@@ -8,8 +8,9 @@ CompiledMemory`); where MaxText runs out of memory, the figure its error gives (
 temporaries", but the arguments are in it: checked against a dump's buffer assignment, in `main`).
 Targets: within 10% and the same fit verdict on each plan.
 
-Four plans offload to the host (MaxText's `minimal_offloaded` near the HBM limit and just over it,
-`qkv_proj_offloaded`, and a `custom` one), compiled as exported: without the `HOST_OFFLOAD_FLAGS`
+Eight plans offload to the host (MaxText's `minimal_offloaded` at 128K and 144K, `qkv_proj_offloaded` at 64K
+and just over the HBM limit at 384K, a `custom` one, and the search's own `custom` plans at 128K), compiled as
+exported: without the `HOST_OFFLOAD_FLAGS`
 MaxText's own recipes put in LIBTPU_INIT_ARGS (the export's note says so). Their compiles hold what
 the target's offload traits price (`cost_models.targets`), read from the buffers live at the peak
 of the 128K `minimal_offloaded` compile and its `remat_policy=full` twin (`XLA_FLAGS=--xla_dump_to=
@@ -59,17 +60,27 @@ PLANS = [
     ("v5p-8 ring 4 × 64K", "v5p-8", "64k", "ring", {"context": 4}, {}),
     ("tpu7x-8 usp 4×2 × 64K zigzag", "tpu7x-8", "64k", "usp", {"context": 2, "context_ulysses": 4}, {}),
     ("tpu7x-8 ring 8 × 64K, 2 vocab tiles", "tpu7x-8", "64k", "ring", {"context": 8}, {"loss_chunk_tokens": 4096}),
-    ("v5p-8 ring 4 × 256K (does not fit)", "v5p-8", "256k", "ring", {"context": 4}, {}),
-    ("tpu7x-8 usp 4×2 × 256K (does not fit)", "tpu7x-8", "256k", "usp", {"context": 2, "context_ulysses": 4}, {}),
-    # host offload (MaxText's own presets), one near the HBM limit
+    # the ring's dq partials rolled into dq_reduction_steps=3 (the export's since 2026-12-06): 256K fits, 384K not
+    ("v5p-8 ring 4 × 256K", "v5p-8", "256k", "ring", {"context": 4}, {}),
+    ("tpu7x-8 usp 4×2 × 256K", "tpu7x-8", "256k", "usp", {"context": 2, "context_ulysses": 4}, {}),
+    ("v5p-8 ring 4 × 384K (does not fit)", "v5p-8", "384k", "ring", {"context": 4}, {}),
+    # host offload (MaxText's own presets), one just over the HBM limit
     ("v5p-8 ring 4 × 128K minimal_offloaded", "v5p-8", "128k", "ring", {"context": 4}, {"remat": "minimal_offloaded"}),
     (
-        "v5p-8 ring 4 × 144K minimal_offloaded zigzag (does not fit)",
+        "v5p-8 ring 4 × 144K minimal_offloaded zigzag",
         "v5p-8",
         "144k",
         "ring",
         {"context": 4},
         {"remat": "minimal_offloaded", "load_balance": ["zigzag"]},
+    ),
+    (
+        "v5p-8 ring 4 × 384K qkv_proj_offloaded zigzag (does not fit)",
+        "v5p-8",
+        "384k",
+        "ring",
+        {"context": 4},
+        {"remat": "qkv_proj_offloaded", "load_balance": ["zigzag"]},
     ),
     (
         "tpu7x-8 usp 4×2 × 64K qkv_proj_offloaded",

@@ -117,7 +117,11 @@ class TargetTraits:
             attention's output (kept, or offloaded), a layer's backward forms the MLP's weight gradients after
             the attention's backward, holding their operands through it: the input projections' recomputed
             outputs and their gradients, the gated product, the MLP's input and the layer output's gradient;
-            where holding them overflows the HBM, one output and the gradient the rest are formed again from.
+            where holding them passes XLA's rematerialization limit they are recomputed one at a time, down to
+            one output and the gradient the rest are formed again from.
+        offload_reads_next_layer_early: the backward layer loop starts its host reads of the next layer's
+            offloaded values before this layer's attention backward, so they are held through it beside this
+            layer's own (cpplan's runtime, read from its compile of the README's v5p:2x2x2 256K plan).
         head_gradient_loop_devices: the weight-group sizes (least, most) over which the head's weight gradient
             is a windowed-einsum loop, priced as deferred past the layers (the safe side); None: never.
         head_gradient_in_head_layout: the loss writes the head's gradient in the head's layout (no moves at the update).
@@ -176,6 +180,7 @@ class TargetTraits:
     offload_defers_head_gradient: bool = False
     offload_holds_mlp_backward: bool = False
     offload_defers_mlp_weight_gradients: bool = False
+    offload_reads_next_layer_early: bool = False
     head_gradient_loop_devices: tuple[int, int] | None = None
     head_gradient_in_head_layout: bool = False
     ring_hops_overlap_attention: bool = True
@@ -228,6 +233,7 @@ TRAITS: dict[Target, TargetTraits] = {
         splash_rows_split_over_cores=True,
         fused_dq_partials_in_q_dtype=True,
         fused_backward_in_key_chunks=True,
+        offload_reads_next_layer_early=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

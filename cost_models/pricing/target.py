@@ -1,6 +1,7 @@
 """What a runtime target changes in a step's memory (`cost_models.targets`): the loss's logits, where
-the layer gradients live, the ring kernel's dq partials, and what its compiler holds through the layers'
-backward (a deferred head gradient, offloaded MLP values)."""
+the layer gradients live, the ring kernel's dq partials, the next layer's host reads, and what its compiler
+holds through the layers' backward (a deferred head gradient, offloaded MLP values) or recomputes above its
+rematerialization limit."""
 
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ from cost_models.strategies import STRATEGIES, Layout
 from cost_models.targets import TargetTraits
 from cost_models.vocabulary import Placement
 from cost_models.work_layout import residual_tokens
+
+# XLA's rematerialization pass (libtpu 0.0.52) runs with a memory limit of 95% of the chip's HBM less the
+# arguments not aliased to outputs (the flag `xla_jf_rematerialization_percent_shared_memory_limit`, default
+# 95: its log line `HloRematerialization() with memory limit of 90.88GiB` for a v5p program of 64 MiB of
+# arguments, 95.66 with the flag at 100, 86.09 at 90; 89.94 on tpu7x): a program between that limit and the
+# HBM has values recomputed (docs/maxtext_offload.md, "XLA's rematerialization limit")
+XLA_REMAT_HBM_FRACTION = 0.95
 
 
 def vocab_tiles(tokens_per_device: float, loss_chunk_tokens: int) -> int:
@@ -40,12 +48,19 @@ def target_memory(
         and not traits.offload_defers_head_gradient
         and not traits.offload_holds_mlp_backward
         and not traits.offload_defers_mlp_weight_gradients
+        and not traits.offload_reads_next_layer_early
         and traits.head_gradient_loop_devices is None
     ):
         return memory
     out = dict(memory)
     m = x.model
     tokens = np.asarray(x.tokens_per_device, dtype=float)
+    if traits.offload_reads_next_layer_early:
+        # the next layer's offloaded values, read from the host into HBM while this layer's attention backward
+        # runs, beside this layer's (`fetched_ahead`, priced on the MLP's side): a step with a layer loop
+        # (docs/memory_offload.md, "The README's 256K plan: the next layer's host reads")
+        ahead = tokens * x.held_remat_columns.fetched_ahead / x.tensor * x.act_bytes
+        out["attention_working_set"] = out["attention_working_set"] + np.where(x.without_layer_loop, 0.0, ahead)
     if not traits.loss_splits_vocabulary:
         tiles = np.vectorize(lambda t: vocab_tiles(t, x.loss_chunk_tokens), otypes=[float])(tokens)
         # each tile's logits over the whole vocabulary (split over tensor with the output head)
@@ -74,19 +89,23 @@ def target_memory(
         partials = x.sequences_per_device * count * nbytes * layout.q_heads * layout.q_len * m.head_dim
         out["attention_buffers"] = out["attention_buffers"] + np.where(np.asarray(layout.ring) > 1, partials, 0.0)
     held = held_through_backward_bytes(x, traits)
-    # XLA's rematerialization recomputes the MLP's deferred values where holding them overflows the HBM (its
-    # ring compile holds two of five, `fusion.307.remat`; the all-gather one, with room, recomputes none)
-    hbm = x.topology.chip.hbm_bytes_per_device
-    over = peak_bytes(with_held(out, held, held["head_gradient"])) > hbm
-    held = {**held, "mlp_backward": np.where(over, held["mlp_backward_recomputed"], held["mlp_backward"])}
+    # XLA's rematerialization recomputes the MLP's deferred values, one at a time, while holding them passes its
+    # memory limit: the v5p-16 ring compiles recompute one a layer (ring 4 × tensor 2, `fusion.768.remat`) and
+    # two (ring 2 × tensor 4, `fusion.813.remat`, `fusion.814.remat`); the all-gather one, under it, none
+    limit = x.topology.chip.hbm_bytes_per_device * XLA_REMAT_HBM_FRACTION
+    # it may recompute every one but a projection's output and the gradient they are formed from
+    for _ in range(2 * m.mlp_inputs - 1):
+        over = peak_bytes(with_held(out, held, held["head_gradient"])) > limit
+        held = {**held, "mlp_backward": np.where(over, held["mlp_backward"] - held["mlp_value"], held["mlp_backward"])}
     holding = with_held(out, held, held["head_gradient"])
-    # XLA's rematerialization recomputes a deferred matmul's output where holding it overflows the HBM: the
-    # logits, where the chip fuses the logit gradient into the head's matmul (a logit gradient written by
-    # its own fusion is recomputed only from the logits, as large: nothing to gain)
+    # XLA's rematerialization recomputes a deferred matmul's output where holding it passes its memory limit:
+    # the logits, where the chip fuses the logit gradient into the head's matmul (a logit gradient written by
+    # its own fusion is recomputed only from the logits, as large: nothing to gain), and only where the
+    # recompute's inputs are the smaller (a few tokens a device against the head's gathered weight are not)
     recomputed = (
-        (peak_bytes(holding) > hbm)
+        (peak_bytes(holding) > limit)
         & x.topology.chip.logit_gradient_fused_into_head_matmul
-        & (held["head_gradient"] > 0)
+        & (held["head_gradient"] > held["head_recompute_inputs"])
     )
     if not recomputed.any():
         return holding
@@ -113,9 +132,10 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
     the MLP but not the attention's output, the operands of the MLP's weight gradients, formed after the
     attention's backward: those outputs and gradients, the gated product formed from them, the MLP's input
     and the layer output's gradient (docs/maxtext_offload.md, "The MLP's weight gradients after the
-    attention's backward"). `mlp_backward_recomputed`: what is held of those instead where the compiler
-    recomputes the projections' outputs and gradients to fit: one output and the gradient they are
-    formed from, with the MLP's input and the layer output's gradient.
+    attention's backward"). `mlp_value`: one of those deferred MLP values (an output, a gradient or the gated
+    product), which the compiler recomputes where holding it passes its rematerialization limit, all but
+    one projection's output and the gradient they are formed from (with the MLP's input and the layer
+    output's gradient).
     """
     # offloads that stay in HBM (a step of one layer) are held as kept values there: nothing comes back from the host
     m, columns = x.model, x.held_remat_columns
@@ -148,8 +168,7 @@ def held_through_backward_bytes(x: Candidates, traits: TargetTraits) -> dict[str
         "head_gradient": np.where(deferred, head, 0.0),
         "head_recompute_inputs": np.where(deferred, recompute_inputs, 0.0),
         "mlp_backward": mlp_held + np.where(mlp_first, mlp_weight_gradient_operands + mlp_first_inputs, 0.0),
-        "mlp_backward_recomputed": mlp_held
-        + np.where(mlp_first, 2 * tokens * m.mlp_width / x.tensor * x.act_bytes + mlp_first_inputs, 0.0),
+        "mlp_value": np.where(mlp_first, tokens * m.mlp_width / x.tensor * x.act_bytes, 0.0),
     }
 
 
