@@ -91,9 +91,13 @@ def runs_band(c: dict, chip: str, path: Path, version: str) -> dict:
 
 
 # the regimes whose published runs widen a plan's band (`cost_models.accuracy.error_band`): what they are,
-# and which priced runs are in them
+# and which priced runs are in them; the multi-slice runs of the chip the DCN latency is fitted to are no test
+# of it, so they are left out of its band
 REGIMES = {
-    "multislice": ("over several slices (data or FSDP across DCN)", lambda plan: plan.num_slices > 1),
+    "multislice": (
+        "over several slices (data or FSDP across DCN)",
+        lambda plan: plan.num_slices > 1 and plan.topology_spec.chip.name != DCN_FITTED_CHIP,
+    ),
     "experts": ("with a mixture of experts", lambda plan: plan.model.experts is not None),
 }
 
