@@ -136,9 +136,8 @@ def test_maxtext_validates_two_plans_of_tiny_on_cpu_8(tmp_path, capsys, monkeypa
         log = (out / MAXTEXT_DIR / f"plan-{number:02d}" / "train.log").read_text().splitlines()
         logged = [step.seconds for step in map(parse_step_line, log) if step is not None]
         assert record["failure"] is None and record["step_times_s"] == logged and len(logged) == 3
-        assert record["measured_step_s"] == min(logged[1:]) and record["measured_median_s"] == statistics.median(
-            logged[1:]
-        )
+        # the median of the logged steps after the first is the measurement (MaxText's host loop runs ahead)
+        assert record["measured_step_s"] == record["measured_median_s"] == statistics.median(logged[1:])
         assert 0 < record["measured_mfu"] < 1 and record["predicted_step_s"] > 0
     report = json.loads((out / "report.json").read_text())
     assert [p["measured_step_s"] for p in report["plans"]] == [r["measured_step_s"] for r in records]

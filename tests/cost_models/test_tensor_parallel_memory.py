@@ -12,7 +12,7 @@ pytest.importorskip("libtpu")
 from cost_models.models import get_model  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.plan import Plan, make_mesh  # noqa: E402
-from runtime.compile import compile_for  # noqa: E402
+from runtime.compile import compile_in_child  # noqa: E402
 
 pytestmark = pytest.mark.tpu_compile
 MODEL = dataclasses.replace(get_model("llama3.1-8b"), name="llama3.1-8b-2l", num_layers=2)
@@ -20,7 +20,9 @@ MODEL = dataclasses.replace(get_model("llama3.1-8b"), name="llama3.1-8b-2l", num
 
 def test_tensor_parallel_memory_is_priced_as_it_compiles():
     """Tensor 2 with sequence parallelism (bench_memory's first row): the compiler holds what the
-    price says, within 10%."""
+    price says, within 10%. Compiled in a child process, with v5p's compiler flags whatever chip an
+    earlier test of this process loaded libtpu for (libtpu reads its flags once; v5e's asynchronous
+    collective fusion is refused on v5p)."""
     plan = Plan(
         model=MODEL,
         topology="v5p:2x2x2",
@@ -32,6 +34,6 @@ def test_tensor_parallel_memory_is_priced_as_it_compiles():
         loss_chunk_tokens=8192,
         remat="full",
     )
-    predicted, compiled = estimate(plan), compile_for(plan)
-    assert compiled.fits and predicted.fits
+    predicted, compiled = estimate(plan), compile_in_child(plan)
+    assert compiled.failure == "" and compiled.fits and predicted.fits
     assert predicted.hbm_bytes_per_device == pytest.approx(compiled.required_bytes, rel=0.10)
