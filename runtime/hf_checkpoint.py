@@ -544,13 +544,7 @@ def hf_config(plan, constants, *, dtype: str, source: dict | None = None) -> dic
     config = {
         "architectures": [FAMILIES[family]],
         "model_type": family,
-        "num_hidden_layers": m.num_layers,
-        "hidden_size": m.hidden,
-        "num_attention_heads": m.num_heads,
-        "num_key_value_heads": m.num_kv_heads,
-        "head_dim": m.head_dim,
-        "intermediate_size": m.intermediate,
-        "vocab_size": m.vocab,
+        **_shape_config(m),
         "hidden_act": HF_NAMES[m.mlp_activations[0]],
         "tie_word_embeddings": m.tie_embeddings,
         "rms_norm_eps": constants.norm_eps,
@@ -574,6 +568,19 @@ def hf_config(plan, constants, *, dtype: str, source: dict | None = None) -> dic
     return config
 
 
+def _shape_config(m) -> dict:
+    """The config.json fields of the model's shape, as every family writes them."""
+    return {
+        "num_hidden_layers": m.num_layers,
+        "hidden_size": m.hidden,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate_size": m.intermediate,
+        "vocab_size": m.vocab,
+    }
+
+
 def _gemma3_config(plan, constants, dtype: str) -> dict:
     """A gemma3_text config.json of `plan`'s model (Gemma 3's block) and the run's `constants`: its layer types
     from the model's pattern, each type's RoPE base, the query scale."""
@@ -583,13 +590,7 @@ def _gemma3_config(plan, constants, dtype: str) -> dict:
     return {
         "architectures": [FAMILIES[GEMMA3]],
         "model_type": GEMMA3,
-        "num_hidden_layers": m.num_layers,
-        "hidden_size": m.hidden,
-        "num_attention_heads": m.num_heads,
-        "num_key_value_heads": m.num_kv_heads,
-        "head_dim": m.head_dim,
-        "intermediate_size": m.intermediate,
-        "vocab_size": m.vocab,
+        **_shape_config(m),
         "hidden_activation": HF_NAMES[m.mlp_activations[0]],
         "tie_word_embeddings": m.tie_embeddings,
         "rms_norm_eps": constants.norm_eps,
