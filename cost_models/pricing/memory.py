@@ -240,22 +240,31 @@ def price_memory(
         attention_values - tokens * (remat.kept_attention_side + remat.fetched_ahead) / tensor, 0.0
     )
     lse_first = rerun * x.topology.chip.splash_lse_lanes_held * lse_lane_bytes(x, layout)
-    whole_working_set = (2 * attention_values - tokens * remat.kept_attention_side / tensor) * a
+    kept_attention = tokens * remat.kept_attention_side / tensor
+    whole_working_set = (2 * attention_values - kept_attention) * a
+    # the fused backward's dq partials, held while its kernel runs (summed into dq before the next kernel)
+    partials = fused_dq_partials_held(x, layout, fused_backward_in_key_chunks) if fused_dq_partials_in_q_dtype else 0.0
     # where the target's backward holds K/V as the strategy's buffers, it holds less than the whole set, and
     # the kept operands' kernel layout as its own values, not as copies among the buffers
     beside_kv = kv_buffers_working_set & (np.asarray(context.kv_in_working_set) == 0)
-    kernels_working_set = np.where(
+    kv_narrowed = np.where(
         beside_kv,
         working_set_beside_kv(x) * a + context.beside_kv_excess + relaid_output_held(x) * context.relaid_output_bytes,
         whole_working_set,
+    )
+    # where K/V are in the working set, the whole set is held after the fused kernel (its partials summed) and
+    # the kernel's own set with the partials while it runs: the larger of the two moments, less the partials
+    # counted among the buffers (`fused_kernel_working_set`)
+    kernels_working_set = np.where(
+        beside_kv,
+        kv_narrowed,
+        np.maximum(whole_working_set - partials, fused_kernel_working_set(x, attention_values - kept_attention) * a),
     )
     # the scatter's scratch is held at the backward's end, after the moment `lse_relayout` prices
     attention_working_set = kernels_working_set + input_gradient_scratch
     # the strategy's buffers, and one fp32 value per local query and head
     per_query = x.sequences_per_device * layout.q_len * layout.q_heads * 4
-    attention_buffers = context.buffer_bytes + per_query - beside_kv * context.operand_copies_bytes
-    if fused_dq_partials_in_q_dtype:
-        attention_buffers = attention_buffers + fused_dq_partials_held(x, layout, fused_backward_in_key_chunks)
+    attention_buffers = context.buffer_bytes + per_query - beside_kv * context.operand_copies_bytes + partials
     # on a chip that holds splash's log-sum-exp lane-wide, the copy that slices it for the backward's kernels
     # holds it twice, where only the recomputed values are held: not yet q/K/V's gradients, the residual
     # stream's, nor the strategy's gradient buffers; that moment's excess over the kernels'
@@ -266,10 +275,12 @@ def price_memory(
         + context.buffer_bytes
         - context.buffer_bytes_before_backward
     )
+    # (before the fused kernel, so without its partials where K/V are in the working set)
+    lse_moment = 2 * lse_lane_bytes(x, layout) - not_yet_formed + whole_working_set
     lse_relayout = (
         x.topology.chip.splash_lse_lanes_held
         * (np.asarray(context.reads_own_lse) > 0)
-        * np.maximum(2 * lse_lane_bytes(x, layout) - not_yet_formed + whole_working_set - kernels_working_set, 0.0)
+        * np.maximum(lse_moment - np.where(beside_kv, kv_narrowed, kernels_working_set + partials), 0.0)
     )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
@@ -386,6 +397,15 @@ def working_set_beside_kv(x: Candidates) -> np.ndarray:
     q_width = m.num_heads * m.head_dim * lane_ratio(x) / tensor
     input_held = recomputed_checkpoint(x, "query_proj")
     return tokens * (4 * q_width + input_held * m.hidden) + residual_tokens(tokens, tensor) * m.hidden
+
+
+def fused_kernel_working_set(x: Candidates, values) -> np.ndarray:
+    """Values per device the attention's backward holds while its fused kernel runs, where K/V are in the
+    working set (not a strategy's buffers): the attention side's `values` not kept (q, K, V, the output, the
+    input, the residual stream's), the output's gradient the kernel reads and the dq it forms; the gradients of
+    K/V, the input and the residual stream are formed after it (docs/provenance/cost_models.md#memory)."""
+    q_width = x.model.num_heads * x.model.head_dim * lane_ratio(x) / x.tensor
+    return values + x.tokens_per_device * 2 * q_width
 
 
 def relaid_output_held(x: Candidates) -> np.ndarray:

@@ -67,24 +67,29 @@ def test_one_table_prices_both_backwards_as_two_prices_do(model, seq_len, topolo
 
 
 @pytest.mark.parametrize(
-    "seq_len,remat,fused,chunks", [("16k", None, True, 1), ("64k", None, True, 4), ("128k", "full", False, 1)]
+    "seq_len,remat,fused,chunks",
+    [("16k", None, True, 1), ("64k", None, True, 4), ("128k", "full", True, 16), ("160k", "full", False, 1)],
 )
 def test_the_search_runs_the_fused_backward_where_its_partials_fit(seq_len, remat, fused, chunks):
     options = {"remat": remat} if remat else {}
     e = planner.explain(H128, seq_len, "v5e:1x1", global_batch=1, **options)
     assert e.best.fused_attention_backward is fused
-    other = planner.estimate(dataclasses.replace(e.best, fused_attention_backward=not fused))
-    if fused:  # the separate kernels fit too, and are slower
-        assert other.fits and other.step_time_s > e.estimate.step_time_s
-    else:  # at 128K under full remat even a chunk's partials and the fp32 sum do not fit beside the step
-        assert not other.fits
+    flipped = dataclasses.replace(e.best, fused_attention_backward=not fused)
+    other = planner.estimate(flipped)
+    # the separate kernels fit too, and are slower; at 160K the fused kernel's partials fit only over 80 chunks
+    # of the keys (160K / 2048 = 80 partials of 16 heads × 160K × 128 in bf16 against an eighth of 16 GiB),
+    # whose passes over q make it the slower one
+    assert other.fits and other.step_time_s > e.estimate.step_time_s
+    if not fused:
+        assert fused_key_chunks(flipped) == 80
     assert ("fused kernel" in str(e)) is fused
     assert fused_key_chunks(e.best) == chunks
     if chunks > 1:
-        # 32 partials of 16 heads × 65536 × 128 in bf16 (8 GiB) over an eighth of 16 GiB: 4 chunks, holding
-        # one chunk's 8 partials and the fp32 sum
+        # one chunk's partials (a partial per key block of 2048 over the chunks) of 16 heads × seq × 128 in
+        # bf16, and the fp32 sum of those before: at 64K 8 partials (4 chunks), at 128K 4 (16 chunks)
+        tokens = e.best.seq_len
         held = e.estimate.hbm_bytes["attention_buffers"] - other.hbm_bytes["attention_buffers"]
-        assert held == pytest.approx(16 * 65536 * 128 * (8 * 2 + 4))
+        assert held == pytest.approx(16 * tokens * 128 * (tokens // 2048 // chunks * 2 + 4))
         assert f"over {chunks} chunks of the keys" in str(e)
 
 
@@ -111,13 +116,17 @@ def test_maxtext_keeps_its_own_choice():
 def test_validate_runs_each_variant_that_fits_priced_as_it_is():
     from validation.steptime import choose_plans, plan_variants
 
-    best = choose_plans(H128, [131072], "v5e:1x1", max_plans=1, top=1, compute_dtype="bfloat16", remat="full")[0]
-    variants = plan_variants(best, blocks=[1024, 2048], both_backwards=True)
+    best = choose_plans(H128, [163840], "v5e:1x1", max_plans=1, top=1, compute_dtype="bfloat16", remat="full")[0]
+    variants = plan_variants(best, blocks=[256, 1024, 2048], both_backwards=True)
     kinds = [(r.plan.block_q, r.plan.fused_attention_backward) for r in variants]
-    # the chosen plan first; no fused variant at 128K under full remat (even a chunk's partials do not fit
-    # beside the step); one more block
-    assert kinds[0] == (best.plan.block_q, False)
-    assert sorted(kinds) == [(1024, False), (2048, False)]
+    # the chosen plan first (at 160K its separate kernels); blocks of 256 fit with neither backward (the
+    # kernel's block tables outgrow the chip's 1 MiB of SMEM); both backwards at the other block
+    assert kinds[0] == (best.plan.block_q, False) == (2048, False)
+    assert sorted(kinds) == [(1024, False), (1024, True), (2048, False), (2048, True)]
+    assert not any(
+        planner.estimate(dataclasses.replace(best.plan, block_q=256, block_kv=256, fused_attention_backward=f)).fits
+        for f in (False, True)
+    )
     for r in variants:
         assert r.estimate.step_time_s == planner.estimate(r.plan).step_time_s and r.estimate.fits
 
