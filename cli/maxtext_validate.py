@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from cli import engine_maxtext
-from cli.args import block_sizes, csv_words, model_of, seq_lens
+from cli.args import model_of, seq_lens
 from cost_models.errors import CpplanError
 from cost_models.targets import Target
 from cost_models.topology import get_topology
@@ -86,10 +86,10 @@ def validate_on_maxtext(args: argparse.Namespace):
     """
     from cli.devices import note_uncalibrated_host, use_host_devices
     from cli.signals import INTERRUPTS
+    from cli.validating import validated_plans
     from planner.maxtext import export_maxtext
     from validation.outputs import prepare_out_dir, write_atomic
     from validation.report import MEASUREMENTS_FILE, STEP_REPORT_FILES, StepTimeReport
-    from validation.steptime import choose_plans
 
     refuse_flags(args)
     if not (args.model and args.seq_lens and args.topology):
@@ -97,22 +97,7 @@ def validate_on_maxtext(args: argparse.Namespace):
     _, host = engine_maxtext.engine_topology(args)
     searched = engine_maxtext.search_args(args, host)
     lengths, model = seq_lens(args.seq_lens), model_of(searched)  # refused where MaxText runs no strategy of it
-    options = {"compute_dtype": args.compute_dtype, "param_dtype": "float32", "target": Target.MAXTEXT.value}
-    options["strategies"] = csv_words(searched.strategies)
-    if args.remat is not None:
-        options["remat"] = csv_words(args.remat)
-    plans = choose_plans(
-        model,
-        lengths,
-        args.topology,
-        sequences=args.sequences,
-        max_plans=args.max_plans,
-        top=args.top,
-        seed=args.seed,
-        blocks=block_sizes(args.blocks),
-        both_backwards=args.both_backwards,
-        **{k: v for k, v in options.items() if v is not None},
-    )
+    plans = validated_plans(args, model, lengths, searched.strategies, target=Target.MAXTEXT.value)
     python = engine_maxtext.maxtext_python(args)
     words = args.maxtext_arg or []
     for ranked in plans:  # before any work: every plan as MaxText has it, and the user's flags against each

@@ -33,6 +33,30 @@ from cost_models.vocabulary import DTYPE_BYTES
 from runtime.measure import MIN_TIMED_S
 
 
+def validated_plans(args: argparse.Namespace, model, lengths, strategies: "str | None", **options):
+    """The plans `cpplan validate` runs (on cpplan's runtime or MaxText): `validation.steptime.choose_plans`
+    with the selection flags of `args`, `strategies` (a comma list; None: every one) and the search `options`."""
+    from validation.steptime import choose_plans
+
+    options = {"compute_dtype": args.compute_dtype, "param_dtype": "float32", **options}
+    if strategies is not None:
+        options["strategies"] = csv_words(strategies)
+    if args.remat is not None:
+        options["remat"] = csv_words(args.remat)
+    return choose_plans(
+        model,
+        lengths,
+        args.topology,
+        sequences=args.sequences,
+        max_plans=args.max_plans,
+        top=args.top,
+        seed=args.seed,
+        blocks=block_sizes(args.blocks),
+        both_backwards=args.both_backwards,
+        **options,
+    )
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Measures this machine's devices and writes a chip row."""
     from validation.calibration import row_path
@@ -120,25 +144,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         topo = get_topology(args.topology)
         check_data(args.data)
         outdir = prepare_out_dir(args.out, STEP_REPORT_FILES)
-        from validation.steptime import choose_plans, validate_step_times
+        from validation.steptime import validate_step_times
 
-        options = {"compute_dtype": args.compute_dtype, "param_dtype": "float32"}
-        if args.strategies is not None:
-            options["strategies"] = csv_words(args.strategies)
-        if args.remat is not None:
-            options["remat"] = csv_words(args.remat)
-        chosen = choose_plans(
-            model,
-            lengths,
-            args.topology,
-            sequences=args.sequences,
-            max_plans=args.max_plans,
-            top=args.top,
-            seed=args.seed,
-            blocks=block_sizes(args.blocks),
-            both_backwards=args.both_backwards,
-            **options,
-        )
+        chosen = validated_plans(args, model, lengths, args.strategies)
         use_host_devices(args.topology)
         # Every plan runs in this one process, so jax starts once with the flags of them all: the union
         # of what each needs (the largest scoped VMEM any plan's splash blocks need), as `cpplan run`

@@ -15,3 +15,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+TPU_COMPILING_MODULES = pytest.StashKey[set]()
+
+
+def pytest_collection_modifyitems(config, items):
+    config.stash[TPU_COMPILING_MODULES] = {
+        item.module.__name__ for item in items if item.get_closest_marker("tpu_compile")
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_programs_at_lowest_optimisation(request):
+    """A module of the cpu_mesh tier that compiles nothing for a TPU runs its programs as XLA builds them at
+    its lowest optimisation level (`jax_disable_most_optimizations`): the same computation, built in about a
+    third less time on the tests' small shapes, where XLA's optimisation passes are most of a program's
+    wall time. A module compiling for a TPU keeps the compiler's full passes: their programs' memory and
+    schedule are what its tests read. Module-scoped and autouse, so set before the module's own fixtures."""
+    jax = sys.modules.get("jax")
+    cpu_only = request.node.get_closest_marker("cpu_mesh") and (
+        request.module.__name__ not in request.config.stash.get(TPU_COMPILING_MODULES, set())
+    )
+    if jax is None or not cpu_only:
+        yield
+        return
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)

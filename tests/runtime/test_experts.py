@@ -73,9 +73,19 @@ BIASED = dataclasses.replace(MOE, name="tiny-moe-bias", experts=dataclasses.repl
 PLAIN = dataclasses.replace(MOE, name="tiny-moe-plain", mlp_activations=("relu",))
 
 
+# on MaxText's jax (stage 3) one case of each test stands for the rest: the expert layer's jax calls (the
+# routing, the grouped matmuls, their collectives) are the same in each; the strategies' are run there by
+# the attention and training tests
+REPEAT = pytest.mark.release_repeat
+
+
 @pytest.mark.parametrize(
     "model,remat",
-    [(MOE, "minimal"), (BIASED, "full"), (PLAIN, "save_dot_except_mlp")],
+    [
+        (MOE, "minimal"),
+        pytest.param(BIASED, "full", marks=REPEAT),
+        pytest.param(PLAIN, "save_dot_except_mlp", marks=REPEAT),
+    ],
     ids=["gated-shared", "biases", "plain"],
 )
 def test_sharded_experts_equal_the_dense_mixture(monkeypatch, model, remat):
@@ -117,9 +127,9 @@ def single_device_step():
     "strategy,mesh,remat",
     [
         ("none", dict(fsdp=4, tensor=2), "minimal"),
-        ("ring", dict(context=4, fsdp=2), "full"),
-        ("all_gather", dict(context=4, tensor=2), "save_dot_except_mlp"),
-        ("ulysses", dict(context_ulysses=4, data=2), "minimal_with_context"),
+        pytest.param("ring", dict(context=4, fsdp=2), "full", marks=REPEAT),
+        pytest.param("all_gather", dict(context=4, tensor=2), "save_dot_except_mlp", marks=REPEAT),
+        pytest.param("ulysses", dict(context_ulysses=4, data=2), "minimal_with_context", marks=REPEAT),
     ],
     ids=["fsdp4-tensor2", "ring4-fsdp2", "allgather4-tensor2", "ulysses4-data2"],
 )
@@ -133,6 +143,7 @@ def test_moe_step_equals_one_device_step(single_device_step, monkeypatch, strate
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max() + 1e-9
 
 
+@REPEAT  # the parallel block's jax calls are the default block's (stage 3 leaves out its dense test too)
 def test_parallel_block_moe_step_equals_one_device_step(monkeypatch):
     """MaxText's parallel block with the experts beside the attention, their partial sums and the out
     projection's reduce-scattered together once."""
