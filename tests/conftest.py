@@ -33,11 +33,15 @@ def cpu_programs_at_lowest_optimisation(request):
     """A module of the cpu_mesh tier that compiles nothing for a TPU runs its programs as XLA builds them at
     its lowest optimisation level (`jax_disable_most_optimizations`): the same computation, built in about a
     third less time on the tests' small shapes, where XLA's optimisation passes are most of a program's
-    wall time. A module compiling for a TPU keeps the compiler's full passes: their programs' memory and
-    schedule are what its tests read. Module-scoped and autouse, so set before the module's own fixtures."""
+    wall time. A module compiling for a TPU keeps the compiler's full passes (their programs' memory and
+    schedule are what its tests read), and so does one marked full_optimisation (a resumed run compared bit
+    for bit with an uninterrupted one: at the lowest level the curves parted after a restart). Module-scoped
+    and autouse, so set before the module's own fixtures."""
     jax = sys.modules.get("jax")
-    cpu_only = request.node.get_closest_marker("cpu_mesh") and (
-        request.module.__name__ not in request.config.stash.get(TPU_COMPILING_MODULES, set())
+    cpu_only = (
+        request.node.get_closest_marker("cpu_mesh")
+        and not request.node.get_closest_marker("full_optimisation")
+        and request.module.__name__ not in request.config.stash.get(TPU_COMPILING_MODULES, set())
     )
     if jax is None or not cpu_only:
         yield

@@ -19,7 +19,8 @@ from planner import api  # noqa: E402
 from runtime import run  # noqa: E402
 from validation.chaos import chaos_run, checkpoints, logged  # noqa: E402
 
-pytestmark = pytest.mark.cpu_mesh
+# a resumed run's curve is compared with the uninterrupted one's bit for bit, as the runs are built for a chip
+pytestmark = [pytest.mark.cpu_mesh, pytest.mark.full_optimisation]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROSE = ROOT / "tests" / "testdata" / "prose.txt"  # real text: the loss falls and depends on every update
