@@ -31,8 +31,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module", autouse=True)
 def cpu_programs_at_lowest_optimisation(request):
     """A module of the cpu_mesh tier that compiles nothing for a TPU runs its programs as XLA builds them at
-    its lowest optimisation level (`jax_disable_most_optimizations`): the same computation, built in about a
-    third less time on the tests' small shapes, where XLA's optimisation passes are most of a program's
+    its lowest optimisation level (`jax_disable_most_optimizations`): the same computation, built in a fifth to
+    a third less time on the tests' small shapes, where XLA's optimisation passes are most of a program's
     wall time. A module compiling for a TPU keeps the compiler's full passes (their programs' memory and
     schedule are what its tests read), and so does one marked full_optimisation (a resumed run compared bit
     for bit with an uninterrupted one: at the lowest level the curves parted after a restart). Module-scoped
