@@ -19,7 +19,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import pytest  # noqa: E402
 
 TPU_COMPILING_MODULES = pytest.StashKey[set]()
-LOWEST_OPTIMISATION = "JAX_DISABLE_MOST_OPTIMIZATIONS"  # jax's environment variable for the option below
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,14 +47,11 @@ def cpu_programs_at_lowest_optimisation(request):
         return
     # the module's child processes (`cpplan run` and the like) build theirs alike: a test comparing their
     # losses with this process's exactly needs the same programs
-    before, env_before = jax.config.read("jax_disable_most_optimizations"), os.environ.get(LOWEST_OPTIMISATION)
-    jax.config.update("jax_disable_most_optimizations", True)
-    os.environ[LOWEST_OPTIMISATION] = "1"
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
-        if env_before is None:
-            os.environ.pop(LOWEST_OPTIMISATION, None)
-        else:
-            os.environ[LOWEST_OPTIMISATION] = env_before
+    before = jax.config.read("jax_disable_most_optimizations")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # jax's environment variable for the option
+        jax.config.update("jax_disable_most_optimizations", True)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_disable_most_optimizations", before)

@@ -247,19 +247,16 @@ def price_memory(
     # where the target's backward holds K/V as the strategy's buffers, it holds less than the whole set, and
     # the kept operands' kernel layout as its own values, not as copies among the buffers
     beside_kv = kv_buffers_working_set & (np.asarray(context.kv_in_working_set) == 0)
-    kv_narrowed = np.where(
-        beside_kv,
-        working_set_beside_kv(x) * a + context.beside_kv_excess + relaid_output_held(x) * context.relaid_output_bytes,
-        whole_working_set,
+    kv_narrowed = (
+        working_set_beside_kv(x) * a + context.beside_kv_excess + relaid_output_held(x) * context.relaid_output_bytes
     )
     # where K/V are in the working set, the whole set is held after the fused kernel (its partials summed) and
     # the kernel's own set with the partials while it runs: the larger of the two moments, less the partials
     # counted among the buffers (`fused_kernel_working_set`)
-    kernels_working_set = np.where(
-        beside_kv,
-        kv_narrowed,
-        np.maximum(whole_working_set - partials, fused_kernel_working_set(x, attention_values - kept_attention) * a),
+    kv_in_set = np.maximum(
+        whole_working_set - partials, fused_kernel_working_set(x, attention_values - kept_attention) * a
     )
+    kernels_working_set = np.where(beside_kv, kv_narrowed, kv_in_set)
     # the scatter's scratch is held at the backward's end, after the moment `lse_relayout` prices
     attention_working_set = kernels_working_set + input_gradient_scratch
     # the strategy's buffers, and one fp32 value per local query and head
@@ -280,7 +277,7 @@ def price_memory(
     lse_relayout = (
         x.topology.chip.splash_lse_lanes_held
         * (np.asarray(context.reads_own_lse) > 0)
-        * np.maximum(lse_moment - np.where(beside_kv, kv_narrowed, kernels_working_set + partials), 0.0)
+        * np.maximum(lse_moment - np.where(beside_kv, kv_narrowed, kv_in_set + partials), 0.0)
     )
     return MemoryBytes(
         # every weight is split over the weight-sharding group and tensor, the input embedding included
