@@ -6,7 +6,7 @@
 #   calibrate       `cpplan calibrate --topology v5e:1x1`: the measured row and its raw timings
 #   validate-h128   `cpplan validate` of the heads-of-128 model (benchmarks/tpu_v5e/llama-4l-h128.json) at
 #                   SEQ_LENS: the best plans of PLANS (default 3) remat policies, each also with VALIDATE_FLAGS' variants
-#                   (default: the other attention backward, fused or separate, where it fits)
+#                   (default: the other attention backward, fused or separate, where it fits; VALIDATE_FLAGS= for none)
 #   validate-h256   the same for the heads-of-256 model (benchmarks/tpu_v5e/llama-4l-h256.json)
 #   validate-moe    the same for a mixture of experts (benchmarks/tpu_v5e/mixtral-4l-e8.json: 8 experts, top 2)
 #   validate-model  the same for the config.json MODEL names (its output under validate-<its file's stem>)
@@ -47,7 +47,7 @@ MOE="${MOE:-benchmarks/tpu_v5e/mixtral-4l-e8.json}"
 LOSS_MODEL="${LOSS_MODEL:-benchmarks/tpu_v5e/llama-16l-0.5b.json}"
 LOSS_BATCH="${LOSS_BATCH:-2}"  # sequences a step of the loss and hf-text stages
 SEQ_LENS="${SEQ_LENS:-4k,8k,16k,32k,64k,128k}"
-VALIDATE_FLAGS="${VALIDATE_FLAGS:---both-backwards}"
+VALIDATE_FLAGS="${VALIDATE_FLAGS---both-backwards}"  # set and empty: no variants
 STAGE_SECONDS="${STAGE_SECONDS:-420}"
 PLANS="${PLANS:-3}"
 DTYPE="${DTYPE:-bfloat16}"

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from cost_models.chips import CHIP_DIR_ENV, ChipKind, measured_here
+from cost_models.chips import CHIP_DIR_ENV, measured_here
 from cost_models.errors import CpplanError
 from cost_models.topology import get_topology
 
@@ -68,18 +68,13 @@ def check_data(path: str | None) -> None:
         )
 
 
-def check_devices(topo, command: str, *, plans=(), scoped_vmem_kib: int | None = None) -> None:
-    """Starts jax's backend with the TPU compiler flags `plans` need (as `cpplan run` sets them), and
-    `scoped_vmem_kib` of scoped VMEM where given; refuses, before any work, a topology whose devices
-    this process does not have."""
+def check_devices(topo, command: str, *, scoped_vmem_kib: int | None = None) -> None:
+    """Starts jax's backend with the chip's TPU compiler flags (as `cpplan run` sets them), and
+    `scoped_vmem_kib` of scoped VMEM for every compile where given; refuses, before any work, a topology
+    whose devices this process does not have."""
     from runtime.launch import use_tpu_compiler_flags
 
-    use_tpu_compiler_flags(topo.chip, plans)
-    if scoped_vmem_kib and topo.chip.kind is ChipKind.TPU:
-        from cost_models.compute import scoped_vmem_flag
-        from runtime.compile import use_compiler_flags
-
-        use_compiler_flags(topo.chip.name, scoped_vmem_flag(scoped_vmem_kib))
+    use_tpu_compiler_flags(topo.chip, scoped_vmem_kib)
     import_runtime()
     import jax
 

@@ -148,18 +148,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         chosen = validated_plans(args, model, lengths, args.strategies)
         use_host_devices(args.topology)
-        # Every plan runs in this one process, so jax starts once with the flags of them all: the union
-        # of what each needs (the largest scoped VMEM any plan's splash blocks need), as `cpplan run`
-        # sets them for its plan and fallbacks. A process per plan would give each exactly its own, but
-        # costs a backend start (~15 s on a TPU) per plan and the chip can refuse a process that opens
-        # it just after another closed it; a plan that still fails to compile or runs out of memory is
-        # recorded with its reason and the next one measured.
+        # Every plan runs in this one process: jax starts once with the chip's flags, and each plan's
+        # programs compile with the scoped VMEM its own splash blocks need (`plan_compiler_options`), as
+        # `cpplan run` compiles them. A process per plan costs a backend start (~15 s on a TPU) per plan
+        # and the chip can refuse a process that opens it just after another closed it; a plan that
+        # fails to compile or runs out of memory is recorded with its reason and the next one measured.
         from runtime.compile_cache import use_compile_cache
 
         notes = sys.stderr if args.json else sys.stdout
         # before the plans compile: where their programs are kept between runs
         print(use_compile_cache(not args.no_compile_cache), file=notes, flush=True)
-        check_devices(topo, "validate", plans=[r.plan for r in chosen])
+        check_devices(topo, "validate")
         journal = write_atomic(outdir / MEASUREMENTS_FILE, "")  # this run's measurements only
         with INTERRUPTS.deferred():
             report = validate_step_times(

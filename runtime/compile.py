@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cost_models.chips import ChipKind
-from cost_models.compute import scoped_vmem_flag
+from cost_models.compute import SCOPED_VMEM_FLAG, scoped_vmem_flag
 from cost_models.errors import CpplanError
 from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
 from cost_models.units import GiB
@@ -76,6 +76,18 @@ def use_compiler_flags(chip_name: str, extra: str = "") -> None:
     flagged = with_compiler_flags(dict(os.environ), chip_name, extra)
     if "LIBTPU_INIT_ARGS" in flagged:
         os.environ["LIBTPU_INIT_ARGS"] = flagged["LIBTPU_INIT_ARGS"]
+
+
+def plan_compiler_options(plan: Plan) -> dict | None:
+    """The options each compile of `plan`'s programs on its devices takes (`Lowered.compile`'s
+    `compiler_options`): the scoped VMEM its splash blocks need, or None where the compiler's default
+    suffices or the user's LIBTPU_INIT_ARGS set the limit (theirs wins). Per compile, not in the process's
+    flags: one process compiles plans of several block sizes, and the raised limit makes every compile
+    slower (the 0.5B model's 8K step: 31 s at the default, 85 s at 96 MiB; docs/measurements.md)."""
+    limit, name = plan.scoped_vmem_limit_kib, _flag_name(SCOPED_VMEM_FLAG)
+    if limit is None or name in {_flag_name(arg) for arg in os.environ.get("LIBTPU_INIT_ARGS", "").split()}:
+        return None
+    return {name: str(limit)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from runtime.compile import plan_compiler_options
+
 KEEP = 8  # layouts whose programs are kept: a validation's plans come in runs of a few layouts
 
 _programs: OrderedDict = OrderedDict()
@@ -91,7 +93,7 @@ def param_initialiser(trainer):
         lambda: (
             jax.jit(partial(initial_params, trainer.model), out_shardings=trainer.param_shardings)
             .lower(_random_key(trainer.mesh))
-            .compile()
+            .compile(plan_compiler_options(trainer.plan))  # the model's forward runs the plan's splash blocks
         ),
     )
     replicated = NamedSharding(trainer.mesh, P())

@@ -123,16 +123,16 @@ def check_coordinator(group: ProcessGroup, timeout_s: float) -> None:
     reach(group.coordinator, host, int(port), timeout_s).close()
 
 
-def use_tpu_compiler_flags(chip, plans: Sequence[Plan] = ()) -> None:
+def use_tpu_compiler_flags(chip, scoped_vmem_kib: int | None = None) -> None:
     """On a TPU, before jax starts its backend: the compiler flags the price's overlap data was read
-    with, and the scoped VMEM the splash blocks of any of `plans` (those a run may fall back to)
-    need. The user's own LIBTPU_INIT_ARGS win."""
+    with, and `scoped_vmem_kib` of scoped VMEM for every compile where given (calibrate's kernels; a
+    plan's programs take the limit their own splash blocks need per compile,
+    `runtime.compile.plan_compiler_options`). The user's own LIBTPU_INIT_ARGS win."""
     if chip.kind is ChipKind.TPU:
         from cost_models.compute import scoped_vmem_flag
         from runtime.compile import use_compiler_flags
 
-        limits = [p.scoped_vmem_limit_kib for p in plans if p.scoped_vmem_limit_kib is not None]
-        use_compiler_flags(chip.name, scoped_vmem_flag(max(limits) if limits else None))
+        use_compiler_flags(chip.name, scoped_vmem_flag(scoped_vmem_kib))
 
 
 def prepare(
@@ -155,7 +155,7 @@ def prepare(
 
     plans = list(plans[: launch.max_fallbacks])
     chip = plans[0].topology_spec.chip
-    use_tpu_compiler_flags(chip, plans)
+    use_tpu_compiler_flags(chip)
     initialize(group, platform=chip.kind.jax_platform, timeout_s=launch.join_timeout_s)
     import jax
 

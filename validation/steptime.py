@@ -6,9 +6,11 @@ backwards asked for (`plan_variants`). Runs go one after another under a progres
 bar, each result appended to a journal file as it finishes with how long its compile and its steps
 took; Ctrl-C (and SIGTERM, which the CLI turns into it) stops them keeping what was measured.
 
-Compiling dominates (on a TPU v5e chip about 50 s per plan's step against seconds of steps), so on an
-accelerator the next plan compiles in a thread while this one's steps run: compiling only, its arrays
-are allocated when its turn comes, after this plan's are freed.
+Compiling takes much of the time (on a TPU v5e chip 12–16 s per plan's step at the compiler's default
+scoped VMEM, about three times that at the raised limit blocks of 2048 need, and 18 s for the first
+plan's initialisers, against 1–30 s of steps), so on an accelerator the next plans compile in threads
+while this one compiles and runs its steps: compiling only, their arrays are allocated when their turn
+comes, after this plan's are freed.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from validation.measured import MeasuredStep
 from validation.outputs import append_record
 from validation.report import StepResult, StepTimeReport
 
-# Plans compiled ahead at once. On the v5e VM (13 host cores) a plan's compile takes ~50 s against 1–30 s of
-# steps, so one compile ahead left validation waiting on each next compile
-# (benchmarks/results/tpu_v5e/speed/); XLA's compiles run beside each other in threads.
+# Plans compiled ahead at once. On the v5e VM (13 host cores) one compile ahead left validation waiting on
+# each next compile; XLA's compiles run beside each other in threads: four at once took 18–23 s each
+# against 12–15 s alone (benchmarks/results/tpu_v5e/speed/compile_phases.jsonl).
 AHEAD_COMPILES = 3
 
 

@@ -59,15 +59,18 @@ def test_the_cli_sets_them_before_it_measures_a_tpu_and_not_on_a_host(monkeypatc
     assert os.environ["LIBTPU_INIT_ARGS"].split() == V5E
 
 
-def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wins(monkeypatch):
-    """A plan whose splash blocks need more scoped VMEM than the compiler's default compiles with
-    the chip's most (v5p: its VMEM, 65472 KiB; blocks of 2048 need 27.9M of its default 16M);
-    `cpplan run` sets the largest its plan and fallbacks need; none where they fit the default."""
+def test_the_scoped_vmem_a_plan_needs_is_asked_per_compile_and_the_users_own_limit_wins(monkeypatch):
+    """A plan whose splash blocks need more scoped VMEM than the compiler's default compiles with the
+    chip's most (v5p: its VMEM, 65472 KiB; blocks of 2048 need 27.9M of its default 16M), asked for in
+    each compile of its programs, never in the process's flags (`cpplan run` and `validate` compile
+    plans of several block sizes in one process); none where its blocks fit the default, and none
+    where the user's LIBTPU_INIT_ARGS set the limit. A child's deviceless compile gets the flag."""
     import dataclasses
 
     import planner
     from cost_models.compute import scoped_vmem_flag
     from cost_models.topology import get_topology
+    from runtime.compile import child_environment, plan_compiler_options
     from runtime.launch import use_tpu_compiler_flags
 
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k")
@@ -83,8 +86,23 @@ def test_the_scoped_vmem_a_plan_needs_joins_the_flags_and_the_users_own_limit_wi
     )
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
     monkeypatch.delenv("LIBTPU_INIT_ARGS")
-    use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow, wide])
-    assert os.environ["LIBTPU_INIT_ARGS"] == f"{PACKED_PLACEMENT_FLAG} {extra}"
-    monkeypatch.delenv("LIBTPU_INIT_ARGS")
-    use_tpu_compiler_flags(get_topology("v5p-16").chip, [narrow])  # 1024 fits the default: no VMEM flag
+    use_tpu_compiler_flags(get_topology("v5p-16").chip)
     assert os.environ["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG
+    assert plan_compiler_options(wide) == {"xla_tpu_scoped_vmem_limit_kib": "65472"}
+    assert plan_compiler_options(narrow) is None
+    assert child_environment(wide)["LIBTPU_INIT_ARGS"] == f"{PACKED_PLACEMENT_FLAG} {extra}"
+    assert child_environment(narrow)["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_scoped_vmem_limit_kib=61440")
+    assert plan_compiler_options(wide) is None
+
+
+def test_calibrate_raises_the_limit_for_every_compile(monkeypatch):
+    """`cpplan calibrate` times splash kernels of every block size in one process: the chip's most,
+    in its flags."""
+    from cost_models.topology import get_topology
+    from runtime.launch import use_tpu_compiler_flags
+
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "")
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+    use_tpu_compiler_flags(get_topology("v5p-16").chip, 65472)
+    assert os.environ["LIBTPU_INIT_ARGS"] == f"{PACKED_PLACEMENT_FLAG} --xla_tpu_scoped_vmem_limit_kib=65472"
