@@ -1,6 +1,7 @@
-"""The measuring commands on real chips, checked without one: `validate` starts jax with the compiler
-flags its plans need, records a plan that fails to compile or runs out of memory and measures the
-next, and `calibrate` on one device fits no links."""
+"""The measuring commands on real chips, checked without one: `validate` starts jax with the chip's
+compiler flags and each plan asks for the scoped VMEM its blocks need in its own compiles, records a
+plan that fails to compile or runs out of memory and measures the next, and `calibrate` on one device
+fits no links."""
 
 import json
 import os
@@ -35,11 +36,15 @@ def test_a_failed_plan_says_what_failed_in_one_line():
 
 
 @pytest.mark.runtime_extra
-def test_validate_starts_jax_with_the_scoped_vmem_its_plans_need(monkeypatch, tmp_path, capsys):
-    """At 32K the v5e plans run splash blocks of 2048, over the compiler's default scoped VMEM: the
-    flag `cpplan run` sets is in LIBTPU_INIT_ARGS when jax's backend starts; at 8K it is not."""
+def test_validate_starts_jax_without_a_raised_scoped_vmem_and_each_plan_asks_for_its_own(monkeypatch, tmp_path, capsys):
+    """At 32K the v5e plans run splash blocks of 2048, over the compiler's default scoped VMEM: each asks
+    for the chip's most in its own compiles (`plan_compiler_options`); at 8K none does. LIBTPU_INIT_ARGS,
+    when jax's backend starts, holds the user's flags and the chip's, never the raised limit, which
+    would slow every other plan's compile."""
     jax = pytest.importorskip("jax")
     from cli import main
+    from runtime.compile import plan_compiler_options
+    from validation.steptime import choose_plans
 
     class Device:
         platform = "cpu"  # not the chip: the device check refuses, after the backend started
@@ -47,13 +52,16 @@ def test_validate_starts_jax_with_the_scoped_vmem_its_plans_need(monkeypatch, tm
     started = []
     monkeypatch.setattr(jax, "devices", lambda: started.append(os.environ.get("LIBTPU_INIT_ARGS", "")) or [Device()])
     model = os.path.join(CONFIGS, "llama-4l-h128.json")
-    for length, flagged in (("32k", True), ("8k", False)):
+    for length, tokens, flagged in (("32k", 32768, True), ("8k", 8192, False)):
         monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_jf_dump_to=/nowhere")
         argv = ["validate", "--model", model, "--seq-lens", length, "--topology", "v5e:1x1"]
         assert main([*argv, "--compute-dtype", "bfloat16", "--out", str(tmp_path / length)]) == 2
         assert "needs 1 tpu devices, this process has 1 cpu" in capsys.readouterr().err
         args = started[-1].split()
-        assert args[0] == "--xla_jf_dump_to=/nowhere" and (VMEM_FLAG in args) == flagged
+        assert args[0] == "--xla_jf_dump_to=/nowhere" and VMEM_FLAG not in args
+        chosen = choose_plans(model, [tokens], "v5e:1x1", compute_dtype="bfloat16")
+        asked = {str(plan_compiler_options(r.plan)) for r in chosen}
+        assert asked == ({"{'xla_tpu_scoped_vmem_limit_kib': '98304'}"} if flagged else {"None"})
 
 
 @pytest.mark.runtime_extra
