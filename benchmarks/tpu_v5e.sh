@@ -20,6 +20,11 @@
 #   hf-text         a Llama checkpoint of random weights (benchmarks/random_hf_checkpoint.py) loaded with
 #                   --init-from and trained RUN_STEPS steps on text (the checkout's docs/ and README.md as
 #                   bytes) with the default optimizer: whether its loss falls
+#   vmem-steps      LOSS_MODEL's best plans (PLANS) at VMEM_SEQ (default 8k), whose splash blocks need no raised scoped
+#                   VMEM, validated three times: at the compiler's default, with the limit raised to the chip's most
+#                   for every compile (as validate compiled them before each plan asked for its own), at the default
+#                   again: what the raised limit does to their steps
+#   compile-phases  benchmarks/tpu_compile_phases.py on LOSS_MODEL at 8k,16k: where a compile's time goes
 #   all             every stage
 #
 # Each stage is bounded (STAGE_SECONDS, default 420: a command on the lent chip may take 10 minutes)
@@ -33,7 +38,7 @@ set -uo pipefail
 STAGE="${1:-}"
 OUT="${2:-}"
 if [ -z "$STAGE" ] || [ -z "$OUT" ]; then
-  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -54,6 +59,7 @@ DTYPE="${DTYPE:-bfloat16}"
 RUN_SEQ="${RUN_SEQ:-16k}"
 RUN_STEPS="${RUN_STEPS:-50}"
 RUN_STOP="${RUN_STOP:-30}"
+VMEM_SEQ="${VMEM_SEQ:-8k}"
 SITE="${SITE:-${TMPDIR:-/tmp}/cpplan-site}"
 
 # the wheels under SITE, once; cpplan from this checkout (no pip install -e .)
@@ -126,6 +132,18 @@ hf_text() {
   return $status
 }
 
+vmem_steps() {  # the same plans validated at the default scoped VMEM, at the raised limit, at the default again
+  local run flags
+  for run in default-1 raised default-2; do
+    flags="${LIBTPU_INIT_ARGS:-}"
+    [ "$run" = raised ] && flags="$flags --xla_tpu_scoped_vmem_limit_kib=98304"
+    mkdir -p "$OUT/vmem-steps/$run"
+    LIBTPU_INIT_ARGS="$flags" bounded "${CPPLAN[@]}" validate --model "$LOSS_MODEL" --seq-lens "$VMEM_SEQ" \
+      --topology "$TOPOLOGY" --compute-dtype "$DTYPE" --max-plans "$PLANS" --top "$PLANS" --steps 6 --no-plots \
+      --no-compile-cache --out "$OUT/vmem-steps/$run" 2>&1 | tee "$OUT/vmem-steps/$run/validate.log"
+  done
+}
+
 stage() {  # NAME: runs one stage, says how it ended, never stops the script
   local start=$SECONDS status
   echo "== $1 (at most ${STAGE_SECONDS} s a command) =="
@@ -141,6 +159,8 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
     run) run_resume ;;
     loss) train_losses loss --model "$LOSS_MODEL" ;;
     hf-text) hf_text ;;
+    vmem-steps) vmem_steps ;;
+    compile-phases) bounded python3 benchmarks/tpu_compile_phases.py "$LOSS_MODEL" 8k,16k "$OUT/compile-phases" ;;
     *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
   esac
   status=$?
