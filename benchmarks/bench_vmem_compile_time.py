@@ -23,7 +23,6 @@ def main() -> None:
     topology = sys.argv[3] if len(sys.argv) > 3 else "v5e:1x1"
 
     from cli.args import seq_lens
-    from cost_models.compute import SCOPED_VMEM_FLAG
     from cost_models.models import get_model
     from cost_models.topology import get_topology
     from cost_models.units import GiB
@@ -32,7 +31,7 @@ def main() -> None:
     plans = choose_plans(
         get_model(model), seq_lens(length), topology, max_plans=PLANS, top=PLANS, compute_dtype="bfloat16"
     )
-    from runtime.compile import lowered_step
+    from runtime.compile import lowered_step, scoped_vmem_options
 
     most = get_topology(topology).chip.scoped_vmem_max_bytes // 1024
     print(f"{model} at {length} on {topology}; the chip's most scoped VMEM: {most} KiB")
@@ -44,7 +43,7 @@ def main() -> None:
             continue
         for limit in (None, most):
             lowered = lowered_step(plan)
-            options = None if limit is None else {SCOPED_VMEM_FLAG.lstrip("-"): str(limit)}
+            options = None if limit is None else scoped_vmem_options(limit)
             begin = time.perf_counter()
             compiled = lowered.compile(compiler_options=options)
             seconds = time.perf_counter() - begin

@@ -133,10 +133,13 @@ hf_text() {
 }
 
 vmem_steps() {  # the same plans validated at the default scoped VMEM, at the raised limit, at the default again
-  local run flags
+  local run flags raised
+  # the chip row's most, as cpplan asks for it (cost_models.compute.scoped_vmem_flag)
+  raised="$(python3 -c "from cost_models.compute import scoped_vmem_flag; from cost_models.topology import get_topology
+print(scoped_vmem_flag(get_topology('$TOPOLOGY').chip.scoped_vmem_max_bytes // 1024))")" || return 1
   for run in default-1 raised default-2; do
     flags="${LIBTPU_INIT_ARGS:-}"
-    [ "$run" = raised ] && flags="$flags --xla_tpu_scoped_vmem_limit_kib=98304"
+    [ "$run" = raised ] && flags="$flags $raised"
     mkdir -p "$OUT/vmem-steps/$run"
     LIBTPU_INIT_ARGS="$flags" bounded "${CPPLAN[@]}" validate --model "$LOSS_MODEL" --seq-lens "$VMEM_SEQ" \
       --topology "$TOPOLOGY" --compute-dtype "$DTYPE" --max-plans "$PLANS" --top "$PLANS" --steps 6 --no-plots \

@@ -84,10 +84,16 @@ def plan_compiler_options(plan: Plan) -> dict | None:
     suffices or the user's LIBTPU_INIT_ARGS set the limit (theirs wins). Per compile, not in the process's
     flags: one process compiles plans of several block sizes, and the raised limit makes every compile
     slower (the 0.5B model's 8K step: 31 s at the default, 85 s at 96 MiB; docs/measurements.md)."""
-    limit, name = plan.scoped_vmem_limit_kib, _flag_name(SCOPED_VMEM_FLAG)
-    if limit is None or name in {_flag_name(arg) for arg in os.environ.get("LIBTPU_INIT_ARGS", "").split()}:
+    limit = plan.scoped_vmem_limit_kib
+    user = {_flag_name(arg) for arg in os.environ.get("LIBTPU_INIT_ARGS", "").split()}
+    if limit is None or _flag_name(SCOPED_VMEM_FLAG) in user:
         return None
-    return {name: str(limit)}
+    return scoped_vmem_options(limit)
+
+
+def scoped_vmem_options(limit_kib: int) -> dict:
+    """`Lowered.compile`'s `compiler_options` raising the scoped VMEM limit to `limit_kib`, for one compile."""
+    return {_flag_name(SCOPED_VMEM_FLAG): str(limit_kib)}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from cost_models.chips import ChipKind
 from cost_models.errors import CpplanError
 from cost_models.units import GiB, MiB
 from planner.plan import Plan
-from runtime.compile import CompiledMemory, compile_in_child, parse_hbm_oom, plan_compiler_options
+from runtime.compile import CompiledMemory, compile_in_child, parse_hbm_oom
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def _compile_here(
     trainer = Trainer(plan, build_mesh(plan, devices), constants=constants, optimizer=optimizer)
     start = time.perf_counter()
     try:
-        compiled = trainer.train_step.lower(*trainer.abstract_state(packed=packed)).compile(plan_compiler_options(plan))
+        compiled = trainer.compile_step(packed=packed)
     except jax.errors.JaxRuntimeError as err:
         parsed = parse_hbm_oom(str(err))
         if parsed is None:

@@ -91,7 +91,6 @@ def compile_plan(plan: Plan, *, steps: int, devices=None, optimizer=None) -> Com
     Raises:
         CpplanError: bad step count, devices that do not match the plan, or a plan that cannot run.
     """
-    from runtime.compile import plan_compiler_options
     from runtime.initialise import prepare_initialisers
     from runtime.mesh import build_mesh
     from runtime.optimizer import AdamW
@@ -103,7 +102,7 @@ def compile_plan(plan: Plan, *, steps: int, devices=None, optimizer=None) -> Com
     trainer = Trainer(plan, mesh, optimizer=optimizer or AdamW(steps=steps))
     start = time.perf_counter()
     with count_compiles() as compiles:
-        step = trainer.train_step.lower(*trainer.abstract_state()).compile(plan_compiler_options(plan))
+        step = trainer.compile_step()
         prepare_initialisers(trainer)
     return CompiledPlan(trainer, step, time.perf_counter() - start, compiles)
 

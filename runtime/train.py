@@ -21,6 +21,7 @@ from cost_models.errors import CpplanError
 from cost_models.targets import Target, model_refusal
 from cost_models.vocabulary import LoadBalance, Quantization
 from planner.plan import Plan
+from runtime.compile import plan_compiler_options
 from runtime.data.packing import inputs_and_targets
 from runtime.initialise import init_variables, opt_state_initialiser, param_initialiser
 from runtime.layout import TOKENS, token_order
@@ -106,6 +107,11 @@ class Trainer:
             (self.plan.global_batch, self.plan.seq_len), jnp.int32, sharding=self.token_sharding
         )
         return self.abstract_params, opt, batch, batch, batch, batch if packed else None
+
+    def compile_step(self, *, packed: bool = False):
+        """`train_step` compiled ahead of time for `abstract_state(packed=packed)` on this trainer's devices,
+        with the scoped VMEM its plan's splash blocks need (`runtime.compile.plan_compiler_options`)."""
+        return self.train_step.lower(*self.abstract_state(packed=packed)).compile(plan_compiler_options(self.plan))
 
     # -- running ---------------------------------------------------------------------------
     def init(self, seed: int = 0, *, params=None):
