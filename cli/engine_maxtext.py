@@ -47,6 +47,7 @@ from cost_models.targets import Target
 from cost_models.topology import get_topology
 from cost_models.units import GiB, MiB
 from cost_models.vocabulary import CPStrategy
+from runtime.compile import user_compiler_args, users_first
 
 ENGINES = ("cpplan", "maxtext")
 MAXTEXT_VERSION = "0.2.5"  # the release whose log lines, modules and rules this module reads
@@ -563,10 +564,7 @@ def _environment(exported, *, host: bool, deviceless: bool) -> dict:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if host:
         return env
-    user = env.get("LIBTPU_INIT_ARGS", "").split()
-    named = {arg.split("=", 1)[0] for arg in user}
-    ours = [arg for arg in exported.libtpu_init_args.split() if arg.split("=", 1)[0] not in named]
-    env["LIBTPU_INIT_ARGS"] = " ".join(user + ours)
+    env["LIBTPU_INIT_ARGS"] = users_first(user_compiler_args(env), exported.libtpu_init_args)
     if deviceless:
         env.update(JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
         env.setdefault("TPU_WORKER_HOSTNAMES", "localhost")

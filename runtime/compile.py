@@ -52,30 +52,47 @@ def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0].lstrip("-")
 
 
+# Where cpplan keeps the LIBTPU_INIT_ARGS it was given when it first adds its own flags to them, so that a
+# later compile for another chip, here or in a child, starts again from the user's and not from another
+# chip's set (v5e's asynchronous collective fusion is refused by v5p's compiler).
+USER_COMPILER_ARGS = "CPPLAN_USER_LIBTPU_INIT_ARGS"
+
+
+def user_compiler_args(env) -> str:
+    """The LIBTPU_INIT_ARGS the user gave: as kept in `USER_COMPILER_ARGS` once cpplan added its own, else
+    as set."""
+    return env.get(USER_COMPILER_ARGS, env.get("LIBTPU_INIT_ARGS", ""))
+
+
 def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str:
     """LIBTPU_INIT_ARGS: `user_args` as given, then each of cpplan's flags for `chip_name`, the packed
     placement every TPU compile asks for, and `extra`, that the user did not set, so the user's value
     wins whatever order libtpu reads them in."""
+    return users_first(user_args, f"{TPU_COMPILER_FLAGS.get(chip_name, '')} {PACKED_PLACEMENT_FLAG} {extra}")
+
+
+def users_first(user_args: str, our_args: str) -> str:
+    """LIBTPU_INIT_ARGS: `user_args` as given, then each of `our_args` whose flag the user did not set."""
     user = user_args.split()
     named = {_flag_name(arg) for arg in user}
-    flags = f"{TPU_COMPILER_FLAGS.get(chip_name, '')} {PACKED_PLACEMENT_FLAG} {extra}"
-    ours = [arg for arg in flags.split() if _flag_name(arg) not in named]
-    return " ".join(user + ours)
+    return " ".join(user + [arg for arg in our_args.split() if _flag_name(arg) not in named])
 
 
 def with_compiler_flags(env: dict, chip_name: str, extra: str = "") -> dict:
     """A copy of `env` with `merged_compiler_args` in LIBTPU_INIT_ARGS (read once, when the TPU backend
     starts)."""
-    merged = merged_compiler_args(env.get("LIBTPU_INIT_ARGS", ""), chip_name, extra)
-    return {**env, "LIBTPU_INIT_ARGS": merged} if merged else dict(env)
+    user = user_compiler_args(env)
+    merged = merged_compiler_args(user, chip_name, extra)
+    return {**env, USER_COMPILER_ARGS: user, "LIBTPU_INIT_ARGS": merged} if merged else dict(env)
 
 
 def use_compiler_flags(chip_name: str, extra: str = "") -> None:
     """Sets this process's LIBTPU_INIT_ARGS to `with_compiler_flags` of it. Call it before jax starts
     the TPU backend (`jax.devices()`, `jax.distributed`): a started backend keeps its flags."""
     flagged = with_compiler_flags(dict(os.environ), chip_name, extra)
-    if "LIBTPU_INIT_ARGS" in flagged:
-        os.environ["LIBTPU_INIT_ARGS"] = flagged["LIBTPU_INIT_ARGS"]
+    for name in ("LIBTPU_INIT_ARGS", USER_COMPILER_ARGS):
+        if name in flagged:
+            os.environ[name] = flagged[name]
 
 
 def plan_compiler_options(plan: Plan) -> dict | None:
@@ -85,7 +102,7 @@ def plan_compiler_options(plan: Plan) -> dict | None:
     flags: one process compiles plans of several block sizes, and the raised limit makes every compile
     slower (the 0.5B model's 8K step: 31 s at the default, 85 s at 96 MiB; docs/measurements.md)."""
     limit = plan.scoped_vmem_limit_kib
-    user = {_flag_name(arg) for arg in os.environ.get("LIBTPU_INIT_ARGS", "").split()}
+    user = {_flag_name(arg) for arg in user_compiler_args(os.environ).split()}
     if limit is None or _flag_name(SCOPED_VMEM_FLAG) in user:
         return None
     return scoped_vmem_options(limit)
@@ -251,9 +268,14 @@ HLO_DUMP_ARGS = "--xla_jf_dump_to={dir} --xla_jf_dump_hlo_text=true --xla_jf_dum
 
 def with_hlo_dump(env: dict, directory: str) -> dict:
     """A copy of `env` whose TPU compiler writes its scheduled modules to `directory` (for a child
-    process: libtpu reads its flags once, when it loads)."""
-    args = f"{env.get('LIBTPU_INIT_ARGS', '')} {HLO_DUMP_ARGS.format(dir=directory)}".strip()
-    return {**env, "LIBTPU_INIT_ARGS": args}
+    process: libtpu reads its flags once, when it loads). The dump is asked for as the user would, so
+    that the child's own `use_compiler_flags` keeps it."""
+    dump = HLO_DUMP_ARGS.format(dir=directory)
+    return {
+        **env,
+        "LIBTPU_INIT_ARGS": f"{env.get('LIBTPU_INIT_ARGS', '')} {dump}".strip(),
+        USER_COMPILER_ARGS: f"{user_compiler_args(env)} {dump}".strip(),
+    }
 
 
 def _dumped_module(*, since: float) -> str | None:

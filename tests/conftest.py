@@ -18,7 +18,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
+from runtime.compile import USER_COMPILER_ARGS  # noqa: E402  (imports no jax)
+
 TPU_COMPILING_MODULES = pytest.StashKey[set]()
+# the TPU compiler flags the session started with (each in-process compile adds cpplan's own to the process's)
+SESSION_COMPILER_ARGS = {name: os.environ.get(name) for name in ("LIBTPU_INIT_ARGS", USER_COMPILER_ARGS)}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -55,3 +59,15 @@ def cpu_programs_at_lowest_optimisation(request):
             yield
         finally:
             jax.config.update("jax_disable_most_optimizations", before)
+
+
+@pytest.fixture(autouse=True)
+def compiler_flags_of_the_session(monkeypatch):
+    """Each test starts with the session's LIBTPU_INIT_ARGS and no record of the user's, whatever chip an
+    earlier test of its worker compiled for in-process (which writes both), and leaves them so: a child
+    compile or a test reading the flags sees its own set-up only."""
+    for name, value in SESSION_COMPILER_ARGS.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)

@@ -18,22 +18,21 @@ pytestmark = pytest.mark.tpu_compile
 MODEL = dataclasses.replace(get_model("llama3.1-8b"), name="llama3.1-8b-2l", num_layers=2)
 
 
-def test_tensor_parallel_memory_is_priced_as_it_compiles(monkeypatch):
-    """Tensor 2 with sequence parallelism (bench_memory's first row): the compiler holds what the
-    price says, within 10%. Compiled in a child process with v5p's compiler flags alone, whatever chip an
-    earlier test of this process set LIBTPU_INIT_ARGS or loaded libtpu for (libtpu reads its flags once,
-    and the child takes this process's as the user's; v5e's asynchronous collective fusion is refused on
-    v5p: "No feasible span count for single input all reduce scatter fusion")."""
-    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+def test_tensor_parallel_memory_is_priced_as_it_compiles():
+    """Tensor 2 with sequence parallelism (bench_memory's first row at half its sequence and batch, which
+    halves the compile): the compiler holds what the price says, within 10% (5.2% over; the row 2.5%).
+    Compiled in a child process with v5p's compiler flags, whatever chip an earlier test of this process
+    compiled for (v5e's asynchronous collective fusion is refused on v5p: "No feasible span count for
+    single input all reduce scatter fusion")."""
     plan = Plan(
         model=MODEL,
         topology="v5p:2x2x2",
-        seq_len=8192,
-        global_batch=8,
+        seq_len=4096,
+        global_batch=4,
         mesh=make_mesh(fsdp=4, tensor=2),
         block_q=512,
         block_kv=512,
-        loss_chunk_tokens=8192,
+        loss_chunk_tokens=4096,
         remat="full",
     )
     predicted, compiled = estimate(plan), compile_in_child(plan)

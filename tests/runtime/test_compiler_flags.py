@@ -7,7 +7,14 @@ import os
 import pytest
 
 from cost_models.pricing.memory import PACKED_PLACEMENT_FLAG
-from runtime.compile import TPU_COMPILER_FLAGS, merged_compiler_args, use_compiler_flags
+from runtime.compile import (
+    TPU_COMPILER_FLAGS,
+    USER_COMPILER_ARGS,
+    child_environment,
+    merged_compiler_args,
+    use_compiler_flags,
+    with_hlo_dump,
+)
 
 pytestmark = pytest.mark.pure
 
@@ -40,9 +47,29 @@ def test_use_compiler_flags_sets_the_process_environment(monkeypatch):
     args = os.environ["LIBTPU_INIT_ARGS"].split()
     assert args[0] == "--xla_enable_async_all_gather=false" and "--xla_enable_async_all_gather=true" not in args
     assert set(V5E) - set(args) == {"--xla_enable_async_all_gather=true"}
-    monkeypatch.delenv("LIBTPU_INIT_ARGS")
+
+
+def test_a_compile_for_another_chip_starts_again_from_the_users_flags(monkeypatch, tmp_path):
+    """One process compiling for v5e and then v5p (here, or in a child) gives v5p the user's flags and its
+    own, not v5e's set, which v5p's compiler refuses; a dump asked for in a child's environment survives the
+    child's own call."""
+    from planner import api
+
+    user = "--xla_enable_async_all_gather=false"
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", user)
+    use_compiler_flags("v5e")
+    assert os.environ[USER_COMPILER_ARGS] == user
     use_compiler_flags("v5p")
-    assert os.environ["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG
+    assert os.environ["LIBTPU_INIT_ARGS"] == f"{user} {PACKED_PLACEMENT_FLAG}"
+    plan = api.run_search("tiny", "4k", "v5p:2x2x1", global_batch_tokens=4096).ranked[0].plan
+    assert plan.topology_spec.chip.name == "v5p" and plan.scoped_vmem_limit_kib is None
+    use_compiler_flags("v5e")
+    child = child_environment(plan)
+    assert child["LIBTPU_INIT_ARGS"] == f"{user} {PACKED_PLACEMENT_FLAG}" and child[USER_COMPILER_ARGS] == user
+    dumping = with_hlo_dump(child, str(tmp_path))
+    monkeypatch.setattr(os, "environ", dict(dumping))  # the child's process
+    use_compiler_flags("v5p")
+    assert f"--xla_jf_dump_to={tmp_path}" in os.environ["LIBTPU_INIT_ARGS"].split()
 
 
 def test_the_cli_sets_them_before_it_measures_a_tpu_and_not_on_a_host(monkeypatch):
@@ -70,7 +97,7 @@ def test_the_scoped_vmem_a_plan_needs_is_asked_per_compile_and_the_users_own_lim
     import planner
     from cost_models.compute import scoped_vmem_flag
     from cost_models.topology import get_topology
-    from runtime.compile import child_environment, plan_compiler_options
+    from runtime.compile import plan_compiler_options
     from runtime.launch import use_tpu_compiler_flags
 
     plan = planner.plan("llama3.1-8b", "128k", "v5p-16", global_batch_tokens="128k")
@@ -92,6 +119,7 @@ def test_the_scoped_vmem_a_plan_needs_is_asked_per_compile_and_the_users_own_lim
     assert plan_compiler_options(narrow) is None
     assert child_environment(wide)["LIBTPU_INIT_ARGS"] == f"{PACKED_PLACEMENT_FLAG} {extra}"
     assert child_environment(narrow)["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG
+    monkeypatch.delenv(USER_COMPILER_ARGS)  # a process started with the user's own limit
     monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_scoped_vmem_limit_kib=61440")
     assert plan_compiler_options(wide) is None
 
