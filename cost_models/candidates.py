@@ -76,6 +76,7 @@ class Candidates(ReadsCase):
     quantization: Quantization = Quantization.NONE  # the matmuls' precision
     # a mixture of experts' capacity factor on MaxText's dense path (0: dropless, `pricing.capacity`)
     expert_capacity: float = 0.0
+    one_hot_embedding: bool = False  # the input embedding as a one-hot matmul (`Plan.one_hot_embedding`)
 
     def __post_init__(self):
         # a frozen dataclass converts its own declared fields through object.__setattr__

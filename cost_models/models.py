@@ -90,6 +90,11 @@ class DecoderBlock(_Named):
         return self is DecoderBlock.DEFAULT
 
     @property
+    def post_norms(self) -> bool:
+        """Attention's and MLP's outputs are normed before the residual sum, so the backward reads them."""
+        return self is DecoderBlock.GEMMA3
+
+    @property
     def norms(self) -> int:
         """RMSNorms per layer over the residual stream's width, each with one scale of `hidden` weights."""
         return {DecoderBlock.DEFAULT: 1, DecoderBlock.LLAMA2: 2, DecoderBlock.GEMMA3: 4}[self]

@@ -105,10 +105,14 @@ def is_read(checkpoint: Checkpoint, model: "ModelSpec | None" = None) -> bool:
     """Whether the backward of `model`'s layer reads the value (a sequential block when no model); in a
     parallel block the reduce-scattered outputs, like the MLP's, only enter the residual sum. A mixture of
     experts' combine weights each expert's output by its router weight, whose gradient reads that output:
-    its MLP output is read (a toy MoE layer's gradient program runs the output matmul again: docs/moe_misses.md)."""
+    its MLP output is read (a toy MoE layer's gradient program runs the output matmul again: docs/moe_misses.md);
+    so does a block that norms the MLP's output before the sum (Gemma 3's: MaxText's compile recomputes it,
+    docs/multislice.md)."""
     parallel = model is not None and model.decoder_block.parallel
-    routed_output = model is not None and model.experts is not None and checkpoint.name == MLP_OUTPUT
-    return (checkpoint.read_by_backward or routed_output) and not (parallel and checkpoint.scattered_output)
+    output_read = model is not None and (model.experts is not None or model.decoder_block.post_norms)
+    return (checkpoint.read_by_backward or (output_read and checkpoint.name == MLP_OUTPUT)) and not (
+        parallel and checkpoint.scattered_output
+    )
 
 
 _MATMULS = tuple(c.name for c in CHECKPOINTS if c.is_matmul())  # MaxText's minimal_policy names

@@ -69,6 +69,7 @@ def candidates_of(plan: Plan) -> Candidates:
         state_on_host=plan.state_on_host,
         quantization=plan.quantization,
         expert_capacity=plan.expert_capacity,
+        one_hot_embedding=plan.one_hot_embedding,
     )
 
 

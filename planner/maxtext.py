@@ -124,6 +124,8 @@ BLOCK_FLAG = "decoder_block"
 WINDOW_FLAG = "sliding_window_size"
 # base.yml: true; the data's own documents, marked by segment ids, which every kernel masks
 PACKING_FLAG = "packing"
+# base.yml: false; true looks the input embedding up as a one-hot matmul (`Plan.one_hot_embedding`)
+ONE_HOT_EMBEDDING_FLAG = "use_iota_embed"
 # a plain MLP's one input projection: MaxText's checkpoint name for cpplan's `mlpwi_0` (cost_models.remat)
 PLAIN_MLP_CHECKPOINTS = {"mlpwi_0": "mlpwi"}
 # model-defining flags whose value cpplan's ModelSpec does not hold (they do not change the price);
@@ -332,6 +334,8 @@ def export_maxtext(plan: Plan) -> MaxTextExport:
         flags["grad_dtype"] = MAXTEXT_DTYPES[plan.grad_dtype]
     if plan.quantization is not Quantization.NONE:
         flags["quantization"] = plan.quantization.value
+    if plan.one_hot_embedding:
+        flags[ONE_HOT_EMBEDDING_FLAG] = True
     if unscanned_layers(plan.model):
         flags[UNSCANNED_LAYERS_FLAG] = False
     if plan.model.experts and plan.expert_capacity:  # the dense path with its capacity, as priced
@@ -801,7 +805,13 @@ def read_maxtext(
         state_on_host=state_on_host,
         quantization=_quantization(f),
         expert_capacity=_expert_capacity(f) if model.experts else 0.0,
+        one_hot_embedding=f.bool(ONE_HOT_EMBEDDING_FLAG, False),
     )
+    if plan.one_hot_embedding:
+        notes.append(
+            f"{ONE_HOT_EMBEDDING_FLAG}=True: the one-hot lookup's matmuls and masks priced as time; its mask's memory "
+            f"(tokens × vocabulary bytes, before the layers and after their backward) is not"
+        )
     if model.experts:
         _expert_notes(f, notes, plan.expert_capacity)
     f.check_words()

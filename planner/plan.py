@@ -98,6 +98,10 @@ class Plan:
             matmul: MaxText's `sparse_matmul`, cpplan's runtime); or MaxText's dense path's capacity factor
             (`sparse_matmul=False`, `capacity_factor`): each expert takes ceil(S·k/E)·factor slots per
             sequence, filled by dispatch and combine einsums over one-hot masks (cost_models/pricing/capacity.py).
+        one_hot_embedding: the input embedding looked up as a matmul of the tokens' one-hot rows with the
+            table (MaxText's `use_iota_embed=True`) rather than a gather of its rows: the matmul, forward and
+            for the table's gradient, and the one-hot mask each writes and reads are priced
+            (`cost_models.pricing.head`). cpplan's runtime gathers.
     """
 
     model: ModelSpec
@@ -126,6 +130,7 @@ class Plan:
     state_on_host: tuple = ()
     quantization: Quantization = Quantization.NONE
     expert_capacity: float = 0.0
+    one_hot_embedding: bool = False
     _segments: dict = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -152,8 +157,9 @@ class Plan:
             for pair in self.mesh
         ):
             raise CpplanError(f"plan mesh={self.mesh!r} must be (axis, positive size) pairs for {AXES}.")
-        if not isinstance(self.fused_attention_backward, bool):
-            raise CpplanError(f"plan fused_attention_backward={self.fused_attention_backward!r} must be true or false.")
+        for name in ("fused_attention_backward", "one_hot_embedding"):
+            if not isinstance(getattr(self, name), bool):
+                raise CpplanError(f"plan {name}={getattr(self, name)!r} must be true or false.")
         steps = self.dq_reduction_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps not in (0, DQ_REDUCTION_STEPS):
             raise CpplanError(
@@ -524,6 +530,7 @@ class Plan:
             | ({"quantization": self.quantization.value} if self.quantization is not Quantization.NONE else {})
             | ({"expert_capacity": self.expert_capacity} if self.expert_capacity else {})
             | ({"grad_dtype": self.grad_dtype} if self.grad_dtype else {})
+            | ({"one_hot_embedding": True} if self.one_hot_embedding else {})
         )
 
     def to_json(self) -> str:

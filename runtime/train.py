@@ -59,6 +59,12 @@ class Trainer:
                 f"parameters' dtype and routes every token dropless; run the plan with grad_dtype '', expert_capacity "
                 f"0 and quantization none, or export it to MaxText (`cpplan export --format maxtext`)."
             )
+        if plan.one_hot_embedding:
+            raise CpplanError(
+                "plan one_hot_embedding=True: cpplan's runtime looks the input embedding up by gathering the table's "
+                "rows; run the plan with one_hot_embedding false (the same model, without the one-hot matmuls), or "
+                "export it to MaxText (`cpplan export --format maxtext`), which runs it as use_iota_embed=True."
+            )
         loss_chunk(plan)
         self.plan, self.mesh = plan, mesh
         self.constants = constants or ModelConstants()  # RoPE and norms' epsilon (a checkpoint's, or Llama 3's)

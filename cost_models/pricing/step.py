@@ -234,7 +234,7 @@ def price_shapes(x: Candidates, target: Target) -> ShapePrice:
         layer_backward_s=layer_backward_s,
         compute_s={"matmul": layers * matmuls.math_s + head.matmul_s, "attention": layers * attention.total_s},
         hbm_s={
-            "elementwise": layers * elementwise.total_s + head.cross_entropy_s,
+            "elementwise": layers * elementwise.total_s + head.cross_entropy_s + head.one_hot_mask_s,
             "matmul_weight_reads": layers * matmuls.weight_read_excess_s,
             "optimizer": optimizer_s,
         },
@@ -243,7 +243,11 @@ def price_shapes(x: Candidates, target: Target) -> ShapePrice:
         state_exposed_s=state.exposed_s,
         state_transfer_s=state.transfer_s,
         unexposed_s=(
-            layers * (layer_forward_s + layer_backward_s) + head.matmul_s + head.cross_entropy_s + optimizer_s
+            layers * (layer_forward_s + layer_backward_s)
+            + head.matmul_s
+            + head.cross_entropy_s
+            + head.one_hot_mask_s
+            + optimizer_s
         ),
         memory=target_memory(
             x,

@@ -1,5 +1,5 @@
 """cpplan's runtime refuses, by name, plans it would otherwise run as something else: fp8 matmuls, gradients
-cast from the parameters' dtype, and MaxText's dense capacity path."""
+cast from the parameters' dtype, a one-hot embedding lookup, and MaxText's dense capacity path."""
 
 import dataclasses
 
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cpu_mesh
     [
         ({"quantization": "fp8_full"}, "quantization=fp8_full"),
         ({"grad_dtype": "bfloat16"}, "grad_dtype='bfloat16'"),
+        ({"one_hot_embedding": True}, "one_hot_embedding=True"),
     ],
 )
 def test_plans_the_runtime_would_run_otherwise_are_refused(change, says):
