@@ -196,14 +196,21 @@ def estimate_row(
 
 
 def unpriced_memory_notes(x: Candidates) -> tuple[str, ...]:
-    """What the memory price is known to leave out for these candidates' model and chip."""
+    """What the memory price is known to leave out for these candidates' model, chip and plan."""
     head_dim, lanes = x.model.head_dim, x.topology.chip.kind.lanes
-    if head_dim % lanes == 0:
-        return ()
-    return (
-        f"head_dim {head_dim} is not a multiple of the TPU's {lanes} lanes: the attention's values in splash's "
-        f"layout are priced lane-padded ({lane_ratio(x):.3g}× their bytes), but the kept values a compiler lays "
-        f"out with the head minor-most are not (some v5p layouts keep q and the output so), and a ring of two "
-        f'held up to 5.5% more than priced (docs/measurements.md, "Heads narrower than a lane"); compile the '
-        f"plan (`cpplan compile`) before trusting its fit",
-    )
+    notes = []
+    if head_dim % lanes:
+        notes.append(
+            f"head_dim {head_dim} is not a multiple of the TPU's {lanes} lanes: the attention's values in splash's "
+            f"layout are priced lane-padded ({lane_ratio(x):.3g}× their bytes), but the kept values a compiler lays "
+            f"out with the head minor-most are not (some v5p layouts keep q and the output so), and a ring of two "
+            f'held up to 5.5% more than priced (docs/measurements.md, "Heads narrower than a lane"); compile the '
+            f"plan (`cpplan compile`) before trusting its fit"
+        )
+    if x.one_hot_embedding:
+        notes.append(
+            "one_hot_embedding: the one-hot lookup's matmuls and masks are priced as time, not its mask's memory "
+            "(a byte per token and vocabulary entry, held before the layers and after their backward); compile "
+            "the plan (`cpplan compile`) before trusting its fit"
+        )
+    return tuple(notes)

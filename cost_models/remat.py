@@ -39,8 +39,9 @@ class Checkpoint:
     """One named value of a decoder layer.
 
     Attributes:
-        read_by_backward: a sequential layer's backward reads it. The MLP's output only enters the
-            residual sum, so keeping it is free and it is never recomputed (`is_read`).
+        read_by_backward: a sequential layer's backward reads it. In Llama's block the MLP's output only
+            enters the residual sum, so keeping it is free and it is never recomputed; the blocks where
+            it is read (a mixture of experts, Gemma 3's post-norm) are `is_read`'s.
         gathered_input: its matmul's input is all-gathered over `tensor` first; recomputing repeats that.
         scattered_output: it is reduce-scattered over `tensor` after its matmul; recomputing repeats that.
     """

@@ -807,11 +807,6 @@ def read_maxtext(
         expert_capacity=_expert_capacity(f) if model.experts else 0.0,
         one_hot_embedding=f.bool(ONE_HOT_EMBEDDING_FLAG, False),
     )
-    if plan.one_hot_embedding:
-        notes.append(
-            f"{ONE_HOT_EMBEDDING_FLAG}=True: the one-hot lookup's matmuls and masks priced as time; its mask's memory "
-            f"(tokens × vocabulary bytes, before the layers and after their backward) is not"
-        )
     if model.experts:
         _expert_notes(f, notes, plan.expert_capacity)
     f.check_words()

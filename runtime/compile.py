@@ -52,16 +52,21 @@ def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0].lstrip("-")
 
 
-# Where cpplan keeps the LIBTPU_INIT_ARGS it was given when it first adds its own flags to them, so that a
-# later compile for another chip, here or in a child, starts again from the user's and not from another
-# chip's set (v5e's asynchronous collective fusion is refused by v5p's compiler).
+# Where cpplan keeps the LIBTPU_INIT_ARGS it was given when it adds its own flags to them, and what it wrote,
+# so that a later compile for another chip, here or in a child, starts again from the user's and not from
+# another chip's set (v5e's asynchronous collective fusion is refused by v5p's compiler).
 USER_COMPILER_ARGS = "CPPLAN_USER_LIBTPU_INIT_ARGS"
+WRITTEN_COMPILER_ARGS = "CPPLAN_WRITTEN_LIBTPU_INIT_ARGS"
+COMPILER_ARGS_VARIABLES = ("LIBTPU_INIT_ARGS", USER_COMPILER_ARGS, WRITTEN_COMPILER_ARGS)
 
 
 def user_compiler_args(env) -> str:
-    """The LIBTPU_INIT_ARGS the user gave: as kept in `USER_COMPILER_ARGS` once cpplan added its own, else
-    as set."""
-    return env.get(USER_COMPILER_ARGS, env.get("LIBTPU_INIT_ARGS", ""))
+    """The LIBTPU_INIT_ARGS the user gave: as kept in `USER_COMPILER_ARGS` while LIBTPU_INIT_ARGS holds what
+    cpplan wrote there; otherwise (never written, or set again since) as set."""
+    args = env.get("LIBTPU_INIT_ARGS", "")
+    if USER_COMPILER_ARGS in env and env.get(WRITTEN_COMPILER_ARGS) == args:
+        return env[USER_COMPILER_ARGS]
+    return args
 
 
 def merged_compiler_args(user_args: str, chip_name: str, extra: str = "") -> str:
@@ -83,16 +88,14 @@ def with_compiler_flags(env: dict, chip_name: str, extra: str = "") -> dict:
     starts)."""
     user = user_compiler_args(env)
     merged = merged_compiler_args(user, chip_name, extra)
-    return {**env, USER_COMPILER_ARGS: user, "LIBTPU_INIT_ARGS": merged} if merged else dict(env)
+    return {**env, USER_COMPILER_ARGS: user, WRITTEN_COMPILER_ARGS: merged, "LIBTPU_INIT_ARGS": merged}
 
 
 def use_compiler_flags(chip_name: str, extra: str = "") -> None:
     """Sets this process's LIBTPU_INIT_ARGS to `with_compiler_flags` of it. Call it before jax starts
     the TPU backend (`jax.devices()`, `jax.distributed`): a started backend keeps its flags."""
     flagged = with_compiler_flags(dict(os.environ), chip_name, extra)
-    for name in ("LIBTPU_INIT_ARGS", USER_COMPILER_ARGS):
-        if name in flagged:
-            os.environ[name] = flagged[name]
+    os.environ.update({name: flagged[name] for name in COMPILER_ARGS_VARIABLES})
 
 
 def plan_compiler_options(plan: Plan) -> dict | None:
@@ -271,10 +274,12 @@ def with_hlo_dump(env: dict, directory: str) -> dict:
     process: libtpu reads its flags once, when it loads). The dump is asked for as the user would, so
     that the child's own `use_compiler_flags` keeps it."""
     dump = HLO_DUMP_ARGS.format(dir=directory)
+    args = f"{env.get('LIBTPU_INIT_ARGS', '')} {dump}".strip()
     return {
         **env,
-        "LIBTPU_INIT_ARGS": f"{env.get('LIBTPU_INIT_ARGS', '')} {dump}".strip(),
+        "LIBTPU_INIT_ARGS": args,
         USER_COMPILER_ARGS: f"{user_compiler_args(env)} {dump}".strip(),
+        WRITTEN_COMPILER_ARGS: args,
     }
 
 

@@ -18,11 +18,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
 
-from runtime.compile import USER_COMPILER_ARGS  # noqa: E402  (imports no jax)
+from runtime.compile import COMPILER_ARGS_VARIABLES  # noqa: E402  (imports no jax)
 
 TPU_COMPILING_MODULES = pytest.StashKey[set]()
-# the TPU compiler flags the session started with (each in-process compile adds cpplan's own to the process's)
-SESSION_COMPILER_ARGS = {name: os.environ.get(name) for name in ("LIBTPU_INIT_ARGS", USER_COMPILER_ARGS)}
+# the TPU compiler flags the test run started with (each in-process compile adds cpplan's own to the process's)
+STARTING_COMPILER_ARGS = {name: os.environ.get(name) for name in COMPILER_ARGS_VARIABLES}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -62,11 +62,11 @@ def cpu_programs_at_lowest_optimisation(request):
 
 
 @pytest.fixture(autouse=True)
-def compiler_flags_of_the_session(monkeypatch):
-    """Each test starts with the session's LIBTPU_INIT_ARGS and no record of the user's, whatever chip an
-    earlier test of its worker compiled for in-process (which writes both), and leaves them so: a child
-    compile or a test reading the flags sees its own set-up only."""
-    for name, value in SESSION_COMPILER_ARGS.items():
+def compiler_flags_as_the_run_started(monkeypatch):
+    """Each test starts with LIBTPU_INIT_ARGS and cpplan's record of them as the test run started, whatever
+    chip an earlier test of its worker compiled for in-process (which writes them), and leaves them so: a
+    child compile or a test reading the flags sees its own set-up only."""
+    for name, value in STARTING_COMPILER_ARGS.items():
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:

@@ -144,6 +144,24 @@ def test_the_config_reads_as_the_command_line_would():
     )
 
 
+@pytest.mark.pure
+def test_maxtexts_compiler_flags_are_the_users_then_the_exports(monkeypatch):
+    """MaxText's process gets the user's LIBTPU_INIT_ARGS, then the export's flags the user did not set; not
+    another chip's set an earlier compile of this process wrote there."""
+    from types import SimpleNamespace
+
+    from cli.engine_maxtext import _environment
+    from runtime.compile import use_compiler_flags
+
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_scoped_vmem_limit_kib=61440")
+    use_compiler_flags("v5e")  # v5e's asynchronous-collective set now in this process's flags
+    export = SimpleNamespace(libtpu_init_args="--xla_tpu_scoped_vmem_limit_kib=98304 --xla_tpu_other=1")
+    env = _environment(export, host=False, deviceless=True)
+    assert env["LIBTPU_INIT_ARGS"] == "--xla_tpu_scoped_vmem_limit_kib=61440 --xla_tpu_other=1"
+    assert env["JAX_PLATFORMS"] == "cpu"
+    assert _environment(export, host=True, deviceless=False)["LIBTPU_INIT_ARGS"] == os.environ["LIBTPU_INIT_ARGS"]
+
+
 @pytest.mark.runtime_extra  # metrics.jsonl is written by runtime.metrics.StepLog (tensorboardX)
 def test_a_plan_that_does_not_compile_is_left_for_the_next_and_steps_become_records(tmp_path, capsys):
     python = fake_maxtext(tmp_path)

@@ -51,8 +51,8 @@ def test_use_compiler_flags_sets_the_process_environment(monkeypatch):
 
 def test_a_compile_for_another_chip_starts_again_from_the_users_flags(monkeypatch, tmp_path):
     """One process compiling for v5e and then v5p (here, or in a child) gives v5p the user's flags and its
-    own, not v5e's set, which v5p's compiler refuses; a dump asked for in a child's environment survives the
-    child's own call."""
+    own, not v5e's set, which v5p's compiler refuses; flags the user sets in between are theirs from then on;
+    a dump asked for in a child's environment survives the child's own call."""
     from planner import api
 
     user = "--xla_enable_async_all_gather=false"
@@ -66,6 +66,10 @@ def test_a_compile_for_another_chip_starts_again_from_the_users_flags(monkeypatc
     use_compiler_flags("v5e")
     child = child_environment(plan)
     assert child["LIBTPU_INIT_ARGS"] == f"{user} {PACKED_PLACEMENT_FLAG}" and child[USER_COMPILER_ARGS] == user
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_other=1")  # the user's, set after cpplan wrote its own
+    use_compiler_flags("v5p")
+    assert os.environ["LIBTPU_INIT_ARGS"] == f"--xla_tpu_other=1 {PACKED_PLACEMENT_FLAG}"
+    assert os.environ[USER_COMPILER_ARGS] == "--xla_tpu_other=1"
     dumping = with_hlo_dump(child, str(tmp_path))
     monkeypatch.setattr(os, "environ", dict(dumping))  # the child's process
     use_compiler_flags("v5p")
@@ -119,8 +123,7 @@ def test_the_scoped_vmem_a_plan_needs_is_asked_per_compile_and_the_users_own_lim
     assert plan_compiler_options(narrow) is None
     assert child_environment(wide)["LIBTPU_INIT_ARGS"] == f"{PACKED_PLACEMENT_FLAG} {extra}"
     assert child_environment(narrow)["LIBTPU_INIT_ARGS"] == PACKED_PLACEMENT_FLAG
-    monkeypatch.delenv(USER_COMPILER_ARGS)  # a process started with the user's own limit
-    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_scoped_vmem_limit_kib=61440")
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_scoped_vmem_limit_kib=61440")  # set by the user since
     assert plan_compiler_options(wide) is None
 
 

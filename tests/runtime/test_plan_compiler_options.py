@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("jax")
 pytest.importorskip("libtpu")
 
-from runtime.compile import USER_COMPILER_ARGS  # noqa: E402
+from runtime.compile import COMPILER_ARGS_VARIABLES  # noqa: E402
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -49,7 +49,7 @@ print("compile_plan:", compiled.compiles.compiled, "programs")
 
 
 def test_a_plan_needing_the_raised_limit_compiles_in_a_process_without_it():
-    env = {k: v for k, v in os.environ.items() if k not in ("LIBTPU_INIT_ARGS", USER_COMPILER_ARGS)}
+    env = {k: v for k, v in os.environ.items() if k not in COMPILER_ARGS_VARIABLES}
     env |= {"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_WORKER_HOSTNAMES": "localhost"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
