@@ -46,11 +46,12 @@ def price_head(x: Candidates) -> HeadTimes:
     ple_padding = tile_efficiency(model.hidden, chip.mxu_tile) * tile_efficiency(ple_columns, chip.mxu_tile)
     # a one-hot lookup multiplies [tokens, vocab] by the table [vocab, hidden]: the head's shape
     one_hot = ONE_HOT_PASSES if x.one_hot_embedding else 0
+    head_flops = (passes + one_hot) * flops / x.tensor
+    logits = x.tokens_per_device * model.vocab / x.tensor  # the head's outputs, and a one-hot mask's elements
     return HeadTimes(
         passes=passes,
-        matmul_s=((passes + one_hot) * flops / x.tensor / padding + ple_flops / ple_padding)
-        / x.achievable_matmul_flops,
-        cross_entropy_s=x.tokens_per_device * model.vocab / x.tensor * CE_BYTES_PER_LOGIT / hbm_bw,
-        one_hot_mask_s=one_hot * x.tokens_per_device * model.vocab / x.tensor * ONE_HOT_MASK_BYTES / hbm_bw,
-        executed_flops=(passes + one_hot) * flops / x.tensor + ple_flops,
+        matmul_s=(head_flops / padding + ple_flops / ple_padding) / x.achievable_matmul_flops,
+        cross_entropy_s=logits * CE_BYTES_PER_LOGIT / hbm_bw,
+        one_hot_mask_s=one_hot * logits * ONE_HOT_MASK_BYTES / hbm_bw,
+        executed_flops=head_flops + ple_flops,
     )
