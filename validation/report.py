@@ -85,7 +85,8 @@ def _counted(run_ids: list[str]) -> str:
     return f"{len(run_ids)}" + (f" ({', '.join(run_ids)})" if run_ids else "")
 
 
-def _plan_label(plan: Plan) -> str:
+def plan_label(plan: Plan) -> str:
+    """A measured plan's name in reports and journals: strategy, mesh, remat policy, blocks, backward."""
     mesh = " ".join(f"{a}={s}" for a, s in plan.mesh if s > 1) or "1 device"
     zig = " zigzag" if plan.load_balance.value == "zigzag" else ""
     fused = ", fused backward" if plan.fused_attention_backward else ""
@@ -121,7 +122,7 @@ class StepResult:
     def to_dict(self) -> dict:
         return {
             "plan": self.plan.to_dict(),
-            "label": _plan_label(self.plan),
+            "label": plan_label(self.plan),
             "seq_len": self.plan.seq_len,
             "strategy": self.plan.cp_strategy.value,
             "predicted_step_s": self.predicted.step_time_s,
@@ -213,7 +214,7 @@ class StepTimeReport:
             *(
                 [
                     "- **left out as impossible** (measured MFU above 100%: check the figure): "
-                    + ", ".join(f"{_plan_label(r.plan)} at {r.measured_mfu:.0%}" for r in self.impossible)
+                    + ", ".join(f"{plan_label(r.plan)} at {r.measured_mfu:.0%}" for r in self.impossible)
                 ]
                 if self.impossible
                 else []
@@ -241,13 +242,13 @@ class StepTimeReport:
         for r in sorted(self.results, key=lambda r: (r.plan.seq_len, r.predicted.step_time_s)):
             if r.measured_step_s is None:
                 lines.append(
-                    f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
+                    f"| {plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
                     f"failed: {r.failure} | | | |"
                 )
                 continue
             mfu = f"{r.measured_mfu:.2%}" if r.measured_mfu is not None else "–"
             lines.append(
-                f"| {_plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
+                f"| {plan_label(r.plan)} | {r.plan.seq_len} | {r.predicted.step_time_s:.4f} | "
                 f"{r.measured_step_s:.4f} | {r.error:+.1%} | {r.predicted.mfu:.2%} | {mfu} |"
             )
         if plots:
@@ -396,14 +397,14 @@ class CorpusReport(StepTimeReport):
             notes = "; ".join(r.notes).replace("|", "/")
             if r.measured_step_s is None:
                 lines.append(
-                    f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | failed: "
+                    f"| {r.run_id} | {plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | failed: "
                     f"{r.failure} | | | | | {notes} |"
                 )
                 continue
             priced_gib = r.predicted.hbm_bytes_per_device / GiB
             fits = "yes" if r.predicted.fits else f"{r.predicted.verdict}: {priced_gib:.0f} GiB"
             lines.append(
-                f"| {r.run_id} | {_plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | {r.measured_step_s:.3f} "
+                f"| {r.run_id} | {plan_label(r.plan)} | {r.predicted.step_time_s:.3f} | {r.measured_step_s:.3f} "
                 f"| {r.error:+.1%} | {r.predicted.mfu:.1%} | {r.measured_mfu:.1%} | {fits} | {notes} |"
             )
         if plots:
@@ -475,7 +476,7 @@ class MemoryResult:
     def to_dict(self) -> dict:
         return {
             "plan": self.plan.to_dict(),
-            "label": _plan_label(self.plan),
+            "label": plan_label(self.plan),
             "topology": self.plan.topology,
             "seq_len": self.plan.seq_len,
             "layers": self.plan.model.num_layers,
@@ -530,7 +531,7 @@ class MemoryReport:
             err = "–" if r.error is None else f"{r.error:+.1%}"
             note = f" ({r.failure})" if r.failure else ""
             lines.append(
-                f"| {_plan_label(r.plan)} | {r.plan.topology} | {r.plan.seq_len} | {r.plan.model.num_layers} | "
+                f"| {plan_label(r.plan)} | {r.plan.topology} | {r.plan.seq_len} | {r.plan.model.num_layers} | "
                 f"{r.predicted.hbm_bytes_per_device / GiB:.2f} | {actual_text} | {err} | "
                 f"{r.predicted.fits}/{r.compiled_fits}{note} |"
             )

@@ -8,9 +8,11 @@ took; Ctrl-C (and SIGTERM, which the CLI turns into it) stops them keeping what 
 
 Compiling takes much of the time (on a TPU v5e chip 12–16 s per plan's step at the compiler's default
 scoped VMEM, about three times that at the raised limit blocks of 2048 need, and 18 s for the first
-plan's initialisers, against 1–30 s of steps), so on an accelerator the next plans compile in threads
-while this one compiles and runs its steps: compiling only, their arrays are allocated when their turn
-comes, after this plan's are freed.
+plan's initialisers, against 1–30 s of steps), so on an accelerator plans compile in waves: the first
+plan not yet compiled compiles beside the next `AHEAD_COMPILES` in threads (compiling only, their arrays
+are allocated when their turn comes, after the plan before has freed its own). A plan's steps wait for
+its wave's compiles to end: with compiles beside them, a step that offloads to host memory took up to
+30 times as long as alone.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from validation.measured import MeasuredStep
 from validation.outputs import append_record
 from validation.report import StepResult, StepTimeReport
 
-# Plans compiled ahead at once. On the v5e VM (13 host cores) one compile ahead left validation waiting on
-# each next compile; XLA's compiles run beside each other in threads: four at once took 18–23 s each
-# against 12–15 s alone (benchmarks/results/tpu_v5e/speed/compile_phases.jsonl).
+# Plans compiled beside the first of a wave. On the v5e VM (13 host cores) one compile ahead left validation
+# waiting on each next compile; XLA's compiles run beside each other in threads: four at once took 18–23 s
+# each against 12–15 s alone (benchmarks/results/tpu_v5e/speed/compile_phases.jsonl).
 AHEAD_COMPILES = 3
+QUIET_POLL_S = 1.0  # how often a plan waiting for its wave's compiles asks whether to stop
 
 
 def select_plans(ranked: Sequence[Ranked], *, max_plans: int, top: int, seed: int) -> list[Ranked]:
@@ -151,9 +154,9 @@ def validate_step_times(
             unless its steps are all done (then it is measured), and ends the run as an interrupt does
             (the CLI's signal handler sets it rather than raising inside jax).
         plans: the plans to run (`choose_plans`' answer); None chooses them here.
-        compile_ahead: compile the next `AHEAD_COMPILES` plans, each in a thread, while this one compiles
-            and runs its steps; None: on an accelerator, not on CPU devices, whose steps the compiles would
-            slow by sharing their cores.
+        compile_ahead: compile the next `AHEAD_COMPILES` plans, each in a thread, beside the first plan of a
+            wave, and time each plan's steps once its wave's compiles have ended; None: on an accelerator,
+            not on CPU devices, whose steps the compiles would slow by sharing their cores.
         say: gets a line per plan (`plan_line`) as it is done.
     Returns:
         A `StepTimeReport`; interrupted runs keep what was measured (``interrupted=True``).
@@ -173,18 +176,20 @@ def validate_step_times(
         compile_ahead = jax.default_backend() != "cpu"
     report = StepTimeReport(f"Step-time validation: {plans[0].plan.model.name} on {plans[0].plan.topology}")
     progress = tqdm(plans, desc="validate", unit="plan")
-    ahead: dict[int, PlanCompile] = {}  # the next plans' compiles, under way while this plan compiles and runs
+    ahead: dict[int, PlanCompile] = {}  # the later plans of this plan's wave, compiled in threads
     try:
         for index, ranked in enumerate(progress):
             progress.set_postfix_str(f"{ranked.plan.strategy_label} seq {ranked.plan.seq_len}")
             result = StepResult(ranked.plan, ranked.estimate)
             abandoned = False
-            job = ahead.pop(index, None) or PlanCompile(partial(compile_plan, ranked.plan, steps=steps))
-            if compile_ahead:
-                for later in range(index + 1, min(len(plans), index + 1 + AHEAD_COMPILES)):
-                    if later not in ahead:
+            job = ahead.pop(index, None)
+            if job is None:  # the first plan of a wave
+                job = PlanCompile(partial(compile_plan, ranked.plan, steps=steps))
+                if compile_ahead:
+                    for later in range(index + 1, min(len(plans), index + 1 + AHEAD_COMPILES)):
                         ahead[later] = PlanCompile(partial(compile_plan, plans[later].plan, steps=steps), ahead=True)
-            compiled = job.result  # its failure, raised in `run`, is this plan's
+            # its compile's failure, raised in `run`, is this plan's; its steps start once the wave's compiles end
+            compiled = partial(job.result, then_wait_for=tuple(ahead.values()), stop=stop)
 
             begin = time.perf_counter()
             measured = None
@@ -228,6 +233,7 @@ class PlanCompile:
         self.ahead = ahead
         self.seconds: float | None = None  # the compile's own wall time, in whichever thread it ran
         self.waited_s = 0.0  # how long `result` waited for it
+        self.quiet_wait_s = 0.0  # how long `result` then waited for the other compiles it was given
         self._fn, self._value, self._error = compile_fn, None, None
         self._done = threading.Event()
         if ahead:
@@ -249,7 +255,9 @@ class PlanCompile:
         """The compiled plan's `runtime.compile_cache.Compiles`, None until it compiled (or if it failed)."""
         return getattr(self._value, "compiles", None)
 
-    def result(self):
+    def result(self, then_wait_for: Sequence["PlanCompile"] = (), stop: "Callable[[], bool] | None" = None):
+        """The compiled plan, once the compiles `then_wait_for` have ended too (or `stop` says to stop), so
+        that its steps share the host with none."""
         begin = time.perf_counter()
         if not self.ahead and not self._done.is_set():
             self._compile()
@@ -257,6 +265,17 @@ class PlanCompile:
         self.waited_s += time.perf_counter() - begin
         if self._error is not None:
             raise self._error
+        pending = [other for other in then_wait_for if not other._done.is_set()]
+        if not pending:
+            return self._value
+        begin = time.perf_counter()
+        try:
+            for other in pending:
+                while not other._done.wait(QUIET_POLL_S):
+                    if stop is not None and stop():  # its steps will not be timed: no need for a quiet host
+                        return self._value
+        finally:
+            self.quiet_wait_s += time.perf_counter() - begin
         return self._value
 
 
@@ -267,11 +286,12 @@ class PlanTiming:
 
     compile_s: float | None = None  # None: not compiled (the run failed before it asked)
     compile_wait_s: float = 0.0
+    quiet_wait_s: float = 0.0  # how long its steps waited for the rest of its wave's compiles to end
     compiled_ahead: bool = False
     compiles: int | None = None  # None: not compiled, or the compile failed
     compile_cache_hits: int | None = None
     compile_cache: str | None = None  # `Compiles.describe`
-    run_s: float = 0.0  # the run's wall time but the wait for its compile: initialising, batches, steps
+    run_s: float = 0.0  # the run's wall time but the waits for compiles: initialising, batches, steps
     step_times_s: tuple[float, ...] = ()
 
     @classmethod
@@ -282,11 +302,12 @@ class PlanTiming:
         return cls(
             compile_s=job.seconds,
             compile_wait_s=job.waited_s,
+            quiet_wait_s=job.quiet_wait_s,
             compiled_ahead=job.ahead,
             compiles=None if counts is None else counts.compiled,
             compile_cache_hits=None if counts is None else counts.cache_hits,
             compile_cache=None if counts is None else counts.describe(),
-            run_s=total_s - job.waited_s,
+            run_s=total_s - job.waited_s - job.quiet_wait_s,
             step_times_s=() if measured is None else tuple(measured.step_times_s),
         )
 
@@ -331,6 +352,8 @@ def plan_line(number: int, total: int, record: dict) -> str:
         how = record["compile_cache"] or "failed"
         if record["compiled_ahead"]:
             how += f"; ahead, waited {record['compile_wait_s']:.1f} s"
+        if record["quiet_wait_s"] >= 0.05:
+            how += f"; then {record['quiet_wait_s']:.1f} s for its wave's other compiles"
         parts.append(f"compile {record['compile_s']:.1f} s ({how})")
     if record["steps"]:
         times = record["step_times_s"]

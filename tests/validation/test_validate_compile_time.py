@@ -156,6 +156,63 @@ def test_a_compile_failing_in_the_thread_ahead_is_recorded_against_its_plan(tmp_
     assert lines[1].endswith(f"(failed; ahead, waited {records[1]['compile_wait_s']:.1f} s); out of memory: {error}")
 
 
+@pytest.mark.cpu_mesh
+def test_a_plans_steps_wait_for_the_compiles_of_its_wave(tmp_path, monkeypatch):
+    import runtime
+    from runtime import runner
+
+    first, second = _two_plans()
+    plans = [first, second, first]  # a wave of two (AHEAD_COMPILES one), then a wave of one
+    monkeypatch.setattr("validation.steptime.AHEAD_COMPILES", 1)
+    events = []
+    first_compiled = threading.Event()
+    real_compile, real_run = runner.compile_plan, runtime.run
+
+    def compile_plan(plan, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            first_compiled.wait()  # compiling ahead, it ends after the plan in hand has compiled
+        compiled = real_compile(plan, **kwargs)
+        events.append(f"compiled {'fused' if plan.fused_attention_backward else 'separate'}")
+        first_compiled.set()
+        return compiled
+
+    def run(plan, *, compiled, **kwargs):
+        value = compiled()
+        events.append(f"steps {'fused' if plan.fused_attention_backward else 'separate'}")
+        return real_run(plan, compiled=value, **kwargs)
+
+    monkeypatch.setattr(runner, "compile_plan", compile_plan)
+    monkeypatch.setattr(runtime, "run", run)
+    _, records, lines = _validate(plans, tmp_path / "measurements.jsonl", compile_ahead=True)
+    # the first plan's steps waited for the second's compile; the third compiled in a wave of its own
+    assert events == ["compiled separate", "compiled fused", "steps separate", "steps fused"] + [
+        "compiled separate",
+        "steps separate",
+    ]
+    assert [r["compiled_ahead"] for r in records] == [False, True, False]
+    assert records[0]["quiet_wait_s"] > 0 and records[1]["quiet_wait_s"] == records[2]["quiet_wait_s"] == 0
+    assert f"then {records[0]['quiet_wait_s']:.1f} s for its wave's other compiles" in lines[0]
+    assert [r["failure"] for r in records] == [None, None, None]
+
+
+@pytest.mark.pure
+def test_a_plan_told_to_stop_stops_waiting_for_its_wave():
+    from validation.steptime import PlanCompile
+
+    release = threading.Event()
+    blocked = PlanCompile(release.wait, ahead=True)  # a compile that ends only when released
+    asked = []
+
+    def stop():
+        asked.append(True)
+        return True
+
+    assert PlanCompile(lambda: "compiled").result(then_wait_for=[blocked], stop=stop) == "compiled"
+    assert asked == [True] and not release.is_set()  # it returned on the first time it asked
+    release.set()
+    assert blocked.result() is True
+
+
 @pytest.mark.pure
 def test_the_line_of_a_plan_says_its_compile_and_its_steps():
     from validation.steptime import plan_line
@@ -166,6 +223,7 @@ def test_the_line_of_a_plan_says_its_compile_and_its_steps():
         "compile_s": 41.24,
         "compile_wait_s": 3.04,
         "compiled_ahead": True,
+        "quiet_wait_s": 0.0,
         "compile_cache": "cache hit",
         "step_times_s": [1.5, 0.82, 0.84],
         "steps": 3,
@@ -175,6 +233,11 @@ def test_the_line_of_a_plan_says_its_compile_and_its_steps():
     assert plan_line(3, 12, record) == (
         "plan 3/12 ring [context=4] full, blocks 512 at 2048 tokens: compile 41.2 s (cache hit; ahead, waited "
         "3.0 s), steps 3 in 3.16 s (best 0.82 s)"
+    )
+    first = record | {"compiled_ahead": False, "quiet_wait_s": 12.34}
+    assert plan_line(1, 12, first) == (
+        "plan 1/12 ring [context=4] full, blocks 512 at 2048 tokens: compile 41.2 s (cache hit; then 12.3 s for "
+        "its wave's other compiles), steps 3 in 3.16 s (best 0.82 s)"
     )
     stopped = record | {"compiled_ahead": False, "compile_cache": "cache miss", "step_times_s": [1.5], "steps": 1}
     stopped |= {"steps_s": 1.5, "failure": "abandoned: interrupted after 1 of 3 steps"}
