@@ -20,12 +20,11 @@
 #   hf-text         a Llama checkpoint of random weights (benchmarks/random_hf_checkpoint.py) loaded with
 #                   --init-from and trained RUN_STEPS steps on text (the checkout's docs/ and README.md as
 #                   bytes) with the default optimizer: whether its loss falls
-#   vmem-steps      LOSS_MODEL's best plans (PLANS) at VMEM_SEQ (default 8k), whose splash blocks need no raised scoped
-#                   VMEM, validated three times: at the compiler's default, with the limit raised to the chip's most
-#                   for every compile (as validate compiled them before each plan asked for its own), at the default
-#                   again: what the raised limit does to their steps
+#   vmem-steps      benchmarks/tpu_scoped_vmem_steps.py on LOSS_MODEL at VMEM_SEQ (default 8k): its best plans whose
+#                   splash blocks need no raised scoped VMEM, each compiled at the compiler's default and at the
+#                   chip's most, their steps run alternately, a profile of each; the calibration kernels at both
 #   compile-phases  benchmarks/tpu_compile_phases.py on LOSS_MODEL at 8k,16k: where a compile's time goes
-#   all             every stage
+#   all             calibrate, validate-h128, validate-h256 and run
 #
 # Each stage is bounded (STAGE_SECONDS, default 420: a command on the lent chip may take 10 minutes)
 # and independent: one that fails is reported and the next one runs. A validate stage stopped by its
@@ -132,21 +131,6 @@ hf_text() {
   return $status
 }
 
-vmem_steps() {  # the same plans validated at the default scoped VMEM, at the raised limit, at the default again
-  local run flags raised
-  # the chip row's most, as cpplan asks for it (cost_models.compute.scoped_vmem_flag)
-  raised="$(python3 -c "from cost_models.compute import scoped_vmem_flag; from cost_models.topology import get_topology
-print(scoped_vmem_flag(get_topology('$TOPOLOGY').chip.scoped_vmem_max_bytes // 1024))")" || return 1
-  for run in default-1 raised default-2; do
-    flags="${LIBTPU_INIT_ARGS:-}"
-    [ "$run" = raised ] && flags="$flags $raised"
-    mkdir -p "$OUT/vmem-steps/$run"
-    LIBTPU_INIT_ARGS="$flags" bounded "${CPPLAN[@]}" validate --model "$LOSS_MODEL" --seq-lens "$VMEM_SEQ" \
-      --topology "$TOPOLOGY" --compute-dtype "$DTYPE" --max-plans "$PLANS" --top "$PLANS" --steps 6 --no-plots \
-      --no-compile-cache --out "$OUT/vmem-steps/$run" 2>&1 | tee "$OUT/vmem-steps/$run/validate.log"
-  done
-}
-
 stage() {  # NAME: runs one stage, says how it ended, never stops the script
   local start=$SECONDS status
   echo "== $1 (at most ${STAGE_SECONDS} s a command) =="
@@ -162,7 +146,7 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
     run) run_resume ;;
     loss) train_losses loss --model "$LOSS_MODEL" ;;
     hf-text) hf_text ;;
-    vmem-steps) vmem_steps ;;
+    vmem-steps) bounded python3 benchmarks/tpu_scoped_vmem_steps.py "$LOSS_MODEL" "$VMEM_SEQ" "$OUT/vmem-steps" "$TOPOLOGY" ;;
     compile-phases) bounded python3 benchmarks/tpu_compile_phases.py "$LOSS_MODEL" 8k,16k "$OUT/compile-phases" ;;
     *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
   esac

@@ -317,8 +317,9 @@ def register(sub) -> None:
         "--compile-ahead",
         choices=sorted(COMPILE_AHEAD),
         default="auto",
-        help="compile the next plans, each in a thread, while this one compiles and runs (auto: on an "
-        "accelerator; not on CPU devices, whose steps the compiles would slow by sharing their cores)",
+        help="compile plans in waves, the next three in threads beside the first, each plan's steps once its "
+        "wave has compiled (auto: on an accelerator; not on CPU devices, whose steps the compiles would slow "
+        "by sharing their cores)",
     )
     p.add_argument(
         "--measured",
