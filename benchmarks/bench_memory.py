@@ -10,7 +10,7 @@ next to the XLA TPU compiler's, with the fit verdict of each.
 
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
-does not fit. Llama 3.1 8B's shapes with few layers (memory per layer is uniform; a row that
+does not fit. Llama 3.1 8B's shapes (Gemma 3 12B's in two rows) with few layers (memory per layer is uniform; a row that
 must not fit keeps all 32; the offload rows also at 3, 8 and 16 layers, where the compiler keeps the
 layer loops it peels and inlines at 2, and at 1; steps of one layer have no layer loop), short
 sequences so each compile takes seconds to a few minutes. Targets:
@@ -948,7 +948,8 @@ ROWS = [
         dict(remat="save_dot_except_mlp", load_balance="zigzag"),
     ),
     # local layers (Llama 3.1 8B's shapes with a window, chunks or packed documents; `model` holds the
-    # ModelSpec fields): the ring's one hop, a layer switch between a local and a global mask
+    # ModelSpec fields, and `base` another model to start from): the ring's one hop, a layer switch between
+    # a local and a global mask
     (
         "v5p local ring context8 128K x4 window4096 full 4l",
         "v5p:2x2x2",
@@ -1033,6 +1034,43 @@ ROWS = [
         4,
         dict(remat="minimal_with_context", model=dict(window=8 * K)),
     ),
+    # Gemma 3's block (local and global layers, four norms a layer, a 262K vocabulary) on v6e: its first six
+    # layers, the compiles the memory check of its MLP's output was read from
+    *[
+        (
+            f"v6e gemma3 fsdp4 {remat} 6 layers 8K",
+            "v6e:2x2",
+            dict(fsdp=4),
+            "none",
+            8 * K,
+            4,
+            6,
+            dict(remat=remat, model=dict(base="gemma3-12b")),
+        )
+        for remat in ("minimal", "full")
+    ],
+    # their embedding slice of 960 columns, off the TPU's 128 lanes, untied (copied at the update alone), and
+    # Llama's block at Gemma 3's width
+    (
+        "v6e gemma3 untied fsdp4 full 2 layers 8K",
+        "v6e:2x2",
+        dict(fsdp=4),
+        "none",
+        8 * K,
+        4,
+        2,
+        dict(remat="full", model=dict(base="gemma3-12b", tie_embeddings=False)),
+    ),
+    (
+        "v6e llama at gemma3's hidden 3840 fsdp4 full 2 layers 8K",
+        "v6e:2x2",
+        dict(fsdp=4),
+        "none",
+        8 * K,
+        4,
+        2,
+        dict(remat="full", model=dict(hidden=3840)),
+    ),
     # Held out: parameters in bf16 under FSDP, whose weight gradients are scattered in the compute dtype
     # (with fp32 parameters the price's fp32 unreduced gradient covers a bf16 one and tpu7x's scratch)
     *[
@@ -1057,8 +1095,9 @@ def plan_of(row):
 
     label, topology, mesh, strategy, seq_len, sequences, layers, fields = row
     fields = dict(fields)
-    base = get_model("llama3.1-8b")
-    model = dataclasses.replace(base, name=f"{base.name}-{layers}l", num_layers=layers, **fields.pop("model", {}))
+    model_fields = dict(fields.pop("model", {}))
+    base = get_model(model_fields.pop("base", "llama3.1-8b"))
+    model = dataclasses.replace(base, name=f"{base.name}-{layers}l", num_layers=layers, **model_fields)
     return Plan(
         model=model,
         topology=topology,

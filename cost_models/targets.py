@@ -160,6 +160,9 @@ class TargetTraits:
             load-balanced all-gather layer moves outside the kernels laying the gathered K/V out in natural
             order (each forward, a recomputed one too) and their gradients back (the backward); None: not
             read from a compile (docs/measurements.md#all-gather-kv-reorder).
+        table_split_on_hidden: the embedding table is split on its hidden dimension over the weight-sharding
+            group and tensor (`runtime.model.embed_lookup`), so a slice off the TPU's lanes is copied into
+            its lookup's layout (`pricing.memory.relaid_table_values`); False: no such copy read from a compile.
         expert_parallelism: runs the `expert` axis as expert parallelism (tokens sent to their experts'
             devices: MaxText); otherwise the axis is not searched (cpplan's runtime runs every expert on every
             device over its own tokens).
@@ -198,6 +201,7 @@ class TargetTraits:
     fused_dq_partials_in_q_dtype: bool = False
     fused_backward_in_key_chunks: bool = False
     zigzag_kv_reorder_passes: tuple[float, float] | None = None
+    table_split_on_hidden: bool = False
     model_kinds: frozenset[ModelKind] | None = None
     expert_parallelism: bool = False
     grouped_kernel: GroupedKernel = GroupedKernel.TOKAMAX
@@ -234,6 +238,7 @@ TRAITS: dict[Target, TargetTraits] = {
         fused_dq_partials_in_q_dtype=True,
         fused_backward_in_key_chunks=True,
         offload_reads_next_layer_early=True,
+        table_split_on_hidden=True,
     ),
     # MaxText 0.2.5, as its source and deviceless compiles show
     Target.MAXTEXT: TargetTraits(

@@ -17,7 +17,7 @@ from cost_models.estimate import Estimate
 from cost_models.pricing import LOSS_MEMORY, STATIC_MEMORY, UPDATE_MEMORY
 from cost_models.pricing.attention import key_chunks, vmapped_rows
 from cost_models.pricing.communication import data_all_reduces
-from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, layer_bytes
+from cost_models.pricing.memory import ATTENTION_SIDE, FORWARD_MEMORY, HELD_BY_FEW, layer_bytes
 from cost_models.remat import remat_label
 from cost_models.strategies import STRATEGIES
 from cost_models.targets import TRAITS, Target, model_refusal
@@ -50,7 +50,7 @@ _s = format_seconds  # the short name the report's many f-strings use
 def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
     """One phase of the HBM section: its total, then each component the plan holds (none of a flat
     offloading program's copies where it has none)."""
-    held = [k for k in keys if e.hbm_bytes[k] > 0 or k != "flat_program_held"]
+    held = [k for k in keys if e.hbm_bytes[k] > 0 or k not in HELD_BY_FEW]
     return (
         f"  {phase:<10} {_gib(sum(e.hbm_bytes[k] for k in keys))} ("
         + ", ".join(f"{k} {_gib(e.hbm_bytes[k])}" for k in held)

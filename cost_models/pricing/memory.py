@@ -31,14 +31,37 @@ from cost_models.strategies.base import SPLASH_LANES, CPCost, laid_out_values, l
 from cost_models.vocabulary import HostState, Placement
 from cost_models.work_layout import MLP_CHUNK_TOKENS, residual_tokens, vocab_pieces
 
-STATIC_MEMORY = ("params", "layer_grads", "head_grad", "optimizer", "activations", "weight_casts")
+STATIC_MEMORY = ("params", "layer_grads", "head_grad", "optimizer", "activations", "weight_casts", "relaid_table")
 # the layers' backward forms their gradients after the loss: the loss holds the rest of the step's state
 LOSS_STATE = tuple(k for k in STATIC_MEMORY if k != "layer_grads")
 ATTENTION_SIDE = ("attention_working_set", "attention_buffers", "lse_relayout", "collective_buffers")
 LOSS_MEMORY = ("logits", "head_buffers", "loss_input", "flat_program_held")
-UPDATE_MEMORY = ("params", "layer_grads", "head_grad", "update_gradients", "optimizer", "optimizer_update")
+UPDATE_MEMORY = (
+    "params",
+    "layer_grads",
+    "head_grad",
+    "update_gradients",
+    "optimizer",
+    "optimizer_update",
+    "relaid_table",
+    "relaid_update",
+)
 # before any gradient is formed: the state the forward holds and one layer's forward
-FORWARD_MEMORY = ("params", "optimizer", "activations", "weight_casts", "forward_working_set", "flat_program_held")
+FORWARD_MEMORY = (
+    "params",
+    "optimizer",
+    "activations",
+    "weight_casts",
+    "relaid_table",
+    "forward_working_set",
+    "flat_program_held",
+)
+# A table slice is copied where its lane padding is under 1/RELAID_PADDING_PARTS of it: deviceless compiles
+# copied slices padded by 6.7% and 20% (960, 120 and 320 columns) and none padded by a third or more (192,
+# 288, 64 and 16 columns)
+RELAID_PADDING_PARTS = 3
+# components most plans do not hold, left out of `explain`'s lines where zero
+HELD_BY_FEW = ("flat_program_held", "relaid_table", "relaid_update")
 # The price is what a step's buffers need packed. libtpu's default placement leaves up to 15% of the
 # temporary allocation between them; this one packs them (same schedule, same live peak), and every
 # TPU compile and run of cpplan's, and its MaxText export, asks for it (docs/measurements.md,
@@ -107,6 +130,10 @@ class MemoryBytes:
     flat_program_held: np.ndarray
     # the output head's update at the step's end, beyond its gradient (in the gradients + `update_gradients`)
     optimizer_update: np.ndarray
+    # a tied embedding table's copy in the layout its lookup reads, held all step (`relaid_table_values`)
+    relaid_table: np.ndarray
+    # at the update, the table's moments (and an untied table) copied into that layout
+    relaid_update: np.ndarray
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -167,6 +194,7 @@ def price_memory(
     fused_backward_in_key_chunks: bool = False,
     expert_buffers_worst_case: bool = False,
     grouped_matmul_backward: bool = False,
+    table_split_on_hidden: bool = False,
 ) -> MemoryBytes:
     """HBM each candidate holds per device, by component; `context` is the strategy's traffic (its buffers
     at a layer's peak), the keyword arguments the target's traits of the same names (`expert_buffers_worst_case`:
@@ -218,6 +246,7 @@ def price_memory(
         routed_copies = routed_copy_bytes(x)
     layer_grads = layer_gradient_bytes(x)
     head_shard = m.hidden * m.vocab / shards
+    relaid = relaid_table_values(x, shards) * table_split_on_hidden
     # kept MLP values are not read in place: the layer's backward copies its layer's slice of the
     # stacked residuals, the chunk loop each chunk's slice of that copy; a step of one layer has no layer
     # loop and no stack, and its chunk loop slices the kept values directly
@@ -345,7 +374,28 @@ def price_memory(
             param_bytes=pb, mu_bytes=x.mu_bytes, relayout_off_core=x.topology.chip.relayout_off_tensorcore
         )
         * (x.topology.chip.kind is ChipKind.TPU and not head_gradient_in_head_layout),
+        relaid_table=relaid * m.tie_embeddings * pb,
+        relaid_update=relaid * ((not m.tie_embeddings) * pb + x.mu_bytes + pb),
     )
+
+
+def relaid_table_values(x: Candidates, shards) -> np.ndarray:
+    """Values of a copy of the embedding table's slice on a device, padded to the chip's lanes, where the
+    table is split on its hidden dimension over `shards` devices (cpplan's runtime, `runtime.model.embed_lookup`)
+    and the slice's width is off a TPU's lanes by less than `RELAID_PADDING_PARTS` allows; 0 elsewhere.
+
+    Such a table enters the step laid out vocabulary-minor, which pads it least, and the compiler copies it
+    into the rows-minor layout the lookup and the update read: a tied table's copy from the forward to the
+    update, an untied one's at the update, and the table's two moments there too (Gemma 3's hidden of 3840
+    over 4 devices). Padded more, it is read in place (docs/measurements.md, "An embedding slice off the
+    lanes")."""
+    lanes = x.topology.chip.kind.lanes
+    width = x.model.hidden / np.asarray(shards)
+    padded = np.ceil(width / lanes) * lanes
+    copied = (
+        (x.topology.chip.kind is ChipKind.TPU) & (padded > width) & ((padded - width) * RELAID_PADDING_PARTS < width)
+    )
+    return np.where(copied, padded * x.model.vocab, 0.0)
 
 
 def per_layer_input_values(model) -> int:

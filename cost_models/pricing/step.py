@@ -263,6 +263,7 @@ def price_shapes(x: Candidates, target: Target) -> ShapePrice:
                 fused_backward_in_key_chunks=target.traits.fused_backward_in_key_chunks,
                 expert_buffers_worst_case=target.traits.maxtext_rules,
                 grouped_matmul_backward=target.traits.maxtext_rules,
+                table_split_on_hidden=target.traits.table_split_on_hidden,
             ).as_dict(),
             attention.layout,
             target.traits,
