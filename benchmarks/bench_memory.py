@@ -10,8 +10,8 @@ next to the XLA TPU compiler's, with the fit verdict of each.
 
 The rows cover tensor parallelism with sequence parallelism, offload to host memory, bf16 first
 moments, every context-parallel strategy and several remat policies, and at least one plan that
-does not fit. Llama 3.1 8B's shapes (Gemma 3 12B's in two rows) with few layers (memory per layer is uniform; a row that
-must not fit keeps all 32; the offload rows also at 3, 8 and 16 layers, where the compiler keeps the
+does not fit. Llama 3.1 8B's shapes (Gemma 3 12B's in three rows) with few layers (memory per layer is
+uniform; a row that must not fit keeps all 32; the offload rows also at 3, 8 and 16 layers, where the compiler keeps the
 layer loops it peels and inlines at 2, and at 1; steps of one layer have no layer loop), short
 sequences so each compile takes seconds to a few minutes. Targets:
 the prediction within 10% of the compiler on every row, and the same fit verdict on every row.

@@ -31,6 +31,7 @@ from cost_models.remat import SEARCHED_POLICIES
 from cost_models.topology import get_topology
 from cost_models.vocabulary import DTYPE_BYTES
 from runtime.measure import MIN_TIMED_S
+from validation.steptime import AHEAD_COMPILES
 
 
 def validated_plans(args: argparse.Namespace, model, lengths, strategies: "str | None", **options):
@@ -317,9 +318,9 @@ def register(sub) -> None:
         "--compile-ahead",
         choices=sorted(COMPILE_AHEAD),
         default="auto",
-        help="compile plans in waves, the next three in threads beside the first, each plan's steps once its "
-        "wave has compiled (auto: on an accelerator; not on CPU devices, whose steps the compiles would slow "
-        "by sharing their cores)",
+        help=f"compile plans in waves, the next {AHEAD_COMPILES} in threads beside the first, each plan's steps "
+        "once its wave has compiled (auto: on an accelerator; not on CPU devices, whose steps the compiles would "
+        "slow by sharing their cores)",
     )
     p.add_argument(
         "--measured",

@@ -48,8 +48,8 @@ _s = format_seconds  # the short name the report's many f-strings use
 
 
 def _memory_line(phase: str, e: Estimate, keys: tuple[str, ...]) -> str:
-    """One phase of the HBM section: its total, then each component the plan holds (none of a flat
-    offloading program's copies where it has none)."""
+    """One phase of the HBM section: its total, then each component the plan holds (those few plans hold,
+    `HELD_BY_FEW`, only where it holds them)."""
     held = [k for k in keys if e.hbm_bytes[k] > 0 or k not in HELD_BY_FEW]
     return (
         f"  {phase:<10} {_gib(sum(e.hbm_bytes[k] for k in keys))} ("

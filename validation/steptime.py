@@ -209,6 +209,9 @@ def validate_step_times(
                     result.measured_step_s = measured.best_step_s
                     result.measured_median_s = measured.step_time_s
                     result.measured_mfu = measured_mfu(ranked.estimate, measured.best_step_s)
+            except StoppedBeforeSteps as err:
+                abandoned = True
+                result.failure = str(err)
             except Exception as err:  # one plan's failure (a compile, HBM) is its result; the next is measured
                 result.failure = failure_reason(err)
                 gc.collect()  # the failed plan's arrays and executables, before the next plan allocates
@@ -223,6 +226,10 @@ def validate_step_times(
     finally:
         progress.close()
     return report
+
+
+class StoppedBeforeSteps(CpplanError):
+    """Told to stop while its wave compiled: the plan is abandoned before a step runs beside the compiles."""
 
 
 class PlanCompile:
@@ -256,8 +263,12 @@ class PlanCompile:
         return getattr(self._value, "compiles", None)
 
     def result(self, then_wait_for: Sequence["PlanCompile"] = (), stop: "Callable[[], bool] | None" = None):
-        """The compiled plan, once the compiles `then_wait_for` have ended too (or `stop` says to stop), so
-        that its steps share the host with none."""
+        """The compiled plan, once the compiles `then_wait_for` have ended too, so that its steps share the
+        host with none.
+
+        Raises:
+            StoppedBeforeSteps: `stop` said to stop while it waited for them.
+        """
         begin = time.perf_counter()
         if not self.ahead and not self._done.is_set():
             self._compile()
@@ -272,8 +283,8 @@ class PlanCompile:
         try:
             for other in pending:
                 while not other._done.wait(QUIET_POLL_S):
-                    if stop is not None and stop():  # its steps will not be timed: no need for a quiet host
-                        return self._value
+                    if stop is not None and stop():
+                        raise StoppedBeforeSteps("abandoned: interrupted before its steps, while its wave compiled")
         finally:
             self.quiet_wait_s += time.perf_counter() - begin
         return self._value

@@ -164,16 +164,29 @@ def test_a_plans_steps_wait_for_the_compiles_of_its_wave(tmp_path, monkeypatch):
     first, second = _two_plans()
     plans = [first, second, first]  # a wave of two (AHEAD_COMPILES one), then a wave of one
     monkeypatch.setattr("validation.steptime.AHEAD_COMPILES", 1)
+    monkeypatch.setattr("validation.steptime.QUIET_POLL_S", 0.01)
     events = []
-    first_compiled = threading.Event()
+    first_compiled, waited = threading.Event(), threading.Event()
+    polls = []
     real_compile, real_run = runner.compile_plan, runtime.run
 
+    def stop():
+        polls.append(True)  # asked at each poll while the first plan waits for its wave
+        if len(polls) == QUIET_POLLS:
+            waited.set()
+        return False
+
     def compile_plan(plan, **kwargs):
-        if threading.current_thread() is not threading.main_thread():
+        ahead = threading.current_thread() is not threading.main_thread()
+        if ahead:
             first_compiled.wait()  # compiling ahead, it ends after the plan in hand has compiled
-        compiled = real_compile(plan, **kwargs)
+        try:
+            compiled = real_compile(plan, **kwargs)
+        finally:
+            first_compiled.set()
+        if ahead:
+            waited.wait()  # and after the plan in hand has waited for it through QUIET_POLLS polls
         events.append(f"compiled {'fused' if plan.fused_attention_backward else 'separate'}")
-        first_compiled.set()
         return compiled
 
     def run(plan, *, compiled, **kwargs):
@@ -183,22 +196,29 @@ def test_a_plans_steps_wait_for_the_compiles_of_its_wave(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner, "compile_plan", compile_plan)
     monkeypatch.setattr(runtime, "run", run)
-    _, records, lines = _validate(plans, tmp_path / "measurements.jsonl", compile_ahead=True)
+    _, records, lines = _validate(plans, tmp_path / "measurements.jsonl", compile_ahead=True, stop=stop)
     # the first plan's steps waited for the second's compile; the third compiled in a wave of its own
     assert events == ["compiled separate", "compiled fused", "steps separate", "steps fused"] + [
         "compiled separate",
         "steps separate",
     ]
     assert [r["compiled_ahead"] for r in records] == [False, True, False]
-    assert records[0]["quiet_wait_s"] > 0 and records[1]["quiet_wait_s"] == records[2]["quiet_wait_s"] == 0
+    # at least QUIET_POLLS polls of 0.01 s; nothing left to wait for after it
+    assert records[0]["quiet_wait_s"] >= QUIET_POLLS * 0.01
+    assert records[1]["quiet_wait_s"] == records[2]["quiet_wait_s"] == 0
     assert f"then {records[0]['quiet_wait_s']:.1f} s for its wave's other compiles" in lines[0]
+    assert "for its wave" not in lines[1] + lines[2]
     assert [r["failure"] for r in records] == [None, None, None]
 
 
-@pytest.mark.pure
-def test_a_plan_told_to_stop_stops_waiting_for_its_wave():
-    from validation.steptime import PlanCompile
+QUIET_POLLS = 6  # polls of 0.01 s: a wait the plan's line reports (it says waits from 0.05 s)
 
+
+@pytest.mark.pure
+def test_a_plan_told_to_stop_while_its_wave_compiles_is_abandoned_before_its_steps(monkeypatch):
+    from validation.steptime import PlanCompile, StoppedBeforeSteps
+
+    monkeypatch.setattr("validation.steptime.QUIET_POLL_S", 0.01)
     release = threading.Event()
     blocked = PlanCompile(release.wait, ahead=True)  # a compile that ends only when released
     asked = []
@@ -207,8 +227,9 @@ def test_a_plan_told_to_stop_stops_waiting_for_its_wave():
         asked.append(True)
         return True
 
-    assert PlanCompile(lambda: "compiled").result(then_wait_for=[blocked], stop=stop) == "compiled"
-    assert asked == [True] and not release.is_set()  # it returned on the first time it asked
+    with pytest.raises(StoppedBeforeSteps, match="interrupted before its steps"):
+        PlanCompile(lambda: "compiled").result(then_wait_for=[blocked], stop=stop)
+    assert asked == [True] and not release.is_set()  # it stopped the first time it asked
     release.set()
     assert blocked.result() is True
 
