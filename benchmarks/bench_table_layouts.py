@@ -7,7 +7,6 @@ moments the program makes, and whether the price holds copies (`pricing.memory.r
     python benchmarks/bench_table_layouts.py   # about a minute a width; writes results/table_layouts.txt
 """
 
-import dataclasses
 import os
 import re
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from bench_memory import compile_with_heap, plan_of  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "table_layouts.txt"
 LANES = 128
@@ -34,30 +35,11 @@ DEVICES = 8
 
 
 def plan_for(hidden: int):
-    from cost_models.models import get_model
-    from planner import Plan, make_mesh
-
+    """bench_memory's plan of its row for Llama's block at `hidden` (`SHAPES`)."""
     heads, kv_heads, head_dim = SHAPES[hidden]
-    base = get_model("llama3.1-8b")
-    model = dataclasses.replace(
-        base,
-        name=f"{base.name}-hidden{hidden}",
-        num_layers=2,
-        hidden=hidden,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-    )
-    return Plan(
-        model=model,
-        topology="v5p:2x2x2",
-        seq_len=8192,
-        global_batch=DEVICES,
-        mesh=make_mesh(fsdp=DEVICES),
-        cp_strategy="none",
-        remat="full",
-        block_q=512,
-        block_kv=512,
+    model = dict(hidden=hidden, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    return plan_of(
+        (f"hidden {hidden}", "v5p:2x2x2", dict(fsdp=DEVICES), "none", 8192, DEVICES, 2, dict(remat="full", model=model))
     )
 
 
@@ -70,22 +52,20 @@ def table_layouts(program: str) -> tuple[list[str], list[str]]:
 
 def main() -> None:
     from planner.estimate import estimate
-    from runtime.compile import compile_for
 
-    lines = [f"{'columns':>7} {'padding':>8}  entry layout of the table       copied by the program             priced"]
+    lines = [f"{'columns':>7} {'padding':>8}  {'entry layout of the table':<34} {'copied by the program':<50} priced"]
     print(lines[0], flush=True)
     for hidden in SHAPES:
         plan = plan_for(hidden)
         with tempfile.TemporaryDirectory() as dump:
-            options = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True, "xla_dump_hlo_module_re": "jit_fn.*"}
-            compile_for(plan, compiler_options=options)
+            compile_with_heap(plan, Path(dump))
             text = next(p for p in Path(dump).glob("*after_optimizations.txt")).read_text()
         layouts, copies = table_layouts(text)
         width = hidden // DEVICES
         padding = -width % LANES / width
         priced = estimate(plan).hbm_bytes["relaid_update"]
         copied = ", ".join(sorted({name.split("'")[0].rstrip("[") or "params" for name in copies})) or "nothing"
-        line = f"{width:>7} {padding:>8.1%}  {sorted(set(layouts))!s:<30} {copied:<33} {'a copy' if priced else 'none'}"
+        line = f"{width:>7} {padding:>8.1%}  {sorted(set(layouts))!s:<34} {copied:<50} {'a copy' if priced else 'none'}"
         lines.append(line)
         print(line, flush=True)
     RESULTS.write_text("\n".join(lines) + "\n")

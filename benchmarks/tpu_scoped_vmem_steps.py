@@ -28,6 +28,7 @@ def main(model: str, length: str, out: Path, topology: str = "v5e:1x1") -> None:
     import numpy as np
 
     from cost_models.topology import get_topology
+    from planner.options import parse_seq_len
     from runtime import measure
     from runtime.compile import scoped_vmem_options
     from runtime.data import synthetic_batches
@@ -49,7 +50,7 @@ def main(model: str, length: str, out: Path, topology: str = "v5e:1x1") -> None:
     topo = get_topology(topology)
     raised_kib = topo.chip.scoped_vmem_max_bytes // 1024
     limits = {"default": None, "raised": scoped_vmem_options(raised_kib)}
-    seq_len = int(length.lower().removesuffix("k")) * 1024 if length.lower().endswith("k") else int(length)
+    seq_len = parse_seq_len(length)
     chosen = choose_plans(model, [seq_len], topology, max_plans=PLANS, top=PLANS, compute_dtype="bfloat16")
     for number, ranked in enumerate(chosen):
         plan = ranked.plan
