@@ -11,9 +11,13 @@ from one slice. Priced as the line rate alone it is 5-10× too small and grows w
 across the slices, each waiting the latency `base + per_slice · N`; the growth left unpriced by the line rate
 is fitted as calls · 2 · (base + per_slice · N) by non-negative least squares over those runs (scipy's nnls).
 The v5p runs of the same table and the v6e runs of benchmarks/public_multislice_runs.csv are not fitted to:
-their growth is printed beside the fit's, as a test.
+their growth is printed beside the fit's, as a test. So is the growth of the families of
+benchmarks/public_slice_scaling_runs.csv, published on several slice counts but not on one (MLPerf's GPT-3 175B
+over 4, 8 and 12 v6e-256 slices), from their fewest slices.
 """
 
+import csv
+import statistics
 import sys
 from pathlib import Path
 
@@ -23,12 +27,25 @@ from scipy.optimize import nnls
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cost_models.models import ModelSpec  # noqa: E402
 from cost_models.pricing.communication import data_all_reduces  # noqa: E402
+from cost_models.topology import get_topology  # noqa: E402
+from planner.estimate import estimate  # noqa: E402
+from planner.plan import Plan, make_mesh  # noqa: E402
 from validation.corpus import DCN_FITTED_CHIP as FITTED_CHIP  # noqa: E402
 from validation.corpus import compare_corpus, read_corpus, slice_growth  # noqa: E402
 
 CORPORA = (ROOT / "benchmarks" / "public_runs.csv", ROOT / "benchmarks" / "public_multislice_runs.csv")
+SCALING = ROOT / "benchmarks" / "public_slice_scaling_runs.csv"
 COLLECTIVES_PER_ALL_REDUCE = 2  # a reduce-scatter and an all-gather across the slices
+# the scaling families' models, as MaxText's config gives them (configs/models/gpt3-175b.yml of the MLPerf
+# v4.1 fork: 96 layers, embed 12288, 96 heads of 128, MLP 49152 of gelu, vocabulary 50304, logits via the
+# embedding); priced in bf16 (the runs' int8 matmuls change the step, not what crosses the slices)
+SCALING_MODELS = {
+    "mlperf41-gpt3-175b-v6e": ModelSpec(
+        "gpt3-175b", 96, 12288, 96, 96, 128, 49152, 50304, tie_embeddings=True, mlp_activations=("gelu",)
+    ),
+}
 
 
 def growth_rows() -> list[dict]:
@@ -46,6 +63,44 @@ def growth_rows() -> list[dict]:
             held = calls * chip.dcn_latency_s(g["slices"]) if plan.dcn_data > 1 else 0.0
             rows.append(g | {"chip": chip.name, "calls": calls, "line_rate_growth_s": g["priced_growth_s"] - held})
     return rows
+
+
+def scaling_plan(row: dict) -> Plan:
+    """A scaling run's plan as its flags lay it out: fsdp over each slice, the slices splitting the batch."""
+    slices, chips = int(row["slices"]), get_topology(row["topology"]).num_devices
+    return Plan(
+        model=SCALING_MODELS[row["family"]],
+        topology=get_topology(row["topology"], num_slices=slices).name,
+        seq_len=int(row["seq_len"]),
+        global_batch=int(row["per_device_batch"]) * chips * slices,
+        mesh=make_mesh(data=slices, fsdp=chips),
+        dcn_data=slices,
+        remat="full",
+        loss_chunk_tokens=0,
+    )
+
+
+def print_scaling_families(per_slice: float) -> None:
+    """Each scaling family's growth from its fewest slices: published (the median of its runs) and priced."""
+    with open(SCALING, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for family in dict.fromkeys(r["family"] for r in rows):
+        runs = [r for r in rows if r["family"] == family]
+        by_slices = {
+            n: statistics.median(float(r["step_s"]) for r in runs if int(r["slices"]) == n)
+            for n in sorted({int(r["slices"]) for r in runs})
+        }
+        plans = {n: scaling_plan(next(r for r in runs if int(r["slices"]) == n)) for n in by_slices}
+        priced = {n: estimate(plan, target="maxtext").step_time_s for n, plan in plans.items()}
+        first = min(by_slices)
+        calls = data_all_reduces(plans[first].model) * COLLECTIVES_PER_ALL_REDUCE
+        print(f"held out, {family} (no one-slice run; growth from {first} slices, {calls} collectives a step):")
+        for n in by_slices:
+            latency = calls * per_slice * (n - first)
+            print(
+                f"  {n:>2} slices: published {by_slices[n]:.3f} s, growth {by_slices[n] - by_slices[first]:+.3f} s; "
+                f"priced growth {priced[n] - priced[first]:+.3f} s, of it the fitted latency's {latency:+.3f} s"
+            )
 
 
 def main() -> None:
@@ -83,6 +138,7 @@ def main() -> None:
                 f"largest {max(before):.1%} → {max(after):.1%} (each step priced as its one-slice twin's price "
                 f"plus the growth)"
             )
+    print_scaling_families(per_slice)
 
 
 if __name__ == "__main__":
