@@ -24,6 +24,8 @@
 #                   splash blocks need no raised scoped VMEM, each compiled at the compiler's default and at the
 #                   chip's most, their steps run alternately, a profile of each; the calibration kernels at both
 #   compile-phases  benchmarks/tpu_compile_phases.py on LOSS_MODEL at 8k,16k: where a compile's time goes
+#   long-kernels    benchmarks/tpu_long_kernels.py: splash at a 1M-4M ring's and all-gather's shapes (128K-512K
+#                   keys), priced with the v5e row as it stands (held out: the row was fitted to 4K-128K)
 #   all             calibrate, validate-h128, validate-h256 and run
 #
 # Each stage is bounded (STAGE_SECONDS, default 420: a command on the lent chip may take 10 minutes)
@@ -148,6 +150,7 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
     hf-text) hf_text ;;
     vmem-steps) bounded python3 benchmarks/tpu_scoped_vmem_steps.py "$LOSS_MODEL" "$VMEM_SEQ" "$OUT/vmem-steps" "$TOPOLOGY" ;;
     compile-phases) bounded python3 benchmarks/tpu_compile_phases.py "$LOSS_MODEL" 8k,16k "$OUT/compile-phases" ;;
+    long-kernels) bounded python3 benchmarks/tpu_long_kernels.py "$OUT/long-kernels" ;;
     *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
   esac
   status=$?
