@@ -116,10 +116,18 @@ class Instruction:
     opcode: str
     operands: tuple[str, ...]
     attributes: str
+    # per operand, the tuple element it names (newer printers write `%p#1` for get-tuple-element(%p), index=1)
+    elements: tuple[int | None, ...] = ()
 
     def attribute(self, key: str) -> str | None:
         """The text of `key=...` up to the next top-level comma, or None."""
         return _attribute(self.attributes, key)
+
+    def operand_shape(self, i: int, shapes: dict[str, str]) -> str:
+        """The shape text of operand `i` (its tuple element's where it names one), "" where unknown."""
+        shape = shapes.get(self.operands[i], "")
+        element = self.elements[i] if i < len(self.elements) else None
+        return shape if element is None else _tuple_element(shape, element)
 
     @property
     def called(self) -> tuple[str, ...]:
@@ -260,10 +268,30 @@ def _parse_instruction(line: str) -> Instruction | None:
         return None
     opcode = rest[:paren].strip()
     close = _balanced(rest, paren)
-    operands = tuple(re.findall(r"%([\w.\-]+)", rest[paren:close]))
+    named = re.findall(r"%([\w.\-]+)(?:#(\d+))?", rest[paren:close])
+    operands = tuple(name for name, _ in named)
+    elements = tuple(int(element) if element else None for _, element in named)
     if not operands:  # unprefixed operand names (older printers)
         operands = tuple(o.strip().split(" ")[-1] for o in rest[paren + 1 : close - 1].split(",") if o.strip())
-    return Instruction(head.group(2), shape, opcode, operands, rest[close:].lstrip(", "))
+        elements = ()
+    return Instruction(head.group(2), shape, opcode, operands, rest[close:].lstrip(", "), elements)
+
+
+def _tuple_element(shape: str, index: int) -> str:
+    """The `index`-th top-level element of a tuple shape text ("" where it has none)."""
+    shape = re.sub(r"/\*[^*]*\*/", "", shape).strip()
+    if not shape.startswith("("):
+        return ""
+    parts, depth, start = [], 0, 1
+    for i, ch in enumerate(shape):
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth -= 1
+        if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
+            parts.append(shape[start:i].strip())
+            start = i + 1
+    return parts[index] if index < len(parts) else ""
 
 
 def parse_computations(text: str) -> tuple[dict[str, Computation], str]:
@@ -383,14 +411,14 @@ def instruction_flops(instruction: Instruction, shapes: dict[str, str]) -> float
     if not out or len(instruction.operands) < 2:
         return 0.0
     out_elements = math.prod(out[0][1])
-    rhs = _arrays(shapes.get(instruction.operands[1], ""))
+    rhs = _arrays(instruction.operand_shape(1, shapes))
     if instruction.opcode == "dot":
-        lhs = _arrays(shapes.get(instruction.operands[0], ""))
+        lhs = _arrays(instruction.operand_shape(0, shapes))
         contracting = instruction.attribute("lhs_contracting_dims") or "{}"
         dims = [int(d) for d in re.findall(r"\d+", contracting)]
         return 2.0 * out_elements * math.prod(lhs[0][1][d] for d in dims) if lhs else 0.0
     labels = instruction.attribute("dim_labels")
-    lhs = _arrays(shapes.get(instruction.operands[0], ""))
+    lhs = _arrays(instruction.operand_shape(0, shapes))
     if not labels or not rhs or not lhs:
         return 0.0
     inputs, out_labels = labels.split("->")
@@ -468,9 +496,13 @@ def loop_trip_counts(hlo_text: str) -> dict[str, int]:
     for m in re.finditer(r"while\(%([\w.\-]+)\), condition=%([\w.\-]+), body=%([\w.\-]+)", hlo_text):
         init, condition, body = m.groups()
         text = bodies.get(condition, "")
-        compare = re.search(r"compare\(%([\w.\-]+), %([\w.\-]+)\), direction=LT", text)
-        index = compare and re.search(r"get-tuple-element\(%[\w.\-]+\), index=(\d+)", lines.get(compare.group(1), ""))
-        bound = compare and constant(compare.group(2))
+        compare = re.search(r"compare\(%([\w.\-]+)(?:#(\d+))?, %([\w.\-]+)\), direction=LT", text)
+        # the counter: the K-th element of the loop's tuple, as `%p#K` or through a get-tuple-element
+        index = compare and (
+            re.match(r"(\d+)", compare.group(2) or "")
+            or re.search(r"get-tuple-element\(%[\w.\-]+\), index=(\d+)", lines.get(compare.group(1), ""))
+        )
+        bound = compare and constant(compare.group(3))
         operands = re.search(r"tuple\(([^)]*)\)", lines.get(init, ""))
         if not (index and bound is not None and operands):
             continue
@@ -492,7 +524,7 @@ def _loop_step(body_text: str, index: int, lines: dict[str, str], constant) -> i
     name = names[index] if index < len(names) else ""
     while re.search(r"\b(copy|bitcast)\(%", lines.get(name, "")):
         name = re.search(r"\b(?:copy|bitcast)\(%([\w.\-]+)", lines[name]).group(1)
-    add = re.search(r"\badd\(%([\w.\-]+), %([\w.\-]+)\)", lines.get(name, ""))
+    add = re.search(r"\badd\(%([\w.\-]+)(?:#\d+)?, %([\w.\-]+)(?:#\d+)?\)", lines.get(name, ""))
     if add is None:
         return None
     steps = [constant(operand) for operand in add.groups()]
@@ -846,7 +878,7 @@ def read_compiled_program(
         else:
             pair = _done_of(instruction, comp.instructions[n + 1 :]) if is_async else None
         launched, done = pair if pair else (instruction, None)
-        operand_shapes = [inner_comp.shapes.get(o, "") for o in inner.operands]
+        operand_shapes = [inner.operand_shape(i, inner_comp.shapes) for i in range(len(inner.operands))]
         operand_bytes = sum(shape_bytes(s) for s in operand_shapes)
         if kind != "all-gather":
             array_bytes = operand_bytes

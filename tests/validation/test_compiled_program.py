@@ -3,6 +3,7 @@ compiled steps are in tests/runtime/test_compile.py)."""
 
 import dataclasses
 import math
+import re
 
 import pytest
 
@@ -187,6 +188,35 @@ ENTRY %main (a: bf16[2048,8,32], b: bf16[8,256,32]) -> bf16[2048,8,256] {
     taps = sum(1 for o in range(8) for k in range(8) if 0 <= o + k - 7 < 8)
     assert taps == 36
     assert read_compiled_program(module).matmul_flops == 2 * 2048 * 256 * 32 * taps
+
+
+def newer_printer(module: str) -> str:
+    """The module as newer XLA prints it: a tuple's element named `%p#K` where it is used, no get-tuple-element
+    (the entry's result, an instruction of its own, stays)."""
+    gte = r"  %([\w.]+) = [^ ]+ get-tuple-element\((%[\w.]+)\), index=(\d+)\n"
+    for name, tuple_name, index in re.findall(gte, module):
+        if name != "out":
+            module = re.sub(rf"  %{re.escape(name)} = [^\n]*\n", "", module)
+            module = re.sub(rf"%{re.escape(name)}(?=[,)])", f"{tuple_name}#{index}", module)
+    assert "get-tuple-element(%p" not in module and "%p#3" in module and "compare(%p.1#0" in module
+    return module
+
+
+def test_a_tuple_element_named_where_it_is_used_reads_as_its_get_tuple_element():
+    """Newer XLA (jax 0.12's) writes `compare(%p#0, %four)` and `all-gather(%p#1)`: the loop's trips and
+    each operand's bytes are its element's, not the whole tuple's."""
+    older, newer = read_compiled_program(LOOP_MODULE), read_compiled_program(newer_printer(LOOP_MODULE))
+    assert (
+        newer.step_bytes(by="kind")
+        == older.step_bytes(by="kind")
+        == {
+            "all-gather": 4 * 256 * 512 * 2,
+            "collective-permute": 4 * 4 * 2048 * 32 * 2,
+        }
+    )
+    assert newer.matmul_flops == older.matmul_flops == 4 * 2 * 2048 * 512 * 256
+    (permute,) = newer.of(kind="collective-permute")
+    assert permute.array_bytes == 4 * 2048 * 32 * 2  # the element's, not the tuple's (which adds 64×512 and more)
 
 
 def test_loop_without_a_counted_condition_is_refused():
