@@ -3,15 +3,13 @@
 `cpplan validate` spends most of its time compiling (on a TPU v5e chip about 50 s per plan's step against
 seconds of steps), and runs the same plans again and again as the model is tuned; jax's persistent
 compilation cache keeps each executable on disk under a key of the program, the devices and the compiler's
-options, so a second run of a plan loads its step rather than compiling it; past `DEFAULT_MAX_BYTES` on disk
-jax deletes the programs used longest ago (its LRU cache, which needs `filelock`). `count_compiles` says, for the
+options, so a second run of a plan loads its step rather than compiling it. `count_compiles` says, for the
 thread it runs in, how many programs were compiled and how many the cache answered (from jax's monitoring
 events, which fire in the compiling thread).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 from contextlib import contextmanager
@@ -20,9 +18,6 @@ from pathlib import Path
 
 CACHE_DIR_ENV = "JAX_COMPILATION_CACHE_DIR"  # jax's own setting: where a user has put the cache already
 MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"  # jax's: programs compiled faster are not kept
-MAX_SIZE_ENV = "JAX_COMPILATION_CACHE_MAX_SIZE"  # jax's: bytes on disk before it evicts (-1: never)
-# room for about 1400 steps of the v5e chip's 0.5B model (7.4 MB each on disk, compiled deviceless)
-DEFAULT_MAX_BYTES = 10 * 2**30
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # every compile, answered by the cache or not
 CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
@@ -59,23 +54,7 @@ def use_compile_cache(enabled: bool = True) -> str:
         # initialisers on a host, what its trace computes), so that a second run compiles none at all
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     source = f"${CACHE_DIR_ENV}" if given else f"cpplan's default; ${CACHE_DIR_ENV} moves it"
-    return f"compilation cache: {where} ({source}; {_bound_size()}; --no-compile-cache turns it off)"
-
-
-def _bound_size() -> str:
-    """Caps the cache at `DEFAULT_MAX_BYTES` unless `$JAX_COMPILATION_CACHE_MAX_SIZE` says otherwise, and says
-    how it is bounded. jax's eviction locks the directory with `filelock`: without it the cache stays unbounded
-    (jax would refuse its first compile)."""
-    import jax
-
-    if MAX_SIZE_ENV in os.environ:
-        size = jax.config.jax_compilation_cache_max_size
-        return f"at most {size / 2**30:.3g} GiB (${MAX_SIZE_ENV})" if size >= 0 else f"unbounded (${MAX_SIZE_ENV})"
-    if importlib.util.find_spec("filelock") is None:
-        jax.config.update("jax_compilation_cache_max_size", -1)
-        return "unbounded: jax evicts only with the filelock package (pip install filelock)"
-    jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
-    return f"at most {DEFAULT_MAX_BYTES / 2**30:.3g} GiB, the programs used longest ago deleted first (${MAX_SIZE_ENV})"
+    return f"compilation cache: {where} ({source}; --no-compile-cache turns it off)"
 
 
 @dataclass

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Downloads, into .whl-tpu/ (or DIR), the wheels cpplan's runtime needs on a TPU VM that has jax,
 # jaxlib, libtpu, numpy and scipy but no internet: flax, optax, orbax-checkpoint, tensorstore,
-# tensorboardX, protobuf, tqdm, grain, array-record, safetensors, filelock and what they need beyond jax's own stack.
+# tensorboardX, protobuf, tqdm, grain, array-record, safetensors and what they need beyond jax's own stack.
 # The versions are those the project is tested with (Python 3.11, jax 0.10.2). On the VM:
 #   python3 -m pip install --isolated -q --no-index --no-deps --no-compile --no-cache-dir \
 #       --upgrade --target "$SITE" .whl-tpu/*.whl
@@ -18,7 +18,7 @@ WHEELS=(
   absl-py==2.5.1 aiofiles==25.1.0 cloudpickle==3.1.3 etils==1.15.0 fsspec==2026.9.0 humanize==4.17.0
   markdown-it-py==4.3.0 mdurl==0.1.2 msgpack==1.2.4 packaging==26.4 portpicker==1.6.0
   prometheus-client==0.26.0 psutil==7.2.2 pygments==2.21.0 pyyaml==6.0.4 rich==15.0.0 simplejson==4.3.0
-  treescope==0.1.10 typing-extensions==4.16.0 uvloop==0.23.0 zipp==4.1.2 safetensors==0.8.0 filelock==4.3.2
+  treescope==0.1.10 typing-extensions==4.16.0 uvloop==0.23.0 zipp==4.1.2 safetensors==0.8.0
 )
 PLATFORMS=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64 \

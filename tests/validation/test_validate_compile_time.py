@@ -272,15 +272,9 @@ def test_the_line_of_a_plan_says_its_compile_and_its_steps():
 def test_the_cache_is_the_users_own_unless_placed_or_turned_off(tmp_path, monkeypatch):
     import jax
 
-    from runtime.compile_cache import (
-        CACHE_DIR_ENV,
-        DEFAULT_MAX_BYTES,
-        MAX_SIZE_ENV,
-        default_cache_dir,
-        use_compile_cache,
-    )
+    from runtime.compile_cache import CACHE_DIR_ENV, default_cache_dir, use_compile_cache
 
-    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_compilation_cache_max_size")
+    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir")
     before = {name: getattr(jax.config, name) for name in names}
     try:
         monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
@@ -288,15 +282,6 @@ def test_the_cache_is_the_users_own_unless_placed_or_turned_off(tmp_path, monkey
         assert default_cache_dir() == tmp_path / "xdg" / "cpplan" / "jax"
         assert use_compile_cache().startswith(f"compilation cache: {tmp_path / 'xdg' / 'cpplan' / 'jax'} (cpplan's")
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xdg" / "cpplan" / "jax")
-        # bounded: jax deletes the programs used longest ago past 10 GiB, unless the user's variable says otherwise
-        monkeypatch.delenv(MAX_SIZE_ENV, raising=False)
-        assert "; at most 10 GiB, the programs used longest ago deleted first" in use_compile_cache()
-        assert jax.config.jax_compilation_cache_max_size == DEFAULT_MAX_BYTES == 10 * 2**30
-        monkeypatch.setenv(MAX_SIZE_ENV, "-1")
-        jax.config.update("jax_compilation_cache_max_size", -1)  # as jax reads the variable at its import
-        assert f"; unbounded (${MAX_SIZE_ENV});" in use_compile_cache()
-        assert jax.config.jax_compilation_cache_max_size == -1
-        monkeypatch.delenv(MAX_SIZE_ENV)
         monkeypatch.delenv("XDG_CACHE_HOME")
         monkeypatch.setenv("HOME", str(tmp_path / "home"))
         assert default_cache_dir() == tmp_path / "home" / ".cache" / "cpplan" / "jax"
