@@ -20,7 +20,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
 
 from cost_models.chips import get_chip  # noqa: E402
-from validation.kernel_calibration import KINDS, KernelShape, kernel_terms, predict, timed_points  # noqa: E402
+from validation.kernel_calibration import (  # noqa: E402
+    KINDS,
+    KernelShape,
+    chip_figures,
+    kernel_terms,
+    predict,
+    timed_points,
+)
 
 BLOCK = 2048  # the README's 4M-token plan's splash blocks
 HEADS = dict(heads=8, kv_heads=2, head_dim=128)  # Llama 3.1 8B's heads on one device of tensor 4
@@ -35,22 +42,9 @@ ACT_BYTES = 2  # bfloat16
 REPEATS = 2
 
 
-def row_figures(chip) -> tuple:
-    """The row's attention figures in `validation.kernel_calibration.FIGURES` order."""
-    return (
-        1.0 / (chip.attention_efficiency * chip.peak_bf16_flops_per_s),
-        chip.attention_block_overhead_s,
-        chip.attention_masked_element_s,
-        chip.attention_operand_passes,
-        chip.attention_backward_over_forward,
-        chip.attention_backward_operand_passes,
-        chip.attention_unfused_backward_factor,
-    )
-
-
 def price(timings: list[dict], chip) -> list[str]:
     """A line per kernel timed: measured, priced by the row, and the error; then the mean error per kind."""
-    figures = row_figures(chip)
+    figures = chip_figures(chip)
     hbm_s_per_byte = chip.devices_per_chip / chip.hbm_bw_bytes_per_s
     lines, errors = [], {kind: [] for kind in KINDS}
     for shape, kind, seconds in timed_points(timings):
@@ -62,8 +56,12 @@ def price(timings: list[dict], chip) -> list[str]:
             f"priced {priced:8.3f} s  {priced / seconds - 1:+6.1%}"
         )
     for t in timings:
+        shape = KernelShape(**t["shape"])
         for kind, why in t["errors"].items():
-            lines.append(f"q {t['shape']['q_len']} kv {t['shape']['kv_len']}: {kind} {why}")
+            lines.append(
+                f"q {shape.q_len:>6} kv {shape.kv_len:>6} {'causal' if shape.causal else 'full':6} "
+                f"{shape.heads}/{shape.kv_heads}x{shape.head_dim} {kind}: {why}"
+            )
     for kind, errs in errors.items():
         if errs:
             mean = sum(abs(e) for e in errs) / len(errs)

@@ -475,16 +475,17 @@ def one_line_per_instruction(hlo_text: str) -> str:
 
 def loop_trip_counts(hlo_text: str) -> dict[str, int]:
     """How often each while loop's body runs, by body name, for loops whose condition compares a
-    counter (`get-tuple-element(param), index=K`) with a constant (`direction=LT`): the constant less
-    the K-th element of the loop's initial tuple (a constant, possibly through copies). Loops of
-    any other form are left out (their bodies are then counted once)."""
+    counter (`get-tuple-element(param), index=K`, or `%param#K` as newer printers write it) with a
+    constant (`direction=LT`): the constant less the K-th element of the loop's initial tuple (a
+    constant, possibly through copies). Loops of any other form are left out (their bodies are then
+    counted once)."""
     hlo_text = one_line_per_instruction(hlo_text)
     lines = {m.group(1): m.group(2) for m in INSTRUCTION_LINE.finditer(hlo_text)}
     bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%?([\w.\-]+) \(.*\{\s*$((?:\n .*)*)", hlo_text, re.M)}
 
     def constant(name: str) -> int | None:
         while name in lines:
-            m = re.search(r"\b(copy|constant)\(%?([\w.\-]*)\)", lines[name])
+            m = re.search(r"\b(copy|constant)\(%?([\w.\-]*)(?:#\d+)?\)", lines[name])
             if m is None:
                 return None
             if m.group(1) == "constant":

@@ -44,6 +44,19 @@ FIGURES = (
 )
 
 
+def chip_figures(chip) -> tuple:
+    """A chip row's attention figures in `FIGURES` order: what `native_figures` fits, read back from the row."""
+    return (
+        1.0 / (chip.attention_efficiency * chip.peak_bf16_flops_per_s),
+        chip.attention_block_overhead_s,
+        chip.attention_masked_element_s,
+        chip.attention_operand_passes,
+        chip.attention_backward_over_forward,
+        chip.attention_backward_operand_passes,
+        chip.attention_unfused_backward_factor,
+    )
+
+
 @dataclass(frozen=True)
 class KernelShape:
     """One timed splash call: lengths, square blocks, causal, heads (query, kv) and head size."""

@@ -219,6 +219,37 @@ def test_a_tuple_element_named_where_it_is_used_reads_as_its_get_tuple_element()
     assert permute.array_bytes == 4 * 2048 * 32 * 2  # the element's, not the tuple's (which adds 64×512 and more)
 
 
+def test_a_tuple_elements_shape_is_read_past_layouts_tilings_comments_and_nested_tuples():
+    shape = (
+        "(s32[], bf16[4,2048]{1,0:T(8,128)(2,1)}, (f32[2]{0}, s8[3]), u32[]{:S(2)}, bf16[1]{0}, "
+        "/*index=5*/f32[7,8]{1,0:T(8,128)S(1)})"
+    )
+    (add,) = [
+        i
+        for c in parse_computations(f"""HloModule m
+
+ENTRY %main (p: {shape}) -> f32[7,8] {{
+  %p = {shape} parameter(0)
+  ROOT %a = f32[7,8]{{1,0}} add(%p#5, %p#5)
+}}
+""")[0].values()
+        for i in c.instructions
+        if i.opcode == "add"
+    ]
+    assert add.operands == ("p", "p") and add.elements == (5, 5)
+    shapes = {"p": shape}
+    assert add.operand_shape(0, shapes) == "f32[7,8]{1,0:T(8,128)S(1)}"
+    assert [dataclasses.replace(add, elements=(k,)).operand_shape(0, shapes) for k in range(7)] == [
+        "s32[]",
+        "bf16[4,2048]{1,0:T(8,128)(2,1)}",
+        "(f32[2]{0}, s8[3])",
+        "u32[]{:S(2)}",
+        "bf16[1]{0}",
+        "f32[7,8]{1,0:T(8,128)S(1)}",
+        "",  # past the tuple's end
+    ]
+
+
 def test_loop_without_a_counted_condition_is_refused():
     with pytest.raises(ValueError, match="trip"):
         read_compiled_program(LOOP_MODULE.replace("direction=LT", "direction=NE"))

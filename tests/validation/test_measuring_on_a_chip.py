@@ -213,6 +213,7 @@ def test_a_fitted_row_prices_a_call_as_the_fit_does(tmp_path, monkeypatch):
         attention_backward_operand_passes=bwd_passes,
         attention_unfused_backward_factor=unfused,
     )
+    assert kc.chip_figures(row) == pytest.approx(V5E_LIKE, rel=1e-12)  # the row read back in the fit's order
     (tmp_path / "v5e.json").write_text(json.dumps(row.to_dict()))
     monkeypatch.setenv(CHIP_DIR_ENV, str(tmp_path))
     plan = Plan(
