@@ -13,7 +13,6 @@ timing with the row (`validation.kernel_calibration.predict`, the formulas of th
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -42,6 +41,13 @@ ACT_BYTES = 2  # bfloat16
 REPEATS = 2
 
 
+def _label(shape: KernelShape) -> str:
+    return (
+        f"q {shape.q_len:>6} kv {shape.kv_len:>6} {'causal' if shape.causal else 'full':6} "
+        f"{shape.heads}/{shape.kv_heads}x{shape.head_dim}"
+    )
+
+
 def price(timings: list[dict], chip) -> list[str]:
     """A line per kernel timed: measured, priced by the row, and the error; then the mean error per kind."""
     figures = chip_figures(chip)
@@ -51,17 +57,10 @@ def price(timings: list[dict], chip) -> list[str]:
         priced = predict(figures, kernel_terms(shape, act_bytes=ACT_BYTES, hbm_s_per_byte=hbm_s_per_byte), kind)
         errors[kind].append(priced / seconds - 1)
         lines.append(
-            f"q {shape.q_len:>6} kv {shape.kv_len:>6} {'causal' if shape.causal else 'full':6} "
-            f"{shape.heads}/{shape.kv_heads}x{shape.head_dim} {kind:17} measured {seconds:8.3f} s  "
-            f"priced {priced:8.3f} s  {priced / seconds - 1:+6.1%}"
+            f"{_label(shape)} {kind:17} measured {seconds:8.3f} s  priced {priced:8.3f} s  {priced / seconds - 1:+6.1%}"
         )
     for t in timings:
-        shape = KernelShape(**t["shape"])
-        for kind, why in t["errors"].items():
-            lines.append(
-                f"q {shape.q_len:>6} kv {shape.kv_len:>6} {'causal' if shape.causal else 'full':6} "
-                f"{shape.heads}/{shape.kv_heads}x{shape.head_dim} {kind}: {why}"
-            )
+        lines += [f"{_label(KernelShape(**t['shape']))} {kind}: {why}" for kind, why in t["errors"].items()]
     for kind, errs in errors.items():
         if errs:
             mean = sum(abs(e) for e in errs) / len(errs)
@@ -79,10 +78,10 @@ def main(argv: list[str]) -> int:
     chip = get_chip(chip_name)
     path = out / "long_kernels.jsonl"
     if not price_only:
-        os.environ["LIBTPU_INIT_ARGS"] = (
-            f"{os.environ.get('LIBTPU_INIT_ARGS', '')} "
-            f"--xla_tpu_scoped_vmem_limit_kib={chip.scoped_vmem_max_bytes // 1024}"
-        ).strip()
+        from runtime.launch import use_tpu_compiler_flags
+
+        # as `cpplan calibrate` timed the kernels the row was fitted to: the chip's flags, its most scoped VMEM
+        use_tpu_compiler_flags(chip, chip.scoped_vmem_max_bytes // 1024)
         import jax
 
         from cost_models.topology import get_topology

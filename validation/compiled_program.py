@@ -117,7 +117,7 @@ class Instruction:
     operands: tuple[str, ...]
     attributes: str
     # per operand, the tuple element it names (newer printers write `%p#1` for get-tuple-element(%p), index=1)
-    elements: tuple[int | None, ...] = ()
+    elements: tuple[int | None, ...]
 
     def attribute(self, key: str) -> str | None:
         """The text of `key=...` up to the next top-level comma, or None."""
@@ -126,8 +126,7 @@ class Instruction:
     def operand_shape(self, i: int, shapes: dict[str, str]) -> str:
         """The shape text of operand `i` (its tuple element's where it names one), "" where unknown."""
         shape = shapes.get(self.operands[i], "")
-        element = self.elements[i] if i < len(self.elements) else None
-        return shape if element is None else _tuple_element(shape, element)
+        return shape if self.elements[i] is None else _tuple_element(shape, self.elements[i])
 
     @property
     def called(self) -> tuple[str, ...]:
@@ -273,7 +272,7 @@ def _parse_instruction(line: str) -> Instruction | None:
     elements = tuple(int(element) if element else None for _, element in named)
     if not operands:  # unprefixed operand names (older printers)
         operands = tuple(o.strip().split(" ")[-1] for o in rest[paren + 1 : close - 1].split(",") if o.strip())
-        elements = ()
+        elements = (None,) * len(operands)
     return Instruction(head.group(2), shape, opcode, operands, rest[close:].lstrip(", "), elements)
 
 
