@@ -5,7 +5,8 @@ Run: python benchmarks/bench_planner.py
 `plan` at 4M tokens on the two full pods runs the batch search (the count nearest the 4M-token
 target that the pod can split); `max_seq_len` on a full pod probes from the shortest length that
 splits; `sweep` prices 8 lengths on tpu7x-1024 as `cpplan sweep` does; `explain` plans DeepSeek-V3 at 128K on tpu7x-256
-and Qwen3-235B-A22B at 1M on v5p-256 (experts beside the context axes). Each is timed cold (the
+and Qwen3-235B-A22B at 1M on v5p-256 (experts beside the context axes); `advice` explains a request nothing fits
+(Mistral 7B, 35 × 512K on 3 slices of tpu7x:4x40x44) and lists what would. Each is timed cold (the
 first query on that topology in this process: placements are built) and warm (the same query
 again, placements cached).
 """
@@ -45,6 +46,13 @@ def _explain(model: str, seq_len: str):
     return run
 
 
+def _advice(topology: str) -> str:
+    """`explain` where nothing fits: the advice probes other batches and lengths (max_seq_len's probes)."""
+    e = planner.explain("mistral-7b-v0.1", "512k", topology, global_batch=35, num_slices=3)
+    assert e.best is None, "the advice case must not fit"
+    return f"mistral-7b-v0.1 35 × 512k on 3 slices: nothing fits, {len(e.advice())} suggestions"
+
+
 CASES = [
     # (what, topology, function, target seconds)
     ("plan 4M", "v5p:16x20x28", _plan, 0.2),
@@ -54,6 +62,7 @@ CASES = [
     ("sweep 8 lengths", "tpu7x-1024", _sweep, 5.0),
     ("explain 128K", "tpu7x-256", _explain("deepseek3-671b", "128k"), 1.0),
     ("explain 1M", "v5p-256", _explain("qwen3-235b-a22b", "1M"), 1.0),
+    ("advice 512K", "tpu7x:4x40x44", _advice, 10.0),
 ]
 
 

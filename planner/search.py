@@ -754,6 +754,36 @@ def dcn_splits(sizes: tuple[int, ...], slices: int) -> list[tuple[int, int]]:
 
 
 @lru_cache(maxsize=8)
+def _searched_meshes(
+    devices: int,
+    fixed_items: tuple[tuple[str, int], ...],
+    experts: tuple[int, ...],
+    shard_counts: "frozenset[int] | None",
+    slices: int,
+) -> tuple[tuple[tuple[int, ...], ...], dict[int, list[tuple[int, tuple[int, ...]]]]]:
+    """The meshes a search over `devices` considers (sizes in `AXES` order, the fixed axes held, `expert` one of
+    `experts`, data × fsdp × expert one of `shard_counts` unless None, data and fsdp able to span `slices`), and
+    them by batch shards: (index among them, mesh), in their order. Cached: a pod has hundreds of thousands of
+    meshes, and an advice or a max_seq_len probe searches the same devices at many lengths and batches."""
+    meshes = ordered_factorizations(devices, len(AXES), {AXES.index(a): s for a, s in fixed_items})
+    meshes = [sizes for sizes in meshes if sizes[_EXPERT] in experts]
+    if shard_counts is not None:
+        meshes = [sizes for sizes in meshes if _batch_shards(sizes) in shard_counts]
+    if slices > 1:  # only data and fsdp span slices: the rest of a mesh must fit in one
+        # the splits read data and fsdp alone: judged once per pair of the many meshes sharing it
+        splits: dict[tuple[int, int], bool] = {}
+        for sizes in meshes:
+            if sizes[:2] not in splits:
+                splits[sizes[:2]] = bool(dcn_splits(sizes, slices))
+        meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
+    # the rules are judged per batch shards when first asked (a search prices a few of a pod's many shard counts)
+    by_shards: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+    for index, sizes in enumerate(meshes):
+        by_shards.setdefault(_batch_shards(sizes), []).append((index, sizes))
+    return tuple(meshes), by_shards
+
+
+@lru_cache(maxsize=8)
 def _placements(topo: Topology) -> _Placements:
     """One placement cache per topology, shared by every search on it (a sweep, a max_seq_len probe)."""
     return _Placements(topo)
@@ -886,18 +916,9 @@ class SearchSpace:
             raise CpplanError(f"mesh {problem}.")
         if len(experts) == 1:  # a dense model: `expert` is one device, and the meshes are those without it
             fixed = {**fixed, "expert": experts[0]}
-        meshes = ordered_factorizations(topo.num_devices, len(AXES), {AXES.index(a): s for a, s in fixed.items()})
-        meshes = [sizes for sizes in meshes if sizes[_EXPERT] in experts]
-        if shard_counts is not None:
-            meshes = [sizes for sizes in meshes if _batch_shards(sizes) in shard_counts]
-        if topo.num_slices > 1:  # only data and fsdp span slices: the rest of a mesh must fit in one
-            # the splits read data and fsdp alone: judged once per pair of the many meshes sharing it
-            splits: dict[tuple[int, int], bool] = {}
-            for sizes in meshes:
-                if sizes[:2] not in splits:
-                    splits[sizes[:2]] = bool(dcn_splits(sizes, topo.num_slices))
-            meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
-        self._meshes = meshes
+        self._meshes, self._meshes_of = _searched_meshes(
+            topo.num_devices, tuple(sorted(fixed.items())), tuple(experts), shard_counts, topo.num_slices
+        )
         self._judge_inputs = (
             self.model,
             seq_len,
@@ -907,11 +928,6 @@ class SearchSpace:
             tuple(as_list(options.load_balance)),
         )
         self._judgements = _judged(*self._judge_inputs)  # (context, context_ulysses, tensor) → `_judge_one`
-        # batch shards → (index in `meshes`, mesh), in the meshes' order; the rules are judged per batch shards
-        # when first asked (a search prices a few of a pod's many shard counts)
-        self._meshes_of: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
-        for index, sizes in enumerate(meshes):
-            self._meshes_of.setdefault(_batch_shards(sizes), []).append((index, sizes))
         # a verdict's position: its mesh's index times the most verdicts a mesh has, plus its place among them,
         # so that positions follow the meshes' order whichever shard counts are judged
         self._per_mesh = len(options.strategies) * len(self._judge_inputs[-1])
@@ -923,7 +939,7 @@ class SearchSpace:
         self._groups: dict[int, dict[CPStrategy, _Group]] = {}
         self._least: dict[tuple[int, int], float] = {}
         self._blocks: dict[int, tuple[int | None, str | None]] = {}  # verdict position → splash block, or why none
-        self._block_fits = np.zeros(len(meshes) * self._per_mesh, dtype=bool)  # by verdict position, once judged
+        self._block_fits = np.zeros(len(self._meshes) * self._per_mesh, dtype=bool)  # by verdict position, once judged
         # (policy, custom placements) in the allowed policies' order, `custom` as each of `SEARCHED_CUSTOM`
         self._remats = [
             (policy, custom)
