@@ -1,7 +1,5 @@
 """`python -m cli`: the `cpplan` command."""
 
-import sys
+from cli.main import console
 
-from cli.main import main
-
-sys.exit(main())
+console()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+from typing import NoReturn
 
 from cli import booking, planning, reporting, running, validating
 from cli.args import Parser
 from cli.devices import note_uncalibrated_host
 from cli.signals import INTERRUPTS
 from cost_models.errors import CpplanError
+from validation.steptime import compiles_in_flight
 
 FAMILIES = (planning, running, validating, reporting, booking)
 # the commands whose answer is a predicted step time
@@ -55,3 +58,18 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:  # output piped into `head` and the like
             sys.stderr.close()
             return 0
+
+
+def console() -> NoReturn:
+    """The `cpplan` executable: `main`'s status as the process's.
+
+    An interrupted validation leaves its compile-ahead threads compiling plans it will not run. Python's
+    teardown would destroy XLA's compiler under them and abort the process ("terminate called ...") after
+    the results were written, so such a process ends without it, its output flushed.
+    """
+    status = main()
+    if compiles_in_flight():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)

@@ -40,6 +40,7 @@ from validation.report import StepResult, StepTimeReport
 # waiting on each next compile; XLA's compiles run beside each other in threads: four at once took 18–23 s
 # each against 12–15 s alone (benchmarks/results/tpu_v5e/speed/compile_phases.jsonl).
 AHEAD_COMPILES = 3
+COMPILE_AHEAD_THREAD = "cpplan-compile-ahead"  # the name of each compile-ahead thread
 QUIET_POLL_S = 1.0  # how often a plan waiting for its wave's compiles asks whether to stop
 
 
@@ -228,6 +229,11 @@ def validate_step_times(
     return report
 
 
+def compiles_in_flight() -> bool:
+    """Whether a compile-ahead thread is still compiling (a plan an interrupted validation will not run)."""
+    return any(t.name == COMPILE_AHEAD_THREAD and t.is_alive() for t in threading.enumerate())
+
+
 class StoppedBeforeSteps(CpplanError):
     """Told to stop while its wave compiled: the plan is abandoned before a step runs beside the compiles."""
 
@@ -245,7 +251,7 @@ class PlanCompile:
         self._done = threading.Event()
         if ahead:
             # a daemon: an interrupted validation exits without waiting for a plan it will not run
-            threading.Thread(target=self._compile, name="cpplan-compile-ahead", daemon=True).start()
+            threading.Thread(target=self._compile, name=COMPILE_AHEAD_THREAD, daemon=True).start()
 
     def _compile(self) -> None:
         begin = time.perf_counter()
