@@ -26,6 +26,8 @@
 #   compile-phases  benchmarks/tpu_compile_phases.py on LOSS_MODEL at 8k,16k: where a compile's time goes
 #   long-kernels    benchmarks/tpu_long_kernels.py: splash at a 1M-4M ring's and all-gather's shapes (128K-512K
 #                   keys), priced with the v5e row as it stands (held out: the row was fitted to 4K-128K)
+#   causal-steps    benchmarks/tpu_causal_steps.py: splash causal and over every key at calibrate's 32K shapes: what
+#                   a causal call's skipped grid steps cost
 #   all             calibrate, validate-h128, validate-h256 and run
 #
 # Each stage is bounded (STAGE_SECONDS, default 420: a command on the lent chip may take 10 minutes)
@@ -151,6 +153,7 @@ stage() {  # NAME: runs one stage, says how it ended, never stops the script
     vmem-steps) bounded python3 benchmarks/tpu_scoped_vmem_steps.py "$LOSS_MODEL" "$VMEM_SEQ" "$OUT/vmem-steps" "$TOPOLOGY" ;;
     compile-phases) bounded python3 benchmarks/tpu_compile_phases.py "$LOSS_MODEL" 8k,16k "$OUT/compile-phases" ;;
     long-kernels) bounded python3 benchmarks/tpu_long_kernels.py "$OUT/long-kernels" ;;
+    causal-steps) bounded python3 benchmarks/tpu_causal_steps.py "$OUT/causal-steps" ;;
     *) echo "tpu_v5e: unknown stage $1; see the usage: $0" >&2; return 2 ;;
   esac
   status=$?

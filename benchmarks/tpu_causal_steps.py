@@ -1,0 +1,117 @@
+"""What a causal splash call's skipped grid steps cost, timed on the chip this runs on: the same shape over every
+key and causal, at each block size and head width `cpplan calibrate` fits (32K tokens, its heads there).
+
+A full call visits every (q block, kv block) step and computes it; a causal one computes the steps on and below
+the diagonal and skips the rest. With the full call's time per step standing for a computed step, and the
+diagonal's masking priced with the row's figure, what is left of the causal call's time is its skipped steps':
+
+    skipped-step cost = (causal − computed × full / steps − masking) / skipped
+
+printed in µs beside the K/V bytes a step's blocks hold at the chip's HBM rate and the row's per-step overhead
+(which the price gives a skipped step as a visited one).
+
+    python benchmarks/tpu_causal_steps.py OUT [CHIP]          # on a TPU VM (CHIP: its row, default v5e)
+    python benchmarks/tpu_causal_steps.py OUT --price-only    # read OUT/causal_steps.jsonl again, anywhere
+
+Writes OUT/causal_steps.jsonl as it goes (one line a call timed) and OUT/causal_steps.txt.
+"""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
+
+from cost_models.chips import get_chip  # noqa: E402
+from cost_models.compute import splash_grid_steps  # noqa: E402
+from validation.kernel_calibration import KINDS, KernelShape, kernel_shapes, kernel_terms  # noqa: E402
+
+TOKENS = 32768
+ACT_BYTES = 2  # bfloat16
+REPEATS = 3
+MODEL_HEADS = (16, 8, 128)  # the model the v5e row was calibrated with (benchmarks/tpu_v5e/llama-4l-h128.json)
+
+
+def shapes() -> list[KernelShape]:
+    """Each calibrated block size and head width at `TOKENS` (calibrate's shapes there), causal and over every key."""
+    calibrated = [s for s in kernel_shapes(*MODEL_HEADS) if s.q_len == TOKENS]
+    return [dataclasses.replace(s, causal=causal) for s in calibrated for causal in (True, False)]
+
+
+def skipped_step_lines(timings: list[dict], chip) -> list[str]:
+    """A line per causal call with its full twin: its skipped steps' cost per step, beside the K/V fetch and the
+    row's per-step overhead."""
+    full = {(s["q_len"], s["block"], s["heads"], s["head_dim"]): t for t in timings if not (s := t["shape"])["causal"]}
+    hbm_bytes_per_s = chip.hbm_bw_bytes_per_s / chip.devices_per_chip
+    lines = [
+        f"{'shape':28} {'kind':17} {'full s':>8} {'causal s':>9} {'skipped':>8} {'µs a skipped step':>18} "
+        f"{'K/V fetch µs':>12} {'row µs':>7}"
+    ]
+    for t in timings:
+        s = t["shape"]
+        twin = full.get((s["q_len"], s["block"], s["heads"], s["head_dim"]))
+        if not s["causal"] or twin is None:
+            continue
+        shape = KernelShape(**s)
+        steps = float(
+            splash_grid_steps(shape.heads, shape.q_len, shape.kv_len, block_q=shape.block, block_kv=shape.block)
+        )
+        n = shape.q_len // shape.block
+        computed = shape.heads * n * (n + 1) / 2
+        # each kind's grid steps and masked logits, as the price counts them (the separate backward runs two grids)
+        terms = kernel_terms(shape, act_bytes=ACT_BYTES, hbm_s_per_byte=1 / hbm_bytes_per_s)
+        fetch_us = 2 * shape.block * shape.head_dim * ACT_BYTES / hbm_bytes_per_s * 1e6
+        for kind in KINDS:
+            causal_s, full_s = t[f"{kind}_s"], twin[f"{kind}_s"]
+            if causal_s is None or full_s is None:
+                continue
+            grids = terms.units[kind][0] / steps
+            masking = terms.units[kind][1] * chip.attention_masked_element_s
+            per_skipped = (causal_s - computed / steps * full_s - masking) / ((steps - computed) * grids)
+            lines.append(
+                f"q {shape.q_len} block {shape.block:4} {shape.heads}/{shape.kv_heads}x{shape.head_dim:<4} {kind:17} "
+                f"{full_s:8.4f} {causal_s:9.4f} {(steps - computed) * grids:8.0f} {per_skipped * 1e6:18.2f} "
+                f"{fetch_us:12.2f} {chip.attention_block_overhead_s * 1e6:7.2f}"
+            )
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    chip_name = next((a for a in argv[1:] if not a.startswith("-")), "v5e")
+    chip = get_chip(chip_name)
+    path = out / "causal_steps.jsonl"
+    if "--price-only" not in argv[1:]:
+        from runtime.launch import use_tpu_compiler_flags
+
+        # as `cpplan calibrate` timed the kernels the row was fitted to: the chip's flags, its most scoped VMEM
+        use_tpu_compiler_flags(chip, chip.scoped_vmem_max_bytes // 1024)
+        import jax
+
+        from cost_models.topology import get_topology
+        from runtime import measure
+        from validation.kernel_calibration import time_kernels
+
+        topo = get_topology(f"{chip_name}:1x1")
+        mesh = measure.device_mesh(topo)
+        out.mkdir(parents=True, exist_ok=True)
+        with path.open("w") as log:
+            for shape in shapes():  # one at a time, each written as it is measured
+                (timing,), _ = time_kernels(mesh, topo, "bfloat16", [shape], repeats=REPEATS, act_bytes=ACT_BYTES)
+                log.write(json.dumps(timing | {"device": jax.devices()[0].device_kind, "jax": jax.__version__}) + "\n")
+                log.flush()
+                print(json.dumps(timing), flush=True)
+    timings = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [f"what a causal call's skipped grid steps cost on {chip_name}, from {len(timings)} calls timed:"]
+    lines += skipped_step_lines(timings, chip)
+    (out / "causal_steps.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
