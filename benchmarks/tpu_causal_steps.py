@@ -2,10 +2,13 @@
 key and causal, at each block size and head width `cpplan calibrate` fits (32K tokens, its heads there).
 
 A full call visits every (q block, kv block) step and computes it; a causal one computes the steps on and below
-the diagonal and skips the rest. With the full call's time per step standing for a computed step, and the
+the diagonal and skips the rest. With each call's passes over its operands (and the fused backward's dq partials)
+priced with the row's figures and taken off, the full call's time per step standing for a computed step, and the
 diagonal's masking priced with the row's figure, what is left of the causal call's time is its skipped steps':
 
-    skipped-step cost = (causal − computed × full / steps − masking) / skipped
+    skipped-step cost = (causal − per-call − computed × (full − per-call) / steps − masking) / skipped
+
+(square calls with equal query and key blocks, as every shape here is)
 
 printed in µs beside the K/V bytes a step's blocks hold at the chip's HBM rate and the row's per-step overhead
 (which the price gives a skipped step as a visited one).
@@ -25,7 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's r
 
 from cost_models.chips import get_chip  # noqa: E402
 from cost_models.compute import splash_grid_steps  # noqa: E402
-from validation.kernel_calibration import KINDS, KernelShape, kernel_shapes, kernel_terms  # noqa: E402
+from validation.kernel_calibration import (  # noqa: E402
+    KINDS,
+    KernelShape,
+    KernelTerms,
+    chip_figures,
+    kernel_shapes,
+    kernel_terms,
+)
 
 TOKENS = 32768
 ACT_BYTES = 2  # bfloat16
@@ -44,6 +54,7 @@ def skipped_step_lines(timings: list[dict], chip) -> list[str]:
     row's per-step overhead."""
     full = {(s["q_len"], s["block"], s["heads"], s["head_dim"]): t for t in timings if not (s := t["shape"])["causal"]}
     hbm_bytes_per_s = chip.hbm_bw_bytes_per_s / chip.devices_per_chip
+    passes, backward_passes = chip_figures(chip)[3], chip_figures(chip)[5]
     lines = [
         f"{'shape':28} {'kind':17} {'full s':>8} {'causal s':>9} {'skipped':>8} {'µs a skipped step':>18} "
         f"{'K/V fetch µs':>12} {'row µs':>7}"
@@ -61,6 +72,15 @@ def skipped_step_lines(timings: list[dict], chip) -> list[str]:
         computed = shape.heads * n * (n + 1) / 2
         # each kind's grid steps and masked logits, as the price counts them (the separate backward runs two grids)
         terms = kernel_terms(shape, act_bytes=ACT_BYTES, hbm_s_per_byte=1 / hbm_bytes_per_s)
+        full_terms = kernel_terms(
+            dataclasses.replace(shape, causal=False), act_bytes=ACT_BYTES, hbm_s_per_byte=1 / hbm_bytes_per_s
+        )
+
+        def per_call(terms: KernelTerms, kind: str) -> float:
+            """What a call costs whatever its mask: its passes over its operands and its fixed part, priced."""
+            _, _, forward_pass, backward_pass = terms.units[kind]
+            return passes * forward_pass + backward_passes * backward_pass + terms.fixed[kind]
+
         fetch_us = 2 * shape.block * shape.head_dim * ACT_BYTES / hbm_bytes_per_s * 1e6
         for kind in KINDS:
             causal_s, full_s = t[f"{kind}_s"], twin[f"{kind}_s"]
@@ -68,7 +88,8 @@ def skipped_step_lines(timings: list[dict], chip) -> list[str]:
                 continue
             grids = terms.units[kind][0] / steps
             masking = terms.units[kind][1] * chip.attention_masked_element_s
-            per_skipped = (causal_s - computed / steps * full_s - masking) / ((steps - computed) * grids)
+            computed_s = computed / steps * (full_s - per_call(full_terms, kind))
+            per_skipped = (causal_s - per_call(terms, kind) - computed_s - masking) / ((steps - computed) * grids)
             lines.append(
                 f"q {shape.q_len} block {shape.block:4} {shape.heads}/{shape.kv_heads}x{shape.head_dim:<4} {kind:17} "
                 f"{full_s:8.4f} {causal_s:9.4f} {(steps - computed) * grids:8.0f} {per_skipped * 1e6:18.2f} "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import traceback
 from typing import NoReturn
 
 from cli import booking, planning, reporting, running, validating
@@ -65,11 +67,20 @@ def console() -> NoReturn:
 
     An interrupted validation leaves its compile-ahead threads compiling plans it will not run. Python's
     teardown would destroy XLA's compiler under them and abort the process ("terminate called ...") after
-    the results were written, so such a process ends without it, its output flushed.
+    the results were written, so such a process ends without it: its output flushed where it still can be
+    (a reader gone, as `head`, closes it), an error `main` did not expect printed and given status 1.
     """
-    status = main()
+    try:
+        status = main()
+    except Exception:
+        if not compiles_in_flight():
+            raise
+        with contextlib.suppress(OSError, ValueError):
+            traceback.print_exc()
+        status = 1
     if compiles_in_flight():
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
         os._exit(status)
     sys.exit(status)

@@ -763,7 +763,7 @@ def _searched_meshes(
 ) -> tuple[tuple[tuple[int, ...], ...], dict[int, list[tuple[int, tuple[int, ...]]]]]:
     """The meshes a search over `devices` considers (sizes in `AXES` order, the fixed axes held, `expert` one of
     `experts`, data × fsdp × expert one of `shard_counts` unless None, data and fsdp able to span `slices`), and
-    them by batch shards: (index among them, mesh), in their order. Cached: a pod has hundreds of thousands of
+    them by batch shards: (index among them, mesh), in their order. Cached: a pod has tens or hundreds of thousands of
     meshes, and an advice or a max_seq_len probe searches the same devices at many lengths and batches."""
     meshes = ordered_factorizations(devices, len(AXES), {AXES.index(a): s for a, s in fixed_items})
     meshes = [sizes for sizes in meshes if sizes[_EXPERT] in experts]
@@ -776,7 +776,7 @@ def _searched_meshes(
             if sizes[:2] not in splits:
                 splits[sizes[:2]] = bool(dcn_splits(sizes, slices))
         meshes = [sizes for sizes in meshes if splits[sizes[:2]]]
-    # the rules are judged per batch shards when first asked (a search prices a few of a pod's many shard counts)
+    # grouped so that a search judges the rules of only the shard counts it prices (a few of a pod's many)
     by_shards: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
     for index, sizes in enumerate(meshes):
         by_shards.setdefault(_batch_shards(sizes), []).append((index, sizes))

@@ -40,7 +40,7 @@ from validation.report import StepResult, StepTimeReport
 # waiting on each next compile; XLA's compiles run beside each other in threads: four at once took 18–23 s
 # each against 12–15 s alone (benchmarks/results/tpu_v5e/speed/compile_phases.jsonl).
 AHEAD_COMPILES = 3
-COMPILE_AHEAD_THREAD = "cpplan-compile-ahead"  # the name of each compile-ahead thread
+COMPILE_AHEAD_THREAD = "cpplan-compile-ahead"  # `compiles_in_flight` finds the threads by it
 QUIET_POLL_S = 1.0  # how often a plan waiting for its wave's compiles asks whether to stop
 
 

@@ -36,12 +36,12 @@ def v6e_booking() -> Booking:
 
 
 def forget_shared_work() -> None:
-    """Empties the caches one search leaves for the next (blocks, verdicts, placements, remat tables), so
+    """Empties the caches one search leaves for the next (meshes, blocks, verdicts, placements, remat tables), so
     that an explanation after it is worked out from nothing, as in a fresh process."""
     from cost_models.remat import remat_table
-    from planner.search import _judged, _placements, _splash_blocks
+    from planner.search import _judged, _placements, _searched_meshes, _splash_blocks
 
-    for cache in (_splash_blocks, _judged, _placements, remat_table):
+    for cache in (_searched_meshes, _splash_blocks, _judged, _placements, remat_table):
         cache.cache_clear()
 
 
