@@ -20,7 +20,6 @@ Writes OUT/causal_steps.jsonl as it goes (one line a call timed) and OUT/causal_
 """
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -35,6 +34,8 @@ from validation.kernel_calibration import (  # noqa: E402
     chip_figures,
     kernel_shapes,
     kernel_terms,
+    read_timings,
+    time_kernels_into,
 )
 
 TOKENS = 32768
@@ -107,26 +108,8 @@ def main(argv: list[str]) -> int:
     chip = get_chip(chip_name)
     path = out / "causal_steps.jsonl"
     if "--price-only" not in argv[1:]:
-        from runtime.launch import use_tpu_compiler_flags
-
-        # as `cpplan calibrate` timed the kernels the row was fitted to: the chip's flags, its most scoped VMEM
-        use_tpu_compiler_flags(chip, chip.scoped_vmem_max_bytes // 1024)
-        import jax
-
-        from cost_models.topology import get_topology
-        from runtime import measure
-        from validation.kernel_calibration import time_kernels
-
-        topo = get_topology(f"{chip_name}:1x1")
-        mesh = measure.device_mesh(topo)
-        out.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as log:
-            for shape in shapes():  # one at a time, each written as it is measured
-                (timing,), _ = time_kernels(mesh, topo, "bfloat16", [shape], repeats=REPEATS, act_bytes=ACT_BYTES)
-                log.write(json.dumps(timing | {"device": jax.devices()[0].device_kind, "jax": jax.__version__}) + "\n")
-                log.flush()
-                print(json.dumps(timing), flush=True)
-    timings = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        time_kernels_into(path, chip, shapes(), repeats=REPEATS, act_bytes=ACT_BYTES)
+    timings = read_timings(path)
     lines = [f"what a causal call's skipped grid steps cost on {chip_name}, from {len(timings)} calls timed:"]
     lines += skipped_step_lines(timings, chip)
     (out / "causal_steps.txt").write_text("\n".join(lines) + "\n")

@@ -12,7 +12,6 @@ Writes OUT/long_kernels.jsonl as it goes (one line a shape: its seconds per kern
 timing with the row (`validation.kernel_calibration.predict`, the formulas of the fit) into OUT/long_kernels.txt.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +24,8 @@ from validation.kernel_calibration import (  # noqa: E402
     chip_figures,
     kernel_terms,
     predict,
+    read_timings,
+    time_kernels_into,
     timed_points,
 )
 
@@ -78,26 +79,8 @@ def main(argv: list[str]) -> int:
     chip = get_chip(chip_name)
     path = out / "long_kernels.jsonl"
     if not price_only:
-        from runtime.launch import use_tpu_compiler_flags
-
-        # as `cpplan calibrate` timed the kernels the row was fitted to: the chip's flags, its most scoped VMEM
-        use_tpu_compiler_flags(chip, chip.scoped_vmem_max_bytes // 1024)
-        import jax
-
-        from cost_models.topology import get_topology
-        from runtime import measure
-        from validation.kernel_calibration import time_kernels
-
-        topo = get_topology(f"{chip_name}:1x1")
-        mesh = measure.device_mesh(topo)
-        out.mkdir(parents=True, exist_ok=True)
-        with path.open("w") as log:
-            for shape in SHAPES:  # one at a time, each written as it is measured
-                (timing,), _ = time_kernels(mesh, topo, "bfloat16", [shape], repeats=REPEATS, act_bytes=ACT_BYTES)
-                log.write(json.dumps(timing | {"device": jax.devices()[0].device_kind, "jax": jax.__version__}) + "\n")
-                log.flush()
-                print(json.dumps(timing), flush=True)
-    timings = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        time_kernels_into(path, chip, list(SHAPES), repeats=REPEATS, act_bytes=ACT_BYTES)
+    timings = read_timings(path)
     lines = [f"the {chip_name} row's attention figures, priced against {len(timings)} shapes none was fitted to:"]
     lines += price(timings, chip)
     (out / "long_kernels.txt").write_text("\n".join(lines) + "\n")

@@ -10,8 +10,10 @@ Method: docs/provenance/strategies_and_validation.md#calibration
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -229,6 +231,34 @@ def time_kernels(mesh, topo, dtype: str, shapes: list[KernelShape], *, repeats: 
             }
         )
     return timings, []
+
+
+def time_kernels_into(path: Path, chip, shapes: list[KernelShape], *, repeats: int, act_bytes: int) -> None:
+    """Times each shape's kernels on this machine's one `chip` as `cpplan calibrate` timed the kernels its row
+    was fitted to (the chip's compiler flags, its most scoped VMEM), one shape at a time, each written to `path`
+    (a JSON line with the device and the jax release, the file started afresh) and printed as it is measured."""
+    from runtime.launch import use_tpu_compiler_flags
+
+    use_tpu_compiler_flags(chip, chip.scoped_vmem_max_bytes // 1024)
+    import jax
+
+    from cost_models.topology import get_topology
+    from runtime import measure
+
+    topo = get_topology(f"{chip.name}:1x1")
+    mesh = measure.device_mesh(topo)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as log:
+        for shape in shapes:
+            (timing,), _ = time_kernels(mesh, topo, "bfloat16", [shape], repeats=repeats, act_bytes=act_bytes)
+            log.write(json.dumps(timing | {"device": jax.devices()[0].device_kind, "jax": jax.__version__}) + "\n")
+            log.flush()
+            print(json.dumps(timing), flush=True)
+
+
+def read_timings(path: Path) -> list[dict]:
+    """The timings `time_kernels_into` wrote to `path`."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def timed_points(timings: list[dict]) -> list[tuple[KernelShape, str, float]]:
