@@ -26,14 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
 
 from cost_models.chips import get_chip  # noqa: E402
-from cost_models.compute import splash_grid_steps  # noqa: E402
+from cost_models.compute import causal_block_fraction, splash_grid_steps  # noqa: E402
 from validation.kernel_calibration import (  # noqa: E402
     KINDS,
     KernelShape,
-    KernelTerms,
     chip_figures,
     kernel_shapes,
     kernel_terms,
+    predict,
     read_timings,
     time_kernels_into,
 )
@@ -55,7 +55,9 @@ def skipped_step_lines(timings: list[dict], chip) -> list[str]:
     row's per-step overhead."""
     full = {(s["q_len"], s["block"], s["heads"], s["head_dim"]): t for t in timings if not (s := t["shape"])["causal"]}
     hbm_bytes_per_s = chip.hbm_bw_bytes_per_s / chip.devices_per_chip
-    passes, backward_passes = chip_figures(chip)[3], chip_figures(chip)[5]
+    # the row's figures less the math, the steps and the masking: what `predict` gives any call whatever its mask
+    # (its passes over its operands and its fixed part)
+    per_call_figures = (0.0, 0.0, 0.0, *chip_figures(chip)[3:])
     lines = [
         f"{'shape':28} {'kind':17} {'full s':>8} {'causal s':>9} {'skipped':>8} {'µs a skipped step':>18} "
         f"{'K/V fetch µs':>12} {'row µs':>7}"
@@ -69,18 +71,12 @@ def skipped_step_lines(timings: list[dict], chip) -> list[str]:
         steps = float(
             splash_grid_steps(shape.heads, shape.q_len, shape.kv_len, block_q=shape.block, block_kv=shape.block)
         )
-        n = shape.q_len // shape.block
-        computed = shape.heads * n * (n + 1) / 2
+        computed = steps * float(causal_block_fraction(shape.q_len, shape.block))
         # each kind's grid steps and masked logits, as the price counts them (the separate backward runs two grids)
         terms = kernel_terms(shape, act_bytes=ACT_BYTES, hbm_s_per_byte=1 / hbm_bytes_per_s)
         full_terms = kernel_terms(
             dataclasses.replace(shape, causal=False), act_bytes=ACT_BYTES, hbm_s_per_byte=1 / hbm_bytes_per_s
         )
-
-        def per_call(terms: KernelTerms, kind: str) -> float:
-            """What a call costs whatever its mask: its passes over its operands and its fixed part, priced."""
-            _, _, forward_pass, backward_pass = terms.units[kind]
-            return passes * forward_pass + backward_passes * backward_pass + terms.fixed[kind]
 
         fetch_us = 2 * shape.block * shape.head_dim * ACT_BYTES / hbm_bytes_per_s * 1e6
         for kind in KINDS:
@@ -89,8 +85,9 @@ def skipped_step_lines(timings: list[dict], chip) -> list[str]:
                 continue
             grids = terms.units[kind][0] / steps
             masking = terms.units[kind][1] * chip.attention_masked_element_s
-            computed_s = computed / steps * (full_s - per_call(full_terms, kind))
-            per_skipped = (causal_s - per_call(terms, kind) - computed_s - masking) / ((steps - computed) * grids)
+            computed_s = computed / steps * (full_s - predict(per_call_figures, full_terms, kind))
+            per_call = predict(per_call_figures, terms, kind)
+            per_skipped = (causal_s - per_call - computed_s - masking) / ((steps - computed) * grids)
             lines.append(
                 f"q {shape.q_len} block {shape.block:4} {shape.heads}/{shape.kv_heads}x{shape.head_dim:<4} {kind:17} "
                 f"{full_s:8.4f} {causal_s:9.4f} {(steps - computed) * grids:8.0f} {per_skipped * 1e6:18.2f} "
