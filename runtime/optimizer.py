@@ -162,7 +162,9 @@ class AdamW:
             mu_dtype=jnp.dtype(mu_dtype),
         )
         if self.clip_norm <= 0:
-            return adamw
+            # two stateless steps where clipping would be: the state is laid out alike with clipping or without,
+            # so a run resumes from its checkpoints whatever --clip-norm either part of it was given
+            return optax.chain(optax.identity(), optax.identity(), adamw)
         # the gradients whole before their norm is taken: left free, XLA's TPU compiler (libtpu 0.0.52) fuses the
         # norm's squares into the gradients' reduce-scatters and, for a vocabulary split eight ways with
         # sequence parallelism, fails ("No feasible span count for single input all reduce scatter fusion")

@@ -77,6 +77,35 @@ def test_a_gradient_of_norm_10_reaches_adam_scaled_to_norm_1():
     assert np.all(np.asarray(updates["w"]) == 0)
 
 
+@pytest.mark.cpu_mesh
+def test_a_checkpoint_written_with_one_clip_norm_resumes_under_another(tmp_path):
+    """The state's layout does not depend on clipping: a run's checkpoints, written with or without it, read
+    back into the other's state whole (they were set aside as unreadable when the layouts differed)."""
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("orbax.checkpoint")
+    import jax.numpy as jnp
+
+    from runtime.checkpoint import Checkpoints
+
+    params = {"w": jnp.arange(4.0), "b": jnp.ones(())}
+    grads = {"w": jnp.full(4, 5.0), "b": jnp.ones(())}
+    identity = {"model": "tiny", "seq_len": 8, "global_batch": 1, "seed": 0}
+    for written, read in ((1.0, 0.0), (0.0, 1.0)):
+        transformation = AdamW(steps=10, clip_norm=written).transformation()
+        _, state = transformation.update(grads, transformation.init(params), params)
+        directory = tmp_path / f"clip-{written}"
+        checkpoints = Checkpoints(directory, every=1, keep=2, identity=identity)
+        checkpoints.save(1, params, state)
+        checkpoints.close()
+        target = AdamW(steps=10, clip_norm=read).transformation().init(params)
+        assert jax.tree.structure(target) == jax.tree.structure(state)
+        notes = []
+        abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, target))
+        restored = Checkpoints(directory, every=1, keep=2, identity=identity).restore(*abstract, on_note=notes.append)
+        assert notes == [] and restored.step == 1
+        assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), restored.opt_state, state)))
+
+
 @pytest.mark.pure
 @pytest.mark.parametrize(
     "settings,message",
