@@ -21,6 +21,28 @@ from cost_models.vocabulary import DTYPE_BYTES
 
 # what must be equal for a checkpoint to continue this run; the mesh may change (Orbax reshards)
 SAME_RUN_KEYS = ("model", "seq_len", "global_batch", "seed")
+ARRAYS_KEY = "arrays"  # the run stamp's shapes of the state's arrays by path (`array_shapes`)
+
+
+def array_shapes(state) -> dict[str, list[int]]:
+    """The global shape of each array of a state tree (arrays or `ShapeDtypeStruct`s), by its path."""
+    import jax
+
+    return {jax.tree_util.keystr(path): list(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+
+
+def layout_difference(written: "dict | None", wanted: dict) -> str:
+    """The first way the arrays a checkpoint holds (`array_shapes` at its save; None for a checkpoint stamped
+    before they were) differ from those a restore wants, in words; "" where they are alike or unknown."""
+    if written is None:
+        return ""
+    for path, shape in wanted.items():
+        if path not in written:
+            return f"no array {path} there, {tuple(shape)} now"
+        if written[path] != shape:
+            return f"{path} is {tuple(written[path])} there, {tuple(shape)} now"
+    extra = next((path for path in written if path not in wanted), None)
+    return f"{extra} there is not in this run's state" if extra else ""
 
 
 @dataclass(frozen=True)
@@ -187,11 +209,12 @@ class Checkpoints:
     def save(self, steps_done: int, params, opt_state) -> None:
         """Starts writing the state after `steps_done` steps (returns before the write ends)."""
         args = self._ocp.args
+        state = {"params": params, "opt_state": opt_state}
         self._manager.save(
             steps_done,
             args=args.Composite(
-                state=args.StandardSave({"params": params, "opt_state": opt_state}),
-                run=args.JsonSave({**self.identity, "step": steps_done}),
+                state=args.StandardSave(state),
+                run=args.JsonSave({**self.identity, "step": steps_done, ARRAYS_KEY: array_shapes(state)}),
             ),
             force=True,
         )
@@ -246,6 +269,13 @@ class Checkpoints:
             raise CpplanError(
                 f"the checkpoint in {self.directory} is of another run ({what}); resume with the same "
                 f"settings, or give another --run-dir (or --no-resume with an empty one)."
+            )
+        problem = layout_difference(run.get(ARRAYS_KEY), array_shapes(target))
+        if problem:
+            raise CpplanError(
+                f"the checkpoint at step {step} in {self.directory} holds another state than this run's ({problem}): "
+                f"the model's config or cpplan's state layout changed since it was written; resume with what wrote "
+                f"it, or give another --run-dir (or --no-resume with an empty one)."
             )
         state = self._manager.restore(step, args=args.Composite(state=args.StandardRestore(target)))["state"]
         return Restored(state["params"], state["opt_state"], int(run["step"]))

@@ -9,7 +9,7 @@ pytest.importorskip("orbax.checkpoint")
 import jax.numpy as jnp  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
-from runtime.checkpoint import Checkpoints  # noqa: E402
+from runtime.checkpoint import Checkpoints, layout_difference  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 IDENTITY = {"model": "tiny", "seq_len": 8, "global_batch": 1, "seed": 0}
@@ -48,3 +48,27 @@ def test_resume_from_takes_the_step_asked_for_or_names_those_there_are(tmp_path)
     assert checkpoints.restore(*_abstract(), step=2).step == 2
     with pytest.raises(CpplanError, match="--resume-from 3: .* holds checkpoints at steps 2, 4; give one of them"):
         checkpoints.restore(*_abstract(), step=3)
+
+
+def test_a_checkpoint_of_another_state_is_refused_naming_the_array_and_left_where_it_is(tmp_path):
+    """A state whose arrays differ from the run's (a model config edited under the same name) is no damaged file:
+    the restore says which array differs and sets nothing aside."""
+    checkpoints = _saved(tmp_path / "ckpt", [2, 4])
+    wider = jax.tree.map(lambda a: jax.ShapeDtypeStruct((5,), a.dtype), _abstract())
+    with pytest.raises(
+        CpplanError,
+        match=r"step 4 .* holds another state than this run's \(\['opt_state'\]\['m'\] is \(4,\) there, \(5,\) now\)",
+    ):
+        checkpoints.restore(*wider)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2", "4"]
+
+
+def test_layout_difference_names_the_first_array_that_differs():
+    written = {"['params']['w']": [4], "['opt_state']['m']": [4]}
+    assert layout_difference(written, dict(written)) == ""
+    assert layout_difference(None, {"['params']['w']": [5]}) == ""  # stamped before shapes were: Orbax decides
+    assert layout_difference(written, {"['params']['w']": [5], "['opt_state']['m']": [4]}) == (
+        "['params']['w'] is (4,) there, (5,) now"
+    )
+    assert layout_difference(written, {**written, "['params']['b']": []}) == "no array ['params']['b'] there, () now"
+    assert layout_difference(written, {"['params']['w']": [4]}) == "['opt_state']['m'] there is not in this run's state"
