@@ -21,26 +21,36 @@ from cost_models.vocabulary import DTYPE_BYTES
 
 # what must be equal for a checkpoint to continue this run; the mesh may change (Orbax reshards)
 SAME_RUN_KEYS = ("model", "seq_len", "global_batch", "seed")
-ARRAYS_KEY = "arrays"  # the run stamp's shapes of the state's arrays by path (`array_shapes`)
 
 
-def array_shapes(state) -> dict[str, list[int]]:
-    """The global shape of each array of a state tree (arrays or `ShapeDtypeStruct`s), by its path."""
+def array_shapes(tree) -> dict[str, tuple[int, ...]]:
+    """The shape of each array of a state tree, by its path written "params/layers/w_up": of arrays or
+    `ShapeDtypeStruct`s, or of Orbax's metadata of a saved state, where named tuples are dicts and tuples
+    lists (the paths name a field by its name and an element by its index alike)."""
     import jax
 
-    return {jax.tree_util.keystr(path): list(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(state)}
+    def part(entry) -> str:
+        for field in ("key", "name", "idx"):  # DictKey / FlattenedIndexKey, GetAttrKey, SequenceKey
+            if hasattr(entry, field):
+                return str(getattr(entry, field))
+        return str(entry)
+
+    return {
+        "/".join(part(entry) for entry in path): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    }
 
 
 def layout_difference(written: "dict | None", wanted: dict) -> str:
-    """The first way the arrays a checkpoint holds (`array_shapes` at its save; None for a checkpoint stamped
-    before they were) differ from those a restore wants, in words; "" where they are alike or unknown."""
+    """The first way the arrays a checkpoint holds (`array_shapes` of its metadata; None where that does not
+    read) differ from those a restore wants, in words; "" where they are alike or unknown."""
     if written is None:
         return ""
     for path, shape in wanted.items():
         if path not in written:
-            return f"no array {path} there, {tuple(shape)} now"
+            return f"no array {path} there, {shape} now"
         if written[path] != shape:
-            return f"{path} is {tuple(written[path])} there, {tuple(shape)} now"
+            return f"{path} is {written[path]} there, {shape} now"
     extra = next((path for path in written if path not in wanted), None)
     return f"{extra} there is not in this run's state" if extra else ""
 
@@ -179,7 +189,7 @@ def _size(nbytes: float) -> str:
 
 class Checkpoints:
     """The checkpoints of one run `directory`, saved every `every` steps, the `keep` newest kept, each
-    stamped with the run's `identity` (`SAME_RUN_KEYS`), which a resume checks."""
+    stamped with the run's `identity` (`SAME_RUN_KEYS`), which a resume checks with the arrays' shapes."""
 
     def __init__(self, directory: "str | os.PathLike", *, every: int, keep: int, identity: dict):
         import orbax.checkpoint as ocp
@@ -189,7 +199,10 @@ class Checkpoints:
         self.identity = identity
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True)
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True),
+            # named, so that a saved state's metadata (its arrays' shapes) reads before the state does
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "run": ocp.JsonCheckpointHandler()},
         )
 
     @property
@@ -209,12 +222,11 @@ class Checkpoints:
     def save(self, steps_done: int, params, opt_state) -> None:
         """Starts writing the state after `steps_done` steps (returns before the write ends)."""
         args = self._ocp.args
-        state = {"params": params, "opt_state": opt_state}
         self._manager.save(
             steps_done,
             args=args.Composite(
-                state=args.StandardSave(state),
-                run=args.JsonSave({**self.identity, "step": steps_done, ARRAYS_KEY: array_shapes(state)}),
+                state=args.StandardSave({"params": params, "opt_state": opt_state}),
+                run=args.JsonSave({**self.identity, "step": steps_done}),
             ),
             force=True,
         )
@@ -225,8 +237,9 @@ class Checkpoints:
         file) is set aside as `<step>.unreadable`, said through `on_note`, and the next one tried.
 
         Raises:
-            CpplanError: the checkpoint is of another run (model, sequence, batch or seed differ), no
-                checkpoint reads, or `step` is not one of them.
+            CpplanError: the checkpoint is of another run (model, sequence, batch or seed differ) or holds
+                arrays other than the given trees' (set aside: none), no checkpoint reads, or `step` is not
+                one of them.
         """
         steps = sorted(self._manager.all_steps(), reverse=True)
         if step is not None:
@@ -270,7 +283,7 @@ class Checkpoints:
                 f"the checkpoint in {self.directory} is of another run ({what}); resume with the same "
                 f"settings, or give another --run-dir (or --no-resume with an empty one)."
             )
-        problem = layout_difference(run.get(ARRAYS_KEY), array_shapes(target))
+        problem = layout_difference(self._written_shapes(step), array_shapes(target))
         if problem:
             raise CpplanError(
                 f"the checkpoint at step {step} in {self.directory} holds another state than this run's ({problem}): "
@@ -279,6 +292,14 @@ class Checkpoints:
             )
         state = self._manager.restore(step, args=args.Composite(state=args.StandardRestore(target)))["state"]
         return Restored(state["params"], state["opt_state"], int(run["step"]))
+
+    def _written_shapes(self, step: int) -> "dict | None":
+        """`array_shapes` of the state saved at `step`, from Orbax's metadata; None where that does not read (a
+        damaged checkpoint: its restore says so)."""
+        try:
+            return array_shapes(self._manager.item_metadata(step)["state"])
+        except Exception:  # Orbax's errors for a missing or cut metadata file vary by what broke
+            return None
 
     def _set_aside(self, step: int) -> None:
         """Moves an unreadable checkpoint out of the manager's way (process 0 only: one file system)."""

@@ -161,15 +161,14 @@ class AdamW:
             weight_decay=self.weight_decay,
             mu_dtype=jnp.dtype(mu_dtype),
         )
-        if self.clip_norm <= 0:
-            # two stateless steps where clipping would be: the state is laid out alike with clipping or without,
-            # so a run resumes from its checkpoints whatever --clip-norm either part of it was given
-            return optax.chain(optax.identity(), optax.identity(), adamw)
         # the gradients whole before their norm is taken: left free, XLA's TPU compiler (libtpu 0.0.52) fuses the
         # norm's squares into the gradients' reduce-scatters and, for a vocabulary split eight ways with
         # sequence parallelism, fails ("No feasible span count for single input all reduce scatter fusion")
         whole = optax.stateless(lambda updates, params=None: jax.lax.optimization_barrier(updates))
-        return optax.chain(whole, optax.clip_by_global_norm(self.clip_norm), adamw)
+        clip = (whole, optax.clip_by_global_norm(self.clip_norm))
+        # without clipping, stateless steps in their place: the state is laid out alike either way, so a run
+        # resumes from its checkpoints whatever --clip-norm either part of it was given
+        return optax.chain(*(clip if self.clip_norm > 0 else (optax.identity(),) * len(clip)), adamw)
 
     def __str__(self) -> str:
         rate = f"learning rate {self.learning_rate:g}"

@@ -9,7 +9,7 @@ pytest.importorskip("orbax.checkpoint")
 import jax.numpy as jnp  # noqa: E402
 
 from cost_models.errors import CpplanError  # noqa: E402
-from runtime.checkpoint import Checkpoints, layout_difference  # noqa: E402
+from runtime.checkpoint import Checkpoints, array_shapes, layout_difference  # noqa: E402
 
 pytestmark = pytest.mark.cpu_mesh
 IDENTITY = {"model": "tiny", "seq_len": 8, "global_batch": 1, "seed": 0}
@@ -57,18 +57,32 @@ def test_a_checkpoint_of_another_state_is_refused_naming_the_array_and_left_wher
     wider = jax.tree.map(lambda a: jax.ShapeDtypeStruct((5,), a.dtype), _abstract())
     with pytest.raises(
         CpplanError,
-        match=r"step 4 .* holds another state than this run's \(\['opt_state'\]\['m'\] is \(4,\) there, \(5,\) now\)",
+        match=r"step 4 .* holds another state than this run's \(opt_state/m is \(4,\) there, \(5,\) now\)",
     ):
         checkpoints.restore(*wider)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2", "4"]
 
 
 def test_layout_difference_names_the_first_array_that_differs():
-    written = {"['params']['w']": [4], "['opt_state']['m']": [4]}
+    written = {"params/w": (4,), "opt_state/m": (4,)}
     assert layout_difference(written, dict(written)) == ""
-    assert layout_difference(None, {"['params']['w']": [5]}) == ""  # stamped before shapes were: Orbax decides
-    assert layout_difference(written, {"['params']['w']": [5], "['opt_state']['m']": [4]}) == (
-        "['params']['w'] is (4,) there, (5,) now"
-    )
-    assert layout_difference(written, {**written, "['params']['b']": []}) == "no array ['params']['b'] there, () now"
-    assert layout_difference(written, {"['params']['w']": [4]}) == "['opt_state']['m'] there is not in this run's state"
+    assert layout_difference(None, {"params/w": (5,)}) == ""  # no metadata read: the restore decides
+    assert layout_difference(written, {"params/w": (5,), "opt_state/m": (4,)}) == "params/w is (4,) there, (5,) now"
+    assert layout_difference(written, {**written, "params/b": ()}) == "no array params/b there, () now"
+    assert layout_difference(written, {"params/w": (4,)}) == "opt_state/m there is not in this run's state"
+
+
+def test_a_state_and_its_saved_metadata_name_their_arrays_alike(tmp_path):
+    """The paths of a live optimizer state (named tuples, tuples) and of Orbax's metadata of it once saved
+    (dicts, lists) are the same strings, so a state saved whole is never refused."""
+    import optax
+
+    params = {"w": jnp.ones((4, 2)), "b": jnp.zeros(())}
+    opt_state = optax.chain(optax.identity(), optax.adamw(1e-3)).init(params)
+    checkpoints = Checkpoints(tmp_path / "ckpt", every=1, keep=1, identity=IDENTITY)
+    checkpoints.save(1, params, opt_state)
+    checkpoints.close()
+    reread = Checkpoints(tmp_path / "ckpt", every=1, keep=1, identity=IDENTITY)
+    shapes = array_shapes({"params": params, "opt_state": opt_state})
+    assert reread._written_shapes(1) == shapes
+    assert shapes["opt_state/1/0/mu/w"] == (4, 2) and shapes["params/b"] == ()

@@ -80,7 +80,8 @@ def test_a_gradient_of_norm_10_reaches_adam_scaled_to_norm_1():
 @pytest.mark.cpu_mesh
 def test_a_checkpoint_written_with_one_clip_norm_resumes_under_another(tmp_path):
     """The state's layout does not depend on clipping: a run's checkpoints, written with or without it, read
-    back into the other's state whole (they were set aside as unreadable when the layouts differed)."""
+    back into the other's state whole (they were set aside as unreadable when the layouts differed); one of
+    the layout without clipping before that is refused, saying so, and left where it is."""
     jax = pytest.importorskip("jax")
     pytest.importorskip("orbax.checkpoint")
     import jax.numpy as jnp
@@ -104,6 +105,16 @@ def test_a_checkpoint_written_with_one_clip_norm_resumes_under_another(tmp_path)
         restored = Checkpoints(directory, every=1, keep=2, identity=identity).restore(*abstract, on_note=notes.append)
         assert notes == [] and restored.step == 1
         assert all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), restored.opt_state, state)))
+    # a checkpoint of the earlier unclipped layout (AdamW's state alone) is refused by what differs, not set aside
+    import optax
+
+    directory = tmp_path / "adamw-alone"
+    checkpoints = Checkpoints(directory, every=1, keep=2, identity=identity)
+    checkpoints.save(1, params, optax.adamw(1e-3).init(params))
+    checkpoints.close()
+    with pytest.raises(CpplanError, match=r"holds another state than this run's \(no array opt_state/2/0/count there"):
+        Checkpoints(directory, every=1, keep=2, identity=identity).restore(*abstract)
+    assert [p.name for p in directory.iterdir()] == ["1"]
 
 
 @pytest.mark.pure
