@@ -25,7 +25,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
 
-from cost_models.chips import get_chip  # noqa: E402
 from cost_models.compute import causal_block_fraction, splash_grid_steps  # noqa: E402
 from validation.kernel_calibration import (  # noqa: E402
     KINDS,
@@ -33,9 +32,8 @@ from validation.kernel_calibration import (  # noqa: E402
     chip_figures,
     kernel_shapes,
     kernel_terms,
+    kernel_timing_script,
     predict,
-    read_timings,
-    time_kernels_into,
 )
 
 TOKENS = 32768
@@ -96,22 +94,17 @@ def skipped_step_lines(timings: list[dict], chip) -> list[str]:
     return lines
 
 
+def report(timings: list[dict], chip, chip_name: str) -> list[str]:
+    """The report: a heading, then `skipped_step_lines`."""
+    return [
+        f"what a causal call's skipped grid steps cost on {chip_name}, from {len(timings)} calls timed:"
+    ] + skipped_step_lines(timings, chip)
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0].startswith("-"):
-        print(__doc__, file=sys.stderr)
-        return 2
-    out = Path(argv[0])
-    chip_name = next((a for a in argv[1:] if not a.startswith("-")), "v5e")
-    chip = get_chip(chip_name)
-    path = out / "causal_steps.jsonl"
-    if "--price-only" not in argv[1:]:
-        time_kernels_into(path, chip, shapes(), repeats=REPEATS, act_bytes=ACT_BYTES)
-    timings = read_timings(path)
-    lines = [f"what a causal call's skipped grid steps cost on {chip_name}, from {len(timings)} calls timed:"]
-    lines += skipped_step_lines(timings, chip)
-    (out / "causal_steps.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return kernel_timing_script(
+        argv, doc=__doc__, stem="causal_steps", shapes=shapes(), repeats=REPEATS, act_bytes=ACT_BYTES, report=report
+    )
 
 
 if __name__ == "__main__":

@@ -17,15 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's runtime, uninstalled
 
-from cost_models.chips import get_chip  # noqa: E402
 from validation.kernel_calibration import (  # noqa: E402
     KINDS,
     KernelShape,
     chip_figures,
     kernel_terms,
+    kernel_timing_script,
     predict,
-    read_timings,
-    time_kernels_into,
     timed_points,
 )
 
@@ -69,23 +67,17 @@ def price(timings: list[dict], chip) -> list[str]:
     return lines
 
 
+def report(timings: list[dict], chip, chip_name: str) -> list[str]:
+    """The report: a heading, then `price`'s lines."""
+    return [
+        f"the {chip_name} row's attention figures, priced against {len(timings)} shapes none was fitted to:"
+    ] + price(timings, chip)
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0].startswith("-"):
-        print(__doc__, file=sys.stderr)
-        return 2
-    out = Path(argv[0])
-    price_only = "--price-only" in argv[1:]
-    chip_name = next((a for a in argv[1:] if not a.startswith("-")), "v5e")
-    chip = get_chip(chip_name)
-    path = out / "long_kernels.jsonl"
-    if not price_only:
-        time_kernels_into(path, chip, list(SHAPES), repeats=REPEATS, act_bytes=ACT_BYTES)
-    timings = read_timings(path)
-    lines = [f"the {chip_name} row's attention figures, priced against {len(timings)} shapes none was fitted to:"]
-    lines += price(timings, chip)
-    (out / "long_kernels.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return kernel_timing_script(
+        argv, doc=__doc__, stem="long_kernels", shapes=SHAPES, repeats=REPEATS, act_bytes=ACT_BYTES, report=report
+    )
 
 
 if __name__ == "__main__":

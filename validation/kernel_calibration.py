@@ -11,6 +11,7 @@ Method: docs/provenance/strategies_and_validation.md#calibration
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,28 @@ def time_kernels_into(path: Path, chip, shapes: list[KernelShape], *, repeats: i
 def read_timings(path: Path) -> list[dict]:
     """The timings `time_kernels_into` wrote to `path`."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kernel_timing_script(argv: list[str], *, doc: str, stem: str, shapes, repeats: int, act_bytes: int, report) -> int:
+    """The command line of a script that times splash calls on a chip and reports on them,
+    `SCRIPT OUT [CHIP] [--price-only]` (CHIP: a chip row, default v5e): times `shapes` into OUT/<stem>.jsonl
+    (`time_kernels_into`), unless --price-only reads that file again, anywhere; then writes and prints
+    `report(timings, chip, chip_name)`, its lines, as OUT/<stem>.txt. No OUT: prints `doc`, status 2."""
+    from cost_models.chips import get_chip
+
+    if not argv or argv[0].startswith("-"):
+        print(doc, file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    chip_name = next((a for a in argv[1:] if not a.startswith("-")), "v5e")
+    chip = get_chip(chip_name)
+    path = out / f"{stem}.jsonl"
+    if "--price-only" not in argv[1:]:
+        time_kernels_into(path, chip, list(shapes), repeats=repeats, act_bytes=act_bytes)
+    text = "\n".join(report(read_timings(path), chip, chip_name))
+    (out / f"{stem}.txt").write_text(text + "\n")
+    print(text)
+    return 0
 
 
 def timed_points(timings: list[dict]) -> list[tuple[KernelShape, str, float]]:
