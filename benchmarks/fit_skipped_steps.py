@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, uninstalled
 
@@ -27,7 +26,7 @@ from validation.kernel_calibration import fit_kernels, kernel_terms, predict, re
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tpu_v5e"
 ACT_BYTES = 2  # bfloat16, as every timing here
-# what one unit of the extra figure is per skipped step, and the figure's scale for the solver
+# what one unit of the extra figure is per skipped step, and about what a unit costs (the solver's scale)
 FORMS = {
     "step": (lambda block: 1.0, 1e-7),
     "row": (lambda block: block, 1e-10),
@@ -42,25 +41,17 @@ def skipped_steps(shape) -> float:
 
 
 def fit_with_skipped(points, terms, form: str):
-    """The calibration's figures and one more, the forward's cost per unit of `form` of its skipped steps,
-    fitted together as `fit_kernels` fits the seven (relative error; every figure ≥ 0, the FLOP cost > 0, the
-    backward ratio and unfused factor ≥ 0.1), started from its fit."""
-    unit, scale_extra = FORMS[form]
-    start = fit_kernels(points, terms).figures
-    # each figure in units of its seven-figure fit; one that fit put at 0 starts there, in seconds
-    scale = np.array([*(f if f > 0 else 1.0 for f in start), scale_extra])
-    x0 = np.array([*(1.0 if f > 0 else 0.0 for f in start), 1.0])
+    """The calibration's figures and one more, the forward's cost per unit of `form` of its skipped steps, fitted
+    together by `fit_kernels`; and the price of a call's kernel under such figures."""
+    unit, scale = FORMS[form]
+
+    def units(shape, kind) -> float:
+        return skipped_steps(shape) * unit(shape.block) if kind == "forward" else 0.0
 
     def price(figures, shape, kind):
-        extra = figures[7] * skipped_steps(shape) * unit(shape.block) if kind == "forward" else 0.0
-        return predict(figures[:7], terms[shape], kind) + extra
+        return predict(figures[:7], terms[shape], kind) + figures[7] * units(shape, kind)
 
-    def residuals(x):
-        return np.array([price(x * scale, s, k) / t - 1 for s, k, t in points])
-
-    lower = np.array([1e-3, 0, 0, 0, 0.1 / scale[4], 0, 0.1 / scale[6], 0])
-    solved = least_squares(residuals, x0, bounds=(lower, np.inf), x_scale="jac")
-    return solved.x * scale, price
+    return fit_kernels(points, terms, extra=(units, scale)).figures, price
 
 
 def scores(price, figures, points) -> str:

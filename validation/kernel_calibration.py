@@ -175,28 +175,37 @@ class KernelFit:
         return f"mean error {self.errors().mean():.1%}, largest {self.errors().max():.1%} ({kinds})"
 
 
-def fit_kernels(points: list[tuple[KernelShape, str, float]], terms: dict) -> KernelFit:
+def fit_kernels(points: list[tuple[KernelShape, str, float]], terms: dict, extra=None) -> KernelFit:
     """The figures that best explain the timings `points` (shape, kernel kind, seconds), in relative error
     so that every timing weighs the same; every figure ≥ 0, the FLOP cost, backward ratio and unfused
-    factor > 0. `terms`: shape -> `KernelTerms`."""
+    factor > 0. `terms`: shape -> `KernelTerms`. `extra`, to try one more figure beside the seven: (units,
+    scale), `units(shape, kind)` how much of it a call's kernel of that kind holds and `scale` the seconds a
+    unit is about; its fitted figure (≥ 0) follows the seven."""
     seconds = np.array([t for *_, t in points])
     flops = np.array([terms[s].flops for s, *_ in points])
     per_flop = float(
         np.median(seconds[[k == "forward" for _, k, _ in points]] / flops[[k == "forward" for _, k, _ in points]])
     )
-    x0 = np.array([per_flop, 1e-7, 1e-13, 1.0, 2.0, 1.0, 1.3])
-    scale = np.array([per_flop, 1e-7, 1e-12, 1.0, 1.0, 1.0, 1.0])
+    x0 = [per_flop, 1e-7, 1e-13, 1.0, 2.0, 1.0, 1.3]
+    scale = [per_flop, 1e-7, 1e-12, 1.0, 1.0, 1.0, 1.0]
+    lower = [1e-3, 0, 0, 0, 0.1, 0, 0.1]
+    if extra is not None:
+        x0, scale, lower = x0 + [extra[1]], scale + [extra[1]], lower + [0]
+    x0, scale = np.array(x0), np.array(scale)
+
+    def price(figures, shape, kind):
+        more = figures[7] * extra[0](shape, kind) if extra is not None else 0.0
+        return predict(figures[:7], terms[shape], kind) + more
 
     def residuals(x):
         figures = x * scale
-        return np.array([predict(figures, terms[s], k) / t - 1 for s, k, t in points])
+        return np.array([price(figures, s, k) / t - 1 for s, k, t in points])
 
-    lower = np.array([1e-3, 0, 0, 0, 0.1, 0, 0.1])
-    fit = least_squares(residuals, x0 / scale, bounds=(lower, np.inf), x_scale="jac")
+    fit = least_squares(residuals, x0 / scale, bounds=(np.array(lower), np.inf), x_scale="jac")
     figures = fit.x * scale
     return KernelFit(
         tuple(float(f) for f in figures),
-        tuple((s, k, float(t), float(predict(figures, terms[s], k))) for s, k, t in points),
+        tuple((s, k, float(t), float(price(figures, s, k))) for s, k, t in points),
     )
 
 
