@@ -57,7 +57,15 @@ tier() {
 # made earlier in this run. Fresh each run, so the time measured here is what a clean CI clone takes.
 JAX_COMPILATION_CACHE_DIR=$(mktemp -d)
 export JAX_COMPILATION_CACHE_DIR JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1
-trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"' EXIT
+
+# Python's bytecode likewise, in a directory of this run's: where the environment sets
+# PYTHONDONTWRITEBYTECODE (and uv installs without bytecode), every process (a stage's workers, every
+# `cpplan` and MaxText subprocess) compiled jax's and MaxText's sources again, 2 s or more each and a
+# quarter of the subprocess-heavy tests' time. A prefix outside the checkout keeps the tree clean.
+PYTHONPYCACHEPREFIX=$(mktemp -d)
+export PYTHONPYCACHEPREFIX
+unset PYTHONDONTWRITEBYTECODE
+trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR" "$PYTHONPYCACHEPREFIX"' EXIT
 
 # stage TITLE FUNCTION: runs one stage and records its wall time and outcome; every stage runs,
 # and the script fails at the end if any stage failed.
