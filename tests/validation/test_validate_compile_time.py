@@ -5,6 +5,7 @@ thread compiling ahead is recorded against its plan as a compile in hand is, and
 monitoring events and the cache's files, never timed."""
 
 import json
+import os
 import threading
 from collections import OrderedDict
 
@@ -272,11 +273,12 @@ def test_the_line_of_a_plan_says_its_compile_and_its_steps():
 def test_the_cache_is_the_users_own_unless_placed_or_turned_off(tmp_path, monkeypatch):
     import jax
 
-    from runtime.compile_cache import CACHE_DIR_ENV, default_cache_dir, use_compile_cache
+    from runtime.compile_cache import CACHE_DIR_ENV, MAX_SIZE_ENV, default_cache_dir, use_compile_cache
 
-    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir")
+    names = ("jax_enable_compilation_cache", "jax_compilation_cache_dir", "jax_compilation_cache_max_size")
     before = {name: getattr(jax.config, name) for name in names}
     try:
+        monkeypatch.delenv(MAX_SIZE_ENV, raising=False)
         monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
         assert default_cache_dir() == tmp_path / "xdg" / "cpplan" / "jax"
@@ -286,7 +288,22 @@ def test_the_cache_is_the_users_own_unless_placed_or_turned_off(tmp_path, monkey
         monkeypatch.setenv("HOME", str(tmp_path / "home"))
         assert default_cache_dir() == tmp_path / "home" / ".cache" / "cpplan" / "jax"
         monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "mine"))
-        assert use_compile_cache().startswith(f"compilation cache: {tmp_path / 'mine'} (${CACHE_DIR_ENV}")
+        assert use_compile_cache() == (
+            f"compilation cache: {tmp_path / 'mine'} (${CACHE_DIR_ENV}; kept to 10 GiB at each start, the programs "
+            f"read least recently removed first (${MAX_SIZE_ENV} changes it); --no-compile-cache turns it off)"
+        )
+        # past the bound, the program read least recently goes before this run compiles; jax's own bound stays
+        # off (it would fail every write to a directory another process without it wrote to)
+        (tmp_path / "mine").mkdir()
+        for key, read_at in (("older", 1_000), ("newer", 2_000)):
+            (tmp_path / "mine" / f"{key}-cache").write_bytes(b"x" * 3_000)
+            os.utime(tmp_path / "mine" / f"{key}-cache", (read_at, read_at))
+        monkeypatch.setenv(MAX_SIZE_ENV, "5000")
+        assert ": 1 removed now, 0.00 GiB; --no-compile-cache" in use_compile_cache()
+        assert [p.name for p in (tmp_path / "mine").iterdir()] == ["newer-cache"]
+        assert jax.config.jax_compilation_cache_max_size == -1
+        monkeypatch.setenv(MAX_SIZE_ENV, "-1")
+        assert f"; no bound (${MAX_SIZE_ENV}=-1);" in use_compile_cache()
         assert use_compile_cache(False) == "compilation cache: off (--no-compile-cache)"
         assert not jax.config.jax_enable_compilation_cache
     finally:
