@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from runtime.compile import plan_compiler_options
+from runtime.tracing import TRACING
 
 KEEP = 8  # layouts whose programs are kept: a validation's plans come in runs of a few layouts
 
@@ -85,17 +86,19 @@ def _random_key(mesh):
 def param_initialiser(trainer):
     """`init(rng)`, the weights of `trainer`'s plan from a PRNG key, laid out as `trainer.param_shardings`:
     the program of the first plan with the same model, parameter shapes, dtypes and shardings."""
-    key = ("params", trainer.plan.model, _layout(trainer.abstract_params))
-    # compiled ahead of time (a call of the jitted function would compile again); the function holds the
-    # model (a plan and a mesh), never the trainer, whose step stays compiled while it is alive
-    program = _program(
-        key,
-        lambda: (
-            jax.jit(partial(initial_params, trainer.model), out_shardings=trainer.param_shardings)
-            .lower(_random_key(trainer.mesh))
-            .compile(plan_compiler_options(trainer.plan))  # the model's forward runs the plan's splash blocks
-        ),
-    )
+    with TRACING:
+        key = ("params", trainer.plan.model, _layout(trainer.abstract_params))
+
+    def make():
+        # compiled ahead of time (a call of the jitted function would compile again); the function holds the
+        # model (a plan and a mesh), never the trainer, whose step stays compiled while it is alive
+        with TRACING:
+            lowered = jax.jit(partial(initial_params, trainer.model), out_shardings=trainer.param_shardings).lower(
+                _random_key(trainer.mesh)
+            )
+        return lowered.compile(plan_compiler_options(trainer.plan))  # the model's forward runs the plan's blocks
+
+    program = _program(key, make)
     replicated = NamedSharding(trainer.mesh, P())
     return lambda rng: program(jax.device_put(rng, replicated))
 
@@ -103,7 +106,8 @@ def param_initialiser(trainer):
 def opt_state_initialiser(trainer):
     """`init(params)`, the optimizer's state of `trainer`'s plan laid out as `trainer.opt_shardings`: a
     jitted function (params restored from a checkpoint may come laid out otherwise)."""
-    abstract_opt = trainer.abstract_state()[1]
+    with TRACING:
+        abstract_opt = trainer.abstract_state()[1]
     key = ("opt_state", trainer.adamw, trainer.plan.mu_dtype, _layout(trainer.abstract_params), _layout(abstract_opt))
     return _program(
         key,
@@ -114,4 +118,7 @@ def opt_state_initialiser(trainer):
 def prepare_initialisers(trainer) -> None:
     """Compiles `trainer`'s two programs (where its layout has none yet) without allocating on the devices."""
     param_initialiser(trainer)
-    opt_state_initialiser(trainer).lower(trainer.abstract_params).compile()
+    init_opt_state = opt_state_initialiser(trainer)
+    with TRACING:
+        lowered = init_opt_state.lower(trainer.abstract_params)
+    lowered.compile()

@@ -94,12 +94,14 @@ def compile_plan(plan: Plan, *, steps: int, devices=None, optimizer=None) -> Com
     from runtime.initialise import prepare_initialisers
     from runtime.mesh import build_mesh
     from runtime.optimizer import AdamW
+    from runtime.tracing import TRACING
     from runtime.train import Trainer
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise CpplanError(f"steps={steps!r}: give a whole number of steps, at least 1.")
     mesh = build_mesh(plan, devices)
-    trainer = Trainer(plan, mesh, optimizer=optimizer or AdamW(steps=steps))
+    with TRACING:
+        trainer = Trainer(plan, mesh, optimizer=optimizer or AdamW(steps=steps))
     start = time.perf_counter()
     with count_compiles() as compiles:
         step = trainer.compile_step()

@@ -28,6 +28,7 @@ from runtime.layout import TOKENS, token_order
 from runtime.loss import cross_entropy, loss_chunk
 from runtime.model import Llama, ModelConstants, param_specs
 from runtime.optimizer import AdamW
+from runtime.tracing import TRACING
 
 
 class Trainer:
@@ -117,7 +118,9 @@ class Trainer:
     def compile_step(self, *, packed: bool = False):
         """`train_step` compiled ahead of time for `abstract_state(packed=packed)` on this trainer's devices,
         with the scoped VMEM its plan's splash blocks need (`runtime.compile.plan_compiler_options`)."""
-        return self.train_step.lower(*self.abstract_state(packed=packed)).compile(plan_compiler_options(self.plan))
+        with TRACING:
+            lowered = self.train_step.lower(*self.abstract_state(packed=packed))
+        return lowered.compile(plan_compiler_options(self.plan))
 
     # -- running ---------------------------------------------------------------------------
     def init(self, seed: int = 0, *, params=None):
