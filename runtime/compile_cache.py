@@ -47,6 +47,7 @@ def use_compile_cache(enabled: bool = True) -> str:
     import jax
     from jax.experimental.compilation_cache import compilation_cache
 
+    max_size = max_size_bytes() if enabled else -1  # a bad bound is refused before any setting changes
     # jax settles its cache at its first compile: start it again, with these settings, at the next
     compilation_cache.reset_cache()
     if not enabled:
@@ -61,7 +62,6 @@ def use_compile_cache(enabled: bool = True) -> str:
         # every program, not only those over jax's default of a second: a plan's short ones too (its
         # initialisers on a host, what its trace computes), so that a second run compiles none at all
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    max_size = max_size_bytes()
     removed, freed = prune(where, max_size)
     jax.config.update("jax_compilation_cache_max_size", -1)  # the bound is `prune`'s (its docstring says why)
     source = f"${CACHE_DIR_ENV}" if given else f"cpplan's default; ${CACHE_DIR_ENV} moves it"
@@ -93,7 +93,7 @@ def max_size_bytes() -> int:
 
 
 def prune(where: Path, max_size: int) -> tuple[int, int]:
-    """Removes the cache's programs read least recently (by the file's access or change time, whichever is later)
+    """Removes the cache's programs read least recently (by the file's access or modification time, whichever is later)
     until the rest hold at most `max_size` bytes; -1 removes none.
 
     At the start of a run rather than by jax's own bound (`jax_compilation_cache_max_size`): jax's bound

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from runtime.compile import plan_compiler_options
-from runtime.tracing import TRACING
+from runtime.tracing import TRACING, lowered_then_compiled
 
 KEEP = 8  # layouts whose programs are kept: a validation's plans come in runs of a few layouts
 
@@ -92,11 +92,11 @@ def param_initialiser(trainer):
     def make():
         # compiled ahead of time (a call of the jitted function would compile again); the function holds the
         # model (a plan and a mesh), never the trainer, whose step stays compiled while it is alive
-        with TRACING:
-            lowered = jax.jit(partial(initial_params, trainer.model), out_shardings=trainer.param_shardings).lower(
-                _random_key(trainer.mesh)
-            )
-        return lowered.compile(plan_compiler_options(trainer.plan))  # the model's forward runs the plan's blocks
+        initialiser = jax.jit(partial(initial_params, trainer.model), out_shardings=trainer.param_shardings)
+        return lowered_then_compiled(
+            lambda: initialiser.lower(_random_key(trainer.mesh)),
+            plan_compiler_options(trainer.plan),  # the model's forward runs the plan's splash blocks
+        )
 
     program = _program(key, make)
     replicated = NamedSharding(trainer.mesh, P())
@@ -119,6 +119,4 @@ def prepare_initialisers(trainer) -> None:
     """Compiles `trainer`'s two programs (where its layout has none yet) without allocating on the devices."""
     param_initialiser(trainer)
     init_opt_state = opt_state_initialiser(trainer)
-    with TRACING:
-        lowered = init_opt_state.lower(trainer.abstract_params)
-    lowered.compile()
+    lowered_then_compiled(lambda: init_opt_state.lower(trainer.abstract_params))

@@ -28,7 +28,7 @@ from runtime.layout import TOKENS, token_order
 from runtime.loss import cross_entropy, loss_chunk
 from runtime.model import Llama, ModelConstants, param_specs
 from runtime.optimizer import AdamW
-from runtime.tracing import TRACING
+from runtime.tracing import lowered_then_compiled
 
 
 class Trainer:
@@ -118,9 +118,9 @@ class Trainer:
     def compile_step(self, *, packed: bool = False):
         """`train_step` compiled ahead of time for `abstract_state(packed=packed)` on this trainer's devices,
         with the scoped VMEM its plan's splash blocks need (`runtime.compile.plan_compiler_options`)."""
-        with TRACING:
-            lowered = self.train_step.lower(*self.abstract_state(packed=packed))
-        return lowered.compile(plan_compiler_options(self.plan))
+        return lowered_then_compiled(
+            lambda: self.train_step.lower(*self.abstract_state(packed=packed)), plan_compiler_options(self.plan)
+        )
 
     # -- running ---------------------------------------------------------------------------
     def init(self, seed: int = 0, *, params=None):
